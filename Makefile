@@ -1,0 +1,33 @@
+# The two commands: `make run` (main job) and `make test` (whole suite). Both set up .venv themselves.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+JOBS    ?= 2
+
+.PHONY: run test setup lint bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/heterog main
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -n $(JOBS) --timeout 600 tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check heterog simulator envs agents experiments tests
+
+bench: $(STAMP)
+	$(BIN)/heterog bench
+
+clean:
+	rm -rf $(VENV) .heterog-cache

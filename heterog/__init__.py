@@ -1,0 +1,1 @@
+"""HeteroG-style planning of DNN training on heterogeneous GPU clusters."""

@@ -1,0 +1,317 @@
+"""Parallelisation decisions: op grouping, ParallelConfig per group, Strategy, and the (M+4)-way action.
+
+Action encoding (M = number of GPUs), one action per group:
+  0..M-1  model parallelism: the whole group on that device
+  M       DP-even-PS          M+1  DP-even-AR
+  M+2     DP-proportional-PS  M+3  DP-proportional-AR
+``decode_action`` is the one function that turns an action into a ParallelConfig.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from heterog.errors import StrategyError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.cluster import Cluster
+    from heterog.graph.opgraph import OpGraph
+
+SYNC_METHODS = ("ps", "allreduce")
+ALLREDUCE_ALGOS = ("auto", "ring", "hierarchical")
+N_DP_ACTIONS = 4
+DP_ACTION_NAMES = ("dp-even-ps", "dp-even-ar", "dp-prop-ps", "dp-prop-ar")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Where a group runs: replicas as (device, batch share) and how partial gradients are aggregated.
+
+    A single-device config is model parallelism on that device. Shares are integer sample counts;
+    replicas named twice on one device are merged into one replica with the combined share.
+    ``ps_device=None`` lets the compiler pick the PS that finishes aggregation first.
+    """
+
+    devices: tuple[int, ...]
+    shares: tuple[int, ...]
+    sync: str = "allreduce"
+    ps_device: int | None = None
+    allreduce: str = "auto"
+
+    def __post_init__(self) -> None:
+        if len(self.devices) != len(self.shares) or not self.devices:
+            raise StrategyError(f"ParallelConfig needs one share per device, got devices {list(self.devices)} "
+                                f"and shares {list(self.shares)}")
+        if len(set(self.devices)) != len(self.devices):
+            raise StrategyError(f"ParallelConfig lists a device twice: {list(self.devices)} (use ParallelConfig.of)")
+        if any(int(s) <= 0 for s in self.shares):
+            raise StrategyError(f"ParallelConfig shares must be positive sample counts, got {list(self.shares)}")
+        if self.sync not in SYNC_METHODS:
+            raise StrategyError(f"unknown sync method {self.sync!r} (choose from {SYNC_METHODS})")
+        if self.allreduce not in ALLREDUCE_ALGOS:
+            raise StrategyError(f"unknown allreduce algorithm {self.allreduce!r} (choose from {ALLREDUCE_ALGOS})")
+        if self.ps_device is not None and self.ps_device not in self.devices:
+            raise StrategyError(f"PS device {self.ps_device} is not one of the replica devices {list(self.devices)}")
+
+    @classmethod
+    def of(cls, pairs: Sequence[tuple[int, int]], sync: str = "allreduce", ps_device: int | None = None,
+           allreduce: str = "auto") -> "ParallelConfig":
+        """Build from (device, share) pairs, merging replicas on the same device and dropping zero shares."""
+        merged: dict[int, int] = {}
+        for d, s in pairs:
+            if int(s) < 0:
+                raise StrategyError(f"negative batch share {s} for device {d}")
+            if int(s) > 0:
+                merged[int(d)] = merged.get(int(d), 0) + int(s)
+        devs = tuple(sorted(merged))
+        return cls(devs, tuple(merged[d] for d in devs), sync, ps_device, allreduce)
+
+    @classmethod
+    def single(cls, device: int, batch_size: int) -> "ParallelConfig":
+        return cls((int(device),), (int(batch_size),))
+
+    @property
+    def n_replicas(self) -> int:
+        return len(self.devices)
+
+    @property
+    def batch_size(self) -> int:
+        return int(sum(self.shares))
+
+    def to_dict(self) -> dict:
+        return {"devices": list(self.devices), "shares": list(self.shares), "sync": self.sync,
+                "ps_device": self.ps_device, "allreduce": self.allreduce}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ParallelConfig":
+        return cls(tuple(int(x) for x in d["devices"]), tuple(int(x) for x in d["shares"]),
+                   d.get("sync", "allreduce"), d.get("ps_device"), d.get("allreduce", "auto"))
+
+
+# ---------------------------------------------------------------------------- shares
+def even_shares(batch_size: int, n: int) -> list[int]:
+    """Split ``batch_size`` samples over ``n`` replicas as evenly as possible (first ones take the rest)."""
+    base, rest = divmod(int(batch_size), int(n))
+    return [base + (1 if i < rest else 0) for i in range(n)]
+
+
+def proportional_shares(batch_size: int, weights: Sequence[float]) -> list[int]:
+    """Integer shares proportional to ``weights`` summing to ``batch_size`` (largest remainder method)."""
+    w = np.asarray(weights, dtype=np.float64)
+    if np.any(w <= 0) or not np.all(np.isfinite(w)):
+        raise StrategyError(f"proportional shares need positive finite weights, got {w.tolist()}")
+    exact = batch_size * w / w.sum()
+    shares = np.floor(exact).astype(np.int64)
+    rest = int(batch_size - shares.sum())
+    order = np.lexsort((np.arange(len(w)), -(exact - shares)))  # largest remainder, ties by index
+    shares[order[:rest]] += 1
+    return shares.tolist()
+
+
+# ---------------------------------------------------------------------------- actions
+def n_actions(n_devices: int) -> int:
+    return int(n_devices) + N_DP_ACTIONS
+
+
+def action_name(action: int, n_devices: int) -> str:
+    if 0 <= action < n_devices:
+        return f"mp:{action}"
+    return DP_ACTION_NAMES[action - n_devices]
+
+
+def decode_action(action: int, n_devices: int, batch_size: int, power: Sequence[float],
+                  weights: Sequence[float] | None = None) -> ParallelConfig:
+    """The one decoding of an (M+4)-way action into a ParallelConfig.
+
+    ``power`` is each device's peak FLOP/s (proportional shares follow it); ``weights`` overrides it,
+    e.g. the group's own speed on each device when shares follow each op's speed.
+    """
+    a = int(action)
+    m = int(n_devices)
+    if not 0 <= a < m + N_DP_ACTIONS:
+        raise StrategyError(f"action {a} is out of range for {m} devices (valid: 0..{m + N_DP_ACTIONS - 1})")
+    if a < m:
+        return ParallelConfig.single(a, batch_size)
+    k = a - m
+    sync = "ps" if k in (0, 2) else "allreduce"
+    if k < 2:
+        shares = even_shares(batch_size, m)
+    else:
+        shares = proportional_shares(batch_size, weights if weights is not None else power)
+    return ParallelConfig.of(list(zip(range(m), shares)), sync=sync)
+
+
+# ---------------------------------------------------------------------------- grouping
+def group_ops(graph: "OpGraph", op_cost: np.ndarray, max_groups: int = 2000) -> np.ndarray:
+    """Group ops as HeteroG does: if there are more than ``max_groups`` ops, the ``max_groups``
+    costliest ops (by ``op_cost``, e.g. mean time over devices) are centres and every other op joins
+    the centre fewest hops away (undirected BFS, ties to the lower centre). Afterwards every
+    optimizer-update op and every parameter/state placeholder joins the group of the gradient it
+    consumes or serves, so parameters, their gradients and their updates stay together.
+
+    Returns ``group_of`` (n_ops,) with groups numbered 0..G-1 in order of first appearance.
+    """
+    n = graph.n_ops
+    op_cost = np.asarray(op_cost, dtype=np.float64)
+    if op_cost.shape != (n,):
+        raise StrategyError(f"op_cost has shape {op_cost.shape}, expected ({n},)")
+    if max_groups <= 0:
+        raise StrategyError(f"max_groups must be positive, got {max_groups}")
+    if n <= max_groups:
+        group = np.arange(n, dtype=np.int64)
+    else:
+        # costliest first; ties by index so grouping is deterministic
+        centres = np.lexsort((np.arange(n), -op_cost))[:max_groups]
+        group = np.full(n, -1, dtype=np.int64)
+        group[centres] = centres
+        nbrs = [a + b for a, b in zip(graph.succ, graph.pred)]
+        q = deque(sorted(int(c) for c in centres))
+        while q:  # multi-source BFS: first centre to reach an op owns it (sources in index order)
+            u = q.popleft()
+            for v in nbrs[u]:
+                if group[v] < 0:
+                    group[v] = group[u]
+                    q.append(v)
+        orphans = group < 0  # ops in components with no centre: own component's first op
+        if orphans.any():
+            for i in np.nonzero(orphans)[0]:
+                group[i] = i
+    group = _attach_params_to_grads(graph, group)
+    # renumber in order of first appearance
+    _, first = np.unique(group, return_index=True)
+    remap = {g: k for k, g in enumerate(group[np.sort(first)])}
+    return np.array([remap[g] for g in group], dtype=np.int64)
+
+
+def _attach_params_to_grads(graph: "OpGraph", group: np.ndarray) -> np.ndarray:
+    """Update ops, param and state placeholders join the group of their parameter's gradient producer."""
+    grad_group: dict[str, int] = {}
+    for i, op in enumerate(graph.ops):
+        if op.is_grad and op.param is not None:
+            grad_group.setdefault(op.param, int(group[i]))
+    group = group.copy()
+    for i, op in enumerate(graph.ops):
+        if op.param is not None and op.param in grad_group and (op.phase == "update" or op.kind in ("param", "state")):
+            group[i] = grad_group[op.param]
+    return group
+
+
+# ---------------------------------------------------------------------------- strategy
+@dataclass
+class Strategy:
+    """One ParallelConfig per group of a graph, for one cluster.
+
+    ``priorities`` optionally fixes the execution order of ops (higher first), e.g. DPOS's order;
+    without it the scheduler ranks tasks itself.
+    """
+
+    graph_fingerprint: str
+    cluster_name: str
+    n_devices: int
+    batch_size: int
+    group_of: np.ndarray
+    configs: list[ParallelConfig]
+    method: str = ""
+    priorities: np.ndarray | None = None
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.group_of = np.asarray(self.group_of, dtype=np.int64)
+        if self.group_of.size and (self.group_of.min() < 0 or self.group_of.max() >= len(self.configs)):
+            raise StrategyError(f"group ids must lie in 0..{len(self.configs) - 1}, "
+                                f"got {self.group_of.min()}..{self.group_of.max()}")
+        for g, cfg in enumerate(self.configs):
+            if cfg.batch_size != self.batch_size:
+                raise StrategyError(f"group {g}: shares {list(cfg.shares)} sum to {cfg.batch_size}, "
+                                    f"global batch is {self.batch_size}")
+            bad = [d for d in cfg.devices if not 0 <= d < self.n_devices]
+            if bad:
+                raise StrategyError(f"group {g}: devices {bad} do not exist (cluster has {self.n_devices})")
+
+    @property
+    def n_groups(self) -> int:
+        return len(self.configs)
+
+    def check_fits(self, graph: "OpGraph", cluster: "Cluster") -> None:
+        """Refuse a strategy made for another graph or cluster, with a message naming both."""
+        if self.graph_fingerprint != graph.fingerprint:
+            raise StrategyError(f"strategy is for graph {self.graph_fingerprint}, not for graph "
+                                f"{graph.name!r} ({graph.fingerprint})")
+        if self.cluster_name != cluster.name or self.n_devices != cluster.n_devices:
+            raise StrategyError(f"strategy is for cluster {self.cluster_name!r} ({self.n_devices} devices), "
+                                f"not for {cluster.name!r} ({cluster.n_devices} devices)")
+        if len(self.group_of) != graph.n_ops:
+            raise StrategyError(f"strategy covers {len(self.group_of)} ops, graph has {graph.n_ops}")
+        if self.batch_size != graph.batch_size:
+            raise StrategyError(f"strategy is for batch {self.batch_size}, graph has batch {graph.batch_size}")
+
+    def op_config(self, op: int) -> ParallelConfig:
+        return self.configs[int(self.group_of[op])]
+
+    def to_dict(self) -> dict:
+        return {
+            "format": "heterog-strategy", "version": 1,
+            "graph_fingerprint": self.graph_fingerprint, "cluster": self.cluster_name,
+            "n_devices": self.n_devices, "batch_size": self.batch_size, "method": self.method,
+            "group_of": self.group_of.tolist(), "configs": [c.to_dict() for c in self.configs],
+            "priorities": None if self.priorities is None else np.asarray(self.priorities).tolist(),
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "<dict>") -> "Strategy":
+        if not isinstance(d, dict) or d.get("format") != "heterog-strategy":
+            raise StrategyError(f"{source}: not a heterog strategy file")
+        try:
+            pr = d.get("priorities")
+            return cls(d["graph_fingerprint"], d["cluster"], int(d["n_devices"]), int(d["batch_size"]),
+                       np.asarray(d["group_of"], dtype=np.int64),
+                       [ParallelConfig.from_dict(c) for c in d["configs"]], d.get("method", ""),
+                       None if pr is None else np.asarray(pr, dtype=np.float64), d.get("meta", {}))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StrategyError(f"{source}: malformed strategy file ({type(exc).__name__}: {exc})") from None
+
+    def save(self, path: str | Path) -> Path:
+        from heterog.atomic import atomic_write_json
+
+        return atomic_write_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Strategy":
+        from heterog.atomic import read_json
+
+        p = Path(path)
+        if not p.exists():
+            raise StrategyError(f"strategy file {str(p)!r} does not exist")
+        try:
+            d = read_json(p)
+        except Exception as exc:  # noqa: BLE001 - any decoding problem is a bad file
+            raise StrategyError(f"strategy file {str(p)!r} is not valid JSON ({type(exc).__name__})") from None
+        return cls.from_dict(d, source=repr(str(p)))
+
+
+def strategy_from_actions(actions: Sequence[int], group_of: np.ndarray, graph: "OpGraph", cluster: "Cluster",
+                          method: str = "", weights: np.ndarray | None = None) -> Strategy:
+    """Decode one action per group into a Strategy. ``weights`` (G, M) optionally gives per-group
+    device speeds for proportional shares (otherwise device peak FLOP/s)."""
+    actions = np.asarray(actions, dtype=np.int64)
+    n_groups = int(group_of.max()) + 1 if len(group_of) else 0
+    if actions.shape != (n_groups,):
+        raise StrategyError(f"need one action per group: got {actions.shape[0] if actions.ndim else 0} actions "
+                            f"for {n_groups} groups")
+    m = cluster.n_devices
+    cache: dict[int, ParallelConfig] = {}
+    configs = []
+    for g, a in enumerate(actions.tolist()):
+        if weights is None:
+            if a not in cache:
+                cache[a] = decode_action(a, m, graph.batch_size, cluster.power)
+            configs.append(cache[a])
+        else:
+            configs.append(decode_action(a, m, graph.batch_size, cluster.power, weights[g]))
+    return Strategy(graph.fingerprint, cluster.name, m, graph.batch_size, group_of, configs, method,
+                    meta={"actions": actions.tolist()})
