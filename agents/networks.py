@@ -1,0 +1,615 @@
+"""Policy network of the learning agent: a GAT encoder over the op graph, sigma-pooled group
+embeddings and a Transformer-XL strategy network giving (M+4)-way logits per group."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.distributions import Categorical
+from torch_geometric.nn import GATConv, GATv2Conv
+from torch_geometric.utils import scatter, to_undirected
+
+from heterog.errors import HeterogError
+
+__all__ = [
+    "GATEncoder",
+    "GroupPooling",
+    "MaskedCategorical",
+    "PolicyError",
+    "RelativeMultiHeadAttention",
+    "StrategyPolicy",
+    "TransformerXL",
+    "TransformerXLLayer",
+    "sinusoid_embedding",
+]
+
+N_DP_SCHEMES = 4  # actions M..M+3: DP-even-PS, DP-even-AR, DP-proportional-PS, DP-proportional-AR
+GAT_CONVS = {"gat": GATConv, "gatv2": GATv2Conv}
+GROUP_ACTIVATIONS = {"sigmoid": torch.sigmoid, "tanh": torch.tanh}
+
+
+class PolicyError(HeterogError, ValueError):
+    """A policy-network setting or input does not fit (sizes, heads, masks, action space)."""
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise PolicyError(message)
+
+
+def _check_heads(what: str, hidden: int, heads: int) -> None:
+    _require(heads >= 1, f"{what} heads must be at least 1, got {heads}")
+    _require(hidden % heads == 0, f"hidden size {hidden} is not divisible by {heads} {what} heads")
+
+
+def sinusoid_embedding(positions: Tensor, dim: int) -> Tensor:
+    """Sinusoidal embedding of (relative) positions, as in Transformer-XL: ``[sin(p w), cos(p w)]``
+    with ``w_k = 1 / 10000^(2k / dim)``.
+
+    Args:
+        positions: positions (here relative distances ``i - j >= 0``), any float or int dtype.
+        dim: embedding size, even.
+
+    Shapes:
+        positions ``(K,)`` -> ``(K, dim)``.
+    """
+    _require(dim % 2 == 0, f"sinusoid embedding size must be even, got {dim}")
+    exponents = torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) / dim
+    inv_freq = 1.0 / (10000.0 ** exponents)
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+# --------------------------------------------------------------------------------------------- encoder
+class GATEncoder(nn.Module):
+    """Graph-attention encoder of the op graph with the cluster folded in.
+
+    ``x = LayerNorm(W_in op_x + mean_m MLP(dev_x_m))``: the device set is summarised by
+    mean-pooling a per-device MLP embedding (order-free over devices) and that vector is added to
+    every op embedding, so the op embeddings are conditioned on the cluster. Then each layer is
+    ``x = LayerNorm(x + Dropout(ELU(GAT(x))))`` with multi-head attention whose heads are
+    concatenated (``hidden / heads`` channels each). Edges are used in both directions (reversed
+    edges added, duplicates merged) plus self-loops; padding edges (``edge_mask`` False) are
+    dropped first, so padding ops only ever see themselves and never reach a real op.
+
+    Args:
+        op_feature_dim: per-op feature size ``F_op``.
+        device_feature_dim: per-device feature size ``F_dev``.
+        hidden: embedding size, divisible by ``heads``.
+        layers: number of GAT layers (the paper uses 12).
+        heads: attention heads per layer (the paper uses 8).
+        dropout: dropout on attention coefficients and on each layer's output.
+        conv: ``"gat"`` (GATConv, as in the paper) or ``"gatv2"`` (GATv2Conv, dynamic attention).
+
+    Shapes:
+        op_x ``(N, F_op)``, op_mask ``(N,)``, edge_index ``(2, E)``, edge_mask ``(E,)``,
+        dev_x ``(M, F_dev)`` -> op embeddings ``(N, hidden)`` (padding rows are meaningless).
+    """
+
+    def __init__(self, op_feature_dim: int, device_feature_dim: int, hidden: int, layers: int, heads: int,
+                 dropout: float = 0.0, conv: str = "gat") -> None:
+        super().__init__()
+        _require(conv in GAT_CONVS, f"unknown GAT conv {conv!r}; choose one of {sorted(GAT_CONVS)}")
+        _require(layers >= 1, f"GAT layers must be at least 1, got {layers}")
+        _check_heads("GAT", hidden, heads)
+        self.op_feature_dim, self.device_feature_dim = op_feature_dim, device_feature_dim
+        self.hidden, self.layers, self.heads, self.dropout, self.conv = hidden, layers, heads, dropout, conv
+        self.op_proj = nn.Linear(op_feature_dim, hidden)
+        self.dev_mlp = nn.Sequential(nn.Linear(device_feature_dim, hidden), nn.ELU(),
+                                     nn.Linear(hidden, hidden))
+        self.in_norm = nn.LayerNorm(hidden)
+        conv_cls = GAT_CONVS[conv]
+        self.convs = nn.ModuleList(
+            conv_cls(hidden, hidden // heads, heads=heads, concat=True, dropout=dropout, add_self_loops=True)
+            for _ in range(layers))
+        self.norms = nn.ModuleList(nn.LayerNorm(hidden) for _ in range(layers))
+
+    def reset_parameters(self) -> None:
+        self.op_proj.reset_parameters()
+        for module in self.dev_mlp:
+            if isinstance(module, nn.Linear):
+                module.reset_parameters()
+        self.in_norm.reset_parameters()
+        for conv, norm in zip(self.convs, self.norms):
+            conv.reset_parameters()
+            norm.reset_parameters()
+
+    @staticmethod
+    def message_edges(edge_index: Tensor, edge_mask: Tensor, num_ops: int) -> Tensor:
+        """Real edges in both directions, duplicates merged (sorted by (source, target)).
+
+        Shapes:
+            edge_index ``(2, E)``, edge_mask ``(E,)`` -> ``(2, E')`` with ``E' <= 2 * E``.
+        """
+        return to_undirected(edge_index[:, edge_mask], num_nodes=num_ops)
+
+    def forward(self, op_x: Tensor, op_mask: Tensor, edge_index: Tensor, edge_mask: Tensor,
+                dev_x: Tensor) -> Tensor:
+        device_context = self.dev_mlp(dev_x).mean(dim=0)
+        x = self.in_norm(self.op_proj(op_x) + device_context)
+        edges = self.message_edges(edge_index, edge_mask, op_x.shape[0])
+        for conv, norm in zip(self.convs, self.norms):
+            update = F.dropout(F.elu(conv(x, edges)), p=self.dropout, training=self.training)
+            x = norm(x + update)
+        return x
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.op_feature_dim}+{self.device_feature_dim}->{self.hidden}, "
+                f"layers={self.layers}, heads={self.heads}, conv={self.conv}, dropout={self.dropout})")
+
+
+class GroupPooling(nn.Module):
+    """Group embeddings ``g_n = sigma(sum_{o in group n} W e_o)`` (HeteroG, Sec. 4).
+
+    The sum runs over the group's real ops only (a scatter-add). ``sigma`` is the sigmoid as in the
+    paper, or tanh (zero-centred, saturates the same way). ``W`` has no bias, so an empty group
+    gets ``sigma(0)``. Padding groups get all-zero embeddings.
+
+    Args:
+        hidden: embedding size (in and out).
+        activation: ``"sigmoid"`` (paper) or ``"tanh"``.
+
+    Shapes:
+        op_emb ``(N, hidden)``, op_mask ``(N,)``, group_of ``(N,)``, group_mask ``(G,)``
+        -> ``(G, hidden)``.
+    """
+
+    def __init__(self, hidden: int, activation: str = "sigmoid") -> None:
+        super().__init__()
+        _require(activation in GROUP_ACTIVATIONS,
+                 f"unknown group activation {activation!r}; choose one of {sorted(GROUP_ACTIVATIONS)}")
+        self.hidden, self.activation = hidden, activation
+        self.weight = nn.Linear(hidden, hidden, bias=False)
+
+    def reset_parameters(self) -> None:
+        self.weight.reset_parameters()
+
+    def forward(self, op_emb: Tensor, op_mask: Tensor, group_of: Tensor, group_mask: Tensor) -> Tensor:
+        real_ops = op_mask.nonzero().squeeze(1)
+        summed = scatter(self.weight(op_emb[real_ops]), group_of[real_ops], dim=0,
+                         dim_size=group_mask.shape[0], reduce="sum")
+        return GROUP_ACTIVATIONS[self.activation](summed) * group_mask.unsqueeze(1).to(summed.dtype)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.hidden}, activation={self.activation})"
+
+
+# -------------------------------------------------------------------------------------- Transformer-XL
+class RelativeMultiHeadAttention(nn.Module):
+    """Causal multi-head attention with Transformer-XL relative positions (Dai et al. 2019, Sec. 3.3).
+
+    For query ``i`` (segment position, absolute ``i + m`` in the context) and key ``j`` of the
+    context ``[memory; segment]`` (length ``K = m + L``), with ``R_d`` the sinusoid of distance
+    ``d = i + m - j``::
+
+        score(i, j) = ((q_i + u) . k_j + (q_i + v) . W_R R_d) / sqrt(d_head),  masked where d < 0
+
+    ``u`` and ``v`` are the learned content and position biases (per head, per layer). The
+    position term is computed for all distances ``0..K-1`` and then picked per (i, j) with an
+    explicit gather of index ``i + m - j`` (the same result as the paper's "rel_shift" trick,
+    without relying on reshape tricks).
+
+    Args:
+        hidden: model size ``d_model``, divisible by ``heads``.
+        heads: attention heads.
+        dropout: dropout on the attention probabilities.
+
+    Shapes:
+        query_in ``(L, hidden)``, context ``(K, hidden)`` whose last ``L`` rows are the queries'
+        own inputs, pos_emb ``(K, hidden)`` (row d = distance d) -> ``(L, hidden)``.
+    """
+
+    def __init__(self, hidden: int, heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        _check_heads("Transformer-XL", hidden, heads)
+        self.hidden, self.heads, self.head_dim, self.dropout = hidden, heads, hidden // heads, dropout
+        self.q_net = nn.Linear(hidden, hidden, bias=False)
+        self.kv_net = nn.Linear(hidden, 2 * hidden, bias=False)
+        self.r_net = nn.Linear(hidden, hidden, bias=False)
+        self.o_net = nn.Linear(hidden, hidden, bias=False)
+        self.u = nn.Parameter(torch.empty(heads, self.head_dim))
+        self.v = nn.Parameter(torch.empty(heads, self.head_dim))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for linear in (self.q_net, self.kv_net, self.r_net, self.o_net):
+            linear.reset_parameters()
+        nn.init.normal_(self.u, std=0.02)
+        nn.init.normal_(self.v, std=0.02)
+
+    def forward(self, query_in: Tensor, context: Tensor, pos_emb: Tensor) -> Tensor:
+        q_len, k_len = query_in.shape[0], context.shape[0]
+        mem_len = k_len - q_len
+        q = self.q_net(query_in).view(q_len, self.heads, self.head_dim)
+        k, v = self.kv_net(context).view(k_len, 2, self.heads, self.head_dim).unbind(1)
+        r = self.r_net(pos_emb).view(k_len, self.heads, self.head_dim)
+        content = torch.einsum("ihd,jhd->hij", q + self.u, k)                       # (H, L, K)
+        position_by_distance = torch.einsum("ihd,khd->hik", q + self.v, r)          # (H, L, K): distance k
+        distance = (torch.arange(q_len, device=q.device)[:, None] + mem_len
+                    - torch.arange(k_len, device=q.device)[None, :])                # (L, K), at most K-1
+        position = position_by_distance.gather(2, distance.clamp(min=0).expand(self.heads, q_len, k_len))
+        scores = (content + position) / math.sqrt(self.head_dim)
+        scores = scores.masked_fill(distance < 0, float("-inf"))                  # causal: only j <= i + m
+        attn = F.dropout(scores.softmax(dim=-1), p=self.dropout, training=self.training)
+        out = torch.einsum("hij,jhd->ihd", attn, v).reshape(q_len, self.hidden)
+        return self.o_net(out)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.hidden}, heads={self.heads}, dropout={self.dropout})"
+
+
+class TransformerXLLayer(nn.Module):
+    """One pre-LayerNorm Transformer-XL layer: relative attention over ``[memory; segment]``, then a
+    position-wise FFN (``hidden -> 4 hidden -> hidden``, ReLU), each with a residual connection.
+
+    Args:
+        hidden: model size.
+        heads: attention heads.
+        dropout: dropout on attention probabilities, the attention output and the FFN.
+
+    Shapes:
+        x ``(L, hidden)``, memory ``(m, hidden)`` (this layer's inputs at earlier positions),
+        pos_emb ``(m + L, hidden)`` -> ``(L, hidden)``.
+    """
+
+    def __init__(self, hidden: int, heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.hidden, self.heads, self.dropout = hidden, heads, dropout
+        self.attn_norm = nn.LayerNorm(hidden)
+        self.attn = RelativeMultiHeadAttention(hidden, heads, dropout)
+        self.ff_norm = nn.LayerNorm(hidden)
+        self.ff = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.ReLU(), nn.Dropout(dropout),
+                                nn.Linear(4 * hidden, hidden))
+
+    def reset_parameters(self) -> None:
+        self.attn_norm.reset_parameters()
+        self.attn.reset_parameters()
+        self.ff_norm.reset_parameters()
+        for module in self.ff:
+            if isinstance(module, nn.Linear):
+                module.reset_parameters()
+
+    def forward(self, x: Tensor, memory: Tensor, pos_emb: Tensor) -> Tensor:
+        context = self.attn_norm(torch.cat([memory, x], dim=0))
+        x = x + F.dropout(self.attn(context[memory.shape[0]:], context, pos_emb),
+                          p=self.dropout, training=self.training)
+        return x + F.dropout(self.ff(self.ff_norm(x)), p=self.dropout, training=self.training)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.hidden}, heads={self.heads}, ffn={4 * self.hidden})"
+
+
+class TransformerXL(nn.Module):
+    """Transformer-XL over one sequence, processed in segments with a recurrent memory.
+
+    The sequence is cut into segments of ``segment_len``. Each layer keeps as memory its own
+    inputs at the last ``mem_len`` earlier positions (``cat(memory, segment)[-mem_len:]``, detached
+    as in Transformer-XL unless ``detach_mem=False``), and a segment attends causally to
+    ``[memory; segment]`` with relative positions. With ``mem_len >= sequence length`` every
+    position sees all earlier positions, so the output equals one segment over the whole
+    sequence (detaching only changes gradients, not values). A final LayerNorm closes the
+    pre-norm stack.
+
+    Args:
+        hidden: model size, even and divisible by ``heads``.
+        layers: number of layers (the paper uses 8).
+        heads: attention heads.
+        segment_len: positions per segment, at least 1.
+        mem_len: cached positions per layer, at least 0.
+        dropout: dropout inside the layers.
+        detach_mem: stop gradients through the memory (Transformer-XL's choice).
+
+    Shapes:
+        x ``(S, hidden)`` -> ``(S, hidden)``; position ``s`` depends only on positions ``<= s``.
+    """
+
+    def __init__(self, hidden: int, layers: int, heads: int, segment_len: int, mem_len: int,
+                 dropout: float = 0.0, detach_mem: bool = True) -> None:
+        super().__init__()
+        _require(layers >= 1, f"Transformer-XL layers must be at least 1, got {layers}")
+        _check_heads("Transformer-XL", hidden, heads)
+        _require(hidden % 2 == 0, f"hidden size {hidden} must be even for sinusoidal relative positions")
+        _require(segment_len >= 1, f"segment_len must be at least 1, got {segment_len}")
+        _require(mem_len >= 0, f"mem_len must be at least 0, got {mem_len}")
+        self.hidden, self.layers, self.heads = hidden, layers, heads
+        self.segment_len, self.mem_len = segment_len, mem_len
+        self.dropout, self.detach_mem = dropout, detach_mem
+        self.blocks = nn.ModuleList(TransformerXLLayer(hidden, heads, dropout) for _ in range(layers))
+        self.out_norm = nn.LayerNorm(hidden)
+
+    def reset_parameters(self) -> None:
+        for block in self.blocks:
+            block.reset_parameters()
+        self.out_norm.reset_parameters()
+
+    def forward(self, x: Tensor) -> Tensor:
+        memories = [x.new_zeros(0, self.hidden) for _ in self.blocks]
+        outputs = []
+        for start in range(0, x.shape[0], self.segment_len):
+            h = x[start:start + self.segment_len]
+            context_len = memories[0].shape[0] + h.shape[0]
+            distances = torch.arange(context_len, device=x.device)
+            pos_emb = sinusoid_embedding(distances, self.hidden).to(x.dtype)
+            for i, block in enumerate(self.blocks):
+                layer_in, memory = h, memories[i]
+                h = block(layer_in, memory, pos_emb)
+                if self.mem_len > 0:
+                    kept = torch.cat([memory, layer_in], dim=0)[-self.mem_len:]
+                    memories[i] = kept.detach() if self.detach_mem else kept
+            outputs.append(h)
+        if not outputs:
+            return self.out_norm(x)
+        return self.out_norm(torch.cat(outputs, dim=0))
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.hidden}, layers={self.layers}, heads={self.heads}, "
+                f"segment_len={self.segment_len}, mem_len={self.mem_len}, detach_mem={self.detach_mem})")
+
+
+# ------------------------------------------------------------------------------------- distribution
+class MaskedCategorical(Categorical):
+    """Independent categorical actions, one per group, where padding groups do not count.
+
+    Padding rows are replaced by uniform logits, ``log_prob`` sums over real groups only (the log
+    probability of a whole strategy), ``entropy`` is the mean over real groups, and sampled or
+    modal actions of padding groups are 0.
+
+    Args:
+        logits: unnormalised log probabilities.
+        mask: True for real groups.
+
+    Shapes:
+        logits ``(G, A)``, mask ``(G,)``; ``sample(k)`` -> ``(k, G)``; ``log_prob`` of ``(..., G)``
+        -> ``(...)``; ``entropy()`` -> ``()``; ``mode`` -> ``(G,)``.
+    """
+
+    def __init__(self, logits: Tensor, mask: Tensor) -> None:
+        _require(logits.dim() == 2, f"logits must be (groups, actions), got shape {tuple(logits.shape)}")
+        _require(mask.shape == logits.shape[:1] and mask.dtype == torch.bool,
+                 f"mask must be a bool tensor of shape ({logits.shape[0]},), "
+                 f"got {mask.dtype} {tuple(mask.shape)}")
+        self.mask = mask
+        super().__init__(logits=logits.masked_fill(~mask.unsqueeze(1), 0.0), validate_args=False)
+
+    @property
+    def n_real(self) -> int:
+        """Number of real (non-padding) groups."""
+        return int(self.mask.sum())
+
+    def sample(self, sample_shape: int | torch.Size | tuple[int, ...] = (),
+               generator: torch.Generator | None = None) -> Tensor:
+        """Draw actions for every group; padding groups get action 0.
+
+        Args:
+            sample_shape: ``k`` (an int) or a shape of independent draws.
+            generator: optional ``torch.Generator`` for reproducible draws.
+        """
+        shape = torch.Size([sample_shape]) if isinstance(sample_shape, int) else torch.Size(sample_shape)
+        n_draws, n_groups = shape.numel(), self.mask.shape[0]
+        real = self.mask.nonzero().squeeze(1)
+        actions = torch.zeros(n_draws, n_groups, dtype=torch.long, device=self.logits.device)
+        if n_draws > 0 and real.numel() > 0:
+            with torch.no_grad():
+                draws = torch.multinomial(self.probs[real], n_draws, replacement=True, generator=generator)
+            actions[:, real] = draws.T
+        return actions.reshape(shape + (n_groups,))
+
+    def log_prob(self, value: Tensor) -> Tensor:
+        n_actions = self.logits.shape[-1]
+        _require(value.shape[-1:] == self.mask.shape,
+                 f"actions must end with the group dimension {self.mask.shape[0]}, got {tuple(value.shape)}")
+        out_of_range = ((value < 0) | (value >= n_actions)) & self.mask
+        if bool(out_of_range.any()):
+            bad = out_of_range.nonzero()[0].tolist()
+            raise PolicyError(f"action {int(value[tuple(bad)])} of group {bad[-1]} is out of range "
+                              f"0..{n_actions - 1}")
+        safe = torch.where(self.mask, value, torch.zeros_like(value)).long()
+        per_group = super().log_prob(safe)
+        return (per_group * self.mask).sum(dim=-1)
+
+    def entropy(self) -> Tensor:
+        return (super().entropy() * self.mask).sum() / self.mask.sum().clamp(min=1)
+
+    @property
+    def mode(self) -> Tensor:
+        return torch.where(self.mask, super().mode, torch.zeros_like(self.mask, dtype=torch.long))
+
+
+# ------------------------------------------------------------------------------------------- policy
+class StrategyPolicy(nn.Module):
+    r"""HeteroG's policy: GAT op encoder -> group embeddings -> Transformer-XL -> (M+4) logits per group.
+
+    1. :class:`GATEncoder` embeds every op from its features, its graph neighbourhood and the
+       cluster (mean-pooled device embedding added to each op).
+    2. :class:`GroupPooling` gives ``g_n = sigma(sum_{o in n} W e_o)`` per group.
+    3. The real groups, in group-id order, form a dense sequence (padding groups are removed, so
+       they never shift relative positions or enter attention) that :class:`TransformerXL` reads
+       in segments with memory; the logits of group ``n`` depend on groups ``<= n`` only through
+       the strategy network (the GAT is bidirectional over the graph).
+    4. A linear head gives ``M + 4`` logits per group: ``0..M-1`` model parallel on that device,
+       ``M..M+3`` DP-even-PS, DP-even-AR, DP-proportional-PS, DP-proportional-AR. It starts near
+       zero, so the first policy is close to uniform. Padding groups get all-zero logits.
+
+    Args:
+        op_feature_dim: per-op feature size ``F_op``.
+        device_feature_dim: per-device feature size ``F_dev``.
+        n_actions: ``M + 4`` for a cluster of ``M`` devices.
+        hidden: embedding size of ops, groups and the Transformer-XL.
+        gat_layers, gat_heads: GAT depth and heads (paper: 12 x 8).
+        txl_layers, txl_heads: Transformer-XL depth and heads (paper: 8 layers).
+        segment_len, mem_len: Transformer-XL segment length and memory length.
+        dropout: dropout everywhere (0 for policy-gradient training by default).
+        gat_conv: ``"gat"`` (paper) or ``"gatv2"``.
+        group_activation: ``"sigmoid"`` (paper) or ``"tanh"``.
+        detach_mem: detach the Transformer-XL memory (gradients stay within a segment).
+
+    Shapes:
+        op_x ``(N, F_op)`` float, op_mask ``(N,)`` bool, edge_index ``(2, E)`` int64,
+        edge_mask ``(E,)`` bool, group_of ``(N,)`` int64 (padding ops: any value, e.g. -1),
+        group_mask ``(G,)`` bool, dev_x ``(M, F_dev)`` float -> logits ``(G, M + 4)``.
+    """
+
+    def __init__(self, op_feature_dim: int, device_feature_dim: int, n_actions: int, hidden: int = 64,
+                 gat_layers: int = 2, gat_heads: int = 4, txl_layers: int = 2, txl_heads: int = 4,
+                 segment_len: int = 64, mem_len: int = 64, dropout: float = 0.0, gat_conv: str = "gat",
+                 group_activation: str = "sigmoid", detach_mem: bool = True) -> None:
+        super().__init__()
+        _require(op_feature_dim >= 1, f"op_feature_dim must be at least 1, got {op_feature_dim}")
+        _require(device_feature_dim >= 1, f"device_feature_dim must be at least 1, got {device_feature_dim}")
+        _require(n_actions >= N_DP_SCHEMES + 1,
+                 f"n_actions must be M + {N_DP_SCHEMES} for M >= 1 devices, got {n_actions}")
+        _require(hidden >= 2, f"hidden size must be at least 2, got {hidden}")
+        _require(0.0 <= dropout < 1.0, f"dropout must be in [0, 1), got {dropout}")
+        self._config: dict[str, Any] = {
+            "op_feature_dim": op_feature_dim, "device_feature_dim": device_feature_dim,
+            "n_actions": n_actions,
+            "hidden": hidden, "gat_layers": gat_layers, "gat_heads": gat_heads, "txl_layers": txl_layers,
+            "txl_heads": txl_heads, "segment_len": segment_len, "mem_len": mem_len, "dropout": dropout,
+            "gat_conv": gat_conv, "group_activation": group_activation, "detach_mem": detach_mem}
+        self.n_actions = n_actions
+        self.op_feature_dim, self.device_feature_dim, self.hidden = op_feature_dim, device_feature_dim, hidden
+        self.encoder = GATEncoder(op_feature_dim, device_feature_dim, hidden, gat_layers, gat_heads, dropout,
+                                  gat_conv)
+        self.pooling = GroupPooling(hidden, group_activation)
+        self.strategy = TransformerXL(hidden, txl_layers, txl_heads, segment_len, mem_len, dropout,
+                                      detach_mem)
+        self.head = nn.Linear(hidden, n_actions)
+        self.reset_parameters()
+
+    # ---- construction
+    @classmethod
+    def paper(cls, op_feature_dim: int, device_feature_dim: int, n_actions: int,
+              **overrides: Any) -> StrategyPolicy:
+        """The paper's sizes: 12 GAT layers x 8 heads, 8 Transformer-XL layers (hidden 256, 8 heads;
+        the paper does not give these, nor segment or memory length: 64 and 128 here)."""
+        settings = {"hidden": 256, "gat_layers": 12, "gat_heads": 8, "txl_layers": 8, "txl_heads": 8,
+                    "segment_len": 64, "mem_len": 128}
+        return cls(op_feature_dim, device_feature_dim, n_actions, **{**settings, **overrides})
+
+    @classmethod
+    def small(cls, op_feature_dim: int, device_feature_dim: int, n_actions: int,
+              **overrides: Any) -> StrategyPolicy:
+        """A CPU-sized policy: hidden 64, 2 GAT layers x 4 heads, 2 Transformer-XL layers x 4 heads."""
+        settings = {"hidden": 64, "gat_layers": 2, "gat_heads": 4, "txl_layers": 2, "txl_heads": 4,
+                    "segment_len": 64, "mem_len": 64}
+        return cls(op_feature_dim, device_feature_dim, n_actions, **{**settings, **overrides})
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> StrategyPolicy:
+        """Rebuild from :attr:`config` (e.g. stored in a checkpoint next to the state dict)."""
+        return cls(**config)
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The constructor arguments, for checkpoints."""
+        return dict(self._config)
+
+    @property
+    def n_devices(self) -> int:
+        """``M``, the number of devices the action space is built for."""
+        return self.n_actions - N_DP_SCHEMES
+
+    def reset_parameters(self) -> None:
+        self.encoder.reset_parameters()
+        self.pooling.reset_parameters()
+        self.strategy.reset_parameters()
+        nn.init.orthogonal_(self.head.weight, gain=0.01)
+        nn.init.zeros_(self.head.bias)
+
+    # ---- forward pieces
+    def check_inputs(self, op_x: Tensor, op_mask: Tensor, edge_index: Tensor, edge_mask: Tensor,
+                     group_of: Tensor, group_mask: Tensor, dev_x: Tensor) -> None:
+        """Raise :class:`PolicyError` naming the first input that does not fit this policy."""
+        n_ops = op_x.shape[0] if op_x.dim() == 2 else -1
+        _require(op_x.dim() == 2 and op_x.shape[1] == self.op_feature_dim,
+                 f"op_x must be (N, {self.op_feature_dim}), got {tuple(op_x.shape)}")
+        _require(dev_x.dim() == 2 and dev_x.shape[1] == self.device_feature_dim,
+                 f"dev_x must be (M, {self.device_feature_dim}), got {tuple(dev_x.shape)}")
+        _require(dev_x.shape[0] + N_DP_SCHEMES == self.n_actions,
+                 f"dev_x has {dev_x.shape[0]} devices, so {dev_x.shape[0] + N_DP_SCHEMES} actions; this "
+                 f"policy has {self.n_actions} (built for {self.n_devices} devices)")
+        for name, tensor, shape, dtype in (("op_mask", op_mask, (n_ops,), torch.bool),
+                                           ("group_of", group_of, (n_ops,), torch.long),
+                                           ("edge_mask", edge_mask, (edge_index.shape[-1],), torch.bool),
+                                           ("group_mask", group_mask, (group_mask.shape[0],), torch.bool)):
+            _require(tuple(tensor.shape) == shape and tensor.dtype == dtype,
+                     f"{name} must be a {dtype} tensor of shape {shape}, "
+                     f"got {tensor.dtype} {tuple(tensor.shape)}")
+        _require(edge_index.dim() == 2 and edge_index.shape[0] == 2 and edge_index.dtype == torch.long,
+                 f"edge_index must be an int64 tensor of shape (2, E), got {edge_index.dtype} "
+                 f"{tuple(edge_index.shape)}")
+        real_edges = edge_index[:, edge_mask]
+        outside = (real_edges < 0) | (real_edges >= n_ops)
+        if bool(outside.any()):
+            e = int(outside.any(0).nonzero()[0])
+            raise PolicyError(f"real edge {real_edges[:, e].tolist()} points outside ops 0..{n_ops - 1}")
+        to_padding = ~op_mask[real_edges]
+        if bool(to_padding.any()):
+            e = int(to_padding.any(0).nonzero()[0])
+            raise PolicyError(f"real edge {real_edges[:, e].tolist()} touches a padding op (op_mask False)")
+        groups = group_of[op_mask]
+        n_groups = group_mask.shape[0]
+        bad = (groups < 0) | (groups >= n_groups)
+        bad[~bad] = ~group_mask[groups[~bad]]
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            op = int(op_mask.nonzero()[i])
+            raise PolicyError(f"real op {op} is in group {int(groups[i])}, which is not a real group "
+                              f"(0..{n_groups - 1} with group_mask True)")
+
+    def encode_ops(self, op_x: Tensor, op_mask: Tensor, edge_index: Tensor, edge_mask: Tensor,
+                   dev_x: Tensor) -> Tensor:
+        """Op embeddings from the GAT encoder. Shapes: -> ``(N, hidden)``."""
+        return self.encoder(op_x, op_mask, edge_index, edge_mask, dev_x)
+
+    def embed_groups(self, op_x: Tensor, op_mask: Tensor, edge_index: Tensor, edge_mask: Tensor,
+                     group_of: Tensor, group_mask: Tensor, dev_x: Tensor) -> Tensor:
+        """Group embeddings ``sigma(sum W e_o)`` (padding groups zero); inputs are checked.
+
+        Shapes: -> ``(G, hidden)``.
+        """
+        self.check_inputs(op_x, op_mask, edge_index, edge_mask, group_of, group_mask, dev_x)
+        op_emb = self.encode_ops(op_x, op_mask, edge_index, edge_mask, dev_x)
+        return self.pooling(op_emb, op_mask, group_of, group_mask)
+
+    def encode_strategy(self, group_emb: Tensor, group_mask: Tensor) -> Tensor:
+        """Transformer-XL states of the real groups in id order, scattered back (padding rows zero).
+
+        A value head for PPO can pool these. Shapes: group_emb ``(G, hidden)`` -> ``(G, hidden)``.
+        """
+        real = group_mask.nonzero().squeeze(1)
+        states = self.strategy(group_emb[real])
+        return group_emb.new_zeros(group_emb.shape).index_copy(0, real, states)
+
+    def logits_from_group_embeddings(self, group_emb: Tensor, group_mask: Tensor) -> Tensor:
+        """Strategy network and head; padding rows are zero.
+
+        Shapes: group_emb ``(G, hidden)``, group_mask ``(G,)`` -> ``(G, n_actions)``.
+        """
+        logits = self.head(self.encode_strategy(group_emb, group_mask))
+        return logits.masked_fill(~group_mask.unsqueeze(1), 0.0)
+
+    def forward(self, op_x: Tensor, op_mask: Tensor, edge_index: Tensor, edge_mask: Tensor,
+                group_of: Tensor, group_mask: Tensor, dev_x: Tensor) -> Tensor:
+        group_emb = self.embed_groups(op_x, op_mask, edge_index, edge_mask, group_of, group_mask, dev_x)
+        return self.logits_from_group_embeddings(group_emb, group_mask)
+
+    def distribution(self, op_x: Tensor, op_mask: Tensor, edge_index: Tensor, edge_mask: Tensor,
+                     group_of: Tensor, group_mask: Tensor, dev_x: Tensor) -> MaskedCategorical:
+        """The per-group action distribution with padding groups masked (see :class:`MaskedCategorical`)."""
+        logits = self(op_x, op_mask, edge_index, edge_mask, group_of, group_mask, dev_x)
+        return MaskedCategorical(logits, group_mask)
+
+    def __repr__(self) -> str:
+        c = self._config
+        n_params = sum(p.numel() for p in self.parameters())
+        return (f"{type(self).__name__}(ops={c['op_feature_dim']}, devices={c['device_feature_dim']}, "
+                f"n_actions={c['n_actions']}, hidden={c['hidden']}, "
+                f"gat={c['gat_layers']}x{c['gat_heads']} heads ({c['gat_conv']}), "
+                f"txl={c['txl_layers']}x{c['txl_heads']} heads (segment {c['segment_len']}, "
+                f"memory {c['mem_len']}), group={c['group_activation']}, dropout={c['dropout']}, "
+                f"params={n_params:,})")

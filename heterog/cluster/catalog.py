@@ -1,0 +1,118 @@
+"""Device catalog: datasheet peaks and roofline efficiencies of the GPU types (and a CPU worker)
+that clusters are built from; the cost model reads compute and memory speed from here.
+
+Numbers are the vendors' published peaks: fp32 FLOP/s (``peak_flops``), dense fp16/bf16
+tensor-core FLOP/s (``tensor_flops``, None where the chip has no tensor cores), DRAM bandwidth and
+capacity. The efficiencies are the fraction of those peaks that training kernels (cuBLAS GEMMs and
+cuDNN convolutions at training shapes, elementwise/normalisation kernels) typically reach, not the
+best-case microbenchmark; ``launch_overhead_s`` is the fixed cost per op (launch plus ramp-up).
+
+Calibration against the HeteroG paper. The paper measures per-op speed-ups of V100 over
+GTX-1080Ti between about 1.1x and 1.9x depending on the op. The datasheets already separate the two
+kinds of op: 15.7 vs 11.34 TFLOP/s (1.38x) for compute and 900 vs 484 GB/s (1.86x) for memory.
+The efficiencies keep that separation and place it inside the paper's range:
+
+- compute-bound (large GEMM/conv): V100 0.72 x 15.7 = 11.3 TFLOP/s vs 1080Ti 0.70 x 11.34 = 7.9 TFLOP/s,
+  ratio 1.42x (Volta's larger L2 and register file let cuBLAS stay closer to peak than Pascal);
+- memory-bound (elementwise, norms): V100 0.80 x 900 = 720 GB/s vs 1080Ti 0.82 x 484 = 397 GB/s,
+  ratio 1.81x (HBM2 streams at a slightly lower fraction of its nominal rate than GDDR5X);
+- launch-bound (tiny ops): 5.0 vs 5.5 us, ratio 1.1x, the paper's lower end.
+
+Other types follow the same reasoning: power-limited cards (T4 at 70 W, L4 at 72 W) and consumer
+Ampere/Ada cards (whose fp32 peak counts dual-issue FMA that GEMMs rarely sustain) get lower compute
+efficiency. These are priors; the profiler's measured tables override them per op (heterog.cost).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from heterog.errors import ClusterError
+
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class DeviceType:
+    """One kind of accelerator (or CPU worker) as the roofline model sees it."""
+
+    name: str
+    peak_flops: float                  # fp32 FLOP/s (datasheet)
+    tensor_flops: float | None         # dense fp16/bf16 tensor-core FLOP/s, None without tensor cores
+    memory_bandwidth_Bps: float        # DRAM bandwidth, bytes/s (datasheet)
+    memory_bytes: int                  # device memory capacity
+    compute_efficiency: float = 0.7    # fraction of peak FLOP/s reached by training kernels
+    memory_efficiency: float = 0.8     # fraction of peak bandwidth reached by streaming kernels
+    launch_overhead_s: float = 5e-6    # fixed time per op
+
+    def __post_init__(self) -> None:
+        checks = (
+            ("peak_flops", self.peak_flops),
+            ("memory_bandwidth_Bps", self.memory_bandwidth_Bps),
+            ("memory_bytes", self.memory_bytes),
+        )
+        for field_name, value in checks:
+            if not value > 0:
+                raise ClusterError(f"device type {self.name!r}: {field_name} must be positive, got {value}")
+        if self.tensor_flops is not None and not self.tensor_flops > 0:
+            raise ClusterError(f"device type {self.name!r}: tensor_flops must be positive or None, "
+                               f"got {self.tensor_flops}")
+        for field_name, value in (("compute_efficiency", self.compute_efficiency),
+                                  ("memory_efficiency", self.memory_efficiency)):
+            if not 0 < value <= 1:
+                raise ClusterError(f"device type {self.name!r}: {field_name} must be in (0, 1], got {value}")
+        if not self.launch_overhead_s >= 0:
+            raise ClusterError(f"device type {self.name!r}: launch_overhead_s must be >= 0, "
+                               f"got {self.launch_overhead_s}")
+
+    @property
+    def effective_flops(self) -> float:
+        """fp32 FLOP/s a training kernel reaches (peak x compute efficiency)."""
+        return self.peak_flops * self.compute_efficiency
+
+    @property
+    def effective_tensor_flops(self) -> float:
+        """fp16/bf16 FLOP/s reached (tensor cores where present, else the fp32 rate)."""
+        peak = self.tensor_flops if self.tensor_flops is not None else self.peak_flops
+        return peak * self.compute_efficiency
+
+    @property
+    def effective_memory_Bps(self) -> float:
+        """Bytes/s a streaming kernel reaches (peak x memory efficiency)."""
+        return self.memory_bandwidth_Bps * self.memory_efficiency
+
+
+def _t(name: str, tflops: float, tensor_tflops: float | None, mem_GBps: float, mem_GiB: float,
+       ce: float, me: float, launch_us: float) -> DeviceType:
+    return DeviceType(name=name, peak_flops=tflops * 1e12,
+                      tensor_flops=None if tensor_tflops is None else tensor_tflops * 1e12,
+                      memory_bandwidth_Bps=mem_GBps * 1e9, memory_bytes=int(mem_GiB * GiB),
+                      compute_efficiency=ce, memory_efficiency=me, launch_overhead_s=launch_us * 1e-6)
+
+
+_TYPES = (
+    #   name          fp32 TF  tensor TF  GB/s    GiB  comp  mem   launch us
+    _t("V100-16GB",   15.7,    125.0,     900.0,  16, 0.72, 0.80, 5.0),   # SXM2
+    _t("V100-32GB",   15.7,    125.0,     900.0,  32, 0.72, 0.80, 5.0),   # SXM2
+    _t("GTX-1080Ti",  11.34,   None,      484.0,  11, 0.70, 0.82, 5.5),
+    _t("P100-12GB",   9.3,     None,      549.0,  12, 0.70, 0.78, 5.5),   # PCIe; fp16 is 2x, not tensor cores
+    _t("T4",          8.1,     65.0,      320.0,  16, 0.60, 0.75, 5.0),   # 70 W, clocks drop under load
+    _t("A100-40GB",   19.5,    312.0,     1555.0, 40, 0.75, 0.85, 4.0),   # SXM4
+    _t("A100-80GB",   19.5,    312.0,     2039.0, 80, 0.75, 0.85, 4.0),   # SXM4
+    _t("H100",        67.0,    989.0,     3350.0, 80, 0.70, 0.85, 4.0),   # SXM5 80GB
+    _t("L4",          30.3,    121.0,     300.0,  24, 0.55, 0.80, 5.0),   # 72 W
+    _t("RTX-3090",    35.6,    71.0,      936.0,  24, 0.55, 0.80, 5.0),   # fp32 peak counts dual-issue
+    _t("RTX-4090",    82.6,    165.2,     1008.0, 24, 0.55, 0.80, 5.0),   # fp16 tensor with fp32 accumulate
+    # a CPU worker process of local-cpu-N (emulation): a few cores of fp32 SIMD, DRAM share,
+    # ATen dispatch overhead per op
+    _t("cpu",         0.05,    None,      20.0,   8,  0.50, 0.60, 20.0),
+)
+
+CATALOG: dict[str, DeviceType] = {t.name: t for t in _TYPES}
+
+
+def device_type(name: str) -> DeviceType:
+    """The catalog entry for ``name``; ClusterError naming it (and the known types) if absent."""
+    try:
+        return CATALOG[name]
+    except (KeyError, TypeError):
+        raise ClusterError(f"unknown device type {name!r}; known: {', '.join(CATALOG)}") from None

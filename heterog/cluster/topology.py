@@ -1,0 +1,303 @@
+"""Cluster topology: devices grouped in servers, the directed links between them, and precomputed
+paths with their bottleneck bandwidth and latency (what transfers and collectives hold and pay).
+
+Link model (every link is a directed resource: full duplex means a->b and b->a do not contend):
+
+- Within a server, one link per ordered device pair (a->b), of the server's intra kind ("nvlink",
+  "pcie" or "loopback") with the server's intra bandwidth and latency. Path a->b = (that link,).
+- Each server with a NIC has two links, ``<server>/nic-out`` and ``<server>/nic-in``, with the NIC
+  bandwidth and latency. A transfer from server S to server T holds (nic-out of S, nic-in of T);
+  it passes a non-blocking switch of ``switch_bandwidth_Bps`` per port, which is not a contended
+  resource but caps the rate. Bottleneck = min(nic-out bw, nic-in bw, switch bw); latency = sum of
+  the two NIC latencies. Transfers that leave the same server contend on its nic-out.
+- A device to itself: empty path, infinite bandwidth, zero latency.
+
+A server whose NIC bandwidth is 0 has no NIC; with several servers that makes the cluster
+disconnected, which is an error. Paths, bandwidths and latencies are tabulated once at build time.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from heterog.cluster.catalog import DeviceType
+from heterog.errors import ClusterError
+
+LINK_KINDS = ("nvlink", "pcie", "nic-out", "nic-in", "loopback")
+INTRA_KINDS = ("nvlink", "pcie", "loopback")
+
+
+@dataclass(frozen=True)
+class Device:
+    """One worker (GPU or emulated CPU worker); ``slowdown`` multiplies its compute times."""
+
+    index: int
+    name: str
+    type: DeviceType
+    server: int
+    slowdown: float = 1.0
+
+
+@dataclass(frozen=True)
+class Link:
+    """One directed communication resource; a transfer holds every link on its path."""
+
+    index: int
+    name: str
+    bandwidth_Bps: float
+    latency_s: float
+    kind: str
+
+
+@dataclass(frozen=True)
+class Server:
+    """A machine: its devices (global indices), intra-server interconnect and NIC (0 bandwidth = none)."""
+
+    index: int
+    name: str
+    devices: list[int]
+    intra: str
+    intra_bandwidth_Bps: float
+    intra_latency_s: float
+    nic_bandwidth_Bps: float = 0.0
+    nic_latency_s: float = 0.0
+
+    @property
+    def has_nic(self) -> bool:
+        return self.nic_bandwidth_Bps != 0
+
+
+def build_links(servers: list[Server], devices: list[Device]) -> list[Link]:
+    """The links of the model in the module docstring, numbered in a fixed order: per server, its
+    intra links (row-major over ordered device pairs), then its nic-out and nic-in."""
+    links: list[Link] = []
+    for s in servers:
+        for a in s.devices:
+            for b in s.devices:
+                if a != b:
+                    links.append(Link(len(links), f"{devices[a].name}->{devices[b].name}",
+                                      s.intra_bandwidth_Bps, s.intra_latency_s, s.intra))
+        if s.has_nic:
+            for kind in ("nic-out", "nic-in"):
+                links.append(Link(len(links), f"{s.name}/{kind}", s.nic_bandwidth_Bps, s.nic_latency_s, kind))
+    return links
+
+
+@dataclass
+class Cluster:
+    """Devices, servers and links with path tables. Pass ``links=[]`` to derive the links from the
+    servers; given links must be exactly the derived ones (names and kinds) and may differ in
+    bandwidth or latency (a degraded link). Treat as immutable once built.
+
+    Shapes: ``power``, ``memory_bytes``, ``server_of`` are ``(M,)``; ``bandwidth_Bps`` and
+    ``latency_s`` are ``(M, M)``; ``path_table`` is ``(M, M, 2)`` link ids padded with -1.
+    """
+
+    name: str
+    devices: list[Device]
+    links: list[Link]
+    servers: list[Server]
+    switch_bandwidth_Bps: float = math.inf
+
+    def __post_init__(self) -> None:
+        self._check_layout()
+        expected = build_links(self.servers, self.devices)
+        if not self.links:
+            self.links = expected
+        else:
+            self._check_links(expected)
+        for link in self.links:
+            if not link.bandwidth_Bps > 0:
+                raise ClusterError(f"cluster {self.name!r}: link {link.name!r} has non-positive bandwidth "
+                                   f"{link.bandwidth_Bps} B/s")
+            if not link.latency_s >= 0:
+                raise ClusterError(f"cluster {self.name!r}: link {link.name!r} has negative latency "
+                                   f"{link.latency_s} s")
+        self._build_paths()
+
+    # ------------------------------------------------------------------ validation
+    def _check_layout(self) -> None:
+        if not self.devices:
+            raise ClusterError(f"cluster {self.name!r} has no devices")
+        if not self.servers:
+            raise ClusterError(f"cluster {self.name!r} has no servers")
+        for i, d in enumerate(self.devices):
+            if d.index != i:
+                raise ClusterError(f"cluster {self.name!r}: device {d.name!r} has index {d.index}, expected {i}")
+            if not 0 <= d.server < len(self.servers):
+                raise ClusterError(f"cluster {self.name!r}: device {d.name!r} is on missing server {d.server}")
+            if not 0 < d.slowdown < math.inf:
+                raise ClusterError(f"cluster {self.name!r}: device {d.name!r} has slowdown {d.slowdown}; "
+                                   f"it must be a positive finite factor")
+        names = [d.name for d in self.devices]
+        if len(set(names)) != len(names):
+            dup = sorted({n for n in names if names.count(n) > 1})
+            raise ClusterError(f"cluster {self.name!r}: duplicate device names {', '.join(dup)}")
+        seen_servers: set[str] = set()
+        for j, s in enumerate(self.servers):
+            if s.index != j:
+                raise ClusterError(f"cluster {self.name!r}: server {s.name!r} has index {s.index}, expected {j}")
+            if s.name in seen_servers:
+                raise ClusterError(f"cluster {self.name!r}: duplicate server name {s.name!r}")
+            seen_servers.add(s.name)
+            members = [d.index for d in self.devices if d.server == j]
+            if sorted(s.devices) != members:
+                raise ClusterError(f"cluster {self.name!r}: server {s.name!r} lists devices {list(s.devices)} "
+                                   f"but devices {members} say they are on it")
+            if len(s.devices) > 1:
+                if s.intra not in INTRA_KINDS:
+                    raise ClusterError(f"cluster {self.name!r}: server {s.name!r} has unknown intra kind "
+                                       f"{s.intra!r}; known: {', '.join(INTRA_KINDS)}")
+                if not s.intra_bandwidth_Bps > 0:
+                    raise ClusterError(f"cluster {self.name!r}: server {s.name!r} has non-positive intra "
+                                       f"bandwidth {s.intra_bandwidth_Bps} B/s")
+                if not s.intra_latency_s >= 0:
+                    raise ClusterError(f"cluster {self.name!r}: server {s.name!r} has negative intra latency "
+                                       f"{s.intra_latency_s} s")
+            if s.nic_bandwidth_Bps < 0 or math.isnan(s.nic_bandwidth_Bps):
+                raise ClusterError(f"cluster {self.name!r}: server {s.name!r} has non-positive NIC bandwidth "
+                                   f"{s.nic_bandwidth_Bps} B/s")
+            if not s.nic_latency_s >= 0:
+                raise ClusterError(f"cluster {self.name!r}: server {s.name!r} has negative NIC latency "
+                                   f"{s.nic_latency_s} s")
+        if len(self.servers) > 1:
+            isolated = [s.name for s in self.servers if not s.has_nic]
+            if isolated:
+                raise ClusterError(f"cluster {self.name!r} is disconnected: servers {', '.join(isolated)} have no "
+                                   f"NIC (bandwidth 0) and cannot reach the other servers")
+            if not self.switch_bandwidth_Bps > 0:
+                raise ClusterError(f"cluster {self.name!r}: switch bandwidth must be positive, got "
+                                   f"{self.switch_bandwidth_Bps} B/s")
+
+    def _check_links(self, expected: list[Link]) -> None:
+        got = [(link.index, link.name, link.kind) for link in self.links]
+        want = [(link.index, link.name, link.kind) for link in expected]
+        if got != want:
+            missing = sorted({w[1] for w in want} - {g[1] for g in got})
+            extra = sorted({g[1] for g in got} - {w[1] for w in want})
+            raise ClusterError(f"cluster {self.name!r}: links do not match its servers "
+                               f"(missing {missing[:4]}, unexpected {extra[:4]}, or wrong order/kind)")
+
+    # ------------------------------------------------------------------ path tables
+    def _build_paths(self) -> None:
+        m = len(self.devices)
+        by_name = {link.name: link for link in self.links}
+        table = np.full((m, m, 2), -1, dtype=np.int64)
+        bw = np.full((m, m), np.inf)
+        lat = np.zeros((m, m))
+        paths: dict[tuple[int, int], tuple[int, ...]] = {}
+        for a, da in enumerate(self.devices):
+            for b, db in enumerate(self.devices):
+                if a == b:
+                    paths[(a, b)] = ()
+                    continue
+                if da.server == db.server:
+                    hops = (by_name[f"{da.name}->{db.name}"],)
+                    bw[a, b] = hops[0].bandwidth_Bps
+                else:
+                    hops = (by_name[f"{self.servers[da.server].name}/nic-out"],
+                            by_name[f"{self.servers[db.server].name}/nic-in"])
+                    bw[a, b] = min(hops[0].bandwidth_Bps, hops[1].bandwidth_Bps, self.switch_bandwidth_Bps)
+                lat[a, b] = sum(h.latency_s for h in hops)
+                paths[(a, b)] = tuple(h.index for h in hops)
+                table[a, b, :len(hops)] = paths[(a, b)]
+        for arr in (table, bw, lat):
+            arr.setflags(write=False)
+        self._paths = paths
+        self._path_links = table
+        self._bandwidth_Bps = bw
+        self._latency_s = lat
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def n_devices(self) -> int:
+        return len(self.devices)
+
+    @property
+    def n_links(self) -> int:
+        return len(self.links)
+
+    @cached_property
+    def power(self) -> np.ndarray:
+        """(M,) peak fp32 FLOP/s of each device divided by its slowdown."""
+        return np.array([d.type.peak_flops / d.slowdown for d in self.devices], dtype=np.float64)
+
+    @cached_property
+    def memory_bytes(self) -> np.ndarray:
+        """(M,) device memory capacity in bytes."""
+        return np.array([d.type.memory_bytes for d in self.devices], dtype=np.float64)
+
+    @cached_property
+    def server_of(self) -> np.ndarray:
+        """(M,) server index of each device."""
+        return np.array([d.server for d in self.devices], dtype=np.int64)
+
+    @cached_property
+    def slowdown(self) -> np.ndarray:
+        """(M,) compute slowdown factor of each device (1 = as the catalog says)."""
+        return np.array([d.slowdown for d in self.devices], dtype=np.float64)
+
+    @property
+    def device_names(self) -> list[str]:
+        return [d.name for d in self.devices]
+
+    @property
+    def link_names(self) -> list[str]:
+        return [link.name for link in self.links]
+
+    def path(self, a: int, b: int) -> tuple[int, ...]:
+        """Link ids a transfer from device ``a`` to device ``b`` holds (empty when a == b)."""
+        try:
+            return self._paths[(int(a), int(b))]
+        except KeyError:
+            raise ClusterError(f"cluster {self.name!r}: no device pair ({a}, {b}); "
+                               f"devices are 0..{self.n_devices - 1}") from None
+
+    @property
+    def path_table(self) -> np.ndarray:
+        """(M, M, 2) link ids of each path, padded with -1 (read-only)."""
+        return self._path_links
+
+    @property
+    def bandwidth_Bps(self) -> np.ndarray:
+        """(M, M) bottleneck bandwidth of each path in bytes/s, inf on the diagonal (read-only)."""
+        return self._bandwidth_Bps
+
+    @property
+    def latency_s(self) -> np.ndarray:
+        """(M, M) summed link latency of each path, 0 on the diagonal (read-only)."""
+        return self._latency_s
+
+    def __repr__(self) -> str:
+        types: dict[str, int] = {}
+        for d in self.devices:
+            types[d.type.name] = types.get(d.type.name, 0) + 1
+        mix = ", ".join(f"{n}x {t}" for t, n in types.items())
+        return f"Cluster({self.name!r}: {mix}; {len(self.servers)} servers, {len(self.links)} links)"
+
+    # ------------------------------------------------------------------ files
+    def to_dict(self) -> dict[str, Any]:
+        """The YAML form (see heterog.cluster.loader); ``Cluster.from_dict`` reads it back equal."""
+        from heterog.cluster.loader import cluster_to_dict
+
+        return cluster_to_dict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str = "<dict>") -> Cluster:
+        from heterog.cluster.loader import cluster_from_dict
+
+        return cluster_from_dict(d, source=source)
+
+    def save_yaml(self, path: str | Path) -> Path:
+        """Write the YAML form atomically (temporary file, then rename)."""
+        import yaml
+
+        from heterog.atomic import atomic_write
+
+        text = yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
+        return atomic_write(path, lambda f: f.write(text))

@@ -1,0 +1,621 @@
+"""Compile a Strategy on an OpGraph into a simulator TaskGraph (DESIGN.md section 3).
+
+Per op, the group's ParallelConfig gives its *layout* (a list of (device, batch share)):
+  - ops that touch a batch-carrying tensor are split along the batch over the config's replicas;
+  - ops without any batch tensor are duplicated on every replica (parameters are present on every
+    replica's device), except under PS where parameters, optimizer state and everything computed
+    after gradient aggregation (the update) live on the PS device only;
+  - a replicated op whose inputs carry the batch but whose output does not (weight gradient, loss)
+    yields partial results; if anything reads their value, they are aggregated: PS (push to the PS,
+    aggregate there) or AllReduce (ring or hierarchical, whichever the cost model says is cheaper).
+Edges between different layouts become split -> transfers -> concat; a non-batch tensor needed on a
+device that lacks it is transferred once per (tensor, device) from the best-connected holder.
+Memory: parameters, gradients and optimizer state are resident where they live; every other output
+is allocated when its task starts and freed after its last consumer (frees = data dependencies).
+
+The construction is vectorised with numpy: Python loops run over distinct layouts and layout pairs,
+never over replicas x edges.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+
+from heterog.errors import StrategyError
+
+VALUE_FREE_TARGETS = frozenset({
+    "aten.ones_like.default", "aten.zeros_like.default", "aten.empty_like.default", "aten.full_like.default",
+    "aten.new_zeros.default", "aten.new_ones.default", "aten.new_empty.default", "aten.new_full.default",
+})
+_DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float64": 8, "double": 8,
+                "int64": 8, "long": 8, "int32": 4, "int": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
+                "complex64": 8, "complex128": 16, "float8_e4m3fn": 1, "float8_e5m2": 1}
+_STAGE = {"split": 2, "transfer": 3, "concat": 4, "compute": 6, "push": 7, "aggregate": 8}
+_N_STAGES = 10
+
+
+class TaskKind(IntEnum):
+    COMPUTE = 0
+    PLACEHOLDER = 1
+    TRANSFER = 2
+    SPLIT = 3
+    CONCAT = 4
+    PUSH = 5
+    AGGREGATE = 6
+    ALLREDUCE = 7
+
+
+COMM_KINDS = (TaskKind.TRANSFER, TaskKind.PUSH, TaskKind.ALLREDUCE)
+# Chrome-trace / Gantt categories: compute tasks by phase, communication by kind
+CATEGORIES = ("forward", "backward", "update", "input", "transfer", "split/concat", "ps", "allreduce")
+
+
+def dtype_bytes(dtype: str) -> int:
+    name = str(dtype).replace("torch.", "")
+    if name not in _DTYPE_BYTES:
+        raise StrategyError(f"unknown dtype {dtype!r} in graph")
+    return _DTYPE_BYTES[name]
+
+
+# ----------------------------------------------------------------------------------- graph index
+@dataclass
+class GraphIndex:
+    """Everything about a graph the compiler needs that does not depend on the strategy (cached)."""
+
+    n_ops: int
+    has_batch: np.ndarray          # op touches a batch tensor -> split along the batch
+    partial: np.ndarray            # batch inputs, no batch output, compute op -> partial results
+    needs_agg: np.ndarray          # partial and some consumer reads the value
+    post_agg: np.ndarray           # non-batch compute op downstream of a partial result, or update phase
+    placeholder_resident: np.ndarray  # param / state / buffer placeholders (resident memory)
+    is_compute: np.ndarray
+    out_fixed_bytes: np.ndarray    # allocation of the op's outputs that does not scale with batch
+    out_batch_bytes: np.ndarray    # allocation that scales with the batch share
+    resident_bytes: np.ndarray
+    category: np.ndarray           # index into CATEGORIES
+    e_src: np.ndarray
+    e_dst: np.ndarray
+    e_bytes: np.ndarray
+    e_batch: np.ndarray            # edge tensor carries a batch
+    e_value_free: np.ndarray       # consumer only needs the shape (ones_like, ...)
+    e_tensor: np.ndarray           # id of the (src, src_output) tensor
+    agg_bytes: np.ndarray          # bytes aggregated for a partial op (its output bytes)
+
+
+def graph_index(graph) -> GraphIndex:
+    cached = graph.__dict__.get("_compile_index")
+    if cached is not None:
+        return cached
+    n = graph.n_ops
+    ops = graph.ops
+    out_fixed = np.zeros(n)
+    out_batch = np.zeros(n)
+    for i, op in enumerate(ops):
+        for shape, dt, bd in zip(op.output_shapes, op.output_dtypes, op.batch_dims):
+            b = float(np.prod(shape)) * dtype_bytes(dt) if len(shape) else float(dtype_bytes(dt))
+            if bd is None:
+                out_fixed[i] += b
+            else:
+                out_batch[i] += b
+    is_compute = graph.is_compute.copy()
+    has_batch = graph.has_batch.copy()
+    out_has_batch = np.array([any(d is not None for d in op.batch_dims) for op in ops], dtype=bool)
+    partial = is_compute & has_batch & ~out_has_batch
+    kind = [op.kind for op in ops]
+    placeholder_resident = np.array([k in ("param", "state", "buffer") for k in kind], dtype=bool)
+    src, dst = graph.edge_src, graph.edge_dst
+    value_free_op = np.array([op.target in VALUE_FREE_TARGETS for op in ops], dtype=bool)
+    e_value_free = value_free_op[dst] if len(dst) else np.zeros(0, bool)
+    needs_agg = np.zeros(n, dtype=bool)
+    if len(src):
+        np.logical_or.at(needs_agg, src[~e_value_free], True)
+    needs_agg &= partial
+    # post-aggregation: non-batch compute ops that read (transitively) aggregated values, and the update phase
+    post = np.zeros(n, dtype=bool)
+    phase = graph.phase_index
+    valued = np.nonzero(~e_value_free)[0]
+    order = valued[np.argsort(dst[valued], kind="stable")]
+    s_sorted, d_sorted = src[order], dst[order]
+    tainted = needs_agg.copy()
+    for s, d in zip(s_sorted.tolist(), d_sorted.tolist()):  # dst ascending = topological
+        if tainted[s] and not has_batch[d] and is_compute[d]:
+            tainted[d] = True
+            post[d] = True
+    post |= is_compute & ~has_batch & (phase == 2)
+    # allocation: resident placeholders, gradients (live in the grad buffer) and graph outputs allocate nothing
+    n_consumers = np.bincount(src, minlength=n) if len(src) else np.zeros(n, int)
+    no_alloc = placeholder_resident | np.array([op.is_grad for op in ops], bool) | (is_compute & (n_consumers == 0))
+    out_fixed[no_alloc] = 0.0
+    out_batch[no_alloc] = 0.0
+    cat = np.where(is_compute, phase, 3).astype(np.int64)
+    tensor_key = src * 64 + np.array([e.src_output for e in graph.edges], dtype=np.int64) if len(src) else src
+    _, e_tensor = np.unique(tensor_key, return_inverse=True)
+    agg_bytes = np.array([op.bytes_written for op in ops], dtype=np.float64)
+    idx = GraphIndex(n, has_batch, partial, needs_agg, post, placeholder_resident, is_compute, out_fixed,
+                     out_batch, graph.resident_bytes.copy(), cat, src, dst, graph.edge_bytes.copy(),
+                     graph.edge_has_batch.copy(), e_value_free, e_tensor.astype(np.int64), agg_bytes)
+    graph.__dict__["_compile_index"] = idx
+    return idx
+
+
+# ----------------------------------------------------------------------------------- cluster index
+def _path_table(cluster):
+    cached = cluster.__dict__.get("_path_table")
+    if cached is not None:
+        return cached
+    m = cluster.n_devices
+    paths = [[tuple(cluster.path(a, b)) for b in range(m)] for a in range(m)]
+    lmax = max(1, max(len(p) for row in paths for p in row))
+    tab = np.full((m, m, lmax), -1, dtype=np.int64)
+    plen = np.zeros((m, m), dtype=np.int64)
+    for a in range(m):
+        for b in range(m):
+            p = paths[a][b]
+            plen[a, b] = len(p)
+            tab[a, b, :len(p)] = p
+    cluster.__dict__["_path_table"] = (tab, plen)
+    return tab, plen
+
+
+# ----------------------------------------------------------------------------------- task buffer
+class _Tasks:
+    """Append-only columns of tasks under construction (ids are provisional, renumbered at the end)."""
+
+    def __init__(self) -> None:
+        self.cols: dict[str, list[np.ndarray]] = {k: [] for k in
+                                                  ("dur", "kind", "op", "dev", "alloc", "key", "cat", "prio_op")}
+        self.res_len: list[np.ndarray] = []
+        self.res_idx: list[np.ndarray] = []
+        self.dep_task: list[np.ndarray] = []
+        self.dep_on: list[np.ndarray] = []
+        self.n = 0
+
+    def add(self, *, dur, kind, op, dev, alloc, key, cat, prio_op, res_len, res_idx) -> np.ndarray:
+        k = len(dur)
+        ids = np.arange(self.n, self.n + k, dtype=np.int64)
+        self.n += k
+        for name, val in (("dur", dur), ("op", op), ("dev", dev), ("alloc", alloc), ("key", key),
+                          ("cat", cat), ("prio_op", prio_op)):
+            self.cols[name].append(np.broadcast_to(np.asarray(val), (k,)).astype(
+                np.float64 if name in ("dur", "alloc") else np.int64))
+        self.cols["kind"].append(np.full(k, int(kind), dtype=np.int64))
+        self.res_len.append(np.broadcast_to(np.asarray(res_len, dtype=np.int64), (k,)))
+        self.res_idx.append(np.asarray(res_idx, dtype=np.int64).ravel())
+        return ids
+
+    def deps(self, task: np.ndarray, on: np.ndarray) -> None:
+        self.dep_task.append(np.asarray(task, dtype=np.int64).ravel())
+        self.dep_on.append(np.asarray(on, dtype=np.int64).ravel())
+
+    def col(self, name: str) -> np.ndarray:
+        return np.concatenate(self.cols[name]) if self.cols[name] else np.zeros(0)
+
+
+def _cat(xs, dtype=np.int64):
+    return np.concatenate(xs).astype(dtype) if xs else np.zeros(0, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------------- result
+@dataclass
+class CompiledPlan:
+    """A TaskGraph plus what each task stands for (kind, op, device) and the resource layout."""
+
+    tg: object                      # simulator.TaskGraph
+    task_kind: np.ndarray
+    task_op: np.ndarray
+    task_device: np.ndarray         # compute device, or destination device of a transfer, -1 for collectives
+    op_priority: np.ndarray | None  # per-op priorities from the strategy (None: ranked by the scheduler)
+    task_prio_op: np.ndarray        # op whose priority a task inherits
+    n_devices: int
+    n_links: int
+    dep_ptr: np.ndarray
+    dep_idx: np.ndarray
+    ps_device: dict = field(default_factory=dict)        # group -> chosen PS device
+    allreduce_algo: dict = field(default_factory=dict)   # aggregated op -> "ring" | "hierarchical"
+
+    @property
+    def n_tasks(self) -> int:
+        return len(self.task_kind)
+
+    def counts(self) -> dict:
+        return {k.name.lower(): int(np.sum(self.task_kind == k)) for k in TaskKind}
+
+
+# ----------------------------------------------------------------------------------- compile
+def compile_strategy(graph, cluster, strategy, cost, *, serialize_collectives: bool = False,
+                     check: bool = True) -> CompiledPlan:
+    """Build the TaskGraph of ``strategy`` for one training iteration of ``graph`` on ``cluster``.
+
+    Args:
+        graph: the OpGraph. cluster: the Cluster. strategy: a Strategy for this graph and cluster.
+        cost: a CostModel of the cluster (op, transfer and collective times).
+        serialize_collectives: NCCL-style: all AllReduces share one stream and run one at a time.
+        check: refuse a strategy made for another graph or cluster.
+    """
+    import simulator
+
+    if check:
+        strategy.check_fits(graph, cluster)
+    gi = graph_index(graph)
+    n, m, B = gi.n_ops, cluster.n_devices, graph.batch_size
+    path_tab, path_len = _path_table(cluster)
+    bw, lat = cluster.bandwidth_Bps, cluster.latency_s
+    n_links = len(cluster.links)
+    nccl_res = m + n_links if serialize_collectives else -1
+
+    # ---- per group: config id, PS device ------------------------------------------------------
+    cfg_ids: dict = {}
+    group_cfg = np.array([cfg_ids.setdefault(c, len(cfg_ids)) for c in strategy.configs], dtype=np.int64)
+    cfgs = list(cfg_ids)
+    op_group = strategy.group_of
+    op_cfg = group_cfg[op_group]
+    cfg_nrep = np.array([c.n_replicas for c in cfgs], dtype=np.int64)
+    cfg_ps = np.array([c.sync == "ps" and c.n_replicas > 1 for c in cfgs], dtype=bool)
+    replicated = cfg_nrep[op_cfg] > 1
+    agg = gi.needs_agg & replicated
+    group_ps = _choose_ps(strategy, group_cfg, cfgs, cfg_ps, op_group, agg, gi, cost, bw, lat)
+
+    # ---- layouts --------------------------------------------------------------------------------
+    lay_key: dict = {}
+    lay_devs: list[tuple] = []
+    lay_shares: list[tuple] = []
+
+    def layout(devs, shares) -> int:
+        key = (tuple(devs), tuple(shares))
+        if key not in lay_key:
+            lay_key[key] = len(lay_devs)
+            lay_devs.append(key[0])
+            lay_shares.append(key[1])
+        return lay_key[key]
+
+    cfg_split = np.array([layout(c.devices, c.shares) for c in cfgs], dtype=np.int64)
+    cfg_dup = np.array([layout(c.devices, (B,) * c.n_replicas) for c in cfgs], dtype=np.int64)
+    ps_lay = {d: layout((d,), (B,)) for d in sorted(set(group_ps.values()))}   # where PS state lives
+    op_lay = np.where(gi.has_batch, cfg_split[op_cfg], cfg_dup[op_cfg])
+    ps_mode = cfg_ps[op_cfg] & ~gi.has_batch & (gi.post_agg | gi.placeholder_resident)
+    if ps_mode.any():
+        op_lay[ps_mode] = np.array([ps_lay[group_ps[int(g)]] for g in op_group[ps_mode].tolist()], dtype=np.int64)
+    L = len(lay_devs)
+    lay_len = np.array([len(d) for d in lay_devs], dtype=np.int64)
+    lay_ptr = np.concatenate([[0], np.cumsum(lay_len)])
+    lay_dev_flat = np.array([d for ds in lay_devs for d in ds], dtype=np.int64)
+    lay_frac_flat = np.array([s / B for ss in lay_shares for s in ss], dtype=np.float64)
+    lay_dev_mask = np.zeros((L, m), dtype=bool)
+    lay_dev_mask[np.repeat(np.arange(L), lay_len), lay_dev_flat] = True
+
+    T = _Tasks()
+    # ---- op instances ---------------------------------------------------------------------------
+    counts = lay_len[op_lay]
+    inst_start = np.concatenate([[0], np.cumsum(counts)])[:-1]
+    n_inst = int(counts.sum())
+    inst_op = np.repeat(np.arange(n), counts)
+    local = np.arange(n_inst) - np.repeat(inst_start, counts)
+    flat = lay_ptr[op_lay][inst_op] + local
+    inst_dev = lay_dev_flat[flat]
+    inst_frac = lay_frac_flat[flat]
+    inst_dur = cost.op_times(graph, inst_op, inst_dev, inst_frac)
+    inst_alloc = gi.out_fixed_bytes[inst_op] + gi.out_batch_bytes[inst_op] * inst_frac
+    comp = gi.is_compute[inst_op]
+    inst_ids = T.add(dur=inst_dur, kind=TaskKind.COMPUTE, op=inst_op, dev=inst_dev, alloc=inst_alloc,
+                     key=inst_op * _N_STAGES + _STAGE["compute"], cat=gi.category[inst_op], prio_op=inst_op,
+                     res_len=comp.astype(np.int64), res_idx=inst_dev[comp])
+    T.cols["kind"][-1][~comp] = int(TaskKind.PLACEHOLDER)
+    resident = np.bincount(inst_dev[gi.placeholder_resident[inst_op]],
+                           weights=gi.resident_bytes[inst_op][gi.placeholder_resident[inst_op]], minlength=m)
+
+    # provider of each op's output value on each device: instance task, or aggregation task
+    prov_at = np.full((n, m), -1, dtype=np.int64)
+    prov_at[inst_op, inst_dev] = inst_ids
+    prov_lay = op_lay.copy()          # layout whose devices hold the (aggregated) value
+
+    # ---- gradient aggregation -------------------------------------------------------------------
+    agg_ops = np.nonzero(agg)[0]
+    allreduce_algo: dict = {}
+    if len(agg_ops):
+        is_ps = cfg_ps[op_cfg[agg_ops]]
+        _aggregate_ps(T, agg_ops[is_ps], op_group, op_lay, lay_devs, group_ps, inst_start, gi, cost,
+                      path_tab, path_len, prov_at, prov_lay, ps_lay)
+        allreduce_algo = _aggregate_ar(T, agg_ops[~is_ps], op_lay, lay_devs, inst_start, gi, cost, prov_at,
+                                       nccl_res)
+
+    # ---- edges ----------------------------------------------------------------------------------
+    _connect(T, graph, gi, op_lay, prov_lay, inst_start, lay_len, lay_ptr, lay_dev_flat, lay_devs, lay_shares,
+             lay_dev_mask, prov_at, cost, bw, lat, path_tab, path_len, B)
+
+    # ---- assemble: renumber topologically by (consumer op, stage), build the TaskGraph -----------
+    key = T.col("key")
+    perm = np.argsort(key, kind="stable")           # new -> old
+    new_of = np.empty_like(perm)
+    new_of[perm] = np.arange(len(perm))
+    dep_task = new_of[_cat(T.dep_task)]
+    dep_on = new_of[_cat(T.dep_on)]
+    pair = np.unique(dep_task * T.n + dep_on)
+    dep_task, dep_on = pair // T.n, pair % T.n
+    if np.any(dep_on >= dep_task):
+        raise AssertionError("compiler produced a dependency on a later task")
+    dep_ptr = np.concatenate([[0], np.cumsum(np.bincount(dep_task, minlength=T.n))]).astype(np.int64)
+    res_len_old = _cat(T.res_len)
+    res_idx_old = _cat(T.res_idx)
+    res_ptr_old = np.concatenate([[0], np.cumsum(res_len_old)])
+    res_len = res_len_old[perm]
+    res_ptr = np.concatenate([[0], np.cumsum(res_len)]).astype(np.int64)
+    gather = np.repeat(res_ptr_old[perm], res_len) + (np.arange(res_ptr[-1]) - np.repeat(res_ptr[:-1], res_len))
+    res_idx = res_idx_old[gather] if len(gather) else np.zeros(0, np.int64)
+
+    dev = T.col("dev")[perm]
+    alloc = T.col("alloc")[perm]
+    has_mem = (alloc > 0) & (dev >= 0)
+    mem_ptr = np.concatenate([[0], np.cumsum(has_mem)]).astype(np.int64)
+
+    tg = simulator.TaskGraph()
+    for d, device in enumerate(cluster.devices):
+        tg.add_resource(device.name, memory_capacity_bytes=float(cluster.memory_bytes[d]),
+                        resident_bytes=float(resident[d]))
+    for link in cluster.links:
+        tg.add_resource(link.name)
+    if serialize_collectives:
+        tg.add_resource("nccl-stream")
+    dur = T.col("dur")[perm]
+    tg.add_tasks(duration=dur, priority=np.zeros(T.n), res_ptr=res_ptr, res_idx=res_idx,
+                 dep_ptr=dep_ptr, dep_idx=dep_on, mem_ptr=mem_ptr, mem_res=dev[has_mem],
+                 mem_bytes=alloc[has_mem], free_ptr=dep_ptr, free_idx=dep_on,
+                 cats=np.array([tg.category(c) for c in CATEGORIES], dtype=np.int64)[T.col("cat")[perm]])
+    return CompiledPlan(tg=tg, task_kind=T.col("kind")[perm], task_op=T.col("op")[perm], task_device=dev,
+                        op_priority=None if strategy.priorities is None else np.asarray(strategy.priorities),
+                        task_prio_op=T.col("prio_op")[perm], n_devices=m, n_links=n_links,
+                        dep_ptr=dep_ptr, dep_idx=dep_on, ps_device=group_ps, allreduce_algo=allreduce_algo)
+
+
+def _choose_ps(strategy, group_cfg, cfgs, cfg_ps, op_group, agg, gi, cost, bw, lat) -> dict:
+    """PS device per PS group: the given one, or the replica device that completes aggregation first
+    (slowest push of the group's gradient bytes + aggregation on that device)."""
+    group_ps: dict = {}
+    ps_groups = np.nonzero(cfg_ps[group_cfg])[0]
+    if not len(ps_groups):
+        return group_ps
+    grad_bytes = np.bincount(op_group[agg], weights=gi.agg_bytes[agg], minlength=len(group_cfg))
+    by_cfg: dict = {}
+    for g in ps_groups.tolist():
+        by_cfg.setdefault(int(group_cfg[g]), []).append(g)
+    for c, groups in by_cfg.items():
+        cfg = cfgs[c]
+        if cfg.ps_device is not None:
+            group_ps.update({g: int(cfg.ps_device) for g in groups})
+            continue
+        devs = np.array(cfg.devices)
+        b = grad_bytes[groups][:, None]                                    # (g, 1)
+        cand = np.empty((len(groups), len(devs)))
+        for k, d in enumerate(devs.tolist()):
+            others = devs[devs != d]
+            push = (lat[others, d][None, :] + b / bw[others, d][None, :]).max(axis=1)
+            cand[:, k] = push + cost.aggregate_times(d, b[:, 0], len(devs))
+        best = devs[np.argmin(cand, axis=1)]                                 # ties: lowest device
+        group_ps.update({g: int(d) for g, d in zip(groups, best.tolist())})
+    return group_ps
+
+
+def _aggregate_ps(T, ops, op_group, op_lay, lay_devs, group_ps, inst_start, gi, cost, path_tab, path_len,
+                  prov_at, prov_lay, ps_lay) -> None:
+    """Workers push partial results to the PS, which aggregates them; the value then lives on the PS."""
+    if not len(ops):
+        return
+    ps = np.array([group_ps[int(g)] for g in op_group[ops]], dtype=np.int64)
+    lays = op_lay[ops]
+    for lay, p in set(zip(lays.tolist(), ps.tolist())):
+        sel = ops[(lays == lay) & (ps == p)]
+        devs = np.array(lay_devs[lay], dtype=np.int64)
+        k_ps = int(np.nonzero(devs == p)[0][0])
+        workers = np.nonzero(devs != p)[0]
+        nb = gi.agg_bytes[sel]
+        # push tasks: (op, worker) pairs
+        w_dev = devs[workers]
+        src_task = (inst_start[sel][:, None] + workers[None, :]).ravel()
+        src_dev = np.broadcast_to(w_dev[None, :], (len(sel), len(workers))).ravel()
+        bytes_ = np.repeat(nb, len(workers))
+        op_rep = np.repeat(sel, len(workers))
+        plen = path_len[src_dev, p]
+        pidx = path_tab[src_dev, p][np.arange(path_tab.shape[2])[None, :] < plen[:, None]]
+        push = T.add(dur=cost.transfer_times(src_dev, np.full(len(src_dev), p), bytes_), kind=TaskKind.PUSH,
+                     op=op_rep, dev=p, alloc=bytes_, key=op_rep * _N_STAGES + _STAGE["push"], cat=6,
+                     prio_op=op_rep, res_len=plen, res_idx=pidx)
+        T.deps(push, src_task)
+        aggr = T.add(dur=cost.aggregate_times(p, nb, len(devs)), kind=TaskKind.AGGREGATE, op=sel, dev=p,
+                     alloc=gi.out_fixed_bytes[sel], key=sel * _N_STAGES + _STAGE["aggregate"], cat=6,
+                     prio_op=sel, res_len=1, res_idx=np.full(len(sel), p))
+        T.deps(np.repeat(aggr, len(workers)), push)
+        T.deps(aggr, inst_start[sel] + k_ps)
+        prov_at[sel] = -1
+        prov_at[sel, p] = aggr
+        prov_lay[sel] = ps_lay[p]
+
+
+def _aggregate_ar(T, ops, op_lay, lay_devs, inst_start, gi, cost, prov_at, nccl_res) -> dict:
+    """One AllReduce per partial op over its replicas; it holds the links of its algorithm."""
+    algo_of: dict = {}
+    if not len(ops):
+        return algo_of
+    lays = op_lay[ops]
+    for lay in np.unique(lays).tolist():
+        sel = ops[lays == lay]
+        devs = lay_devs[lay]
+        nb = gi.agg_bytes[sel]
+        times, algos = cost.allreduce_times(devs, nb)
+        links_of = {a: tuple(cost.allreduce(devs, 1.0, a).links) for a in set(algos)}
+        res = [links_of[a] + ((nccl_res,) if nccl_res >= 0 else ()) for a in algos]
+        ar = T.add(dur=times, kind=TaskKind.ALLREDUCE, op=sel, dev=-1, alloc=0.0,
+                   key=sel * _N_STAGES + _STAGE["aggregate"], cat=7, prio_op=sel,
+                   res_len=np.array([len(r) for r in res]), res_idx=np.array([x for r in res for x in r]))
+        k = len(devs)
+        T.deps(np.repeat(ar, k), (inst_start[sel][:, None] + np.arange(k)[None, :]).ravel())
+        prov_at[np.repeat(sel, k), np.tile(np.array(devs), len(sel))] = np.repeat(ar, k)
+        algo_of.update({int(o): a for o, a in zip(sel.tolist(), algos)})
+    return algo_of
+
+
+def _connect(T, graph, gi, op_lay, prov_lay, inst_start, lay_len, lay_ptr, lay_dev_flat, lay_devs, lay_shares,
+             lay_dev_mask, prov_at, cost, bw, lat, path_tab, path_len, B) -> None:
+    """Dependencies and communication for every graph edge."""
+    src, dst = gi.e_src, gi.e_dst
+    if not len(src):
+        return
+    lay_u, lay_v = op_lay[src], op_lay[dst]
+    same = gi.e_batch & (lay_u == lay_v)
+    # (a) batch tensor, same layout: replica k feeds replica k
+    e = np.nonzero(same)[0]
+    if len(e):
+        k = lay_len[lay_v[e]]
+        er = np.repeat(e, k)
+        loc = np.arange(int(k.sum())) - np.repeat(np.concatenate([[0], np.cumsum(k)])[:-1], k)
+        T.deps(inst_start[dst[er]] + loc, inst_start[src[er]] + loc)
+    # (b) non-batch tensor (or aggregated value): needed on each consumer replica's device
+    e = np.nonzero(~gi.e_batch)[0]
+    if len(e):
+        _connect_nonbatch(T, gi, e, src, dst, op_lay, prov_lay, inst_start, lay_len, lay_ptr, lay_dev_flat,
+                          lay_dev_mask, prov_at, cost, bw, lat, path_tab, path_len)
+    # (c) batch tensor, different layouts: split -> transfers -> concat, once per (tensor, layout)
+    e = np.nonzero(gi.e_batch & ~same)[0]
+    if len(e):
+        _connect_relayout(T, gi, e, src, dst, op_lay, inst_start, lay_devs, lay_shares, cost, path_tab,
+                          path_len, B)
+
+
+def _connect_nonbatch(T, gi, e, src, dst, op_lay, prov_lay, inst_start, lay_len, lay_ptr, lay_dev_flat,
+                      lay_dev_mask, prov_at, cost, bw, lat, path_tab, path_len) -> None:
+    k = lay_len[op_lay[dst[e]]]
+    er = np.repeat(e, k)
+    loc = np.arange(int(k.sum())) - np.repeat(np.concatenate([[0], np.cumsum(k)])[:-1], k)
+    u, v = src[er], dst[er]
+    d = lay_dev_flat[lay_ptr[op_lay[v]] + loc]
+    consumer = inst_start[v] + loc
+    have = prov_at[u, d]
+    local = have >= 0
+    T.deps(consumer[local], have[local])
+    miss = ~local
+    vf = miss & gi.e_value_free[er]
+    if vf.any():  # shape-only consumer: depend on any holder, nothing moves
+        first = lay_dev_flat[lay_ptr[prov_lay[u[vf]]]]
+        T.deps(consumer[vf], prov_at[u[vf], first])
+    need = miss & ~gi.e_value_free[er]
+    if not need.any():
+        return
+    u, d, v, consumer = u[need], d[need], v[need], consumer[need]
+    tensor = gi.e_tensor[er[need]]
+    m = prov_at.shape[1]
+    # best holder: highest bandwidth to d, then lowest latency, then lowest id
+    holders = lay_dev_mask[prov_lay[u]]                                   # (x, m)
+    score_bw = np.where(holders, bw[:, d].T, -np.inf)
+    best_bw = score_bw.max(axis=1, keepdims=True)
+    score_lat = np.where(score_bw == best_bw, lat[:, d].T, np.inf)
+    s = np.argmin(score_lat, axis=1)
+    # one transfer per (tensor, destination device)
+    tkey = tensor * m + d
+    uniq, first_idx, inv = np.unique(tkey, return_index=True, return_inverse=True)
+    first_consumer = np.full(len(uniq), np.iinfo(np.int64).max)
+    np.minimum.at(first_consumer, inv, v)
+    tu, ts, td = u[first_idx], s[first_idx], d[first_idx]
+    nb = gi.e_bytes[er[need][first_idx]]
+    plen = path_len[ts, td]
+    pidx = path_tab[ts, td][np.arange(path_tab.shape[2])[None, :] < plen[:, None]]
+    tr = T.add(dur=cost.transfer_times(ts, td, nb), kind=TaskKind.TRANSFER, op=tu, dev=td, alloc=nb,
+               key=first_consumer * _N_STAGES + _STAGE["transfer"], cat=4, prio_op=first_consumer,
+               res_len=plen, res_idx=pidx)
+    T.deps(tr, prov_at[tu, ts])
+    T.deps(consumer, tr[inv])
+
+
+def _relayout_pattern(devs_u, shares_u, devs_v, shares_v):
+    """Pieces (i, j, overlap) where replica i of the producer and replica j of the consumer overlap."""
+    cu = np.concatenate([[0], np.cumsum(shares_u)])
+    cv = np.concatenate([[0], np.cumsum(shares_v)])
+    pieces = []
+    for i in range(len(devs_u)):
+        for j in range(len(devs_v)):
+            ov = min(cu[i + 1], cv[j + 1]) - max(cu[i], cv[j])
+            if ov > 0:
+                pieces.append((i, j, ov))
+    pi = np.array([p[0] for p in pieces], dtype=np.int64)
+    pj = np.array([p[1] for p in pieces], dtype=np.int64)
+    pov = np.array([p[2] for p in pieces], dtype=np.float64)
+    remote = np.array(devs_u)[pi] != np.array(devs_v)[pj]
+    n_i = np.bincount(pi, minlength=len(devs_u))
+    n_j = np.bincount(pj, minlength=len(devs_v))
+    return pi, pj, pov, remote, n_i, n_j
+
+
+def _connect_relayout(T, gi, e, src, dst, op_lay, inst_start, lay_devs, lay_shares, cost, path_tab,
+                      path_len, B) -> None:
+    tensor = gi.e_tensor[e]
+    lu, lv = op_lay[src[e]], op_lay[dst[e]]
+    n_lay = len(lay_devs)
+    ukey = tensor * n_lay + lv
+    uniq, first_idx, inv = np.unique(ukey, return_index=True, return_inverse=True)
+    first_consumer = np.full(len(uniq), np.iinfo(np.int64).max)
+    np.minimum.at(first_consumer, inv, dst[e])
+    r_u, r_lu, r_lv = src[e][first_idx], lu[first_idx], lv[first_idx]
+    r_bytes = gi.e_bytes[e][first_idx]
+    out_task = np.full((len(uniq), max(len(d) for d in lay_devs)), -1, dtype=np.int64)  # per dst replica
+    for a, b in set(zip(r_lu.tolist(), r_lv.tolist())):
+        rs = np.nonzero((r_lu == a) & (r_lv == b))[0]
+        du, dv = np.array(lay_devs[a]), np.array(lay_devs[b])
+        pi, pj, pov, remote, n_i, n_j = _relayout_pattern(lay_devs[a], lay_shares[a], lay_devs[b], lay_shares[b])
+        R = len(rs)
+        base_key = first_consumer[rs] * _N_STAGES
+        src_inst = inst_start[r_u[rs]]                       # (R,)
+        nb = r_bytes[rs]
+        # split: a producer replica whose slice goes to several consumer replicas
+        split_i = np.nonzero(n_i > 1)[0]
+        piece_src = src_inst[:, None] + pi[None, :]          # (R, P) task providing each piece
+        if len(split_i):
+            frac_i = np.array(lay_shares[a], dtype=np.float64)[split_i] / B
+            sdev = np.tile(du[split_i], R)
+            sbytes = (nb[:, None] * frac_i[None, :]).ravel()
+            sp = T.add(dur=cost.copy_times(sdev, sbytes), kind=TaskKind.SPLIT, op=np.repeat(r_u[rs], len(split_i)),
+                       dev=sdev, alloc=sbytes, key=np.repeat(base_key + _STAGE["split"], len(split_i)), cat=5,
+                       prio_op=np.repeat(first_consumer[rs], len(split_i)), res_len=1, res_idx=sdev)
+            T.deps(sp, (src_inst[:, None] + split_i[None, :]).ravel())
+            slot = np.full(len(du), -1)
+            slot[split_i] = np.arange(len(split_i))
+            has_split = slot[pi] >= 0
+            sp2 = sp.reshape(R, len(split_i))
+            piece_src[:, has_split] = sp2[:, slot[pi[has_split]]]
+        piece_task = piece_src.copy()
+        rem = np.nonzero(remote)[0]
+        if len(rem):
+            t_src = np.tile(du[pi[rem]], R)
+            t_dst = np.tile(dv[pj[rem]], R)
+            t_bytes = (nb[:, None] * (pov[rem] / B)[None, :]).ravel()
+            plen = path_len[t_src, t_dst]
+            pidx = path_tab[t_src, t_dst][np.arange(path_tab.shape[2])[None, :] < plen[:, None]]
+            tr = T.add(dur=cost.transfer_times(t_src, t_dst, t_bytes), kind=TaskKind.TRANSFER,
+                       op=np.repeat(r_u[rs], len(rem)), dev=t_dst, alloc=t_bytes,
+                       key=np.repeat(base_key + _STAGE["transfer"], len(rem)), cat=4,
+                       prio_op=np.repeat(first_consumer[rs], len(rem)), res_len=plen, res_idx=pidx)
+            T.deps(tr, piece_src[:, rem].ravel())
+            piece_task[:, rem] = tr.reshape(R, len(rem))
+        # concat: a consumer replica assembled from several pieces
+        out = np.full((R, len(dv)), -1, dtype=np.int64)
+        single_j = np.nonzero(n_j == 1)[0]
+        for j in single_j.tolist():
+            out[:, j] = piece_task[:, np.nonzero(pj == j)[0][0]]
+        concat_j = np.nonzero(n_j > 1)[0]
+        if len(concat_j):
+            frac_j = np.array(lay_shares[b], dtype=np.float64)[concat_j] / B
+            cdev = np.tile(dv[concat_j], R)
+            cbytes = (nb[:, None] * frac_j[None, :]).ravel()
+            ct = T.add(dur=cost.copy_times(cdev, cbytes), kind=TaskKind.CONCAT,
+                       op=np.repeat(r_u[rs], len(concat_j)), dev=cdev, alloc=cbytes,
+                       key=np.repeat(base_key + _STAGE["concat"], len(concat_j)), cat=5,
+                       prio_op=np.repeat(first_consumer[rs], len(concat_j)), res_len=1, res_idx=cdev)
+            ct2 = ct.reshape(R, len(concat_j))
+            for c, j in enumerate(concat_j.tolist()):
+                pieces_j = np.nonzero(pj == j)[0]
+                T.deps(np.repeat(ct2[:, c], len(pieces_j)), piece_task[:, pieces_j].ravel())
+                out[:, j] = ct2[:, c]
+        out_task[rs, :len(dv)] = out
+    # consumers: replica j of each edge's consumer depends on the relayout output j
+    k = np.array([len(lay_devs[x]) for x in lv.tolist()], dtype=np.int64)
+    er = np.repeat(np.arange(len(e)), k)
+    loc = np.arange(int(k.sum())) - np.repeat(np.concatenate([[0], np.cumsum(k)])[:-1], k)
+    T.deps(inst_start[dst[e][er]] + loc, out_task[inv[er], loc])

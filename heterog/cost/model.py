@@ -1,0 +1,327 @@
+"""Cost model: time of an op on a device at a batch share (roofline or profile), of a transfer
+between devices (path latency + bytes / bottleneck bandwidth), of AllReduce, PS aggregation and copies.
+
+Compute (per op i on device d at batch fraction f = share / global batch):
+
+    f_i     = f if the op carries the batch else 1
+    flops   = flops_i * f_i                      bytes = bytes_total_i - bytes_batch_i * (1 - f_i)
+    t       = (max(flops / (peak_d * ce_d), bytes / (bw_d * me_d)) + launch_d) * slowdown_d
+
+``peak_d`` is the fp32 peak, or the fp16/bf16 tensor-core peak for ops whose outputs are all half
+precision (the fp32 peak where the type has no tensor cores). A profile entry (a, b) for the
+device's type and the op's signature replaces the bracket by ``max(a + b * f_i * batch_size, 0)``
+(entries are measured at slowdown 1, so the slowdown still applies). Graph inputs (params,
+buffers, optimizer state, model inputs) take 0.
+
+Transfers: ``sum of alpha + bytes * max of beta`` over the links of the path, where a link's
+(alpha, beta) is its profiled fit (looked up by link name, then by link kind) or else
+(latency, 1 / bandwidth), NIC links capped by the switch. Without a profile this is exactly
+``latency + bytes / bottleneck bandwidth``.
+
+AllReduce over n devices (ring order as given; T(x) below is bytes):
+
+    ring          2(n-1)/n * x * beta_max + 2(n-1) * alpha_max      over the n ring hops
+    hierarchical  reduce within each server  (k-1)/k * x * beta + (k-1) * alpha   (max over servers)
+                + ring across one leader per server (formula above, n = servers)
+                + broadcast within each server (same as the reduce)
+
+The intra-server reduce and broadcast are the reduce-scatter and all-gather halves of a ring, so
+their sum equals a ring AllReduce inside the server. "auto" picks the cheaper (ring on a tie).
+
+PS aggregation of n partial tensors of x bytes and split/concat copies are memory bound:
+((n + 1) * x, resp. 2 * x) / (bw_d * me_d) + launch_d, times slowdown_d.
+
+The profile is copied when the model is built: build a new CostModel after adding measurements.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from heterog.cluster.topology import Cluster
+from heterog.cost.profile import ProfileTable, op_signature
+from heterog.errors import StrategyError
+from heterog.graph.opgraph import OpGraph
+
+ALLREDUCE_ALGOS = ("auto", "ring", "hierarchical", "none")   # "none": only for a single device
+_HALF_DTYPES = frozenset({"float16", "bfloat16", "half"})
+
+
+@dataclass(frozen=True)
+class CollectiveCost:
+    """Time of one collective, the algorithm used, and the link resources it holds."""
+
+    time_s: float
+    algo: str                  # "ring" | "hierarchical" | "none" (a single device)
+    links: tuple[int, ...]
+
+
+@dataclass
+class _GraphTables:
+    """Per-graph arrays the model derives once (keyed by the graph's fingerprint)."""
+
+    half_precision: np.ndarray            # (n_ops,) bool
+    profile_a_s: np.ndarray | None        # (n_ops, M) profiled intercept, NaN where absent
+    profile_b_s: np.ndarray | None        # (n_ops, M) profiled slope per sample
+    full_batch_s: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class _Stage:
+    """Coefficients of a set of parallel rings: time(x) = max over rings of (alpha + beta * x)."""
+
+    alpha_s: np.ndarray                   # (R,)
+    beta_s_per_byte: np.ndarray           # (R,)
+
+    def times(self, nbytes: np.ndarray) -> np.ndarray:
+        if self.alpha_s.size == 0:
+            return np.zeros_like(nbytes)
+        return np.max(self.alpha_s[None, :] + self.beta_s_per_byte[None, :] * nbytes[:, None], axis=1)
+
+
+@dataclass(frozen=True)
+class _AllreducePlan:
+    ring: _Stage
+    ring_links: tuple[int, ...]
+    hier: tuple[_Stage, _Stage, _Stage]
+    hier_links: tuple[int, ...]
+
+
+class CostModel:
+    """Times for the compiler. Args: ``cluster``; ``profile`` (measured overrides, optional).
+
+    Shapes: ``op_times`` takes equal-length (K,) arrays and returns (K,) seconds;
+    ``full_batch_times`` returns (n_ops, M); ``transfer_times`` (K,) -> (K,);
+    ``allreduce_times`` (K,) bytes -> (K,) seconds and (K,) algorithm names.
+    """
+
+    def __init__(self, cluster: Cluster, profile: ProfileTable | None = None) -> None:
+        self.cluster = cluster
+        self.profile = profile.copy() if profile is not None else ProfileTable()
+        types = [d.type for d in cluster.devices]
+        self._fp32_flops = np.array([t.effective_flops for t in types])
+        self._half_flops = np.array([t.effective_tensor_flops for t in types])
+        self._memory_Bps = np.array([t.effective_memory_Bps for t in types])
+        self._launch_s = np.array([t.launch_overhead_s for t in types])
+        self._slowdown = cluster.slowdown.copy()
+        self._alpha_s, self._beta_s_per_byte = self._path_coefficients()
+        self._graphs: dict[str, _GraphTables] = {}
+        self._allreduce_plans: dict[tuple[int, ...], _AllreducePlan] = {}
+
+    def __repr__(self) -> str:
+        return f"CostModel({self.cluster.name!r}, profile entries={len(self.profile)})"
+
+    # ------------------------------------------------------------------ compute
+    def _tables(self, graph: OpGraph) -> _GraphTables:
+        key = graph.fingerprint
+        tables = self._graphs.get(key)
+        if tables is None:
+            half = np.array([bool(op.output_dtypes) and all(str(dt).removeprefix("torch.") in _HALF_DTYPES
+                                                               for dt in op.output_dtypes)
+                             for op in graph.ops], dtype=bool)
+            a = b = None
+            type_names = [d.type.name for d in self.cluster.devices]
+            if any(self.profile.ops.get(t) for t in set(type_names)):
+                a = np.full((graph.n_ops, self.cluster.n_devices), np.nan)
+                b = np.full_like(a, np.nan)
+                for i, op in enumerate(graph.ops):
+                    if op.kind != "compute":
+                        continue
+                    sig = op_signature(op)
+                    for j, t in enumerate(type_names):
+                        entry = self.profile.op_entry(t, sig)
+                        if entry is not None:
+                            a[i, j], b[i, j] = entry
+            tables = _GraphTables(half, a, b)
+            self._graphs[key] = tables
+        return tables
+
+    def op_times(self, graph: OpGraph, ops: np.ndarray, devices: np.ndarray, fractions: np.ndarray) -> np.ndarray:
+        """Seconds of ``ops[i]`` on ``devices[i]`` at batch fraction ``fractions[i]`` (share / global batch).
+
+        Arrays broadcast against each other; the result has their common shape.
+        """
+        ops, devices, fractions = np.broadcast_arrays(np.asarray(ops, dtype=np.int64),
+                                                      np.asarray(devices, dtype=np.int64),
+                                                      np.asarray(fractions, dtype=np.float64))
+        if ops.size == 0:
+            return np.zeros(ops.shape)
+        if ops.min() < 0 or ops.max() >= graph.n_ops:
+            raise IndexError(f"op index out of range 0..{graph.n_ops - 1} for graph {graph.name!r}")
+        if devices.min() < 0 or devices.max() >= self.cluster.n_devices:
+            raise IndexError(f"device index out of range 0..{self.cluster.n_devices - 1} "
+                             f"for cluster {self.cluster.name!r}")
+        if fractions.min() < 0 or fractions.max() > 1:
+            raise ValueError(f"batch fractions must be in [0, 1], got {fractions.min()}..{fractions.max()}")
+        tables = self._tables(graph)
+        f = np.where(graph.has_batch[ops], fractions, 1.0)
+        flops = graph.flops[ops] * f
+        nbytes = graph.bytes_total[ops] - graph.bytes_batch[ops] * (1.0 - f)
+        rate = np.where(tables.half_precision[ops], self._half_flops[devices], self._fp32_flops[devices])
+        t = np.maximum(flops / rate, nbytes / self._memory_Bps[devices]) + self._launch_s[devices]
+        if tables.profile_a_s is not None:
+            a = tables.profile_a_s[ops, devices]
+            measured = ~np.isnan(a)
+            if measured.any():
+                b = tables.profile_b_s[ops, devices]
+                t = np.where(measured, np.maximum(a + b * (f * graph.batch_size), 0.0), t)
+        t = t * self._slowdown[devices]
+        return np.where(graph.is_compute[ops], t, 0.0)
+
+    def full_batch_times(self, graph: OpGraph) -> np.ndarray:
+        """(n_ops, M) seconds of every op on every device at the global batch (read-only, cached)."""
+        tables = self._tables(graph)
+        if tables.full_batch_s is None:
+            n, m = graph.n_ops, self.cluster.n_devices
+            ops = np.repeat(np.arange(n), m)
+            devices = np.tile(np.arange(m), n)
+            times = self.op_times(graph, ops, devices, np.ones(n * m)).reshape(n, m)
+            times.setflags(write=False)
+            tables.full_batch_s = times
+        return tables.full_batch_s
+
+    # ------------------------------------------------------------------ transfers
+    def _path_coefficients(self) -> tuple[np.ndarray, np.ndarray]:
+        """(M, M) alpha (s) and beta (s/byte) of each path; both 0 on the diagonal."""
+        c = self.cluster
+        alpha = c.latency_s.copy()
+        with np.errstate(divide="ignore"):
+            beta = 1.0 / c.bandwidth_Bps
+        if not self.profile.links:
+            return alpha, beta
+        link_coeffs = []
+        for link in c.links:
+            entry = self.profile.link_entry(link.name) or self.profile.link_entry(link.kind)
+            if entry is None:
+                bw = link.bandwidth_Bps
+                if link.kind in ("nic-out", "nic-in"):
+                    bw = min(bw, c.switch_bandwidth_Bps)
+                entry = (link.latency_s, 1.0 / bw)
+            link_coeffs.append(entry)
+        for a in range(c.n_devices):
+            for b in range(c.n_devices):
+                path = c.path(a, b)
+                if path:
+                    alpha[a, b] = sum(link_coeffs[k][0] for k in path)
+                    beta[a, b] = max(link_coeffs[k][1] for k in path)
+        return alpha, beta
+
+    def transfer_times(self, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+        """Seconds to move ``nbytes[i]`` from device ``src[i]`` to ``dst[i]`` (0 where src == dst)."""
+        src, dst, nbytes = np.broadcast_arrays(np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64),
+                                               np.asarray(nbytes, dtype=np.float64))
+        return self._alpha_s[src, dst] + nbytes * self._beta_s_per_byte[src, dst]
+
+    def transfer_time(self, src: int, dst: int, nbytes: float) -> float:
+        return float(self.transfer_times(np.array([src]), np.array([dst]), np.array([nbytes]))[0])
+
+    # ------------------------------------------------------------------ collectives
+    def _ring_stage(self, rings: list[list[int]], fraction: float) -> tuple[_Stage, set[int]]:
+        """Rings running in parallel; each costs fraction * (n-1)/n * x * beta_max + fraction * (n-1) * alpha_max.
+
+        ``fraction`` is 2 for an AllReduce and 1 for a reduce(-scatter) or broadcast(all-gather) half.
+        """
+        alphas, betas, links = [], [], set()
+        for ring in rings:
+            n = len(ring)
+            if n < 2:
+                continue
+            hops = [(ring[i], ring[(i + 1) % n]) for i in range(n)]
+            alpha_max = max(self._alpha_s[a, b] for a, b in hops)
+            beta_max = max(self._beta_s_per_byte[a, b] for a, b in hops)
+            alphas.append(fraction * (n - 1) * alpha_max)
+            betas.append(fraction * (n - 1) / n * beta_max)
+            for a, b in hops:
+                links.update(self.cluster.path(a, b))
+        return _Stage(np.array(alphas, dtype=np.float64), np.array(betas, dtype=np.float64)), links
+
+    def _check_devices(self, devices: Sequence[int]) -> tuple[int, ...]:
+        order = tuple(dict.fromkeys(int(d) for d in devices))
+        for d in order:
+            if not 0 <= d < self.cluster.n_devices:
+                raise IndexError(f"device {d} out of range 0..{self.cluster.n_devices - 1} "
+                                 f"for cluster {self.cluster.name!r}")
+        return order
+
+    def _allreduce_plan(self, devices: tuple[int, ...]) -> _AllreducePlan:
+        plan = self._allreduce_plans.get(devices)
+        if plan is None:
+            ring, ring_links = self._ring_stage([list(devices)], 2.0)
+            by_server: dict[int, list[int]] = {}
+            for d in devices:
+                by_server.setdefault(int(self.cluster.server_of[d]), []).append(d)
+            groups = list(by_server.values())
+            reduce, intra_links = self._ring_stage(groups, 1.0)
+            across, across_links = self._ring_stage([[g[0] for g in groups]], 2.0)
+            plan = _AllreducePlan(ring, tuple(sorted(ring_links)), (reduce, across, reduce),
+                                  tuple(sorted(intra_links | across_links)))
+            self._allreduce_plans[devices] = plan
+        return plan
+
+    def allreduce_times(self, devices: Sequence[int], nbytes: np.ndarray,
+                        algo: str = "auto") -> tuple[np.ndarray, np.ndarray]:
+        """(K,) seconds and (K,) algorithm names for AllReduce of each ``nbytes[k]`` over ``devices``.
+
+        Repeated devices count once; the ring follows the given order. Plans are cached per device tuple.
+        One device: times 0 and algorithm "none" whatever ``algo`` says.
+        """
+        if algo not in ALLREDUCE_ALGOS:
+            raise StrategyError(f"unknown AllReduce algorithm {algo!r}; known: {', '.join(ALLREDUCE_ALGOS)}")
+        x = np.atleast_1d(np.asarray(nbytes, dtype=np.float64))
+        order = self._check_devices(devices)
+        if len(order) < 2:
+            return np.zeros(x.shape), np.full(x.shape, "none", dtype="<U12")
+        if algo == "none":
+            raise StrategyError(f"AllReduce algorithm 'none' is for one device, got devices {list(order)}")
+        plan = self._allreduce_plan(order)
+        ring_s = plan.ring.times(x)
+        hier_s = sum(stage.times(x) for stage in plan.hier)
+        if algo == "ring":
+            return ring_s, np.full(x.shape, "ring", dtype="<U12")
+        if algo == "hierarchical":
+            return hier_s, np.full(x.shape, "hierarchical", dtype="<U12")
+        use_ring = ring_s <= hier_s
+        return np.where(use_ring, ring_s, hier_s), np.where(use_ring, "ring", "hierarchical").astype("<U12")
+
+    def allreduce_links(self, devices: Sequence[int], algo: str) -> tuple[int, ...]:
+        """Link ids the ``algo`` ("ring" or "hierarchical") AllReduce over ``devices`` holds."""
+        order = self._check_devices(devices)
+        if len(order) < 2:
+            return ()
+        plan = self._allreduce_plan(order)
+        if algo == "ring":
+            return plan.ring_links
+        if algo == "hierarchical":
+            return plan.hier_links
+        raise StrategyError(f"AllReduce over {len(order)} devices needs algorithm 'ring' or 'hierarchical', "
+                            f"got {algo!r}")
+
+    def allreduce(self, devices: Sequence[int], nbytes: float, algo: str = "auto") -> CollectiveCost:
+        """Cost of one AllReduce of ``nbytes`` over ``devices`` (time 0, algo "none" for one device)."""
+        times, names = self.allreduce_times(devices, np.array([nbytes], dtype=np.float64), algo)
+        chosen = str(names[0])
+        return CollectiveCost(float(times[0]), chosen, self.allreduce_links(devices, chosen))
+
+    # ------------------------------------------------------------------ memory-bound helpers
+    def _memory_bound_times(self, devices: np.ndarray, bytes_moved: np.ndarray) -> np.ndarray:
+        """(bytes_moved / effective bandwidth + launch) * slowdown; 0 where nothing moves."""
+        t = (bytes_moved / self._memory_Bps[devices] + self._launch_s[devices]) * self._slowdown[devices]
+        return np.where(bytes_moved > 0, t, 0.0)
+
+    def aggregate_times(self, devices: np.ndarray, nbytes: np.ndarray, n_inputs: np.ndarray) -> np.ndarray:
+        """Seconds for a PS on ``devices[i]`` to sum ``n_inputs[i]`` partial tensors of ``nbytes[i]``:
+        memory bound, (n_inputs + 1) * nbytes moved, plus launch, times slowdown; 0 with no inputs."""
+        devices, nbytes, n_inputs = np.broadcast_arrays(np.asarray(devices, dtype=np.int64),
+                                                        np.asarray(nbytes, dtype=np.float64),
+                                                        np.asarray(n_inputs, dtype=np.float64))
+        return self._memory_bound_times(devices, np.where(n_inputs > 0, (n_inputs + 1.0) * nbytes, 0.0))
+
+    def aggregate_time(self, device: int, nbytes: float, n_inputs: int) -> float:
+        return float(self.aggregate_times(np.array([device]), np.array([nbytes]), np.array([n_inputs]))[0])
+
+    def copy_times(self, devices: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+        """Seconds for a split or concat that copies ``nbytes[i]`` on ``devices[i]`` (read + write)."""
+        devices, nbytes = np.broadcast_arrays(np.asarray(devices, dtype=np.int64), np.asarray(nbytes, dtype=np.float64))
+        return self._memory_bound_times(devices, 2.0 * nbytes)

@@ -1,0 +1,154 @@
+"""Profile tables: measured op times per (device type, op signature) and link alpha-beta fits,
+which override the roofline and nominal link speeds in the cost model where present.
+
+File format (JSON, written atomically)::
+
+    {"format": "heterog-profile", "version": 1,
+     "ops":   {device_type: {signature: [a_s, b_s_per_sample]}},   # t = a + b * samples
+     "links": {link_name_or_kind: [alpha_s, beta_s_per_byte]}}       # t = alpha + beta * bytes
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from heterog.atomic import atomic_write_json, read_json
+from heterog.errors import HeterogError
+from heterog.graph.opgraph import Op
+
+FORMAT = "heterog-profile"
+VERSION = 1
+
+
+def _shape_text(shape: Sequence[int], batch_dim: int | None) -> str:
+    dims = ["B" if i == batch_dim else str(int(s)) for i, s in enumerate(shape)]
+    return "x".join(dims) if dims else "scalar"
+
+
+def op_signature(op: Op) -> str:
+    """A stable key for "the same op" across batch sizes and graphs.
+
+    ``target|shape:dtype;...|w=<bytes>``: the ATen target, each output's shape with its batch
+    dimension written ``B`` and its dtype, and the op's batch-independent bytes (inputs + outputs
+    that carry no batch, i.e. weights). The last part tells apart ops whose outputs agree but whose
+    weights do not (a 1024->1024 and a 4096->1024 projection both output ``Bx1024``).
+    """
+    outputs = []
+    for k, shape in enumerate(op.output_shapes):
+        batch_dim = op.batch_dims[k] if k < len(op.batch_dims) else None
+        dtype = op.output_dtypes[k] if k < len(op.output_dtypes) else "?"
+        outputs.append(f"{_shape_text(shape, batch_dim)}:{str(dtype).removeprefix('torch.')}")
+    fixed_bytes = int(op.bytes_read + op.bytes_written - op.batch_bytes)
+    return f"{op.target}|{';'.join(outputs)}|w={fixed_bytes}"
+
+
+def fit_linear(xs: Sequence[float] | np.ndarray, ys: Sequence[float] | np.ndarray) -> tuple[float, float]:
+    """Least-squares ``y = a + b * x``; returns (a, b). With one distinct x, b = 0 and a = mean(y)."""
+    x = np.asarray(xs, dtype=np.float64).ravel()
+    y = np.asarray(ys, dtype=np.float64).ravel()
+    if x.size != y.size:
+        raise ValueError(f"fit_linear: {x.size} x values but {y.size} y values")
+    if x.size == 0:
+        raise ValueError("fit_linear: no measurements")
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+        raise ValueError("fit_linear: measurements must be finite")
+    if np.ptp(x) == 0:
+        return float(y.mean()), 0.0
+    design = np.stack([np.ones_like(x), x], axis=1)
+    (a, b), *_ = np.linalg.lstsq(design, y, rcond=None)
+    return float(a), float(b)
+
+
+def _pair(value: Any, where: str) -> tuple[float, float]:
+    if (not isinstance(value, (list, tuple)) or len(value) != 2
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                       for v in value)):
+        raise HeterogError(f"{where}: expected [intercept, slope] (two finite numbers), got {value!r}")
+    return float(value[0]), float(value[1])
+
+
+@dataclass
+class ProfileTable:
+    """Measured costs. ``ops[device_type][signature] = (a_s, b_s_per_sample)``;
+    ``links[name_or_kind] = (alpha_s, beta_s_per_byte)``."""
+
+    ops: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
+    links: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ lookups
+    def op_entry(self, device_type: str, signature: str) -> tuple[float, float] | None:
+        return self.ops.get(device_type, {}).get(signature)
+
+    def link_entry(self, name: str) -> tuple[float, float] | None:
+        return self.links.get(name)
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self.ops.values()) + len(self.links)
+
+    # ------------------------------------------------------------------ measurements
+    def set_op(self, device_type: str, signature: str, a_s: float, b_s_per_sample: float) -> None:
+        self.ops.setdefault(device_type, {})[signature] = (float(a_s), float(b_s_per_sample))
+
+    def add_op(self, device_type: str, signature: str, batch_sizes: Sequence[float],
+               times_s: Sequence[float]) -> tuple[float, float]:
+        """Fit ``t = a + b * batch_size`` to measurements, store and return (a, b)."""
+        a, b = fit_linear(batch_sizes, times_s)
+        self.set_op(device_type, signature, a, b)
+        return a, b
+
+    def set_link(self, name: str, alpha_s: float, beta_s_per_byte: float) -> None:
+        self.links[name] = (float(alpha_s), float(beta_s_per_byte))
+
+    def add_link(self, name: str, sizes_bytes: Sequence[float], times_s: Sequence[float]) -> tuple[float, float]:
+        """Fit ``t = alpha + beta * bytes`` for a link name (or kind), store and return (alpha, beta)."""
+        alpha, beta = fit_linear(sizes_bytes, times_s)
+        self.set_link(name, alpha, beta)
+        return alpha, beta
+
+    def copy(self) -> ProfileTable:
+        return ProfileTable(copy.deepcopy(self.ops), dict(self.links))
+
+    # ------------------------------------------------------------------ files
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "version": VERSION,
+                "ops": {t: {s: list(v) for s, v in sigs.items()} for t, sigs in self.ops.items()},
+                "links": {n: list(v) for n, v in self.links.items()}}
+
+    @classmethod
+    def from_dict(cls, d: Any, source: str = "<dict>") -> ProfileTable:
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise HeterogError(f"{source}: not a heterog profile (missing format {FORMAT!r})")
+        if d.get("version") != VERSION:
+            raise HeterogError(f"{source}: profile version {d.get('version')} is not supported (need {VERSION})")
+        ops_d, links_d = d.get("ops", {}), d.get("links", {})
+        if not isinstance(ops_d, dict) or not all(isinstance(v, dict) for v in ops_d.values()):
+            raise HeterogError(f"{source}: 'ops' must map device type -> {{signature: [a, b]}}")
+        if not isinstance(links_d, dict):
+            raise HeterogError(f"{source}: 'links' must map link name -> [alpha, beta]")
+        ops = {t: {s: _pair(v, f"{source}: ops[{t!r}][{s!r}]") for s, v in sigs.items()}
+               for t, sigs in ops_d.items()}
+        links = {n: _pair(v, f"{source}: links[{n!r}]") for n, v in links_d.items()}
+        return cls(ops, links)
+
+    @classmethod
+    def load(cls, path: str | Path) -> ProfileTable:
+        p = Path(path)
+        if not p.is_file():
+            raise HeterogError(f"profile file {str(p)!r} does not exist")
+        try:
+            d = read_json(p)
+        except (json.JSONDecodeError, UnicodeDecodeError, EOFError, OSError, zlib.error) as exc:
+            raise HeterogError(f"profile file {str(p)!r} is truncated or not JSON ({type(exc).__name__})") from None
+        return cls.from_dict(d, source=f"profile file {str(p)!r}")
+
+    def save(self, path: str | Path) -> Path:
+        """Write atomically (temporary file, then rename); gzip when the name ends in .gz."""
+        return atomic_write_json(path, self.to_dict())

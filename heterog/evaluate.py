@@ -1,0 +1,167 @@
+"""One evaluation of a plan: compile -> priorities -> simulate, and the numbers people compare.
+
+``simulate(graph, cluster, strategy)`` is the public entry; ``Evaluator`` keeps the cost model and the
+graph's grouping so that planners and the agent can score thousands of strategies cheaply.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import simulator
+from heterog.compiler import CompiledPlan, TaskKind, compile_strategy
+from heterog.compiler.compile import COMM_KINDS
+from heterog.scheduler import priorities
+from heterog.strategy import Strategy, group_ops, strategy_from_actions
+
+
+def _union_length(start: np.ndarray, finish: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+    """Total length of the union of intervals, and the merged intervals."""
+    if len(start) == 0:
+        return 0.0, np.zeros(0), np.zeros(0)
+    o = np.argsort(start, kind="stable")
+    s, f = start[o], finish[o]
+    run_max = np.maximum.accumulate(f)
+    new = np.concatenate([[True], s[1:] > run_max[:-1]])
+    ms = s[new]
+    mf = np.maximum.reduceat(f, np.nonzero(new)[0])
+    return float(np.sum(mf - ms)), ms, mf
+
+
+def _intersection_length(a_s, a_f, b_s, b_f) -> float:
+    """Length of the intersection of two sets of disjoint sorted intervals."""
+    i = j = 0
+    total = 0.0
+    while i < len(a_s) and j < len(b_s):
+        lo, hi = max(a_s[i], b_s[j]), min(a_f[i], b_f[j])
+        if hi > lo:
+            total += hi - lo
+        if a_f[i] < b_f[j]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+@dataclass
+class PlanResult:
+    """The simulated outcome of one plan (times in seconds, memory in bytes)."""
+
+    method: str
+    iteration_time_s: float
+    oom: bool
+    peak_memory_bytes: dict            # device name -> bytes
+    memory_capacity_bytes: dict        # device name -> bytes
+    compute_time_s: float              # busiest GPU's compute time
+    comm_time_s: float                 # time during which some transfer or collective runs
+    overlap_ratio: float               # share of comm_time_s hidden under computation
+    search_time_s: float = 0.0
+    n_tasks: int = 0
+    sim: simulator.SimResult | None = field(default=None, repr=False)
+    plan: CompiledPlan | None = field(default=None, repr=False)
+
+    def record(self) -> dict:
+        """The JSON record of DESIGN.md section 4."""
+        return {"method": self.method, "iteration_time_s": self.iteration_time_s, "oom": self.oom,
+                "peak_memory_bytes": self.peak_memory_bytes, "memory_capacity_bytes": self.memory_capacity_bytes,
+                "compute_time_s": self.compute_time_s, "comm_time_s": self.comm_time_s,
+                "overlap_ratio": self.overlap_ratio, "search_time_s": self.search_time_s, "n_tasks": self.n_tasks}
+
+
+def reward(iteration_time_s: float, oom: bool, oom_factor: float = 10.0) -> float:
+    """-sqrt(iteration time), multiplied by ``oom_factor`` if any device is out of memory."""
+    r = -float(np.sqrt(iteration_time_s))
+    return r * oom_factor if oom else r
+
+
+class Evaluator:
+    """Scores strategies for one (graph, cluster): compile, prioritise, simulate."""
+
+    def __init__(self, graph, cluster, cost=None, *, order: str = "rank", serialize_collectives: bool = False,
+                 max_groups: int = 2000):
+        from heterog.cost import CostModel
+
+        self.graph, self.cluster = graph, cluster
+        self.cost = cost if cost is not None else CostModel(cluster)
+        self.order = order
+        self.serialize_collectives = serialize_collectives
+        self.n_evaluations = 0
+        self.max_groups = max_groups
+        self._group_of: np.ndarray | None = None
+
+    @property
+    def group_of(self) -> np.ndarray:
+        """The graph's op groups (HeteroG grouping by mean op time over the cluster's devices)."""
+        if self._group_of is None:
+            self._group_of = group_ops(self.graph, self.cost.full_batch_times(self.graph).mean(axis=1),
+                                       self.max_groups)
+        return self._group_of
+
+    @property
+    def n_groups(self) -> int:
+        return int(self.group_of.max()) + 1
+
+    def strategy(self, actions, method: str = "") -> "Strategy":
+        """Decode one (M+4)-way action per group into a Strategy."""
+        return strategy_from_actions(actions, self.group_of, self.graph, self.cluster, method)
+
+    def compile(self, strategy) -> CompiledPlan:
+        return compile_strategy(self.graph, self.cluster, strategy, self.cost,
+                                serialize_collectives=self.serialize_collectives)
+
+    def priorities(self, plan: CompiledPlan, order: str | None = None) -> np.ndarray:
+        order = order or self.order
+        if plan.op_priority is not None and order == "rank":
+            # the strategy fixes an op order (e.g. DPOS): tasks inherit it; rank breaks ties
+            rank = priorities(plan.tg, "rank")
+            op_p = np.asarray(plan.op_priority, dtype=np.float64)[plan.task_prio_op]
+            return op_p * (1.0 + rank.max()) + rank
+        return priorities(plan.tg, order)
+
+    def simulate_plan(self, plan: CompiledPlan, order: str | None = None) -> simulator.SimResult:
+        return simulator.simulate(plan.tg, priority=self.priorities(plan, order))
+
+    def evaluate(self, strategy, order: str | None = None, *, method: str | None = None,
+                 detail: bool = True) -> PlanResult:
+        plan = self.compile(strategy)
+        res = self.simulate_plan(plan, order)
+        self.n_evaluations += 1
+        return self.summarise(plan, res, method or strategy.method, detail=detail)
+
+    def iteration_time(self, strategy, order: str | None = None) -> tuple[float, bool]:
+        """Fast path for search: (iteration time, OOM)."""
+        plan = self.compile(strategy)
+        res = self.simulate_plan(plan, order)
+        self.n_evaluations += 1
+        return float(res.makespan), bool(res.oom)
+
+    def summarise(self, plan: CompiledPlan, res, method: str, detail: bool = True) -> PlanResult:
+        m = plan.n_devices
+        names = [d.name for d in self.cluster.devices]
+        peak = {names[d]: float(res.peak_memory[d]) for d in range(m)}
+        cap = {names[d]: float(self.cluster.memory_bytes[d]) for d in range(m)}
+        compute_mask = plan.task_kind == TaskKind.COMPUTE
+        busy = np.asarray(res.busy)[:m]
+        compute_time = float(busy.max()) if m else 0.0
+        comm_mask = np.isin(plan.task_kind, [int(k) for k in COMM_KINDS])
+        comm_mask &= (np.asarray(res.finish) > np.asarray(res.start))
+        start, finish = np.asarray(res.start), np.asarray(res.finish)
+        comm_len, cs, cf = _union_length(start[comm_mask], finish[comm_mask])
+        overlap = 0.0
+        if detail and comm_len > 0:
+            _, ps_, pf_ = _union_length(start[compute_mask], finish[compute_mask])
+            overlap = _intersection_length(cs, cf, ps_, pf_) / comm_len
+        return PlanResult(method=method, iteration_time_s=float(res.makespan), oom=bool(res.oom),
+                          peak_memory_bytes=peak, memory_capacity_bytes=cap, compute_time_s=compute_time,
+                          comm_time_s=comm_len, overlap_ratio=overlap, n_tasks=plan.n_tasks, sim=res, plan=plan)
+
+
+def simulate(graph, cluster, strategy, order: str = "rank", cost=None, *,
+             serialize_collectives: bool = False) -> PlanResult:
+    """Compile ``strategy`` for ``graph`` on ``cluster``, schedule it (``rank`` or ``fifo``) and simulate
+    one training iteration. The result carries the SimResult (``.sim``) and the plan (``.plan``)."""
+    ev = Evaluator(graph, cluster, cost, order=order, serialize_collectives=serialize_collectives)
+    out = ev.evaluate(strategy)
+    out.search_time_s = float(strategy.meta.get("search_time_s", 0.0))
+    return out

@@ -1,0 +1,790 @@
+"""Training-graph capture: trace one training step (forward, backward, optimizer update) of a module
+with make_fx on fake tensors, and turn the ATen graph into an OpGraph with shapes, FLOPs, bytes and batch dims.
+
+The traced step is ``step(*params, *buffers, *opt_state, *inputs) -> (loss, *new_params, *new_state)``:
+
+- ``loss = functional_call(module, {params, buffers}, inputs)`` must be a scalar (the mean loss);
+- ``grads = torch.autograd.grad(loss, params)``;
+- the optimizer update is functional: ``sgd`` (p - lr*g, no state), ``momentum`` (SGD with momentum 0.9,
+  state: momentum_buffer) or ``adam`` (betas 0.9/0.999, eps 1e-8, bias correction; state per parameter:
+  exp_avg, exp_avg_sq, step), with the same arithmetic as ``torch.optim.SGD``/``Adam`` (foreach off).
+
+Parameters, buffers, optimizer state and inputs are fake tensors built from shapes only, so a module on the
+meta device (or a real one: its values are never read) captures without allocating its memory.
+``tracing_mode="symbolic"`` makes the batch dimension (dim 0 of every input) one symbol and keeps every other
+size static: the GraphModule then runs at any batch size, and every tensor's batch dimension is the dimension
+whose size depends on that symbol (so ``(B, S, H) -> (B*S, H)`` has batch dim 0).
+
+Cost fields of each Op (see ``graph_from_step``):
+
+- ``flops``: ``torch.utils.flop_counter`` formulas (looked up by overload packet, called with the concrete
+  input shapes and ``out_shape``), plus formulas for the CPU SDPA kernels. Ops without a formula get an
+  estimate and ``flops_estimated=True``: one FLOP per element of the largest tensor input for reductions and
+  normalisations (``REDUCTION_OPS``), one FLOP per output element for everything else. View-like ops
+  (``heterog.graph.fusion.VIEW_OPS``) cost zero FLOPs and zero bytes. The estimated targets are logged as
+  one warning per capture.
+- ``bytes_read``: bytes of the distinct tensor inputs; ``bytes_written``: bytes of the outputs (logical
+  size, numel * itemsize); ``batch_bytes``: the part of both whose tensors carry the batch dimension.
+- placeholders (kind param/buffer/state/input) have zero FLOPs, ``bytes_written`` = the tensor they provide;
+  a param op carries ``param_bytes``, ``grad_bytes`` (= param bytes) and ``state_bytes`` (all of its
+  optimizer state); state placeholders carry ``param`` = the parameter they serve and no resident bytes.
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+import operator
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+from torch.fx import GraphModule, Node
+
+from heterog.errors import HeterogError, ModelError
+from heterog.graph.fusion import VIEW_OPS, fuse_trivial
+from heterog.graph.opgraph import PHASES, Edge, Op, OpGraph
+
+log = logging.getLogger(__name__)
+
+CAPTURE_VERSION = 1  # bump when the graph produced for the same model changes (cache key)
+
+OPTIMIZERS = ("sgd", "momentum", "adam")
+STATE_SLOTS: dict[str, tuple[str, ...]] = {
+    "sgd": (),
+    "momentum": ("momentum_buffer",),
+    "adam": ("exp_avg", "exp_avg_sq", "step"),
+}
+SGD_MOMENTUM = 0.9
+ADAM_BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
+TRACING_MODES = ("fake", "symbolic")
+
+# Overload packets (names) whose estimated cost is one FLOP per element of the largest input.
+REDUCTION_OPS = frozenset({
+    "sum", "mean", "amax", "amin", "max", "min", "prod", "var", "std", "var_mean", "std_mean", "norm",
+    "linalg_vector_norm", "logsumexp", "argmax", "argmin", "any", "all", "cumsum", "cumprod",
+    "_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data",
+    "nll_loss_forward", "nll_loss2d_forward", "native_layer_norm", "native_layer_norm_backward",
+    "native_batch_norm", "native_batch_norm_backward", "_native_batch_norm_legit",
+    "_native_batch_norm_legit_functional", "_native_batch_norm_legit_no_training", "native_group_norm",
+    "native_group_norm_backward", "_fused_rms_norm", "_fused_rms_norm_backward", "embedding_dense_backward",
+})
+
+
+# ---------------------------------------------------------------------------- optimizer
+def init_state(optimizer: str, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Initial optimizer state for ``params``, flat in placeholder order (per parameter, per slot)."""
+    _check_optimizer(optimizer)
+    out: list[torch.Tensor] = []
+    for p in params:
+        for slot in STATE_SLOTS[optimizer]:
+            if slot == "step":
+                out.append(torch.zeros((), dtype=torch.float32, device=p.device))
+            else:
+                out.append(torch.zeros_like(p, requires_grad=False))
+    return out
+
+
+def optimizer_update(optimizer: str, lr: float, p: torch.Tensor, g: torch.Tensor,
+                     state: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One functional update of parameter ``p`` with gradient ``g``: returns (new p, new state)."""
+    if optimizer == "sgd":
+        return torch.add(p, g, alpha=-lr), []
+    if optimizer == "momentum":
+        buf = torch.add(state[0] * SGD_MOMENTUM, g)
+        return torch.add(p, buf, alpha=-lr), [buf]
+    m, v, step = state
+    b1, b2 = ADAM_BETAS
+    step = step + 1
+    m = torch.lerp(m, g, 1 - b1)
+    v = torch.addcmul(v * b2, g, g, value=1 - b2)
+    bias_correction1 = 1 - torch.pow(b1, step)
+    bias_correction2_sqrt = torch.sqrt(1 - torch.pow(b2, step))
+    step_size = lr / bias_correction1
+    denom = torch.sqrt(v) / bias_correction2_sqrt + ADAM_EPS
+    return p - step_size * (m / denom), [m, v, step]
+
+
+def _check_optimizer(optimizer: str) -> None:
+    if optimizer not in OPTIMIZERS:
+        raise HeterogError(f"unknown optimizer {optimizer!r} (choose from {', '.join(OPTIMIZERS)})")
+
+
+# ---------------------------------------------------------------------------- the captured step
+@dataclass
+class CapturedStep:
+    """A traced training step and how to call it.
+
+    Calling convention of ``gm`` (P params, K buffers, S = P * len(state slots) state tensors, N inputs)::
+
+        outputs = gm(*params, *buffers, *state, *inputs)
+        loss = outputs[0]; new_params = outputs[1:1+P]; new_state = outputs[1+P:1+P+S]
+
+    ``params`` follow ``param_names`` (trainable ``named_parameters()`` order), ``buffers`` follow
+    ``buffer_names`` (``named_buffers()`` then frozen parameters), ``state`` follows ``state_names``
+    (``(param, slot)`` for each param in order, slots ``STATE_SLOTS[optimizer]``; ``init_state`` builds
+    zeros), ``inputs`` are the model inputs. Buffers updated by the model (batch-norm running statistics)
+    are mutated in place by the graph, as in eager mode. A parameter that gets no gradient is returned
+    unchanged (its state too), as ``torch.optim`` skips it. With ``tracing_mode="symbolic"`` the graph runs
+    at any batch size (dim 0 of every input); with ``"fake"`` only at the traced one.
+
+    Node-level view: ``node_phase``/``node_module_path`` give each fx node's phase and module path,
+    ``grad_nodes[param]`` names the node whose output is that parameter's gradient (None: no gradient),
+    ``shape_nodes`` lists the nodes that compute sizes (SymInts) rather than tensors; ``run_nodes``
+    executes any subset of nodes in order (computing shape nodes on demand), which is how a runtime runs
+    one OpGraph op (``Op.fx_nodes``) at a time.
+    """
+
+    gm: GraphModule
+    tracing_mode: str
+    optimizer: str
+    lr: float
+    param_names: list[str]
+    buffer_names: list[str]
+    state_names: list[tuple[str, str]]
+    n_inputs: int
+    batch_size: int                            # batch of the example inputs
+    placeholders: list[str]                    # fx names in calling order
+    outputs: list[str]                         # fx names of loss, new params, new state
+    grad_nodes: dict[str, str | None]
+    node_phase: dict[str, str]
+    node_module_path: dict[str, str]
+    shape_nodes: list[str]
+    trace_time_s: float = 0.0
+    batch_symbols: tuple[Any, ...] = ()        # sympy symbols of the batch size (symbolic mode)
+    model_name: str = ""
+    _nodes: dict[str, Node] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self._nodes = {n.name: n for n in self.gm.graph.nodes}
+
+    @property
+    def n_params(self) -> int:
+        return len(self.param_names)
+
+    def node(self, name: str) -> Node:
+        return self._nodes[name]
+
+    def init_state(self, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Zero optimizer state for ``params`` (in ``param_names`` order)."""
+        return init_state(self.optimizer, params)
+
+    def __call__(self, params: Sequence[torch.Tensor], buffers: Sequence[torch.Tensor],
+                 state: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]
+                 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """Run the whole step: returns (loss, new params, new state)."""
+        if (len(params), len(buffers), len(state), len(inputs)) != (
+                self.n_params, len(self.buffer_names), len(self.state_names), self.n_inputs):
+            raise HeterogError(
+                f"captured step takes {self.n_params} params, {len(self.buffer_names)} buffers, "
+                f"{len(self.state_names)} state tensors and {self.n_inputs} inputs; got {len(params)}, "
+                f"{len(buffers)}, {len(state)} and {len(inputs)}")
+        out = self.gm(*params, *buffers, *state, *inputs)
+        p = self.n_params
+        return out[0], list(out[1:1 + p]), list(out[1 + p:])
+
+    def run_nodes(self, names: Sequence[str], env: dict[str, Any]) -> None:
+        """Execute fx nodes ``names`` in order, reading arguments from ``env`` (node name -> value) and
+        storing each result there. Shape nodes an argument needs are computed on demand from ``env``."""
+        def value(n: Node) -> Any:
+            if n.name not in env:
+                if n.op != "call_function":
+                    raise HeterogError(f"value of fx node {n.name!r} ({n.op}) is missing")
+                _run_node(n, value, env)
+            return env[n.name]
+
+        for name in names:
+            _run_node(self._nodes[name], value, env)
+
+
+def _run_node(node: Node, value: Callable[[Node], Any], env: dict[str, Any]) -> None:
+    args = torch.fx.node.map_arg(node.args, value)
+    kwargs = torch.fx.node.map_arg(node.kwargs, value)
+    env[node.name] = node.target(*args, **kwargs)
+
+
+# ---------------------------------------------------------------------------- tracing
+class _TraceRecorder:
+    """Attributes every fx node created during tracing to a phase and a module path.
+
+    Forward nodes take the innermost module whose forward was running; backward nodes take the module
+    whose forward created the autograd node being differentiated (matched by autograd sequence number).
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        self.paths = {id(m): name for name, m in module.named_modules(remove_duplicate=False)}
+        self.stack = [""]
+        self.path = ""
+        self.phase = "forward"
+        self.last: Node | None = None
+        self.node_phase: dict[str, str] = {}
+        self.node_path: dict[str, str] = {}
+        self.seq_starts: list[int] = []
+        self.seq_paths: list[str] = []
+        self._grad_fn_hooks: list[Any] = []
+
+    def flush(self) -> None:
+        from torch.fx.experimental.proxy_tensor import get_proxy_mode
+
+        mode = get_proxy_mode()
+        if mode is None:
+            return
+        new: list[Node] = []
+        for node in reversed(mode.tracer.graph.nodes):
+            if node is self.last:
+                break
+            new.append(node)
+        for node in new:
+            self.node_phase[node.name] = self.phase
+            self.node_path[node.name] = self.path
+        if new:
+            self.last = new[0]
+
+    def _set_path(self, path: str) -> None:
+        self.flush()
+        self.path = path
+        if self.phase == "forward":
+            self.seq_starts.append(_sequence_nr())
+            self.seq_paths.append(path)
+
+    def pre_hook(self, mod: nn.Module, args: Any) -> None:
+        name = self.paths.get(id(mod))
+        if name is not None and self.phase == "forward":
+            self.stack.append(name)
+            self._set_path(name)
+
+    def post_hook(self, mod: nn.Module, args: Any, out: Any) -> None:
+        if id(mod) in self.paths and self.phase == "forward" and len(self.stack) > 1:
+            self.stack.pop()
+            self._set_path(self.stack[-1])
+
+    def set_phase(self, phase: str) -> None:
+        self.flush()
+        self.phase = phase
+        self.path = ""
+
+    def hook_backward(self, loss: torch.Tensor) -> None:
+        """Before each autograd node runs, switch the module path to the module that created it."""
+        seen: set[int] = set()
+        todo = [loss.grad_fn]
+        while todo:
+            fn = todo.pop()
+            if fn is None or id(fn) in seen:
+                continue
+            seen.add(id(fn))
+            todo.extend(nf for nf, _ in fn.next_functions)
+            if type(fn).__name__ == "AccumulateGrad":
+                continue
+            path = self._path_of_seq(fn._sequence_nr())
+            self._grad_fn_hooks.append(fn.register_prehook(self._backward_prehook(path)))
+
+    def _backward_prehook(self, path: str) -> Callable[[Any], None]:
+        def prehook(grad_outputs: Any) -> None:
+            self.flush()
+            self.path = path
+        return prehook
+
+    def _path_of_seq(self, seq: int) -> str:
+        i = bisect.bisect_right(self.seq_starts, seq) - 1
+        return self.seq_paths[i] if i >= 0 else ""
+
+    def remove_hooks(self) -> None:
+        for h in self._grad_fn_hooks:
+            h.remove()
+        self._grad_fn_hooks.clear()
+
+
+def _sequence_nr() -> int:
+    """The autograd sequence number the next autograd node will get."""
+    return int(torch.autograd._get_sequence_nr())
+
+
+def _as_inputs(example_inputs: Any) -> tuple[torch.Tensor, ...]:
+    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+    if not inputs:
+        raise ModelError("model has no example inputs; build() must return (module, inputs) with the batch "
+                         "on dimension 0 of every input")
+    for i, x in enumerate(inputs):
+        if not isinstance(x, torch.Tensor):
+            raise ModelError(f"example input {i} is a {type(x).__name__}, not a tensor")
+        if x.dim() == 0:
+            raise ModelError(f"example input {i} is a scalar; every input must have the batch on dimension 0")
+    sizes = [int(x.shape[0]) for x in inputs]
+    if len(set(sizes)) != 1:
+        raise ModelError(f"example inputs disagree on the batch size (dimension 0): {sizes}")
+    if sizes[0] <= 0:
+        raise ModelError(f"example inputs have batch size {sizes[0]}")
+    return inputs
+
+
+def capture_fx(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Tensor, *,
+               optimizer: str = "sgd", lr: float = 0.01, tracing_mode: str = "symbolic") -> CapturedStep:
+    """Trace one training step of ``module`` on ``example_inputs`` into a GraphModule (see CapturedStep).
+
+    Nothing is allocated for parameters, buffers, state or inputs: the trace runs on fake tensors built
+    from their shapes and dtypes (CPU kernels' decompositions). In ``"symbolic"`` mode the trace uses batch
+    ``max(B, 2)`` internally (batch 1 would be specialised) and the graph runs at any batch size.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    _check_optimizer(optimizer)
+    if tracing_mode not in TRACING_MODES:
+        raise HeterogError(f"unknown tracing mode {tracing_mode!r} (choose from {', '.join(TRACING_MODES)})")
+    if not isinstance(module, nn.Module):
+        raise ModelError(f"model is a {type(module).__name__}, not a torch.nn.Module")
+    if not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
+        raise HeterogError(f"learning rate must be a positive number, got {lr!r}")
+    inputs = _as_inputs(example_inputs)
+    batch_size = int(inputs[0].shape[0])
+    symbolic = tracing_mode == "symbolic"
+    t0 = time.perf_counter()
+
+    trainable = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    frozen = [(n, p) for n, p in module.named_parameters() if not p.requires_grad]
+    buffers = list(module.named_buffers()) + frozen
+    if not trainable:
+        raise ModelError(f"model {type(module).__name__} has no trainable parameters")
+    param_names = [n for n, _ in trainable]
+    buffer_names = [n for n, _ in buffers]
+    slots = STATE_SLOTS[optimizer]
+    state_names = [(n, s) for n in param_names for s in slots]
+
+    shape_env = ShapeEnv()
+    fake_mode = FakeTensorMode(shape_env=shape_env, static_shapes=not symbolic, allow_non_fake_inputs=False)
+    with fake_mode:
+        fake_params = [torch.empty(p.shape, dtype=p.dtype, device="cpu", requires_grad=True) for _, p in trainable]
+        fake_buffers = [torch.empty(b.shape, dtype=b.dtype, device="cpu") for _, b in buffers]
+        fake_state = init_state(optimizer, [p.detach() for p in fake_params])
+    fake_inputs, batch_symbols = _fake_inputs(inputs, fake_mode, symbolic)
+    sizes = _Sizes(batch_symbols, batch_size)
+
+    rec = _TraceRecorder(module)
+    n_params, n_buffers, n_state = len(fake_params), len(fake_buffers), len(fake_state)
+    model_name = type(module).__name__
+
+    def step(*flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        params = flat[:n_params]
+        bufs = flat[n_params:n_params + n_buffers]
+        state = flat[n_params + n_buffers:n_params + n_buffers + n_state]
+        xs = flat[n_params + n_buffers + n_state:]
+        tensors = {**dict(zip(param_names, params)), **dict(zip(buffer_names, bufs))}
+        rec.set_phase("forward")
+        loss = _forward(module, tensors, xs, model_name, sizes)
+        rec.set_phase("backward")
+        rec.hook_backward(loss)
+        grads = torch.autograd.grad(loss, list(params), allow_unused=True)
+        rec.remove_hooks()
+        rec.set_phase("update")
+        new_params: list[torch.Tensor] = []
+        new_state: list[torch.Tensor] = []
+        for i, (p, g) in enumerate(zip(params, grads)):
+            st = list(state[i * len(slots):(i + 1) * len(slots)])
+            if g is None:
+                new_params.append(p)
+                new_state.extend(st)
+                continue
+            p_new, st_new = optimizer_update(optimizer, lr, p, g, st)
+            new_params.append(p_new)
+            new_state.extend(st_new)
+        rec.flush()
+        # gradients ride along as extra outputs so their nodes can be found; they are stripped below
+        return (loss, *new_params, *new_state, *[g for g in grads if g is not None])
+
+    fwd_pre = nn.modules.module.register_module_forward_pre_hook(rec.pre_hook)
+    fwd_post = nn.modules.module.register_module_forward_hook(rec.post_hook)
+    try:
+        gm = make_fx(step, tracing_mode=tracing_mode)(*fake_params, *fake_buffers, *fake_state, *fake_inputs)
+    finally:
+        fwd_pre.remove()
+        fwd_post.remove()
+        rec.remove_hooks()
+    if symbolic:
+        _check_batch_not_specialised(shape_env, batch_symbols, model_name)
+
+    out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    outs = list(out_node.args[0])
+    n_out = 1 + n_params + n_state
+    grad_iter = iter(outs[n_out:])
+    grad_nodes: dict[str, str | None] = {}
+    for name, p_node, p_out in zip(param_names, _placeholders(gm)[:n_params], outs[1:1 + n_params]):
+        grad_nodes[name] = None if p_out is p_node else next(grad_iter).name
+    out_node.args = (tuple(outs[:n_out]),)
+    gm.recompile()
+
+    shape_nodes = [n.name for n in gm.graph.nodes if n.op == "call_function" and not _has_tensor(n)]
+    return CapturedStep(
+        gm=gm, tracing_mode=tracing_mode, optimizer=optimizer, lr=float(lr), param_names=param_names,
+        buffer_names=buffer_names, state_names=state_names, n_inputs=len(inputs), batch_size=batch_size,
+        placeholders=[n.name for n in _placeholders(gm)], outputs=[n.name for n in outs[:n_out]],
+        grad_nodes=grad_nodes, node_phase=rec.node_phase, node_module_path=rec.node_path,
+        shape_nodes=shape_nodes, trace_time_s=time.perf_counter() - t0, batch_symbols=batch_symbols,
+        model_name=model_name)
+
+
+def _forward(module: nn.Module, tensors: dict[str, torch.Tensor], xs: Sequence[torch.Tensor],
+             model_name: str, sizes: "_Sizes") -> torch.Tensor:
+    """The model call inside the trace; a failure there is the model's (ModelError, cause kept)."""
+    from torch.func import functional_call
+
+    try:
+        loss = functional_call(module, tensors, tuple(xs))
+    except HeterogError:
+        raise
+    except Exception as exc:
+        raise ModelError(f"model {model_name}: forward pass failed while tracing on fake tensors: "
+                         f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+    if not isinstance(loss, torch.Tensor):
+        raise ModelError(f"model {model_name} returned a {type(loss).__name__}; it must return a scalar "
+                         "mean loss tensor")
+    if loss.dim() != 0:
+        shape = ", ".join(str(s) for s in sizes.shape(loss))
+        raise ModelError(f"model output has shape ({shape}); it must be a scalar mean loss")
+    if not loss.dtype.is_floating_point:
+        raise ModelError(f"model loss has dtype {loss.dtype}; it must be a floating-point scalar")
+    if not loss.requires_grad:
+        raise ModelError(f"model {model_name}: the loss does not depend on any trainable parameter")
+    return loss
+
+
+def _fake_inputs(inputs: Sequence[torch.Tensor], fake_mode: Any, symbolic: bool
+                 ) -> tuple[list[torch.Tensor], tuple[Any, ...]]:
+    """Fake CPU tensors shaped like ``inputs``; in symbolic mode dim 0 is a fresh symbol (hint >= 2)."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+    out: list[torch.Tensor] = []
+    symbols: list[Any] = []
+    for i, x in enumerate(inputs):
+        if not symbolic:
+            with fake_mode:
+                out.append(torch.empty(x.shape, dtype=x.dtype, device="cpu"))
+            continue
+        meta = torch.empty((max(int(x.shape[0]), 2), *x.shape[1:]), dtype=x.dtype, device="meta")
+        ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] + [DimDynamic.STATIC] * (x.dim() - 1))
+        fake = fake_mode.from_tensor(meta, symbolic_context=ctx, source=ConstantSource(f"input{i}"))
+        with fake_mode:
+            fake = torch.empty_like(fake, device="cpu")
+        size0 = fake.shape[0]
+        if isinstance(size0, torch.SymInt):
+            symbols.extend(size0.node.expr.free_symbols)
+        out.append(fake)
+    return out, tuple(dict.fromkeys(symbols))
+
+
+def _check_batch_not_specialised(shape_env: Any, symbols: Sequence[Any], model_name: str) -> None:
+    for s in symbols:
+        r = shape_env.replacements.get(s)
+        if r is not None and getattr(r, "is_number", False):
+            raise ModelError(f"model {model_name} fixes the batch size to {r} inside forward (e.g. a view with "
+                             "a literal batch size); take sizes from the input (x.view(x.size(0), ...)) so that "
+                             "it can run at any per-device batch size")
+
+
+def _placeholders(gm: GraphModule) -> list[Node]:
+    return [n for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def _has_tensor(node: Node) -> bool:
+    return bool(_tensor_leaves(node.meta.get("val")))
+
+
+def _tensor_leaves(val: Any) -> list[tuple[int, torch.Tensor]]:
+    """(index within the node's value, tensor) for a tensor value or a tuple/list of tensors."""
+    if isinstance(val, torch.Tensor):
+        return [(0, val)]
+    if isinstance(val, (tuple, list)):
+        return [(i, v) for i, v in enumerate(val) if isinstance(v, torch.Tensor)]
+    return []
+
+
+# ---------------------------------------------------------------------------- OpGraph construction
+class _Sizes:
+    """Concrete sizes at the graph's batch size; batch dims from the batch symbol(s)."""
+
+    def __init__(self, symbols: Sequence[Any], batch_size: int) -> None:
+        import sympy
+
+        self.symbols = frozenset(symbols)
+        self.subs = {s: sympy.Integer(batch_size) for s in symbols}
+        self._cache: dict[Any, int] = {}
+
+    def int(self, x: Any) -> Any:
+        if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            expr = x.node.expr
+            v = self._cache.get(expr)
+            if v is None:
+                e = expr.xreplace(self.subs)
+                if not e.is_number:
+                    raise ModelError(f"a tensor size depends on tensor values ({expr}); models with "
+                                     "data-dependent shapes cannot be captured")
+                conv = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(x)]
+                v = self._cache[expr] = conv(e)
+            return v
+        return x
+
+    def shape(self, t: torch.Tensor) -> list[int]:
+        return [int(self.int(s)) for s in t.shape]
+
+    def batch_dim(self, t: torch.Tensor) -> int | None:
+        for i, s in enumerate(t.shape):
+            if isinstance(s, torch.SymInt) and s.node.expr.free_symbols & self.symbols:
+                return i
+        return None
+
+    def nbytes(self, t: torch.Tensor) -> int:
+        return math.prod(self.shape(t)) * t.dtype.itemsize
+
+    def numel(self, t: torch.Tensor) -> int:
+        return math.prod(self.shape(t))
+
+
+def _target_str(target: Any) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)
+    return getattr(target, "__name__", str(target))
+
+
+def _extra_flop_formulas() -> dict[Any, Callable[..., int]]:
+    """FLOP formulas for CPU kernels that torch.utils.flop_counter does not cover (SDPA on CPU)."""
+    from torch.utils import flop_counter as fc
+
+    aten = torch.ops.aten
+    extra: dict[Any, Callable[..., int]] = {}
+    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
+        def fwd(q: Any, k: Any, v: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
+            return fc.sdpa_flop_count(q, k, v)
+
+        extra[aten._scaled_dot_product_flash_attention_for_cpu] = fwd
+    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward"):
+        def bwd(go: Any, q: Any, k: Any, v: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
+            return fc.sdpa_backward_flop_count(go, q, k, v)
+
+        extra[aten._scaled_dot_product_flash_attention_for_cpu_backward] = bwd
+    return extra
+
+
+class _FlopCounter:
+    """FLOPs of one fx node at concrete shapes: a registered formula or the documented estimate."""
+
+    def __init__(self, sizes: _Sizes) -> None:
+        from torch.utils.flop_counter import flop_registry
+
+        self.sizes = sizes
+        self.registry = {**flop_registry, **_extra_flop_formulas()}
+        self.estimated_targets: set[str] = set()
+
+    def _concrete(self, a: Any) -> Any:
+        if isinstance(a, Node):
+            val = a.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                return torch.Size(self.sizes.shape(val))
+            return self._concrete(val)
+        if isinstance(a, torch.Tensor):
+            return torch.Size(self.sizes.shape(a))
+        if isinstance(a, (list, tuple)):
+            return type(a)(self._concrete(x) for x in a)
+        if isinstance(a, dict):
+            return {k: self._concrete(v) for k, v in a.items()}
+        return self.sizes.int(a)
+
+    def __call__(self, node: Node, target: str, in_numels: Sequence[int], out_numels: Sequence[int]
+                 ) -> tuple[float, bool]:
+        if target in VIEW_OPS:
+            return 0.0, False
+        packet = getattr(node.target, "overloadpacket", None)
+        formula = self.registry.get(packet) if packet is not None else None
+        if formula is not None:
+            out_val = self._concrete(node.meta.get("val"))
+            return float(formula(*self._concrete(node.args), **self._concrete(node.kwargs), out_val=out_val)), False
+        self.estimated_targets.add(target)
+        name = packet.__name__ if packet is not None else target
+        if name in REDUCTION_OPS and in_numels:
+            return float(max(in_numels)), True
+        return float(sum(out_numels)), True
+
+
+def graph_from_step(step: CapturedStep, *, fuse: bool = True, name: str | None = None,
+                    capture_time_s: float | None = None) -> OpGraph:
+    """Build the OpGraph of a symbolic-mode CapturedStep (one op per tensor-valued fx node)."""
+    if step.tracing_mode != "symbolic":
+        raise HeterogError("graph_from_step needs a step traced with tracing_mode='symbolic' "
+                           "(batch dimensions come from the batch symbol)")
+    t0 = time.perf_counter()
+    gm = step.gm
+    sizes = _Sizes(step.batch_symbols, step.batch_size)
+    flops_of = _FlopCounter(sizes)
+    n_p, n_b, n_s = step.n_params, len(step.buffer_names), len(step.state_names)
+    slots = STATE_SLOTS[step.optimizer]
+
+    ops: list[Op] = []
+    op_of: dict[str, int] = {}                  # fx node name -> op index (tensor-valued nodes only)
+    out_pos: dict[str, dict[int, int]] = {}     # fx node name -> {index in value: output index}
+    edges: list[Edge] = []
+    placeholder_index = {n: i for i, n in enumerate(step.placeholders)}
+    param_bytes_of: dict[str, int] = {}
+
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if node.op == "get_attr" and val is None:
+            val = getattr(gm, node.target, None)
+        leaves = _tensor_leaves(val)
+        if node.op == "output" or not leaves:
+            continue
+        out_pos[node.name] = {idx: k for k, (idx, _) in enumerate(leaves)}
+        tensors = [t for _, t in leaves]
+        shapes = [sizes.shape(t) for t in tensors]
+        out_bytes = [math.prod(s) * t.dtype.itemsize for s, t in zip(shapes, tensors)]
+        bdims = [sizes.batch_dim(t) for t in tensors]
+        op = Op(name=node.name, target="placeholder", output_shapes=shapes,
+                output_dtypes=[str(t.dtype).removeprefix("torch.") for t in tensors], batch_dims=bdims,
+                bytes_written=int(sum(out_bytes)),
+                batch_bytes=int(sum(b for b, d in zip(out_bytes, bdims) if d is not None)),
+                fx_nodes=[node.name])
+        if node.op == "placeholder":
+            i = placeholder_index[node.name]
+            if i < n_p:
+                pname = step.param_names[i]
+                op.kind, op.param = "param", pname
+                op.param_bytes = op.grad_bytes = out_bytes[0]
+                param_bytes_of[pname] = out_bytes[0]
+                op.module_path = _owner(pname)
+            elif i < n_p + n_b:
+                op.kind, op.param_bytes = "buffer", out_bytes[0]
+                op.module_path = _owner(step.buffer_names[i - n_p])
+            elif i < n_p + n_b + n_s:
+                pname, _slot = step.state_names[i - n_p - n_b]
+                op.kind, op.param, op.module_path = "state", pname, _owner(pname)
+            else:
+                op.kind = "input"
+        elif node.op == "get_attr":
+            op.kind, op.target, op.param_bytes = "buffer", "get_attr", out_bytes[0]
+        else:
+            op.kind, op.target = "compute", _target_str(node.target)
+            op.phase = step.node_phase.get(node.name, "forward")
+            op.module_path = step.node_module_path.get(node.name, "")
+            in_tensors: list[tuple[int, int, int | None, int]] = []  # (src op, src output, batch dim, bytes)
+            for inp in node.all_input_nodes:
+                if inp.name not in op_of:
+                    continue  # a shape node: sizes, not data
+                src = op_of[inp.name]
+                src_op = ops[src]
+                if node.target is operator.getitem and inp is node.args[0]:
+                    k = out_pos[inp.name].get(int(node.args[1]))
+                    picks = [] if k is None else [k]
+                else:
+                    picks = list(range(len(src_op.output_shapes)))
+                for k in picks:
+                    nb = math.prod(src_op.output_shapes[k]) * _itemsize(src_op.output_dtypes[k])
+                    in_tensors.append((src, k, src_op.batch_dims[k], nb))
+            view = op.target in VIEW_OPS
+            in_numels = [nb // max(1, _itemsize(ops[s].output_dtypes[k])) for s, k, _, nb in in_tensors]
+            out_numels = [math.prod(s) for s in shapes]
+            op.flops, op.flops_estimated = flops_of(node, op.target, in_numels, out_numels)
+            if view:
+                op.bytes_read = op.bytes_written = op.batch_bytes = 0
+            else:
+                op.bytes_read = int(sum(nb for *_, nb in in_tensors))
+                op.batch_bytes += int(sum(nb for _, _, d, nb in in_tensors if d is not None))
+            for s, k, d, nb in in_tensors:
+                edges.append(Edge(src=s, dst=len(ops), bytes=int(nb), batch_dim=d, src_output=k))
+        op_of[node.name] = len(ops)
+        ops.append(op)
+
+    _mark_grads_and_updates(step, gm, ops, op_of, edges)
+    for op in ops:
+        if op.kind == "param":
+            op.state_bytes = _state_bytes(slots, param_bytes_of[op.param])
+    _placeholder_phases(ops, edges)
+    if flops_of.estimated_targets:
+        log.warning("FLOPs estimated (no torch.utils.flop_counter formula; 1 per output element, or per input "
+                    "element for reductions) for %d op types: %s", len(flops_of.estimated_targets),
+                    ", ".join(sorted(flops_of.estimated_targets)))
+    graph_name = name or step.model_name
+    meta = {
+        "model": graph_name, "torch_version": torch.__version__, "capture_version": CAPTURE_VERSION,
+        "lr": step.lr, "capture_time_s": 0.0, "trace_time_s": round(step.trace_time_s, 4),
+        "ops_before_fusion": len(ops), "ops_after_fusion": len(ops),
+        "estimated_flop_targets": sorted(flops_of.estimated_targets),
+    }
+    graph = OpGraph(name=graph_name, batch_size=step.batch_size, ops=ops, edges=edges,
+                    optimizer=step.optimizer, meta=meta)
+    if fuse:
+        graph = fuse_trivial(graph)
+    total = (step.trace_time_s + time.perf_counter() - t0) if capture_time_s is None else capture_time_s
+    graph.meta["capture_time_s"] = round(total, 4)
+    return graph
+
+
+def _itemsize(dtype: str) -> int:
+    return getattr(torch, dtype).itemsize
+
+
+def _owner(name: str) -> str:
+    """Module path owning a parameter/buffer name ("enc.fc1.weight" -> "enc.fc1")."""
+    return name.rpartition(".")[0]
+
+
+def _state_bytes(slots: Sequence[str], param_bytes: int) -> int:
+    return int(sum(4 if s == "step" else param_bytes for s in slots))
+
+
+def _mark_grads_and_updates(step: CapturedStep, gm: GraphModule, ops: list[Op], op_of: dict[str, int],
+                            edges: list[Edge]) -> None:
+    """Gradient producers get is_grad/param; update ops get param and the param's module path."""
+    for pname, gname in step.grad_nodes.items():
+        if gname is not None and gname in op_of:
+            op = ops[op_of[gname]]
+            if not op.is_grad:
+                op.is_grad, op.param = True, pname
+    pred: list[list[int]] = [[] for _ in ops]
+    for e in edges:
+        pred[e.dst].append(e.src)
+    n_p, n_slots = step.n_params, len(STATE_SLOTS[step.optimizer])
+    for i, pname in enumerate(step.param_names):
+        roots = [step.outputs[1 + i]] + step.outputs[1 + n_p + i * n_slots:1 + n_p + (i + 1) * n_slots]
+        todo = [op_of[r] for r in roots if r in op_of]
+        seen: set[int] = set()
+        while todo:
+            j = todo.pop()
+            op = ops[j]
+            if j in seen or op.kind != "compute" or op.phase != "update":
+                continue
+            seen.add(j)
+            if op.param is None:
+                op.param, op.module_path = pname, _owner(pname)
+            todo.extend(pred[j])
+
+
+def _placeholder_phases(ops: list[Op], edges: list[Edge]) -> None:
+    """A placeholder's phase is that of its earliest consumer (optimizer state: update)."""
+    first: dict[int, int] = {}
+    for e in edges:
+        op = ops[e.src]
+        if op.kind != "compute" and ops[e.dst].kind == "compute":
+            p = PHASES.index(ops[e.dst].phase)
+            first[e.src] = min(first.get(e.src, p), p)
+    for i, op in enumerate(ops):
+        if op.kind != "compute":
+            op.phase = PHASES[first.get(i, 0)]
+
+
+# ---------------------------------------------------------------------------- entry point
+def capture(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Tensor, *,
+            optimizer: str = "sgd", lr: float = 0.01, fuse: bool = True, name: str | None = None) -> OpGraph:
+    """Capture the training step of ``module`` as an OpGraph at the batch size of ``example_inputs``.
+
+    One symbolic-batch trace (``capture_fx(..., tracing_mode="symbolic")``) gives shapes, batch dims and
+    FLOPs; ``Op.fx_nodes`` name nodes of that GraphModule (tracing is deterministic, so a later
+    ``capture_fx`` of the same model and inputs names them the same). ``fuse`` merges zero-cost view ops
+    into their producers (``heterog.graph.fusion.fuse_trivial``).
+    """
+    t0 = time.perf_counter()
+    step = capture_fx(module, example_inputs, optimizer=optimizer, lr=lr, tracing_mode="symbolic")
+    graph = graph_from_step(step, fuse=fuse, name=name)
+    graph.meta["capture_time_s"] = round(time.perf_counter() - t0, 4)
+    return graph

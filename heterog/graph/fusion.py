@@ -1,0 +1,104 @@
+"""Trivial-op fusion: merge zero-cost view ops (view, transpose, expand, getitem, ...) into the op that
+produces their input, so that every remaining op does real work. Works on OpGraph alone (no torch).
+
+A view op has exactly one tensor input; merging it into its producer cannot create a cycle, and ordering
+the merged ops by their producer's index keeps a topological numbering.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from heterog.graph.opgraph import Edge, Op, OpGraph
+
+# Overload packets whose ops only re-describe their input's storage (no data moved, no FLOPs).
+# ``_unsafe_view`` reshapes a fresh tensor in place; copies (clone, _to_copy, contiguous) are not listed.
+VIEW_PACKETS = frozenset({
+    "aten.view", "aten._unsafe_view", "aten._reshape_alias", "aten.t", "aten.transpose", "aten.permute",
+    "aten.expand", "aten.squeeze", "aten.unsqueeze", "aten.alias", "aten.detach", "aten.slice",
+    "aten.select", "aten.as_strided", "aten.split", "aten.split_with_sizes", "aten.unbind", "aten.chunk",
+    "aten.narrow", "aten.diagonal", "aten.unfold", "aten.view_as_real", "aten.view_as_complex",
+    "aten.real", "aten.imag", "aten.lift_fresh", "aten.movedim", "aten.swapaxes", "aten.swapdims",
+    "aten.unflatten", "aten.tensor_split", "aten.numpy_T", "aten.mT", "aten.adjoint", "getitem",
+})
+
+
+class _ViewOps:
+    """Membership by target string: "aten.view.default" is a view because "aten.view" is listed."""
+
+    def __contains__(self, target: object) -> bool:
+        if not isinstance(target, str):
+            return False
+        return target in VIEW_PACKETS or target.rpartition(".")[0] in VIEW_PACKETS
+
+
+VIEW_OPS = _ViewOps()
+
+
+def fuse_trivial(graph: OpGraph) -> OpGraph:
+    """Merge every view-like compute op with a single producer into that producer's op.
+
+    The merged op keeps the producer's name, target, phase, outputs and costs (views add none);
+    ``fx_nodes`` lists all merged fx nodes in execution order; ``is_grad``/``param`` carry over from a
+    merged view that returns a parameter's gradient. A consumer of a view gets an edge from the merged op
+    with the bytes and batch dim of the tensor it actually consumes and ``src_output`` = the producer output
+    the view derives from; one edge per (merged op, output, consumer). Ops are renumbered topologically
+    (by producer index) and ``meta`` records ``ops_before_fusion``/``ops_after_fusion``.
+    """
+    n = graph.n_ops
+    preds: list[set[int]] = [set() for _ in range(n)]
+    in_edge: list[Edge | None] = [None] * n
+    for e in graph.edges:
+        preds[e.dst].add(e.src)
+        in_edge[e.dst] = e
+    rep = list(range(n))          # op -> index of the op it is merged into
+    origin = [0] * n              # op -> output index of rep that its (first) output derives from
+    for i, op in enumerate(graph.ops):
+        if op.kind == "compute" and op.target in VIEW_OPS and len(preds[i]) == 1:
+            e = in_edge[i]
+            assert e is not None
+            rep[i] = rep[e.src]
+            origin[i] = origin[e.src] if rep[e.src] != e.src else e.src_output
+    keep = [i for i in range(n) if rep[i] == i]
+    new_index = {old: k for k, old in enumerate(keep)}
+    members: dict[int, list[int]] = {i: [] for i in keep}
+    for i in range(n):
+        members[rep[i]].append(i)
+
+    ops: list[Op] = []
+    for i in keep:
+        base = graph.ops[i]
+        group = [graph.ops[j] for j in members[i]]
+        grad = next((o for o in group if o.is_grad), None)
+        ops.append(replace(
+            base,
+            fx_nodes=[name for o in group for name in (o.fx_nodes or [o.name])],
+            flops=float(sum(o.flops for o in group)),
+            flops_estimated=any(o.flops_estimated for o in group),
+            bytes_read=int(sum(o.bytes_read for o in group)),
+            bytes_written=int(sum(o.bytes_written for o in group)),
+            batch_bytes=int(sum(o.batch_bytes for o in group)),
+            is_grad=base.is_grad or grad is not None,
+            param=base.param if base.param is not None or grad is None else grad.param,
+            output_shapes=[list(s) for s in base.output_shapes],
+            output_dtypes=list(base.output_dtypes),
+            batch_dims=list(base.batch_dims),
+        ))
+
+    merged: dict[tuple[int, int, int], Edge] = {}
+    for e in graph.edges:
+        s, d = rep[e.src], rep[e.dst]
+        if s == d:
+            continue
+        k = e.src_output if e.src == s else origin[e.src]
+        key = (new_index[s], k, new_index[d])
+        old = merged.get(key)
+        if old is None:
+            merged[key] = Edge(src=key[0], dst=key[2], bytes=int(e.bytes), batch_dim=e.batch_dim, src_output=k)
+        else:
+            old.bytes = max(old.bytes, int(e.bytes))
+            if old.batch_dim is None:
+                old.batch_dim = e.batch_dim
+    edges = sorted(merged.values(), key=lambda e: (e.dst, e.src, e.src_output))
+    meta = {**graph.meta, "ops_before_fusion": graph.meta.get("ops_before_fusion", n), "ops_after_fusion": len(ops)}
+    return OpGraph(name=graph.name, batch_size=graph.batch_size, ops=ops, edges=edges,
+                   optimizer=graph.optimizer, meta=meta)

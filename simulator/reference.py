@@ -1,0 +1,110 @@
+"""Plain-Python reference of the simulator: the specification the compiled kernel must match bit for bit.
+
+Written for clarity, not speed; ``simulate(tg, reference=True)`` runs it.
+"""
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+
+def simulate_reference(duration: np.ndarray, priority: np.ndarray, res_ptr: np.ndarray, res_idx: np.ndarray,
+                       dep_ptr: np.ndarray, dep_idx: np.ndarray, mem_ptr: np.ndarray, mem_res: np.ndarray,
+                       mem_bytes: np.ndarray, free_ptr: np.ndarray, free_idx: np.ndarray,
+                       resident_bytes: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Run the task graph given as CSR arrays; returns (start, finish, release_time, busy, peak).
+
+    The rule, round by round at one time instant ``now``:
+      1. scan the ready tasks in order (higher priority first, ties by lower id) and start every one whose
+         resources are all free; it holds them for its duration and allocates its memory now;
+      2. advance ``now`` to the earliest finish time and process ALL finishes at that time: free their
+         resources, release allocations whose last holder this was, make dependents ready;
+      then scan again. Zero-duration tasks started at ``now`` finish at ``now`` and are processed in the
+      next round at the same instant. So, at one instant, releases come before allocations.
+    The allocation of task x is released once x and every task naming x in its ``frees`` have finished;
+    an allocation nobody frees stays.
+    """
+    n = len(duration)
+    n_res = len(resident_bytes)
+    durations = duration.tolist()
+    priorities = priority.tolist()
+
+    def segments(ptr: np.ndarray, idx: np.ndarray) -> list[list]:
+        ptr_list, idx_list = ptr.tolist(), idx.tolist()
+        return [idx_list[ptr_list[t]:ptr_list[t + 1]] for t in range(n)]
+
+    resources = segments(res_ptr, res_idx)
+    deps = segments(dep_ptr, dep_idx)
+    frees = segments(free_ptr, free_idx)
+    mem = [list(zip(r, b)) for r, b in zip(segments(mem_ptr, mem_res), segments(mem_ptr, mem_bytes))]
+
+    busy = [0.0] * n_res
+    for t in range(n):
+        for r in resources[t]:
+            busy[r] += durations[t]
+
+    dependents: list[list[int]] = [[] for _ in range(n)]
+    for t in range(n):
+        for d in deps[t]:
+            dependents[d].append(t)
+    deps_left = [len(deps[t]) for t in range(n)]
+    holders = [0] * n  # tasks that must finish before the allocation of t is released
+    for t in range(n):
+        for x in frees[t]:
+            holders[x] += 1
+    for t in range(n):
+        if holders[t] > 0:
+            holders[t] += 1  # t itself
+
+    start = [float("nan")] * n
+    finish = [float("nan")] * n
+    release_time = [float("inf")] * n
+    resource_free = [True] * n_res
+    allocated = [int(b) for b in resident_bytes]
+    peak = list(allocated)
+
+    def release_holder(x: int, now: float) -> None:
+        holders[x] -= 1
+        if holders[x] == 0:
+            for r, b in mem[x]:
+                allocated[r] -= b
+            release_time[x] = now
+
+    ready = [t for t in range(n) if deps_left[t] == 0]
+    running: list[tuple[float, int]] = []  # heap of (finish time, task)
+    now = 0.0
+    while True:
+        ready.sort(key=lambda t: (-priorities[t], t))
+        waiting = []
+        for t in ready:
+            if all(resource_free[r] for r in resources[t]):
+                for r in resources[t]:
+                    resource_free[r] = False
+                for r, b in mem[t]:
+                    allocated[r] += b
+                    peak[r] = max(peak[r], allocated[r])
+                start[t] = now
+                finish[t] = now + durations[t]
+                heapq.heappush(running, (finish[t], t))
+            else:
+                waiting.append(t)
+        ready = waiting
+        if not running:
+            break
+        now = running[0][0]
+        while running and running[0][0] == now:
+            _, t = heapq.heappop(running)
+            for r in resources[t]:
+                resource_free[r] = True
+            if holders[t] > 0:
+                release_holder(t, now)
+            for x in frees[t]:
+                release_holder(x, now)
+            for s in dependents[t]:
+                deps_left[s] -= 1
+                if deps_left[s] == 0:
+                    ready.append(s)
+    return (np.asarray(start, dtype=np.float64), np.asarray(finish, dtype=np.float64),
+            np.asarray(release_time, dtype=np.float64), np.asarray(busy, dtype=np.float64),
+            np.asarray(peak, dtype=np.int64))

@@ -1,0 +1,56 @@
+"""Profile tables: signatures, least-squares fits, measurement entry and file round trips."""
+import json
+
+import pytest
+
+from heterog.cost import ProfileTable, fit_linear, op_signature
+from heterog.errors import HeterogError
+from heterog.graph.opgraph import Op
+
+
+def linear(batch: int, k: int) -> Op:
+    """(batch, k) @ (k, 1024): the output carries the batch; the weight does not."""
+    return Op("mm", "aten.mm.default", output_shapes=[[batch, 1024]], output_dtypes=["torch.float32"],
+              batch_dims=[0], flops=2.0 * batch * k * 1024, bytes_read=4 * (batch * k + k * 1024),
+              bytes_written=4 * batch * 1024, batch_bytes=4 * (batch * k + batch * 1024))
+
+
+def test_signature_is_batch_independent_and_tells_weights_apart():
+    assert op_signature(linear(8, 1024)) == op_signature(linear(64, 1024))
+    assert op_signature(linear(8, 1024)) == f"aten.mm.default|Bx1024:float32|w={4 * 1024 * 1024}"
+    assert op_signature(linear(8, 4096)) != op_signature(linear(8, 1024))
+    scalar = Op("loss", "aten.mean.default", output_shapes=[[]], output_dtypes=["float32"], batch_dims=[None])
+    assert op_signature(scalar) == "aten.mean.default|scalar:float32|w=0"
+
+
+def test_fit_linear():
+    assert fit_linear([1, 2, 3, 4], [3.0, 5.0, 7.0, 9.0]) == pytest.approx((1.0, 2.0))
+    a, b = fit_linear([1, 2, 3], [1.0, 2.0, 4.0])
+    assert (a, b) == pytest.approx((-2 / 3, 1.5))
+    assert fit_linear([8, 8], [1.0, 3.0]) == (2.0, 0.0)
+    with pytest.raises(ValueError, match="2 x values but 3"):
+        fit_linear([1, 2], [1, 2, 3])
+
+
+def test_add_measurements_and_round_trip(tmp_path):
+    table = ProfileTable()
+    assert table.add_op("T4", "sig", [8, 16, 32], [1.1e-3, 1.2e-3, 1.4e-3]) == pytest.approx((1.0e-3, 1.25e-5))
+    assert table.add_link("loopback", [0, 1e6], [2e-5, 5.2e-4]) == pytest.approx((2e-5, 5e-10))
+    path = table.save(tmp_path / "profile.json")
+    data = json.loads(path.read_text())
+    assert data["format"] == "heterog-profile" and data["version"] == 1
+    loaded = ProfileTable.load(path)
+    assert loaded == table and loaded.op_entry("T4", "sig") == table.op_entry("T4", "sig")
+    assert loaded.link_entry("loopback") == table.links["loopback"] and loaded.op_entry("L4", "sig") is None
+
+
+def test_bad_profile_files_name_the_problem(tmp_path):
+    with pytest.raises(HeterogError, match="does not exist"):
+        ProfileTable.load(tmp_path / "missing.json")
+    (tmp_path / "cut.json").write_text('{"format": "heterog-pro')
+    with pytest.raises(HeterogError, match=r"cut\.json.*truncated"):
+        ProfileTable.load(tmp_path / "cut.json")
+    (tmp_path / "bad.json").write_text(json.dumps({"format": "heterog-profile", "version": 1,
+                                                   "ops": {"T4": {"sig": [1.0]}}}))
+    with pytest.raises(HeterogError, match=r"ops\['T4'\]\['sig'\]"):
+        ProfileTable.load(tmp_path / "bad.json")
