@@ -69,175 +69,147 @@ def transpose_csr(ptr, idx, n):  # pragma: no cover - compiled
     return out_ptr, out_idx
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Heaps over task ids ordered by (key[t], t): smaller first. The ready order uses key = -priority.
-
-
-@njit(cache=True)
-def _before(a, b, key):  # pragma: no cover - compiled
-    ka = key[a]
-    kb = key[b]
-    return ka < kb or (ka == kb and a < b)
-
-
-@njit(cache=True)
-def _heap_push(heap, size, x, key):  # pragma: no cover - compiled
-    """Binary heap insert; returns the new size."""
-    i = size
-    while i > 0:
-        p = (i - 1) >> 1
-        y = heap[p]
-        if _before(x, y, key):
-            heap[i] = y
-            i = p
-        else:
-            break
-    heap[i] = x
-    return size + 1
-
-
-@njit(cache=True)
-def _heap_pop(heap, size, key):  # pragma: no cover - compiled
-    """Remove heap[0] (read it first); returns the new size."""
-    size -= 1
-    if size <= 0:
-        return 0
-    x = heap[size]
-    i = 0
-    while True:
-        c = 2 * i + 1
-        if c >= size:
-            break
-        if c + 1 < size and _before(heap[c + 1], heap[c], key):
-            c += 1
-        if _before(heap[c], x, key):
-            heap[i] = heap[c]
-            i = c
-        else:
-            break
-    heap[i] = x
-    return size
-
-
-@njit(cache=True)
-def _pair_meld(a, b, child, sib, key):  # pragma: no cover - compiled
-    """Meld two pairing-heap roots; returns the new root."""
-    if _before(b, a, key):
-        a, b = b, a
-    sib[b] = child[a]
-    child[a] = b
-    return a
-
-
-@njit(cache=True)
-def _pair_insert(root, x, child, sib, key):  # pragma: no cover - compiled
-    child[x] = -1
-    sib[x] = -1
-    if root < 0:
-        return x
-    return _pair_meld(root, x, child, sib, key)
-
-
-@njit(cache=True)
-def _pair_pop(root, child, sib, key, scratch):  # pragma: no cover - compiled
-    """Remove the root of a pairing heap (two-pass pairing); returns the new root or -1."""
-    c = child[root]
-    if c < 0:
-        return -1
-    m = 0
-    while c >= 0:
-        a = c
-        b = sib[a]
-        sib[a] = -1
-        if b < 0:
-            scratch[m] = a
-            m += 1
-            break
-        c = sib[b]
-        sib[b] = -1
-        scratch[m] = _pair_meld(a, b, child, sib, key)
-        m += 1
-    r = scratch[m - 1]
-    for i in range(m - 2, -1, -1):
-        r = _pair_meld(scratch[i], r, child, sib, key)
-    return r
-
-
-@njit(cache=True)
-def _decref(x, now, refcount, mem_ptr, mem_res, mem_bytes, allocated, release_time):  # pragma: no cover
-    """One holder of task x's allocation is done; release it when none is left."""
-    refcount[x] -= 1
-    if refcount[x] == 0:
-        for j in range(mem_ptr[x], mem_ptr[x + 1]):
-            allocated[mem_res[j]] -= mem_bytes[j]
-        release_time[x] = now
-
-
 @njit(cache=True)
 def simulate_kernel(duration, priority, res_ptr, res_idx, dep_ptr, succ_ptr, succ_idx, mem_ptr, mem_res,
                     mem_bytes, free_ptr, free_idx, resident_bytes):  # pragma: no cover - compiled
-    """Greedy list scheduling of a task DAG on exclusive resources; same rule as the reference.
+    """Greedy list scheduling of a task DAG on exclusive resources; the same rule as the reference.
 
-    Ready tasks wait in one candidate heap ordered by (-priority, id). A candidate that finds a resource
-    busy is parked on that resource's pairing heap and comes back only when the resource frees: until then
-    a full scan would skip it anyway. Per scan, candidates are drawn in global priority order (a resource
-    that frees contributes only its best waiter at a time), so the starts equal the reference's scan.
+    Ready tasks wait in one binary heap of candidates ordered by (-priority, id). A candidate that finds a
+    resource busy is parked on that resource's pairing heap (same order) and comes back only when the
+    resource frees: until then a full scan of the ready tasks would skip it anyway. A freed resource
+    contributes only its best waiter at a time, the next one after that waiter is handled, so candidates
+    are drawn in global priority order and the starts equal those of the reference's full scan.
+    Every heap operation is written out once, inline: helper calls taking arrays would cost reference
+    counting in the hot loop.
     Returns (start, finish, release_time, busy, peak, n_started).
     """
     n = duration.shape[0]
     n_res = resident_bytes.shape[0]
-    key = np.empty(n, dtype=np.float64)
-    for t in range(n):
-        key[t] = -priority[t]
-
-    busy = np.zeros(n_res, dtype=np.float64)
-    for t in range(n):  # task-id order: the reference sums in the same order
-        for j in range(res_ptr[t], res_ptr[t + 1]):
-            busy[res_idx[j]] += duration[t]
-
-    pending = np.empty(n, dtype=np.int64)
-    for t in range(n):
-        pending[t] = dep_ptr[t + 1] - dep_ptr[t]
-    refcount = np.zeros(n, dtype=np.int64)
+    pending = np.empty(n, dtype=np.int32)  # dependencies not finished yet
+    refcount = np.zeros(n, dtype=np.int32)  # tasks that must finish before t's allocation is released
     for j in range(free_idx.shape[0]):
         refcount[free_idx[j]] += 1
+    busy = np.zeros(n_res, dtype=np.float64)
     for t in range(n):
-        if refcount[t] > 0:  # the task's own finish is one more holder
-            refcount[t] += 1
+        pending[t] = dep_ptr[t + 1] - dep_ptr[t]
+        if refcount[t] > 0:
+            refcount[t] += 1  # the task itself
+        for j in range(res_ptr[t], res_ptr[t + 1]):  # task-id order, as in the reference
+            busy[res_idx[j]] += duration[t]
 
-    start = np.full(n, np.nan)
-    finish = np.full(n, np.nan)
+    start = np.empty(n, dtype=np.float64)
+    finish = np.empty(n, dtype=np.float64)
     release_time = np.full(n, np.inf)
     allocated = resident_bytes.copy()
     peak = resident_bytes.copy()
     held = np.zeros(n_res, dtype=np.bool_)
-    wait_root = np.full(n_res, -1, dtype=np.int64)
-    child = np.empty(n, dtype=np.int64)
-    sib = np.empty(n, dtype=np.int64)
-    scratch = np.empty(n, dtype=np.int64)
-    source = np.full(n, -1, dtype=np.int64)  # resource whose waiting heap a candidate came from
-    cand = np.empty(n, dtype=np.int64)
+    wait_root = np.full(n_res, -1, dtype=np.int32)  # pairing heap of parked tasks per resource
+    child = np.empty(n, dtype=np.int32)
+    sib = np.empty(n, dtype=np.int32)
+    pairs = np.empty(n + 1, dtype=np.int32)  # scratch of the pairing heap's two-pass pop
+    source = np.empty(n, dtype=np.int32)  # resource whose waiters a candidate came from, or -1
+    cand = np.empty(n, dtype=np.int32)  # binary heap of candidates
     n_cand = 0
-    events = np.empty(n, dtype=np.int64)  # running tasks, ordered by (finish, id)
+    staged = np.empty(n, dtype=np.int32)  # tasks to put into the candidate heap
+    n_staged = 0
+    promote = np.empty(2 * n_res + 1, dtype=np.int64)  # resources whose best waiter should be staged
+    n_promote = 0
+    events = np.empty(n, dtype=np.int32)  # binary heap of running tasks by (finish, id)
     n_events = 0
 
     for t in range(n):
         if pending[t] == 0:
-            n_cand = _heap_push(cand, n_cand, t, key)
+            source[t] = -1
+            staged[n_staged] = t
+            n_staged += 1
 
     now = 0.0
     n_started = 0
     while True:
-        # scan: every candidate in priority order starts if all its resources are free
-        while n_cand > 0:
+        # scan: candidates in priority order; each starts if all its resources are free
+        while True:
+            while n_promote > 0:
+                n_promote -= 1
+                r = promote[n_promote]
+                w = wait_root[r]
+                if w < 0 or held[r]:
+                    continue
+                # pop w from r's pairing heap: meld its children in pairs left to right, then right to left
+                m = 0
+                c = child[w]
+                while c >= 0:
+                    a = c
+                    b = sib[a]
+                    sib[a] = -1
+                    if b >= 0:
+                        c = sib[b]
+                        sib[b] = -1
+                        if priority[b] > priority[a] or (priority[b] == priority[a] and b < a):
+                            a, b = b, a
+                        sib[b] = child[a]
+                        child[a] = b
+                    else:
+                        c = -1
+                    pairs[m] = a
+                    m += 1
+                root = -1
+                for i in range(m - 1, -1, -1):
+                    a = pairs[i]
+                    if root >= 0:
+                        b = root
+                        if priority[b] > priority[a] or (priority[b] == priority[a] and b < a):
+                            a, b = b, a
+                        sib[b] = child[a]
+                        child[a] = b
+                    root = a
+                wait_root[r] = root
+                source[w] = r
+                staged[n_staged] = w
+                n_staged += 1
+            while n_staged > 0:  # push into the candidate heap
+                n_staged -= 1
+                x = staged[n_staged]
+                i = n_cand
+                n_cand += 1
+                while i > 0:
+                    p = (i - 1) >> 1
+                    y = cand[p]
+                    if priority[x] > priority[y] or (priority[x] == priority[y] and x < y):
+                        cand[i] = y
+                        i = p
+                    else:
+                        break
+                cand[i] = x
+            if n_cand == 0:
+                break
+            # pop the best candidate
             c = cand[0]
-            n_cand = _heap_pop(cand, n_cand, key)
+            n_cand -= 1
+            if n_cand > 0:
+                x = cand[n_cand]
+                i = 0
+                while True:
+                    k = 2 * i + 1
+                    if k >= n_cand:
+                        break
+                    if k + 1 < n_cand:
+                        y = cand[k + 1]
+                        z = cand[k]
+                        if priority[y] > priority[z] or (priority[y] == priority[z] and y < z):
+                            k += 1
+                    y = cand[k]
+                    if priority[y] > priority[x] or (priority[y] == priority[x] and y < x):
+                        cand[i] = y
+                        i = k
+                    else:
+                        break
+                cand[i] = x
             blocker = -1
             for j in range(res_ptr[c], res_ptr[c + 1]):
                 if held[res_idx[j]]:
                     blocker = res_idx[j]
                     break
-            if blocker < 0:
+            if blocker < 0:  # start c
                 for j in range(res_ptr[c], res_ptr[c + 1]):
                     held[res_idx[j]] = True
                 for j in range(mem_ptr[c], mem_ptr[c + 1]):
@@ -246,40 +218,83 @@ def simulate_kernel(duration, priority, res_ptr, res_idx, dep_ptr, succ_ptr, suc
                     if allocated[r] > peak[r]:
                         peak[r] = allocated[r]
                 start[c] = now
-                finish[c] = now + duration[c]
-                n_events = _heap_push(events, n_events, c, finish)
+                fc = now + duration[c]
+                finish[c] = fc
                 n_started += 1
-            else:
-                wait_root[blocker] = _pair_insert(wait_root[blocker], c, child, sib, key)
-            s = source[c]
-            if s >= 0 and not held[s] and wait_root[s] >= 0:
-                w = wait_root[s]
-                wait_root[s] = _pair_pop(w, child, sib, key, scratch)
-                source[w] = s
-                n_cand = _heap_push(cand, n_cand, w, key)
+                i = n_events
+                n_events += 1
+                while i > 0:
+                    p = (i - 1) >> 1
+                    y = events[p]
+                    if fc < finish[y] or (fc == finish[y] and c < y):
+                        events[i] = y
+                        i = p
+                    else:
+                        break
+                events[i] = c
+            else:  # park c on the busy resource (pairing-heap insert)
+                child[c] = -1
+                sib[c] = -1
+                a = wait_root[blocker]
+                if a < 0:
+                    wait_root[blocker] = c
+                else:
+                    b = c
+                    if priority[b] > priority[a] or (priority[b] == priority[a] and b < a):
+                        a, b = b, a
+                    sib[b] = child[a]
+                    child[a] = b
+                    wait_root[blocker] = a
+            if source[c] >= 0:  # the next waiter of c's resource may compete now
+                promote[n_promote] = source[c]
+                n_promote += 1
         if n_events == 0:
             break
         # advance to the next finish time and process every finish at that time
         now = finish[events[0]]
         while n_events > 0 and finish[events[0]] == now:
             f = events[0]
-            n_events = _heap_pop(events, n_events, finish)
+            n_events -= 1
+            if n_events > 0:
+                x = events[n_events]
+                fx = finish[x]
+                i = 0
+                while True:
+                    k = 2 * i + 1
+                    if k >= n_events:
+                        break
+                    if k + 1 < n_events:
+                        y = events[k + 1]
+                        z = events[k]
+                        if finish[y] < finish[z] or (finish[y] == finish[z] and y < z):
+                            k += 1
+                    y = events[k]
+                    if finish[y] < fx or (finish[y] == fx and y < x):
+                        events[i] = y
+                        i = k
+                    else:
+                        break
+                events[i] = x
             for j in range(res_ptr[f], res_ptr[f + 1]):
                 r = res_idx[j]
                 held[r] = False
-                w = wait_root[r]
-                if w >= 0:
-                    wait_root[r] = _pair_pop(w, child, sib, key, scratch)
-                    source[w] = r
-                    n_cand = _heap_push(cand, n_cand, w, key)
-            if refcount[f] > 0:
-                _decref(f, now, refcount, mem_ptr, mem_res, mem_bytes, allocated, release_time)
-            for j in range(free_ptr[f], free_ptr[f + 1]):
-                _decref(free_idx[j], now, refcount, mem_ptr, mem_res, mem_bytes, allocated, release_time)
+                if wait_root[r] >= 0:
+                    promote[n_promote] = r
+                    n_promote += 1
+            for j in range(free_ptr[f] - 1, free_ptr[f + 1]):  # f itself first, then the tasks it frees
+                x = free_idx[j] if j >= free_ptr[f] else f
+                if refcount[x] == 0:  # only f itself, when no task frees it
+                    continue
+                refcount[x] -= 1
+                if refcount[x] == 0:
+                    for jm in range(mem_ptr[x], mem_ptr[x + 1]):
+                        allocated[mem_res[jm]] -= mem_bytes[jm]
+                    release_time[x] = now
             for j in range(succ_ptr[f], succ_ptr[f + 1]):
-                s = succ_idx[j]
-                pending[s] -= 1
-                if pending[s] == 0:
-                    source[s] = -1
-                    n_cand = _heap_push(cand, n_cand, s, key)
+                x = succ_idx[j]
+                pending[x] -= 1
+                if pending[x] == 0:
+                    source[x] = -1
+                    staged[n_staged] = x
+                    n_staged += 1
     return start, finish, release_time, busy, peak, n_started

@@ -82,6 +82,8 @@ def simulate(tg: TaskGraph, priority: np.ndarray | None = None, *, reference: bo
     bit-identical results.
     """
     n = tg.n_tasks
+    if n >= 2**31 - 1:
+        raise ValueError(f"the graph has {n} tasks; the simulator handles fewer than 2**31 - 1")
     if priority is None:
         priority = tg.priority
     else:

@@ -62,26 +62,31 @@ def dtype_bytes(dtype: str) -> int:
 # ----------------------------------------------------------------------------------- graph index
 @dataclass
 class GraphIndex:
-    """Everything about a graph the compiler needs that does not depend on the strategy (cached)."""
+    """Everything about a graph the compiler needs that does not depend on the strategy (cached).
+
+    Aggregation is decided per *tensor* (an op output that some edge carries): a multi-output op such
+    as ``convolution_backward`` yields a batch-carrying input gradient and partial weight gradients.
+    """
 
     n_ops: int
     has_batch: np.ndarray          # op touches a batch tensor -> split along the batch
-    partial: np.ndarray            # batch inputs, no batch output, compute op -> partial results
-    needs_agg: np.ndarray          # partial and some consumer reads the value
-    post_agg: np.ndarray           # non-batch compute op downstream of a partial result, or update phase
+    post_agg: np.ndarray           # non-batch compute op that reads aggregated values, or update phase
     placeholder_resident: np.ndarray  # param / state / buffer placeholders (resident memory)
     is_compute: np.ndarray
     out_fixed_bytes: np.ndarray    # allocation of the op's outputs that does not scale with batch
     out_batch_bytes: np.ndarray    # allocation that scales with the batch share
     resident_bytes: np.ndarray
     category: np.ndarray           # index into CATEGORIES
+    is_grad: np.ndarray
     e_src: np.ndarray
     e_dst: np.ndarray
     e_bytes: np.ndarray
     e_batch: np.ndarray            # edge tensor carries a batch
     e_value_free: np.ndarray       # consumer only needs the shape (ones_like, ...)
-    e_tensor: np.ndarray           # id of the (src, src_output) tensor
-    agg_bytes: np.ndarray          # bytes aggregated for a partial op (its output bytes)
+    e_tensor: np.ndarray           # tensor id of the edge
+    t_op: np.ndarray               # producer op of each tensor
+    t_bytes: np.ndarray
+    t_needs_agg: np.ndarray        # partial result (batch inputs, no batch dim) whose value someone reads
 
 
 def graph_index(graph) -> GraphIndex:
@@ -101,47 +106,47 @@ def graph_index(graph) -> GraphIndex:
                 out_batch[i] += b
     is_compute = graph.is_compute.copy()
     has_batch = graph.has_batch.copy()
-    out_has_batch = np.array([any(d is not None for d in op.batch_dims) for op in ops], dtype=bool)
-    partial = is_compute & has_batch & ~out_has_batch
-    kind = [op.kind for op in ops]
-    placeholder_resident = np.array([k in ("param", "state", "buffer") for k in kind], dtype=bool)
+    is_grad = np.array([op.is_grad for op in ops], dtype=bool)
+    placeholder_resident = np.array([op.kind in ("param", "state", "buffer") for op in ops], dtype=bool)
     src, dst = graph.edge_src, graph.edge_dst
+    e_batch = graph.edge_has_batch.copy()
     value_free_op = np.array([op.target in VALUE_FREE_TARGETS for op in ops], dtype=bool)
     e_value_free = value_free_op[dst] if len(dst) else np.zeros(0, bool)
-    needs_agg = np.zeros(n, dtype=bool)
-    if len(src):
-        np.logical_or.at(needs_agg, src[~e_value_free], True)
-    needs_agg &= partial
-    # post-aggregation: non-batch compute ops that read (transitively) aggregated values, and the update phase
+    src_out = np.array([e.src_output for e in graph.edges], dtype=np.int64)
+    uniq, first, e_tensor = np.unique(src * 1024 + src_out, return_index=True, return_inverse=True)
+    e_tensor = e_tensor.astype(np.int64)
+    t_op = src[first] if len(src) else np.zeros(0, np.int64)
+    t_bytes = graph.edge_bytes[first] if len(src) else np.zeros(0)
+    t_partial = is_compute[t_op] & has_batch[t_op] & ~e_batch[first] if len(src) else np.zeros(0, bool)
+    t_read = np.zeros(len(uniq), dtype=bool)
+    np.logical_or.at(t_read, e_tensor[~e_value_free], True)
+    t_needs_agg = t_partial & t_read
+    # post-aggregation ops: non-batch compute ops reading (transitively) aggregated values; the update phase
     post = np.zeros(n, dtype=bool)
     phase = graph.phase_index
     valued = np.nonzero(~e_value_free)[0]
     order = valued[np.argsort(dst[valued], kind="stable")]
-    s_sorted, d_sorted = src[order], dst[order]
-    tainted = needs_agg.copy()
-    for s, d in zip(s_sorted.tolist(), d_sorted.tolist()):  # dst ascending = topological
-        if tainted[s] and not has_batch[d] and is_compute[d]:
-            tainted[d] = True
+    for t, d in zip(e_tensor[order].tolist(), dst[order].tolist()):   # dst ascending = topological
+        if (t_needs_agg[t] or post[t_op[t]]) and not has_batch[d] and is_compute[d]:
             post[d] = True
     post |= is_compute & ~has_batch & (phase == 2)
     # allocation: resident placeholders, gradients (live in the grad buffer) and graph outputs allocate nothing
     n_consumers = np.bincount(src, minlength=n) if len(src) else np.zeros(n, int)
-    no_alloc = placeholder_resident | np.array([op.is_grad for op in ops], bool) | (is_compute & (n_consumers == 0))
-    out_fixed[no_alloc] = 0.0
+    no_alloc = placeholder_resident | (is_compute & (n_consumers == 0))
+    out_fixed[no_alloc | is_grad] = 0.0
     out_batch[no_alloc] = 0.0
     cat = np.where(is_compute, phase, 3).astype(np.int64)
-    tensor_key = src * 64 + np.array([e.src_output for e in graph.edges], dtype=np.int64) if len(src) else src
-    _, e_tensor = np.unique(tensor_key, return_inverse=True)
-    agg_bytes = np.array([op.bytes_written for op in ops], dtype=np.float64)
-    idx = GraphIndex(n, has_batch, partial, needs_agg, post, placeholder_resident, is_compute, out_fixed,
-                     out_batch, graph.resident_bytes.copy(), cat, src, dst, graph.edge_bytes.copy(),
-                     graph.edge_has_batch.copy(), e_value_free, e_tensor.astype(np.int64), agg_bytes)
+    idx = GraphIndex(n, has_batch, post, placeholder_resident, is_compute, out_fixed, out_batch,
+                     graph.resident_bytes.copy(), cat, is_grad, src, dst, graph.edge_bytes.copy(), e_batch,
+                     e_value_free, e_tensor, t_op, t_bytes, t_needs_agg)
     graph.__dict__["_compile_index"] = idx
     return idx
 
 
 # ----------------------------------------------------------------------------------- cluster index
 def _path_table(cluster):
+    """(M, M, Lmax) TaskGraph resource ids of the links on each path (-1 padded; links come after the
+    M device resources) and (M, M) path lengths."""
     cached = cluster.__dict__.get("_path_table")
     if cached is not None:
         return cached
@@ -154,7 +159,7 @@ def _path_table(cluster):
         for b in range(m):
             p = paths[a][b]
             plen[a, b] = len(p)
-            tab[a, b, :len(p)] = p
+            tab[a, b, :len(p)] = np.asarray(p, dtype=np.int64) + m
     cluster.__dict__["_path_table"] = (tab, plen)
     return tab, plen
 
@@ -246,16 +251,21 @@ def compile_strategy(graph, cluster, strategy, cost, *, serialize_collectives: b
     nccl_res = m + n_links if serialize_collectives else -1
 
     # ---- per group: config id, PS device ------------------------------------------------------
+    # distinct configs: by object identity first (decoded strategies share objects), then by value
+    obj_ids = np.fromiter((id(c) for c in strategy.configs), dtype=np.int64, count=len(strategy.configs))
+    _, first_obj, obj_inv = np.unique(obj_ids, return_index=True, return_inverse=True)
     cfg_ids: dict = {}
-    group_cfg = np.array([cfg_ids.setdefault(c, len(cfg_ids)) for c in strategy.configs], dtype=np.int64)
+    obj_cfg = np.array([cfg_ids.setdefault(strategy.configs[i], len(cfg_ids)) for i in first_obj.tolist()],
+                       dtype=np.int64)
+    group_cfg = obj_cfg[obj_inv]
     cfgs = list(cfg_ids)
     op_group = strategy.group_of
     op_cfg = group_cfg[op_group]
     cfg_nrep = np.array([c.n_replicas for c in cfgs], dtype=np.int64)
     cfg_ps = np.array([c.sync == "ps" and c.n_replicas > 1 for c in cfgs], dtype=bool)
     replicated = cfg_nrep[op_cfg] > 1
-    agg = gi.needs_agg & replicated
-    group_ps = _choose_ps(strategy, group_cfg, cfgs, cfg_ps, op_group, agg, gi, cost, bw, lat)
+    agg = gi.t_needs_agg & replicated[gi.t_op]          # tensors to aggregate
+    group_ps = _choose_ps(group_cfg, cfgs, cfg_ps, op_group, agg, gi, cost, bw, lat)
 
     # ---- layouts --------------------------------------------------------------------------------
     lay_key: dict = {}
@@ -306,19 +316,21 @@ def compile_strategy(graph, cluster, strategy, cost, *, serialize_collectives: b
                            weights=gi.resident_bytes[inst_op][gi.placeholder_resident[inst_op]], minlength=m)
 
     # provider of each op's output value on each device: instance task, or aggregation task
-    prov_at = np.full((n, m), -1, dtype=np.int64)
-    prov_at[inst_op, inst_dev] = inst_ids
-    prov_lay = op_lay.copy()          # layout whose devices hold the (aggregated) value
+    # provider of each tensor's value on each device: the producer's instance, or an aggregation task
+    prov_op = np.full((n, m), -1, dtype=np.int64)
+    prov_op[inst_op, inst_dev] = inst_ids
+    prov_at = prov_op[gi.t_op]
+    prov_lay = op_lay[gi.t_op]        # layout whose devices hold the (aggregated) value
 
     # ---- gradient aggregation -------------------------------------------------------------------
-    agg_ops = np.nonzero(agg)[0]
+    agg_t = np.nonzero(agg)[0]
     allreduce_algo: dict = {}
-    if len(agg_ops):
-        is_ps = cfg_ps[op_cfg[agg_ops]]
-        _aggregate_ps(T, agg_ops[is_ps], op_group, op_lay, lay_devs, group_ps, inst_start, gi, cost,
+    if len(agg_t):
+        is_ps = cfg_ps[op_cfg[gi.t_op[agg_t]]]
+        _aggregate_ps(T, agg_t[is_ps], op_group, op_lay, lay_devs, group_ps, inst_start, gi, cost,
                       path_tab, path_len, prov_at, prov_lay, ps_lay)
-        allreduce_algo = _aggregate_ar(T, agg_ops[~is_ps], op_lay, lay_devs, inst_start, gi, cost, prov_at,
-                                       nccl_res)
+        allreduce_algo = _aggregate_ar(T, agg_t[~is_ps], op_lay, lay_devs, inst_start, gi, cost, prov_at,
+                                       nccl_res, m)
 
     # ---- edges ----------------------------------------------------------------------------------
     _connect(T, graph, gi, op_lay, prov_lay, inst_start, lay_len, lay_ptr, lay_dev_flat, lay_devs, lay_shares,
@@ -368,14 +380,14 @@ def compile_strategy(graph, cluster, strategy, cost, *, serialize_collectives: b
                         dep_ptr=dep_ptr, dep_idx=dep_on, ps_device=group_ps, allreduce_algo=allreduce_algo)
 
 
-def _choose_ps(strategy, group_cfg, cfgs, cfg_ps, op_group, agg, gi, cost, bw, lat) -> dict:
+def _choose_ps(group_cfg, cfgs, cfg_ps, op_group, agg, gi, cost, bw, lat) -> dict:
     """PS device per PS group: the given one, or the replica device that completes aggregation first
     (slowest push of the group's gradient bytes + aggregation on that device)."""
     group_ps: dict = {}
     ps_groups = np.nonzero(cfg_ps[group_cfg])[0]
     if not len(ps_groups):
         return group_ps
-    grad_bytes = np.bincount(op_group[agg], weights=gi.agg_bytes[agg], minlength=len(group_cfg))
+    grad_bytes = np.bincount(op_group[gi.t_op[agg]], weights=gi.t_bytes[agg], minlength=len(group_cfg))
     by_cfg: dict = {}
     for g in ps_groups.tolist():
         by_cfg.setdefault(int(group_cfg[g]), []).append(g)
@@ -396,61 +408,64 @@ def _choose_ps(strategy, group_cfg, cfgs, cfg_ps, op_group, agg, gi, cost, bw, l
     return group_ps
 
 
-def _aggregate_ps(T, ops, op_group, op_lay, lay_devs, group_ps, inst_start, gi, cost, path_tab, path_len,
+def _aggregate_ps(T, tensors, op_group, op_lay, lay_devs, group_ps, inst_start, gi, cost, path_tab, path_len,
                   prov_at, prov_lay, ps_lay) -> None:
     """Workers push partial results to the PS, which aggregates them; the value then lives on the PS."""
-    if not len(ops):
+    if not len(tensors):
         return
+    ops = gi.t_op[tensors]
     ps = np.array([group_ps[int(g)] for g in op_group[ops]], dtype=np.int64)
     lays = op_lay[ops]
-    for lay, p in set(zip(lays.tolist(), ps.tolist())):
-        sel = ops[(lays == lay) & (ps == p)]
+    for lay, p in sorted(set(zip(lays.tolist(), ps.tolist()))):
+        pick = (lays == lay) & (ps == p)
+        sel, sel_op = tensors[pick], ops[pick]
         devs = np.array(lay_devs[lay], dtype=np.int64)
         k_ps = int(np.nonzero(devs == p)[0][0])
         workers = np.nonzero(devs != p)[0]
-        nb = gi.agg_bytes[sel]
-        # push tasks: (op, worker) pairs
-        w_dev = devs[workers]
-        src_task = (inst_start[sel][:, None] + workers[None, :]).ravel()
-        src_dev = np.broadcast_to(w_dev[None, :], (len(sel), len(workers))).ravel()
+        nb = gi.t_bytes[sel]
+        # push tasks: (tensor, worker) pairs
+        src_task = (inst_start[sel_op][:, None] + workers[None, :]).ravel()
+        src_dev = np.tile(devs[workers], len(sel))
         bytes_ = np.repeat(nb, len(workers))
-        op_rep = np.repeat(sel, len(workers))
+        op_rep = np.repeat(sel_op, len(workers))
         plen = path_len[src_dev, p]
         pidx = path_tab[src_dev, p][np.arange(path_tab.shape[2])[None, :] < plen[:, None]]
         push = T.add(dur=cost.transfer_times(src_dev, np.full(len(src_dev), p), bytes_), kind=TaskKind.PUSH,
                      op=op_rep, dev=p, alloc=bytes_, key=op_rep * _N_STAGES + _STAGE["push"], cat=6,
                      prio_op=op_rep, res_len=plen, res_idx=pidx)
         T.deps(push, src_task)
-        aggr = T.add(dur=cost.aggregate_times(p, nb, len(devs)), kind=TaskKind.AGGREGATE, op=sel, dev=p,
-                     alloc=gi.out_fixed_bytes[sel], key=sel * _N_STAGES + _STAGE["aggregate"], cat=6,
-                     prio_op=sel, res_len=1, res_idx=np.full(len(sel), p))
+        aggr = T.add(dur=cost.aggregate_times(p, nb, len(devs)), kind=TaskKind.AGGREGATE, op=sel_op, dev=p,
+                     alloc=np.where(gi.is_grad[sel_op], 0.0, nb), key=sel_op * _N_STAGES + _STAGE["aggregate"],
+                     cat=6, prio_op=sel_op, res_len=1, res_idx=np.full(len(sel), p))
         T.deps(np.repeat(aggr, len(workers)), push)
-        T.deps(aggr, inst_start[sel] + k_ps)
+        T.deps(aggr, inst_start[sel_op] + k_ps)
         prov_at[sel] = -1
         prov_at[sel, p] = aggr
         prov_lay[sel] = ps_lay[p]
 
 
-def _aggregate_ar(T, ops, op_lay, lay_devs, inst_start, gi, cost, prov_at, nccl_res) -> dict:
-    """One AllReduce per partial op over its replicas; it holds the links of its algorithm."""
+def _aggregate_ar(T, tensors, op_lay, lay_devs, inst_start, gi, cost, prov_at, nccl_res, n_dev) -> dict:
+    """One AllReduce per partial tensor over its replicas; it holds the links of its algorithm."""
     algo_of: dict = {}
-    if not len(ops):
+    if not len(tensors):
         return algo_of
+    ops = gi.t_op[tensors]
     lays = op_lay[ops]
     for lay in np.unique(lays).tolist():
-        sel = ops[lays == lay]
+        pick = lays == lay
+        sel, sel_op = tensors[pick], ops[pick]
         devs = lay_devs[lay]
-        nb = gi.agg_bytes[sel]
-        times, algos = cost.allreduce_times(devs, nb)
-        links_of = {a: tuple(cost.allreduce(devs, 1.0, a).links) for a in set(algos)}
-        res = [links_of[a] + ((nccl_res,) if nccl_res >= 0 else ()) for a in algos]
-        ar = T.add(dur=times, kind=TaskKind.ALLREDUCE, op=sel, dev=-1, alloc=0.0,
-                   key=sel * _N_STAGES + _STAGE["aggregate"], cat=7, prio_op=sel,
+        times, algos = cost.allreduce_times(devs, gi.t_bytes[sel])
+        algos = np.asarray(algos)
+        links_of = {a: tuple(n_dev + x for x in cost.allreduce_links(devs, a)) for a in set(algos.tolist())}
+        res = [links_of[a] + ((nccl_res,) if nccl_res >= 0 else ()) for a in algos.tolist()]
+        ar = T.add(dur=times, kind=TaskKind.ALLREDUCE, op=sel_op, dev=-1, alloc=0.0,
+                   key=sel_op * _N_STAGES + _STAGE["aggregate"], cat=7, prio_op=sel_op,
                    res_len=np.array([len(r) for r in res]), res_idx=np.array([x for r in res for x in r]))
         k = len(devs)
-        T.deps(np.repeat(ar, k), (inst_start[sel][:, None] + np.arange(k)[None, :]).ravel())
+        T.deps(np.repeat(ar, k), (inst_start[sel_op][:, None] + np.arange(k)[None, :]).ravel())
         prov_at[np.repeat(sel, k), np.tile(np.array(devs), len(sel))] = np.repeat(ar, k)
-        algo_of.update({int(o): a for o, a in zip(sel.tolist(), algos)})
+        algo_of.update({int(o): a for o, a in zip(sel_op.tolist(), algos.tolist())})
     return algo_of
 
 
@@ -477,8 +492,8 @@ def _connect(T, graph, gi, op_lay, prov_lay, inst_start, lay_len, lay_ptr, lay_d
     # (c) batch tensor, different layouts: split -> transfers -> concat, once per (tensor, layout)
     e = np.nonzero(gi.e_batch & ~same)[0]
     if len(e):
-        _connect_relayout(T, gi, e, src, dst, op_lay, inst_start, lay_devs, lay_shares, cost, path_tab,
-                          path_len, B)
+        _connect_relayout(T, gi, e, src, dst, op_lay, inst_start, lay_devs, lay_shares, lay_ptr, lay_dev_flat,
+                          cost, path_tab, path_len, B)
 
 
 def _connect_nonbatch(T, gi, e, src, dst, op_lay, prov_lay, inst_start, lay_len, lay_ptr, lay_dev_flat,
@@ -486,25 +501,24 @@ def _connect_nonbatch(T, gi, e, src, dst, op_lay, prov_lay, inst_start, lay_len,
     k = lay_len[op_lay[dst[e]]]
     er = np.repeat(e, k)
     loc = np.arange(int(k.sum())) - np.repeat(np.concatenate([[0], np.cumsum(k)])[:-1], k)
-    u, v = src[er], dst[er]
+    u, v, t = src[er], dst[er], gi.e_tensor[er]
     d = lay_dev_flat[lay_ptr[op_lay[v]] + loc]
     consumer = inst_start[v] + loc
-    have = prov_at[u, d]
+    have = prov_at[t, d]
     local = have >= 0
     T.deps(consumer[local], have[local])
     miss = ~local
     vf = miss & gi.e_value_free[er]
     if vf.any():  # shape-only consumer: depend on any holder, nothing moves
-        first = lay_dev_flat[lay_ptr[prov_lay[u[vf]]]]
-        T.deps(consumer[vf], prov_at[u[vf], first])
+        first = lay_dev_flat[lay_ptr[prov_lay[t[vf]]]]
+        T.deps(consumer[vf], prov_at[t[vf], first])
     need = miss & ~gi.e_value_free[er]
     if not need.any():
         return
-    u, d, v, consumer = u[need], d[need], v[need], consumer[need]
-    tensor = gi.e_tensor[er[need]]
+    u, d, v, consumer, tensor = u[need], d[need], v[need], consumer[need], t[need]
     m = prov_at.shape[1]
     # best holder: highest bandwidth to d, then lowest latency, then lowest id
-    holders = lay_dev_mask[prov_lay[u]]                                   # (x, m)
+    holders = lay_dev_mask[prov_lay[tensor]]                                   # (x, m)
     score_bw = np.where(holders, bw[:, d].T, -np.inf)
     best_bw = score_bw.max(axis=1, keepdims=True)
     score_lat = np.where(score_bw == best_bw, lat[:, d].T, np.inf)
@@ -514,108 +528,155 @@ def _connect_nonbatch(T, gi, e, src, dst, op_lay, prov_lay, inst_start, lay_len,
     uniq, first_idx, inv = np.unique(tkey, return_index=True, return_inverse=True)
     first_consumer = np.full(len(uniq), np.iinfo(np.int64).max)
     np.minimum.at(first_consumer, inv, v)
-    tu, ts, td = u[first_idx], s[first_idx], d[first_idx]
+    tu, ts, td, tt = u[first_idx], s[first_idx], d[first_idx], tensor[first_idx]
     nb = gi.e_bytes[er[need][first_idx]]
     plen = path_len[ts, td]
     pidx = path_tab[ts, td][np.arange(path_tab.shape[2])[None, :] < plen[:, None]]
     tr = T.add(dur=cost.transfer_times(ts, td, nb), kind=TaskKind.TRANSFER, op=tu, dev=td, alloc=nb,
                key=first_consumer * _N_STAGES + _STAGE["transfer"], cat=4, prio_op=first_consumer,
                res_len=plen, res_idx=pidx)
-    T.deps(tr, prov_at[tu, ts])
+    T.deps(tr, prov_at[tt, ts])
     T.deps(consumer, tr[inv])
 
 
-def _relayout_pattern(devs_u, shares_u, devs_v, shares_v):
-    """Pieces (i, j, overlap) where replica i of the producer and replica j of the consumer overlap."""
+@dataclass(frozen=True)
+class _Pattern:
+    """How a batch tensor laid out as (devs_u, shares_u) is re-laid out as (devs_v, shares_v)."""
+
+    pi: np.ndarray        # (P,) producer replica of each piece
+    pj: np.ndarray        # (P,) consumer replica of each piece
+    pov: np.ndarray       # (P,) samples in the piece
+    remote: np.ndarray    # (P,) piece crosses devices -> transfer
+    split_i: np.ndarray   # (S,) producer replicas cut into several pieces
+    split_slot: np.ndarray  # (P,) index into split_i of the piece's producer, -1 if not split
+    concat_j: np.ndarray  # (C,) consumer replicas assembled from several pieces
+    concat_slot: np.ndarray  # (P,) index into concat_j of the piece's consumer, -1 if single piece
+
+
+_PATTERNS: dict = {}
+
+
+def _relayout_pattern(devs_u, shares_u, devs_v, shares_v) -> _Pattern:
+    """Pieces (i, j, overlap) where replica i of the producer and replica j of the consumer overlap
+    (cached: the same layouts recur across strategies)."""
+    key = (devs_u, shares_u, devs_v, shares_v)
+    pat = _PATTERNS.get(key)
+    if pat is not None:
+        return pat
     cu = np.concatenate([[0], np.cumsum(shares_u)])
     cv = np.concatenate([[0], np.cumsum(shares_v)])
-    pieces = []
-    for i in range(len(devs_u)):
-        for j in range(len(devs_v)):
-            ov = min(cu[i + 1], cv[j + 1]) - max(cu[i], cv[j])
-            if ov > 0:
-                pieces.append((i, j, ov))
-    pi = np.array([p[0] for p in pieces], dtype=np.int64)
-    pj = np.array([p[1] for p in pieces], dtype=np.int64)
-    pov = np.array([p[2] for p in pieces], dtype=np.float64)
-    remote = np.array(devs_u)[pi] != np.array(devs_v)[pj]
+    ov = np.minimum(cu[1:, None], cv[None, 1:]) - np.maximum(cu[:-1, None], cv[None, :-1])   # (nu, nv)
+    pi, pj = np.nonzero(ov > 0)
     n_i = np.bincount(pi, minlength=len(devs_u))
     n_j = np.bincount(pj, minlength=len(devs_v))
-    return pi, pj, pov, remote, n_i, n_j
+    split_i, concat_j = np.nonzero(n_i > 1)[0], np.nonzero(n_j > 1)[0]
+    slot_i = np.full(len(devs_u), -1)
+    slot_i[split_i] = np.arange(len(split_i))
+    slot_j = np.full(len(devs_v), -1)
+    slot_j[concat_j] = np.arange(len(concat_j))
+    pat = _Pattern(pi, pj, ov[pi, pj].astype(np.float64), np.asarray(devs_u)[pi] != np.asarray(devs_v)[pj],
+                   split_i, slot_i[pi], concat_j, slot_j[pj])
+    if len(_PATTERNS) > 4096:
+        _PATTERNS.clear()
+    _PATTERNS[key] = pat
+    return pat
 
 
-def _connect_relayout(T, gi, e, src, dst, op_lay, inst_start, lay_devs, lay_shares, cost, path_tab,
-                      path_len, B) -> None:
-    tensor = gi.e_tensor[e]
-    lu, lv = op_lay[src[e]], op_lay[dst[e]]
+def _ragged(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For ragged rows of the given lengths: (row of each element, position within its row)."""
+    rows = np.repeat(np.arange(len(counts)), counts)
+    starts = np.concatenate([[0], np.cumsum(counts)])[:-1]
+    return rows, np.arange(int(np.sum(counts))) - np.repeat(starts, counts)
+
+
+def _connect_relayout(T, gi, e, src, dst, op_lay, inst_start, lay_devs, lay_shares, lay_ptr, lay_dev_flat,
+                      cost, path_tab, path_len, B) -> None:
+    """Split -> transfers -> concat for batch tensors consumed under another layout, once per
+    (tensor, consumer layout); vectorised over all such re-layouts at once."""
     n_lay = len(lay_devs)
-    ukey = tensor * n_lay + lv
+    ukey = gi.e_tensor[e] * n_lay + op_lay[dst[e]]
     uniq, first_idx, inv = np.unique(ukey, return_index=True, return_inverse=True)
-    first_consumer = np.full(len(uniq), np.iinfo(np.int64).max)
+    R = len(uniq)
+    first_consumer = np.full(R, np.iinfo(np.int64).max)
     np.minimum.at(first_consumer, inv, dst[e])
-    r_u, r_lu, r_lv = src[e][first_idx], lu[first_idx], lv[first_idx]
+    r_u = src[e][first_idx]
+    r_lu, r_lv = op_lay[r_u], op_lay[dst[e][first_idx]]
     r_bytes = gi.e_bytes[e][first_idx]
-    out_task = np.full((len(uniq), max(len(d) for d in lay_devs)), -1, dtype=np.int64)  # per dst replica
-    for a, b in set(zip(r_lu.tolist(), r_lv.tolist())):
-        rs = np.nonzero((r_lu == a) & (r_lv == b))[0]
-        du, dv = np.array(lay_devs[a]), np.array(lay_devs[b])
-        pi, pj, pov, remote, n_i, n_j = _relayout_pattern(lay_devs[a], lay_shares[a], lay_devs[b], lay_shares[b])
-        R = len(rs)
-        base_key = first_consumer[rs] * _N_STAGES
-        src_inst = inst_start[r_u[rs]]                       # (R,)
-        nb = r_bytes[rs]
-        # split: a producer replica whose slice goes to several consumer replicas
-        split_i = np.nonzero(n_i > 1)[0]
-        piece_src = src_inst[:, None] + pi[None, :]          # (R, P) task providing each piece
-        if len(split_i):
-            frac_i = np.array(lay_shares[a], dtype=np.float64)[split_i] / B
-            sdev = np.tile(du[split_i], R)
-            sbytes = (nb[:, None] * frac_i[None, :]).ravel()
-            sp = T.add(dur=cost.copy_times(sdev, sbytes), kind=TaskKind.SPLIT, op=np.repeat(r_u[rs], len(split_i)),
-                       dev=sdev, alloc=sbytes, key=np.repeat(base_key + _STAGE["split"], len(split_i)), cat=5,
-                       prio_op=np.repeat(first_consumer[rs], len(split_i)), res_len=1, res_idx=sdev)
-            T.deps(sp, (src_inst[:, None] + split_i[None, :]).ravel())
-            slot = np.full(len(du), -1)
-            slot[split_i] = np.arange(len(split_i))
-            has_split = slot[pi] >= 0
-            sp2 = sp.reshape(R, len(split_i))
-            piece_src[:, has_split] = sp2[:, slot[pi[has_split]]]
-        piece_task = piece_src.copy()
-        rem = np.nonzero(remote)[0]
-        if len(rem):
-            t_src = np.tile(du[pi[rem]], R)
-            t_dst = np.tile(dv[pj[rem]], R)
-            t_bytes = (nb[:, None] * (pov[rem] / B)[None, :]).ravel()
-            plen = path_len[t_src, t_dst]
-            pidx = path_tab[t_src, t_dst][np.arange(path_tab.shape[2])[None, :] < plen[:, None]]
-            tr = T.add(dur=cost.transfer_times(t_src, t_dst, t_bytes), kind=TaskKind.TRANSFER,
-                       op=np.repeat(r_u[rs], len(rem)), dev=t_dst, alloc=t_bytes,
-                       key=np.repeat(base_key + _STAGE["transfer"], len(rem)), cat=4,
-                       prio_op=np.repeat(first_consumer[rs], len(rem)), res_len=plen, res_idx=pidx)
-            T.deps(tr, piece_src[:, rem].ravel())
-            piece_task[:, rem] = tr.reshape(R, len(rem))
-        # concat: a consumer replica assembled from several pieces
-        out = np.full((R, len(dv)), -1, dtype=np.int64)
-        single_j = np.nonzero(n_j == 1)[0]
-        for j in single_j.tolist():
-            out[:, j] = piece_task[:, np.nonzero(pj == j)[0][0]]
-        concat_j = np.nonzero(n_j > 1)[0]
-        if len(concat_j):
-            frac_j = np.array(lay_shares[b], dtype=np.float64)[concat_j] / B
-            cdev = np.tile(dv[concat_j], R)
-            cbytes = (nb[:, None] * frac_j[None, :]).ravel()
-            ct = T.add(dur=cost.copy_times(cdev, cbytes), kind=TaskKind.CONCAT,
-                       op=np.repeat(r_u[rs], len(concat_j)), dev=cdev, alloc=cbytes,
-                       key=np.repeat(base_key + _STAGE["concat"], len(concat_j)), cat=5,
-                       prio_op=np.repeat(first_consumer[rs], len(concat_j)), res_len=1, res_idx=cdev)
-            ct2 = ct.reshape(R, len(concat_j))
-            for c, j in enumerate(concat_j.tolist()):
-                pieces_j = np.nonzero(pj == j)[0]
-                T.deps(np.repeat(ct2[:, c], len(pieces_j)), piece_task[:, pieces_j].ravel())
-                out[:, j] = ct2[:, c]
-        out_task[rs, :len(dv)] = out
-    # consumers: replica j of each edge's consumer depends on the relayout output j
-    k = np.array([len(lay_devs[x]) for x in lv.tolist()], dtype=np.int64)
-    er = np.repeat(np.arange(len(e)), k)
-    loc = np.arange(int(k.sum())) - np.repeat(np.concatenate([[0], np.cumsum(k)])[:-1], k)
+    # patterns used here, flattened: pattern k's pieces/splits/concats live at offsets in the flat arrays
+    pair_key = r_lu * n_lay + r_lv
+    pairs, r_pat = np.unique(pair_key, return_inverse=True)
+    pats = [_relayout_pattern(lay_devs[k // n_lay], lay_shares[k // n_lay], lay_devs[k % n_lay],
+                              lay_shares[k % n_lay]) for k in pairs.tolist()]
+
+    def flat(attr):
+        return np.concatenate([getattr(p, attr) for p in pats])
+
+    def ptr(attr):
+        return np.concatenate([[0], np.cumsum([len(getattr(p, attr)) for p in pats])]).astype(np.int64)
+
+    P_ptr, S_ptr, C_ptr = ptr("pi"), ptr("split_i"), ptr("concat_j")
+    f_pi, f_pj, f_pov, f_rem = flat("pi"), flat("pj"), flat("pov"), flat("remote")
+    f_sslot, f_cslot, f_si, f_cj = flat("split_slot"), flat("concat_slot"), flat("split_i"), flat("concat_j")
+    fu = lay_ptr[r_lu]                     # flat layout offsets of producer / consumer replicas
+    fv = lay_ptr[r_lv]
+    base = first_consumer * _N_STAGES
+    src_inst = inst_start[r_u]
+    key_split, key_tr, key_cat = base + _STAGE["split"], base + _STAGE["transfer"], base + _STAGE["concat"]
+
+    # split tasks: (instance, producer replica cut into several pieces)
+    n_s = S_ptr[r_pat + 1] - S_ptr[r_pat]
+    s_r, s_k = _ragged(n_s)
+    s_i = f_si[S_ptr[r_pat[s_r]] + s_k]
+    s_dev = lay_dev_flat[fu[s_r] + s_i]
+    s_bytes = r_bytes[s_r] * _layout_frac(lay_shares, lay_ptr, r_lu[s_r], s_i, B)
+    split_ids = T.add(dur=cost.copy_times(s_dev, s_bytes), kind=TaskKind.SPLIT, op=r_u[s_r], dev=s_dev,
+                      alloc=s_bytes, key=key_split[s_r], cat=5, prio_op=first_consumer[s_r], res_len=1, res_idx=s_dev)
+    T.deps(split_ids, src_inst[s_r] + s_i)
+    split_base = np.concatenate([[0], np.cumsum(n_s)])[:-1] + (split_ids[0] if len(split_ids) else 0)
+
+    # pieces: provider is the split task of its producer replica, else the producer instance itself
+    n_p = P_ptr[r_pat + 1] - P_ptr[r_pat]
+    p_r, p_k = _ragged(n_p)
+    fp = P_ptr[r_pat[p_r]] + p_k
+    p_i, p_j, p_rem, p_ss, p_cs = f_pi[fp], f_pj[fp], f_rem[fp], f_sslot[fp], f_cslot[fp]
+    piece_task = np.where(p_ss >= 0, split_base[p_r] + p_ss, src_inst[p_r] + p_i)
+    rem = np.nonzero(p_rem)[0]
+    if len(rem):
+        t_src = lay_dev_flat[fu[p_r[rem]] + p_i[rem]]
+        t_dst = lay_dev_flat[fv[p_r[rem]] + p_j[rem]]
+        t_bytes = r_bytes[p_r[rem]] * f_pov[fp[rem]] / B
+        plen = path_len[t_src, t_dst]
+        pidx = path_tab[t_src, t_dst][np.arange(path_tab.shape[2])[None, :] < plen[:, None]]
+        tr = T.add(dur=cost.transfer_times(t_src, t_dst, t_bytes), kind=TaskKind.TRANSFER, op=r_u[p_r[rem]],
+                   dev=t_dst, alloc=t_bytes, key=key_tr[p_r[rem]], cat=4, prio_op=first_consumer[p_r[rem]],
+                   res_len=plen, res_idx=pidx)
+        T.deps(tr, piece_task[rem])
+        piece_task[rem] = tr
+
+    # concat tasks: (instance, consumer replica assembled from several pieces)
+    n_c = C_ptr[r_pat + 1] - C_ptr[r_pat]
+    c_r, c_k = _ragged(n_c)
+    c_j = f_cj[C_ptr[r_pat[c_r]] + c_k]
+    c_dev = lay_dev_flat[fv[c_r] + c_j]
+    c_bytes = r_bytes[c_r] * _layout_frac(lay_shares, lay_ptr, r_lv[c_r], c_j, B)
+    concat_ids = T.add(dur=cost.copy_times(c_dev, c_bytes), kind=TaskKind.CONCAT, op=r_u[c_r], dev=c_dev,
+                       alloc=c_bytes, key=key_cat[c_r], cat=5, prio_op=first_consumer[c_r], res_len=1, res_idx=c_dev)
+    concat_base = np.concatenate([[0], np.cumsum(n_c)])[:-1] + (concat_ids[0] if len(concat_ids) else 0)
+    in_concat = p_cs >= 0
+    T.deps(concat_base[p_r[in_concat]] + p_cs[in_concat], piece_task[in_concat])
+
+    # output of each (instance, consumer replica): its concat, else its single piece
+    width = max(len(d) for d in lay_devs)
+    out_task = np.full((R, width), -1, dtype=np.int64)
+    out_task[p_r[~in_concat], p_j[~in_concat]] = piece_task[~in_concat]
+    out_task[c_r, c_j] = concat_base[c_r] + c_k
+    # consumers: replica j of each edge's consumer depends on the re-layout output j
+    lay_len = np.array([len(d) for d in lay_devs], dtype=np.int64)
+    er, loc = _ragged(lay_len[op_lay[dst[e]]])
     T.deps(inst_start[dst[e][er]] + loc, out_task[inv[er], loc])
+
+
+def _layout_frac(lay_shares, lay_ptr, lays: np.ndarray, reps: np.ndarray, B: int) -> np.ndarray:
+    """Batch fraction of replica ``reps[k]`` of layout ``lays[k]``."""
+    flat_shares = np.array([s for ss in lay_shares for s in ss], dtype=np.float64)
+    return flat_shares[lay_ptr[lays] + reps] / B

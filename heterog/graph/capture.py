@@ -1,34 +1,5 @@
-"""Training-graph capture: trace one training step (forward, backward, optimizer update) of a module
-with make_fx on fake tensors, and turn the ATen graph into an OpGraph with shapes, FLOPs, bytes and batch dims.
-
-The traced step is ``step(*params, *buffers, *opt_state, *inputs) -> (loss, *new_params, *new_state)``:
-
-- ``loss = functional_call(module, {params, buffers}, inputs)`` must be a scalar (the mean loss);
-- ``grads = torch.autograd.grad(loss, params)``;
-- the optimizer update is functional: ``sgd`` (p - lr*g, no state), ``momentum`` (SGD with momentum 0.9,
-  state: momentum_buffer) or ``adam`` (betas 0.9/0.999, eps 1e-8, bias correction; state per parameter:
-  exp_avg, exp_avg_sq, step), with the same arithmetic as ``torch.optim.SGD``/``Adam`` (foreach off).
-
-Parameters, buffers, optimizer state and inputs are fake tensors built from shapes only, so a module on the
-meta device (or a real one: its values are never read) captures without allocating its memory.
-``tracing_mode="symbolic"`` makes the batch dimension (dim 0 of every input) one symbol and keeps every other
-size static: the GraphModule then runs at any batch size, and every tensor's batch dimension is the dimension
-whose size depends on that symbol (so ``(B, S, H) -> (B*S, H)`` has batch dim 0).
-
-Cost fields of each Op (see ``graph_from_step``):
-
-- ``flops``: ``torch.utils.flop_counter`` formulas (looked up by overload packet, called with the concrete
-  input shapes and ``out_shape``), plus formulas for the CPU SDPA kernels. Ops without a formula get an
-  estimate and ``flops_estimated=True``: one FLOP per element of the largest tensor input for reductions and
-  normalisations (``REDUCTION_OPS``), one FLOP per output element for everything else. View-like ops
-  (``heterog.graph.fusion.VIEW_OPS``) cost zero FLOPs and zero bytes. The estimated targets are logged as
-  one warning per capture.
-- ``bytes_read``: bytes of the distinct tensor inputs; ``bytes_written``: bytes of the outputs (logical
-  size, numel * itemsize); ``batch_bytes``: the part of both whose tensors carry the batch dimension.
-- placeholders (kind param/buffer/state/input) have zero FLOPs, ``bytes_written`` = the tensor they provide;
-  a param op carries ``param_bytes``, ``grad_bytes`` (= param bytes) and ``state_bytes`` (all of its
-  optimizer state); state placeholders carry ``param`` = the parameter they serve and no resident bytes.
-"""
+"""Training-graph capture: trace one training step (forward, backward, optimizer update) with make_fx on
+fake tensors and turn the ATen graph into an OpGraph with shapes, FLOPs, bytes, batch dims and phases."""
 from __future__ import annotations
 
 import bisect
@@ -160,6 +131,7 @@ class CapturedStep:
 
     def __post_init__(self) -> None:
         self._nodes = {n.name: n for n in self.gm.graph.nodes}
+        self._shape_nodes = frozenset(self.shape_nodes)
 
     @property
     def n_params(self) -> int:
@@ -187,17 +159,23 @@ class CapturedStep:
         return out[0], list(out[1:1 + p]), list(out[1 + p:])
 
     def run_nodes(self, names: Sequence[str], env: dict[str, Any]) -> None:
-        """Execute fx nodes ``names`` in order, reading arguments from ``env`` (node name -> value) and
-        storing each result there. Shape nodes an argument needs are computed on demand from ``env``."""
+        """Execute fx nodes ``names`` (e.g. one op's ``fx_nodes``) in order, reading arguments from ``env``
+        (node name -> value) and storing each result there. Placeholders must already be in ``env``;
+        shape nodes (sizes) an argument needs are computed on demand from the tensors in ``env``."""
         def value(n: Node) -> Any:
             if n.name not in env:
-                if n.op != "call_function":
-                    raise HeterogError(f"value of fx node {n.name!r} ({n.op}) is missing")
+                if n.name not in self._shape_nodes:
+                    raise HeterogError(f"fx node {n.name!r} ({n.op}) has not been computed yet")
                 _run_node(n, value, env)
             return env[n.name]
 
         for name in names:
-            _run_node(self._nodes[name], value, env)
+            node = self._nodes[name]
+            if node.op == "placeholder":
+                if name not in env:
+                    raise HeterogError(f"placeholder {name!r} has no value in env")
+                continue
+            _run_node(node, value, env)
 
 
 def _run_node(node: Node, value: Callable[[Node], Any], env: dict[str, Any]) -> None:
@@ -600,7 +578,11 @@ class _FlopCounter:
         formula = self.registry.get(packet) if packet is not None else None
         if formula is not None:
             out_val = self._concrete(node.meta.get("val"))
-            return float(formula(*self._concrete(node.args), **self._concrete(node.kwargs), out_val=out_val)), False
+            try:
+                return float(formula(*self._concrete(node.args), **self._concrete(node.kwargs),
+                                     out_val=out_val)), False
+            except (TypeError, ValueError, IndexError, AttributeError):
+                pass  # a formula that needs real tensors (CUDA attention kernels): estimate, reported below
         self.estimated_targets.add(target)
         name = packet.__name__ if packet is not None else target
         if name in REDUCTION_OPS and in_numels:
@@ -778,10 +760,35 @@ def capture(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Te
             optimizer: str = "sgd", lr: float = 0.01, fuse: bool = True, name: str | None = None) -> OpGraph:
     """Capture the training step of ``module`` as an OpGraph at the batch size of ``example_inputs``.
 
-    One symbolic-batch trace (``capture_fx(..., tracing_mode="symbolic")``) gives shapes, batch dims and
-    FLOPs; ``Op.fx_nodes`` name nodes of that GraphModule (tracing is deterministic, so a later
-    ``capture_fx`` of the same model and inputs names them the same). ``fuse`` merges zero-cost view ops
-    into their producers (``heterog.graph.fusion.fuse_trivial``).
+    The step traced is ``step(*params, *buffers, *opt_state, *inputs) -> (loss, *new_params, *new_state)``:
+    ``loss = functional_call(module, {params, buffers}, inputs)`` must be a scalar (the mean loss, else
+    ModelError); ``grads = torch.autograd.grad(loss, params)``; the update is functional with the
+    arithmetic of ``torch.optim``: ``sgd`` (p - lr*g, no state), ``momentum`` (SGD with momentum 0.9; state
+    momentum_buffer) or ``adam`` (betas 0.9/0.999, eps 1e-8, bias correction; state exp_avg, exp_avg_sq,
+    step per parameter). Phases: forward = nodes traced while computing the loss, backward = inside
+    autograd.grad, update = the optimizer.
+
+    Nothing is allocated: parameters, buffers, state and inputs are fake tensors made from shapes and
+    dtypes, so ``module`` may live on the meta device. One symbolic-batch trace
+    (``capture_fx(..., tracing_mode="symbolic")``) makes dim 0 of every input one symbol; a tensor's batch
+    dim is the first dim whose size depends on it (``(B, S, H) -> (B*S, H)``: dim 0). ``Op.fx_nodes`` name
+    nodes of that GraphModule (tracing is deterministic: a later ``capture_fx`` of the same model and inputs
+    names them the same).
+
+    Costs per op: ``flops`` from ``torch.utils.flop_counter`` formulas (by overload packet, at the concrete
+    input shapes and ``out_shape``) plus formulas for the CPU SDPA kernels; ops with no formula get an
+    estimate and ``flops_estimated=True`` (one FLOP per element of the largest input for reductions and
+    normalisations, ``REDUCTION_OPS``; one per output element otherwise), and their targets are logged as
+    one warning. View-like ops (``fusion.VIEW_OPS``) cost zero FLOPs and bytes. ``bytes_read`` = bytes of the
+    distinct tensor inputs, ``bytes_written`` = bytes of the outputs (numel * itemsize), ``batch_bytes`` =
+    the part of both whose tensors carry the batch. Placeholders (kind param/buffer/state/input) have zero
+    FLOPs and ``bytes_written`` = the tensor they provide; a param op carries ``param_bytes``,
+    ``grad_bytes`` (= param bytes) and ``state_bytes`` (its whole optimizer state); state placeholders carry
+    ``param`` = the parameter they serve and no resident bytes (counted on the param op). Gradient producers
+    have ``is_grad`` and ``param``; update ops have ``param`` and the parameter's module path.
+
+    ``fuse`` merges zero-cost view ops into their producers (``heterog.graph.fusion.fuse_trivial``).
+    ``graph.meta`` has model, torch_version, capture_time_s, ops_before_fusion, ops_after_fusion.
     """
     t0 = time.perf_counter()
     step = capture_fx(module, example_inputs, optimizer=optimizer, lr=lr, tracing_mode="symbolic")

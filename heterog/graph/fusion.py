@@ -1,9 +1,5 @@
 """Trivial-op fusion: merge zero-cost view ops (view, transpose, expand, getitem, ...) into the op that
-produces their input, so that every remaining op does real work. Works on OpGraph alone (no torch).
-
-A view op has exactly one tensor input; merging it into its producer cannot create a cycle, and ordering
-the merged ops by their producer's index keeps a topological numbering.
-"""
+produces their input, so that every remaining op does real work. Works on OpGraph alone (no torch)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -37,6 +33,13 @@ VIEW_OPS = _ViewOps()
 def fuse_trivial(graph: OpGraph) -> OpGraph:
     """Merge every view-like compute op with a single producer into that producer's op.
 
+    A view has exactly one tensor input, so merging it into its producer cannot create a cycle, and
+    ordering the merged ops by their producer's index keeps a topological numbering.
+
+    A view tagged with a parameter (a gradient) is not merged into an op already tagged with another
+    parameter: an op holds one parameter's gradient, so the second gradient of a multi-output op
+    (layer-norm or convolution backward) stays a zero-cost op of its own.
+
     The merged op keeps the producer's name, target, phase, outputs and costs (views add none);
     ``fx_nodes`` lists all merged fx nodes in execution order; ``is_grad``/``param`` carry over from a
     merged view that returns a parameter's gradient. A consumer of a view gets an edge from the merged op
@@ -52,12 +55,17 @@ def fuse_trivial(graph: OpGraph) -> OpGraph:
         in_edge[e.dst] = e
     rep = list(range(n))          # op -> index of the op it is merged into
     origin = [0] * n              # op -> output index of rep that its (first) output derives from
+    group_param = [op.param for op in graph.ops]   # the one parameter a merged op may be tagged with
     for i, op in enumerate(graph.ops):
-        if op.kind == "compute" and op.target in VIEW_OPS and len(preds[i]) == 1:
-            e = in_edge[i]
-            assert e is not None
-            rep[i] = rep[e.src]
-            origin[i] = origin[e.src] if rep[e.src] != e.src else e.src_output
+        e = in_edge[i]
+        if e is None or op.kind != "compute" or op.target not in VIEW_OPS or len(preds[i]) != 1:
+            continue
+        r = rep[e.src]
+        if op.param is not None and group_param[r] not in (None, op.param):
+            continue  # e.g. the bias gradient picked from a layer norm backward that also gives the weight's
+        rep[i] = r
+        origin[i] = origin[e.src] if r != e.src else e.src_output
+        group_param[r] = group_param[r] or op.param
     keep = [i for i in range(n) if rep[i] == i]
     new_index = {old: k for k, old in enumerate(keep)}
     members: dict[int, list[int]] = {i: [] for i in keep}

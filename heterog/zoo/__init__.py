@@ -20,7 +20,10 @@ from heterog.zoo.transformer import build_transformer
 from heterog.zoo.vgg import build_vgg19
 from heterog.zoo.xlnet import build_xlnet_large
 
-__all__ = ["ModelSpec", "build", "count_parameters", "default_batch_size", "info", "names", "spec"]
+__all__ = [
+    "ModelSpec", "build", "count_parameters", "default_batch_size", "info", "names", "small_overrides",
+    "spec",
+]
 
 PAPER = "HeteroG paper (Yi et al., CoNEXT 2020)"
 CHOSEN = "chosen here (the HeteroG paper's value could not be consulted)"
@@ -67,6 +70,7 @@ _SPECS = (
         published_params=143_667_240,
         published_source="torchvision vgg19 (equal)",
         inputs=IMAGE_INPUTS,
+        small_overrides={"width": 0.125, "hidden": 32, "image_size": 32, "num_classes": 10},
         notes="The 7x7x512 map is flattened directly (no adaptive pool), so the first FC size follows "
               "image_size. " + NO_BN_DROPOUT,
     ),
@@ -80,6 +84,7 @@ _SPECS = (
         published_params=25_557_032,
         published_source="torchvision resnet50 (equal)",
         inputs=IMAGE_INPUTS,
+        small_overrides={"layers": (1, 1, 1, 1), "width": 8, "image_size": 32, "num_classes": 10},
         notes="BatchNorm in training mode: statistics are per replica under data parallelism.",
     ),
     ModelSpec(
@@ -92,6 +97,7 @@ _SPECS = (
         published_params=44_549_160,
         published_source="torchvision resnet101 (equal)",
         inputs=IMAGE_INPUTS,
+        small_overrides={"layers": (1, 1, 2, 1), "width": 8, "image_size": 32, "num_classes": 10},
         notes="BatchNorm in training mode: statistics are per replica under data parallelism.",
     ),
     ModelSpec(
@@ -104,14 +110,16 @@ _SPECS = (
         params=64_666_152,
         published_params=None,
         published_source="about 64.7M for ResNet-200 (He et al. 2016). The post-activation variant "
-                         "(preact=False) has 64,669,864; TF-slim's has conv biases and differs slightly",
+                         "(preact=False) has 64,673,832; TF-slim's has conv biases and differs slightly",
         inputs=IMAGE_INPUTS,
+        small_overrides={"layers": (1, 2, 2, 1), "width": 8, "image_size": 32, "num_classes": 10},
         notes="Stem conv without BN (the first unit's pre-activation follows it), projection "
               "shortcuts are bare 1x1 convs on the pre-activated input, final BN-ReLU before the pool.",
     ),
     ModelSpec(
         name="inception_v3",
-        description="Inception-v3 (Szegedy et al. 2016; torchvision layout) with auxiliary classifier, 299x299",
+        description="Inception-v3 (Szegedy et al. 2016; torchvision layout) with auxiliary classifier, "
+                    "299x299",
         builder=build_inception_v3,
         default_batch_size=192,
         batch_size_source=CHOSEN,
@@ -120,6 +128,7 @@ _SPECS = (
         published_source="torchvision inception_v3 with aux_logits (equal); 23,834,568 without "
                          "(aux_logits=False, also equal)",
         inputs=IMAGE_INPUTS,
+        small_overrides={"width": 0.0625, "num_classes": 10},
         notes="Loss = CE(main) + 0.4 * CE(aux). The auxiliary head needs image_size near 299 "
               "(use aux_logits=False or width<1 for small tests). " + NO_BN_DROPOUT,
     ),
@@ -133,6 +142,7 @@ _SPECS = (
         published_params=3_504_872,
         published_source="torchvision mobilenet_v2 (equal)",
         inputs=IMAGE_INPUTS,
+        small_overrides={"width": 0.25, "image_size": 32, "num_classes": 10},
         notes="Depthwise convolutions are grouped Conv2d (groups = channels). " + NO_BN_DROPOUT,
     ),
     ModelSpec(
@@ -147,6 +157,8 @@ _SPECS = (
                          "+ 196,668 BN moving statistics (buffers here); paper: 88.9M. variant='mobile' "
                          "gives 5,289,978 (Keras NASNetMobile 5,326,716 with BN statistics)",
         inputs=IMAGE_INPUTS,
+        small_overrides={"num_blocks": 1, "penultimate_filters": 96, "stem_filters": 8,
+                             "image_size": 35, "num_classes": 10},
         notes="Normal cell: sep3x3/sep5x5 pairs, 3x3 avg pools and identities over (h, p); reduction cell: "
               "stride-2 sep5x5/sep7x7, 3x3 max/avg pools. Keras 'same' padding (asymmetric at stride 2) "
               "is computed statically from image_size. No auxiliary head, no drop-path. " + NO_BN_DROPOUT,
@@ -165,6 +177,7 @@ _SPECS = (
                          "projection, no output bias",
         inputs=(("src_ids", "(B, S) int64"), ("tgt_ids", "(B, T) int64 decoder input"),
                 ("tgt_labels", "(B, T) int64")),
+        small_overrides={"layers": 2, "hidden": 32, "heads": 4, "vocab": 100, "seq_len": 12, "tgt_len": 10},
         notes="Loss: mean label-smoothed (0.1) CE over all target tokens. Sinusoidal positions are "
               "computed in forward (no parameters). " + NO_BN_DROPOUT,
     ),
@@ -184,6 +197,8 @@ _SPECS = (
         inputs=(("input_ids", "(B, T) int64"), ("token_type_ids", "(B, T) int64"),
                 ("masked_positions", "(B, P) int64"), ("masked_ids", "(B, P) int64"),
                 ("next_sentence", "(B,) int64")),
+        small_overrides={"layers": 2, "hidden": 32, "heads": 4, "vocab": 100, "seq_len": 16,
+                         "max_positions": 32},
         notes="Loss = mean MLM CE over B*P gathered positions + mean NSP CE; no padding mask (all tokens "
               "valid). layers=48 gives 638,535,484 parameters. " + NO_BN_DROPOUT,
     ),
@@ -201,6 +216,7 @@ _SPECS = (
         inputs=(("input_ids", "(B, T) int64"), ("token_type_ids", "(B, T) int64"),
                 ("perm_mask", "(B, T, T) float, 1 = may not attend"),
                 ("target_mapping", "(B, P, T) float one-hot"), ("labels", "(B, P) int64")),
+        small_overrides={"layers": 2, "hidden": 32, "heads": 4, "vocab": 100, "seq_len": 16},
         notes="Faithful to XLNet's layer: content and query streams share q/k/v/o and the r projection, "
               "untied per-layer r_w/r_r/r_s biases and relative segment embeddings, Transformer-XL "
               "sinusoidal relative positions with rel_shift, post-LN GELU FFN. Simplified against the "
@@ -219,6 +235,8 @@ _SPECS = (
         published_params=124_439_808,
         published_source="HF gpt2 GPT2LMHeadModel, tied embeddings (equal)",
         inputs=LM_INPUTS,
+        small_overrides={"layers": 2, "hidden": 32, "heads": 4, "vocab": 100, "seq_len": 16,
+                         "max_positions": 32},
         notes="Loss: mean next-token CE over all B*T positions; q/k/v are separate Linear layers "
               "(same count as GPT-2's fused c_attn). " + NO_BN_DROPOUT,
     ),
@@ -279,6 +297,11 @@ def spec(name: str) -> ModelSpec:
 def default_batch_size(name: str) -> int:
     """The model's default global batch (images, or sequences for NLP models)."""
     return spec(name).default_batch_size
+
+
+def small_overrides(name: str) -> dict:
+    """Overrides that shrink `name` for fast real forward/backward passes (empty for tiny models)."""
+    return dict(spec(name).small_overrides)
 
 
 def knob_defaults(name: str) -> dict:

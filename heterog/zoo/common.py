@@ -2,8 +2,9 @@
 the image-classifier base class and small helpers every builder uses."""
 from __future__ import annotations
 
+import abc
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -38,8 +39,8 @@ class ModelSpec:
     """Where the published count comes from, and how it relates to `params`."""
     inputs: tuple[tuple[str, str], ...]
     """(name, shape) of each example input, in call order; B is the batch."""
-    knobs: dict[str, str] = field(default_factory=dict)
-    """Override name -> meaning and default."""
+    small_overrides: dict = field(default_factory=dict)
+    """Overrides that shrink the model for fast real forward passes in tests (same code paths)."""
     notes: str = ""
     """Deviations from the reference, loss definition, tracing remarks."""
 
@@ -53,7 +54,7 @@ class ModelSpec:
             "published_params": self.published_params,
             "published_source": self.published_source,
             "inputs": [{"name": n, "shape": s} for n, s in self.inputs],
-            "knobs": dict(self.knobs),
+            "small_overrides": dict(self.small_overrides),
             "notes": self.notes,
         }
 
@@ -108,15 +109,16 @@ def count_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-class ImageClassifier(nn.Module):
+class ImageClassifier(nn.Module, abc.ABC):
     """Base of the CNNs: `logits(images)` is the network, `forward` the training loss.
 
     Shapes:
         images `(B, 3, H, W)`, labels `(B,)` int64 in [0, num_classes) -> scalar mean loss.
     """
 
+    @abc.abstractmethod
     def logits(self, images: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError(f"{type(self).__name__} must define logits()")
+        """Class scores `(B, num_classes)` of images `(B, 3, H, W)`."""
 
     def forward(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(self.logits(images), labels)

@@ -27,7 +27,15 @@ class CausalLM(nn.Module):
     """
 
     def __init__(
-        self, *, vocab: int, max_positions: int, layers: int, hidden: int, heads: int, ffn: int, dropout_p: float
+        self,
+        *,
+        vocab: int,
+        max_positions: int,
+        layers: int,
+        hidden: int,
+        heads: int,
+        ffn: int,
+        dropout_p: float,
     ) -> None:
         super().__init__()
         self.wte = nn.Embedding(vocab, hidden)

@@ -53,7 +53,9 @@ class InceptionA(nn.Module):
         super().__init__()
         self.b1 = ConvBN(cin, c(64), 1)
         self.b5 = chain(ConvBN(cin, c(48), 1), ConvBN(c(48), c(64), 5, padding=2))
-        self.b3 = chain(ConvBN(cin, c(64), 1), ConvBN(c(64), c(96), 3, padding=1), ConvBN(c(96), c(96), 3, padding=1))
+        self.b3 = chain(
+            ConvBN(cin, c(64), 1), ConvBN(c(64), c(96), 3, padding=1), ConvBN(c(96), c(96), 3, padding=1)
+        )
         self.pool = ConvBN(cin, c(pool_features), 1)
         self.out_channels = c(64) + c(64) + c(96) + c(pool_features)
 
@@ -68,7 +70,9 @@ class InceptionB(nn.Module):
     def __init__(self, cin: int, c: Scaled) -> None:
         super().__init__()
         self.b3 = ConvBN(cin, c(384), 3, stride=2)
-        self.b3dbl = chain(ConvBN(cin, c(64), 1), ConvBN(c(64), c(96), 3, padding=1), ConvBN(c(96), c(96), 3, stride=2))
+        self.b3dbl = chain(
+            ConvBN(cin, c(64), 1), ConvBN(c(64), c(96), 3, padding=1), ConvBN(c(96), c(96), 3, stride=2)
+        )
         self.out_channels = c(384) + c(96) + cin
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

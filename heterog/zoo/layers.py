@@ -43,7 +43,8 @@ def sinusoid(positions: torch.Tensor, dim: int, *, interleave: bool) -> torch.Te
     interleave=True gives Vaswani et al.'s layout (sin on even, cos on odd features);
     False gives XLNet/Transformer-XL's [sin | cos] halves.
     """
-    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, dim, 2, device=positions.device, dtype=positions.dtype) / dim))
+    exponents = torch.arange(0, dim, 2, device=positions.device, dtype=positions.dtype) / dim
+    inv_freq = 1.0 / (10000.0**exponents)
     angles = positions[:, None] * inv_freq[None, :]
     if interleave:
         return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)

@@ -229,7 +229,9 @@ class NASNetA(ImageClassifier):
                 f"24 * filter_multiplier**2 = {24 * m * m}"
             )
         filters = penultimate_filters // 24
-        self.stem = nn.Sequential(nn.Conv2d(3, stem_filters, 3, stride=2, bias=False), batch_norm(stem_filters))
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, stem_filters, 3, stride=2, bias=False), batch_norm(stem_filters)
+        )
         x_shape = (stem_filters, conv_out(image_size, 3, 2))
         check_spatial("nasnet", x_shape[1], image_size)
         prev_shape: tuple[int, int] | None = None
@@ -283,7 +285,7 @@ def build_nasnet(
     given = {"num_blocks": num_blocks, "penultimate_filters": penultimate_filters,
              "stem_filters": stem_filters, "skip_reduction": skip_reduction, "image_size": image_size}
     config = {**VARIANTS[variant], **{k: v for k, v in given.items() if v is not None}}
-    check_positive("nasnet", num_blocks=config["num_blocks"], penultimate_filters=config["penultimate_filters"],
-                   stem_filters=config["stem_filters"], image_size=config["image_size"], num_classes=num_classes)
+    sizes = {k: config[k] for k in ("num_blocks", "penultimate_filters", "stem_filters", "image_size")}
+    check_positive("nasnet", **sizes, num_classes=num_classes)
     model = NASNetA(**config, num_classes=num_classes, dropout_p=dropout)
     return model, image_inputs(factory, batch_size, config["image_size"], num_classes)

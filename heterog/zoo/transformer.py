@@ -43,7 +43,8 @@ class Seq2SeqTransformer(nn.Module):
         self.embed = nn.Embedding(vocab, hidden)
         self.drop = dropout(dropout_p)
         self.encoder = nn.ModuleList(
-            TransformerLayer(hidden, heads, ffn, activation="relu", dropout_p=dropout_p) for _ in range(layers)
+            TransformerLayer(hidden, heads, ffn, activation="relu", dropout_p=dropout_p)
+            for _ in range(layers)
         )
         self.decoder = nn.ModuleList(
             TransformerLayer(hidden, heads, ffn, activation="relu", cross_attention=True, dropout_p=dropout_p)

@@ -105,7 +105,9 @@ class XLNetLM(nn.Module):
         target_mapping `(B, P, T)` float one-hot, labels `(B, P)` -> scalar mean loss.
     """
 
-    def __init__(self, *, vocab: int, layers: int, hidden: int, heads: int, ffn: int, dropout_p: float) -> None:
+    def __init__(
+        self, *, vocab: int, layers: int, hidden: int, heads: int, ffn: int, dropout_p: float
+    ) -> None:
         super().__init__()
         self.hidden = hidden
         self.word = nn.Embedding(vocab, hidden)

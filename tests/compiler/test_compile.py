@@ -7,7 +7,7 @@ import pytest
 from heterog.cluster import load_cluster
 from heterog.cluster.loader import cluster_from_dict
 from heterog.compiler import TaskKind
-from heterog.cost import CollectiveCost, CostModel
+from heterog.cost import CostModel
 from heterog.evaluate import Evaluator
 from heterog.strategy import ParallelConfig, Strategy, decode_action
 from tests.compiler.helpers import chain_graph, linear_graph
@@ -34,9 +34,9 @@ class FakeCost:
         n = len(devices)
         return 2 * (n - 1) / n * np.asarray(nbytes, float) * 1e-9, ["ring"] * len(nbytes)
 
-    def allreduce(self, devices, nbytes, algo="auto"):
-        links = sorted({x for a, b in zip(devices, devices[1:] + devices[:1]) for x in self.cluster.path(a, b)})
-        return CollectiveCost(0.0, "ring", tuple(links))
+    def allreduce_links(self, devices, algo="ring"):
+        devices = list(devices)
+        return tuple(sorted({x for a, b in zip(devices, devices[1:] + devices[:1]) for x in self.cluster.path(a, b)}))
 
     def aggregate_times(self, device, nbytes, n_inputs):
         return n_inputs * np.asarray(nbytes, float) * 1e-10
@@ -191,3 +191,22 @@ def test_strategy_for_another_graph_is_refused():
     s = strategy_for(other, c, [ParallelConfig.single(0, 16)])
     with pytest.raises(StrategyError, match="strategy is for graph"):
         run(g, c, s)
+
+
+def test_communication_holds_links_and_compute_holds_its_gpu():
+    g = linear_graph(batch=16)
+    c = load_cluster("paper-8gpu")
+    ev = Evaluator(g, c)
+    rng = np.random.default_rng(3)
+    for _ in range(5):
+        res = ev.evaluate(ev.strategy(rng.integers(0, c.n_devices + 4, size=ev.n_groups)))
+        plan, tg = res.plan, res.plan.tg
+        for t in range(tg.n_tasks):
+            r = tg.task_resources(t).tolist()
+            kind = TaskKind(plan.task_kind[t])
+            if kind in (TaskKind.COMPUTE, TaskKind.SPLIT, TaskKind.CONCAT, TaskKind.AGGREGATE):
+                assert r == [plan.task_device[t]]
+            elif kind in (TaskKind.TRANSFER, TaskKind.PUSH, TaskKind.ALLREDUCE):
+                assert r and all(x >= c.n_devices for x in r)
+            else:
+                assert r == []

@@ -1,0 +1,177 @@
+"""Expert model parallelism (the "Expert" of the Pesto paper): contiguous layers by module path, balanced
+by cost over the devices; plus the helpers the placement planners (DPOS, Pesto) share.
+
+Layers are module-path prefixes up to the first numeric index ("encoder.layers.3"), or the top module.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from heterog.baselines import register
+from heterog.strategy import ParallelConfig, Strategy, _attach_params_to_grads
+
+_INDEX = re.compile(r"^\d+$")
+
+
+# ----------------------------------------------------------------------------- shared placement helpers
+def param_units(graph) -> np.ndarray:
+    """(n_ops,) unit id per op: every op is its own unit, except that parameter and optimizer-state
+    placeholders and update ops join the unit of their parameter's gradient producer (they must share a
+    device). Ids are op indices of a representative (not contiguous)."""
+    return _attach_params_to_grads(graph, np.arange(graph.n_ops, dtype=np.int64))
+
+
+def op_memory_bytes(graph) -> tuple[np.ndarray, np.ndarray]:
+    """Memory an op puts on its device under model parallelism, split into what stays for the whole
+    iteration and what is transient.
+
+    Returns ``(held_bytes, transient_bytes)``, both (n_ops,): held = resident parameter, gradient and
+    optimizer-state bytes plus the outputs of forward ops (activations kept for the backward pass);
+    transient = outputs of backward and update ops (freed soon after). A device's estimated peak is
+    sum(held) + max(transient) over its ops (allocation sizes follow the compiler's accounting).
+    """
+    from heterog.compiler.compile import graph_index
+
+    gi = graph_index(graph)
+    alloc = gi.out_fixed_bytes + gi.out_batch_bytes
+    forward = graph.phase_index == 0
+    held = gi.resident_bytes + np.where(forward, alloc, 0.0)
+    transient = np.where(forward, 0.0, alloc)
+    return held, transient
+
+
+def mp_strategy(ev, group_of: np.ndarray, group_device: np.ndarray, *,
+                priorities: np.ndarray | None = None, meta: dict | None = None) -> Strategy:
+    """A model-parallel Strategy: group ``g`` runs on device ``group_device[g]`` with the whole batch.
+
+    Args:
+        group_of: (n_ops,) group id per op (any ids; renumbered 0..G-1 in order of first appearance).
+        group_device: indexed by the given group ids (a dict-like or an array long enough).
+        priorities: (n_ops,) execution order to export (higher runs first), or None.
+    """
+    graph, cluster = ev.graph, ev.cluster
+    group_of = np.asarray(group_of, dtype=np.int64)
+    _, first = np.unique(group_of, return_index=True)
+    ids = group_of[np.sort(first)]
+    remap = {int(g): k for k, g in enumerate(ids.tolist())}
+    configs_of_device = {}
+    configs = []
+    for g in ids.tolist():
+        d = int(group_device[g])
+        if d not in configs_of_device:
+            configs_of_device[d] = ParallelConfig.single(d, graph.batch_size)
+        configs.append(configs_of_device[d])
+    new_group = np.fromiter((remap[int(g)] for g in group_of.tolist()), dtype=np.int64, count=len(group_of))
+    return Strategy(graph.fingerprint, cluster.name, cluster.n_devices, graph.batch_size, new_group, configs,
+                    priorities=None if priorities is None else np.asarray(priorities, dtype=np.float64),
+                    meta=dict(meta or {}))
+
+
+def order_priorities(order: np.ndarray, n_ops: int) -> np.ndarray:
+    """Priorities (higher first) that make ops run in ``order`` (a permutation of 0..n_ops-1)."""
+    prio = np.empty(n_ops, dtype=np.float64)
+    prio[np.asarray(order, dtype=np.int64)] = np.arange(n_ops, 0, -1, dtype=np.float64)
+    return prio
+
+
+# ----------------------------------------------------------------------------- layers
+def layer_key(module_path: str) -> str:
+    """``"encoder.layers.3.attn.q"`` -> ``"encoder.layers.3"``; ``"classifier.0"`` -> ``"classifier.0"``;
+    ``"pooler.dense"`` -> ``"pooler"``; ``""`` -> ``""`` (no module)."""
+    if not module_path:
+        return ""
+    parts = module_path.split(".")
+    for i, p in enumerate(parts):
+        if _INDEX.match(p):
+            return ".".join(parts[:i + 1])
+    return parts[0]
+
+
+def op_layers(graph) -> tuple[np.ndarray, list[str]]:
+    """Layer index per op, layers numbered in forward order (first forward op of the layer).
+
+    Ops without a module path take the layer of the nearest op they are connected to (predecessors
+    first, in topological order; then successors); parameters, their state and updates follow their
+    gradient's unit. Returns ``(layer_of (n_ops,), layer names)``.
+    """
+    n = graph.n_ops
+    keys = [layer_key(op.module_path) for op in graph.ops]
+    order = graph.topo_order()
+    for sweep in (graph.pred, graph.succ):            # propagate to ops without a module path
+        seq = order if sweep is graph.pred else order[::-1]
+        for i in seq.tolist():
+            if not keys[i]:
+                for j in sweep[i]:
+                    if keys[j]:
+                        keys[i] = keys[j]
+                        break
+    keys = [k or "(graph)" for k in keys]
+    units = param_units(graph)
+    for i in range(n):                                # a parameter's unit lives with its gradient's layer
+        if units[i] != i:
+            keys[i] = keys[int(units[i])]
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(n)
+    first: dict[str, tuple[int, int]] = {}
+    for i, k in enumerate(keys):
+        rank = (0 if graph.ops[i].phase == "forward" and graph.ops[i].kind == "compute" else 1, int(pos[i]))
+        if k not in first or rank < first[k]:
+            first[k] = rank
+    names = sorted(first, key=lambda k: first[k])
+    index = {k: j for j, k in enumerate(names)}
+    return np.array([index[k] for k in keys], dtype=np.int64), names
+
+
+def balanced_partition(layer_cost: np.ndarray, layer_mem: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    """Split layers 0..L-1 into contiguous segments, segment k on device k (devices in index order, a
+    segment may be empty), minimising the largest per-device time ``sum(layer_cost[seg, k])`` subject to
+    ``sum(layer_mem[seg]) <= capacity[k]``. Without a feasible split the memory limit is dropped.
+
+    Args: layer_cost (L, M) seconds of each layer on each device; layer_mem (L,) bytes; capacity (M,).
+    Returns: (L,) device per layer.
+    """
+    L, M = layer_cost.shape
+    for limit in (np.asarray(capacity, dtype=np.float64), np.full(M, np.inf)):
+        cum_t = np.vstack([np.zeros((1, M)), np.cumsum(layer_cost, axis=0)])       # (L+1, M)
+        cum_m = np.concatenate([[0.0], np.cumsum(layer_mem)])
+        # best[k][j]: min makespan placing layers [0, j) on devices 0..k; arg: start of device k's segment
+        best = np.full((M, L + 1), np.inf)
+        arg = np.zeros((M, L + 1), dtype=np.int64)
+        for k in range(M):
+            for j in range(L + 1):
+                i = np.arange(j + 1)                                 # device k takes layers [i, j)
+                seg_t = cum_t[j, k] - cum_t[i, k]
+                ok = cum_m[j] - cum_m[i] <= limit[k]
+                prev = np.where(i == 0, 0.0, np.inf) if k == 0 else best[k - 1, :j + 1]
+                val = np.where(ok, np.maximum(prev, seg_t), np.inf)
+                arg[k, j] = int(np.argmin(val))                      # ties: the earliest start
+                best[k, j] = val[arg[k, j]]
+        if np.isfinite(best[M - 1, L]):
+            device = np.empty(L, dtype=np.int64)
+            j = L
+            for k in range(M - 1, -1, -1):
+                i = int(arg[k, j])
+                device[i:j] = k
+                j = i
+            return device
+    raise AssertionError("unreachable: without a memory limit every split is feasible")
+
+
+@register("expert")
+def expert(ev, **_):
+    """Layer-wise model parallelism: contiguous layers in forward order, one segment per device (device
+    index order keeps neighbouring segments on the same server), balanced by each device's own time for
+    the layers and within each device's memory where possible."""
+    graph, cluster = ev.graph, ev.cluster
+    layer_of, names = op_layers(graph)
+    times = ev.cost.full_batch_times(graph)                                     # (n_ops, M)
+    L = len(names)
+    layer_cost = np.zeros((L, cluster.n_devices))
+    np.add.at(layer_cost, layer_of, times)
+    held, transient = op_memory_bytes(graph)
+    layer_mem = np.bincount(layer_of, weights=held, minlength=L)
+    device_of_layer = balanced_partition(layer_cost, layer_mem, cluster.memory_bytes - transient.max(initial=0.0))
+    return mp_strategy(ev, layer_of, device_of_layer,
+                       meta={"layers": names, "device_of_layer": device_of_layer.tolist()})

@@ -1,0 +1,182 @@
+"""Invariants of the simulator on random DAGs (hypothesis) and kernel/reference agreement.
+
+Random graphs use few resources, tied priorities and zero or equal durations, so that simultaneous
+events, blocking and backfilling all occur.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import simulator
+
+SETTINGS = settings(max_examples=40, deadline=None)
+DURATIONS_S = [0.0, 0.1, 0.3, 0.5, 1.0, 2.0]
+
+
+@dataclass
+class Spec:
+    """A graph as plain Python: per resource (capacity, resident), per task the add_task arguments."""
+
+    resources: list[tuple[int | None, int]]
+    tasks: list[dict]
+
+    def build(self, batches: list[int] | None = None) -> simulator.TaskGraph:
+        """With ``batches`` (sizes), through add_tasks in those batches; otherwise task by task."""
+        tg = simulator.TaskGraph()
+        for r, (capacity, resident) in enumerate(self.resources):
+            tg.add_resource(f"r{r}", memory_capacity_bytes=capacity, resident_bytes=resident)
+        if batches is None:
+            for task in self.tasks:
+                tg.add_task(**task)
+            return tg
+        first = 0
+        for size in batches:
+            part = self.tasks[first:first + size]
+            first += size
+
+            def csr(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+                ptr = np.concatenate([[0], np.cumsum([len(x) for x in lists])]).astype(np.int64)
+                return ptr, np.array([v for x in lists for v in x], dtype=np.int64)
+
+            res_ptr, res_idx = csr([t["resources"] for t in part])
+            dep_ptr, dep_idx = csr([t["deps"] for t in part])
+            free_ptr, free_idx = csr([t["frees"] for t in part])
+            mem_ptr, mem_res = csr([list(t["mem"]) for t in part])
+            mem_bytes = np.array([b for t in part for b in t["mem"].values()], dtype=np.int64)
+            tg.add_tasks(np.array([t["duration"] for t in part], dtype=float),
+                         np.array([t["priority"] for t in part], dtype=float), res_ptr, res_idx,
+                         dep_ptr, dep_idx, mem_ptr, mem_res, mem_bytes, free_ptr, free_idx,
+                         names=[t["name"] for t in part], cats=[t["cat"] for t in part])
+        return tg
+
+
+@st.composite
+def specs(draw: st.DrawFn, max_tasks: int = 24) -> Spec:
+    n_res = draw(st.integers(1, 4))
+    resources = [(draw(st.one_of(st.none(), st.integers(0, 400))), draw(st.integers(0, 50)))
+                 for _ in range(n_res)]
+    tasks = []
+    for t in range(draw(st.integers(0, max_tasks))):
+        tasks.append({
+            "resources": draw(st.lists(st.integers(0, n_res - 1), max_size=min(3, n_res), unique=True)),
+            "duration": draw(st.sampled_from(DURATIONS_S)),
+            "deps": draw(st.lists(st.integers(0, t - 1), max_size=3)) if t else [],
+            "priority": float(draw(st.integers(0, 3))),
+            "mem": draw(st.dictionaries(st.integers(0, n_res - 1), st.integers(0, 100), max_size=2)),
+            "frees": draw(st.lists(st.integers(0, t), max_size=2)),
+            "name": f"task{t}",
+            "cat": draw(st.sampled_from(["compute", "transfer", ""])),
+        })
+    return Spec(resources, tasks)
+
+
+def _critical_path_s(tg: simulator.TaskGraph) -> float:
+    ptr, idx = tg.dependencies()
+    finish = np.zeros(tg.n_tasks)
+    for t in range(tg.n_tasks):
+        ready = max((finish[d] for d in idx[ptr[t]:ptr[t + 1]]), default=0.0)
+        finish[t] = ready + tg.duration[t]
+    return float(finish.max(initial=0.0))
+
+
+def _assert_same_result(a: simulator.SimResult, b: simulator.SimResult) -> None:
+    for name in ("start", "finish", "release_time", "busy", "peak_memory"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.dtype == y.dtype and np.array_equal(x, y), name  # bit-identical
+    assert a.makespan == b.makespan and a.oom == b.oom and a.oom_resources == b.oom_resources
+
+
+@SETTINGS
+@given(specs())
+def test_schedule_invariants(spec: Spec) -> None:
+    tg = spec.build()
+    res = simulator.simulate(tg)
+    n = tg.n_tasks
+    assert np.array_equal(res.finish, res.start + tg.duration)
+    # every dependency respected
+    ptr, idx = tg.dependencies()
+    for t in range(n):
+        for d in idx[ptr[t]:ptr[t + 1]]:
+            assert res.start[t] >= res.finish[d]
+    # no two tasks overlap on a resource
+    rptr, ridx = tg.resources()
+    for r in range(tg.n_resources):
+        on_r = [t for t in range(n) if r in ridx[rptr[t]:rptr[t + 1]]]
+        intervals = sorted((res.start[t], res.finish[t]) for t in on_r)
+        for (_, f0), (s1, _) in zip(intervals, intervals[1:]):
+            assert s1 >= f0
+        assert res.busy[r] == sum(tg.duration[t] for t in on_r)
+    # makespan bounds
+    total_s = float(tg.duration.sum())
+    assert res.makespan >= _critical_path_s(tg) - 1e-12
+    assert res.makespan >= res.busy.max(initial=0.0) - 1e-12
+    assert res.makespan <= total_s + 1e-9
+    assert np.all(res.utilization() <= 1.0 + 1e-12)
+
+
+@SETTINGS
+@given(specs())
+def test_memory_invariants(spec: Spec) -> None:
+    tg = spec.build()
+    res = simulator.simulate(tg)
+    fptr, fidx = tg.frees()
+    mptr, mres, mbytes = tg.memory()
+    # an allocation is released when the task and every task freeing it have finished
+    for x in range(tg.n_tasks):
+        holders = [t for t in range(tg.n_tasks) if x in fidx[fptr[t]:fptr[t + 1]]]
+        expected = max(res.finish[t] for t in holders + [x]) if holders else np.inf
+        assert res.release_time[x] == expected
+    # the peak is at least resident plus any one allocation, and at most resident plus all of them
+    for r in range(tg.n_resources):
+        on_r = mbytes[mres == r]
+        assert tg.resident_bytes[r] + on_r.max(initial=0) <= res.peak_memory[r]
+        assert res.peak_memory[r] <= tg.resident_bytes[r] + on_r.sum()
+        if fidx.size == 0:  # nothing is ever released
+            assert res.peak_memory[r] == tg.resident_bytes[r] + on_r.sum()
+        times_s, level_bytes = res.memory_timeline(r)
+        assert level_bytes.max() <= res.peak_memory[r] and level_bytes[0] >= tg.resident_bytes[r]
+    over = [r for r in range(tg.n_resources)
+            if tg.memory_capacity_bytes[r] >= 0 and res.peak_memory[r] > tg.memory_capacity_bytes[r]]
+    assert res.oom_resources == over and res.oom == bool(over)
+
+
+@SETTINGS
+@given(specs(), st.data())
+def test_kernel_equals_reference(spec: Spec, data: st.DataObject) -> None:
+    tg = spec.build()
+    _assert_same_result(simulator.simulate(tg), simulator.simulate(tg, reference=True))
+    override = np.array(data.draw(st.lists(st.integers(-2, 2), min_size=tg.n_tasks, max_size=tg.n_tasks)),
+                        dtype=float)
+    _assert_same_result(simulator.simulate(tg, priority=override),
+                        simulator.simulate(tg, priority=override, reference=True))
+
+
+@SETTINGS
+@given(specs(), st.data())
+def test_bulk_add_tasks_equals_repeated_add_task(spec: Spec, data: st.DataObject) -> None:
+    n = len(spec.tasks)
+    cuts = sorted(data.draw(st.lists(st.integers(0, n), max_size=3)))
+    batches = [b - a for a, b in zip([0] + cuts, cuts + [n])]
+    one, bulk = spec.build(), spec.build(batches)
+    for part in ("resources", "dependencies", "successors", "memory", "frees"):
+        for x, y in zip(getattr(one, part)(), getattr(bulk, part)()):
+            assert np.array_equal(x, y), part
+    assert np.array_equal(one.duration, bulk.duration) and np.array_equal(one.priority, bulk.priority)
+    assert [one.task_cat(t) for t in range(n)] == [bulk.task_cat(t) for t in range(n)]
+    assert [one.task_name(t) for t in range(n)] == [bulk.task_name(t) for t in range(n)]
+    _assert_same_result(simulator.simulate(one), simulator.simulate(bulk))
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(50, 800), st.integers(1, 6), st.integers(0, 5), st.integers(1, 40), st.integers(0, 2**31),
+       st.booleans())
+def test_kernel_equals_reference_on_layered_graphs(n_tasks: int, n_gpus: int, n_links: int, width: int,
+                                                   seed: int, tied: bool) -> None:
+    tg = simulator.random_taskgraph(n_tasks, n_gpus, n_links, seed, width=width)
+    if tied:  # few distinct priorities: many ties broken by id
+        tg.priority = np.floor(tg.priority * 3)
+    _assert_same_result(simulator.simulate(tg), simulator.simulate(tg, reference=True))
