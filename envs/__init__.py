@@ -1,1 +1,33 @@
-"""(filled in by its issue)"""
+"""Gymnasium environments of HeteroG: one episode = one parallelisation plan of a training graph on a
+cluster. Registered ids:
+
+- ``HeteroG/Placement-v0``: one graph (default ``tiny_transformer`` on ``paper-8gpu``); pass
+  ``graph=``, ``cluster=``, ``max_groups=``, ``oom_factor=`` ... to ``gymnasium.make``.
+- ``HeteroG/PlacementZoo-v0``: the tiny zoo graphs (``tiny_mlp``, ``tiny_cnn``, ``tiny_transformer``)
+  in one padded space; each ``reset`` draws one of them from the env's seeded generator.
+"""
+import gymnasium as gym
+
+from envs.features import (
+    DEVICE_FEATURE_DIM,
+    GraphFeatures,
+    device_features,
+    graph_features,
+    observation_space,
+    op_feature_dim,
+    op_features,
+    pad_observation,
+)
+from envs.placement import PlacementEnv, resolve_cluster, resolve_graph
+
+__all__ = ["DEVICE_FEATURE_DIM", "GraphFeatures", "PlacementEnv", "device_features", "graph_features",
+           "observation_space", "op_feature_dim", "op_features", "pad_observation", "resolve_cluster",
+           "resolve_graph"]
+
+ENV_IDS = ("HeteroG/Placement-v0", "HeteroG/PlacementZoo-v0")
+TINY_ZOO = ("tiny_mlp", "tiny_cnn", "tiny_transformer")
+
+if ENV_IDS[0] not in gym.registry:
+    gym.register(id=ENV_IDS[0], entry_point="envs.placement:PlacementEnv")
+if ENV_IDS[1] not in gym.registry:
+    gym.register(id=ENV_IDS[1], entry_point="envs.placement:PlacementEnv", kwargs={"graph": list(TINY_ZOO)})

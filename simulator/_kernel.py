@@ -215,8 +215,7 @@ def simulate_kernel(duration, priority, res_ptr, res_idx, dep_ptr, succ_ptr, suc
                 for j in range(mem_ptr[c], mem_ptr[c + 1]):
                     r = mem_res[j]
                     allocated[r] += mem_bytes[j]
-                    if allocated[r] > peak[r]:
-                        peak[r] = allocated[r]
+                    peak[r] = max(peak[r], allocated[r])
                 start[c] = now
                 fc = now + duration[c]
                 finish[c] = fc

@@ -4,7 +4,7 @@ Stored as growable numpy CSR arrays so that a compiler can add tens of thousands
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -32,8 +32,10 @@ class _Buffer:
         self.data[self.size:need] = values
         self.size = need
 
-    def view(self) -> np.ndarray:
-        return self.data[:self.size]
+    def view(self, writeable: bool = False) -> np.ndarray:
+        out = self.data[:self.size]
+        out.flags.writeable = writeable
+        return out
 
 
 def _int_array(values, what: str) -> np.ndarray:
@@ -80,7 +82,7 @@ class TaskGraph:
     never released. Per resource: a name, an optional memory capacity and bytes resident from time 0.
 
     Array properties (``duration``, ``priority``, the CSR pairs) are views of the internal buffers; read
-    them again after adding tasks.
+    them again after adding tasks. Only ``priority`` is writeable: the structure stays as validated.
     """
 
     def __init__(self) -> None:
@@ -106,8 +108,8 @@ class TaskGraph:
         self._succ_cache: tuple[int, np.ndarray, np.ndarray] | None = None
 
     # ---------------------------------------------------------------------------------- resources
-    def add_resource(self, name: str, memory_capacity_bytes: int | float | None = None,
-                     resident_bytes: int | float = 0) -> int:
+    def add_resource(self, name: str, memory_capacity_bytes: float | None = None,
+                     resident_bytes: float = 0) -> int:
         """Add a GPU or a link; returns its id (0, 1, 2, ...)."""
         name = str(name)
         if name in self._res_id:
@@ -305,7 +307,7 @@ class TaskGraph:
     @property
     def priority(self) -> np.ndarray:
         """Priority per task, shape (n_tasks,) (a view: writing into it changes the graph)."""
-        return self._priority.view()
+        return self._priority.view(writeable=True)
 
     @priority.setter
     def priority(self, values: np.ndarray) -> None:
@@ -329,6 +331,7 @@ class TaskGraph:
         n = self.n_tasks
         if self._succ_cache is None or self._succ_cache[0] != n:
             ptr, idx = _kernel.transpose_csr(self._dep_ptr.view(), self._dep_idx.view(), n)
+            ptr.flags.writeable = idx.flags.writeable = False
             self._succ_cache = (n, ptr, idx)
         return self._succ_cache[1], self._succ_cache[2]
 
@@ -341,10 +344,12 @@ class TaskGraph:
         return self._free_ptr.view(), self._free_idx.view()
 
     def task_resources(self, t: int) -> np.ndarray:
-        return self._res_idx.data[self._res_ptr.data[t]:self._res_ptr.data[t + 1]]
+        ptr, idx = self.resources()
+        return idx[ptr[t]:ptr[t + 1]]
 
     def task_deps(self, t: int) -> np.ndarray:
-        return self._dep_idx.data[self._dep_ptr.data[t]:self._dep_ptr.data[t + 1]]
+        ptr, idx = self.dependencies()
+        return idx[ptr[t]:ptr[t + 1]]
 
     def task_name(self, t: int) -> str:
         """The task's name, or ``t<id>`` if it has none."""

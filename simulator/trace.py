@@ -7,9 +7,9 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import tempfile
+import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -21,8 +21,7 @@ def _atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path
     """Call ``write(tmp_path)`` for a temporary file next to ``path``, then rename it to ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
+    tmp = str(path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp"))
     try:
         write(tmp)
         os.replace(tmp, path)
@@ -103,11 +102,12 @@ def plot_gantt(tg: TaskGraph, res: SimResult, path: str | os.PathLike, title: st
     fig = Figure(figsize=(12, 1.2 + 0.28 * max(1, len(rows))))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    palette = colormaps["tab20"]
-    colours = [palette(i % 20) for i in range(len(cat_names))]
+    used = np.unique(cat)
+    palette = colormaps["tab10" if len(used) <= 10 else "tab20"]
+    colours = {int(code): palette(i % palette.N) for i, code in enumerate(used)}
     start_ms = res.start[task] * 1e3
     dur_ms = (res.finish[task] - res.start[task]) * 1e3
-    for code in np.unique(cat):
+    for code in used:
         for r in np.unique(resource[cat == code]):
             sel = (cat == code) & (resource == r)
             y = row_of[r]
@@ -115,11 +115,12 @@ def plot_gantt(tg: TaskGraph, res: SimResult, path: str | os.PathLike, title: st
                            facecolors=colours[code], linewidth=0)
     names = tg.resource_names
     ax.set_yticks(np.arange(len(rows)), [names[r] for r in rows], fontsize=7)
-    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_ylim(max(len(rows), 1) - 0.5, -0.5)
     ax.set_xlim(0, max(res.makespan * 1e3, 1e-9))
     ax.set_xlabel("time (ms)")
     ax.set_title(title or f"makespan {res.makespan * 1e3:.3f} ms")
-    ax.legend(handles=[Patch(color=colours[c], label=cat_names[c] or "task") for c in np.unique(cat)],
-              loc="upper right", fontsize=7, ncols=2)
+    if len(used):
+        ax.legend(handles=[Patch(color=colours[int(c)], label=cat_names[c] or "task") for c in used],
+                  loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7, frameon=False)
     fig.tight_layout()
     return _atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))

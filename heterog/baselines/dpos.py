@@ -1,11 +1,5 @@
-"""FastT's planners: DPOS (its Algorithm 1: critical-path device + insertion-based earliest-finish-time
-placement and order) and OS-DPOS (its Algorithm 2: split critical-path ops along the batch).
-
-Granularity: one group per op, except that a parameter, its optimizer state, its gradient producer and
-its update ops form one unit on one device (TensorFlow colocates them; the unit follows the first op of
-it that is placed, normally the parameter's first forward consumer). Zero-cost placeholders follow their
-unit, or their first consumer. The order DPOS computes is exported as the strategy's priorities.
-"""
+"""FastT's planners: DPOS (Algorithm 1: critical-path device, insertion-based earliest-finish-time placement
+and order of the data-parallel graph's op replicas) and OS-DPOS (Algorithm 2: split critical-path ops)."""
 from __future__ import annotations
 
 import time
@@ -15,20 +9,25 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from heterog.baselines import register
-from heterog.baselines.expert import mp_strategy, op_memory_bytes, order_priorities, param_units
+from heterog.errors import HeterogError
+from heterog.baselines.expert import group_strategy, op_memory_bytes, order_priorities, param_units
 from heterog.strategy import ParallelConfig, Strategy, even_shares, proportional_shares
 
 
 # ----------------------------------------------------------------------------- the problem
 @dataclass
 class PlacementProblem:
-    """What DPOS needs to know about a graph on a cluster (all times in seconds, memory in bytes).
+    """A DAG of nodes to place on M devices and order (times in seconds, memory in bytes).
 
-    Shapes: ``op_time_s`` (n, M); ``edge_src``, ``edge_dst``, ``edge_bytes`` (E,); ``comm_alpha_s`` and
-    ``comm_beta_s_per_byte`` (M, M) with a transfer a->b of x bytes taking alpha[a, b] + x * beta[a, b]
-    (0 on the diagonal); ``is_free`` (n,) zero-cost placeholders that take no device time and follow their
-    unit; ``unit`` (n,) ops that must share a device have the same id; ``held_bytes``,
-    ``transient_bytes`` (n,) as in ``op_memory_bytes``; ``capacity_bytes`` (M,).
+    Node kinds: *device* nodes take ``op_time_s[i, d]`` on the device they are placed on; *free* nodes
+    (``is_free``: placeholders) take no time and follow their unit (or their first consumer); *collective*
+    nodes (``collective_s[i] > 0`` or ``is_collective``) take a fixed time on no device and their result is
+    available on every device. Nodes with the same ``unit`` id share a device.
+
+    Shapes: ``op_time_s`` (N, M); ``edge_src``, ``edge_dst``, ``edge_bytes`` (E,); ``comm_alpha_s`` and
+    ``comm_beta_s_per_byte`` (M, M): a transfer a->b of x > 0 bytes takes alpha[a, b] + x * beta[a, b]
+    (0 on the diagonal, 0 for x = 0); ``is_free``, ``is_collective`` (N,) bool; ``collective_s``, ``unit``,
+    ``held_bytes``, ``transient_bytes`` (N,) (memory as in ``op_memory_bytes``); ``capacity_bytes`` (M,).
     """
 
     op_time_s: np.ndarray
@@ -42,75 +41,187 @@ class PlacementProblem:
     held_bytes: np.ndarray
     transient_bytes: np.ndarray
     capacity_bytes: np.ndarray
-    pred: list[list[int]] = field(init=False, repr=False)
-    succ: list[list[int]] = field(init=False, repr=False)
+    is_collective: np.ndarray | None = None
+    collective_s: np.ndarray | None = None
     pred_edges: list[list[int]] = field(init=False, repr=False)
+    succ_edges: list[list[int]] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        n = self.n_ops
-        self.pred = [[] for _ in range(n)]
-        self.succ = [[] for _ in range(n)]
+        n = self.n_nodes
+        if self.is_collective is None:
+            self.is_collective = np.zeros(n, dtype=bool)
+        if self.collective_s is None:
+            self.collective_s = np.zeros(n)
         self.pred_edges = [[] for _ in range(n)]
+        self.succ_edges = [[] for _ in range(n)]
         for k, (s, d) in enumerate(zip(self.edge_src.tolist(), self.edge_dst.tolist())):
-            self.pred[d].append(s)
-            self.succ[s].append(d)
             self.pred_edges[d].append(k)
+            self.succ_edges[s].append(k)
 
     @property
-    def n_ops(self) -> int:
+    def n_nodes(self) -> int:
         return int(self.op_time_s.shape[0])
 
     @property
     def n_devices(self) -> int:
         return int(self.op_time_s.shape[1])
 
+    @property
+    def on_device(self) -> np.ndarray:
+        """(N,) nodes that occupy a device."""
+        return ~self.is_free & ~self.is_collective
+
+    def worst_time_s(self) -> np.ndarray:
+        """(N,) worst-case time of each node: max over devices, the collective time, 0 for free nodes."""
+        w = np.where(self.on_device, self.op_time_s.max(axis=1), 0.0)
+        return np.where(self.is_collective, self.collective_s, w)
+
     def worst_comm_s(self) -> np.ndarray:
-        """(E,) worst-case transfer time of each edge over all pairs of distinct devices."""
+        """(E,) worst-case transfer time of each edge over pairs of distinct devices (0 for edges without
+        bytes or touching a collective node)."""
         m = self.n_devices
-        if m < 2:
+        if m < 2 or not len(self.edge_bytes):
             return np.zeros(len(self.edge_bytes))
         off = ~np.eye(m, dtype=bool)
         a, b = self.comm_alpha_s[off], self.comm_beta_s_per_byte[off]
-        return np.max(a[None, :] + self.edge_bytes[:, None] * b[None, :], axis=1)
+        c = np.max(a[None, :] + self.edge_bytes[:, None] * b[None, :], axis=1)
+        no_move = (self.edge_bytes <= 0) | self.is_collective[self.edge_src] | self.is_collective[self.edge_dst]
+        return np.where(no_move, 0.0, c)
 
     def topo_position(self) -> np.ndarray:
-        n = self.n_ops
-        indeg = np.array([len(p) for p in self.pred], dtype=np.int64)
-        ready = [i for i in range(n) if indeg[i] == 0][::-1]
+        """(N,) position of each node in a topological order (smallest ready node first)."""
+        import heapq
+
+        n = self.n_nodes
+        indeg = np.array([len(p) for p in self.pred_edges], dtype=np.int64)
+        ready = [i for i in range(n) if indeg[i] == 0]
+        heapq.heapify(ready)
         pos = np.empty(n, dtype=np.int64)
         k = 0
+        dst = self.edge_dst
         while ready:
-            u = ready.pop()
+            u = heapq.heappop(ready)
             pos[u] = k
             k += 1
-            for v in sorted(self.succ[u], reverse=True):
+            for e in self.succ_edges[u]:
+                v = int(dst[e])
                 indeg[v] -= 1
                 if indeg[v] == 0:
-                    ready.append(v)
+                    heapq.heappush(ready, v)
         return pos
 
 
-def placement_problem(ev, memory_headroom: float = 0.9) -> PlacementProblem:
-    """The PlacementProblem of ``ev``'s graph and cluster from its cost model (full-batch op times)."""
-    graph, cluster = ev.graph, ev.cluster
-    m = cluster.n_devices
+@dataclass
+class ReplicatedGraph:
+    """How a PlacementProblem's nodes map back to the graph: node ``r * n_ops + o`` is replica ``r`` of op
+    ``o`` (batch share ``shares[r]``); nodes from ``R * n_ops`` on are AllReduces of partial results
+    produced by ``agg_ops``."""
+
+    problem: PlacementProblem
+    n_ops: int
+    shares: list[int]
+    home: list[int]                 # replica r's starting device
+    agg_ops: np.ndarray             # producer op of the tensor each collective node aggregates
+    op_unit: np.ndarray             # (n_ops,) unit of each op (param_units)
+
+
+def _comm_coefficients(cost, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """(M, M) alpha and beta of the cost model's transfers (it is linear in bytes)."""
     a_idx, b_idx = np.meshgrid(np.arange(m), np.arange(m), indexing="ij")
-    alpha = ev.cost.transfer_times(a_idx.ravel(), b_idx.ravel(), np.zeros(m * m)).reshape(m, m)
-    beta = ev.cost.transfer_times(a_idx.ravel(), b_idx.ravel(), np.ones(m * m)).reshape(m, m) - alpha
-    held, transient = op_memory_bytes(graph)
-    return PlacementProblem(
-        op_time_s=np.asarray(ev.cost.full_batch_times(graph), dtype=np.float64),
-        edge_src=graph.edge_src, edge_dst=graph.edge_dst, edge_bytes=graph.edge_bytes,
-        comm_alpha_s=alpha, comm_beta_s_per_byte=beta, is_free=~graph.is_compute,
-        unit=param_units(graph), held_bytes=held, transient_bytes=transient,
-        capacity_bytes=np.asarray(cluster.memory_bytes, dtype=np.float64) * memory_headroom)
+    alpha = cost.transfer_times(a_idx.ravel(), b_idx.ravel(), np.zeros(m * m)).reshape(m, m)
+    beta = cost.transfer_times(a_idx.ravel(), b_idx.ravel(), np.ones(m * m)).reshape(m, m) - alpha
+    return alpha, beta
+
+
+def replicated_problem(ev, replicas: int | None = None, shares: str = "proportional",
+                       memory_headroom: float = 0.9) -> ReplicatedGraph:
+    """The data-parallel graph of ``ev``'s graph as a PlacementProblem.
+
+    Args:
+        replicas: number of replicas R (default: one per device; 1 = plain model parallelism). Replica r
+            starts on the r-th most powerful device (ties by index).
+        shares: batch shares "proportional" to device power (like CP), to the device's "speed" on this
+            graph (1 / its full-batch time), or "even".
+        memory_headroom: fraction of each device's memory DPOS may plan for.
+
+    Every op has R replicas working on their batch share (ops without a batch tensor are duplicated);
+    with R > 1 each partial result that is read (weight gradient, loss: the compiler's tensors that need
+    aggregation) gets an AllReduce node over the replicas' home devices that feeds every replica's
+    consumers.
+    """
+    from heterog.compiler.compile import graph_index
+
+    graph, cluster, cost = ev.graph, ev.cluster, ev.cost
+    n, m, batch = graph.n_ops, cluster.n_devices, graph.batch_size
+    r_count = min(m if replicas is None else int(replicas), batch)
+    if r_count < 1:
+        raise HeterogError(f"DPOS replicas must be at least 1, got {replicas}")
+    home = np.lexsort((np.arange(m), -np.asarray(cluster.power)))[:r_count].tolist()
+    if shares == "proportional":
+        share = proportional_shares(batch, np.asarray(cluster.power)[home])
+    elif shares == "speed":
+        share = proportional_shares(batch, 1.0 / cost.full_batch_times(graph).sum(axis=0)[home])
+    elif shares == "even":
+        share = even_shares(batch, r_count)
+    else:
+        raise HeterogError(f"unknown DPOS shares {shares!r} (choose proportional, speed or even)")
+    keep = [r for r in range(r_count) if share[r] > 0]
+    home, share = [home[r] for r in keep], [share[r] for r in keep]
+    R = len(share)
+    frac = np.asarray(share, dtype=np.float64) / batch
+
+    gi = graph_index(graph)
+    agg_t = np.nonzero(gi.t_needs_agg)[0] if R > 1 else np.zeros(0, dtype=np.int64)   # partial tensors
+    agg_node = np.full(len(gi.t_needs_agg), -1, dtype=np.int64)
+    agg_node[agg_t] = R * n + np.arange(len(agg_t))
+    N = R * n + len(agg_t)
+
+    # node times: replica r of op o on device d at fraction frac[r]
+    o_idx = np.tile(np.repeat(np.arange(n), m), R)
+    d_idx = np.tile(np.arange(m), n * R)
+    f_idx = np.repeat(frac, n * m)
+    times = np.zeros((N, m))
+    times[:R * n] = cost.op_times(graph, o_idx, d_idx, f_idx).reshape(R * n, m)
+    collective_s = np.zeros(N)
+    is_collective = np.zeros(N, dtype=bool)
+    if len(agg_t):
+        collective_s[R * n:] = cost.allreduce_times(home, gi.t_bytes[agg_t])[0]
+        is_collective[R * n:] = True
+
+    # edges: replica-local, or through the AllReduce of a partial tensor (value-free reads stay local)
+    src, dst, eb, batch_e = graph.edge_src, graph.edge_dst, graph.edge_bytes, graph.edge_has_batch
+    via = (agg_node[gi.e_tensor] >= 0) & ~gi.e_value_free if len(src) else np.zeros(0, dtype=bool)
+    direct = ~via
+    agg_src = gi.t_op[agg_t]
+    srcs, dsts, nbytes = [], [], []
+    for r in range(R):
+        srcs += [r * n + src[direct], agg_node[gi.e_tensor[via]], r * n + agg_src]
+        dsts += [r * n + dst[direct], r * n + dst[via], agg_node[agg_t]]
+        moved = np.where(batch_e[direct], eb[direct] * frac[r], eb[direct])
+        nbytes += [np.where(gi.e_value_free[direct], 0.0, moved), np.zeros(int(via.sum())), np.zeros(len(agg_t))]
+    e_src = np.concatenate(srcs).astype(np.int64)
+    e_dst = np.concatenate(dsts).astype(np.int64)
+    e_bytes = np.concatenate(nbytes).astype(np.float64)
+
+    op_unit = param_units(graph)
+    unit = np.concatenate([r * n + op_unit for r in range(R)] + [np.arange(R * n, N)])
+    held = np.zeros(N)
+    transient = np.zeros(N)
+    for r in range(R):
+        held[r * n:(r + 1) * n], transient[r * n:(r + 1) * n] = op_memory_bytes(graph, frac[r])
+    is_free = np.concatenate([np.tile(~graph.is_compute, R), np.zeros(len(agg_t), dtype=bool)])
+    alpha, beta = _comm_coefficients(cost, m)
+    prob = PlacementProblem(times, e_src, e_dst, e_bytes, alpha, beta, is_free, unit, held, transient,
+                            np.asarray(cluster.memory_bytes, dtype=np.float64) * memory_headroom,
+                            is_collective, collective_s)
+    return ReplicatedGraph(prob, n, share, home, agg_src, op_unit)
 
 
 # ----------------------------------------------------------------------------- DPOS
 @dataclass
 class DposSchedule:
-    """DPOS's result. Shapes: device, start_s, finish_s (n,) (placeholders start and finish at 0);
-    order (n,) ops by start time; critical_path (ops, entry to exit, compute ops only)."""
+    """DPOS's result. Shapes (N,): device (-1 for collectives), start_s, finish_s (free nodes: 0);
+    order: nodes by start time; critical_path: nodes that occupy a device, entry to exit."""
 
     device: np.ndarray
     start_s: np.ndarray
@@ -119,49 +230,49 @@ class DposSchedule:
     makespan_s: float
     critical_path: list[int]
     cp_device: int
-    rank_u_s: np.ndarray
     memory_ok: bool
 
 
 def upward_downward_ranks(prob: PlacementProblem) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Worst-case ranks: rank_u(o) = w(o) + max over successors (c(o, s) + rank_u(s)),
-    rank_d(o) = max over predecessors (rank_d(p) + w(p) + c(p, o)), w = max over devices of the op's
-    time, c = worst-case transfer time. Returns (rank_u, rank_d, topological position)."""
-    n = prob.n_ops
-    w = np.where(prob.is_free, 0.0, prob.op_time_s.max(axis=1))
-    c = prob.worst_comm_s()
+    """Worst-case ranks: rank_u(i) = w(i) + max over out-edges (c(e) + rank_u(dst)),
+    rank_d(i) = max over in-edges (rank_d(src) + w(src) + c(e)); w = ``worst_time_s``,
+    c = ``worst_comm_s``. Returns (rank_u, rank_d, topological position)."""
+    w = prob.worst_time_s()
+    c = prob.worst_comm_s().tolist()
     pos = prob.topo_position()
-    order = np.argsort(pos)
-    succ_edges: list[list[int]] = [[] for _ in range(n)]
-    for k, s in enumerate(prob.edge_src.tolist()):
-        succ_edges[s].append(k)
-    dst = prob.edge_dst.tolist()
-    src = prob.edge_src.tolist()
-    rank_u = np.zeros(n)
-    for o in order[::-1].tolist():
-        rank_u[o] = w[o] + max((c[k] + rank_u[dst[k]] for k in succ_edges[o]), default=0.0)
-    rank_d = np.zeros(n)
-    for o in order.tolist():
-        rank_d[o] = max((rank_d[src[k]] + w[src[k]] + c[k] for k in prob.pred_edges[o]), default=0.0)
-    return rank_u, rank_d, pos
+    order = np.argsort(pos).tolist()
+    dst, src = prob.edge_dst.tolist(), prob.edge_src.tolist()
+    n = prob.n_nodes
+    rank_u = [0.0] * n
+    wl = w.tolist()
+    for i in reversed(order):
+        rank_u[i] = wl[i] + max((c[k] + rank_u[dst[k]] for k in prob.succ_edges[i]), default=0.0)
+    rank_d = [0.0] * n
+    for i in order:
+        rank_d[i] = max((rank_d[src[k]] + wl[src[k]] + c[k] for k in prob.pred_edges[i]), default=0.0)
+    return np.asarray(rank_u), np.asarray(rank_d), pos
 
 
-def critical_path(prob: PlacementProblem, rank_u: np.ndarray, rank_d: np.ndarray) -> list[int]:
-    """Ops of the critical path (priority rank_u + rank_d maximal), entry to exit, compute ops only."""
-    prio = rank_u + rank_d
-    entries = [i for i in range(prob.n_ops) if not prob.pred[i]]
+def critical_path(prob: PlacementProblem, rank_u: np.ndarray) -> list[int]:
+    """Nodes of the critical path that occupy a device, entry to exit: from the entry of largest rank_u,
+    follow the out-edge that attains each node's rank_u (so rank_u + rank_d is maximal all along)."""
+    entries = [i for i in range(prob.n_nodes) if not prob.pred_edges[i]]
     if not entries:
         return []
+    c = prob.worst_comm_s()
     node = max(entries, key=lambda i: (rank_u[i], -i))
     path = [node]
-    while prob.succ[node]:
-        node = max(prob.succ[node], key=lambda s: (prio[s], -s))
+    while prob.succ_edges[node]:
+        k = max(prob.succ_edges[node], key=lambda e: (c[e] + rank_u[prob.edge_dst[e]], -e))
+        node = int(prob.edge_dst[k])
         path.append(node)
-    return [o for o in path if not prob.is_free[o]]
+    on = prob.on_device
+    return [i for i in path if on[i]]
 
 
 def _earliest_gap(starts: list[float], ends: list[float], ready: float, dur: float) -> tuple[float, int]:
-    """Insertion policy: earliest t >= ready with [t, t + dur) free between sorted busy slots."""
+    """Insertion policy: earliest t >= ready with [t, t + dur) free between sorted busy slots; returns
+    (t, index at which the new slot goes)."""
     k = bisect_right(ends, ready)
     t = ready
     while k < len(starts):
@@ -175,130 +286,169 @@ def _earliest_gap(starts: list[float], ends: list[float], ready: float, dur: flo
 def dpos_schedule(prob: PlacementProblem) -> DposSchedule:
     """FastT's DPOS on ``prob``.
 
-    1. Upward ranks with worst-case op and transfer costs; critical path = ops of maximal rank_u + rank_d.
-    2. Critical-path device: the device with the least total time for the critical-path ops among those
-       whose memory holds them (the fastest overall if none does).
-    3. Ops in decreasing rank_u (ties: topological order): an op whose unit is already placed goes there;
-       a critical-path op goes to the critical-path device if it fits in memory; any other op goes to the
-       device giving the earliest finish time with insertion into idle gaps, counting transfers from its
-       inputs' devices and skipping devices whose memory estimate would overflow (if all overflow: the
-       device with most memory left). Zero-cost placeholders follow their unit or first consumer.
+    1. Upward ranks with worst-case node and transfer costs; the critical path attains the largest rank.
+    2. Critical-path device: least total time for the critical-path nodes among the devices whose memory
+       holds them (least total time overall if none does).
+    3. Nodes in decreasing rank_u (ties: topological order). A node whose unit is placed goes there; a
+       critical-path node goes to the critical-path device if it fits; any other node goes to the device
+       that gives the earliest finish time, inserted into an idle gap (ready time = latest arrival of its
+       inputs, with transfer times from their devices), among the devices whose memory estimate stays
+       within capacity (if none: the device with most memory left). Collectives start when their inputs
+       are done and occupy no device. Free nodes follow their unit or first consumer at time 0.
     """
-    n, m = prob.n_ops, prob.n_devices
-    rank_u, rank_d, pos = upward_downward_ranks(prob)
-    cp = critical_path(prob, rank_u, rank_d)
+    n, m = prob.n_nodes, prob.n_devices
+    rank_u, _, pos = upward_downward_ranks(prob)
+    cp = critical_path(prob, rank_u)
     cp_set = set(cp)
     times = prob.op_time_s
-    units = prob.unit
-    members: dict[int, list[int]] = {}
-    for i, u in enumerate(units.tolist()):
-        members.setdefault(u, []).append(i)
-    free_held = {u: float(sum(prob.held_bytes[i] for i in ops if prob.is_free[i])) for u, ops in members.items()}
+    units = prob.unit.tolist()
+    is_free = prob.is_free.tolist()
+    is_coll = prob.is_collective.tolist()
+    free_members: dict[int, list[int]] = {}
+    for i in range(n):
+        if is_free[i]:
+            free_members.setdefault(units[i], []).append(i)
+    free_held = {u: float(prob.held_bytes[ops].sum()) for u, ops in free_members.items()}
 
-    # 2. critical-path device
     cp_time = times[cp].sum(axis=0) if cp else np.zeros(m)
-    cp_units = {int(units[o]) for o in cp}
-    cp_mem = float(prob.held_bytes[cp].sum()) + sum(free_held[u] for u in cp_units) + \
+    cp_units = {units[i] for i in cp}
+    cp_mem = float(prob.held_bytes[cp].sum()) + sum(free_held.get(u, 0.0) for u in cp_units) + \
         float(prob.transient_bytes[cp].max(initial=0.0))
-    fits = cp_mem <= prob.capacity_bytes
-    cp_device = int(np.argmin(np.where(fits, cp_time, np.inf))) if fits.any() else int(np.argmin(cp_time))
+    fits_cp = cp_mem <= prob.capacity_bytes
+    cp_device = int(np.argmin(np.where(fits_cp, cp_time, np.inf))) if fits_cp.any() else int(np.argmin(cp_time))
 
-    # 3. placement in rank order
     device = np.full(n, -1, dtype=np.int64)
     start = np.zeros(n)
     finish = np.zeros(n)
     unit_dev: dict[int, int] = {}
-    used = np.zeros(m)                 # held bytes per device
+    used = np.zeros(m)                                   # held bytes per device
     peak_transient = np.zeros(m)
     slots_s: list[list[float]] = [[] for _ in range(m)]
     slots_e: list[list[float]] = [[] for _ in range(m)]
     memory_ok = True
     alpha, beta = prob.comm_alpha_s, prob.comm_beta_s_per_byte
-    src, nbytes = prob.edge_src, prob.edge_bytes
+    src, nbytes = prob.edge_src.tolist(), prob.edge_bytes.tolist()
+    zero = np.zeros(m)
 
-    def decide_unit(u: int, d: int) -> None:
-        unit_dev[u] = d
-        used[d] += free_held[u]
-        for i in members[u]:
-            if prob.is_free[i]:
-                device[i] = d
-
-    for o in sorted(range(n), key=lambda i: (-rank_u[i], pos[i])):
-        u = int(units[o])
-        if prob.is_free[o]:
-            continue                                    # placed with its unit or first consumer
-        # arrival of each input on each candidate device
-        ready = np.zeros(m)
-        new_units = {u} if u not in unit_dev else set()
-        for k in prob.pred_edges[o]:
-            p = int(src[k])
-            if prob.is_free[p]:
-                pu = int(units[p])
+    for i in sorted(range(n), key=lambda j: (-rank_u[j], pos[j])):
+        if is_free[i]:
+            continue                                     # placed with its unit or first consumer
+        if is_coll[i]:
+            start[i] = max((finish[src[k]] for k in prob.pred_edges[i]), default=0.0)
+            finish[i] = start[i] + prob.collective_s[i]
+            continue
+        u = units[i]
+        ready = zero.copy()
+        new_units = set() if u in unit_dev else {u}
+        for k in prob.pred_edges[i]:
+            p = src[k]
+            if is_coll[p]:
+                ready = np.maximum(ready, finish[p])
+                continue
+            if is_free[p]:
+                pu = units[p]
                 if pu not in unit_dev:
                     new_units.add(pu)
                     continue
                 at, pd = 0.0, unit_dev[pu]
             else:
                 at, pd = finish[p], int(device[p])
-            ready = np.maximum(ready, at + alpha[pd] + nbytes[k] * beta[pd])
-        extra = prob.held_bytes[o] + sum(free_held[x] for x in new_units)
-        mem_after = used + extra + np.maximum(peak_transient, prob.transient_bytes[o])
+            if nbytes[k] > 0:
+                ready = np.maximum(ready, at + alpha[pd] + nbytes[k] * beta[pd])
+            else:
+                ready = np.maximum(ready, at)
+        extra = prob.held_bytes[i] + sum(free_held.get(x, 0.0) for x in new_units)
+        mem_after = used + extra + np.maximum(peak_transient, prob.transient_bytes[i])
         fits = mem_after <= prob.capacity_bytes
         if u in unit_dev:
             candidates = [unit_dev[u]]
-        elif o in cp_set and fits[cp_device]:
+        elif i in cp_set and fits[cp_device]:
             candidates = [cp_device]
         elif fits.any():
             candidates = np.nonzero(fits)[0].tolist()
         else:
-            memory_ok = False
             candidates = [int(np.argmin(mem_after - prob.capacity_bytes))]
-        if not fits[candidates[0]] and len(candidates) == 1:
-            memory_ok = False
         best = None
         for d in candidates:
-            t, k = _earliest_gap(slots_s[d], slots_e[d], float(ready[d]), float(times[o, d]))
-            eft = t + float(times[o, d])
+            t, slot = _earliest_gap(slots_s[d], slots_e[d], float(ready[d]), float(times[i, d]))
+            eft = t + float(times[i, d])
             if best is None or eft < best[0]:
-                best = (eft, d, t, k)
-        eft, d, t, k = best
-        device[o], start[o], finish[o] = d, t, eft
-        slots_s[d].insert(k, t)
-        slots_e[d].insert(k, eft)
-        used[d] += prob.held_bytes[o]
-        peak_transient[d] = max(peak_transient[d], prob.transient_bytes[o])
-        for x in sorted(new_units):
-            decide_unit(x, d)
-    # placeholders nobody consumed: their unit's device, or the critical-path device
-    for i in np.nonzero(device < 0)[0].tolist():
-        device[i] = unit_dev.get(int(units[i]), cp_device)
+                best = (eft, d, t, slot)
+        eft, d, t, slot = best
+        memory_ok &= bool(fits[d])
+        device[i], start[i], finish[i] = d, t, eft
+        slots_s[d].insert(slot, t)
+        slots_e[d].insert(slot, eft)
+        used[d] += prob.held_bytes[i]
+        peak_transient[d] = max(peak_transient[d], prob.transient_bytes[i])
+        for x in new_units:
+            unit_dev[x] = d
+            used[d] += free_held.get(x, 0.0)
+    for i in np.nonzero(prob.is_free)[0].tolist():     # free nodes: their unit's device (unused: cp device)
+        device[i] = unit_dev.get(units[i], cp_device)
     order = np.lexsort((pos, start))
-    return DposSchedule(device, start, finish, order, float(finish.max(initial=0.0)), cp, cp_device, rank_u,
-                        memory_ok)
+    return DposSchedule(device, start, finish, order, float(finish.max(initial=0.0)), cp, cp_device, memory_ok)
 
 
-def dpos_strategy(ev, sched: DposSchedule, prob: PlacementProblem) -> Strategy:
-    """One group per unit on its DPOS device; priorities = DPOS's order."""
-    return mp_strategy(ev, prob.unit, {int(u): int(sched.device[i]) for i, u in enumerate(prob.unit.tolist())},
-                       priorities=order_priorities(sched.order, prob.n_ops),
-                       meta={"dpos_makespan_s": sched.makespan_s, "critical_path_device": sched.cp_device,
-                             "critical_path_ops": len(sched.critical_path), "memory_ok": sched.memory_ok})
+def replicated_strategy(ev, rg: ReplicatedGraph, sched: DposSchedule, *, at_home: bool = False) -> Strategy:
+    """Each unit's config merges its replicas' devices and shares (AllReduce across them); the order of
+    ops is that of their first replica's start in the schedule. ``at_home``: every replica on its
+    starting device instead (the data-parallel deployment DPOS starts from), same order."""
+    n, R = rg.n_ops, len(rg.shares)
+    dev = sched.device[:R * n].reshape(R, n)
+    config_of = {}
+    home = ParallelConfig.of(list(zip(rg.home, rg.shares)), sync="allreduce")
+    for u in np.unique(rg.op_unit).tolist():
+        config_of[u] = home if at_home else \
+            ParallelConfig.of([(int(dev[r, u]), rg.shares[r]) for r in range(R)], sync="allreduce")
+    op_start = sched.start_s[:R * n].reshape(R, n).min(axis=0)
+    pos = rg.problem.topo_position()[:n]
+    prio = order_priorities(np.lexsort((pos, op_start)), n)
+    info = {"dpos_makespan_s": sched.makespan_s, "critical_path_device": sched.cp_device,
+            "critical_path_nodes": len(sched.critical_path), "memory_ok": sched.memory_ok,
+            "replicas": R, "replica_shares": list(rg.shares)}
+    return group_strategy(ev, rg.op_unit, config_of, priorities=prio, meta=info)
 
 
-@register("dpos")
-def dpos(ev, memory_headroom: float = 0.9, **_):
-    """FastT DPOS: model parallelism per op with a critical-path device and insertion-based EFT."""
-    prob = placement_problem(ev, memory_headroom)
-    return dpos_strategy(ev, dpos_schedule(prob), prob)
-
-
-# ----------------------------------------------------------------------------- OS-DPOS
 def plan_cost(ev, strategy: Strategy, oom_factor: float = 10.0) -> float:
     """Iteration time of ``strategy``, multiplied by ``oom_factor`` if a device runs out of memory."""
     t, oom = ev.iteration_time(strategy)
     return t * oom_factor if oom else t
 
 
+def dpos_plan(ev, replicas: int | None, shares: str, memory_headroom: float,
+              check_start: bool) -> tuple[Strategy, ReplicatedGraph, DposSchedule, float]:
+    """DPOS's strategy and its simulated cost.
+
+    With ``check_start`` (FastT deploys a new strategy only when it is faster than the running one) the
+    simulator scores three plans and the fastest is returned: DPOS's placement in DPOS's order, the
+    data-parallel deployment DPOS started from in DPOS's order, and that deployment as it runs before
+    DPOS (the scheduler's own rank order). ``meta["deployed"]`` says which; the costs are in meta too.
+    """
+    rg = replicated_problem(ev, replicas, shares, memory_headroom)
+    sched = dpos_schedule(rg.problem)
+    candidates = {"dpos": replicated_strategy(ev, rg, sched)}
+    if check_start and len(rg.shares) > 1:
+        start = replicated_strategy(ev, rg, sched, at_home=True)
+        candidates["start+dpos-order"] = start
+        candidates["start"] = Strategy(start.graph_fingerprint, start.cluster_name, start.n_devices,
+                                       start.batch_size, start.group_of, start.configs, meta=dict(start.meta))
+    costs = {name: plan_cost(ev, st) for name, st in candidates.items()}
+    deployed = min(costs, key=lambda k: (costs[k], list(costs).index(k)))
+    strategy = candidates[deployed]
+    strategy.meta.update(deployed=deployed, **{f"cost_s/{k}": v for k, v in costs.items()})
+    return strategy, rg, sched, costs[deployed]
+
+
+@register("dpos")
+def dpos(ev, replicas: int | None = None, shares: str = "proportional", memory_headroom: float = 0.9,
+         check_start: bool = True, **_):
+    """FastT DPOS over the data-parallel graph (``replicas=1``: over the plain graph, i.e. model
+    parallelism per op); see ``dpos_plan`` for ``check_start``."""
+    return dpos_plan(ev, replicas, shares, memory_headroom, check_start)[0]
+
+
+# ----------------------------------------------------------------------------- OS-DPOS
 def split_configs(op_times_s: np.ndarray, batch_size: int) -> list[ParallelConfig]:
     """Candidate splits of one op: over its k fastest devices (k = 2..M, ties by index), with even shares
     and with shares proportional to the op's speed on each device; AllReduce for partial results."""
@@ -315,35 +465,41 @@ def split_configs(op_times_s: np.ndarray, batch_size: int) -> list[ParallelConfi
     return out
 
 
+def with_config(strategy: Strategy, group: int, config: ParallelConfig) -> Strategy:
+    """A copy of ``strategy`` with ``group`` running under ``config``."""
+    configs = list(strategy.configs)
+    configs[group] = config
+    return Strategy(strategy.graph_fingerprint, strategy.cluster_name, strategy.n_devices, strategy.batch_size,
+                    strategy.group_of, configs, strategy.method, strategy.priorities, dict(strategy.meta))
+
+
 @register("os-dpos")
-def os_dpos(ev, budget_s: float = 60.0, memory_headroom: float = 0.9, **_):
-    """FastT OS-DPOS: start from DPOS; take the critical-path ops that carry the batch, longest first
-    (on the critical-path device); try every split of an op over its 2..M fastest devices (even or
-    proportional shares, AllReduce); keep the best split if the simulated iteration gets shorter, and
-    stop at the first op that no split improves (or when ``budget_s`` is spent)."""
+def os_dpos(ev, budget_s: float = 60.0, replicas: int | None = None, shares: str = "proportional",
+            memory_headroom: float = 0.9, check_start: bool = True, **_):
+    """FastT OS-DPOS: start from DPOS; take the ops of its critical path that carry the batch, longest
+    first (on the critical-path device); try every split of the op over its 2..M fastest devices (even
+    or proportional shares, AllReduce) and keep the best if the simulated iteration gets shorter; stop
+    at the first op that no split improves, or when ``budget_s`` is spent."""
     t0 = time.perf_counter()
-    prob = placement_problem(ev, memory_headroom)
-    sched = dpos_schedule(prob)
-    strategy = dpos_strategy(ev, sched, prob)
-    best_cost = plan_cost(ev, strategy)
+    strategy, rg, sched, best_cost = dpos_plan(ev, replicas, shares, memory_headroom, check_start)
     start_cost = best_cost
-    splittable = ev.graph.has_batch
-    cp = [o for o in sched.critical_path if splittable[o]]
-    cp.sort(key=lambda o: (-prob.op_time_s[o, sched.cp_device], o))
+    n = rg.n_ops
+    cp_ops = list(dict.fromkeys(i % n for i in sched.critical_path if i < len(rg.shares) * n))
+    cp_ops = [o for o in cp_ops if ev.graph.has_batch[o] and ev.graph.is_compute[o]]
+    full = ev.cost.full_batch_times(ev.graph)
+    cp_ops.sort(key=lambda o: (-full[o, sched.cp_device], o))
     n_split = n_tried = 0
-    for o in cp:
+    for o in cp_ops:
         if time.perf_counter() - t0 > budget_s:
             break
         g = int(strategy.group_of[o])
         found = None
-        for cfg in split_configs(prob.op_time_s[o], ev.graph.batch_size):
-            configs = list(strategy.configs)
-            configs[g] = cfg
-            cand = Strategy(strategy.graph_fingerprint, strategy.cluster_name, strategy.n_devices,
-                            strategy.batch_size, strategy.group_of, configs, priorities=strategy.priorities,
-                            meta=dict(strategy.meta))
+        for cfg in split_configs(full[o], ev.graph.batch_size):
+            if cfg == strategy.configs[g]:
+                continue
+            cand = with_config(strategy, g, cfg)
             c = plan_cost(ev, cand)
-            if c < best_cost - 1e-12:
+            if c < best_cost:
                 best_cost, found = c, cand
             if time.perf_counter() - t0 > budget_s:
                 break

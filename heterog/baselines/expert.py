@@ -23,32 +23,35 @@ def param_units(graph) -> np.ndarray:
     return _attach_params_to_grads(graph, np.arange(graph.n_ops, dtype=np.int64))
 
 
-def op_memory_bytes(graph) -> tuple[np.ndarray, np.ndarray]:
-    """Memory an op puts on its device under model parallelism, split into what stays for the whole
-    iteration and what is transient.
+def op_memory_bytes(graph, fraction: float | np.ndarray = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """Memory an op puts on its device when it processes ``fraction`` of the batch, split into what
+    stays for most of the iteration and what is transient.
 
     Returns ``(held_bytes, transient_bytes)``, both (n_ops,): held = resident parameter, gradient and
-    optimizer-state bytes plus the outputs of forward ops (activations kept for the backward pass);
-    transient = outputs of backward and update ops (freed soon after). A device's estimated peak is
-    sum(held) + max(transient) over its ops (allocation sizes follow the compiler's accounting).
+    optimizer-state bytes plus the outputs of forward ops that a backward or update op reads
+    (activations kept for the backward pass); transient = every other output (freed after its last,
+    nearby consumer). A device's estimated peak is sum(held) + max(transient) over its ops (allocation
+    sizes follow the compiler's accounting).
     """
     from heterog.compiler.compile import graph_index
 
     gi = graph_index(graph)
-    alloc = gi.out_fixed_bytes + gi.out_batch_bytes
-    forward = graph.phase_index == 0
-    held = gi.resident_bytes + np.where(forward, alloc, 0.0)
-    transient = np.where(forward, 0.0, alloc)
-    return held, transient
+    alloc = gi.out_fixed_bytes + gi.out_batch_bytes * fraction
+    kept = np.zeros(graph.n_ops, dtype=bool)
+    if len(graph.edges):
+        late = graph.phase_index[graph.edge_dst] > 0
+        kept[graph.edge_src[late]] = True
+    kept &= graph.phase_index == 0
+    return gi.resident_bytes + np.where(kept, alloc, 0.0), np.where(kept, 0.0, alloc)
 
 
-def mp_strategy(ev, group_of: np.ndarray, group_device: np.ndarray, *,
-                priorities: np.ndarray | None = None, meta: dict | None = None) -> Strategy:
-    """A model-parallel Strategy: group ``g`` runs on device ``group_device[g]`` with the whole batch.
+def group_strategy(ev, group_of: np.ndarray, config_of, *, priorities: np.ndarray | None = None,
+                   meta: dict | None = None) -> Strategy:
+    """A Strategy with group ``g`` running under ``config_of[g]``.
 
     Args:
         group_of: (n_ops,) group id per op (any ids; renumbered 0..G-1 in order of first appearance).
-        group_device: indexed by the given group ids (a dict-like or an array long enough).
+        config_of: ParallelConfig per given group id (a mapping, or a sequence indexed by the ids).
         priorities: (n_ops,) execution order to export (higher runs first), or None.
     """
     graph, cluster = ev.graph, ev.cluster
@@ -56,17 +59,20 @@ def mp_strategy(ev, group_of: np.ndarray, group_device: np.ndarray, *,
     _, first = np.unique(group_of, return_index=True)
     ids = group_of[np.sort(first)]
     remap = {int(g): k for k, g in enumerate(ids.tolist())}
-    configs_of_device = {}
-    configs = []
-    for g in ids.tolist():
-        d = int(group_device[g])
-        if d not in configs_of_device:
-            configs_of_device[d] = ParallelConfig.single(d, graph.batch_size)
-        configs.append(configs_of_device[d])
+    configs = [config_of[int(g)] for g in ids.tolist()]
     new_group = np.fromiter((remap[int(g)] for g in group_of.tolist()), dtype=np.int64, count=len(group_of))
     return Strategy(graph.fingerprint, cluster.name, cluster.n_devices, graph.batch_size, new_group, configs,
                     priorities=None if priorities is None else np.asarray(priorities, dtype=np.float64),
                     meta=dict(meta or {}))
+
+
+def mp_strategy(ev, group_of: np.ndarray, group_device, *, priorities: np.ndarray | None = None,
+                meta: dict | None = None) -> Strategy:
+    """A model-parallel Strategy: group ``g`` runs on device ``group_device[g]`` with the whole batch."""
+    batch = ev.graph.batch_size
+    single = {d: ParallelConfig.single(d, batch) for d in range(ev.cluster.n_devices)}
+    config_of = {int(g): single[int(group_device[int(g)])] for g in np.unique(group_of).tolist()}
+    return group_strategy(ev, group_of, config_of, priorities=priorities, meta=meta)
 
 
 def order_priorities(order: np.ndarray, n_ops: int) -> np.ndarray:

@@ -219,6 +219,12 @@ class CompiledPlan:
     dep_idx: np.ndarray
     ps_device: dict = field(default_factory=dict)        # group -> chosen PS device
     allreduce_algo: dict = field(default_factory=dict)   # aggregated op -> "ring" | "hierarchical"
+    # the layout decisions, for the runtime (which must reproduce them) and for reports
+    op_layout: np.ndarray | None = None        # (n_ops,) layout id of each op's instances
+    layout_devices: list = field(default_factory=list)   # layout id -> tuple of devices
+    layout_shares: list = field(default_factory=list)    # layout id -> tuple of batch shares (DUP: B each)
+    tensor_layout: np.ndarray | None = None    # (n_tensors,) layout whose devices hold each tensor's value
+    aggregated: dict = field(default_factory=dict)       # tensor id -> ("ps", ps device) | ("allreduce", devices)
 
     @property
     def n_tasks(self) -> int:
@@ -374,10 +380,14 @@ def compile_strategy(graph, cluster, strategy, cost, *, serialize_collectives: b
                  dep_ptr=dep_ptr, dep_idx=dep_on, mem_ptr=mem_ptr, mem_res=dev[has_mem],
                  mem_bytes=alloc[has_mem], free_ptr=dep_ptr, free_idx=dep_on,
                  cats=np.array([tg.category(c) for c in CATEGORIES], dtype=np.int64)[T.col("cat")[perm]])
+    aggregated = {int(t): (("ps", group_ps[int(op_group[gi.t_op[t]])]) if cfg_ps[op_cfg[gi.t_op[t]]]
+                           else ("allreduce", lay_devs[op_lay[gi.t_op[t]]])) for t in agg_t.tolist()}
     return CompiledPlan(tg=tg, task_kind=T.col("kind")[perm], task_op=T.col("op")[perm], task_device=dev,
                         op_priority=None if strategy.priorities is None else np.asarray(strategy.priorities),
                         task_prio_op=T.col("prio_op")[perm], n_devices=m, n_links=n_links,
-                        dep_ptr=dep_ptr, dep_idx=dep_on, ps_device=group_ps, allreduce_algo=allreduce_algo)
+                        dep_ptr=dep_ptr, dep_idx=dep_on, ps_device=group_ps, allreduce_algo=allreduce_algo,
+                        op_layout=op_lay, layout_devices=lay_devs, layout_shares=lay_shares,
+                        tensor_layout=prov_lay, aggregated=aggregated)
 
 
 def _choose_ps(group_cfg, cfgs, cfg_ps, op_group, agg, gi, cost, bw, lat) -> dict:

@@ -16,7 +16,8 @@ _LAZY = {
     "load_model_fn": "heterog.graph.modelref",
 }
 
-__all__ = ["Edge", "Op", "OpGraph", "load_graph", *sorted(_LAZY)]
+__all__ = ["CapturedStep", "Edge", "Op", "OpGraph", "capture_fx", "capture_model", "fuse_trivial",
+           "graph_from_step", "load_graph", "load_model_fn"]
 
 
 def __getattr__(name: str) -> Any:

@@ -77,7 +77,7 @@ def capture_model(ref: str, batch_size: int | None = None, optimizer: str = "sgd
         raise HeterogError(f"batch size must be positive, got {batch_size}")
     model_fn = load_model_fn(ref)
     if batch_size is None and not is_file_ref(ref):
-        import heterog.zoo as zoo
+        from heterog import zoo
 
         batch_size = int(zoo.default_batch_size(ref))
     key = cache_key(ref, batch_size, optimizer, fuse, lr)

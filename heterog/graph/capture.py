@@ -7,8 +7,9 @@ import logging
 import math
 import operator
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -193,7 +194,9 @@ class _TraceRecorder:
     """
 
     def __init__(self, module: nn.Module) -> None:
-        self.paths = {id(m): name for name, m in module.named_modules(remove_duplicate=False)}
+        self.paths: dict[int, str] = {}
+        for name, m in module.named_modules(remove_duplicate=False):
+            self.paths.setdefault(id(m), name)  # a module shared at several paths: its first path
         self.stack = [""]
         self.path = ""
         self.phase = "forward"
@@ -405,7 +408,7 @@ def capture_fx(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch
 
 
 def _forward(module: nn.Module, tensors: dict[str, torch.Tensor], xs: Sequence[torch.Tensor],
-             model_name: str, sizes: "_Sizes") -> torch.Tensor:
+             model_name: str, sizes: _Sizes) -> torch.Tensor:
     """The model call inside the trace; a failure there is the model's (ModelError, cause kept)."""
     from torch.func import functional_call
 
@@ -491,7 +494,8 @@ class _Sizes:
         self.subs = {s: sympy.Integer(batch_size) for s in symbols}
         self._cache: dict[Any, int] = {}
 
-    def int(self, x: Any) -> Any:
+    def value(self, x: Any) -> Any:
+        """``x`` with a SymInt/SymFloat/SymBool replaced by its value at the batch size."""
         if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             expr = x.node.expr
             v = self._cache.get(expr)
@@ -506,19 +510,13 @@ class _Sizes:
         return x
 
     def shape(self, t: torch.Tensor) -> list[int]:
-        return [int(self.int(s)) for s in t.shape]
+        return [int(self.value(s)) for s in t.shape]
 
     def batch_dim(self, t: torch.Tensor) -> int | None:
         for i, s in enumerate(t.shape):
             if isinstance(s, torch.SymInt) and s.node.expr.free_symbols & self.symbols:
                 return i
         return None
-
-    def nbytes(self, t: torch.Tensor) -> int:
-        return math.prod(self.shape(t)) * t.dtype.itemsize
-
-    def numel(self, t: torch.Tensor) -> int:
-        return math.prod(self.shape(t))
 
 
 def _target_str(target: Any) -> str:
@@ -528,11 +526,29 @@ def _target_str(target: Any) -> str:
 
 
 def _extra_flop_formulas() -> dict[Any, Callable[..., int]]:
-    """FLOP formulas for CPU kernels that torch.utils.flop_counter does not cover (SDPA on CPU)."""
+    """FLOP formulas that replace or extend torch.utils.flop_counter's, called with concrete shapes.
+
+    - ``convolution_backward``: torch's weight-gradient term ignores groups (a depthwise convolution's
+      is counted ``groups`` times too high); here grad_input = the transposed convolution of grad_output
+      with the weight, grad_weight = as many multiply-adds as the forward convolution.
+    - SDPA on CPU (``_scaled_dot_product_flash_attention_for_cpu`` and its backward): torch's SDPA formulas.
+    """
     from torch.utils import flop_counter as fc
 
     aten = torch.ops.aten
     extra: dict[Any, Callable[..., int]] = {}
+
+    def conv_backward(grad_out: Any, x: Any, w: Any, _bias: Any, _stride: Any, _padding: Any, _dilation: Any,
+                      transposed: bool, _output_padding: Any, _groups: Any, output_mask: Sequence[bool],
+                      out_val: Any = None, **kwargs: Any) -> int:
+        flops = 0
+        if output_mask[0]:
+            flops += fc.conv_flop_count(grad_out, w, out_val[0], not transposed)
+        if output_mask[1]:
+            flops += fc.conv_flop_count(x, w, grad_out, transposed)
+        return flops
+
+    extra[aten.convolution_backward] = conv_backward
     if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
         def fwd(q: Any, k: Any, v: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
             return fc.sdpa_flop_count(q, k, v)
@@ -568,7 +584,7 @@ class _FlopCounter:
             return type(a)(self._concrete(x) for x in a)
         if isinstance(a, dict):
             return {k: self._concrete(v) for k, v in a.items()}
-        return self.sizes.int(a)
+        return self.sizes.value(a)
 
     def __call__(self, node: Node, target: str, in_numels: Sequence[int], out_numels: Sequence[int]
                  ) -> tuple[float, bool]:
@@ -590,9 +606,9 @@ class _FlopCounter:
         return float(sum(out_numels)), True
 
 
-def graph_from_step(step: CapturedStep, *, fuse: bool = True, name: str | None = None,
-                    capture_time_s: float | None = None) -> OpGraph:
-    """Build the OpGraph of a symbolic-mode CapturedStep (one op per tensor-valued fx node)."""
+def graph_from_step(step: CapturedStep, *, fuse: bool = True, name: str | None = None) -> OpGraph:
+    """Build the OpGraph of a symbolic-mode CapturedStep: one op per placeholder and per tensor-valued fx
+    node, in graph order (topological); costs and fields as documented in ``capture``."""
     if step.tracing_mode != "symbolic":
         raise HeterogError("graph_from_step needs a step traced with tracing_mode='symbolic' "
                            "(batch dimensions come from the batch symbol)")
@@ -677,7 +693,7 @@ def graph_from_step(step: CapturedStep, *, fuse: bool = True, name: str | None =
         op_of[node.name] = len(ops)
         ops.append(op)
 
-    _mark_grads_and_updates(step, gm, ops, op_of, edges)
+    _mark_grads_and_updates(step, ops, op_of, edges)
     for op in ops:
         if op.kind == "param":
             op.state_bytes = _state_bytes(slots, param_bytes_of[op.param])
@@ -697,8 +713,7 @@ def graph_from_step(step: CapturedStep, *, fuse: bool = True, name: str | None =
                     optimizer=step.optimizer, meta=meta)
     if fuse:
         graph = fuse_trivial(graph)
-    total = (step.trace_time_s + time.perf_counter() - t0) if capture_time_s is None else capture_time_s
-    graph.meta["capture_time_s"] = round(total, 4)
+    graph.meta["capture_time_s"] = round(step.trace_time_s + time.perf_counter() - t0, 4)
     return graph
 
 
@@ -715,7 +730,7 @@ def _state_bytes(slots: Sequence[str], param_bytes: int) -> int:
     return int(sum(4 if s == "step" else param_bytes for s in slots))
 
 
-def _mark_grads_and_updates(step: CapturedStep, gm: GraphModule, ops: list[Op], op_of: dict[str, int],
+def _mark_grads_and_updates(step: CapturedStep, ops: list[Op], op_of: dict[str, int],
                             edges: list[Edge]) -> None:
     """Gradient producers get is_grad/param; update ops get param and the param's module path."""
     for pname, gname in step.grad_nodes.items():
@@ -776,7 +791,8 @@ def capture(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Te
     names them the same).
 
     Costs per op: ``flops`` from ``torch.utils.flop_counter`` formulas (by overload packet, at the concrete
-    input shapes and ``out_shape``) plus formulas for the CPU SDPA kernels; ops with no formula get an
+    input shapes and ``out_shape``), with the fixes and additions of ``_extra_flop_formulas`` (grouped
+    convolution backward, CPU SDPA kernels); ops with no formula get an
     estimate and ``flops_estimated=True`` (one FLOP per element of the largest input for reductions and
     normalisations, ``REDUCTION_OPS``; one per output element otherwise), and their targets are logged as
     one warning. View-like ops (``fusion.VIEW_OPS``) cost zero FLOPs and bytes. ``bytes_read`` = bytes of the

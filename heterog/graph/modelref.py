@@ -6,8 +6,9 @@ import hashlib
 import importlib.util
 import inspect
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from heterog.errors import HeterogError, ModelError
 
@@ -54,7 +55,7 @@ def load_model_fn(ref: str) -> ModelFn:
 
 def _zoo_model_fn(name: str) -> ModelFn:
     try:
-        import heterog.zoo as zoo
+        from heterog import zoo
     except ImportError as exc:
         raise HeterogError(f"model {name!r}: the model zoo cannot be imported ({exc})") from exc
     known = list(zoo.names())

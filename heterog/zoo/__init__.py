@@ -27,7 +27,7 @@ __all__ = [
 
 PAPER = "HeteroG paper (Yi et al., CoNEXT 2020)"
 CHOSEN = "chosen here (the HeteroG paper's value could not be consulted)"
-NO_BN_DROPOUT = "Dropout defaults to 0 so that training steps are deterministic."
+NO_DROPOUT = "Dropout defaults to 0 so that training steps are deterministic."
 
 # Meaning of each override; a model's builder signature says which it accepts and their defaults.
 KNOB_DOCS = {
@@ -72,7 +72,7 @@ _SPECS = (
         inputs=IMAGE_INPUTS,
         small_overrides={"width": 0.125, "hidden": 32, "image_size": 32, "num_classes": 10},
         notes="The 7x7x512 map is flattened directly (no adaptive pool), so the first FC size follows "
-              "image_size. " + NO_BN_DROPOUT,
+              "image_size. " + NO_DROPOUT,
     ),
     ModelSpec(
         name="resnet50",
@@ -130,7 +130,7 @@ _SPECS = (
         inputs=IMAGE_INPUTS,
         small_overrides={"width": 0.0625, "num_classes": 10},
         notes="Loss = CE(main) + 0.4 * CE(aux). The auxiliary head needs image_size near 299 "
-              "(use aux_logits=False or width<1 for small tests). " + NO_BN_DROPOUT,
+              "(use aux_logits=False or width<1 for small tests). " + NO_DROPOUT,
     ),
     ModelSpec(
         name="mobilenet_v2",
@@ -143,7 +143,7 @@ _SPECS = (
         published_source="torchvision mobilenet_v2 (equal)",
         inputs=IMAGE_INPUTS,
         small_overrides={"width": 0.25, "image_size": 32, "num_classes": 10},
-        notes="Depthwise convolutions are grouped Conv2d (groups = channels). " + NO_BN_DROPOUT,
+        notes="Depthwise convolutions are grouped Conv2d (groups = channels). " + NO_DROPOUT,
     ),
     ModelSpec(
         name="nasnet",
@@ -158,10 +158,10 @@ _SPECS = (
                          "gives 5,289,978 (Keras NASNetMobile 5,326,716 with BN statistics)",
         inputs=IMAGE_INPUTS,
         small_overrides={"num_blocks": 1, "penultimate_filters": 96, "stem_filters": 8,
-                             "image_size": 35, "num_classes": 10},
+                         "image_size": 35, "num_classes": 10},
         notes="Normal cell: sep3x3/sep5x5 pairs, 3x3 avg pools and identities over (h, p); reduction cell: "
               "stride-2 sep5x5/sep7x7, 3x3 max/avg pools. Keras 'same' padding (asymmetric at stride 2) "
-              "is computed statically from image_size. No auxiliary head, no drop-path. " + NO_BN_DROPOUT,
+              "is computed statically from image_size. No auxiliary head, no drop-path. " + NO_DROPOUT,
     ),
     ModelSpec(
         name="transformer",
@@ -179,7 +179,7 @@ _SPECS = (
                 ("tgt_labels", "(B, T) int64")),
         small_overrides={"layers": 2, "hidden": 32, "heads": 4, "vocab": 100, "seq_len": 12, "tgt_len": 10},
         notes="Loss: mean label-smoothed (0.1) CE over all target tokens. Sinusoidal positions are "
-              "computed in forward (no parameters). " + NO_BN_DROPOUT,
+              "computed in forward (no parameters). " + NO_DROPOUT,
     ),
     ModelSpec(
         name="bert_large",
@@ -200,7 +200,7 @@ _SPECS = (
         small_overrides={"layers": 2, "hidden": 32, "heads": 4, "vocab": 100, "seq_len": 16,
                          "max_positions": 32},
         notes="Loss = mean MLM CE over B*P gathered positions + mean NSP CE; no padding mask (all tokens "
-              "valid). layers=48 gives 638,535,484 parameters. " + NO_BN_DROPOUT,
+              "valid). layers=48 gives 638,535,484 parameters. " + NO_DROPOUT,
     ),
     ModelSpec(
         name="xlnet_large",
@@ -222,7 +222,7 @@ _SPECS = (
               "sinusoidal relative positions with rel_shift, post-LN GELU FFN. Simplified against the "
               "original pre-training: no recurrence memory (mems), no bidirectional data, one random "
               "factorisation order per sequence with the last T//6 positions as targets (K=6). "
-              + NO_BN_DROPOUT,
+              + NO_DROPOUT,
     ),
     ModelSpec(
         name="gpt2",
@@ -238,7 +238,7 @@ _SPECS = (
         small_overrides={"layers": 2, "hidden": 32, "heads": 4, "vocab": 100, "seq_len": 16,
                          "max_positions": 32},
         notes="Loss: mean next-token CE over all B*T positions; q/k/v are separate Linear layers "
-              "(same count as GPT-2's fused c_attn). " + NO_BN_DROPOUT,
+              "(same count as GPT-2's fused c_attn). " + NO_DROPOUT,
     ),
     ModelSpec(
         name="tiny_mlp",

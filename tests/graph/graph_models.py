@@ -35,6 +35,18 @@ class ConvNet(nn.Module):
         return self.conv(x).mean()
 
 
+class DepthwiseNet(nn.Module):
+    """Conv2d(1->4, 3x3) then a depthwise Conv2d(4->4, 3x3, groups=4), both padding 1, no bias."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, kernel_size=3, padding=1, bias=False)
+        self.dw = nn.Conv2d(4, 4, kernel_size=3, padding=1, groups=4, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dw(self.conv(x)).mean()
+
+
 class MatmulNet(nn.Module):
     """x (B, S, 8) @ W (8, 5), then the mean."""
 

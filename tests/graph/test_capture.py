@@ -8,9 +8,19 @@ import logging
 import numpy as np
 import pytest
 import torch
+from graph_models import (
+    MLP,
+    BNNet,
+    ConvNet,
+    DepthwiseNet,
+    FixedBatch,
+    FoldNet,
+    MatmulNet,
+    NonScalar,
+    TinyEncoder,
+    mlp_inputs,
+)
 
-from graph_models import (MLP, BNNet, ConvNet, FixedBatch, FoldNet, MatmulNet, NonScalar, TinyEncoder,
-                          mlp_inputs)
 from heterog.errors import HeterogError, ModelError
 from heterog.graph.capture import capture, capture_fx, graph_from_step
 from heterog.graph.opgraph import PHASES, OpGraph
@@ -137,6 +147,16 @@ def test_conv_flops_match_hand_count() -> None:
     fused = capture(ConvNet(), (torch.randn(b, cin, hw, hw),))
     (conv_bwd,) = _compute(fused, "aten.convolution_backward.default")
     assert conv_bwd.is_grad and conv_bwd.param == "conv.weight" and conv_bwd.flops == per_pass
+
+
+def test_grouped_conv_flops_count_each_group_once() -> None:
+    b, c, hw, k = 2, 4, 5, 3
+    g = capture(DepthwiseNet(), (torch.randn(b, 1, hw, hw),))
+    first = 2 * b * c * 1 * k * k * hw * hw       # Conv2d(1 -> 4)
+    depthwise = 2 * b * c * 1 * k * k * hw * hw   # groups=4: each output channel sees one input channel
+    assert [op.flops for op in _compute(g, "aten.convolution.default")] == [first, depthwise]
+    # backward of dw: grad input + grad weight (torch's own formula counts the latter 4x); of conv: grad weight
+    assert [op.flops for op in _compute(g, "aten.convolution_backward.default")] == [2 * depthwise, first]
 
 
 def test_matmul_flops_match_hand_count() -> None:
@@ -303,7 +323,7 @@ def test_symbolic_step_equals_eager_training_at_other_batch_sizes(optimizer, mod
 def test_adam_step_equals_torch_adam_step() -> None:
     torch.manual_seed(0)
     model = TinyEncoder()
-    make = lambda b: (torch.randint(0, 11, (b, 5)), torch.randint(0, 11, (b, 5)))  # noqa: E731
+    make = lambda b: (torch.randint(0, 11, (b, 5)), torch.randint(0, 11, (b, 5)))
     step = capture_fx(model, make(4), optimizer="adam", lr=0.01)
     assert [s for _, s in step.state_names[:3]] == ["exp_avg", "exp_avg_sq", "step"]
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
@@ -327,7 +347,7 @@ def test_adam_step_equals_torch_adam_step() -> None:
 def test_run_nodes_executes_ops_one_at_a_time_like_the_graph_module() -> None:
     torch.manual_seed(0)
     model = TinyEncoder()
-    make = lambda b: (torch.randint(0, 11, (b, 5)), torch.randint(0, 11, (b, 5)))  # noqa: E731
+    make = lambda b: (torch.randint(0, 11, (b, 5)), torch.randint(0, 11, (b, 5)))
     step = capture_fx(model, make(4), optimizer="adam")
     graph = graph_from_step(step)
     assert graph.fingerprint == capture(model, make(4), optimizer="adam").fingerprint

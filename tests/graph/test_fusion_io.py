@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from graph_models import MLP, TinyEncoder, mlp_inputs
+
 from heterog.errors import GraphError
 from heterog.graph.capture import capture
 from heterog.graph.fusion import VIEW_OPS, fuse_trivial

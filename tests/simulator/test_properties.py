@@ -6,6 +6,7 @@ events, blocking and backfilling all occur.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 from hypothesis import given, settings
@@ -107,7 +108,7 @@ def test_schedule_invariants(spec: Spec) -> None:
     for r in range(tg.n_resources):
         on_r = [t for t in range(n) if r in ridx[rptr[t]:rptr[t + 1]]]
         intervals = sorted((res.start[t], res.finish[t]) for t in on_r)
-        for (_, f0), (s1, _) in zip(intervals, intervals[1:]):
+        for (_, f0), (s1, _) in pairwise(intervals):
             assert s1 >= f0
         assert res.busy[r] == sum(tg.duration[t] for t in on_r)
     # makespan bounds
@@ -124,7 +125,7 @@ def test_memory_invariants(spec: Spec) -> None:
     tg = spec.build()
     res = simulator.simulate(tg)
     fptr, fidx = tg.frees()
-    mptr, mres, mbytes = tg.memory()
+    _, mres, mbytes = tg.memory()
     # an allocation is released when the task and every task freeing it have finished
     for x in range(tg.n_tasks):
         holders = [t for t in range(tg.n_tasks) if x in fidx[fptr[t]:fptr[t + 1]]]
@@ -137,7 +138,7 @@ def test_memory_invariants(spec: Spec) -> None:
         assert res.peak_memory[r] <= tg.resident_bytes[r] + on_r.sum()
         if fidx.size == 0:  # nothing is ever released
             assert res.peak_memory[r] == tg.resident_bytes[r] + on_r.sum()
-        times_s, level_bytes = res.memory_timeline(r)
+        _, level_bytes = res.memory_timeline(r)
         assert level_bytes.max() <= res.peak_memory[r] and level_bytes[0] >= tg.resident_bytes[r]
     over = [r for r in range(tg.n_resources)
             if tg.memory_capacity_bytes[r] >= 0 and res.peak_memory[r] > tg.memory_capacity_bytes[r]]

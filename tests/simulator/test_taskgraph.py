@@ -44,6 +44,10 @@ def test_ids_and_csr_storage() -> None:
     assert [tg.task_cat(t) for t in range(3)] == ["compute", "transfer", ""]
     assert tg.category_names == ["", "compute", "transfer"]
     assert tg.task_resources(1).tolist() == [2, 1] and tg.task_deps(2).tolist() == [0, 1]
+    with pytest.raises(ValueError, match="read-only"):  # the structure stays as validated
+        tg.duration[0] = -1.0
+    with pytest.raises(ValueError, match="read-only"):
+        tg.dependencies()[1][0] = 2
 
 
 def test_successors_cache_follows_new_tasks() -> None:

@@ -1,0 +1,119 @@
+"""The agent as a planner (``heterog plan --method agent``): train from scratch, or fine-tune a
+checkpoint, on one graph and cluster for a number of episodes or a wall-clock budget, and return the
+best strategy found."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agents.checkpoint import check_fits, load_checkpoint, policy_from_checkpoint
+from agents.networks import StrategyPolicy
+from agents.trainer import GraphTask, Trainer, TrainerSettings, bias_towards_data_parallel
+from envs.features import DEVICE_FEATURE_DIM, op_feature_dim
+from heterog.errors import HeterogError
+from heterog.strategy import Strategy, n_actions
+
+DEFAULT_EPISODES = 2000
+AGENT_SIZES = {"small": StrategyPolicy.small, "paper": StrategyPolicy.paper}
+
+
+def build_policy(n_devices: int, size: str = "small", seed: int = 0, dp_bias: float = 0.0,
+                 **overrides: Any) -> StrategyPolicy:
+    """A fresh policy for a cluster of ``n_devices`` (``size``: "small" or "paper"), initialised from
+    ``seed``, with ``dp_bias`` added to the data-parallel logits (see ``bias_towards_data_parallel``)."""
+    if size not in AGENT_SIZES:
+        raise HeterogError(f"unknown agent size {size!r}; choose one of {sorted(AGENT_SIZES)}")
+    torch.manual_seed(seed)
+    policy = AGENT_SIZES[size](op_feature_dim(n_devices), DEVICE_FEATURE_DIM, n_actions(n_devices), **overrides)
+    bias_towards_data_parallel(policy, dp_bias)
+    return policy
+
+
+def plan(evaluator, checkpoint: str | Path | dict | None = None, episodes: int | None = None,
+         budget_s: float | None = None, seed: int = 0, progress: bool = True, *,
+         settings: TrainerSettings | None = None, size: str = "small", run_dir: str | Path | None = None,
+         writer=None) -> Strategy:
+    """Search a strategy for ``evaluator.graph`` on ``evaluator.cluster`` with the learning agent.
+
+    Args:
+        evaluator: a :class:`heterog.evaluate.Evaluator` (its grouping and cost model are used).
+        checkpoint: a checkpoint path (or loaded checkpoint) to fine-tune; None trains from scratch.
+        episodes: strategies to sample (one episode = one plan); default 2000 when no budget is given.
+        budget_s: wall-clock budget in seconds, setup included.
+        seed: seeds the policy's initialisation and all sampling.
+        progress: show a progress bar (on stderr).
+        settings: trainer settings (default: ``TrainerSettings(seed=seed)``).
+        size: policy size when training from scratch: "small" or "paper".
+        run_dir, writer: optional learning-curve/Gantt output folder and TensorBoard writer.
+
+    Returns the best strategy found, method "agent", with meta ``search_time_s``,
+    ``best_iteration_time_s``, ``oom``, ``episodes``, ``rounds``, ``seed`` and ``checkpoint``.
+    """
+    t0 = time.perf_counter()
+    if episodes is None and budget_s is None:
+        episodes = DEFAULT_EPISODES
+    if episodes is not None and episodes < 1:
+        raise HeterogError(f"episodes must be at least 1, got {episodes}")
+    if budget_s is not None and budget_s <= 0:
+        raise HeterogError(f"budget_s must be positive, got {budget_s}")
+    settings = settings or TrainerSettings(seed=seed)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        m = evaluator.cluster.n_devices
+        if checkpoint is not None:
+            state = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
+            check_fits(state, m, op_feature_dim(m), DEVICE_FEATURE_DIM,
+                       source=f"checkpoint {str(checkpoint)!r}" if not isinstance(checkpoint, dict) else "checkpoint")
+            policy = policy_from_checkpoint(state)
+        else:
+            policy = build_policy(m, size, seed, settings.initial_dp_bias)
+        task = GraphTask.from_evaluator(evaluator)
+        trainer = Trainer(policy, [task], settings, writer=writer, run_dir=run_dir)
+        remaining = None if budget_s is None else max(budget_s - (time.perf_counter() - t0), 1e-3)
+        with _Progress(progress, task.name, episodes, remaining) as bar:
+            trainer.train(episodes=episodes, budget_s=remaining, on_round=bar.update)
+    finally:
+        torch.set_num_threads(threads)
+    strategy = trainer.best_strategy(task)
+    strategy.method = "agent"
+    strategy.meta.update({"search_time_s": time.perf_counter() - t0, "seed": seed,
+                          "checkpoint": None if checkpoint is None or isinstance(checkpoint, dict) else str(checkpoint)})
+    return strategy
+
+
+class _Progress:
+    """A rich progress bar over episodes or seconds (on stderr); does nothing when disabled."""
+
+    def __init__(self, enabled: bool, name: str, episodes: int | None, budget_s: float | None) -> None:
+        self.enabled, self.name = enabled, name
+        self.by_time = episodes is None
+        self.total = budget_s if self.by_time else episodes
+        self.t0 = time.perf_counter()
+
+    def __enter__(self) -> _Progress:
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("[bold]agent[/] {task.description}"), BarColumn(),
+                                TextColumn("{task.fields[best]}"), TimeElapsedColumn(),
+                                console=Console(stderr=True), transient=False)
+            self.bar.start()
+            self.task_id = self.bar.add_task(self.name, total=self.total, best="")
+        return self
+
+    def update(self, trainer: Trainer, stats: dict) -> None:
+        if not self.enabled:
+            return
+        state = next(iter(trainer.states.values()))
+        done = time.perf_counter() - self.t0 if self.by_time else state.episodes
+        best = f"best {state.best_iteration_time_s * 1e3:.2f} ms{' (OOM)' if state.best_oom else ''}"
+        self.bar.update(self.task_id, completed=min(done, self.total), best=f"{best}, {state.episodes} episodes")
+
+    def __exit__(self, *exc) -> None:
+        if self.enabled:
+            self.bar.stop()

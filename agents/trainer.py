@@ -1,0 +1,650 @@
+"""Training the strategy policy by policy gradient over several graphs at once.
+
+HeteroG's update rule: per graph, one forward pass gives the per-group distribution, k strategies
+are sampled from it and simulated, and the advantage of each is its reward minus the graph's
+moving-average baseline. PPO (clipped, a few epochs over the same samples) is an option, and so is
+a pool of the best strategies found, replayed as extra samples. Everything is determined by the
+seed; ``state_dict``/``load_state_dict`` resume a run exactly. Metrics go to TensorBoard.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from agents.features import PolicyInputs
+from agents.networks import N_DP_SCHEMES, StrategyPolicy
+from envs.features import graph_features
+from heterog.errors import CheckpointError, HeterogError
+from heterog.evaluate import Evaluator, reward
+from heterog.strategy import Strategy, action_name
+
+ALGORITHMS = ("reinforce", "ppo")
+
+
+# ============================================================================================ settings
+@dataclass
+class TrainerSettings:
+    """How the policy is trained; every setting is declared here once (hydra's ``trainer/`` fills it)."""
+
+    algorithm: str = "reinforce"
+    """``"reinforce"`` (HeteroG's rule) or ``"ppo"`` (clipped objective, ``ppo_epochs`` per round)."""
+    learning_rate: float = 1e-3
+    """Adam step size."""
+    samples_per_graph: int = 16
+    """Strategies sampled per graph from one forward pass (k)."""
+    graphs_per_round: int = 0
+    """Graphs updated together per round, drawn without replacement by the seeded generator (0: all)."""
+    baseline_decay: float = 0.9
+    """Moving-average factor of each graph's reward baseline: b <- decay b + (1 - decay) mean(r)."""
+    normalize_advantage: bool = True
+    """Divide advantages by a running per-graph reward standard deviation (same decay as the baseline)."""
+    entropy_coef: float = 0.01
+    """Weight of the mean per-group entropy bonus."""
+    max_grad_norm: float = 1.0
+    """Clip the gradient's global norm to this (0: no clipping)."""
+    replay_pool_size: int = 8
+    """Best distinct strategies kept per graph for replay (0: no pool)."""
+    replay_samples: int = 2
+    """Pool strategies replayed per graph and round as extra samples (advantage clipped at 0)."""
+    ppo_epochs: int = 4
+    """PPO: passes over one round's samples."""
+    ppo_clip: float = 0.2
+    """PPO: clip range of the per-group probability ratio."""
+    oom_factor: float = 10.0
+    """Reward multiplier of a plan that runs out of memory."""
+    initial_dp_bias: float = 0.0
+    """Added to the head bias of the four data-parallel actions of a fresh policy (0: uniform start)."""
+    eval_cache_size: int = 50_000
+    """Simulated results remembered per graph so repeated samples are not simulated again."""
+    log_every: int = 20
+    """Rounds between the heavier TensorBoard records (action histogram, breakdown text)."""
+    seed: int = 0
+    """Seeds the torch sampling generator, numpy and python generators."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.algorithm not in ALGORITHMS:
+            problems.append(f"algorithm {self.algorithm!r} is not one of {ALGORITHMS}")
+        for name in ("learning_rate", "samples_per_graph", "ppo_epochs", "ppo_clip"):
+            if not getattr(self, name) > 0:
+                problems.append(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("graphs_per_round", "replay_pool_size", "replay_samples", "entropy_coef", "max_grad_norm",
+                     "eval_cache_size"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name} must be non-negative, got {getattr(self, name)}")
+        if not 0.0 <= self.baseline_decay < 1.0:
+            problems.append(f"baseline_decay must be in [0, 1), got {self.baseline_decay}")
+        if self.replay_samples > self.replay_pool_size:
+            problems.append(f"replay_samples {self.replay_samples} exceeds replay_pool_size {self.replay_pool_size}")
+        if self.log_every < 1:
+            problems.append(f"log_every must be at least 1, got {self.log_every}")
+        if problems:
+            raise HeterogError("bad trainer settings: " + "; ".join(problems))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TrainerSettings:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+# ============================================================================================== tasks
+@dataclass
+class GraphTask:
+    """One (graph, cluster) the agent plans for: its evaluator and the policy's inputs."""
+
+    name: str
+    evaluator: Evaluator
+    inputs: PolicyInputs
+
+    @classmethod
+    def from_evaluator(cls, evaluator: Evaluator, name: str | None = None) -> GraphTask:
+        g = evaluator.graph
+        features = graph_features(g, evaluator.cluster, evaluator.cost, evaluator.group_of)
+        return cls(name or f"{g.name}-b{g.batch_size}", evaluator, PolicyInputs.from_features(features))
+
+    @property
+    def key(self) -> str:
+        """Identifies the task in checkpoints: name, cluster and the graph's fingerprint."""
+        g = self.evaluator.graph
+        return f"{self.name}@{self.evaluator.cluster.name}:{g.fingerprint[:16]}"
+
+    @property
+    def n_groups(self) -> int:
+        return self.inputs.n_groups
+
+
+def make_task(graph, cluster, *, max_groups: int = 2000, name: str | None = None) -> GraphTask:
+    """A GraphTask for ``graph`` on ``cluster`` (HeteroG grouping into at most ``max_groups`` groups)."""
+    return GraphTask.from_evaluator(Evaluator(graph, cluster, max_groups=max_groups), name)
+
+
+@dataclass
+class TaskState:
+    """What the trainer learns about one graph: its baseline, its best plans and its history."""
+
+    baseline: float | None = None
+    """Moving average of sampled rewards (None before the first round)."""
+    reward_var: float = 0.0
+    """Moving average of squared deviations from the baseline (advantage scale)."""
+    best_reward: float = -math.inf
+    best_iteration_time_s: float = math.inf
+    best_oom: bool = True
+    best_actions: list[int] | None = None
+    pool: list[tuple[float, list[int]]] = field(default_factory=list)
+    """Best distinct strategies seen (reward, actions), best first."""
+    episodes: int = 0
+    """Strategies sampled for this graph (replays not counted)."""
+    history: list[tuple[float, float, int, float]] = field(default_factory=list)
+    """(wall_s, cpu_s, episodes, best_iteration_time_s) whenever the best improved."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TaskState:
+        state = cls(**d)
+        state.pool = [(float(r), list(a)) for r, a in state.pool]
+        state.history = [tuple(h) for h in state.history]
+        return state
+
+
+# =========================================================================================== the update
+def per_group_log_prob(logits: Tensor, actions: Tensor) -> Tensor:
+    """Log probability of each group's action.
+
+    Shapes: logits ``(G, A)``, actions ``(K, G)`` -> ``(K, G)``.
+    """
+    log_p = logits.log_softmax(dim=-1)
+    return log_p[torch.arange(logits.shape[0]), actions]
+
+
+def policy_loss(log_p: Tensor, log_p_old: Tensor, advantages: Tensor, algorithm: str, clip: float) -> Tensor:
+    """Policy-gradient loss averaged over samples and groups (each group's decision is one factor of
+    the strategy and shares the strategy's advantage).
+
+    REINFORCE: ``-A log pi``. PPO: ``-min(rho A, clip(rho, 1-eps, 1+eps) A)`` with the per-group ratio
+    ``rho = pi / pi_old`` (a ratio of whole-strategy probabilities over ~1000 groups would always clip).
+
+    Shapes: log_p, log_p_old ``(K, G)``, advantages ``(K,)`` -> ``()``.
+    """
+    adv = advantages[:, None]
+    if algorithm == "reinforce":
+        return -(adv * log_p).mean()
+    ratio = (log_p - log_p_old).exp()
+    return -torch.min(ratio * adv, ratio.clamp(1.0 - clip, 1.0 + clip) * adv).mean()
+
+
+@dataclass
+class _Sample:
+    """One graph's part of a round: the strategies, their advantages and old log probabilities."""
+
+    task: GraphTask
+    actions: Tensor          # (K + R, G) sampled then replayed
+    advantages: Tensor       # (K + R,)
+    log_p_old: Tensor        # (K + R, G)
+    logits: Tensor | None    # (G, A) of the rollout's forward pass, with its graph (reused once)
+
+
+def bias_towards_data_parallel(policy: StrategyPolicy, bias: float) -> None:
+    """Add ``bias`` to the head bias of the four data-parallel actions (a fresh policy then samples DP
+    with probability 4 e^b / (M + 4 e^b) per group instead of 4 / (M + 4))."""
+    if bias:
+        with torch.no_grad():
+            policy.head.bias[policy.n_actions - N_DP_SCHEMES:] += bias
+
+
+# ============================================================================================ trainer
+class Trainer:
+    """Policy-gradient training of ``policy`` on ``tasks`` (all for clusters of the policy's size).
+
+    Args:
+        policy: the strategy network (its action count must be M + 4 of every task's cluster).
+        tasks: the graphs to train on.
+        settings: see :class:`TrainerSettings`.
+        writer: a ``torch.utils.tensorboard.SummaryWriter`` or None.
+        run_dir: where the learning-curve PNG and Gantt charts go (None: nowhere).
+    """
+
+    def __init__(self, policy: StrategyPolicy, tasks: list[GraphTask], settings: TrainerSettings, *,
+                 writer=None, run_dir: str | Path | None = None) -> None:
+        if not tasks:
+            raise HeterogError("the trainer needs at least one graph")
+        for task in tasks:
+            if task.inputs.n_devices + N_DP_SCHEMES != policy.n_actions:
+                raise CheckpointError(
+                    f"policy has {policy.n_actions} actions ({policy.n_devices} devices) but graph {task.name} "
+                    f"is planned for {task.evaluator.cluster.name!r} with {task.inputs.n_devices} devices "
+                    f"({task.inputs.n_devices + N_DP_SCHEMES} actions)")
+        keys = [t.key for t in tasks]
+        if len(set(keys)) != len(keys):
+            raise HeterogError(f"the same graph is given twice: {keys}")
+        self.policy, self.tasks, self.settings = policy, tasks, settings
+        self.writer = writer
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.optimizer = torch.optim.Adam(policy.parameters(), lr=settings.learning_rate)
+        self.generator = torch.Generator().manual_seed(settings.seed)
+        self.rng = np.random.default_rng(settings.seed)
+        random.seed(settings.seed)
+        torch.manual_seed(settings.seed)
+        self.states = {t.key: TaskState() for t in tasks}
+        # ---- counters, derived at run time (checkpointed)
+        self.rounds = 0            # updates done
+        self.episodes = 0          # strategies sampled, all graphs
+        self.n_sims = 0            # simulations actually run (cache misses)
+        self.wall_s = 0.0          # training wall time, over resumes
+        self.cpu_s = 0.0           # training process CPU time, over resumes
+        # ---- caches, not checkpointed (pure speed-ups: results are the same)
+        self._cache: dict[str, OrderedDict] = {t.key: OrderedDict() for t in tasks}
+
+    # -------------------------------------------------------------------------------- one round
+    def update(self) -> dict[str, float]:
+        """One round: sample k strategies per graph, simulate them, one (REINFORCE) or ``ppo_epochs``
+        (PPO) gradient steps. Returns the round's statistics."""
+        s = self.settings
+        self.policy.train()
+        t_start, sims_before = time.perf_counter(), self.n_sims
+        samples, rewards_all, actions_all = [], [], []
+        for task in self.pick_tasks():
+            state = self.states[task.key]
+            # rollout: one forward pass, k strategies
+            dist = self.policy.distribution(*task.inputs.args())
+            actions = dist.sample(s.samples_per_graph, generator=self.generator)             # (k, G)
+            rewards, times, ooms = self.evaluate(task, actions.numpy())                      # (k,) each
+            self.record(task, state, actions.numpy(), rewards, times, ooms)
+            # replay: the best strategies found so far, as extra samples
+            replay_actions, replay_rewards = self.replay(state)
+            # advantages against the moving-average baseline (updated after use)
+            adv = self.advantages(state, rewards, replay_rewards)
+            all_actions = torch.cat([actions, torch.as_tensor(replay_actions, dtype=torch.long)])
+            log_p_old = per_group_log_prob(dist.logits.detach(), all_actions)
+            samples.append(_Sample(task, all_actions, torch.as_tensor(adv, dtype=torch.float32), log_p_old,
+                                   dist.logits))
+            rewards_all.append(rewards)
+            actions_all.append(actions.numpy().ravel())
+
+        epochs = 1 if s.algorithm == "reinforce" else s.ppo_epochs
+        for epoch in range(epochs):
+            loss_pg, entropy = torch.zeros(()), torch.zeros(())
+            for sample in samples:
+                logits = sample.logits if epoch == 0 else self.policy(*sample.task.inputs.args())
+                log_p = per_group_log_prob(logits, sample.actions)
+                loss_pg = loss_pg + policy_loss(log_p, sample.log_p_old, sample.advantages, s.algorithm,
+                                                s.ppo_clip) / len(samples)
+                probs = logits.softmax(dim=-1)
+                entropy = entropy - (probs * logits.log_softmax(dim=-1)).sum(-1).mean() / len(samples)
+            loss = loss_pg - s.entropy_coef * entropy
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = (torch.nn.utils.clip_grad_norm_(self.policy.parameters(), s.max_grad_norm)
+                         if s.max_grad_norm > 0 else torch.zeros(()))
+            self.optimizer.step()
+        approx_kl = 0.0
+        if s.algorithm == "ppo":
+            with torch.no_grad():
+                approx_kl = float(np.mean([(sm.log_p_old - per_group_log_prob(
+                    self.policy(*sm.task.inputs.args()), sm.actions)).mean() for sm in samples]))
+
+        self.rounds += 1
+        round_s = time.perf_counter() - t_start
+        rewards = np.concatenate(rewards_all)
+        return {"reward_mean": float(rewards.mean()), "reward_max": float(rewards.max()),
+                "loss_policy": float(loss_pg.detach()), "entropy": float(entropy.detach()),
+                "grad_norm": float(grad_norm),
+                "approx_kl": approx_kl, "round_s": round_s, "sims": self.n_sims - sims_before,
+                "actions": np.concatenate(actions_all)}
+
+    def evaluate_policy(self, samples: int) -> dict[str, dict[str, Any]]:
+        """Score the policy without updating it: per graph, its greedy strategy (the most likely action
+        of every group) and ``samples`` sampled ones are simulated and the best is recorded. Returns, per
+        graph, the greedy, best and mean iteration times."""
+        self.policy.eval()
+        out = {}
+        with torch.no_grad():
+            for task in self.tasks:
+                dist = self.policy.distribution(*task.inputs.args())
+                actions = torch.cat([dist.mode[None], dist.sample(samples, generator=self.generator)]).numpy()
+                rewards, times, ooms = self.evaluate(task, actions)
+                state = self.states[task.key]
+                self.record(task, state, actions, rewards, times, ooms)
+                out[task.name] = {"greedy_iteration_time_s": float(times[0]), "greedy_oom": bool(ooms[0]),
+                                  "mean_iteration_time_s": float(times.mean()),
+                                  "best_iteration_time_s": state.best_iteration_time_s, "best_oom": state.best_oom}
+        return out
+
+    # ------------------------------------------------------------------------------ the pieces
+    def pick_tasks(self) -> list[GraphTask]:
+        """All tasks, or ``graphs_per_round`` of them drawn without replacement (in task order)."""
+        n = self.settings.graphs_per_round
+        if n == 0 or n >= len(self.tasks):
+            return list(self.tasks)
+        chosen = np.sort(self.rng.choice(len(self.tasks), size=n, replace=False))
+        return [self.tasks[i] for i in chosen]
+
+    def evaluate(self, task: GraphTask, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rewards, iteration times and OOM flags ``(k,)`` of strategies ``(k, G)``, simulated once
+        (results are cached per graph)."""
+        cache = self._cache[task.key]
+        rewards, times, ooms = np.empty(len(actions)), np.empty(len(actions)), np.zeros(len(actions), dtype=bool)
+        for i, a in enumerate(actions):
+            key = a.astype(np.int16).tobytes()
+            hit = cache.get(key)
+            if hit is None:
+                hit = task.evaluator.iteration_time(task.evaluator.strategy(a, "agent"))
+                self.n_sims += 1
+                cache[key] = hit
+                if len(cache) > self.settings.eval_cache_size:
+                    cache.popitem(last=False)
+            else:
+                cache.move_to_end(key)
+            times[i], ooms[i] = hit
+            rewards[i] = reward(hit[0], hit[1], self.settings.oom_factor)
+        return rewards, times, ooms
+
+    def record(self, task: GraphTask, state: TaskState, actions: np.ndarray, rewards: np.ndarray,
+               times: np.ndarray, ooms: np.ndarray) -> None:
+        """Count the episodes, keep the best strategy, the replay pool and the history."""
+        state.episodes += len(actions)
+        self.episodes += len(actions)
+        i = int(np.argmax(rewards))
+        if rewards[i] > state.best_reward:
+            state.best_reward = float(rewards[i])
+            state.best_iteration_time_s = float(times[i])
+            state.best_oom = bool(ooms[i])
+            state.best_actions = actions[i].tolist()
+            state.history.append((self.wall_s + self._elapsed(), self.cpu_s + self._cpu_elapsed(),
+                                  state.episodes, state.best_iteration_time_s))
+        size = self.settings.replay_pool_size
+        if size == 0:
+            return
+        known = {tuple(a) for _, a in state.pool}
+        for j in np.argsort(-rewards, kind="stable"):
+            a = actions[j].tolist()
+            if tuple(a) not in known:
+                state.pool.append((float(rewards[j]), a))
+                known.add(tuple(a))
+        state.pool.sort(key=lambda entry: -entry[0])
+        del state.pool[size:]
+
+    def replay(self, state: TaskState) -> tuple[np.ndarray, np.ndarray]:
+        """``replay_samples`` strategies drawn from the pool (seeded), as (R, G) actions and (R,) rewards."""
+        n = min(self.settings.replay_samples, len(state.pool))
+        if n == 0:
+            return np.zeros((0, len(state.best_actions or [])), dtype=np.int64), np.zeros(0)
+        chosen = np.sort(self.rng.choice(len(state.pool), size=n, replace=False))
+        return (np.array([state.pool[c][1] for c in chosen], dtype=np.int64),
+                np.array([state.pool[c][0] for c in chosen]))
+
+    def advantages(self, state: TaskState, rewards: np.ndarray, replay_rewards: np.ndarray) -> np.ndarray:
+        """``(r - b) / scale`` for the sampled then the replayed strategies (replays clipped at 0: the
+        pool only pulls towards good plans). ``b`` is the graph's baseline before this round (the
+        round's mean on the first); baseline and scale then move towards this round's rewards."""
+        s = self.settings
+        if state.baseline is None:
+            state.baseline = float(rewards.mean())
+            state.reward_var = float(((rewards - rewards.mean()) ** 2).mean())
+        b = state.baseline
+        scale = math.sqrt(state.reward_var + (1e-3 * abs(b)) ** 2 + 1e-12) if s.normalize_advantage else 1.0
+        adv = np.concatenate([(rewards - b) / scale, np.maximum(replay_rewards - b, 0.0) / scale])
+        state.baseline = s.baseline_decay * b + (1 - s.baseline_decay) * float(rewards.mean())
+        state.reward_var = (s.baseline_decay * state.reward_var
+                            + (1 - s.baseline_decay) * float(((rewards - b) ** 2).mean()))
+        return adv
+
+    # -------------------------------------------------------------------------------- the loop
+    def train(self, *, rounds: int | None = None, episodes: int | None = None, budget_s: float | None = None,
+              on_round: Callable[[Trainer, dict], None] | None = None, checkpoint_path: str | Path | None = None,
+              checkpoint_every: int = 0) -> dict[str, Any]:
+        """Run rounds until ``rounds`` more rounds, ``episodes`` more sampled strategies or ``budget_s``
+        seconds of wall time (whichever comes first; at least one must be given). Logs every round,
+        checkpoints every ``checkpoint_every`` rounds and at the end (with ``checkpoint_path``), then
+        writes the learning curve and the best plans' Gantt charts. Returns :meth:`summary`."""
+        if rounds is None and episodes is None and budget_s is None:
+            raise HeterogError("train() needs rounds, episodes or budget_s")
+        start_rounds, start_episodes = self.rounds, self.episodes
+        self._t0, self._c0 = time.perf_counter(), time.process_time()
+        try:
+            while True:
+                if rounds is not None and self.rounds - start_rounds >= rounds:
+                    break
+                if episodes is not None and self.episodes - start_episodes >= episodes:
+                    break
+                if budget_s is not None and self._elapsed() >= budget_s:
+                    break
+                stats = self.update()
+                self.log(stats)
+                if on_round is not None:
+                    on_round(self, stats)
+                if checkpoint_path is not None and checkpoint_every and self.rounds % checkpoint_every == 0:
+                    self.save(checkpoint_path)
+        finally:
+            self.wall_s += self._elapsed()
+            self.cpu_s += self._cpu_elapsed()
+            self._t0 = self._c0 = None
+        if checkpoint_path is not None:
+            self.save(checkpoint_path)
+        self.finish()
+        return self.summary()
+
+    def _elapsed(self) -> float:
+        return time.perf_counter() - self._t0 if getattr(self, "_t0", None) is not None else 0.0
+
+    def _cpu_elapsed(self) -> float:
+        return time.process_time() - self._c0 if getattr(self, "_c0", None) is not None else 0.0
+
+    # ----------------------------------------------------------------------------- results
+    def best_strategy(self, task: GraphTask | str | None = None) -> Strategy:
+        """The best strategy found for ``task`` (a task, its name, or None for the only/first task)."""
+        task = self._task(task)
+        state = self.states[task.key]
+        if state.best_actions is None:
+            raise HeterogError(f"no strategy sampled yet for {task.name}")
+        strategy = task.evaluator.strategy(np.asarray(state.best_actions), "agent")
+        strategy.meta.update({"best_iteration_time_s": state.best_iteration_time_s, "oom": state.best_oom,
+                              "episodes": state.episodes, "rounds": self.rounds})
+        return strategy
+
+    def summary(self) -> dict[str, Any]:
+        return {"rounds": self.rounds, "episodes": self.episodes, "sims": self.n_sims, "wall_s": self.wall_s,
+                "cpu_s": self.cpu_s,
+                "graphs": {t.name: {"best_iteration_time_s": self.states[t.key].best_iteration_time_s,
+                                    "oom": self.states[t.key].best_oom, "episodes": self.states[t.key].episodes,
+                                    "history": [list(h) for h in self.states[t.key].history]}
+                           for t in self.tasks}}
+
+    def _task(self, task) -> GraphTask:
+        if isinstance(task, GraphTask):
+            return task
+        if task is None:
+            return self.tasks[0]
+        for t in self.tasks:
+            if task in (t.name, t.key):
+                return t
+        raise HeterogError(f"unknown graph {task!r}; known: {[t.name for t in self.tasks]}")
+
+    # ----------------------------------------------------------------------------- logging
+    def log(self, stats: dict) -> None:
+        """Scalars every round; action histogram and breakdown text every ``log_every`` rounds."""
+        w, step = self.writer, self.rounds
+        if w is None:
+            return
+        w.add_scalar("charts/reward_mean", stats["reward_mean"], step)
+        w.add_scalar("charts/reward_max", stats["reward_max"], step)
+        w.add_scalar("charts/episodes", self.episodes, step)
+        for t in self.tasks:
+            st = self.states[t.key]
+            if st.best_actions is not None:
+                w.add_scalar(f"charts/best_iteration_time_s/{t.name}", st.best_iteration_time_s, step)
+            if st.baseline is not None:
+                w.add_scalar(f"charts/baseline/{t.name}", st.baseline, step)
+        w.add_scalar("losses/policy", stats["loss_policy"], step)
+        w.add_scalar("losses/entropy", stats["entropy"], step)
+        w.add_scalar("losses/grad_norm", stats["grad_norm"], step)
+        if self.settings.algorithm == "ppo":
+            w.add_scalar("losses/approx_kl", stats["approx_kl"], step)
+        w.add_scalar("perf/sims_per_s", stats["sims"] / max(stats["round_s"], 1e-9), step)
+        w.add_scalar("perf/round_s", stats["round_s"], step)
+        if step % self.settings.log_every == 0 or step == 1:
+            w.add_histogram("actions/sampled", stats["actions"], step, bins=np.arange(self.policy.n_actions + 1) - 0.5)
+            w.add_text("actions/breakdown", self.breakdown_markdown(), step)
+
+    def breakdown_markdown(self) -> str:
+        """The best plans' action breakdown (HeteroG Table 2): per action, groups, share of ops and share
+        of compute time (mean full-batch op time over devices)."""
+        out = []
+        for t in self.tasks:
+            st = self.states[t.key]
+            if st.best_actions is None:
+                continue
+            rows = action_breakdown(t, np.asarray(st.best_actions))
+            out.append(f"**{t.name}** on {t.evaluator.cluster.name}: best {st.best_iteration_time_s * 1e3:.2f} ms"
+                       f"{' (OOM)' if st.best_oom else ''}\n\n| action | groups | ops % | compute % |\n|---|---|---|---|")
+            out.extend(f"| {r['action']} | {r['groups']} | {100 * r['op_share']:.1f} | {100 * r['compute_share']:.1f} |"
+                       for r in rows)
+            out.append("")
+        return "\n".join(out)
+
+    def finish(self) -> None:
+        """Learning curve PNG and the best plans' Gantt charts (files in run_dir, images in TensorBoard)."""
+        if self.run_dir is None:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        save_learning_curves({t.name: self.states[t.key].history for t in self.tasks},
+                             self.run_dir / "learning_curve.png")
+        for t in self.tasks:
+            if self.states[t.key].best_actions is None:
+                continue
+            path = self.run_dir / f"gantt_{t.name}.png"
+            self.gantt(t, path)
+            if self.writer is not None:
+                import matplotlib.image as mpimg
+
+                self.writer.add_image(f"gantt/{t.name}", mpimg.imread(path)[..., :3], self.rounds,
+                                      dataformats="HWC")
+                self.writer.add_text("actions/breakdown", self.breakdown_markdown(), self.rounds)
+        if self.writer is not None:
+            self.writer.flush()
+
+    def gantt(self, task: GraphTask, path: str | Path) -> Path:
+        """Gantt chart PNG of ``task``'s best plan."""
+        import simulator
+
+        result = task.evaluator.evaluate(self.best_strategy(task))
+        st = self.states[task.key]
+        title = (f"{task.name} on {task.evaluator.cluster.name}: agent's best plan, "
+                 f"{st.best_iteration_time_s * 1e3:.2f} ms after {st.episodes} episodes")
+        return simulator.plot_gantt(result.plan.tg, result.sim, path, title)
+
+    # -------------------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs: weights, optimizer, per-graph baselines/pools/best plans,
+        RNG states, counters and settings (plain types and tensors only)."""
+        return {
+            "policy_config": self.policy.config,
+            "policy_state": self.policy.state_dict(),
+            "optimizer_state": self.optimizer.state_dict(),
+            "settings": asdict(self.settings),
+            "tasks": {t.key: {"name": t.name, **self.states[t.key].to_dict()} for t in self.tasks},
+            "best_strategies": {t.key: self.best_strategy(t).to_dict() for t in self.tasks
+                                if self.states[t.key].best_actions is not None},
+            "counters": {"rounds": self.rounds, "episodes": self.episodes, "n_sims": self.n_sims,
+                         "wall_s": self.wall_s, "cpu_s": self.cpu_s},
+            "rng": {"torch_generator": self.generator.get_state(), "torch_global": torch.get_rng_state(),
+                    "numpy": _plain(self.rng.bit_generator.state), "python": _plain(random.getstate())},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the run ``state`` came from (same tasks: states of other graphs are ignored)."""
+        self.policy.load_state_dict(state["policy_state"])
+        self.optimizer.load_state_dict(state["optimizer_state"])
+        for key, d in state["tasks"].items():
+            if key in self.states:
+                self.states[key] = TaskState.from_dict({k: v for k, v in d.items() if k != "name"})
+        c = state["counters"]
+        self.rounds, self.episodes, self.n_sims = int(c["rounds"]), int(c["episodes"]), int(c["n_sims"])
+        self.wall_s, self.cpu_s = float(c["wall_s"]), float(c["cpu_s"])
+        rng = state["rng"]
+        self.generator.set_state(rng["torch_generator"])
+        torch.set_rng_state(rng["torch_global"])
+        self.rng.bit_generator.state = rng["numpy"]
+        random.setstate(_python_state(rng["python"]))
+
+    def save(self, path: str | Path) -> Path:
+        """Write the checkpoint atomically (see :mod:`agents.checkpoint`)."""
+        from agents.checkpoint import save_checkpoint
+
+        return save_checkpoint(path, self.state_dict())
+
+
+# ============================================================================================ helpers
+def _plain(obj):
+    """Tuples to lists, recursively (checkpoints hold plain containers)."""
+    if isinstance(obj, (tuple, list)):
+        return [_plain(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    return obj
+
+
+def _python_state(state):
+    """random.setstate wants (version, tuple of ints, gauss_next)."""
+    version, internal, gauss = state
+    return int(version), tuple(int(x) for x in internal), gauss
+
+
+def action_breakdown(task: GraphTask, actions: np.ndarray) -> list[dict[str, Any]]:
+    """Per action used by ``actions`` (one per group): groups, share of ops, share of compute time."""
+    ev = task.evaluator
+    m = ev.cluster.n_devices
+    op_action = np.asarray(actions)[ev.group_of]
+    op_time = ev.cost.full_batch_times(ev.graph).mean(axis=1)
+    total_time = max(float(op_time.sum()), 1e-30)
+    rows = []
+    for a in range(m + N_DP_SCHEMES):
+        groups = int((np.asarray(actions) == a).sum())
+        if groups == 0:
+            continue
+        on = op_action == a
+        rows.append({"action": action_name(a, m), "groups": groups, "op_share": float(on.mean()),
+                     "compute_share": float(op_time[on].sum() / total_time)})
+    return rows
+
+
+def save_learning_curves(histories: dict[str, list], path: str | Path,
+                         references: dict[str, dict[str, float]] | None = None, x: str = "wall_s") -> Path:
+    """PNG of the best iteration time against training time (``x``: "wall_s" or "cpu_s"), one panel per
+    graph; ``references`` (graph -> {label: seconds}) draws horizontal lines, e.g. baselines."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from heterog.atomic import atomic_write
+
+    names = list(histories)
+    fig = Figure(figsize=(6.0 * max(1, min(len(names), 3)), 4.0 * math.ceil(max(len(names), 1) / 3)))
+    FigureCanvasAgg(fig)
+    column = 0 if x == "wall_s" else 1
+    for i, name in enumerate(names):
+        ax = fig.add_subplot(math.ceil(len(names) / 3), min(len(names), 3), i + 1)
+        h = histories[name]
+        if h:
+            xs = [e[column] for e in h]
+            ys = [e[3] * 1e3 for e in h]
+            ax.step(xs, ys, where="post", label="agent best")
+            ax.plot(xs, ys, "o", markersize=2)
+        for label, seconds in (references or {}).get(name, {}).items():
+            ax.axhline(seconds * 1e3, linestyle="--", linewidth=1, label=label, color=None)
+        ax.set_title(name)
+        ax.set_xlabel("training wall time (s)" if x == "wall_s" else "training CPU time (s)")
+        ax.set_ylabel("best iteration time (ms)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100), mode="wb")

@@ -1,0 +1,195 @@
+"""The placement environment: one episode = one parallelisation plan for a training graph on a cluster,
+scored by the simulator (reward -sqrt(iteration time), x oom_factor on OOM)."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from envs.features import GraphFeatures, graph_features, n_actions, observation_space, pad_observation
+from heterog.errors import HeterogError, StrategyError
+from heterog.evaluate import Evaluator, reward
+from heterog.graph.opgraph import OpGraph
+from heterog.strategy import action_name
+
+DEFAULT_GRAPH = "tiny_transformer"
+DEFAULT_CLUSTER = "paper-8gpu"
+
+
+def resolve_graph(graph: OpGraph | str, batch_size: int | None = None, optimizer: str = "sgd") -> OpGraph:
+    """An OpGraph as is, or a MODEL reference (zoo name or file.py:build) captured (and cached)."""
+    if isinstance(graph, OpGraph):
+        return graph
+    if isinstance(graph, str):
+        from heterog.graph.cache import capture_model
+
+        return capture_model(graph, batch_size, optimizer)
+    raise HeterogError(f"graph must be an OpGraph or a model reference, got {type(graph).__name__}")
+
+
+def resolve_cluster(cluster):
+    """A Cluster as is, or a built-in cluster name / YAML path loaded."""
+    if isinstance(cluster, str):
+        from heterog.cluster import load_cluster
+
+        return load_cluster(cluster)
+    return cluster
+
+
+class PlacementEnv(gym.Env[dict, np.ndarray]):
+    """Choose, for every op group of a training graph, model parallelism on one device or one of four
+    data-parallel schemes; the simulator scores the plan.
+
+    ## Action Space
+    ``MultiDiscrete([M + 4] * max_groups)``: one choice per group. ``0..M-1`` model parallelism on
+    that device, ``M`` DP-even-PS, ``M+1`` DP-even-AR, ``M+2`` DP-proportional-PS, ``M+3``
+    DP-proportional-AR. Entries of padding groups (``group_mask == 0``) are ignored.
+
+    ## Observation Space
+    ``Dict`` padded to ``max_ops``, ``max_edges`` and ``max_groups`` (fixed at construction, so graphs
+    of different sizes share one space; real entries come first and masks mark them):
+
+    - ``op_x (max_ops, F_op)`` float32: per-op features, log-scaled (``envs.features``): compute time
+      on each device at the full batch, at the even and at the proportional DP share; mean time over
+      devices and share of the graph's compute; input and output bytes; mean transfer time of the
+      output across device pairs; FLOPs; resident parameter bytes; AllReduce time of its gradient;
+      topological position; batch and gradient flags; one-hots of phase, kind and op type.
+    - ``op_mask (max_ops,)``, ``edge_mask (max_edges,)``, ``group_mask (max_groups,)``: 1 = real.
+    - ``edge_index (2, max_edges)`` int64: source and destination op of each tensor.
+    - ``group_of (max_ops,)`` int64: the group of each op (-1 on padding ops).
+    - ``dev_x (M, F_dev)`` float32: per-device power, memory, memory pressure, link bandwidth and
+      latency (``envs.features.DEVICE_FEATURES``).
+
+    ## Rewards
+    ``-sqrt(iteration_time_s)`` of the simulated training iteration, multiplied by ``oom_factor``
+    when any device runs out of memory. ``info`` carries ``iteration_time_s``, ``oom``,
+    ``peak_memory_bytes`` (device -> bytes), ``compute_time_s``, ``comm_time_s``, ``overlap_ratio``,
+    ``graph`` and ``n_groups``.
+
+    ## Starting State
+    The observation of one graph: with several graphs, ``reset`` draws one uniformly from
+    ``self.np_random`` (or takes ``options={"graph": index or name}``); with one graph the start is
+    always that graph.
+
+    ## Episode End
+    An episode is one plan: the single ``step`` completes it and returns ``terminated=True``.
+    ``truncated`` is always False (there is no time limit to cut an episode short). Stepping again
+    needs a ``reset``.
+
+    ## Arguments
+    - ``graph``: an ``OpGraph``, a MODEL reference (zoo name or ``file.py:build``), or a sequence of
+      them (default ``"tiny_transformer"``).
+    - ``cluster``: a ``Cluster``, a built-in cluster name or a YAML path (default ``"paper-8gpu"``).
+    - ``batch_size``, ``optimizer``: used to capture MODEL references (None: the zoo default).
+    - ``max_groups``: at most this many op groups per graph (HeteroG's N) and the padded group count
+      (None: 2000 for grouping, padded to the largest graph's group count).
+    - ``max_ops``, ``max_edges``: padded sizes (None: the largest graph's).
+    - ``oom_factor``: reward multiplier on OOM (default 10).
+    - ``order``: task order of the scheduler, ``"rank"`` or ``"fifo"``.
+    - ``render_mode``: None or ``"ansi"`` (a text summary of the last plan).
+    """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}
+
+    def __init__(self, graph: OpGraph | str | Sequence[OpGraph | str] = DEFAULT_GRAPH,
+                 cluster=DEFAULT_CLUSTER, *, batch_size: int | None = None, optimizer: str = "sgd",
+                 max_groups: int | None = None, max_ops: int | None = None, max_edges: int | None = None,
+                 oom_factor: float = 10.0, order: str = "rank", render_mode: str | None = None) -> None:
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise HeterogError(f"render_mode {render_mode!r} is not supported (use None or 'ansi')")
+        if max_groups is not None and max_groups < 1:
+            raise HeterogError(f"max_groups must be at least 1, got {max_groups}")
+        graphs = [graph] if isinstance(graph, (OpGraph, str)) else list(graph)
+        if not graphs:
+            raise HeterogError("PlacementEnv needs at least one graph")
+        self.cluster = resolve_cluster(cluster)
+        self.graphs = [resolve_graph(g, batch_size, optimizer) for g in graphs]
+        self.evaluators = [Evaluator(g, self.cluster, order=order, max_groups=max_groups or 2000)
+                           for g in self.graphs]
+        self.features: list[GraphFeatures] = [graph_features(ev.graph, self.cluster, ev.cost, ev.group_of)
+                                              for ev in self.evaluators]
+        self.max_ops = max_ops or max(f.n_ops for f in self.features)
+        self.max_edges = max_edges or max(max(f.n_edges for f in self.features), 1)
+        self.max_groups = max_groups or max(f.n_groups for f in self.features)
+        self.observations = [pad_observation(f, self.max_ops, self.max_edges, self.max_groups)
+                             for f in self.features]
+        self.oom_factor = float(oom_factor)
+        self.render_mode = render_mode
+        self.n_devices = self.cluster.n_devices
+        self.observation_space = observation_space(self.n_devices, self.max_ops, self.max_edges, self.max_groups)
+        self.action_space = spaces.MultiDiscrete(np.full(self.max_groups, n_actions(self.n_devices), np.int64))
+        self.graph_index = 0
+        self._needs_reset = True
+        self._last: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ gymnasium API
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        choice = (options or {}).get("graph")
+        if choice is None:
+            self.graph_index = int(self.np_random.integers(len(self.graphs))) if len(self.graphs) > 1 else 0
+        else:
+            self.graph_index = self._graph_index(choice)
+        self._needs_reset = False
+        self._last = None
+        return self._observation(), {"graph": self.graphs[self.graph_index].name,
+                                     "n_groups": self.features[self.graph_index].n_groups}
+
+    def step(self, action):
+        if self._needs_reset:
+            raise gym.error.ResetNeeded("the plan is complete (terminated); call reset() before step()")
+        actions = self.group_actions(action)
+        ev = self.evaluators[self.graph_index]
+        result = ev.evaluate(ev.strategy(actions, "env"), detail=True)
+        r = reward(result.iteration_time_s, result.oom, self.oom_factor)
+        info = {"graph": self.graphs[self.graph_index].name, "n_groups": len(actions),
+                "iteration_time_s": result.iteration_time_s, "oom": result.oom,
+                "peak_memory_bytes": dict(result.peak_memory_bytes), "compute_time_s": result.compute_time_s,
+                "comm_time_s": result.comm_time_s, "overlap_ratio": result.overlap_ratio}
+        self._needs_reset = True
+        self._last = {"actions": actions, **info}
+        return self._observation(), r, True, False, info
+
+    def render(self) -> str | None:
+        if self.render_mode != "ansi":
+            return None
+        name = self.graphs[self.graph_index].name
+        if self._last is None:
+            return f"{name} on {self.cluster.name}: {self.features[self.graph_index].n_groups} groups, no plan yet\n"
+        counts = np.bincount(self._last["actions"], minlength=n_actions(self.n_devices))
+        parts = ", ".join(f"{action_name(a, self.n_devices)}={c}" for a, c in enumerate(counts) if c)
+        return (f"{name} on {self.cluster.name}: iteration {self._last['iteration_time_s'] * 1e3:.2f} ms"
+                f"{' (OOM)' if self._last['oom'] else ''}; groups: {parts}\n")
+
+    # ------------------------------------------------------------------ helpers
+    def group_actions(self, action) -> np.ndarray:
+        """The real groups' actions of a (max_groups,) action; padding entries are dropped.
+
+        Raises StrategyError for a wrong shape or an action out of range.
+        """
+        a = np.asarray(action)
+        if a.shape != (self.max_groups,):
+            raise StrategyError(f"action must have shape ({self.max_groups},), got {a.shape}")
+        g = self.features[self.graph_index].n_groups
+        real = a[:g].astype(np.int64)
+        bad = np.nonzero((real < 0) | (real >= n_actions(self.n_devices)))[0]
+        if len(bad):
+            raise StrategyError(f"action {int(real[bad[0]])} of group {int(bad[0])} is out of range "
+                                f"0..{n_actions(self.n_devices) - 1} for {self.n_devices} devices")
+        return real
+
+    def _graph_index(self, choice) -> int:
+        if isinstance(choice, (int, np.integer)) and 0 <= int(choice) < len(self.graphs):
+            return int(choice)
+        names = [g.name for g in self.graphs]
+        if isinstance(choice, str) and choice in names:
+            return names.index(choice)
+        raise HeterogError(f"reset option graph={choice!r} is neither an index 0..{len(self.graphs) - 1} "
+                           f"nor one of {names}")
+
+    def _observation(self) -> dict:
+        """A fresh copy (callers may modify what they get)."""
+        return {k: v.copy() for k, v in self.observations[self.graph_index].items()}

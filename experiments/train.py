@@ -1,0 +1,142 @@
+"""Hydra application of the agent: train (from scratch or from a checkpoint), pretrain on several
+graphs, fine-tune, or evaluate a checkpoint. ``python -m experiments.train experiment=pretrain``;
+conf/config.yaml lists the groups. This entry point builds every object from the config and passes
+them down; nothing deeper reads the config."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from agents.checkpoint import check_fits, load_checkpoint, policy_from_checkpoint
+from agents.trainer import Trainer, TrainerSettings, make_task, save_learning_curves
+from envs.features import DEVICE_FEATURE_DIM, op_feature_dim
+from heterog.atomic import atomic_write_json
+from heterog.errors import HeterogError
+
+
+def graph_specs(cfg: DictConfig) -> list[dict[str, Any]]:
+    """The graphs of the run: ``run.graphs`` without ``run.holdout``, or the graph group's graph."""
+    specs = [dict(s) for s in cfg.run.graphs] if cfg.run.graphs else [dict(cfg.graph)]
+    if cfg.run.holdout is not None and cfg.run.graphs:
+        specs = [s for s in specs if s["model"] != cfg.run.holdout]
+    if not specs:
+        raise HeterogError(f"no graphs left to train on (holdout {cfg.run.holdout!r})")
+    return specs
+
+
+def run_name(experiment: str, graph_names: list[str], cluster: str, seed: int, holdout: str | None) -> str:
+    """``<experiment>__<graphs>__<cluster>__seed<seed>__<YYYYmmdd-HHMMSS>``."""
+    graphs = "+".join(graph_names) if len(graph_names) <= 3 else f"{len(graph_names)}graphs"
+    if holdout:
+        graphs += f"-minus-{holdout}"
+    return f"{experiment}__{graphs}__{cluster}__seed{seed}__{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Run the configured experiment; returns (and writes to <run>/report.json) its report."""
+    from heterog import baselines
+    from heterog.cluster import load_cluster
+    from heterog.graph.cache import capture_model
+
+    torch.set_num_threads(int(cfg.threads))
+    # ---- instantiate everything from the config
+    cluster = load_cluster(cfg.cluster.name)
+    specs = graph_specs(cfg)
+    graphs = [capture_model(s["model"], s.get("batch_size"), s.get("optimizer", "sgd")) for s in specs]
+    tasks = [make_task(g, cluster, max_groups=int(cfg.run.max_groups)) for g in graphs]
+    settings: TrainerSettings = instantiate(cfg.trainer)
+    make_policy = instantiate(cfg.agent)
+    holdout = cfg.run.holdout if cfg.run.graphs else None
+    name = run_name(cfg.run.name, [t.name for t in tasks], cluster.name, int(cfg.seed), holdout)
+    run_dir = Path(cfg.output_dir) / name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    writer = None
+    if cfg.tensorboard:
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(log_dir=str(run_dir))
+        writer.add_text("config", "```\n" + OmegaConf.to_yaml(cfg, resolve=True) + "\n```", 0)
+
+    # ---- the policy: from the checkpoint to resume or start from, or fresh
+    m = cluster.n_devices
+    source = cfg.run.resume or cfg.run.init_from
+    state = None
+    if source is not None:
+        state = load_checkpoint(source)
+        check_fits(state, m, op_feature_dim(m), DEVICE_FEATURE_DIM, source=f"checkpoint {str(source)!r}")
+        policy = policy_from_checkpoint(state)
+    elif cfg.run.mode == "evaluate":
+        raise HeterogError("experiment=evaluate needs run.init_from=<checkpoint>")
+    else:
+        policy = make_policy(n_devices=m, seed=int(cfg.seed), dp_bias=settings.initial_dp_bias)
+    trainer = Trainer(policy, tasks, settings, writer=writer, run_dir=run_dir)
+    if cfg.run.resume is not None:
+        trainer.load_state_dict(state)
+
+    # ---- train or evaluate
+    report: dict[str, Any] = {"run": name, "run_dir": str(run_dir), "experiment": cfg.run.name,
+                              "cluster": cluster.name, "seed": int(cfg.seed), "init_from": source}
+    if cfg.run.mode == "evaluate":
+        report["evaluation"] = trainer.evaluate_policy(int(cfg.run.eval_samples))
+        trainer.finish()
+    elif cfg.run.mode == "train":
+        trainer.train(rounds=cfg.run.rounds, episodes=cfg.run.episodes, budget_s=cfg.run.budget_s,
+                      checkpoint_path=run_dir / "agent.pt", checkpoint_every=int(cfg.run.checkpoint_every))
+        report["checkpoint"] = str(run_dir / "agent.pt")
+    else:
+        raise HeterogError(f"run.mode must be train or evaluate, got {cfg.run.mode!r}")
+    report.update(trainer.summary())
+
+    # ---- compare with the baselines, save the best strategies and the learning curves
+    references: dict[str, dict[str, float]] = {}
+    for task in tasks:
+        entry = report["graphs"][task.name]
+        entry["baselines"] = {}
+        for method in cfg.run.compare:
+            t_s, oom = task.evaluator.iteration_time(baselines.run(method, task.evaluator.graph, cluster,
+                                                                   evaluator=task.evaluator))
+            entry["baselines"][method] = {"iteration_time_s": t_s, "oom": oom}
+        ok = {k: v["iteration_time_s"] for k, v in entry["baselines"].items() if not v["oom"]}
+        if ok:
+            best_method = min(ok, key=ok.get)
+            entry["best_baseline"] = best_method
+            entry["speedup_vs_best_baseline"] = ok[best_method] / entry["best_iteration_time_s"]
+            references[task.name] = {f"{best_method} (best baseline)": ok[best_method]}
+        strategy_path = run_dir / f"strategy_{task.name}.json"
+        trainer.best_strategy(task).save(strategy_path)
+        entry["strategy"] = str(strategy_path)
+    save_learning_curves({t.name: trainer.states[t.key].history for t in tasks}, run_dir / "learning_curve.png",
+                         references)
+    report["learning_curve"] = str(run_dir / "learning_curve.png")
+    atomic_write_json(run_dir / "report.json", report)
+    if writer is not None:
+        writer.close()
+    return report
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    report = run(cfg)
+    lines = [f"run {report['run']} ({report['rounds']} rounds, {report['episodes']} episodes, "
+             f"{report['wall_s']:.1f} s wall, {report['cpu_s']:.1f} s CPU)"]
+    for graph, entry in report["graphs"].items():
+        base = entry.get("best_baseline")
+        extra = (f"; best baseline {base} {entry['baselines'][base]['iteration_time_s'] * 1e3:.2f} ms "
+                 f"(speed-up {entry['speedup_vs_best_baseline']:.3f}x)") if base else ""
+        lines.append(f"  {graph}: agent {entry['best_iteration_time_s'] * 1e3:.2f} ms"
+                     f"{' (OOM)' if entry['oom'] else ''}{extra}")
+    lines.append(f"  report: {report['run_dir']}/report.json")
+    print("\n".join(lines))
+    print(json.dumps({"report": report["run_dir"] + "/report.json"}))
+
+
+if __name__ == "__main__":
+    main()
