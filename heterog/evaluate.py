@@ -12,7 +12,7 @@ import numpy as np
 import simulator
 from heterog.compiler import CompiledPlan, TaskKind, compile_strategy
 from heterog.compiler.compile import COMM_KINDS
-from heterog.scheduler import priorities
+from heterog.scheduler import is_dynamic, priorities
 from heterog.strategy import Strategy, group_ops, strategy_from_actions
 
 
@@ -120,7 +120,8 @@ class Evaluator:
         return priorities(plan.tg, order)
 
     def simulate_plan(self, plan: CompiledPlan, order: str | None = None) -> simulator.SimResult:
-        return simulator.simulate(plan.tg, priority=self.priorities(plan, order))
+        order = order or self.order
+        return simulator.simulate(plan.tg, priority=self.priorities(plan, order), fifo=is_dynamic(order))
 
     def evaluate(self, strategy, order: str | None = None, *, method: str | None = None,
                  detail: bool = True) -> PlanResult:

@@ -71,7 +71,7 @@ def transpose_csr(ptr, idx, n):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def simulate_kernel(duration, priority, res_ptr, res_idx, dep_ptr, succ_ptr, succ_idx, mem_ptr, mem_res,
-                    mem_bytes, free_ptr, free_idx, resident_bytes):  # pragma: no cover - compiled
+                    mem_bytes, free_ptr, free_idx, resident_bytes, fifo):  # pragma: no cover - compiled
     """Greedy list scheduling of a task DAG on exclusive resources; the same rule as the reference.
 
     Ready tasks wait in one binary heap of candidates ordered by (-priority, id). A candidate that finds a
@@ -81,9 +81,13 @@ def simulate_kernel(duration, priority, res_ptr, res_idx, dep_ptr, succ_ptr, suc
     are drawn in global priority order and the starts equal those of the reference's full scan.
     Every heap operation is written out once, inline: helper calls taking arrays would cost reference
     counting in the hot loop.
+    With ``fifo`` a task's priority is minus the time it became ready (first ready, first served; ties by
+    id), assigned when it becomes ready; ``priority`` is then ignored.
     Returns (start, finish, release_time, busy, peak, n_started).
     """
     n = duration.shape[0]
+    if fifo:
+        priority = np.zeros(n, dtype=np.float64)
     n_res = resident_bytes.shape[0]
     pending = np.empty(n, dtype=np.int32)  # dependencies not finished yet
     refcount = np.zeros(n, dtype=np.int32)  # tasks that must finish before t's allocation is released
@@ -293,6 +297,8 @@ def simulate_kernel(duration, priority, res_ptr, res_idx, dep_ptr, succ_ptr, suc
                 x = succ_idx[j]
                 pending[x] -= 1
                 if pending[x] == 0:
+                    if fifo:
+                        priority[x] = -now
                     source[x] = -1
                     staged[n_staged] = x
                     n_staged += 1

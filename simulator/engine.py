@@ -72,14 +72,16 @@ class SimResult:
                 f"{len(self.busy)} resources, oom={self.oom})")
 
 
-def simulate(tg: TaskGraph, priority: np.ndarray | None = None, *, reference: bool = False) -> SimResult:
+def simulate(tg: TaskGraph, priority: np.ndarray | None = None, *, fifo: bool = False,
+             reference: bool = False) -> SimResult:
     """Run ``tg`` with greedy list scheduling; ``priority`` overrides ``tg.priority`` for this run.
 
     A task starts when all its deps have finished and all its resources are free, then holds them for its
     duration. At each instant, finishing tasks are processed first (resources, memory releases,
     dependents), then ready tasks are scanned by (higher priority, lower id) and every one whose resources
     are all free starts. Deterministic; ``reference=True`` runs the plain-Python specification, which gives
-    bit-identical results.
+    bit-identical results. ``fifo=True`` ignores priorities: ready tasks are served in the order they became
+    ready (ties by id), as a FIFO ready queue would.
     """
     n = tg.n_tasks
     if n >= 2**31 - 1:
@@ -101,12 +103,12 @@ def simulate(tg: TaskGraph, priority: np.ndarray | None = None, *, reference: bo
     if reference:
         start, finish, release_time, busy, peak = simulate_reference(
             tg.duration, priority, res_ptr, res_idx, dep_ptr, dep_idx, mem_ptr, mem_res, mem_bytes,
-            free_ptr, free_idx, resident)
+            free_ptr, free_idx, resident, fifo)
     else:
         succ_ptr, succ_idx = tg.successors()
         start, finish, release_time, busy, peak, n_started = _kernel.simulate_kernel(
             tg.duration, priority, res_ptr, res_idx, dep_ptr, succ_ptr, succ_idx, mem_ptr, mem_res,
-            mem_bytes, free_ptr, free_idx, resident)
+            mem_bytes, free_ptr, free_idx, resident, bool(fifo))
         if n_started != n:  # cannot happen for a graph built through TaskGraph (a DAG by construction)
             raise RuntimeError(f"simulation stalled: {n_started} of {n} tasks started")
 

@@ -12,7 +12,7 @@ import numpy as np
 def simulate_reference(duration: np.ndarray, priority: np.ndarray, res_ptr: np.ndarray, res_idx: np.ndarray,
                        dep_ptr: np.ndarray, dep_idx: np.ndarray, mem_ptr: np.ndarray, mem_res: np.ndarray,
                        mem_bytes: np.ndarray, free_ptr: np.ndarray, free_idx: np.ndarray,
-                       resident_bytes: np.ndarray) -> tuple[np.ndarray, ...]:
+                       resident_bytes: np.ndarray, fifo: bool = False) -> tuple[np.ndarray, ...]:
     """Run the task graph given as CSR arrays; returns (start, finish, release_time, busy, peak).
 
     The rule, round by round at one time instant ``now``:
@@ -24,11 +24,13 @@ def simulate_reference(duration: np.ndarray, priority: np.ndarray, res_ptr: np.n
       next round at the same instant. So, at one instant, releases come before allocations.
     The allocation of task x is released once x and every task naming x in its ``frees`` have finished;
     an allocation nobody frees stays.
+    With ``fifo`` the priority of a task is minus the time it became ready (first ready, first served), set
+    when it becomes ready; ``priority`` is ignored.
     """
     n = len(duration)
     n_res = len(resident_bytes)
     durations = duration.tolist()
-    priorities = priority.tolist()
+    priorities = [0.0] * n if fifo else priority.tolist()
 
     def segments(ptr: np.ndarray, idx: np.ndarray) -> list[list]:
         ptr_list, idx_list = ptr.tolist(), idx.tolist()
@@ -104,6 +106,8 @@ def simulate_reference(duration: np.ndarray, priority: np.ndarray, res_ptr: np.n
             for s in dependents[t]:
                 deps_left[s] -= 1
                 if deps_left[s] == 0:
+                    if fifo:
+                        priorities[s] = -now
                     ready.append(s)
     return (np.asarray(start, dtype=np.float64), np.asarray(finish, dtype=np.float64),
             np.asarray(release_time, dtype=np.float64), np.asarray(busy, dtype=np.float64),

@@ -277,6 +277,7 @@ def solve_cpsat(prob: ScheduleProblem, *, time_limit_s: float = 60.0, workers: i
     solver.parameters.max_time_in_seconds = float(time_limit_s)
     solver.parameters.num_workers = int(workers)
     solver.parameters.random_seed = int(seed)
+    solver.parameters.cp_model_probing_level = 0   # probing ~10^4 transfer literals eats the whole budget
     status = solver.solve(mdl)
     name = solver.status_name(status)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -306,18 +307,18 @@ def coarse_problem(ev, cluster_of: np.ndarray, time_unit_s: float,
     tr_s[:, np.arange(m), np.arange(m)] = 0.0
     tr_s[qb <= 0] = 0.0
     held, transient = op_memory_bytes(graph)
-    mem = np.bincount(cluster_of, weights=held, minlength=K)
-    mem_peak = mem + np.array([transient[cluster_of == c].max(initial=0.0) for c in range(K)])
+    mem_mib = np.ceil(np.bincount(cluster_of, weights=held, minlength=K) / 2**20).astype(np.int64)
     cap = np.asarray(cluster.memory_bytes, dtype=np.float64) * memory_headroom - transient.max(initial=0.0)
+    cap_mib = np.floor(np.maximum(cap, 0.0) / 2**20).astype(np.int64)
 
     def units(t: np.ndarray) -> np.ndarray:
         return np.where(t > 0, np.maximum(1, np.round(t / time_unit_s)), 0).astype(np.int64)
 
     pair_links = [[tuple(cluster.path(a, b)) for b in range(m)] for a in range(m)]
-    sched = ScheduleProblem(units(dur_s), qs, qd, units(tr_s), pair_links,
-                            np.ceil(mem / 2**20).astype(np.int64), np.floor(np.maximum(cap, 0) / 2**20).astype(np.int64))
+    sched = ScheduleProblem(units(dur_s), qs, qd, units(tr_s), pair_links, mem_mib, cap_mib)
+    # the same problem in seconds for DPOS, with the same memory rule (held MiB within capacity MiB)
     place = PlacementProblem(dur_s, qs, qd, qb, alpha, beta, np.zeros(K, dtype=bool), np.arange(K),
-                             mem, mem_peak - mem, cap + transient.max(initial=0.0))
+                             mem_mib.astype(np.float64), np.zeros(K), cap_mib.astype(np.float64))
     return sched, place
 
 

@@ -1,14 +1,16 @@
 """Task priorities for list scheduling: rank-based (HeteroG/HEFT upward rank) and FIFO.
 
 rank(t) = p(t) + max over successors s of rank(s), p = the task's compute or transfer time.
-Each resource then runs its ready task of highest rank (the simulator's rule).
+Each resource then runs its ready task of highest rank (the simulator's rule). FIFO, the comparison
+point, serves ready tasks in the order they became ready (TensorFlow's default executor); ``est``
+(earliest possible start first) is a third, static comparison point.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
-ORDERS = ("rank", "fifo")
+ORDERS = ("rank", "fifo", "est")
 
 
 @njit(cache=True)
@@ -67,18 +69,25 @@ def earliest_start(duration: np.ndarray, dep_ptr: np.ndarray, dep_idx: np.ndarra
 
 
 def priorities(tg, order: str = "rank") -> np.ndarray:
-    """Priorities for the simulator's list scheduler over TaskGraph ``tg`` (higher runs first).
+    """Static priorities for the simulator's list scheduler over TaskGraph ``tg`` (higher runs first).
 
-    ``rank``: upward rank. ``fifo``: first ready, first served — tasks that can become ready earlier
-    (smaller earliest start with unlimited resources) go first, ties by task id, which is the order in
-    which a FIFO ready queue (TensorFlow's default executor) would see them.
+    ``rank``: upward rank (HeteroG). ``est``: earliest start first (the start each task could have with
+    unlimited resources). ``fifo``: zeros; FIFO is dynamic (the order tasks become ready), so the
+    simulator must also be run with ``fifo=True`` -- use ``schedule`` to get both.
     """
     if order == "rank":
         ptr, idx = tg.successors()
         return upward_rank(tg.duration, ptr, idx)
-    if order == "fifo":
+    if order == "est":
         ptr, idx = tg.dependencies()
         return -earliest_start(tg.duration, ptr, idx)
+    if order == "fifo":
+        return np.zeros(tg.n_tasks)
     from heterog.errors import HeterogError
 
     raise HeterogError(f"unknown order {order!r} (choose from {', '.join(ORDERS)})")
+
+
+def is_dynamic(order: str) -> bool:
+    """Whether the order is decided while simulating (FIFO) rather than by static priorities."""
+    return order == "fifo"

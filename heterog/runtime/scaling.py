@@ -1,0 +1,124 @@
+"""Batch-scaling exponents: how every tensor of the training step depends on the local batch size, which
+is what lets replicas with unequal shares reproduce single-device training exactly.
+
+The scheme. A replica that holds ``b`` of the ``B`` samples runs the step graph at batch ``b``, so it
+computes what single-device training on its own samples would: the mean loss over ``b`` samples, and
+backward tensors that carry ``1/b`` where the global step has ``1/B``. Every value ``v`` of the step has
+an integer *scaling exponent* ``e(v)`` such that, for models whose samples do not interact (no batch
+statistics), the copy a replica of share ``b`` holds is
+
+    batch tensors:        v_b = (b / B) ** e * (the rows of the global v for its samples)
+    non-batch results     P_b = (b / B) ** (e - 1) * sum over its samples of per-sample terms
+    of batch ops (partial):
+
+Forward activations have e = 0, backward activations e = -1 (the ``1/b`` of the mean), the loss and
+weight gradients e = 0 (means), the token count of a mean cross-entropy e = 1 (a sum). Three rules then
+keep every op instance consistent with the global step:
+
+  1. aggregation: the global value of a partial is ``sum over replicas of (b/B) ** (1 - e) * P_b``
+     (e = 0: the share-weighted mean of DESIGN.md; e = 1: a plain sum);
+  2. re-layout: a piece of a batch tensor moving from a replica of share ``b`` to one of share ``b'`` is
+     multiplied by ``(b' / b) ** e`` (backward tensors: ``b / b'``);
+  3. a non-batch value ``G`` read by a batch op instance of share ``b`` is fed as ``(b / B) ** e * G``
+     (the global token count becomes the count a replica of ``b`` samples would see).
+
+Rule 3 makes a replica reading the aggregated token count compute exactly ``(B/b)`` times the global
+gradient rows, so weight gradients aggregated by rule 1 equal the global ones even when some labels are
+ignored. Values that are exact global quantities (parameters, their updates) have e = 0 and are never
+rescaled; ops without a batch tensor always run on the whole batch.
+
+The exponents are measured, not declared: the step runs once on ``k`` samples and once on the same
+samples twice over (``2k``); a value whose doubled run equals ``2 ** e`` times the (duplicated) single run
+has exponent ``e``. Such duplication leaves per-sample computation unchanged and exposes exactly the
+batch-size normalisations. A value that is not a power-of-two multiple depends on how samples interact
+(batch-norm statistics, running variance, dropout masks): it gets e = 0 and is reported; replicas then
+compute such statistics over their own samples, as in ordinary data parallelism.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from heterog.runtime.stepprog import StepProgram
+
+MAX_EXPONENT = 3
+RTOL = 2e-3
+
+
+@dataclass
+class Exponents:
+    """Scaling exponent of every leaf, and the leaves whose samples interact (exponent 0 assumed)."""
+
+    of: dict[tuple[int, int], int] = field(default_factory=dict)
+    coupled: list[str] = field(default_factory=list)
+
+    def __getitem__(self, leaf: tuple[int, int]) -> int:
+        return self.of.get(leaf, 0)
+
+
+def _duplicate(x: torch.Tensor, k: int) -> torch.Tensor:
+    return torch.cat([x[:k], x[:k]], dim=0)
+
+
+def measured_exponent(v1: torch.Tensor, v2: torch.Tensor, batch_dim: int | None, zero_below: float = 0.0
+                      ) -> int | None:
+    """e with v2 = 2**e * dup(v1) (dup: v1 repeated along the batch dim), or None if there is none.
+    Values whose entries all lie within ``zero_below`` of 0 in both runs are rounding noise (e = 0)."""
+    u = torch.cat([v1, v1], dim=batch_dim) if batch_dim is not None else v1
+    if u.shape != v2.shape:
+        return None
+    if not (u.dtype.is_floating_point or u.dtype.is_complex):
+        return 0 if torch.equal(u, v2) else None
+    u64, v64 = u.detach().double().flatten(), v2.detach().double().flatten()
+    if u64.numel() == 0 or max(float(u64.abs().max()), float(v64.abs().max())) <= zero_below:
+        return 0
+    uu = float(torch.dot(u64, u64))
+    if uu == 0.0 or not math.isfinite(uu):
+        return None
+    r = float(torch.dot(u64, v64)) / uu
+    if r <= 0:
+        return None
+    e = round(math.log2(r))
+    if abs(e) > MAX_EXPONENT or abs(r - 2.0 ** e) > RTOL * 2.0 ** e:
+        return None
+    resid = float(torch.linalg.vector_norm(v64 - (2.0 ** e) * u64))
+    return e if resid <= RTOL * math.sqrt(uu) * 2.0 ** e else None
+
+
+def probe_exponents(prog: StepProgram, params: Sequence[torch.Tensor], buffers: Sequence[torch.Tensor],
+                    state: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], samples: int = 2) -> Exponents:
+    """Measure the scaling exponent of every leaf (see the module docstring) on the first ``samples``
+    samples of ``inputs``. Buffers are copied (batch norm updates them in place)."""
+    k = max(1, min(int(samples), int(inputs[0].shape[0])))
+    small = [x[:k] for x in inputs]
+    doubled = [_duplicate(x, k) for x in inputs]
+    with torch.no_grad():
+        env1 = prog.run_all(params, [b.clone() for b in buffers], state, small)
+        env2 = prog.run_all(params, [b.clone() for b in buffers], state, doubled)
+    # leaves whose exponent matters: outputs of batch ops, and non-batch values that batch ops read
+    read_by_batch = {r.leaf for i, rs in enumerate(prog.reads) if prog.op_has_batch[i] for r in rs}
+    probed = []
+    for leaf, info in prog.leaves.items():
+        if info.node is None or prog.op_kind[info.op] != "compute":
+            continue
+        if not (prog.op_has_batch[info.op] or leaf in read_by_batch):
+            continue
+        v1, v2 = env1.get(info.node), env2.get(info.node)
+        if isinstance(v1, torch.Tensor) and isinstance(v2, torch.Tensor):
+            probed.append((leaf, info, v1, v2))
+    # typical magnitude (median of the leaves' largest entries; masks filled with -inf or -1e9 stay out)
+    mags = sorted(float(v1.detach().abs().max()) for _, _, v1, _ in probed
+                  if v1.is_floating_point() and v1.numel() and bool(torch.isfinite(v1).all()))
+    magnitude = mags[len(mags) // 2] if mags else 0.0
+    out = Exponents()
+    for leaf, info, v1, v2 in probed:
+        e = measured_exponent(v1, v2, info.batch_dim, zero_below=1e-6 * magnitude)
+        if e is None:
+            out.coupled.append(info.node)
+            e = 0
+        if e:
+            out.of[leaf] = e
+    return out

@@ -1,0 +1,425 @@
+"""The captured training step in the form the runtime executes: fx nodes as picklable calls grouped by
+OpGraph op, sizes evaluated at any local batch, op kernels, and the whole step run node by node.
+
+A ``StepProgram`` is built once in the planning process from a symbolic-mode ``CapturedStep`` and its
+(fused) OpGraph; it holds no fx or sympy objects, so it travels to worker processes by pickling.
+
+Terms used across the runtime:
+  - *leaf* ``(op, k)``: output ``k`` of an OpGraph op, i.e. the ``k``-th tensor of the op's main fx node
+    (the node itself when it returns a tensor, else the ``getitem`` node that picks it). Edges of the
+    OpGraph carry leaves (``Edge.src_output``); transfers, re-layouts and aggregation move leaves.
+  - *chain*: the view nodes fused into the producer between a leaf and the node a consumer reads
+    (``t``, ``view``, ``detach``, ...). A consumer that receives a leaf from elsewhere re-runs the chain
+    on its own copy, at its own local batch.
+"""
+from __future__ import annotations
+
+import importlib
+import math
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from heterog.errors import HeterogError
+
+
+# ---------------------------------------------------------------------------- picklable node calls
+class Ref:
+    """An argument that is the value of fx node ``name``."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __reduce__(self):
+        return (Ref, (self.name,))
+
+    def __repr__(self) -> str:
+        return f"%{self.name}"
+
+
+class SymRef:
+    """An argument that is a size computed from the batch (fx shape node ``name``)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __reduce__(self):
+        return (SymRef, (self.name,))
+
+    def __repr__(self) -> str:
+        return f"#{self.name}"
+
+
+def target_name(target: Any) -> str:
+    """A string that ``resolve_target`` turns back into ``target`` (OpOverloads do not pickle)."""
+    if isinstance(target, torch._ops.OpOverload):
+        return f"op:{target._schema.name}.{target._overloadname}"
+    module = getattr(target, "__module__", None) or "builtins"
+    if module == "_operator":
+        module = "operator"
+    return f"py:{module}:{target.__qualname__}"
+
+
+_TARGETS: dict[str, Callable[..., Any]] = {}
+
+
+def resolve_target(name: str) -> Callable[..., Any]:
+    fn = _TARGETS.get(name)
+    if fn is not None:
+        return fn
+    kind, _, rest = name.partition(":")
+    if kind == "op":
+        qual, _, overload = rest.rpartition(".")
+        ns, _, op = qual.partition("::")
+        fn = getattr(getattr(getattr(torch.ops, ns), op), overload)
+    elif kind == "py":
+        module, _, qualname = rest.partition(":")
+        fn = importlib.import_module(module)
+        for part in qualname.split("."):
+            fn = getattr(fn, part)
+    else:
+        raise HeterogError(f"cannot resolve fx target {name!r}")
+    _TARGETS[name] = fn
+    return fn
+
+
+@dataclass
+class NodeCall:
+    """One fx node: ``target(*args, **kwargs)`` with Ref/SymRef placeholders in the arguments."""
+
+    name: str
+    target: str
+    args: tuple
+    kwargs: dict
+
+
+def _lower_arg(a: Any, shape_nodes: frozenset[str]) -> Any:
+    from torch.fx import Node
+
+    if isinstance(a, Node):
+        return SymRef(a.name) if a.name in shape_nodes else Ref(a.name)
+    if isinstance(a, tuple):
+        return tuple(_lower_arg(x, shape_nodes) for x in a)
+    if isinstance(a, list):
+        return [_lower_arg(x, shape_nodes) for x in a]
+    if isinstance(a, dict):
+        return {k: _lower_arg(v, shape_nodes) for k, v in a.items()}
+    if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise HeterogError("captured graph has a symbolic size that is not an fx node; cannot lower it")
+    return a
+
+
+def _has_ref(a: Any) -> bool:
+    if isinstance(a, (Ref, SymRef)):
+        return True
+    if isinstance(a, (tuple, list)):
+        return any(_has_ref(x) for x in a)
+    if isinstance(a, dict):
+        return any(_has_ref(x) for x in a.values())
+    return False
+
+
+def _resolve(a: Any, env: dict, sym: dict) -> Any:
+    t = type(a)
+    if t is Ref:
+        return env[a.name]
+    if t is SymRef:
+        return sym[a.name]
+    if t is tuple:
+        return tuple(_resolve(x, env, sym) for x in a)
+    if t is list:
+        return [_resolve(x, env, sym) for x in a]
+    if t is dict:
+        return {k: _resolve(v, env, sym) for k, v in a.items()}
+    return a
+
+
+def _retarget_device(a: Any, device: torch.device) -> Any:
+    """Replace torch.device constants (``ones(..., device=cpu)``) by the worker's device."""
+    if isinstance(a, torch.device):
+        return device
+    if isinstance(a, tuple):
+        return tuple(_retarget_device(x, device) for x in a)
+    if isinstance(a, list):
+        return [_retarget_device(x, device) for x in a]
+    if isinstance(a, dict):
+        return {k: _retarget_device(v, device) for k, v in a.items()}
+    return a
+
+
+class Kernel:
+    """The fx nodes of one op, ready to call: ``kernel(env, sym)`` computes them in order into ``env``."""
+
+    __slots__ = ("calls", "names")
+
+    def __init__(self, calls: Sequence[NodeCall], device: torch.device | None = None) -> None:
+        self.calls = []
+        for c in calls:
+            args, kwargs = c.args, c.kwargs
+            if device is not None and device.type != "cpu":
+                args, kwargs = _retarget_device(args, device), _retarget_device(kwargs, device)
+            simple = not _has_ref(kwargs) and all(type(x) in (Ref, SymRef) or not _has_ref(x) for x in args)
+            self.calls.append((c.name, resolve_target(c.target), args, kwargs, simple))
+        self.names = [c.name for c in calls]
+
+    def __call__(self, env: dict, sym: dict) -> None:
+        for name, fn, args, kwargs, simple in self.calls:
+            if simple:
+                a = [env[x.name] if type(x) is Ref else sym[x.name] if type(x) is SymRef else x for x in args]
+                env[name] = fn(*a, **kwargs)
+            else:
+                env[name] = fn(*_resolve(args, env, sym), **_resolve(kwargs, env, sym))
+
+
+# ---------------------------------------------------------------------------- leaves and what ops read
+@dataclass(frozen=True)
+class LeafInfo:
+    """Output ``k`` of op ``op``: the fx node holding it, its batch dim and its shape at the global batch."""
+
+    op: int
+    k: int
+    node: str | None                 # None: the output exists but no node picks it (unused)
+    batch_dim: int | None
+    shape: tuple[int, ...]           # at the global batch
+    dtype: torch.dtype
+    per_sample: int = 1              # elements per sample along the batch dim (B*T rows -> T)
+
+    def local_shape(self, samples: int) -> tuple[int, ...]:
+        if self.batch_dim is None:
+            return self.shape
+        s = list(self.shape)
+        s[self.batch_dim] = samples * self.per_sample
+        return tuple(s)
+
+    @property
+    def nbytes_global(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class Read:
+    """An op reads fx node ``node`` of another op: leaf ``leaf`` followed by view ``chain``. When
+    ``tuple_index`` is set, ``node`` is the producer's tuple-valued main node and the reader picks
+    element ``tuple_index`` of it (a gradient of a multi-output backward kept as an op of its own)."""
+
+    node: str
+    leaf: tuple[int, int]
+    chain: tuple[str, ...]
+    tuple_index: int | None = None
+
+
+@dataclass
+class StepProgram:
+    """Everything the runtime needs from a captured step (see the module docstring). Picklable."""
+
+    batch_size: int
+    optimizer: str
+    lr: float
+    param_names: list[str]
+    buffer_names: list[str]
+    state_names: list[tuple[str, str]]
+    n_inputs: int
+    placeholders: list[str]
+    outputs: list[str]
+    calls: dict[str, NodeCall]               # every non-shape call_function node
+    order: list[str]                         # those nodes in graph order
+    consts: dict[str, torch.Tensor]          # get_attr nodes
+    op_nodes: list[list[str]]                # per op: its fx nodes that are calls (placeholders excluded)
+    op_kind: list[str]
+    op_target: list[str]
+    op_has_batch: list[bool]
+    leaves: dict[tuple[int, int], LeafInfo]
+    reads: list[list[Read]]                  # per op: external nodes it reads
+    node_op: dict[str, int]
+    node_leaf: dict[str, tuple[int, int]]    # leaf node name -> leaf
+    view_calls: dict[str, NodeCall]          # chain nodes (also in calls)
+    _sym_exprs: dict[str, Any] = field(default_factory=dict, repr=False)    # planning side only
+    _batch_symbols: tuple = field(default_factory=tuple, repr=False)
+    _sym_cache: dict[int, dict[str, Any]] = field(default_factory=dict, repr=False)
+
+    def __getstate__(self) -> dict:
+        d = dict(self.__dict__)
+        d["_sym_exprs"], d["_batch_symbols"], d["_sym_cache"] = {}, (), {}
+        return d
+
+    # ------------------------------------------------------------------ sizes
+    def sizes_at(self, batch: int) -> dict[str, Any]:
+        """Values of all shape nodes when the step runs on ``batch`` samples (planning side)."""
+        cached = self._sym_cache.get(batch)
+        if cached is not None:
+            return cached
+        import sympy
+
+        subs = {s: sympy.Integer(int(batch)) for s in self._batch_symbols}
+        out: dict[str, Any] = {}
+        for name, (kind, expr) in self._sym_exprs.items():
+            if kind == "static":
+                out[name] = expr
+                continue
+            v = expr.xreplace(subs)
+            if not v.is_number:
+                raise HeterogError(f"size node {name} depends on tensor values ({expr}); the runtime needs "
+                                   "sizes that follow from the batch size alone")
+            out[name] = {"int": int, "float": float, "bool": bool}[kind](v)
+        self._sym_cache[batch] = out
+        return out
+
+    def kernel(self, op: int, device: torch.device | None = None) -> Kernel:
+        return Kernel([self.calls[n] for n in self.op_nodes[op]], device)
+
+    # ------------------------------------------------------------------ whole step
+    def run_all(self, params: Sequence[torch.Tensor], buffers: Sequence[torch.Tensor],
+                state: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> dict[str, Any]:
+        """Run every node in graph order at the inputs' batch size; returns node name -> value."""
+        batch = int(inputs[0].shape[0])
+        env: dict[str, Any] = dict(zip(self.placeholders, [*params, *buffers, *state, *inputs]))
+        env.update(self.consts)
+        sym = self.sizes_at(batch)
+        Kernel([self.calls[n] for n in self.order])(env, sym)
+        return env
+
+    def step(self, params, buffers, state, inputs) -> tuple[torch.Tensor, list, list]:
+        """One whole training step, single process: (loss, new params, new state)."""
+        env = self.run_all(params, buffers, state, inputs)
+        out = [env[n] for n in self.outputs]
+        p = len(self.param_names)
+        return out[0], out[1:1 + p], out[1 + p:]
+
+
+def _tensor_leaves(val: Any) -> list[tuple[int, Any]]:
+    if isinstance(val, torch.Tensor):
+        return [(0, val)]
+    if isinstance(val, (tuple, list)):
+        return [(i, v) for i, v in enumerate(val) if isinstance(v, torch.Tensor)]
+    return []
+
+
+def build_step_program(step, graph) -> StepProgram:
+    """The StepProgram of a symbolic-mode CapturedStep and the OpGraph built from it."""
+    if step.tracing_mode != "symbolic":
+        raise HeterogError("the runtime needs a step traced with tracing_mode='symbolic' (it runs at any "
+                           "per-device batch)")
+    gm = step.gm
+    shape_nodes = frozenset(step.shape_nodes)
+    nodes = {n.name: n for n in gm.graph.nodes}
+    calls: dict[str, NodeCall] = {}
+    order: list[str] = []
+    consts: dict[str, torch.Tensor] = {}
+    sym_exprs: dict[str, Any] = {}
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.name in shape_nodes:
+            v = n.meta.get("val")
+            if isinstance(v, torch.SymInt):
+                sym_exprs[n.name] = ("int", v.node.expr)
+            elif isinstance(v, torch.SymFloat):
+                sym_exprs[n.name] = ("float", v.node.expr)
+            elif isinstance(v, torch.SymBool):
+                sym_exprs[n.name] = ("bool", v.node.expr)
+            else:
+                sym_exprs[n.name] = ("static", v)
+        elif n.op == "call_function":
+            calls[n.name] = NodeCall(n.name, target_name(n.target), _lower_arg(tuple(n.args), shape_nodes),
+                                     _lower_arg(dict(n.kwargs), shape_nodes))
+            order.append(n.name)
+        elif n.op == "get_attr":
+            consts[n.name] = getattr(gm, n.target).detach().clone()
+
+    node_op: dict[str, int] = {}
+    op_nodes: list[list[str]] = []
+    for i, op in enumerate(graph.ops):
+        mine = [name for name in op.fx_nodes if name in calls]
+        op_nodes.append(mine)
+        for name in op.fx_nodes:
+            node_op[name] = i
+    missing = [name for name in order if name not in node_op]
+    if missing:
+        raise HeterogError(f"fx nodes {missing[:5]} belong to no op of graph {graph.name!r}; the graph does not "
+                           "come from this captured step")
+
+    # leaves: (op, k) -> node holding the k-th tensor of the op's main node
+    leaves: dict[tuple[int, int], LeafInfo] = {}
+    node_leaf: dict[str, tuple[int, int]] = {}
+    leaf_at_index: dict[tuple[int, int], int] = {}      # (op, index in the main node's tuple) -> k
+    for i, op in enumerate(graph.ops):
+        main = nodes[op.fx_nodes[0]]
+        val = main.meta.get("val")
+        if main.op == "get_attr" and val is None:
+            val = getattr(gm, main.target)
+        tl = _tensor_leaves(val)
+        pick: dict[int, str] = {}
+        if isinstance(val, torch.Tensor):
+            pick[0] = main.name
+        else:
+            for name in op.fx_nodes[1:]:
+                n = nodes[name]
+                if n.target is operator.getitem and n.args[0] is main:
+                    pick.setdefault(int(n.args[1]), name)
+        for k, (idx, t) in enumerate(tl):
+            bd = op.batch_dims[k] if k < len(op.batch_dims) else None
+            shape = tuple(int(s) for s in op.output_shapes[k])
+            per = 1
+            if bd is not None:
+                if shape[bd] % graph.batch_size:
+                    raise HeterogError(f"op {op.name}: output {k} has {shape[bd]} entries along its batch dim, "
+                                       f"not a multiple of the batch {graph.batch_size}; cannot split it")
+                per = shape[bd] // graph.batch_size
+            leaf = LeafInfo(i, k, pick.get(idx), bd, shape, t.dtype, per)
+            leaf_at_index[(i, idx)] = k
+            leaves[(i, k)] = leaf
+            if leaf.node is not None:
+                node_leaf[leaf.node] = (i, k)
+
+    # what each op reads from other ops: leaf + view chain
+    reads: list[list[Read]] = []
+    view_calls: dict[str, NodeCall] = {}
+    for i, op in enumerate(graph.ops):
+        own = set(op.fx_nodes)
+        seen: dict[str, Read] = {}
+        for name in op_nodes[i]:
+            for inp in nodes[name].all_input_nodes:
+                if inp.name in own or inp.name in shape_nodes or inp.name in seen:
+                    continue
+                seen[inp.name] = _read_of(inp, nodes[name], node_op, node_leaf, leaf_at_index, shape_nodes,
+                                          calls, view_calls)
+        reads.append(list(seen.values()))
+    # sanity: every read matches an edge of the graph (the compiler's decisions apply to it)
+    edge_set = {(e.src, e.src_output, e.dst) for e in graph.edges}
+    for i, rs in enumerate(reads):
+        for r in rs:
+            if (r.leaf[0], r.leaf[1], i) not in edge_set:
+                raise HeterogError(f"op {graph.ops[i].name} reads {r.node} (output {r.leaf[1]} of "
+                                   f"{graph.ops[r.leaf[0]].name}) but the graph has no such edge")
+
+    prog = StepProgram(
+        batch_size=graph.batch_size, optimizer=step.optimizer, lr=step.lr, param_names=list(step.param_names),
+        buffer_names=list(step.buffer_names), state_names=list(step.state_names), n_inputs=step.n_inputs,
+        placeholders=list(step.placeholders), outputs=list(step.outputs), calls=calls, order=order, consts=consts,
+        op_nodes=op_nodes, op_kind=[op.kind for op in graph.ops], op_target=[op.target for op in graph.ops],
+        op_has_batch=[bool(x) for x in graph.has_batch], leaves=leaves, reads=reads, node_op=node_op,
+        node_leaf=node_leaf, view_calls=view_calls)
+    prog._sym_exprs = sym_exprs
+    prog._batch_symbols = tuple(step.batch_symbols)
+    return prog
+
+
+def _read_of(inp, reader, node_op, node_leaf, leaf_at_index, shape_nodes, calls, view_calls) -> Read:
+    if inp.name not in node_leaf and reader.target is operator.getitem and reader.args[0] is inp:
+        k = leaf_at_index.get((node_op[inp.name], int(reader.args[1])))
+        if k is not None:
+            return Read(inp.name, (node_op[inp.name], k), (), int(reader.args[1]))
+    chain: list[str] = []
+    cur = inp
+    while cur.name not in node_leaf:
+        ins = [x for x in cur.all_input_nodes if x.name not in shape_nodes]
+        if len(ins) != 1 or node_op.get(ins[0].name) != node_op.get(cur.name):
+            raise HeterogError(f"fx node {inp.name} is neither an op output nor a view of one")
+        chain.append(cur.name)
+        view_calls[cur.name] = calls[cur.name]
+        cur = ins[0]
+    return Read(inp.name, node_leaf[cur.name], tuple(reversed(chain)))

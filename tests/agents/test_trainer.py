@@ -1,0 +1,197 @@
+"""The trainer: the loss functions, baselines and advantages, the replay pool, determinism, learning
+on a tiny graph (REINFORCE and PPO), several graphs per round, and TensorBoard output."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.utils.tensorboard import SummaryWriter
+
+from agents.networks import StrategyPolicy
+from agents.trainer import (
+    TaskState,
+    Trainer,
+    TrainerSettings,
+    action_breakdown,
+    bias_towards_data_parallel,
+    make_task,
+    per_group_log_prob,
+    policy_loss,
+)
+from envs import DEVICE_FEATURE_DIM, op_feature_dim
+from heterog.cluster import load_cluster
+from heterog.errors import CheckpointError, HeterogError
+from heterog.graph.cache import capture_model
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def paper8():
+    return load_cluster("paper-8gpu")
+
+
+@pytest.fixture(scope="module")
+def tasks(paper8):
+    return [make_task(capture_model("tiny_mlp", 16), paper8), make_task(capture_model("tiny_cnn", 16), paper8)]
+
+
+def tiny_policy(seed: int = 0, n_devices: int = 8) -> StrategyPolicy:
+    torch.manual_seed(seed)
+    return StrategyPolicy(op_feature_dim(n_devices), DEVICE_FEATURE_DIM, n_devices + 4, hidden=16, gat_layers=1,
+                          gat_heads=2, txl_layers=1, txl_heads=2, segment_len=8, mem_len=8)
+
+
+def weights(policy):
+    return torch.cat([p.detach().flatten() for p in policy.parameters()])
+
+
+# ------------------------------------------------------------------------------------------- pieces
+def test_settings_report_every_problem_at_once():
+    with pytest.raises(HeterogError, match="algorithm 'a2c' is not one of .*; samples_per_graph must be positive, "
+                                           "got 0.*replay_samples 9 exceeds replay_pool_size 8"):
+        TrainerSettings(algorithm="a2c", samples_per_graph=0, replay_samples=9)
+
+
+def test_per_group_log_prob_picks_each_groups_action():
+    logits = torch.tensor([[0.0, math.log(3.0)], [math.log(2.0), 0.0]])
+    lp = per_group_log_prob(logits, torch.tensor([[1, 0], [0, 1]]))
+    assert lp.shape == (2, 2)
+    assert torch.allclose(lp.exp(), torch.tensor([[0.75, 2 / 3], [0.25, 1 / 3]]))
+
+
+def test_policy_loss_reinforce_and_ppo_agree_at_ratio_one_and_ppo_clips():
+    log_p = torch.log(torch.tensor([[0.5, 0.25], [0.2, 0.4]])).requires_grad_()
+    adv = torch.tensor([1.0, -2.0])
+    reinforce = policy_loss(log_p, log_p.detach(), adv, "reinforce", 0.2)
+    assert reinforce.item() == pytest.approx(-(0.5 * (math.log(0.5) + math.log(0.25))
+                                               - (math.log(0.2) + math.log(0.4))) / 2 * 1, rel=1e-6)
+    g1 = torch.autograd.grad(reinforce, log_p)[0]
+    g2 = torch.autograd.grad(policy_loss(log_p, log_p.detach(), adv, "ppo", 0.2), log_p)[0]
+    assert torch.allclose(g1, g2)
+    # ratio 2 with a positive advantage is clipped: no gradient pushes it further
+    new = (log_p.detach() + math.log(2.0)).requires_grad_()
+    g3 = torch.autograd.grad(policy_loss(new, log_p.detach(), torch.tensor([1.0, 1.0]), "ppo", 0.2), new)[0]
+    assert (g3 == 0).all()
+
+
+def test_advantages_use_the_baseline_before_the_round_then_move_it(tasks):
+    trainer = Trainer(tiny_policy(), tasks[:1], TrainerSettings(baseline_decay=0.5, normalize_advantage=False))
+    state = TaskState()
+    first = trainer.advantages(state, np.array([-1.0, -3.0]), np.zeros(0))
+    assert first.tolist() == [1.0, -1.0] and state.baseline == -2.0
+    second = trainer.advantages(state, np.array([-1.0, -1.0]), np.array([-0.5, -4.0]))
+    assert second.tolist() == [1.0, 1.0, 1.5, 0.0]     # replayed strategies: clipped at 0
+    assert state.baseline == pytest.approx(-1.5)
+    normalised = Trainer(tiny_policy(), tasks[:1], TrainerSettings(baseline_decay=0.5))
+    s2 = TaskState()
+    adv = normalised.advantages(s2, np.array([-1.0, -3.0]), np.zeros(0))
+    assert adv == pytest.approx([1.0, -1.0], rel=1e-3)   # divided by the reward std (1)
+
+
+def test_record_keeps_the_best_and_a_pool_of_distinct_strategies(tasks):
+    trainer = Trainer(tiny_policy(), tasks[:1], TrainerSettings(replay_pool_size=3, replay_samples=2))
+    state = TaskState()
+    actions = np.array([[1, 1], [2, 2], [1, 1], [3, 3], [4, 4]])
+    rewards = np.array([-2.0, -1.0, -2.0, -5.0, -3.0])
+    trainer.record(tasks[0], state, actions, rewards, rewards ** 2, np.zeros(5, dtype=bool))
+    assert state.best_actions == [2, 2] and state.best_iteration_time_s == 1.0 and state.episodes == 5
+    assert [a for _, a in state.pool] == [[2, 2], [1, 1], [4, 4]]
+    trainer.record(tasks[0], state, np.array([[5, 5]]), np.array([-0.5]), np.array([0.25]), np.zeros(1, bool))
+    assert [a for _, a in state.pool] == [[5, 5], [2, 2], [1, 1]]
+    assert [h[3] for h in state.history] == [1.0, 0.25]
+    replay_actions, replay_rewards = trainer.replay(state)
+    assert replay_actions.shape == (2, 2) and set(replay_rewards) <= {-0.5, -1.0, -2.0}
+
+
+def test_policy_for_another_cluster_size_is_refused(tasks):
+    with pytest.raises(CheckpointError, match=r"policy has 6 actions \(2 devices\).*8 devices \(12 actions\)"):
+        Trainer(tiny_policy(n_devices=2), tasks, TrainerSettings())
+
+
+def test_dp_bias_raises_the_data_parallel_probability(tasks):
+    policy = tiny_policy()
+    bias_towards_data_parallel(policy, math.log(2.0))
+    with torch.no_grad():
+        probs = policy(*tasks[0].inputs.args()).softmax(-1)
+    # 4 DP actions at twice the weight of 8 MP ones: P(DP) ~ 8 / 16 (head starts near zero)
+    assert probs[:, 8:].sum(-1).mean().item() == pytest.approx(0.5, abs=0.05)
+
+
+def test_action_breakdown_shares_sum_to_one(tasks):
+    task = tasks[1]
+    actions = np.arange(task.n_groups) % 12
+    rows = action_breakdown(task, actions)
+    assert sum(r["groups"] for r in rows) == task.n_groups
+    assert sum(r["op_share"] for r in rows) == pytest.approx(1.0)
+    assert sum(r["compute_share"] for r in rows) == pytest.approx(1.0)
+
+
+# ------------------------------------------------------------------------------------------ training
+def test_training_is_determined_by_the_seed(tasks):
+    def run(seed):
+        trainer = Trainer(tiny_policy(seed), tasks, TrainerSettings(seed=seed, samples_per_graph=4))
+        trainer.train(rounds=3)
+        return weights(trainer.policy), trainer.summary()
+
+    (w0, s0), (w1, s1), (w2, _) = run(0), run(0), run(1)
+    assert torch.equal(w0, w1) and not torch.equal(w0, w2)
+    assert {k: v["best_iteration_time_s"] for k, v in s0["graphs"].items()} == \
+           {k: v["best_iteration_time_s"] for k, v in s1["graphs"].items()}
+
+
+@pytest.mark.parametrize("algorithm", ["reinforce", "ppo"])
+def test_training_lowers_the_sampled_iteration_time(tasks, algorithm):
+    """On tiny_mlp everything on one GPU is fastest (transfers dwarf the compute); sampled plans move
+    towards it."""
+    settings = TrainerSettings(algorithm=algorithm, samples_per_graph=8, learning_rate=1e-2, seed=0,
+                               ppo_epochs=2)
+    trainer = Trainer(tiny_policy(), tasks[:1], settings)
+    first = trainer.update()["reward_mean"]
+    rewards = [trainer.update()["reward_mean"] for _ in range(30)]
+    assert np.mean(rewards[-3:]) > 0.7 * first       # rewards are negative: mean -sqrt(T) up by 30%
+    state = trainer.states[tasks[0].key]
+    assert state.best_iteration_time_s < 0.5 * first ** 2
+
+
+def test_graphs_per_round_updates_a_seeded_subset(tasks):
+    trainer = Trainer(tiny_policy(), tasks, TrainerSettings(graphs_per_round=1, samples_per_graph=2))
+    trainer.train(rounds=6)
+    counts = [trainer.states[t.key].episodes for t in tasks]
+    assert sum(counts) == 12 and all(c > 0 for c in counts)
+    again = Trainer(tiny_policy(), tasks, TrainerSettings(graphs_per_round=1, samples_per_graph=2))
+    again.train(rounds=6)
+    assert [again.states[t.key].episodes for t in tasks] == counts
+
+
+def test_train_stops_on_episodes_and_needs_a_limit(tasks):
+    trainer = Trainer(tiny_policy(), tasks[:1], TrainerSettings(samples_per_graph=4))
+    summary = trainer.train(episodes=10)
+    assert summary["episodes"] == 12 and summary["rounds"] == 3
+    with pytest.raises(HeterogError, match="rounds, episodes or budget_s"):
+        trainer.train()
+
+
+def test_tensorboard_metrics_curve_and_gantt(tasks, tmp_path):
+    writer = SummaryWriter(log_dir=str(tmp_path))
+    trainer = Trainer(tiny_policy(), tasks, TrainerSettings(samples_per_graph=2, log_every=2), writer=writer,
+                      run_dir=tmp_path)
+    trainer.train(rounds=3)
+    writer.close()
+    acc = EventAccumulator(str(tmp_path), size_guidance={"images": 0, "histograms": 0, "tensors": 0}).Reload()
+    tags = acc.Tags()
+    for name in ("charts/reward_mean", "charts/reward_max", "losses/policy", "losses/entropy", "perf/sims_per_s",
+                 *(f"charts/best_iteration_time_s/{t.name}" for t in tasks),
+                 *(f"charts/baseline/{t.name}" for t in tasks)):
+        assert name in tags["scalars"], name
+    assert [e.step for e in acc.Scalars("charts/reward_mean")] == [1, 2, 3]
+    best = acc.Scalars(f"charts/best_iteration_time_s/{tasks[0].name}")[-1].value
+    assert best == pytest.approx(trainer.states[tasks[0].key].best_iteration_time_s, rel=1e-6)
+    assert "actions/sampled" in tags["histograms"]
+    assert {f"gantt/{t.name}" for t in tasks} <= set(tags["images"])
+    assert any("actions/breakdown" in t for t in tags["tensors"])
+    assert (tmp_path / "learning_curve.png").stat().st_size > 1000
+    assert (tmp_path / f"gantt_{tasks[1].name}.png").stat().st_size > 1000
