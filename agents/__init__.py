@@ -1,5 +1,5 @@
-"""The learning agent: the GAT + Transformer-XL policy network (and, alongside it, trainers and
-checkpoints that use it)."""
+"""The learning agent: the GAT + Transformer-XL policy network, its inputs, the REINFORCE/PPO trainer,
+checkpoints, and the planner entry used by ``heterog plan --method agent``."""
 
 from agents.networks import (
     GATEncoder,
@@ -14,11 +14,31 @@ from agents.networks import (
 
 __all__ = [
     "GATEncoder",
+    "GraphTask",
     "GroupPooling",
     "MaskedCategorical",
     "PolicyError",
+    "PolicyInputs",
     "RelativeMultiHeadAttention",
     "StrategyPolicy",
+    "Trainer",
+    "TrainerSettings",
     "TransformerXL",
     "TransformerXLLayer",
+    "load_checkpoint",
+    "make_task",
+    "plan",
+    "save_checkpoint",
 ]
+
+
+def __getattr__(name: str):
+    """Trainer, checkpoints, inputs and planner load on first use (they pull in envs and the simulator)."""
+    lazy = {"GraphTask": "agents.trainer", "Trainer": "agents.trainer", "TrainerSettings": "agents.trainer",
+            "make_task": "agents.trainer", "PolicyInputs": "agents.features", "load_checkpoint": "agents.checkpoint",
+            "save_checkpoint": "agents.checkpoint", "plan": "agents.planner"}
+    if name in lazy:
+        import importlib
+
+        return getattr(importlib.import_module(lazy[name]), name)
+    raise AttributeError(f"module 'agents' has no attribute {name!r}")

@@ -45,6 +45,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     from heterog.cluster import load_cluster
     from heterog.graph.cache import capture_model
 
+    if cfg.run.mode not in ("train", "evaluate"):
+        raise HeterogError(f"run.mode must be train or evaluate, got {cfg.run.mode!r}")
+    if cfg.run.needs_checkpoint and cfg.run.init_from is None and cfg.run.resume is None:
+        raise HeterogError(f"experiment {cfg.run.name} needs run.init_from=<checkpoint>")
     torch.set_num_threads(int(cfg.threads))
     # ---- instantiate everything from the config
     cluster = load_cluster(cfg.cluster.name)
@@ -73,8 +77,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         state = load_checkpoint(source)
         check_fits(state, m, op_feature_dim(m), DEVICE_FEATURE_DIM, source=f"checkpoint {str(source)!r}")
         policy = policy_from_checkpoint(state)
-    elif cfg.run.mode == "evaluate":
-        raise HeterogError("experiment=evaluate needs run.init_from=<checkpoint>")
     else:
         policy = make_policy(n_devices=m, seed=int(cfg.seed), dp_bias=settings.initial_dp_bias)
     trainer = Trainer(policy, tasks, settings, writer=writer, run_dir=run_dir)
@@ -87,12 +89,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if cfg.run.mode == "evaluate":
         report["evaluation"] = trainer.evaluate_policy(int(cfg.run.eval_samples))
         trainer.finish()
-    elif cfg.run.mode == "train":
+    else:
         trainer.train(rounds=cfg.run.rounds, episodes=cfg.run.episodes, budget_s=cfg.run.budget_s,
                       checkpoint_path=run_dir / "agent.pt", checkpoint_every=int(cfg.run.checkpoint_every))
         report["checkpoint"] = str(run_dir / "agent.pt")
-    else:
-        raise HeterogError(f"run.mode must be train or evaluate, got {cfg.run.mode!r}")
     report.update(trainer.summary())
 
     # ---- compare with the baselines, save the best strategies and the learning curves

@@ -12,7 +12,14 @@ from pathlib import Path
 import numpy as np
 
 from heterog.errors import HeterogError
-from heterog.strategy import DP_ACTION_NAMES, ParallelConfig, Strategy, even_shares, proportional_shares
+from heterog.strategy import (
+    DP_ACTION_NAMES,
+    ParallelConfig,
+    Strategy,
+    action_name,
+    even_shares,
+    proportional_shares,
+)
 
 DP_BASELINES = ("ev-ps", "ev-ar", "cp-ps", "cp-ar")
 AGENT = "agent"
@@ -107,9 +114,14 @@ def action_columns(cluster) -> list[str]:
 
 
 def action_breakdown(strategy: Strategy, graph, cluster) -> dict[str, float]:
-    """Share of the graph's compute ops under each action type (Table 2 of the HeteroG paper)."""
+    """Share of the graph's compute ops under each action type (Table 2 of the HeteroG paper). Plans
+    decoded from actions (``meta["actions"]``) use them; other plans are classified by ``config_action``."""
     compute = np.nonzero(graph.is_compute)[0]
-    kinds = [config_action(c, cluster, graph.batch_size) for c in strategy.configs]
+    actions = strategy.meta.get("actions")
+    if actions is not None and len(actions) == strategy.n_groups:     # decoded from actions: exact names
+        kinds = [action_name(int(a), cluster.n_devices) for a in actions]
+    else:
+        kinds = [config_action(c, cluster, graph.batch_size) for c in strategy.configs]
     counts = dict.fromkeys(action_columns(cluster), 0)
     for g in strategy.group_of[compute].tolist():
         counts[kinds[g]] += 1
@@ -208,9 +220,9 @@ def table1_markdown(comp: Comparison) -> str:
     base = {r.method: r.result for r in comp.results if r.method in DP_BASELINES}
     dp_cols = [m for m in DP_BASELINES if m in base]
     head = ["method", "iteration (ms)", "OOM", "search (s)"] + [f"speed-up vs {m.upper()}" for m in dp_cols]
-    lines = [f"Table 1: {comp.graph.name} (batch {comp.graph.batch_size}) on {comp.cluster.name}: time per "
+    lines = [(f"Table 1: {comp.graph.name} (batch {comp.graph.batch_size}) on {comp.cluster.name}: time per "
              f"iteration and speed-up over the data-parallel baselines (T_baseline / T_method - 1; "
-             f"a baseline that runs out of memory is marked OOM).", "",
+             f"a baseline that runs out of memory is marked OOM)."), "",
              "| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     for r in comp.results:
         res = r.result

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from heterog.baselines import register
-from heterog.errors import HeterogError
 from heterog.baselines.expert import group_strategy, op_memory_bytes, order_priorities, param_units
+from heterog.errors import HeterogError
 from heterog.strategy import ParallelConfig, Strategy, even_shares, proportional_shares
 
 
@@ -27,7 +27,8 @@ class PlacementProblem:
     Shapes: ``op_time_s`` (N, M); ``edge_src``, ``edge_dst``, ``edge_bytes`` (E,); ``comm_alpha_s`` and
     ``comm_beta_s_per_byte`` (M, M): a transfer a->b of x > 0 bytes takes alpha[a, b] + x * beta[a, b]
     (0 on the diagonal, 0 for x = 0); ``is_free``, ``is_collective`` (N,) bool; ``collective_s``, ``unit``,
-    ``held_bytes``, ``transient_bytes`` (N,) (memory as in ``op_memory_bytes``); ``capacity_bytes`` (M,).
+    ``held_bytes``, ``transient_bytes`` (N,) (memory as in ``op_memory_bytes``); ``capacity_bytes`` (M,);
+    ``edge_memory`` (E,) what an edge allocates on a device it arrives at from another (default: its bytes).
     """
 
     op_time_s: np.ndarray
@@ -43,6 +44,7 @@ class PlacementProblem:
     capacity_bytes: np.ndarray
     is_collective: np.ndarray | None = None
     collective_s: np.ndarray | None = None
+    edge_memory: np.ndarray | None = None
     pred_edges: list[list[int]] = field(init=False, repr=False)
     succ_edges: list[list[int]] = field(init=False, repr=False)
 
@@ -52,6 +54,8 @@ class PlacementProblem:
             self.is_collective = np.zeros(n, dtype=bool)
         if self.collective_s is None:
             self.collective_s = np.zeros(n)
+        if self.edge_memory is None:
+            self.edge_memory = np.asarray(self.edge_bytes, dtype=np.float64)
         self.pred_edges = [[] for _ in range(n)]
         self.succ_edges = [[] for _ in range(n)]
         for k, (s, d) in enumerate(zip(self.edge_src.tolist(), self.edge_dst.tolist())):
@@ -292,8 +296,9 @@ def dpos_schedule(prob: PlacementProblem) -> DposSchedule:
     3. Nodes in decreasing rank_u (ties: topological order). A node whose unit is placed goes there; a
        critical-path node goes to the critical-path device if it fits; any other node goes to the device
        that gives the earliest finish time, inserted into an idle gap (ready time = latest arrival of its
-       inputs, with transfer times from their devices), among the devices whose memory estimate stays
-       within capacity (if none: the device with most memory left). Collectives start when their inputs
+       inputs, with transfer times from their devices), among the devices whose memory estimate (held
+       bytes, inputs received from other devices, largest transient) stays within capacity (if none:
+       the device with most memory left). Collectives start when their inputs
        are done and occupy no device. Free nodes follow their unit or first consumer at time 0.
     """
     n, m = prob.n_nodes, prob.n_devices
@@ -327,7 +332,7 @@ def dpos_schedule(prob: PlacementProblem) -> DposSchedule:
     slots_e: list[list[float]] = [[] for _ in range(m)]
     memory_ok = True
     alpha, beta = prob.comm_alpha_s, prob.comm_beta_s_per_byte
-    src, nbytes = prob.edge_src.tolist(), prob.edge_bytes.tolist()
+    src, nbytes, emem = prob.edge_src.tolist(), prob.edge_bytes.tolist(), prob.edge_memory.tolist()
     zero = np.zeros(m)
 
     for i in sorted(range(n), key=lambda j: (-rank_u[j], pos[j])):
@@ -339,6 +344,7 @@ def dpos_schedule(prob: PlacementProblem) -> DposSchedule:
             continue
         u = units[i]
         ready = zero.copy()
+        received = zero.copy()                           # bytes its inputs would bring to each device
         new_units = set() if u in unit_dev else {u}
         for k in prob.pred_edges[i]:
             p = src[k]
@@ -355,9 +361,11 @@ def dpos_schedule(prob: PlacementProblem) -> DposSchedule:
                 at, pd = finish[p], int(device[p])
             if nbytes[k] > 0:
                 ready = np.maximum(ready, at + alpha[pd] + nbytes[k] * beta[pd])
+                received += emem[k]
+                received[pd] -= emem[k]
             else:
                 ready = np.maximum(ready, at)
-        extra = prob.held_bytes[i] + sum(free_held.get(x, 0.0) for x in new_units)
+        extra = prob.held_bytes[i] + sum(free_held.get(x, 0.0) for x in new_units) + received
         mem_after = used + extra + np.maximum(peak_transient, prob.transient_bytes[i])
         fits = mem_after <= prob.capacity_bytes
         if u in unit_dev:
@@ -379,7 +387,7 @@ def dpos_schedule(prob: PlacementProblem) -> DposSchedule:
         device[i], start[i], finish[i] = d, t, eft
         slots_s[d].insert(slot, t)
         slots_e[d].insert(slot, eft)
-        used[d] += prob.held_bytes[i]
+        used[d] += prob.held_bytes[i] + received[d]
         peak_transient[d] = max(peak_transient[d], prob.transient_bytes[i])
         for x in new_units:
             unit_dev[x] = d

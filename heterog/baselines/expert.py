@@ -1,8 +1,5 @@
 """Expert model parallelism (the "Expert" of the Pesto paper): contiguous layers by module path, balanced
-by cost over the devices; plus the helpers the placement planners (DPOS, Pesto) share.
-
-Layers are module-path prefixes up to the first numeric index ("encoder.layers.3"), or the top module.
-"""
+by cost over the devices; plus the helpers the placement planners (DPOS, Pesto) share."""
 from __future__ import annotations
 
 import re
@@ -105,14 +102,11 @@ def op_layers(graph) -> tuple[np.ndarray, list[str]]:
     n = graph.n_ops
     keys = [layer_key(op.module_path) for op in graph.ops]
     order = graph.topo_order()
-    for sweep in (graph.pred, graph.succ):            # propagate to ops without a module path
-        seq = order if sweep is graph.pred else order[::-1]
+    # ops without a module path: from a predecessor (topological order), else from a successor
+    for neighbours, seq in ((graph.pred, order), (graph.succ, order[::-1])):
         for i in seq.tolist():
             if not keys[i]:
-                for j in sweep[i]:
-                    if keys[j]:
-                        keys[i] = keys[j]
-                        break
+                keys[i] = next((keys[j] for j in neighbours[i] if keys[j]), "")
     keys = [k or "(graph)" for k in keys]
     units = param_units(graph)
     for i in range(n):                                # a parameter's unit lives with its gradient's layer

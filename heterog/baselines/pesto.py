@@ -9,7 +9,7 @@ import numpy as np
 
 from heterog.baselines import register
 from heterog.baselines.dpos import PlacementProblem, _comm_coefficients, dpos_schedule
-from heterog.baselines.expert import mp_strategy, op_memory_bytes, order_priorities
+from heterog.baselines.expert import balanced_partition, mp_strategy, op_memory_bytes, order_priorities
 
 
 # ----------------------------------------------------------------------------- coarsening
@@ -48,20 +48,23 @@ def quotient_edges(cluster_of: np.ndarray, src: np.ndarray, dst: np.ndarray,
     return uniq // k, uniq % k, np.bincount(inv, weights=nbytes[keep], minlength=len(uniq))
 
 
-def merge_round(k: int, qs: np.ndarray, qd: np.ndarray, qb: np.ndarray, weight: np.ndarray, n_merges: int,
-                weight_cap: float) -> list[tuple[int, int]]:
+def merge_round(k: int, qs: np.ndarray, qd: np.ndarray, qb: np.ndarray, sizes: np.ndarray, n_merges: int,
+                caps: np.ndarray) -> list[tuple[int, int]]:
     """One batch of merges on a DAG of ``k`` nodes (edges ``qs -> qd`` with bytes ``qb``).
 
     Candidates are edges (u, v) with height(v) = height(u) + 1 (contracting one such edge cannot close a
-    cycle: another u -> v path would make height(v) >= height(u) + 2), taken largest tensor first. A
-    batch is a matching, and a pair (u, v) is refused if an edge joins its upper node u to the lower node
-    of another chosen pair at the same heights, or another chosen pair's upper node to v. Then keying
-    every unmerged node by 2 * height and every merged pair by 2 * height(u) + 1 strictly increases
-    along every edge of the merged graph, so the batch is cycle-free (Pesto's Theorem 3.5 argument).
+    cycle: another u -> v path would make height(v) >= height(u) + 2), taken largest tensor first, whose
+    merged sizes stay within ``caps`` (``sizes`` (k, S), ``caps`` (S,)). A batch is a matching, and a pair
+    (u, v) is refused if an edge joins its upper node u to the lower node of another chosen pair at the
+    same heights, or another chosen pair's upper node to v. Then keying every unmerged node by
+    2 * height and every merged pair by 2 * height(u) + 1 strictly increases along every edge of the
+    merged graph, so the batch is cycle-free (the argument of Pesto's Theorem 3.5).
     """
     h = heights(k, qs, qd)
     cand = np.nonzero(h[qd] == h[qs] + 1)[0]
     cand = cand[np.lexsort((cand, -qb[cand]))]
+    ok = np.all(sizes[qs[cand]] + sizes[qd[cand]] <= caps[None, :], axis=1)
+    cand = cand[ok]
     succ: list[list[int]] = [[] for _ in range(k)]
     pred: list[list[int]] = [[] for _ in range(k)]
     for s, d in zip(qs.tolist(), qd.tolist()):
@@ -73,7 +76,7 @@ def merge_round(k: int, qs: np.ndarray, qd: np.ndarray, qb: np.ndarray, weight: 
     pairs: list[tuple[int, int]] = []
     for e in cand.tolist():
         u, v = int(qs[e]), int(qd[e])
-        if matched[u] or matched[v] or weight[u] + weight[v] > weight_cap:
+        if matched[u] or matched[v]:
             continue
         if any(lower[x] and x != v and h[x] == h[u] + 1 for x in succ[u]):
             continue
@@ -87,31 +90,40 @@ def merge_round(k: int, qs: np.ndarray, qd: np.ndarray, qb: np.ndarray, weight: 
 
 
 def coarsen(n: int, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, weight: np.ndarray,
-            target: int, balance: float = 2.0) -> np.ndarray:
-    """Coarsen a DAG of ``n`` nodes to ``target`` nodes (or as few as possible) without creating a cycle.
+            target: int, balance: float = 2.0, memory: np.ndarray | None = None,
+            memory_cap: float = np.inf) -> np.ndarray:
+    """Coarsen a DAG of ``n`` nodes to ``target`` nodes without creating a cycle.
 
-    Rounds of ``merge_round`` on the current quotient graph; a merged node should not weigh more than
-    ``balance`` x the average weight at the target size (dropped for a round that would merge nothing).
-    When no edge is left (only isolated nodes), isolated nodes are merged pairwise, lightest first.
+    Rounds of ``merge_round`` on the current quotient graph. A merged node should weigh at most
+    ``balance`` x the average weight at the target size and hold at most ``memory_cap`` (``memory`` per
+    node); a round that would merge nothing drops the weight limit, then the memory limit. When no edge
+    is left (isolated nodes only), nodes are merged pairwise, lightest first: any such merge is safe.
 
-    Returns: (n,) coarse node of each node, numbered 0..K-1 in a topological order of the coarse graph.
+    Returns: (n,) coarse node of each node, numbered 0..K-1 in a topological order of the coarse graph,
+    K = min(n, target).
     """
     src = np.asarray(src, dtype=np.int64)
     dst = np.asarray(dst, dtype=np.int64)
     nbytes = np.asarray(nbytes, dtype=np.float64)
     weight = np.asarray(weight, dtype=np.float64)
+    memory = np.zeros(n) if memory is None else np.asarray(memory, dtype=np.float64)
     cluster_of = np.arange(n, dtype=np.int64)
     target = max(1, int(target))
-    cap = balance * float(weight.sum()) / target
+    limits = [np.array([balance * float(weight.sum()) / target, memory_cap]), np.array([np.inf, memory_cap]),
+              np.array([np.inf, np.inf])]
     k = n
     while k > target:
         qs, qd, qb = quotient_edges(cluster_of, src, dst, nbytes)
-        w = np.bincount(cluster_of, weights=weight, minlength=k)
+        sizes = np.stack([np.bincount(cluster_of, weights=weight, minlength=k),
+                          np.bincount(cluster_of, weights=memory, minlength=k)], axis=1)
+        pairs: list[tuple[int, int]] = []
         if len(qs):
-            pairs = merge_round(k, qs, qd, qb, w, k - target, cap) or \
-                merge_round(k, qs, qd, qb, w, k - target, np.inf)
+            for caps in limits:
+                pairs = merge_round(k, qs, qd, qb, sizes, k - target, caps)
+                if pairs:
+                    break
         else:                                           # isolated nodes only: any merge is cycle-free
-            order = np.argsort(w, kind="stable").tolist()
+            order = np.argsort(sizes[:, 0], kind="stable").tolist()
             pairs = list(zip(order[0::2], order[1::2]))[:k - target]
         into = np.arange(k)
         for u, v in pairs:
@@ -134,7 +146,8 @@ class ScheduleProblem:
 
     Shapes: ``duration`` (K, M); ``edge_src``, ``edge_dst`` (E,); ``transfer`` (E, M, M) time of edge e
     when its endpoints are on devices (a, b), 0 on the diagonal; ``pair_links[a][b]`` link ids a
-    transfer a -> b holds; ``memory`` (K,) and ``capacity`` (M,) in the same (any) unit.
+    transfer a -> b holds; ``memory`` (K,) and ``capacity`` (M,) in the same (any) unit;
+    ``edge_memory`` (E,) what a transfer allocates on the receiving device (default 0).
     """
 
     duration: np.ndarray
@@ -144,9 +157,12 @@ class ScheduleProblem:
     pair_links: list[list[tuple[int, ...]]]
     memory: np.ndarray
     capacity: np.ndarray
+    edge_memory: np.ndarray | None = None
     n_links: int = field(init=False)
 
     def __post_init__(self) -> None:
+        if self.edge_memory is None:
+            self.edge_memory = np.zeros(len(self.edge_src), dtype=np.int64)
         self.n_links = 1 + max((x for row in self.pair_links for p in row for x in p), default=-1)
 
     @property
@@ -205,6 +221,15 @@ def list_schedule(prob: ScheduleProblem, device: np.ndarray, order: np.ndarray) 
     return ScheduleSolution(np.asarray(device, dtype=np.int64), start, t_start, int(end.max(initial=0)), "list")
 
 
+def fits_memory(prob: ScheduleProblem, device: np.ndarray) -> bool:
+    """Whether a placement satisfies the model's memory constraint (tasks plus received transfers)."""
+    used = np.bincount(device, weights=prob.memory, minlength=prob.n_devices).astype(np.float64)
+    a, b = device[prob.edge_src], device[prob.edge_dst]
+    cross = (a != b) & (prob.transfer[np.arange(len(a)), a, b] > 0)
+    used += np.bincount(b[cross], weights=prob.edge_memory[cross], minlength=prob.n_devices)
+    return bool(np.all(used <= prob.capacity))
+
+
 def solve_cpsat(prob: ScheduleProblem, *, time_limit_s: float = 60.0, workers: int = 1, seed: int = 0,
                 hint: ScheduleSolution | None = None) -> ScheduleSolution:
     """Minimise the makespan of ``prob`` with CP-SAT.
@@ -213,7 +238,8 @@ def solve_cpsat(prob: ScheduleProblem, *, time_limit_s: float = 60.0, workers: i
     NoOverlap per device; per edge a transfer start and, per ordered pair of distinct devices with a
     nonzero transfer time, an optional fixed-size interval present iff the endpoints sit on that pair,
     added to the NoOverlap of every link on the pair's path; a consumer starts after its producer ends
-    and after its incoming transfers end; per device, the memory of its tasks is within capacity.
+    and after its incoming transfers end; per device, the memory of its tasks plus what its incoming
+    transfers allocate is within capacity.
     Returns the best solution found (status OPTIMAL or FEASIBLE), or the hint if none was found.
     """
     from ortools.sat.python import cp_model
@@ -232,7 +258,6 @@ def solve_cpsat(prob: ScheduleProblem, *, time_limit_s: float = 60.0, workers: i
                                                            f"iv{i}_{d}"))
     for d in range(M):
         mdl.add_no_overlap(dev_iv[d])
-        mdl.add(sum(int(prob.memory[i]) * x[i][d] for i in range(K)) <= int(prob.capacity[d]))
     link_iv: list[list] = [[] for _ in range(max(prob.n_links, 1))]
     ts = [mdl.new_int_var(0, horizon, f"ts{k}") for k in range(E)]
     y: dict[tuple[int, int, int], object] = {}
@@ -259,6 +284,12 @@ def solve_cpsat(prob: ScheduleProblem, *, time_limit_s: float = 60.0, workers: i
     for ivs in link_iv:
         if len(ivs) > 1:
             mdl.add_no_overlap(ivs)
+    received: list[list] = [[] for _ in range(M)]
+    for (k, a, b), lit in y.items():
+        if prob.edge_memory[k] > 0:
+            received[b].append(int(prob.edge_memory[k]) * lit)
+    for d in range(M):
+        mdl.add(sum(int(prob.memory[i]) * x[i][d] for i in range(K)) + sum(received[d]) <= int(prob.capacity[d]))
     makespan = mdl.new_int_var(0, horizon, "makespan")
     mdl.add_max_equality(makespan, e)
     mdl.minimize(makespan)
@@ -315,10 +346,12 @@ def coarse_problem(ev, cluster_of: np.ndarray, time_unit_s: float,
         return np.where(t > 0, np.maximum(1, np.round(t / time_unit_s)), 0).astype(np.int64)
 
     pair_links = [[tuple(cluster.path(a, b)) for b in range(m)] for a in range(m)]
-    sched = ScheduleProblem(units(dur_s), qs, qd, units(tr_s), pair_links, mem_mib, cap_mib)
-    # the same problem in seconds for DPOS, with the same memory rule (held MiB within capacity MiB)
+    edge_mib = np.ceil(qb / 2**20).astype(np.int64)
+    sched = ScheduleProblem(units(dur_s), qs, qd, units(tr_s), pair_links, mem_mib, cap_mib, edge_mib)
+    # the same problem in seconds for DPOS, with the same memory rule (MiB held + received within capacity)
     place = PlacementProblem(dur_s, qs, qd, qb, alpha, beta, np.zeros(K, dtype=bool), np.arange(K),
-                             mem_mib.astype(np.float64), np.zeros(K), cap_mib.astype(np.float64))
+                             mem_mib.astype(np.float64), np.zeros(K), cap_mib.astype(np.float64),
+                             edge_memory=edge_mib.astype(np.float64))
     return sched, place
 
 
@@ -333,20 +366,22 @@ def pesto(ev, budget_s: float = 60.0, target_nodes: int = 200, seed: int = 0, wo
     t0 = time.perf_counter()
     graph, cluster = ev.graph, ev.cluster
     full = np.asarray(ev.cost.full_batch_times(graph))
+    held, _ = op_memory_bytes(graph)
+    # a coarse node should fit in half of the smallest device, so that the solver keeps choices
     cluster_of = coarsen(graph.n_ops, graph.edge_src, graph.edge_dst, graph.edge_bytes, full.mean(axis=1),
-                         target_nodes)
+                         target_nodes, memory=held, memory_cap=0.5 * memory_headroom * float(cluster.memory_bytes.min()))
     time_unit_s = max(float(full.min(axis=1).sum()) / time_resolution, 1e-9)
     sched, place = coarse_problem(ev, cluster_of, time_unit_s, memory_headroom)
     K = sched.n_tasks
-    # hints: DPOS on the coarse graph, and everything on the fastest device that holds it
+    # hints: DPOS on the coarse graph; contiguous segments balanced over the devices (the expert's split
+    # of the coarse nodes in topological order); the best single device. The fastest that fits is used.
     d_sched = dpos_schedule(place)
-    hints = [list_schedule(sched, d_sched.device, d_sched.order)]
+    hints = [list_schedule(sched, d_sched.device, d_sched.order),
+             list_schedule(sched, balanced_partition(sched.duration, sched.memory, sched.capacity), np.arange(K))]
     total = sched.duration.sum(axis=0)
-    fits = sched.memory.sum() <= sched.capacity
-    if fits.any():
-        d = int(np.argmin(np.where(fits, total, np.iinfo(np.int64).max)))
-        hints.append(list_schedule(sched, np.full(K, d), np.arange(K)))
-    hint = min(hints, key=lambda h: h.makespan)
+    d = int(np.argmin(np.where(sched.memory.sum() <= sched.capacity, total, total + total.max() + 1)))
+    hints.append(list_schedule(sched, np.full(K, d), np.arange(K)))
+    hint = min(hints, key=lambda h: (not fits_memory(sched, h.device), h.makespan))
     left = max(1.0, budget_s - (time.perf_counter() - t0))
     n_workers = workers if workers is not None else max(1, min(8, os.cpu_count() or 1))
     sol = solve_cpsat(sched, time_limit_s=left, workers=n_workers, seed=seed, hint=hint)
@@ -354,6 +389,6 @@ def pesto(ev, budget_s: float = 60.0, target_nodes: int = 200, seed: int = 0, wo
     pos[graph.topo_order()] = np.arange(graph.n_ops)
     order = np.lexsort((pos, sol.start[cluster_of]))
     return mp_strategy(ev, cluster_of, sol.device, priorities=order_priorities(order, graph.n_ops),
-                       meta={"coarse_nodes": K, "coarse_edges": int(len(sched.edge_src)), "cpsat_status": sol.status,
+                       meta={"coarse_nodes": K, "coarse_edges": len(sched.edge_src), "cpsat_status": sol.status,
                              "cpsat_makespan_s": sol.makespan * time_unit_s,
                              "hint_makespan_s": hint.makespan * time_unit_s, "time_unit_s": time_unit_s})

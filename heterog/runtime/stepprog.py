@@ -369,7 +369,15 @@ def build_step_program(step, graph) -> StepProgram:
                     raise HeterogError(f"op {op.name}: output {k} has {shape[bd]} entries along its batch dim, "
                                        f"not a multiple of the batch {graph.batch_size}; cannot split it")
                 per = shape[bd] // graph.batch_size
-            leaf = LeafInfo(i, k, pick.get(idx), bd, shape, t.dtype, per)
+            node = pick.get(idx)
+            if node is None and not isinstance(val, torch.Tensor) and main.name in calls:
+                # no getitem picks this output (a separate op reads it from the tuple): pick it here so
+                # that it can be sent and aggregated like any other leaf
+                node = f"{main.name}@{idx}"
+                calls[node] = NodeCall(node, target_name(operator.getitem), (Ref(main.name), idx), {})
+                op_nodes[i].append(node)
+                node_op[node] = i
+            leaf = LeafInfo(i, k, node, bd, shape, t.dtype, per)
             leaf_at_index[(i, idx)] = k
             leaves[(i, k)] = leaf
             if leaf.node is not None:
@@ -382,6 +390,8 @@ def build_step_program(step, graph) -> StepProgram:
         own = set(op.fx_nodes)
         seen: dict[str, Read] = {}
         for name in op_nodes[i]:
+            if name not in nodes:
+                continue          # a pick added above; it reads the op's own main node
             for inp in nodes[name].all_input_nodes:
                 if inp.name in own or inp.name in shape_nodes or inp.name in seen:
                     continue

@@ -35,10 +35,13 @@ class TableCost:
         x = np.atleast_1d(np.asarray(nbytes, dtype=float))
         return 2 * (n - 1) / n * x * self.beta, np.full(x.shape, "ring")
 
+    def allreduce_links(self, devices, algo="ring"):
+        devs = list(dict.fromkeys(int(d) for d in devices))
+        return tuple(sorted({x for a, b in zip(devs, devs[1:] + devs[:1]) for x in self.cluster.path(a, b)}))
+
     def allreduce(self, devices, nbytes, algo="auto"):
-        devs = list(dict.fromkeys(devices))
-        links = sorted({x for a, b in zip(devs, devs[1:] + devs[:1]) for x in self.cluster.path(a, b)})
-        return CollectiveCost(float(self.allreduce_times(devs, [nbytes])[0][0]), "ring", tuple(links))
+        return CollectiveCost(float(self.allreduce_times(devices, [nbytes])[0][0]), "ring",
+                              self.allreduce_links(devices))
 
     def aggregate_times(self, device, nbytes, n_inputs):
         return np.asarray(nbytes, dtype=float) * 1e-12

@@ -210,3 +210,32 @@ def test_communication_holds_links_and_compute_holds_its_gpu():
                 assert r and all(x >= c.n_devices for x in r)
             else:
                 assert r == []
+
+
+# ------------------------------------------------------------------------------- random strategies
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(0, 11), min_size=8, max_size=8), st.integers(8, 40))
+def test_random_strategies_cover_every_op_and_split_the_whole_batch(actions, batch):
+    g = linear_graph(batch=batch)
+    c = load_cluster("paper-8gpu")
+    ev = Evaluator(g, c)
+    res = ev.evaluate(ev.strategy(np.asarray(actions[:ev.n_groups])))
+    plan, sim = res.plan, res.sim
+    comp = plan.task_kind == TaskKind.COMPUTE
+    for op in range(g.n_ops):
+        if not g.ops[op].kind == "compute":
+            continue
+        lay = plan.op_layout[op]
+        assert np.sum(comp & (plan.task_op == op)) == len(plan.layout_devices[lay])
+        if g.has_batch[op]:
+            assert sum(plan.layout_shares[lay]) == batch      # split ops cover the whole batch
+    dep_ptr, dep_idx = plan.tg.dependencies()
+    for t in range(plan.n_tasks):
+        deps = dep_idx[dep_ptr[t]:dep_ptr[t + 1]]
+        assert np.all(sim.finish[deps] <= sim.start[t])
+    assert np.all(np.asarray(sim.peak_memory) >= plan.tg.resident_bytes)
+    assert res.iteration_time_s >= res.compute_time_s - 1e-15

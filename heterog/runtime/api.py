@@ -1,0 +1,421 @@
+"""Plan and train for real: capture a model for the runtime, check and compile a strategy, lower it, run
+it on worker processes, compare with single-process training; and the HeteroG programming interface
+``get_runner(model_fn, input_fn, device_info, config)``.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from heterog.errors import HeterogError, ModelError
+from heterog.runtime.executor import Job
+from heterog.runtime.launcher import WorkerPool
+from heterog.runtime.lowering import Lowered, lower
+from heterog.runtime.scaling import Exponents, probe_exponents
+from heterog.runtime.stepprog import StepProgram, build_step_program
+
+EQUIVALENCE_RTOL = 1e-5
+EQUIVALENCE_ATOL = 1e-6
+DP_METHODS = ("ev-ps", "ev-ar", "cp-ps", "cp-ar", "single")
+
+
+# ---------------------------------------------------------------------------- the model, captured
+@dataclass
+class Model:
+    """A model ready for the runtime: its captured step, OpGraph, StepProgram and initial values."""
+
+    name: str
+    prog: StepProgram
+    graph: Any                                  # OpGraph
+    params: list[torch.Tensor]
+    buffers: list[torch.Tensor]
+    state: list[torch.Tensor]
+    example_inputs: tuple[torch.Tensor, ...]
+
+    @property
+    def batch_size(self) -> int:
+        return self.graph.batch_size
+
+    def initial_values(self) -> dict[str, torch.Tensor]:
+        """Placeholder name -> value for parameters, buffers and optimizer state."""
+        vals = [*self.params, *self.buffers, *self.state]
+        return dict(zip(self.prog.placeholders[:len(vals)], vals))
+
+
+def capture_model_for_runtime(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Tensor, *,
+                              optimizer: str = "sgd", lr: float = 0.01, name: str | None = None) -> Model:
+    """Trace ``module``'s training step with symbolic batch sizes and build what the runtime executes.
+
+    The OpGraph is the one ``heterog.capture`` (and ``heterog capture``) produces for the same model and
+    batch, so strategies planned on a cached graph fit it (same fingerprint).
+    """
+    from heterog.graph.capture import capture_fx, graph_from_step
+
+    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+    step = capture_fx(module, inputs, optimizer=optimizer, lr=lr, tracing_mode="symbolic")
+    graph = graph_from_step(step, name=name or type(module).__name__)
+    prog = build_step_program(step, graph)
+    named = dict(module.named_parameters())
+    named_buffers = dict(module.named_buffers())
+    params = [named[n].detach().clone() for n in prog.param_names]
+    buffers = [(named_buffers[n] if n in named_buffers else named[n]).detach().clone() for n in prog.buffer_names]
+    state = step.init_state(params)
+    return Model(graph.name, prog, graph, params, buffers, state, tuple(t.detach() for t in inputs))
+
+
+def load_model(ref: str, batch_size: int | None = None, *, optimizer: str = "sgd", lr: float = 0.01) -> Model:
+    """A zoo name or ``file.py:build`` built for real and captured for the runtime."""
+    from heterog.graph.modelref import load_model_fn, model_name
+
+    module, inputs = load_model_fn(ref)(batch_size)
+    return capture_model_for_runtime(module, inputs, optimizer=optimizer, lr=lr, name=model_name(ref))
+
+
+# ---------------------------------------------------------------------------- single-process reference
+def train_single_process(model: Model, batches: Sequence[Sequence[torch.Tensor]], steps: int
+                         ) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """``steps`` training steps of the captured step on one process (batch s uses batches[s % len]):
+    per-step losses and the final placeholder values (parameters, buffers, state)."""
+    params = [p.clone() for p in model.params]
+    buffers = [b.clone() for b in model.buffers]
+    state = [s.clone() for s in model.state]
+    losses = []
+    with torch.no_grad():
+        for s in range(steps):
+            loss, params, state = model.prog.step(params, buffers, state, batches[s % len(batches)])
+            losses.append(float(loss))
+    vals = [*params, *buffers, *state]
+    return losses, dict(zip(model.prog.placeholders[:len(vals)], vals))
+
+
+# ---------------------------------------------------------------------------- a plan ready to run
+@dataclass
+class PreparedRun:
+    """A strategy checked, compiled, simulated and lowered for one model and cluster."""
+
+    model: Model
+    cluster: Any
+    strategy: Any
+    simulated_iteration_time_s: float
+    lowered: Lowered
+    exponents: Exponents
+    backend: str
+    emulate: bool
+
+    def jobs(self, batches: Sequence[Sequence[torch.Tensor]], steps: int, *, return_state: bool = True) -> list[Job]:
+        init = self.model.initial_values()
+        out = []
+        sizes_all = {b: self.model.prog.sizes_at(b) for rp in self.lowered.ranks for b in rp.batches}
+        for rp in self.lowered.ranks:
+            rp.persist = {name: init[name] for name in rp.persist}
+            sizes = {b: sizes_all[b] for b in rp.batches}
+            out.append(Job(self.model.prog, rp, list(self.lowered.groups), sizes, steps,
+                           [tuple(t.detach() for t in batch) for batch in batches], self.emulate,
+                           name=f"{self.model.name}/{self.strategy.method}", return_state=return_state))
+        return out
+
+
+def is_emulated(cluster) -> bool:
+    """local-cpu clusters are emulated: per-worker slowdown and link speed are enforced by the runtime."""
+    return str(cluster.name).startswith("local-cpu")
+
+
+def prepare(model: Model, cluster, strategy, *, backend: str = "gloo", cost=None) -> PreparedRun:
+    """Check ``strategy`` against the model's graph and the cluster (before any process starts), compile
+    and simulate it (the simulated order is the execution order), measure scaling exponents and lower it
+    to per-rank programs."""
+    from heterog.evaluate import Evaluator
+
+    strategy.check_fits(model.graph, cluster)
+    ev = Evaluator(model.graph, cluster, cost)
+    plan = ev.compile(strategy)
+    sim = ev.simulate_plan(plan)
+    exps = probe_exponents(model.prog, model.params, model.buffers, model.state, model.example_inputs)
+    if exps.coupled:
+        import logging
+
+        logging.getLogger(__name__).info(
+            "%d values depend on how samples interact (e.g. batch statistics): replicas compute them over "
+            "their own samples, as in data parallelism: %s", len(exps.coupled), ", ".join(exps.coupled[:8]))
+    emulate = is_emulated(cluster) and backend == "gloo"
+    lowered = lower(model.prog, model.graph, cluster, plan, sim.start, exps, emulate=emulate,
+                    post_early=backend == "nccl")
+    return PreparedRun(model, cluster, strategy, float(sim.makespan), lowered, exps, backend, emulate)
+
+
+# ---------------------------------------------------------------------------- results
+@dataclass
+class RunResult:
+    """What a real run measured (times in seconds; ``iteration_time_s`` is the median after warm-up)."""
+
+    method: str
+    iteration_times_s: list[float]
+    iteration_time_s: float
+    losses: list[float]
+    values: dict[str, torch.Tensor] = field(repr=False)          # placeholder -> final value
+    simulated_iteration_time_s: float = math.nan
+    warmup_steps: int = 0
+    n_messages: int = 0
+    n_allreduce: int = 0
+    n_ps_aggregations: int = 0
+
+    def params(self, model: Model) -> dict[str, torch.Tensor]:
+        """Final parameters by parameter name."""
+        return {n: self.values[ph] for n, ph in zip(model.prog.param_names, model.prog.placeholders)}
+
+    def record(self) -> dict:
+        return {"method": self.method, "iteration_time_s": self.iteration_time_s,
+                "iteration_times_s": self.iteration_times_s, "losses": self.losses,
+                "simulated_iteration_time_s": self.simulated_iteration_time_s, "warmup_steps": self.warmup_steps,
+                "n_messages": self.n_messages, "n_allreduce": self.n_allreduce,
+                "n_ps_aggregations": self.n_ps_aggregations}
+
+
+def median_after_warmup(times: Sequence[float], warmup: int) -> tuple[float, int]:
+    """Median of ``times`` without the first ``warmup`` (fewer when there are not enough steps)."""
+    w = max(0, min(int(warmup), len(times) - 1))
+    return float(statistics.median(times[w:])), w
+
+
+def collect(prepared: PreparedRun, results: list[dict], warmup: int) -> RunResult:
+    """Merge the ranks' results: a step lasts as long as its slowest rank; the loss is the sum of the
+    ranks' share-weighted terms."""
+    steps = len(results[0]["times_s"])
+    times = [max(r["times_s"][s] for r in results) for s in range(steps)]
+    losses = [sum(r["loss_terms"][s] for r in results if r["has_loss"]) for s in range(steps)]
+    values: dict[str, torch.Tensor] = {}
+    for r in results:
+        for ph, (_, v) in r["values"].items():
+            values.setdefault(ph, v)
+    it, w = median_after_warmup(times, warmup)
+    low = prepared.lowered
+    return RunResult(prepared.strategy.method or "strategy", times, it, losses, values,
+                     prepared.simulated_iteration_time_s, w, len(low.messages), low.n_allreduce, low.n_aggregate)
+
+
+def run_prepared(prepared: PreparedRun, batches: Sequence[Sequence[torch.Tensor]], steps: int, *,
+                 warmup: int = 1, pool: WorkerPool | None = None, hang_timeout_s: float = 60.0,
+                 return_state: bool = True) -> RunResult:
+    """Execute ``steps`` steps on ``pool`` (or a new pool of one process per device, closed afterwards)."""
+    if steps < 1:
+        raise HeterogError(f"steps must be at least 1, got {steps}")
+    jobs = prepared.jobs(batches, steps, return_state=return_state)
+    own = pool is None
+    if own:
+        pool = WorkerPool(prepared.cluster.n_devices, prepared.backend, device_names=prepared.cluster.device_names,
+                          hang_timeout_s=hang_timeout_s)
+    elif pool.world != prepared.cluster.n_devices:
+        raise HeterogError(f"worker pool has {pool.world} ranks, cluster {prepared.cluster.name!r} has "
+                           f"{prepared.cluster.n_devices} devices")
+    try:
+        results = pool.run(jobs)
+    finally:
+        if own:
+            pool.close()
+    return collect(prepared, results, warmup)
+
+
+def compare_values(model: Model, got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], *,
+                   rtol: float = EQUIVALENCE_RTOL, atol: float = EQUIVALENCE_ATOL) -> tuple[bool, float, list[str]]:
+    """(all parameters close, max |difference| over parameters, names of those that differ)."""
+    worst, bad = 0.0, []
+    for name, ph in zip(model.prog.param_names, model.prog.placeholders):
+        a, b = got[ph].double(), want[ph].double()
+        diff = float((a - b).abs().max()) if a.numel() else 0.0
+        worst = max(worst, diff)
+        if not torch.allclose(a, b, rtol=rtol, atol=atol):
+            bad.append(name)
+    return not bad, worst, bad
+
+
+# ---------------------------------------------------------------------------- planning
+def resolve_strategy(model: Model, cluster, *, strategy=None, method: str | None = None, cost=None,
+                     seed: int = 0, budget_s: float | None = None, episodes: int | None = None):
+    """A Strategy object: the given one (object or file, checked against graph and cluster), or planned
+    with ``method`` (None: the default, see ``default_method``)."""
+    from heterog import baselines
+    from heterog.evaluate import Evaluator
+    from heterog.strategy import Strategy
+
+    if strategy is not None:
+        s = Strategy.load(strategy) if not isinstance(strategy, Strategy) else strategy
+        s.check_fits(model.graph, cluster)
+        return s
+    ev = Evaluator(model.graph, cluster, cost)
+    method = method or default_method()
+    if method == "agent":
+        from agents.planner import plan
+
+        kwargs = {"budget_s": budget_s if budget_s is not None else (None if episodes else 60.0),
+                  "episodes": episodes}
+        return plan(ev, seed=seed, progress=False, **kwargs)
+    if method == "best-dp":
+        best = None
+        for name in DP_METHODS:
+            s = baselines.run(name, model.graph, cluster, evaluator=ev)
+            t = ev.iteration_time(s)
+            if best is None or t < best[0]:
+                best = (t, s)
+        best[1].meta["chosen_from"] = list(DP_METHODS)
+        return best[1]
+    opts = {"seed": seed} if method in ("random", "mcmc") else {}
+    return baselines.run(method, model.graph, cluster, evaluator=ev, **opts)
+
+
+def default_method() -> str:
+    """"agent" when the learning agent is importable, else "best-dp" (the fastest simulated DP baseline)."""
+    try:
+        import agents.planner  # noqa: F401
+    except ImportError:
+        return "best-dp"
+    return "agent"
+
+
+# ---------------------------------------------------------------------------- get_runner
+@dataclass
+class RunnerConfig:
+    """Settings of ``get_runner``."""
+
+    method: str | None = None          # planner; None: "agent" if importable, else "best-dp"
+    strategy: Any = None               # a Strategy (or strategy file) instead of planning
+    steps: int = 10                    # default for Runner.run()
+    optimizer: str = "sgd"             # sgd | momentum | adam
+    lr: float = 0.01                   # learning rate
+    backend: str = "gloo"              # gloo (CPU processes) | nccl (one GPU per device)
+    warmup_steps: int = 1              # steps left out of the median iteration time
+    plan_budget_s: float | None = None  # agent: wall-clock budget (default 60 s)
+    plan_episodes: int | None = None   # agent: episodes instead of a budget
+    seed: int = 0                      # planning seed
+    hang_timeout_s: float = 60.0       # a worker silent this long counts as hung
+
+    @classmethod
+    def of(cls, config: "RunnerConfig | dict | None") -> "RunnerConfig":
+        if config is None:
+            return cls()
+        if isinstance(config, cls):
+            return config
+        if isinstance(config, dict):
+            unknown = sorted(set(config) - set(cls.__dataclass_fields__))
+            if unknown:
+                raise HeterogError(f"unknown runner settings {unknown}; known: {sorted(cls.__dataclass_fields__)}")
+            return cls(**config)
+        raise HeterogError(f"config must be a RunnerConfig or a dict, got {type(config).__name__}")
+
+
+@dataclass
+class RunnerResult:
+    """Per-step losses and iteration times of ``Runner.run``."""
+
+    losses: list[float]
+    iteration_times_s: list[float]
+    iteration_time_s: float
+    simulated_iteration_time_s: float
+    method: str
+
+
+def _cluster_of(device_info):
+    from heterog.cluster import Cluster, load_cluster
+    from heterog.cluster.loader import cluster_from_dict
+
+    if isinstance(device_info, Cluster):
+        return device_info
+    if isinstance(device_info, str):
+        return load_cluster(device_info)
+    if isinstance(device_info, dict):
+        return cluster_from_dict(device_info, source="device_info", default_name="user-cluster")
+    if isinstance(device_info, (list, tuple)) and device_info and all(isinstance(d, str) for d in device_info):
+        return cluster_from_dict({"name": "user-cluster", "servers": [{"gpus": list(device_info),
+                                  "intra": {"kind": "pcie", "bandwidth": "12 GB/s"}}]},
+                                 source="device_info", default_name="user-cluster")
+    raise HeterogError("device_info must be a cluster name or YAML path (e.g. 'local-cpu-2'), a Cluster, a "
+                       "cluster dict, or a list of device type names")
+
+
+class Runner:
+    """The HeteroG programming interface: plan once, then train. See ``get_runner``."""
+
+    def __init__(self, model_fn: Callable[..., Any], input_fn: Callable[..., Any], device_info: Any,
+                 config: RunnerConfig | dict | None = None) -> None:
+        self.config = RunnerConfig.of(config)
+        self.cluster = _cluster_of(device_info)
+        self.input_fn = input_fn
+        self._step = 0
+        first = self._next_inputs()
+        built = model_fn()
+        module = built[0] if isinstance(built, (tuple, list)) else built
+        if not isinstance(module, nn.Module):
+            raise ModelError(f"model_fn must return a torch.nn.Module (or (module, example_inputs)), got "
+                             f"{type(module).__name__}")
+        self.model = capture_model_for_runtime(module, first, optimizer=self.config.optimizer, lr=self.config.lr)
+        self._first = first
+        self._strategy = None
+        self._prepared: PreparedRun | None = None
+        self._values: dict[str, torch.Tensor] | None = None
+
+    def _next_inputs(self) -> tuple[torch.Tensor, ...]:
+        x = self.input_fn()
+        x = (x,) if isinstance(x, torch.Tensor) else tuple(x)
+        if not x or not all(isinstance(t, torch.Tensor) and t.dim() > 0 for t in x):
+            raise ModelError("input_fn must return a tensor or a tuple of tensors with the batch on dimension 0")
+        return x
+
+    @property
+    def strategy(self):
+        """The plan (computed on first use with the configured method)."""
+        if self._strategy is None:
+            c = self.config
+            self._strategy = resolve_strategy(self.model, self.cluster, strategy=c.strategy, method=c.method,
+                                              seed=c.seed, budget_s=c.plan_budget_s, episodes=c.plan_episodes)
+        return self._strategy
+
+    def run(self, steps: int | None = None) -> RunnerResult:
+        """Train ``steps`` steps (default ``config.steps``) with the plan; parameters carry over between
+        calls. Returns per-step losses and iteration times."""
+        steps = self.config.steps if steps is None else int(steps)
+        if self._prepared is None:
+            self._prepared = prepare(self.model, self.cluster, self.strategy, backend=self.config.backend)
+        batches = []
+        for _ in range(steps):
+            batches.append(self._first if self._step == 0 else self._next_inputs())
+            self._step += 1
+        if self._values is not None:
+            self._load(self._values)
+        res = run_prepared(self._prepared, batches, steps, warmup=self.config.warmup_steps,
+                           hang_timeout_s=self.config.hang_timeout_s)
+        self._values = res.values
+        return RunnerResult(res.losses, res.iteration_times_s, res.iteration_time_s,
+                            res.simulated_iteration_time_s, res.method)
+
+    def _load(self, values: dict[str, torch.Tensor]) -> None:
+        m, prog = self.model, self.model.prog
+        n_p, n_b = len(m.params), len(m.buffers)
+        phs = prog.placeholders
+        m.params = [values.get(ph, v) for ph, v in zip(phs[:n_p], m.params)]
+        m.buffers = [values.get(ph, v) for ph, v in zip(phs[n_p:n_p + n_b], m.buffers)]
+        m.state = [values.get(ph, v) for ph, v in zip(phs[n_p + n_b:], m.state)]
+
+    def parameters(self) -> dict[str, torch.Tensor]:
+        """Current parameters by name (initial ones before the first run)."""
+        if self._values is not None:
+            self._load(self._values)
+        return dict(zip(self.model.prog.param_names, self.model.params))
+
+
+def get_runner(model_fn: Callable[..., Any], input_fn: Callable[..., Any], device_info: Any,
+               config: RunnerConfig | dict | None = None) -> Runner:
+    """The HeteroG paper's interface: ``model_fn()`` builds the model (an ``nn.Module`` whose call on the
+    inputs returns the scalar mean loss, or ``(module, example_inputs)``), ``input_fn()`` returns one global
+    batch (a tensor or tuple of tensors, batch on dim 0; called once per step), ``device_info`` names a
+    cluster (``"local-cpu-4:slowdown=1,1,2,2"``, a YAML path) or describes devices (a Cluster, a cluster
+    dict, or a list of device type names). ``config`` (RunnerConfig or dict) picks the planning method
+    (default: the agent when importable, else the fastest simulated DP baseline), optimizer, backend and
+    default steps. ``get_runner(...).run(steps)`` plans, then trains, and returns per-step losses and times.
+    """
+    return Runner(model_fn, input_fn, device_info, config)

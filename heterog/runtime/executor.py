@@ -1,0 +1,395 @@
+"""Worker side of the runtime: one process per device runs its RankProgram step after step with
+torch.distributed (gloo on CPU, NCCL on GPUs), emulating device slowdown and link speed on local-cpu.
+
+Instructions (built by ``heterog.runtime.lowering``; sources are ``("env", node)`` this rank's values,
+``("stash", key)`` derived values, ``("recv", tag)`` a received message, ``("const", node)``,
+``("zeros", shape, dtype)``; a slice is ``(dim, start, end)`` or None)::
+
+    ("compute", op, local_batch, inputs, exports)   inputs: (node, source, leaf node, view chain, scale, tuple index)
+    ("send", source, slice, scale, dst, tag, (latency_s, s_per_byte))
+    ("assemble", stash key, batch dim | None, [(source, slice, scale), ...])
+    ("aggregate", stash key, [(source, slice, scale), ...])
+    ("allreduce", stash key, group index, source, scale, emulated_s)
+    ("post", tag)                                    NCCL: post a receive in global message order
+
+Emulation (local-cpu clusters): after each op the worker owes ``(slowdown - 1) x`` its measured time and
+sleeps it off before anything leaves the device (sends, collectives) or when it exceeds a small quantum;
+a message carries the time at which it may be consumed, ``max(now, link free) + latency + bytes /
+bandwidth`` of its link (one transfer at a time per link), and the receiver sleeps until then; an
+AllReduce piggybacks each member's entry time and completes no earlier than the last entry plus the
+nominal ring time.
+"""
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+from heterog.runtime.lowering import RankProgram
+from heterog.runtime.stepprog import Kernel, StepProgram
+
+SLEEP_QUANTUM_S = 50e-6
+_F64 = torch.float64
+
+
+@dataclass
+class Job:
+    """What one rank receives: the step, its program, the subgroups to create and the data."""
+
+    prog: StepProgram
+    rank: RankProgram
+    groups: list[tuple[int, ...]]
+    sizes: dict[int, dict[str, Any]]
+    steps: int
+    inputs: list[tuple[torch.Tensor, ...]]          # global batches; step s uses inputs[s % len]
+    emulate: bool
+    name: str = ""
+    return_state: bool = True
+    trace: bool = False                              # record (kind, start, end) of each instruction
+
+
+@dataclass
+class PingPongJob:
+    """Link profiling: ``pairs`` of ranks bounce messages of each size ``repeats`` times."""
+
+    pairs: list[tuple[int, int]]
+    sizes: list[int]
+    repeats: int
+    emulate: bool
+    links: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)   # (lat, s/byte)
+    name: str = "pingpong"
+
+
+# ---------------------------------------------------------------------------- status shared with the parent
+class Status:
+    """Per-rank progress in shared memory: step, instruction index, peer waited for (-1 none, -2 a group)."""
+
+    def __init__(self, array, rank: int) -> None:
+        self.a, self.base = array, 3 * rank
+
+    def at(self, step: int, index: int) -> None:
+        self.a[self.base] = step
+        self.a[self.base + 1] = index
+
+    def waiting(self, peer: int) -> None:
+        self.a[self.base + 2] = peer
+
+
+class _NullStatus:
+    def at(self, step: int, index: int) -> None:
+        pass
+
+    def waiting(self, peer: int) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------- transport
+class Transport:
+    """Point-to-point messages and AllReduce with optional link emulation (see the module docstring)."""
+
+    def __init__(self, device: torch.device, emulate: bool, status) -> None:
+        self.device, self.emulate, self.status = device, emulate, status
+        self.link_free: dict[int, float] = {}
+        self.idle_s = 0.0          # time spent waiting (messages, collectives, emulated delays)
+        self.sends: list[tuple[Any, torch.Tensor]] = []
+        self.recvs: dict[int, tuple] = {}
+
+    def post(self, tag: int, src: int, shape: tuple, dtype: torch.dtype) -> None:
+        n = math.prod(shape) * dtype.itemsize
+        if self.emulate:
+            buf = torch.empty(n + 8, dtype=torch.uint8, device=self.device)
+        else:
+            buf = torch.empty(shape, dtype=dtype, device=self.device)
+        self.recvs[tag] = (dist.irecv(buf, src=src, tag=tag), buf, shape, dtype, n, src)
+
+    def send(self, t: torch.Tensor, dst: int, tag: int, latency_s: float, s_per_byte: float) -> None:
+        t = t.contiguous()
+        if self.emulate:
+            n = t.numel() * t.element_size()
+            now = time.perf_counter()
+            ready = max(now, self.link_free.get(dst, 0.0)) + latency_s + n * s_per_byte
+            self.link_free[dst] = ready
+            buf = torch.empty(n + 8, dtype=torch.uint8, device=self.device)   # [ready time | payload]
+            buf[:8] = torch.tensor([ready], dtype=_F64).view(torch.uint8)
+            if n:
+                buf[8:] = t.reshape(-1).view(torch.uint8)
+            t = buf
+        self.sends.append((dist.isend(t, dst=dst, tag=tag), t))
+
+    def take(self, tag: int) -> torch.Tensor:
+        work, buf, shape, dtype, n, src = self.recvs.pop(tag)
+        t0 = time.perf_counter()
+        self.status.waiting(src)
+        work.wait()
+        self.status.waiting(-1)
+        if self.emulate:
+            wait = float(buf[:8].view(_F64)[0]) - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+        self.idle_s += time.perf_counter() - t0
+        if not self.emulate:
+            return buf
+        return buf[8:].view(dtype).reshape(shape) if n else torch.empty(shape, dtype=dtype, device=self.device)
+
+    def allreduce(self, t: torch.Tensor, group, members: Sequence[int], me: int, emulated_s: float) -> "_Pending":
+        """Start summing ``t`` (a fresh tensor, reduced in place) over ``group``; ``finish`` waits."""
+        if self.emulate and t.is_floating_point():
+            k = len(members)
+            buf = torch.zeros(t.numel() + k, dtype=_F64, device=self.device)
+            buf[:t.numel()] = t.reshape(-1)
+            buf[t.numel() + members.index(me)] = time.perf_counter()
+            return _Pending(dist.all_reduce(buf, group=group, async_op=True), buf, t.shape, t.dtype, emulated_s,
+                            t.numel(), members, me)
+        return _Pending(dist.all_reduce(t, group=group, async_op=True), t, t.shape, t.dtype, None, 0, members, me)
+
+    def finish(self, p: "_Pending") -> torch.Tensor:
+        t0 = time.perf_counter()
+        self.status.waiting(-2)
+        p.work.wait()
+        self.status.waiting(-1)
+        if p.emulated_s is None:
+            self.idle_s += time.perf_counter() - t0
+            return p.buf
+        ready = float(p.buf[p.numel:].max()) + p.emulated_s
+        nxt = p.members[(p.members.index(p.me) + 1) % len(p.members)]
+        self.link_free[nxt] = max(self.link_free.get(nxt, 0.0), ready)
+        wait = ready - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        self.idle_s += time.perf_counter() - t0
+        return p.buf[:p.numel].to(p.dtype).reshape(p.shape)
+
+    def flush(self) -> None:
+        for work, _ in self.sends:
+            work.wait()
+        self.sends.clear()
+
+
+@dataclass
+class _Pending:
+    work: Any
+    buf: torch.Tensor
+    shape: torch.Size
+    dtype: torch.dtype
+    emulated_s: float | None
+    numel: int
+    members: Sequence[int]
+    me: int
+
+
+# ---------------------------------------------------------------------------- executing a rank program
+class RankExecutor:
+    """Runs one rank's program; ``run()`` returns per-step times and loss terms and the final values."""
+
+    def __init__(self, job: Job, rank: int, device: torch.device, status=None) -> None:
+        self.job, self.rank, self.device = job, rank, device
+        self.rp: RankProgram = job.rank
+        self.status = status or _NullStatus()
+        prog = job.prog
+        ops = {ins[1] for ins in self.rp.instrs if ins[0] == "compute"}
+        self.kernels = {op: prog.kernel(op, device) for op in ops}
+        self.chains: dict[tuple[str, ...], Kernel] = {}
+        for ins in self.rp.instrs:
+            if ins[0] == "compute":
+                for *_, chain, _, _ in ins[3]:
+                    if chain and chain not in self.chains:
+                        self.chains[chain] = Kernel([prog.view_calls[c] for c in chain], device)
+        # every rank creates every subgroup, in the same order
+        self.groups = [dist.new_group(list(g)) for g in job.groups] if job.groups else []
+        self.members = [list(g) for g in job.groups]
+        self.consts = {k: v.to(device) for k, v in prog.consts.items()}
+        self.persist = {k: v.to(device) for k, v in self.rp.persist.items()}
+        self.transport = Transport(device, job.emulate, self.status)
+        self.debt_s = 0.0
+        self.slow = self.rp.slowdown if job.emulate else 1.0
+
+    # ------------------------------------------------------------------ helpers
+    def _fetch(self, src: tuple, env: dict, stash: dict) -> Any:
+        kind = src[0]
+        if kind == "env":
+            return env[src[1]]
+        if kind == "stash":
+            v = stash[src[1]]
+            if type(v) is _Pending:
+                v = stash[src[1]] = self.transport.finish(v)
+            return v
+        if kind == "recv":
+            self._pay()
+            return self.transport.take(src[1])
+        if kind == "const":
+            return self.consts[src[1]]
+        return torch.zeros(src[1], dtype=src[2], device=self.device)
+
+    def _piece(self, src: tuple, sl: tuple | None, scale: float, env: dict, stash: dict) -> torch.Tensor:
+        v = self._fetch(src, env, stash)
+        if sl is not None:
+            v = v.narrow(sl[0], sl[1], sl[2] - sl[1])
+        if scale != 1.0:
+            v = v * scale
+        return v
+
+    def _owe(self, t_start: float, idle_before: float) -> None:
+        """Charge (slowdown - 1) x the busy time since ``t_start`` (waiting excluded)."""
+        if self.slow != 1.0:
+            busy = time.perf_counter() - t_start - (self.transport.idle_s - idle_before)
+            self.debt_s += (self.slow - 1.0) * max(busy, 0.0)
+            if self.debt_s > SLEEP_QUANTUM_S:
+                self._pay()
+
+    def _pay(self) -> None:
+        if self.debt_s > 0:
+            t0 = time.perf_counter()
+            time.sleep(self.debt_s)
+            slept = time.perf_counter() - t0
+            self.debt_s -= slept
+            self.transport.idle_s += slept
+
+    # ------------------------------------------------------------------ one step
+    def step(self, index: int, inputs: Sequence[torch.Tensor]) -> tuple[float, float]:
+        rp, job, tr = self.rp, self.job, self.transport
+        env: dict[str, Any] = dict(self.persist)
+        for name, i, lo, hi in rp.inputs:
+            env[name] = inputs[i][lo:hi].to(self.device)
+        stash: dict[Any, Any] = {}
+        sizes = job.sizes
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        dist.barrier()
+        t0 = time.perf_counter()
+        if not any(ins[0] == "post" for ins in rp.instrs):
+            for tag, src, shape, dtype, _ in rp.recvs:
+                tr.post(tag, src, shape, dtype)
+        recv_spec = {tag: (src, shape, dtype) for tag, src, shape, dtype, _ in rp.recvs}
+        trace = self.trace = [] if job.trace else None
+        for i, ins in enumerate(rp.instrs):
+            self.status.at(index, i)
+            kind = ins[0]
+            if trace is not None:
+                trace.append([kind, time.perf_counter() - t0])
+            if kind == "compute":
+                t_op, idle0 = time.perf_counter(), tr.idle_s
+                local: dict[str, Any] = {}
+                for node, src, leaf, chain, scale, tidx in ins[3]:
+                    v = self._fetch(src, env, stash)
+                    if scale != 1.0:
+                        v = v * scale
+                    if chain:
+                        local[leaf] = v
+                        self.chains[chain](local, sizes[ins[2]])
+                    else:
+                        local[node] = v
+                    if tidx is not None and not isinstance(local[node], (tuple, list)):
+                        local[node] = [None] * tidx + [local[node]]
+                self.kernels[ins[1]](local, sizes[ins[2]])
+                for name in ins[4]:
+                    env[name] = local[name]
+                self._owe(t_op, idle0)
+            elif kind == "send":
+                self._pay()
+                v = self._piece(ins[1], ins[2], ins[3], env, stash)
+                tr.send(v, ins[4], ins[5], *ins[6])
+            elif kind == "assemble":
+                t_op, idle0 = time.perf_counter(), tr.idle_s
+                pieces = [self._piece(src, sl, sc, env, stash) for src, sl, sc in ins[3]]
+                stash[ins[1]] = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=ins[2])
+                self._owe(t_op, idle0)
+            elif kind == "aggregate":
+                t_op, idle0 = time.perf_counter(), tr.idle_s
+                parts = [self._piece(src, sl, sc, env, stash) for src, sl, sc in ins[2]]
+                acc = parts[0] + parts[1]
+                for p in parts[2:]:
+                    acc = acc + p
+                stash[ins[1]] = acc
+                self._owe(t_op, idle0)
+            elif kind == "allreduce":
+                self._pay()
+                v = self._fetch(ins[3], env, stash) * ins[4]
+                g = ins[2]
+                stash[ins[1]] = tr.allreduce(v, self.groups[g], self.members[g], self.rank, ins[5])
+            elif kind == "post":
+                src, shape, dtype = recv_spec[ins[1]]
+                tr.post(ins[1], src, shape, dtype)
+            for src in rp.frees[i]:
+                (env if src[0] == "env" else stash).pop(src[1], None)
+            if trace is not None:
+                trace[-1].append(time.perf_counter() - t0)
+        for key, v in list(stash.items()):
+            if type(v) is _Pending:
+                stash[key] = tr.finish(v)
+        self._pay()
+        tr.flush()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elapsed = time.perf_counter() - t0
+        loss = 0.0
+        for src, scale in rp.loss_terms:
+            loss += float(self._fetch(src, env, stash)) * scale
+        for ph, src in rp.updates:
+            self.persist[ph] = self._fetch(src, env, stash)
+        self.status.at(index + 1, 0)
+        return elapsed, loss
+
+    def run(self) -> dict:
+        times, losses = [], []
+        for s in range(self.job.steps):
+            batch = self.job.inputs[s % len(self.job.inputs)]
+            elapsed, loss = self.step(s, batch)
+            times.append(elapsed)
+            losses.append(loss)
+        out: dict[str, Any] = {"rank": self.rank, "times_s": times, "loss_terms": losses,
+                               "has_loss": bool(self.rp.loss_terms), "values": {}}
+        if self.job.trace:
+            out["trace"] = self.trace
+        if self.job.return_state:
+            out["values"] = {ph: (kind, self.persist[ph].detach().to("cpu").clone()) for kind, ph in self.rp.report}
+        return out
+
+
+def pingpong(job: PingPongJob, rank: int, device: torch.device) -> dict:
+    """One-way times (half round trips) per (pair, size) through the runtime's transport."""
+    tr = Transport(device, job.emulate, _NullStatus())
+    out: dict[str, list] = {}
+    tag = 0
+    for a, b in job.pairs:
+        dist.barrier()
+        if rank not in (a, b):
+            continue
+        peer = b if rank == a else a
+        lat, spb = job.links.get((rank, peer), (0.0, 0.0))
+        for size in job.sizes:
+            x = torch.zeros(size, dtype=torch.uint8, device=device)
+            samples = []
+            for _ in range(job.repeats + 1):
+                if rank == a:
+                    t0 = time.perf_counter()
+                    tr.post(tag + 1, peer, (size,), torch.uint8)
+                    tr.send(x, peer, tag, lat, spb)
+                    tr.take(tag + 1)
+                    tr.flush()
+                    samples.append((time.perf_counter() - t0) / 2)
+                else:
+                    tr.post(tag, peer, (size,), torch.uint8)
+                    tr.take(tag)
+                    tr.send(x, peer, tag + 1, lat, spb)
+                    tr.flush()
+                tag += 2
+            if rank == a:
+                out.setdefault(f"{a}->{b}", []).append((size, samples[1:]))
+    return out
+
+
+# ---------------------------------------------------------------------------- process entry
+def watch_parent(parent_pid: int, interval_s: float = 0.5) -> None:
+    """Exit this worker when its parent disappears (no orphans after a crash of the launcher)."""
+    def loop() -> None:
+        while True:
+            time.sleep(interval_s)
+            if os.getppid() != parent_pid:
+                os._exit(3)
+    threading.Thread(target=loop, daemon=True, name="heterog-parent-watch").start()

@@ -1,0 +1,322 @@
+"""Worker processes: a pool of one process per device on this machine (torch.multiprocessing, spawn), or
+the current process as one rank of an env:// job (torchrun on several machines).
+
+Faults: the parent watches its workers. A worker that dies (killed, crashed) or raises makes the parent
+kill the whole pool at once and raise ``WorkerFailure`` naming the rank; a worker that makes no
+progress for ``hang_timeout_s`` (its instruction counter in shared memory stands still) is named as hung,
+and the pool is killed the same way. Collectives and messages also carry a timeout (the process
+group's), and each worker exits by itself when its parent disappears, so nothing hangs and no process
+outlives the launcher.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import tempfile
+import time
+import traceback
+from datetime import timedelta
+from typing import Any, Sequence
+
+from heterog.errors import HeterogError
+
+BACKENDS = ("gloo", "nccl")
+
+
+class WorkerFailure(HeterogError):
+    """A worker process died, hung or raised; the message names the rank."""
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _device_for(rank: int, backend: str):
+    import torch
+
+    if backend == "nccl":
+        n = torch.cuda.device_count()
+        if n == 0:
+            raise HeterogError("backend nccl needs CUDA GPUs; none is visible (use --backend gloo on CPU)")
+        dev = torch.device("cuda", rank % n)
+        torch.cuda.set_device(dev)
+        return dev
+    return torch.device("cpu")
+
+
+def execute_job(job, rank: int, device, status=None) -> dict:
+    """Run one job (training steps or link ping-pong) as ``rank`` of the current process group."""
+    from heterog.runtime.executor import Job, PingPongJob, RankExecutor, pingpong
+
+    if isinstance(job, PingPongJob):
+        return pingpong(job, rank, device)
+    if isinstance(job, Job):
+        ex = RankExecutor(job, rank, device, status)
+        try:
+            return ex.run()
+        finally:
+            import torch.distributed as dist
+
+            for g in ex.groups:
+                dist.destroy_process_group(g)
+    raise HeterogError(f"unknown job type {type(job).__name__}")
+
+
+def _report_and_exit(result_q, rank: int, text: str) -> None:
+    """Send the error to the parent (flushing the queue's feeder thread) and leave at once: the process
+    group may be broken, so nothing else is attempted."""
+    result_q.put(("error", rank, text))
+    result_q.close()
+    result_q.join_thread()
+    os._exit(1)
+
+
+def _worker_main(rank: int, world: int, init_method: str, backend: str, job_q, result_q, status_array,
+                 parent_pid: int, timeout_s: float, threads: int) -> None:
+    """Entry point of a pool worker (spawned): join the group, then run jobs until told to stop."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    from heterog.runtime.executor import Status, watch_parent
+
+    watch_parent(parent_pid)
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    try:
+        device = _device_for(rank, backend)
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
+                                timeout=timedelta(seconds=timeout_s))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which names this rank
+        _report_and_exit(result_q, rank, f"{type(exc).__name__}: {exc}")
+    result_q.put(("ready", rank, None))
+    status = Status(status_array, rank)
+    while True:
+        job = job_q.get()
+        if job is None:
+            break
+        try:
+            out = execute_job(job, rank, device, status)
+        except BaseException as exc:  # noqa: BLE001
+            _report_and_exit(result_q, rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}")
+        result_q.put(("done", rank, out))
+    dist.destroy_process_group()
+
+
+class WorkerPool:
+    """``world_size`` worker processes on this machine forming one process group, reused across jobs.
+
+    Args:
+        world_size: number of ranks (one per device of the cluster).
+        backend: "gloo" (CPU) or "nccl" (one GPU per rank).
+        device_names: names used in error messages (default ``rank i``).
+        hang_timeout_s: a job fails when no rank makes progress for this long.
+        threads: torch intra-op threads per worker.
+    """
+
+    def __init__(self, world_size: int, backend: str = "gloo", *, device_names: Sequence[str] | None = None,
+                 hang_timeout_s: float = 60.0, start_timeout_s: float = 180.0, threads: int = 1) -> None:
+        if backend not in BACKENDS:
+            raise HeterogError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+        if world_size < 1:
+            raise HeterogError(f"a worker pool needs at least one rank, got {world_size}")
+        self.world, self.backend = int(world_size), backend
+        self.names = list(device_names) if device_names else [f"rank {r}" for r in range(world_size)]
+        self.hang_timeout_s, self.start_timeout_s, self.threads = hang_timeout_s, start_timeout_s, threads
+        self.procs: list = []
+        self.closed = False
+        self._start()
+
+    # ------------------------------------------------------------------ lifecycle
+    def _start(self) -> None:
+        import torch.multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self._tmp = tempfile.TemporaryDirectory(prefix="heterog-rdzv-")
+        init = "file://" + os.path.join(self._tmp.name, "store")
+        self.status = ctx.Array("q", 3 * self.world, lock=False)
+        for i in range(3 * self.world):
+            self.status[i] = -1
+        self.result_q = ctx.Queue()
+        self.job_qs = [ctx.Queue() for _ in range(self.world)]
+        group_timeout = max(30.0, 2 * self.hang_timeout_s)
+        for r in range(self.world):
+            p = ctx.Process(target=_worker_main, name=f"heterog-worker-{r}", daemon=True,
+                            args=(r, self.world, init, self.backend, self.job_qs[r], self.result_q, self.status,
+                                  os.getpid(), group_timeout, self.threads))
+            p.start()
+            self.procs.append(p)
+        ready: set[int] = set()
+        deadline = time.monotonic() + self.start_timeout_s
+        while len(ready) < self.world:
+            msg = self._get(0.2)
+            if msg is not None:
+                kind, rank, payload = msg
+                if kind == "ready":
+                    ready.add(rank)
+                    continue
+                self._fail(f"worker {self.names[rank]} (rank {rank}) could not join the process group: {payload}")
+            dead = [r for r, p in enumerate(self.procs) if p.exitcode is not None]
+            if dead:
+                r = dead[0]
+                self._fail(f"worker {self.names[r]} (rank {r}) died while starting "
+                           f"({_describe_exit(self.procs[r].exitcode)})")
+            if time.monotonic() > deadline:
+                missing = sorted(set(range(self.world)) - ready)
+                self._fail(f"workers {missing} did not start within {self.start_timeout_s:.0f} s")
+
+    def close(self) -> None:
+        """Stop the workers (politely, then by force) and remove the rendezvous files."""
+        if self.closed:
+            return
+        self.closed = True
+        for q in self.job_qs:
+            try:
+                q.put(None)
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + 10.0
+        for p in self.procs:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+        self._kill()
+        self._tmp.cleanup()
+
+    def _kill(self) -> None:
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+        for p in self.procs:
+            p.join(timeout=5.0)
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ jobs
+    def _get(self, timeout: float):
+        try:
+            return self.result_q.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def _fail(self, message: str) -> None:
+        self.closed = True
+        self._kill()
+        try:
+            self._tmp.cleanup()
+        except OSError:
+            pass
+        raise WorkerFailure(message + "; all workers were stopped")
+
+    def _progress(self) -> tuple:
+        return tuple(self.status[i] for i in range(3 * self.world))
+
+    def run(self, jobs: Sequence[Any]) -> list[dict]:
+        """Give ``jobs[r]`` to rank r and return their results (in rank order)."""
+        if self.closed:
+            raise HeterogError("the worker pool is closed (a previous job failed or it was shut down)")
+        if len(jobs) != self.world:
+            raise HeterogError(f"{len(jobs)} jobs for {self.world} workers")
+        for q, job in zip(self.job_qs, jobs):
+            q.put(job)
+        results: dict[int, dict] = {}
+        errors: dict[int, str] = {}
+        last, last_change = self._progress(), time.monotonic()
+        while len(results) < self.world:
+            msg = self._get(0.1)
+            if msg is not None:
+                kind, rank, payload = msg
+                if kind == "done":
+                    results[rank] = payload
+                elif kind == "error":
+                    errors[rank] = payload
+            dead = {r: p.exitcode for r, p in enumerate(self.procs)
+                    if p.exitcode is not None and r not in results}
+            if errors or dead:
+                self._report_failure(errors, dead)
+            now = time.monotonic()
+            cur = self._progress()
+            if cur != last:
+                last, last_change = cur, now
+            elif now - last_change > self.hang_timeout_s:
+                self._report_hang(cur, results)
+        return [results[r] for r in range(self.world)]
+
+    def _report_failure(self, errors: dict[int, str], dead: dict[int, int]) -> None:
+        # a rank that died without reporting is the cause; the others usually fail on its broken connection
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            msg = self._get(0.05)
+            if msg is not None and msg[0] == "error":
+                errors[msg[1]] = msg[2]
+            for r, p in enumerate(self.procs):
+                if p.exitcode is not None:
+                    dead[r] = p.exitcode
+            if dead and all(r in errors for r in dead):
+                break
+        silent = sorted(r for r in dead if r not in errors)
+        step = lambda r: max(int(self.status[3 * r]), 0)   # noqa: E731
+        if silent:
+            r = silent[0]
+            others = sorted(set(errors) - {r})
+            extra = f" (ranks {others} then failed: {errors[others[0]].splitlines()[0]})" if others else ""
+            self._fail(f"worker {self.names[r]} (rank {r}) died ({_describe_exit(dead[r])}) during step "
+                       f"{step(r)}{extra}")
+        r = sorted(errors)[0]
+        self._fail(f"worker {self.names[r]} (rank {r}) failed during step {step(r)}: {errors[r]}")
+
+    def _report_hang(self, status: tuple, results: dict) -> None:
+        busy = [r for r in range(self.world) if r not in results and status[3 * r + 2] == -1]
+        waited = sorted({int(status[3 * r + 2]) for r in range(self.world) if status[3 * r + 2] >= 0})
+        culprits = busy or waited or [r for r in range(self.world) if r not in results]
+        where = ", ".join(f"rank {r} at step {status[3 * r]} instruction {status[3 * r + 1]}" for r in culprits)
+        self._fail(f"worker(s) {', '.join(self.names[r] + f' (rank {r})' for r in culprits)} made no progress "
+                   f"for {self.hang_timeout_s:.0f} s ({where}); the others were waiting")
+
+
+# ---------------------------------------------------------------------------- env:// (torchrun)
+def env_rank() -> tuple[int, int, int] | None:
+    """(rank, world size, local rank) when launched by torchrun (env:// rendezvous), else None."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        return rank, world, int(os.environ.get("LOCAL_RANK", rank))
+    return None
+
+
+def run_env_job(make_jobs, backend: str, timeout_s: float = 600.0) -> list[dict] | None:
+    """Run one job in an env:// process group (each process is one rank, e.g. under torchrun).
+
+    Rank 0 calls ``make_jobs()`` (planning happens once) and scatters one job to each rank; every rank
+    runs its own; rank 0 returns all results, the others None.
+    """
+    import torch
+    import torch.distributed as dist
+
+    rank, world, local = env_rank() or (0, 1, 0)
+    if backend == "nccl":
+        torch.cuda.set_device(local % max(torch.cuda.device_count(), 1))
+        device = torch.device("cuda", local % max(torch.cuda.device_count(), 1))
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
+    try:
+        jobs = make_jobs() if rank == 0 else None
+        if rank == 0 and len(jobs) != world:
+            raise HeterogError(f"the plan has {len(jobs)} devices but the job has {world} processes")
+        box = [None]
+        dist.scatter_object_list(box, jobs if rank == 0 else None, src=0)
+        out = execute_job(box[0], rank, device)
+        gathered = [None] * world if rank == 0 else None
+        dist.gather_object(out, gathered, dst=0)
+        return gathered
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,493 @@
+"""Lower a compiled plan to one instruction list per device (rank): what the runtime executes.
+
+The layout decisions are the compiler's (``CompiledPlan.op_layout``, ``layout_devices``/``layout_shares``,
+``aggregated``, ``ps_device``); this module turns them into concrete work on leaves (see
+``heterog.runtime.stepprog``), with the batch-scaling rules of ``heterog.runtime.scaling``:
+
+  compute    an op instance: its fx nodes at the replica's local batch (ops without a batch tensor run
+             on the whole batch); inputs come from this device's values, re-laid-out copies, aggregated
+             values or received copies, each followed by its view chain
+  send       a leaf (or a batch slice of it) to another rank, non-blocking, right after it is produced
+  assemble   received and local pieces concatenated along the batch dim, each piece rescaled from its
+             producer's share to the consumer's (re-layout), or one received non-batch tensor
+  aggregate  PS: the sum of the share-weighted partial results pushed by the workers and its own
+  allreduce  a share-weighted partial result summed over the replicas' process subgroup (asynchronous;
+             waited for where the value is first read)
+
+Order: every instruction has a key (simulated start time, task id, sub-order) from the simulated
+schedule; each rank runs its instructions in key order. Keys respect every data dependency (a send
+follows its producer, an assemble precedes its first consumer, tasks are numbered topologically), and
+collectives carry one key for all members, so no rank ever waits for something another rank has not
+yet been able to do: the order is deadlock-free. Receives are posted before the step starts (gloo: any
+order matches by tag) or at their send's key (NCCL: in-order matching per pair).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from heterog.compiler import TaskKind
+from heterog.compiler.compile import VALUE_FREE_TARGETS, graph_index
+from heterog.errors import HeterogError
+from heterog.runtime.scaling import Exponents
+from heterog.runtime.stepprog import LeafInfo, StepProgram
+
+END = (math.inf, math.inf)
+
+
+@dataclass
+class Message:
+    """One point-to-point transfer of a step."""
+
+    src: int
+    dst: int
+    key: tuple
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    tag: int = -1
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+@dataclass
+class RankProgram:
+    """What one rank does each step (instructions are tuples; see ``heterog.runtime.executor``)."""
+
+    rank: int
+    device_name: str
+    slowdown: float
+    persist: dict[str, torch.Tensor] = field(default_factory=dict)     # placeholder -> initial value
+    inputs: list[tuple[str, int, int, int]] = field(default_factory=list)   # (placeholder, input, lo, hi)
+    recvs: list[tuple[int, int, tuple, torch.dtype, tuple]] = field(default_factory=list)  # tag, src, shape, dtype, key
+    instrs: list[tuple] = field(default_factory=list)
+    keys: list[tuple] = field(default_factory=list)
+    frees: list[tuple] = field(default_factory=list)                   # per instruction: (env names, stash keys)
+    updates: list[tuple[str, tuple]] = field(default_factory=list)     # (placeholder, source) at the step end
+    loss_terms: list[tuple[tuple, float]] = field(default_factory=list)
+    report: list[tuple[str, str]] = field(default_factory=list)        # (kind param|state|buffer, placeholder)
+    batches: set[int] = field(default_factory=set)
+
+
+@dataclass
+class Lowered:
+    """The per-rank programs of one plan, the process subgroups to create (in order) and statistics."""
+
+    ranks: list[RankProgram]
+    groups: list[tuple[int, ...]]
+    messages: list[Message]
+    n_allreduce: int
+    n_aggregate: int
+
+
+class _Builder:
+    def __init__(self, prog: StepProgram, graph, cluster, plan, start: np.ndarray, exps: Exponents, *,
+                 emulate: bool, post_early: bool) -> None:
+        self.prog, self.graph, self.cluster, self.plan, self.exps = prog, graph, cluster, plan, exps
+        self.start = np.asarray(start, dtype=np.float64)
+        self.emulate, self.post_early = emulate, post_early
+        self.B = graph.batch_size
+        self.m = cluster.n_devices
+        self.ranks = [RankProgram(r, cluster.devices[r].name, float(cluster.devices[r].slowdown) if emulate else 1.0)
+                      for r in range(self.m)]
+        self.items: list[list[list]] = [[] for _ in range(self.m)]      # per rank: [key, seq, instr-list]
+        self.messages: list[Message] = []
+        self.groups: list[tuple[int, ...]] = []
+        self.exports: dict[tuple[int, int], set[str]] = {}            # (op, device) -> env names to keep
+        self.memo: dict[Any, Any] = {}
+        self.n_ar = self.n_agg = 0
+        self.seq = 0
+        # tasks of the simulated plan
+        kinds, ops, devs = plan.task_kind, plan.task_op, plan.task_device
+        self.inst_task: dict[tuple[int, int], int] = {}
+        for t in np.nonzero((kinds == TaskKind.COMPUTE) | (kinds == TaskKind.PLACEHOLDER))[0].tolist():
+            self.inst_task[(int(ops[t]), int(devs[t]))] = t
+        self.agg_tasks: dict[int, list[int]] = {}
+        for t in np.nonzero((kinds == TaskKind.AGGREGATE) | (kinds == TaskKind.ALLREDUCE))[0].tolist():
+            self.agg_tasks.setdefault(int(ops[t]), []).append(t)
+        gi = graph_index(graph)
+        self.tensor_of: dict[tuple[int, int], int] = {}
+        for e, t in enumerate(gi.e_tensor.tolist()):
+            self.tensor_of[(int(gi.e_src[e]), int(graph.edges[e].src_output))] = int(t)
+        self.agg_rank: dict[int, int] = {}   # tensor -> index among its op's aggregated tensors
+        by_op: dict[int, list[int]] = {}
+        for t in sorted(plan.aggregated):
+            by_op.setdefault(int(gi.t_op[t]), []).append(t)
+        for tl in by_op.values():
+            for i, t in enumerate(tl):
+                self.agg_rank[t] = i
+        from heterog.cost import CostModel
+
+        self.nominal = CostModel(cluster)            # emulated link speeds: the cluster's nominal ones
+
+    # ------------------------------------------------------------------ layouts
+    def lay_devs(self, lay: int) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.plan.layout_devices[lay])
+
+    def lay_ranges(self, lay: int) -> list[tuple[int, int, int]]:
+        """(device, first sample, end sample) of each replica of a split layout."""
+        devs, shares = self.plan.layout_devices[lay], self.plan.layout_shares[lay]
+        out, lo = [], 0
+        for d, s in zip(devs, shares):
+            out.append((int(d), lo, lo + int(s)))
+            lo += int(s)
+        if lo != self.B:
+            raise AssertionError(f"layout {lay} is not a split of the batch: shares {shares}")
+        return out
+
+    def op_lay(self, op: int) -> int:
+        return int(self.plan.op_layout[op])
+
+    def share_on(self, op: int, dev: int) -> int:
+        """Local batch of op's instance on dev (the whole batch for ops without a batch tensor)."""
+        if not self.prog.op_has_batch[op]:
+            return self.B
+        for d, lo, hi in self.lay_ranges(self.op_lay(op)):
+            if d == dev:
+                return hi - lo
+        raise AssertionError(f"op {op} has no instance on device {dev}")
+
+    # ------------------------------------------------------------------ keys and instructions
+    def inst_key(self, op: int, dev: int) -> tuple:
+        t = self.inst_task.get((op, dev))
+        if t is None:
+            raise HeterogError(f"plan has no instance of op {self.graph.ops[op].name} on device {dev}")
+        return (float(self.start[t]), int(t))
+
+    def emit(self, rank: int, key: tuple, instr: list) -> list:
+        item = [key, self.seq, instr]
+        self.seq += 1
+        self.items[rank].append(item)
+        return item
+
+    def export(self, op: int, dev: int, name: str) -> None:
+        if self.prog.op_kind[op] == "compute":
+            self.exports.setdefault((op, dev), set()).add(name)
+
+    def leaf(self, leaf: tuple[int, int]) -> LeafInfo:
+        return self.prog.leaves[leaf]
+
+    def message(self, src: int, dst: int, key: tuple, shape: tuple, dtype: torch.dtype) -> int:
+        self.messages.append(Message(src, dst, key, tuple(int(s) for s in shape), dtype))
+        return len(self.messages) - 1
+
+    def link(self, src: int, dst: int) -> tuple[float, float]:
+        """(latency s, seconds per byte) that the emulation enforces on src -> dst."""
+        if not self.emulate:
+            return (0.0, 0.0)
+        return (float(self.cluster.latency_s[src, dst]), 1.0 / float(self.cluster.bandwidth_Bps[src, dst]))
+
+    def send(self, src_dev: int, dst_dev: int, key: tuple, source: tuple, slice_: tuple | None, scale: float,
+             shape: tuple, dtype: torch.dtype) -> int:
+        msg = self.message(src_dev, dst_dev, key, shape, dtype)
+        self.emit(src_dev, key, ["send", source, slice_, scale, dst_dev, msg, self.link(src_dev, dst_dev)])
+        return msg
+
+    # ------------------------------------------------------------------ value sources
+    def producer_source(self, leaf: LeafInfo, dev: int) -> tuple:
+        """This device's own copy of a leaf (its producer ran here)."""
+        if self.prog.op_kind[leaf.op] == "buffer" and leaf.node in self.prog.consts:
+            return ("const", leaf.node)
+        self.export(leaf.op, dev, leaf.node)
+        return ("env", leaf.node)
+
+    def relayout(self, leaf_id: tuple[int, int], lay_v: int, dev: int, consumer_key: tuple) -> tuple:
+        """Stash key of the batch leaf re-laid out for layout ``lay_v``, on ``dev``."""
+        leaf = self.leaf(leaf_id)
+        memo_key = ("relayout", leaf_id, lay_v)
+        entry = self.memo.get(memo_key)
+        if entry is None:
+            entry = {}
+            e = self.exps[leaf_id]
+            bd, per = leaf.batch_dim, leaf.per_sample
+            prod = self.lay_ranges(self.op_lay(leaf.op))
+            stash_key = ("r", leaf.node, lay_v)
+            for dj, c0, c1 in self.lay_ranges(lay_v):
+                pieces = []
+                for di, p0, p1 in prod:
+                    lo, hi = max(p0, c0), min(p1, c1)
+                    if hi <= lo:
+                        continue
+                    whole = (lo, hi) == (p0, p1)
+                    sl = None if whole else (bd, (lo - p0) * per, (hi - p0) * per)
+                    scale = float(((c1 - c0) / (p1 - p0)) ** e) if e else 1.0
+                    src = self.producer_source(leaf, di)
+                    if di == dj:
+                        pieces.append((src, sl, scale))
+                    else:
+                        key = self.inst_key(leaf.op, di) + (1,)
+                        msg = self.send(di, dj, key, src, sl, 1.0, leaf.local_shape(hi - lo), leaf.dtype)
+                        pieces.append((("recv", msg), None, scale))
+                entry[dj] = self.emit(dj, END + (-1,), ["assemble", stash_key, bd, pieces])
+            self.memo[memo_key] = entry
+        item = entry[dev]
+        item[0] = min(item[0], consumer_key + (-1,))
+        return ("stash", item[2][1])
+
+    def aggregated(self, leaf_id: tuple[int, int]) -> tuple[tuple[int, ...], tuple, tuple]:
+        """Aggregate a partial leaf as the plan says; returns (holders, stash key, key after it)."""
+        memo_key = ("agg", leaf_id)
+        got = self.memo.get(memo_key)
+        if got is not None:
+            return got
+        leaf = self.leaf(leaf_id)
+        t = self.tensor_of[leaf_id]
+        how = self.plan.aggregated[t]
+        e = self.exps[leaf_id]
+        tasks = self.agg_tasks.get(leaf.op, [])
+        i = self.agg_rank[t]
+        if i >= len(tasks):
+            raise AssertionError(f"plan has no aggregation task for output {leaf.k} of {self.graph.ops[leaf.op].name}")
+        akey = (float(self.start[tasks[i]]), int(tasks[i]))
+        reps = self.lay_ranges(self.op_lay(leaf.op))
+        stash_key = ("g", leaf.node)
+        weights = [float(((hi - lo) / self.B) ** (1 - e)) for _, lo, hi in reps]
+        if how[0] == "ps":
+            ps = int(how[1])
+            parts = []
+            for (d, _, _), w in zip(reps, weights):
+                src = self.producer_source(leaf, d)
+                if d == ps:
+                    parts.append((src, None, w))
+                else:
+                    msg = self.send(d, ps, self.inst_key(leaf.op, d) + (1,), src, None, w, leaf.shape, leaf.dtype)
+                    parts.append((("recv", msg), None, 1.0))
+            self.emit(ps, akey + (0,), ["aggregate", stash_key, parts])
+            holders = (ps,)
+            self.n_agg += 1
+        else:
+            devs = tuple(sorted(d for d, _, _ in reps))
+            if devs not in self.groups:
+                self.groups.append(devs)
+            g = self.groups.index(devs)
+            emu = float(self.nominal.allreduce_times(devs, np.array([float(leaf.nbytes_global)]))[0][0]) \
+                if self.emulate else 0.0
+            for (d, _, _), w in zip(reps, weights):
+                self.emit(d, akey + (0,), ["allreduce", stash_key, g, self.producer_source(leaf, d), w, emu])
+            holders = devs
+            self.n_ar += 1
+        got = (holders, stash_key, akey + (1,))
+        self.memo[memo_key] = got
+        return got
+
+    def fetch_global(self, leaf_id: tuple[int, int], dev: int, consumer_key: tuple) -> tuple:
+        """A non-batch leaf's (global) value on ``dev``: local, aggregated here, or received once from the
+        best-connected holder (highest bandwidth, then lowest latency, then lowest id)."""
+        leaf = self.leaf(leaf_id)
+        t = self.tensor_of.get(leaf_id)
+        if t is not None and t in self.plan.aggregated:
+            holders, stash_key, after = self.aggregated(leaf_id)
+            if dev in holders:
+                return ("stash", stash_key)
+            source_of = lambda h: (("stash", stash_key), after)     # noqa: E731
+        else:
+            if leaf.node in self.prog.consts:
+                return ("const", leaf.node)
+            holders = self.lay_devs(self.op_lay(leaf.op))
+            if dev in holders:
+                return self.producer_source(leaf, dev)
+            stash_key = ("x", leaf.node)
+            source_of = lambda h: (self.producer_source(leaf, h), self.inst_key(leaf.op, h) + (1,))  # noqa: E731
+        memo_key = ("xfer", stash_key, dev)
+        item = self.memo.get(memo_key)
+        if item is None:
+            bw, lat = self.cluster.bandwidth_Bps, self.cluster.latency_s
+            h = min(holders, key=lambda x: (-float(bw[x, dev]), float(lat[x, dev]), x))
+            src, key = source_of(h)
+            msg = self.send(h, dev, key, src, None, 1.0, leaf.shape, leaf.dtype)
+            item = self.emit(dev, consumer_key + (-1,), ["assemble", stash_key, None, [(("recv", msg), None, 1.0)]])
+            self.memo[memo_key] = item
+        item[0] = min(item[0], consumer_key + (-1,))
+        return ("stash", stash_key)
+
+    # ------------------------------------------------------------------ ops
+    def compute(self, op: int, dev: int) -> None:
+        prog = self.prog
+        b = self.share_on(op, dev)
+        key = self.inst_key(op, dev)
+        lay = self.op_lay(op)
+        value_free = prog.op_target[op] in VALUE_FREE_TARGETS
+        inputs = []
+        for r in prog.reads[op]:
+            leaf = self.leaf(r.leaf)
+            u = r.leaf[0]
+            placeholder = prog.op_kind[u] != "compute"
+            chain, scale = r.chain, 1.0
+            if leaf.batch_dim is not None:
+                if self.op_lay(u) == lay:
+                    if placeholder:
+                        src = self.producer_source(leaf, dev)
+                    else:
+                        src, chain = ("env", r.node), ()
+                        self.export(u, dev, r.node)
+                else:
+                    src = self.relayout(r.leaf, lay, dev, key)
+            else:
+                e = self.exps[r.leaf]
+                if e and prog.op_has_batch[op] and b != self.B:
+                    scale = float((b / self.B) ** e)
+                t = self.tensor_of.get(r.leaf)
+                if t is not None and t in self.plan.aggregated:
+                    holders = self.aggregated(r.leaf)[0]
+                    src = (("zeros", leaf.shape, leaf.dtype) if value_free and dev not in holders
+                           else self.fetch_global(r.leaf, dev, key))
+                elif leaf.node in prog.consts:
+                    src = ("const", leaf.node)
+                elif dev in self.lay_devs(self.op_lay(u)):
+                    if placeholder:
+                        src = self.producer_source(leaf, dev)
+                    else:
+                        src, chain = ("env", r.node), ()
+                        self.export(u, dev, r.node)
+                elif value_free:
+                    src = ("zeros", leaf.shape, leaf.dtype)
+                else:
+                    if prog.op_has_batch[u] and len(self.lay_devs(self.op_lay(u))) > 1:
+                        raise AssertionError(f"partial output {leaf.k} of {self.graph.ops[u].name} is read by "
+                                             f"{self.graph.ops[op].name} but the plan does not aggregate it")
+                    src = self.fetch_global(r.leaf, dev, key)
+            inputs.append((r.node, src, leaf.node, chain, scale, r.tuple_index))
+        self.ranks[dev].batches.add(b)
+        self.emit(dev, key + (0,), ["compute", op, b, inputs, None])
+
+    def build(self) -> Lowered:
+        prog, graph = self.prog, self.graph
+        for op in range(graph.n_ops):
+            if prog.op_kind[op] != "compute" or not prog.op_nodes[op]:
+                continue
+            for dev in self.lay_devs(self.op_lay(op)):
+                self.compute(op, dev)
+        self._placeholders()
+        self._step_end()
+        return self._finish()
+
+    def _placeholders(self) -> None:
+        """Which rank holds which parameter, buffer, optimizer state and input slice."""
+        prog = self.prog
+        n_p, n_b = len(prog.param_names), len(prog.buffer_names)
+        for i, name in enumerate(prog.placeholders):
+            op = prog.node_op[name]
+            lay = self.op_lay(op)
+            if i < n_p + n_b + len(prog.state_names):
+                for d in self.lay_devs(lay):
+                    self.ranks[d].persist[name] = None          # filled by the caller with initial values
+            else:
+                for d, lo, hi in self.lay_ranges(lay):
+                    self.ranks[d].inputs.append((name, i - n_p - n_b - len(prog.state_names), lo, hi))
+
+    def _step_end(self) -> None:
+        """New parameters and state where the placeholders live; the loss terms; what each rank reports."""
+        prog = self.prog
+        n_p, n_b = len(prog.param_names), len(prog.buffer_names)
+        news = list(zip(prog.placeholders[:n_p], prog.outputs[1:1 + n_p]))
+        news += list(zip(prog.placeholders[n_p + n_b:n_p + n_b + len(prog.state_names)], prog.outputs[1 + n_p:]))
+        for ph, out in news:
+            if out == ph:
+                continue
+            u = prog.node_op[out]
+            leaf_id = prog.node_leaf.get(out)
+            if leaf_id is None:
+                raise HeterogError(f"step output {out} is not an op output; cannot place it")
+            for d in self.lay_devs(self.op_lay(prog.node_op[ph])):
+                if d in self.lay_devs(self.op_lay(u)) and prog.op_kind[u] == "compute":
+                    self.export(u, d, out)
+                    src = ("env", out)
+                else:
+                    src = self.fetch_global(leaf_id, d, END)
+                self.ranks[d].updates.append((ph, src))
+        loss = prog.outputs[0]
+        u = prog.node_op[loss]
+        leaf_id = prog.node_leaf.get(loss, (u, 0))
+        e = self.exps[leaf_id]
+        if prog.op_has_batch[u]:
+            for d, lo, hi in self.lay_ranges(self.op_lay(u)):
+                self.export(u, d, loss)
+                self.ranks[d].loss_terms.append((("env", loss), float(((hi - lo) / self.B) ** (1 - e))))
+        else:
+            d = self.lay_devs(self.op_lay(u))[0]
+            self.export(u, d, loss)
+            self.ranks[d].loss_terms.append((("env", loss), 1.0))
+        # one holder reports each parameter / state / buffer at the end
+        kinds = (["param"] * n_p + ["buffer"] * n_b + ["state"] * len(prog.state_names))
+        for i, kind in enumerate(kinds):
+            ph = prog.placeholders[i]
+            d = min(self.lay_devs(self.op_lay(prog.node_op[ph])))
+            self.ranks[d].report.append((kind, ph))
+
+    def _finish(self) -> Lowered:
+        # message tags in global key order (NCCL matches point-to-point messages in order per pair)
+        order = sorted(range(len(self.messages)), key=lambda i: (self.messages[i].key, i))
+        for tag, i in enumerate(order):
+            self.messages[i].tag = tag
+        for items in self.items:
+            for key, _, instr in items:
+                if instr[0] == "send":
+                    instr[5] = self.messages[instr[5]].tag
+                for piece_list in ([instr[3]] if instr[0] == "assemble" else [instr[2]] if instr[0] == "aggregate"
+                                   else []):
+                    for k, (src, sl, scale) in enumerate(piece_list):
+                        if src[0] == "recv":
+                            piece_list[k] = (("recv", self.messages[src[1]].tag), sl, scale)
+        for msg in self.messages:
+            rp = self.ranks[msg.dst]
+            rp.recvs.append((msg.tag, msg.src, msg.shape, msg.dtype, msg.key))
+            if self.post_early:
+                self.emit(msg.dst, msg.key, ["post", msg.tag])
+        for rp in self.ranks:
+            rp.recvs.sort(key=lambda r: r[0])
+        for r, items in enumerate(self.items):
+            items.sort(key=lambda it: (it[0], it[1]))
+            rp = self.ranks[r]
+            for key, _, instr in items:
+                if instr[0] == "compute":
+                    instr[4] = tuple(sorted(self.exports.get((instr[1], r), ())))
+                rp.instrs.append(tuple(instr))
+                rp.keys.append(key)
+            rp.frees = _frees(rp)
+        return Lowered(self.ranks, self.groups, self.messages, self.n_ar, self.n_agg)
+
+
+def _sources(instr: tuple) -> list[tuple]:
+    op = instr[0]
+    if op == "compute":
+        return [inp[1] for inp in instr[3]]
+    if op == "send":
+        return [instr[1]]
+    if op == "assemble":
+        return [p[0] for p in instr[3]]
+    if op == "aggregate":
+        return [p[0] for p in instr[2]]
+    if op == "allreduce":
+        return [instr[3]]
+    return []
+
+
+def _frees(rp: RankProgram) -> list[tuple]:
+    """Per instruction, the env names and stash keys whose last use it is (values needed at the step
+    end, by updates and the loss, are kept)."""
+    keep = {src for _, src in rp.updates} | {src for src, _ in rp.loss_terms}
+    last: dict[tuple, int] = {}
+    for i, instr in enumerate(rp.instrs):
+        for src in _sources(instr):
+            if src[0] in ("env", "stash"):
+                last[src] = i
+    frees: list[list[tuple]] = [[] for _ in rp.instrs]
+    for src, i in last.items():
+        if src not in keep and not (src[0] == "env" and src[1] in rp.persist):
+            frees[i].append(src)
+    return [tuple(f) for f in frees]
+
+
+def lower(prog: StepProgram, graph, cluster, plan, start: np.ndarray, exps: Exponents, *, emulate: bool,
+          post_early: bool = False) -> Lowered:
+    """Per-rank programs for ``plan`` (a CompiledPlan of ``graph`` on ``cluster``) scheduled as the
+    simulated start times ``start`` say. ``emulate``: enforce the cluster's link speeds and device
+    slowdowns (local-cpu clusters); ``post_early``: post receives at their send's key (NCCL)."""
+    if plan.op_layout is None:
+        raise HeterogError("the compiled plan carries no layouts; the runtime needs CompiledPlan.op_layout")
+    return _Builder(prog, graph, cluster, plan, start, exps, emulate=emulate, post_early=post_early).build()

@@ -1,0 +1,69 @@
+"""agents.planner.plan: the agent as a planner (from scratch, by episodes or budget, fine-tuning a
+checkpoint), reproducible by seed, returning a strategy that fits the graph and cluster."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from agents.planner import build_policy, plan
+from agents.trainer import Trainer, TrainerSettings, make_task
+from heterog.cluster import load_cluster
+from heterog.errors import CheckpointError, HeterogError
+from heterog.evaluate import Evaluator
+from heterog.graph.cache import capture_model
+
+torch.set_num_threads(1)
+TINY_AGENT = {"hidden": 16, "gat_layers": 1, "gat_heads": 2, "txl_layers": 1, "txl_heads": 2,
+              "segment_len": 8, "mem_len": 8}
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return capture_model("tiny_mlp", 16)
+
+
+@pytest.fixture(scope="module")
+def paper8():
+    return load_cluster("paper-8gpu")
+
+
+def test_plan_from_scratch_returns_the_best_strategy(graph, paper8):
+    ev = Evaluator(graph, paper8)
+    strategy = plan(ev, episodes=48, seed=0, progress=True, settings=TrainerSettings(samples_per_graph=8))
+    strategy.check_fits(graph, paper8)
+    assert strategy.method == "agent"
+    meta = strategy.meta
+    assert meta["episodes"] == 48 and meta["rounds"] == 6 and meta["search_time_s"] > 0 and meta["seed"] == 0
+    t_s, oom = ev.iteration_time(strategy)
+    assert t_s == pytest.approx(meta["best_iteration_time_s"]) and oom == meta["oom"]
+    again = plan(Evaluator(graph, paper8), episodes=48, seed=0, progress=False,
+                 settings=TrainerSettings(samples_per_graph=8))
+    assert again.meta["actions"] == meta["actions"]
+
+
+def test_plan_respects_a_wall_clock_budget(graph, paper8):
+    t0 = time.perf_counter()
+    strategy = plan(Evaluator(graph, paper8), budget_s=1.5, progress=False)
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 1.5 + 2.0          # one round may run past the budget
+    assert strategy.meta["search_time_s"] <= elapsed and strategy.meta["episodes"] > 0
+
+
+def test_plan_fine_tunes_a_checkpoint_and_refuses_another_action_space(graph, paper8, tmp_path):
+    policy = build_policy(8, "small", seed=1, **TINY_AGENT)
+    trainer = Trainer(policy, [make_task(capture_model("tiny_cnn", 16), paper8)], TrainerSettings(samples_per_graph=4))
+    trainer.train(rounds=2)
+    path = trainer.save(tmp_path / "pretrained.pt")
+    strategy = plan(Evaluator(graph, paper8), checkpoint=path, episodes=16, progress=False)
+    assert strategy.meta["checkpoint"] == str(path) and strategy.meta["episodes"] == 16
+    with pytest.raises(CheckpointError, match=r"12 actions \(8 devices\); this cluster needs 6 actions"):
+        plan(Evaluator(graph, load_cluster("local-cpu-2")), checkpoint=path, episodes=4, progress=False)
+
+
+def test_plan_rejects_bad_limits(graph, paper8):
+    with pytest.raises(HeterogError, match="episodes must be at least 1"):
+        plan(Evaluator(graph, paper8), episodes=0, progress=False)
+    with pytest.raises(HeterogError, match="budget_s must be positive"):
+        plan(Evaluator(graph, paper8), budget_s=-1, progress=False)

@@ -1,0 +1,60 @@
+"""MCMC: never worse than its best starting plan, deterministic for a seed, counts its evaluations."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from heterog import baselines
+from heterog.baselines.mcmc import DEFAULT_STARTS, ActionSearch, mcmc, start_actions
+from heterog.errors import HeterogError
+from heterog.evaluate import Evaluator
+from tests.baselines.helpers import gpu_cluster, layered_graph
+
+
+def setup(n_devices: int = 3):
+    graph = layered_graph(4, 1 << 16)
+    cluster = gpu_cluster(n_devices)
+    return graph, cluster, Evaluator(graph, cluster)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_mcmc_is_never_worse_than_its_best_start(seed):
+    graph, cluster, ev = setup()
+    search = ActionSearch(ev)
+    rng = np.random.default_rng(seed)
+    start_costs = {n: search.cost(start_actions(ev, n, rng)) for n in DEFAULT_STARTS}
+    st = mcmc(ev, seed=seed, max_evals=60)
+    t, oom = ev.iteration_time(st)
+    assert (t * 10 if oom else t) == pytest.approx(st.meta["best_cost_s"])
+    assert st.meta["best_cost_s"] <= min(start_costs.values()) + 1e-15
+    assert st.meta["best_start_cost_s"] == pytest.approx(min(start_costs.values()))
+    for name in DEFAULT_STARTS[:-1]:                        # the deterministic starts, through the registry
+        s = baselines.run(name, graph, cluster, evaluator=ev)
+        assert st.meta["best_cost_s"] <= ev.iteration_time(s)[0] + 1e-15
+
+
+def test_mcmc_is_deterministic_for_a_seed_and_reports_its_rate():
+    _, _, ev = setup()
+    a = mcmc(ev, seed=7, max_evals=50)
+    b = mcmc(ev, seed=7, max_evals=50)
+    assert a.meta["actions"] == b.meta["actions"] and a.meta["best_cost_s"] == b.meta["best_cost_s"]
+    assert a.meta["n_evals"] <= 50 + len(DEFAULT_STARTS) and a.meta["evals_per_s"] > 0
+    assert a.meta["proposals"] >= a.meta["accepted"] >= 1
+
+
+def test_mcmc_can_only_improve_on_a_single_start():
+    _, _, ev = setup(2)
+    st = mcmc(ev, seed=0, starts=["ev-ps"], max_evals=80)
+    assert st.meta["best_start"] == "ev-ps"
+    assert st.meta["best_cost_s"] < st.meta["best_start_cost_s"]       # PS on a tiny model is easy to beat
+
+
+def test_mcmc_time_budget_and_bad_start():
+    import time
+
+    _, _, ev = setup(2)
+    t0 = time.perf_counter()
+    st = mcmc(ev, budget_s=0.5)
+    assert time.perf_counter() - t0 < 1.5 and st.meta["n_evals"] > len(DEFAULT_STARTS)
+    with pytest.raises(HeterogError, match="unknown MCMC start"):
+        mcmc(ev, starts=["nope"], max_evals=5)

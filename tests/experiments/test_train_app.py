@@ -1,0 +1,104 @@
+"""The hydra application: the real config tree composes for every experiment, and each experiment
+file runs once, shrunk (tiny graphs, a tiny policy, a few episodes, CPU): pretrain -> finetune ->
+evaluate, plus training from scratch with PPO and resuming a run."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from agents.checkpoint import load_checkpoint
+from agents.networks import StrategyPolicy
+from agents.trainer import TrainerSettings
+from experiments.train import graph_specs, run
+from heterog.errors import HeterogError
+
+CONF = str(Path(__file__).resolve().parents[2] / "experiments" / "conf")
+EXPERIMENTS = sorted(p.stem for p in Path(CONF, "experiment").glob("*.yaml"))
+SHRINK = ["agent.hidden=16", "agent.gat_layers=1", "agent.gat_heads=2", "agent.txl_layers=1", "agent.txl_heads=2",
+          "agent.segment_len=8", "agent.mem_len=8", "trainer.samples_per_graph=2", "run.episodes=8",
+          "run.budget_s=null", "run.eval_samples=4", "run.compare=[ev-ar,cp-ar]"]
+TINY_SET = "run.graphs=[{model:tiny_mlp,batch_size:16},{model:tiny_cnn,batch_size:16}," \
+           "{model:tiny_transformer,batch_size:16}]"
+
+
+def config(overrides: list[str]):
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def test_experiment_files_are_the_three_of_the_design():
+    assert EXPERIMENTS == ["evaluate", "finetune", "pretrain"]
+
+
+@pytest.mark.parametrize("agent", ["small", "paper"])
+@pytest.mark.parametrize("trainer", ["reinforce", "ppo"])
+def test_config_groups_instantiate(agent, trainer):
+    cfg = config([f"agent={agent}", f"trainer={trainer}", "seed=3"])
+    settings = instantiate(cfg.trainer)
+    assert isinstance(settings, TrainerSettings) and settings.algorithm == trainer and settings.seed == 3
+    policy = instantiate(cfg.agent)(n_devices=8, seed=0)
+    assert isinstance(policy, StrategyPolicy) and policy.n_actions == 12
+    assert policy.config["hidden"] == {"small": 64, "paper": 256}[agent]
+    assert policy.config["gat_layers"] == {"small": 2, "paper": 12}[agent]
+
+
+def test_pretrain_holds_out_the_graph_groups_model():
+    cfg = config(["experiment=pretrain", "graph=vgg19"])
+    models = [s["model"] for s in graph_specs(cfg)]
+    assert "vgg19" not in models and len(models) == len(cfg.run.graphs) - 1
+    assert cfg.run.name == "pretrain" and cfg.cluster.name == "paper-8gpu"
+    assert config(["experiment=finetune"]).run.needs_checkpoint is True
+
+
+def test_every_experiment_runs_once(tmp_path):
+    torch.set_num_threads(1)
+    out = [f"output_dir={tmp_path}"]
+    pre = run(config(["experiment=pretrain", "graph=tiny_transformer", TINY_SET, *SHRINK, *out]))
+    assert set(pre["graphs"]) == {"tiny_mlp-b16", "tiny_cnn-b16"}          # tiny_transformer held out
+    assert pre["episodes"] >= 8 and Path(pre["checkpoint"]).is_file()
+    assert "-minus-tiny_transformer" in pre["run"] and "__paper-8gpu__seed0__" in pre["run"]
+    ckpt = pre["checkpoint"]
+
+    fine = run(config(["experiment=finetune", "graph=tiny_transformer", f"run.init_from={ckpt}", *SHRINK, *out]))
+    entry = fine["graphs"]["tiny_transformer-b16"]
+    assert fine["init_from"] == ckpt and entry["episodes"] == 8
+    assert set(entry["baselines"]) == {"ev-ar", "cp-ar"} and entry["best_baseline"] in ("ev-ar", "cp-ar")
+    assert entry["speedup_vs_best_baseline"] == pytest.approx(
+        entry["baselines"][entry["best_baseline"]]["iteration_time_s"] / entry["best_iteration_time_s"])
+    run_dir = Path(fine["run_dir"])
+    assert (run_dir / "learning_curve.png").is_file() and (run_dir / "gantt_tiny_transformer-b16.png").is_file()
+    assert json.loads((run_dir / "report.json").read_text())["run"] == fine["run"]
+    tags = EventAccumulator(str(run_dir)).Reload().Tags()
+    assert "charts/best_iteration_time_s/tiny_transformer-b16" in tags["scalars"]
+
+    ev = run(config(["experiment=evaluate", "graph=tiny_mlp", f"run.init_from={ckpt}", *SHRINK, *out]))
+    result = ev["evaluation"]["tiny_mlp-b16"]
+    assert ev["rounds"] == 0 and ev["episodes"] == 5                        # greedy + 4 samples, no update
+    assert result["best_iteration_time_s"] <= result["greedy_iteration_time_s"]
+    before = load_checkpoint(ckpt)["policy_state"]
+    assert all(torch.equal(v, load_checkpoint(ckpt)["policy_state"][k]) for k, v in before.items())
+
+
+def test_scratch_with_ppo_then_resume(tmp_path):
+    torch.set_num_threads(1)
+    out = [f"output_dir={tmp_path}", "graph=tiny_cnn", "trainer=ppo", "trainer.ppo_epochs=2", *SHRINK]
+    first = run(config(out))
+    assert first["experiment"] == "scratch" and first["rounds"] == 4
+    resumed = run(config([*out, f"run.resume={first['checkpoint']}"]))
+    assert resumed["rounds"] == 8 and resumed["episodes"] == 16
+    assert resumed["graphs"]["tiny_cnn-b16"]["best_iteration_time_s"] <= \
+        first["graphs"]["tiny_cnn-b16"]["best_iteration_time_s"]
+
+
+@pytest.mark.parametrize("experiment", ["finetune", "evaluate"])
+def test_finetune_and_evaluate_need_a_checkpoint(tmp_path, experiment):
+    cfg = config([f"experiment={experiment}", "graph=tiny_mlp", f"output_dir={tmp_path}", *SHRINK])
+    with pytest.raises(HeterogError, match=f"experiment {experiment} needs run.init_from=<checkpoint>"):
+        run(cfg)
+    assert list(tmp_path.iterdir()) == []
