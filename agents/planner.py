@@ -94,7 +94,7 @@ class _Progress:
         self.total = budget_s if self.by_time else episodes
         self.t0 = time.perf_counter()
 
-    def __enter__(self) -> _Progress:
+    def __enter__(self):
         if self.enabled:
             from rich.console import Console
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn

@@ -12,9 +12,10 @@ import math
 import random
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,8 +38,9 @@ class TrainerSettings:
 
     algorithm: str = "reinforce"
     """``"reinforce"`` (HeteroG's rule) or ``"ppo"`` (clipped objective, ``ppo_epochs`` per round)."""
-    learning_rate: float = 1e-3
-    """Adam step size."""
+    learning_rate: float = 1e-2
+    """Adam step size (high for a transformer, but Adam moves each weight by about this much per step
+    and a fresh policy must move its logits by several units)."""
     samples_per_graph: int = 16
     """Strategies sampled per graph from one forward pass (k)."""
     graphs_per_round: int = 0
@@ -61,8 +63,9 @@ class TrainerSettings:
     """PPO: clip range of the per-group probability ratio."""
     oom_factor: float = 10.0
     """Reward multiplier of a plan that runs out of memory."""
-    initial_dp_bias: float = 0.0
-    """Added to the head bias of the four data-parallel actions of a fresh policy (0: uniform start)."""
+    initial_dp_bias: float = 3.0
+    """Added to the head bias of the four data-parallel actions of a fresh policy (0: uniform start;
+    3: P(DP) = 0.91 per group on 8 devices)."""
     eval_cache_size: int = 50_000
     """Simulated results remembered per graph so repeated samples are not simulated again."""
     log_every: int = 20
@@ -517,8 +520,7 @@ class Trainer:
         if self.run_dir is None:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        save_learning_curves({t.name: self.states[t.key].history for t in self.tasks},
-                             self.run_dir / "learning_curve.png")
+        self.save_learning_curves(self.run_dir / "learning_curve.png")
         for t in self.tasks:
             if self.states[t.key].best_actions is None:
                 continue
@@ -532,6 +534,12 @@ class Trainer:
                 self.writer.add_text("actions/breakdown", self.breakdown_markdown(), self.rounds)
         if self.writer is not None:
             self.writer.flush()
+
+    def save_learning_curves(self, path: str | Path, references: dict[str, dict[str, float]] | None = None,
+                             x: str = "wall_s") -> Path:
+        """Best iteration time per graph against training time, as a PNG (see :func:`save_learning_curves`)."""
+        return save_learning_curves({t.name: self.states[t.key].history for t in self.tasks}, path, references,
+                                    x, end=(self.wall_s, self.cpu_s))
 
     def gantt(self, task: GraphTask, path: str | Path) -> Path:
         """Gantt chart PNG of ``task``'s best plan."""
@@ -600,6 +608,16 @@ def _python_state(state):
     return int(version), tuple(int(x) for x in internal), gauss
 
 
+def time_to_quality(history: list, target_s: float, clock: str = "wall_s") -> float | None:
+    """Training time (``clock``: "wall_s" or "cpu_s") at which the best iteration time first reached
+    ``target_s`` or better, from a TaskState history; None if it never did."""
+    column = {"wall_s": 0, "cpu_s": 1}[clock]
+    for entry in history:
+        if entry[3] <= target_s:
+            return float(entry[column])
+    return None
+
+
 def action_breakdown(task: GraphTask, actions: np.ndarray) -> list[dict[str, Any]]:
     """Per action used by ``actions`` (one per group): groups, share of ops, share of compute time."""
     ev = task.evaluator
@@ -619,9 +637,11 @@ def action_breakdown(task: GraphTask, actions: np.ndarray) -> list[dict[str, Any
 
 
 def save_learning_curves(histories: dict[str, list], path: str | Path,
-                         references: dict[str, dict[str, float]] | None = None, x: str = "wall_s") -> Path:
+                         references: dict[str, dict[str, float]] | None = None, x: str = "wall_s",
+                         end: tuple[float, float] | None = None) -> Path:
     """PNG of the best iteration time against training time (``x``: "wall_s" or "cpu_s"), one panel per
-    graph; ``references`` (graph -> {label: seconds}) draws horizontal lines, e.g. baselines."""
+    graph; ``references`` (graph -> {label: seconds}) draws horizontal lines, e.g. baselines; ``end``
+    (wall_s, cpu_s) extends each curve to the end of training."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -637,8 +657,10 @@ def save_learning_curves(histories: dict[str, list], path: str | Path,
         if h:
             xs = [e[column] for e in h]
             ys = [e[3] * 1e3 for e in h]
-            ax.step(xs, ys, where="post", label="agent best")
             ax.plot(xs, ys, "o", markersize=2)
+            if end is not None and end[column] > xs[-1]:
+                xs, ys = [*xs, end[column]], [*ys, ys[-1]]
+            ax.step(xs, ys, where="post", label="agent best")
         for label, seconds in (references or {}).get(name, {}).items():
             ax.axhline(seconds * 1e3, linestyle="--", linewidth=1, label=label, color=None)
         ax.set_title(name)

@@ -3,7 +3,7 @@ scored by the simulator (reward -sqrt(iteration time), x oom_factor on OOM)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -92,7 +92,7 @@ class PlacementEnv(gym.Env[dict, np.ndarray]):
     - ``render_mode``: None or ``"ansi"`` (a text summary of the last plan).
     """
 
-    metadata = {"render_modes": ["ansi"], "render_fps": 1}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 1}
 
     def __init__(self, graph: OpGraph | str | Sequence[OpGraph | str] = DEFAULT_GRAPH,
                  cluster=DEFAULT_CLUSTER, *, batch_size: int | None = None, optimizer: str = "sgd",

@@ -15,20 +15,27 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from agents.checkpoint import check_fits, load_checkpoint, policy_from_checkpoint
-from agents.trainer import Trainer, TrainerSettings, make_task, save_learning_curves
+from agents.trainer import Trainer, TrainerSettings, make_task
 from envs.features import DEVICE_FEATURE_DIM, op_feature_dim
 from heterog.atomic import atomic_write_json
 from heterog.errors import HeterogError
 
 
 def graph_specs(cfg: DictConfig) -> list[dict[str, Any]]:
-    """The graphs of the run: ``run.graphs`` without ``run.holdout``, or the graph group's graph."""
+    """The graphs of the run: ``run.graphs`` without the ``run.holdout`` model(s), or the graph group's
+    graph."""
     specs = [dict(s) for s in cfg.run.graphs] if cfg.run.graphs else [dict(cfg.graph)]
     if cfg.run.holdout is not None and cfg.run.graphs:
-        specs = [s for s in specs if s["model"] != cfg.run.holdout]
+        held = _holdouts(cfg.run.holdout)
+        specs = [s for s in specs if s["model"] not in held]
     if not specs:
         raise HeterogError(f"no graphs left to train on (holdout {cfg.run.holdout!r})")
     return specs
+
+
+def _holdouts(holdout) -> list[str]:
+    """``run.holdout`` as a list: one model name or a list of them."""
+    return [holdout] if isinstance(holdout, str) else [str(h) for h in holdout]
 
 
 def run_name(experiment: str, graph_names: list[str], cluster: str, seed: int, holdout: str | None) -> str:
@@ -57,7 +64,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     tasks = [make_task(g, cluster, max_groups=int(cfg.run.max_groups)) for g in graphs]
     settings: TrainerSettings = instantiate(cfg.trainer)
     make_policy = instantiate(cfg.agent)
-    holdout = cfg.run.holdout if cfg.run.graphs else None
+    holdout = "+".join(_holdouts(cfg.run.holdout)) if cfg.run.graphs and cfg.run.holdout is not None else None
     name = run_name(cfg.run.name, [t.name for t in tasks], cluster.name, int(cfg.seed), holdout)
     run_dir = Path(cfg.output_dir) / name
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -113,9 +120,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         strategy_path = run_dir / f"strategy_{task.name}.json"
         trainer.best_strategy(task).save(strategy_path)
         entry["strategy"] = str(strategy_path)
-    save_learning_curves({t.name: trainer.states[t.key].history for t in tasks}, run_dir / "learning_curve.png",
-                         references)
+    trainer.save_learning_curves(run_dir / "learning_curve.png", references)
+    trainer.save_learning_curves(run_dir / "learning_curve_cpu.png", references, x="cpu_s")
     report["learning_curve"] = str(run_dir / "learning_curve.png")
+    report["learning_curve_cpu"] = str(run_dir / "learning_curve_cpu.png")
     atomic_write_json(run_dir / "report.json", report)
     if writer is not None:
         writer.close()
@@ -125,8 +133,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     report = run(cfg)
-    lines = [f"run {report['run']} ({report['rounds']} rounds, {report['episodes']} episodes, "
-             f"{report['wall_s']:.1f} s wall, {report['cpu_s']:.1f} s CPU)"]
+    lines = [(f"run {report['run']} ({report['rounds']} rounds, {report['episodes']} episodes, "
+              f"{report['wall_s']:.1f} s wall, {report['cpu_s']:.1f} s CPU)")]
     for graph, entry in report["graphs"].items():
         base = entry.get("best_baseline")
         extra = (f"; best baseline {base} {entry['baselines'][base]['iteration_time_s'] * 1e3:.2f} ms "

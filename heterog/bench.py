@@ -49,4 +49,30 @@ def run_bench(quick: bool = False) -> dict:
         lambda: ev.iteration_time(strategy), 3 if quick else 11)
     if quick:
         out["eval_ms_bert_large_paper8"] = None
+    else:
+        out["order_comparison"] = order_comparison()
     return out
+
+
+ORDER_MODELS = (("vgg19", 192), ("inception_v3", 192), ("transformer", 64))
+
+
+def order_comparison(models=ORDER_MODELS, cluster_name: str = "paper-8gpu") -> dict:
+    """Iteration time (s) of the four DP baselines under each task order, and FIFO/order ratios
+    (above 1: the order beats FIFO)."""
+    from heterog import baselines
+    from heterog.cluster import load_cluster
+    from heterog.evaluate import Evaluator
+    from heterog.graph.cache import capture_model
+    from heterog.scheduler import ORDERS
+
+    cluster = load_cluster(cluster_name)
+    rows = []
+    for model, batch in models:
+        ev = Evaluator(capture_model(model, batch), cluster)
+        for method in ("ev-ps", "ev-ar", "cp-ps", "cp-ar"):
+            plan = ev.compile(baselines.run(method, ev.graph, cluster, evaluator=ev))
+            times = {o: float(ev.simulate_plan(plan, o).makespan) for o in ORDERS}
+            rows.append({"model": model, "method": method, **{f"{o}_s": t for o, t in times.items()}})
+    mean_ratio = {o: float(np.mean([r["fifo_s"] / r[f"{o}_s"] for r in rows])) for o in ORDERS}
+    return {"rows": rows, "mean_fifo_over_order": mean_ratio}

@@ -13,7 +13,10 @@ import simulator
 from heterog.compiler import CompiledPlan, TaskKind, compile_strategy
 from heterog.compiler.compile import COMM_KINDS
 from heterog.scheduler import is_dynamic, priorities
+from heterog.errors import HeterogError
 from heterog.strategy import Strategy, group_ops, strategy_from_actions
+
+SHARE_MODES = ("power", "speed", "graph-speed")
 
 
 def _union_length(start: np.ndarray, finish: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
@@ -79,12 +82,16 @@ class Evaluator:
     """Scores strategies for one (graph, cluster): compile, prioritise, simulate."""
 
     def __init__(self, graph, cluster, cost=None, *, order: str = "rank", serialize_collectives: bool = False,
-                 max_groups: int = 2000):
+                 max_groups: int = 2000, shares: str = "power"):
         from heterog.cost import CostModel
 
         self.graph, self.cluster = graph, cluster
         self.cost = cost if cost is not None else CostModel(cluster)
         self.order = order
+        if shares not in SHARE_MODES:
+            raise HeterogError(f"unknown share mode {shares!r} (choose from {', '.join(SHARE_MODES)})")
+        self.shares = shares
+        self._group_speed: np.ndarray | None = None
         self.serialize_collectives = serialize_collectives
         self.n_evaluations = 0
         self.max_groups = max_groups
@@ -103,8 +110,30 @@ class Evaluator:
         return int(self.group_of.max()) + 1
 
     def strategy(self, actions, method: str = "") -> "Strategy":
-        """Decode one (M+4)-way action per group into a Strategy."""
-        return strategy_from_actions(actions, self.group_of, self.graph, self.cluster, method)
+        """Decode one (M+4)-way action per group into a Strategy. Proportional shares follow device peak
+        FLOP/s (``shares="power"``, the paper's CP baselines), each group's own speed on each device from
+        the cost model (``shares="speed"``; neighbouring groups then differ in layout and need re-layouts),
+        or each device's speed on the whole graph (``shares="graph-speed"``, one layout for all groups)."""
+        weights = None
+        if self.shares == "speed":
+            weights = self.group_speed
+        elif self.shares == "graph-speed":
+            t = self.cost.full_batch_times(self.graph).sum(axis=0)
+            weights = np.broadcast_to(1.0 / t, (self.n_groups, len(t)))
+        return strategy_from_actions(actions, self.group_of, self.graph, self.cluster, method, weights=weights)
+
+    @property
+    def group_speed(self) -> np.ndarray:
+        """(G, M): 1 / (time of the group's ops at the full batch on each device); groups without compute
+        fall back to device peak FLOP/s."""
+        if self._group_speed is None:
+            t = self.cost.full_batch_times(self.graph)
+            g_time = np.zeros((self.n_groups, self.cluster.n_devices))
+            np.add.at(g_time, self.group_of, t)
+            power = np.broadcast_to(self.cluster.power / self.cluster.power.max(), g_time.shape)
+            ok = np.all(g_time > 0, axis=1)
+            self._group_speed = np.where(ok[:, None], 1.0 / np.where(g_time > 0, g_time, 1.0), power)
+        return self._group_speed
 
     def compile(self, strategy) -> CompiledPlan:
         return compile_strategy(self.graph, self.cluster, strategy, self.cost,
@@ -117,7 +146,7 @@ class Evaluator:
             rank = priorities(plan.tg, "rank")
             op_p = np.asarray(plan.op_priority, dtype=np.float64)[plan.task_prio_op]
             return op_p * (1.0 + rank.max()) + rank
-        return priorities(plan.tg, order)
+        return priorities(plan.tg, order, comm_mask=np.isin(plan.task_kind, [int(k) for k in COMM_KINDS]))
 
     def simulate_plan(self, plan: CompiledPlan, order: str | None = None) -> simulator.SimResult:
         order = order or self.order

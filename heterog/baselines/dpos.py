@@ -17,7 +17,7 @@ from heterog.strategy import ParallelConfig, Strategy, even_shares, proportional
 # ----------------------------------------------------------------------------- the problem
 @dataclass
 class PlacementProblem:
-    """A DAG of nodes to place on M devices and order (times in seconds, memory in bytes).
+    """A DAG of nodes to place on M devices and order (times in seconds, memory in bytes or any one unit).
 
     Node kinds: *device* nodes take ``op_time_s[i, d]`` on the device they are placed on; *free* nodes
     (``is_free``: placeholders) take no time and follow their unit (or their first consumer); *collective*
@@ -129,7 +129,7 @@ class ReplicatedGraph:
     op_unit: np.ndarray             # (n_ops,) unit of each op (param_units)
 
 
-def _comm_coefficients(cost, m: int) -> tuple[np.ndarray, np.ndarray]:
+def comm_coefficients(cost, m: int) -> tuple[np.ndarray, np.ndarray]:
     """(M, M) alpha and beta of the cost model's transfers (it is linear in bytes)."""
     a_idx, b_idx = np.meshgrid(np.arange(m), np.arange(m), indexing="ij")
     alpha = cost.transfer_times(a_idx.ravel(), b_idx.ravel(), np.zeros(m * m)).reshape(m, m)
@@ -214,7 +214,7 @@ def replicated_problem(ev, replicas: int | None = None, shares: str = "proportio
     for r in range(R):
         held[r * n:(r + 1) * n], transient[r * n:(r + 1) * n] = op_memory_bytes(graph, frac[r])
     is_free = np.concatenate([np.tile(~graph.is_compute, R), np.zeros(len(agg_t), dtype=bool)])
-    alpha, beta = _comm_coefficients(cost, m)
+    alpha, beta = comm_coefficients(cost, m)
     prob = PlacementProblem(times, e_src, e_dst, e_bytes, alpha, beta, is_free, unit, held, transient,
                             np.asarray(cluster.memory_bytes, dtype=np.float64) * memory_headroom,
                             is_collective, collective_s)

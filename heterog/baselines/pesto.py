@@ -2,13 +2,14 @@
 then place and order the coarse graph jointly with OR-Tools CP-SAT under a time limit, and expand back."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from heterog.baselines import register
-from heterog.baselines.dpos import PlacementProblem, _comm_coefficients, dpos_schedule
+from heterog.baselines.dpos import PlacementProblem, comm_coefficients, dpos_schedule
 from heterog.baselines.expert import balanced_partition, mp_strategy, op_memory_bytes, order_priorities
 
 
@@ -333,7 +334,7 @@ def coarse_problem(ev, cluster_of: np.ndarray, time_unit_s: float,
     dur_s = np.zeros((K, m))
     np.add.at(dur_s, cluster_of, full)
     qs, qd, qb = quotient_edges(cluster_of, graph.edge_src, graph.edge_dst, graph.edge_bytes)
-    alpha, beta = _comm_coefficients(ev.cost, m)
+    alpha, beta = comm_coefficients(ev.cost, m)
     tr_s = alpha[None, :, :] + qb[:, None, None] * beta[None, :, :]
     tr_s[:, np.arange(m), np.arange(m)] = 0.0
     tr_s[qb <= 0] = 0.0
@@ -358,11 +359,16 @@ def coarse_problem(ev, cluster_of: np.ndarray, time_unit_s: float,
 @register("pesto-ilp")
 def pesto(ev, budget_s: float = 60.0, target_nodes: int = 200, seed: int = 0, workers: int | None = None,
           memory_headroom: float = 0.9, time_resolution: int = 100_000, **_):
-    """Pesto: coarsen to about ``target_nodes`` nodes, solve placement + order with CP-SAT within what is
-    left of ``budget_s`` (hinted with DPOS on the coarse graph and with the best single device), expand
-    back: one group per coarse node on its device, ops ordered by their coarse node's start time."""
-    import os
+    """Pesto: coarsen to ``target_nodes`` nodes (a coarse node holds at most half of the smallest device's
+    memory), solve placement + order with CP-SAT within what is left of ``budget_s`` and expand back: one
+    group per coarse node on its device, ops ordered by their coarse node's start time.
 
+    Memory per device: the held bytes (resident + activations kept for backward) of its coarse nodes plus
+    the tensors it receives from other devices, within ``memory_headroom`` x capacity minus the largest
+    transient allocation. The solver starts from the fastest memory-feasible of three hints: DPOS on the
+    coarse graph, contiguous segments balanced over the devices, and the best single device. Time is
+    discretised in units of (total op time on the fastest devices) / ``time_resolution``.
+    """
     t0 = time.perf_counter()
     graph, cluster = ev.graph, ev.cluster
     full = np.asarray(ev.cost.full_batch_times(graph))

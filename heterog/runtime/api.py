@@ -138,12 +138,13 @@ def prepare(model: Model, cluster, strategy, *, backend: str = "gloo", cost=None
     plan = ev.compile(strategy)
     sim = ev.simulate_plan(plan)
     exps = probe_exponents(model.prog, model.params, model.buffers, model.state, model.example_inputs)
-    if exps.coupled:
+    if exps.coupled or exps.statistics:
         import logging
 
+        names = exps.coupled + sorted(str(model.prog.leaves[leaf].node) for leaf in exps.statistics)
         logging.getLogger(__name__).info(
-            "%d values depend on how samples interact (e.g. batch statistics): replicas compute them over "
-            "their own samples, as in data parallelism: %s", len(exps.coupled), ", ".join(exps.coupled[:8]))
+            "%d values are statistics of the batch (e.g. batch norm): replicas compute them over their own "
+            "samples, as in data parallelism: %s", len(names), ", ".join(names[:8]))
     emulate = is_emulated(cluster) and backend == "gloo"
     lowered = lower(model.prog, model.graph, cluster, plan, sim.start, exps, emulate=emulate,
                     post_early=backend == "nccl")
@@ -294,6 +295,7 @@ class RunnerConfig:
     plan_episodes: int | None = None   # agent: episodes instead of a budget
     seed: int = 0                      # planning seed
     hang_timeout_s: float = 60.0       # a worker silent this long counts as hung
+    pool: Any = None                   # a running WorkerPool to use (else one is started and kept until close())
 
     @classmethod
     def of(cls, config: "RunnerConfig | dict | None") -> "RunnerConfig":
@@ -358,6 +360,8 @@ class Runner:
         self._strategy = None
         self._prepared: PreparedRun | None = None
         self._values: dict[str, torch.Tensor] | None = None
+        self._pool: WorkerPool | None = self.config.pool
+        self._finalizer = None
 
     def _next_inputs(self) -> tuple[torch.Tensor, ...]:
         x = self.input_fn()
@@ -387,11 +391,28 @@ class Runner:
             self._step += 1
         if self._values is not None:
             self._load(self._values)
-        res = run_prepared(self._prepared, batches, steps, warmup=self.config.warmup_steps,
-                           hang_timeout_s=self.config.hang_timeout_s)
+        if self._pool is None or self._pool.closed:
+            import weakref
+
+            self._pool = WorkerPool(self.cluster.n_devices, self.config.backend,
+                                    device_names=self.cluster.device_names, hang_timeout_s=self.config.hang_timeout_s)
+            self._finalizer = weakref.finalize(self, self._pool.close)
+        res = run_prepared(self._prepared, batches, steps, warmup=self.config.warmup_steps, pool=self._pool)
         self._values = res.values
         return RunnerResult(res.losses, res.iteration_times_s, res.iteration_time_s,
                             res.simulated_iteration_time_s, res.method)
+
+    def close(self) -> None:
+        """Stop the worker processes this runner started (a pool passed in the config is left running)."""
+        if self._finalizer is not None:
+            self._finalizer()
+            self._finalizer = None
+
+    def __enter__(self) -> "Runner":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     def _load(self, values: dict[str, torch.Tensor]) -> None:
         m, prog = self.model, self.model.prog

@@ -332,7 +332,10 @@ class _Builder:
                 if e and prog.op_has_batch[op] and b != self.B:
                     scale = float((b / self.B) ** e)
                 t = self.tensor_of.get(r.leaf)
-                if t is not None and t in self.plan.aggregated:
+                if r.leaf in self.exps.statistics and prog.op_has_batch[op] and self.op_lay(u) == lay:
+                    src, chain = ("env", r.node), ()          # a batch statistic: this replica's own
+                    self.export(u, dev, r.node)
+                elif t is not None and t in self.plan.aggregated:
                     holders = self.aggregated(r.leaf)[0]
                     src = (("zeros", leaf.shape, leaf.dtype) if value_free and dev not in holders
                            else self.fetch_global(r.leaf, dev, key))

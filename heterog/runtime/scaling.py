@@ -27,6 +27,12 @@ gradient rows, so weight gradients aggregated by rule 1 equal the global ones ev
 ignored. Values that are exact global quantities (parameters, their updates) have e = 0 and are never
 rescaled; ops without a batch tensor always run on the whole batch.
 
+Batch statistics: a mean-like (e = 0) non-batch result of a batch op that a batch op reads (batch-norm
+mean and inverse std) is a statistic of the samples. A reader on the same replicas uses its own replica's
+value, so batch statistics are per replica, as in ordinary data parallelism (a reader laid out
+differently gets the share-weighted mean). Models with such layers train like data parallelism, not
+exactly like one device; ``Exponents.statistics`` lists them.
+
 The exponents are measured, not declared: the step runs once on ``k`` samples and once on the same
 samples twice over (``2k``); a value whose doubled run equals ``2 ** e`` times the (duplicated) single run
 has exponent ``e``. Such duplication leaves per-sample computation unchanged and exposes exactly the
@@ -50,10 +56,12 @@ RTOL = 2e-3
 
 @dataclass
 class Exponents:
-    """Scaling exponent of every leaf, and the leaves whose samples interact (exponent 0 assumed)."""
+    """Scaling exponent of every leaf; the leaves whose samples interact (exponent 0 assumed) and the
+    batch statistics (mean-like results of batch ops read by batch ops: kept per replica)."""
 
     of: dict[tuple[int, int], int] = field(default_factory=dict)
     coupled: list[str] = field(default_factory=list)
+    statistics: set[tuple[int, int]] = field(default_factory=set)
 
     def __getitem__(self, leaf: tuple[int, int]) -> int:
         return self.of.get(leaf, 0)
@@ -121,4 +129,6 @@ def probe_exponents(prog: StepProgram, params: Sequence[torch.Tensor], buffers: 
             e = 0
         if e:
             out.of[leaf] = e
+        elif info.batch_dim is None and prog.op_has_batch[info.op] and leaf in read_by_batch:
+            out.statistics.add(leaf)
     return out

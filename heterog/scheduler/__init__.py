@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-ORDERS = ("rank", "fifo", "est")
+ORDERS = ("rank", "fifo", "est", "rank-links")
 
 
 @njit(cache=True)
@@ -68,12 +68,15 @@ def earliest_start(duration: np.ndarray, dep_ptr: np.ndarray, dep_idx: np.ndarra
                                   np.ascontiguousarray(dep_idx, dtype=np.int64))
 
 
-def priorities(tg, order: str = "rank") -> np.ndarray:
+def priorities(tg, order: str = "rank", comm_mask: np.ndarray | None = None) -> np.ndarray:
     """Static priorities for the simulator's list scheduler over TaskGraph ``tg`` (higher runs first).
 
     ``rank``: upward rank (HeteroG). ``est``: earliest start first (the start each task could have with
     unlimited resources). ``fifo``: zeros; FIFO is dynamic (the order tasks become ready), so the
-    simulator must also be run with ``fifo=True`` -- use ``schedule`` to get both.
+    simulator must also be run with ``fifo=True`` (see ``is_dynamic``). ``rank-links``: upward rank for
+    communication tasks (``comm_mask``) and earliest start first for computation: rank decides which
+    transfer or collective a link serves next, while GPUs serve work as it becomes ready, so that
+    gradients feeding a busy link are not starved behind the backward critical path.
     """
     if order == "rank":
         ptr, idx = tg.successors()
@@ -83,6 +86,12 @@ def priorities(tg, order: str = "rank") -> np.ndarray:
         return -earliest_start(tg.duration, ptr, idx)
     if order == "fifo":
         return np.zeros(tg.n_tasks)
+    if order == "rank-links":
+        if comm_mask is None:
+            from heterog.errors import HeterogError
+
+            raise HeterogError("order 'rank-links' needs to know which tasks communicate (comm_mask)")
+        return np.where(comm_mask, priorities(tg, "rank"), priorities(tg, "est"))
     from heterog.errors import HeterogError
 
     raise HeterogError(f"unknown order {order!r} (choose from {', '.join(ORDERS)})")

@@ -25,7 +25,7 @@ def setup():
 
 
 def test_trimmed_and_padded_observations_give_the_same_logits(setup):
-    cluster, graphs, env, policy = setup
+    _, graphs, env, policy = setup
     obs, info = env.reset(options={"graph": "tiny_mlp"})
     trimmed, padded = PolicyInputs.from_observation(obs), PolicyInputs.from_observation(obs, trim=False)
     g = info["n_groups"]
@@ -38,7 +38,7 @@ def test_trimmed_and_padded_observations_give_the_same_logits(setup):
 
 
 def test_from_features_equals_the_trimmed_observation(setup):
-    cluster, graphs, env, policy = setup
+    cluster, graphs, env, _ = setup
     ev = Evaluator(graphs[1], cluster)
     direct = PolicyInputs.from_features(graph_features(graphs[1], cluster, ev.cost, ev.group_of))
     obs, _ = env.reset(options={"graph": "tiny_cnn"})
@@ -48,7 +48,7 @@ def test_from_features_equals_the_trimmed_observation(setup):
 
 
 def test_batched_observation_splits_per_sub_env(setup):
-    cluster, graphs, env, policy = setup
+    _, graphs, env, _ = setup
     obs = [env.reset(options={"graph": i})[0] for i in range(2)]
     batched = {k: np.stack([o[k] for o in obs]) for k in obs[0]}
     parts = PolicyInputs.from_batched_observation(batched)

@@ -20,6 +20,7 @@ from agents.trainer import (
     make_task,
     per_group_log_prob,
     policy_loss,
+    time_to_quality,
 )
 from envs import DEVICE_FEATURE_DIM, op_feature_dim
 from heterog.cluster import load_cluster
@@ -105,6 +106,12 @@ def test_record_keeps_the_best_and_a_pool_of_distinct_strategies(tasks):
     assert [h[3] for h in state.history] == [1.0, 0.25]
     replay_actions, replay_rewards = trainer.replay(state)
     assert replay_actions.shape == (2, 2) and set(replay_rewards) <= {-0.5, -1.0, -2.0}
+
+
+def test_time_to_quality_reads_the_history():
+    history = [(1.0, 0.5, 16, 0.9), (4.0, 2.0, 64, 0.7), (9.0, 4.5, 128, 0.6)]
+    assert time_to_quality(history, 0.7) == 4.0 and time_to_quality(history, 0.65, clock="cpu_s") == 4.5
+    assert time_to_quality(history, 0.5) is None
 
 
 def test_policy_for_another_cluster_size_is_refused(tasks):

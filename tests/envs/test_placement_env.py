@@ -68,7 +68,7 @@ def test_same_seed_gives_the_same_rollout(tiny_mlp, tiny_cnn, paper8):
 
 def test_reward_and_info_match_the_evaluator(tiny_mlp, paper8):
     e = PlacementEnv(tiny_mlp, paper8)
-    obs, info = e.reset(seed=0)
+    _, info = e.reset(seed=0)
     g = info["n_groups"]
     actions = np.arange(g) % 12
     _, r, _, _, step_info = e.step(actions)

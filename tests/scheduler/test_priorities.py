@@ -71,3 +71,10 @@ def test_fifo_kernel_equals_reference(n, seed):
     a = simulator.simulate(tg, fifo=True)
     b = simulator.simulate(tg, fifo=True, reference=True)
     assert np.array_equal(a.start, b.start) and np.array_equal(a.peak_memory, b.peak_memory)
+
+
+def test_rank_links_uses_rank_for_communication_and_est_for_compute():
+    tg = diamond()
+    comm = np.array([False, True, False, False])
+    p = priorities(tg, "rank-links", comm_mask=comm)
+    assert p.tolist() == [-0.0, 3.0, -1.0, -6.0]

@@ -1,0 +1,219 @@
+"""Simulator fidelity: run several different plans for real and in the simulator with profiled costs,
+and report how far apart they are (MAPE of simulated vs measured iteration time, Kendall tau of their
+rankings, per-plan pairs) with a scatter plot.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from heterog.cost.profile import ProfileTable
+from heterog.errors import HeterogError
+
+DEFAULT_PROFILE_DIR = ".heterog-cache/profiles"
+# planners tried in this order; "mp-split" and "random:<seed>" are built here
+PLAN_ORDER = ("single", "ev-ps", "ev-ar", "mp-split", "cp-ps", "cp-ar", "expert", "dpos", "random:0",
+              "random:1", "mp-alternate", "random:2", "random:3", "random:4", "random:5")
+
+
+@dataclass
+class PlanPair:
+    """One plan measured for real and simulated with the profiled costs."""
+
+    plan: str
+    measured_s: float
+    simulated_s: float
+    measured_all_s: list[float] = field(default_factory=list)
+
+    @property
+    def error(self) -> float:
+        return (self.simulated_s - self.measured_s) / self.measured_s
+
+    def record(self) -> dict:
+        return {"plan": self.plan, "measured_s": self.measured_s, "simulated_s": self.simulated_s,
+                "error": self.error, "measured_all_s": self.measured_all_s}
+
+
+def mape(pairs: Sequence[PlanPair]) -> float:
+    """Mean absolute percentage error of simulated vs measured, in percent."""
+    return float(100.0 * np.mean([abs(p.error) for p in pairs])) if pairs else math.nan
+
+
+def kendall_tau(pairs: Sequence[PlanPair]) -> float:
+    """Rank agreement of simulated and measured times (tau-b; 1 = same order)."""
+    if len(pairs) < 2:
+        return math.nan
+    from scipy.stats import kendalltau
+
+    tau = kendalltau([p.measured_s for p in pairs], [p.simulated_s for p in pairs]).statistic
+    return float(tau)
+
+
+def _split_strategy(ev, name: str):
+    """Model parallelism without replication: contiguous (``mp-split``) or alternating (``mp-alternate``)
+    runs of groups, in op order, over the devices."""
+    m, g = ev.cluster.n_devices, ev.n_groups
+    if name == "mp-split":
+        actions = np.minimum(np.arange(g) * m // max(g, 1), m - 1)
+    else:
+        actions = np.arange(g) % m
+    s = ev.strategy(actions.astype(np.int64), method=name)
+    s.method = name
+    return s
+
+
+def candidate_plans(ev, n: int, names: Sequence[str] = PLAN_ORDER) -> list:
+    """The first ``n`` distinct plans (different layouts) among ``names`` for ``ev``'s graph and cluster."""
+    from heterog import baselines
+
+    known = set(baselines.names())
+    out, seen = [], set()
+    for name in names:
+        if len(out) >= n:
+            break
+        base, _, seed = name.partition(":")
+        if base in ("mp-split", "mp-alternate"):
+            s = _split_strategy(ev, base)
+        elif base in known:
+            opts = {"seed": int(seed)} if seed else {}
+            s = baselines.run(base, ev.graph, ev.cluster, evaluator=ev, **opts)
+        else:
+            continue
+        s.method = name
+        key = hashlib.sha1(repr(_canonical(s)).encode()).hexdigest()
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(s)
+    if len(out) < n:
+        raise HeterogError(f"only {len(out)} distinct plans could be made for {ev.graph.name} on "
+                           f"{ev.cluster.name}; asked for {n}")
+    return out
+
+
+def _canonical(s) -> list:
+    return [(c.devices, c.shares, c.sync if c.n_replicas > 1 else "", c.ps_device) for c in
+            (s.configs[g] for g in s.group_of.tolist())]
+
+
+def profile_path(model_ref: str, batch_size: int, cluster_name: str, directory: str | Path = DEFAULT_PROFILE_DIR
+                 ) -> Path:
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in f"{model_ref}-b{batch_size}-{cluster_name}")
+    return Path(directory) / f"{safe}.json"
+
+
+@dataclass
+class FidelityReport:
+    model: str
+    cluster: str
+    batch_size: int
+    pairs: list[PlanPair]
+    mape: float
+    kendall_tau: float
+    profile: str
+    plot: str | None
+    steps: int
+    warmup_steps: int
+    profile_time_s: float
+    run_time_s: float
+    link_fits: list[dict] = field(default_factory=list)
+
+    def record(self) -> dict:
+        worst = max(self.pairs, key=lambda p: abs(p.error)) if self.pairs else None
+        return {"model": self.model, "cluster": self.cluster, "batch_size": self.batch_size, "mape": self.mape,
+                "kendall_tau": self.kendall_tau, "pairs": [p.record() for p in self.pairs],
+                "worst_plan": None if worst is None else worst.plan, "profile": self.profile, "plot": self.plot,
+                "steps": self.steps, "warmup_steps": self.warmup_steps, "profile_time_s": self.profile_time_s,
+                "run_time_s": self.run_time_s, "link_fits": self.link_fits}
+
+
+def scatter_plot(pairs: Sequence[PlanPair], path: str | Path, title: str = "") -> Path:
+    """Simulated vs measured iteration time per plan, with the y = x line (PNG, written atomically)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from heterog.atomic import atomic_write_bytes
+
+    ms = np.array([p.measured_s for p in pairs]) * 1e3
+    ss = np.array([p.simulated_s for p in pairs]) * 1e3
+    fig, ax = plt.subplots(figsize=(5.2, 4.6), dpi=120)
+    hi = float(max(ms.max(), ss.max())) * 1.1 if len(pairs) else 1.0
+    ax.plot([0, hi], [0, hi], color="0.5", lw=1, ls="--", label="y = x")
+    ax.scatter(ms, ss, color="tab:blue", zorder=3)
+    for p, x, y in zip(pairs, ms, ss):
+        ax.annotate(p.plan, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
+    ax.set_xlim(0, hi)
+    ax.set_ylim(0, hi)
+    ax.set_xlabel("measured iteration time (ms)")
+    ax.set_ylabel("simulated iteration time (ms)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return atomic_write_bytes(path, buf.getvalue())
+
+
+def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_size: int | None = None,
+                 steps: int = 12, warmup: int = 3, repeats: int = 1, profile_file: str | Path | None = None,
+                 reprofile: bool = False, plot: str | Path | None = None, hang_timeout_s: float = 120.0,
+                 plans: Sequence[str] = PLAN_ORDER, optimizer: str = "sgd", pool=None) -> FidelityReport:
+    """Profile (or load the cached profile), then run ``n_plans`` plans for real (median iteration time
+    over ``steps`` after ``warmup``, best of ``repeats`` runs) and in the simulator with the profiled costs.
+    ``pool``: running workers to use (one per device); by default a pool is started and stopped here."""
+    from heterog.cluster import load_cluster
+    from heterog.cost import CostModel
+    from heterog.evaluate import Evaluator
+    from heterog.runtime.api import load_model, prepare, run_prepared
+    from heterog.runtime.launcher import WorkerPool
+    from heterog.runtime.profiler import profile
+
+    cluster = load_cluster(cluster_spec)
+    model = load_model(model_ref, batch_size, optimizer=optimizer)
+    ppath = Path(profile_file) if profile_file else profile_path(model_ref, model.batch_size, cluster.name)
+    t0 = time.perf_counter()
+    own = pool is None
+    if own:
+        pool = WorkerPool(cluster.n_devices, "gloo", device_names=cluster.device_names, hang_timeout_s=hang_timeout_s)
+    try:
+        if ppath.is_file() and not reprofile:
+            table = ProfileTable.load(ppath)
+        else:
+            table = profile(model, cluster, pool)
+            table.save(ppath)
+        t_prof = time.perf_counter() - t0
+        cost = CostModel(cluster, table)
+        ev = Evaluator(model.graph, cluster, cost)
+        strategies = candidate_plans(ev, n_plans, plans)
+        pairs: list[PlanPair] = []
+        t1 = time.perf_counter()
+        for s in strategies:
+            sim = ev.evaluate(s).iteration_time_s
+            prep = prepare(model, cluster, s, cost=cost)
+            runs = [run_prepared(prep, [model.example_inputs], steps, warmup=warmup, pool=pool,
+                                 return_state=False) for _ in range(max(1, repeats))]
+            best = min(runs, key=lambda r: r.iteration_time_s)
+            pairs.append(PlanPair(s.method, best.iteration_time_s, float(sim), best.iteration_times_s))
+        t_run = time.perf_counter() - t1
+    finally:
+        if own:
+            pool.close()
+    out_plot = Path(plot) if plot else ppath.with_name(ppath.stem + "-fidelity.png")
+    title = f"{model.name} (batch {model.batch_size}) on {cluster.name}: MAPE {mape(pairs):.1f}%, " \
+            f"tau {kendall_tau(pairs):.2f}"
+    scatter_plot(pairs, out_plot, title)
+    return FidelityReport(model_ref, cluster.name, model.batch_size, pairs, mape(pairs), kendall_tau(pairs),
+                          str(ppath), str(out_plot), steps, warmup, t_prof, t_run,
+                          [{"link": name, "alpha_s": a, "beta_s_per_byte": b} for name, (a, b) in table.links.items()])

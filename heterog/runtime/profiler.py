@@ -1,0 +1,171 @@
+"""Profiler: measure op times on the local device type and transfer times per link, fit the linear models
+of the cost model (``t = a + b * samples`` per op signature, ``t = alpha + beta * bytes`` per link) and
+write them as a ``heterog.cost.ProfileTable``.
+
+Ops run as the runtime runs them (``stepprog.Kernel`` on real tensors from a whole-step execution at that
+batch, one intra-op thread), at a few local batch sizes, median of repeats; ops with the same signature
+(repeated layers) share one fit. Links are measured by ping-pong between two worker processes through the
+runtime's own transport (so link emulation and per-message overheads are included): half the round-trip
+time for several message sizes, median of repeats.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from heterog.cost.profile import ProfileTable, fit_linear, op_signature
+from heterog.errors import HeterogError
+
+LINK_SIZES_BYTES = (1 << 10, 1 << 14, 1 << 17, 1 << 19, 1 << 21)
+HELD_OUT_SIZES_BYTES = (1 << 12, 1 << 20)
+
+
+def default_batch_sizes(batch_size: int) -> list[int]:
+    """Local batch sizes to profile at: a quarter, a half and all of the global batch."""
+    return sorted({max(1, batch_size // 4), max(1, batch_size // 2), int(batch_size)})
+
+
+def _time_op(kernel, reads: Sequence, env: dict, sizes: dict, repeats: int, sync=None) -> float:
+    """Median seconds of one op executed as the executor does (inputs gathered into a fresh dict)."""
+    names = [r.node for r in reads]
+    samples = []
+    for i in range(repeats + 2):
+        t0 = time.perf_counter()
+        local = {}
+        for n in names:
+            local[n] = env[n]
+        kernel(local, sizes)
+        if sync is not None:
+            sync()
+        dt = time.perf_counter() - t0
+        if i >= 2:
+            samples.append(dt)
+    return float(statistics.median(samples))
+
+
+def profile_ops(model, device_type: str = "cpu", *, batch_sizes: Sequence[int] | None = None, repeats: int = 15,
+                table: ProfileTable | None = None, threads: int = 1, device: str | torch.device = "cpu"
+                ) -> ProfileTable:
+    """Measure every compute op of ``model`` (a ``heterog.runtime.Model``) at each local batch size on
+    ``device`` (this machine's device of type ``device_type``) and store the fitted ``(a, b)`` per op
+    signature for ``device_type`` in ``table`` (new if None)."""
+    table = table if table is not None else ProfileTable()
+    prog, graph = model.prog, model.graph
+    B = graph.batch_size
+    sizes_b = sorted({int(b) for b in (batch_sizes or default_batch_sizes(B)) if 1 <= int(b) <= B})
+    if not sizes_b:
+        raise HeterogError(f"no valid batch size to profile at (global batch {B})")
+    device = torch.device(device)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None   # noqa: E731
+    kernels = {i: prog.kernel(i, device) for i in range(graph.n_ops)
+               if prog.op_kind[i] == "compute" and prog.op_nodes[i]}
+    params = [p.to(device) for p in model.params]
+    state = [s.to(device) for s in model.state]
+    points: dict[str, list[tuple[int, float]]] = {}
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.no_grad():
+            for b in sizes_b:
+                inputs = [x[:b].to(device) for x in model.example_inputs]
+                env = prog.run_all(params, [t.to(device).clone() for t in model.buffers], state, inputs)
+                sym = prog.sizes_at(b)
+                for i, kernel in kernels.items():
+                    if not prog.op_has_batch[i] and b != sizes_b[-1]:
+                        continue           # no batch tensor: the same work at any batch
+                    t = _time_op(kernel, prog.reads[i], env, sym, repeats, sync)
+                    x = b if prog.op_has_batch[i] else B
+                    points.setdefault(op_signature(graph.ops[i]), []).append((x, t))
+    finally:
+        torch.set_num_threads(old_threads)
+    for sig, pts in points.items():
+        xs = sorted({x for x, _ in pts})
+        ys = [float(np.mean([t for x2, t in pts if x2 == x])) for x in xs]
+        table.add_op(device_type, sig, xs, ys)
+    return table
+
+
+# ---------------------------------------------------------------------------- links
+@dataclass
+class LinkMeasurement:
+    """One-way times (seconds, median of repeats) per message size on one link, and the fit."""
+
+    link: str
+    sizes_bytes: list[int]
+    times_s: list[float]
+    alpha_s: float = 0.0
+    beta_s_per_byte: float = 0.0
+    held_out: list[tuple[int, float, float]] = field(default_factory=list)   # (bytes, measured, predicted)
+
+    def predict(self, nbytes: float) -> float:
+        return self.alpha_s + self.beta_s_per_byte * nbytes
+
+
+def measure_links(pool, cluster, *, sizes_bytes: Sequence[int] = LINK_SIZES_BYTES, repeats: int = 7,
+                  pairs: Sequence[tuple[int, int]] | None = None, emulate: bool | None = None) -> dict:
+    """Ping-pong ``sizes_bytes`` between device pairs on ``pool`` (one rank per device of ``cluster``).
+
+    Returns ``{(a, b): [(size, median one-way seconds), ...]}`` for each measured pair."""
+    from heterog.runtime.api import is_emulated
+    from heterog.runtime.executor import PingPongJob
+
+    m = cluster.n_devices
+    if m < 2:
+        return {}
+    if pairs is None:
+        pairs = [(a, b) for a in range(m) for b in range(a + 1, m)]
+    emulate = is_emulated(cluster) if emulate is None else emulate
+    links = {(a, b): (float(cluster.latency_s[a, b]), 1.0 / float(cluster.bandwidth_Bps[a, b]))
+             for a in range(m) for b in range(m) if a != b}
+    job = PingPongJob(list(pairs), [int(s) for s in sizes_bytes], int(repeats), bool(emulate), links)
+    results = pool.run([job] * m)
+    out: dict[tuple[int, int], list[tuple[int, float]]] = {}
+    for res in results:
+        for key, rows in res.items():
+            a, b = (int(x) for x in key.split("->"))
+            out[(a, b)] = [(size, float(statistics.median(samples))) for size, samples in rows]
+    return out
+
+
+def profile_links(pool, cluster, table: ProfileTable | None = None, *,
+                  sizes_bytes: Sequence[int] = LINK_SIZES_BYTES, held_out_bytes: Sequence[int] = (),
+                  repeats: int = 7, emulate: bool | None = None) -> tuple[ProfileTable, list[LinkMeasurement]]:
+    """Fit ``alpha + beta * bytes`` for every link of ``cluster`` from ping-pong measurements and store
+    the fits by link name. A pair's measurement applies to both directions and to each link on the path
+    (latency shared evenly between the hops). ``held_out_bytes`` are measured too but left out of the
+    fit, and reported with their predictions (``LinkMeasurement.held_out``)."""
+    table = table if table is not None else ProfileTable()
+    fit_sizes = [int(s) for s in sizes_bytes]
+    all_sizes = sorted(set(fit_sizes) | {int(s) for s in held_out_bytes})
+    raw = measure_links(pool, cluster, sizes_bytes=all_sizes, repeats=repeats, emulate=emulate)
+    report: list[LinkMeasurement] = []
+    for (a, b), rows in sorted(raw.items()):
+        fit_rows = [(s, t) for s, t in rows if s in fit_sizes]
+        alpha, beta = fit_linear([s for s, _ in fit_rows], [t for _, t in fit_rows])
+        for x, y in ((a, b), (b, a)):
+            path = cluster.path(x, y)
+            for link_id in path:
+                table.set_link(cluster.links[link_id].name, alpha / len(path), beta)
+            meas = LinkMeasurement(" + ".join(cluster.links[k].name for k in path), [s for s, _ in fit_rows],
+                                   [t for _, t in fit_rows], alpha, beta)
+            meas.held_out = [(s, t, meas.predict(s)) for s, t in rows if s not in fit_sizes]
+            report.append(meas)
+    return table, report
+
+
+def profile(model, cluster, pool, *, batch_sizes: Sequence[int] | None = None, op_repeats: int = 15,
+            link_repeats: int = 7, device: str | torch.device = "cpu") -> ProfileTable:
+    """The profile table the cost model reads: op times on this machine's device type (``device``; for
+    local-cpu clusters the "cpu" workers) and a fit for every link of ``cluster`` (ping-pong on ``pool``)."""
+    device = torch.device(device)
+    kinds = [d.type.name for d in cluster.devices]
+    local_type = "cpu" if device.type == "cpu" and "cpu" in kinds else kinds[0]
+    table = ProfileTable()
+    profile_ops(model, local_type, batch_sizes=batch_sizes, repeats=op_repeats, table=table, device=device)
+    profile_links(pool, cluster, table, repeats=link_repeats)
+    return table

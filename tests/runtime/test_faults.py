@@ -1,0 +1,83 @@
+"""Faults: a killed or hung worker stops the whole run quickly with a message naming the rank, leaving no
+process behind; a strategy made for another graph or cluster is refused before any process starts."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from heterog import baselines
+from heterog.cluster import load_cluster
+from heterog.errors import StrategyError
+from heterog.runtime import WorkerFailure, WorkerPool, prepare, run_prepared
+from tests.runtime.conftest import model
+
+LONG = 100_000          # steps: the run only ends by the fault
+
+
+def _start_long_run(pool, cluster):
+    m = model("tiny_mlp")
+    prepared = prepare(m, cluster, baselines.run("ev-ar", m.graph, cluster))
+    box: dict = {}
+
+    def target() -> None:
+        try:
+            run_prepared(prepared, [m.example_inputs], LONG, pool=pool, return_state=False)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            box["error"] = exc
+            box["at"] = time.monotonic()
+
+    th = threading.Thread(target=target, daemon=True)
+    th.start()
+    deadline = time.monotonic() + 60
+    while pool.status[0] < 2 and time.monotonic() < deadline:   # rank 0 is past step 2: training runs
+        time.sleep(0.05)
+    return th, box
+
+
+def _all_gone(pool) -> bool:
+    return all(not p.is_alive() for p in pool.procs)
+
+
+def test_killed_worker_fails_the_run_fast_naming_the_rank() -> None:
+    cluster = load_cluster("local-cpu-2")
+    pool = WorkerPool(2, hang_timeout_s=30.0, device_names=cluster.device_names)
+    th, box = _start_long_run(pool, cluster)
+    t_kill = time.monotonic()
+    os.kill(pool.procs[1].pid, signal.SIGKILL)
+    th.join(timeout=30)
+    assert isinstance(box.get("error"), WorkerFailure)
+    msg = str(box["error"])
+    assert "rank 1" in msg and "SIGKILL" in msg and "localhost/cpu1" in msg
+    assert box["at"] - t_kill < 10.0
+    assert _all_gone(pool)
+    with pytest.raises(Exception, match="closed"):
+        pool.run([None, None])
+
+
+def test_hung_worker_is_named_and_everything_is_stopped() -> None:
+    cluster = load_cluster("local-cpu-2")
+    pool = WorkerPool(2, hang_timeout_s=2.0, device_names=cluster.device_names)
+    th, box = _start_long_run(pool, cluster)
+    t_stop = time.monotonic()
+    os.kill(pool.procs[1].pid, signal.SIGSTOP)
+    th.join(timeout=30)
+    assert isinstance(box.get("error"), WorkerFailure)
+    assert "made no progress for 2 s" in str(box["error"]) and "rank" in str(box["error"])
+    assert box["at"] - t_stop < 10.0
+    assert _all_gone(pool)
+
+
+def test_strategy_for_another_graph_or_cluster_is_refused_before_any_process_starts(hetero3) -> None:
+    mlp, cnn = model("tiny_mlp"), model("tiny_cnn")
+    before = set(multiprocessing.active_children())
+    with pytest.raises(StrategyError, match="graph"):
+        prepare(mlp, hetero3, baselines.run("ev-ar", cnn.graph, hetero3))
+    two = load_cluster("local-cpu-2")
+    with pytest.raises(StrategyError, match="cluster"):
+        prepare(mlp, hetero3, baselines.run("ev-ar", mlp.graph, two))
+    assert set(multiprocessing.active_children()) == before

@@ -1,0 +1,46 @@
+"""Profiler: link fits predict held-out message sizes; op fits cover every op and feed the cost model."""
+from __future__ import annotations
+
+import numpy as np
+
+from heterog.cluster import load_cluster
+from heterog.cost import CostModel
+from heterog.cost.profile import ProfileTable, op_signature
+from heterog.runtime.profiler import profile_links, profile_ops
+from tests.runtime.conftest import model
+
+# slow emulated links, so that the emulation (not this shared machine's scheduling noise) sets the times
+SLOW_LINKS = "local-cpu-2:bandwidth=100MB/s:latency_us=2000"
+
+
+def test_fitted_link_model_predicts_held_out_sizes_within_20_percent(pool2, tmp_path) -> None:
+    cluster = load_cluster(SLOW_LINKS)
+    table, report = profile_links(pool2, cluster, sizes_bytes=[1 << 10, 1 << 16, 1 << 18, 1 << 20],
+                                  held_out_bytes=[96 << 10, 768 << 10], repeats=5)
+    assert set(table.links) == set(cluster.link_names)
+    for meas in report:
+        assert meas.beta_s_per_byte > 0 and meas.alpha_s > 0
+        assert len(meas.held_out) == 2
+        for size, measured, predicted in meas.held_out:
+            assert abs(predicted - measured) <= 0.2 * measured, (meas.link, size, measured, predicted)
+    # the emulation enforces the cluster's link: the fit finds about its bandwidth
+    assert 0.5e-8 < report[0].beta_s_per_byte < 2e-8
+    path = table.save(tmp_path / "links.json")
+    cost = CostModel(cluster, ProfileTable.load(path))
+    t = cost.transfer_time(0, 1, 768 << 10)
+    assert abs(t - report[0].predict(768 << 10)) < 1e-9
+
+
+def test_op_profile_covers_every_compute_op_and_overrides_the_roofline() -> None:
+    m = model("tiny_mlp")
+    table = profile_ops(m, "cpu", batch_sizes=[2, 6], repeats=3)
+    sigs = {op_signature(op) for op in m.graph.ops if op.kind == "compute"}
+    assert set(table.ops["cpu"]) == sigs
+    cluster = load_cluster("local-cpu-2:slowdown=1,2")
+    ops = np.array([i for i, op in enumerate(m.graph.ops) if op.kind == "compute"])
+    measured = CostModel(cluster, table).op_times(m.graph, ops, np.zeros(len(ops), int), np.ones(len(ops)))
+    a_b = np.array([table.ops["cpu"][op_signature(m.graph.ops[i])] for i in ops])
+    np.testing.assert_allclose(measured, np.maximum(a_b[:, 0] + a_b[:, 1] * 6, 0.0))
+    assert (measured > 0).all() and (measured < 0.05).all()
+    slow = CostModel(cluster, table).op_times(m.graph, ops, np.ones(len(ops), int), np.ones(len(ops)))
+    np.testing.assert_allclose(slow, 2 * measured)          # device 1 is emulated twice as slow
