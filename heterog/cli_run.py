@@ -2,7 +2,6 @@
 simulated iteration times over several plans); added to the ``heterog`` CLI by ``add_commands``."""
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from typing import Any
@@ -88,9 +87,9 @@ def cmd_fidelity(args) -> int:
                        warmup=args.warmup, repeats=args.repeats, profile_file=args.profile,
                        reprofile=args.reprofile, plot=args.plot, hang_timeout_s=args.hang_timeout_s)
     rec = rep.record()
-    lines = [f"{rep.model} (batch {rep.batch_size}) on {rep.cluster}: MAPE {rep.mape:.1f}%, Kendall tau "
-             f"{rep.kendall_tau:.2f} over {len(rep.pairs)} plans (profile {rep.profile}, plot {rep.plot})",
-             f"{'plan':14s} {'measured ms':>12s} {'simulated ms':>13s} {'error':>8s}"]
+    head = (f"{rep.model} (batch {rep.batch_size}) on {rep.cluster}: MAPE {rep.mape:.1f}%, Kendall tau "
+            f"{rep.kendall_tau:.2f} over {len(rep.pairs)} plans (profile {rep.profile}, plot {rep.plot})")
+    lines = [head, f"{'plan':14s} {'measured ms':>12s} {'simulated ms':>13s} {'error':>8s}"]
     for p in rep.pairs:
         lines.append(f"{p.plan:14s} {p.measured_s * 1e3:12.3f} {p.simulated_s * 1e3:13.3f} {p.error * 100:7.1f}%")
     _emit(args, rec, "\n".join(lines))

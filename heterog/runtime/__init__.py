@@ -11,9 +11,9 @@ from __future__ import annotations
 from heterog.runtime.api import (
     Model,
     PreparedRun,
+    Runner,
     RunnerConfig,
     RunnerResult,
-    Runner,
     RunResult,
     capture_model_for_runtime,
     compare_values,

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Self
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -38,10 +37,22 @@ class Model:
     buffers: list[torch.Tensor]
     state: list[torch.Tensor]
     example_inputs: tuple[torch.Tensor, ...]
+    module: nn.Module | None = field(default=None, repr=False)
 
     @property
     def batch_size(self) -> int:
         return self.graph.batch_size
+
+    def at_batch(self, batch_size: int) -> "Model":
+        """The same model and initial values captured at another global batch (the first samples of the
+        example inputs)."""
+        if batch_size == self.batch_size:
+            return self
+        if self.module is None or not 1 <= batch_size <= self.batch_size:
+            raise HeterogError(f"model {self.name}: cannot capture at batch {batch_size} (global batch "
+                               f"{self.batch_size}, module {'kept' if self.module is not None else 'not kept'})")
+        return capture_model_for_runtime(self.module, [x[:batch_size] for x in self.example_inputs],
+                                         optimizer=self.prog.optimizer, lr=self.prog.lr, name=self.name)
 
     def initial_values(self) -> dict[str, torch.Tensor]:
         """Placeholder name -> value for parameters, buffers and optimizer state."""
@@ -67,7 +78,7 @@ def capture_model_for_runtime(module: nn.Module, example_inputs: Sequence[torch.
     params = [named[n].detach().clone() for n in prog.param_names]
     buffers = [(named_buffers[n] if n in named_buffers else named[n]).detach().clone() for n in prog.buffer_names]
     state = step.init_state(params)
-    return Model(graph.name, prog, graph, params, buffers, state, tuple(t.detach() for t in inputs))
+    return Model(graph.name, prog, graph, params, buffers, state, tuple(t.detach() for t in inputs), module)
 
 
 def load_model(ref: str, batch_size: int | None = None, *, optimizer: str = "sgd", lr: float = 0.01) -> Model:
@@ -298,7 +309,7 @@ class RunnerConfig:
     pool: Any = None                   # a running WorkerPool to use (else one is started and kept until close())
 
     @classmethod
-    def of(cls, config: "RunnerConfig | dict | None") -> "RunnerConfig":
+    def of(cls, config: RunnerConfig | dict | None) -> RunnerConfig:
         if config is None:
             return cls()
         if isinstance(config, cls):
@@ -408,10 +419,10 @@ class Runner:
             self._finalizer()
             self._finalizer = None
 
-    def __enter__(self) -> "Runner":
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def _load(self, values: dict[str, torch.Tensor]) -> None:

@@ -25,8 +25,9 @@ import math
 import os
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -51,7 +52,7 @@ class Job:
     emulate: bool
     name: str = ""
     return_state: bool = True
-    trace: bool = False                              # record (kind, start, end) of each instruction
+    trace: bool = False                              # record (kind, start, end) of each instruction, each step
 
 
 @dataclass
@@ -137,7 +138,7 @@ class Transport:
             return buf
         return buf[8:].view(dtype).reshape(shape) if n else torch.empty(shape, dtype=dtype, device=self.device)
 
-    def allreduce(self, t: torch.Tensor, group, members: Sequence[int], me: int, emulated_s: float) -> "_Pending":
+    def allreduce(self, t: torch.Tensor, group, members: Sequence[int], me: int, emulated_s: float) -> _Pending:
         """Start summing ``t`` (a fresh tensor, reduced in place) over ``group``; ``finish`` waits."""
         if self.emulate and t.is_floating_point():
             k = len(members)
@@ -148,7 +149,7 @@ class Transport:
                             t.numel(), members, me)
         return _Pending(dist.all_reduce(t, group=group, async_op=True), t, t.shape, t.dtype, None, 0, members, me)
 
-    def finish(self, p: "_Pending") -> torch.Tensor:
+    def finish(self, p: _Pending) -> torch.Tensor:
         t0 = time.perf_counter()
         self.status.waiting(-2)
         p.work.wait()
@@ -208,6 +209,10 @@ class RankExecutor:
         self.transport = Transport(device, job.emulate, self.status)
         self.debt_s = 0.0
         self.slow = self.rp.slowdown if job.emulate else 1.0
+        self.post_in_order = any(ins[0] == "post" for ins in self.rp.instrs)
+        self.recv_spec = {tag: (src, shape, dtype) for tag, src, shape, dtype, _ in self.rp.recvs}
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.traces: list[list] = []         # per step: [kind, start s, end s] per instruction (job.trace)
 
     # ------------------------------------------------------------------ helpers
     def _fetch(self, src: tuple, env: dict, stash: dict) -> Any:
@@ -258,15 +263,18 @@ class RankExecutor:
             env[name] = inputs[i][lo:hi].to(self.device)
         stash: dict[Any, Any] = {}
         sizes = job.sizes
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        dist.barrier()
-        t0 = time.perf_counter()
-        if not any(ins[0] == "post" for ins in rp.instrs):
+        if not self.post_in_order:
+            # gloo matches by tag: post every receive of the step up front (all of the previous step's
+            # messages to this rank have arrived, so none can be mistaken for this step's)
             for tag, src, shape, dtype, _ in rp.recvs:
                 tr.post(tag, src, shape, dtype)
-        recv_spec = {tag: (src, shape, dtype) for tag, src, shape, dtype, _ in rp.recvs}
-        trace = self.trace = [] if job.trace else None
+        recv_spec = self.recv_spec
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        if self.world > 1:
+            dist.barrier()
+        t0 = time.perf_counter()
+        trace = [] if job.trace else None
         for i, ins in enumerate(rp.instrs):
             self.status.at(index, i)
             kind = ins[0]
@@ -333,6 +341,8 @@ class RankExecutor:
         for ph, src in rp.updates:
             self.persist[ph] = self._fetch(src, env, stash)
         self.status.at(index + 1, 0)
+        if trace is not None:
+            self.traces.append(trace)
         return elapsed, loss
 
     def run(self) -> dict:
@@ -345,7 +355,7 @@ class RankExecutor:
         out: dict[str, Any] = {"rank": self.rank, "times_s": times, "loss_terms": losses,
                                "has_loss": bool(self.rp.loss_terms), "values": {}}
         if self.job.trace:
-            out["trace"] = self.trace
+            out["traces"] = self.traces
         if self.job.return_state:
             out["values"] = {ph: (kind, self.persist[ph].detach().to("cpu").clone()) for kind, ph in self.rp.report}
         return out

@@ -5,12 +5,11 @@ rankings, per-plan pairs) with a scatter plot.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 

@@ -16,8 +16,9 @@ import signal
 import tempfile
 import time
 import traceback
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any, Sequence
+from typing import Any, Self
 
 from heterog.errors import HeterogError
 
@@ -195,10 +196,10 @@ class WorkerPool:
         for p in self.procs:
             p.join(timeout=5.0)
 
-    def __enter__(self) -> "WorkerPool":
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ------------------------------------------------------------------ jobs
@@ -264,14 +265,14 @@ class WorkerPool:
             if dead and all(r in errors for r in dead):
                 break
         silent = sorted(r for r in dead if r not in errors)
-        step = lambda r: max(int(self.status[3 * r]), 0)   # noqa: E731
+        step = lambda r: max(int(self.status[3 * r]), 0)
         if silent:
             r = silent[0]
             others = sorted(set(errors) - {r})
             extra = f" (ranks {others} then failed: {errors[others[0]].splitlines()[0]})" if others else ""
             self._fail(f"worker {self.names[r]} (rank {r}) died ({_describe_exit(dead[r])}) during step "
                        f"{step(r)}{extra}")
-        r = sorted(errors)[0]
+        r = min(errors)
         self._fail(f"worker {self.names[r]} (rank {r}) failed during step {step(r)}: {errors[r]}")
 
     def _report_hang(self, status: tuple, results: dict) -> None:

@@ -2,21 +2,20 @@
 of the cost model (``t = a + b * samples`` per op signature, ``t = alpha + beta * bytes`` per link) and
 write them as a ``heterog.cost.ProfileTable``.
 
-Ops run as the runtime runs them (``stepprog.Kernel`` on real tensors from a whole-step execution at that
-batch, one intra-op thread), at a few local batch sizes, median of repeats; ops with the same signature
-(repeated layers) share one fit. Links are measured by ping-pong between two worker processes through the
-runtime's own transport (so link emulation and per-message overheads are included): half the round-trip
-time for several message sizes, median of repeats.
+Ops are measured where and as they run: the model, captured at a few local batch sizes, trains as a
+single-device plan in a worker process with instruction tracing, so each time is the op's kernel on real
+tensors plus the executor's own per-op work, median over steps; ops with the same signature (repeated
+layers) share one fit. Links are measured by ping-pong between two worker processes through the runtime's
+own transport (so link emulation and per-message overheads are included): half the round-trip time for
+several message sizes, median of repeats.
 """
 from __future__ import annotations
 
 import statistics
-import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
-import torch
 
 from heterog.cost.profile import ProfileTable, fit_linear, op_signature
 from heterog.errors import HeterogError
@@ -30,59 +29,42 @@ def default_batch_sizes(batch_size: int) -> list[int]:
     return sorted({max(1, batch_size // 4), max(1, batch_size // 2), int(batch_size)})
 
 
-def _time_op(kernel, reads: Sequence, env: dict, sizes: dict, repeats: int, sync=None) -> float:
-    """Median seconds of one op executed as the executor does (inputs gathered into a fresh dict)."""
-    names = [r.node for r in reads]
-    samples = []
-    for i in range(repeats + 2):
-        t0 = time.perf_counter()
-        local = {}
-        for n in names:
-            local[n] = env[n]
-        kernel(local, sizes)
-        if sync is not None:
-            sync()
-        dt = time.perf_counter() - t0
-        if i >= 2:
-            samples.append(dt)
-    return float(statistics.median(samples))
+def profile_ops(model, cluster, pool, *, batch_sizes: Sequence[int] | None = None, steps: int = 12,
+                warmup: int = 3, table: ProfileTable | None = None) -> ProfileTable:
+    """Measure every compute op of ``model`` (a ``heterog.runtime.Model``) in situ and store the fitted
+    ``(a, b)`` per op signature for the device type of ``cluster``'s least slowed-down device.
 
+    At each local batch size the model (captured at that batch) runs as a single-device plan on that
+    device of ``pool`` (one worker per device of ``cluster``) for ``steps`` steps with instruction
+    tracing: an op's time is the median, over the steps after ``warmup``, of its compute instruction,
+    i.e. the kernel plus the executor's own per-op work, divided by the device's emulated slowdown.
+    """
+    from heterog import baselines
+    from heterog.runtime.api import prepare
 
-def profile_ops(model, device_type: str = "cpu", *, batch_sizes: Sequence[int] | None = None, repeats: int = 15,
-                table: ProfileTable | None = None, threads: int = 1, device: str | torch.device = "cpu"
-                ) -> ProfileTable:
-    """Measure every compute op of ``model`` (a ``heterog.runtime.Model``) at each local batch size on
-    ``device`` (this machine's device of type ``device_type``) and store the fitted ``(a, b)`` per op
-    signature for ``device_type`` in ``table`` (new if None)."""
     table = table if table is not None else ProfileTable()
-    prog, graph = model.prog, model.graph
-    B = graph.batch_size
+    B = model.batch_size
     sizes_b = sorted({int(b) for b in (batch_sizes or default_batch_sizes(B)) if 1 <= int(b) <= B})
     if not sizes_b:
         raise HeterogError(f"no valid batch size to profile at (global batch {B})")
-    device = torch.device(device)
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None   # noqa: E731
-    kernels = {i: prog.kernel(i, device) for i in range(graph.n_ops)
-               if prog.op_kind[i] == "compute" and prog.op_nodes[i]}
-    params = [p.to(device) for p in model.params]
-    state = [s.to(device) for s in model.state]
+    dev = int(np.argmin(cluster.slowdown))
+    slow = float(cluster.slowdown[dev])
+    device_type = cluster.devices[dev].type.name
     points: dict[str, list[tuple[int, float]]] = {}
-    old_threads = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        with torch.no_grad():
-            for b in sizes_b:
-                inputs = [x[:b].to(device) for x in model.example_inputs]
-                env = prog.run_all(params, [t.to(device).clone() for t in model.buffers], state, inputs)
-                sym = prog.sizes_at(b)
-                for i, kernel in kernels.items():
-                    if not prog.op_has_batch[i] and b != sizes_b[-1]:
-                        continue           # no batch tensor: the same work at any batch
-                    t = _time_op(kernel, prog.reads[i], env, sym, repeats, sync)
-                    x = b if prog.op_has_batch[i] else B
-                    points.setdefault(op_signature(graph.ops[i]), []).append((x, t))
-    finally:
-        torch.set_num_threads(old_threads)
+    for b in sizes_b:
+        mb = model.at_batch(b)
+        prepared = prepare(mb, cluster, baselines.run("single", mb.graph, cluster, device=dev))
+        jobs = prepared.jobs([mb.example_inputs], steps, return_state=False)
+        jobs[dev].trace = True
+        traces = pool.run(jobs)[dev]["traces"][min(warmup, steps - 1):]
+        instrs = prepared.lowered.ranks[dev].instrs
+        for i, ins in enumerate(instrs):
+            if ins[0] != "compute":
+                continue
+            op = ins[1]
+            t = float(statistics.median(tr[i][2] - tr[i][1] for tr in traces)) / slow
+            x = b if mb.prog.op_has_batch[op] else B
+            points.setdefault(op_signature(mb.graph.ops[op]), []).append((x, t))
     for sig, pts in points.items():
         xs = sorted({x for x, _ in pts})
         ys = [float(np.mean([t for x2, t in pts if x2 == x])) for x in xs]
@@ -158,14 +140,10 @@ def profile_links(pool, cluster, table: ProfileTable | None = None, *,
     return table, report
 
 
-def profile(model, cluster, pool, *, batch_sizes: Sequence[int] | None = None, op_repeats: int = 15,
-            link_repeats: int = 7, device: str | torch.device = "cpu") -> ProfileTable:
-    """The profile table the cost model reads: op times on this machine's device type (``device``; for
-    local-cpu clusters the "cpu" workers) and a fit for every link of ``cluster`` (ping-pong on ``pool``)."""
-    device = torch.device(device)
-    kinds = [d.type.name for d in cluster.devices]
-    local_type = "cpu" if device.type == "cpu" and "cpu" in kinds else kinds[0]
-    table = ProfileTable()
-    profile_ops(model, local_type, batch_sizes=batch_sizes, repeats=op_repeats, table=table, device=device)
+def profile(model, cluster, pool, *, batch_sizes: Sequence[int] | None = None, steps: int = 12,
+            link_repeats: int = 7) -> ProfileTable:
+    """The profile table the cost model reads: op times measured in situ on ``pool`` (``profile_ops``)
+    and a fit for every link of ``cluster`` (``profile_links``)."""
+    table = profile_ops(model, cluster, pool, batch_sizes=batch_sizes, steps=steps)
     profile_links(pool, cluster, table, repeats=link_repeats)
     return table

@@ -43,8 +43,8 @@ compute such statistics over their own samples, as in ordinary data parallelism.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 

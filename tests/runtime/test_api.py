@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import heterog
-import heterog.zoo as zoo
+from heterog import zoo
 from heterog.evaluate import Evaluator
-from heterog.runtime import RunnerConfig, capture_model_for_runtime, compare_values, train_single_process
+from heterog.runtime import RunnerConfig, capture_model_for_runtime, train_single_process
 from heterog.runtime.api import DP_METHODS, default_method, resolve_strategy
 
 

@@ -89,7 +89,7 @@ def test_adam_steps_equal_single_process_training(plan, hetero3, pool3) -> None:
 
 def test_single_process_reference_is_eager_pytorch_training() -> None:
     """The reference the runtime is compared with is ordinary training with torch.optim.SGD."""
-    import heterog.zoo as zoo
+    from heterog import zoo
 
     m = model("tiny_mlp")
     module, inputs = zoo.build("tiny_mlp", 6)
@@ -110,7 +110,7 @@ def test_phase_mixed_plan_puts_loss_backward_and_gradients_on_different_layouts(
     m = model("tiny_mlp")
     s = make_strategy("phase-mixed", m, hetero3)
     plan = compile_strategy(m.graph, hetero3, s, CostModel(hetero3))
-    lay = lambda pred: {int(plan.op_layout[i]) for i, op in enumerate(m.graph.ops) if pred(op)}  # noqa: E731
+    lay = lambda pred: {int(plan.op_layout[i]) for i, op in enumerate(m.graph.ops) if pred(op)}
     loss = lay(lambda op: "nll_loss_forward" in op.target)
     grads = lay(lambda op: op.is_grad)
     bwd = lay(lambda op: op.phase == "backward" and not op.is_grad and op.kind == "compute"

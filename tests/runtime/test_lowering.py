@@ -40,9 +40,9 @@ def _abstract_run(ranks, post_early: bool) -> bool:
         for src in _sources(ins):
             if src[0] == "recv" and (src[1] not in sent or (post_early and src[1] not in posted)):
                 return False
-            if src[0] == "stash" and src[1] in members and arrived.get(src[1], set()) != members[src[1]]:
-                if any(i[0] == "allreduce" and i[1] == src[1] for i in ranks[r].instrs):
-                    return False
+            if (src[0] == "stash" and src[1] in members and arrived.get(src[1], set()) != members[src[1]]
+                    and any(i[0] == "allreduce" and i[1] == src[1] for i in ranks[r].instrs)):
+                return False
         return True
 
     progress = True
