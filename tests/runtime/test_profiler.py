@@ -31,16 +31,16 @@ def test_fitted_link_model_predicts_held_out_sizes_within_20_percent(pool2, tmp_
     assert abs(t - report[0].predict(768 << 10)) < 1e-9
 
 
-def test_op_profile_covers_every_compute_op_and_overrides_the_roofline() -> None:
+def test_op_profile_covers_every_compute_op_and_overrides_the_roofline(pool2) -> None:
     m = model("tiny_mlp")
-    table = profile_ops(m, "cpu", batch_sizes=[2, 6], repeats=3)
+    cluster = load_cluster("local-cpu-2:slowdown=2,1")
+    table = profile_ops(m, cluster, pool2, batch_sizes=[2, 6], steps=4, warmup=1)
     sigs = {op_signature(op) for op in m.graph.ops if op.kind == "compute"}
     assert set(table.ops["cpu"]) == sigs
-    cluster = load_cluster("local-cpu-2:slowdown=1,2")
     ops = np.array([i for i, op in enumerate(m.graph.ops) if op.kind == "compute"])
-    measured = CostModel(cluster, table).op_times(m.graph, ops, np.zeros(len(ops), int), np.ones(len(ops)))
+    fast = CostModel(cluster, table).op_times(m.graph, ops, np.ones(len(ops), int), np.ones(len(ops)))
     a_b = np.array([table.ops["cpu"][op_signature(m.graph.ops[i])] for i in ops])
-    np.testing.assert_allclose(measured, np.maximum(a_b[:, 0] + a_b[:, 1] * 6, 0.0))
-    assert (measured > 0).all() and (measured < 0.05).all()
-    slow = CostModel(cluster, table).op_times(m.graph, ops, np.ones(len(ops), int), np.ones(len(ops)))
-    np.testing.assert_allclose(slow, 2 * measured)          # device 1 is emulated twice as slow
+    np.testing.assert_allclose(fast, np.maximum(a_b[:, 0] + a_b[:, 1] * 6, 0.0))
+    assert (fast > 0).all() and (fast < 0.05).all()
+    slow = CostModel(cluster, table).op_times(m.graph, ops, np.zeros(len(ops), int), np.ones(len(ops)))
+    np.testing.assert_allclose(slow, 2 * fast)          # device 0 is emulated twice as slow

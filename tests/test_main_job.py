@@ -1,0 +1,25 @@
+"""Smoke tests of the `make run` job and `heterog bench` on small sizes (they must run end to end)."""
+from __future__ import annotations
+
+import json
+
+from heterog.cli import main
+
+
+def test_main_job_smoke(tmp_path, capsys):
+    assert main(["main", "--quick", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "best plan:" in out
+    doc = json.loads((tmp_path / "comparison.json").read_text())
+    methods = {r["method"] for r in doc["records"]}
+    assert {"single", "ev-ps", "ev-ar", "cp-ps", "cp-ar", "dpos", "mcmc", "pesto-ilp", "agent"} <= methods
+    for name in ("best_gantt.png", "best_trace.json", "report.md", "comparison_with_fifo.json"):
+        assert (tmp_path / name).stat().st_size > 0
+
+
+def test_bench_quick_smoke(capsys):
+    assert main(["bench", "--quick", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    for key in ("sim_tasks_per_s", "sim_speedup_vs_reference", "eval_ms_bert_large_paper8"):
+        assert key in doc
+    assert doc["sim_tasks_per_s"] > 0 and doc["sim_speedup_vs_reference"] > 1
