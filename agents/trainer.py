@@ -2,9 +2,10 @@
 
 HeteroG's update rule: per graph, one forward pass gives the per-group distribution, k strategies
 are sampled from it and simulated, and the advantage of each is its reward minus the graph's
-moving-average baseline. PPO (clipped, a few epochs over the same samples) is an option, and so is
-a pool of the best strategies found, replayed as extra samples. Everything is determined by the
-seed; ``state_dict``/``load_state_dict`` resume a run exactly. Metrics go to TensorBoard.
+moving-average baseline. PPO (clipped, a few epochs over the same samples) is an option, and so are
+a pool of the best strategies found, replayed as extra samples, and exploration samples drawn with
+one random logit offset per strategy (whole-plan changes). Everything is determined by the seed;
+``state_dict``/``load_state_dict`` resume a run exactly. Metrics go to TensorBoard.
 """
 from __future__ import annotations
 
@@ -57,6 +58,12 @@ class TrainerSettings:
     """Best distinct strategies kept per graph for replay (0: no pool)."""
     replay_samples: int = 2
     """Pool strategies replayed per graph and round as extra samples (advantage clipped at 0)."""
+    explore_samples: int = 4
+    """Of the k samples, how many come from the policy with its head bias perturbed (0: none): one
+    Gaussian offset per action, shared by all groups of the strategy, so that whole-plan changes
+    (e.g. every group from even to proportional shares) get tried. Used like replays."""
+    explore_noise: float = 2.0
+    """Standard deviation of that per-action logit offset."""
     ppo_epochs: int = 4
     """PPO: passes over one round's samples."""
     ppo_clip: float = 0.2
@@ -86,6 +93,11 @@ class TrainerSettings:
                 problems.append(f"{name} must be non-negative, got {getattr(self, name)}")
         if not 0.0 <= self.baseline_decay < 1.0:
             problems.append(f"baseline_decay must be in [0, 1), got {self.baseline_decay}")
+        if not 0 <= self.explore_samples < self.samples_per_graph:
+            problems.append(f"explore_samples {self.explore_samples} must be in 0..samples_per_graph-1 "
+                            f"({self.samples_per_graph - 1})")
+        if self.explore_noise < 0:
+            problems.append(f"explore_noise must be non-negative, got {self.explore_noise}")
         if self.replay_samples > self.replay_pool_size:
             problems.append(f"replay_samples {self.replay_samples} exceeds replay_pool_size {self.replay_pool_size}")
         if self.log_every < 1:
@@ -139,9 +151,13 @@ class TaskState:
     reward_var: float = 0.0
     """Moving average of squared deviations from the baseline (advantage scale)."""
     best_reward: float = -math.inf
+    """Highest reward seen (OOM plans count with the oom_factor penalty)."""
     best_iteration_time_s: float = math.inf
+    """Iteration time of that best plan."""
     best_oom: bool = True
+    """Whether that best plan runs out of memory."""
     best_actions: list[int] | None = None
+    """Its action per group (None before the first sample)."""
     pool: list[tuple[float, list[int]]] = field(default_factory=list)
     """Best distinct strategies seen (reward, actions), best first."""
     episodes: int = 0
@@ -258,15 +274,18 @@ class Trainer:
         samples, rewards_all, actions_all = [], [], []
         for task in self.pick_tasks():
             state = self.states[task.key]
-            # rollout: one forward pass, k strategies
+            # rollout: one forward pass, k strategies (the last explore_samples from perturbed logits)
             dist = self.policy.distribution(*task.inputs.args())
-            actions = dist.sample(s.samples_per_graph, generator=self.generator)             # (k, G)
+            n_policy = s.samples_per_graph - s.explore_samples
+            actions = torch.cat([dist.sample(n_policy, generator=self.generator),
+                                 self.explore(dist.logits.detach(), s.explore_samples)])        # (k, G)
             rewards, times, ooms = self.evaluate(task, actions.numpy())                      # (k,) each
             self.record(task, state, actions.numpy(), rewards, times, ooms)
             # replay: the best strategies found so far, as extra samples
             replay_actions, replay_rewards = self.replay(state)
-            # advantages against the moving-average baseline (updated after use)
-            adv = self.advantages(state, rewards, replay_rewards)
+            # advantages against the moving-average baseline (updated after use); exploration and
+            # replayed samples are off-policy and only pull towards plans better than the baseline
+            adv = self.advantages(state, rewards[:n_policy], np.concatenate([rewards[n_policy:], replay_rewards]))
             all_actions = torch.cat([actions, torch.as_tensor(replay_actions, dtype=torch.long)])
             log_p_old = per_group_log_prob(dist.logits.detach(), all_actions)
             samples.append(_Sample(task, all_actions, torch.as_tensor(adv, dtype=torch.float32), log_p_old,
@@ -377,6 +396,20 @@ class Trainer:
         state.pool.sort(key=lambda entry: -entry[0])
         del state.pool[size:]
 
+    def explore(self, logits: Tensor, n: int) -> Tensor:
+        """``n`` strategies from the policy with a random offset on each action's logit, one offset vector
+        per strategy shared by all its groups (parameter-space noise on the head bias): correlated
+        changes that independent per-group sampling almost never makes.
+
+        Shapes: logits ``(G, A)`` -> ``(n, G)``.
+        """
+        n_groups, n_actions = logits.shape
+        if n == 0:
+            return torch.zeros(0, n_groups, dtype=torch.long)
+        offsets = torch.randn(n, 1, n_actions, generator=self.generator) * self.settings.explore_noise
+        probs = (logits[None] + offsets).softmax(dim=-1).reshape(n * n_groups, n_actions)
+        return torch.multinomial(probs, 1, generator=self.generator).reshape(n, n_groups)
+
     def replay(self, state: TaskState) -> tuple[np.ndarray, np.ndarray]:
         """``replay_samples`` strategies drawn from the pool (seeded), as (R, G) actions and (R,) rewards."""
         n = min(self.settings.replay_samples, len(state.pool))
@@ -386,17 +419,18 @@ class Trainer:
         return (np.array([state.pool[c][1] for c in chosen], dtype=np.int64),
                 np.array([state.pool[c][0] for c in chosen]))
 
-    def advantages(self, state: TaskState, rewards: np.ndarray, replay_rewards: np.ndarray) -> np.ndarray:
-        """``(r - b) / scale`` for the sampled then the replayed strategies (replays clipped at 0: the
-        pool only pulls towards good plans). ``b`` is the graph's baseline before this round (the
-        round's mean on the first); baseline and scale then move towards this round's rewards."""
+    def advantages(self, state: TaskState, rewards: np.ndarray, off_policy_rewards: np.ndarray) -> np.ndarray:
+        """``(r - b) / scale`` for the policy's samples, then for off-policy ones (exploration, replays)
+        clipped at 0 (they only pull towards plans better than the baseline). ``b`` is the graph's
+        baseline before this round (the round's mean on the first); baseline and scale then move
+        towards the policy samples' rewards."""
         s = self.settings
         if state.baseline is None:
             state.baseline = float(rewards.mean())
             state.reward_var = float(((rewards - rewards.mean()) ** 2).mean())
         b = state.baseline
         scale = math.sqrt(state.reward_var + (1e-3 * abs(b)) ** 2 + 1e-12) if s.normalize_advantage else 1.0
-        adv = np.concatenate([(rewards - b) / scale, np.maximum(replay_rewards - b, 0.0) / scale])
+        adv = np.concatenate([(rewards - b) / scale, np.maximum(off_policy_rewards - b, 0.0) / scale])
         state.baseline = s.baseline_decay * b + (1 - s.baseline_decay) * float(rewards.mean())
         state.reward_var = (s.baseline_decay * state.reward_var
                             + (1 - s.baseline_decay) * float(((rewards - b) ** 2).mean()))
@@ -657,10 +691,11 @@ def save_learning_curves(histories: dict[str, list], path: str | Path,
         if h:
             xs = [e[column] for e in h]
             ys = [e[3] * 1e3 for e in h]
-            ax.plot(xs, ys, "o", markersize=2)
+            points = (xs, ys)
             if end is not None and end[column] > xs[-1]:
                 xs, ys = [*xs, end[column]], [*ys, ys[-1]]
-            ax.step(xs, ys, where="post", label="agent best")
+            line = ax.step(xs, ys, where="post", label="agent best (improvements marked)")[0]
+            ax.plot(*points, "o", markersize=2.5, color=line.get_color())
         for label, seconds in (references or {}).get(name, {}).items():
             ax.axhline(seconds * 1e3, linestyle="--", linewidth=1, label=label, color=None)
         ax.set_title(name)

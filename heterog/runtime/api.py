@@ -43,7 +43,7 @@ class Model:
     def batch_size(self) -> int:
         return self.graph.batch_size
 
-    def at_batch(self, batch_size: int) -> "Model":
+    def at_batch(self, batch_size: int) -> Model:
         """The same model and initial values captured at another global batch (the first samples of the
         example inputs)."""
         if batch_size == self.batch_size:

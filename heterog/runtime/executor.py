@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -69,7 +70,8 @@ class PingPongJob:
 
 # ---------------------------------------------------------------------------- status shared with the parent
 class Status:
-    """Per-rank progress in shared memory: step, instruction index, peer waited for (-1 none, -2 a group)."""
+    """Per-rank progress in shared memory: step, instruction index, peer waited for (-1 none (computing),
+    -2 a collective, -3 the barrier between steps)."""
 
     def __init__(self, array, rank: int) -> None:
         self.a, self.base = array, 3 * rank
@@ -111,16 +113,13 @@ class Transport:
 
     def send(self, t: torch.Tensor, dst: int, tag: int, latency_s: float, s_per_byte: float) -> None:
         t = t.contiguous()
-        if self.emulate:
+        if self.emulate:                              # CPU only: [ready time (float64) | payload bytes]
             n = t.numel() * t.element_size()
             now = time.perf_counter()
             ready = max(now, self.link_free.get(dst, 0.0)) + latency_s + n * s_per_byte
             self.link_free[dst] = ready
-            buf = torch.empty(n + 8, dtype=torch.uint8, device=self.device)   # [ready time | payload]
-            buf[:8] = torch.tensor([ready], dtype=_F64).view(torch.uint8)
-            if n:
-                buf[8:] = t.reshape(-1).view(torch.uint8)
-            t = buf
+            header = torch.from_numpy(np.array([ready], dtype=np.float64).view(np.uint8))
+            t = torch.cat((header, t.reshape(-1).view(torch.uint8))) if n else header
         self.sends.append((dist.isend(t, dst=dst, tag=tag), t))
 
     def take(self, tag: int) -> torch.Tensor:
@@ -130,7 +129,7 @@ class Transport:
         work.wait()
         self.status.waiting(-1)
         if self.emulate:
-            wait = float(buf[:8].view(_F64)[0]) - time.perf_counter()
+            wait = float(buf[:8].numpy().view(np.float64)[0]) - time.perf_counter()
             if wait > 0:
                 time.sleep(wait)
         self.idle_s += time.perf_counter() - t0
@@ -140,11 +139,10 @@ class Transport:
 
     def allreduce(self, t: torch.Tensor, group, members: Sequence[int], me: int, emulated_s: float) -> _Pending:
         """Start summing ``t`` (a fresh tensor, reduced in place) over ``group``; ``finish`` waits."""
-        if self.emulate and t.is_floating_point():
-            k = len(members)
-            buf = torch.zeros(t.numel() + k, dtype=_F64, device=self.device)
-            buf[:t.numel()] = t.reshape(-1)
-            buf[t.numel() + members.index(me)] = time.perf_counter()
+        if self.emulate and t.is_floating_point():      # payload and each member's entry time, summed
+            stamps = np.zeros(len(members), dtype=np.float64)
+            stamps[members.index(me)] = time.perf_counter()
+            buf = torch.cat((t.reshape(-1).to(_F64), torch.from_numpy(stamps)))
             return _Pending(dist.all_reduce(buf, group=group, async_op=True), buf, t.shape, t.dtype, emulated_s,
                             t.numel(), members, me)
         return _Pending(dist.all_reduce(t, group=group, async_op=True), t, t.shape, t.dtype, None, 0, members, me)
@@ -157,7 +155,7 @@ class Transport:
         if p.emulated_s is None:
             self.idle_s += time.perf_counter() - t0
             return p.buf
-        ready = float(p.buf[p.numel:].max()) + p.emulated_s
+        ready = float(p.buf[p.numel:].numpy().max()) + p.emulated_s
         nxt = p.members[(p.members.index(p.me) + 1) % len(p.members)]
         self.link_free[nxt] = max(self.link_free.get(nxt, 0.0), ready)
         wait = ready - time.perf_counter()
@@ -272,7 +270,9 @@ class RankExecutor:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         if self.world > 1:
+            self.status.waiting(-3)
             dist.barrier()
+            self.status.waiting(-1)
         t0 = time.perf_counter()
         trace = [] if job.trace else None
         for i, ins in enumerate(rp.instrs):
@@ -326,6 +326,8 @@ class RankExecutor:
             for src in rp.frees[i]:
                 (env if src[0] == "env" else stash).pop(src[1], None)
             if trace is not None:
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)     # traced GPU ops: their time, not their launch
                 trace[-1].append(time.perf_counter() - t0)
         for key, v in list(stash.items()):
             if type(v) is _Pending:
@@ -362,7 +364,8 @@ class RankExecutor:
 
 
 def pingpong(job: PingPongJob, rank: int, device: torch.device) -> dict:
-    """One-way times (half round trips) per (pair, size) through the runtime's transport."""
+    """One-way times (half round trips) per (pair, size) through the runtime's transport. Sizes are
+    interleaved within each repeat, so that a change of machine load affects all sizes alike."""
     tr = Transport(device, job.emulate, _NullStatus())
     out: dict[str, list] = {}
     tag = 0
@@ -372,25 +375,28 @@ def pingpong(job: PingPongJob, rank: int, device: torch.device) -> dict:
             continue
         peer = b if rank == a else a
         lat, spb = job.links.get((rank, peer), (0.0, 0.0))
-        for size in job.sizes:
-            x = torch.zeros(size, dtype=torch.uint8, device=device)
-            samples = []
-            for _ in range(job.repeats + 1):
+        payload = {size: torch.zeros(size, dtype=torch.uint8, device=device) for size in job.sizes}
+        samples: dict[int, list[float]] = {size: [] for size in job.sizes}
+        for rep in range(job.repeats + 1):            # the first round warms up
+            for size, x in payload.items():
                 if rank == a:
                     t0 = time.perf_counter()
                     tr.post(tag + 1, peer, (size,), torch.uint8)
                     tr.send(x, peer, tag, lat, spb)
                     tr.take(tag + 1)
                     tr.flush()
-                    samples.append((time.perf_counter() - t0) / 2)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                    if rep:
+                        samples[size].append((time.perf_counter() - t0) / 2)
                 else:
                     tr.post(tag, peer, (size,), torch.uint8)
                     tr.take(tag)
                     tr.send(x, peer, tag + 1, lat, spb)
                     tr.flush()
                 tag += 2
-            if rank == a:
-                out.setdefault(f"{a}->{b}", []).append((size, samples[1:]))
+        if rank == a:
+            out[f"{a}->{b}"] = [(size, samples[size]) for size in job.sizes]
     return out
 
 

@@ -29,7 +29,7 @@ class PlanPair:
     plan: str
     measured_s: float
     simulated_s: float
-    measured_all_s: list[float] = field(default_factory=list)
+    measured_all_s: list[float] = field(default_factory=list)      # per round: median iteration time
 
     @property
     def error(self) -> float:
@@ -166,11 +166,12 @@ def scatter_plot(pairs: Sequence[PlanPair], path: str | Path, title: str = "") -
 
 
 def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_size: int | None = None,
-                 steps: int = 12, warmup: int = 3, repeats: int = 1, profile_file: str | Path | None = None,
+                 steps: int = 12, warmup: int = 3, repeats: int = 3, profile_file: str | Path | None = None,
                  reprofile: bool = False, plot: str | Path | None = None, hang_timeout_s: float = 120.0,
                  plans: Sequence[str] = PLAN_ORDER, optimizer: str = "sgd", pool=None) -> FidelityReport:
-    """Profile (or load the cached profile), then run ``n_plans`` plans for real (median iteration time
-    over ``steps`` after ``warmup``, best of ``repeats`` runs) and in the simulator with the profiled costs.
+    """Profile (or load the cached profile), then run ``n_plans`` plans for real and in the simulator with
+    the profiled costs. A plan's measured time is the median over ``repeats`` rounds (each round runs every
+    plan once) of its median iteration time over ``steps`` after ``warmup``.
     ``pool``: running workers to use (one per device); by default a pool is started and stopped here."""
     from heterog.cluster import load_cluster
     from heterog.cost import CostModel
@@ -196,15 +197,16 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
         cost = CostModel(cluster, table)
         ev = Evaluator(model.graph, cluster, cost)
         strategies = candidate_plans(ev, n_plans, plans)
-        pairs: list[PlanPair] = []
         t1 = time.perf_counter()
-        for s in strategies:
-            sim = ev.evaluate(s).iteration_time_s
-            prep = prepare(model, cluster, s, cost=cost)
-            runs = [run_prepared(prep, [model.example_inputs], steps, warmup=warmup, pool=pool,
-                                 return_state=False) for _ in range(max(1, repeats))]
-            best = min(runs, key=lambda r: r.iteration_time_s)
-            pairs.append(PlanPair(s.method, best.iteration_time_s, float(sim), best.iteration_times_s))
+        prepared = [prepare(model, cluster, s, cost=cost) for s in strategies]
+        simulated = [float(ev.evaluate(s).iteration_time_s) for s in strategies]
+        medians: list[list[float]] = [[] for _ in strategies]
+        for _ in range(max(1, repeats)):          # rounds over all plans: a change of machine load hits all
+            for k, prep in enumerate(prepared):
+                r = run_prepared(prep, [model.example_inputs], steps, warmup=warmup, pool=pool, return_state=False)
+                medians[k].append(r.iteration_time_s)
+        pairs = [PlanPair(s.method, float(np.median(meds)), sim, meds)
+                 for s, sim, meds in zip(strategies, simulated, medians)]
         t_run = time.perf_counter() - t1
     finally:
         if own:

@@ -3,9 +3,9 @@ of the cost model (``t = a + b * samples`` per op signature, ``t = alpha + beta 
 write them as a ``heterog.cost.ProfileTable``.
 
 Ops are measured where and as they run: the model, captured at a few local batch sizes, trains as a
-single-device plan in a worker process with instruction tracing, so each time is the op's kernel on real
-tensors plus the executor's own per-op work, median over steps; ops with the same signature (repeated
-layers) share one fit. Links are measured by ping-pong between two worker processes through the runtime's
+single-device plan on every worker at once with instruction tracing, so each time is the op's kernel on
+real tensors plus the executor's own per-op work, with all devices busy, median over steps and devices;
+ops with the same signature (repeated layers) share one fit. Links are measured by ping-pong between two worker processes through the runtime's
 own transport (so link emulation and per-message overheads are included): half the round-trip time for
 several message sizes, median of repeats.
 """
@@ -32,12 +32,14 @@ def default_batch_sizes(batch_size: int) -> list[int]:
 def profile_ops(model, cluster, pool, *, batch_sizes: Sequence[int] | None = None, steps: int = 12,
                 warmup: int = 3, table: ProfileTable | None = None) -> ProfileTable:
     """Measure every compute op of ``model`` (a ``heterog.runtime.Model``) in situ and store the fitted
-    ``(a, b)`` per op signature for the device type of ``cluster``'s least slowed-down device.
+    ``(a, b)`` per op signature and device type of ``cluster`` (this machine's devices: ``pool`` has one
+    worker per device).
 
-    At each local batch size the model (captured at that batch) runs as a single-device plan on that
-    device of ``pool`` (one worker per device of ``cluster``) for ``steps`` steps with instruction
-    tracing: an op's time is the median, over the steps after ``warmup``, of its compute instruction,
-    i.e. the kernel plus the executor's own per-op work, divided by the device's emulated slowdown.
+    At each local batch size the model (captured at that batch) trains as a single-device plan on every
+    worker at once, for ``steps`` steps with instruction tracing, so that ops are timed with every device
+    busy, as in a parallel plan. An op's time on a device is the median, over the steps after ``warmup``,
+    of its compute instruction (the kernel plus the executor's own per-op work) divided by the device's
+    emulated slowdown; devices of one type share one fit.
     """
     from heterog import baselines
     from heterog.runtime.api import prepare
@@ -47,27 +49,31 @@ def profile_ops(model, cluster, pool, *, batch_sizes: Sequence[int] | None = Non
     sizes_b = sorted({int(b) for b in (batch_sizes or default_batch_sizes(B)) if 1 <= int(b) <= B})
     if not sizes_b:
         raise HeterogError(f"no valid batch size to profile at (global batch {B})")
-    dev = int(np.argmin(cluster.slowdown))
-    slow = float(cluster.slowdown[dev])
-    device_type = cluster.devices[dev].type.name
-    points: dict[str, list[tuple[int, float]]] = {}
+    m = cluster.n_devices
+    points: dict[tuple[str, str], list[tuple[int, float]]] = {}
     for b in sizes_b:
         mb = model.at_batch(b)
-        prepared = prepare(mb, cluster, baselines.run("single", mb.graph, cluster, device=dev))
-        jobs = prepared.jobs([mb.example_inputs], steps, return_state=False)
-        jobs[dev].trace = True
-        traces = pool.run(jobs)[dev]["traces"][min(warmup, steps - 1):]
-        instrs = prepared.lowered.ranks[dev].instrs
-        for i, ins in enumerate(instrs):
-            if ins[0] != "compute":
-                continue
-            op = ins[1]
-            t = float(statistics.median(tr[i][2] - tr[i][1] for tr in traces)) / slow
-            x = b if mb.prog.op_has_batch[op] else B
-            points.setdefault(op_signature(mb.graph.ops[op]), []).append((x, t))
-    for sig, pts in points.items():
+        singles = [prepare(mb, cluster, baselines.run("single", mb.graph, cluster, device=d)) for d in range(m)]
+        jobs = []
+        for d, prepared in enumerate(singles):          # device d runs the whole step of its own plan
+            job = prepared.jobs([mb.example_inputs], steps, return_state=False)[d]
+            job.trace = True
+            jobs.append(job)
+        results = pool.run(jobs)
+        for d, prepared in enumerate(singles):
+            traces = results[d]["traces"][min(warmup, steps - 1):]
+            slow = float(cluster.slowdown[d])
+            for i, ins in enumerate(prepared.lowered.ranks[d].instrs):
+                if ins[0] != "compute":
+                    continue
+                op = ins[1]
+                t = float(statistics.median(tr[i][2] - tr[i][1] for tr in traces)) / slow
+                x = b if mb.prog.op_has_batch[op] else B
+                key = (cluster.devices[d].type.name, op_signature(mb.graph.ops[op]))
+                points.setdefault(key, []).append((x, t))
+    for (device_type, sig), pts in points.items():
         xs = sorted({x for x, _ in pts})
-        ys = [float(np.mean([t for x2, t in pts if x2 == x])) for x in xs]
+        ys = [float(np.median([t for x2, t in pts if x2 == x])) for x in xs]
         table.add_op(device_type, sig, xs, ys)
     return table
 
@@ -140,8 +146,8 @@ def profile_links(pool, cluster, table: ProfileTable | None = None, *,
     return table, report
 
 
-def profile(model, cluster, pool, *, batch_sizes: Sequence[int] | None = None, steps: int = 12,
-            link_repeats: int = 7) -> ProfileTable:
+def profile(model, cluster, pool, *, batch_sizes: Sequence[int] | None = None, steps: int = 20,
+            link_repeats: int = 15) -> ProfileTable:
     """The profile table the cost model reads: op times measured in situ on ``pool`` (``profile_ops``)
     and a fit for every link of ``cluster`` (``profile_links``)."""
     table = profile_ops(model, cluster, pool, batch_sizes=batch_sizes, steps=steps)

@@ -55,6 +55,8 @@ def test_settings_report_every_problem_at_once():
     with pytest.raises(HeterogError, match="algorithm 'a2c' is not one of .*; samples_per_graph must be positive, "
                                            "got 0.*replay_samples 9 exceeds replay_pool_size 8"):
         TrainerSettings(algorithm="a2c", samples_per_graph=0, replay_samples=9)
+    with pytest.raises(HeterogError, match=r"explore_samples 4 must be in 0..samples_per_graph-1 \(3\)"):
+        TrainerSettings(samples_per_graph=4)
 
 
 def test_per_group_log_prob_picks_each_groups_action():
@@ -91,6 +93,19 @@ def test_advantages_use_the_baseline_before_the_round_then_move_it(tasks):
     s2 = TaskState()
     adv = normalised.advantages(s2, np.array([-1.0, -3.0]), np.zeros(0))
     assert adv == pytest.approx([1.0, -1.0], rel=1e-3)   # divided by the reward std (1)
+
+
+def test_exploration_samples_share_one_logit_offset_per_strategy(tasks):
+    trainer = Trainer(tiny_policy(), tasks[:1], TrainerSettings(explore_noise=1e4))
+    logits = torch.zeros(40, 12)
+    actions = trainer.explore(logits, 6)
+    assert actions.shape == (6, 40)
+    # huge offsets: every group of a strategy takes that strategy's top action
+    assert all(len(set(row.tolist())) == 1 for row in actions)
+    assert len({row[0].item() for row in actions}) > 1
+    calm = Trainer(tiny_policy(), tasks[:1], TrainerSettings(explore_noise=0.0))
+    assert len(set(calm.explore(logits, 2).flatten().tolist())) > 6      # no offset: uniform per group
+    assert trainer.explore(logits, 0).shape == (0, 40)
 
 
 def test_record_keeps_the_best_and_a_pool_of_distinct_strategies(tasks):
@@ -140,7 +155,7 @@ def test_action_breakdown_shares_sum_to_one(tasks):
 # ------------------------------------------------------------------------------------------ training
 def test_training_is_determined_by_the_seed(tasks):
     def run(seed):
-        trainer = Trainer(tiny_policy(seed), tasks, TrainerSettings(seed=seed, samples_per_graph=4))
+        trainer = Trainer(tiny_policy(seed), tasks, TrainerSettings(seed=seed, samples_per_graph=4, explore_samples=1))
         trainer.train(rounds=3)
         return weights(trainer.policy), trainer.summary()
 
@@ -165,17 +180,17 @@ def test_training_lowers_the_sampled_iteration_time(tasks, algorithm):
 
 
 def test_graphs_per_round_updates_a_seeded_subset(tasks):
-    trainer = Trainer(tiny_policy(), tasks, TrainerSettings(graphs_per_round=1, samples_per_graph=2))
+    trainer = Trainer(tiny_policy(), tasks, TrainerSettings(graphs_per_round=1, samples_per_graph=2, explore_samples=1))
     trainer.train(rounds=6)
     counts = [trainer.states[t.key].episodes for t in tasks]
     assert sum(counts) == 12 and all(c > 0 for c in counts)
-    again = Trainer(tiny_policy(), tasks, TrainerSettings(graphs_per_round=1, samples_per_graph=2))
+    again = Trainer(tiny_policy(), tasks, TrainerSettings(graphs_per_round=1, samples_per_graph=2, explore_samples=1))
     again.train(rounds=6)
     assert [again.states[t.key].episodes for t in tasks] == counts
 
 
 def test_train_stops_on_episodes_and_needs_a_limit(tasks):
-    trainer = Trainer(tiny_policy(), tasks[:1], TrainerSettings(samples_per_graph=4))
+    trainer = Trainer(tiny_policy(), tasks[:1], TrainerSettings(samples_per_graph=4, explore_samples=1))
     summary = trainer.train(episodes=10)
     assert summary["episodes"] == 12 and summary["rounds"] == 3
     with pytest.raises(HeterogError, match="rounds, episodes or budget_s"):
@@ -184,7 +199,7 @@ def test_train_stops_on_episodes_and_needs_a_limit(tasks):
 
 def test_tensorboard_metrics_curve_and_gantt(tasks, tmp_path):
     writer = SummaryWriter(log_dir=str(tmp_path))
-    trainer = Trainer(tiny_policy(), tasks, TrainerSettings(samples_per_graph=2, log_every=2), writer=writer,
+    trainer = Trainer(tiny_policy(), tasks, TrainerSettings(samples_per_graph=2, explore_samples=1, log_every=2), writer=writer,
                       run_dir=tmp_path)
     trainer.train(rounds=3)
     writer.close()

@@ -34,7 +34,7 @@ def test_run_refuses_a_strategy_for_another_cluster(tmp_path, capsys) -> None:
 def test_fidelity_json_pairs_and_scatter_plot(pool2, tmp_path) -> None:
     from heterog.runtime.fidelity import run_fidelity
 
-    rep = run_fidelity("tiny_mlp", "local-cpu-2", n_plans=3, batch_size=8, steps=3, warmup=1,
+    rep = run_fidelity("tiny_mlp", "local-cpu-2", n_plans=3, batch_size=8, steps=3, warmup=1, repeats=1,
                        profile_file=tmp_path / "p.json", plot=tmp_path / "f.png", pool=pool2)
     rec = rep.record()
     assert len(rec["pairs"]) == 3 and len({p["plan"] for p in rec["pairs"]}) == 3

@@ -123,3 +123,15 @@ def test_parameters_live_where_the_plan_puts_them(hetero3) -> None:
     inputs = {r.rank: [(lo, hi) for _, i, lo, hi in r.inputs if i == 0] for r in prepared.lowered.ranks}
     assert inputs == {0: [(0, 3)], 1: [(3, 5)], 2: [(5, 6)]}       # proportional shares 3, 2, 1
     assert np.isfinite(prepared.simulated_iteration_time_s)
+
+
+def test_strategies_planned_on_the_cached_graph_fit_the_runtime_model(hetero3, tmp_path) -> None:
+    """`heterog plan` plans on `capture_model` graphs; `heterog run` captures the model itself: same graph."""
+    from heterog import baselines
+    from heterog.graph.cache import capture_model
+
+    cached = capture_model("tiny_mlp", 6, cache_dir=tmp_path)
+    m = model("tiny_mlp")
+    assert cached.fingerprint == m.graph.fingerprint
+    prepared = prepare(m, hetero3, baselines.run("cp-ar", cached, hetero3))
+    assert prepared.lowered.n_allreduce > 0

@@ -1,0 +1,28 @@
+"""Fidelity metrics and plan choice (no processes)."""
+from __future__ import annotations
+
+import pytest
+
+from heterog.cluster import load_cluster
+from heterog.evaluate import Evaluator
+from heterog.runtime.fidelity import PlanPair, candidate_plans, kendall_tau, mape
+from tests.runtime.conftest import model
+
+
+def test_mape_and_kendall_tau_on_hand_computed_pairs() -> None:
+    pairs = [PlanPair("a", 1.0, 1.1), PlanPair("b", 2.0, 1.8), PlanPair("c", 4.0, 4.0)]
+    assert mape(pairs) == pytest.approx(100 * (0.1 + 0.1 + 0.0) / 3)
+    assert kendall_tau(pairs) == pytest.approx(1.0)
+    swapped = [PlanPair("a", 1.0, 2.0), PlanPair("b", 2.0, 1.0), PlanPair("c", 4.0, 4.0)]
+    assert kendall_tau(swapped) == pytest.approx(1 / 3)
+
+
+def test_candidate_plans_are_distinct_and_include_the_baselines() -> None:
+    m = model("tiny_mlp")
+    ev = Evaluator(m.graph, load_cluster("local-cpu-2"))
+    plans = candidate_plans(ev, 8)
+    names = [s.method for s in plans]
+    assert len(plans) == 8 and names[:4] == ["single", "ev-ps", "ev-ar", "mp-split"]
+    assert "cp-ps" not in names           # equal devices: the same plan as ev-ps, left out
+    layouts = {tuple((c.devices, c.shares, c.sync) for c in (s.configs[g] for g in s.group_of)) for s in plans}
+    assert len(layouts) == 8
