@@ -277,7 +277,8 @@ class WorkerPool:
             if dead and all(r in errors for r in dead):
                 break
         silent = sorted(r for r in dead if r not in errors)
-        step = lambda r: max(int(self.status[3 * r]), 0)
+        def step(r):
+            return max(int(self.status[3 * r]), 0)
         if silent:
             r = silent[0]
             others = sorted(set(errors) - {r})

@@ -284,7 +284,8 @@ class _Builder:
             holders, stash_key, after = self.aggregated(leaf_id)
             if dev in holders:
                 return ("stash", stash_key)
-            source_of = lambda h: (("stash", stash_key), after)
+            def source_of(h):
+                return (("stash", stash_key), after)
         else:
             if leaf.node in self.prog.consts:
                 return ("const", leaf.node)
@@ -292,7 +293,8 @@ class _Builder:
             if dev in holders:
                 return self.producer_source(leaf, dev)
             stash_key = ("x", leaf.node)
-            source_of = lambda h: (self.producer_source(leaf, h), self.inst_key(leaf.op, h) + (1,))
+            def source_of(h):
+                return (self.producer_source(leaf, h), self.inst_key(leaf.op, h) + (1,))
         memo_key = ("xfer", stash_key, dev)
         item = self.memo.get(memo_key)
         if item is None:

@@ -5,9 +5,9 @@ write them as a ``heterog.cost.ProfileTable``.
 Ops are measured where and as they run: the model, captured at a few local batch sizes, trains as a
 single-device plan on every worker at once with instruction tracing, so each time is the op's kernel on
 real tensors plus the executor's own per-op work, with all devices busy, median over steps and devices;
-ops with the same signature (repeated layers) share one fit. Links are measured by ping-pong between two worker processes through the runtime's
-own transport (so link emulation and per-message overheads are included): half the round-trip time for
-several message sizes, median of repeats.
+ops with the same signature (repeated layers) share one fit. Links are measured by ping-pong between two
+worker processes through the runtime's own transport (so link emulation and per-message overheads are
+included): half the round-trip time for several message sizes (interleaved), median of repeats.
 """
 from __future__ import annotations
 
