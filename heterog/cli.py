@@ -76,8 +76,8 @@ def cmd_simulate(args) -> int:
     if args.gantt:
         import simulator
 
-        simulator.plot_gantt(res.plan.tg, res.sim, args.gantt,
-                             title=f"{graph.name} on {cluster.name}: {res.method} ({res.iteration_time_s * 1e3:.1f} ms)")
+        title = f"{graph.name} on {cluster.name}: {res.method} ({res.iteration_time_s * 1e3:.1f} ms)"
+        simulator.plot_gantt(res.plan.tg, res.sim, args.gantt, title=title)
     rec = {**res.record(), "graph": graph.name, "cluster": cluster.name, "order": args.order}
     _emit(args, rec, format_table([rec]))
     return 0
@@ -99,7 +99,8 @@ def cmd_main(args) -> int:
 
 def format_table(records: list[dict]) -> str:
     """A plain-text table of simulate/compare records."""
-    head = f"{'method':12s} {'iter ms':>9s} {'compute ms':>10s} {'comm ms':>9s} {'overlap':>7s} {'peak GiB (max)':>14s} {'OOM':>4s} {'search s':>8s}"
+    head = (f"{'method':12s} {'iter ms':>9s} {'compute ms':>10s} {'comm ms':>9s} {'overlap':>7s} "
+            f"{'peak GiB (max)':>14s} {'OOM':>4s} {'search s':>8s}")
     lines = [head, "-" * len(head)]
     for r in records:
         peak = max(r["peak_memory_bytes"].values()) / 2**30 if r["peak_memory_bytes"] else 0.0

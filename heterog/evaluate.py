@@ -12,8 +12,8 @@ import numpy as np
 import simulator
 from heterog.compiler import CompiledPlan, TaskKind, compile_strategy
 from heterog.compiler.compile import COMM_KINDS
-from heterog.scheduler import is_dynamic, priorities
 from heterog.errors import HeterogError
+from heterog.scheduler import is_dynamic, priorities
 from heterog.strategy import Strategy, group_ops, strategy_from_actions
 
 SHARE_MODES = ("power", "speed", "graph-speed")

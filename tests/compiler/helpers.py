@@ -1,8 +1,6 @@
 """Hand-made graphs and a transparent cost model for compiler tests."""
 from __future__ import annotations
 
-import numpy as np
-
 from heterog.graph.opgraph import Edge, Op, OpGraph
 
 

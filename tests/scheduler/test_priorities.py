@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import simulator
-from heterog.scheduler import (earliest_start, priorities, upward_rank, upward_rank_reference)
+from heterog.scheduler import earliest_start, priorities, upward_rank, upward_rank_reference
 
 
 def diamond() -> simulator.TaskGraph:
