@@ -80,8 +80,8 @@ def plan(evaluator, checkpoint: str | Path | dict | None = None, episodes: int |
         torch.set_num_threads(threads)
     strategy = trainer.best_strategy(task)
     strategy.method = "agent"
-    strategy.meta.update({"search_time_s": time.perf_counter() - t0, "seed": seed,
-                          "checkpoint": None if checkpoint is None or isinstance(checkpoint, dict) else str(checkpoint)})
+    source = None if checkpoint is None or isinstance(checkpoint, dict) else str(checkpoint)
+    strategy.meta.update({"search_time_s": time.perf_counter() - t0, "seed": seed, "checkpoint": source})
     return strategy
 
 

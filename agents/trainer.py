@@ -543,7 +543,8 @@ class Trainer:
                 continue
             rows = action_breakdown(t, np.asarray(st.best_actions))
             out.append(f"**{t.name}** on {t.evaluator.cluster.name}: best {st.best_iteration_time_s * 1e3:.2f} ms"
-                       f"{' (OOM)' if st.best_oom else ''}\n\n| action | groups | ops % | compute % |\n|---|---|---|---|")
+                       f"{' (OOM)' if st.best_oom else ''}\n")
+            out.append("| action | groups | ops % | compute % |\n|---|---|---|---|")
             out.extend(f"| {r['action']} | {r['groups']} | {100 * r['op_share']:.1f} | {100 * r['compute_share']:.1f} |"
                        for r in rows)
             out.append("")

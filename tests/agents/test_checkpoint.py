@@ -30,8 +30,8 @@ def tiny_policy(seed: int = 0) -> StrategyPolicy:
 
 @pytest.mark.parametrize("algorithm", ["reinforce", "ppo"])
 def test_resuming_gives_the_same_weights_as_training_straight(tasks, tmp_path, algorithm):
-    settings = {"algorithm": algorithm, "samples_per_graph": 3, "explore_samples": 1, "graphs_per_round": 1, "replay_pool_size": 4,
-                "replay_samples": 2, "ppo_epochs": 2, "seed": 7}
+    settings = {"algorithm": algorithm, "samples_per_graph": 3, "explore_samples": 1, "graphs_per_round": 1,
+                "replay_pool_size": 4, "replay_samples": 2, "ppo_epochs": 2, "seed": 7}
     straight = Trainer(tiny_policy(), tasks, TrainerSettings(**settings))
     straight.train(rounds=6)
 

@@ -53,7 +53,8 @@ def test_plan_respects_a_wall_clock_budget(graph, paper8):
 
 def test_plan_fine_tunes_a_checkpoint_and_refuses_another_action_space(graph, paper8, tmp_path):
     policy = build_policy(8, "small", seed=1, **TINY_AGENT)
-    trainer = Trainer(policy, [make_task(capture_model("tiny_cnn", 16), paper8)], TrainerSettings(samples_per_graph=4, explore_samples=1))
+    settings = TrainerSettings(samples_per_graph=4, explore_samples=1)
+    trainer = Trainer(policy, [make_task(capture_model("tiny_cnn", 16), paper8)], settings)
     trainer.train(rounds=2)
     path = trainer.save(tmp_path / "pretrained.pt")
     strategy = plan(Evaluator(graph, paper8), checkpoint=path, episodes=16, progress=False)

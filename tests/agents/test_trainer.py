@@ -199,8 +199,8 @@ def test_train_stops_on_episodes_and_needs_a_limit(tasks):
 
 def test_tensorboard_metrics_curve_and_gantt(tasks, tmp_path):
     writer = SummaryWriter(log_dir=str(tmp_path))
-    trainer = Trainer(tiny_policy(), tasks, TrainerSettings(samples_per_graph=2, explore_samples=1, log_every=2), writer=writer,
-                      run_dir=tmp_path)
+    settings = TrainerSettings(samples_per_graph=2, explore_samples=1, log_every=2)
+    trainer = Trainer(tiny_policy(), tasks, settings, writer=writer, run_dir=tmp_path)
     trainer.train(rounds=3)
     writer.close()
     acc = EventAccumulator(str(tmp_path), size_guidance={"images": 0, "histograms": 0, "tensors": 0}).Reload()
