@@ -149,7 +149,8 @@ def decode_action(action: int, n_devices: int, batch_size: int, power: Sequence[
 def group_ops(graph: "OpGraph", op_cost: np.ndarray, max_groups: int = 2000) -> np.ndarray:
     """Group ops as HeteroG does: if there are more than ``max_groups`` ops, the ``max_groups``
     costliest ops (by ``op_cost``, e.g. mean time over devices) are centres and every other op joins
-    the centre fewest hops away (undirected BFS, ties to the lower centre). Afterwards every
+    the centre fewest hops away (undirected BFS, ties to the lower centre); ops no centre reaches join
+    the cheapest centre's group. Afterwards every
     optimizer-update op and every parameter/state placeholder joins the group of the gradient it
     consumes or serves, so parameters, their gradients and their updates stay together.
 
@@ -176,10 +177,9 @@ def group_ops(graph: "OpGraph", op_cost: np.ndarray, max_groups: int = 2000) -> 
                 if group[v] < 0:
                     group[v] = group[u]
                     q.append(v)
-        orphans = group < 0  # ops in components with no centre: own component's first op
-        if orphans.any():
-            for i in np.nonzero(orphans)[0]:
-                group[i] = i
+        # ops in weakly connected components without a centre (e.g. in-place buffer updates) touch nothing
+        # else: they join the cheapest centre's group, so there are never more than max_groups groups
+        group[group < 0] = centres[-1]
     group = _attach_params_to_grads(graph, group)
     # renumber in order of first appearance
     _, first = np.unique(group, return_index=True)
