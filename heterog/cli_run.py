@@ -132,9 +132,9 @@ def add_commands(sub) -> None:
     p.add_argument("--cluster", required=True, help="a local-cpu-N[:...] cluster (or one whose devices this "
                                                     "machine has)")
     p.add_argument("--plans", type=int, default=8, help="number of different plans")
-    p.add_argument("--steps", type=int, default=12, help="steps per plan")
-    p.add_argument("--warmup", type=int, default=3, help="steps left out of each median")
-    p.add_argument("--repeats", type=int, default=3, help="rounds over all plans (the median round counts)")
+    p.add_argument("--steps", type=int, default=30, help="steps per plan")
+    p.add_argument("--warmup", type=int, default=5, help="steps left out of each median")
+    p.add_argument("--repeats", type=int, default=5, help="rounds over all plans (the median round counts)")
     p.add_argument("--profile", default=None, help="profile table file (default: cached per model and cluster)")
     p.add_argument("--reprofile", action="store_true", help="measure again even if the profile file exists")
     p.add_argument("--plot", default=None, help="scatter plot PNG (default: next to the profile)")

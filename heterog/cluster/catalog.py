@@ -43,6 +43,8 @@ class DeviceType:
     compute_efficiency: float = 0.7    # fraction of peak FLOP/s reached by training kernels
     memory_efficiency: float = 0.8     # fraction of peak bandwidth reached by streaming kernels
     launch_overhead_s: float = 5e-6    # fixed time per op
+    host_driven_comm: bool = False     # its own cores move and reduce bytes (a CPU worker): communication
+                                       # and computation on it do not overlap
 
     def __post_init__(self) -> None:
         checks = (
@@ -82,11 +84,12 @@ class DeviceType:
 
 
 def _t(name: str, tflops: float, tensor_tflops: float | None, mem_GBps: float, mem_GiB: float,
-       ce: float, me: float, launch_us: float) -> DeviceType:
+       ce: float, me: float, launch_us: float, host_driven_comm: bool = False) -> DeviceType:
     return DeviceType(name=name, peak_flops=tflops * 1e12,
                       tensor_flops=None if tensor_tflops is None else tensor_tflops * 1e12,
                       memory_bandwidth_Bps=mem_GBps * 1e9, memory_bytes=int(mem_GiB * GiB),
-                      compute_efficiency=ce, memory_efficiency=me, launch_overhead_s=launch_us * 1e-6)
+                      compute_efficiency=ce, memory_efficiency=me, launch_overhead_s=launch_us * 1e-6,
+                      host_driven_comm=host_driven_comm)
 
 
 _TYPES = (
@@ -103,8 +106,8 @@ _TYPES = (
     _t("RTX-3090",    35.6,    71.0,      936.0,  24, 0.55, 0.80, 5.0),   # fp32 peak counts dual-issue
     _t("RTX-4090",    82.6,    165.2,     1008.0, 24, 0.55, 0.80, 5.0),   # fp16 tensor with fp32 accumulate
     # a CPU worker process of local-cpu-N (emulation): a few cores of fp32 SIMD, DRAM share,
-    # ATen dispatch overhead per op
-    _t("cpu",         0.05,    None,      20.0,   8,  0.50, 0.60, 20.0),
+    # ATen dispatch overhead per op; gloo moves and sums bytes on the same cores
+    _t("cpu",         0.05,    None,      20.0,   8,  0.50, 0.60, 20.0, host_driven_comm=True),
 )
 
 CATALOG: dict[str, DeviceType] = {t.name: t for t in _TYPES}

@@ -72,7 +72,7 @@ _GPU_NUMBERS: dict[str, tuple[str, Callable[[float], float], bool]] = {
     "launch_overhead_us": ("launch_overhead_s", lambda x: x / 1e6, False),
     "launch_overhead_s": ("launch_overhead_s", lambda x: x, False),
 }
-_GPU_KEYS = {"type", "name", "count", "slowdown", "memory_bandwidth", "memory", *_GPU_NUMBERS}
+_GPU_KEYS = {"type", "name", "count", "slowdown", "memory_bandwidth", "memory", "host_driven_comm", *_GPU_NUMBERS}
 
 
 # ---------------------------------------------------------------------- units
@@ -192,6 +192,10 @@ def _gpu_entry(entry: Any, where: str) -> tuple[DeviceType, int, float]:
         over["memory_bandwidth_Bps"] = parse_bandwidth_Bps(entry["memory_bandwidth"], f"{where}.memory_bandwidth")
     if "memory" in entry:
         over["memory_bytes"] = parse_memory_bytes(entry["memory"], f"{where}.memory")
+    if "host_driven_comm" in entry:
+        if not isinstance(entry["host_driven_comm"], bool):
+            raise ClusterError(f"{where}.host_driven_comm: must be true or false, got {entry['host_driven_comm']!r}")
+        over["host_driven_comm"] = entry["host_driven_comm"]
     if "type" in entry:
         base = _checked(lambda: device_type(entry["type"]), f"{where}.type")
         if "name" in entry:
@@ -291,6 +295,8 @@ def _type_entry(t: DeviceType) -> dict[str, Any]:
     out["memory_efficiency"] = t.memory_efficiency
     launch = _exact(t.launch_overhead_s, 1e6, divide=True)
     out.update({"launch_overhead_us": launch} if launch is not None else {"launch_overhead_s": t.launch_overhead_s})
+    if t.host_driven_comm:
+        out["host_driven_comm"] = True
     return out
 
 

@@ -144,10 +144,31 @@ def graph_index(graph) -> GraphIndex:
 
 
 # ----------------------------------------------------------------------------------- cluster index
-def _path_table(cluster):
-    """(M, M, Lmax) TaskGraph resource ids of the links on each path (-1 padded; links come after the
-    M device resources) and (M, M) path lengths."""
-    cached = cluster.__dict__.get("_path_table")
+@dataclass(frozen=True)
+class _Paths:
+    """Routes of a cluster as TaskGraph resources: ``tab`` (M, M, Lmax) resource ids of the links on each
+    path (-1 padded; links come after the M device resources), ``length`` (M, M) path lengths, ``host``
+    (M,) devices that drive their own communication (``DeviceType.host_driven_comm``)."""
+
+    tab: np.ndarray
+    length: np.ndarray
+    host: np.ndarray
+
+    def resources(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(res_len, flat res_idx) of transfers ``src[i] -> dst[i]``: the links of each path, then the
+        endpoints that drive their own communication (a CPU worker's cores copy the bytes, so the worker
+        computes nothing else meanwhile)."""
+        plen = self.length[src, dst]
+        links = np.where(np.arange(self.tab.shape[2])[None, :] < plen[:, None], self.tab[src, dst], -1)
+        ends = np.stack([np.where(self.host[src], src, -1), np.where(self.host[dst], dst, -1)], axis=1)
+        res = np.concatenate([links, ends], axis=1)
+        keep = res >= 0
+        return keep.sum(axis=1), res[keep]
+
+
+def _path_table(cluster) -> _Paths:
+    """The cluster's ``_Paths`` (cached on the cluster)."""
+    cached = cluster.__dict__.get("_compile_paths")
     if cached is not None:
         return cached
     m = cluster.n_devices
@@ -160,8 +181,10 @@ def _path_table(cluster):
             p = paths[a][b]
             plen[a, b] = len(p)
             tab[a, b, :len(p)] = np.asarray(p, dtype=np.int64) + m
-    cluster.__dict__["_path_table"] = (tab, plen)
-    return tab, plen
+    host = np.array([bool(d.type.host_driven_comm) for d in cluster.devices], dtype=bool)
+    out = _Paths(tab, plen, host)
+    cluster.__dict__["_compile_paths"] = out
+    return out
 
 
 # ----------------------------------------------------------------------------------- task buffer
@@ -251,7 +274,7 @@ def compile_strategy(graph, cluster, strategy, cost, *, serialize_collectives: b
         strategy.check_fits(graph, cluster)
     gi = graph_index(graph)
     n, m, B = gi.n_ops, cluster.n_devices, graph.batch_size
-    path_tab, path_len = _path_table(cluster)
+    paths = _path_table(cluster)
     bw, lat = cluster.bandwidth_Bps, cluster.latency_s
     n_links = len(cluster.links)
     nccl_res = m + n_links if serialize_collectives else -1
@@ -334,13 +357,13 @@ def compile_strategy(graph, cluster, strategy, cost, *, serialize_collectives: b
     if len(agg_t):
         is_ps = cfg_ps[op_cfg[gi.t_op[agg_t]]]
         _aggregate_ps(T, agg_t[is_ps], op_group, op_lay, lay_devs, group_ps, inst_start, gi, cost,
-                      path_tab, path_len, prov_at, prov_lay, ps_lay)
+                      paths, prov_at, prov_lay, ps_lay)
         allreduce_algo = _aggregate_ar(T, agg_t[~is_ps], op_lay, lay_devs, inst_start, gi, cost, prov_at,
-                                       nccl_res, m)
+                                       nccl_res, m, paths)
 
     # ---- edges ----------------------------------------------------------------------------------
     _connect(T, graph, gi, op_lay, prov_lay, inst_start, lay_len, lay_ptr, lay_dev_flat, lay_devs, lay_shares,
-             lay_dev_mask, prov_at, cost, bw, lat, path_tab, path_len, B)
+             lay_dev_mask, prov_at, cost, bw, lat, paths, B)
 
     # ---- assemble: renumber topologically by (consumer op, stage), build the TaskGraph -----------
     key = T.col("key")
@@ -418,7 +441,7 @@ def _choose_ps(group_cfg, cfgs, cfg_ps, op_group, agg, gi, cost, bw, lat) -> dic
     return group_ps
 
 
-def _aggregate_ps(T, tensors, op_group, op_lay, lay_devs, group_ps, inst_start, gi, cost, path_tab, path_len,
+def _aggregate_ps(T, tensors, op_group, op_lay, lay_devs, group_ps, inst_start, gi, cost, paths,
                   prov_at, prov_lay, ps_lay) -> None:
     """Workers push partial results to the PS, which aggregates them; the value then lives on the PS."""
     if not len(tensors):
@@ -438,11 +461,10 @@ def _aggregate_ps(T, tensors, op_group, op_lay, lay_devs, group_ps, inst_start, 
         src_dev = np.tile(devs[workers], len(sel))
         bytes_ = np.repeat(nb, len(workers))
         op_rep = np.repeat(sel_op, len(workers))
-        plen = path_len[src_dev, p]
-        pidx = path_tab[src_dev, p][np.arange(path_tab.shape[2])[None, :] < plen[:, None]]
+        rlen, ridx = paths.resources(src_dev, np.full(len(src_dev), p))
         push = T.add(dur=cost.transfer_times(src_dev, np.full(len(src_dev), p), bytes_), kind=TaskKind.PUSH,
                      op=op_rep, dev=p, alloc=bytes_, key=op_rep * _N_STAGES + _STAGE["push"], cat=6,
-                     prio_op=op_rep, res_len=plen, res_idx=pidx)
+                     prio_op=op_rep, res_len=rlen, res_idx=ridx)
         T.deps(push, src_task)
         aggr = T.add(dur=cost.aggregate_times(p, nb, len(devs)), kind=TaskKind.AGGREGATE, op=sel_op, dev=p,
                      alloc=np.where(gi.is_grad[sel_op], 0.0, nb), key=sel_op * _N_STAGES + _STAGE["aggregate"],
@@ -454,8 +476,9 @@ def _aggregate_ps(T, tensors, op_group, op_lay, lay_devs, group_ps, inst_start, 
         prov_lay[sel] = ps_lay[p]
 
 
-def _aggregate_ar(T, tensors, op_lay, lay_devs, inst_start, gi, cost, prov_at, nccl_res, n_dev) -> dict:
-    """One AllReduce per partial tensor over its replicas; it holds the links of its algorithm."""
+def _aggregate_ar(T, tensors, op_lay, lay_devs, inst_start, gi, cost, prov_at, nccl_res, n_dev, paths) -> dict:
+    """One AllReduce per partial tensor over its replicas; it holds the links of its algorithm (and the
+    members that drive their own communication)."""
     algo_of: dict = {}
     if not len(tensors):
         return algo_of
@@ -468,7 +491,8 @@ def _aggregate_ar(T, tensors, op_lay, lay_devs, inst_start, gi, cost, prov_at, n
         times, algos = cost.allreduce_times(devs, gi.t_bytes[sel])
         algos = np.asarray(algos)
         links_of = {a: tuple(n_dev + x for x in cost.allreduce_links(devs, a)) for a in set(algos.tolist())}
-        res = [links_of[a] + ((nccl_res,) if nccl_res >= 0 else ()) for a in algos.tolist()]
+        hosts = tuple(int(d) for d in devs if paths.host[d])
+        res = [links_of[a] + ((nccl_res,) if nccl_res >= 0 else ()) + hosts for a in algos.tolist()]
         ar = T.add(dur=times, kind=TaskKind.ALLREDUCE, op=sel_op, dev=-1, alloc=0.0,
                    key=sel_op * _N_STAGES + _STAGE["aggregate"], cat=7, prio_op=sel_op,
                    res_len=np.array([len(r) for r in res]), res_idx=np.array([x for r in res for x in r]))
@@ -480,7 +504,7 @@ def _aggregate_ar(T, tensors, op_lay, lay_devs, inst_start, gi, cost, prov_at, n
 
 
 def _connect(T, graph, gi, op_lay, prov_lay, inst_start, lay_len, lay_ptr, lay_dev_flat, lay_devs, lay_shares,
-             lay_dev_mask, prov_at, cost, bw, lat, path_tab, path_len, B) -> None:
+             lay_dev_mask, prov_at, cost, bw, lat, paths, B) -> None:
     """Dependencies and communication for every graph edge."""
     src, dst = gi.e_src, gi.e_dst
     if not len(src):
@@ -498,16 +522,16 @@ def _connect(T, graph, gi, op_lay, prov_lay, inst_start, lay_len, lay_ptr, lay_d
     e = np.nonzero(~gi.e_batch)[0]
     if len(e):
         _connect_nonbatch(T, gi, e, src, dst, op_lay, prov_lay, inst_start, lay_len, lay_ptr, lay_dev_flat,
-                          lay_dev_mask, prov_at, cost, bw, lat, path_tab, path_len)
+                          lay_dev_mask, prov_at, cost, bw, lat, paths)
     # (c) batch tensor, different layouts: split -> transfers -> concat, once per (tensor, layout)
     e = np.nonzero(gi.e_batch & ~same)[0]
     if len(e):
         _connect_relayout(T, gi, e, src, dst, op_lay, inst_start, lay_devs, lay_shares, lay_ptr, lay_dev_flat,
-                          cost, path_tab, path_len, B)
+                          cost, paths, B)
 
 
 def _connect_nonbatch(T, gi, e, src, dst, op_lay, prov_lay, inst_start, lay_len, lay_ptr, lay_dev_flat,
-                      lay_dev_mask, prov_at, cost, bw, lat, path_tab, path_len) -> None:
+                      lay_dev_mask, prov_at, cost, bw, lat, paths) -> None:
     k = lay_len[op_lay[dst[e]]]
     er = np.repeat(e, k)
     loc = np.arange(int(k.sum())) - np.repeat(np.concatenate([[0], np.cumsum(k)])[:-1], k)
@@ -540,11 +564,10 @@ def _connect_nonbatch(T, gi, e, src, dst, op_lay, prov_lay, inst_start, lay_len,
     np.minimum.at(first_consumer, inv, v)
     tu, ts, td, tt = u[first_idx], s[first_idx], d[first_idx], tensor[first_idx]
     nb = gi.e_bytes[er[need][first_idx]]
-    plen = path_len[ts, td]
-    pidx = path_tab[ts, td][np.arange(path_tab.shape[2])[None, :] < plen[:, None]]
+    rlen, ridx = paths.resources(ts, td)
     tr = T.add(dur=cost.transfer_times(ts, td, nb), kind=TaskKind.TRANSFER, op=tu, dev=td, alloc=nb,
                key=first_consumer * _N_STAGES + _STAGE["transfer"], cat=4, prio_op=first_consumer,
-               res_len=plen, res_idx=pidx)
+               res_len=rlen, res_idx=ridx)
     T.deps(tr, prov_at[tt, ts])
     T.deps(consumer, tr[inv])
 
@@ -600,7 +623,7 @@ def _ragged(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _connect_relayout(T, gi, e, src, dst, op_lay, inst_start, lay_devs, lay_shares, lay_ptr, lay_dev_flat,
-                      cost, path_tab, path_len, B) -> None:
+                      cost, paths, B) -> None:
     """Split -> transfers -> concat for batch tensors consumed under another layout, once per
     (tensor, consumer layout); vectorised over all such re-layouts at once."""
     n_lay = len(lay_devs)
@@ -655,11 +678,10 @@ def _connect_relayout(T, gi, e, src, dst, op_lay, inst_start, lay_devs, lay_shar
         t_src = lay_dev_flat[fu[p_r[rem]] + p_i[rem]]
         t_dst = lay_dev_flat[fv[p_r[rem]] + p_j[rem]]
         t_bytes = r_bytes[p_r[rem]] * f_pov[fp[rem]] / B
-        plen = path_len[t_src, t_dst]
-        pidx = path_tab[t_src, t_dst][np.arange(path_tab.shape[2])[None, :] < plen[:, None]]
+        rlen, ridx = paths.resources(t_src, t_dst)
         tr = T.add(dur=cost.transfer_times(t_src, t_dst, t_bytes), kind=TaskKind.TRANSFER, op=r_u[p_r[rem]],
                    dev=t_dst, alloc=t_bytes, key=key_tr[p_r[rem]], cat=4, prio_op=first_consumer[p_r[rem]],
-                   res_len=plen, res_idx=pidx)
+                   res_len=rlen, res_idx=ridx)
         T.deps(tr, piece_task[rem])
         piece_task[rem] = tr
 

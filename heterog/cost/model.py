@@ -27,6 +27,8 @@ AllReduce over n devices (ring order as given; T(x) below is bytes):
 
 The intra-server reduce and broadcast are the reduce-scatter and all-gather halves of a ring, so
 their sum equals a ring AllReduce inside the server. "auto" picks the cheaper (ring on a tie).
+A profiled AllReduce of exactly this device set (``ProfileTable.collectives``, measured through the
+runtime) replaces both formulas, as ``alpha + beta * x`` holding the ring's links.
 
 PS aggregation of n partial tensors of x bytes and split/concat copies are memory bound:
 ((n + 1) * x, resp. 2 * x) / (bw_d * me_d) + launch_d, times slowdown_d.
@@ -275,6 +277,10 @@ class CostModel:
             return np.zeros(x.shape), np.full(x.shape, "none", dtype="<U12")
         if algo == "none":
             raise StrategyError(f"AllReduce algorithm 'none' is for one device, got devices {list(order)}")
+        measured = self.profile.collective_entry("allreduce", [self.cluster.devices[d].name for d in order]) \
+            if self.profile.collectives else None
+        if measured is not None:            # what the runtime's collective costs, whatever its algorithm
+            return np.maximum(measured[0] + measured[1] * x, 0.0), np.full(x.shape, "ring", dtype="<U12")
         plan = self._allreduce_plan(order)
         ring_s = plan.ring.times(x)
         hier_s = sum(stage.times(x) for stage in plan.hier)

@@ -5,7 +5,11 @@ File format (JSON, written atomically)::
 
     {"format": "heterog-profile", "version": 1,
      "ops":   {device_type: {signature: [a_s, b_s_per_sample]}},   # t = a + b * samples
-     "links": {link_name_or_kind: [alpha_s, beta_s_per_byte]}}       # t = alpha + beta * bytes
+     "links": {link_name_or_kind: [alpha_s, beta_s_per_byte]},      # t = alpha + beta * bytes
+     "collectives": {"allreduce:<dev>,<dev>,...": [alpha_s, beta_s_per_byte]}}   # optional; t as links
+
+A collective's key names its device set (device names, sorted, comma-separated; see
+``collective_key``), since what one AllReduce costs depends on who takes part, not on one link.
 """
 from __future__ import annotations
 
@@ -50,8 +54,17 @@ def op_signature(op: Op) -> str:
     return f"{op.target}|{';'.join(outputs)}|w={fixed_bytes}"
 
 
-def fit_linear(xs: Sequence[float] | np.ndarray, ys: Sequence[float] | np.ndarray) -> tuple[float, float]:
-    """Least-squares ``y = a + b * x``; returns (a, b). With one distinct x, b = 0 and a = mean(y)."""
+def collective_key(kind: str, device_names: Sequence[str]) -> str:
+    """Key of a measured collective: ``"allreduce:a,b"`` for an AllReduce over devices named a and b."""
+    return f"{kind}:{','.join(sorted(set(device_names)))}"
+
+
+def fit_linear(xs: Sequence[float] | np.ndarray, ys: Sequence[float] | np.ndarray, *,
+               relative: bool = False) -> tuple[float, float]:
+    """Least-squares ``y = a + b * x``; returns (a, b). With one distinct x, b = 0 and a = mean(y).
+
+    ``relative``: minimise relative instead of absolute errors (each row weighted by 1 / y), for
+    measurements over sizes that span orders of magnitude, where the largest would otherwise decide."""
     x = np.asarray(xs, dtype=np.float64).ravel()
     y = np.asarray(ys, dtype=np.float64).ravel()
     if x.size != y.size:
@@ -63,6 +76,10 @@ def fit_linear(xs: Sequence[float] | np.ndarray, ys: Sequence[float] | np.ndarra
     if np.ptp(x) == 0:
         return float(y.mean()), 0.0
     design = np.stack([np.ones_like(x), x], axis=1)
+    if relative:
+        if np.any(y <= 0):
+            raise ValueError("fit_linear: relative fit needs positive measurements")
+        design, y = design / y[:, None], np.ones_like(y)
     (a, b), *_ = np.linalg.lstsq(design, y, rcond=None)
     return float(a), float(b)
 
@@ -78,10 +95,12 @@ def _pair(value: Any, where: str) -> tuple[float, float]:
 @dataclass
 class ProfileTable:
     """Measured costs. ``ops[device_type][signature] = (a_s, b_s_per_sample)``;
-    ``links[name_or_kind] = (alpha_s, beta_s_per_byte)``."""
+    ``links[name_or_kind] = (alpha_s, beta_s_per_byte)``;
+    ``collectives[collective_key(kind, device names)] = (alpha_s, beta_s_per_byte)``."""
 
     ops: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
     links: dict[str, tuple[float, float]] = field(default_factory=dict)
+    collectives: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ lookups
     def op_entry(self, device_type: str, signature: str) -> tuple[float, float] | None:
@@ -90,8 +109,11 @@ class ProfileTable:
     def link_entry(self, name: str) -> tuple[float, float] | None:
         return self.links.get(name)
 
+    def collective_entry(self, kind: str, device_names: Sequence[str]) -> tuple[float, float] | None:
+        return self.collectives.get(collective_key(kind, device_names))
+
     def __len__(self) -> int:
-        return sum(len(v) for v in self.ops.values()) + len(self.links)
+        return sum(len(v) for v in self.ops.values()) + len(self.links) + len(self.collectives)
 
     # ------------------------------------------------------------------ measurements
     def set_op(self, device_type: str, signature: str, a_s: float, b_s_per_sample: float) -> None:
@@ -113,14 +135,23 @@ class ProfileTable:
         self.set_link(name, alpha, beta)
         return alpha, beta
 
+    def add_collective(self, kind: str, device_names: Sequence[str], sizes_bytes: Sequence[float],
+                       times_s: Sequence[float]) -> tuple[float, float]:
+        """Fit ``t = alpha + beta * bytes`` (relative errors, see ``fit_linear``) for a collective over a
+        device set, store and return it."""
+        alpha, beta = fit_linear(sizes_bytes, times_s, relative=True)
+        self.collectives[collective_key(kind, device_names)] = (float(alpha), float(beta))
+        return alpha, beta
+
     def copy(self) -> ProfileTable:
-        return ProfileTable(copy.deepcopy(self.ops), dict(self.links))
+        return ProfileTable(copy.deepcopy(self.ops), dict(self.links), dict(self.collectives))
 
     # ------------------------------------------------------------------ files
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION,
                 "ops": {t: {s: list(v) for s, v in sigs.items()} for t, sigs in self.ops.items()},
-                "links": {n: list(v) for n, v in self.links.items()}}
+                "links": {n: list(v) for n, v in self.links.items()},
+                "collectives": {n: list(v) for n, v in self.collectives.items()}}
 
     @classmethod
     def from_dict(cls, d: Any, source: str = "<dict>") -> ProfileTable:
@@ -128,15 +159,18 @@ class ProfileTable:
             raise HeterogError(f"{source}: not a heterog profile (missing format {FORMAT!r})")
         if d.get("version") != VERSION:
             raise HeterogError(f"{source}: profile version {d.get('version')} is not supported (need {VERSION})")
-        ops_d, links_d = d.get("ops", {}), d.get("links", {})
+        ops_d, links_d, coll_d = d.get("ops", {}), d.get("links", {}), d.get("collectives", {})
         if not isinstance(ops_d, dict) or not all(isinstance(v, dict) for v in ops_d.values()):
             raise HeterogError(f"{source}: 'ops' must map device type -> {{signature: [a, b]}}")
         if not isinstance(links_d, dict):
             raise HeterogError(f"{source}: 'links' must map link name -> [alpha, beta]")
         ops = {t: {s: _pair(v, f"{source}: ops[{t!r}][{s!r}]") for s, v in sigs.items()}
                for t, sigs in ops_d.items()}
+        if not isinstance(coll_d, dict):
+            raise HeterogError(f"{source}: 'collectives' must map 'kind:devices' -> [alpha, beta]")
         links = {n: _pair(v, f"{source}: links[{n!r}]") for n, v in links_d.items()}
-        return cls(ops, links)
+        colls = {n: _pair(v, f"{source}: collectives[{n!r}]") for n, v in coll_d.items()}
+        return cls(ops, links, colls)
 
     @classmethod
     def load(cls, path: str | Path) -> ProfileTable:

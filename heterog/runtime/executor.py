@@ -16,8 +16,8 @@ Emulation (local-cpu clusters): after each op the worker owes ``(slowdown - 1) x
 sleeps it off before anything leaves the device (sends, collectives) or when it exceeds a small quantum;
 a message carries the time at which it may be consumed, ``max(now, link free) + latency + bytes /
 bandwidth`` of its link (one transfer at a time per link), and the receiver sleeps until then; an
-AllReduce piggybacks each member's entry time and completes no earlier than the last entry plus the
-nominal ring time.
+AllReduce piggybacks each member's entry time and completes no earlier than the last entry (and the end of
+the group's previous collective: a group's collectives share its ring) plus the nominal ring time.
 """
 from __future__ import annotations
 
@@ -68,6 +68,21 @@ class PingPongJob:
     name: str = "pingpong"
 
 
+@dataclass
+class CollectiveJob:
+    """Collective profiling: bursts of ``burst`` AllReduces of each size (bytes of float32) over each of
+    ``groups``, ``repeats`` times; ``emulated_s[k][j]`` is the nominal time the emulation enforces for
+    group k, size j."""
+
+    groups: list[tuple[int, ...]]
+    sizes: list[int]
+    repeats: int
+    emulate: bool
+    emulated_s: list[list[float]] = field(default_factory=list)
+    burst: int = 4
+    name: str = "collectives"
+
+
 # ---------------------------------------------------------------------------- status shared with the parent
 class Status:
     """Per-rank progress in shared memory: step, instruction index, peer waited for (-1 none (computing),
@@ -102,6 +117,8 @@ class Transport:
         self.idle_s = 0.0          # time spent waiting (messages, collectives, emulated delays)
         self.sends: list[tuple[Any, torch.Tensor]] = []
         self.recvs: dict[int, tuple] = {}
+        self.in_flight: dict[tuple[int, ...], list[_Pending]] = {}    # started collectives, per group
+        self.group_ready: dict[tuple[int, ...], float] = {}            # emulation: when each group is free
 
     def post(self, tag: int, src: int, shape: tuple, dtype: torch.dtype) -> None:
         n = math.prod(shape) * dtype.itemsize
@@ -139,15 +156,29 @@ class Transport:
 
     def allreduce(self, t: torch.Tensor, group, members: Sequence[int], me: int, emulated_s: float) -> _Pending:
         """Start summing ``t`` (a fresh tensor, reduced in place) over ``group``; ``finish`` waits."""
+        key = tuple(members)
         if self.emulate and t.is_floating_point():      # payload and each member's entry time, summed
             stamps = np.zeros(len(members), dtype=np.float64)
             stamps[members.index(me)] = time.perf_counter()
             buf = torch.cat((t.reshape(-1).to(_F64), torch.from_numpy(stamps)))
-            return _Pending(dist.all_reduce(buf, group=group, async_op=True), buf, t.shape, t.dtype, emulated_s,
-                            t.numel(), members, me)
-        return _Pending(dist.all_reduce(t, group=group, async_op=True), t, t.shape, t.dtype, None, 0, members, me)
+            p = _Pending(dist.all_reduce(buf, group=group, async_op=True), buf, t.shape, t.dtype, emulated_s,
+                         t.numel(), members, me, key)
+        else:
+            p = _Pending(dist.all_reduce(t, group=group, async_op=True), t, t.shape, t.dtype, None, 0, members, me,
+                         key)
+        self.in_flight.setdefault(key, []).append(p)
+        return p
 
     def finish(self, p: _Pending) -> torch.Tensor:
+        """The sum of ``p``. A group runs its collectives in the order they were started, so the earlier
+        ones of ``p``'s group are finished first (which also lets the emulation serialize them)."""
+        queue = self.in_flight.get(p.key, [])
+        while p.result is None and queue:
+            q = queue.pop(0)
+            q.result = self._complete(q)
+        return p.result
+
+    def _complete(self, p: _Pending) -> torch.Tensor:
         t0 = time.perf_counter()
         self.status.waiting(-2)
         p.work.wait()
@@ -155,7 +186,10 @@ class Transport:
         if p.emulated_s is None:
             self.idle_s += time.perf_counter() - t0
             return p.buf
-        ready = float(p.buf[p.numel:].numpy().max()) + p.emulated_s
+        # emulated: the ring starts when the last member has entered and the group's previous collective
+        # is done (the same numbers on every member), and takes the nominal time
+        ready = max(float(p.buf[p.numel:].numpy().max()), self.group_ready.get(p.key, 0.0)) + p.emulated_s
+        self.group_ready[p.key] = ready
         nxt = p.members[(p.members.index(p.me) + 1) % len(p.members)]
         self.link_free[nxt] = max(self.link_free.get(nxt, 0.0), ready)
         wait = ready - time.perf_counter()
@@ -180,6 +214,8 @@ class _Pending:
     numel: int
     members: Sequence[int]
     me: int
+    key: tuple[int, ...]
+    result: torch.Tensor | None = None
 
 
 # ---------------------------------------------------------------------------- executing a rank program
@@ -397,6 +433,45 @@ def pingpong(job: PingPongJob, rank: int, device: torch.device) -> dict:
                 tag += 2
         if rank == a:
             out[f"{a}->{b}"] = [(size, samples[size]) for size in job.sizes]
+    return out
+
+
+def collectives(job: CollectiveJob, rank: int, device: torch.device) -> dict:
+    """Times of AllReduce through the runtime's transport per (group, size), as a plan's step uses it: a
+    burst of ``job.burst`` started back to back (one per gradient of a layer group), then waited for; a
+    sample is the burst's time over its length, i.e. how long each holds the group (a lone AllReduce
+    is somewhat faster, a long burst no faster). Each burst starts after a barrier of the group and is
+    timed by the slowest member. Sizes are interleaved."""
+    tr = Transport(device, job.emulate, _NullStatus())
+    handles = [dist.new_group(list(g)) for g in job.groups]
+    out: dict[str, list] = {}
+    try:
+        for k, (members, group) in enumerate(zip(job.groups, handles)):
+            dist.barrier()
+            if rank not in members:
+                continue
+            members = list(members)
+            payload = {size: torch.zeros(max(1, size // 4), dtype=torch.float32, device=device) for size in job.sizes}
+            samples: dict[int, list[float]] = {size: [] for size in job.sizes}
+            emulated = job.emulated_s[k] if job.emulated_s else [0.0] * len(job.sizes)
+            for rep in range(job.repeats + 1):           # the first round warms up
+                for j, (size, x) in enumerate(payload.items()):
+                    dist.barrier(group=group)
+                    xs = [x.clone() for _ in range(job.burst)]
+                    t0 = time.perf_counter()
+                    for p in [tr.allreduce(y, group, members, rank, emulated[j]) for y in xs]:
+                        tr.finish(p)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                    took = torch.tensor([(time.perf_counter() - t0) / job.burst], dtype=_F64, device=device)
+                    dist.all_reduce(took, op=dist.ReduceOp.MAX, group=group)
+                    if rep:
+                        samples[size].append(float(took.item()))
+            if rank == members[0]:
+                out[",".join(str(m) for m in members)] = [(size, samples[size]) for size in job.sizes]
+    finally:
+        for g in handles:
+            dist.destroy_process_group(g)
     return out
 
 

@@ -166,51 +166,68 @@ def scatter_plot(pairs: Sequence[PlanPair], path: str | Path, title: str = "") -
 
 
 def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_size: int | None = None,
-                 steps: int = 12, warmup: int = 3, repeats: int = 3, profile_file: str | Path | None = None,
+                 steps: int = 30, warmup: int = 5, repeats: int = 5, profile_file: str | Path | None = None,
                  reprofile: bool = False, plot: str | Path | None = None, hang_timeout_s: float = 120.0,
                  plans: Sequence[str] = PLAN_ORDER, optimizer: str = "sgd", pool=None) -> FidelityReport:
     """Profile (or load the cached profile), then run ``n_plans`` plans for real and in the simulator with
     the profiled costs. A plan's measured time is the median over ``repeats`` rounds (each round runs every
     plan once) of its median iteration time over ``steps`` after ``warmup``.
+
+    When profiling, links and collectives are measured first, and op timing rounds (``OpProfiler``) are
+    interleaved with the rounds of plan runs (one before the first), so that a change of machine load
+    during the experiment meets the profile and the plans alike; plans are chosen and ordered with the
+    first round's profile and simulated with the final one, which is the one saved.
     ``pool``: running workers to use (one per device); by default a pool is started and stopped here."""
     from heterog.cluster import load_cluster
     from heterog.cost import CostModel
     from heterog.evaluate import Evaluator
     from heterog.runtime.api import load_model, prepare, run_prepared
     from heterog.runtime.launcher import WorkerPool
-    from heterog.runtime.profiler import profile
+    from heterog.runtime.profiler import OpProfiler, profile_collectives, profile_links
 
     cluster = load_cluster(cluster_spec)
     model = load_model(model_ref, batch_size, optimizer=optimizer)
     ppath = Path(profile_file) if profile_file else profile_path(model_ref, model.batch_size, cluster.name)
-    t0 = time.perf_counter()
     own = pool is None
     if own:
         pool = WorkerPool(cluster.n_devices, "gloo", device_names=cluster.device_names, hang_timeout_s=hang_timeout_s)
+    t_prof = t_run = 0.0
     try:
+        t0 = time.perf_counter()
+        ops = None
         if ppath.is_file() and not reprofile:
             table = ProfileTable.load(ppath)
         else:
-            table = profile(model, cluster, pool)
-            table.save(ppath)
-        t_prof = time.perf_counter() - t0
-        cost = CostModel(cluster, table)
-        ev = Evaluator(model.graph, cluster, cost)
+            ops = OpProfiler(model, cluster, pool, steps=20)
+            ops.round()
+            table = ops.fit()
+            profile_links(pool, cluster, table, repeats=25)
+            profile_collectives(pool, cluster, table, repeats=25)
+        ev = Evaluator(model.graph, cluster, CostModel(cluster, table))
         strategies = candidate_plans(ev, n_plans, plans)
-        t1 = time.perf_counter()
-        prepared = [prepare(model, cluster, s, cost=cost) for s in strategies]
-        simulated = [float(ev.evaluate(s).iteration_time_s) for s in strategies]
+        prepared = [prepare(model, cluster, s, cost=ev.cost) for s in strategies]
+        t_prof += time.perf_counter() - t0
         medians: list[list[float]] = [[] for _ in strategies]
         for _ in range(max(1, repeats)):          # rounds over all plans: a change of machine load hits all
+            if ops is not None:
+                t0 = time.perf_counter()
+                ops.round()
+                t_prof += time.perf_counter() - t0
+            t0 = time.perf_counter()
             for k, prep in enumerate(prepared):
                 r = run_prepared(prep, [model.example_inputs], steps, warmup=warmup, pool=pool, return_state=False)
                 medians[k].append(r.iteration_time_s)
-        pairs = [PlanPair(s.method, float(np.median(meds)), sim, meds)
-                 for s, sim, meds in zip(strategies, simulated, medians)]
-        t_run = time.perf_counter() - t1
+            t_run += time.perf_counter() - t0
     finally:
         if own:
             pool.close()
+    if ops is not None:
+        table = ops.fit(table)
+        table.save(ppath)
+        ev = Evaluator(model.graph, cluster, CostModel(cluster, table))
+    simulated = [float(ev.evaluate(s).iteration_time_s) for s in strategies]
+    pairs = [PlanPair(s.method, float(np.median(meds)), sim, meds)
+             for s, sim, meds in zip(strategies, simulated, medians)]
     out_plot = Path(plot) if plot else ppath.with_name(ppath.stem + "-fidelity.png")
     title = f"{model.name} (batch {model.batch_size}) on {cluster.name}: MAPE {mape(pairs):.1f}%, " \
             f"tau {kendall_tau(pairs):.2f}"

@@ -55,10 +55,12 @@ def _device_for(rank: int, backend: str):
 
 def execute_job(job, rank: int, device, status=None) -> dict:
     """Run one job (training steps or link ping-pong) as ``rank`` of the current process group."""
-    from heterog.runtime.executor import Job, PingPongJob, RankExecutor, pingpong
+    from heterog.runtime.executor import CollectiveJob, Job, PingPongJob, RankExecutor, collectives, pingpong
 
     if isinstance(job, PingPongJob):
         return pingpong(job, rank, device)
+    if isinstance(job, CollectiveJob):
+        return collectives(job, rank, device)
     if isinstance(job, Job):
         ex = RankExecutor(job, rank, device, status)
         try:

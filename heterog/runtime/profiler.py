@@ -8,9 +8,12 @@ real tensors plus the executor's own per-op work, with all devices busy, median 
 ops with the same signature (repeated layers) share one fit. Links are measured by ping-pong between two
 worker processes through the runtime's own transport (so link emulation and per-message overheads are
 included): half the round-trip time for several message sizes (interleaved), median of repeats.
+AllReduce is measured the same way over each device set a plan can use (all of them on small clusters,
+else the whole cluster), since a collective's fixed cost is not a sum of link latencies.
 """
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,6 +24,8 @@ from heterog.cost.profile import ProfileTable, fit_linear, op_signature
 from heterog.errors import HeterogError
 
 LINK_SIZES_BYTES = (1 << 10, 1 << 14, 1 << 17, 1 << 19, 1 << 21)
+COLLECTIVE_SIZES_BYTES = (1 << 4, 1 << 10, 1 << 14, 1 << 17, 1 << 19, 1 << 21)
+MAX_COLLECTIVE_GROUPS = 15          # every device subset up to 4 devices; beyond, only the whole cluster
 HELD_OUT_SIZES_BYTES = (1 << 12, 1 << 20)
 
 
@@ -29,53 +34,80 @@ def default_batch_sizes(batch_size: int) -> list[int]:
     return sorted({max(1, batch_size // 4), max(1, batch_size // 2), int(batch_size)})
 
 
-def profile_ops(model, cluster, pool, *, batch_sizes: Sequence[int] | None = None, steps: int = 12,
-                warmup: int = 3, table: ProfileTable | None = None) -> ProfileTable:
-    """Measure every compute op of ``model`` (a ``heterog.runtime.Model``) in situ and store the fitted
-    ``(a, b)`` per op signature and device type of ``cluster`` (this machine's devices: ``pool`` has one
-    worker per device).
+class OpProfiler:
+    """Measures every compute op of ``model`` (a ``heterog.runtime.Model``) in situ, round after round,
+    and fits ``(a, b)`` per op signature and device type of ``cluster`` (this machine's devices: ``pool``
+    has one worker per device).
 
-    At each local batch size the model (captured at that batch) trains as a single-device plan on every
-    worker at once, for ``steps`` steps with instruction tracing, so that ops are timed with every device
-    busy, as in a parallel plan. An op's time on a device is the median, over the steps after ``warmup``,
-    of its compute instruction (the kernel plus the executor's own per-op work) divided by the device's
-    emulated slowdown; devices of one type share one fit.
+    A round trains, at each local batch size, the model (captured at that batch) as a single-device plan
+    on every worker at once, for ``steps`` steps with instruction tracing, so that ops are timed with
+    every device busy, as in a parallel plan. An op's time in a round is the median, over the steps
+    after ``warmup``, of its compute instruction (the kernel plus the executor's own per-op work) divided
+    by the device's emulated slowdown; ``fit`` keeps the median over rounds and devices of one type.
+    Rounds can be interleaved with other measurements (``heterog.runtime.fidelity`` does), so that a
+    change of machine load meets both alike.
     """
-    from heterog import baselines
-    from heterog.runtime.api import prepare
 
-    table = table if table is not None else ProfileTable()
-    B = model.batch_size
-    sizes_b = sorted({int(b) for b in (batch_sizes or default_batch_sizes(B)) if 1 <= int(b) <= B})
-    if not sizes_b:
-        raise HeterogError(f"no valid batch size to profile at (global batch {B})")
-    m = cluster.n_devices
-    points: dict[tuple[str, str], list[tuple[int, float]]] = {}
-    for b in sizes_b:
-        mb = model.at_batch(b)
-        singles = [prepare(mb, cluster, baselines.run("single", mb.graph, cluster, device=d)) for d in range(m)]
-        jobs = []
-        for d, prepared in enumerate(singles):          # device d runs the whole step of its own plan
-            job = prepared.jobs([mb.example_inputs], steps, return_state=False)[d]
-            job.trace = True
-            jobs.append(job)
-        results = pool.run(jobs)
-        for d, prepared in enumerate(singles):
-            traces = results[d]["traces"][min(warmup, steps - 1):]
-            slow = float(cluster.slowdown[d])
-            for i, ins in enumerate(prepared.lowered.ranks[d].instrs):
-                if ins[0] != "compute":
-                    continue
-                op = ins[1]
-                t = float(statistics.median(tr[i][2] - tr[i][1] for tr in traces)) / slow
-                x = b if mb.prog.op_has_batch[op] else B
-                key = (cluster.devices[d].type.name, op_signature(mb.graph.ops[op]))
-                points.setdefault(key, []).append((x, t))
-    for (device_type, sig), pts in points.items():
-        xs = sorted({x for x, _ in pts})
-        ys = [float(np.median([t for x2, t in pts if x2 == x])) for x in xs]
-        table.add_op(device_type, sig, xs, ys)
-    return table
+    def __init__(self, model, cluster, pool, *, batch_sizes: Sequence[int] | None = None, steps: int = 12,
+                 warmup: int = 3) -> None:
+        from heterog import baselines
+        from heterog.runtime.api import prepare
+
+        B = model.batch_size
+        sizes_b = sorted({int(b) for b in (batch_sizes or default_batch_sizes(B)) if 1 <= int(b) <= B})
+        if not sizes_b:
+            raise HeterogError(f"no valid batch size to profile at (global batch {B})")
+        self.model, self.cluster, self.pool, self.steps, self.warmup = model, cluster, pool, steps, warmup
+        self.runs = []
+        for b in sizes_b:
+            mb = model.at_batch(b)
+            self.runs.append((b, mb, [prepare(mb, cluster, baselines.run("single", mb.graph, cluster, device=d))
+                                      for d in range(cluster.n_devices)]))
+        self.points: dict[tuple[str, str], list[tuple[int, float]]] = {}
+        self.rounds = 0
+
+    def round(self) -> None:
+        """One pass over the batch sizes."""
+        cluster, steps, B = self.cluster, self.steps, self.model.batch_size
+        for b, mb, singles in self.runs:
+            jobs = []
+            for d, prepared in enumerate(singles):          # device d runs the whole step of its own plan
+                job = prepared.jobs([mb.example_inputs], steps, return_state=False)[d]
+                job.trace = True
+                jobs.append(job)
+            results = self.pool.run(jobs)
+            for d, prepared in enumerate(singles):
+                traces = results[d]["traces"][min(self.warmup, steps - 1):]
+                slow = float(cluster.slowdown[d])
+                for i, ins in enumerate(prepared.lowered.ranks[d].instrs):
+                    if ins[0] != "compute":
+                        continue
+                    op = ins[1]
+                    t = float(statistics.median(tr[i][2] - tr[i][1] for tr in traces)) / slow
+                    x = b if mb.prog.op_has_batch[op] else B
+                    key = (cluster.devices[d].type.name, op_signature(mb.graph.ops[op]))
+                    self.points.setdefault(key, []).append((x, t))
+        self.rounds += 1
+
+    def fit(self, table: ProfileTable | None = None) -> ProfileTable:
+        """Store the fits of all rounds so far in ``table`` (a new one by default) and return it."""
+        if not self.rounds:
+            raise HeterogError("no op measurements yet: run at least one round")
+        table = table if table is not None else ProfileTable()
+        for (device_type, sig), pts in self.points.items():
+            xs = sorted({x for x, _ in pts})
+            ys = [float(np.median([t for x2, t in pts if x2 == x])) for x in xs]
+            table.add_op(device_type, sig, xs, ys)
+        return table
+
+
+def profile_ops(model, cluster, pool, *, batch_sizes: Sequence[int] | None = None, steps: int = 12,
+                warmup: int = 3, rounds: int = 3, table: ProfileTable | None = None) -> ProfileTable:
+    """``rounds`` rounds of ``OpProfiler`` back to back, fitted into ``table``."""
+    ops = OpProfiler(model, cluster, pool, batch_sizes=batch_sizes, steps=steps, warmup=warmup)
+    for _ in range(max(1, int(rounds))):
+        ops.round()
+    return ops.fit(table)
 
 
 # ---------------------------------------------------------------------------- links
@@ -146,10 +178,52 @@ def profile_links(pool, cluster, table: ProfileTable | None = None, *,
     return table, report
 
 
+def collective_groups(n_devices: int) -> list[tuple[int, ...]]:
+    """Device sets whose AllReduce the profiler measures: every subset of two or more devices when there
+    are at most ``MAX_COLLECTIVE_GROUPS`` of them, else the whole cluster."""
+    subsets = [c for k in range(2, n_devices + 1) for c in itertools.combinations(range(n_devices), k)]
+    return subsets if len(subsets) <= MAX_COLLECTIVE_GROUPS else [tuple(range(n_devices))]
+
+
+def profile_collectives(pool, cluster, table: ProfileTable | None = None, *,
+                        sizes_bytes: Sequence[int] = COLLECTIVE_SIZES_BYTES, repeats: int = 9,
+                        groups: Sequence[tuple[int, ...]] | None = None, emulate: bool | None = None
+                        ) -> tuple[ProfileTable, dict[tuple[int, ...], list[tuple[int, float]]]]:
+    """Fit ``alpha + beta * bytes`` for AllReduce over each device set of ``groups`` (default
+    ``collective_groups``), measured through the runtime's transport (with link emulation where the
+    cluster is emulated), and store the fits in ``table.collectives``. Returns the table and the raw
+    medians ``{group: [(bytes, seconds), ...]}``."""
+    from heterog.cost import CostModel
+    from heterog.runtime.api import is_emulated
+    from heterog.runtime.executor import CollectiveJob
+
+    table = table if table is not None else ProfileTable()
+    m = cluster.n_devices
+    if m < 2:
+        return table, {}
+    groups = [tuple(int(d) for d in g) for g in (groups if groups is not None else collective_groups(m))]
+    emulate = is_emulated(cluster) if emulate is None else emulate
+    sizes = [int(s) for s in sizes_bytes]
+    nominal = CostModel(cluster)                 # the emulation enforces the nominal ring time
+    emulated = [[float(t) for t in nominal.allreduce_times(g, np.array(sizes, dtype=np.float64))[0]]
+                if emulate else [0.0] * len(sizes) for g in groups]
+    job = CollectiveJob(groups, sizes, int(repeats), bool(emulate), emulated)
+    raw: dict[tuple[int, ...], list[tuple[int, float]]] = {}
+    for res in pool.run([job] * m):
+        for key, rows in res.items():
+            raw[tuple(int(x) for x in key.split(","))] = [(size, float(statistics.fmean(s))) for size, s in rows]
+    for g, rows in raw.items():
+        table.add_collective("allreduce", [cluster.devices[d].name for d in g], [s for s, _ in rows],
+                             [t for _, t in rows])
+    return table, raw
+
+
 def profile(model, cluster, pool, *, batch_sizes: Sequence[int] | None = None, steps: int = 20,
-            link_repeats: int = 15) -> ProfileTable:
-    """The profile table the cost model reads: op times measured in situ on ``pool`` (``profile_ops``)
-    and a fit for every link of ``cluster`` (``profile_links``)."""
-    table = profile_ops(model, cluster, pool, batch_sizes=batch_sizes, steps=steps)
+            rounds: int = 5, link_repeats: int = 25, collective_repeats: int = 25) -> ProfileTable:
+    """The profile table the cost model reads: op times measured in situ on ``pool`` (``profile_ops``),
+    a fit for every link of ``cluster`` (``profile_links``) and for AllReduce over device sets
+    (``profile_collectives``)."""
+    table = profile_ops(model, cluster, pool, batch_sizes=batch_sizes, steps=steps, rounds=rounds)
     profile_links(pool, cluster, table, repeats=link_repeats)
+    profile_collectives(pool, cluster, table, repeats=collective_repeats)
     return table

@@ -108,6 +108,16 @@ def test_explicit_and_overridden_gpu_types_round_trip(tmp_path):
     assert load_cluster(c.save_yaml(tmp_path / "again.yaml")) == c
 
 
+def test_host_driven_comm_flag(tmp_path):
+    assert CATALOG["cpu"].host_driven_comm and not CATALOG["V100-16GB"].host_driven_comm
+    assert all(d.type.host_driven_comm for d in load_cluster("local-cpu-2").devices)
+    c = load_cluster(one_server(tmp_path, gpus="[{type: T4, host_driven_comm: true}, T4]"))
+    assert [d.type.host_driven_comm for d in c.devices] == [True, False]
+    assert load_cluster(c.save_yaml(tmp_path / "again.yaml")) == c
+    with pytest.raises(ClusterError, match=r"gpus\[0\]\.host_driven_comm: must be true or false, got 'yes'"):
+        load_cluster(one_server(tmp_path, gpus="[{type: T4, host_driven_comm: 'yes'}]"))
+
+
 def test_unknown_device_type_in_yaml(tmp_path):
     with pytest.raises(ClusterError, match=r"servers\[0\]\.gpus\[1\].*unknown device type 'FooGPU'"):
         load_cluster(one_server(tmp_path, gpus="[V100-16GB, FooGPU]"))

@@ -45,10 +45,12 @@ class FakeCost:
         return np.asarray(nbytes, float) * 1e-10
 
 
-def two_gpu(memory: str = "16 GiB", n: int = 2) -> object:
+def two_gpu(memory: str = "16 GiB", n: int = 2, host_driven_comm: bool = False) -> object:
+    gpu = {"name": "G", "peak_tflops": 10, "memory_bandwidth": "500 GB/s", "memory": memory}
+    if host_driven_comm:
+        gpu["host_driven_comm"] = True
     return cluster_from_dict({"name": f"test-{n}gpu", "servers": [{
-        "name": "s0", "gpus": [{"name": "G", "peak_tflops": 10, "memory_bandwidth": "500 GB/s", "memory": memory}] * n,
-        "intra": {"kind": "pcie", "bandwidth": "10 GB/s", "latency_us": 5}}]})
+        "name": "s0", "gpus": [gpu] * n, "intra": {"kind": "pcie", "bandwidth": "10 GB/s", "latency_us": 5}}]})
 
 
 def strategy_for(graph, cluster, configs, group_of=None):
@@ -210,6 +212,38 @@ def test_communication_holds_links_and_compute_holds_its_gpu():
                 assert r and all(x >= c.n_devices for x in r)
             else:
                 assert r == []
+
+
+def test_host_driven_devices_do_not_compute_while_they_communicate():
+    """CPU workers (``host_driven_comm``): a transfer also holds both endpoint devices and an AllReduce
+    every member, so communication no longer overlaps computation there."""
+    g = linear_graph()
+    for host in (False, True):
+        c = two_gpu(host_driven_comm=host)
+        # the loss (and so the rest of the step) on device 1, the forward on device 0: x and mm's output move
+        s = strategy_for(g, c, [ParallelConfig.single(0, 8), ParallelConfig.single(1, 8)],
+                         np.array([0, 0, 0, 1, 1, 1, 1, 1]))
+        res = run(g, c, s)
+        plan = res.plan
+        for t in np.nonzero(plan.task_kind == TaskKind.TRANSFER)[0].tolist():
+            r = plan.tg.task_resources(t).tolist()
+            devices = sorted(x for x in r if x < c.n_devices)
+            assert devices == ([0, 1] if host else [])
+        ar = run(g, c, strategy_for(g, c, [ParallelConfig.of([(0, 4), (1, 4)], sync="allreduce")])).plan
+        t_ar = int(np.nonzero(ar.task_kind == TaskKind.ALLREDUCE)[0][0])
+        assert sorted(x for x in ar.tg.task_resources(t_ar).tolist() if x < c.n_devices) == ([0, 1] if host else [])
+    # timelines: x is ready at 0 and moves to device 1 while device 0 runs mm, unless device 0 drives it
+    mm = [i for i, op in enumerate(g.ops) if op.name == "mm"][0]
+    for host in (False, True):
+        c = two_gpu(host_driven_comm=host)
+        s = strategy_for(g, c, [ParallelConfig.single(0, 8), ParallelConfig.single(1, 8)],
+                         np.array([0, 0, 0, 1, 1, 1, 1, 1]))
+        res = run(g, c, s)
+        plan, sim = res.plan, res.sim
+        t_mm = int(np.nonzero((plan.task_op == mm) & (plan.task_kind == TaskKind.COMPUTE))[0][0])
+        transfers = np.nonzero(plan.task_kind == TaskKind.TRANSFER)[0]
+        overlap = [t for t in transfers.tolist() if sim.start[t] < sim.finish[t_mm] and sim.start[t_mm] < sim.finish[t]]
+        assert bool(overlap) is not host
 
 
 # ------------------------------------------------------------------------------- random strategies

@@ -103,3 +103,19 @@ def test_none_algorithm_only_for_one_device():
     assert cm.allreduce([2], 1e6, "ring").algo == "none"
     with pytest.raises(StrategyError, match=r"'none' is for one device, got devices \[0, 1\]"):
         cm.allreduce([0, 1], 1e6, "none")
+
+
+def test_measured_allreduce_replaces_both_formulas_for_its_device_set_only():
+    cluster = load_cluster("paper-8gpu")
+    profile = ProfileTable()
+    names = [cluster.devices[d].name for d in (0, 1)]
+    profile.add_collective("allreduce", names[::-1], [0, 1e6], [1e-3, 3e-3])      # key is order-free
+    cm = CostModel(cluster, profile)
+    for algo in ("auto", "ring", "hierarchical"):
+        times, algos = cm.allreduce_times([1, 0], np.array([0.0, 5e5, 2e6]), algo)
+        assert times == pytest.approx([1e-3, 2e-3, 5e-3], rel=1e-9)
+        assert algos.tolist() == ["ring"] * 3
+    assert cm.allreduce([0], 1e6).links == () and cm.allreduce([0, 1], 1e6).links == cm.allreduce_links([0, 1], "ring")
+    # another device set keeps the formula
+    plain = CostModel(cluster)
+    assert cm.allreduce_times([0, 2], np.array([1e6]))[0] == pytest.approx(plain.allreduce_times([0, 2], np.array([1e6]))[0])

@@ -32,6 +32,20 @@ def test_fit_linear():
         fit_linear([1, 2], [1, 2, 3])
 
 
+def test_relative_fit_minimises_relative_errors():
+    # exact data: both fits recover it
+    assert fit_linear([1, 10, 100], [2.0, 11.0, 101.0], relative=True) == pytest.approx((1.0, 1.0))
+    # noisy data over three decades: the relative fit has the least sum of squared relative errors,
+    # the absolute fit the least sum of squared errors (each is the optimum of its own criterion)
+    xs, ys = [16, 1024, 16384, 131072, 2097152], [1.9e-3, 0.9e-3, 2.1e-3, 2.0e-3, 19.2e-3]
+    fits = {"abs": fit_linear(xs, ys), "rel": fit_linear(xs, ys, relative=True)}
+    sq = {k: sum((a + b * x - y) ** 2 for x, y in zip(xs, ys)) for k, (a, b) in fits.items()}
+    rel = {k: sum(((a + b * x - y) / y) ** 2 for x, y in zip(xs, ys)) for k, (a, b) in fits.items()}
+    assert sq["abs"] < sq["rel"] and rel["rel"] < rel["abs"]
+    with pytest.raises(ValueError, match="positive"):
+        fit_linear([1, 2], [1.0, 0.0], relative=True)
+
+
 def test_add_measurements_and_round_trip(tmp_path):
     table = ProfileTable()
     assert table.add_op("T4", "sig", [8, 16, 32], [1.1e-3, 1.2e-3, 1.4e-3]) == pytest.approx((1.0e-3, 1.25e-5))
@@ -42,6 +56,21 @@ def test_add_measurements_and_round_trip(tmp_path):
     loaded = ProfileTable.load(path)
     assert loaded == table and loaded.op_entry("T4", "sig") == table.op_entry("T4", "sig")
     assert loaded.link_entry("loopback") == table.links["loopback"] and loaded.op_entry("L4", "sig") is None
+
+
+def test_collectives_round_trip_and_files_without_them_still_load(tmp_path):
+    table = ProfileTable()
+    table.add_collective("allreduce", ["b", "a"], [16, 1 << 20], [1e-3, 2e-3])
+    assert list(table.collectives) == ["allreduce:a,b"] and len(table) == 1
+    assert table.collective_entry("allreduce", ["a", "b"]) == table.collectives["allreduce:a,b"]
+    loaded = ProfileTable.load(table.save(tmp_path / "p.json"))
+    assert loaded == table
+    (tmp_path / "old.json").write_text(json.dumps({"format": "heterog-profile", "version": 1, "ops": {}, "links": {}}))
+    assert ProfileTable.load(tmp_path / "old.json").collectives == {}
+    (tmp_path / "bad.json").write_text(json.dumps({"format": "heterog-profile", "version": 1,
+                                                   "collectives": {"allreduce:a,b": "fast"}}))
+    with pytest.raises(HeterogError, match=r"collectives\['allreduce:a,b'\]"):
+        ProfileTable.load(tmp_path / "bad.json")
 
 
 def test_bad_profile_files_name_the_problem(tmp_path):

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from heterog.cluster import load_cluster
 from heterog.cost import CostModel
 from heterog.cost.profile import ProfileTable, op_signature
-from heterog.runtime.profiler import profile_links, profile_ops
+from heterog.runtime.profiler import collective_groups, profile_collectives, profile_links, profile_ops
 from tests.runtime.conftest import model
 
 # slow emulated links, so that the emulation (not this shared machine's scheduling noise) sets the times
@@ -44,3 +45,21 @@ def test_op_profile_covers_every_compute_op_and_overrides_the_roofline(pool2) ->
     assert (fast > 0).all() and (fast < 0.05).all()
     slow = CostModel(cluster, table).op_times(m.graph, ops, np.zeros(len(ops), int), np.ones(len(ops)))
     np.testing.assert_allclose(slow, 2 * fast)          # device 0 is emulated twice as slow
+
+
+def test_collective_profile_measures_the_emulated_allreduce_and_feeds_the_cost_model(pool2) -> None:
+    # nominal ring AllReduce of x bytes over 2 workers: 2 * 5 ms + x / (100 MB/s); the emulation makes
+    # each one last at least that, and gloo's own cost comes on top
+    cluster = load_cluster("local-cpu-2:bandwidth=100MB/s:latency_us=5000")
+    table, raw = profile_collectives(pool2, cluster, sizes_bytes=[1 << 10, 1 << 18, 1 << 20], repeats=3)
+    assert list(raw) == [(0, 1)] and list(table.collectives) == ["allreduce:localhost/cpu0,localhost/cpu1"]
+    nominal = CostModel(cluster)
+    for size, t in raw[(0, 1)]:
+        want = float(nominal.allreduce_times([0, 1], np.array([float(size)]))[0][0])
+        assert want <= t <= 1.5 * want, (size, t, want)
+    alpha, beta = table.collectives["allreduce:localhost/cpu0,localhost/cpu1"]
+    assert 0.8e-8 < beta < 1.5e-8 and 10e-3 <= alpha < 15e-3
+    measured = CostModel(cluster, table).allreduce_times([1, 0], np.array([1e6]))[0][0]
+    assert measured == pytest.approx(alpha + beta * 1e6)
+    assert collective_groups(2) == [(0, 1)] and len(collective_groups(4)) == 11
+    assert collective_groups(5) == [(0, 1, 2, 3, 4)]                 # 26 subsets: only the whole cluster
