@@ -130,9 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--strategy", help="strategy JSON file")
     g.add_argument("--method", help="planner name (single, ev-ps, ev-ar, cp-ps, cp-ar, ...)")
-    p.add_argument("--order", choices=["rank", "fifo", "est", "rank-links"], default="rank",
-                   help="task order: upward rank (default), FIFO ready queue, earliest start first, or rank "
-                        "on links with earliest start on GPUs")
+    p.add_argument("--order", choices=["rank", "fifo", "est", "rank-links", "rank-contention"], default="rank",
+                   help="task order: upward rank (default), FIFO ready queue, earliest start first, rank "
+                        "on links with earliest start on GPUs, or upward rank bounded by each resource's queue")
     p.add_argument("--serialize-collectives", action="store_true", help="NCCL-style: one collective at a time")
     p.add_argument("--trace", help="write a Chrome trace JSON here")
     p.add_argument("--gantt", help="write a Gantt chart PNG here")

@@ -4,13 +4,26 @@ rank(t) = p(t) + max over successors s of rank(s), p = the task's compute or tra
 Each resource then runs its ready task of highest rank (the simulator's rule). FIFO, the comparison
 point, serves ready tasks in the order they became ready (TensorFlow's default executor); ``est``
 (earliest possible start first) is a third, static comparison point.
+
+``rank-contention`` bounds the upward rank by the work queued on each resource. Upward rank is the
+length of the longest chain from a task to the end with unlimited resources; on a shared link the
+collectives after a task still have to pass one by one, so the time from a task's start to the end
+is also at least the work its resource serves from it on (in rank order) plus the shortest tail
+after those tasks:
+
+    floor(t) = max over t's resources r of [ sum of p(u) over u on r ranked at or below t
+                                             + min over those u of (rank(u) - p(u)) ]
+    rank_c(t) = max(p(t) + max over successors s of rank_c(s), floor(t))
+
+so gradients that feed a busy link rise above the backward critical path when the link, not the
+GPU, decides the end of the step.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
-ORDERS = ("rank", "fifo", "est", "rank-links")
+ORDERS = ("rank", "fifo", "est", "rank-links", "rank-contention")
 
 
 @njit(cache=True)
@@ -47,6 +60,88 @@ def upward_rank(duration: np.ndarray, succ_ptr: np.ndarray, succ_idx: np.ndarray
 
 
 @njit(cache=True)
+def _contention_rank_kernel(duration, succ_ptr, succ_idx, res_ptr, res_idx, n_res):  # pragma: no cover
+    n = duration.shape[0]
+    rank = _upward_rank_kernel(duration, succ_ptr, succ_idx)
+    # tasks of each resource (CSR by resource, increasing task id), those with work only
+    cnt = np.zeros(n_res + 1, dtype=np.int64)
+    for t in range(n):
+        if duration[t] > 0:
+            for k in range(res_ptr[t], res_ptr[t + 1]):
+                cnt[res_idx[k] + 1] += 1
+    for r in range(n_res):
+        cnt[r + 1] += cnt[r]
+    pos = cnt[:n_res].copy()
+    members = np.empty(cnt[n_res], dtype=np.int64)
+    for t in range(n):
+        if duration[t] > 0:
+            for k in range(res_ptr[t], res_ptr[t + 1]):
+                r = res_idx[k]
+                members[pos[r]] = t
+                pos[r] += 1
+    floor = np.zeros(n, dtype=np.float64)
+    for r in range(n_res):
+        tasks = members[cnt[r]:cnt[r + 1]]
+        m = tasks.shape[0]
+        if m < 2:
+            continue
+        order = tasks[np.argsort(-rank[tasks], kind="mergesort")]      # rank descending, ties by id
+        work = 0.0
+        tail = np.inf
+        for j in range(m - 1, -1, -1):
+            u = order[j]
+            work += duration[u]
+            tail = min(tail, rank[u] - duration[u])
+            if work + tail > floor[u]:
+                floor[u] = work + tail
+    out = np.empty(n, dtype=np.float64)
+    for t in range(n - 1, -1, -1):
+        best = 0.0
+        for k in range(succ_ptr[t], succ_ptr[t + 1]):
+            v = out[succ_idx[k]]
+            if v > best:
+                best = v
+        out[t] = max(duration[t] + best, floor[t])
+    return out
+
+
+def contention_rank_reference(duration: np.ndarray, succ_ptr: np.ndarray, succ_idx: np.ndarray,
+                              res_ptr: np.ndarray, res_idx: np.ndarray, n_res: int) -> np.ndarray:
+    """Plain-Python ``rank-contention`` (module docstring) over topologically numbered tasks."""
+    n = len(duration)
+    rank = upward_rank_reference(duration, succ_ptr, succ_idx)
+    on: dict[int, list[int]] = {r: [] for r in range(n_res)}
+    for t in range(n):
+        if duration[t] > 0:
+            for k in range(int(res_ptr[t]), int(res_ptr[t + 1])):
+                on[int(res_idx[k])].append(t)
+    floor = [0.0] * n
+    for tasks in on.values():
+        if len(tasks) < 2:
+            continue
+        order = sorted(tasks, key=lambda u: (-rank[u], u))
+        work, tail = 0.0, float("inf")
+        for u in reversed(order):
+            work += float(duration[u])
+            tail = min(tail, float(rank[u] - duration[u]))
+            floor[u] = max(floor[u], work + tail)
+    out = [0.0] * n
+    for t in range(n - 1, -1, -1):
+        best = max((out[int(succ_idx[k])] for k in range(int(succ_ptr[t]), int(succ_ptr[t + 1]))), default=0.0)
+        out[t] = max(float(duration[t]) + best, floor[t])
+    return np.asarray(out, dtype=np.float64)
+
+
+def contention_rank(duration: np.ndarray, succ_ptr: np.ndarray, succ_idx: np.ndarray, res_ptr: np.ndarray,
+                    res_idx: np.ndarray, n_res: int) -> np.ndarray:
+    """Compiled ``rank-contention`` (same result as ``contention_rank_reference``)."""
+    c = np.ascontiguousarray
+    return _contention_rank_kernel(c(duration, dtype=np.float64), c(succ_ptr, dtype=np.int64),
+                                   c(succ_idx, dtype=np.int64), c(res_ptr, dtype=np.int64),
+                                   c(res_idx, dtype=np.int64), int(n_res))
+
+
+@njit(cache=True)
 def _earliest_start_kernel(duration, dep_ptr, dep_idx):  # pragma: no cover - compiled
     n = duration.shape[0]
     est = np.zeros(n, dtype=np.float64)
@@ -77,10 +172,15 @@ def priorities(tg, order: str = "rank", comm_mask: np.ndarray | None = None) -> 
     communication tasks (``comm_mask``) and earliest start first for computation: rank decides which
     transfer or collective a link serves next, while GPUs serve work as it becomes ready, so that
     gradients feeding a busy link are not starved behind the backward critical path.
+    ``rank-contention``: upward rank bounded below by the work queued on each resource (module docstring).
     """
     if order == "rank":
         ptr, idx = tg.successors()
         return upward_rank(tg.duration, ptr, idx)
+    if order == "rank-contention":
+        ptr, idx = tg.successors()
+        res_ptr, res_idx = tg.resources()
+        return contention_rank(tg.duration, ptr, idx, res_ptr, res_idx, tg.n_resources)
     if order == "est":
         ptr, idx = tg.dependencies()
         return -earliest_start(tg.duration, ptr, idx)

@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import simulator
-from heterog.scheduler import earliest_start, priorities, upward_rank, upward_rank_reference
+from heterog.scheduler import (contention_rank, contention_rank_reference, earliest_start, priorities, upward_rank,
+                               upward_rank_reference)
 
 
 def diamond() -> simulator.TaskGraph:
@@ -78,3 +79,47 @@ def test_rank_links_uses_rank_for_communication_and_est_for_compute():
     comm = np.array([False, True, False, False])
     p = priorities(tg, "rank-links", comm_mask=comm)
     assert p.tolist() == [-0.0, 3.0, -1.0, -6.0]
+
+
+def two_gradients() -> simulator.TaskGraph:
+    """A backward step in miniature: two weight gradients (w1, w2: 1 s on the GPU) each feed an
+    AllReduce (3 s on the one link); the input-gradient chain (c: 4 s, then e: 1 s) needs the GPU too."""
+    tg = simulator.TaskGraph()
+    g, link = tg.add_resource("gpu"), tg.add_resource("link")
+    w1 = tg.add_task(resources=[g], duration=1.0)
+    w2 = tg.add_task(resources=[g], duration=1.0)
+    c = tg.add_task(resources=[g], duration=4.0)
+    tg.add_task(resources=[link], duration=3.0, deps=[w1])
+    tg.add_task(resources=[link], duration=3.0, deps=[w2])
+    tg.add_task(resources=[g], duration=1.0, deps=[c])
+    return tg
+
+
+def test_contention_rank_by_hand_lifts_gradients_that_feed_a_busy_link():
+    tg = two_gradients()
+    ptr, idx = tg.successors()
+    rp, ri = tg.resources()
+    assert upward_rank(tg.duration, ptr, idx).tolist() == [4.0, 4.0, 5.0, 3.0, 3.0, 1.0]
+    # floors: link in rank order (a1, a2): a2 3 + 0, a1 6 + 0; GPU (c, w1, w2, e): e 1, w2 2, w1 3, c 7
+    # rank_c: e 1; a2 3; a1 max(3, 6) = 6; c max(4 + 1, 7) = 7; w2 max(1 + 3, 2) = 4; w1 max(1 + 6, 3) = 7
+    want = [7.0, 4.0, 7.0, 6.0, 3.0, 1.0]
+    assert contention_rank(tg.duration, ptr, idx, rp, ri, tg.n_resources).tolist() == want
+    assert contention_rank_reference(tg.duration, ptr, idx, rp, ri, tg.n_resources).tolist() == want
+    assert priorities(tg, "rank-contention").tolist() == want
+    # plain rank: c 0-4, w1 4-5, w2 5-6, e 6-7 on the GPU; the link idles until 5: a1 5-8, a2 8-11
+    plain = simulator.simulate(tg, priority=priorities(tg, "rank"))
+    assert plain.makespan == 11.0
+    # rank-contention: w1 first (ties with c, lower id): w1 0-1, c 1-5, w2 5-6, e 6-7; a1 1-4, a2 6-9
+    lifted = simulator.simulate(tg, priority=priorities(tg, "rank-contention"))
+    assert lifted.start.tolist() == [0.0, 5.0, 1.0, 1.0, 6.0, 6.0] and lifted.makespan == 9.0
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 300), st.integers(0, 10_000))
+def test_contention_rank_kernel_equals_reference_and_bounds_rank(n, seed):
+    tg = simulator.random_taskgraph(n, 3, 4, seed)
+    ptr, idx = tg.successors()
+    rp, ri = tg.resources()
+    got = contention_rank(tg.duration, ptr, idx, rp, ri, tg.n_resources)
+    assert np.array_equal(got, contention_rank_reference(tg.duration, ptr, idx, rp, ri, tg.n_resources))
+    assert np.all(got >= upward_rank(tg.duration, ptr, idx))
