@@ -149,6 +149,7 @@ class Comparison:
     results: list[MethodResult] = field(default_factory=list)
     budget_s: float = 0.0
     seed: int = 0
+    lower_bound_s: float | None = None      # no plan is faster (heterog.bounds.compute_bound)
 
     def records(self) -> list[dict]:
         return [r.record for r in self.results]
@@ -161,7 +162,7 @@ class Comparison:
         """The ``compare --json`` document."""
         return {"graph": self.graph.name, "batch_size": self.graph.batch_size, "cluster": self.cluster.name,
                 "budget_s": self.budget_s, "seed": self.seed, "best": self.best().method if self.results else None,
-                "records": self.records()}
+                "lower_bound_s": self.lower_bound_s, "records": self.records()}
 
 
 def _scalar_meta(meta: dict) -> dict:
@@ -174,6 +175,7 @@ def compare(graph, cluster, methods: Sequence[str], *, budget_s: float = 60.0, s
             progress: bool = True) -> Comparison:
     """Plan ``graph`` on ``cluster`` with each method and simulate the plans (rank order).
 
+    ``lower_bound_s`` is the compute lower bound no plan beats (``heterog.bounds``).
     Each record carries method, iteration_time_s, oom, peak_memory_bytes (device -> bytes),
     compute_time_s, comm_time_s, overlap_ratio, search_time_s, the action breakdown and the planner's
     scalar statistics (e.g. mcmc's evals_per_s). Progress goes to stderr.
@@ -188,8 +190,11 @@ def compare(graph, cluster, methods: Sequence[str], *, budget_s: float = 60.0, s
         agent_planner()                                  # fail before spending time on the others
     if budget_s <= 0:
         raise HeterogError(f"budget must be positive, got {budget_s} s")
+    from heterog.bounds import compute_bound
+
     ev = evaluator if evaluator is not None else Evaluator(graph, cluster)
-    out = Comparison(graph, cluster, budget_s=float(budget_s), seed=int(seed))
+    out = Comparison(graph, cluster, budget_s=float(budget_s), seed=int(seed),
+                     lower_bound_s=compute_bound(graph, cluster, ev.cost))
     console = Console(stderr=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, disable=not progress, transient=True) as bar:
@@ -292,7 +297,10 @@ def write_report(comp: Comparison, out_dir: str | Path) -> dict[str, Path]:
     atomic_write(paths["csv"], lambda f: f.write(csv_text(comp)))
     report = (f"# {comp.graph.name} (batch {comp.graph.batch_size}) on {comp.cluster.name}\n\n"
               f"Budget {comp.budget_s:g} s per search, seed {comp.seed}. Best plan: **{best.method}** "
-              f"({best.result.iteration_time_s * 1e3:.1f} ms per iteration).\n\n"
+              f"({best.result.iteration_time_s * 1e3:.1f} ms per iteration)."
+              + (f" No plan can be faster than {comp.lower_bound_s * 1e3:.1f} ms (the computation alone, "
+                 f"perfectly balanced: heterog/bounds.py)." if comp.lower_bound_s is not None else "")
+              + "\n\n"
               + table1_markdown(comp) + "\n" + table2_markdown(comp))
     atomic_write(paths["report"], lambda f: f.write(report))
     best.strategy.save(paths["strategy"])

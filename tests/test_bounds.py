@@ -1,0 +1,58 @@
+"""The compute lower bound: hand-computed LPs, and no plan beats it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from heterog.bounds import compute_bound, unit_times
+from heterog.cluster import load_cluster
+from heterog.evaluate import Evaluator
+from heterog.graph.cache import capture_model
+from tests.compiler.helpers import linear_graph
+from tests.compiler.test_compile import FakeCost, two_gpu
+
+
+class SlowSecond(FakeCost):
+    """FakeCost with device 1 three times slower and a fixed launch of 1 s per op."""
+
+    def op_times(self, graph, ops, devices, fractions):
+        t = super().op_times(graph, ops, devices, fractions)
+        t = (t + np.where(graph.is_compute[ops], 1.0, 0.0)) * np.where(np.asarray(devices) == 1, 3.0, 1.0)
+        return np.broadcast_to(t, np.broadcast(ops, devices, fractions).shape)
+
+    def full_batch_times(self, graph):
+        n, m = graph.n_ops, self.cluster.n_devices
+        return self.op_times(graph, np.repeat(np.arange(n), m), np.tile(np.arange(m), n), np.ones(n * m)).reshape(n, m)
+
+
+def test_bound_by_hand_on_two_equal_devices():
+    g, c = linear_graph(), two_gpu()
+    # ops take their FLOPs in seconds at any share: mm 128, loss 16, ones 1, gout 16, gW 128, update 16
+    assert compute_bound(g, c, FakeCost(c)) == pytest.approx(305 / 2)
+
+
+def test_bound_by_hand_with_launch_and_a_slower_device():
+    g, c = linear_graph(), two_gpu()
+    cost = SlowSecond(c)
+    u = unit_times(g, cost)
+    # per unit of batch the launch is cheapest at the whole batch: flops + 1; three times that on device 1
+    flops = np.array([0, 0, 128, 16, 1, 16, 128, 16], dtype=float)
+    want = np.where(flops > 0, flops + 1, 0)
+    np.testing.assert_allclose(u, np.stack([want, 3 * want], axis=1))
+    # x on device 0 and 1 - x on device 1: W x = 3 W (1 - x) -> T = 3/4 W, W = 305 + 6 launches
+    assert compute_bound(g, c, cost) == pytest.approx(0.75 * 311)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 10_000))
+def test_no_plan_beats_the_bound(seed):
+    graph = capture_model("tiny_cnn", 32)
+    cluster = load_cluster("paper-8gpu")
+    ev = Evaluator(graph, cluster)
+    bound = compute_bound(graph, cluster, ev.cost)
+    rng = np.random.default_rng(seed)
+    for actions in (rng.integers(0, cluster.n_devices + 4, size=ev.n_groups),
+                    np.full(ev.n_groups, cluster.n_devices + rng.integers(0, 4))):
+        assert ev.evaluate(ev.strategy(actions)).iteration_time_s >= bound * (1 - 1e-9)
