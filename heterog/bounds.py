@@ -27,7 +27,7 @@ _CHUNK = 4_000_000          # op-time evaluations per batch of shares
 
 def unit_times(graph, cost) -> np.ndarray:
     """(n_ops, M) least seconds per unit of batch of each compute op on each device (0 elsewhere)."""
-    n, m, B = graph.n_ops, cost.cluster.n_devices, int(graph.batch_size)
+    m, B = cost.cluster.n_devices, int(graph.batch_size)
     out = np.array(cost.full_batch_times(graph), dtype=np.float64, copy=True)
     batched = np.nonzero(graph.is_compute & graph.has_batch)[0]
     if len(batched) and B > 1:

@@ -19,8 +19,8 @@ def random_taskgraph(n_tasks: int, n_gpus: int = 8, n_links: int = 20, seed: int
                      gpu_memory_bytes: int = 16 * GIB) -> TaskGraph:
     """A layered random DAG: ``width`` tasks per layer, each depending on ~``mean_deps`` tasks of the
     layer before (at least one). 60% are compute tasks on one GPU (~1 ms, allocating 1-64 MiB there),
-    the rest transfers holding 1 or 2 links (~0.5 ms; all compute when ``n_links`` is 0). Every task frees its dependencies' allocations
-    (activations die after their last consumer). Priorities are random in [0, 1)."""
+    the rest transfers holding 1 or 2 links (~0.5 ms; all compute when ``n_links`` is 0). Every task frees
+    its dependencies' allocations (activations die after their last consumer). Priorities are random in [0, 1)."""
     if n_tasks < 0 or n_gpus < 1 or n_links < 0:
         raise ValueError(f"need n_tasks >= 0, n_gpus >= 1, n_links >= 0; got {n_tasks}, {n_gpus}, {n_links}")
     rng = np.random.default_rng(seed)

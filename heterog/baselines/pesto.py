@@ -375,7 +375,8 @@ def pesto(ev, budget_s: float = 60.0, target_nodes: int = 200, seed: int = 0, wo
     held, _ = op_memory_bytes(graph)
     # a coarse node should fit in half of the smallest device, so that the solver keeps choices
     cluster_of = coarsen(graph.n_ops, graph.edge_src, graph.edge_dst, graph.edge_bytes, full.mean(axis=1),
-                         target_nodes, memory=held, memory_cap=0.5 * memory_headroom * float(cluster.memory_bytes.min()))
+                         target_nodes, memory=held,
+                         memory_cap=0.5 * memory_headroom * float(cluster.memory_bytes.min()))
     time_unit_s = max(float(full.min(axis=1).sum()) / time_resolution, 1e-9)
     sched, place = coarse_problem(ev, cluster_of, time_unit_s, memory_headroom)
     K = sched.n_tasks

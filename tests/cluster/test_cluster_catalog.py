@@ -34,7 +34,8 @@ def test_unknown_device_type_names_it_and_lists_known():
 @pytest.mark.parametrize("field, value", [("peak_flops", 0.0), ("memory_bandwidth_Bps", -1.0),
                                           ("compute_efficiency", 1.5), ("memory_efficiency", 0.0)])
 def test_device_type_rejects_bad_numbers(field, value):
-    kwargs = {"name": "Bad", "peak_flops": 1e12, "tensor_flops": None, "memory_bandwidth_Bps": 1e11, "memory_bytes": GiB}
+    kwargs = {"name": "Bad", "peak_flops": 1e12, "tensor_flops": None, "memory_bandwidth_Bps": 1e11,
+              "memory_bytes": GiB}
     kwargs[field] = value
     with pytest.raises(ClusterError, match=rf"'Bad'.*{field}"):
         DeviceType(**kwargs)

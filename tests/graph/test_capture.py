@@ -323,7 +323,10 @@ def test_symbolic_step_equals_eager_training_at_other_batch_sizes(optimizer, mod
 def test_adam_step_equals_torch_adam_step() -> None:
     torch.manual_seed(0)
     model = TinyEncoder()
-    make = lambda b: (torch.randint(0, 11, (b, 5)), torch.randint(0, 11, (b, 5)))
+
+    def make(b):
+        return torch.randint(0, 11, (b, 5)), torch.randint(0, 11, (b, 5))
+
     step = capture_fx(model, make(4), optimizer="adam", lr=0.01)
     assert [s for _, s in step.state_names[:3]] == ["exp_avg", "exp_avg_sq", "step"]
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
@@ -347,7 +350,10 @@ def test_adam_step_equals_torch_adam_step() -> None:
 def test_run_nodes_executes_ops_one_at_a_time_like_the_graph_module() -> None:
     torch.manual_seed(0)
     model = TinyEncoder()
-    make = lambda b: (torch.randint(0, 11, (b, 5)), torch.randint(0, 11, (b, 5)))
+
+    def make(b):
+        return torch.randint(0, 11, (b, 5)), torch.randint(0, 11, (b, 5))
+
     step = capture_fx(model, make(4), optimizer="adam")
     graph = graph_from_step(step)
     assert graph.fingerprint == capture(model, make(4), optimizer="adam").fingerprint

@@ -6,8 +6,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import simulator
-from heterog.scheduler import (contention_rank, contention_rank_reference, earliest_start, priorities, upward_rank,
-                               upward_rank_reference)
+from heterog.scheduler import (
+    contention_rank,
+    contention_rank_reference,
+    earliest_start,
+    priorities,
+    upward_rank,
+    upward_rank_reference,
+)
 
 
 def diamond() -> simulator.TaskGraph:
