@@ -12,6 +12,9 @@ Edges between different layouts become split -> transfers -> concat; a non-batch
 device that lacks it is transferred once per (tensor, device) from the best-connected holder.
 Memory: parameters, gradients and optimizer state are resident where they live; every other output
 is allocated when its task starts and freed after its last consumer (frees = data dependencies).
+Resources: a compute, split, concat or aggregate task holds its device; a transfer or push holds the
+links of its path and an AllReduce the links of its algorithm, plus, on devices whose own cores move
+the bytes (``DeviceType.host_driven_comm``, CPU workers), those endpoint devices.
 
 The construction is vectorised with numpy: Python loops run over distinct layouts and layout pairs,
 never over replicas x edges.

@@ -439,9 +439,8 @@ def pingpong(job: PingPongJob, rank: int, device: torch.device) -> dict:
 def collectives(job: CollectiveJob, rank: int, device: torch.device) -> dict:
     """Times of AllReduce through the runtime's transport per (group, size), as a plan's step uses it: a
     burst of ``job.burst`` started back to back (one per gradient of a layer group), then waited for; a
-    sample is the burst's time over its length, i.e. how long each holds the group (a lone AllReduce
-    is somewhat faster, a long burst no faster). Each burst starts after a barrier of the group and is
-    timed by the slowest member. Sizes are interleaved."""
+    sample is the burst's time over its length, i.e. how long each holds the group. Each burst starts
+    after a barrier of the group and is timed by the slowest member. Sizes are interleaved."""
     tr = Transport(device, job.emulate, _NullStatus())
     handles = [dist.new_group(list(g)) for g in job.groups]
     out: dict[str, list] = {}

@@ -191,8 +191,10 @@ def profile_collectives(pool, cluster, table: ProfileTable | None = None, *,
                         ) -> tuple[ProfileTable, dict[tuple[int, ...], list[tuple[int, float]]]]:
     """Fit ``alpha + beta * bytes`` for AllReduce over each device set of ``groups`` (default
     ``collective_groups``), measured through the runtime's transport (with link emulation where the
-    cluster is emulated), and store the fits in ``table.collectives``. Returns the table and the raw
-    medians ``{group: [(bytes, seconds), ...]}``."""
+    cluster is emulated), and store the fits in ``table.collectives``. A size's time is the mean of its
+    samples, not the median: a step adds up many AllReduces whose latency is heavy-tailed on a loaded
+    host (gloo on CPU: a few ms now and then against a median of well under one), so what a step pays
+    follows the mean. Returns the table and the raw means ``{group: [(bytes, seconds), ...]}``."""
     from heterog.cost import CostModel
     from heterog.runtime.api import is_emulated
     from heterog.runtime.executor import CollectiveJob
