@@ -27,7 +27,8 @@ ORDERS = ("rank", "fifo", "est", "rank-links", "rank-contention")
 
 
 @njit(cache=True)
-def _upward_rank_kernel(duration, succ_ptr, succ_idx):  # pragma: no cover - compiled
+def _upward_rank_kernel(duration, succ_ptr, succ_idx, floor):  # pragma: no cover - compiled
+    """rank(t) = max(p(t) + max over successors of rank, floor(t)); floor 0 gives the upward rank."""
     n = duration.shape[0]
     rank = np.empty(n, dtype=np.float64)
     for t in range(n - 1, -1, -1):
@@ -36,7 +37,7 @@ def _upward_rank_kernel(duration, succ_ptr, succ_idx):  # pragma: no cover - com
             r = rank[succ_idx[k]]
             if r > best:
                 best = r
-        rank[t] = duration[t] + best
+        rank[t] = max(duration[t] + best, floor[t])
     return rank
 
 
@@ -54,15 +55,15 @@ def upward_rank_reference(duration: np.ndarray, succ_ptr: np.ndarray, succ_idx: 
 
 def upward_rank(duration: np.ndarray, succ_ptr: np.ndarray, succ_idx: np.ndarray) -> np.ndarray:
     """Compiled upward rank (same result as ``upward_rank_reference``)."""
-    return _upward_rank_kernel(np.ascontiguousarray(duration, dtype=np.float64),
-                               np.ascontiguousarray(succ_ptr, dtype=np.int64),
-                               np.ascontiguousarray(succ_idx, dtype=np.int64))
+    duration = np.ascontiguousarray(duration, dtype=np.float64)
+    return _upward_rank_kernel(duration, np.ascontiguousarray(succ_ptr, dtype=np.int64),
+                               np.ascontiguousarray(succ_idx, dtype=np.int64), np.zeros(len(duration)))
 
 
 @njit(cache=True)
 def _contention_rank_kernel(duration, succ_ptr, succ_idx, res_ptr, res_idx, n_res):  # pragma: no cover
     n = duration.shape[0]
-    rank = _upward_rank_kernel(duration, succ_ptr, succ_idx)
+    rank = _upward_rank_kernel(duration, succ_ptr, succ_idx, np.zeros(n))
     # tasks of each resource (CSR by resource, increasing task id), those with work only
     cnt = np.zeros(n_res + 1, dtype=np.int64)
     for t in range(n):
@@ -94,15 +95,7 @@ def _contention_rank_kernel(duration, succ_ptr, succ_idx, res_ptr, res_idx, n_re
             tail = min(tail, rank[u] - duration[u])
             if work + tail > floor[u]:
                 floor[u] = work + tail
-    out = np.empty(n, dtype=np.float64)
-    for t in range(n - 1, -1, -1):
-        best = 0.0
-        for k in range(succ_ptr[t], succ_ptr[t + 1]):
-            v = out[succ_idx[k]]
-            if v > best:
-                best = v
-        out[t] = max(duration[t] + best, floor[t])
-    return out
+    return _upward_rank_kernel(duration, succ_ptr, succ_idx, floor)
 
 
 def contention_rank_reference(duration: np.ndarray, succ_ptr: np.ndarray, succ_idx: np.ndarray,
