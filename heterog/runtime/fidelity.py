@@ -183,7 +183,14 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
     from heterog.evaluate import Evaluator
     from heterog.runtime.api import load_model, prepare, run_prepared
     from heterog.runtime.launcher import WorkerPool
-    from heterog.runtime.profiler import OpProfiler, profile_collectives, profile_links
+    from heterog.runtime.profiler import (
+        COLLECTIVE_REPEATS,
+        LINK_REPEATS,
+        OP_STEPS,
+        OpProfiler,
+        profile_collectives,
+        profile_links,
+    )
 
     cluster = load_cluster(cluster_spec)
     model = load_model(model_ref, batch_size, optimizer=optimizer)
@@ -198,11 +205,11 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
         if ppath.is_file() and not reprofile:
             table = ProfileTable.load(ppath)
         else:
-            ops = OpProfiler(model, cluster, pool, steps=20)
+            ops = OpProfiler(model, cluster, pool, steps=OP_STEPS)
             ops.round()
             table = ops.fit()
-            profile_links(pool, cluster, table, repeats=25)
-            profile_collectives(pool, cluster, table, repeats=25)
+            profile_links(pool, cluster, table, repeats=LINK_REPEATS)
+            profile_collectives(pool, cluster, table, repeats=COLLECTIVE_REPEATS)
         ev = Evaluator(model.graph, cluster, CostModel(cluster, table))
         strategies = candidate_plans(ev, n_plans, plans)
         prepared = [prepare(model, cluster, s, cost=ev.cost) for s in strategies]

@@ -27,6 +27,8 @@ LINK_SIZES_BYTES = (1 << 10, 1 << 14, 1 << 17, 1 << 19, 1 << 21)
 COLLECTIVE_SIZES_BYTES = (1 << 4, 1 << 10, 1 << 14, 1 << 17, 1 << 19, 1 << 21)
 MAX_COLLECTIVE_GROUPS = 15          # every device subset up to 4 devices; beyond, only the whole cluster
 HELD_OUT_SIZES_BYTES = (1 << 12, 1 << 20)
+# what ``profile`` (and ``heterog fidelity``) measure: steps per op round, ping-pong and collective repeats
+OP_STEPS, LINK_REPEATS, COLLECTIVE_REPEATS = 20, 25, 25
 
 
 def default_batch_sizes(batch_size: int) -> list[int]:
@@ -220,8 +222,9 @@ def profile_collectives(pool, cluster, table: ProfileTable | None = None, *,
     return table, raw
 
 
-def profile(model, cluster, pool, *, batch_sizes: Sequence[int] | None = None, steps: int = 20,
-            rounds: int = 5, link_repeats: int = 25, collective_repeats: int = 25) -> ProfileTable:
+def profile(model, cluster, pool, *, batch_sizes: Sequence[int] | None = None, steps: int = OP_STEPS,
+            rounds: int = 5, link_repeats: int = LINK_REPEATS, collective_repeats: int = COLLECTIVE_REPEATS
+            ) -> ProfileTable:
     """The profile table the cost model reads: op times measured in situ on ``pool`` (``profile_ops``),
     a fit for every link of ``cluster`` (``profile_links``) and for AllReduce over device sets
     (``profile_collectives``)."""
