@@ -16,8 +16,11 @@ Emulation (local-cpu clusters): after each op the worker owes ``(slowdown - 1) x
 sleeps it off before anything leaves the device (sends, collectives) or when it exceeds a small quantum;
 a message carries the time at which it may be consumed, ``max(now, link free) + latency + bytes /
 bandwidth`` of its link (one transfer at a time per link), and the receiver sleeps until then; an
-AllReduce piggybacks each member's entry time and completes no earlier than the last entry (and the end of
-the group's previous collective: a group's collectives share its ring) plus the nominal ring time.
+AllReduce's messages carry each member's entry time and it completes no earlier than the last entry (and
+the end of the group's previous collective: a group's collectives share its ring) plus the nominal ring time.
+
+AllReduce on CPU is a direct exchange of point-to-point messages (``Transport.allreduce`` says why), on GPUs
+NCCL's collective.
 """
 from __future__ import annotations
 
@@ -37,6 +40,9 @@ from heterog.runtime.lowering import RankProgram
 from heterog.runtime.stepprog import Kernel, StepProgram
 
 SLEEP_QUANTUM_S = 50e-6
+# CPU AllReduce messages: tag = base + subgroup index x span + sequence number in the subgroup (mod span);
+# above every plan message tag, and below 2**32 (gloo's slot)
+_AR_TAG_BASE, _AR_SEQ_SPAN, _AR_MAX_GROUPS = 1 << 30, 1 << 16, 1 << 14
 _F64 = torch.float64
 
 
@@ -53,7 +59,7 @@ class Job:
     emulate: bool
     name: str = ""
     return_state: bool = True
-    trace: bool = False                              # record (kind, start, end) of each instruction, each step
+    trace: bool = False              # record (kind, start, end, waited) of each instruction, each step
 
 
 @dataclass
@@ -119,6 +125,7 @@ class Transport:
         self.recvs: dict[int, tuple] = {}
         self.in_flight: dict[tuple[int, ...], list[_Pending]] = {}    # started collectives, per group
         self.group_ready: dict[tuple[int, ...], float] = {}            # emulation: when each group is free
+        self.ar_seq: dict[tuple[int, ...], int] = {}                   # CPU AllReduces started, per group
 
     def post(self, tag: int, src: int, shape: tuple, dtype: torch.dtype) -> None:
         n = math.prod(shape) * dtype.itemsize
@@ -154,18 +161,43 @@ class Transport:
             return buf
         return buf[8:].view(dtype).reshape(shape) if n else torch.empty(shape, dtype=dtype, device=self.device)
 
-    def allreduce(self, t: torch.Tensor, group, members: Sequence[int], me: int, emulated_s: float) -> _Pending:
-        """Start summing ``t`` (a fresh tensor, reduced in place) over ``group``; ``finish`` waits."""
+    def allreduce(self, t: torch.Tensor, gid: int, group, members: Sequence[int], me: int,
+                  emulated_s: float) -> _Pending:
+        """Start summing ``t`` (a fresh tensor) over the members of subgroup ``gid`` (``group``: its
+        process group); ``finish`` waits for the sum.
+
+        On GPUs this is NCCL's AllReduce. On CPU it is a direct exchange of point-to-point messages: each
+        member sends ``t`` to every other member and adds all of them in member order, so every member
+        gets the same bits. gloo hands each collective to a worker thread, which on a few busy cores costs
+        several times a message exchange (two ranks, bursts of four, 4 KB: 1.2 ms against 0.2 ms mean).
+        """
         key = tuple(members)
-        if self.emulate and t.is_floating_point():      # payload and each member's entry time, summed
-            stamps = np.zeros(len(members), dtype=np.float64)
-            stamps[members.index(me)] = time.perf_counter()
-            buf = torch.cat((t.reshape(-1).to(_F64), torch.from_numpy(stamps)))
-            p = _Pending(dist.all_reduce(buf, group=group, async_op=True), buf, t.shape, t.dtype, emulated_s,
-                         t.numel(), members, me, key)
-        else:
-            p = _Pending(dist.all_reduce(t, group=group, async_op=True), t, t.shape, t.dtype, None, 0, members, me,
+        if self.device.type == "cuda":
+            p = _Pending(dist.all_reduce(t, group=group, async_op=True), t, t.shape, t.dtype, None, members, me,
                          key)
+        else:
+            if not 0 <= gid < _AR_MAX_GROUPS:
+                raise ValueError(f"subgroup index {gid} out of range for AllReduce message tags")
+            seq = self.ar_seq.get(key, 0)
+            self.ar_seq[key] = seq + 1
+            tag = _AR_TAG_BASE + gid * _AR_SEQ_SPAN + seq % _AR_SEQ_SPAN
+            t = t.contiguous()
+            stamp = time.perf_counter()
+            if self.emulate:                # [entry time (float64) | payload bytes], as ``send`` frames it
+                header = torch.from_numpy(np.array([stamp], dtype=np.float64).view(np.uint8))
+                msg = torch.cat((header, t.reshape(-1).view(torch.uint8))) if t.numel() else header
+            else:
+                msg = t
+            recvs = {}
+            for m in members:
+                if m != me:
+                    buf = torch.empty_like(msg)
+                    recvs[m] = (dist.irecv(buf, src=m, tag=tag), buf)
+            for m in members:
+                if m != me:
+                    self.sends.append((dist.isend(msg, dst=m, tag=tag), msg))
+            p = _Pending(recvs, t, t.shape, t.dtype, emulated_s if self.emulate else None, members, me, key,
+                         stamp=stamp)
         self.in_flight.setdefault(key, []).append(p)
         return p
 
@@ -181,22 +213,34 @@ class Transport:
     def _complete(self, p: _Pending) -> torch.Tensor:
         t0 = time.perf_counter()
         self.status.waiting(-2)
-        p.work.wait()
-        self.status.waiting(-1)
-        if p.emulated_s is None:
+        if not isinstance(p.work, dict):             # NCCL
+            p.work.wait()
+            self.status.waiting(-1)
             self.idle_s += time.perf_counter() - t0
             return p.buf
-        # emulated: the ring starts when the last member has entered and the group's previous collective
-        # is done (the same numbers on every member), and takes the nominal time
-        ready = max(float(p.buf[p.numel:].numpy().max()), self.group_ready.get(p.key, 0.0)) + p.emulated_s
-        self.group_ready[p.key] = ready
-        nxt = p.members[(p.members.index(p.me) + 1) % len(p.members)]
-        self.link_free[nxt] = max(self.link_free.get(nxt, 0.0), ready)
-        wait = ready - time.perf_counter()
-        if wait > 0:
-            time.sleep(wait)
+        parts, entered = {p.me: p.buf}, [p.stamp]
+        for m, (work, buf) in p.work.items():
+            work.wait()
+            if self.emulate:
+                entered.append(float(buf[:8].numpy().view(np.float64)[0]))
+                buf = buf[8:].view(p.dtype).reshape(p.shape) if p.buf.numel() else p.buf
+            parts[m] = buf
+        self.status.waiting(-1)
+        if p.emulated_s is not None:
+            # emulated: the exchange starts when the last member has entered and the group's previous
+            # collective is done (the same numbers on every member), and takes the nominal time
+            ready = max(max(entered), self.group_ready.get(p.key, 0.0)) + p.emulated_s
+            self.group_ready[p.key] = ready
+            nxt = p.members[(p.members.index(p.me) + 1) % len(p.members)]
+            self.link_free[nxt] = max(self.link_free.get(nxt, 0.0), ready)
+            wait = ready - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
         self.idle_s += time.perf_counter() - t0
-        return p.buf[:p.numel].to(p.dtype).reshape(p.shape)
+        acc = parts[p.members[0]]
+        for m in p.members[1:]:
+            acc = acc + parts[m]
+        return acc
 
     def flush(self) -> None:
         for work, _ in self.sends:
@@ -206,15 +250,15 @@ class Transport:
 
 @dataclass
 class _Pending:
-    work: Any
-    buf: torch.Tensor
+    work: Any                          # NCCL: the collective's work; CPU: {peer: (receive work, buffer)}
+    buf: torch.Tensor                  # this member's contribution (NCCL: reduced in place)
     shape: torch.Size
     dtype: torch.dtype
     emulated_s: float | None
-    numel: int
     members: Sequence[int]
     me: int
     key: tuple[int, ...]
+    stamp: float = 0.0                 # when this member entered (emulation)
     result: torch.Tensor | None = None
 
 
@@ -246,7 +290,7 @@ class RankExecutor:
         self.post_in_order = any(ins[0] == "post" for ins in self.rp.instrs)
         self.recv_spec = {tag: (src, shape, dtype) for tag, src, shape, dtype, _ in self.rp.recvs}
         self.world = dist.get_world_size() if dist.is_initialized() else 1
-        self.traces: list[list] = []         # per step: [kind, start s, end s] per instruction (job.trace)
+        self.traces: list[list] = []   # per step, per instruction: [kind, start s, end s, s waiting] (job.trace)
 
     # ------------------------------------------------------------------ helpers
     def _fetch(self, src: tuple, env: dict, stash: dict) -> Any:
@@ -316,6 +360,7 @@ class RankExecutor:
             kind = ins[0]
             if trace is not None:
                 trace.append([kind, time.perf_counter() - t0])
+                idle_at = tr.idle_s
             if kind == "compute":
                 t_op, idle0 = time.perf_counter(), tr.idle_s
                 local: dict[str, Any] = {}
@@ -355,7 +400,7 @@ class RankExecutor:
                 self._pay()
                 v = self._fetch(ins[3], env, stash) * ins[4]
                 g = ins[2]
-                stash[ins[1]] = tr.allreduce(v, self.groups[g], self.members[g], self.rank, ins[5])
+                stash[ins[1]] = tr.allreduce(v, g, self.groups[g], self.members[g], self.rank, ins[5])
             elif kind == "post":
                 src, shape, dtype = recv_spec[ins[1]]
                 tr.post(ins[1], src, shape, dtype)
@@ -364,7 +409,7 @@ class RankExecutor:
             if trace is not None:
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)     # traced GPU ops: their time, not their launch
-                trace[-1].append(time.perf_counter() - t0)
+                trace[-1] += [time.perf_counter() - t0, tr.idle_s - idle_at]
         for key, v in list(stash.items()):
             if type(v) is _Pending:
                 stash[key] = tr.finish(v)
@@ -458,8 +503,9 @@ def collectives(job: CollectiveJob, rank: int, device: torch.device) -> dict:
                     dist.barrier(group=group)
                     xs = [x.clone() for _ in range(job.burst)]
                     t0 = time.perf_counter()
-                    for p in [tr.allreduce(y, group, members, rank, emulated[j]) for y in xs]:
+                    for p in [tr.allreduce(y, k, group, members, rank, emulated[j]) for y in xs]:
                         tr.finish(p)
+                    tr.flush()
                     if device.type == "cuda":
                         torch.cuda.synchronize(device)
                     took = torch.tensor([(time.perf_counter() - t0) / job.burst], dtype=_F64, device=device)

@@ -173,10 +173,10 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
     the profiled costs. A plan's measured time is the median over ``repeats`` rounds (each round runs every
     plan once) of its median iteration time over ``steps`` after ``warmup``.
 
-    When profiling, links and collectives are measured first, and op timing rounds (``OpProfiler``) are
-    interleaved with the rounds of plan runs (one before the first), so that a change of machine load
-    during the experiment meets the profile and the plans alike; plans are chosen and ordered with the
-    first round's profile and simulated with the final one, which is the one saved.
+    When profiling, rounds of op timing (``OpProfiler``) and of link and collective timing
+    (``CommProfiler``) are interleaved with the rounds of plan runs (one before the first), so that a
+    change of machine load during the experiment meets the profile and the plans alike; plans are chosen
+    and ordered with the first round's profile and simulated with the final one, which is the one saved.
     ``pool``: running workers to use (one per device); by default a pool is started and stopped here."""
     from heterog.cluster import load_cluster
     from heterog.cost import CostModel
@@ -187,9 +187,9 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
         COLLECTIVE_REPEATS,
         LINK_REPEATS,
         OP_STEPS,
+        CommProfiler,
         OpProfiler,
-        profile_collectives,
-        profile_links,
+        per_round,
     )
 
     cluster = load_cluster(cluster_spec)
@@ -201,15 +201,17 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
     t_prof = t_run = 0.0
     try:
         t0 = time.perf_counter()
-        ops = None
+        ops = comm = None
         if ppath.is_file() and not reprofile:
             table = ProfileTable.load(ppath)
         else:
+            n_rounds = max(1, repeats) + 1
             ops = OpProfiler(model, cluster, pool, steps=OP_STEPS)
+            comm = CommProfiler(pool, cluster, link_repeats=per_round(LINK_REPEATS, n_rounds),
+                                collective_repeats=per_round(COLLECTIVE_REPEATS, n_rounds))
             ops.round()
-            table = ops.fit()
-            profile_links(pool, cluster, table, repeats=LINK_REPEATS)
-            profile_collectives(pool, cluster, table, repeats=COLLECTIVE_REPEATS)
+            comm.round()
+            table = comm.fit(ops.fit())
         ev = Evaluator(model.graph, cluster, CostModel(cluster, table))
         strategies = candidate_plans(ev, n_plans, plans)
         prepared = [prepare(model, cluster, s, cost=ev.cost) for s in strategies]
@@ -219,6 +221,7 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
             if ops is not None:
                 t0 = time.perf_counter()
                 ops.round()
+                comm.round()
                 t_prof += time.perf_counter() - t0
             t0 = time.perf_counter()
             for k, prep in enumerate(prepared):
@@ -229,7 +232,7 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
         if own:
             pool.close()
     if ops is not None:
-        table = ops.fit(table)
+        table = comm.fit(ops.fit())
         table.save(ppath)
         ev = Evaluator(model.graph, cluster, CostModel(cluster, table))
     simulated = [float(ev.evaluate(s).iteration_time_s) for s in strategies]

@@ -54,7 +54,8 @@ def _device_for(rank: int, backend: str):
 
 
 def execute_job(job, rank: int, device, status=None) -> dict:
-    """Run one job (training steps or link ping-pong) as ``rank`` of the current process group."""
+    """Run one job (training steps, link ping-pong, collective bursts, or any picklable callable
+    ``job(rank, device)``) as ``rank`` of the current process group."""
     from heterog.runtime.executor import CollectiveJob, Job, PingPongJob, RankExecutor, collectives, pingpong
 
     if isinstance(job, PingPongJob):
@@ -70,6 +71,8 @@ def execute_job(job, rank: int, device, status=None) -> dict:
 
             for g in ex.groups:
                 dist.destroy_process_group(g)
+    if callable(job):
+        return job(rank, device)
     raise HeterogError(f"unknown job type {type(job).__name__}")
 
 

@@ -128,11 +128,9 @@ class LinkMeasurement:
         return self.alpha_s + self.beta_s_per_byte * nbytes
 
 
-def measure_links(pool, cluster, *, sizes_bytes: Sequence[int] = LINK_SIZES_BYTES, repeats: int = 7,
-                  pairs: Sequence[tuple[int, int]] | None = None, emulate: bool | None = None) -> dict:
-    """Ping-pong ``sizes_bytes`` between device pairs on ``pool`` (one rank per device of ``cluster``).
-
-    Returns ``{(a, b): [(size, median one-way seconds), ...]}`` for each measured pair."""
+def _link_samples(pool, cluster, sizes_bytes: Sequence[int], repeats: int,
+                  pairs: Sequence[tuple[int, int]] | None, emulate: bool | None) -> dict:
+    """One-way times ``{(a, b): {size: [seconds, ...]}}`` of ``repeats`` ping-pongs per size and pair."""
     from heterog.runtime.api import is_emulated
     from heterog.runtime.executor import PingPongJob
 
@@ -145,13 +143,39 @@ def measure_links(pool, cluster, *, sizes_bytes: Sequence[int] = LINK_SIZES_BYTE
     links = {(a, b): (float(cluster.latency_s[a, b]), 1.0 / float(cluster.bandwidth_Bps[a, b]))
              for a in range(m) for b in range(m) if a != b}
     job = PingPongJob(list(pairs), [int(s) for s in sizes_bytes], int(repeats), bool(emulate), links)
-    results = pool.run([job] * m)
-    out: dict[tuple[int, int], list[tuple[int, float]]] = {}
-    for res in results:
+    out: dict[tuple[int, int], dict[int, list[float]]] = {}
+    for res in pool.run([job] * m):
         for key, rows in res.items():
             a, b = (int(x) for x in key.split("->"))
-            out[(a, b)] = [(size, float(statistics.median(samples))) for size, samples in rows]
+            out[(a, b)] = {int(size): list(samples) for size, samples in rows}
     return out
+
+
+def measure_links(pool, cluster, *, sizes_bytes: Sequence[int] = LINK_SIZES_BYTES, repeats: int = 7,
+                  pairs: Sequence[tuple[int, int]] | None = None, emulate: bool | None = None) -> dict:
+    """Ping-pong ``sizes_bytes`` between device pairs on ``pool`` (one rank per device of ``cluster``).
+
+    Returns ``{(a, b): [(size, median one-way seconds), ...]}`` for each measured pair."""
+    raw = _link_samples(pool, cluster, sizes_bytes, repeats, pairs, emulate)
+    return {pair: [(size, float(statistics.median(s))) for size, s in rows.items()] for pair, rows in raw.items()}
+
+
+def _fit_links(table: ProfileTable, cluster, medians: dict, fit_sizes: Sequence[int]) -> list[LinkMeasurement]:
+    """Store ``alpha + beta * bytes`` fitted to ``fit_sizes`` of each measured pair (``measure_links``'
+    form) for every link on the pair's path, both directions; the other sizes are reported as held out."""
+    report: list[LinkMeasurement] = []
+    for (a, b), rows in sorted(medians.items()):
+        fit_rows = [(s, t) for s, t in rows if s in fit_sizes]
+        alpha, beta = fit_linear([s for s, _ in fit_rows], [t for _, t in fit_rows])
+        for x, y in ((a, b), (b, a)):
+            path = cluster.path(x, y)
+            for link_id in path:
+                table.set_link(cluster.links[link_id].name, alpha / len(path), beta)
+            meas = LinkMeasurement(" + ".join(cluster.links[k].name for k in path), [s for s, _ in fit_rows],
+                                   [t for _, t in fit_rows], alpha, beta)
+            meas.held_out = [(s, t, meas.predict(s)) for s, t in rows if s not in fit_sizes]
+            report.append(meas)
+    return report
 
 
 def profile_links(pool, cluster, table: ProfileTable | None = None, *,
@@ -165,19 +189,7 @@ def profile_links(pool, cluster, table: ProfileTable | None = None, *,
     fit_sizes = [int(s) for s in sizes_bytes]
     all_sizes = sorted(set(fit_sizes) | {int(s) for s in held_out_bytes})
     raw = measure_links(pool, cluster, sizes_bytes=all_sizes, repeats=repeats, emulate=emulate)
-    report: list[LinkMeasurement] = []
-    for (a, b), rows in sorted(raw.items()):
-        fit_rows = [(s, t) for s, t in rows if s in fit_sizes]
-        alpha, beta = fit_linear([s for s, _ in fit_rows], [t for _, t in fit_rows])
-        for x, y in ((a, b), (b, a)):
-            path = cluster.path(x, y)
-            for link_id in path:
-                table.set_link(cluster.links[link_id].name, alpha / len(path), beta)
-            meas = LinkMeasurement(" + ".join(cluster.links[k].name for k in path), [s for s, _ in fit_rows],
-                                   [t for _, t in fit_rows], alpha, beta)
-            meas.held_out = [(s, t, meas.predict(s)) for s, t in rows if s not in fit_sizes]
-            report.append(meas)
-    return table, report
+    return table, _fit_links(table, cluster, raw, fit_sizes)
 
 
 def collective_groups(n_devices: int) -> list[tuple[int, ...]]:
@@ -185,6 +197,32 @@ def collective_groups(n_devices: int) -> list[tuple[int, ...]]:
     are at most ``MAX_COLLECTIVE_GROUPS`` of them, else the whole cluster."""
     subsets = [c for k in range(2, n_devices + 1) for c in itertools.combinations(range(n_devices), k)]
     return subsets if len(subsets) <= MAX_COLLECTIVE_GROUPS else [tuple(range(n_devices))]
+
+
+def _collective_samples(pool, cluster, groups: Sequence[tuple[int, ...]], sizes: Sequence[int], repeats: int,
+                        emulate: bool) -> dict:
+    """Per-AllReduce times ``{group: {size: [seconds, ...]}}`` of ``repeats`` bursts per size and group."""
+    from heterog.cost import CostModel
+    from heterog.runtime.executor import CollectiveJob
+
+    nominal = CostModel(cluster)                 # the emulation enforces the nominal ring time
+    emulated = [[float(t) for t in nominal.allreduce_times(g, np.array(sizes, dtype=np.float64))[0]]
+                if emulate else [0.0] * len(sizes) for g in groups]
+    job = CollectiveJob(list(groups), list(sizes), int(repeats), bool(emulate), emulated)
+    out: dict[tuple[int, ...], dict[int, list[float]]] = {}
+    for res in pool.run([job] * cluster.n_devices):
+        for key, rows in res.items():
+            out[tuple(int(x) for x in key.split(","))] = {int(size): list(s) for size, s in rows}
+    return out
+
+
+def _fit_collectives(table: ProfileTable, cluster, samples: dict) -> dict:
+    """Store each group's AllReduce fit over the means of its samples; returns the means."""
+    raw = {g: [(size, float(statistics.fmean(s))) for size, s in rows.items()] for g, rows in samples.items()}
+    for g, rows in raw.items():
+        table.add_collective("allreduce", [cluster.devices[d].name for d in g], [s for s, _ in rows],
+                             [t for _, t in rows])
+    return raw
 
 
 def profile_collectives(pool, cluster, table: ProfileTable | None = None, *,
@@ -195,11 +233,10 @@ def profile_collectives(pool, cluster, table: ProfileTable | None = None, *,
     ``collective_groups``), measured through the runtime's transport (with link emulation where the
     cluster is emulated), and store the fits in ``table.collectives``. A size's time is the mean of its
     samples, not the median: a step adds up many AllReduces whose latency is heavy-tailed on a loaded
-    host (gloo on CPU: a few ms now and then against a median of well under one), so what a step pays
-    follows the mean. Returns the table and the raw means ``{group: [(bytes, seconds), ...]}``."""
-    from heterog.cost import CostModel
+    host (a few ms now and then, when a thread waits for a core, against a median of well under one),
+    so what a step pays follows the mean. Returns the table and the raw means
+    ``{group: [(bytes, seconds), ...]}``."""
     from heterog.runtime.api import is_emulated
-    from heterog.runtime.executor import CollectiveJob
 
     table = table if table is not None else ProfileTable()
     m = cluster.n_devices
@@ -207,28 +244,68 @@ def profile_collectives(pool, cluster, table: ProfileTable | None = None, *,
         return table, {}
     groups = [tuple(int(d) for d in g) for g in (groups if groups is not None else collective_groups(m))]
     emulate = is_emulated(cluster) if emulate is None else emulate
-    sizes = [int(s) for s in sizes_bytes]
-    nominal = CostModel(cluster)                 # the emulation enforces the nominal ring time
-    emulated = [[float(t) for t in nominal.allreduce_times(g, np.array(sizes, dtype=np.float64))[0]]
-                if emulate else [0.0] * len(sizes) for g in groups]
-    job = CollectiveJob(groups, sizes, int(repeats), bool(emulate), emulated)
-    raw: dict[tuple[int, ...], list[tuple[int, float]]] = {}
-    for res in pool.run([job] * m):
-        for key, rows in res.items():
-            raw[tuple(int(x) for x in key.split(","))] = [(size, float(statistics.fmean(s))) for size, s in rows]
-    for g, rows in raw.items():
-        table.add_collective("allreduce", [cluster.devices[d].name for d in g], [s for s, _ in rows],
-                             [t for _, t in rows])
-    return table, raw
+    samples = _collective_samples(pool, cluster, groups, [int(s) for s in sizes_bytes], repeats, emulate)
+    return table, _fit_collectives(table, cluster, samples)
+
+
+class CommProfiler:
+    """Links (ping-pong) and AllReduce (bursts) of ``cluster`` measured round after round on ``pool``,
+    like ``OpProfiler``, so that the rounds can be interleaved with other measurements; ``fit`` uses the
+    samples of all rounds (links: median per size, collectives: mean per size, as ``profile_links`` and
+    ``profile_collectives``). ``link_repeats`` and ``collective_repeats`` are per round."""
+
+    def __init__(self, pool, cluster, *, link_repeats: int = 5, collective_repeats: int = 5) -> None:
+        from heterog.runtime.api import is_emulated
+
+        self.pool, self.cluster = pool, cluster
+        self.link_repeats, self.collective_repeats = int(link_repeats), int(collective_repeats)
+        self.emulate = is_emulated(cluster)
+        self.groups = collective_groups(cluster.n_devices) if cluster.n_devices > 1 else []
+        self.links: dict[tuple[int, int], dict[int, list[float]]] = {}
+        self.collectives: dict[tuple[int, ...], dict[int, list[float]]] = {}
+        self.rounds = 0
+
+    @staticmethod
+    def _merge(into: dict, new: dict) -> None:
+        for key, rows in new.items():
+            for size, samples in rows.items():
+                into.setdefault(key, {}).setdefault(size, []).extend(samples)
+
+    def round(self) -> None:
+        self._merge(self.links, _link_samples(self.pool, self.cluster, LINK_SIZES_BYTES, self.link_repeats,
+                                              None, self.emulate))
+        if self.groups:
+            self._merge(self.collectives, _collective_samples(self.pool, self.cluster, self.groups,
+                                                              COLLECTIVE_SIZES_BYTES, self.collective_repeats,
+                                                              self.emulate))
+        self.rounds += 1
+
+    def fit(self, table: ProfileTable | None = None) -> ProfileTable:
+        if not self.rounds:
+            raise HeterogError("no link or collective measurements yet: run at least one round")
+        table = table if table is not None else ProfileTable()
+        medians = {pair: [(size, float(statistics.median(s))) for size, s in sorted(rows.items())]
+                   for pair, rows in self.links.items()}
+        _fit_links(table, self.cluster, medians, LINK_SIZES_BYTES)
+        _fit_collectives(table, self.cluster, self.collectives)
+        return table
+
+
+def per_round(total: int, rounds: int) -> int:
+    """Repeats per round so that ``rounds`` rounds make at least ``total``."""
+    return max(1, -(-int(total) // max(1, int(rounds))))
 
 
 def profile(model, cluster, pool, *, batch_sizes: Sequence[int] | None = None, steps: int = OP_STEPS,
             rounds: int = 5, link_repeats: int = LINK_REPEATS, collective_repeats: int = COLLECTIVE_REPEATS
             ) -> ProfileTable:
-    """The profile table the cost model reads: op times measured in situ on ``pool`` (``profile_ops``),
-    a fit for every link of ``cluster`` (``profile_links``) and for AllReduce over device sets
-    (``profile_collectives``)."""
-    table = profile_ops(model, cluster, pool, batch_sizes=batch_sizes, steps=steps, rounds=rounds)
-    profile_links(pool, cluster, table, repeats=link_repeats)
-    profile_collectives(pool, cluster, table, repeats=collective_repeats)
-    return table
+    """The profile table the cost model reads: op times measured in situ on ``pool`` (``OpProfiler``),
+    a fit for every link of ``cluster`` and for AllReduce over device sets (``CommProfiler``), in
+    ``rounds`` interleaved rounds (``link_repeats`` and ``collective_repeats`` are totals)."""
+    ops = OpProfiler(model, cluster, pool, batch_sizes=batch_sizes, steps=steps)
+    comm = CommProfiler(pool, cluster, link_repeats=per_round(link_repeats, rounds),
+                        collective_repeats=per_round(collective_repeats, rounds))
+    for _ in range(max(1, int(rounds))):
+        ops.round()
+        comm.round()
+    return comm.fit(ops.fit())

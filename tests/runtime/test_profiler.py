@@ -7,7 +7,15 @@ import pytest
 from heterog.cluster import load_cluster
 from heterog.cost import CostModel
 from heterog.cost.profile import ProfileTable, op_signature
-from heterog.runtime.profiler import collective_groups, profile_collectives, profile_links, profile_ops
+from heterog.errors import HeterogError
+from heterog.runtime.profiler import (
+    CommProfiler,
+    collective_groups,
+    per_round,
+    profile_collectives,
+    profile_links,
+    profile_ops,
+)
 from tests.runtime.conftest import model
 
 # slow emulated links, so that the emulation (not this shared machine's scheduling noise) sets the times
@@ -63,3 +71,21 @@ def test_collective_profile_measures_the_emulated_allreduce_and_feeds_the_cost_m
     assert measured == pytest.approx(alpha + beta * 1e6)
     assert collective_groups(2) == [(0, 1)] and len(collective_groups(4)) == 11
     assert collective_groups(5) == [(0, 1, 2, 3, 4)]                 # 26 subsets: only the whole cluster
+
+
+def test_comm_profiler_pools_its_rounds_and_fits_links_and_collectives(pool2) -> None:
+    cluster = load_cluster(SLOW_LINKS)
+    comm = CommProfiler(pool2, cluster, link_repeats=2, collective_repeats=1)
+    with pytest.raises(HeterogError, match="at least one round"):
+        comm.fit()
+    comm.round()
+    comm.round()
+    assert list(comm.links) == [(0, 1)] and list(comm.collectives) == [(0, 1)]
+    assert all(len(s) == 4 for s in comm.links[(0, 1)].values())           # 2 rounds x 2 repeats
+    assert all(len(s) == 2 for s in comm.collectives[(0, 1)].values())
+    table = comm.fit()
+    assert set(table.links) == set(cluster.link_names)
+    assert list(table.collectives) == ["allreduce:localhost/cpu0,localhost/cpu1"]
+    _, beta = table.links[cluster.link_names[0]]
+    assert 0.5e-8 < beta < 2e-8                           # the emulated 100 MB/s
+    assert per_round(25, 6) == 5 and per_round(3, 5) == 1
