@@ -64,6 +64,13 @@ class TrainerSettings:
     (e.g. every group from even to proportional shares) get tried. Used like replays."""
     explore_noise: float = 2.0
     """Standard deviation of that per-action logit offset."""
+    mutate_samples: int = 4
+    """Of the k samples, how many are the best strategy found so far with ``mutate_groups`` random
+    groups set to random actions (FlexFlow's local moves, around the best instead of the policy;
+    0: none). Used like replays. They let the search finish what the policy roughly found: on
+    transformer from scratch (400 s) the best plan went from 190.8 to 186.6 ms with 4 of 16."""
+    mutate_groups: int = 1
+    """Groups changed per mutated strategy."""
     ppo_epochs: int = 4
     """PPO: passes over one round's samples."""
     ppo_clip: float = 0.2
@@ -93,9 +100,12 @@ class TrainerSettings:
                 problems.append(f"{name} must be non-negative, got {getattr(self, name)}")
         if not 0.0 <= self.baseline_decay < 1.0:
             problems.append(f"baseline_decay must be in [0, 1), got {self.baseline_decay}")
-        if not 0 <= self.explore_samples < self.samples_per_graph:
-            problems.append(f"explore_samples {self.explore_samples} must be in 0..samples_per_graph-1 "
-                            f"({self.samples_per_graph - 1})")
+        if self.explore_samples < 0 or self.mutate_samples < 0 or \
+                self.explore_samples + self.mutate_samples >= self.samples_per_graph:
+            problems.append(f"explore_samples {self.explore_samples} + mutate_samples {self.mutate_samples} "
+                            f"must be in 0..samples_per_graph-1 ({self.samples_per_graph - 1}), each non-negative")
+        if self.mutate_groups < 1:
+            problems.append(f"mutate_groups must be at least 1, got {self.mutate_groups}")
         if self.explore_noise < 0:
             problems.append(f"explore_noise must be non-negative, got {self.explore_noise}")
         if self.replay_samples > self.replay_pool_size:
@@ -274,11 +284,14 @@ class Trainer:
         samples, rewards_all, actions_all = [], [], []
         for task in self.pick_tasks():
             state = self.states[task.key]
-            # rollout: one forward pass, k strategies (the last explore_samples from perturbed logits)
+            # rollout: one forward pass, k strategies: from the policy, then explore_samples from perturbed
+            # logits, then mutate_samples local moves around the best strategy found
             dist = self.policy.distribution(*task.inputs.args())
-            n_policy = s.samples_per_graph - s.explore_samples
-            actions = torch.cat([dist.sample(n_policy, generator=self.generator),
-                                 self.explore(dist.logits.detach(), s.explore_samples)])        # (k, G)
+            n_policy = s.samples_per_graph - s.explore_samples - s.mutate_samples
+            sampled = dist.sample(n_policy, generator=self.generator)
+            best = sampled[0] if state.best_actions is None else torch.as_tensor(state.best_actions)
+            actions = torch.cat([sampled, self.explore(dist.logits.detach(), s.explore_samples),
+                                 self.mutate(best, dist.logits.shape[-1], s.mutate_samples)])    # (k, G)
             rewards, times, ooms = self.evaluate(task, actions.numpy())                      # (k,) each
             self.record(task, state, actions.numpy(), rewards, times, ooms)
             # replay: the best strategies found so far, as extra samples
@@ -409,6 +422,23 @@ class Trainer:
         offsets = torch.randn(n, 1, n_actions, generator=self.generator) * self.settings.explore_noise
         probs = (logits[None] + offsets).softmax(dim=-1).reshape(n * n_groups, n_actions)
         return torch.multinomial(probs, 1, generator=self.generator).reshape(n, n_groups)
+
+    def mutate(self, base: Tensor, n_actions: int, n: int) -> Tensor:
+        """``n`` copies of ``base`` with ``mutate_groups`` distinct random groups each set to another
+        random action.
+
+        Shapes: base ``(G,)`` -> ``(n, G)``.
+        """
+        out = base[None].repeat(n, 1)
+        n_groups = len(base)
+        if n == 0 or n_groups == 0 or n_actions < 2:
+            return out
+        k = min(self.settings.mutate_groups, n_groups)
+        groups = torch.rand(n, n_groups, generator=self.generator).argsort(dim=1)[:, :k]        # (n, k)
+        shift = torch.randint(1, n_actions, (n, k), generator=self.generator)                 # never the same
+        rows = torch.arange(n)[:, None]
+        out[rows, groups] = (out[rows, groups] + shift) % n_actions
+        return out
 
     def replay(self, state: TaskState) -> tuple[np.ndarray, np.ndarray]:
         """``replay_samples`` strategies drawn from the pool (seeded), as (R, G) actions and (R,) rewards."""

@@ -30,7 +30,8 @@ def tiny_policy(seed: int = 0) -> StrategyPolicy:
 
 @pytest.mark.parametrize("algorithm", ["reinforce", "ppo"])
 def test_resuming_gives_the_same_weights_as_training_straight(tasks, tmp_path, algorithm):
-    settings = {"algorithm": algorithm, "samples_per_graph": 3, "explore_samples": 1, "graphs_per_round": 1,
+    settings = {"algorithm": algorithm, "samples_per_graph": 3, "explore_samples": 1, "mutate_samples": 1,
+                "graphs_per_round": 1,
                 "replay_pool_size": 4, "replay_samples": 2, "ppo_epochs": 2, "seed": 7}
     straight = Trainer(tiny_policy(), tasks, TrainerSettings(**settings))
     straight.train(rounds=6)
@@ -54,7 +55,7 @@ def test_resuming_gives_the_same_weights_as_training_straight(tasks, tmp_path, a
 
 
 def test_checkpoint_holds_everything_a_run_needs(tasks, tmp_path):
-    trainer = Trainer(tiny_policy(), tasks, TrainerSettings(samples_per_graph=2, explore_samples=1))
+    trainer = Trainer(tiny_policy(), tasks, TrainerSettings(samples_per_graph=2, explore_samples=1, mutate_samples=0))
     trainer.train(rounds=2)
     path = trainer.save(tmp_path / "a.pt")
     state = load_checkpoint(path)
@@ -82,7 +83,8 @@ def test_a_checkpoint_for_another_action_space_is_refused(tasks, tmp_path):
 
 
 def test_a_failed_write_keeps_the_previous_checkpoint(tasks, tmp_path, monkeypatch):
-    trainer = Trainer(tiny_policy(), tasks[:1], TrainerSettings(samples_per_graph=2, explore_samples=0))
+    settings = TrainerSettings(samples_per_graph=2, explore_samples=0, mutate_samples=0)
+    trainer = Trainer(tiny_policy(), tasks[:1], settings)
     trainer.train(rounds=1)
     path = trainer.save(tmp_path / "agent.pt")
     before = path.read_bytes()

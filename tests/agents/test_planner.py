@@ -31,15 +31,15 @@ def paper8():
 
 def test_plan_from_scratch_returns_the_best_strategy(graph, paper8):
     ev = Evaluator(graph, paper8)
-    strategy = plan(ev, episodes=48, seed=0, progress=True, settings=TrainerSettings(samples_per_graph=8))
+    settings = TrainerSettings(samples_per_graph=8, mutate_samples=2)
+    strategy = plan(ev, episodes=48, seed=0, progress=True, settings=settings)
     strategy.check_fits(graph, paper8)
     assert strategy.method == "agent"
     meta = strategy.meta
     assert meta["episodes"] == 48 and meta["rounds"] == 6 and meta["search_time_s"] > 0 and meta["seed"] == 0
     t_s, oom = ev.iteration_time(strategy)
     assert t_s == pytest.approx(meta["best_iteration_time_s"]) and oom == meta["oom"]
-    again = plan(Evaluator(graph, paper8), episodes=48, seed=0, progress=False,
-                 settings=TrainerSettings(samples_per_graph=8))
+    again = plan(Evaluator(graph, paper8), episodes=48, seed=0, progress=False, settings=settings)
     assert again.meta["actions"] == meta["actions"]
 
 
@@ -53,7 +53,7 @@ def test_plan_respects_a_wall_clock_budget(graph, paper8):
 
 def test_plan_fine_tunes_a_checkpoint_and_refuses_another_action_space(graph, paper8, tmp_path):
     policy = build_policy(8, "small", seed=1, **TINY_AGENT)
-    settings = TrainerSettings(samples_per_graph=4, explore_samples=1)
+    settings = TrainerSettings(samples_per_graph=4, explore_samples=1, mutate_samples=1)
     trainer = Trainer(policy, [make_task(capture_model("tiny_cnn", 16), paper8)], settings)
     trainer.train(rounds=2)
     path = trainer.save(tmp_path / "pretrained.pt")

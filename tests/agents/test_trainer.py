@@ -55,8 +55,11 @@ def test_settings_report_every_problem_at_once():
     with pytest.raises(HeterogError, match="algorithm 'a2c' is not one of .*; samples_per_graph must be positive, "
                                            "got 0.*replay_samples 9 exceeds replay_pool_size 8"):
         TrainerSettings(algorithm="a2c", samples_per_graph=0, replay_samples=9)
-    with pytest.raises(HeterogError, match=r"explore_samples 4 must be in 0..samples_per_graph-1 \(3\)"):
+    with pytest.raises(HeterogError, match=r"explore_samples 4 \+ mutate_samples 4 must be in "
+                                           r"0..samples_per_graph-1 \(3\)"):
         TrainerSettings(samples_per_graph=4)
+    with pytest.raises(HeterogError, match=r"explore_samples 2 \+ mutate_samples 2 .*mutate_groups must be at least 1"):
+        TrainerSettings(samples_per_graph=4, explore_samples=2, mutate_samples=2, mutate_groups=0)
 
 
 def test_per_group_log_prob_picks_each_groups_action():
@@ -108,6 +111,17 @@ def test_exploration_samples_share_one_logit_offset_per_strategy(tasks):
     assert trainer.explore(logits, 0).shape == (0, 40)
 
 
+def test_mutations_change_that_many_groups_of_the_base_strategy(tasks):
+    trainer = Trainer(tiny_policy(), tasks[:1], TrainerSettings(mutate_groups=2))
+    base = torch.arange(10) % 12
+    out = trainer.mutate(base, 12, 50)
+    assert out.shape == (50, 10) and out.min() >= 0 and out.max() < 12
+    assert ((out != base).sum(dim=1) == 2).all()                  # two groups, each to another action
+    assert len({tuple(r.tolist()) for r in out}) > 25
+    assert trainer.mutate(base, 12, 0).shape == (0, 10)
+    assert torch.equal(Trainer(tiny_policy(), tasks[:1], TrainerSettings(mutate_groups=2)).mutate(base, 12, 50), out)
+
+
 def test_record_keeps_the_best_and_a_pool_of_distinct_strategies(tasks):
     trainer = Trainer(tiny_policy(), tasks[:1], TrainerSettings(replay_pool_size=3, replay_samples=2))
     state = TaskState()
@@ -155,7 +169,8 @@ def test_action_breakdown_shares_sum_to_one(tasks):
 # ------------------------------------------------------------------------------------------ training
 def test_training_is_determined_by_the_seed(tasks):
     def run(seed):
-        trainer = Trainer(tiny_policy(seed), tasks, TrainerSettings(seed=seed, samples_per_graph=4, explore_samples=1))
+        trainer = Trainer(tiny_policy(seed), tasks, TrainerSettings(seed=seed, samples_per_graph=4, explore_samples=1,
+                                                                     mutate_samples=1))
         trainer.train(rounds=3)
         return weights(trainer.policy), trainer.summary()
 
@@ -170,7 +185,7 @@ def test_training_lowers_the_sampled_iteration_time(tasks, algorithm):
     """On tiny_mlp everything on one GPU is fastest (transfers dwarf the compute); sampled plans move
     towards it."""
     settings = TrainerSettings(algorithm=algorithm, samples_per_graph=8, learning_rate=1e-2, seed=0,
-                               ppo_epochs=2)
+                               ppo_epochs=2, mutate_samples=0)
     trainer = Trainer(tiny_policy(), tasks[:1], settings)
     first = trainer.update()["reward_mean"]
     rewards = [trainer.update()["reward_mean"] for _ in range(30)]
@@ -180,17 +195,20 @@ def test_training_lowers_the_sampled_iteration_time(tasks, algorithm):
 
 
 def test_graphs_per_round_updates_a_seeded_subset(tasks):
-    trainer = Trainer(tiny_policy(), tasks, TrainerSettings(graphs_per_round=1, samples_per_graph=2, explore_samples=1))
+    trainer = Trainer(tiny_policy(), tasks, TrainerSettings(graphs_per_round=1, samples_per_graph=2, explore_samples=1,
+                                                            mutate_samples=0))
     trainer.train(rounds=6)
     counts = [trainer.states[t.key].episodes for t in tasks]
     assert sum(counts) == 12 and all(c > 0 for c in counts)
-    again = Trainer(tiny_policy(), tasks, TrainerSettings(graphs_per_round=1, samples_per_graph=2, explore_samples=1))
+    again = Trainer(tiny_policy(), tasks, TrainerSettings(graphs_per_round=1, samples_per_graph=2, explore_samples=1,
+                                                            mutate_samples=0))
     again.train(rounds=6)
     assert [again.states[t.key].episodes for t in tasks] == counts
 
 
 def test_train_stops_on_episodes_and_needs_a_limit(tasks):
-    trainer = Trainer(tiny_policy(), tasks[:1], TrainerSettings(samples_per_graph=4, explore_samples=1))
+    settings = TrainerSettings(samples_per_graph=4, explore_samples=1, mutate_samples=0)
+    trainer = Trainer(tiny_policy(), tasks[:1], settings)
     summary = trainer.train(episodes=10)
     assert summary["episodes"] == 12 and summary["rounds"] == 3
     with pytest.raises(HeterogError, match="rounds, episodes or budget_s"):
@@ -199,7 +217,7 @@ def test_train_stops_on_episodes_and_needs_a_limit(tasks):
 
 def test_tensorboard_metrics_curve_and_gantt(tasks, tmp_path):
     writer = SummaryWriter(log_dir=str(tmp_path))
-    settings = TrainerSettings(samples_per_graph=2, explore_samples=1, log_every=2)
+    settings = TrainerSettings(samples_per_graph=2, explore_samples=1, mutate_samples=0, log_every=2)
     trainer = Trainer(tiny_policy(), tasks, settings, writer=writer, run_dir=tmp_path)
     trainer.train(rounds=3)
     writer.close()

@@ -21,7 +21,8 @@ from heterog.errors import HeterogError
 CONF = str(Path(__file__).resolve().parents[2] / "experiments" / "conf")
 EXPERIMENTS = sorted(p.stem for p in Path(CONF, "experiment").glob("*.yaml"))
 SHRINK = ["agent.hidden=16", "agent.gat_layers=1", "agent.gat_heads=2", "agent.txl_layers=1", "agent.txl_heads=2",
-          "agent.segment_len=8", "agent.mem_len=8", "trainer.samples_per_graph=2", "trainer.explore_samples=1",
+          "agent.segment_len=8", "agent.mem_len=8", "trainer.samples_per_graph=2", "trainer.explore_samples=0",
+          "trainer.mutate_samples=1",
           "run.episodes=8", "run.budget_s=null", "run.eval_samples=4", "run.compare=[ev-ar,cp-ar]"]
 TINY_SET = "run.graphs=[{model:tiny_mlp,batch_size:16},{model:tiny_cnn,batch_size:16}," \
            "{model:tiny_transformer,batch_size:16}]"
