@@ -20,7 +20,8 @@ AllReduce's messages carry each member's entry time and it completes no earlier 
 the end of the group's previous collective: a group's collectives share its ring) plus the nominal ring time.
 
 AllReduce on CPU is a direct exchange of point-to-point messages (``Transport.allreduce`` says why), on GPUs
-NCCL's collective.
+NCCL's collective. On CPU every direction between two ranks has a gloo process group of its own
+(``p2p_channels`` says why).
 """
 from __future__ import annotations
 
@@ -44,6 +45,26 @@ SLEEP_QUANTUM_S = 50e-6
 # above every plan message tag, and below 2**32 (gloo's slot)
 _AR_TAG_BASE, _AR_SEQ_SPAN, _AR_MAX_GROUPS = 1 << 30, 1 << 16, 1 << 14
 _F64 = torch.float64
+# emulated messages: [time stamp (float64) | zero padding | payload]; 64 bytes keep the payload as aligned as
+# a fresh allocation (an 8-byte header left it misaligned, and the first ops reading a received tensor took
+# up to 2x their profiled time)
+_HEADER_BYTES = 64
+
+
+def _frame(stamp: float, t: torch.Tensor) -> torch.Tensor:
+    """An emulated message: ``stamp`` in the header, then ``t``'s bytes."""
+    header = torch.zeros(_HEADER_BYTES, dtype=torch.uint8)
+    header[:8] = torch.from_numpy(np.array([stamp], dtype=np.float64).view(np.uint8))
+    return torch.cat((header, t.reshape(-1).view(torch.uint8))) if t.numel() else header
+
+
+def _unframe(buf: torch.Tensor, shape, dtype: torch.dtype) -> tuple[float, torch.Tensor]:
+    """The stamp and the payload (a view of ``buf`` as ``shape`` and ``dtype``) of an emulated message."""
+    stamp = float(buf[:8].numpy().view(np.float64)[0])
+    n = buf.numel() - _HEADER_BYTES
+    payload = buf[_HEADER_BYTES:].view(dtype).reshape(shape) if n else torch.empty(shape, dtype=dtype,
+                                                                                    device=buf.device)
+    return stamp, payload
 
 
 @dataclass
@@ -114,11 +135,37 @@ class _NullStatus:
 
 
 # ---------------------------------------------------------------------------- transport
-class Transport:
-    """Point-to-point messages and AllReduce with optional link emulation (see the module docstring)."""
+_CHANNELS: dict[int, dict[tuple[int, int], Any]] = {}     # per default process group: (src, dst) -> group
 
-    def __init__(self, device: torch.device, emulate: bool, status) -> None:
-        self.device, self.emulate, self.status = device, emulate, status
+
+def p2p_channels(device: torch.device) -> dict[tuple[int, int], Any]:
+    """CPU (gloo): one process group per ordered pair of ranks, ``(src, dst) -> group``, that carries only
+    the messages from ``src`` to ``dst``; GPUs (NCCL): empty (the default group is used).
+
+    On the default group two ranks share one gloo pair (one socket and its lock) for both directions.
+    When both send at the same moment, as plans with transfers both ways do at every layout change, the
+    caller's write and the device thread's read contend for that pair and a send of a few bytes now and
+    then blocks for a scheduler time slice (4-5 ms on a 2-vCPU host: p99 of a crossing 4 KB send 4.7 ms
+    on one pair, 0.1 ms with a pair per direction; ``tests/runtime/test_transport.py``). Created once per
+    process and default group, collectively: every rank must call this at the same point (every job's
+    ``Transport`` does, on every rank)."""
+    if device.type != "cpu" or not dist.is_initialized() or dist.get_world_size() < 2:
+        return {}
+    key = id(dist.group.WORLD)
+    if key not in _CHANNELS:
+        world = dist.get_world_size()
+        _CHANNELS.clear()             # a former default group's channels are gone with it
+        _CHANNELS[key] = {(a, b): dist.new_group([a, b]) for a in range(world) for b in range(world) if a != b}
+    return _CHANNELS[key]
+
+
+class Transport:
+    """Point-to-point messages and AllReduce with optional link emulation (see the module docstring).
+    ``rank``: this process's rank; messages travel on ``p2p_channels``."""
+
+    def __init__(self, device: torch.device, emulate: bool, status, rank: int) -> None:
+        self.device, self.emulate, self.status, self.rank = device, emulate, status, rank
+        self.channels = p2p_channels(device)
         self.link_free: dict[int, float] = {}
         self.idle_s = 0.0          # time spent waiting (messages, collectives, emulated delays)
         self.sends: list[tuple[Any, torch.Tensor]] = []
@@ -130,10 +177,11 @@ class Transport:
     def post(self, tag: int, src: int, shape: tuple, dtype: torch.dtype) -> None:
         n = math.prod(shape) * dtype.itemsize
         if self.emulate:
-            buf = torch.empty(n + 8, dtype=torch.uint8, device=self.device)
+            buf = torch.empty(n + _HEADER_BYTES, dtype=torch.uint8, device=self.device)
         else:
             buf = torch.empty(shape, dtype=dtype, device=self.device)
-        self.recvs[tag] = (dist.irecv(buf, src=src, tag=tag), buf, shape, dtype, n, src)
+        self.recvs[tag] = (dist.irecv(buf, src=src, tag=tag, group=self.channels.get((src, self.rank))), buf, shape,
+                           dtype, n, src)
 
     def send(self, t: torch.Tensor, dst: int, tag: int, latency_s: float, s_per_byte: float) -> None:
         t = t.contiguous()
@@ -142,9 +190,8 @@ class Transport:
             now = time.perf_counter()
             ready = max(now, self.link_free.get(dst, 0.0)) + latency_s + n * s_per_byte
             self.link_free[dst] = ready
-            header = torch.from_numpy(np.array([ready], dtype=np.float64).view(np.uint8))
-            t = torch.cat((header, t.reshape(-1).view(torch.uint8))) if n else header
-        self.sends.append((dist.isend(t, dst=dst, tag=tag), t))
+            t = _frame(ready, t)
+        self.sends.append((dist.isend(t, dst=dst, tag=tag, group=self.channels.get((self.rank, dst))), t))
 
     def take(self, tag: int) -> torch.Tensor:
         work, buf, shape, dtype, n, src = self.recvs.pop(tag)
@@ -153,13 +200,12 @@ class Transport:
         work.wait()
         self.status.waiting(-1)
         if self.emulate:
-            wait = float(buf[:8].numpy().view(np.float64)[0]) - time.perf_counter()
+            ready, buf = _unframe(buf, shape, dtype)
+            wait = ready - time.perf_counter()
             if wait > 0:
                 time.sleep(wait)
         self.idle_s += time.perf_counter() - t0
-        if not self.emulate:
-            return buf
-        return buf[8:].view(dtype).reshape(shape) if n else torch.empty(shape, dtype=dtype, device=self.device)
+        return buf
 
     def allreduce(self, t: torch.Tensor, gid: int, group, members: Sequence[int], me: int,
                   emulated_s: float) -> _Pending:
@@ -184,18 +230,17 @@ class Transport:
             t = t.contiguous()
             stamp = time.perf_counter()
             if self.emulate:                # [entry time (float64) | payload bytes], as ``send`` frames it
-                header = torch.from_numpy(np.array([stamp], dtype=np.float64).view(np.uint8))
-                msg = torch.cat((header, t.reshape(-1).view(torch.uint8))) if t.numel() else header
+                msg = _frame(stamp, t)
             else:
                 msg = t
             recvs = {}
             for m in members:
                 if m != me:
                     buf = torch.empty_like(msg)
-                    recvs[m] = (dist.irecv(buf, src=m, tag=tag), buf)
+                    recvs[m] = (dist.irecv(buf, src=m, tag=tag, group=self.channels.get((m, me))), buf)
             for m in members:
                 if m != me:
-                    self.sends.append((dist.isend(msg, dst=m, tag=tag), msg))
+                    self.sends.append((dist.isend(msg, dst=m, tag=tag, group=self.channels.get((me, m))), msg))
             p = _Pending(recvs, t, t.shape, t.dtype, emulated_s if self.emulate else None, members, me, key,
                          stamp=stamp)
         self.in_flight.setdefault(key, []).append(p)
@@ -222,8 +267,8 @@ class Transport:
         for m, (work, buf) in p.work.items():
             work.wait()
             if self.emulate:
-                entered.append(float(buf[:8].numpy().view(np.float64)[0]))
-                buf = buf[8:].view(p.dtype).reshape(p.shape) if p.buf.numel() else p.buf
+                stamp, buf = _unframe(buf, p.shape, p.dtype)
+                entered.append(stamp)
             parts[m] = buf
         self.status.waiting(-1)
         if p.emulated_s is not None:
@@ -284,7 +329,7 @@ class RankExecutor:
         self.members = [list(g) for g in job.groups]
         self.consts = {k: v.to(device) for k, v in prog.consts.items()}
         self.persist = {k: v.to(device) for k, v in self.rp.persist.items()}
-        self.transport = Transport(device, job.emulate, self.status)
+        self.transport = Transport(device, job.emulate, self.status, rank)
         self.debt_s = 0.0
         self.slow = self.rp.slowdown if job.emulate else 1.0
         self.post_in_order = any(ins[0] == "post" for ins in self.rp.instrs)
@@ -447,7 +492,7 @@ class RankExecutor:
 def pingpong(job: PingPongJob, rank: int, device: torch.device) -> dict:
     """One-way times (half round trips) per (pair, size) through the runtime's transport. Sizes are
     interleaved within each repeat, so that a change of machine load affects all sizes alike."""
-    tr = Transport(device, job.emulate, _NullStatus())
+    tr = Transport(device, job.emulate, _NullStatus(), rank)
     out: dict[str, list] = {}
     tag = 0
     for a, b in job.pairs:
@@ -486,7 +531,7 @@ def collectives(job: CollectiveJob, rank: int, device: torch.device) -> dict:
     burst of ``job.burst`` started back to back (one per gradient of a layer group), then waited for; a
     sample is the burst's time over its length, i.e. how long each holds the group. Each burst starts
     after a barrier of the group and is timed by the slowest member. Sizes are interleaved."""
-    tr = Transport(device, job.emulate, _NullStatus())
+    tr = Transport(device, job.emulate, _NullStatus(), rank)
     handles = [dist.new_group(list(g)) for g in job.groups]
     out: dict[str, list] = {}
     try:

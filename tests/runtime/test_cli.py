@@ -38,6 +38,7 @@ def test_fidelity_json_pairs_and_scatter_plot(pool2, tmp_path) -> None:
                        profile_file=tmp_path / "p.json", plot=tmp_path / "f.png", pool=pool2)
     rec = rep.record()
     assert len(rec["pairs"]) == 3 and len({p["plan"] for p in rec["pairs"]}) == 3
-    assert rec["mape"] >= 0 and -1 <= rec["kendall_tau"] <= 1
+    assert rec["mape"] >= 0 and -1 <= rec["kendall_tau"] <= 1 and rec["mape_of_medians"] >= 0
+    assert all(len(p["simulated_all_s"]) == len(p["measured_all_s"]) == 1 for p in rec["pairs"])
     assert all(p["measured_s"] > 0 and p["simulated_s"] > 0 for p in rec["pairs"])
     assert (tmp_path / "f.png").read_bytes()[:4] == b"\x89PNG" and (tmp_path / "p.json").is_file()

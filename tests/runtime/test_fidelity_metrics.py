@@ -17,6 +17,15 @@ def test_mape_and_kendall_tau_on_hand_computed_pairs() -> None:
     assert kendall_tau(swapped) == pytest.approx(1 / 3)
 
 
+def test_per_round_pairs_take_the_median_of_paired_errors() -> None:
+    # the machine got twice as slow in round 1: plan and profile both moved, the paired errors did not
+    p = PlanPair("a", 2.0, 2.2, measured_all_s=[1.0, 2.0, 1.0], simulated_all_s=[1.1, 4.4, 0.9])
+    assert p.error == pytest.approx(0.1)                 # median of +10%, +120%, -10%
+    assert p.record()["simulated_all_s"] == [1.1, 4.4, 0.9]
+    assert PlanPair("b", 2.0, 2.5, measured_all_s=[2.0, 2.0]).error == pytest.approx(0.25)   # unpaired
+    assert mape([p, PlanPair("c", 1.0, 0.8)]) == pytest.approx(100 * (0.1 + 0.2) / 2)
+
+
 def test_candidate_plans_are_distinct_and_include_the_baselines() -> None:
     m = model("tiny_mlp")
     ev = Evaluator(m.graph, load_cluster("local-cpu-2"))

@@ -9,7 +9,10 @@ from heterog.cost import CostModel
 from heterog.cost.profile import ProfileTable, op_signature
 from heterog.errors import HeterogError
 from heterog.runtime.profiler import (
+    LINK_SIZES_BYTES,
     CommProfiler,
+    OpProfiler,
+    _fit_links,
     collective_groups,
     per_round,
     profile_collectives,
@@ -89,3 +92,32 @@ def test_comm_profiler_pools_its_rounds_and_fits_links_and_collectives(pool2) ->
     _, beta = table.links[cluster.link_names[0]]
     assert 0.5e-8 < beta < 2e-8                           # the emulated 100 MB/s
     assert per_round(25, 6) == 5 and per_round(3, 5) == 1
+
+
+def test_profilers_fit_chosen_rounds(pool2) -> None:
+    m = model("tiny_mlp")
+    cluster = load_cluster("local-cpu-2")
+    ops = OpProfiler(m, cluster, pool2, batch_sizes=[6], steps=3, warmup=1)
+    comm = CommProfiler(pool2, cluster, link_repeats=1, collective_repeats=1)
+    for _ in range(2):
+        ops.round()
+        comm.round()
+    assert len(comm.by_round) == 2
+    sig = op_signature(next(op for op in m.graph.ops if op.kind == "compute"))
+    per_round_t = [[t for _, t, r in ops.points[("cpu", sig)] if r == k] for k in range(2)]
+    for k in range(2):          # one batch size: the fit of a round is flat at that round's median
+        a, b = ops.fit(rounds=[k]).ops["cpu"][sig]
+        assert b == 0.0 and a == pytest.approx(float(np.median(per_round_t[k])))
+        link = comm.fit(rounds=[k]).links[cluster.link_names[0]]
+        alone = ProfileTable()
+        medians = {pair: [(size, float(np.median(s))) for size, s in sorted(rows.items())]
+                   for pair, rows in comm.by_round[k][0].items()}
+        _fit_links(alone, cluster, medians, LINK_SIZES_BYTES)
+        assert link == pytest.approx(alone.links[cluster.link_names[0]])
+    assert comm.fit(rounds=[0, 1]).links == comm.fit().links
+    assert ops.fit(rounds=[0, 1]).ops == ops.fit().ops
+    for bad in ([2], []):
+        with pytest.raises(HeterogError, match="rounds"):
+            ops.fit(rounds=bad)
+        with pytest.raises(HeterogError, match="rounds"):
+            comm.fit(rounds=bad)

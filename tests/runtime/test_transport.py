@@ -1,5 +1,6 @@
-"""The runtime's CPU AllReduce (a direct exchange of point-to-point messages): every member gets the
-same bits, the sum in member order, also with collectives of overlapping groups in flight together."""
+"""The runtime's CPU transport: the AllReduce (a direct exchange of point-to-point messages) gives every
+member the same bits, the sum in member order, also with collectives of overlapping groups in flight
+together; every direction between two ranks has a channel (gloo process group) of its own."""
 from __future__ import annotations
 
 import torch
@@ -25,7 +26,7 @@ class _AllReduceJob:
         from heterog.runtime.executor import Transport, _NullStatus
 
         handles = [dist.new_group(list(g)) for g in GROUPS]
-        tr = Transport(device, self.emulate, _NullStatus())
+        tr = Transport(device, self.emulate, _NullStatus(), rank)
         out = {}
         try:
             pending = [((gi, k), tr.allreduce(_contribution(rank, gi, k), gi, handles[gi], list(members), rank, 0.0))
@@ -52,3 +53,50 @@ def test_cpu_allreduce_gives_every_member_the_same_sum_in_member_order(pool3) ->
                     assert torch.equal(got, want), (emulate, gi, k, m)
                 for r in set(range(3)) - set(members):
                     assert (gi, k) not in results[r]
+
+
+def test_emulated_message_frame_keeps_the_payload_aligned() -> None:
+    from heterog.runtime.executor import _HEADER_BYTES, _frame, _unframe
+
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    msg = _frame(12.5, t)
+    assert msg.dtype == torch.uint8 and msg.numel() == _HEADER_BYTES + 48
+    buf = torch.empty_like(msg)                  # a fresh receive buffer, as ``Transport.post`` makes
+    buf.copy_(msg)
+    stamp, payload = _unframe(buf, (3, 4), torch.float32)
+    assert stamp == 12.5 and torch.equal(payload, t)
+    assert payload.data_ptr() % 64 == 0 and payload.data_ptr() == buf.data_ptr() + _HEADER_BYTES
+    stamp, empty = _unframe(_frame(3.0, torch.empty(0, 5)), (0, 5), torch.float32)
+    assert stamp == 3.0 and empty.shape == (0, 5)
+
+
+class _ChannelJob:
+    """Runs on every rank: the members of each channel this rank belongs to, whether a second call
+    returns the same channels, and what a crossing exchange delivers (every rank sends to every other
+    at once; the tag names the sender)."""
+
+    def __call__(self, rank: int, device) -> dict:
+        from heterog.runtime.executor import Transport, _NullStatus, p2p_channels
+
+        channels = p2p_channels(device)
+        members = {pair: dist.get_process_group_ranks(g) for pair, g in channels.items() if rank in pair}
+        tr = Transport(device, False, _NullStatus(), rank)
+        peers = [r for r in range(dist.get_world_size()) if r != rank]
+        for src in peers:
+            tr.post(100 + src, src, (3,), torch.float32)
+        for dst in peers:
+            tr.send(torch.full((3,), 10.0 * rank + dst), dst, 100 + rank, 0.0, 0.0)
+        got = {src: tr.take(100 + src).tolist() for src in peers}
+        tr.flush()
+        return {"pairs": sorted(channels), "members": members, "same": p2p_channels(device) is channels,
+                "got": got}
+
+
+def test_every_direction_has_its_own_channel(pool3) -> None:
+    results = pool3.run([_ChannelJob()] * 3)
+    want_pairs = [(a, b) for a in range(3) for b in range(3) if a != b]
+    for rank, res in enumerate(results):
+        assert res["pairs"] == want_pairs
+        assert res["same"]
+        assert res["members"] == {(a, b): [min(a, b), max(a, b)] for a, b in want_pairs if rank in (a, b)}
+        assert res["got"] == {src: [10.0 * src + rank] * 3 for src in range(3) if src != rank}
