@@ -97,7 +97,7 @@ def test_comm_profiler_pools_its_rounds_and_fits_links_and_collectives(pool2) ->
 def test_profilers_fit_chosen_rounds(pool2) -> None:
     m = model("tiny_mlp")
     cluster = load_cluster("local-cpu-2")
-    ops = OpProfiler(m, cluster, pool2, batch_sizes=[6], steps=3, warmup=1)
+    ops = OpProfiler(m, cluster, pool2, batch_sizes=[6], steps=3, warmup=1, concurrent=True)   # both at once
     comm = CommProfiler(pool2, cluster, link_repeats=1, collective_repeats=1)
     for _ in range(2):
         ops.round()
