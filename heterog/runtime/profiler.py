@@ -76,19 +76,15 @@ class OpProfiler:
         """One pass over the batch sizes."""
         cluster, steps, B = self.cluster, self.steps, self.model.batch_size
         for b, mb, singles in self.runs:
+            per_device = []                 # device d runs the whole step of its own plan
+            for d, prepared in enumerate(singles):
+                jobs = prepared.jobs([mb.example_inputs], steps, return_state=False)
+                jobs[d].trace = True
+                per_device.append(jobs)
             if self.concurrent:
-                jobs = []
-                for d, prepared in enumerate(singles):      # device d runs the whole step of its own plan
-                    job = prepared.jobs([mb.example_inputs], steps, return_state=False)[d]
-                    job.trace = True
-                    jobs.append(job)
-                results = self.pool.run(jobs)
-            else:
-                results = []
-                for d, prepared in enumerate(singles):      # one device at a time, the others idle
-                    jobs = prepared.jobs([mb.example_inputs], steps, return_state=False)
-                    jobs[d].trace = True
-                    results.append(self.pool.run(jobs)[d])
+                results = self.pool.run([jobs[d] for d, jobs in enumerate(per_device)])
+            else:                           # one device at a time, the others idle
+                results = [self.pool.run(jobs)[d] for d, jobs in enumerate(per_device)]
             for d, prepared in enumerate(singles):
                 traces = results[d]["traces"][min(self.warmup, steps - 1):]
                 slow = float(cluster.slowdown[d])
@@ -273,8 +269,9 @@ def profile_collectives(pool, cluster, table: ProfileTable | None = None, *,
 class CommProfiler:
     """Links (ping-pong) and AllReduce (bursts) of ``cluster`` measured round after round on ``pool``,
     like ``OpProfiler``, so that the rounds can be interleaved with other measurements; ``fit`` uses the
-    samples of all rounds (links: median per size, collectives: mean per size, as ``profile_links`` and
-    ``profile_collectives``). ``link_repeats`` and ``collective_repeats`` are per round."""
+    samples of the chosen rounds, by default all (links: median per size, collectives: mean per size,
+    as ``profile_links`` and ``profile_collectives``). ``link_repeats`` and ``collective_repeats`` are
+    per round."""
 
     def __init__(self, pool, cluster, *, link_repeats: int = 5, collective_repeats: int = 5) -> None:
         from heterog.runtime.api import is_emulated
@@ -283,35 +280,42 @@ class CommProfiler:
         self.link_repeats, self.collective_repeats = int(link_repeats), int(collective_repeats)
         self.emulate = is_emulated(cluster)
         self.groups = collective_groups(cluster.n_devices) if cluster.n_devices > 1 else []
-        self.links: dict[tuple[int, int], dict[int, list[float]]] = {}          # all rounds pooled
-        self.collectives: dict[tuple[int, ...], dict[int, list[float]]] = {}
         self.by_round: list[tuple[dict, dict]] = []                              # (links, collectives) per round
-        self.rounds = 0
 
-    @staticmethod
-    def _merge(into: dict, new: dict) -> None:
-        for key, rows in new.items():
-            for size, samples in rows.items():
-                into.setdefault(key, {}).setdefault(size, []).extend(samples)
+    @property
+    def rounds(self) -> int:
+        return len(self.by_round)
+
+    def pooled(self, rounds: Sequence[int] | None = None) -> tuple[dict, dict]:
+        """Samples of ``rounds`` (default all) pooled: ``({(a, b): {size: [s, ...]}}, {group: {size: [s, ...]}})``."""
+        links: dict = {}
+        colls: dict = {}
+        for r in sorted(_chosen_rounds(rounds, self.rounds, "link or collective")):
+            for into, new in zip((links, colls), self.by_round[r]):
+                for key, rows in new.items():
+                    for size, samples in rows.items():
+                        into.setdefault(key, {}).setdefault(size, []).extend(samples)
+        return links, colls
+
+    @property
+    def links(self) -> dict:
+        """Link samples of all rounds: ``{(a, b): {size: [seconds, ...]}}``."""
+        return self.pooled()[0]
+
+    @property
+    def collectives(self) -> dict:
+        """AllReduce samples of all rounds: ``{group: {size: [seconds, ...]}}``."""
+        return self.pooled()[1]
 
     def round(self) -> None:
         links = _link_samples(self.pool, self.cluster, LINK_SIZES_BYTES, self.link_repeats, None, self.emulate)
         colls = _collective_samples(self.pool, self.cluster, self.groups, COLLECTIVE_SIZES_BYTES,
                                     self.collective_repeats, self.emulate) if self.groups else {}
-        self._merge(self.links, links)
-        self._merge(self.collectives, colls)
         self.by_round.append((links, colls))
-        self.rounds += 1
 
     def fit(self, table: ProfileTable | None = None, rounds: Sequence[int] | None = None) -> ProfileTable:
         """Store the fits of ``rounds`` (indices from 0; default all rounds so far) in ``table``."""
-        chosen = _chosen_rounds(rounds, self.rounds, "link or collective")
-        links, colls = self.links, self.collectives
-        if len(chosen) < self.rounds:
-            links, colls = {}, {}
-            for r in sorted(chosen):
-                self._merge(links, self.by_round[r][0])
-                self._merge(colls, self.by_round[r][1])
+        links, colls = self.pooled(rounds)
         table = table if table is not None else ProfileTable()
         medians = {pair: [(size, float(statistics.median(s))) for size, s in sorted(rows.items())]
                    for pair, rows in links.items()}
