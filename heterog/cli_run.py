@@ -88,7 +88,9 @@ def cmd_fidelity(args) -> int:
                        reprofile=args.reprofile, plot=args.plot, hang_timeout_s=args.hang_timeout_s)
     rec = rep.record()
     head = (f"{rep.model} (batch {rep.batch_size}) on {rep.cluster}: MAPE {rep.mape:.1f}%, Kendall tau "
-            f"{rep.kendall_tau:.2f} over {len(rep.pairs)} plans (profile {rep.profile}, plot {rep.plot})")
+            f"{rep.kendall_tau:.2f} over {len(rep.pairs)} plans (profile {rep.profile}, plot {rep.plot}); "
+            f"with op lines instead of points: MAPE {rec['op_lines']['mape']:.1f}%, "
+            f"tau {rec['op_lines']['kendall_tau']:.2f}")
     lines = [head, f"{'plan':14s} {'measured ms':>12s} {'simulated ms':>13s} {'error':>8s}"]
     for p in rep.pairs:
         lines.append(f"{p.plan:14s} {p.measured_s * 1e3:12.3f} {p.simulated_s * 1e3:13.3f} {p.error * 100:7.1f}%")

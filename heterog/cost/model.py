@@ -8,10 +8,11 @@ Compute (per op i on device d at batch fraction f = share / global batch):
     t       = (max(flops / (peak_d * ce_d), bytes / (bw_d * me_d)) + launch_d) * slowdown_d
 
 ``peak_d`` is the fp32 peak, or the fp16/bf16 tensor-core peak for ops whose outputs are all half
-precision (the fp32 peak where the type has no tensor cores). A profile entry (a, b) for the
-device's type and the op's signature replaces the bracket by ``max(a + b * f_i * batch_size, 0)``
-(entries are measured at slowdown 1, so the slowdown still applies). Graph inputs (params,
-buffers, optimizer state, model inputs) take 0.
+precision (the fp32 peak where the type has no tensor cores). A profile entry for the device's
+type and the op's signature replaces the bracket by ``max(t(f_i * batch_size), 0)``, where t is the
+piecewise-linear function through the op's measured points (``ProfileTable.op_points``) or, without
+points or with ``op_points=False``, its line ``a + b * samples`` (entries are measured at slowdown 1,
+so the slowdown still applies). Graph inputs (params, buffers, optimizer state, model inputs) take 0.
 
 Transfers: ``sum of alpha + bytes * max of beta`` over the links of the path, where a link's
 (alpha, beta) is its profiled fit (looked up by link name, then by link kind) or else
@@ -65,8 +66,9 @@ class _GraphTables:
     """Per-graph arrays the model derives once (keyed by the graph's fingerprint)."""
 
     half_precision: np.ndarray            # (n_ops,) bool
-    profile_a_s: np.ndarray | None        # (n_ops, M) profiled intercept, NaN where absent
-    profile_b_s: np.ndarray | None        # (n_ops, M) profiled slope per sample
+    profile_a_s: np.ndarray | None        # (n_ops, M, S) profiled intercept per segment, NaN where absent
+    profile_b_s: np.ndarray | None        # (n_ops, M, S) profiled slope per sample, per segment
+    profile_breaks: np.ndarray | None     # (n_ops, M, S-1) samples where segment k+1 starts; +inf padding
     full_batch_s: np.ndarray | None = None
 
 
@@ -92,16 +94,19 @@ class _AllreducePlan:
 
 
 class CostModel:
-    """Times for the compiler. Args: ``cluster``; ``profile`` (measured overrides, optional).
+    """Times for the compiler. Args: ``cluster``; ``profile`` (measured overrides, optional);
+    ``op_points``: interpolate between an op's measured points where the profile has them (default),
+    else use its fitted line.
 
     Shapes: ``op_times`` takes equal-length (K,) arrays and returns (K,) seconds;
     ``full_batch_times`` returns (n_ops, M); ``transfer_times`` (K,) -> (K,);
     ``allreduce_times`` (K,) bytes -> (K,) seconds and (K,) algorithm names.
     """
 
-    def __init__(self, cluster: Cluster, profile: ProfileTable | None = None) -> None:
+    def __init__(self, cluster: Cluster, profile: ProfileTable | None = None, *, op_points: bool = True) -> None:
         self.cluster = cluster
         self.profile = profile.copy() if profile is not None else ProfileTable()
+        self.op_points = bool(op_points)
         types = [d.type for d in cluster.devices]
         self._fp32_flops = np.array([t.effective_flops for t in types])
         self._half_flops = np.array([t.effective_tensor_flops for t in types])
@@ -123,20 +128,25 @@ class CostModel:
             half = np.array([bool(op.output_dtypes) and all(str(dt).removeprefix("torch.") in _HALF_DTYPES
                                                                for dt in op.output_dtypes)
                              for op in graph.ops], dtype=bool)
-            a = b = None
+            a = b = breaks = None
             type_names = [d.type.name for d in self.cluster.devices]
             if any(self.profile.ops.get(t) for t in set(type_names)):
-                a = np.full((graph.n_ops, self.cluster.n_devices), np.nan)
-                b = np.full_like(a, np.nan)
+                entries = {}
                 for i, op in enumerate(graph.ops):
                     if op.kind != "compute":
                         continue
                     sig = op_signature(op)
                     for j, t in enumerate(type_names):
-                        entry = self.profile.op_entry(t, sig)
+                        entry = self.profile.op_segments(t, sig, points=self.op_points)
                         if entry is not None:
-                            a[i, j], b[i, j] = entry
-            tables = _GraphTables(half, a, b)
+                            entries[i, j] = entry
+                n_seg = max((len(e[1]) for e in entries.values()), default=1)
+                a = np.full((graph.n_ops, self.cluster.n_devices, n_seg), np.nan)
+                b = np.full_like(a, np.nan)
+                breaks = np.full((graph.n_ops, self.cluster.n_devices, n_seg - 1), np.inf)
+                for (i, j), (brk, aa, bb) in entries.items():
+                    a[i, j, :len(aa)], b[i, j, :len(bb)], breaks[i, j, :len(brk)] = aa, bb, brk
+            tables = _GraphTables(half, a, b, breaks)
             self._graphs[key] = tables
         return tables
 
@@ -164,11 +174,15 @@ class CostModel:
         rate = np.where(tables.half_precision[ops], self._half_flops[devices], self._fp32_flops[devices])
         t = np.maximum(flops / rate, nbytes / self._memory_Bps[devices]) + self._launch_s[devices]
         if tables.profile_a_s is not None:
-            a = tables.profile_a_s[ops, devices]
-            measured = ~np.isnan(a)
+            a = tables.profile_a_s[ops, devices]          # (..., S)
+            measured = ~np.isnan(a[..., 0])
             if measured.any():
                 b = tables.profile_b_s[ops, devices]
-                t = np.where(measured, np.maximum(a + b * (f * graph.batch_size), 0.0), t)
+                x = f * graph.batch_size
+                if a.shape[-1] > 1:                       # the segment each x falls in
+                    seg = np.sum(tables.profile_breaks[ops, devices] <= x[..., None], axis=-1)[..., None]
+                    a, b = np.take_along_axis(a, seg, -1), np.take_along_axis(b, seg, -1)
+                t = np.where(measured, np.maximum(a[..., 0] + b[..., 0] * x, 0.0), t)
         t = t * self._slowdown[devices]
         return np.where(graph.is_compute[ops], t, 0.0)
 

@@ -132,6 +132,7 @@ class FidelityReport:
     profile_time_s: float
     run_time_s: float
     link_fits: list[dict] = field(default_factory=list)
+    line_pairs: list[PlanPair] = field(default_factory=list)   # the same runs simulated with op lines
 
     def record(self) -> dict:
         worst = max(self.pairs, key=lambda p: abs(p.error)) if self.pairs else None
@@ -141,7 +142,9 @@ class FidelityReport:
                 "kendall_tau": self.kendall_tau, "pairs": [p.record() for p in self.pairs],
                 "worst_plan": None if worst is None else worst.plan, "profile": self.profile, "plot": self.plot,
                 "steps": self.steps, "warmup_steps": self.warmup_steps, "profile_time_s": self.profile_time_s,
-                "run_time_s": self.run_time_s, "link_fits": self.link_fits}
+                "run_time_s": self.run_time_s, "link_fits": self.link_fits,
+                "op_lines": {"mape": mape(self.line_pairs), "kendall_tau": kendall_tau(self.line_pairs),
+                             "simulated_s": [p.simulated_s for p in self.line_pairs]}}
 
 
 def scatter_plot(pairs: Sequence[PlanPair], path: str | Path, title: str = "") -> Path:
@@ -191,8 +194,9 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
     error is the median of its per-round errors (``PlanPair``). On this 2-vCPU host the same
     single-device step took 2.8 ms in one run and 4.5 ms a few minutes later, and moved by up to 80%
     between the rounds of one run. Plans are chosen and ordered with the first round's profile; the fit
-    of all rounds is the one saved. ``pool``: running workers to use (one per device); by default a pool
-    is started and stopped here."""
+    of all rounds is the one saved. Ops are simulated through their measured points (``CostModel``);
+    ``line_pairs`` holds the same runs simulated with the ops' fitted lines, for comparison.
+    ``pool``: running workers to use (one per device); by default a pool is started and stopped here."""
     from heterog.cluster import load_cluster
     from heterog.cost import CostModel
     from heterog.evaluate import Evaluator
@@ -250,25 +254,30 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
         if own:
             pool.close()
 
-    def simulate_all(tbl: ProfileTable) -> list[float]:
-        e = Evaluator(model.graph, cluster, CostModel(cluster, tbl))
+    def simulate_all(tbl: ProfileTable, op_points: bool) -> list[float]:
+        e = Evaluator(model.graph, cluster, CostModel(cluster, tbl, op_points=op_points))
         return [float(e.evaluate(s).iteration_time_s) for s in strategies]
+
+    def paired(op_points: bool) -> list[PlanPair]:
+        if ops is not None:
+            # plan round j ran between profiling rounds j + 1 and j + 2 (round 0 chose the plans)
+            per_round = [simulate_all(comm.fit(ops.fit(rounds=(j + 1, j + 2)), rounds=(j + 1, j + 2)), op_points)
+                         for j in range(n_rounds)]
+            simulated_all = [list(col) for col in zip(*per_round)]
+        else:
+            simulated_all = [[sim] * n_rounds for sim in simulate_all(table, op_points)]
+        return [PlanPair(s.method, float(np.median(meds)), float(np.median(sims)), meds, sims)
+                for s, sims, meds in zip(strategies, simulated_all, medians)]
 
     if ops is not None:
         table = comm.fit(ops.fit())
         table.save(ppath)
-        # plan round j ran between profiling rounds j + 1 and j + 2 (round 0 chose the plans)
-        per_round = [simulate_all(comm.fit(ops.fit(rounds=(j + 1, j + 2)), rounds=(j + 1, j + 2)))
-                     for j in range(n_rounds)]
-        simulated_all = [list(col) for col in zip(*per_round)]
-    else:
-        simulated_all = [[sim] * n_rounds for sim in simulate_all(table)]
-    pairs = [PlanPair(s.method, float(np.median(meds)), float(np.median(sims)), meds, sims)
-             for s, sims, meds in zip(strategies, simulated_all, medians)]
+    pairs, line_pairs = paired(True), paired(False)
     out_plot = Path(plot) if plot else ppath.with_name(ppath.stem + "-fidelity.png")
     title = f"{model.name} (batch {model.batch_size}) on {cluster.name}: MAPE {mape(pairs):.1f}%, " \
             f"tau {kendall_tau(pairs):.2f}"
     scatter_plot(pairs, out_plot, title)
     return FidelityReport(model_ref, cluster.name, model.batch_size, pairs, mape(pairs), kendall_tau(pairs),
                           str(ppath), str(out_plot), steps, warmup, t_prof, t_run,
-                          [{"link": name, "alpha_s": a, "beta_s_per_byte": b} for name, (a, b) in table.links.items()])
+                          [{"link": name, "alpha_s": a, "beta_s_per_byte": b} for name, (a, b) in table.links.items()],
+                          line_pairs)

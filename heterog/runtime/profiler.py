@@ -1,6 +1,7 @@
-"""Profiler: measure op times on the local device type and transfer times per link, fit the linear models
-of the cost model (``t = a + b * samples`` per op signature, ``t = alpha + beta * bytes`` per link) and
-write them as a ``heterog.cost.ProfileTable``.
+"""Profiler: measure op times on the local device type and transfer times per link, fit the models of the
+cost model (per op signature: the measured time at each local batch size and the line ``t = a + b *
+samples`` through them; ``t = alpha + beta * bytes`` per link) and write them as a
+``heterog.cost.ProfileTable``.
 
 Ops are measured where and as they run: the model, captured at a few local batch sizes, trains as a
 single-device plan on each worker in turn with instruction tracing, so each time is the op's kernel on
@@ -38,8 +39,8 @@ def default_batch_sizes(batch_size: int) -> list[int]:
 
 class OpProfiler:
     """Measures every compute op of ``model`` (a ``heterog.runtime.Model``) in situ, round after round,
-    and fits ``(a, b)`` per op signature and device type of ``cluster`` (this machine's devices: ``pool``
-    has one worker per device).
+    and fits per op signature and device type of ``cluster`` (this machine's devices: ``pool`` has one
+    worker per device) its time at each batch size and the line ``(a, b)`` through them.
 
     A round trains, at each local batch size, the model (captured at that batch) as a single-device plan
     on each worker in turn (``concurrent``: on every worker at once, faster on many devices), for

@@ -1,6 +1,8 @@
 """Compute cost: roofline values by hand, V100 vs 1080Ti ratios, batch fractions, profile overrides."""
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from heterog.cluster import CATALOG, load_cluster
 from heterog.cost import CostModel, ProfileTable, op_signature
@@ -130,3 +132,50 @@ def test_profile_is_snapshotted_at_build():
     cm = CostModel(load_cluster("paper-8gpu"), profile)
     profile.set_op("V100-16GB", op_signature(mm), 1.0, 0.0)
     assert cm.op_times(graph(mm), np.array([0]), np.array([0]), np.array([1.0]))[0] < 0.1
+
+
+def test_profile_points_interpolate_piecewise_and_extend_the_end_segments():
+    """Points at 8/16/32 samples (BATCH = 32): exact at the points, linear between, end segments
+    extended outside; ``op_points=False`` uses the least-squares line instead."""
+    mm = matmul()
+    profile = ProfileTable()
+    profile.add_op("V100-16GB", op_signature(mm), [8, 16, 32], [1e-3, 2e-3, 6e-3])
+    cm = CostModel(load_cluster("paper-8gpu"), profile)
+    g = graph(mm)
+    fractions = np.array([0.25, 0.5, 1.0, 0.375, 0.75, 0.125])       # 8, 16, 32, 12, 24, 4 samples
+    t = cm.op_times(g, np.zeros(6, dtype=np.int64), np.zeros(6, dtype=np.int64), fractions)
+    assert t == pytest.approx([1e-3, 2e-3, 6e-3, 1.5e-3, 4e-3, 0.5e-3], rel=1e-12)
+    a, b = profile.ops["V100-16GB"][op_signature(mm)]
+    line = CostModel(load_cluster("paper-8gpu"), profile, op_points=False)
+    t_line = line.op_times(g, np.zeros(6, dtype=np.int64), np.zeros(6, dtype=np.int64), fractions)
+    assert t_line == pytest.approx(np.maximum(a + b * fractions * BATCH, 0.0), rel=1e-12)
+    # another op with a line only and a device without entries keep their own rules in the same call
+    profile.set_op("V100-16GB", op_signature(add()), 1e-4, 0.0)
+    both = CostModel(load_cluster("paper-8gpu"), profile)
+    g2 = graph(mm, add())
+    t2 = both.op_times(g2, np.array([0, 1, 0]), np.array([0, 0, 2]), np.array([0.375, 0.5, 1.0]))
+    assert t2[:2] == pytest.approx([1.5e-3, 1e-4], rel=1e-12)
+    assert t2[2] == pytest.approx(roofline_s("GTX-1080Ti", N**3 * 2, 12 * N * N), rel=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, BATCH), min_size=1, max_size=5, unique=True),
+       st.lists(st.floats(1e-5, 1e-2), min_size=5, max_size=5), st.floats(0.0, 1.0))
+def test_profile_points_are_met_exactly_and_bound_what_lies_between(sizes, times, fraction):
+    sizes = sorted(sizes)
+    times = times[:len(sizes)]
+    mm = matmul()
+    profile = ProfileTable()
+    profile.add_op("V100-16GB", op_signature(mm), sizes, times)
+    cm = CostModel(load_cluster("paper-8gpu"), profile)
+    g = graph(mm)
+    at_points = cm.op_times(g, np.zeros(len(sizes), dtype=np.int64), np.zeros(len(sizes), dtype=np.int64),
+                            np.array(sizes) / BATCH)
+    assert at_points == pytest.approx(times, rel=1e-9, abs=1e-15)
+    x = fraction * BATCH
+    t = cm.op_times(g, np.array([0]), np.array([0]), np.array([fraction]))[0]
+    if sizes[0] <= x <= sizes[-1]:                  # inside: between the two neighbouring points
+        k = max(i for i, s in enumerate(sizes) if s <= x)
+        lo, hi = sorted(times[k:k + 2])
+        assert lo - 1e-12 <= t <= hi + 1e-12
+    assert t >= 0.0

@@ -4,6 +4,7 @@ import json
 import pytest
 
 from heterog.cost import ProfileTable, fit_linear, op_signature
+from heterog.cost.profile import segments
 from heterog.errors import HeterogError
 from heterog.graph.opgraph import Op
 
@@ -82,4 +83,41 @@ def test_bad_profile_files_name_the_problem(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({"format": "heterog-profile", "version": 1,
                                                    "ops": {"T4": {"sig": [1.0]}}}))
     with pytest.raises(HeterogError, match=r"ops\['T4'\]\['sig'\]"):
+        ProfileTable.load(tmp_path / "bad.json")
+
+
+def test_measured_points_are_kept_beside_the_line_and_round_trip(tmp_path):
+    table = ProfileTable()
+    table.add_op("cpu", "sig", [16, 32, 64], [1.6e-3, 2.0e-3, 4.0e-3])
+    assert table.op_points["cpu"]["sig"] == ((16.0, 32.0, 64.0), (1.6e-3, 2.0e-3, 4.0e-3))
+    # through the points: 1.6 -> 2.0 ms over 16 samples, then 2.0 -> 4.0 ms over 32
+    breaks, a, b = table.op_segments("cpu", "sig")
+    assert breaks == (32.0,) and b == pytest.approx((0.4e-3 / 16, 2.0e-3 / 32))
+    assert a == pytest.approx((1.2e-3, 0.0))
+    assert table.op_segments("cpu", "sig", points=False) == ((), table.ops["cpu"]["sig"][:1],
+                                                              table.ops["cpu"]["sig"][1:])
+    assert table.op_segments("cpu", "other") is None
+    loaded = ProfileTable.load(table.save(tmp_path / "p.json"))
+    assert loaded == table
+    # a file written before points existed loads with lines only
+    (tmp_path / "old.json").write_text(json.dumps({"format": "heterog-profile", "version": 1,
+                                                   "ops": {"cpu": {"sig": [1e-3, 1e-5]}}}))
+    old = ProfileTable.load(tmp_path / "old.json")
+    assert old.op_points == {} and old.op_segments("cpu", "sig") == ((), (1e-3,), (1e-5,))
+
+
+def test_one_point_is_a_constant():
+    assert segments([64.0], [3e-3]) == ((), (3e-3,), (0.0,))
+
+
+@pytest.mark.parametrize("points, match", [
+    ([[16, 32], [1e-3]], "as many times as sizes"),
+    ([[32, 16], [1e-3, 2e-3]], "increase strictly"),
+    ([[16, 16], [1e-3, 2e-3]], "increase strictly"),
+    ([[16], "fast"], r"\[\[sizes\], \[times\]\]"),
+])
+def test_bad_op_points_name_the_entry(tmp_path, points, match):
+    (tmp_path / "bad.json").write_text(json.dumps({"format": "heterog-profile", "version": 1,
+                                                   "op_points": {"cpu": {"sig": points}}}))
+    with pytest.raises(HeterogError, match=rf"op_points\['cpu'\]\['sig'\].*{match}"):
         ProfileTable.load(tmp_path / "bad.json")

@@ -7,6 +7,7 @@ import math
 from heterog import baselines
 from heterog.cli import main
 from heterog.cluster import load_cluster
+from heterog.cost import ProfileTable
 from tests.runtime.conftest import model
 
 
@@ -42,3 +43,6 @@ def test_fidelity_json_pairs_and_scatter_plot(pool2, tmp_path) -> None:
     assert all(len(p["simulated_all_s"]) == len(p["measured_all_s"]) == 1 for p in rec["pairs"])
     assert all(p["measured_s"] > 0 and p["simulated_s"] > 0 for p in rec["pairs"])
     assert (tmp_path / "f.png").read_bytes()[:4] == b"\x89PNG" and (tmp_path / "p.json").is_file()
+    # the same runs simulated with the ops' lines instead of their measured points
+    assert len(rec["op_lines"]["simulated_s"]) == 3 and rec["op_lines"]["mape"] >= 0
+    assert ProfileTable.load(tmp_path / "p.json").op_points["cpu"]

@@ -1,0 +1,47 @@
+"""Time to quality of fine-tuning vs scratch: the arithmetic on hand-made histories, and the command
+on two real (tiny) runs."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from experiments.train import run
+from experiments.transfer import Run, compare, main
+from heterog.errors import HeterogError
+from tests.experiments.test_train_app import SHRINK, config
+
+
+def history(*points):
+    """(cpu_s, best_s) pairs -> history entries (wall = 2 * cpu, episodes = 16 per entry)."""
+    return [(2 * c, c, 16 * (i + 1), t) for i, (c, t) in enumerate(points)]
+
+
+def test_ratio_is_the_fine_tuned_time_to_the_scratch_best_over_the_scratch_time():
+    scratch = Run("s", "g", history((1.0, 0.50), (40.0, 0.42), (100.0, 0.40)), (800.0, 400.0), None)
+    fine = Run("f", "g", history((0.5, 0.45), (20.0, 0.40), (30.0, 0.39)), (800.0, 400.0), "pre/agent.pt")
+    row = compare(scratch, fine)
+    assert (row.scratch_best_s, row.scratch_reached_s, row.finetune_reached_s) == (0.40, 100.0, 20.0)
+    assert row.ratio == pytest.approx(0.2) and row.finetune_best_s == 0.39 and row.finetune_first_s == 0.45
+    assert compare(scratch, fine, "wall_s").ratio == pytest.approx(40.0 / 200.0)
+    never = Run("f", "g", history((0.5, 0.45), (300.0, 0.401)), (800.0, 400.0), None)
+    assert compare(scratch, never).finetune_reached_s is None and compare(scratch, never).ratio is None
+    with pytest.raises(HeterogError, match="different graphs"):
+        compare(scratch, Run("f", "h", fine.history, fine.end, None))
+
+
+def test_command_on_real_runs(tmp_path, capsys):
+    torch.set_num_threads(1)
+    out = [f"output_dir={tmp_path}", "graph=tiny_mlp", *SHRINK]
+    scratch = run(config(out))
+    fine = run(config([*out, "experiment=finetune", f"run.init_from={scratch['checkpoint']}"]))
+    plot = tmp_path / "curves.png"
+    assert main(["--pair", scratch["run_dir"], fine["run_dir"], "--plot", str(plot), "--json"]) == 0
+    rec = json.loads(capsys.readouterr().out)
+    row = rec["rows"][0]
+    assert row["graph"] == "tiny_mlp-b16" and row["pretrained"] == scratch["checkpoint"]
+    assert row["scratch_best_s"] == pytest.approx(scratch["graphs"]["tiny_mlp-b16"]["best_iteration_time_s"])
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+    assert main(["--pair", scratch["run_dir"], str(tmp_path / "missing")]) == 2
+    assert "has no agent.pt" in capsys.readouterr().err
