@@ -69,7 +69,9 @@ def test_collective_profile_measures_the_emulated_allreduce_and_feeds_the_cost_m
         want = float(nominal.allreduce_times([0, 1], np.array([float(size)]))[0][0])
         assert want <= t <= 1.5 * want, (size, t, want)
     alpha, beta = table.collectives["allreduce:localhost/cpu0,localhost/cpu1"]
-    assert 0.8e-8 < beta < 1.5e-8 and 10e-3 <= alpha < 15e-3
+    # nominal beta 1e-8 s/B; points within [1, 1.5] x nominal bound the slope between 1 KB and 1 MB by
+    # (1.5 * 20.5 ms - 10 ms) / 1 MB = 2.0e-8 (a loaded machine lands near the top: 1.58e-8 seen)
+    assert 0.8e-8 < beta < 2.1e-8 and 10e-3 <= alpha < 15e-3
     measured = CostModel(cluster, table).allreduce_times([1, 0], np.array([1e6]))[0][0]
     assert measured == pytest.approx(alpha + beta * 1e6)
     assert collective_groups(2) == [(0, 1)] and len(collective_groups(4)) == 11
