@@ -162,7 +162,9 @@ class ProfileTable:
 
     # ------------------------------------------------------------------ measurements
     def set_op(self, device_type: str, signature: str, a_s: float, b_s_per_sample: float) -> None:
+        """Set the op's line; measured points of an earlier entry, which would override it, are dropped."""
         self.ops.setdefault(device_type, {})[signature] = (float(a_s), float(b_s_per_sample))
+        self.op_points.get(device_type, {}).pop(signature, None)
 
     def set_op_points(self, device_type: str, signature: str, samples: Sequence[float],
                       seconds: Sequence[float]) -> None:
@@ -173,9 +175,9 @@ class ProfileTable:
                times_s: Sequence[float]) -> tuple[float, float]:
         """Store measurements (one time per batch size, sizes increasing) as points and their
         least-squares line ``t = a + b * batch_size``; return (a, b)."""
-        self.set_op_points(device_type, signature, batch_sizes, times_s)
         a, b = fit_linear(batch_sizes, times_s)
         self.set_op(device_type, signature, a, b)
+        self.set_op_points(device_type, signature, batch_sizes, times_s)
         return a, b
 
     def set_link(self, name: str, alpha_s: float, beta_s_per_byte: float) -> None:

@@ -97,6 +97,9 @@ def test_measured_points_are_kept_beside_the_line_and_round_trip(tmp_path):
     assert table.op_segments("cpu", "sig", points=False) == ((), table.ops["cpu"]["sig"][:1],
                                                               table.ops["cpu"]["sig"][1:])
     assert table.op_segments("cpu", "other") is None
+    replaced = table.copy()
+    replaced.set_op("cpu", "sig", 1e-3, 0.0)              # a new line replaces the old points too
+    assert replaced.op_segments("cpu", "sig") == ((), (1e-3,), (0.0,)) and "sig" not in replaced.op_points["cpu"]
     loaded = ProfileTable.load(table.save(tmp_path / "p.json"))
     assert loaded == table
     # a file written before points existed loads with lines only
