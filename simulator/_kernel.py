@@ -17,10 +17,11 @@ BAD_DEPENDENCY = 5
 BAD_FREE = 6
 BAD_MEM_RESOURCE = 7
 NEGATIVE_MEM = 8
+BAD_LAG = 9
 
 
 @njit(cache=True)
-def validate_batch(first_id, n_res, duration, priority, res_ptr, res_idx, dep_ptr, dep_idx,
+def validate_batch(first_id, n_res, duration, lag, priority, res_ptr, res_idx, dep_ptr, dep_idx,
                    mem_ptr, mem_res, mem_bytes, free_ptr, free_idx):  # pragma: no cover - compiled
     """First problem in a batch of new tasks as (code, batch position, entry index), code 0 if none."""
     for i in range(duration.shape[0]):
@@ -28,6 +29,9 @@ def validate_batch(first_id, n_res, duration, priority, res_ptr, res_idx, dep_pt
         d = duration[i]
         if not (d >= 0.0 and d < np.inf):
             return BAD_DURATION, i, i
+        g = lag[i]
+        if not (g >= 0.0 and g < np.inf):
+            return BAD_LAG, i, i
         if np.isnan(priority[i]):
             return NAN_PRIORITY, i, i
         for j in range(res_ptr[i], res_ptr[i + 1]):
@@ -70,8 +74,8 @@ def transpose_csr(ptr, idx, n):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def simulate_kernel(duration, priority, res_ptr, res_idx, dep_ptr, succ_ptr, succ_idx, mem_ptr, mem_res,
-                    mem_bytes, free_ptr, free_idx, resident_bytes, fifo):  # pragma: no cover - compiled
+def simulate_kernel(duration, lag, priority, res_ptr, res_idx, dep_ptr, succ_ptr, succ_idx, mem_ptr,
+                    mem_res, mem_bytes, free_ptr, free_idx, resident_bytes, fifo):  # pragma: no cover - compiled
     """Greedy list scheduling of a task DAG on exclusive resources; the same rule as the reference.
 
     Ready tasks wait in one binary heap of candidates ordered by (-priority, id). A candidate that finds a
@@ -83,13 +87,17 @@ def simulate_kernel(duration, priority, res_ptr, res_idx, dep_ptr, succ_ptr, suc
     counting in the hot loop.
     With ``fifo`` a task's priority is minus the time it became ready (first ready, first served; ties by
     id), assigned when it becomes ready; ``priority`` is then ignored.
+    One binary heap of events keyed by (``finish``, id) holds running tasks; a task with ``lag`` > 0, once
+    its finish is processed (resources and memory), goes back in at its arrival ``finish + lag``, and only
+    that second event makes its dependents ready. While it waits for that, ``finish`` holds its arrival
+    (the heap's key) and ``sent_at`` its finish, put back when it arrives: lag-free tasks cost one read.
     Returns (start, finish, release_time, busy, peak, n_started).
     """
     n = duration.shape[0]
     if fifo:
         priority = np.zeros(n, dtype=np.float64)
     n_res = resident_bytes.shape[0]
-    pending = np.empty(n, dtype=np.int32)  # dependencies not finished yet
+    pending = np.empty(n, dtype=np.int32)  # dependencies not arrived yet (finish + lag)
     refcount = np.zeros(n, dtype=np.int32)  # tasks that must finish before t's allocation is released
     for j in range(free_idx.shape[0]):
         refcount[free_idx[j]] += 1
@@ -118,8 +126,10 @@ def simulate_kernel(duration, priority, res_ptr, res_idx, dep_ptr, succ_ptr, suc
     n_staged = 0
     promote = np.empty(2 * n_res + 1, dtype=np.int64)  # resources whose best waiter should be staged
     n_promote = 0
-    events = np.empty(n, dtype=np.int32)  # binary heap of running tasks by (finish, id)
+    events = np.empty(n, dtype=np.int32)  # binary heap of tasks by (finish, id): finishes and arrivals
     n_events = 0
+    sent = np.zeros(n, dtype=np.bool_)  # a task with lag > 0 whose finish is processed (arrival pending)
+    sent_at = np.empty(n, dtype=np.float64)  # the finish time of such a task
 
     for t in range(n):
         if pending[t] == 0:
@@ -253,7 +263,7 @@ def simulate_kernel(duration, priority, res_ptr, res_idx, dep_ptr, succ_ptr, suc
                 n_promote += 1
         if n_events == 0:
             break
-        # advance to the next finish time and process every finish at that time
+        # advance to the next event time and process every event (finish or arrival) at that time
         now = finish[events[0]]
         while n_events > 0 and finish[events[0]] == now:
             f = events[0]
@@ -278,22 +288,43 @@ def simulate_kernel(duration, priority, res_ptr, res_idx, dep_ptr, succ_ptr, suc
                     else:
                         break
                 events[i] = x
-            for j in range(res_ptr[f], res_ptr[f + 1]):
-                r = res_idx[j]
-                held[r] = False
-                if wait_root[r] >= 0:
-                    promote[n_promote] = r
-                    n_promote += 1
-            for j in range(free_ptr[f] - 1, free_ptr[f + 1]):  # f itself first, then the tasks it frees
-                x = free_idx[j] if j >= free_ptr[f] else f
-                if refcount[x] == 0:  # only f itself, when no task frees it
+            lf = lag[f]
+            if lf > 0.0 and sent[f]:  # f arrives
+                finish[f] = sent_at[f]
+            else:  # f finishes: free its resources and memory
+                for j in range(res_ptr[f], res_ptr[f + 1]):
+                    r = res_idx[j]
+                    held[r] = False
+                    if wait_root[r] >= 0:
+                        promote[n_promote] = r
+                        n_promote += 1
+                for j in range(free_ptr[f] - 1, free_ptr[f + 1]):  # f itself first, then the tasks it frees
+                    x = free_idx[j] if j >= free_ptr[f] else f
+                    if refcount[x] == 0:  # only f itself, when no task frees it
+                        continue
+                    refcount[x] -= 1
+                    if refcount[x] == 0:
+                        for jm in range(mem_ptr[x], mem_ptr[x + 1]):
+                            allocated[mem_res[jm]] -= mem_bytes[jm]
+                        release_time[x] = now
+                if lf > 0.0:  # its dependents wait for the arrival: push f back at finish + lag
+                    sent[f] = True
+                    sent_at[f] = now
+                    ef = now + lf
+                    finish[f] = ef
+                    i = n_events
+                    n_events += 1
+                    while i > 0:
+                        p = (i - 1) >> 1
+                        y = events[p]
+                        if ef < finish[y] or (ef == finish[y] and f < y):
+                            events[i] = y
+                            i = p
+                        else:
+                            break
+                    events[i] = f
                     continue
-                refcount[x] -= 1
-                if refcount[x] == 0:
-                    for jm in range(mem_ptr[x], mem_ptr[x + 1]):
-                        allocated[mem_res[jm]] -= mem_bytes[jm]
-                    release_time[x] = now
-            for j in range(succ_ptr[f], succ_ptr[f + 1]):
+            for j in range(succ_ptr[f], succ_ptr[f + 1]):  # f has arrived: its dependents see it done
                 x = succ_idx[j]
                 pending[x] -= 1
                 if pending[x] == 0:

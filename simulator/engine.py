@@ -17,11 +17,12 @@ from simulator.taskgraph import TaskGraph
 class SimResult:
     """Timeline and resource statistics of one simulated run.
 
-    Shapes: start, finish, release_time (n_tasks,); busy, peak_memory (n_resources,).
+    Shapes: start, finish, release_time, arrival (n_tasks,); busy, peak_memory (n_resources,).
     """
 
     makespan: float
-    """Finish time of the last task (s); 0 for an empty graph."""
+    """Last arrival, the max over tasks of finish + lag (s; the last finish when no task has a lag); 0 for
+    an empty graph."""
     start: np.ndarray
     """Start time per task (s)."""
     finish: np.ndarray
@@ -41,6 +42,12 @@ class SimResult:
     _mem_res: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     _mem_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     _resident_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    arrival: np.ndarray | None = None
+    """When each task's dependents see it done: finish + lag (s); None given means no lag (= finish)."""
+
+    def __post_init__(self) -> None:
+        if self.arrival is None:
+            self.arrival = self.finish
 
     def utilization(self) -> np.ndarray:
         """Fraction of the makespan each resource is busy, shape (n_resources,)."""
@@ -76,9 +83,10 @@ def simulate(tg: TaskGraph, priority: np.ndarray | None = None, *, fifo: bool = 
              reference: bool = False) -> SimResult:
     """Run ``tg`` with greedy list scheduling; ``priority`` overrides ``tg.priority`` for this run.
 
-    A task starts when all its deps have finished and all its resources are free, then holds them for its
-    duration. At each instant, finishing tasks are processed first (resources, memory releases,
-    dependents), then ready tasks are scanned by (higher priority, lower id) and every one whose resources
+    A task starts when all its deps have arrived and all its resources are free, then holds them for its
+    duration; it arrives ``tg.lag`` after it finishes (at once for lag 0). At each instant, finishes and
+    arrivals are processed first (resources and memory releases at the finish, dependents at the
+    arrival), then ready tasks are scanned by (higher priority, lower id) and every one whose resources
     are all free starts. Deterministic; ``reference=True`` runs the plain-Python specification, which gives
     bit-identical results. ``fifo=True`` ignores priorities: ready tasks are served in the order they became
     ready (ties by id), as a FIFO ready queue would.
@@ -103,19 +111,20 @@ def simulate(tg: TaskGraph, priority: np.ndarray | None = None, *, fifo: bool = 
     if reference:
         start, finish, release_time, busy, peak = simulate_reference(
             tg.duration, priority, res_ptr, res_idx, dep_ptr, dep_idx, mem_ptr, mem_res, mem_bytes,
-            free_ptr, free_idx, resident, fifo)
+            free_ptr, free_idx, resident, fifo, tg.lag)
     else:
         succ_ptr, succ_idx = tg.successors()
         start, finish, release_time, busy, peak, n_started = _kernel.simulate_kernel(
-            tg.duration, priority, res_ptr, res_idx, dep_ptr, succ_ptr, succ_idx, mem_ptr, mem_res,
+            tg.duration, tg.lag, priority, res_ptr, res_idx, dep_ptr, succ_ptr, succ_idx, mem_ptr, mem_res,
             mem_bytes, free_ptr, free_idx, resident, bool(fifo))
         if n_started != n:  # cannot happen for a graph built through TaskGraph (a DAG by construction)
             raise RuntimeError(f"simulation stalled: {n_started} of {n} tasks started")
 
+    arrival = finish + tg.lag
     capacity = tg.memory_capacity_bytes
     over = (capacity >= 0) & (peak > capacity)
     return SimResult(
-        makespan=float(finish.max()) if n else 0.0, start=start, finish=finish, busy=busy,
+        makespan=float(arrival.max()) if n else 0.0, start=start, finish=finish, busy=busy,
         peak_memory=peak, oom=bool(over.any()), oom_resources=np.flatnonzero(over).tolist(),
         release_time=release_time, resource_names=tg.resource_names, _mem_ptr=mem_ptr, _mem_res=mem_res,
-        _mem_bytes=mem_bytes, _resident_bytes=resident)
+        _mem_bytes=mem_bytes, _resident_bytes=resident, arrival=arrival)

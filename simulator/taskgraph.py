@@ -1,4 +1,4 @@
-"""TaskGraph: tasks on exclusive resources (GPUs, links) with dependencies, priorities and memory effects.
+"""TaskGraph: tasks on exclusive resources (GPUs, links) with dependencies, lags, priorities and memory effects.
 
 Stored as growable numpy CSR arrays so that a compiler can add tens of thousands of tasks in milliseconds.
 """
@@ -81,7 +81,12 @@ class TaskGraph:
     task x is released once x and all tasks naming x in ``frees`` have finished; if nobody names x it is
     never released. Per resource: a name, an optional memory capacity and bytes resident from time 0.
 
-    Array properties (``duration``, ``priority``, the CSR pairs) are views of the internal buffers; read
+    A task's ``lag`` (s, default 0) delays only what its dependents see: it holds its resources for its
+    duration and frees them (and its memory effects happen) at ``finish = start + duration``, but its
+    dependents treat it as done at its arrival ``finish + lag``, like a message whose link is busy for
+    the send and whose data lands a latency later (LogGP).
+
+    Array properties (``duration``, ``lag``, ``priority``, the CSR pairs) are views of the internal buffers; read
     them again after adding tasks. Only ``priority`` is writeable: the structure stays as validated.
     """
 
@@ -91,6 +96,7 @@ class TaskGraph:
         self._capacity = _Buffer(np.int64)  # -1: no capacity
         self._resident = _Buffer(np.int64)
         self._duration = _Buffer(np.float64)
+        self._lag = _Buffer(np.float64)
         self._priority = _Buffer(np.float64)
         self._cat = _Buffer(np.int64)
         self._res_ptr = _Buffer(np.int64, [0])
@@ -171,7 +177,7 @@ class TaskGraph:
     # ---------------------------------------------------------------------------------- tasks
     def add_task(self, resources: Sequence[int] = (), duration: float = 0.0, deps: Sequence[int] = (),
                  priority: float = 0.0, mem: Mapping[int, int] | None = None, frees: Sequence[int] = (),
-                 name: str = "", cat: str = "") -> int:
+                 name: str = "", cat: str = "", lag: float = 0.0) -> int:
         """Add one task (a thin wrapper of ``add_tasks``); returns its id."""
         res = np.asarray(list(resources), dtype=np.int64)
         dep = np.asarray(list(deps), dtype=np.int64)
@@ -184,7 +190,7 @@ class TaskGraph:
             mem_res=np.array([r for r, _ in mem_items], dtype=np.int64),
             mem_bytes=np.array([b for _, b in mem_items]),
             free_ptr=np.array([0, len(free)]), free_idx=free,
-            names=[name] if name else None, cats=cat)
+            names=[name] if name else None, cats=cat, lag=np.array([lag], dtype=np.float64))
         return int(ids[0])
 
     def add_tasks(self, duration: np.ndarray, priority: np.ndarray | float, res_ptr: np.ndarray,
@@ -192,7 +198,8 @@ class TaskGraph:
                   mem_ptr: np.ndarray | None = None, mem_res: np.ndarray | None = None,
                   mem_bytes: np.ndarray | None = None, free_ptr: np.ndarray | None = None,
                   free_idx: np.ndarray | None = None, names: Sequence[str] | None = None,
-                  cats: str | Sequence[str] | np.ndarray | None = None) -> np.ndarray:
+                  cats: str | Sequence[str] | np.ndarray | None = None,
+                  lag: np.ndarray | float | None = None) -> np.ndarray:
         """Add k tasks at once from batch-local CSR arrays; returns their ids (n_tasks .. n_tasks + k - 1).
 
         Args:
@@ -205,9 +212,11 @@ class TaskGraph:
                 this task consumes.
             names: one name per task (optional).
             cats: one category name for all, one per task, or integer codes from ``category``.
+            lag: seconds per task (or one value for all; None: 0), finite and >= 0, between a task's
+                finish (resources free) and its arrival (dependents may start).
 
         Shapes:
-            duration, priority: (k,); every ptr: (k + 1,) starting at 0; idx arrays: (ptr[-1],).
+            duration, priority, lag: (k,); every ptr: (k + 1,) starting at 0; idx arrays: (ptr[-1],).
         The batch is checked as a whole before anything is added; a bad one raises ValueError naming the
         first offending task.
         """
@@ -216,6 +225,12 @@ class TaskGraph:
             raise ValueError(f"duration must be 1-D, got shape {duration.shape}")
         k = len(duration)
         priority = np.ascontiguousarray(np.broadcast_to(np.asarray(priority, dtype=np.float64), (k,)))
+        lag = np.zeros(k) if lag is None else np.asarray(lag, dtype=np.float64)
+        if lag.ndim == 0:
+            lag = np.full(k, float(lag))
+        elif lag.shape != (k,):
+            raise ValueError(f"lag has shape {lag.shape}, expected ({k},) for {k} tasks")
+        lag = np.ascontiguousarray(lag)
         res_ptr, res_idx = _csr(res_ptr, res_idx, k, "resources")
         dep_ptr, dep_idx = _csr(dep_ptr, dep_idx, k, "deps")
         mem_ptr, mem_res = _csr(mem_ptr, mem_res, k, "mem")
@@ -228,13 +243,14 @@ class TaskGraph:
         cat_codes = self._category_codes(cats, k)
 
         first = self.n_tasks
-        code, i, j = _kernel.validate_batch(first, self.n_resources, duration, priority, res_ptr, res_idx,
+        code, i, j = _kernel.validate_batch(first, self.n_resources, duration, lag, priority, res_ptr, res_idx,
                                             dep_ptr, dep_idx, mem_ptr, mem_res, mem_bytes, free_ptr, free_idx)
         if code != _kernel.OK:
-            raise ValueError(self._batch_error(code, first + i, j, duration, res_idx, dep_idx, mem_res,
+            raise ValueError(self._batch_error(code, first + i, j, duration, lag, res_idx, dep_idx, mem_res,
                                                mem_bytes, free_idx))
 
         self._duration.extend(duration)
+        self._lag.extend(lag)
         self._priority.extend(priority)
         self._cat.extend(cat_codes)
         for ptr, idx, buf_ptr, buf_idx in ((res_ptr, res_idx, self._res_ptr, self._res_idx),
@@ -268,10 +284,12 @@ class TaskGraph:
             raise ValueError(f"cats has {len(cats)} entries for {k} tasks")
         return np.fromiter((self.category(c) for c in cats), dtype=np.int64, count=k)
 
-    def _batch_error(self, code: int, t: int, j: int, duration, res_idx, dep_idx, mem_res, mem_bytes,
+    def _batch_error(self, code: int, t: int, j: int, duration, lag, res_idx, dep_idx, mem_res, mem_bytes,
                      free_idx) -> str:
         if code == _kernel.BAD_DURATION:
             return f"task {t}: duration {duration[t - self.n_tasks]} s must be finite and >= 0"
+        if code == _kernel.BAD_LAG:
+            return f"task {t}: lag {lag[t - self.n_tasks]} s must be finite and >= 0"
         if code == _kernel.NAN_PRIORITY:
             return f"task {t}: priority is NaN"
         if code == _kernel.BAD_RESOURCE:
@@ -303,6 +321,11 @@ class TaskGraph:
     def duration(self) -> np.ndarray:
         """Seconds per task, shape (n_tasks,)."""
         return self._duration.view()
+
+    @property
+    def lag(self) -> np.ndarray:
+        """Seconds from each task's finish to its arrival (when dependents see it done), shape (n_tasks,)."""
+        return self._lag.view()
 
     @property
     def priority(self) -> np.ndarray:
@@ -381,5 +404,5 @@ class TaskGraph:
         out.add_tasks(self._duration.data[:n_tasks], self._priority.data[:n_tasks], res_ptr, res_idx,
                       dep_ptr, dep_idx, mem_ptr, mem_res, mem_bytes, free_ptr, free_idx,
                       names=None if self._names is None else self._names[:n_tasks],
-                      cats=self._cat.data[:n_tasks].copy())
+                      cats=self._cat.data[:n_tasks].copy(), lag=self._lag.data[:n_tasks])
         return out

@@ -34,7 +34,8 @@ def _atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path
 
 def chrome_trace_events(tg: TaskGraph, res: SimResult, *, memory_counters: bool = True) -> list[dict]:
     """Trace events: one "X" event per (task, resource) on thread ``tid = resource`` (tasks without a
-    resource on an extra thread), thread names, and memory counters per resource with allocations."""
+    resource on an extra thread), thread names, and memory counters per resource with allocations.
+    A span covers the task's duration; a task with a lag also carries ``lag_us`` in its args."""
     names = tg.resource_names
     events: list[dict] = [{"ph": "M", "pid": 0, "name": "process_name", "args": {"name": "simulated iteration"}}]
     res_ptr, res_idx = tg.resources()
@@ -48,9 +49,11 @@ def chrome_trace_events(tg: TaskGraph, res: SimResult, *, memory_counters: bool 
     cat_names = tg.category_names
     cat = tg.task_category.tolist()
     ptr, idx = res_ptr.tolist(), res_idx.tolist()
+    lag_us = (tg.lag * 1e6).tolist()
     for t in range(tg.n_tasks):
         base = {"ph": "X", "pid": 0, "ts": start_us[t], "dur": dur_us[t], "name": tg.task_name(t),
-                "cat": cat_names[cat[t]] or "task", "args": {"task": t}}
+                "cat": cat_names[cat[t]] or "task",
+                "args": {"task": t, "lag_us": lag_us[t]} if lag_us[t] > 0 else {"task": t}}
         for tid in idx[ptr[t]:ptr[t + 1]] or [no_resource_tid]:
             events.append(dict(base, tid=tid))
     if memory_counters:

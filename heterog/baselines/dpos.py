@@ -134,6 +134,7 @@ def comm_coefficients(cost, m: int) -> tuple[np.ndarray, np.ndarray]:
     a_idx, b_idx = np.meshgrid(np.arange(m), np.arange(m), indexing="ij")
     alpha = cost.transfer_times(a_idx.ravel(), b_idx.ravel(), np.zeros(m * m)).reshape(m, m)
     beta = cost.transfer_times(a_idx.ravel(), b_idx.ravel(), np.ones(m * m)).reshape(m, m) - alpha
+    alpha = alpha + cost.transfer_latencies(a_idx.ravel(), b_idx.ravel()).reshape(m, m)   # in flight too
     return alpha, beta
 
 

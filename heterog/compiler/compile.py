@@ -196,21 +196,23 @@ class _Tasks:
 
     def __init__(self) -> None:
         self.cols: dict[str, list[np.ndarray]] = {k: [] for k in
-                                                  ("dur", "kind", "op", "dev", "alloc", "key", "cat", "prio_op")}
+                                                  ("dur", "lag", "kind", "op", "dev", "alloc", "key", "cat", "prio_op")}
         self.res_len: list[np.ndarray] = []
         self.res_idx: list[np.ndarray] = []
         self.dep_task: list[np.ndarray] = []
         self.dep_on: list[np.ndarray] = []
         self.n = 0
 
-    def add(self, *, dur, kind, op, dev, alloc, key, cat, prio_op, res_len, res_idx) -> np.ndarray:
+    def add(self, *, dur, kind, op, dev, alloc, key, cat, prio_op, res_len, res_idx, lag=0.0) -> np.ndarray:
+        """``lag``: seconds after a task's end until its dependents may start, its resources already free
+        (a message's latency in flight; the simulator's task lag)."""
         k = len(dur)
         ids = np.arange(self.n, self.n + k, dtype=np.int64)
         self.n += k
-        for name, val in (("dur", dur), ("op", op), ("dev", dev), ("alloc", alloc), ("key", key),
+        for name, val in (("dur", dur), ("lag", lag), ("op", op), ("dev", dev), ("alloc", alloc), ("key", key),
                           ("cat", cat), ("prio_op", prio_op)):
             self.cols[name].append(np.broadcast_to(np.asarray(val), (k,)).astype(
-                np.float64 if name in ("dur", "alloc") else np.int64))
+                np.float64 if name in ("dur", "lag", "alloc") else np.int64))
         self.cols["kind"].append(np.full(k, int(kind), dtype=np.int64))
         self.res_len.append(np.broadcast_to(np.asarray(res_len, dtype=np.int64), (k,)))
         self.res_idx.append(np.asarray(res_idx, dtype=np.int64).ravel())
@@ -404,7 +406,7 @@ def compile_strategy(graph, cluster, strategy, cost, *, serialize_collectives: b
     dur = T.col("dur")[perm]
     tg.add_tasks(duration=dur, priority=np.zeros(T.n), res_ptr=res_ptr, res_idx=res_idx,
                  dep_ptr=dep_ptr, dep_idx=dep_on, mem_ptr=mem_ptr, mem_res=dev[has_mem],
-                 mem_bytes=alloc[has_mem], free_ptr=dep_ptr, free_idx=dep_on,
+                 mem_bytes=alloc[has_mem], free_ptr=dep_ptr, free_idx=dep_on, lag=T.col("lag")[perm],
                  cats=np.array([tg.category(c) for c in CATEGORIES], dtype=np.int64)[T.col("cat")[perm]])
     aggregated = {int(t): (("ps", group_ps[int(op_group[gi.t_op[t]])]) if cfg_ps[op_cfg[gi.t_op[t]]]
                            else ("allreduce", lay_devs[op_lay[gi.t_op[t]]])) for t in agg_t.tolist()}
@@ -467,7 +469,7 @@ def _aggregate_ps(T, tensors, op_group, op_lay, lay_devs, group_ps, inst_start, 
         rlen, ridx = paths.resources(src_dev, np.full(len(src_dev), p))
         push = T.add(dur=cost.transfer_times(src_dev, np.full(len(src_dev), p), bytes_), kind=TaskKind.PUSH,
                      op=op_rep, dev=p, alloc=bytes_, key=op_rep * _N_STAGES + _STAGE["push"], cat=6,
-                     prio_op=op_rep, res_len=rlen, res_idx=ridx)
+                     prio_op=op_rep, res_len=rlen, res_idx=ridx, lag=cost.transfer_latencies(src_dev, p))
         T.deps(push, src_task)
         aggr = T.add(dur=cost.aggregate_times(p, nb, len(devs)), kind=TaskKind.AGGREGATE, op=sel_op, dev=p,
                      alloc=np.where(gi.is_grad[sel_op], 0.0, nb), key=sel_op * _N_STAGES + _STAGE["aggregate"],
@@ -570,7 +572,7 @@ def _connect_nonbatch(T, gi, e, src, dst, op_lay, prov_lay, inst_start, lay_len,
     rlen, ridx = paths.resources(ts, td)
     tr = T.add(dur=cost.transfer_times(ts, td, nb), kind=TaskKind.TRANSFER, op=tu, dev=td, alloc=nb,
                key=first_consumer * _N_STAGES + _STAGE["transfer"], cat=4, prio_op=first_consumer,
-               res_len=rlen, res_idx=ridx)
+               res_len=rlen, res_idx=ridx, lag=cost.transfer_latencies(ts, td))
     T.deps(tr, prov_at[tt, ts])
     T.deps(consumer, tr[inv])
 
@@ -684,7 +686,7 @@ def _connect_relayout(T, gi, e, src, dst, op_lay, inst_start, lay_devs, lay_shar
         rlen, ridx = paths.resources(t_src, t_dst)
         tr = T.add(dur=cost.transfer_times(t_src, t_dst, t_bytes), kind=TaskKind.TRANSFER, op=r_u[p_r[rem]],
                    dev=t_dst, alloc=t_bytes, key=key_tr[p_r[rem]], cat=4, prio_op=first_consumer[p_r[rem]],
-                   res_len=rlen, res_idx=ridx)
+                   res_len=rlen, res_idx=ridx, lag=cost.transfer_latencies(t_src, t_dst))
         T.deps(tr, piece_task[rem])
         piece_task[rem] = tr
 

@@ -7,6 +7,7 @@ File format (JSON, written atomically)::
      "ops":   {device_type: {signature: [a_s, b_s_per_sample]}},   # t = a + b * samples
      "op_points": {device_type: {signature: [[samples...], [seconds...]]}},   # optional, see below
      "links": {link_name_or_kind: [alpha_s, beta_s_per_byte]},      # t = alpha + beta * bytes
+     "link_latency": {link_name_or_kind: latency_s},                 # optional, see below
      "collectives": {"allreduce:<dev>,<dev>,...": [alpha_s, beta_s_per_byte]}}   # optional; t as links
 
 ``op_points`` keeps the measured op times themselves (one median per local batch size, sizes
@@ -14,6 +15,15 @@ increasing); where an op has them, the cost model interpolates between them (pie
 segments extended beyond the measured sizes) instead of using the line of ``ops``, because an op's time
 is not linear in the batch on every device (on a CPU worker the whole step of a small CNN took 1.6,
 2.0 and 3.6-5.1 ms at batch 16, 32 and 64). ``ops`` still holds the least-squares line for every entry.
+
+``links`` is how long a message holds the link (its occupancy: what back-to-back messages on the
+link pay each); ``link_latency`` is the further delay until the message is at the receiver, which does
+not hold the link (messages in flight overlap). A file without ``link_latency`` puts all of a message's
+time in the occupancy, as ``alpha + beta * bytes``. The profiler measures occupancy by streaming
+messages one way and latency as a ping-pong's one-way time less the occupancy: on a 2-vCPU host's
+loopback a streamed message held the link 0.045 ms + 0.42 ns/B, a ping-pong took 0.14 ms one way for
+1 KB, and a plan's 7 pushes and 7 pulls of a PS step were over-predicted by 36% with the whole 0.2 ms
+ping-pong intercept charged to each message in turn.
 
 A collective's key names its device set (device names, sorted, comma-separated; see
 ``collective_key``), since what one AllReduce costs depends on who takes part, not on one link.
@@ -129,13 +139,15 @@ def _pair(value: Any, where: str) -> tuple[float, float]:
 class ProfileTable:
     """Measured costs. ``ops[device_type][signature] = (a_s, b_s_per_sample)``;
     ``op_points[device_type][signature] = (samples, seconds)`` (the measurements behind the line, optional);
-    ``links[name_or_kind] = (alpha_s, beta_s_per_byte)``;
+    ``links[name_or_kind] = (alpha_s, beta_s_per_byte)`` (occupancy);
+    ``link_latency[name_or_kind] = latency_s`` (in flight, not holding the link; optional);
     ``collectives[collective_key(kind, device names)] = (alpha_s, beta_s_per_byte)``."""
 
     ops: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
     links: dict[str, tuple[float, float]] = field(default_factory=dict)
     collectives: dict[str, tuple[float, float]] = field(default_factory=dict)
     op_points: dict[str, dict[str, tuple[tuple[float, ...], tuple[float, ...]]]] = field(default_factory=dict)
+    link_latency: dict[str, float] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ lookups
     def op_entry(self, device_type: str, signature: str) -> tuple[float, float] | None:
@@ -153,6 +165,9 @@ class ProfileTable:
 
     def link_entry(self, name: str) -> tuple[float, float] | None:
         return self.links.get(name)
+
+    def link_latency_entry(self, name: str) -> float | None:
+        return self.link_latency.get(name)
 
     def collective_entry(self, kind: str, device_names: Sequence[str]) -> tuple[float, float] | None:
         return self.collectives.get(collective_key(kind, device_names))
@@ -180,8 +195,13 @@ class ProfileTable:
         self.set_op_points(device_type, signature, batch_sizes, times_s)
         return a, b
 
-    def set_link(self, name: str, alpha_s: float, beta_s_per_byte: float) -> None:
+    def set_link(self, name: str, alpha_s: float, beta_s_per_byte: float, latency_s: float | None = None) -> None:
+        """The link's occupancy ``alpha + beta * bytes`` and, if given, its latency in flight (>= 0)."""
         self.links[name] = (float(alpha_s), float(beta_s_per_byte))
+        if latency_s is not None:
+            if not (math.isfinite(latency_s) and latency_s >= 0):
+                raise HeterogError(f"link {name!r}: latency must be finite and >= 0, got {latency_s!r}")
+            self.link_latency[name] = float(latency_s)
 
     def add_link(self, name: str, sizes_bytes: Sequence[float], times_s: Sequence[float]) -> tuple[float, float]:
         """Fit ``t = alpha + beta * bytes`` for a link name (or kind), store and return (alpha, beta)."""
@@ -199,7 +219,7 @@ class ProfileTable:
 
     def copy(self) -> ProfileTable:
         return ProfileTable(copy.deepcopy(self.ops), dict(self.links), dict(self.collectives),
-                            copy.deepcopy(self.op_points))
+                            copy.deepcopy(self.op_points), dict(self.link_latency))
 
     # ------------------------------------------------------------------ files
     def to_dict(self) -> dict[str, Any]:
@@ -208,6 +228,7 @@ class ProfileTable:
                 "op_points": {t: {s: [list(x), list(y)] for s, (x, y) in sigs.items()}
                               for t, sigs in self.op_points.items()},
                 "links": {n: list(v) for n, v in self.links.items()},
+                "link_latency": dict(self.link_latency),
                 "collectives": {n: list(v) for n, v in self.collectives.items()}}
 
     @classmethod
@@ -239,7 +260,16 @@ class ProfileTable:
                         or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for c in v for x in c)):
                     raise HeterogError(f"{where}: expected [[sizes], [times]] (two lists of numbers), got {v!r}")
                 points.setdefault(t, {})[sig] = _points(v[0], v[1], where)
-        return cls(ops, links, colls, points)
+        lat_d = d.get("link_latency", {})
+        if not isinstance(lat_d, dict):
+            raise HeterogError(f"{source}: 'link_latency' must map link name -> seconds")
+        latency = {}
+        for n, v in lat_d.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
+                raise HeterogError(f"{source}: link_latency[{n!r}]: expected seconds (a finite number >= 0), "
+                                   f"got {v!r}")
+            latency[n] = float(v)
+        return cls(ops, links, colls, points, latency)
 
     @classmethod
     def load(cls, path: str | Path) -> ProfileTable:

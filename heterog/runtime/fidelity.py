@@ -279,5 +279,6 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
     scatter_plot(pairs, out_plot, title)
     return FidelityReport(model_ref, cluster.name, model.batch_size, pairs, mape(pairs), kendall_tau(pairs),
                           str(ppath), str(out_plot), steps, warmup, t_prof, t_run,
-                          [{"link": name, "alpha_s": a, "beta_s_per_byte": b} for name, (a, b) in table.links.items()],
+                          [{"link": name, "alpha_s": a, "beta_s_per_byte": b,
+                            "latency_s": table.link_latency.get(name, 0.0)} for name, (a, b) in table.links.items()],
                           line_pairs)

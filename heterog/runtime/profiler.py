@@ -6,9 +6,12 @@ samples`` through them; ``t = alpha + beta * bytes`` per link) and write them as
 Ops are measured where and as they run: the model, captured at a few local batch sizes, trains as a
 single-device plan on each worker in turn with instruction tracing, so each time is the op's kernel on
 real tensors plus the executor's own per-op work, median over steps and devices;
-ops with the same signature (repeated layers) share one fit. Links are measured by ping-pong between two
-worker processes through the runtime's own transport (so link emulation and per-message overheads are
-included): half the round-trip time for several message sizes (interleaved), median of repeats.
+ops with the same signature (repeated layers) share one fit. Links are measured between two worker
+processes through the runtime's own transport (so link emulation and per-message overheads are
+included), for several message sizes (interleaved), median of repeats: by streaming messages one way,
+the time each holds the link (its occupancy, fitted ``alpha + beta * bytes``), and by ping-pong (half
+the round trip), which adds the latency in flight: the difference of the two intercepts is stored as
+the link's latency (``ProfileTable.link_latency``), which messages in flight overlap.
 AllReduce is measured the same way over each device set a plan can use (all of them on small clusters,
 else the whole cluster), since a collective's fixed cost is not a sum of link latencies.
 """
@@ -30,6 +33,8 @@ MAX_COLLECTIVE_GROUPS = 15          # every device subset up to 4 devices; beyon
 HELD_OUT_SIZES_BYTES = (1 << 12, 1 << 20)
 # what ``profile`` (and ``heterog fidelity``) measure: steps per op round, ping-pong and collective repeats
 OP_STEPS, LINK_REPEATS, COLLECTIVE_REPEATS = 20, 25, 25
+STREAM_MESSAGES = 8                 # messages per burst of the occupancy measurement
+LATENCY_SIZES_BYTES = 1 << 14       # messages up to this size measure the latency in flight
 
 
 def default_batch_sizes(batch_size: int) -> list[int]:
@@ -134,7 +139,9 @@ def profile_ops(model, cluster, pool, *, batch_sizes: Sequence[int] | None = Non
 # ---------------------------------------------------------------------------- links
 @dataclass
 class LinkMeasurement:
-    """One-way times (seconds, median of repeats) per message size on one link, and the fit."""
+    """One-way times (seconds, median of repeats) per message size on one link, and the fit: the link is
+    held ``alpha_s + beta_s_per_byte * bytes`` (the occupancy; from the streamed messages where measured,
+    else the ping-pong line) and the message arrives ``latency_s`` later."""
 
     link: str
     sizes_bytes: list[int]
@@ -142,32 +149,46 @@ class LinkMeasurement:
     alpha_s: float = 0.0
     beta_s_per_byte: float = 0.0
     held_out: list[tuple[int, float, float]] = field(default_factory=list)   # (bytes, measured, predicted)
+    latency_s: float = 0.0
+    occupancy_s: list[float] = field(default_factory=list)     # per size of sizes_bytes, where streamed
 
     def predict(self, nbytes: float) -> float:
-        return self.alpha_s + self.beta_s_per_byte * nbytes
+        """One-way time of a message alone on the link (what a ping-pong measures)."""
+        return self.alpha_s + self.beta_s_per_byte * nbytes + self.latency_s
 
 
 def _link_samples(pool, cluster, sizes_bytes: Sequence[int], repeats: int,
-                  pairs: Sequence[tuple[int, int]] | None, emulate: bool | None) -> dict:
-    """One-way times ``{(a, b): {size: [seconds, ...]}}`` of ``repeats`` ping-pongs per size and pair."""
+                  pairs: Sequence[tuple[int, int]] | None, emulate: bool | None, stream: int = 0
+                  ) -> tuple[dict, dict]:
+    """One-way times ``{(a, b): {size: [seconds, ...]}}`` of ``repeats`` ping-pongs per size and pair, and
+    (with ``stream`` >= 2 messages per burst) the occupancy per message in the same form, else ``{}``."""
     from heterog.runtime.api import is_emulated
     from heterog.runtime.executor import PingPongJob
 
     m = cluster.n_devices
     if m < 2:
-        return {}
+        return {}, {}
     if pairs is None:
         pairs = [(a, b) for a in range(m) for b in range(a + 1, m)]
     emulate = is_emulated(cluster) if emulate is None else emulate
     links = {(a, b): (float(cluster.latency_s[a, b]), 1.0 / float(cluster.bandwidth_Bps[a, b]))
              for a in range(m) for b in range(m) if a != b}
-    job = PingPongJob(list(pairs), [int(s) for s in sizes_bytes], int(repeats), bool(emulate), links)
+    job = PingPongJob(list(pairs), [int(s) for s in sizes_bytes], int(repeats), bool(emulate), links,
+                      stream=int(stream))
     out: dict[tuple[int, int], dict[int, list[float]]] = {}
+    streams: dict[tuple[int, int], dict[int, list[float]]] = {}
     for res in pool.run([job] * m):
         for key, rows in res.items():
-            a, b = (int(x) for x in key.split("->"))
-            out[(a, b)] = {int(size): list(samples) for size, samples in rows}
-    return out
+            kind, _, pair = key.rpartition(":")
+            a, b = (int(x) for x in pair.split("->"))
+            (streams if kind == "stream" else out)[(a, b)] = {int(size): list(samples) for size, samples in rows}
+    return out, streams
+
+
+def _medians(samples: dict) -> dict:
+    """``{pair: {size: [seconds, ...]}}`` -> ``{pair: [(size, median seconds), ...]}`` (sizes increasing)."""
+    return {pair: [(size, float(statistics.median(s))) for size, s in sorted(rows.items())]
+            for pair, rows in samples.items()}
 
 
 def measure_links(pool, cluster, *, sizes_bytes: Sequence[int] = LINK_SIZES_BYTES, repeats: int = 7,
@@ -175,23 +196,40 @@ def measure_links(pool, cluster, *, sizes_bytes: Sequence[int] = LINK_SIZES_BYTE
     """Ping-pong ``sizes_bytes`` between device pairs on ``pool`` (one rank per device of ``cluster``).
 
     Returns ``{(a, b): [(size, median one-way seconds), ...]}`` for each measured pair."""
-    raw = _link_samples(pool, cluster, sizes_bytes, repeats, pairs, emulate)
-    return {pair: [(size, float(statistics.median(s))) for size, s in rows.items()] for pair, rows in raw.items()}
+    return _medians(_link_samples(pool, cluster, sizes_bytes, repeats, pairs, emulate)[0])
 
 
-def _fit_links(table: ProfileTable, cluster, medians: dict, fit_sizes: Sequence[int]) -> list[LinkMeasurement]:
-    """Store ``alpha + beta * bytes`` fitted to ``fit_sizes`` of each measured pair (``measure_links``'
-    form) for every link on the pair's path, both directions; the other sizes are reported as held out."""
+def _fit_links(table: ProfileTable, cluster, medians: dict, fit_sizes: Sequence[int],
+               occupancy: dict | None = None) -> list[LinkMeasurement]:
+    """Store the link model fitted to ``fit_sizes`` of each measured pair (``measure_links``' form) for
+    every link on the pair's path, both directions; the other sizes are reported as held out.
+
+    With the pair's streamed ``occupancy`` (same form): the link is held ``alpha + beta * bytes`` fitted
+    to the occupancies (relative errors: the sizes span three orders of magnitude), and the latency in
+    flight is the median over the small fit sizes (``LATENCY_SIZES_BYTES``) of ping-pong less occupancy,
+    at least 0, where the bytes cost least and the difference is least noisy. Without: the ping-pong line
+    is the occupancy and the latency is 0. A path's latency and occupancy intercept are shared evenly
+    between its links."""
     report: list[LinkMeasurement] = []
+    occupancy = occupancy or {}
     for (a, b), rows in sorted(medians.items()):
         fit_rows = [(s, t) for s, t in rows if s in fit_sizes]
         alpha, beta = fit_linear([s for s, _ in fit_rows], [t for _, t in fit_rows])
+        latency, occ = 0.0, []
+        if (a, b) in occupancy:
+            occ_of = {s: t for s, t in occupancy[(a, b)] if s in fit_sizes}
+            occ = [occ_of[s] for s, _ in fit_rows]
+            alpha, beta = fit_linear([s for s, _ in fit_rows], np.maximum(occ, 1e-9), relative=True)
+            alpha = max(alpha, 0.0)
+            small = [t - occ_of[s] for s, t in fit_rows if s <= LATENCY_SIZES_BYTES] or \
+                    [fit_rows[0][1] - occ_of[fit_rows[0][0]]]
+            latency = max(float(np.median(small)), 0.0)
         for x, y in ((a, b), (b, a)):
             path = cluster.path(x, y)
             for link_id in path:
-                table.set_link(cluster.links[link_id].name, alpha / len(path), beta)
+                table.set_link(cluster.links[link_id].name, alpha / len(path), beta, latency / len(path))
             meas = LinkMeasurement(" + ".join(cluster.links[k].name for k in path), [s for s, _ in fit_rows],
-                                   [t for _, t in fit_rows], alpha, beta)
+                                   [t for _, t in fit_rows], alpha, beta, latency_s=latency, occupancy_s=occ)
             meas.held_out = [(s, t, meas.predict(s)) for s, t in rows if s not in fit_sizes]
             report.append(meas)
     return report
@@ -199,16 +237,17 @@ def _fit_links(table: ProfileTable, cluster, medians: dict, fit_sizes: Sequence[
 
 def profile_links(pool, cluster, table: ProfileTable | None = None, *,
                   sizes_bytes: Sequence[int] = LINK_SIZES_BYTES, held_out_bytes: Sequence[int] = (),
-                  repeats: int = 7, emulate: bool | None = None) -> tuple[ProfileTable, list[LinkMeasurement]]:
-    """Fit ``alpha + beta * bytes`` for every link of ``cluster`` from ping-pong measurements and store
-    the fits by link name. A pair's measurement applies to both directions and to each link on the path
-    (latency shared evenly between the hops). ``held_out_bytes`` are measured too but left out of the
+                  repeats: int = 7, emulate: bool | None = None, stream: int = STREAM_MESSAGES
+                  ) -> tuple[ProfileTable, list[LinkMeasurement]]:
+    """Fit every link of ``cluster`` from streamed and ping-pong measurements (``_fit_links``; ``stream``
+    below 2: ping-pong only) and store the fits by link name. A pair's measurement applies to both
+    directions and to each link on the path. ``held_out_bytes`` are measured too but left out of the
     fit, and reported with their predictions (``LinkMeasurement.held_out``)."""
     table = table if table is not None else ProfileTable()
     fit_sizes = [int(s) for s in sizes_bytes]
     all_sizes = sorted(set(fit_sizes) | {int(s) for s in held_out_bytes})
-    raw = measure_links(pool, cluster, sizes_bytes=all_sizes, repeats=repeats, emulate=emulate)
-    return table, _fit_links(table, cluster, raw, fit_sizes)
+    pings, streams = _link_samples(pool, cluster, all_sizes, repeats, None, emulate, stream)
+    return table, _fit_links(table, cluster, _medians(pings), fit_sizes, _medians(streams))
 
 
 def collective_groups(n_devices: int) -> list[tuple[int, ...]]:
@@ -220,7 +259,8 @@ def collective_groups(n_devices: int) -> list[tuple[int, ...]]:
 
 def _collective_samples(pool, cluster, groups: Sequence[tuple[int, ...]], sizes: Sequence[int], repeats: int,
                         emulate: bool) -> dict:
-    """Per-AllReduce times ``{group: {size: [seconds, ...]}}`` of ``repeats`` bursts per size and group."""
+    """Per-AllReduce times ``{group: {size: [seconds, ...]}}`` of ``repeats`` AllReduces (one at a time)
+    per size and group."""
     from heterog.cost import CostModel
     from heterog.runtime.executor import CollectiveJob
 
@@ -268,35 +308,40 @@ def profile_collectives(pool, cluster, table: ProfileTable | None = None, *,
 
 
 class CommProfiler:
-    """Links (ping-pong) and AllReduce (bursts) of ``cluster`` measured round after round on ``pool``,
-    like ``OpProfiler``, so that the rounds can be interleaved with other measurements; ``fit`` uses the
-    samples of the chosen rounds, by default all (links: median per size, collectives: mean per size,
-    as ``profile_links`` and ``profile_collectives``). ``link_repeats`` and ``collective_repeats`` are
-    per round."""
+    """Links (streamed and ping-pong) and AllReduce (one at a time) of ``cluster`` measured round after
+    round on ``pool``, like ``OpProfiler``, so that the rounds can be interleaved with other
+    measurements. ``fit`` uses the samples of the chosen rounds, by default all (links: median per
+    size, collectives: mean per size, as ``profile_links`` and ``profile_collectives``).
+    ``link_repeats`` and ``collective_repeats`` are per round; ``stream`` messages per burst measure the
+    links' occupancy (``STREAM_MESSAGES``; below 2: ping-pong only, no latency in flight)."""
 
-    def __init__(self, pool, cluster, *, link_repeats: int = 5, collective_repeats: int = 5) -> None:
+    def __init__(self, pool, cluster, *, link_repeats: int = 5, collective_repeats: int = 5,
+                 stream: int = STREAM_MESSAGES) -> None:
         from heterog.runtime.api import is_emulated
 
         self.pool, self.cluster = pool, cluster
         self.link_repeats, self.collective_repeats = int(link_repeats), int(collective_repeats)
+        self.stream = int(stream)
         self.emulate = is_emulated(cluster)
         self.groups = collective_groups(cluster.n_devices) if cluster.n_devices > 1 else []
-        self.by_round: list[tuple[dict, dict]] = []                              # (links, collectives) per round
+        self.by_round: list[tuple[dict, dict, dict]] = []           # (links, collectives, occupancy) per round
 
     @property
     def rounds(self) -> int:
         return len(self.by_round)
 
-    def pooled(self, rounds: Sequence[int] | None = None) -> tuple[dict, dict]:
-        """Samples of ``rounds`` (default all) pooled: ``({(a, b): {size: [s, ...]}}, {group: {size: [s, ...]}})``."""
+    def pooled(self, rounds: Sequence[int] | None = None) -> tuple[dict, dict, dict]:
+        """Samples of ``rounds`` (default all) pooled: ``({(a, b): {size: [s, ...]}}, {group: {size: [s, ...]}},
+        {(a, b): {size: [occupancy s, ...]}})``."""
         links: dict = {}
         colls: dict = {}
+        occupancy: dict = {}
         for r in sorted(_chosen_rounds(rounds, self.rounds, "link or collective")):
-            for into, new in zip((links, colls), self.by_round[r]):
+            for into, new in zip((links, colls, occupancy), self.by_round[r]):
                 for key, rows in new.items():
                     for size, samples in rows.items():
                         into.setdefault(key, {}).setdefault(size, []).extend(samples)
-        return links, colls
+        return links, colls, occupancy
 
     @property
     def links(self) -> dict:
@@ -309,18 +354,17 @@ class CommProfiler:
         return self.pooled()[1]
 
     def round(self) -> None:
-        links = _link_samples(self.pool, self.cluster, LINK_SIZES_BYTES, self.link_repeats, None, self.emulate)
+        links, occupancy = _link_samples(self.pool, self.cluster, LINK_SIZES_BYTES, self.link_repeats, None,
+                                         self.emulate, self.stream)
         colls = _collective_samples(self.pool, self.cluster, self.groups, COLLECTIVE_SIZES_BYTES,
                                     self.collective_repeats, self.emulate) if self.groups else {}
-        self.by_round.append((links, colls))
+        self.by_round.append((links, colls, occupancy))
 
     def fit(self, table: ProfileTable | None = None, rounds: Sequence[int] | None = None) -> ProfileTable:
         """Store the fits of ``rounds`` (indices from 0; default all rounds so far) in ``table``."""
-        links, colls = self.pooled(rounds)
+        links, colls, occupancy = self.pooled(rounds)
         table = table if table is not None else ProfileTable()
-        medians = {pair: [(size, float(statistics.median(s))) for size, s in sorted(rows.items())]
-                   for pair, rows in links.items()}
-        _fit_links(table, self.cluster, medians, LINK_SIZES_BYTES)
+        _fit_links(table, self.cluster, _medians(links), LINK_SIZES_BYTES, _medians(occupancy))
         _fit_collectives(table, self.cluster, colls)
         return table
 

@@ -1,6 +1,7 @@
 """Task priorities for list scheduling: rank-based (HeteroG/HEFT upward rank) and FIFO.
 
-rank(t) = p(t) + max over successors s of rank(s), p = the task's compute or transfer time.
+rank(t) = p(t) + max over successors s of rank(s), p = the task's compute or transfer time (a transfer's
+time includes its latency in flight, the simulator's task ``lag``, during which its links are free).
 Each resource then runs its ready task of highest rank (the simulator's rule). FIFO, the comparison
 point, serves ready tasks in the order they became ready (TensorFlow's default executor); ``est``
 (earliest possible start first) is a third, static comparison point.
@@ -61,9 +62,10 @@ def upward_rank(duration: np.ndarray, succ_ptr: np.ndarray, succ_idx: np.ndarray
 
 
 @njit(cache=True)
-def _contention_rank_kernel(duration, succ_ptr, succ_idx, res_ptr, res_idx, n_res):  # pragma: no cover
+def _contention_rank_kernel(duration, lag, succ_ptr, succ_idx, res_ptr, res_idx, n_res):  # pragma: no cover
     n = duration.shape[0]
-    rank = _upward_rank_kernel(duration, succ_ptr, succ_idx, np.zeros(n))
+    path = duration + lag
+    rank = _upward_rank_kernel(path, succ_ptr, succ_idx, np.zeros(n))
     # tasks of each resource (CSR by resource, increasing task id), those with work only
     cnt = np.zeros(n_res + 1, dtype=np.int64)
     for t in range(n):
@@ -95,14 +97,17 @@ def _contention_rank_kernel(duration, succ_ptr, succ_idx, res_ptr, res_idx, n_re
             tail = min(tail, rank[u] - duration[u])
             if work + tail > floor[u]:
                 floor[u] = work + tail
-    return _upward_rank_kernel(duration, succ_ptr, succ_idx, floor)
+    return _upward_rank_kernel(path, succ_ptr, succ_idx, floor)
 
 
 def contention_rank_reference(duration: np.ndarray, succ_ptr: np.ndarray, succ_idx: np.ndarray,
-                              res_ptr: np.ndarray, res_idx: np.ndarray, n_res: int) -> np.ndarray:
-    """Plain-Python ``rank-contention`` (module docstring) over topologically numbered tasks."""
+                              res_ptr: np.ndarray, res_idx: np.ndarray, n_res: int,
+                              lag: np.ndarray | None = None) -> np.ndarray:
+    """Plain-Python ``rank-contention`` (module docstring) over topologically numbered tasks. A task's
+    ``lag`` lengthens the paths through it but is no work of its resources."""
     n = len(duration)
-    rank = upward_rank_reference(duration, succ_ptr, succ_idx)
+    path = np.asarray(duration, dtype=np.float64) + (0.0 if lag is None else np.asarray(lag, dtype=np.float64))
+    rank = upward_rank_reference(path, succ_ptr, succ_idx)
     on: dict[int, list[int]] = {r: [] for r in range(n_res)}
     for t in range(n):
         if duration[t] > 0:
@@ -121,15 +126,17 @@ def contention_rank_reference(duration: np.ndarray, succ_ptr: np.ndarray, succ_i
     out = [0.0] * n
     for t in range(n - 1, -1, -1):
         best = max((out[int(succ_idx[k])] for k in range(int(succ_ptr[t]), int(succ_ptr[t + 1]))), default=0.0)
-        out[t] = max(float(duration[t]) + best, floor[t])
+        out[t] = max(float(path[t]) + best, floor[t])
     return np.asarray(out, dtype=np.float64)
 
 
 def contention_rank(duration: np.ndarray, succ_ptr: np.ndarray, succ_idx: np.ndarray, res_ptr: np.ndarray,
-                    res_idx: np.ndarray, n_res: int) -> np.ndarray:
+                    res_idx: np.ndarray, n_res: int, lag: np.ndarray | None = None) -> np.ndarray:
     """Compiled ``rank-contention`` (same result as ``contention_rank_reference``)."""
     c = np.ascontiguousarray
-    return _contention_rank_kernel(c(duration, dtype=np.float64), c(succ_ptr, dtype=np.int64),
+    duration = c(duration, dtype=np.float64)
+    lag = np.zeros_like(duration) if lag is None else c(lag, dtype=np.float64)
+    return _contention_rank_kernel(duration, lag, c(succ_ptr, dtype=np.int64),
                                    c(succ_idx, dtype=np.int64), c(res_ptr, dtype=np.int64),
                                    c(res_idx, dtype=np.int64), int(n_res))
 
@@ -169,14 +176,14 @@ def priorities(tg, order: str = "rank", comm_mask: np.ndarray | None = None) -> 
     """
     if order == "rank":
         ptr, idx = tg.successors()
-        return upward_rank(tg.duration, ptr, idx)
+        return upward_rank(tg.duration + tg.lag, ptr, idx)
     if order == "rank-contention":
         ptr, idx = tg.successors()
         res_ptr, res_idx = tg.resources()
-        return contention_rank(tg.duration, ptr, idx, res_ptr, res_idx, tg.n_resources)
+        return contention_rank(tg.duration, ptr, idx, res_ptr, res_idx, tg.n_resources, lag=tg.lag)
     if order == "est":
         ptr, idx = tg.dependencies()
-        return -earliest_start(tg.duration, ptr, idx)
+        return -earliest_start(tg.duration + tg.lag, ptr, idx)
     if order == "fifo":
         return np.zeros(tg.n_tasks)
     if order == "rank-links":

@@ -15,10 +15,12 @@ from tests.compiler.helpers import chain_graph, linear_graph
 
 class FakeCost:
     """Transparent costs: an op takes its FLOPs (at its batch fraction) in seconds on every device;
-    a transfer takes bytes * 1e-9 s; an AllReduce 2(n-1)/n * bytes * 1e-9; aggregation n * bytes * 1e-10."""
+    a transfer takes bytes * 1e-9 s and is in flight ``latency_s`` more; an AllReduce 2(n-1)/n * bytes * 1e-9;
+    aggregation n * bytes * 1e-10."""
 
-    def __init__(self, cluster):
+    def __init__(self, cluster, latency_s: float = 0.0):
         self.cluster = cluster
+        self.latency_s = latency_s
 
     def op_times(self, graph, ops, devices, fractions):
         f = np.where(graph.has_batch[ops], fractions, 1.0)
@@ -29,6 +31,9 @@ class FakeCost:
 
     def transfer_times(self, src, dst, nbytes):
         return np.where(np.asarray(src) == np.asarray(dst), 0.0, np.asarray(nbytes, float) * 1e-9)
+
+    def transfer_latencies(self, src, dst):
+        return np.where(np.asarray(src) == np.asarray(dst), 0.0, self.latency_s)
 
     def allreduce_times(self, devices, nbytes):
         n = len(devices)
@@ -95,6 +100,19 @@ def test_even_ps_timeline():
     assert np.sum(kinds == TaskKind.PUSH) == 1 and np.sum(kinds == TaskKind.AGGREGATE) == 1
     upd = [i for i, op in enumerate(g.ops) if op.name == "upd"][0]
     assert res.plan.task_device[(res.plan.task_op == upd) & (kinds == TaskKind.COMPUTE)].tolist() == [0]
+
+
+def test_latency_in_flight_delays_the_consumer_but_not_the_link():
+    g, c = linear_graph(), two_gpu()
+    cost = FakeCost(c, latency_s=1.0)
+    res = run(g, c, strategy_for(g, c, [ParallelConfig.of([(0, 4), (1, 4)], sync="ps")]), cost)
+    # as test_even_ps_timeline, with the pull of W and the push of the gradient each 1 s longer in flight
+    expected = 32e-9 + 1.0 + 145 + 32e-9 + 1.0 + 64e-10 + 16
+    assert res.iteration_time_s == pytest.approx(expected, rel=1e-12)
+    plan = res.plan
+    comm = (plan.task_kind == TaskKind.TRANSFER) | (plan.task_kind == TaskKind.PUSH)
+    assert plan.tg.lag[comm].tolist() == [1.0, 1.0] and not plan.tg.lag[~comm].any()
+    assert plan.tg.duration[comm].tolist() == pytest.approx([32e-9, 32e-9])     # the links are held this long
 
 
 def test_relayout_inserts_split_transfer_concat():

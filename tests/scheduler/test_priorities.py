@@ -129,3 +129,35 @@ def test_contention_rank_kernel_equals_reference_and_bounds_rank(n, seed):
     got = contention_rank(tg.duration, ptr, idx, rp, ri, tg.n_resources)
     assert np.array_equal(got, contention_rank_reference(tg.duration, ptr, idx, rp, ri, tg.n_resources))
     assert np.all(got >= upward_rank(tg.duration, ptr, idx))
+
+
+def test_lag_lengthens_paths_but_is_no_work_of_the_resource():
+    tg = simulator.TaskGraph()
+    g, link = tg.add_resource("gpu"), tg.add_resource("link")
+    a = tg.add_task(resources=[g], duration=1.0)
+    b = tg.add_task(resources=[link], duration=1.0, deps=[a], lag=4.0)      # a message 4 s in flight
+    c = tg.add_task(resources=[g], duration=3.0, deps=[a])
+    tg.add_task(resources=[g], duration=1.0, deps=[b, c])
+    ptr, idx = tg.successors()
+    rp, ri = tg.resources()
+    # d: 1; c: 3 + 1; b: 1 + 4 + 1; a: 1 + max(6, 4)  (without the lag a would be 1 + max(2, 4) = 5)
+    assert priorities(tg, "rank").tolist() == [7.0, 6.0, 4.0, 1.0]
+    assert priorities(tg, "est").tolist() == [-0.0, -1.0, -1.0, -6.0]
+    # GPU floors in rank order (a, c, d): d 1 + 0, c 4 + 0, a 5 + 0; none above the plain rank
+    want = [7.0, 6.0, 4.0, 1.0]
+    assert contention_rank(tg.duration, ptr, idx, rp, ri, tg.n_resources, lag=tg.lag).tolist() == want
+    assert contention_rank_reference(tg.duration, ptr, idx, rp, ri, tg.n_resources, lag=tg.lag).tolist() == want
+    res = simulator.simulate(tg, priority=priorities(tg, "rank"))
+    assert res.start.tolist() == [0.0, 1.0, 1.0, 6.0] and res.makespan == 7.0 and res.busy[link] == 1.0
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 200), st.integers(0, 10_000))
+def test_contention_rank_with_lag_kernel_equals_reference_and_bounds_rank(n, seed):
+    base = simulator.random_taskgraph(n, 3, 4, seed)
+    lag = np.random.default_rng(seed).choice([0.0, 0.5, 2.0], size=base.n_tasks)
+    ptr, idx = base.successors()
+    rp, ri = base.resources()
+    got = contention_rank(base.duration, ptr, idx, rp, ri, base.n_resources, lag=lag)
+    assert np.array_equal(got, contention_rank_reference(base.duration, ptr, idx, rp, ri, base.n_resources, lag=lag))
+    assert np.all(got >= upward_rank(base.duration + lag, ptr, idx))

@@ -1,7 +1,7 @@
 """Invariants of the simulator on random DAGs (hypothesis) and kernel/reference agreement.
 
-Random graphs use few resources, tied priorities and zero or equal durations, so that simultaneous
-events, blocking and backfilling all occur.
+Random graphs use few resources, tied priorities, zero or equal durations and lags drawn from the same
+values, so that simultaneous events (finishes and arrivals), blocking and backfilling all occur.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import simulator
 
 SETTINGS = settings(max_examples=40, deadline=None)
 DURATIONS_S = [0.0, 0.1, 0.3, 0.5, 1.0, 2.0]
+LAGS_S = [0.1, 0.2, 0.5, 1.0]  # drawn for about half the tasks; the others have lag 0
 
 
 @dataclass
@@ -51,7 +52,8 @@ class Spec:
             tg.add_tasks(np.array([t["duration"] for t in part], dtype=float),
                          np.array([t["priority"] for t in part], dtype=float), res_ptr, res_idx,
                          dep_ptr, dep_idx, mem_ptr, mem_res, mem_bytes, free_ptr, free_idx,
-                         names=[t["name"] for t in part], cats=[t["cat"] for t in part])
+                         names=[t["name"] for t in part], cats=[t["cat"] for t in part],
+                         lag=np.array([t["lag"] for t in part], dtype=float))
         return tg
 
 
@@ -71,21 +73,36 @@ def specs(draw: st.DrawFn, max_tasks: int = 24) -> Spec:
             "frees": draw(st.lists(st.integers(0, t), max_size=2)),
             "name": f"task{t}",
             "cat": draw(st.sampled_from(["compute", "transfer", ""])),
+            "lag": draw(st.one_of(st.just(0.0), st.sampled_from(LAGS_S))),
         })
     return Spec(resources, tasks)
 
 
 def _critical_path_s(tg: simulator.TaskGraph) -> float:
+    """Last arrival with unlimited resources: each task starts when its deps have arrived."""
     ptr, idx = tg.dependencies()
-    finish = np.zeros(tg.n_tasks)
+    arrival = np.zeros(tg.n_tasks)
     for t in range(tg.n_tasks):
-        ready = max((finish[d] for d in idx[ptr[t]:ptr[t + 1]]), default=0.0)
-        finish[t] = ready + tg.duration[t]
-    return float(finish.max(initial=0.0))
+        ready = max((arrival[d] for d in idx[ptr[t]:ptr[t + 1]]), default=0.0)
+        arrival[t] = ready + tg.duration[t] + tg.lag[t]
+    return float(arrival.max(initial=0.0))
+
+
+def _with_lag(tg: simulator.TaskGraph, lag: np.ndarray) -> simulator.TaskGraph:
+    """A copy of ``tg`` (names aside) rebuilt through add_tasks with per-task ``lag``."""
+    out = simulator.TaskGraph()
+    for r, name in enumerate(tg.resource_names):
+        cap = int(tg.memory_capacity_bytes[r])
+        out.add_resource(name, None if cap < 0 else cap, int(tg.resident_bytes[r]))
+    for c in tg.category_names[1:]:
+        out.category(c)
+    out.add_tasks(tg.duration, tg.priority, *tg.resources(), *tg.dependencies(), *tg.memory(), *tg.frees(),
+                  cats=tg.task_category.copy(), lag=lag)
+    return out
 
 
 def _assert_same_result(a: simulator.SimResult, b: simulator.SimResult) -> None:
-    for name in ("start", "finish", "release_time", "busy", "peak_memory"):
+    for name in ("start", "finish", "arrival", "release_time", "busy", "peak_memory"):
         x, y = getattr(a, name), getattr(b, name)
         assert x.dtype == y.dtype and np.array_equal(x, y), name  # bit-identical
     assert a.makespan == b.makespan and a.oom == b.oom and a.oom_resources == b.oom_resources
@@ -98,11 +115,12 @@ def test_schedule_invariants(spec: Spec) -> None:
     res = simulator.simulate(tg)
     n = tg.n_tasks
     assert np.array_equal(res.finish, res.start + tg.duration)
-    # every dependency respected
+    assert np.array_equal(res.arrival, res.finish + tg.lag)
+    # every dependency respected: a task starts no earlier than each dependency's arrival (finish + lag)
     ptr, idx = tg.dependencies()
     for t in range(n):
         for d in idx[ptr[t]:ptr[t + 1]]:
-            assert res.start[t] >= res.finish[d]
+            assert res.start[t] >= res.finish[d] + tg.lag[d]
     # no two tasks overlap on a resource
     rptr, ridx = tg.resources()
     for r in range(tg.n_resources):
@@ -111,8 +129,9 @@ def test_schedule_invariants(spec: Spec) -> None:
         for (_, f0), (s1, _) in pairwise(intervals):
             assert s1 >= f0
         assert res.busy[r] == sum(tg.duration[t] for t in on_r)
-    # makespan bounds
-    total_s = float(tg.duration.sum())
+    # makespan bounds: the last arrival; at every instant before it some task runs or is in its lag
+    assert res.makespan == res.arrival.max(initial=0.0)
+    total_s = float(tg.duration.sum() + tg.lag.sum())
     assert res.makespan >= _critical_path_s(tg) - 1e-12
     assert res.makespan >= res.busy.max(initial=0.0) - 1e-12
     assert res.makespan <= total_s + 1e-9
@@ -154,6 +173,8 @@ def test_kernel_equals_reference(spec: Spec, data: st.DataObject) -> None:
                         dtype=float)
     _assert_same_result(simulator.simulate(tg, priority=override),
                         simulator.simulate(tg, priority=override, reference=True))
+    # FIFO: the ready time is the arrival of the last dependency
+    _assert_same_result(simulator.simulate(tg, fifo=True), simulator.simulate(tg, fifo=True, reference=True))
 
 
 @SETTINGS
@@ -167,6 +188,7 @@ def test_bulk_add_tasks_equals_repeated_add_task(spec: Spec, data: st.DataObject
         for x, y in zip(getattr(one, part)(), getattr(bulk, part)()):
             assert np.array_equal(x, y), part
     assert np.array_equal(one.duration, bulk.duration) and np.array_equal(one.priority, bulk.priority)
+    assert np.array_equal(one.lag, bulk.lag) and one.lag.tolist() == [t["lag"] for t in spec.tasks]
     assert [one.task_cat(t) for t in range(n)] == [bulk.task_cat(t) for t in range(n)]
     assert [one.task_name(t) for t in range(n)] == [bulk.task_name(t) for t in range(n)]
     _assert_same_result(simulator.simulate(one), simulator.simulate(bulk))
@@ -174,10 +196,16 @@ def test_bulk_add_tasks_equals_repeated_add_task(spec: Spec, data: st.DataObject
 
 @settings(max_examples=12, deadline=None)
 @given(st.integers(50, 800), st.integers(1, 6), st.integers(0, 5), st.integers(1, 40), st.integers(0, 2**31),
-       st.booleans())
+       st.booleans(), st.booleans())
 def test_kernel_equals_reference_on_layered_graphs(n_tasks: int, n_gpus: int, n_links: int, width: int,
-                                                   seed: int, tied: bool) -> None:
+                                                   seed: int, tied: bool, lagged: bool) -> None:
     tg = simulator.random_taskgraph(n_tasks, n_gpus, n_links, seed, width=width)
     if tied:  # few distinct priorities: many ties broken by id
         tg.priority = np.floor(tg.priority * 3)
+    if lagged:  # transfers get a latency of up to twice their duration
+        transfer = tg.task_category == tg.category("transfer")
+        lag = np.where(transfer, 2.0 * np.random.default_rng(seed).random(tg.n_tasks) * tg.duration, 0.0)
+        tg = _with_lag(tg, lag)
+        assert np.array_equal(tg.lag, lag)
     _assert_same_result(simulator.simulate(tg), simulator.simulate(tg, reference=True))
+    _assert_same_result(simulator.simulate(tg, fifo=True), simulator.simulate(tg, fifo=True, reference=True))

@@ -103,6 +103,9 @@ def test_prefix_is_a_closed_copy() -> None:
     ({"duration": -1.0}, "task 2: duration -1.0 s must be finite and >= 0"),
     ({"duration": float("inf")}, "task 2: duration inf s must be finite"),
     ({"duration": float("nan")}, "task 2: duration nan s must be finite"),
+    ({"lag": -0.5}, "task 2: lag -0.5 s must be finite and >= 0"),
+    ({"lag": float("inf")}, "task 2: lag inf s must be finite"),
+    ({"lag": float("nan")}, "task 2: lag nan s must be finite"),
     ({"priority": float("nan")}, "task 2: priority is NaN"),
     ({"frees": [3]}, "task 2: frees task 3, which is neither an earlier task nor itself"),
     ({"mem": {7: 10}}, "task 2: memory on resource 7, which does not exist"),
@@ -115,6 +118,24 @@ def test_add_task_rejects_bad_input_and_leaves_the_graph_unchanged(kwargs: dict,
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         tg.add_task(**{"resources": [0], **kwargs})
     assert tg.n_tasks == 2 and tg.dependencies()[1].size == 0
+
+
+def test_lag_defaults_to_zero_broadcasts_and_is_validated_per_batch() -> None:
+    tg = _two_gpu_graph()
+    tg.add_task([0], duration=1.0)
+    tg.add_task([1], duration=1.0, lag=0.25)
+    tg.add_tasks(np.ones(2), 0.0, np.array([0, 0, 0]), None)  # lag None: zeros
+    tg.add_tasks(np.ones(2), 0.0, np.array([0, 0, 0]), None, lag=1.5)  # one value for all
+    tg.add_tasks(np.ones(2), 0.0, np.array([0, 0, 0]), None, lag=np.array([0.0, 2.0]))
+    assert tg.lag.tolist() == [0.0, 0.25, 0.0, 0.0, 1.5, 1.5, 0.0, 2.0]
+    with pytest.raises(ValueError, match="read-only"):
+        tg.lag[0] = 1.0
+    with pytest.raises(ValueError, match=r"lag has shape \(3,\), expected \(2,\) for 2 tasks"):
+        tg.add_tasks(np.ones(2), 0.0, np.array([0, 0, 0]), None, lag=np.zeros(3))
+    with pytest.raises(ValueError, match="task 9: lag -1.0 s must be finite and >= 0"):
+        tg.add_tasks(np.ones(2), 0.0, np.array([0, 0, 0]), None, lag=np.array([0.0, -1.0]))
+    assert tg.n_tasks == 8 and tg.lag.size == 8
+    assert tg.prefix(7).lag.tolist() == tg.lag[:7].tolist()
 
 
 def test_add_tasks_rejects_malformed_csr() -> None:

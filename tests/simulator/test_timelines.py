@@ -213,3 +213,80 @@ def test_a_release_waits_for_the_allocating_task_itself(reference: bool) -> None
     res = simulator.simulate(tg, reference=reference)
     assert res.release_time.tolist() == [5.0, np.inf]
     assert res.peak_memory.tolist() == [10, 0]
+
+
+# ------------------------------------------------------------------------------ lag (finish -> arrival)
+@BOTH
+def test_lagged_transfers_free_the_link_at_finish_and_feed_compute_at_arrival(reference: bool) -> None:
+    tg = simulator.TaskGraph()
+    link, g = tg.add_resource("L0"), tg.add_resource("G")
+    a = tg.add_task([link], duration=1.0, lag=3.0)  # data of A arrives at 1 + 3 = 4
+    b = tg.add_task([link], duration=1.0, lag=3.0)  # the link is free at 1: B runs [1, 2], arrives at 5
+    tg.add_task([g], duration=2.0, deps=[a])  # ready at 4: runs [4, 6]
+    tg.add_task([g], duration=2.0, deps=[b])  # ready at 5, G busy until 6: runs [6, 8]
+    res = simulator.simulate(tg, reference=reference)
+    assert res.start.tolist() == [0.0, 1.0, 4.0, 6.0]
+    assert res.finish.tolist() == [1.0, 2.0, 6.0, 8.0]
+    assert res.arrival.tolist() == [4.0, 5.0, 6.0, 8.0]
+    assert res.makespan == 8.0
+    assert res.busy[link] == 2.0 and res.busy[g] == 4.0
+
+
+@BOTH
+def test_lag_of_a_task_without_dependents_extends_the_makespan(reference: bool) -> None:
+    tg = simulator.TaskGraph()
+    g = tg.add_resource("G")
+    tg.add_task([g], duration=1.0, lag=2.0, priority=1.0)  # finishes at 1, arrives at 3
+    tg.add_task([g], duration=1.5)  # runs [1, 2.5]: the last finish, but not the last arrival
+    res = simulator.simulate(tg, reference=reference)
+    assert res.start.tolist() == [0.0, 1.0]
+    assert res.finish.tolist() == [1.0, 2.5]
+    assert res.arrival.tolist() == [3.0, 2.5]
+    assert res.makespan == 3.0
+    assert res.utilization().tolist() == [2.5 / 3.0]
+
+
+@BOTH
+def test_fifo_orders_ready_tasks_by_arrival_not_finish(reference: bool) -> None:
+    tg = simulator.TaskGraph()
+    l0, l1, g = tg.add_resource("L0"), tg.add_resource("L1"), tg.add_resource("G")
+    a = tg.add_task([l0], duration=1.0, lag=5.0)  # finishes at 1, arrives at 6
+    b = tg.add_task([l1], duration=3.0)  # finishes and arrives at 3
+    tg.add_task([g], duration=10.0)  # Z keeps G busy until 10
+    tg.add_task([g], duration=1.0, deps=[a])  # X: ready at 6
+    tg.add_task([g], duration=1.0, deps=[b])  # Y: ready at 3, so first in FIFO order although X's dep finished first
+    res = simulator.simulate(tg, fifo=True, reference=reference)
+    assert res.start.tolist() == [0.0, 0.0, 0.0, 11.0, 10.0]
+    assert res.finish.tolist() == [1.0, 3.0, 10.0, 12.0, 11.0]
+    assert res.makespan == 12.0
+    # by (tied) priority instead, the lower id X goes first
+    res = simulator.simulate(tg, reference=reference)
+    assert res.start.tolist() == [0.0, 0.0, 0.0, 10.0, 11.0]
+
+
+@BOTH
+def test_lagged_task_releases_memory_at_finish(reference: bool) -> None:
+    tg = simulator.TaskGraph()
+    g, link = tg.add_resource("G"), tg.add_resource("L0")
+    t0 = tg.add_task([g], duration=1.0, mem={g: 100})
+    t1 = tg.add_task([link], duration=1.0, lag=2.0, deps=[t0], frees=[t0])  # sends t0's output: [1, 2], arrives 4
+    tg.add_task([g], duration=1.0, deps=[t1], mem={g: 50})  # starts at t1's arrival
+    res = simulator.simulate(tg, reference=reference)
+    assert res.start.tolist() == [0.0, 1.0, 4.0]
+    assert res.release_time.tolist() == [2.0, np.inf, np.inf]  # at t1's finish, not its arrival
+    assert res.peak_memory.tolist() == [100, 0]
+    times_s, level_bytes = res.memory_timeline(g)
+    assert times_s.tolist() == [0.0, 2.0, 4.0] and level_bytes.tolist() == [100, 0, 50]
+
+
+@BOTH
+def test_zero_duration_task_with_lag_is_a_pure_delay(reference: bool) -> None:
+    tg = simulator.TaskGraph()
+    g = tg.add_resource("G")
+    a = tg.add_task([g], duration=1.0)
+    d = tg.add_task([], duration=0.0, lag=0.5, deps=[a])  # a latency edge: done at 1.5
+    tg.add_task([g], duration=1.0, deps=[d])
+    res = simulator.simulate(tg, reference=reference)
+    assert res.start.tolist() == [0.0, 1.0, 1.5]
+    assert res.finish.tolist() == [1.0, 1.0, 2.5]
+    assert res.arrival.tolist() == [1.0, 1.5, 2.5]

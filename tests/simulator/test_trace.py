@@ -64,3 +64,16 @@ def test_plot_gantt_smoke(tmp_path: Path) -> None:
     path = simulator.plot_gantt(tg, res, tmp_path / "gantt.png", title="random", max_tasks=100)
     assert path.stat().st_size > 0
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_chrome_trace_span_is_the_duration_and_lag_is_an_arg(tmp_path: Path) -> None:
+    tg = simulator.TaskGraph()
+    link = tg.add_resource("link0")
+    send = tg.add_task([link], duration=1e-3, lag=2e-3, name="send")
+    tg.add_task([], duration=0.0, deps=[send], name="recv")
+    res = simulator.simulate(tg)
+    doc = json.loads(simulator.write_chrome_trace(tg, res, tmp_path / "trace.json").read_text())
+    spans = {e["name"]: e for e in doc["traceEvents"] if e["ph"] == "X"}
+    assert spans["send"]["dur"] == 1000.0 and spans["send"]["args"] == {"task": 0, "lag_us": 2000.0}
+    assert spans["recv"]["ts"] == 3000.0 and spans["recv"]["args"] == {"task": 1}
+    assert doc["otherData"]["makespan_s"] == res.makespan == 3e-3
