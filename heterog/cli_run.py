@@ -101,6 +101,7 @@ def cmd_fidelity(args) -> int:
 # ----------------------------------------------------------------------------- parser
 def add_commands(sub) -> None:
     """Register ``run`` and ``fidelity`` on the ``heterog`` subparsers."""
+    from heterog.runtime import fidelity
     p = sub.add_parser("run", help="train a plan for real with torch.distributed (one process per device)",
                        description="Train MODEL under a strategy on the devices of CLUSTER: one worker process "
                                    "per device (local-cpu-N: emulated on this machine; under torchrun: this "
@@ -136,7 +137,8 @@ def add_commands(sub) -> None:
     p.add_argument("--plans", type=int, default=8, help="number of different plans")
     p.add_argument("--steps", type=int, default=30, help="steps per plan")
     p.add_argument("--warmup", type=int, default=5, help="steps left out of each median")
-    p.add_argument("--repeats", type=int, default=5, help="rounds over all plans (the median round counts)")
+    p.add_argument("--repeats", type=int, default=fidelity.ROUNDS,
+                   help="rounds over all plans (a plan's error is the median over rounds)")
     p.add_argument("--profile", default=None, help="profile table file (default: cached per model and cluster)")
     p.add_argument("--reprofile", action="store_true", help="measure again even if the profile file exists")
     p.add_argument("--plot", default=None, help="scatter plot PNG (default: next to the profile)")

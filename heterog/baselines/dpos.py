@@ -134,7 +134,9 @@ def comm_coefficients(cost, m: int) -> tuple[np.ndarray, np.ndarray]:
     a_idx, b_idx = np.meshgrid(np.arange(m), np.arange(m), indexing="ij")
     alpha = cost.transfer_times(a_idx.ravel(), b_idx.ravel(), np.zeros(m * m)).reshape(m, m)
     beta = cost.transfer_times(a_idx.ravel(), b_idx.ravel(), np.ones(m * m)).reshape(m, m) - alpha
-    alpha = alpha + cost.transfer_latencies(a_idx.ravel(), b_idx.ravel()).reshape(m, m)   # in flight too
+    in_flight = [cost.transfer_latencies(a_idx.ravel(), b_idx.ravel(), np.full(m * m, x)).reshape(m, m)
+                 for x in (0, 1)]
+    alpha, beta = alpha + in_flight[0], beta + in_flight[1] - in_flight[0]          # a message's whole time
     return alpha, beta
 
 

@@ -469,7 +469,7 @@ def _aggregate_ps(T, tensors, op_group, op_lay, lay_devs, group_ps, inst_start, 
         rlen, ridx = paths.resources(src_dev, np.full(len(src_dev), p))
         push = T.add(dur=cost.transfer_times(src_dev, np.full(len(src_dev), p), bytes_), kind=TaskKind.PUSH,
                      op=op_rep, dev=p, alloc=bytes_, key=op_rep * _N_STAGES + _STAGE["push"], cat=6,
-                     prio_op=op_rep, res_len=rlen, res_idx=ridx, lag=cost.transfer_latencies(src_dev, p))
+                     prio_op=op_rep, res_len=rlen, res_idx=ridx, lag=cost.transfer_latencies(src_dev, p, bytes_))
         T.deps(push, src_task)
         aggr = T.add(dur=cost.aggregate_times(p, nb, len(devs)), kind=TaskKind.AGGREGATE, op=sel_op, dev=p,
                      alloc=np.where(gi.is_grad[sel_op], 0.0, nb), key=sel_op * _N_STAGES + _STAGE["aggregate"],
@@ -572,7 +572,7 @@ def _connect_nonbatch(T, gi, e, src, dst, op_lay, prov_lay, inst_start, lay_len,
     rlen, ridx = paths.resources(ts, td)
     tr = T.add(dur=cost.transfer_times(ts, td, nb), kind=TaskKind.TRANSFER, op=tu, dev=td, alloc=nb,
                key=first_consumer * _N_STAGES + _STAGE["transfer"], cat=4, prio_op=first_consumer,
-               res_len=rlen, res_idx=ridx, lag=cost.transfer_latencies(ts, td))
+               res_len=rlen, res_idx=ridx, lag=cost.transfer_latencies(ts, td, nb))
     T.deps(tr, prov_at[tt, ts])
     T.deps(consumer, tr[inv])
 
@@ -686,7 +686,7 @@ def _connect_relayout(T, gi, e, src, dst, op_lay, inst_start, lay_devs, lay_shar
         rlen, ridx = paths.resources(t_src, t_dst)
         tr = T.add(dur=cost.transfer_times(t_src, t_dst, t_bytes), kind=TaskKind.TRANSFER, op=r_u[p_r[rem]],
                    dev=t_dst, alloc=t_bytes, key=key_tr[p_r[rem]], cat=4, prio_op=first_consumer[p_r[rem]],
-                   res_len=rlen, res_idx=ridx, lag=cost.transfer_latencies(t_src, t_dst))
+                   res_len=rlen, res_idx=ridx, lag=cost.transfer_latencies(t_src, t_dst, t_bytes))
         T.deps(tr, piece_task[rem])
         piece_task[rem] = tr
 

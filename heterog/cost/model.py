@@ -18,7 +18,8 @@ Transfers: ``sum of alpha + bytes * max of beta`` over the links of the path, wh
 (alpha, beta) is its profiled fit (looked up by link name, then by link kind) or else
 (latency, 1 / bandwidth), NIC links capped by the switch. Without a profile this is exactly
 ``latency + bytes / bottleneck bandwidth``. That is how long a transfer holds its links; a profiled
-latency in flight (``ProfileTable.link_latency``, summed over the path) is added after it without
+latency in flight (``ProfileTable.link_latency``, ``latency + bytes * s_per_byte`` summed over the
+path) is added after it without
 holding them (``transfer_latencies``; the compiler gives it to the task as its simulator ``lag``), so
 messages streamed on one link overlap their latencies. Without a profiled latency it is 0.
 
@@ -203,16 +204,17 @@ class CostModel:
 
     # ------------------------------------------------------------------ transfers
     def _path_coefficients(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(M, M) alpha (s), beta (s/byte) and latency in flight (s) of each path; all 0 on the diagonal."""
+        """(M, M) alpha (s), beta (s/byte) and (M, M, 2) latency in flight (s, s/byte) of each path; all 0
+        on the diagonal."""
         c = self.cluster
         alpha = c.latency_s.copy()
         with np.errstate(divide="ignore"):
             beta = 1.0 / c.bandwidth_Bps
-        latency = np.zeros_like(alpha)
+        latency = np.zeros(alpha.shape + (2,))
         if not self.profile.links and not self.profile.link_latency:
             return alpha, beta, latency
         link_latency = [self.profile.link_latency_entry(link.name) or self.profile.link_latency_entry(link.kind)
-                        or 0.0 for link in c.links]
+                        or (0.0, 0.0) for link in c.links]
         link_coeffs = []
         for link in c.links:
             entry = self.profile.link_entry(link.name) or self.profile.link_entry(link.kind)
@@ -228,7 +230,7 @@ class CostModel:
                 if path:
                     alpha[a, b] = sum(link_coeffs[k][0] for k in path)
                     beta[a, b] = max(link_coeffs[k][1] for k in path)
-                    latency[a, b] = sum(link_latency[k] for k in path)
+                    latency[a, b] = np.sum([link_latency[k] for k in path], axis=0)
         return alpha, beta, latency
 
     def transfer_times(self, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
@@ -240,11 +242,14 @@ class CostModel:
     def transfer_time(self, src: int, dst: int, nbytes: float) -> float:
         return float(self.transfer_times(np.array([src]), np.array([dst]), np.array([nbytes]))[0])
 
-    def transfer_latencies(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-        """Seconds a message from ``src[i]`` to ``dst[i]`` is in flight after ``transfer_times`` (its
-        links already free): the profiled latencies of the path's links, 0 without them or where src == dst."""
-        src, dst = np.broadcast_arrays(np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64))
-        return self._latency_s[src, dst]
+    def transfer_latencies(self, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+        """Seconds a message of ``nbytes[i]`` from ``src[i]`` to ``dst[i]`` is in flight after
+        ``transfer_times`` (its links already free): the profiled latencies of the path's links, 0 without
+        them or where src == dst."""
+        src, dst, nbytes = np.broadcast_arrays(np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64),
+                                               np.asarray(nbytes, dtype=np.float64))
+        lat = self._latency_s[src, dst]
+        return lat[..., 0] + nbytes * lat[..., 1]
 
     # ------------------------------------------------------------------ collectives
     def _ring_stage(self, rings: list[list[int]], fraction: float) -> tuple[_Stage, set[int]]:

@@ -7,7 +7,7 @@ File format (JSON, written atomically)::
      "ops":   {device_type: {signature: [a_s, b_s_per_sample]}},   # t = a + b * samples
      "op_points": {device_type: {signature: [[samples...], [seconds...]]}},   # optional, see below
      "links": {link_name_or_kind: [alpha_s, beta_s_per_byte]},      # t = alpha + beta * bytes
-     "link_latency": {link_name_or_kind: latency_s},                 # optional, see below
+     "link_latency": {link_name_or_kind: [latency_s, s_per_byte]},   # optional, see below
      "collectives": {"allreduce:<dev>,<dev>,...": [alpha_s, beta_s_per_byte]}}   # optional; t as links
 
 ``op_points`` keeps the measured op times themselves (one median per local batch size, sizes
@@ -17,13 +17,14 @@ is not linear in the batch on every device (on a CPU worker the whole step of a 
 2.0 and 3.6-5.1 ms at batch 16, 32 and 64). ``ops`` still holds the least-squares line for every entry.
 
 ``links`` is how long a message holds the link (its occupancy: what back-to-back messages on the
-link pay each); ``link_latency`` is the further delay until the message is at the receiver, which does
-not hold the link (messages in flight overlap). A file without ``link_latency`` puts all of a message's
-time in the occupancy, as ``alpha + beta * bytes``. The profiler measures occupancy by streaming
-messages one way and latency as a ping-pong's one-way time less the occupancy: on a 2-vCPU host's
-loopback a streamed message held the link 0.045 ms + 0.42 ns/B, a ping-pong took 0.14 ms one way for
-1 KB, and a plan's 7 pushes and 7 pulls of a PS step were over-predicted by 36% with the whole 0.2 ms
-ping-pong intercept charged to each message in turn.
+link pay each); ``link_latency`` is the further delay ``latency_s + s_per_byte * bytes`` until the
+message is at the receiver, which does not hold the link (messages in flight overlap it, as the
+receiver's copy of one message overlaps the next one's transfer). A file without ``link_latency`` puts
+all of a message's time in the occupancy, as ``alpha + beta * bytes``. The profiler measures occupancy
+by streaming messages one way and the latency as a ping-pong's one-way time less the occupancy: on a
+2-vCPU host's loopback a streamed message held the link 0.045 ms + 0.42 ns/B, a ping-pong took 0.14 ms
+one way for 1 KB, and a plan's 7 pushes and 7 pulls of a PS step were over-predicted by 36% with the
+whole 0.2 ms ping-pong intercept charged to each message in turn.
 
 A collective's key names its device set (device names, sorted, comma-separated; see
 ``collective_key``), since what one AllReduce costs depends on who takes part, not on one link.
@@ -140,14 +141,14 @@ class ProfileTable:
     """Measured costs. ``ops[device_type][signature] = (a_s, b_s_per_sample)``;
     ``op_points[device_type][signature] = (samples, seconds)`` (the measurements behind the line, optional);
     ``links[name_or_kind] = (alpha_s, beta_s_per_byte)`` (occupancy);
-    ``link_latency[name_or_kind] = latency_s`` (in flight, not holding the link; optional);
+    ``link_latency[name_or_kind] = (latency_s, s_per_byte)`` (in flight, not holding the link; optional);
     ``collectives[collective_key(kind, device names)] = (alpha_s, beta_s_per_byte)``."""
 
     ops: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
     links: dict[str, tuple[float, float]] = field(default_factory=dict)
     collectives: dict[str, tuple[float, float]] = field(default_factory=dict)
     op_points: dict[str, dict[str, tuple[tuple[float, ...], tuple[float, ...]]]] = field(default_factory=dict)
-    link_latency: dict[str, float] = field(default_factory=dict)
+    link_latency: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ lookups
     def op_entry(self, device_type: str, signature: str) -> tuple[float, float] | None:
@@ -166,7 +167,7 @@ class ProfileTable:
     def link_entry(self, name: str) -> tuple[float, float] | None:
         return self.links.get(name)
 
-    def link_latency_entry(self, name: str) -> float | None:
+    def link_latency_entry(self, name: str) -> tuple[float, float] | None:
         return self.link_latency.get(name)
 
     def collective_entry(self, kind: str, device_names: Sequence[str]) -> tuple[float, float] | None:
@@ -195,13 +196,16 @@ class ProfileTable:
         self.set_op_points(device_type, signature, batch_sizes, times_s)
         return a, b
 
-    def set_link(self, name: str, alpha_s: float, beta_s_per_byte: float, latency_s: float | None = None) -> None:
-        """The link's occupancy ``alpha + beta * bytes`` and, if given, its latency in flight (>= 0)."""
+    def set_link(self, name: str, alpha_s: float, beta_s_per_byte: float, latency_s: float | None = None,
+                 latency_s_per_byte: float = 0.0) -> None:
+        """The link's occupancy ``alpha + beta * bytes`` and, if given, its latency in flight
+        ``latency_s + latency_s_per_byte * bytes`` (both finite and >= 0)."""
         self.links[name] = (float(alpha_s), float(beta_s_per_byte))
         if latency_s is not None:
-            if not (math.isfinite(latency_s) and latency_s >= 0):
-                raise HeterogError(f"link {name!r}: latency must be finite and >= 0, got {latency_s!r}")
-            self.link_latency[name] = float(latency_s)
+            if not all(math.isfinite(v) and v >= 0 for v in (latency_s, latency_s_per_byte)):
+                raise HeterogError(f"link {name!r}: latency must be finite and >= 0, got "
+                                   f"{latency_s!r} s + {latency_s_per_byte!r} s/B")
+            self.link_latency[name] = (float(latency_s), float(latency_s_per_byte))
 
     def add_link(self, name: str, sizes_bytes: Sequence[float], times_s: Sequence[float]) -> tuple[float, float]:
         """Fit ``t = alpha + beta * bytes`` for a link name (or kind), store and return (alpha, beta)."""
@@ -228,7 +232,7 @@ class ProfileTable:
                 "op_points": {t: {s: [list(x), list(y)] for s, (x, y) in sigs.items()}
                               for t, sigs in self.op_points.items()},
                 "links": {n: list(v) for n, v in self.links.items()},
-                "link_latency": dict(self.link_latency),
+                "link_latency": {n: list(v) for n, v in self.link_latency.items()},
                 "collectives": {n: list(v) for n, v in self.collectives.items()}}
 
     @classmethod
@@ -262,13 +266,13 @@ class ProfileTable:
                 points.setdefault(t, {})[sig] = _points(v[0], v[1], where)
         lat_d = d.get("link_latency", {})
         if not isinstance(lat_d, dict):
-            raise HeterogError(f"{source}: 'link_latency' must map link name -> seconds")
+            raise HeterogError(f"{source}: 'link_latency' must map link name -> [seconds, seconds per byte]")
         latency = {}
         for n, v in lat_d.items():
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
-                raise HeterogError(f"{source}: link_latency[{n!r}]: expected seconds (a finite number >= 0), "
-                                   f"got {v!r}")
-            latency[n] = float(v)
+            pair = _pair(v, f"{source}: link_latency[{n!r}]")
+            if min(pair) < 0:
+                raise HeterogError(f"{source}: link_latency[{n!r}]: must not be negative, got {v!r}")
+            latency[n] = pair
         return cls(ops, links, colls, points, latency)
 
     @classmethod

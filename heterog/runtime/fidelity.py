@@ -17,6 +17,9 @@ from heterog.cost.profile import ProfileTable
 from heterog.errors import HeterogError
 
 DEFAULT_PROFILE_DIR = ".heterog-cache/profiles"
+# rounds over all plans: a plan's error is the median of its per-round errors, whose noise on a 2-vCPU host
+# is +-10-30% (the same single-device step moved 2.6 <-> 4.6 ms between rounds); 10 rounds take ~30 s
+ROUNDS = 10
 # planners tried in this order; "mp-split" and "random:<seed>" are built here
 PLAN_ORDER = ("single", "ev-ps", "ev-ar", "mp-split", "cp-ps", "cp-ar", "expert", "dpos", "random:0",
               "random:1", "mp-alternate", "random:2", "random:3", "random:4", "random:5")
@@ -180,7 +183,7 @@ def scatter_plot(pairs: Sequence[PlanPair], path: str | Path, title: str = "") -
 
 
 def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_size: int | None = None,
-                 steps: int = 30, warmup: int = 5, repeats: int = 5, profile_file: str | Path | None = None,
+                 steps: int = 30, warmup: int = 5, repeats: int = ROUNDS, profile_file: str | Path | None = None,
                  reprofile: bool = False, plot: str | Path | None = None, hang_timeout_s: float = 120.0,
                  plans: Sequence[str] = PLAN_ORDER, optimizer: str = "sgd", pool=None) -> FidelityReport:
     """Profile (or load the cached profile), then run ``n_plans`` plans for real and in the simulator with
@@ -280,5 +283,7 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
     return FidelityReport(model_ref, cluster.name, model.batch_size, pairs, mape(pairs), kendall_tau(pairs),
                           str(ppath), str(out_plot), steps, warmup, t_prof, t_run,
                           [{"link": name, "alpha_s": a, "beta_s_per_byte": b,
-                            "latency_s": table.link_latency.get(name, 0.0)} for name, (a, b) in table.links.items()],
+                            "latency_s": table.link_latency.get(name, (0.0, 0.0))[0],
+                            "latency_s_per_byte": table.link_latency.get(name, (0.0, 0.0))[1]}
+                           for name, (a, b) in table.links.items()],
                           line_pairs)

@@ -32,7 +32,7 @@ COLLECTIVE_SIZES_BYTES = (1 << 4, 1 << 10, 1 << 14, 1 << 17, 1 << 19, 1 << 21)
 MAX_COLLECTIVE_GROUPS = 15          # every device subset up to 4 devices; beyond, only the whole cluster
 HELD_OUT_SIZES_BYTES = (1 << 12, 1 << 20)
 # what ``profile`` (and ``heterog fidelity``) measure: steps per op round, ping-pong and collective repeats
-OP_STEPS, LINK_REPEATS, COLLECTIVE_REPEATS = 20, 25, 25
+OP_STEPS, LINK_REPEATS, COLLECTIVE_REPEATS = 20, 50, 70
 STREAM_MESSAGES = 8                 # messages per burst of the occupancy measurement
 LATENCY_SIZES_BYTES = 1 << 14       # messages up to this size measure the latency in flight
 
@@ -141,7 +141,7 @@ def profile_ops(model, cluster, pool, *, batch_sizes: Sequence[int] | None = Non
 class LinkMeasurement:
     """One-way times (seconds, median of repeats) per message size on one link, and the fit: the link is
     held ``alpha_s + beta_s_per_byte * bytes`` (the occupancy; from the streamed messages where measured,
-    else the ping-pong line) and the message arrives ``latency_s`` later."""
+    else the ping-pong line) and the message arrives ``latency_s + latency_s_per_byte * bytes`` later."""
 
     link: str
     sizes_bytes: list[int]
@@ -150,11 +150,12 @@ class LinkMeasurement:
     beta_s_per_byte: float = 0.0
     held_out: list[tuple[int, float, float]] = field(default_factory=list)   # (bytes, measured, predicted)
     latency_s: float = 0.0
+    latency_s_per_byte: float = 0.0
     occupancy_s: list[float] = field(default_factory=list)     # per size of sizes_bytes, where streamed
 
     def predict(self, nbytes: float) -> float:
         """One-way time of a message alone on the link (what a ping-pong measures)."""
-        return self.alpha_s + self.beta_s_per_byte * nbytes + self.latency_s
+        return self.alpha_s + self.beta_s_per_byte * nbytes + self.latency_s + self.latency_s_per_byte * nbytes
 
 
 def _link_samples(pool, cluster, sizes_bytes: Sequence[int], repeats: int,
@@ -206,30 +207,35 @@ def _fit_links(table: ProfileTable, cluster, medians: dict, fit_sizes: Sequence[
 
     With the pair's streamed ``occupancy`` (same form): the link is held ``alpha + beta * bytes`` fitted
     to the occupancies (relative errors: the sizes span three orders of magnitude), and the latency in
-    flight is the median over the small fit sizes (``LATENCY_SIZES_BYTES``) of ping-pong less occupancy,
-    at least 0, where the bytes cost least and the difference is least noisy. Without: the ping-pong line
-    is the occupancy and the latency is 0. A path's latency and occupancy intercept are shared evenly
-    between its links."""
+    flight is ``l0 + l1 * bytes``, the part of a lone message's time (ping-pong) beyond its occupancy:
+    ``l1`` the ping-pong line's slope less ``beta`` (the receiver's per-byte work, which a stream
+    overlaps with the next message), ``l0`` the median over the small fit sizes (``LATENCY_SIZES_BYTES``,
+    where bytes cost least and the difference is least noisy) of ping-pong less occupancy less ``l1 *
+    bytes``; both at least 0. Without: the ping-pong line is the occupancy and the latency is 0. A
+    path's latency and occupancy intercept are shared evenly between its links."""
     report: list[LinkMeasurement] = []
     occupancy = occupancy or {}
     for (a, b), rows in sorted(medians.items()):
         fit_rows = [(s, t) for s, t in rows if s in fit_sizes]
-        alpha, beta = fit_linear([s for s, _ in fit_rows], [t for _, t in fit_rows])
-        latency, occ = 0.0, []
+        alpha, beta = pingpong_line = fit_linear([s for s, _ in fit_rows], [t for _, t in fit_rows])
+        latency, latency_per_byte, occ = 0.0, 0.0, []
         if (a, b) in occupancy:
             occ_of = {s: t for s, t in occupancy[(a, b)] if s in fit_sizes}
             occ = [occ_of[s] for s, _ in fit_rows]
             alpha, beta = fit_linear([s for s, _ in fit_rows], np.maximum(occ, 1e-9), relative=True)
             alpha = max(alpha, 0.0)
-            small = [t - occ_of[s] for s, t in fit_rows if s <= LATENCY_SIZES_BYTES] or \
-                    [fit_rows[0][1] - occ_of[fit_rows[0][0]]]
+            latency_per_byte = max(pingpong_line[1] - beta, 0.0)
+            gap = [(s, t - occ_of[s] - latency_per_byte * s) for s, t in fit_rows]
+            small = [g for s, g in gap if s <= LATENCY_SIZES_BYTES] or [gap[0][1]]
             latency = max(float(np.median(small)), 0.0)
         for x, y in ((a, b), (b, a)):
             path = cluster.path(x, y)
             for link_id in path:
-                table.set_link(cluster.links[link_id].name, alpha / len(path), beta, latency / len(path))
+                table.set_link(cluster.links[link_id].name, alpha / len(path), beta, latency / len(path),
+                               latency_per_byte)
             meas = LinkMeasurement(" + ".join(cluster.links[k].name for k in path), [s for s, _ in fit_rows],
-                                   [t for _, t in fit_rows], alpha, beta, latency_s=latency, occupancy_s=occ)
+                                   [t for _, t in fit_rows], alpha, beta, latency_s=latency,
+                                   latency_s_per_byte=latency_per_byte, occupancy_s=occ)
             meas.held_out = [(s, t, meas.predict(s)) for s, t in rows if s not in fit_sizes]
             report.append(meas)
     return report

@@ -30,8 +30,8 @@ class TableCost:
         src, dst, nbytes = np.broadcast_arrays(np.asarray(src), np.asarray(dst), np.asarray(nbytes, dtype=float))
         return np.where(src == dst, 0.0, nbytes * self.beta)
 
-    def transfer_latencies(self, src, dst):
-        src, dst = np.broadcast_arrays(np.asarray(src), np.asarray(dst))
+    def transfer_latencies(self, src, dst, nbytes):
+        src, dst, nbytes = np.broadcast_arrays(np.asarray(src), np.asarray(dst), np.asarray(nbytes, dtype=float))
         return np.zeros(src.shape)
 
     def allreduce_times(self, devices, nbytes, algo="auto"):

@@ -32,7 +32,7 @@ class FakeCost:
     def transfer_times(self, src, dst, nbytes):
         return np.where(np.asarray(src) == np.asarray(dst), 0.0, np.asarray(nbytes, float) * 1e-9)
 
-    def transfer_latencies(self, src, dst):
+    def transfer_latencies(self, src, dst, nbytes):
         return np.where(np.asarray(src) == np.asarray(dst), 0.0, self.latency_s)
 
     def allreduce_times(self, devices, nbytes):

@@ -124,13 +124,14 @@ def test_measured_allreduce_replaces_both_formulas_for_its_device_set_only():
 
 def test_profiled_latency_in_flight_sums_over_the_path_and_is_0_elsewhere():
     profile = ProfileTable()
-    profile.set_link("pcie", 1e-5, 1e-10, latency_s=4e-5)          # by kind: every PCIe link
-    profile.set_link("s1/nic-in", 3e-5, 2e-10, latency_s=7e-5)     # by name: one NIC
+    profile.set_link("pcie", 1e-5, 1e-10, latency_s=4e-5, latency_s_per_byte=1e-11)   # by kind: every PCIe link
+    profile.set_link("s1/nic-in", 3e-5, 2e-10, latency_s=7e-5)                        # by name: one NIC
     cm = CostModel(load_cluster("paper-8gpu"), profile)
     src, dst = np.array([0, 0, 2, 1]), np.array([1, 2, 0, 1])
     # 0->1 one PCIe link; 0->2 s0/nic-out (no latency profiled) + s1/nic-in; 2->0 s1/nic-out + s0/nic-in
     # (neither profiled); 1->1 nothing moves
-    assert cm.transfer_latencies(src, dst) == pytest.approx([4e-5, 7e-5, 0.0, 0.0], abs=1e-15)
+    nbytes = np.array([1e6, 1e6, 1e6, 1e6])
+    assert cm.transfer_latencies(src, dst, nbytes) == pytest.approx([4e-5 + 1e-5, 7e-5, 0.0, 0.0], abs=1e-15)
     # the occupancy is unchanged by the latency
     assert cm.transfer_times(src[:1], dst[:1], np.array([1e6])) == pytest.approx([1e-5 + 1e6 * 1e-10], rel=1e-12)
-    assert not CostModel(load_cluster("paper-8gpu")).transfer_latencies(src, dst).any()
+    assert not CostModel(load_cluster("paper-8gpu")).transfer_latencies(src, dst, nbytes).any()

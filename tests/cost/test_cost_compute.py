@@ -176,6 +176,7 @@ def test_profile_points_are_met_exactly_and_bound_what_lies_between(sizes, times
     t = cm.op_times(g, np.array([0]), np.array([0]), np.array([fraction]))[0]
     if sizes[0] <= x <= sizes[-1]:                  # inside: between the two neighbouring points
         k = max(i for i, s in enumerate(sizes) if s <= x)
-        lo, hi = sorted(times[k:k + 2])
+        neighbours = times[k:k + 2]                 # one point when x is the last size: t is that point's time
+        lo, hi = min(neighbours), max(neighbours)
         assert lo - 1e-12 <= t <= hi + 1e-12
     assert t >= 0.0

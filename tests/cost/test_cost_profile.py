@@ -128,16 +128,16 @@ def test_bad_op_points_name_the_entry(tmp_path, points, match):
 
 def test_link_latency_round_trips_and_files_without_it_still_load(tmp_path):
     table = ProfileTable()
-    table.set_link("a->b", 5e-5, 4e-10, latency_s=1e-4)
+    table.set_link("a->b", 5e-5, 4e-10, latency_s=1e-4, latency_s_per_byte=2e-10)
     table.set_link("b->a", 5e-5, 4e-10)
-    assert table.link_latency == {"a->b": 1e-4} and table.link_latency_entry("b->a") is None
+    assert table.link_latency == {"a->b": (1e-4, 2e-10)} and table.link_latency_entry("b->a") is None
     assert ProfileTable.load(table.save(tmp_path / "p.json")) == table
     (tmp_path / "old.json").write_text(json.dumps({"format": "heterog-profile", "version": 1,
                                                    "links": {"a->b": [1e-4, 1e-9]}}))
     assert ProfileTable.load(tmp_path / "old.json").link_latency == {}
     with pytest.raises(HeterogError, match="latency must be finite and >= 0"):
         table.set_link("a->b", 5e-5, 4e-10, latency_s=-1e-6)
-    for bad in (-1.0, "slow", True):
+    for bad in ([-1.0, 0.0], [1e-4, -1e-10], "slow", 1e-4):
         (tmp_path / "bad.json").write_text(json.dumps({"format": "heterog-profile", "version": 1,
                                                        "link_latency": {"a->b": bad}}))
         with pytest.raises(HeterogError, match=r"link_latency\['a->b'\]"):
