@@ -85,7 +85,8 @@ def cmd_fidelity(args) -> int:
 
     rep = run_fidelity(args.model, args.cluster, n_plans=args.plans, batch_size=args.batch_size, steps=args.steps,
                        warmup=args.warmup, repeats=args.repeats, profile_file=args.profile,
-                       reprofile=args.reprofile, plot=args.plot, hang_timeout_s=args.hang_timeout_s)
+                       reprofile=args.reprofile, plot=args.plot, hang_timeout_s=args.hang_timeout_s,
+                       breakdown=args.breakdown)
     rec = rep.record()
     head = (f"{rep.model} (batch {rep.batch_size}) on {rep.cluster}: MAPE {rep.mape:.1f}%, Kendall tau "
             f"{rep.kendall_tau:.2f} over {len(rep.pairs)} plans (profile {rep.profile}, plot {rep.plot}); "
@@ -94,6 +95,19 @@ def cmd_fidelity(args) -> int:
     lines = [head, f"{'plan':14s} {'measured ms':>12s} {'simulated ms':>13s} {'error':>8s}"]
     for p in rep.pairs:
         lines.append(f"{p.plan:14s} {p.measured_s * 1e3:12.3f} {p.simulated_s * 1e3:13.3f} {p.error * 100:7.1f}%")
+    if rep.breakdown:
+        lines += ["", "where the time goes, measured / simulated ms per step (fed: compute ops that read a message; "
+                      "wait / idle: the rank waiting, the device idle in the simulation)",
+                  f"{'plan':14s} {'device':24s} {'compute':>15s} {'fed compute':>15s} {'other compute':>15s} "
+                  f"{'communication':>15s} {'wait / idle':>15s}"]
+        for part in rep.breakdown:
+            for d in part["devices"]:
+                m, s = d["measured"], d["simulated"]
+                cells = [(m["compute_s"], s["compute_s"]), (m["fed_compute_s"], s["fed_compute_s"]),
+                         (m["compute_s"] - m["fed_compute_s"], s["compute_s"] - s["fed_compute_s"]),
+                         (m["comm_s"], s["comm_s"]), (m["wait_s"], s["idle_s"])]
+                lines.append(f"{part['plan']:14s} {d['device']:24s} " + " ".join(
+                    f"{a * 1e3:7.2f}/{b * 1e3:<7.2f}" for a, b in cells))
     _emit(args, rec, "\n".join(lines))
     return 0
 
@@ -143,6 +157,9 @@ def add_commands(sub) -> None:
     p.add_argument("--reprofile", action="store_true", help="measure again even if the profile file exists")
     p.add_argument("--plot", default=None, help="scatter plot PNG (default: next to the profile)")
     p.add_argument("--hang-timeout-s", type=float, default=120.0)
+    p.add_argument("--breakdown", action="store_true",
+                   help="also trace every plan once and show, per device, measured vs simulated compute (and "
+                        "compute of the ops that read a message), communication and waiting")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_fidelity)
 

@@ -136,6 +136,7 @@ class FidelityReport:
     run_time_s: float
     link_fits: list[dict] = field(default_factory=list)
     line_pairs: list[PlanPair] = field(default_factory=list)   # the same runs simulated with op lines
+    breakdown: list[dict] = field(default_factory=list)    # per plan and device: where the time goes
 
     def record(self) -> dict:
         worst = max(self.pairs, key=lambda p: abs(p.error)) if self.pairs else None
@@ -147,7 +148,71 @@ class FidelityReport:
                 "steps": self.steps, "warmup_steps": self.warmup_steps, "profile_time_s": self.profile_time_s,
                 "run_time_s": self.run_time_s, "link_fits": self.link_fits,
                 "op_lines": {"mape": mape(self.line_pairs), "kendall_tau": kendall_tau(self.line_pairs),
-                             "simulated_s": [p.simulated_s for p in self.line_pairs]}}
+                             "simulated_s": [p.simulated_s for p in self.line_pairs]},
+                "breakdown": self.breakdown}
+
+
+# ------------------------------------------------------------------------------ where the time goes
+# runtime instructions counted as communication work on the rank (posting sends and collectives,
+# assembling received pieces, summing PS parts); their waiting is counted apart
+_RUNTIME_COMM = ("send", "allreduce", "assemble", "aggregate", "post")
+
+
+def simulated_breakdown(ev, strategy) -> tuple[list[dict], set[tuple[int, int]]]:
+    """Per device, the simulated seconds of compute (and of the compute ops fed by a message: a transfer
+    or a PS push is among their dependencies), of communication tasks holding the device and of idle
+    time up to the makespan; and the (device, op) pairs of the fed compute ops."""
+    from heterog.compiler.compile import COMM_KINDS, TaskKind
+
+    plan = ev.compile(strategy)
+    res = ev.simulate_plan(plan)
+    dur, kind, dev = plan.tg.duration, plan.task_kind, plan.task_device
+    res_ptr, res_idx = plan.tg.resources()
+    fed_kinds = np.array([int(TaskKind.TRANSFER), int(TaskKind.PUSH)])
+    fed_ops: set[tuple[int, int]] = set()
+    out = [{"compute_s": 0.0, "fed_compute_s": 0.0, "comm_s": 0.0, "busy_s": 0.0} for _ in range(ev.cluster.n_devices)]
+    for t in range(plan.n_tasks):
+        held = res_idx[res_ptr[t]:res_ptr[t + 1]]
+        for d in held[held < len(out)]:
+            out[d]["busy_s"] += float(dur[t])
+            if kind[t] in COMM_KINDS:
+                out[d]["comm_s"] += float(dur[t])
+        if kind[t] == TaskKind.COMPUTE and dev[t] >= 0:
+            fed = bool(np.isin(kind[plan.dep_idx[plan.dep_ptr[t]:plan.dep_ptr[t + 1]]], fed_kinds).any())
+            out[dev[t]]["compute_s"] += float(dur[t])
+            if fed:
+                out[dev[t]]["fed_compute_s"] += float(dur[t])
+                fed_ops.add((int(dev[t]), int(plan.task_op[t])))
+    for d in out:
+        d["idle_s"] = max(float(res.makespan) - d.pop("busy_s"), 0.0)
+    return out, fed_ops
+
+
+def measured_breakdown(prepared, pool, steps: int, warmup: int, fed_ops: set[tuple[int, int]]) -> list[dict]:
+    """One traced run of ``prepared``: per rank, the median over the steps after ``warmup`` of its busy
+    seconds in compute instructions (and in those of the (rank, op) pairs in ``fed_ops``), in
+    communication instructions (``_RUNTIME_COMM``), and of its waiting (messages, collectives, emulated
+    delays)."""
+    jobs = prepared.jobs([prepared.model.example_inputs], steps, return_state=False)
+    for job in jobs:
+        job.trace = True
+    results = pool.run(jobs)
+    out = []
+    for r, rp in enumerate(prepared.lowered.ranks):
+        rows = []
+        for trace in results[r]["traces"][min(warmup, steps - 1):]:
+            acc = dict.fromkeys(("compute_s", "fed_compute_s", "comm_s", "wait_s"), 0.0)
+            for ins, (kind, t0, t1, waited) in zip(rp.instrs, trace):
+                busy = max(t1 - t0 - waited, 0.0)
+                acc["wait_s"] += waited
+                if kind == "compute":
+                    acc["compute_s"] += busy
+                    acc["fed_compute_s"] += busy if (r, ins[1]) in fed_ops else 0.0
+                elif kind in _RUNTIME_COMM:
+                    acc["comm_s"] += busy
+            rows.append(acc)
+        out.append({k: float(np.median([row[k] for row in rows])) for k in rows[0]})
+    return out
 
 
 def scatter_plot(pairs: Sequence[PlanPair], path: str | Path, title: str = "") -> Path:
@@ -185,7 +250,8 @@ def scatter_plot(pairs: Sequence[PlanPair], path: str | Path, title: str = "") -
 def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_size: int | None = None,
                  steps: int = 30, warmup: int = 5, repeats: int = ROUNDS, profile_file: str | Path | None = None,
                  reprofile: bool = False, plot: str | Path | None = None, hang_timeout_s: float = 120.0,
-                 plans: Sequence[str] = PLAN_ORDER, optimizer: str = "sgd", pool=None) -> FidelityReport:
+                 plans: Sequence[str] = PLAN_ORDER, optimizer: str = "sgd", pool=None,
+                 breakdown: bool = False) -> FidelityReport:
     """Profile (or load the cached profile), then run ``n_plans`` plans for real and in the simulator with
     the profiled costs. A plan's measured time is the median over ``repeats`` rounds (each round runs every
     plan once) of its median iteration time over ``steps`` after ``warmup``.
@@ -199,7 +265,10 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
     between the rounds of one run. Plans are chosen and ordered with the first round's profile; the fit
     of all rounds is the one saved. Ops are simulated through their measured points (``CostModel``);
     ``line_pairs`` holds the same runs simulated with the ops' fitted lines, for comparison.
-    ``pool``: running workers to use (one per device); by default a pool is started and stopped here."""
+    ``pool``: running workers to use (one per device); by default a pool is started and stopped here.
+    ``breakdown``: afterwards run every plan once more with instruction tracing and report, per plan and
+    device, measured vs simulated compute (and compute of the ops fed by a message), communication work
+    and waiting (``simulated_breakdown``, ``measured_breakdown``)."""
     from heterog.cluster import load_cluster
     from heterog.cost import CostModel
     from heterog.evaluate import Evaluator
@@ -253,6 +322,8 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
                 r = run_prepared(prep, [model.example_inputs], steps, warmup=warmup, pool=pool, return_state=False)
                 medians[k].append(r.iteration_time_s)
             t_run += time.perf_counter() - t0
+        measured_parts = [measured_breakdown(prep, pool, steps, warmup, simulated_breakdown(ev, s)[1])
+                          for s, prep in zip(strategies, prepared)] if breakdown else []
     finally:
         if own:
             pool.close()
@@ -276,6 +347,12 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
         table = comm.fit(ops.fit())
         table.save(ppath)
     pairs, line_pairs = paired(True), paired(False)
+    final = Evaluator(model.graph, cluster, CostModel(cluster, table))
+    parts = []
+    for s, measured in zip(strategies, measured_parts):
+        simulated = simulated_breakdown(final, s)[0]
+        parts.append({"plan": s.method, "devices": [{"device": name, "measured": a, "simulated": b} for name, a, b
+                                                    in zip(cluster.device_names, measured, simulated)]})
     out_plot = Path(plot) if plot else ppath.with_name(ppath.stem + "-fidelity.png")
     title = f"{model.name} (batch {model.batch_size}) on {cluster.name}: MAPE {mape(pairs):.1f}%, " \
             f"tau {kendall_tau(pairs):.2f}"
@@ -286,4 +363,4 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
                             "latency_s": table.link_latency.get(name, (0.0, 0.0))[0],
                             "latency_s_per_byte": table.link_latency.get(name, (0.0, 0.0))[1]}
                            for name, (a, b) in table.links.items()],
-                          line_pairs)
+                          line_pairs, parts)

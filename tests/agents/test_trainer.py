@@ -235,3 +235,27 @@ def test_tensorboard_metrics_curve_and_gantt(tasks, tmp_path):
     assert any("actions/breakdown" in t for t in tags["tensors"])
     assert (tmp_path / "learning_curve.png").stat().st_size > 1000
     assert (tmp_path / f"gantt_{tasks[1].name}.png").stat().st_size > 1000
+
+
+def test_uniform_plans_seed_the_pool_before_the_first_samples(tasks):
+    """Every group on GPU 0, ..., every group with one DP scheme (the DP baselines): simulated once before
+    the first round, in the pool, the best of them the starting best; not counted as sampled episodes."""
+    task = tasks[1]
+    n_actions = task.inputs.n_devices + 4
+    uniform = np.repeat(np.arange(n_actions)[:, None], task.n_groups, axis=1)
+    times = [task.evaluator.iteration_time(task.evaluator.strategy(a, "u"))[0] for a in uniform]
+    settings = TrainerSettings(samples_per_graph=4, explore_samples=1, mutate_samples=1, replay_pool_size=16,
+                               replay_samples=0)
+    trainer = Trainer(tiny_policy(), [task], settings)
+    trainer.update()
+    state = trainer.states[task.key]
+    assert state.episodes == trainer.episodes == 4
+    assert state.best_iteration_time_s <= min(times)
+    assert len(state.history) >= 1 and state.history[0][2] == 0 and state.history[0][3] == min(times)
+    pooled = {tuple(a) for _, a in state.pool}
+    assert {tuple(u) for u in uniform[np.argsort(times, kind="stable")[:8]]} <= pooled
+    # off: the first best is one of the round's samples
+    plain = Trainer(tiny_policy(), [task], TrainerSettings(samples_per_graph=4, explore_samples=1, mutate_samples=1,
+                                                           seed_uniform_plans=False))
+    plain.update()
+    assert plain.states[task.key].history[0][2] == 4
