@@ -347,10 +347,10 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
         table = comm.fit(ops.fit())
         table.save(ppath)
     pairs, line_pairs = paired(True), paired(False)
-    final = Evaluator(model.graph, cluster, CostModel(cluster, table))
     parts = []
+    final = Evaluator(model.graph, cluster, CostModel(cluster, table)) if measured_parts else None
     for s, measured in zip(strategies, measured_parts):
-        simulated = simulated_breakdown(final, s)[0]
+        simulated = simulated_breakdown(final, s)[0]          # with the saved profile (all rounds)
         parts.append({"plan": s.method, "devices": [{"device": name, "measured": a, "simulated": b} for name, a, b
                                                     in zip(cluster.device_names, measured, simulated)]})
     out_plot = Path(plot) if plot else ppath.with_name(ppath.stem + "-fidelity.png")
