@@ -1,0 +1,188 @@
+"""Can the strategy policy represent a set of plans, and does what it learns carry to an unseen graph?
+
+Transfer needs plans that the policy can express as a function of what it sees. This probe trains a
+fresh policy by supervised imitation (cross-entropy on every group's action, Adam, gradient clipping)
+on target plans of some graphs and reports, per graph, how often its greedy plan (every group's most
+likely action) matches the target and what the greedy plan's simulated iteration time is, next to the
+target's and the best uniform plan's (the DP baselines). One graph can be held out: it is only scored.
+
+Targets:
+  - ``--runs DIR ...``: the best plans found by training runs (each run folder's ``agent.pt`` and
+    ``config.yaml``; every graph of each run);
+  - ``--rule-bytes B --graphs MODEL:BATCH ...``: a rule of the features, model parallel on device 0 for
+    groups holding at least ``B`` bytes of parameters and optimizer state, DP-proportional-AllReduce
+    for the rest (a control: a rule the policy sees should be learned and carried over).
+
+    python -m experiments.policy_probe --runs runs/pretrain__... runs/finetune__gpt2-b8__... --holdout gpt2-b8
+    python -m experiments.policy_probe --rule-bytes 4e6 --graphs resnet50:128 transformer:64 vgg19:192 \\
+        --holdout vgg19-b192
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from agents.checkpoint import load_checkpoint
+from agents.planner import build_policy
+from agents.trainer import GraphTask, make_task, per_group_log_prob
+from heterog.errors import HeterogError
+from heterog.strategy import DP_ACTION_NAMES, N_DP_ACTIONS
+
+DP_PROP_AR = DP_ACTION_NAMES.index("dp-prop-ar")     # offset after the M model-parallel actions
+
+
+@dataclass
+class ProbeRow:
+    graph: str
+    held_out: bool
+    groups: int
+    match: float                   # share of groups whose greedy action is the target's
+    uniform_share: float           # share of the target's groups that take its most common action
+    greedy_s: float
+    greedy_oom: bool
+    target_s: float
+    best_uniform_s: float          # best plan giving every group one action (the DP baselines among them)
+
+
+def _graph_spec(name: str) -> tuple[str, int]:
+    """``"resnet50:128"`` -> ("resnet50", 128)."""
+    model, _, batch = name.partition(":")
+    if not model or not batch.isdigit():
+        raise HeterogError(f"graph {name!r} must be MODEL:BATCH, e.g. resnet50:128")
+    return model, int(batch)
+
+
+def targets_from_runs(run_dirs: list[str], cluster) -> list[tuple[GraphTask, np.ndarray]]:
+    """(task, best actions) for every graph of every run (the run's config names the graphs)."""
+    from omegaconf import OmegaConf
+
+    from experiments.train import graph_specs
+    from heterog.graph.cache import capture_model
+
+    out: dict[str, tuple[GraphTask, np.ndarray]] = {}
+    for d in map(Path, run_dirs):
+        if not (d / "agent.pt").is_file() or not (d / "config.yaml").is_file():
+            raise HeterogError(f"run folder {str(d)!r} needs agent.pt and config.yaml")
+        cfg = OmegaConf.load(d / "config.yaml")
+        if cfg.cluster.name != cluster.name:
+            raise HeterogError(f"run {str(d)!r} planned for {cfg.cluster.name!r}, not {cluster.name!r}")
+        tasks = {}
+        for spec in graph_specs(cfg):
+            task = make_task(capture_model(spec["model"], spec.get("batch_size"), spec.get("optimizer", "sgd")),
+                             cluster, max_groups=int(cfg.run.max_groups))
+            tasks[task.key] = task
+        for key, state in load_checkpoint(d / "agent.pt")["tasks"].items():
+            if key in tasks and state["best_actions"] is not None:
+                out[tasks[key].name] = (tasks[key], np.asarray(state["best_actions"], dtype=np.int64))
+    if not out:
+        raise HeterogError("the runs hold no best plan")
+    return list(out.values())
+
+
+def targets_from_rule(graphs: list[str], min_bytes: float, cluster) -> list[tuple[GraphTask, np.ndarray]]:
+    """(task, rule actions): model parallel on device 0 where a group holds >= min_bytes, else DP-prop-AR."""
+    from heterog.graph.cache import capture_model
+
+    out = []
+    for name in graphs:
+        model, batch = _graph_spec(name)
+        task = make_task(capture_model(model, batch, "sgd"), cluster)
+        ev = task.evaluator
+        held = np.zeros(task.n_groups)
+        np.add.at(held, ev.group_of, ev.graph.resident_bytes)
+        out.append((task, np.where(held >= min_bytes, 0, cluster.n_devices + DP_PROP_AR)))
+    return out
+
+
+def probe(targets: list[tuple[GraphTask, np.ndarray]], holdout: str | None, steps: int, lr: float,
+          seed: int = 0, size: str = "small") -> list[ProbeRow]:
+    """Imitate the targets of every graph but ``holdout`` for ``steps`` steps (one graph per step, in
+    turn), then score every graph's greedy plan."""
+    names = [t.name for t, _ in targets]
+    if holdout is not None and holdout not in names:
+        raise HeterogError(f"held-out graph {holdout!r} is not among the targets {names}")
+    train = [(t, a) for t, a in targets if t.name != holdout]
+    if not train:
+        raise HeterogError("nothing to train on: every graph is held out")
+    m = targets[0][0].inputs.n_devices
+    policy = build_policy(m, size, seed, dp_bias=0.0)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
+    for step in range(steps):
+        task, actions = train[step % len(train)]
+        logits = policy(*task.inputs.args())
+        loss = -per_group_log_prob(logits, torch.as_tensor(actions)[None]).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        optimizer.step()
+    rows = []
+    policy.eval()
+    with torch.no_grad():
+        for task, actions in targets:
+            ev = task.evaluator
+            greedy = policy(*task.inputs.args()).argmax(-1).numpy()
+            greedy_s, greedy_oom = ev.iteration_time(ev.strategy(greedy, "greedy"))
+            uniform = [ev.iteration_time(ev.strategy(np.full(task.n_groups, a), "uniform"))
+                       for a in range(m + N_DP_ACTIONS)]
+            rows.append(ProbeRow(task.name, task.name == holdout, task.n_groups, float((greedy == actions).mean()),
+                                 float(np.bincount(actions).max() / len(actions)), greedy_s, greedy_oom,
+                                 ev.iteration_time(ev.strategy(actions, "target"))[0],
+                                 min(t for t, oom in uniform if not oom) if any(not o for _, o in uniform)
+                                 else float("inf")))
+    return rows
+
+
+def markdown(rows: list[ProbeRow]) -> str:
+    lines = ["| graph | held out | groups | greedy = target | target's commonest action | greedy (ms) | "
+             "target (ms) | best uniform plan (ms) |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r.graph} | {'yes' if r.held_out else ''} | {r.groups} | {100 * r.match:.1f}% | "
+                     f"{100 * r.uniform_share:.1f}% | {r.greedy_s * 1e3:.2f}{' OOM' if r.greedy_oom else ''} | "
+                     f"{r.target_s * 1e3:.2f} | {r.best_uniform_s * 1e3:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments.policy_probe", description=__doc__.split("\n\n")[0])
+    source = ap.add_mutually_exclusive_group(required=True)
+    source.add_argument("--runs", nargs="+", metavar="RUN_DIR", help="imitate the best plans of these runs")
+    source.add_argument("--rule-bytes", type=float, metavar="B",
+                        help="imitate the rule: groups holding >= B bytes on device 0, the rest DP-prop-AR")
+    ap.add_argument("--graphs", nargs="+", metavar="MODEL:BATCH", help="graphs of the rule (with --rule-bytes)")
+    ap.add_argument("--holdout", help="graph name (e.g. vgg19-b192) scored but not trained on")
+    ap.add_argument("--cluster", default="paper-8gpu")
+    ap.add_argument("--steps", type=int, default=1500, help="imitation steps, one graph each (default 1500)")
+    ap.add_argument("--lr", type=float, default=1e-3,
+                    help="Adam step size (default 1e-3; at the trainer's 1e-2 even a rule is not learned)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", action="store_true", help="print JSON instead of the Markdown table")
+    args = ap.parse_args(argv)
+    from heterog.cluster import load_cluster
+
+    torch.set_num_threads(1)
+    try:
+        if args.steps < 0 or args.lr <= 0:
+            raise HeterogError(f"--steps must be >= 0 and --lr > 0, got {args.steps} and {args.lr}")
+        cluster = load_cluster(args.cluster)
+        if args.runs:
+            targets = targets_from_runs(args.runs, cluster)
+        else:
+            if not args.graphs:
+                raise HeterogError("--rule-bytes needs --graphs MODEL:BATCH ...")
+            targets = targets_from_rule(args.graphs, args.rule_bytes, cluster)
+        rows = probe(targets, args.holdout, args.steps, args.lr, args.seed)
+    except HeterogError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps([asdict(r) for r in rows], indent=2) if args.json else markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

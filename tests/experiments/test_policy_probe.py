@@ -1,0 +1,48 @@
+"""The imitation probe: a rule of the features is learned and carried to a held-out graph; the best
+plans of real (tiny) runs are read back with their simulated times; bad input exits 2."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from experiments.policy_probe import main, probe, targets_from_rule
+from experiments.train import run
+from heterog.cluster import load_cluster
+from tests.experiments.test_train_app import SHRINK, config
+
+
+def test_a_rule_of_the_features_is_learned_and_carried_over():
+    torch.set_num_threads(1)
+    cluster = load_cluster("paper-8gpu")
+    targets = targets_from_rule(["tiny_mlp:16", "tiny_cnn:16", "tiny_transformer:16"], 4e3, cluster)
+    for task, actions in targets:        # the rule puts some groups on device 0 and the rest on DP-prop-AR
+        assert set(actions.tolist()) == {0, cluster.n_devices + 3}, task.name
+    rows = {r.graph: r for r in probe(targets, "tiny_mlp-b16", steps=150, lr=1e-3)}
+    assert rows["tiny_mlp-b16"].held_out and not rows["tiny_cnn-b16"].held_out
+    assert rows["tiny_cnn-b16"].match == rows["tiny_transformer-b16"].match == 1.0
+    held = rows["tiny_mlp-b16"]                     # 22 groups, 3 of them above the threshold
+    assert held.match >= 0.95 and held.match > held.uniform_share    # more than the commonest action
+    assert probe(targets, "tiny_mlp-b16", steps=0, lr=1e-3)[0].match < held.match     # untrained
+
+
+def test_best_plans_of_real_runs(tmp_path, capsys):
+    torch.set_num_threads(1)
+    report = run(config([f"output_dir={tmp_path}", "graph=tiny_mlp", *SHRINK]))
+    assert main(["--runs", report["run_dir"], "--steps", "2", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["graph"] == "tiny_mlp-b16" and not row["held_out"]
+    assert row["target_s"] == pytest.approx(report["graphs"]["tiny_mlp-b16"]["best_iteration_time_s"])
+    assert row["target_s"] <= row["best_uniform_s"] + 1e-12      # the runs record the uniform plans first
+
+
+def test_bad_input_exits_2(tmp_path, capsys):
+    assert main(["--runs", str(tmp_path / "missing")]) == 2
+    assert "needs agent.pt and config.yaml" in capsys.readouterr().err
+    assert main(["--rule-bytes", "1e4"]) == 2
+    assert "--rule-bytes needs --graphs" in capsys.readouterr().err
+    assert main(["--rule-bytes", "1e4", "--graphs", "tiny_mlp"]) == 2
+    assert "must be MODEL:BATCH" in capsys.readouterr().err
+    assert main(["--rule-bytes", "1e4", "--graphs", "tiny_mlp:16", "--holdout", "vgg19-b192", "--steps", "1"]) == 2
+    assert "is not among the targets" in capsys.readouterr().err
