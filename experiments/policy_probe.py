@@ -133,8 +133,7 @@ def probe(targets: list[tuple[GraphTask, np.ndarray]], holdout: str | None, step
             rows.append(ProbeRow(task.name, task.name == holdout, task.n_groups, float((greedy == actions).mean()),
                                  float(np.bincount(actions).max() / len(actions)), greedy_s, greedy_oom,
                                  ev.iteration_time(ev.strategy(actions, "target"))[0],
-                                 min(t for t, oom in uniform if not oom) if any(not o for _, o in uniform)
-                                 else float("inf")))
+                                 min((t for t, oom in uniform if not oom), default=float("inf"))))
     return rows
 
 
