@@ -199,8 +199,9 @@ class RelativeMultiHeadAttention(nn.Module):
         dropout: dropout on the attention probabilities.
 
     Shapes:
-        query_in ``(L, hidden)``, context ``(K, hidden)`` whose last ``L`` rows are the queries'
-        own inputs, pos_emb ``(K, hidden)`` (row d = distance d) -> ``(L, hidden)``.
+        query_in ``([B,] L, hidden)``, context ``([B,] K, hidden)`` whose last ``L`` rows are the
+        queries' own inputs, pos_emb ``(K, hidden)`` (row d = distance d) -> ``([B,] L, hidden)``
+        (``B`` sequences at once, optional).
     """
 
     def __init__(self, hidden: int, heads: int, dropout: float = 0.0) -> None:
@@ -222,21 +223,45 @@ class RelativeMultiHeadAttention(nn.Module):
         nn.init.normal_(self.v, std=0.02)
 
     def forward(self, query_in: Tensor, context: Tensor, pos_emb: Tensor) -> Tensor:
-        q_len, k_len = query_in.shape[0], context.shape[0]
+        batched = query_in.dim() == 3
+        if not batched:
+            query_in, context = query_in[None], context[None]
+        n_seq, q_len, k_len = query_in.shape[0], query_in.shape[1], context.shape[1]
         mem_len = k_len - q_len
-        q = self.q_net(query_in).view(q_len, self.heads, self.head_dim)
-        k, v = self.kv_net(context).view(k_len, 2, self.heads, self.head_dim).unbind(1)
+        q = self.q_net(query_in).view(n_seq, q_len, self.heads, self.head_dim)
+        k, v = self.kv_net(context).view(n_seq, k_len, 2, self.heads, self.head_dim).unbind(2)
         r = self.r_net(pos_emb).view(k_len, self.heads, self.head_dim)
-        content = torch.einsum("ihd,jhd->hij", q + self.u, k)                       # (H, L, K)
-        position_by_distance = torch.einsum("ihd,khd->hik", q + self.v, r)          # (H, L, K): distance k
+        content = torch.einsum("bihd,bjhd->bhij", q + self.u, k)                    # (B, H, L, K)
+        position_by_distance = torch.einsum("bihd,khd->bhik", q + self.v, r)       # (B, H, L, K): distance k
         distance = (torch.arange(q_len, device=q.device)[:, None] + mem_len
                     - torch.arange(k_len, device=q.device)[None, :])                # (L, K), at most K-1
-        position = position_by_distance.gather(2, distance.clamp(min=0).expand(self.heads, q_len, k_len))
+        position = position_by_distance.gather(
+            3, distance.clamp(min=0).expand(n_seq, self.heads, q_len, k_len))
         scores = (content + position) / math.sqrt(self.head_dim)
         scores = scores.masked_fill(distance < 0, float("-inf"))                  # causal: only j <= i + m
         attn = F.dropout(scores.softmax(dim=-1), p=self.dropout, training=self.training)
-        out = torch.einsum("hij,jhd->ihd", attn, v).reshape(q_len, self.hidden)
-        return self.o_net(out)
+        out = self.o_net(torch.einsum("bhij,bjhd->bihd", attn, v).reshape(n_seq, q_len, self.hidden))
+        return out if batched else out[0]
+
+    def step(self, query_in: Tensor, cache: dict[str, Tensor], r_by_distance: Tensor) -> Tensor:
+        """:meth:`forward` for one new position whose context is everything in ``cache`` plus itself, for
+        decoding: its key and value are appended to ``cache`` (``"k"``, ``"v"``: ``(B, K, H, d)``), and
+        ``r_by_distance`` is ``r_net`` of the sinusoids of distances ``0..`` (at least ``K + 1`` rows).
+        The same score as :meth:`forward`, as matrix products (decoding calls this once per position).
+
+        Shapes: query_in ``(B, hidden)`` (already normalised) -> ``(B, hidden)``.
+        """
+        n_seq = query_in.shape[0]
+        q = self.q_net(query_in).view(n_seq, self.heads, self.head_dim, 1)
+        k, v = self.kv_net(query_in).view(n_seq, 2, self.heads, 1, self.head_dim).unbind(1)
+        cache["k"] = k_all = torch.cat([cache["k"], k], dim=2)                          # (B, H, K, d)
+        cache["v"] = v_all = torch.cat([cache["v"], v], dim=2)
+        k_len = k_all.shape[2]
+        r = r_by_distance[:k_len].flip(0).view(k_len, self.heads, self.head_dim).transpose(0, 1)  # key j: K-1-j
+        scores = (torch.matmul(k_all, q + self.u[..., None]) + torch.matmul(r, q + self.v[..., None]))  # (B,H,K,1)
+        attn = F.dropout((scores[..., 0] / math.sqrt(self.head_dim)).softmax(dim=-1), p=self.dropout,
+                         training=self.training)
+        return self.o_net(torch.matmul(attn[:, :, None], v_all).reshape(n_seq, self.hidden))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.hidden}, heads={self.heads}, dropout={self.dropout})"
@@ -252,8 +277,8 @@ class TransformerXLLayer(nn.Module):
         dropout: dropout on attention probabilities, the attention output and the FFN.
 
     Shapes:
-        x ``(L, hidden)``, memory ``(m, hidden)`` (this layer's inputs at earlier positions),
-        pos_emb ``(m + L, hidden)`` -> ``(L, hidden)``.
+        x ``([B,] L, hidden)``, memory ``([B,] m, hidden)`` (this layer's inputs at earlier positions),
+        pos_emb ``(m + L, hidden)`` -> ``([B,] L, hidden)``.
     """
 
     def __init__(self, hidden: int, heads: int, dropout: float = 0.0) -> None:
@@ -274,10 +299,23 @@ class TransformerXLLayer(nn.Module):
                 module.reset_parameters()
 
     def forward(self, x: Tensor, memory: Tensor, pos_emb: Tensor) -> Tensor:
-        context = self.attn_norm(torch.cat([memory, x], dim=0))
-        x = x + F.dropout(self.attn(context[memory.shape[0]:], context, pos_emb),
+        context = self.attn_norm(torch.cat([memory, x], dim=-2))
+        x = x + F.dropout(self.attn(context[..., memory.shape[-2]:, :], context, pos_emb),
                           p=self.dropout, training=self.training)
         return x + F.dropout(self.ff(self.ff_norm(x)), p=self.dropout, training=self.training)
+
+    def step(self, x: Tensor, cache: dict[str, Tensor], r_by_distance: Tensor) -> Tensor:
+        """:meth:`forward` for one new position after the positions cached in ``cache`` (see
+        :meth:`RelativeMultiHeadAttention.step`). Shapes: x ``(B, hidden)`` -> ``(B, hidden)``."""
+        x = x + F.dropout(self.attn.step(self.attn_norm(x), cache, r_by_distance), p=self.dropout,
+                          training=self.training)
+        return x + F.dropout(self.ff(self.ff_norm(x)), p=self.dropout, training=self.training)
+
+    def memory_cache(self, memory: Tensor) -> dict[str, Tensor]:
+        """Keys and values of a memory ``(B, m, hidden)`` for :meth:`step`."""
+        n_seq, m = memory.shape[:2]
+        kv = self.attn.kv_net(self.attn_norm(memory)).view(n_seq, m, 2, self.heads, self.attn.head_dim)
+        return {"k": kv[:, :, 0].transpose(1, 2), "v": kv[:, :, 1].transpose(1, 2)}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.hidden}, heads={self.heads}, ffn={4 * self.hidden})"
@@ -304,7 +342,8 @@ class TransformerXL(nn.Module):
         detach_mem: stop gradients through the memory (Transformer-XL's choice).
 
     Shapes:
-        x ``(S, hidden)`` -> ``(S, hidden)``; position ``s`` depends only on positions ``<= s``.
+        x ``([B,] S, hidden)`` -> ``([B,] S, hidden)``; position ``s`` depends only on positions
+        ``<= s``.
     """
 
     def __init__(self, hidden: int, layers: int, heads: int, segment_len: int, mem_len: int,
@@ -327,23 +366,58 @@ class TransformerXL(nn.Module):
         self.out_norm.reset_parameters()
 
     def forward(self, x: Tensor) -> Tensor:
-        memories = [x.new_zeros(0, self.hidden) for _ in self.blocks]
+        memories = [x.new_zeros(*x.shape[:-2], 0, self.hidden) for _ in self.blocks]
         outputs = []
-        for start in range(0, x.shape[0], self.segment_len):
-            h = x[start:start + self.segment_len]
-            context_len = memories[0].shape[0] + h.shape[0]
-            distances = torch.arange(context_len, device=x.device)
-            pos_emb = sinusoid_embedding(distances, self.hidden).to(x.dtype)
+        for start in range(0, x.shape[-2], self.segment_len):
+            h = x[..., start:start + self.segment_len, :]
+            pos_emb = self._positions(memories[0].shape[-2] + h.shape[-2], x)
             for i, block in enumerate(self.blocks):
                 layer_in, memory = h, memories[i]
                 h = block(layer_in, memory, pos_emb)
-                if self.mem_len > 0:
-                    kept = torch.cat([memory, layer_in], dim=0)[-self.mem_len:]
-                    memories[i] = kept.detach() if self.detach_mem else kept
+                memories[i] = self._kept(memory, layer_in)
             outputs.append(h)
         if not outputs:
             return self.out_norm(x)
-        return self.out_norm(torch.cat(outputs, dim=0))
+        return self.out_norm(torch.cat(outputs, dim=-2))
+
+    def _positions(self, context_len: int, like: Tensor) -> Tensor:
+        return sinusoid_embedding(torch.arange(context_len, device=like.device), self.hidden).to(like.dtype)
+
+    def _kept(self, memory: Tensor, layer_in: Tensor) -> Tensor:
+        """A layer's memory for the next segment: its last ``mem_len`` inputs (detached if so set)."""
+        if self.mem_len == 0:
+            return memory
+        kept = torch.cat([memory, layer_in], dim=-2)[..., -self.mem_len:, :]
+        return kept.detach() if self.detach_mem else kept
+
+    def start_decoding(self, n_seq: int, like: Tensor) -> dict[str, Any]:
+        """State for :meth:`decode_step`: ``n_seq`` sequences decoded one position at a time."""
+        sinusoids = self._positions(self.mem_len + self.segment_len, like)
+        memories = [like.new_zeros(n_seq, 0, self.hidden) for _ in self.blocks]
+        return {"memories": memories, "segment": [[] for _ in self.blocks], "position": 0,
+                "caches": [block.memory_cache(m) for block, m in zip(self.blocks, memories)],
+                "r": [block.attn.r_net(sinusoids) for block in self.blocks]}
+
+    def decode_step(self, state: dict[str, Any], x: Tensor) -> Tensor:
+        """The output at the next position given its input, for autoregressive decoding (the input may
+        depend on earlier outputs). Positions are cut into the same segments, with the same memories,
+        as :meth:`forward`, so decoding a sequence step by step gives ``forward`` of the whole sequence;
+        keys and values of earlier positions are cached.
+
+        Shapes: x ``(B, hidden)`` -> ``(B, hidden)``.
+        """
+        if state["position"] == self.segment_len:          # segment boundary: roll the memories
+            for i, (block, pieces) in enumerate(zip(self.blocks, state["segment"])):
+                state["memories"][i] = self._kept(state["memories"][i], torch.stack(pieces, dim=1))
+                state["caches"][i] = block.memory_cache(state["memories"][i])
+                pieces.clear()
+            state["position"] = 0
+        h = x
+        for i, block in enumerate(self.blocks):
+            state["segment"][i].append(h)
+            h = block.step(h, state["caches"][i], state["r"][i])
+        state["position"] += 1
+        return self.out_norm(h)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.hidden}, layers={self.layers}, heads={self.heads}, "
@@ -433,6 +507,12 @@ class StrategyPolicy(nn.Module):
     4. A linear head gives ``M + 4`` logits per group: ``0..M-1`` model parallel on that device,
        ``M..M+3`` DP-even-PS, DP-even-AR, DP-proportional-PS, DP-proportional-AR. It starts near
        zero, so the first policy is close to uniform. Padding groups get all-zero logits.
+    5. With ``autoregressive=True`` the choices are made one group after another: the Transformer-XL
+       input of group ``n`` is ``g_n + E[a_{n-1}]`` (``E`` an action embedding, a start token for the
+       first group), so each group's logits depend on the actions of all earlier groups (how much
+       each device already holds). Such a policy has no action-independent logits: use
+       :meth:`sample_actions` (decoding, group by group) and :meth:`action_logits` (the logits along
+       given strategies, all positions at once); ``forward`` and ``distribution`` refuse it.
 
     Args:
         op_feature_dim: per-op feature size ``F_op``.
@@ -446,6 +526,7 @@ class StrategyPolicy(nn.Module):
         gat_conv: ``"gat"`` (paper) or ``"gatv2"``.
         group_activation: ``"sigmoid"`` (paper) or ``"tanh"``.
         detach_mem: detach the Transformer-XL memory (gradients stay within a segment).
+        autoregressive: condition each group's choice on the earlier groups' actions (step 5).
 
     Shapes:
         op_x ``(N, F_op)`` float, op_mask ``(N,)`` bool, edge_index ``(2, E)`` int64,
@@ -456,7 +537,8 @@ class StrategyPolicy(nn.Module):
     def __init__(self, op_feature_dim: int, device_feature_dim: int, n_actions: int, hidden: int = 64,
                  gat_layers: int = 2, gat_heads: int = 4, txl_layers: int = 2, txl_heads: int = 4,
                  segment_len: int = 64, mem_len: int = 64, dropout: float = 0.0, gat_conv: str = "gat",
-                 group_activation: str = "sigmoid", detach_mem: bool = True) -> None:
+                 group_activation: str = "sigmoid", detach_mem: bool = True,
+                 autoregressive: bool = False) -> None:
         super().__init__()
         _require(op_feature_dim >= 1, f"op_feature_dim must be at least 1, got {op_feature_dim}")
         _require(device_feature_dim >= 1, f"device_feature_dim must be at least 1, got {device_feature_dim}")
@@ -469,7 +551,8 @@ class StrategyPolicy(nn.Module):
             "n_actions": n_actions,
             "hidden": hidden, "gat_layers": gat_layers, "gat_heads": gat_heads, "txl_layers": txl_layers,
             "txl_heads": txl_heads, "segment_len": segment_len, "mem_len": mem_len, "dropout": dropout,
-            "gat_conv": gat_conv, "group_activation": group_activation, "detach_mem": detach_mem}
+            "gat_conv": gat_conv, "group_activation": group_activation, "detach_mem": detach_mem,
+            "autoregressive": autoregressive}
         self.n_actions = n_actions
         self.op_feature_dim, self.device_feature_dim, self.hidden = op_feature_dim, device_feature_dim, hidden
         self.encoder = GATEncoder(op_feature_dim, device_feature_dim, hidden, gat_layers, gat_heads, dropout,
@@ -478,6 +561,9 @@ class StrategyPolicy(nn.Module):
         self.strategy = TransformerXL(hidden, txl_layers, txl_heads, segment_len, mem_len, dropout,
                                       detach_mem)
         self.head = nn.Linear(hidden, n_actions)
+        self.autoregressive = autoregressive
+        # the earlier group's action (row n_actions: the start token), added to a group's embedding
+        self.action_emb = nn.Embedding(n_actions + 1, hidden) if autoregressive else None
         self.reset_parameters()
 
     # ---- construction
@@ -519,6 +605,8 @@ class StrategyPolicy(nn.Module):
         self.strategy.reset_parameters()
         nn.init.orthogonal_(self.head.weight, gain=0.01)
         nn.init.zeros_(self.head.bias)
+        if self.action_emb is not None:
+            nn.init.normal_(self.action_emb.weight, std=0.1)
 
     # ---- forward pieces
     def check_inputs(self, op_x: Tensor, op_mask: Tensor, edge_index: Tensor, edge_mask: Tensor,
@@ -595,6 +683,7 @@ class StrategyPolicy(nn.Module):
 
     def forward(self, op_x: Tensor, op_mask: Tensor, edge_index: Tensor, edge_mask: Tensor,
                 group_of: Tensor, group_mask: Tensor, dev_x: Tensor) -> Tensor:
+        self._require_independent("forward")
         group_emb = self.embed_groups(op_x, op_mask, edge_index, edge_mask, group_of, group_mask, dev_x)
         return self.logits_from_group_embeddings(group_emb, group_mask)
 
@@ -604,6 +693,70 @@ class StrategyPolicy(nn.Module):
         logits = self(op_x, op_mask, edge_index, edge_mask, group_of, group_mask, dev_x)
         return MaskedCategorical(logits, group_mask)
 
+    def _require_independent(self, what: str) -> None:
+        _require(not self.autoregressive,
+                 f"{what} gives action-independent logits, which an autoregressive policy does not have; "
+                 "use sample_actions and action_logits")
+
+    # ---- strategies (both kinds of policy)
+    def action_logits(self, group_emb: Tensor, group_mask: Tensor, actions: Tensor) -> Tensor:
+        """The logits each group's choice was drawn from in the strategies ``actions`` (for an
+        autoregressive policy, given the earlier groups' actions in that strategy; otherwise the same
+        logits for every strategy). Padding rows are zero.
+
+        Shapes: group_emb ``(G, hidden)``, group_mask ``(G,)``, actions ``(K, G)`` -> ``(K, G, n_actions)``.
+        """
+        n_seq = actions.shape[0]
+        if not self.autoregressive:
+            return self.logits_from_group_embeddings(group_emb, group_mask).expand(n_seq, -1, -1)
+        real = group_mask.nonzero().squeeze(1)
+        earlier = torch.cat([actions.new_full((n_seq, 1), self.n_actions), actions[:, real[:-1]]], dim=1)
+        states = self.strategy(group_emb[real][None] + self.action_emb(earlier))         # (K, S, hidden)
+        logits = group_emb.new_zeros(n_seq, group_emb.shape[0], self.n_actions)
+        return logits.index_copy(1, real, self.head(states))
+
+    def sample_actions(self, group_emb: Tensor, group_mask: Tensor, n: int, *,
+                       generator: torch.Generator | None = None, offsets: Tensor | None = None,
+                       greedy: bool = False) -> Tensor:
+        """``n`` strategies: each group's action drawn (or, ``greedy``, the most likely one) from its
+        logits plus the strategy's ``offsets`` (one offset per action shared by all groups of a strategy;
+        None: none). An autoregressive policy decodes group by group; padding groups get action 0.
+
+        Shapes: group_emb ``(G, hidden)``, group_mask ``(G,)``, offsets ``(n, n_actions)`` -> ``(n, G)``.
+        """
+        n_groups = group_mask.shape[0]
+        actions = torch.zeros(n, n_groups, dtype=torch.long, device=group_emb.device)
+        if n == 0:
+            return actions
+        if not self.autoregressive:
+            logits = self.logits_from_group_embeddings(group_emb, group_mask)
+            if offsets is None:
+                dist = MaskedCategorical(logits, group_mask)
+                return dist.mode[None].expand(n, -1).clone() if greedy else dist.sample(n, generator=generator)
+            return self._draw(logits[None] + offsets[:, None], group_mask, generator, greedy)
+        real = group_mask.nonzero().squeeze(1)
+        state = self.strategy.start_decoding(n, group_emb)
+        earlier = actions.new_full((n,), self.n_actions)
+        for g in real.tolist():
+            step_logits = self.head(self.strategy.decode_step(state, group_emb[g][None] + self.action_emb(earlier)))
+            if offsets is not None:
+                step_logits = step_logits + offsets
+            earlier = self._draw(step_logits[:, None], None, generator, greedy)[:, 0]
+            actions[:, g] = earlier
+        return actions
+
+    @staticmethod
+    def _draw(logits: Tensor, group_mask: Tensor | None, generator: torch.Generator | None,
+              greedy: bool) -> Tensor:
+        """One action per (strategy, group) from logits ``(n, G, A)``; padding groups 0. -> ``(n, G)``."""
+        n, n_groups, n_actions = logits.shape
+        if greedy:
+            out = logits.argmax(dim=-1)
+        else:
+            probs = logits.softmax(dim=-1).reshape(n * n_groups, n_actions)
+            out = torch.multinomial(probs, 1, generator=generator).reshape(n, n_groups)
+        return out if group_mask is None else out * group_mask
+
     def __repr__(self) -> str:
         c = self._config
         n_params = sum(p.numel() for p in self.parameters())
@@ -612,4 +765,5 @@ class StrategyPolicy(nn.Module):
                 f"gat={c['gat_layers']}x{c['gat_heads']} heads ({c['gat_conv']}), "
                 f"txl={c['txl_layers']}x{c['txl_heads']} heads (segment {c['segment_len']}, "
                 f"memory {c['mem_len']}), group={c['group_activation']}, dropout={c['dropout']}, "
+                f"autoregressive={c['autoregressive']}, "
                 f"params={n_params:,})")

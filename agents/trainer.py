@@ -197,12 +197,18 @@ class TaskState:
 
 # =========================================================================================== the update
 def per_group_log_prob(logits: Tensor, actions: Tensor) -> Tensor:
-    """Log probability of each group's action.
+    """Log probability of each group's action, from one set of logits for all strategies or one per
+    strategy (an autoregressive policy's, :meth:`StrategyPolicy.action_logits`).
 
-    Shapes: logits ``(G, A)``, actions ``(K, G)`` -> ``(K, G)``.
+    Shapes: logits ``(G, A)`` or ``(K, G, A)``, actions ``(K, G)`` -> ``(K, G)``.
     """
-    log_p = logits.log_softmax(dim=-1)
-    return log_p[torch.arange(logits.shape[0]), actions]
+    log_p = logits.log_softmax(dim=-1).expand(actions.shape[0], -1, -1)
+    return log_p.gather(-1, actions[..., None])[..., 0]
+
+
+def mean_entropy(logits: Tensor) -> Tensor:
+    """Mean entropy of the per-group distributions. Shapes: ``(..., G, A)`` -> ``()``."""
+    return -(logits.softmax(dim=-1) * logits.log_softmax(dim=-1)).sum(-1).mean()
 
 
 def policy_loss(log_p: Tensor, log_p_old: Tensor, advantages: Tensor, algorithm: str, clip: float) -> Tensor:
@@ -229,7 +235,7 @@ class _Sample:
     actions: Tensor          # (K + R, G) sampled then replayed
     advantages: Tensor       # (K + R,)
     log_p_old: Tensor        # (K + R, G)
-    logits: Tensor | None    # (G, A) of the rollout's forward pass, with its graph (reused once)
+    logits: Tensor | None    # (K + R, G, A) along the strategies, with their graph (used by the first epoch)
 
 
 def bias_towards_data_parallel(policy: StrategyPolicy, bias: float) -> None:
@@ -295,14 +301,17 @@ class Trainer:
             state = self.states[task.key]
             if s.seed_uniform_plans and state.best_actions is None:
                 self.seed_uniform(task, state)
-            # rollout: one forward pass, k strategies: from the policy, then explore_samples from perturbed
+            # rollout: one encoder pass, k strategies: from the policy, then explore_samples from perturbed
             # logits, then mutate_samples local moves around the best strategy found
-            dist = self.policy.distribution(*task.inputs.args())
+            inputs = task.inputs
+            group_emb = self.policy.embed_groups(*inputs.args())
             n_policy = s.samples_per_graph - s.explore_samples - s.mutate_samples
-            sampled = dist.sample(n_policy, generator=self.generator)
-            best = sampled[0] if state.best_actions is None else torch.as_tensor(state.best_actions)
-            actions = torch.cat([sampled, self.explore(dist.logits.detach(), s.explore_samples),
-                                 self.mutate(best, dist.logits.shape[-1], s.mutate_samples)])    # (k, G)
+            offsets = torch.cat([torch.zeros(n_policy, self.policy.n_actions), self.explore_offsets(s.explore_samples)])
+            with torch.inference_mode():
+                drawn = self.policy.sample_actions(group_emb.detach(), inputs.group_mask, len(offsets),
+                                                   generator=self.generator, offsets=offsets)
+            best = drawn[0] if state.best_actions is None else torch.as_tensor(state.best_actions)
+            actions = torch.cat([drawn, self.mutate(best, self.policy.n_actions, s.mutate_samples)])
             rewards, times, ooms = self.evaluate(task, actions.numpy())                      # (k,) each
             self.record(task, state, actions.numpy(), rewards, times, ooms)
             # replay: the best strategies found so far, as extra samples
@@ -311,9 +320,10 @@ class Trainer:
             # replayed samples are off-policy and only pull towards plans better than the baseline
             adv = self.advantages(state, rewards[:n_policy], np.concatenate([rewards[n_policy:], replay_rewards]))
             all_actions = torch.cat([actions, torch.as_tensor(replay_actions, dtype=torch.long)])
-            log_p_old = per_group_log_prob(dist.logits.detach(), all_actions)
+            logits = self.policy.action_logits(group_emb, inputs.group_mask, all_actions)     # (k + R, G, A)
+            log_p_old = per_group_log_prob(logits.detach(), all_actions)
             samples.append(_Sample(task, all_actions, torch.as_tensor(adv, dtype=torch.float32), log_p_old,
-                                   dist.logits))
+                                   logits))
             rewards_all.append(rewards)
             actions_all.append(actions.numpy().ravel())
 
@@ -321,12 +331,11 @@ class Trainer:
         for epoch in range(epochs):
             loss_pg, entropy = torch.zeros(()), torch.zeros(())
             for sample in samples:
-                logits = sample.logits if epoch == 0 else self.policy(*sample.task.inputs.args())
+                logits = sample.logits if epoch == 0 else self.strategy_logits(sample.task, sample.actions)
                 log_p = per_group_log_prob(logits, sample.actions)
                 loss_pg = loss_pg + policy_loss(log_p, sample.log_p_old, sample.advantages, s.algorithm,
                                                 s.ppo_clip) / len(samples)
-                probs = logits.softmax(dim=-1)
-                entropy = entropy - (probs * logits.log_softmax(dim=-1)).sum(-1).mean() / len(samples)
+                entropy = entropy + mean_entropy(logits) / len(samples)
             loss = loss_pg - s.entropy_coef * entropy
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -337,7 +346,7 @@ class Trainer:
         if s.algorithm == "ppo":
             with torch.no_grad():
                 approx_kl = float(np.mean([(sm.log_p_old - per_group_log_prob(
-                    self.policy(*sm.task.inputs.args()), sm.actions)).mean() for sm in samples]))
+                    self.strategy_logits(sm.task, sm.actions), sm.actions)).mean() for sm in samples]))
 
         self.rounds += 1
         round_s = time.perf_counter() - t_start
@@ -356,8 +365,10 @@ class Trainer:
         out = {}
         with torch.no_grad():
             for task in self.tasks:
-                dist = self.policy.distribution(*task.inputs.args())
-                actions = torch.cat([dist.mode[None], dist.sample(samples, generator=self.generator)]).numpy()
+                group_emb, mask = self.policy.embed_groups(*task.inputs.args()), task.inputs.group_mask
+                actions = torch.cat([self.policy.sample_actions(group_emb, mask, 1, greedy=True),
+                                     self.policy.sample_actions(group_emb, mask, samples, generator=self.generator)
+                                     ]).numpy()
                 rewards, times, ooms = self.evaluate(task, actions)
                 state = self.states[task.key]
                 self.record(task, state, actions, rewards, times, ooms)
@@ -429,19 +440,16 @@ class Trainer:
         rewards, times, ooms = self.evaluate(task, actions)
         self.record(task, state, actions, rewards, times, ooms, sampled=False)
 
-    def explore(self, logits: Tensor, n: int) -> Tensor:
-        """``n`` strategies from the policy with a random offset on each action's logit, one offset vector
-        per strategy shared by all its groups (parameter-space noise on the head bias): correlated
-        changes that independent per-group sampling almost never makes.
+    def strategy_logits(self, task: GraphTask, actions: Tensor) -> Tensor:
+        """The current policy's logits along strategies ``actions`` of ``task``. Shapes: ``(K, G)`` -> ``(K, G, A)``."""
+        group_emb = self.policy.embed_groups(*task.inputs.args())
+        return self.policy.action_logits(group_emb, task.inputs.group_mask, actions)
 
-        Shapes: logits ``(G, A)`` -> ``(n, G)``.
-        """
-        n_groups, n_actions = logits.shape
-        if n == 0:
-            return torch.zeros(0, n_groups, dtype=torch.long)
-        offsets = torch.randn(n, 1, n_actions, generator=self.generator) * self.settings.explore_noise
-        probs = (logits[None] + offsets).softmax(dim=-1).reshape(n * n_groups, n_actions)
-        return torch.multinomial(probs, 1, generator=self.generator).reshape(n, n_groups)
+    def explore_offsets(self, n: int) -> Tensor:
+        """Logit offsets of ``n`` exploration strategies: one random offset per action, shared by all groups
+        of a strategy (parameter-space noise on the head bias), for correlated changes that independent
+        per-group sampling almost never makes. Shapes: -> ``(n, A)``."""
+        return torch.randn(n, self.policy.n_actions, generator=self.generator) * self.settings.explore_noise
 
     def mutate(self, base: Tensor, n_actions: int, n: int) -> Tensor:
         """``n`` copies of ``base`` with ``mutate_groups`` distinct random groups each set to another

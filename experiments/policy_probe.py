@@ -101,9 +101,10 @@ def targets_from_rule(graphs: list[str], min_bytes: float, cluster) -> list[tupl
 
 
 def probe(targets: list[tuple[GraphTask, np.ndarray]], holdout: str | None, steps: int, lr: float,
-          seed: int = 0, size: str = "small") -> list[ProbeRow]:
+          seed: int = 0, size: str = "small", autoregressive: bool = False) -> list[ProbeRow]:
     """Imitate the targets of every graph but ``holdout`` for ``steps`` steps (one graph per step, in
-    turn), then score every graph's greedy plan."""
+    turn), then score every graph's greedy plan (``autoregressive``: of a policy that conditions each
+    group on the earlier groups' actions, trained on the target's own earlier actions)."""
     names = [t.name for t, _ in targets]
     if holdout is not None and holdout not in names:
         raise HeterogError(f"held-out graph {holdout!r} is not among the targets {names}")
@@ -111,12 +112,13 @@ def probe(targets: list[tuple[GraphTask, np.ndarray]], holdout: str | None, step
     if not train:
         raise HeterogError("nothing to train on: every graph is held out")
     m = targets[0][0].inputs.n_devices
-    policy = build_policy(m, size, seed, dp_bias=0.0)
+    policy = build_policy(m, size, seed, dp_bias=0.0, autoregressive=autoregressive)
     optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
     for step in range(steps):
         task, actions = train[step % len(train)]
-        logits = policy(*task.inputs.args())
-        loss = -per_group_log_prob(logits, torch.as_tensor(actions)[None]).mean()
+        target = torch.as_tensor(actions)[None]
+        logits = policy.action_logits(policy.embed_groups(*task.inputs.args()), task.inputs.group_mask, target)
+        loss = -per_group_log_prob(logits, target).mean()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
@@ -126,7 +128,8 @@ def probe(targets: list[tuple[GraphTask, np.ndarray]], holdout: str | None, step
     with torch.no_grad():
         for task, actions in targets:
             ev = task.evaluator
-            greedy = policy(*task.inputs.args()).argmax(-1).numpy()
+            greedy = policy.sample_actions(policy.embed_groups(*task.inputs.args()), task.inputs.group_mask, 1,
+                                           greedy=True)[0].numpy()
             greedy_s, greedy_oom = ev.iteration_time(ev.strategy(greedy, "greedy"))
             uniform = [ev.iteration_time(ev.strategy(np.full(task.n_groups, a), "uniform"))
                        for a in range(m + N_DP_ACTIONS)]
@@ -160,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=1e-3,
                     help="Adam step size (default 1e-3; at the trainer's 1e-2 even a rule is not learned)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--autoregressive", action="store_true",
+                    help="probe a policy that conditions each group on the earlier groups' actions")
     ap.add_argument("--json", action="store_true", help="print JSON instead of the Markdown table")
     args = ap.parse_args(argv)
     from heterog.cluster import load_cluster
@@ -175,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             if not args.graphs:
                 raise HeterogError("--rule-bytes needs --graphs MODEL:BATCH ...")
             targets = targets_from_rule(args.graphs, args.rule_bytes, cluster)
-        rows = probe(targets, args.holdout, args.steps, args.lr, args.seed)
+        rows = probe(targets, args.holdout, args.steps, args.lr, args.seed, autoregressive=args.autoregressive)
     except HeterogError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -190,6 +190,68 @@ def test_segments_with_full_memory_equal_one_segment(segment_len: int) -> None:
         assert not torch.allclose(short_memory(**obs), one_segment(**obs), atol=1e-4)
 
 
+@pytest.mark.parametrize("segment_len, mem_len", [(3, 4), (3, 0), (4, 64), (1, 2), (10, 0)])
+def test_transformer_xl_batches_and_decodes_step_by_step_as_forward(segment_len: int, mem_len: int) -> None:
+    torch.manual_seed(0)
+    txl = TransformerXL(hidden=16, layers=2, heads=2, segment_len=segment_len, mem_len=mem_len)
+    x = torch.randn(3, 10, 16)
+    batched = txl(x)
+    for b in range(3):                                          # a batch is independent sequences
+        torch.testing.assert_close(batched[b], txl(x[b]), rtol=1e-5, atol=1e-6)
+    state = txl.start_decoding(3, x)
+    stepped = torch.stack([txl.decode_step(state, x[:, s]) for s in range(10)], dim=1)
+    torch.testing.assert_close(stepped, batched, rtol=1e-5, atol=1e-6)
+
+
+def test_autoregressive_policy_conditions_each_group_on_earlier_actions_only() -> None:
+    policy = small_policy(autoregressive=True).eval()
+    group_mask = torch.tensor([True, False, True, True, True, False, True, True])
+    real = group_mask.nonzero().squeeze(1)
+    group_emb = torch.rand(8, 16)
+    actions = torch.randint(0, N_ACTIONS, (2, 8)) * group_mask
+    logits = policy.action_logits(group_emb, group_mask, actions)
+    assert logits.shape == (2, 8, N_ACTIONS) and (logits[:, ~group_mask] == 0).all()
+    for k, g in enumerate(real.tolist()):
+        changed = actions.clone()
+        changed[0, g] = (changed[0, g] + 1) % N_ACTIONS
+        after = policy.action_logits(group_emb, group_mask, changed)
+        torch.testing.assert_close(after[1], logits[1])                       # strategies are independent
+        torch.testing.assert_close(after[0, real[:k + 1]], logits[0, real[:k + 1]], rtol=0, atol=1e-6)
+        if k + 1 < len(real):                                                 # later groups see it
+            assert not torch.allclose(after[0, real[k + 1:]], logits[0, real[k + 1:]], atol=1e-6)
+    with pytest.raises(PolicyError, match="autoregressive"):
+        policy(**make_graph())
+    with pytest.raises(PolicyError, match="autoregressive"):
+        policy.distribution(**make_graph())
+
+
+@pytest.mark.parametrize("autoregressive", [False, True])
+def test_decoded_strategies_follow_the_logits_along_them(autoregressive: bool) -> None:
+    policy = small_policy(autoregressive=autoregressive, segment_len=2, mem_len=3).eval()
+    padded, new_id = pad_graph(make_graph(n_ops=20, n_edges=30, n_groups=7), extra_ops=3, extra_edges=4,
+                               extra_groups=3)
+    mask = padded["group_mask"]
+    with torch.no_grad():
+        policy.head.weight.mul_(1000.0)                          # a peaked policy, so draws are telling
+        group_emb = policy.embed_groups(**padded)
+        greedy = policy.sample_actions(group_emb, mask, 2, greedy=True)
+        assert (greedy[:, ~mask] == 0).all() and torch.equal(greedy[0], greedy[1])
+        along = policy.action_logits(group_emb, mask, greedy)
+        assert torch.equal(along[0, new_id].argmax(-1), greedy[0, new_id])   # greedy = argmax along itself
+        gen = torch.Generator().manual_seed(5)
+        drawn = policy.sample_actions(group_emb, mask, 200, generator=gen)
+        assert torch.equal(drawn, policy.sample_actions(group_emb, mask, 200, generator=gen.manual_seed(5)))
+        assert (drawn[:, ~mask] == 0).all()
+        log_p = policy.action_logits(group_emb, mask, drawn).log_softmax(-1)
+        picked = log_p.gather(-1, drawn[..., None])[..., 0][:, new_id]
+        # draws come from the logits along them: the mean log probability of the drawn actions is minus the
+        # mean entropy (E[log p(a)] = -H), which actions drawn from another distribution fall short of
+        entropy = -(log_p.exp() * log_p).sum(-1)[:, new_id].mean()
+        shifted = log_p.gather(-1, ((drawn + 1) % N_ACTIONS)[..., None])[..., 0][:, new_id]
+        assert float(picked.mean()) == pytest.approx(-float(entropy), abs=0.1)
+        assert float(shifted.mean()) < -float(entropy) - 0.5
+
+
 def naive_relative_attention(attn: RelativeMultiHeadAttention, x: torch.Tensor,
                              mem: torch.Tensor) -> torch.Tensor:
     """Transformer-XL's score written out per (head, query, key), with sinusoids from math.sin/cos."""

@@ -40,10 +40,11 @@ def tasks(paper8):
     return [make_task(capture_model("tiny_mlp", 16), paper8), make_task(capture_model("tiny_cnn", 16), paper8)]
 
 
-def tiny_policy(seed: int = 0, n_devices: int = 8) -> StrategyPolicy:
+def tiny_policy(seed: int = 0, n_devices: int = 8, autoregressive: bool = False) -> StrategyPolicy:
     torch.manual_seed(seed)
     return StrategyPolicy(op_feature_dim(n_devices), DEVICE_FEATURE_DIM, n_devices + 4, hidden=16, gat_layers=1,
-                          gat_heads=2, txl_layers=1, txl_heads=2, segment_len=8, mem_len=8)
+                          gat_heads=2, txl_layers=1, txl_heads=2, segment_len=8, mem_len=8,
+                          autoregressive=autoregressive)
 
 
 def weights(policy):
@@ -98,17 +99,33 @@ def test_advantages_use_the_baseline_before_the_round_then_move_it(tasks):
     assert adv == pytest.approx([1.0, -1.0], rel=1e-3)   # divided by the reward std (1)
 
 
-def test_exploration_samples_share_one_logit_offset_per_strategy(tasks):
-    trainer = Trainer(tiny_policy(), tasks[:1], TrainerSettings(explore_noise=1e4))
-    logits = torch.zeros(40, 12)
-    actions = trainer.explore(logits, 6)
-    assert actions.shape == (6, 40)
-    # huge offsets: every group of a strategy takes that strategy's top action
-    assert all(len(set(row.tolist())) == 1 for row in actions)
-    assert len({row[0].item() for row in actions}) > 1
-    calm = Trainer(tiny_policy(), tasks[:1], TrainerSettings(explore_noise=0.0))
-    assert len(set(calm.explore(logits, 2).flatten().tolist())) > 6      # no offset: uniform per group
-    assert trainer.explore(logits, 0).shape == (0, 40)
+@pytest.mark.parametrize("autoregressive", [False, True])
+def test_exploration_samples_share_one_logit_offset_per_strategy(tasks, autoregressive):
+    def trainer(noise):
+        torch.manual_seed(0)
+        policy = StrategyPolicy(op_feature_dim(8), DEVICE_FEATURE_DIM, 12, hidden=16, gat_layers=1, gat_heads=2,
+                                txl_layers=1, txl_heads=2, segment_len=8, mem_len=8, autoregressive=autoregressive)
+        return Trainer(policy, tasks[:1], TrainerSettings(explore_noise=noise))
+
+    task = tasks[0]
+    wild, calm = trainer(1e4), trainer(0.0)
+    with torch.no_grad():
+        group_emb = wild.policy.embed_groups(*task.inputs.args())
+
+        def explore(t, n):
+            offsets = t.explore_offsets(n)
+            assert offsets.shape == (n, 12)
+            return t.policy.sample_actions(group_emb, task.inputs.group_mask, n, generator=t.generator,
+                                           offsets=offsets)
+
+        actions = explore(wild, 6)
+        assert actions.shape == (6, task.n_groups)
+        # huge offsets: every group of a strategy takes that strategy's top action
+        assert all(len(set(row.tolist())) == 1 for row in actions)
+        assert len({row[0].item() for row in actions}) > 1
+        # no offset: the fresh policy's near-uniform choice per group
+        assert len(set(explore(calm, 4).flatten().tolist())) > 6
+        assert explore(wild, 0).shape == (0, task.n_groups)
 
 
 def test_mutations_change_that_many_groups_of_the_base_strategy(tasks):
@@ -167,9 +184,10 @@ def test_action_breakdown_shares_sum_to_one(tasks):
 
 
 # ------------------------------------------------------------------------------------------ training
-def test_training_is_determined_by_the_seed(tasks):
+@pytest.mark.parametrize("autoregressive", [False, True])
+def test_training_is_determined_by_the_seed(tasks, autoregressive):
     def run(seed):
-        trainer = Trainer(tiny_policy(seed), tasks, TrainerSettings(seed=seed, samples_per_graph=4, explore_samples=1,
+        trainer = Trainer(tiny_policy(seed, autoregressive=autoregressive), tasks, TrainerSettings(seed=seed, samples_per_graph=4, explore_samples=1,
                                                                      mutate_samples=1))
         trainer.train(rounds=3)
         return weights(trainer.policy), trainer.summary()
@@ -180,13 +198,13 @@ def test_training_is_determined_by_the_seed(tasks):
            {k: v["best_iteration_time_s"] for k, v in s1["graphs"].items()}
 
 
-@pytest.mark.parametrize("algorithm", ["reinforce", "ppo"])
-def test_training_lowers_the_sampled_iteration_time(tasks, algorithm):
+@pytest.mark.parametrize("algorithm, autoregressive", [("reinforce", False), ("ppo", False), ("reinforce", True)])
+def test_training_lowers_the_sampled_iteration_time(tasks, algorithm, autoregressive):
     """On tiny_mlp everything on one GPU is fastest (transfers dwarf the compute); sampled plans move
     towards it."""
     settings = TrainerSettings(algorithm=algorithm, samples_per_graph=8, learning_rate=1e-2, seed=0,
                                ppo_epochs=2, mutate_samples=0)
-    trainer = Trainer(tiny_policy(), tasks[:1], settings)
+    trainer = Trainer(tiny_policy(autoregressive=autoregressive), tasks[:1], settings)
     first = trainer.update()["reward_mean"]
     rewards = [trainer.update()["reward_mean"] for _ in range(30)]
     assert np.mean(rewards[-3:]) > 0.7 * first       # rewards are negative: mean -sqrt(T) up by 30%

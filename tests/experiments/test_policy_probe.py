@@ -13,18 +13,20 @@ from heterog.cluster import load_cluster
 from tests.experiments.test_train_app import SHRINK, config
 
 
-def test_a_rule_of_the_features_is_learned_and_carried_over():
+@pytest.mark.parametrize("autoregressive", [False, True])
+def test_a_rule_of_the_features_is_learned_and_carried_over(autoregressive):
     torch.set_num_threads(1)
     cluster = load_cluster("paper-8gpu")
     targets = targets_from_rule(["tiny_mlp:16", "tiny_cnn:16", "tiny_transformer:16"], 4e3, cluster)
     for task, actions in targets:        # the rule puts some groups on device 0 and the rest on DP-prop-AR
         assert set(actions.tolist()) == {0, cluster.n_devices + 3}, task.name
-    rows = {r.graph: r for r in probe(targets, "tiny_mlp-b16", steps=150, lr=1e-3)}
+    rows = {r.graph: r for r in probe(targets, "tiny_mlp-b16", steps=150, lr=1e-3, autoregressive=autoregressive)}
     assert rows["tiny_mlp-b16"].held_out and not rows["tiny_cnn-b16"].held_out
     assert rows["tiny_cnn-b16"].match == rows["tiny_transformer-b16"].match == 1.0
     held = rows["tiny_mlp-b16"]                     # 22 groups, 3 of them above the threshold
     assert held.match >= 0.95 and held.match > held.uniform_share    # more than the commonest action
-    assert probe(targets, "tiny_mlp-b16", steps=0, lr=1e-3)[0].match < held.match     # untrained
+    untrained = probe(targets, "tiny_mlp-b16", steps=0, lr=1e-3, autoregressive=autoregressive)
+    assert untrained[0].match < held.match
 
 
 def test_best_plans_of_real_runs(tmp_path, capsys):
