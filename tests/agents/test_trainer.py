@@ -187,8 +187,8 @@ def test_action_breakdown_shares_sum_to_one(tasks):
 @pytest.mark.parametrize("autoregressive", [False, True])
 def test_training_is_determined_by_the_seed(tasks, autoregressive):
     def run(seed):
-        trainer = Trainer(tiny_policy(seed, autoregressive=autoregressive), tasks, TrainerSettings(seed=seed, samples_per_graph=4, explore_samples=1,
-                                                                     mutate_samples=1))
+        settings = TrainerSettings(seed=seed, samples_per_graph=4, explore_samples=1, mutate_samples=1)
+        trainer = Trainer(tiny_policy(seed, autoregressive=autoregressive), tasks, settings)
         trainer.train(rounds=3)
         return weights(trainer.policy), trainer.summary()
 
