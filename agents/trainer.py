@@ -74,6 +74,14 @@ class TrainerSettings:
     transformer from scratch (400 s) the best plan went from 190.8 to 186.6 ms with 4 of 16."""
     mutate_groups: int = 1
     """Groups changed per mutated strategy."""
+    mutate_guided: float = 0.5
+    """Share of the mutation samples proposed by the policy instead of uniformly: the groups to change
+    drawn in proportion to how likely the policy is to leave the best strategy's action there, the new
+    action from the policy's distribution without that action. A pretrained policy's prior on where to
+    move (it gives the groups that an unseen graph's best plan puts on one device 5-12x the model-
+    parallel probability of the others) then steers the local search. With 0.5 against 0 (400 s, one seed
+    each): from scratch gpt2 279.3 against 283.5 ms and bert_large 537.9 against 543.6, fine-tuned 279.8
+    against 282.4 and 532.4 against 536.0."""
     seed_uniform_plans: bool = True
     """Before a graph's first round, simulate the M + 4 plans that give every group the same action (the
     whole graph on one device, or one data-parallel scheme everywhere: the DP baselines ev-ps, ev-ar,
@@ -113,6 +121,8 @@ class TrainerSettings:
                 self.explore_samples + self.mutate_samples >= self.samples_per_graph:
             problems.append(f"explore_samples {self.explore_samples} + mutate_samples {self.mutate_samples} "
                             f"must be in 0..samples_per_graph-1 ({self.samples_per_graph - 1}), each non-negative")
+        if not 0.0 <= self.mutate_guided <= 1.0:
+            problems.append(f"mutate_guided must be in [0, 1], got {self.mutate_guided}")
         if self.mutate_groups < 1:
             problems.append(f"mutate_groups must be at least 1, got {self.mutate_groups}")
         if self.explore_noise < 0:
@@ -310,8 +320,10 @@ class Trainer:
             with torch.inference_mode():
                 drawn = self.policy.sample_actions(group_emb.detach(), inputs.group_mask, len(offsets),
                                                    generator=self.generator, offsets=offsets)
-            best = drawn[0] if state.best_actions is None else torch.as_tensor(state.best_actions)
-            actions = torch.cat([drawn, self.mutate(best, self.policy.n_actions, s.mutate_samples)])
+                best = drawn[0] if state.best_actions is None else torch.as_tensor(state.best_actions)
+                guide = (self.policy.action_logits(group_emb.detach(), inputs.group_mask, best[None])[0].softmax(-1)
+                         if s.mutate_guided > 0 and s.mutate_samples > 0 else None)
+            actions = torch.cat([drawn, self.mutate(best, self.policy.n_actions, s.mutate_samples, guide)])
             rewards, times, ooms = self.evaluate(task, actions.numpy())                      # (k,) each
             self.record(task, state, actions.numpy(), rewards, times, ooms)
             # replay: the best strategies found so far, as extra samples
@@ -451,11 +463,13 @@ class Trainer:
         per-group sampling almost never makes. Shapes: -> ``(n, A)``."""
         return torch.randn(n, self.policy.n_actions, generator=self.generator) * self.settings.explore_noise
 
-    def mutate(self, base: Tensor, n_actions: int, n: int) -> Tensor:
-        """``n`` copies of ``base`` with ``mutate_groups`` distinct random groups each set to another
-        random action.
+    def mutate(self, base: Tensor, n_actions: int, n: int, guide: Tensor | None = None) -> Tensor:
+        """``n`` copies of ``base`` with ``mutate_groups`` distinct groups each set to another action: random
+        groups and actions, or for a share ``mutate_guided`` of the copies (with the policy's probabilities
+        ``guide`` along ``base``) groups drawn in proportion to ``1 - guide[g, base[g]]`` and actions in
+        proportion to ``guide[g]`` without ``base[g]``.
 
-        Shapes: base ``(G,)`` -> ``(n, G)``.
+        Shapes: base ``(G,)``, guide ``(G, A)`` -> ``(n, G)``.
         """
         out = base[None].repeat(n, 1)
         n_groups = len(base)
@@ -465,7 +479,17 @@ class Trainer:
         groups = torch.rand(n, n_groups, generator=self.generator).argsort(dim=1)[:, :k]        # (n, k)
         shift = torch.randint(1, n_actions, (n, k), generator=self.generator)                 # never the same
         rows = torch.arange(n)[:, None]
-        out[rows, groups] = (out[rows, groups] + shift) % n_actions
+        new = (out[rows, groups] + shift) % n_actions
+        n_guided = 0 if guide is None else round(self.settings.mutate_guided * n)
+        if n_guided:
+            others = guide.clone()
+            others[torch.arange(n_groups), base] = 0.0                            # never the same action
+            weight = others.sum(dim=1) + 1e-12
+            guided = torch.multinomial(weight.expand(n_guided, -1), k, generator=self.generator)   # (n_guided, k)
+            groups[:n_guided] = guided
+            new[:n_guided] = torch.multinomial(others[guided.flatten()] + 1e-12, 1,
+                                               generator=self.generator).reshape(n_guided, k)
+        out[rows, groups] = new
         return out
 
     def replay(self, state: TaskState) -> tuple[np.ndarray, np.ndarray]:

@@ -5,6 +5,10 @@ fresh policy by supervised imitation (cross-entropy on every group's action, Ada
 on target plans of some graphs and reports, per graph, how often its greedy plan (every group's most
 likely action) matches the target and what the greedy plan's simulated iteration time is, next to the
 target's and the best uniform plan's (the DP baselines). One graph can be held out: it is only scored.
+It also reports what the policy's probabilities say about the target beyond the greedy plan: the mean
+model-parallel probability of the groups the target puts on one device and of the others, and how well
+that probability ranks the two (AUC). ``--policy CKPT`` scores a trained checkpoint's policy (e.g. a
+pretrained one on graphs it never saw) instead of training one.
 
 Targets:
   - ``--runs DIR ...``: the best plans found by training runs (each run folder's ``agent.pt`` and
@@ -16,6 +20,7 @@ Targets:
     python -m experiments.policy_probe --runs runs/pretrain__... runs/finetune__gpt2-b8__... --holdout gpt2-b8
     python -m experiments.policy_probe --rule-bytes 4e6 --graphs resnet50:128 transformer:64 vgg19:192 \\
         --holdout vgg19-b192
+    python -m experiments.policy_probe --runs runs/scratch__gpt2-b8__... --policy runs/pretrain__.../agent.pt
 """
 from __future__ import annotations
 
@@ -48,6 +53,10 @@ class ProbeRow:
     greedy_oom: bool
     target_s: float
     best_uniform_s: float          # best plan giving every group one action (the DP baselines among them)
+    target_mp_groups: int = 0      # groups the target puts on one device (model parallel)
+    p_mp_target: float = float("nan")   # the policy's mean P(model parallel) over those groups ...
+    p_mp_other: float = float("nan")    # ... and over the other groups
+    mp_auc: float = float("nan")        # P(a target MP group's P(MP) > another group's), ties count half
 
 
 def _graph_spec(name: str) -> tuple[str, int]:
@@ -123,30 +132,54 @@ def probe(targets: list[tuple[GraphTask, np.ndarray]], holdout: str | None, step
         loss.backward()
         torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
         optimizer.step()
+    return score(policy, targets, holdout)
+
+
+def auc(positive: np.ndarray, negative: np.ndarray) -> float:
+    """Probability that a random positive scores above a random negative (ties count half)."""
+    if len(positive) == 0 or len(negative) == 0:
+        return float("nan")
+    diff = positive[:, None] - negative[None, :]
+    return float((diff > 0).mean() + 0.5 * (diff == 0).mean())
+
+
+def score(policy, targets: list[tuple[GraphTask, np.ndarray]], holdout: str | None = None) -> list[ProbeRow]:
+    """Every graph's row for ``policy``: its greedy plan against the target, and its model-parallel
+    probabilities (along the target, for an autoregressive policy) at the target's MP groups and elsewhere."""
     rows = []
     policy.eval()
+    m = policy.n_devices
     with torch.no_grad():
         for task, actions in targets:
             ev = task.evaluator
-            greedy = policy.sample_actions(policy.embed_groups(*task.inputs.args()), task.inputs.group_mask, 1,
-                                           greedy=True)[0].numpy()
+            group_emb = policy.embed_groups(*task.inputs.args())
+            greedy = policy.sample_actions(group_emb, task.inputs.group_mask, 1, greedy=True)[0].numpy()
+            logits = policy.action_logits(group_emb, task.inputs.group_mask, torch.as_tensor(actions)[None])[0]
+            p_mp = logits.softmax(-1)[:, :m].sum(-1).numpy()
+            on_one = actions < m
             greedy_s, greedy_oom = ev.iteration_time(ev.strategy(greedy, "greedy"))
             uniform = [ev.iteration_time(ev.strategy(np.full(task.n_groups, a), "uniform"))
                        for a in range(m + N_DP_ACTIONS)]
             rows.append(ProbeRow(task.name, task.name == holdout, task.n_groups, float((greedy == actions).mean()),
                                  float(np.bincount(actions).max() / len(actions)), greedy_s, greedy_oom,
                                  ev.iteration_time(ev.strategy(actions, "target"))[0],
-                                 min((t for t, oom in uniform if not oom), default=float("inf"))))
+                                 min((t for t, oom in uniform if not oom), default=float("inf")),
+                                 int(on_one.sum()),
+                                 float(p_mp[on_one].mean()) if on_one.any() else float("nan"),
+                                 float(p_mp[~on_one].mean()) if (~on_one).any() else float("nan"),
+                                 auc(p_mp[on_one], p_mp[~on_one])))
     return rows
 
 
 def markdown(rows: list[ProbeRow]) -> str:
     lines = ["| graph | held out | groups | greedy = target | target's commonest action | greedy (ms) | "
-             "target (ms) | best uniform plan (ms) |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "target (ms) | best uniform plan (ms) | target's MP groups | P(MP) there / elsewhere | AUC |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r.graph} | {'yes' if r.held_out else ''} | {r.groups} | {100 * r.match:.1f}% | "
                      f"{100 * r.uniform_share:.1f}% | {r.greedy_s * 1e3:.2f}{' OOM' if r.greedy_oom else ''} | "
-                     f"{r.target_s * 1e3:.2f} | {r.best_uniform_s * 1e3:.2f} |")
+                     f"{r.target_s * 1e3:.2f} | {r.best_uniform_s * 1e3:.2f} | {r.target_mp_groups} | "
+                     f"{r.p_mp_target:.4f} / {r.p_mp_other:.4f} | {r.mp_auc:.2f} |")
     return "\n".join(lines)
 
 
@@ -163,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=1e-3,
                     help="Adam step size (default 1e-3; at the trainer's 1e-2 even a rule is not learned)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--policy", metavar="CKPT",
+                    help="score this checkpoint's policy on the targets instead of training one")
     ap.add_argument("--autoregressive", action="store_true",
                     help="probe a policy that conditions each group on the earlier groups' actions")
     ap.add_argument("--json", action="store_true", help="print JSON instead of the Markdown table")
@@ -180,7 +215,15 @@ def main(argv: list[str] | None = None) -> int:
             if not args.graphs:
                 raise HeterogError("--rule-bytes needs --graphs MODEL:BATCH ...")
             targets = targets_from_rule(args.graphs, args.rule_bytes, cluster)
-        rows = probe(targets, args.holdout, args.steps, args.lr, args.seed, autoregressive=args.autoregressive)
+        if args.policy:
+            from agents.checkpoint import check_fits, policy_from_checkpoint
+
+            state = load_checkpoint(args.policy)
+            inputs = targets[0][0].inputs
+            check_fits(state, inputs.n_devices, inputs.op_x.shape[1], inputs.dev_x.shape[1], args.policy)
+            rows = score(policy_from_checkpoint(state), targets, args.holdout)
+        else:
+            rows = probe(targets, args.holdout, args.steps, args.lr, args.seed, autoregressive=args.autoregressive)
     except HeterogError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -139,6 +139,21 @@ def test_mutations_change_that_many_groups_of_the_base_strategy(tasks):
     assert torch.equal(Trainer(tiny_policy(), tasks[:1], TrainerSettings(mutate_groups=2)).mutate(base, 12, 50), out)
 
 
+def test_guided_mutations_follow_the_policys_probabilities(tasks):
+    trainer = Trainer(tiny_policy(), tasks[:1], TrainerSettings(mutate_guided=0.5))
+    base = torch.zeros(10, dtype=torch.long)
+    guide = torch.zeros(10, 12)
+    guide[:, 0] = 1.0                                  # the policy would keep every group ...
+    guide[3] = torch.tensor([0.2] + [0.0] * 10 + [0.8])  # ... but group 3, which it would move to action 11
+    out = trainer.mutate(base, 12, 400, guide)
+    assert ((out != base).sum(dim=1) == 1).all()
+    guided, uniform = out[:200], out[200:]             # the first half is guided
+    assert (guided[:, 3] == 11).all() and (guided[:, [0, 1, 2, 4, 5, 6, 7, 8, 9]] == 0).all()
+    assert (uniform != base).any(dim=0).all() and len(set(uniform[:, 3].tolist())) > 3
+    with pytest.raises(HeterogError, match="mutate_guided"):
+        TrainerSettings(mutate_guided=1.5)
+
+
 def test_record_keeps_the_best_and_a_pool_of_distinct_strategies(tasks):
     trainer = Trainer(tiny_policy(), tasks[:1], TrainerSettings(replay_pool_size=3, replay_samples=2))
     state = TaskState()

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
-from experiments.policy_probe import main, probe, targets_from_rule
+from experiments.policy_probe import auc, main, probe, targets_from_rule
 from experiments.train import run
 from heterog.cluster import load_cluster
 from tests.experiments.test_train_app import SHRINK, config
@@ -37,6 +38,19 @@ def test_best_plans_of_real_runs(tmp_path, capsys):
     assert row["graph"] == "tiny_mlp-b16" and not row["held_out"]
     assert row["target_s"] == pytest.approx(report["graphs"]["tiny_mlp-b16"]["best_iteration_time_s"])
     assert row["target_s"] <= row["best_uniform_s"] + 1e-12      # the runs record the uniform plans first
+    # the run's own policy, scored without training: greedy plan and model-parallel probabilities
+    assert main(["--runs", report["run_dir"], "--policy", report["checkpoint"], "--json"]) == 0
+    (own,) = json.loads(capsys.readouterr().out)
+    assert own["target_s"] == row["target_s"] and own["groups"] == row["groups"]
+    assert 0 <= own["target_mp_groups"] <= own["groups"]
+    for key in ("p_mp_target", "p_mp_other"):
+        assert own[key] != own[key] or 0.0 <= own[key] <= 1.0     # NaN when the target has no such group
+
+
+def test_auc_counts_pairs_and_ties():
+    assert auc(np.array([3.0, 2.0]), np.array([1.0, 2.0])) == pytest.approx(3.5 / 4)
+    assert auc(np.array([1.0]), np.array([2.0, 3.0])) == 0.0
+    assert auc(np.array([]), np.array([1.0])) != auc(np.array([]), np.array([1.0]))     # NaN
 
 
 def test_bad_input_exits_2(tmp_path, capsys):

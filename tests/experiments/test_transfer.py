@@ -27,6 +27,13 @@ def test_ratio_is_the_fine_tuned_time_to_the_scratch_best_over_the_scratch_time(
     assert compare(scratch, fine, "wall_s").ratio == pytest.approx(40.0 / 200.0)
     never = Run("f", "g", history((0.5, 0.45), (300.0, 0.401)), (800.0, 400.0), None)
     assert compare(scratch, never).finetune_reached_s is None and compare(scratch, never).ratio is None
+    # within 1% of the scratch best (0.404): scratch gets there at 100 s, the near miss at 300 s
+    close = compare(scratch, never, tolerance=0.01)
+    assert (close.scratch_best_s, close.scratch_reached_s, close.finetune_reached_s) == (0.40, 100.0, 300.0)
+    assert close.ratio == pytest.approx(3.0) and close.tolerance == 0.01
+    assert compare(scratch, fine, tolerance=0.06).scratch_reached_s == 40.0     # 0.42 is within 6% of 0.40
+    with pytest.raises(HeterogError, match="tolerance"):
+        compare(scratch, fine, tolerance=-0.1)
     with pytest.raises(HeterogError, match="different graphs"):
         compare(scratch, Run("f", "h", fine.history, fine.end, None))
 
