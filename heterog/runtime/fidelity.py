@@ -18,8 +18,15 @@ from heterog.errors import HeterogError
 
 DEFAULT_PROFILE_DIR = ".heterog-cache/profiles"
 # rounds over all plans: a plan's error is the median of its per-round errors, whose noise on a 2-vCPU host
-# is +-10-30% (the same single-device step moved 2.6 <-> 4.6 ms between rounds); 10 rounds take ~30 s
+# is +-10-30% (the same single-device step moved 2.6 <-> 4.6 ms between rounds); 10 rounds take ~45 s
 ROUNDS = 10
+# samples per profiling round of each link size (ping-pong and stream) and each AllReduce size. Plan round j
+# is simulated with the samples of the two profiling rounds around it, so these numbers, not a total spread
+# over the rounds, set the noise of a round's simulated time. AllReduce times are heavy-tailed: with the 6 per
+# round that a total of 70 over 12 rounds gave, the simulated ev-ar step of tiny_cnn moved by 15-22%
+# (coefficient of variation) from round to round while the measured one moved by 6-11%; with 40, by 6-10%,
+# and MAPE over the same plan runs fell from 8.1-10.3% to 5.7-9.2% (4 runs; 20 link samples instead of 5: 6.9-8.2%)
+ROUND_LINK_REPEATS, ROUND_COLLECTIVE_REPEATS = 5, 40
 # planners tried in this order; "mp-split" and "random:<seed>" are built here
 PLAN_ORDER = ("single", "ev-ps", "ev-ar", "mp-split", "cp-ps", "cp-ar", "expert", "dpos", "random:0",
               "random:1", "mp-alternate", "random:2", "random:3", "random:4", "random:5")
@@ -274,14 +281,7 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
     from heterog.evaluate import Evaluator
     from heterog.runtime.api import load_model, prepare, run_prepared
     from heterog.runtime.launcher import WorkerPool
-    from heterog.runtime.profiler import (
-        COLLECTIVE_REPEATS,
-        LINK_REPEATS,
-        OP_STEPS,
-        CommProfiler,
-        OpProfiler,
-        per_round,
-    )
+    from heterog.runtime.profiler import OP_STEPS, CommProfiler, OpProfiler
 
     cluster = load_cluster(cluster_spec)
     model = load_model(model_ref, batch_size, optimizer=optimizer)
@@ -296,10 +296,9 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
         if ppath.is_file() and not reprofile:
             table = ProfileTable.load(ppath)
         else:
-            n_profile_rounds = max(1, repeats) + 2         # one before the first plan round and one after each
             ops = OpProfiler(model, cluster, pool, steps=OP_STEPS)
-            comm = CommProfiler(pool, cluster, link_repeats=per_round(LINK_REPEATS, n_profile_rounds),
-                                collective_repeats=per_round(COLLECTIVE_REPEATS, n_profile_rounds))
+            comm = CommProfiler(pool, cluster, link_repeats=ROUND_LINK_REPEATS,
+                                collective_repeats=ROUND_COLLECTIVE_REPEATS)
             ops.round()
             comm.round()
             table = comm.fit(ops.fit())

@@ -31,7 +31,8 @@ LINK_SIZES_BYTES = (1 << 10, 1 << 14, 1 << 17, 1 << 19, 1 << 21)
 COLLECTIVE_SIZES_BYTES = (1 << 4, 1 << 10, 1 << 14, 1 << 17, 1 << 19, 1 << 21)
 MAX_COLLECTIVE_GROUPS = 15          # every device subset up to 4 devices; beyond, only the whole cluster
 HELD_OUT_SIZES_BYTES = (1 << 12, 1 << 20)
-# what ``profile`` (and ``heterog fidelity``) measure: steps per op round, ping-pong and collective repeats
+# what ``profile`` measures: steps per op round, ping-pong and collective repeats in all (``heterog fidelity``
+# takes its own per-round counts, ``heterog.runtime.fidelity.ROUND_LINK_REPEATS``)
 OP_STEPS, LINK_REPEATS, COLLECTIVE_REPEATS = 20, 50, 70
 STREAM_MESSAGES = 8                 # messages per burst of the occupancy measurement
 LATENCY_SIZES_BYTES = 1 << 14       # messages up to this size measure the latency in flight
