@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from experiments.train import run
-from experiments.transfer import Run, compare, main
+from experiments.transfer import Run, by_graph, compare, main
 from heterog.errors import HeterogError
 from tests.experiments.test_train_app import SHRINK, config
 
@@ -38,6 +38,16 @@ def test_ratio_is_the_fine_tuned_time_to_the_scratch_best_over_the_scratch_time(
         compare(scratch, Run("f", "h", fine.history, fine.end, None))
 
 
+def test_a_graph_transfers_when_every_pair_of_it_met_the_limit():
+    scratch = Run("s", "g", history((1.0, 0.50), (100.0, 0.40)), (400.0, 400.0), None)
+    fast = Run("f", "g", history((10.0, 0.40)), (400.0, 400.0), None)          # ratio 0.1
+    slow = Run("f", "g", history((50.0, 0.40)), (400.0, 400.0), None)          # ratio 0.5
+    other = Run("s", "h", scratch.history, scratch.end, None)
+    rows = [compare(scratch, fast), compare(scratch, slow), compare(other, Run("f", "h", fast.history, fast.end, None))]
+    assert by_graph(rows) == {"g": {"pairs": 2, "met": 1}, "h": {"pairs": 1, "met": 1}}
+    assert by_graph(rows, limit=0.5)["g"] == {"pairs": 2, "met": 2}
+
+
 def test_command_on_real_runs(tmp_path, capsys):
     torch.set_num_threads(1)
     out = [f"output_dir={tmp_path}", "graph=tiny_mlp", *SHRINK]
@@ -48,6 +58,8 @@ def test_command_on_real_runs(tmp_path, capsys):
     rec = json.loads(capsys.readouterr().out)
     row = rec["rows"][0]
     assert row["graph"] == "tiny_mlp-b16" and row["pretrained"] == scratch["checkpoint"]
+    assert rec["graphs"] == {"tiny_mlp-b16": {"pairs": 1, "met": rec["met_30_percent"]}}
+    assert rec["graphs_met_30_percent"] == rec["met_30_percent"]
     assert row["scratch_best_s"] == pytest.approx(scratch["graphs"]["tiny_mlp-b16"]["best_iteration_time_s"])
     assert plot.read_bytes()[:4] == b"\x89PNG"
     assert main(["--pair", scratch["run_dir"], str(tmp_path / "missing")]) == 2
