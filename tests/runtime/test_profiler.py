@@ -28,7 +28,7 @@ SLOW_LINKS = "local-cpu-2:bandwidth=100MB/s:latency_us=2000"
 def test_fitted_link_model_predicts_held_out_sizes_within_20_percent(pool2, tmp_path) -> None:
     cluster = load_cluster(SLOW_LINKS)
     table, report = profile_links(pool2, cluster, sizes_bytes=[1 << 10, 1 << 16, 1 << 18, 1 << 20],
-                                  held_out_bytes=[96 << 10, 768 << 10], repeats=5)
+                                  held_out_bytes=[96 << 10, 768 << 10], repeats=9)
     assert set(table.links) == set(cluster.link_names)
     for meas in report:
         assert meas.beta_s_per_byte > 0 and meas.alpha_s > 0
@@ -42,8 +42,10 @@ def test_fitted_link_model_predicts_held_out_sizes_within_20_percent(pool2, tmp_
     t = cost.transfer_time(0, 1, 768 << 10) + float(cost.transfer_latencies(0, 1, 768 << 10))
     assert abs(t - report[0].predict(768 << 10)) < 1e-9
     # the emulated link holds each message for its whole latency + bytes / bandwidth, so streamed
-    # messages find the same occupancy as a lone one: little or no latency is left in flight
-    assert 0 <= report[0].latency_s < 0.25 * report[0].alpha_s
+    # messages find the same occupancy as a lone one: little or no latency is left in flight (about 4%
+    # of the 2 ms here; a wake-up delay of the tests running beside this one on the 2 cores once left
+    # 47%, with medians of 5 samples; a fit that puts the link's latency in flight gives 100% or more)
+    assert 0 <= report[0].latency_s < 0.5 * report[0].alpha_s
 
 
 def test_streamed_occupancy_and_latency_in_flight_by_hand() -> None:
