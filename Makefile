@@ -21,7 +21,8 @@ run: $(STAMP)
 	$(BIN)/heterog main
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(JOBS) --timeout 600 tests
+	$(BIN)/python -m pytest -q -n $(JOBS) --timeout 600 -m "not timing" tests
+	$(BIN)/python -m pytest -q --timeout 600 -m timing tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check heterog simulator envs agents experiments tests

@@ -21,6 +21,9 @@ from heterog.runtime.profiler import (
 )
 from tests.runtime.conftest import model
 
+# real timings against bounds: run alone, not beside the other tests on this 2-core machine (make test)
+pytestmark = pytest.mark.timing
+
 # slow emulated links, so that the emulation (not this shared machine's scheduling noise) sets the times
 SLOW_LINKS = "local-cpu-2:bandwidth=100MB/s:latency_us=2000"
 
