@@ -46,9 +46,9 @@ def test_fitted_link_model_predicts_held_out_sizes_within_20_percent(pool2, tmp_
     assert abs(t - report[0].predict(768 << 10)) < 1e-9
     # the emulated link holds each message for its whole latency + bytes / bandwidth, so streamed
     # messages find the same occupancy as a lone one: little or no latency is left in flight (about 4%
-    # of the 2 ms here; a wake-up delay of the tests running beside this one on the 2 cores once left
-    # 47%, with medians of 5 samples; a fit that puts the link's latency in flight gives 100% or more)
-    assert 0 <= report[0].latency_s < 0.5 * report[0].alpha_s
+    # of the 2 ms when this module runs alone; beside the other tests on the 2 cores a wake-up delay once
+    # left 47%, hence the `timing` mark)
+    assert 0 <= report[0].latency_s < 0.25 * report[0].alpha_s
 
 
 def test_streamed_occupancy_and_latency_in_flight_by_hand() -> None:
