@@ -13,6 +13,7 @@ from envs.features import GraphFeatures, graph_features, n_actions, observation_
 from heterog.errors import HeterogError, StrategyError
 from heterog.evaluate import Evaluator, reward
 from heterog.graph.opgraph import OpGraph
+from heterog.scheduler import DEFAULT_ORDER
 from heterog.strategy import action_name
 
 DEFAULT_GRAPH = "tiny_transformer"
@@ -88,7 +89,8 @@ class PlacementEnv(gym.Env[dict, np.ndarray]):
       (None: 2000 for grouping, padded to the largest graph's group count).
     - ``max_ops``, ``max_edges``: padded sizes (None: the largest graph's).
     - ``oom_factor``: reward multiplier on OOM (default 10).
-    - ``order``: task order of the scheduler, ``"rank"`` or ``"fifo"``.
+    - ``order``: task order of the scheduler (``heterog.scheduler.ORDERS``); ``"best"`` (default) keeps,
+      per plan, the faster of rank-contention and FIFO.
     - ``render_mode``: None or ``"ansi"`` (a text summary of the last plan).
     """
 
@@ -97,7 +99,7 @@ class PlacementEnv(gym.Env[dict, np.ndarray]):
     def __init__(self, graph: OpGraph | str | Sequence[OpGraph | str] = DEFAULT_GRAPH,
                  cluster=DEFAULT_CLUSTER, *, batch_size: int | None = None, optimizer: str = "sgd",
                  max_groups: int | None = None, max_ops: int | None = None, max_edges: int | None = None,
-                 oom_factor: float = 10.0, order: str = "rank", render_mode: str | None = None) -> None:
+                 oom_factor: float = 10.0, order: str = DEFAULT_ORDER, render_mode: str | None = None) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise HeterogError(f"render_mode {render_mode!r} is not supported (use None or 'ansi')")
         if max_groups is not None and max_groups < 1:

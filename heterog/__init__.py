@@ -6,7 +6,7 @@ stays light:
     heterog.zoo.names() / heterog.zoo.build(name, batch_size)
     heterog.load_graph(path) / OpGraph.save(path)
     heterog.load_cluster(name_or_path) -> Cluster
-    heterog.simulate(graph, cluster, strategy, order="rank") -> PlanResult (with .sim, the SimResult)
+    heterog.simulate(graph, cluster, strategy, order="best") -> PlanResult (with .sim, the SimResult)
     heterog.baselines.run(name, graph, cluster, **opts) -> Strategy
     heterog.get_runner(model_fn, input_fn, device_info, config=None) -> Runner
 """

@@ -78,7 +78,7 @@ def cmd_simulate(args) -> int:
 
         title = f"{graph.name} on {cluster.name}: {res.method} ({res.iteration_time_s * 1e3:.1f} ms)"
         simulator.plot_gantt(res.plan.tg, res.sim, args.gantt, title=title)
-    rec = {**res.record(), "graph": graph.name, "cluster": cluster.name, "order": args.order}
+    rec = {**res.record(), "graph": graph.name, "cluster": cluster.name}
     _emit(args, rec, format_table([rec]))
     return 0
 
@@ -99,12 +99,13 @@ def cmd_main(args) -> int:
 
 def format_table(records: list[dict]) -> str:
     """A plain-text table of simulate/compare records."""
-    head = (f"{'method':12s} {'iter ms':>9s} {'compute ms':>10s} {'comm ms':>9s} {'overlap':>7s} "
+    head = (f"{'method':12s} {'iter ms':>9s} {'order':>15s} {'compute ms':>10s} {'comm ms':>9s} {'overlap':>7s} "
             f"{'peak GiB (max)':>14s} {'OOM':>4s} {'search s':>8s}")
     lines = [head, "-" * len(head)]
     for r in records:
         peak = max(r["peak_memory_bytes"].values()) / 2**30 if r["peak_memory_bytes"] else 0.0
-        lines.append(f"{r['method']:12s} {r['iteration_time_s'] * 1e3:9.2f} {r['compute_time_s'] * 1e3:10.2f} "
+        lines.append(f"{r['method']:12s} {r['iteration_time_s'] * 1e3:9.2f} {r.get('order', ''):>15s} "
+                     f"{r['compute_time_s'] * 1e3:10.2f} "
                      f"{r['comm_time_s'] * 1e3:9.2f} {r['overlap_ratio']:7.2f} {peak:14.2f} "
                      f"{'yes' if r['oom'] else 'no':>4s} {r.get('search_time_s', 0.0):8.2f}")
     return "\n".join(lines)
@@ -112,6 +113,8 @@ def format_table(records: list[dict]) -> str:
 
 # ----------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
+    from heterog.scheduler import DEFAULT_ORDER, ORDERS
+
     ap = argparse.ArgumentParser(prog="heterog", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
 
@@ -130,9 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--strategy", help="strategy JSON file")
     g.add_argument("--method", help="planner name (single, ev-ps, ev-ar, cp-ps, cp-ar, ...)")
-    p.add_argument("--order", choices=["rank", "fifo", "est", "rank-links", "rank-contention"], default="rank",
-                   help="task order: upward rank (default), FIFO ready queue, earliest start first, rank "
-                        "on links with earliest start on GPUs, or upward rank bounded by each resource's queue")
+    p.add_argument("--order", choices=list(ORDERS), default=DEFAULT_ORDER,
+                   help="task order: best (default: the faster of rank-contention and FIFO, and the plan's own "
+                        "op order if it has one), upward rank bounded by each resource's queue, FIFO ready queue, "
+                        "the paper's upward rank, earliest start first, rank on links with earliest start on GPUs, "
+                        "or the plan's own op order")
     p.add_argument("--serialize-collectives", action="store_true", help="NCCL-style: one collective at a time")
     p.add_argument("--trace", help="write a Chrome trace JSON here")
     p.add_argument("--gantt", help="write a Gantt chart PNG here")

@@ -173,7 +173,8 @@ def _scalar_meta(meta: dict) -> dict:
 def compare(graph, cluster, methods: Sequence[str], *, budget_s: float = 60.0, seed: int = 0,
             evaluator=None, agent_checkpoint: str | None = None, agent_episodes: int | None = None,
             progress: bool = True) -> Comparison:
-    """Plan ``graph`` on ``cluster`` with each method and simulate the plans (rank order).
+    """Plan ``graph`` on ``cluster`` with each method and simulate the plans under the evaluator's order
+    (by default ``best``: each plan keeps the faster of rank-contention and FIFO; records say which).
 
     ``lower_bound_s`` is the compute lower bound no plan beats (``heterog.bounds``).
     Each record carries method, iteration_time_s, oom, peak_memory_bytes (device -> bytes),
@@ -224,14 +225,14 @@ def table1_markdown(comp: Comparison) -> str:
     """Time per iteration and speed-up over each DP baseline, (T_baseline / T_method - 1)."""
     base = {r.method: r.result for r in comp.results if r.method in DP_BASELINES}
     dp_cols = [m for m in DP_BASELINES if m in base]
-    head = ["method", "iteration (ms)", "OOM", "search (s)"] + [f"speed-up vs {m.upper()}" for m in dp_cols]
+    head = ["method", "iteration (ms)", "order", "OOM", "search (s)"] + [f"speed-up vs {m.upper()}" for m in dp_cols]
     lines = [(f"Table 1: {comp.graph.name} (batch {comp.graph.batch_size}) on {comp.cluster.name}: time per "
              f"iteration and speed-up over the data-parallel baselines (T_baseline / T_method - 1; "
              f"a baseline that runs out of memory is marked OOM)."), "",
              "| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     for r in comp.results:
         res = r.result
-        cells = [r.method, f"{res.iteration_time_s * 1e3:.1f}", "OOM" if res.oom else "",
+        cells = [r.method, f"{res.iteration_time_s * 1e3:.1f}", res.order, "OOM" if res.oom else "",
                  f"{res.search_time_s:.1f}"]
         cells += [_speedup(base[m].iteration_time_s, res.iteration_time_s) + (" (OOM)" if base[m].oom else "")
                   for m in dp_cols]
@@ -257,7 +258,8 @@ def table2_markdown(comp: Comparison) -> str:
 
 def csv_text(comp: Comparison) -> str:
     """One row per method: the record's scalar fields, max peak memory and OOM devices."""
-    cols = ["method", "graph", "batch_size", "cluster", "iteration_time_s", "oom", "compute_time_s", "comm_time_s",
+    cols = ["method", "graph", "batch_size", "cluster", "iteration_time_s", "order", "oom", "compute_time_s",
+            "comm_time_s",
             "overlap_ratio", "search_time_s", "n_tasks", "max_peak_memory_bytes", "oom_devices"]
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")

@@ -13,7 +13,7 @@ import simulator
 from heterog.compiler import CompiledPlan, TaskKind, compile_strategy
 from heterog.compiler.compile import COMM_KINDS
 from heterog.errors import HeterogError
-from heterog.scheduler import is_dynamic, priorities
+from heterog.scheduler import DEFAULT_ORDER, PORTFOLIO, check_order, is_dynamic, priorities
 from heterog.strategy import Strategy, group_ops, strategy_from_actions
 
 SHARE_MODES = ("power", "speed", "graph-speed")
@@ -61,6 +61,8 @@ class PlanResult:
     overlap_ratio: float               # share of comm_time_s hidden under computation
     search_time_s: float = 0.0
     n_tasks: int = 0
+    order: str = ""                    # the task order the time was simulated under (the one ``best`` kept)
+    order_requested: str = ""          # the order asked for (``best``: the faster of ``PORTFOLIO``)
     sim: simulator.SimResult | None = field(default=None, repr=False)
     plan: CompiledPlan | None = field(default=None, repr=False)
 
@@ -69,7 +71,8 @@ class PlanResult:
         return {"method": self.method, "iteration_time_s": self.iteration_time_s, "oom": self.oom,
                 "peak_memory_bytes": self.peak_memory_bytes, "memory_capacity_bytes": self.memory_capacity_bytes,
                 "compute_time_s": self.compute_time_s, "comm_time_s": self.comm_time_s,
-                "overlap_ratio": self.overlap_ratio, "search_time_s": self.search_time_s, "n_tasks": self.n_tasks}
+                "overlap_ratio": self.overlap_ratio, "search_time_s": self.search_time_s, "n_tasks": self.n_tasks,
+                "order": self.order, "order_requested": self.order_requested}
 
 
 def reward(iteration_time_s: float, oom: bool, oom_factor: float = 10.0) -> float:
@@ -79,15 +82,20 @@ def reward(iteration_time_s: float, oom: bool, oom_factor: float = 10.0) -> floa
 
 
 class Evaluator:
-    """Scores strategies for one (graph, cluster): compile, prioritise, simulate."""
+    """Scores strategies for one (graph, cluster): compile, prioritise, simulate.
 
-    def __init__(self, graph, cluster, cost=None, *, order: str = "rank", serialize_collectives: bool = False,
+    ``order`` is the task order (``heterog.scheduler.ORDERS``). The default, ``best``, simulates each order
+    of ``PORTFOLIO`` (and ``plan``, the strategy's own op order, when it has one) and keeps the faster;
+    ``simulate_kept`` says which was kept, and the runtime executes that one.
+    """
+
+    def __init__(self, graph, cluster, cost=None, *, order: str = DEFAULT_ORDER, serialize_collectives: bool = False,
                  max_groups: int = 2000, shares: str = "power"):
         from heterog.cost import CostModel
 
         self.graph, self.cluster = graph, cluster
         self.cost = cost if cost is not None else CostModel(cluster)
-        self.order = order
+        self.order = check_order(order)
         if shares not in SHARE_MODES:
             raise HeterogError(f"unknown share mode {shares!r} (choose from {', '.join(SHARE_MODES)})")
         self.shares = shares
@@ -140,24 +148,46 @@ class Evaluator:
                                 serialize_collectives=self.serialize_collectives)
 
     def priorities(self, plan: CompiledPlan, order: str | None = None) -> np.ndarray:
+        """Static priorities of one order (not ``best``, which is a choice among several)."""
         order = order or self.order
-        if plan.op_priority is not None and order == "rank":
-            # the strategy fixes an op order (e.g. DPOS): tasks inherit it; rank breaks ties
+        if order == "plan" and plan.op_priority is not None:
+            # the strategy fixes an op order (e.g. DPOS): tasks inherit it; upward rank breaks ties
             rank = priorities(plan.tg, "rank")
             op_p = np.asarray(plan.op_priority, dtype=np.float64)[plan.task_prio_op]
             return op_p * (1.0 + rank.max()) + rank
+        if order == "plan":
+            order = "rank"
         return priorities(plan.tg, order, comm_mask=np.isin(plan.task_kind, [int(k) for k in COMM_KINDS]))
 
-    def simulate_plan(self, plan: CompiledPlan, order: str | None = None) -> simulator.SimResult:
+    def candidate_orders(self, plan: CompiledPlan, order: str | None = None) -> tuple[str, ...]:
+        """The orders ``order`` stands for on ``plan``: ``best`` is ``PORTFOLIO`` plus ``plan`` when the
+        strategy has its own op order; any other name is itself."""
         order = order or self.order
-        return simulator.simulate(plan.tg, priority=self.priorities(plan, order), fifo=is_dynamic(order))
+        if order != "best":
+            return (order,)
+        return PORTFOLIO + (("plan",) if plan.op_priority is not None else ())
+
+    def simulate_kept(self, plan: CompiledPlan, order: str | None = None) -> tuple[simulator.SimResult, str]:
+        """Simulate ``plan`` under each candidate order and keep the fastest (ties: the first; a plan that
+        fits in memory beats one that does not): (its SimResult, the order kept)."""
+        best, kept = None, ""
+        for o in self.candidate_orders(plan, order):
+            res = simulator.simulate(plan.tg, priority=self.priorities(plan, o), fifo=is_dynamic(o))
+            if best is None or (res.oom, res.makespan) < (best.oom, best.makespan):
+                best, kept = res, o
+        return best, kept
+
+    def simulate_plan(self, plan: CompiledPlan, order: str | None = None) -> simulator.SimResult:
+        return self.simulate_kept(plan, order)[0]
 
     def evaluate(self, strategy, order: str | None = None, *, method: str | None = None,
                  detail: bool = True) -> PlanResult:
         plan = self.compile(strategy)
-        res = self.simulate_plan(plan, order)
+        res, kept = self.simulate_kept(plan, order)
         self.n_evaluations += 1
-        return self.summarise(plan, res, method or strategy.method, detail=detail)
+        out = self.summarise(plan, res, method or strategy.method, detail=detail)
+        out.order, out.order_requested = kept, order or self.order
+        return out
 
     def iteration_time(self, strategy, order: str | None = None) -> tuple[float, bool]:
         """Fast path for search: (iteration time, OOM)."""
@@ -187,10 +217,11 @@ class Evaluator:
                           comm_time_s=comm_len, overlap_ratio=overlap, n_tasks=plan.n_tasks, sim=res, plan=plan)
 
 
-def simulate(graph, cluster, strategy, order: str = "rank", cost=None, *,
+def simulate(graph, cluster, strategy, order: str = DEFAULT_ORDER, cost=None, *,
              serialize_collectives: bool = False) -> PlanResult:
-    """Compile ``strategy`` for ``graph`` on ``cluster``, schedule it (``rank`` or ``fifo``) and simulate
-    one training iteration. The result carries the SimResult (``.sim``) and the plan (``.plan``)."""
+    """Compile ``strategy`` for ``graph`` on ``cluster``, schedule it (by default the faster of
+    rank-contention and FIFO; ``.order`` says which) and simulate one training iteration. The result
+    carries the SimResult (``.sim``) and the plan (``.plan``)."""
     ev = Evaluator(graph, cluster, cost, order=order, serialize_collectives=serialize_collectives)
     out = ev.evaluate(strategy)
     out.search_time_s = float(strategy.meta.get("search_time_s", 0.0))

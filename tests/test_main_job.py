@@ -13,7 +13,7 @@ def test_main_job_smoke(tmp_path, capsys):
     doc = json.loads((tmp_path / "comparison.json").read_text())
     methods = {r["method"] for r in doc["records"]}
     assert {"single", "ev-ps", "ev-ar", "cp-ps", "cp-ar", "dpos", "mcmc", "pesto-ilp", "agent"} <= methods
-    for name in ("best_gantt.png", "best_trace.json", "report.md", "comparison_with_fifo.json"):
+    for name in ("best_gantt.png", "best_trace.json", "report.md", "comparison_with_rank.json"):
         assert (tmp_path / name).stat().st_size > 0
 
 

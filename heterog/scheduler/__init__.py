@@ -18,13 +18,21 @@ after those tasks:
 
 so gradients that feed a busy link rise above the backward critical path when the link, not the
 GPU, decides the end of the step.
+
+The default order is ``best``: per plan, each order of ``PORTFOLIO`` is simulated and the faster is kept
+(neither rank-contention nor FIFO wins on every plan). ``best`` and ``plan`` (the strategy's own op order,
+e.g. DPOS's) are resolved by ``heterog.evaluate.Evaluator``, which knows the plan; ``priorities`` here
+computes the static orders of a bare TaskGraph.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
-ORDERS = ("rank", "fifo", "est", "rank-links", "rank-contention")
+ORDERS = ("best", "rank-contention", "fifo", "rank", "est", "rank-links", "plan")
+DEFAULT_ORDER = "best"
+PORTFOLIO = ("rank-contention", "fifo")     # what ``best`` tries, in this order (ties keep the first)
+PLAN_ORDERS = ("best", "plan")              # orders that need the plan, not only its TaskGraph
 
 
 @njit(cache=True)
@@ -186,15 +194,24 @@ def priorities(tg, order: str = "rank", comm_mask: np.ndarray | None = None) -> 
         return -earliest_start(tg.duration + tg.lag, ptr, idx)
     if order == "fifo":
         return np.zeros(tg.n_tasks)
-    if order == "rank-links":
-        if comm_mask is None:
-            from heterog.errors import HeterogError
-
-            raise HeterogError("order 'rank-links' needs to know which tasks communicate (comm_mask)")
-        return np.where(comm_mask, priorities(tg, "rank"), priorities(tg, "est"))
     from heterog.errors import HeterogError
 
+    if order == "rank-links":
+        if comm_mask is None:
+            raise HeterogError("order 'rank-links' needs to know which tasks communicate (comm_mask)")
+        return np.where(comm_mask, priorities(tg, "rank"), priorities(tg, "est"))
+    if order in PLAN_ORDERS:
+        raise HeterogError(f"order {order!r} is chosen per plan: use heterog.evaluate.Evaluator")
     raise HeterogError(f"unknown order {order!r} (choose from {', '.join(ORDERS)})")
+
+
+def check_order(order: str) -> str:
+    """``order`` if it is a known order name, else a HeterogError naming the choices."""
+    if order not in ORDERS:
+        from heterog.errors import HeterogError
+
+        raise HeterogError(f"unknown order {order!r} (choose from {', '.join(ORDERS)})")
+    return order
 
 
 def is_dynamic(order: str) -> bool:
