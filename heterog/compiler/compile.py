@@ -26,6 +26,7 @@ from enum import IntEnum
 
 import numpy as np
 
+from heterog.compiler.ps import build_problem, choose_ps_devices
 from heterog.errors import StrategyError
 
 VALUE_FREE_TARGETS = frozenset({
@@ -90,6 +91,7 @@ class GraphIndex:
     t_op: np.ndarray               # producer op of each tensor
     t_bytes: np.ndarray
     t_needs_agg: np.ndarray        # partial result (batch inputs, no batch dim) whose value someone reads
+    t_pulled: np.ndarray           # value of a PS-resident op (parameter, state, update) read by a batch op
 
 
 def graph_index(graph) -> GraphIndex:
@@ -133,6 +135,10 @@ def graph_index(graph) -> GraphIndex:
         if (t_needs_agg[t] or post[t_op[t]]) and not has_batch[d] and is_compute[d]:
             post[d] = True
     post |= is_compute & ~has_batch & (phase == 2)
+    # under PS these tensors live on the PS and are pulled by the workers' batch ops
+    pulled_edge = ~e_value_free & ~e_batch & has_batch[dst] & ~has_batch[src] & (post | placeholder_resident)[src]
+    t_pulled = np.zeros(len(uniq), dtype=bool)
+    t_pulled[e_tensor[pulled_edge]] = True
     # allocation: resident placeholders, gradients (live in the grad buffer) and graph outputs allocate nothing
     n_consumers = np.bincount(src, minlength=n) if len(src) else np.zeros(n, int)
     no_alloc = placeholder_resident | (is_compute & (n_consumers == 0))
@@ -141,7 +147,7 @@ def graph_index(graph) -> GraphIndex:
     cat = np.where(is_compute, phase, 3).astype(np.int64)
     idx = GraphIndex(n, has_batch, post, placeholder_resident, is_compute, out_fixed, out_batch,
                      graph.resident_bytes.copy(), cat, is_grad, src, dst, graph.edge_bytes.copy(), e_batch,
-                     e_value_free, e_tensor, t_op, t_bytes, t_needs_agg)
+                     e_value_free, e_tensor, t_op, t_bytes, t_needs_agg, t_pulled)
     graph.__dict__["_compile_index"] = idx
     return idx
 
@@ -299,7 +305,7 @@ def compile_strategy(graph, cluster, strategy, cost, *, serialize_collectives: b
     cfg_ps = np.array([c.sync == "ps" and c.n_replicas > 1 for c in cfgs], dtype=bool)
     replicated = cfg_nrep[op_cfg] > 1
     agg = gi.t_needs_agg & replicated[gi.t_op]          # tensors to aggregate
-    group_ps = _choose_ps(group_cfg, cfgs, cfg_ps, op_group, agg, gi, cost, bw, lat)
+    group_ps = _choose_ps(graph, group_cfg, cfgs, cfg_ps, op_group, agg, gi, cost, paths, m + n_links)
 
     # ---- layouts --------------------------------------------------------------------------------
     lay_key: dict = {}
@@ -418,32 +424,64 @@ def compile_strategy(graph, cluster, strategy, cost, *, serialize_collectives: b
                         tensor_layout=prov_lay, aggregated=aggregated)
 
 
-def _choose_ps(group_cfg, cfgs, cfg_ps, op_group, agg, gi, cost, bw, lat) -> dict:
-    """PS device per PS group: the given one, or the replica device that completes aggregation first
-    (slowest push of the group's gradient bytes + aggregation on that device)."""
-    group_ps: dict = {}
+def _choose_ps(graph, group_cfg, cfgs, cfg_ps, op_group, agg, gi, cost, paths, n_res) -> dict:
+    """PS device per PS group: the given one, or the replica chosen with the plan's other PS groups and
+    AllReduces already queued on each candidate's links and aggregation (``heterog.compiler.ps``)."""
     ps_groups = np.nonzero(cfg_ps[group_cfg])[0]
     if not len(ps_groups):
-        return group_ps
-    grad_bytes = np.bincount(op_group[gi.t_op[agg]], weights=gi.t_bytes[agg], minlength=len(group_cfg))
-    by_cfg: dict = {}
-    for g in ps_groups.tolist():
-        by_cfg.setdefault(int(group_cfg[g]), []).append(g)
-    for c, groups in by_cfg.items():
-        cfg = cfgs[c]
-        if cfg.ps_device is not None:
-            group_ps.update({g: int(cfg.ps_device) for g in groups})
-            continue
-        devs = np.array(cfg.devices)
-        b = grad_bytes[groups][:, None]                                    # (g, 1)
-        cand = np.empty((len(groups), len(devs)))
-        for k, d in enumerate(devs.tolist()):
-            others = devs[devs != d]
-            push = (lat[others, d][None, :] + b / bw[others, d][None, :]).max(axis=1)
-            cand[:, k] = push + cost.aggregate_times(d, b[:, 0], len(devs))
-        best = devs[np.argmin(cand, axis=1)]                                 # ties: lowest device
-        group_ps.update({g: int(d) for g, d in zip(groups, best.tolist())})
-    return group_ps
+        return {}
+    n_groups, m = len(group_cfg), len(paths.host)
+    t_group = op_group[gi.t_op]
+    t_cfg = group_cfg[t_group]
+    need_at = _parameters_needed(graph, gi, cfgs, cost, t_cfg, t_group, n_groups)
+
+    def per_group(mask):
+        return (np.bincount(t_group[mask], minlength=n_groups).astype(np.float64),
+                np.bincount(t_group[mask], weights=gi.t_bytes[mask], minlength=n_groups))
+
+    (n_push, b_push), (n_pull, b_pull) = per_group(agg), per_group(gi.t_pulled)
+    amount = np.stack([n_push, b_push, n_pull, b_pull], axis=1)[ps_groups]
+    # the plan's AllReduces: (total duration, resources) per (config, algorithm)
+    allreduces = []
+    ar = agg & ~cfg_ps[t_cfg]
+    for c in np.unique(t_cfg[ar]).tolist():
+        sel = np.nonzero(ar & (t_cfg == c))[0]
+        devs = cfgs[c].devices
+        times, algos = cost.allreduce_times(devs, gi.t_bytes[sel])
+        algos = np.asarray(algos)
+        hosts = tuple(int(d) for d in devs if paths.host[d])
+        for a in sorted(set(algos.tolist())):
+            res = tuple(m + x for x in cost.allreduce_links(devs, a)) + hosts
+            allreduces.append((float(np.sum(times[algos == a])), res))
+    fixed = {int(g): int(cfgs[group_cfg[g]].ps_device) for g in ps_groups.tolist()
+             if cfgs[group_cfg[g]].ps_device is not None}
+    problem = build_problem(ps_groups, [cfgs[group_cfg[g]].devices for g in ps_groups.tolist()], fixed, amount,
+                            need_at[ps_groups], allreduces, cost, paths, n_res)
+    return choose_ps_devices(problem, ps_groups)
+
+
+def _parameters_needed(graph, gi, cfgs, cost, t_cfg, t_group, n_groups) -> np.ndarray:
+    """(n_groups, M) estimated time by which each replica device needs the group's pulled parameters: its
+    forward and backward work before their first reader (op ids are topological), at its batch share, one
+    op after another, plus its slack (the busiest replica's work minus its own)."""
+    full = cost.full_batch_times(graph)
+    work = gi.is_compute & ~gi.post_agg
+    need = np.zeros((n_groups, full.shape[1]))
+    e = np.nonzero(~gi.e_value_free & gi.has_batch[gi.e_dst])[0]
+    first_reader = np.full(len(gi.t_op), np.iinfo(np.int64).max)
+    np.minimum.at(first_reader, gi.e_tensor[e], gi.e_dst[e])
+    pulled = np.nonzero(gi.t_pulled & (first_reader < gi.n_ops))[0]
+    for c in np.unique(t_cfg[pulled]).tolist():
+        cfg, pul = cfgs[c], pulled[t_cfg[pulled] == c]
+        op_s = [np.where(work, full[:, d] * np.where(gi.has_batch, share / graph.batch_size, 1.0), 0.0)
+                for d, share in zip(cfg.devices, cfg.shares)]
+        longest = max(float(t.sum()) for t in op_s)
+        for d, t in zip(cfg.devices, op_s):
+            before = np.cumsum(t) - t
+            at = np.full(n_groups, np.inf)
+            np.minimum.at(at, t_group[pul], before[first_reader[pul]] + longest - float(t.sum()))
+            need[:, d] = np.where(np.isinf(at), need[:, d], at)      # each group is under one config
+    return need
 
 
 def _aggregate_ps(T, tensors, op_group, op_lay, lay_devs, group_ps, inst_start, gi, cost, paths,

@@ -19,10 +19,10 @@ after those tasks:
 so gradients that feed a busy link rise above the backward critical path when the link, not the
 GPU, decides the end of the step.
 
-The default order is ``best``: per plan, each order of ``PORTFOLIO`` is simulated and the faster is kept
-(neither rank-contention nor FIFO wins on every plan). ``best`` and ``plan`` (the strategy's own op order,
-e.g. DPOS's) are resolved by ``heterog.evaluate.Evaluator``, which knows the plan; ``priorities`` here
-computes the static orders of a bare TaskGraph.
+The default order is ``best``: per plan, each order of ``PORTFOLIO`` (rank-contention, FIFO and the plain
+upward rank) is simulated and the fastest is kept (none of them wins on every plan). ``best`` and
+``plan`` (the strategy's own op order, e.g. DPOS's) are resolved by ``heterog.evaluate.Evaluator``, which
+knows the plan; ``priorities`` here computes the static orders of a bare TaskGraph.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from numba import njit
 
 ORDERS = ("best", "rank-contention", "fifo", "rank", "est", "rank-links", "plan")
 DEFAULT_ORDER = "best"
-PORTFOLIO = ("rank-contention", "fifo")     # what ``best`` tries, in this order (ties keep the first)
+PORTFOLIO = ("rank-contention", "fifo", "rank")   # what ``best`` tries, in this order (ties keep the first)
 PLAN_ORDERS = ("best", "plan")              # orders that need the plan, not only its TaskGraph
 
 

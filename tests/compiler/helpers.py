@@ -50,3 +50,19 @@ def chain_graph(n_layers: int, param_bytes: int, batch: int = 4) -> OpGraph:
         edges += [Edge(prev, p + 1, batch * 64, 0), Edge(p, p + 1, 64, None)]
         prev = p + 1
     return OpGraph(f"chain{n_layers}", batch, ops, edges)
+
+
+def branches_graph(k: int, param_bytes: int, batch: int = 8) -> OpGraph:
+    """``k`` independent ``linear_graph`` branches reading one input ``x``, each with its own weight of
+    ``param_bytes``, loss, backward and SGD update (op names suffixed with the branch index)."""
+    one = linear_graph(batch, d_in=param_bytes // 8, d_out=2)
+    ops = [one.ops[0]]
+    edges = []
+    for i in range(k):
+        base = len(ops) - 1                       # op j >= 1 of the branch lands at base + j
+        for op in one.ops[1:]:
+            ops.append(Op(**{**op.__dict__, "name": f"{op.name}{i}", "param": f"W{i}" if op.param else None}))
+        for e in one.edges:
+            src = 0 if e.src == 0 else base + e.src
+            edges.append(Edge(src, base + e.dst, e.bytes, e.batch_dim))
+    return OpGraph(f"branches{k}", batch, ops, edges)

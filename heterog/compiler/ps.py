@@ -1,0 +1,257 @@
+"""Load-aware choice of the parameter-server device of each PS group (DESIGN.md section 3).
+
+A PS group's workers push their partial gradients to the PS device, which aggregates them and updates
+the parameters; the workers pull the parameters they read in the forward pass. Choosing, for every group
+on its own, the replica that would finish that group's aggregation first *if it were alone* puts every
+PS on the same device and every gradient through one server's NIC. Here the groups are placed one by
+one, largest first (LPT), each on the candidate (replica device) that minimises
+
+    score(d) = busiest (phase, resource) the group touches, with the load placed so far
+             + how late the forward pass gets its parameters (max'ed with the lateness so far)
+
+Load: seconds each resource (a device, or a directed link) is held, in two phases that do not overlap in
+an iteration: phase 0, gradient synchronisation (pushes w -> d for every worker w: ``n * alpha + bytes *
+beta`` of the cost model on every resource of the path; aggregation on d; the plan's AllReduces on their
+links), and phase 1, the pulls d -> w of the next forward pass.
+
+Lateness: a worker needs a group's parameters when its forward pass reaches their first reader (``need``,
+estimated from the op times at the worker's share, plus the worker's slack: the busiest replica's work
+minus its own). Pulls are placed backwards from that time: on each resource the pulls placed so far
+start at ``due``; a new pull ends at ``min(need, due over its path)`` and starts its duration earlier;
+a start before 0 delays the forward pass by that much.
+
+Ties: the smaller total transfer time, then the earlier candidate. Times are read off the cost model as
+lines in the bytes (two points), so a profiled link or a slowed device counts as it is.
+``choose_ps_kernel`` is the compiled loop, ``choose_ps_reference`` its plain-Python twin (a test asserts
+they agree).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+_X0, _X1 = 1.0, 1.0e6        # byte counts at which the cost model's lines are read
+
+
+def _line(fn, x0: float = _X0, x1: float = _X1) -> tuple[np.ndarray, np.ndarray]:
+    """(per-item, per-byte) coefficients of ``fn(bytes)``, a cost linear in the bytes."""
+    y0, y1 = np.asarray(fn(x0), dtype=np.float64), np.asarray(fn(x1), dtype=np.float64)
+    slope = (y1 - y0) / (x1 - x0)
+    return y0 - slope * x0, slope
+
+
+@dataclass(frozen=True)
+class PSProblem:
+    """Everything the greedy needs, as flat arrays (the kernel's arguments, in field order).
+
+    Shapes (G groups, K candidates, R resources, M devices, A AllReduce events):
+      order (G,) groups in placement order; need (G, M) by when each worker needs the group's parameters
+      (s); amount (G, 4) [pushed tensors, pushed bytes, pulled tensors, pulled bytes];
+      rep_ptr (G + 1,), rep_dev: the group's replica devices; cand_ptr (G + 1,), cand_dev (K,): its PS
+      candidates; agg_coef (K, 2) aggregation time per tensor and per byte on the candidate;
+      alpha, beta (M, M) transfer time per tensor and per byte; path_ptr (M * M + 1,), path_res: the
+      resources a transfer src -> dst holds (row src * M + dst);
+      ar_dur (A,), ar_ptr (A + 1,), ar_res: the plan's AllReduces (duration, resources held).
+    """
+
+    order: np.ndarray
+    need: np.ndarray
+    amount: np.ndarray
+    rep_ptr: np.ndarray
+    rep_dev: np.ndarray
+    cand_ptr: np.ndarray
+    cand_dev: np.ndarray
+    agg_coef: np.ndarray
+    alpha: np.ndarray
+    beta: np.ndarray
+    path_ptr: np.ndarray
+    path_res: np.ndarray
+    ar_dur: np.ndarray
+    ar_ptr: np.ndarray
+    ar_res: np.ndarray
+    n_res: int
+
+    def args(self) -> tuple:
+        return tuple(getattr(self, f) for f in self.__dataclass_fields__)
+
+
+@njit(cache=True)
+def _pull(g, d, due, need, amount, rep_ptr, rep_dev, alpha, beta, path_ptr, path_res):  # pragma: no cover
+    """How late (s) the forward pass gets group g's parameters from PS d, pulls placed backwards in time
+    (``due``: when each resource's next pull starts; updated, pass a copy to try); and their total time."""
+    m = alpha.shape[0]
+    late, total = 0.0, 0.0
+    for i in range(rep_ptr[g], rep_ptr[g + 1]):
+        w = rep_dev[i]
+        if w == d:
+            continue
+        row = d * m + w
+        end = need[g, w]
+        for j in range(path_ptr[row], path_ptr[row + 1]):
+            end = min(end, due[path_res[j]])
+        dur = amount[g, 2] * alpha[d, w] + amount[g, 3] * beta[d, w]
+        start = end - dur
+        for j in range(path_ptr[row], path_ptr[row + 1]):
+            due[path_res[j]] = start
+        late = max(late, -start)
+        total += dur
+    return late, total
+
+
+@njit(cache=True)
+def _load(g, d, k, load, amount, rep_ptr, rep_dev, agg_coef, alpha, beta, path_ptr, path_res):  # pragma: no cover
+    """Add group g's pushes and aggregation (phase 0) and pulls (phase 1) with PS d (candidate k) to
+    ``load`` (2, R); returns the busiest (phase, resource) it touches afterwards."""
+    m = alpha.shape[0]
+    busiest = 0.0
+    for i in range(rep_ptr[g], rep_ptr[g + 1]):
+        w = rep_dev[i]
+        if w == d:
+            continue
+        for p in range(2):
+            row = w * m + d if p == 0 else d * m + w
+            dur = (amount[g, 0] * alpha[w, d] + amount[g, 1] * beta[w, d] if p == 0
+                   else amount[g, 2] * alpha[d, w] + amount[g, 3] * beta[d, w])
+            for j in range(path_ptr[row], path_ptr[row + 1]):
+                load[p, path_res[j]] += dur
+                busiest = max(busiest, load[p, path_res[j]])
+    load[0, d] += amount[g, 0] * agg_coef[k, 0] + amount[g, 1] * agg_coef[k, 1]
+    return max(busiest, load[0, d])
+
+
+@njit(cache=True)
+def choose_ps_kernel(order, need, amount, rep_ptr, rep_dev, cand_ptr, cand_dev, agg_coef, alpha, beta, path_ptr,
+                     path_res, ar_dur, ar_ptr, ar_res, n_res):  # pragma: no cover - compiled
+    """Compiled greedy (module docstring; arguments: ``PSProblem``). Returns (G,) the PS device per group."""
+    out = np.full(need.shape[0], -1, dtype=np.int64)
+    load = np.zeros((2, n_res))
+    due = np.full(n_res, np.inf)
+    for a in range(ar_dur.shape[0]):                          # the plan's AllReduces hold their links
+        for j in range(ar_ptr[a], ar_ptr[a + 1]):
+            load[0, ar_res[j]] += ar_dur[a]
+    late_so_far = 0.0
+    for g in order:
+        best_k, best_score, best_total = -1, np.inf, np.inf
+        for k in range(cand_ptr[g], cand_ptr[g + 1]):
+            d = cand_dev[k]
+            busiest = _load(g, d, k, load.copy(), amount, rep_ptr, rep_dev, agg_coef, alpha, beta, path_ptr,
+                            path_res)
+            late, total = _pull(g, d, due.copy(), need, amount, rep_ptr, rep_dev, alpha, beta, path_ptr, path_res)
+            score = busiest + max(late, late_so_far)
+            if score < best_score or (score == best_score and total < best_total):
+                best_k, best_score, best_total = k, score, total
+        d = cand_dev[best_k]
+        _load(g, d, best_k, load, amount, rep_ptr, rep_dev, agg_coef, alpha, beta, path_ptr, path_res)
+        late, _ = _pull(g, d, due, need, amount, rep_ptr, rep_dev, alpha, beta, path_ptr, path_res)
+        late_so_far = max(late_so_far, late)
+        out[g] = d
+    return out
+
+
+def choose_ps_reference(order, need, amount, rep_ptr, rep_dev, cand_ptr, cand_dev, agg_coef, alpha, beta, path_ptr,
+                        path_res, ar_dur, ar_ptr, ar_res, n_res) -> np.ndarray:
+    """Plain-Python ``choose_ps_kernel`` (same arguments, same result)."""
+    m = alpha.shape[0]
+
+    def path(src: int, dst: int) -> list[int]:
+        return [int(r) for r in path_res[path_ptr[src * m + dst]:path_ptr[src * m + dst + 1]]]
+
+    def workers(g: int, d: int) -> list[int]:
+        return [int(w) for w in rep_dev[rep_ptr[g]:rep_ptr[g + 1]] if w != d]
+
+    def place(g: int, d: int, k: int, load: list, due: list) -> tuple[float, float, float]:
+        """(busiest touched load, lateness, total pull time) after adding group g with PS d."""
+        touched = []
+        for w in workers(g, d):
+            for p, (src, dst, n, b) in enumerate(((w, d, amount[g, 0], amount[g, 1]),
+                                                  (d, w, amount[g, 2], amount[g, 3]))):
+                for r in path(src, dst):
+                    load[p][r] += n * alpha[src, dst] + b * beta[src, dst]
+                    touched.append(load[p][r])
+        load[0][d] += amount[g, 0] * agg_coef[k, 0] + amount[g, 1] * agg_coef[k, 1]
+        touched.append(load[0][d])
+        late = total = 0.0
+        for w in workers(g, d):
+            dur = amount[g, 2] * alpha[d, w] + amount[g, 3] * beta[d, w]
+            start = min([float(need[g, w])] + [due[r] for r in path(d, w)]) - dur
+            for r in path(d, w):
+                due[r] = start
+            late, total = max(late, -start), total + dur
+        return max(touched), late, total
+
+    out = np.full(len(need), -1, dtype=np.int64)
+    load, due, late_so_far = [[0.0] * n_res, [0.0] * n_res], [np.inf] * n_res, 0.0
+    for a in range(len(ar_dur)):
+        for r in ar_res[ar_ptr[a]:ar_ptr[a + 1]]:
+            load[0][int(r)] += float(ar_dur[a])
+    for g in (int(x) for x in order):
+        best = None
+        for k in range(int(cand_ptr[g]), int(cand_ptr[g + 1])):
+            busiest, late, total = place(g, int(cand_dev[k]), k, [list(x) for x in load], list(due))
+            key = (busiest + max(late, late_so_far), total)
+            if best is None or key < best[0]:
+                best = (key, k)
+        k = best[1]
+        late_so_far = max(late_so_far, place(g, int(cand_dev[k]), k, load, due)[1])
+        out[g] = int(cand_dev[k])
+    return out
+
+
+# ----------------------------------------------------------------------------- building the problem
+def _cluster_tables(cost, paths) -> tuple:
+    """alpha, beta (M, M) and the path CSR without self-transfers (cached on the cost model)."""
+    cached = cost.__dict__.get("_ps_tables")
+    if cached is None:
+        m = len(paths.host)
+        src, dst = np.repeat(np.arange(m), m), np.tile(np.arange(m), m)
+        a, b = _line(lambda x: cost.transfer_times(src, dst, np.full(m * m, x)))
+        rlen, ridx = paths.resources(src, dst)
+        keep = np.repeat(src != dst, rlen)                      # no transfer from a device to itself
+        rlen = np.where(src != dst, rlen, 0)
+        cached = (np.ascontiguousarray(a.reshape(m, m)), np.ascontiguousarray(b.reshape(m, m)),
+                  np.concatenate([[0], np.cumsum(rlen)]).astype(np.int64), ridx[keep].astype(np.int64))
+        cost.__dict__["_ps_tables"] = cached
+    return cached
+
+
+def _aggregate_coefs(n_replicas: int, candidates: tuple[int, ...], cost) -> np.ndarray:
+    """(len(candidates), 2) aggregation time per tensor and per byte (cached per cost model)."""
+    cache = cost.__dict__.setdefault("_ps_aggregate", {})
+    key = (n_replicas, candidates)
+    if key not in cache:
+        cache[key] = np.array([_line(lambda x: np.asarray(cost.aggregate_times(d, x, n_replicas), float).ravel()[0])
+                               for d in candidates]).reshape(len(candidates), 2)
+    return cache[key]
+
+
+def build_problem(ps_groups: np.ndarray, replicas: list[tuple[int, ...]], fixed: dict[int, int],
+                  amount: np.ndarray, need: np.ndarray, allreduces: list[tuple[float, tuple[int, ...]]],
+                  cost, paths, n_res: int) -> PSProblem:
+    """The ``PSProblem`` of the plan's PS groups (``ps_groups[i]`` over ``replicas[i]``; ``fixed``: group ->
+    PS device the strategy gives, still placed so that it loads what it uses), their ``amount`` (G, 4) and
+    ``need`` (G, M), and the plan's AllReduces (duration, resources)."""
+    alpha, beta, path_ptr, path_res = _cluster_tables(cost, paths)
+    cands = [(fixed[g],) if g in fixed else tuple(reps) for g, reps in zip(ps_groups.tolist(), replicas)]
+    size = amount[:, 1] + amount[:, 3]
+    return PSProblem(
+        order=np.lexsort((np.arange(len(ps_groups)), -size)).astype(np.int64),         # LPT, ties by group
+        need=np.ascontiguousarray(need, dtype=np.float64),
+        amount=np.ascontiguousarray(amount, dtype=np.float64),
+        rep_ptr=np.concatenate([[0], np.cumsum([len(r) for r in replicas])]).astype(np.int64),
+        rep_dev=np.array([d for r in replicas for d in r], dtype=np.int64),
+        cand_ptr=np.concatenate([[0], np.cumsum([len(c) for c in cands])]).astype(np.int64),
+        cand_dev=np.array([d for c in cands for d in c], dtype=np.int64),
+        agg_coef=np.ascontiguousarray(np.concatenate([_aggregate_coefs(len(r), c, cost)
+                                                      for r, c in zip(replicas, cands)]).reshape(-1, 2)),
+        alpha=alpha, beta=beta, path_ptr=path_ptr, path_res=path_res,
+        ar_dur=np.array([a[0] for a in allreduces], dtype=np.float64),
+        ar_ptr=np.concatenate([[0], np.cumsum([len(a[1]) for a in allreduces])]).astype(np.int64),
+        ar_res=np.array([r for a in allreduces for r in a[1]], dtype=np.int64), n_res=int(n_res))
+
+
+def choose_ps_devices(problem: PSProblem, ps_groups: np.ndarray) -> dict[int, int]:
+    """Group id -> PS device (compiled greedy)."""
+    dev = choose_ps_kernel(*problem.args())
+    return {int(g): int(d) for g, d in zip(ps_groups.tolist(), dev.tolist())}
