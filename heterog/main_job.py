@@ -58,7 +58,8 @@ def comparison_table(records: list[dict], title: str) -> Table:
     for r in records:
         peak = max(r["peak_memory_bytes"].values()) / 2**30
         speedup = f"{best_dp / r['iteration_time_s']:.2f}x" if best_dp else "-"
-        tab.add_row(r["method"], r["order"], f"{r['iteration_time_s'] * 1e3:.1f}", speedup,
+        order = f"best: {r['order']}" if r["order_requested"] == DEFAULT_ORDER else f"{r['order']} (paper)"
+        tab.add_row(r["method"], order, f"{r['iteration_time_s'] * 1e3:.1f}", speedup,
                     f"{r['compute_time_s'] * 1e3:.1f}", f"{r['comm_time_s'] * 1e3:.1f}", f"{r['overlap_ratio']:.2f}",
                     f"{peak:.2f}", "OOM" if r["oom"] else "", f"{r.get('search_time_s', 0.0):.1f}")
     return tab
