@@ -74,3 +74,119 @@ def compute_bound(graph, cluster, cost=None) -> float:
     if res.status != 0:
         raise HeterogError(f"lower bound LP for {graph.name} on {cluster.name} failed: {res.message}")
     return float(res.x[-1])
+
+
+# ----------------------------------------------------------------------------- over the action space
+def action_space_bound(evaluator, data_parallel_only: bool = False) -> dict:
+    """Seconds no plan of HeteroG's action space (one of the M + 4 actions per group, PS on any replica)
+    beats, counting gradient synchronisation as well as computation; with ``data_parallel_only``, no plan
+    whose groups all take one of the four data-parallel actions (any mix of them) beats.
+
+    Each group g takes action a with weight ``x[g, a]`` (weights of a group sum to 1; a plan puts all of
+    a group's weight on one action, so every plan is a feasible point). An action loads every device with
+    the compute of the group's ops there (DP: at the replica's share; ops without a batch dimension on
+    every replica, PS updates on the PS only; PS aggregation on the PS), and every link (and host-driven
+    device) with the synchronisation tasks that hold it (AllReduce: the algorithm the compiler picks, per
+    tensor; PS: the pushes and pulls of the group's tensors, one action per PS device). Each resource runs
+    one task at a time, so its load is at most the iteration time:
+
+        minimise T  subject to  sum_a x[g, a] = 1,  sum_{g, a} x[g, a] load[g, a, r] <= T for every r,  x >= 0.
+
+    Transfers of activations between groups, dependencies and memory are ignored (each only adds time),
+    and so the bound holds under any order; they are what model parallelism costs, so the bound over all
+    actions is close to the compute bound, while the data-parallel one shows what synchronisation costs
+    at the least. Returns ``{"bound_s", "sync_bound_s"}`` (the latter: the same LP with compute left out).
+    """
+    from scipy.optimize import linprog
+    from scipy.sparse import coo_matrix
+
+    loads = _action_loads(evaluator)                         # (G, A, R)
+    if data_parallel_only:
+        loads = loads[:, evaluator.cluster.n_devices:]      # the MP actions come first
+    out = {}
+    for name, lo in (("bound_s", loads), ("sync_bound_s", _without_compute(loads, evaluator))):
+        g_n, a_n, r_n = lo.shape
+        nvar = g_n * a_n + 1
+        var = np.arange(g_n * a_n)
+        eq = coo_matrix((np.ones(g_n * a_n), (var // a_n, var)), shape=(g_n, nvar))
+        flat = lo.reshape(g_n * a_n, r_n)
+        vi, ri = np.nonzero(flat)
+        rows = np.concatenate([ri, np.arange(r_n)])
+        cols = np.concatenate([vi, np.full(r_n, g_n * a_n)])
+        vals = np.concatenate([flat[vi, ri], -np.ones(r_n)])
+        ub = coo_matrix((vals, (rows, cols)), shape=(r_n, nvar))
+        c = np.zeros(nvar)
+        c[-1] = 1.0
+        res = linprog(c, A_ub=ub.tocsr(), b_ub=np.zeros(r_n), A_eq=eq.tocsr(), b_eq=np.ones(g_n),
+                      bounds=(0, None), method="highs")
+        if res.status != 0:
+            raise HeterogError(f"action-space bound LP failed: {res.message}")
+        out[name] = float(res.x[-1])
+    return out
+
+
+def _without_compute(loads: np.ndarray, evaluator) -> np.ndarray:
+    lo = loads.copy()
+    lo[:, :, :evaluator.cluster.n_devices] = 0.0
+    return lo
+
+
+def _action_loads(evaluator) -> np.ndarray:
+    """(G, 3M + 2, R) seconds each action of each group holds each resource (devices, links). Actions:
+    MP on device 0..M-1, DP-even-AR, DP-prop-AR, DP-even-PS on PS 0..M-1, DP-prop-PS on PS 0..M-1."""
+    from heterog.compiler.compile import _path_table, graph_index
+    from heterog.compiler.ps import _aggregate_coefs, _cluster_tables
+    from heterog.strategy import even_shares, proportional_shares
+
+    graph, cluster, cost = evaluator.graph, evaluator.cluster, evaluator.cost
+    gi, paths = graph_index(graph), _path_table(cluster)
+    m, B = cluster.n_devices, graph.batch_size
+    n_res = m + len(cluster.links)
+    group_of = evaluator.group_of
+    n_groups = evaluator.n_groups
+    loads = np.zeros((n_groups, 3 * m + 2, n_res))
+    full = np.asarray(cost.full_batch_times(graph))
+    comp = np.where(gi.is_compute, 1.0, 0.0)[:, None] * full
+    for d in range(m):                                                     # MP
+        np.add.at(loads[:, d, d], group_of, comp[:, d])
+    t_group = group_of[gi.t_op]
+    agg = gi.t_needs_agg
+    n_push = np.bincount(t_group[agg], minlength=n_groups).astype(float)
+    b_push = np.bincount(t_group[agg], weights=gi.t_bytes[agg], minlength=n_groups)
+    n_pull = np.bincount(t_group[gi.t_pulled], minlength=n_groups).astype(float)
+    b_pull = np.bincount(t_group[gi.t_pulled], weights=gi.t_bytes[gi.t_pulled], minlength=n_groups)
+    alpha, beta, path_ptr, path_res = _cluster_tables(cost, paths)
+    devs = tuple(range(m))
+    times, algos = cost.allreduce_times(devs, gi.t_bytes[agg])
+    algos = np.asarray(algos)
+    ar = np.zeros((n_groups, n_res))
+    for a in set(algos.tolist()):
+        res = [m + x for x in cost.allreduce_links(devs, a)] + [d for d in devs if paths.host[d]]
+        per_group = np.bincount(t_group[agg][algos == a], weights=times[algos == a], minlength=n_groups)
+        ar[:, res] += per_group[:, None]
+    batch = gi.has_batch & gi.is_compute
+    ps_only = gi.is_compute & ~gi.has_batch & gi.post_agg                   # updates: on the PS only
+    dup = gi.is_compute & ~gi.has_batch & ~gi.post_agg
+    agg_coef = _aggregate_coefs(m, devs, cost)
+    for k, shares in enumerate((even_shares(B, m), proportional_shares(B, cluster.power))):
+        dev_t = np.zeros((n_groups, m))
+        for d, s in enumerate(shares):
+            t = cost.op_times(graph, np.arange(graph.n_ops), np.full(graph.n_ops, d), np.full(graph.n_ops, s / B))
+            np.add.at(dev_t[:, d], group_of, np.where(batch, t, 0.0) + np.where(dup, full[:, d], 0.0))
+        upd = np.zeros((n_groups, m))
+        for d in range(m):
+            np.add.at(upd[:, d], group_of, np.where(ps_only, full[:, d], 0.0))
+        a_ar = m + k
+        loads[:, a_ar, :m] = dev_t + upd                                   # AR: updates on every replica
+        loads[:, a_ar] += ar
+        for p in range(m):                                                  # PS on device p
+            a_ps = m + 2 + k * m + p
+            loads[:, a_ps, :m] = dev_t
+            loads[:, a_ps, p] += upd[:, p] + n_push * agg_coef[p, 0] + b_push * agg_coef[p, 1]
+            for w in range(m):
+                if w == p:
+                    continue
+                for src, dst, n, b in ((w, p, n_push, b_push), (p, w, n_pull, b_pull)):
+                    res = path_res[path_ptr[src * m + dst]:path_ptr[src * m + dst + 1]]
+                    loads[:, a_ps, res] += (n * alpha[src, dst] + b * beta[src, dst])[:, None]
+    return loads

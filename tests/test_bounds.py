@@ -56,3 +56,32 @@ def test_no_plan_beats_the_bound(seed):
     for actions in (rng.integers(0, cluster.n_devices + 4, size=ev.n_groups),
                     np.full(ev.n_groups, cluster.n_devices + rng.integers(0, 4))):
         assert ev.evaluate(ev.strategy(actions)).iteration_time_s >= bound * (1 - 1e-9)
+
+
+@pytest.fixture(scope="module")
+def tiny_bounds():
+    from heterog.bounds import action_space_bound
+
+    ev = Evaluator(capture_model("tiny_transformer", 16), load_cluster("paper-8gpu"))
+    return ev, action_space_bound(ev), action_space_bound(ev, data_parallel_only=True)
+
+
+def test_action_space_bounds_order(tiny_bounds):
+    ev, every, dp = tiny_bounds
+    assert every["sync_bound_s"] == 0.0                       # model parallelism needs no synchronisation
+    assert compute_bound(ev.graph, ev.cluster, ev.cost) <= every["bound_s"] * (1 + 1e-9)
+    assert every["bound_s"] <= dp["bound_s"] * (1 + 1e-9)     # fewer actions: a higher bound
+    assert 0.0 < dp["sync_bound_s"] <= dp["bound_s"] * (1 + 1e-9)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 10_000))
+def test_no_plan_beats_the_action_space_bounds(tiny_bounds, seed):
+    ev, every, dp = tiny_bounds
+    m = ev.cluster.n_devices
+    rng = np.random.default_rng(seed)
+    mixed = ev.strategy(rng.integers(0, m + 4, size=ev.n_groups))
+    data_parallel = ev.strategy(rng.integers(m, m + 4, size=ev.n_groups))
+    assert ev.evaluate(mixed).iteration_time_s >= every["bound_s"] * (1 - 1e-9)
+    for order in ("best", "fifo", "rank"):
+        assert ev.evaluate(data_parallel, order=order).iteration_time_s >= dp["bound_s"] * (1 - 1e-9)
