@@ -45,9 +45,10 @@ def unit_times(graph, cost) -> np.ndarray:
     return out
 
 
-def compute_bound(graph, cluster, cost=None) -> float:
+def compute_bound(graph, cluster, cost=None, ops_mask: np.ndarray | None = None) -> float:
     """Seconds: no plan of ``graph`` on ``cluster`` (under ``cost``, the roofline by default) iterates
-    faster (the linear program of the module docstring, solved with HiGHS)."""
+    faster (the linear program of the module docstring, solved with HiGHS). With ``ops_mask``, the least
+    time in which the masked ops can all be computed (e.g. the forward pass: no gradient exists before)."""
     from scipy.optimize import linprog
     from scipy.sparse import coo_matrix
 
@@ -55,7 +56,7 @@ def compute_bound(graph, cluster, cost=None) -> float:
 
     cost = cost if cost is not None else CostModel(cluster)
     u = unit_times(graph, cost)
-    ops = np.nonzero(u.max(axis=1) > 0)[0]
+    ops = np.nonzero((u.max(axis=1) > 0) & (True if ops_mask is None else np.asarray(ops_mask)))[0]
     if not len(ops):
         return 0.0
     u = u[ops]
@@ -92,33 +93,44 @@ def action_space_bound(evaluator, data_parallel_only: bool = False) -> dict:
 
         minimise T  subject to  sum_a x[g, a] = 1,  sum_{g, a} x[g, a] load[g, a, r] <= T for every r,  x >= 0.
 
-    Transfers of activations between groups, dependencies and memory are ignored (each only adds time),
-    and so the bound holds under any order; they are what model parallelism costs, so the bound over all
+    No gradient exists before the loss, i.e. before the whole forward pass is computed, which takes at
+    least ``F`` (``compute_bound`` of the forward ops), so the synchronisation tasks (pushes, aggregation,
+    AllReduce) of every link also fit in ``T - F``: ``sum x[g, a] sync[g, a, r] <= T - F``. Transfers of
+    activations between groups, other dependencies and memory are ignored (each only adds time), and so
+    the bound holds under any order; they are what model parallelism costs, so the bound over all
     actions is close to the compute bound, while the data-parallel one shows what synchronisation costs
-    at the least. Returns ``{"bound_s", "sync_bound_s"}`` (the latter: the same LP with compute left out).
+    at the least. Returns ``{"bound_s", "sync_bound_s", "forward_bound_s"}``: the second is the same LP
+    with compute left out, the third ``F``.
     """
     from scipy.optimize import linprog
     from scipy.sparse import coo_matrix
 
-    loads = _action_loads(evaluator)                         # (G, A, R)
+    graph, cluster = evaluator.graph, evaluator.cluster
+    loads, sync = _action_loads(evaluator)                   # (G, A, R) each: all work, the gradient part
     if data_parallel_only:
-        loads = loads[:, evaluator.cluster.n_devices:]      # the MP actions come first
-    out = {}
+        loads, sync = loads[:, cluster.n_devices:], sync[:, cluster.n_devices:]   # the MP actions come first
+    forward_s = compute_bound(graph, cluster, evaluator.cost, ops_mask=graph.phase_index == 0)
+    out = {"forward_bound_s": forward_s}
     for name, lo in (("bound_s", loads), ("sync_bound_s", _without_compute(loads, evaluator))):
         g_n, a_n, r_n = lo.shape
         nvar = g_n * a_n + 1
         var = np.arange(g_n * a_n)
         eq = coo_matrix((np.ones(g_n * a_n), (var // a_n, var)), shape=(g_n, nvar))
-        flat = lo.reshape(g_n * a_n, r_n)
-        vi, ri = np.nonzero(flat)
-        rows = np.concatenate([ri, np.arange(r_n)])
-        cols = np.concatenate([vi, np.full(r_n, g_n * a_n)])
-        vals = np.concatenate([flat[vi, ri], -np.ones(r_n)])
-        ub = coo_matrix((vals, (rows, cols)), shape=(r_n, nvar))
+        blocks, rhs = [], []
+        for part, shift in ((lo, 0.0), (sync, forward_s)):     # all work <= T; gradient work <= T - F
+            flat = part.reshape(g_n * a_n, r_n)
+            vi, ri = np.nonzero(flat)
+            rows = np.concatenate([ri, np.arange(r_n)])
+            cols = np.concatenate([vi, np.full(r_n, g_n * a_n)])
+            vals = np.concatenate([flat[vi, ri], -np.ones(r_n)])
+            blocks.append(coo_matrix((vals, (rows, cols)), shape=(r_n, nvar)))
+            rhs.append(np.full(r_n, -shift))
+        from scipy.sparse import vstack
+
         c = np.zeros(nvar)
         c[-1] = 1.0
-        res = linprog(c, A_ub=ub.tocsr(), b_ub=np.zeros(r_n), A_eq=eq.tocsr(), b_eq=np.ones(g_n),
-                      bounds=(0, None), method="highs")
+        res = linprog(c, A_ub=vstack(blocks).tocsr(), b_ub=np.concatenate(rhs), A_eq=eq.tocsr(),
+                      b_eq=np.ones(g_n), bounds=(0, None), method="highs")
         if res.status != 0:
             raise HeterogError(f"action-space bound LP failed: {res.message}")
         out[name] = float(res.x[-1])
@@ -131,9 +143,10 @@ def _without_compute(loads: np.ndarray, evaluator) -> np.ndarray:
     return lo
 
 
-def _action_loads(evaluator) -> np.ndarray:
-    """(G, 3M + 2, R) seconds each action of each group holds each resource (devices, links). Actions:
-    MP on device 0..M-1, DP-even-AR, DP-prop-AR, DP-even-PS on PS 0..M-1, DP-prop-PS on PS 0..M-1."""
+def _action_loads(evaluator) -> tuple[np.ndarray, np.ndarray]:
+    """(G, 3M + 2, R) seconds each action of each group holds each resource (devices, links), and the part
+    of it that synchronises gradients (pushes, aggregation, AllReduce; not the pulls). Actions: MP on
+    device 0..M-1, DP-even-AR, DP-prop-AR, DP-even-PS on PS 0..M-1, DP-prop-PS on PS 0..M-1."""
     from heterog.compiler.compile import _path_table, graph_index
     from heterog.compiler.ps import _aggregate_coefs, _cluster_tables
     from heterog.strategy import even_shares, proportional_shares
@@ -145,6 +158,7 @@ def _action_loads(evaluator) -> np.ndarray:
     group_of = evaluator.group_of
     n_groups = evaluator.n_groups
     loads = np.zeros((n_groups, 3 * m + 2, n_res))
+    sync = np.zeros_like(loads)
     full = np.asarray(cost.full_batch_times(graph))
     comp = np.where(gi.is_compute, 1.0, 0.0)[:, None] * full
     for d in range(m):                                                     # MP
@@ -179,14 +193,20 @@ def _action_loads(evaluator) -> np.ndarray:
         a_ar = m + k
         loads[:, a_ar, :m] = dev_t + upd                                   # AR: updates on every replica
         loads[:, a_ar] += ar
+        sync[:, a_ar] += ar
         for p in range(m):                                                  # PS on device p
             a_ps = m + 2 + k * m + p
             loads[:, a_ps, :m] = dev_t
-            loads[:, a_ps, p] += upd[:, p] + n_push * agg_coef[p, 0] + b_push * agg_coef[p, 1]
+            aggregate = n_push * agg_coef[p, 0] + b_push * agg_coef[p, 1]
+            loads[:, a_ps, p] += upd[:, p] + aggregate
+            sync[:, a_ps, p] += aggregate
             for w in range(m):
                 if w == p:
                     continue
-                for src, dst, n, b in ((w, p, n_push, b_push), (p, w, n_pull, b_pull)):
+                for src, dst, n, b, is_sync in ((w, p, n_push, b_push, True), (p, w, n_pull, b_pull, False)):
                     res = path_res[path_ptr[src * m + dst]:path_ptr[src * m + dst + 1]]
-                    loads[:, a_ps, res] += (n * alpha[src, dst] + b * beta[src, dst])[:, None]
-    return loads
+                    t = (n * alpha[src, dst] + b * beta[src, dst])[:, None]
+                    loads[:, a_ps, res] += t
+                    if is_sync:
+                        sync[:, a_ps, res] += t
+    return loads, sync
