@@ -30,7 +30,7 @@ a few groups (``heterog.compiler.delta``); the result is the TaskGraph a compila
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -480,18 +480,45 @@ class Compiler:
         self.bases.clear()
 
     # ---------------------------------------------------------------- compile
-    def compile(self, strategy: Strategy, *, check: bool = True) -> CompiledPlan:
-        """The CompiledPlan of ``strategy`` (``check``: refuse a strategy made for another graph or cluster)."""
-        return self.compile_state(strategy, check=check).plan
+    def compile(self, strategy: Strategy, *, check: bool = True, patch: bool = True) -> CompiledPlan:
+        """The CompiledPlan of ``strategy`` (``check``: refuse a strategy made for another graph or
+        cluster; ``patch``: allow patching a recent plan)."""
+        return self.compile_state(strategy, check=check, patch=patch).plan
 
-    def compile_state(self, strategy: Strategy, *, check: bool = True) -> PlanState:
+    def compile_state(self, strategy: Strategy, *, check: bool = True, patch: bool = True) -> PlanState:
+        from heterog.compiler.delta import dirty_units, patch_plan
+
         if check:
             strategy.check_fits(self.graph, self.cluster)
         self._use_grouping(strategy.group_of)
         if len(self.configs) > 100_000:              # bounded registries: start afresh
-            self.__init__(self.graph, self.cluster, self.cost, serialize_collectives=self.nccl_resource >= 0)
+            self.__init__(self.graph, self.cluster, self.cost, serialize_collectives=self.nccl_resource >= 0,
+                          max_bases=self.max_bases, delta_fraction=self.delta_fraction)
             self._use_grouping(strategy.group_of)
-        return compile_all(self, strategy, place(self, strategy))
+        placement = place(self, strategy)
+        state = None
+        if patch and self.max_bases > 0 and self.bases:
+            key, base = min(self.bases.items(),
+                            key=lambda kv: np.count_nonzero(kv[1].placement.group_cfg != placement.group_cfg))
+            dirty = dirty_units(self, base.placement, placement)
+            if dirty is None:                         # nothing changed: the same plan
+                self.bases.move_to_end(key)
+                state = base
+                op_priority = None if strategy.priorities is None else np.asarray(strategy.priorities)
+                if op_priority is not None or base.plan.op_priority is not None:
+                    state = replace(base, plan=replace(base.plan, op_priority=op_priority))
+                return state
+            if np.count_nonzero(dirty.ops) <= self.delta_fraction * self.gi.n_ops:
+                state = patch_plan(self, base, strategy, placement, dirty)
+                self.n_patched += 1
+        if state is None:
+            state = compile_all(self, strategy, placement)
+            self.n_full += 1
+        if self.max_bases > 0:
+            self.bases[id(state)] = state
+            while len(self.bases) > self.max_bases:
+                self.bases.popitem(last=False)
+        return state
 
 
 def _ragged_rows(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
