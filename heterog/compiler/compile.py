@@ -305,18 +305,24 @@ def emit_all(c: Compiler, place: Placement) -> tuple[TaskBatch, Providers, dict[
 
 def assemble(c: Compiler, strategy: Strategy, tasks: Tasks, dep_task: np.ndarray, dep_on: np.ndarray,
              dep_owner: np.ndarray, place: Placement, prov: Providers, algo: dict[int, str],
-             aggregated: dict[int, tuple], *, validate: bool = True) -> PlanState:
+             aggregated: dict[int, tuple], *, validate: bool = True,
+             csr: tuple[np.ndarray, np.ndarray] | None = None) -> PlanState:
     """Phase 7: the TaskGraph of tasks already in canonical order and dependencies sorted by (task, on)
-    (duplicates allowed) in the same ids (``validate``: the TaskGraph checks every task)."""
+    (duplicates allowed) in the same ids (``validate``: the TaskGraph checks every task; ``csr``: the
+    dependencies without duplicates as (ptr, idx), if already at hand)."""
     n = tasks.n
-    keep = np.ones(len(dep_task), dtype=bool)
-    if len(dep_task):
-        keep[1:] = (dep_task[1:] != dep_task[:-1]) | (dep_on[1:] != dep_on[:-1])
-    dep_t, dep_o = dep_task[keep], dep_on[keep]
+    if csr is None:
+        keep = np.ones(len(dep_task), dtype=bool)
+        if len(dep_task):
+            keep[1:] = (dep_task[1:] != dep_task[:-1]) | (dep_on[1:] != dep_on[:-1])
+        dep_t, dep_o = dep_task[keep], dep_on[keep]
+        dep_ptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(dep_t, minlength=n), out=dep_ptr[1:])
+    else:
+        dep_ptr, dep_o = csr
+        dep_t = np.repeat(np.arange(n), np.diff(dep_ptr))
     if np.any(dep_o >= dep_t):
         raise AssertionError("compiler produced a dependency on a later task")
-    dep_ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(dep_t, minlength=n), out=dep_ptr[1:])
     has_mem = (tasks.alloc > 0) & (tasks.dev >= 0)
     mem_ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(has_mem, out=mem_ptr[1:])

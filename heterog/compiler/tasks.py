@@ -52,33 +52,43 @@ class OrderKey:
             + np.asarray(sub, dtype=np.int64)
 
 
-_FLOAT_COLS = ("dur", "lag", "alloc")
-_INT_COLS = ("order", "owner", "kind", "op", "dev", "cat", "prio_op")
+INT_COLS = ("order", "owner", "kind", "op", "dev", "cat", "prio_op")
+FLOAT_COLS = ("dur", "lag", "alloc")
 
 
 @dataclass
 class Tasks:
-    """Task columns (one row per task) and resources as CSR; the form a plan keeps its tasks in.
+    """Task columns and resources as CSR; the form a plan keeps its tasks in.
 
-    Shapes: every column (n,); ``res_ptr`` (n + 1,), ``res_idx`` (res_ptr[-1],).
+    Integer columns are the rows of ``ints`` (INT_COLS): ``order`` canonical order key (module docstring),
+    ``owner`` emission unit (op, or n_ops + tensor), ``kind`` TaskKind, ``op`` the op the task belongs to
+    (the producer, for communication), ``dev`` device of a compute task or destination of a transfer (-1
+    for collectives), ``cat`` index into CATEGORIES, ``prio_op`` op whose priority the task inherits.
+    Float columns are the rows of ``floats`` (FLOAT_COLS): ``dur`` seconds, ``lag`` seconds in flight after
+    the task's end (the simulator's lag), ``alloc`` bytes allocated on ``dev`` when the task starts.
+
+    Shapes: ``ints`` (7, n), ``floats`` (3, n); ``res_ptr`` (n + 1,), ``res_idx`` (res_ptr[-1],).
     """
 
-    order: np.ndarray     # canonical order key (module docstring)
-    owner: np.ndarray     # emission unit: op, or n_ops + tensor
-    dur: np.ndarray       # seconds
-    lag: np.ndarray       # seconds in flight after the task's end (the simulator's lag)
-    alloc: np.ndarray     # bytes allocated on ``dev`` when the task starts
-    kind: np.ndarray      # TaskKind
-    op: np.ndarray        # op the task belongs to (producer, for communication)
-    dev: np.ndarray       # device of a compute task, destination of a transfer, -1 for collectives
-    cat: np.ndarray       # index into CATEGORIES
-    prio_op: np.ndarray   # op whose priority the task inherits
+    ints: np.ndarray
+    floats: np.ndarray
     res_ptr: np.ndarray
     res_idx: np.ndarray
 
+    order = property(lambda self: self.ints[0])
+    owner = property(lambda self: self.ints[1])
+    kind = property(lambda self: self.ints[2])
+    op = property(lambda self: self.ints[3])
+    dev = property(lambda self: self.ints[4])
+    cat = property(lambda self: self.ints[5])
+    prio_op = property(lambda self: self.ints[6])
+    dur = property(lambda self: self.floats[0])
+    lag = property(lambda self: self.floats[1])
+    alloc = property(lambda self: self.floats[2])
+
     @property
     def n(self) -> int:
-        return len(self.order)
+        return self.ints.shape[1]
 
     @property
     def res_len(self) -> np.ndarray:
@@ -87,9 +97,18 @@ class Tasks:
     def take(self, rows: np.ndarray) -> Tasks:
         """The tasks ``rows`` (in that order)."""
         res_len = self.res_len[rows]
-        ptr = _ptr(res_len)
-        cols = {k: getattr(self, k)[rows] for k in _FLOAT_COLS + _INT_COLS}
-        return Tasks(**cols, res_ptr=ptr, res_idx=self.res_idx[ragged_gather(self.res_ptr[rows], res_len)])
+        ints = np.empty((len(INT_COLS), len(rows)), dtype=np.int64)
+        floats = np.empty((len(FLOAT_COLS), len(rows)), dtype=np.float64)
+        for out, cols in ((ints, self.ints), (floats, self.floats)):
+            for i in range(len(cols)):
+                out[i] = cols[i][rows]
+        return Tasks(ints, floats, _ptr(res_len), self.res_idx[ragged_gather(self.res_ptr[rows], res_len)])
+
+
+def _column(values, dtype, k: int) -> np.ndarray:
+    """``values`` as a (k,) array of ``dtype`` (a scalar repeated)."""
+    arr = np.asarray(values, dtype=dtype)
+    return np.full(k, arr, dtype=dtype) if arr.ndim == 0 else arr
 
 
 def _ptr(lengths: np.ndarray) -> np.ndarray:
@@ -121,7 +140,7 @@ class TaskBatch:
         self.first_id = first_id
         self.key = key
         self.n = 0
-        self._cols: dict[str, list[np.ndarray]] = {k: [] for k in _FLOAT_COLS + _INT_COLS}
+        self._cols: dict[str, list[np.ndarray]] = {k: [] for k in FLOAT_COLS + INT_COLS}
         self._res_len: list[np.ndarray] = []
         self._res_idx: list[np.ndarray] = []
         self._dep: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
@@ -135,12 +154,10 @@ class TaskBatch:
         ids = np.arange(self.first_id + self.n, self.first_id + self.n + k, dtype=np.int64)
         self.n += k
         values = {"dur": dur, "lag": lag, "alloc": alloc, "kind": kind, "op": op, "dev": dev, "cat": cat,
-                  "prio_op": prio_op, "owner": owner,
-                  "order": self.key(np.broadcast_to(np.asarray(prio_op), (k,)), STAGE[stage], cls, tensor, sub)}
+                  "prio_op": prio_op, "owner": owner, "order": self.key(prio_op, STAGE[stage], cls, tensor, sub)}
         for name, val in values.items():
-            dtype = np.float64 if name in _FLOAT_COLS else np.int64
-            self._cols[name].append(np.broadcast_to(np.asarray(val, dtype=dtype), (k,)))
-        self._res_len.append(np.broadcast_to(np.asarray(res_len, dtype=np.int64), (k,)))
+            self._cols[name].append(_column(val, np.float64 if name in FLOAT_COLS else np.int64, k))
+        self._res_len.append(_column(res_len, np.int64, k))
         self._res_idx.append(np.asarray(res_idx, dtype=np.int64).ravel())
         return ids
 
@@ -152,11 +169,15 @@ class TaskBatch:
 
     def tasks(self) -> Tasks:
         """The tasks added, in the order they were added."""
-        cols = {k: (np.concatenate(v) if v else np.zeros(0, dtype=np.float64 if k in _FLOAT_COLS else np.int64))
-                for k, v in self._cols.items()}
+        def column(name: str, dtype) -> np.ndarray:
+            parts = self._cols[name]
+            return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+
+        ints = np.stack([column(k, np.int64) for k in INT_COLS]) if self.n else np.zeros((len(INT_COLS), 0), np.int64)
+        floats = np.stack([column(k, np.float64) for k in FLOAT_COLS]) if self.n else np.zeros((len(FLOAT_COLS), 0))
         res_len = np.concatenate(self._res_len) if self._res_len else np.zeros(0, dtype=np.int64)
         res_idx = np.concatenate(self._res_idx) if self._res_idx else np.zeros(0, dtype=np.int64)
-        return Tasks(**cols, res_ptr=_ptr(res_len), res_idx=res_idx)
+        return Tasks(ints, floats, _ptr(res_len), res_idx)
 
     def dependencies(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(task, on, owner) of the dependencies added."""

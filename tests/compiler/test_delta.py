@@ -126,3 +126,53 @@ def test_the_same_strategy_again_is_the_same_plan_and_a_new_grouping_starts_afre
     p2 = ev.compile(one)                                # another grouping: compiled from scratch
     assert_same_plan(p2, compile_strategy(graph, cluster, one, ev.cost))
     assert ev.compiler.n_patched == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), n_old=st.integers(0, 40), n_new=st.integers(0, 12))
+def test_the_compiled_merge_equals_its_reference(seed, n_old, n_new):
+    """Random old tasks (sorted distinct order keys) with some owners dropped, random new tasks and
+    dependencies (duplicates included): merge_kernel and merge_reference agree on everything."""
+    from heterog.compiler.delta import merge_kernel, merge_reference
+    from heterog.compiler.tasks import Tasks
+
+    rng = np.random.default_rng(seed)
+    n_owners = 6
+    keys = rng.choice(10 * (n_old + n_new) + 10, size=n_old + n_new, replace=False)
+    old_keys, new_keys = np.sort(keys[:n_old]), rng.permutation(keys[n_old:])
+
+    def tasks(order: np.ndarray) -> Tasks:
+        n = len(order)
+        ints = np.stack([order, rng.integers(0, n_owners, n)] + [rng.integers(-1, 9, n) for _ in range(5)])
+        res_len = rng.integers(0, 3, n)
+        ptr = np.concatenate([[0], np.cumsum(res_len)]).astype(np.int64)
+        return Tasks(ints.astype(np.int64), rng.random((3, n)), ptr, rng.integers(0, 9, ptr[-1]).astype(np.int64))
+
+    def deps(task_ids: np.ndarray, earlier: np.ndarray, k: int, sort: bool) -> tuple:
+        if not len(task_ids) or not len(earlier):
+            z = np.zeros(0, dtype=np.int64)
+            return z, z, z
+        t = rng.choice(task_ids, size=k)
+        o = rng.choice(earlier, size=k)
+        owner = rng.integers(0, n_owners, k)
+        if sort:
+            s = np.lexsort((o, t))
+            t, o, owner = t[s], o[s], owner[s]
+        return t.astype(np.int64), o.astype(np.int64), owner.astype(np.int64)
+
+    old, new = tasks(old_keys), tasks(new_keys)
+    drop = rng.random(n_owners) < 0.4
+    old_deps = deps(np.arange(n_old), np.arange(n_old), 3 * n_old, True)
+    new_deps = deps(np.arange(n_old, n_old + n_new), np.arange(n_old + n_new), 3 * n_new, False)
+    # dependencies of kept owners point at kept tasks only (as in a plan); new ones at kept or new tasks
+    kept_task = np.concatenate([~drop[old.owner], np.ones(n_new, dtype=bool)])
+    keep_old = ~drop[old_deps[2]] & kept_task[old_deps[0]] & kept_task[old_deps[1]]
+    old_deps = tuple(x[keep_old | drop[old_deps[2]]] for x in old_deps)
+    ok = kept_task[new_deps[1]]
+    new_deps = tuple(x[ok] for x in new_deps)
+    a, b = merge_kernel(old, old_deps, drop, new, new_deps), merge_reference(old, old_deps, drop, new, new_deps)
+    for name in ("dep_task", "dep_on", "dep_owner", "dep_ptr", "dep_idx", "new_of"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+    for name in ("ints", "floats", "res_ptr", "res_idx"):
+        np.testing.assert_array_equal(getattr(a.tasks, name), getattr(b.tasks, name), err_msg=name)
+    assert np.all(np.diff(a.tasks.order) > 0)
