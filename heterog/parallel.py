@@ -69,7 +69,8 @@ class Worker:
         from heterog.baselines.mcmc import ActionSearch
 
         if key not in self.evaluators:
-            self.evaluators[key] = spec.build()
+            ev = self.evaluators[key] = spec.build()
+            ev.iteration_time(ev.strategy(np.zeros(ev.n_groups, dtype=np.int64)))   # load the compiled kernels
         self.searches[key] = ActionSearch(self.evaluators[key], oom_factor, order)
 
     def iteration_times(self, key: str, actions: np.ndarray, order: str | None = None) -> list[tuple[float, bool]]:

@@ -14,6 +14,7 @@ from heterog.errors import HeterogError
 from heterog.strategy import Strategy, decode_action, n_actions
 
 DEFAULT_STARTS = ("single", "ev-ps", "ev-ar", "cp-ps", "cp-ar", "random")
+SEARCH_ORDER = "fifo"   # the task order inside the loop: one simulation per proposal (see ``mcmc``)
 
 
 @dataclass
@@ -156,10 +157,12 @@ def run_chain(search: ActionSearch, chain: Chain) -> ChainResult:
 @register("mcmc")
 def mcmc(ev, budget_s: float = 60.0, seed: int = 0, starts: tuple[str, ...] | list[str] = DEFAULT_STARTS,
          temperature: float = 0.005, oom_factor: float = 10.0, max_evals: int | None = None,
-         order: str | None = None, workers: int = 1, ray_address: str | None = None, keep: int = 4, **_) -> Strategy:
+         order: str | None = SEARCH_ORDER, workers: int = 1, ray_address: str | None = None, keep: int = 4,
+         **_) -> Strategy:
     """Metropolis-Hastings over one (M+4)-way action per group (FlexFlow's search).
 
-    Cost = simulated iteration time under task order ``order`` (None: the evaluator's), x ``oom_factor``
+    Cost = simulated iteration time under task order ``order`` (``SEARCH_ORDER``, FIFO: one simulation
+    per proposal where the evaluator's ``best`` runs three; None: the evaluator's), x ``oom_factor``
     if out of memory; beta = 1 / (``temperature`` x the best starting cost): a plan ``temperature``
     slower is accepted with probability 1/e. One chain starts from each plan in ``starts``, worst
     first (``run_chain``). With a time budget each chain gets an equal share of the time left per
@@ -190,6 +193,7 @@ def mcmc(ev, budget_s: float = 60.0, seed: int = 0, starts: tuple[str, ...] | li
     with make_pool(workers, ray_address) as pool:
         remote = pool.remote
         key = pool.register(EvaluatorSpec.of(ev), oom_factor=oom_factor, order=order) if remote else None
+        t_chains, evals_before = time.perf_counter(), search.n_evals
         pending: dict = {}
         todo = list(chains)
         while todo or pending:
@@ -207,7 +211,9 @@ def mcmc(ev, budget_s: float = 60.0, seed: int = 0, starts: tuple[str, ...] | li
                 done, result = pool.wait_any(list(pending))
                 pending.pop(done)
                 results.append(result)
+        chains_s = time.perf_counter() - t_chains
     results.sort(key=lambda r: r.index)
+    chain_evals = sum(r.n_evals for r in results) if remote else search.n_evals - evals_before
 
     # the starts and every chain's best plans; scored again under the evaluator's order if the chains used another
     plans = {a.tobytes(): (start_cost[n], a) for n, a in cands.items()}
@@ -230,7 +236,8 @@ def mcmc(ev, budget_s: float = 60.0, seed: int = 0, starts: tuple[str, ...] | li
     strategy.meta.update({
         "evals_per_s": n_evals / elapsed if elapsed > 0 else 0.0,
         "sim_evals_per_s": n_evals / eval_s if eval_s > 0 else 0.0,
-        "n_evals": n_evals, "proposals": sum(r.proposals for r in results),
+        "n_evals": n_evals, "chain_evals_per_s": chain_evals / chains_s if chains_s > 0 else 0.0,
+        "proposals": sum(r.proposals for r in results),
         "accepted": sum(r.accepted for r in results), "workers": pool.n_workers, "order": order or ev.order,
         "best_cost_s": best_cost, "best_start": best_name, "best_start_cost_s": final_start[best_name],
         "chains": [{"start": r.name, "start_cost_s": start_cost[r.name], "best_cost_s": r.best_cost,
