@@ -35,7 +35,7 @@ def build_policy(n_devices: int, size: str = "small", seed: int = 0, dp_bias: fl
 def plan(evaluator, checkpoint: str | Path | dict | None = None, episodes: int | None = None,
          budget_s: float | None = None, seed: int = 0, progress: bool = True, *,
          settings: TrainerSettings | None = None, size: str = "small", run_dir: str | Path | None = None,
-         writer=None) -> Strategy:
+         writer=None, workers: int = 1, ray_address: str | None = None) -> Strategy:
     """Search a strategy for ``evaluator.graph`` on ``evaluator.cluster`` with the learning agent.
 
     Args:
@@ -48,6 +48,8 @@ def plan(evaluator, checkpoint: str | Path | dict | None = None, episodes: int |
         settings: trainer settings (default: ``TrainerSettings(seed=seed)``).
         size: policy size when training from scratch: "small" or "paper".
         run_dir, writer: optional learning-curve/Gantt output folder and TensorBoard writer.
+        workers, ray_address: simulate each round's strategies on this many Ray workers, on the cluster at
+            this address (``heterog.parallel``; ``settings.workers`` when settings are given).
 
     Returns the best strategy found, method "agent", with meta ``search_time_s``,
     ``best_iteration_time_s``, ``oom``, ``episodes``, ``rounds``, ``seed`` and ``checkpoint``.
@@ -59,7 +61,7 @@ def plan(evaluator, checkpoint: str | Path | dict | None = None, episodes: int |
         raise HeterogError(f"episodes must be at least 1, got {episodes}")
     if budget_s is not None and budget_s <= 0:
         raise HeterogError(f"budget_s must be positive, got {budget_s}")
-    settings = settings or TrainerSettings(seed=seed)
+    settings = settings or TrainerSettings(seed=seed, workers=workers)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -72,10 +74,13 @@ def plan(evaluator, checkpoint: str | Path | dict | None = None, episodes: int |
         else:
             policy = build_policy(m, size, seed, settings.initial_dp_bias)
         task = GraphTask.from_evaluator(evaluator)
-        trainer = Trainer(policy, [task], settings, writer=writer, run_dir=run_dir)
-        remaining = None if budget_s is None else max(budget_s - (time.perf_counter() - t0), 1e-3)
-        with _Progress(progress, task.name, episodes, remaining) as bar:
-            trainer.train(episodes=episodes, budget_s=remaining, on_round=bar.update)
+        trainer = Trainer(policy, [task], settings, writer=writer, run_dir=run_dir, ray_address=ray_address)
+        try:
+            remaining = None if budget_s is None else max(budget_s - (time.perf_counter() - t0), 1e-3)
+            with _Progress(progress, task.name, episodes, remaining) as bar:
+                trainer.train(episodes=episodes, budget_s=remaining, on_round=bar.update)
+        finally:
+            trainer.close()
     finally:
         torch.set_num_threads(threads)
     strategy = trainer.best_strategy(task)

@@ -101,6 +101,9 @@ class TrainerSettings:
     """Simulated results remembered per graph so repeated samples are not simulated again."""
     log_every: int = 20
     """Rounds between the heavier TensorBoard records (action histogram, breakdown text)."""
+    workers: int = 1
+    """Processes that simulate a round's strategies: 1 simulates them here; more fan them out to Ray
+    workers (``heterog.parallel``; the policy update stays here). Results do not depend on it."""
     seed: int = 0
     """Seeds the torch sampling generator, numpy and python generators."""
 
@@ -131,6 +134,8 @@ class TrainerSettings:
             problems.append(f"replay_samples {self.replay_samples} exceeds replay_pool_size {self.replay_pool_size}")
         if self.log_every < 1:
             problems.append(f"log_every must be at least 1, got {self.log_every}")
+        if self.workers < 1:
+            problems.append(f"workers must be at least 1, got {self.workers}")
         if problems:
             raise HeterogError("bad trainer settings: " + "; ".join(problems))
 
@@ -266,10 +271,12 @@ class Trainer:
         settings: see :class:`TrainerSettings`.
         writer: a ``torch.utils.tensorboard.SummaryWriter`` or None.
         run_dir: where the learning-curve PNG and Gantt charts go (None: nowhere).
+        ray_address: the Ray cluster whose workers simulate (``settings.workers`` of them; None: a local
+            Ray when ``settings.workers`` > 1).
     """
 
     def __init__(self, policy: StrategyPolicy, tasks: list[GraphTask], settings: TrainerSettings, *,
-                 writer=None, run_dir: str | Path | None = None) -> None:
+                 writer=None, run_dir: str | Path | None = None, ray_address: str | None = None) -> None:
         if not tasks:
             raise HeterogError("the trainer needs at least one graph")
         for task in tasks:
@@ -298,6 +305,9 @@ class Trainer:
         self.cpu_s = 0.0           # training process CPU time, over resumes
         # ---- caches, not checkpointed (pure speed-ups: results are the same)
         self._cache: dict[str, OrderedDict] = {t.key: OrderedDict() for t in tasks}
+        self.ray_address = ray_address
+        self._pool = None                                     # simulation workers, started on first use
+        self._pool_keys: dict[str, str] = {}
 
     # -------------------------------------------------------------------------------- one round
     def update(self) -> dict[str, float]:
@@ -402,21 +412,41 @@ class Trainer:
         """Rewards, iteration times and OOM flags ``(k,)`` of strategies ``(k, G)``, simulated once
         (results are cached per graph)."""
         cache = self._cache[task.key]
+        keys = [a.astype(np.int16).tobytes() for a in actions]
+        missing = list(dict.fromkeys(k for k in keys if k not in cache))
+        if missing:
+            rows = np.array([keys.index(k) for k in missing])
+            for k, hit in zip(missing, self.simulate(task, np.asarray(actions)[rows])):
+                cache[k] = hit
+            self.n_sims += len(missing)
         rewards, times, ooms = np.empty(len(actions)), np.empty(len(actions)), np.zeros(len(actions), dtype=bool)
-        for i, a in enumerate(actions):
-            key = a.astype(np.int16).tobytes()
-            hit = cache.get(key)
-            if hit is None:
-                hit = task.evaluator.iteration_time(task.evaluator.strategy(a, "agent"))
-                self.n_sims += 1
-                cache[key] = hit
-                if len(cache) > self.settings.eval_cache_size:
-                    cache.popitem(last=False)
-            else:
-                cache.move_to_end(key)
-            times[i], ooms[i] = hit
-            rewards[i] = reward(hit[0], hit[1], self.settings.oom_factor)
+        for i, key in enumerate(keys):
+            cache.move_to_end(key)
+            times[i], ooms[i] = cache[key]
+            rewards[i] = reward(times[i], ooms[i], self.settings.oom_factor)
+        while len(cache) > self.settings.eval_cache_size:
+            cache.popitem(last=False)
         return rewards, times, ooms
+
+    def simulate(self, task: GraphTask, actions: np.ndarray) -> list[tuple[float, bool]]:
+        """(iteration time, OOM) of strategies ``actions`` (K, G): here, or in ``settings.workers`` contiguous
+        chunks on Ray workers (the same numbers either way)."""
+        if self.settings.workers == 1 and self.ray_address is None or len(actions) == 1:
+            return [task.evaluator.iteration_time(task.evaluator.strategy(a, "agent")) for a in actions]
+        from heterog.parallel import EvaluatorSpec, make_pool
+
+        if self._pool is None:
+            self._pool = make_pool(self.settings.workers, self.ray_address)
+        if task.key not in self._pool_keys:
+            self._pool_keys[task.key] = self._pool.register(EvaluatorSpec.of(task.evaluator))
+        chunks = [c for c in np.array_split(actions, self._pool.n_workers) if len(c)]
+        return [hit for part in self._pool.map("iteration_times", self._pool_keys[task.key], chunks) for hit in part]
+
+    def close(self) -> None:
+        """Stop the simulation workers (if any were started)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool, self._pool_keys = None, {}
 
     def record(self, task: GraphTask, state: TaskState, actions: np.ndarray, rewards: np.ndarray,
                times: np.ndarray, ooms: np.ndarray, *, sampled: bool = True) -> None:

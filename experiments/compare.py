@@ -21,7 +21,8 @@ def run(cfg: DictConfig) -> dict:
     cluster = load_cluster(cfg.cluster.name)
     methods = parse_methods(list(cfg.methods))
     comparison = compare(graph, cluster, methods, budget_s=float(cfg.budget_s), seed=int(cfg.seed),
-                         agent_checkpoint=cfg.get("agent_checkpoint"))
+                         agent_checkpoint=cfg.get("agent_checkpoint"), workers=int(cfg.get("workers", 1)),
+                         ray_address=cfg.get("ray_address"))
     paths = write_report(comparison, Path(cfg.out_dir))
     print(text_table(comparison))
     print(f"wrote {paths['report']} and the best plan's Gantt chart {paths['gantt']}")

@@ -86,20 +86,23 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         policy = policy_from_checkpoint(state)
     else:
         policy = make_policy(n_devices=m, seed=int(cfg.seed), dp_bias=settings.initial_dp_bias)
-    trainer = Trainer(policy, tasks, settings, writer=writer, run_dir=run_dir)
+    trainer = Trainer(policy, tasks, settings, writer=writer, run_dir=run_dir, ray_address=cfg.run.ray_address)
     if cfg.run.resume is not None:
         trainer.load_state_dict(state)
 
     # ---- train or evaluate
     report: dict[str, Any] = {"run": name, "run_dir": str(run_dir), "experiment": cfg.run.name,
                               "cluster": cluster.name, "seed": int(cfg.seed), "init_from": source}
-    if cfg.run.mode == "evaluate":
-        report["evaluation"] = trainer.evaluate_policy(int(cfg.run.eval_samples))
-        trainer.finish()
-    else:
-        trainer.train(rounds=cfg.run.rounds, episodes=cfg.run.episodes, budget_s=cfg.run.budget_s,
-                      checkpoint_path=run_dir / "agent.pt", checkpoint_every=int(cfg.run.checkpoint_every))
-        report["checkpoint"] = str(run_dir / "agent.pt")
+    try:
+        if cfg.run.mode == "evaluate":
+            report["evaluation"] = trainer.evaluate_policy(int(cfg.run.eval_samples))
+            trainer.finish()
+        else:
+            trainer.train(rounds=cfg.run.rounds, episodes=cfg.run.episodes, budget_s=cfg.run.budget_s,
+                          checkpoint_path=run_dir / "agent.pt", checkpoint_every=int(cfg.run.checkpoint_every))
+            report["checkpoint"] = str(run_dir / "agent.pt")
+    finally:
+        trainer.close()
     report.update(trainer.summary())
 
     # ---- compare with the baselines, save the best strategies and the learning curves

@@ -4,6 +4,7 @@ Speeds are reported with the reference measured in the same run, so a noisy mach
 """
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -19,13 +20,15 @@ def _median_ms(fn, repeats: int) -> float:
 
 
 def run_bench(quick: bool = False) -> dict:
-    """Simulator kernel throughput vs the reference, and one full evaluation of bert_large on paper-8gpu."""
+    """Simulator kernel throughput vs the reference; one full evaluation of bert_large on paper-8gpu, the
+    evaluation of a one-group change patched from it, MCMC's evaluations per second, and the speed-up of
+    the same MCMC search on 2 Ray workers (tiny_transformer and no Ray with ``quick``)."""
     import simulator
     from heterog.cluster import load_cluster
     from heterog.evaluate import Evaluator
     from heterog.graph.cache import capture_model
 
-    out: dict = {}
+    out: dict = {"load_average_1min_at_start": os.getloadavg()[0], "cpu_count": os.cpu_count()}
     sim = simulator.bench(n_tasks=5000 if quick else 50000)
     out.update({k: sim[k] for k in ("sim_tasks_per_s", "ref_tasks_per_s", "sim_speedup_vs_reference")})
 
@@ -40,17 +43,84 @@ def run_bench(quick: bool = False) -> dict:
     strategy = ev.strategy(actions, "mixed")
     res = ev.evaluate(strategy)
     out["eval_tasks"] = res.n_tasks
-    out["eval_ms_compile"] = _median_ms(lambda: ev.compile(strategy), 3 if quick else 11)
+    out["eval_ms_compile"] = _median_ms(lambda: ev.compiler.compile(strategy, patch=False), 3 if quick else 11)
     plan = ev.compile(strategy)
     out["eval_ms_rank"] = _median_ms(lambda: ev.priorities(plan, "rank-contention"), 3 if quick else 11)
     prio = ev.priorities(plan, "rank-contention")
     out["eval_ms_simulate"] = _median_ms(lambda: simulator.simulate(plan.tg, priority=prio), 3 if quick else 11)
-    out["eval_ms_bert_large_paper8" if not quick else "eval_ms_quick"] = _median_ms(
-        lambda: ev.iteration_time(strategy), 3 if quick else 11)
-    if quick:
-        out["eval_ms_bert_large_paper8"] = None
+
+    def from_scratch() -> None:                     # no recent plan to patch: compile + rank + simulate
+        ev.compiler.bases.clear()
+        ev.iteration_time(strategy)
+
+    out["eval_ms_bert_large_paper8" if not quick else "eval_ms_quick"] = _median_ms(from_scratch, 3 if quick else 11)
+    out.update(delta_eval(ev, actions, quick))
+    out.update(search_speed(ev, quick))
+    if quick:                                   # the keys of the full benchmark, not measured
+        out.update(dict.fromkeys(("eval_ms_bert_large_paper8", "eval_ms_delta_bert_large_paper8",
+                                  "mcmc_evals_per_s_bert_large_paper8", "search_speedup_2_workers")))
     else:
         out["order_comparison"] = order_comparison()
+    out["load_average_1min_at_end"] = os.getloadavg()[0]       # > 0 means other work shared the CPUs
+    return out
+
+
+def delta_eval(ev, actions: np.ndarray, quick: bool = False) -> dict:
+    """Evaluations of ``actions`` with one random group changed (a different one each time), each patched
+    from the plan of ``actions`` (``heterog.compiler.delta``): median milliseconds under the order MCMC's
+    loop uses and under the evaluator's (``best``), with the full evaluation of the same strategies beside."""
+    from heterog.baselines.mcmc import SEARCH_ORDER, ActionSearch
+
+    search = ActionSearch(ev)
+    rng = np.random.default_rng(1)
+    base = search.strategy(actions)
+    ev.compile(base)
+    variants = []
+    for _ in range(7 if quick else 31):
+        a = actions.copy()
+        g = int(rng.integers(len(a)))
+        a[g] = (a[g] + 1 + rng.integers(ev.cluster.n_devices + 3)) % (ev.cluster.n_devices + 4)
+        variants.append(search.strategy(a))
+
+    def median_ms(order: str | None, patch: bool) -> float:
+        times = []
+        for s in variants:
+            ev.compiler.bases.clear()
+            if patch:
+                ev.compile(base)
+            t0 = time.perf_counter()
+            ev.iteration_time(s, order)
+            times.append((time.perf_counter() - t0) * 1e3)
+        return float(np.median(times))
+
+    name = "quick" if quick else "bert_large_paper8"
+    return {f"eval_ms_delta_{name}": median_ms(SEARCH_ORDER, True),
+            f"eval_ms_delta_full_{name}": median_ms(SEARCH_ORDER, False),
+            f"eval_ms_delta_best_order_{name}": median_ms(None, True),
+            "search_order": SEARCH_ORDER}
+
+
+def search_speed(ev, quick: bool = False, workers: int = 2) -> dict:
+    """MCMC (default settings, seed 0) on the evaluator's graph: evaluations per second in a 30 s budget
+    (3 s quick), and the evaluations per second of one search (a fixed proposal budget, so the same
+    search) in its chains with ``workers`` Ray workers over one worker, timed in this run (not quick)."""
+    from heterog.baselines.mcmc import mcmc
+
+    name = "quick" if quick else "bert_large_paper8"
+    s = mcmc(ev, budget_s=3.0 if quick else 30.0, seed=0)
+    out = {f"mcmc_evals_per_s_{name}": s.meta["evals_per_s"], "mcmc_chain_evals_per_s": s.meta["chain_evals_per_s"]}
+    if quick:
+        return out
+    from heterog.parallel import import_ray, init_ray
+
+    ray = import_ray()
+    if not ray.is_initialized():
+        init_ray()
+    rates = {}
+    for n in (1, workers):
+        rates[n] = mcmc(ev, seed=0, max_evals=3000, workers=n).meta["chain_evals_per_s"]
+    out.update({"search_speedup_2_workers": rates[workers] / rates[1], "search_chain_evals_per_s_1_worker": rates[1],
+                f"search_chain_evals_per_s_{workers}_workers": rates[workers]})
     return out
 
 

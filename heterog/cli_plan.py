@@ -20,7 +20,8 @@ def cmd_compare(args) -> int:
     methods = parse_methods(args.methods)
     graph, cluster = _graph_and_cluster(args)
     comp = compare(graph, cluster, methods, budget_s=args.budget_s, seed=args.seed,
-                   agent_checkpoint=args.agent, agent_episodes=args.episodes, progress=not args.json)
+                   agent_checkpoint=args.agent, agent_episodes=args.episodes, progress=not args.json,
+                   workers=args.workers, ray_address=args.ray_address)
     doc = comp.document()
     text = text_table(comp)
     if args.out:
@@ -43,7 +44,7 @@ def cmd_plan(args) -> int:
     graph, cluster = _graph_and_cluster(args)
     ev = Evaluator(graph, cluster)
     strategy = plan(method, graph, cluster, evaluator=ev, budget_s=args.budget_s, seed=args.seed,
-                    checkpoint=args.agent, episodes=args.episodes)
+                    checkpoint=args.agent, episodes=args.episodes, workers=args.workers, ray_address=args.ray_address)
     path = strategy.save(args.output)
     res = ev.evaluate(strategy, method=method)
     doc = {"method": method, "graph": graph.name, "cluster": cluster.name, "output": str(path),
@@ -55,6 +56,14 @@ def cmd_plan(args) -> int:
         print(f"{method}: {strategy.n_groups} groups, simulated {res.iteration_time_s * 1e3:.2f} ms per iteration"
               f"{' (OOM)' if res.oom else ''}, searched {doc['search_time_s']:.1f} s -> {path}")
     return 0
+
+
+def _add_parallel_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="processes for the searches that fan out (mcmc's chains, the agent's simulations): "
+                        "1 runs them here; more start Ray workers (a local Ray unless --ray-address)")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="join this Ray cluster (e.g. HEAD:6379, after 'ray start --head' there) for the workers")
 
 
 def add_commands(sub) -> None:
@@ -73,6 +82,7 @@ def add_commands(sub) -> None:
     p.add_argument("--out", type=Path, default=None,
                    help="folder for comparison.json/.csv, report.md (Tables 1-2), best plan's Gantt chart, "
                         "Chrome trace and strategy")
+    _add_parallel_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON document (records) on stdout")
     p.set_defaults(fn=cmd_compare)
 
@@ -86,5 +96,6 @@ def add_commands(sub) -> None:
     p.add_argument("--budget-s", type=float, default=60.0, help="time budget of a search")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("-o", "--output", required=True, type=Path, help="strategy JSON to write")
+    _add_parallel_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_plan)

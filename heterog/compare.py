@@ -25,6 +25,7 @@ DP_BASELINES = ("ev-ps", "ev-ar", "cp-ps", "cp-ar")
 AGENT = "agent"
 # options each planner understands (all registered planners ignore unknown options; the agent does not)
 BUDGETED = ("mcmc", "pesto-ilp", "os-dpos", AGENT)
+PARALLEL = ("mcmc", AGENT)          # searches that fan out to Ray workers (workers, ray_address)
 
 
 # ----------------------------------------------------------------------------- methods
@@ -69,11 +70,13 @@ def agent_planner():
 
 
 def plan(method: str, graph, cluster, *, evaluator=None, budget_s: float = 60.0, seed: int = 0,
-         checkpoint: str | None = None, episodes: int | None = None) -> Strategy:
+         checkpoint: str | None = None, episodes: int | None = None, workers: int = 1,
+         ray_address: str | None = None) -> Strategy:
     """The strategy of ``method`` (a registered planner or "agent") with ``search_time_s`` in its meta.
 
     ``budget_s`` goes to the searches (mcmc, pesto-ilp, os-dpos, agent), ``seed`` to every planner that
-    draws random numbers; ``checkpoint`` and ``episodes`` to the agent only.
+    draws random numbers; ``checkpoint`` and ``episodes`` to the agent only; ``workers`` and
+    ``ray_address`` to the searches that fan out to Ray workers (``PARALLEL``; ``heterog.parallel``).
     """
     from heterog import baselines
     from heterog.evaluate import Evaluator
@@ -84,10 +87,12 @@ def plan(method: str, graph, cluster, *, evaluator=None, budget_s: float = 60.0,
     if method != AGENT:
         if checkpoint is not None or episodes is not None:
             raise HeterogError(f"--agent/--episodes apply to the agent only, not to method {method!r}")
-        return baselines.run(method, graph, cluster, evaluator=ev, budget_s=budget_s, seed=seed)
+        fan_out = {"workers": workers, "ray_address": ray_address} if method in PARALLEL else {}
+        return baselines.run(method, graph, cluster, evaluator=ev, budget_s=budget_s, seed=seed, **fan_out)
     agent_plan = agent_planner()
     t0 = time.perf_counter()
-    strategy = agent_plan(ev, checkpoint=checkpoint, episodes=episodes, budget_s=budget_s, seed=seed)
+    strategy = agent_plan(ev, checkpoint=checkpoint, episodes=episodes, budget_s=budget_s, seed=seed,
+                          workers=workers, ray_address=ray_address)
     strategy.method = AGENT
     strategy.meta.setdefault("search_time_s", time.perf_counter() - t0)
     return strategy
@@ -172,14 +177,15 @@ def _scalar_meta(meta: dict) -> dict:
 
 def compare(graph, cluster, methods: Sequence[str], *, budget_s: float = 60.0, seed: int = 0,
             evaluator=None, agent_checkpoint: str | None = None, agent_episodes: int | None = None,
-            progress: bool = True) -> Comparison:
+            progress: bool = True, workers: int = 1, ray_address: str | None = None) -> Comparison:
     """Plan ``graph`` on ``cluster`` with each method and simulate the plans under the evaluator's order
     (by default ``best``: each plan keeps the faster of rank-contention and FIFO; records say which).
 
     ``lower_bound_s`` is the compute lower bound no plan beats (``heterog.bounds``).
     Each record carries method, iteration_time_s, oom, peak_memory_bytes (device -> bytes),
     compute_time_s, comm_time_s, overlap_ratio, search_time_s, the action breakdown and the planner's
-    scalar statistics (e.g. mcmc's evals_per_s). Progress goes to stderr.
+    scalar statistics (e.g. mcmc's evals_per_s). Progress goes to stderr. ``workers`` and ``ray_address``
+    go to the searches that fan out (``plan``).
     """
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -205,7 +211,7 @@ def compare(graph, cluster, methods: Sequence[str], *, budget_s: float = 60.0, s
             ckpt = agent_checkpoint if name == AGENT else None
             eps = agent_episodes if name == AGENT else None
             strategy = plan(name, graph, cluster, evaluator=ev, budget_s=budget_s, seed=seed,
-                            checkpoint=ckpt, episodes=eps)
+                            checkpoint=ckpt, episodes=eps, workers=workers, ray_address=ray_address)
             res = ev.evaluate(strategy, method=name)
             res.search_time_s = float(strategy.meta.get("search_time_s", 0.0))
             rec = {**res.record(), "graph": graph.name, "batch_size": graph.batch_size, "cluster": cluster.name,

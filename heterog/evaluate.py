@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import simulator
-from heterog.compiler import CompiledPlan, TaskKind, compile_strategy
+from heterog.compiler import CompiledPlan, Compiler, TaskKind
 from heterog.compiler.compile import COMM_KINDS
 from heterog.errors import HeterogError
 from heterog.scheduler import DEFAULT_ORDER, PORTFOLIO, check_order, is_dynamic, priorities
@@ -90,11 +90,13 @@ class Evaluator:
     """
 
     def __init__(self, graph, cluster, cost=None, *, order: str = DEFAULT_ORDER, serialize_collectives: bool = False,
-                 max_groups: int = 2000, shares: str = "power"):
+                 max_groups: int = 2000, shares: str = "power", delta: bool = True) -> None:
         from heterog.cost import CostModel
 
         self.graph, self.cluster = graph, cluster
         self.cost = cost if cost is not None else CostModel(cluster)
+        self.compiler = Compiler(graph, cluster, self.cost, serialize_collectives=serialize_collectives,
+                                 max_bases=4 if delta else 0)
         self.order = check_order(order)
         if shares not in SHARE_MODES:
             raise HeterogError(f"unknown share mode {shares!r} (choose from {', '.join(SHARE_MODES)})")
@@ -143,9 +145,10 @@ class Evaluator:
             self._group_speed = np.where(ok[:, None], 1.0 / np.where(g_time > 0, g_time, 1.0), power)
         return self._group_speed
 
-    def compile(self, strategy) -> CompiledPlan:
-        return compile_strategy(self.graph, self.cluster, strategy, self.cost,
-                                serialize_collectives=self.serialize_collectives)
+    def compile(self, strategy: Strategy) -> CompiledPlan:
+        """The strategy's CompiledPlan; a strategy close to one compiled recently patches that plan
+        (``heterog.compiler.delta``: the same plan as a compilation from scratch, in less time)."""
+        return self.compiler.compile(strategy)
 
     def priorities(self, plan: CompiledPlan, order: str | None = None) -> np.ndarray:
         """Static priorities of one order (not ``best``, which is a choice among several)."""
@@ -157,7 +160,8 @@ class Evaluator:
             return op_p * (1.0 + rank.max()) + rank
         if order == "plan":
             order = "rank"
-        return priorities(plan.tg, order, comm_mask=np.isin(plan.task_kind, [int(k) for k in COMM_KINDS]))
+        comm_mask = np.isin(plan.task_kind, [int(k) for k in COMM_KINDS]) if order == "rank-links" else None
+        return priorities(plan.tg, order, comm_mask=comm_mask)
 
     def candidate_orders(self, plan: CompiledPlan, order: str | None = None) -> tuple[str, ...]:
         """The orders ``order`` stands for on ``plan``: ``best`` is ``PORTFOLIO`` plus ``plan`` when the

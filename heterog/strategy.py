@@ -224,7 +224,9 @@ class Strategy:
         if self.group_of.size and (self.group_of.min() < 0 or self.group_of.max() >= len(self.configs)):
             raise StrategyError(f"group ids must lie in 0..{len(self.configs) - 1}, "
                                 f"got {self.group_of.min()}..{self.group_of.max()}")
-        for g, cfg in enumerate(self.configs):
+        ids = np.fromiter(map(id, self.configs), dtype=np.int64, count=len(self.configs))
+        for g in np.sort(np.unique(ids, return_index=True)[1]).tolist():   # each distinct config object once
+            cfg = self.configs[g]
             if cfg.batch_size != self.batch_size:
                 raise StrategyError(f"group {g}: shares {list(cfg.shares)} sum to {cfg.batch_size}, "
                                     f"global batch is {self.batch_size}")

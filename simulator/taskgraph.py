@@ -32,6 +32,13 @@ class _Buffer:
         self.data[self.size:need] = values
         self.size = need
 
+    @classmethod
+    def adopt(cls, values: np.ndarray) -> _Buffer:
+        """A buffer holding ``values`` itself (no copy; the first ``extend`` reallocates)."""
+        out = cls.__new__(cls)
+        out.data, out.size = values, len(values)
+        return out
+
     def view(self, writeable: bool = False) -> np.ndarray:
         out = self.data[:self.size]
         out.flags.writeable = writeable
@@ -267,6 +274,55 @@ class TaskGraph:
         elif self._names is not None:
             self._names.extend([""] * k)
         return np.arange(first, first + k, dtype=np.int64)
+
+    def empty_copy(self, resident_bytes: np.ndarray | None = None) -> TaskGraph:
+        """A graph with this graph's resources and categories and no tasks; ``resident_bytes`` (n_resources,)
+        replaces the resident bytes."""
+        out = TaskGraph()
+        out._res_names, out._res_id = list(self._res_names), dict(self._res_id)
+        out._capacity = _Buffer.adopt(self._capacity.view().copy())
+        resident = self._resident.view() if resident_bytes is None else np.asarray(resident_bytes)
+        if resident.shape != (self.n_resources,) or np.any(resident < 0):
+            raise ValueError(f"resident_bytes must be {self.n_resources} non-negative values")
+        out._resident = _Buffer.adopt(resident.astype(np.int64))
+        out._cat_names, out._cat_code = list(self._cat_names), dict(self._cat_code)
+        return out
+
+    def adopt_tasks(self, duration: np.ndarray, lag: np.ndarray, cats: np.ndarray, res_ptr: np.ndarray,
+                    res_idx: np.ndarray, dep_ptr: np.ndarray, dep_idx: np.ndarray, mem_ptr: np.ndarray,
+                    mem_res: np.ndarray, mem_bytes: np.ndarray, *, validate: bool = True) -> TaskGraph:
+        """Fill a graph without tasks from arrays it keeps (no copies: do not modify them afterwards).
+
+        For a compiler that builds every task at once: int64 CSR arrays as in ``add_tasks``, category codes
+        registered with ``category``, integer byte counts, each task freeing its dependencies
+        (``free_ptr, free_idx = dep_ptr, dep_idx``), priorities 0. ``validate`` runs the checks of
+        ``add_tasks``; without it the caller vouches for the arrays (deps point back, resources exist,
+        durations and lags finite and >= 0).
+        """
+        if self.n_tasks:
+            raise ValueError(f"adopt_tasks needs a graph without tasks, this one has {self.n_tasks}")
+        k = len(duration)
+        priority = np.zeros(k)
+        if validate:
+            for name, (ptr, idx) in (("resources", (res_ptr, res_idx)), ("deps", (dep_ptr, dep_idx)),
+                                     ("mem", (mem_ptr, mem_res))):
+                _csr(ptr, idx, k, name)
+            if len(mem_bytes) != len(mem_res):
+                raise ValueError(f"mem_bytes has {len(mem_bytes)} entries, mem_res has {len(mem_res)}")
+            self._category_codes(cats, k)
+            code, i, j = _kernel.validate_batch(0, self.n_resources, duration, lag, priority, res_ptr, res_idx,
+                                                dep_ptr, dep_idx, mem_ptr, mem_res, mem_bytes, dep_ptr, dep_idx)
+            if code != _kernel.OK:
+                raise ValueError(self._batch_error(code, i, j, duration, lag, res_idx, dep_idx, mem_res,
+                                                   mem_bytes, dep_idx))
+        self._duration, self._lag, self._priority = _Buffer.adopt(duration), _Buffer.adopt(lag), _Buffer.adopt(priority)
+        self._cat = _Buffer.adopt(cats)
+        self._res_ptr, self._res_idx = _Buffer.adopt(res_ptr), _Buffer.adopt(res_idx)
+        self._dep_ptr, self._dep_idx = _Buffer.adopt(dep_ptr), _Buffer.adopt(dep_idx)
+        self._free_ptr, self._free_idx = _Buffer.adopt(dep_ptr), _Buffer.adopt(dep_idx)
+        self._mem_ptr, self._mem_res, self._mem_bytes = _Buffer.adopt(mem_ptr), _Buffer.adopt(mem_res), \
+            _Buffer.adopt(mem_bytes)
+        return self
 
     def _category_codes(self, cats, k: int) -> np.ndarray:
         if cats is None:

@@ -1,5 +1,6 @@
 """FlexFlow-style Markov chain Monte Carlo search over per-group (M+4)-way actions, scored by the simulator
-(Metropolis-Hastings from several starting plans, global best kept, time or evaluation budget)."""
+(Metropolis-Hastings from several starting plans, global best kept, time or proposal budget), with its
+chains run one after another here or side by side on Ray workers (``heterog.parallel``)."""
 from __future__ import annotations
 
 import math
@@ -13,19 +14,23 @@ from heterog.errors import HeterogError
 from heterog.strategy import Strategy, decode_action, n_actions
 
 DEFAULT_STARTS = ("single", "ev-ps", "ev-ar", "cp-ps", "cp-ar", "random")
+SEARCH_ORDER = "fifo"   # the task order inside the loop: one simulation per proposal (see ``mcmc``)
 
 
 @dataclass
 class ActionSearch:
-    """Scores action vectors (one action per evaluator group) with the evaluator.
+    """Scores action vectors (one action per evaluator group) with the evaluator, under task order
+    ``order`` (None: the evaluator's).
 
     What does not depend on the strategy is built once: the M+4 decoded configs (shared objects, so the
-    compiler sees few distinct configs) and the group layout; scores of action vectors already seen are
-    remembered, so a proposal that revisits a plan costs nothing. ``n_evals`` counts simulations.
+    compiler sees few distinct configs and patches the plan it compiled last) and the group layout;
+    scores of action vectors already seen are remembered, so a proposal that revisits a plan costs
+    nothing. ``n_evals`` counts simulations.
     """
 
     ev: object
     oom_factor: float = 10.0
+    order: str | None = None
     n_evals: int = 0
     eval_time_s: float = 0.0
     _configs: list = field(default_factory=list, repr=False)
@@ -48,10 +53,12 @@ class ActionSearch:
         if hit is not None:
             return hit
         t0 = time.perf_counter()
-        t, oom = self.ev.iteration_time(self.strategy(actions))
+        t, oom = self.ev.iteration_time(self.strategy(actions), self.order)
         self.eval_time_s += time.perf_counter() - t0
         self.n_evals += 1
         c = t * self.oom_factor if oom else t
+        if len(self._seen) > 200_000:
+            self._seen.clear()
         self._seen[key] = c
         return c
 
@@ -69,68 +76,170 @@ def start_actions(ev, name: str, rng: np.random.Generator) -> np.ndarray:
     raise HeterogError(f"unknown MCMC start {name!r}; choose from {', '.join(DEFAULT_STARTS)}")
 
 
-@register("mcmc")
-def mcmc(ev, budget_s: float = 60.0, seed: int = 0, starts: tuple[str, ...] | list[str] = DEFAULT_STARTS,
-         temperature: float = 0.005, oom_factor: float = 10.0, max_evals: int | None = None, **_):
-    """Metropolis-Hastings over one (M+4)-way action per group (FlexFlow's search).
+# ----------------------------------------------------------------------------- one chain
+@dataclass(frozen=True)
+class Chain:
+    """One Markov chain to run: from ``start`` (cost ``start_cost``), ``budget`` proposals (``by_proposals``)
+    or seconds, drawing from ``np.random.default_rng([seed, index])``; it stops early when half its
+    budget passes without beating ``target`` (the best starting cost) or its own best. ``beta``: inverse
+    temperature of the acceptance rule; ``keep``: best distinct plans to return."""
 
-    A proposal changes one random group's action to another random action; it is accepted with
-    probability min(1, exp(beta * (cost - cost'))), cost = simulated iteration time (x ``oom_factor`` if
-    out of memory), beta = 1 / (``temperature`` x the best starting cost): a plan ``temperature`` slower
-    is accepted with probability 1/e. Chains start from each plan in ``starts``, worst first, each with
-    an equal share of what is left of the budget (time that a chain leaves goes to the next ones); a
-    chain stops when its share is spent or when half of it passes without improving the global best.
-    The global best (never worse than the best start) is returned.
+    index: int
+    name: str
+    start: np.ndarray
+    start_cost: float
+    target: float
+    beta: float
+    budget: float
+    by_proposals: bool
+    seed: int
+    keep: int = 4
 
-    ``max_evals``: budget in simulations instead of seconds (then the search is deterministic per seed).
-    """
+
+@dataclass
+class ChainResult:
+    """What a chain found: its best plans (cost, actions), best first, and its counters."""
+
+    index: int
+    name: str
+    best: list[tuple[float, np.ndarray]]
+    proposals: int
+    accepted: int
+    n_evals: int
+    eval_time_s: float
+    wall_s: float
+
+    @property
+    def best_cost(self) -> float:
+        return self.best[0][0]
+
+
+def run_chain(search: ActionSearch, chain: Chain) -> ChainResult:
+    """Metropolis-Hastings from ``chain.start``: a proposal changes one random group's action to another
+    random action and is accepted with probability min(1, exp(beta * (cost - cost')))."""
     t0 = time.perf_counter()
-    rng = np.random.default_rng(seed)
-    search = ActionSearch(ev, oom_factor)
-    g_count, a_count = ev.n_groups, n_actions(ev.cluster.n_devices)
-    by_evals = max_evals is not None
-    total = float(max_evals) if by_evals else float(budget_s)
+    evals0, eval_s0 = search.n_evals, search.eval_time_s
+    rng = np.random.default_rng([chain.seed, chain.index])
+    g_count, a_count = len(chain.start), n_actions(search.ev.cluster.n_devices)
+    cur, cur_cost = chain.start.copy(), chain.start_cost
+    top: dict[bytes, tuple[float, np.ndarray]] = {cur.tobytes(): (cur_cost, cur.copy())}
+    best = min(chain.target, cur_cost)
+    proposals = accepted = 0
 
     def clock() -> float:
-        return float(search.n_evals) if by_evals else time.perf_counter() - t0
+        return float(proposals) if chain.by_proposals else time.perf_counter() - t0
+
+    last_gain = 0.0
+    while g_count and clock() < chain.budget and clock() - last_gain < chain.budget / 2:
+        g = int(rng.integers(g_count))
+        a = int(rng.integers(a_count - 1))
+        a += a >= cur[g]
+        cand = cur.copy()
+        cand[g] = a
+        c = search.cost(cand)
+        proposals += 1
+        if c <= cur_cost or rng.random() < math.exp(chain.beta * (cur_cost - c)):
+            cur, cur_cost = cand, c
+            accepted += 1
+            key = cand.tobytes()
+            if key not in top and (len(top) < chain.keep or c < max(v[0] for v in top.values())):
+                top[key] = (c, cand)
+                if len(top) > chain.keep:
+                    del top[max(top, key=lambda k: top[k][0])]
+            if c < best:
+                best, last_gain = c, clock()
+    ranked = sorted(top.values(), key=lambda v: v[0])
+    return ChainResult(chain.index, chain.name, ranked, proposals, accepted, search.n_evals - evals0,
+                       search.eval_time_s - eval_s0, time.perf_counter() - t0)
+
+
+# ----------------------------------------------------------------------------- the search
+@register("mcmc")
+def mcmc(ev, budget_s: float = 60.0, seed: int = 0, starts: tuple[str, ...] | list[str] = DEFAULT_STARTS,
+         temperature: float = 0.005, oom_factor: float = 10.0, max_evals: int | None = None,
+         order: str | None = SEARCH_ORDER, workers: int = 1, ray_address: str | None = None, keep: int = 4,
+         **_) -> Strategy:
+    """Metropolis-Hastings over one (M+4)-way action per group (FlexFlow's search).
+
+    Cost = simulated iteration time under task order ``order`` (``SEARCH_ORDER``, FIFO: one simulation
+    per proposal where the evaluator's ``best`` runs three; None: the evaluator's), x ``oom_factor``
+    if out of memory; beta = 1 / (``temperature`` x the best starting cost): a plan ``temperature``
+    slower is accepted with probability 1/e. One chain starts from each plan in ``starts``, worst
+    first (``run_chain``). With a time budget each chain gets an equal share of the time left per
+    worker when it starts (time a chain leaves goes to the next ones); with ``max_evals`` (a budget in
+    proposals, cached or not) each gets an equal share and the search is deterministic for a seed and
+    a number of workers. ``workers`` > 1 or ``ray_address`` run the chains on Ray workers
+    (``heterog.parallel``); the chains draw from their own seeded generators, so where they run does
+    not change what they find. Each chain returns its ``keep`` best plans; when ``order`` is not the
+    evaluator's, those are scored again under the evaluator's order and the best is returned (never
+    worse than the best start under that order).
+    """
+    from heterog.parallel import EvaluatorSpec, make_pool
+
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    search = ActionSearch(ev, oom_factor, order)
+    by_proposals = max_evals is not None
+    total = float(max_evals) if by_proposals else float(budget_s)
 
     cands = {name: start_actions(ev, name, rng) for name in dict.fromkeys(starts)}
     start_cost = {name: search.cost(a) for name, a in cands.items()}
     best_name = min(start_cost, key=lambda k: (start_cost[k], list(start_cost).index(k)))
-    best, best_cost = cands[best_name].copy(), start_cost[best_name]
-    beta = 1.0 / (temperature * best_cost)
-    chains = sorted(cands, key=lambda k: (-start_cost[k], list(cands).index(k)))
-    accepted = proposed = 0
-    chain_log = []
-    for k, name in enumerate(chains):
-        now = clock()
-        share = (total - now) / (len(chains) - k)
-        if share <= 0:
-            break
-        end, last_gain = now + share, now
-        cur, cur_cost = cands[name].copy(), start_cost[name]
-        chain_best = cur_cost
-        while g_count and clock() < end and clock() - last_gain < share / 2:
-            g = int(rng.integers(g_count))
-            a = int(rng.integers(a_count - 1))
-            a += a >= cur[g]
-            cand = cur.copy()
-            cand[g] = a
-            c = search.cost(cand)
-            proposed += 1
-            if c <= cur_cost or rng.random() < math.exp(beta * (cur_cost - c)):
-                cur, cur_cost = cand, c
-                accepted += 1
-                chain_best = min(chain_best, c)
-                if c < best_cost:
-                    best, best_cost, last_gain = cand.copy(), c, clock()
-        chain_log.append({"start": name, "start_cost_s": start_cost[name], "best_cost_s": chain_best})
+    beta = 1.0 / (temperature * start_cost[best_name])
+    names = sorted(cands, key=lambda k: (-start_cost[k], list(cands).index(k)))
+    chains = [Chain(i, name, cands[name], start_cost[name], start_cost[best_name], beta, 0.0, by_proposals,
+                    seed, keep) for i, name in enumerate(names)]
+    results: list[ChainResult] = []
+    with make_pool(workers, ray_address) as pool:
+        remote = pool.remote
+        key = pool.register(EvaluatorSpec.of(ev), oom_factor=oom_factor, order=order) if remote else None
+        t_chains, evals_before = time.perf_counter(), search.n_evals
+        pending: dict = {}
+        todo = list(chains)
+        while todo or pending:
+            while todo and len(pending) < pool.n_workers:
+                if by_proposals:
+                    share = (total - len(start_cost)) / len(chains)
+                else:   # the time left, over the chains each worker still has to run
+                    share = max(t0 + total - time.perf_counter(), 0.0) / math.ceil(len(todo) / pool.n_workers)
+                chain = Chain(**{**todo.pop(0).__dict__, "budget": share})
+                if remote:
+                    pending[pool.submit("run_chain", key, chain)] = chain
+                else:
+                    results.append(run_chain(search, chain))
+            if pending:
+                done, result = pool.wait_any(list(pending))
+                pending.pop(done)
+                results.append(result)
+        chains_s = time.perf_counter() - t_chains
+    results.sort(key=lambda r: r.index)
+    chain_evals = sum(r.n_evals for r in results) if remote else search.n_evals - evals_before
+
+    # the starts and every chain's best plans; scored again under the evaluator's order if the chains used another
+    plans = {a.tobytes(): (start_cost[n], a) for n, a in cands.items()}
+    for r in results:
+        for c, a in r.best:
+            plans.setdefault(a.tobytes(), (c, a))
+    final = search
+    if order not in (None, ev.order):
+        final = ActionSearch(ev, oom_factor)
+        kept = sorted(plans.values(), key=lambda v: v[0])[:keep * max(len(results), 1)]
+        kept += [(0.0, a) for a in cands.values()]
+        plans = {a.tobytes(): (final.cost(a), a) for _, a in kept}
+    best_cost, best = min(plans.values(), key=lambda v: v[0])
+    final_start = {n: final.cost(a) for n, a in cands.items()}
+    best_name = min(final_start, key=lambda k: (final_start[k], list(final_start).index(k)))
     elapsed = time.perf_counter() - t0
+    n_evals = search.n_evals + (sum(r.n_evals for r in results) if remote else 0)
+    eval_s = search.eval_time_s + (sum(r.eval_time_s for r in results) if remote else 0.0)
     strategy = search.strategy(best)
     strategy.meta.update({
-        "evals_per_s": search.n_evals / elapsed if elapsed > 0 else 0.0,
-        "sim_evals_per_s": search.n_evals / search.eval_time_s if search.eval_time_s > 0 else 0.0,
-        "n_evals": search.n_evals, "proposals": proposed, "accepted": accepted,
-        "best_cost_s": best_cost, "best_start": best_name, "best_start_cost_s": start_cost[best_name],
-        "chains": chain_log})
+        "evals_per_s": n_evals / elapsed if elapsed > 0 else 0.0,
+        "sim_evals_per_s": n_evals / eval_s if eval_s > 0 else 0.0,
+        "n_evals": n_evals, "chain_evals_per_s": chain_evals / chains_s if chains_s > 0 else 0.0,
+        "proposals": sum(r.proposals for r in results),
+        "accepted": sum(r.accepted for r in results), "workers": pool.n_workers, "order": order or ev.order,
+        "best_cost_s": best_cost, "best_start": best_name, "best_start_cost_s": final_start[best_name],
+        "chains": [{"start": r.name, "start_cost_s": start_cost[r.name], "best_cost_s": r.best_cost,
+                    "proposals": r.proposals, "wall_s": r.wall_s} for r in results]})
     return strategy

@@ -16,224 +16,32 @@ Resources: a compute, split, concat or aggregate task holds its device; a transf
 links of its path and an AllReduce the links of its algorithm, plus, on devices whose own cores move
 the bytes (``DeviceType.host_driven_comm``, CPU workers), those endpoint devices.
 
-The construction is vectorised with numpy: Python loops run over distinct layouts and layout pairs,
-never over replicas x edges.
+The pipeline, one function per phase (a ``Compiler`` holds what does not depend on the strategy):
+
+  assign_configs   group -> config id (the compiler's registry), ops to replicate, tensors to aggregate
+  choose_ps        group -> parameter-server device (``heterog.compiler.ps``)
+  lay_out          op -> layout id (devices and batch shares of its instances)
+  emit_instances / emit_aggregation / emit_connections   (``heterog.compiler.emit``) -> tasks
+  assemble         tasks in their canonical order (``heterog.compiler.tasks``) -> TaskGraph
+
+``Compiler.compile`` patches the closest plan it compiled recently when a strategy differs from it in
+a few groups (``heterog.compiler.delta``); the result is the TaskGraph a compilation from scratch gives.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from enum import IntEnum
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from heterog.compiler.ps import build_problem, choose_ps_devices
-from heterog.errors import StrategyError
+from heterog.compiler.emit import Providers, emit_aggregation, emit_connections, emit_instances
+from heterog.compiler.index import VALUE_FREE_TARGETS, GraphIndex, Paths, graph_index, path_table
+from heterog.compiler.ps import choose_ps_devices, problem_from_configs
+from heterog.compiler.tasks import CATEGORIES, COMM_KINDS, OrderKey, TaskBatch, TaskKind, Tasks
+from heterog.strategy import ParallelConfig, Strategy
 
-VALUE_FREE_TARGETS = frozenset({
-    "aten.ones_like.default", "aten.zeros_like.default", "aten.empty_like.default", "aten.full_like.default",
-    "aten.new_zeros.default", "aten.new_ones.default", "aten.new_empty.default", "aten.new_full.default",
-})
-_DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float64": 8, "double": 8,
-                "int64": 8, "long": 8, "int32": 4, "int": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
-                "complex64": 8, "complex128": 16, "float8_e4m3fn": 1, "float8_e5m2": 1}
-_STAGE = {"split": 2, "transfer": 3, "concat": 4, "compute": 6, "push": 7, "aggregate": 8}
-_N_STAGES = 10
-
-
-class TaskKind(IntEnum):
-    COMPUTE = 0
-    PLACEHOLDER = 1
-    TRANSFER = 2
-    SPLIT = 3
-    CONCAT = 4
-    PUSH = 5
-    AGGREGATE = 6
-    ALLREDUCE = 7
-
-
-COMM_KINDS = (TaskKind.TRANSFER, TaskKind.PUSH, TaskKind.ALLREDUCE)
-# Chrome-trace / Gantt categories: compute tasks by phase, communication by kind
-CATEGORIES = ("forward", "backward", "update", "input", "transfer", "split/concat", "ps", "allreduce")
-
-
-def dtype_bytes(dtype: str) -> int:
-    name = str(dtype).replace("torch.", "")
-    if name not in _DTYPE_BYTES:
-        raise StrategyError(f"unknown dtype {dtype!r} in graph")
-    return _DTYPE_BYTES[name]
-
-
-# ----------------------------------------------------------------------------------- graph index
-@dataclass
-class GraphIndex:
-    """Everything about a graph the compiler needs that does not depend on the strategy (cached).
-
-    Aggregation is decided per *tensor* (an op output that some edge carries): a multi-output op such
-    as ``convolution_backward`` yields a batch-carrying input gradient and partial weight gradients.
-    """
-
-    n_ops: int
-    has_batch: np.ndarray          # op touches a batch tensor -> split along the batch
-    post_agg: np.ndarray           # non-batch compute op that reads aggregated values, or update phase
-    placeholder_resident: np.ndarray  # param / state / buffer placeholders (resident memory)
-    is_compute: np.ndarray
-    out_fixed_bytes: np.ndarray    # allocation of the op's outputs that does not scale with batch
-    out_batch_bytes: np.ndarray    # allocation that scales with the batch share
-    resident_bytes: np.ndarray
-    category: np.ndarray           # index into CATEGORIES
-    is_grad: np.ndarray
-    e_src: np.ndarray
-    e_dst: np.ndarray
-    e_bytes: np.ndarray
-    e_batch: np.ndarray            # edge tensor carries a batch
-    e_value_free: np.ndarray       # consumer only needs the shape (ones_like, ...)
-    e_tensor: np.ndarray           # tensor id of the edge
-    t_op: np.ndarray               # producer op of each tensor
-    t_bytes: np.ndarray
-    t_needs_agg: np.ndarray        # partial result (batch inputs, no batch dim) whose value someone reads
-    t_pulled: np.ndarray           # value of a PS-resident op (parameter, state, update) read by a batch op
-
-
-def graph_index(graph) -> GraphIndex:
-    cached = graph.__dict__.get("_compile_index")
-    if cached is not None:
-        return cached
-    n = graph.n_ops
-    ops = graph.ops
-    out_fixed = np.zeros(n)
-    out_batch = np.zeros(n)
-    for i, op in enumerate(ops):
-        for shape, dt, bd in zip(op.output_shapes, op.output_dtypes, op.batch_dims):
-            b = float(np.prod(shape)) * dtype_bytes(dt) if len(shape) else float(dtype_bytes(dt))
-            if bd is None:
-                out_fixed[i] += b
-            else:
-                out_batch[i] += b
-    is_compute = graph.is_compute.copy()
-    has_batch = graph.has_batch.copy()
-    is_grad = np.array([op.is_grad for op in ops], dtype=bool)
-    placeholder_resident = np.array([op.kind in ("param", "state", "buffer") for op in ops], dtype=bool)
-    src, dst = graph.edge_src, graph.edge_dst
-    e_batch = graph.edge_has_batch.copy()
-    value_free_op = np.array([op.target in VALUE_FREE_TARGETS for op in ops], dtype=bool)
-    e_value_free = value_free_op[dst] if len(dst) else np.zeros(0, bool)
-    src_out = np.array([e.src_output for e in graph.edges], dtype=np.int64)
-    uniq, first, e_tensor = np.unique(src * 1024 + src_out, return_index=True, return_inverse=True)
-    e_tensor = e_tensor.astype(np.int64)
-    t_op = src[first] if len(src) else np.zeros(0, np.int64)
-    t_bytes = graph.edge_bytes[first] if len(src) else np.zeros(0)
-    t_partial = is_compute[t_op] & has_batch[t_op] & ~e_batch[first] if len(src) else np.zeros(0, bool)
-    t_read = np.zeros(len(uniq), dtype=bool)
-    np.logical_or.at(t_read, e_tensor[~e_value_free], True)
-    t_needs_agg = t_partial & t_read
-    # post-aggregation ops: non-batch compute ops reading (transitively) aggregated values; the update phase
-    post = np.zeros(n, dtype=bool)
-    phase = graph.phase_index
-    valued = np.nonzero(~e_value_free)[0]
-    order = valued[np.argsort(dst[valued], kind="stable")]
-    for t, d in zip(e_tensor[order].tolist(), dst[order].tolist()):   # dst ascending = topological
-        if (t_needs_agg[t] or post[t_op[t]]) and not has_batch[d] and is_compute[d]:
-            post[d] = True
-    post |= is_compute & ~has_batch & (phase == 2)
-    # under PS these tensors live on the PS and are pulled by the workers' batch ops
-    pulled_edge = ~e_value_free & ~e_batch & has_batch[dst] & ~has_batch[src] & (post | placeholder_resident)[src]
-    t_pulled = np.zeros(len(uniq), dtype=bool)
-    t_pulled[e_tensor[pulled_edge]] = True
-    # allocation: resident placeholders, gradients (live in the grad buffer) and graph outputs allocate nothing
-    n_consumers = np.bincount(src, minlength=n) if len(src) else np.zeros(n, int)
-    no_alloc = placeholder_resident | (is_compute & (n_consumers == 0))
-    out_fixed[no_alloc | is_grad] = 0.0
-    out_batch[no_alloc] = 0.0
-    cat = np.where(is_compute, phase, 3).astype(np.int64)
-    idx = GraphIndex(n, has_batch, post, placeholder_resident, is_compute, out_fixed, out_batch,
-                     graph.resident_bytes.copy(), cat, is_grad, src, dst, graph.edge_bytes.copy(), e_batch,
-                     e_value_free, e_tensor, t_op, t_bytes, t_needs_agg, t_pulled)
-    graph.__dict__["_compile_index"] = idx
-    return idx
-
-
-# ----------------------------------------------------------------------------------- cluster index
-@dataclass(frozen=True)
-class _Paths:
-    """Routes of a cluster as TaskGraph resources: ``tab`` (M, M, Lmax) resource ids of the links on each
-    path (-1 padded; links come after the M device resources), ``length`` (M, M) path lengths, ``host``
-    (M,) devices that drive their own communication (``DeviceType.host_driven_comm``)."""
-
-    tab: np.ndarray
-    length: np.ndarray
-    host: np.ndarray
-
-    def resources(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(res_len, flat res_idx) of transfers ``src[i] -> dst[i]``: the links of each path, then the
-        endpoints that drive their own communication (a CPU worker's cores copy the bytes, so the worker
-        computes nothing else meanwhile)."""
-        plen = self.length[src, dst]
-        links = np.where(np.arange(self.tab.shape[2])[None, :] < plen[:, None], self.tab[src, dst], -1)
-        ends = np.stack([np.where(self.host[src], src, -1), np.where(self.host[dst], dst, -1)], axis=1)
-        res = np.concatenate([links, ends], axis=1)
-        keep = res >= 0
-        return keep.sum(axis=1), res[keep]
-
-
-def _path_table(cluster) -> _Paths:
-    """The cluster's ``_Paths`` (cached on the cluster)."""
-    cached = cluster.__dict__.get("_compile_paths")
-    if cached is not None:
-        return cached
-    m = cluster.n_devices
-    paths = [[tuple(cluster.path(a, b)) for b in range(m)] for a in range(m)]
-    lmax = max(1, max(len(p) for row in paths for p in row))
-    tab = np.full((m, m, lmax), -1, dtype=np.int64)
-    plen = np.zeros((m, m), dtype=np.int64)
-    for a in range(m):
-        for b in range(m):
-            p = paths[a][b]
-            plen[a, b] = len(p)
-            tab[a, b, :len(p)] = np.asarray(p, dtype=np.int64) + m
-    host = np.array([bool(d.type.host_driven_comm) for d in cluster.devices], dtype=bool)
-    out = _Paths(tab, plen, host)
-    cluster.__dict__["_compile_paths"] = out
-    return out
-
-
-# ----------------------------------------------------------------------------------- task buffer
-class _Tasks:
-    """Append-only columns of tasks under construction (ids are provisional, renumbered at the end)."""
-
-    def __init__(self) -> None:
-        self.cols: dict[str, list[np.ndarray]] = {k: [] for k in
-                                                  ("dur", "lag", "kind", "op", "dev", "alloc", "key", "cat", "prio_op")}
-        self.res_len: list[np.ndarray] = []
-        self.res_idx: list[np.ndarray] = []
-        self.dep_task: list[np.ndarray] = []
-        self.dep_on: list[np.ndarray] = []
-        self.n = 0
-
-    def add(self, *, dur, kind, op, dev, alloc, key, cat, prio_op, res_len, res_idx, lag=0.0) -> np.ndarray:
-        """``lag``: seconds after a task's end until its dependents may start, its resources already free
-        (a message's latency in flight; the simulator's task lag)."""
-        k = len(dur)
-        ids = np.arange(self.n, self.n + k, dtype=np.int64)
-        self.n += k
-        for name, val in (("dur", dur), ("lag", lag), ("op", op), ("dev", dev), ("alloc", alloc), ("key", key),
-                          ("cat", cat), ("prio_op", prio_op)):
-            self.cols[name].append(np.broadcast_to(np.asarray(val), (k,)).astype(
-                np.float64 if name in ("dur", "lag", "alloc") else np.int64))
-        self.cols["kind"].append(np.full(k, int(kind), dtype=np.int64))
-        self.res_len.append(np.broadcast_to(np.asarray(res_len, dtype=np.int64), (k,)))
-        self.res_idx.append(np.asarray(res_idx, dtype=np.int64).ravel())
-        return ids
-
-    def deps(self, task: np.ndarray, on: np.ndarray) -> None:
-        self.dep_task.append(np.asarray(task, dtype=np.int64).ravel())
-        self.dep_on.append(np.asarray(on, dtype=np.int64).ravel())
-
-    def col(self, name: str) -> np.ndarray:
-        return np.concatenate(self.cols[name]) if self.cols[name] else np.zeros(0)
-
-
-def _cat(xs, dtype=np.int64):
-    return np.concatenate(xs).astype(dtype) if xs else np.zeros(0, dtype=dtype)
+__all__ = ["CATEGORIES", "COMM_KINDS", "CompiledPlan", "Compiler", "GraphIndex", "Placement", "TaskKind",
+           "VALUE_FREE_TARGETS", "compile_strategy", "graph_index"]
 
 
 # ----------------------------------------------------------------------------------- result
@@ -268,8 +76,464 @@ class CompiledPlan:
         return {k.name.lower(): int(np.sum(self.task_kind == k)) for k in TaskKind}
 
 
-# ----------------------------------------------------------------------------------- compile
-def compile_strategy(graph, cluster, strategy, cost, *, serialize_collectives: bool = False,
+# ----------------------------------------------------------------------------------- registries
+class LayoutTable:
+    """Layouts (devices, batch shares) numbered as first seen, ids stable for the compiler's life; the
+    first M are the single devices at the whole batch. Flat views: ``length`` (L,), ``ptr`` (L + 1,),
+    ``dev_flat``, ``shares_flat``, ``frac_flat`` (ptr[-1],), ``dev_mask`` (L, M)."""
+
+    def __init__(self, n_devices: int, batch_size: int) -> None:
+        self.n_devices, self.batch_size = n_devices, batch_size
+        self.devices: list[tuple[int, ...]] = []
+        self.shares: list[tuple[int, ...]] = []
+        self._id: dict[tuple, int] = {}
+        self._built = -1
+        for d in range(n_devices):
+            self.add((d,), (batch_size,))
+
+    def add(self, devices, shares) -> int:
+        key = (tuple(int(d) for d in devices), tuple(int(s) for s in shares))
+        lid = self._id.get(key)
+        if lid is None:
+            lid = self._id[key] = len(self.devices)
+            self.devices.append(key[0])
+            self.shares.append(key[1])
+        return lid
+
+    def __len__(self) -> int:
+        return len(self.devices)
+
+    def refresh(self) -> LayoutTable:
+        """Rebuild the flat views if layouts were added since."""
+        if self._built != len(self.devices):
+            lengths = np.array([len(d) for d in self.devices], dtype=np.int64)
+            self.length = lengths
+            self.ptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+            self.dev_flat = np.array([d for ds in self.devices for d in ds], dtype=np.int64)
+            self.shares_flat = np.array([s for ss in self.shares for s in ss], dtype=np.float64)
+            self.frac_flat = np.array([s / self.batch_size for ss in self.shares for s in ss], dtype=np.float64)
+            self.dev_mask = np.zeros((len(lengths), self.n_devices), dtype=bool)
+            self.dev_mask[np.repeat(np.arange(len(lengths)), lengths), self.dev_flat] = True
+            self._built = len(self.devices)
+        return self
+
+
+class ConfigTable:
+    """ParallelConfigs numbered as first seen (by value), with per-config arrays: ``n_replicas``,
+    ``is_ps`` (PS sync over several replicas), ``fixed_ps`` (the given PS device, -1: the compiler's
+    choice), ``split_layout`` / ``dup_layout`` (layout of batch ops / of duplicated ops)."""
+
+    def __init__(self, layouts: LayoutTable) -> None:
+        self.layouts = layouts
+        self.configs: list[ParallelConfig] = []
+        self._id: dict[ParallelConfig, int] = {}
+        self._rows: list[tuple[int, bool, int, int, int]] = []
+        self._built = -1
+
+    def id_of(self, config: ParallelConfig) -> int:
+        cid = self._id.get(config)
+        if cid is None:
+            cid = self._id[config] = len(self.configs)
+            self.configs.append(config)
+            B = self.layouts.batch_size
+            self._rows.append((config.n_replicas, config.sync == "ps" and config.n_replicas > 1,
+                               -1 if config.ps_device is None else int(config.ps_device),
+                               self.layouts.add(config.devices, config.shares),
+                               self.layouts.add(config.devices, (B,) * config.n_replicas)))
+        return cid
+
+    def __len__(self) -> int:
+        return len(self.configs)
+
+    def refresh(self) -> ConfigTable:
+        if self._built != len(self._rows):
+            cols = list(zip(*self._rows))
+            self.n_replicas = np.array(cols[0], dtype=np.int64)
+            self.is_ps = np.array(cols[1], dtype=bool)
+            self.fixed_ps = np.array(cols[2], dtype=np.int64)
+            self.split_layout = np.array(cols[3], dtype=np.int64)
+            self.dup_layout = np.array(cols[4], dtype=np.int64)
+            self._built = len(self._rows)
+        return self
+
+
+@dataclass(frozen=True)
+class AllReduceCosts:
+    """AllReduce of every tensor over one device set: ``times_s`` (n_tensors,) and ``algo`` (n_tensors,),
+    the algorithm as an index into ``names`` (sorted); ``links[i]`` the link resources algorithm
+    ``names[i]`` holds; ``hosts`` the members that drive their own communication (held too)."""
+
+    times_s: np.ndarray
+    algo: np.ndarray
+    names: tuple[str, ...]
+    links: tuple[tuple[int, ...], ...]
+    hosts: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """A strategy's op groups: ``op_group`` (n_ops,), and the group of each tensor's producer (n_tensors,)."""
+
+    op_group: np.ndarray
+    t_group: np.ndarray
+    n_groups: int
+
+
+# ----------------------------------------------------------------------------------- phases 1-3
+@dataclass(frozen=True)
+class Placement:
+    """Where everything runs (phases 1-3): ``group_cfg`` (G,) config ids; ``op_cfg``, ``op_ps`` (ops under
+    a PS config with several replicas), ``op_lay`` (n_ops,); ``aggregate`` (n_tensors,) partial results to
+    aggregate; ``group_ps`` (G,) PS device of each PS group, -1 for the others."""
+
+    group_cfg: np.ndarray
+    op_cfg: np.ndarray
+    op_ps: np.ndarray
+    aggregate: np.ndarray
+    group_ps: np.ndarray
+    op_lay: np.ndarray
+
+
+def assign_configs(c: Compiler, strategy: Strategy) -> np.ndarray:
+    """Phase 1: each group's config id (configs compared by object first, then by value)."""
+    configs = strategy.configs
+    obj_ids = np.fromiter(map(id, configs), dtype=np.int64, count=len(configs))
+    _, first, inv = np.unique(obj_ids, return_index=True, return_inverse=True)
+    ids = np.array([c.configs.id_of(configs[i]) for i in first.tolist()], dtype=np.int64)
+    c.configs.refresh()
+    return ids[inv.ravel()]
+
+
+def choose_ps(c: Compiler, group_cfg: np.ndarray, aggregate: np.ndarray) -> np.ndarray:
+    """Phase 2: the PS device of every PS group (the given one, or the replica chosen with the plan's
+    other PS groups and AllReduces already queued on each candidate's links and aggregation,
+    ``heterog.compiler.ps``); -1 for the other groups."""
+    cfg, grouping = c.configs, c.grouping
+    out = np.full(grouping.n_groups, -1, dtype=np.int64)
+    ps_groups = np.nonzero(cfg.is_ps[group_cfg])[0]
+    if not len(ps_groups):
+        return out
+    t_cfg = group_cfg[grouping.t_group]
+    gi = c.gi
+    n_push = np.bincount(grouping.t_group[aggregate], minlength=grouping.n_groups).astype(np.float64)
+    b_push = np.bincount(grouping.t_group[aggregate], weights=gi.t_bytes[aggregate], minlength=grouping.n_groups)
+    n_pull, b_pull = c.pulled_per_group()
+    amount = np.stack([n_push, b_push, n_pull, b_pull], axis=1)[ps_groups]
+    # the plan's AllReduces: (total duration, resources) per (config, algorithm), configs in order of first use
+    allreduces = []
+    ar = aggregate & ~cfg.is_ps[t_cfg]
+    used, first = np.unique(t_cfg[ar], return_index=True)
+    for k in used[np.argsort(first)].tolist():
+        sel = ar & (t_cfg == k)
+        costs = c.allreduce_costs(cfg.configs[k].devices)
+        times, algo = costs.times_s[sel], costs.algo[sel]
+        for a in np.unique(algo).tolist():
+            allreduces.append((float(np.sum(times[algo == a])), costs.links[a] + costs.hosts))
+    ps_cfg = group_cfg[ps_groups]
+    need = np.zeros((len(ps_groups), c.n_devices))
+    for k in np.unique(ps_cfg).tolist():
+        rows = ps_cfg == k
+        need[rows] = c.parameters_needed(k)[ps_groups[rows]]
+    devices = {k: cfg.configs[k].devices for k in np.unique(ps_cfg).tolist()}
+    problem = problem_from_configs(ps_groups, ps_cfg, devices, cfg.fixed_ps, amount,
+                                   need, allreduces, c.cost, c.paths, c.n_devices + c.n_links)
+    out[ps_groups] = choose_ps_devices(problem)
+    return out
+
+
+def lay_out(c: Compiler, group_cfg: np.ndarray, group_ps: np.ndarray) -> np.ndarray:
+    """Phase 3: each op's layout: its config's replicas at their shares (batch ops) or at the whole batch
+    (duplicated ops); under PS, parameters, state and what follows aggregation on the PS alone."""
+    gi, cfg = c.gi, c.configs
+    op_cfg = group_cfg[c.grouping.op_group]
+    op_lay = np.where(gi.has_batch, cfg.split_layout[op_cfg], cfg.dup_layout[op_cfg])
+    ps_mode = cfg.is_ps[op_cfg] & ~gi.has_batch & (gi.post_agg | gi.placeholder_resident)
+    op_lay[ps_mode] = group_ps[c.grouping.op_group[ps_mode]]          # layout d: device d alone
+    return op_lay
+
+
+def place(c: Compiler, strategy: Strategy) -> Placement:
+    """Phases 1-3 for ``strategy``."""
+    group_cfg = assign_configs(c, strategy)
+    op_cfg = group_cfg[c.grouping.op_group]
+    replicated = c.configs.n_replicas[op_cfg] > 1
+    aggregate = c.gi.t_needs_agg & replicated[c.gi.t_op]
+    group_ps = choose_ps(c, group_cfg, aggregate)
+    c.layouts.refresh()
+    return Placement(group_cfg, op_cfg, c.configs.is_ps[op_cfg], aggregate, group_ps, lay_out(c, group_cfg, group_ps))
+
+
+# ----------------------------------------------------------------------------------- plan state
+@dataclass
+class PlanState:
+    """A compiled plan and what patching it needs: its tasks in TaskGraph order, every dependency as
+    emitted (``dep_task`` waits for ``dep_on``; duplicates kept, sorted by (task, on), with the emission
+    unit that owns it), the placement and the providers (task ids of this plan)."""
+
+    plan: CompiledPlan
+    tasks: Tasks
+    dep_task: np.ndarray
+    dep_on: np.ndarray
+    dep_owner: np.ndarray
+    placement: Placement
+    providers: Providers
+    grouping: Grouping
+    allreduce_algo: dict[int, str]
+    aggregated: dict[int, tuple]
+
+
+def aggregated_of(c: Compiler, place: Placement, tensors: np.ndarray) -> dict[int, tuple]:
+    """How each of ``tensors`` (aggregated ones) is aggregated: ("ps", device) or ("allreduce", devices)."""
+    ops = c.gi.t_op[tensors]
+    ps = place.group_ps[c.grouping.op_group[ops]]
+    lay = place.op_lay[ops]
+    return {t: ("ps", p) if is_ps else ("allreduce", c.layouts.devices[k])
+            for t, p, is_ps, k in zip(tensors.tolist(), ps.tolist(), place.op_ps[ops].tolist(), lay.tolist())}
+
+
+def emit_all(c: Compiler, place: Placement) -> tuple[TaskBatch, Providers, dict[int, str]]:
+    """Phases 4-6 over the whole graph."""
+    gi = c.gi
+    prov = Providers(np.zeros(gi.n_ops, dtype=np.int64), np.full((gi.n_tensors, c.n_devices), -1, dtype=np.int64),
+                     np.zeros(gi.n_tensors, dtype=np.int64))
+    batch = TaskBatch(0, c.order_key)
+    emit_instances(c, batch, np.arange(gi.n_ops), place, prov)
+    algo = emit_aggregation(c, batch, np.nonzero(place.aggregate)[0], place, prov)
+    emit_connections(c, batch, np.arange(len(gi.e_src)), place, prov)
+    return batch, prov, algo
+
+
+def assemble(c: Compiler, strategy: Strategy, tasks: Tasks, dep_task: np.ndarray, dep_on: np.ndarray,
+             dep_owner: np.ndarray, place: Placement, prov: Providers, algo: dict[int, str],
+             aggregated: dict[int, tuple], *, validate: bool = True,
+             csr: tuple[np.ndarray, np.ndarray] | None = None) -> PlanState:
+    """Phase 7: the TaskGraph of tasks already in canonical order and dependencies sorted by (task, on)
+    (duplicates allowed) in the same ids (``validate``: the TaskGraph checks every task; ``csr``: the
+    dependencies without duplicates as (ptr, idx), if already at hand)."""
+    n = tasks.n
+    if csr is None:
+        keep = np.ones(len(dep_task), dtype=bool)
+        if len(dep_task):
+            keep[1:] = (dep_task[1:] != dep_task[:-1]) | (dep_on[1:] != dep_on[:-1])
+        dep_t, dep_o = dep_task[keep], dep_on[keep]
+        dep_ptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(dep_t, minlength=n), out=dep_ptr[1:])
+    else:
+        dep_ptr, dep_o = csr
+        dep_t = np.repeat(np.arange(n), np.diff(dep_ptr))
+    if np.any(dep_o >= dep_t):
+        raise AssertionError("compiler produced a dependency on a later task")
+    has_mem = (tasks.alloc > 0) & (tasks.dev >= 0)
+    mem_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(has_mem, out=mem_ptr[1:])
+    resident = np.zeros(c.resources.n_resources)
+    resident[:c.n_devices] = c.resident_bytes(place.op_lay)
+    tg = c.resources.empty_copy(resident_bytes=resident)
+    tg.adopt_tasks(tasks.dur, tasks.lag, c.category_codes[tasks.cat], tasks.res_ptr, tasks.res_idx, dep_ptr, dep_o,
+                   mem_ptr, tasks.dev[has_mem], np.rint(tasks.alloc[has_mem]).astype(np.int64), validate=validate)
+    ps_groups = np.nonzero(place.group_ps >= 0)[0]
+    plan = CompiledPlan(tg=tg, task_kind=tasks.kind, task_op=tasks.op, task_device=tasks.dev,
+                        op_priority=None if strategy.priorities is None else np.asarray(strategy.priorities),
+                        task_prio_op=tasks.prio_op, n_devices=c.n_devices, n_links=c.n_links,
+                        dep_ptr=dep_ptr, dep_idx=dep_o,
+                        ps_device=dict(zip(ps_groups.tolist(), place.group_ps[ps_groups].tolist())),
+                        allreduce_algo=algo, op_layout=place.op_lay, layout_devices=list(c.layouts.devices),
+                        layout_shares=list(c.layouts.shares), tensor_layout=prov.layout, aggregated=aggregated)
+    return PlanState(plan, tasks, dep_task, dep_on, dep_owner, place, prov, c.grouping, algo, aggregated)
+
+
+def compile_all(c: Compiler, strategy: Strategy, place: Placement) -> PlanState:
+    """Phases 4-7 from scratch."""
+    batch, prov, algo = emit_all(c, place)
+    tasks = batch.tasks()
+    perm = np.argsort(tasks.order, kind="stable")
+    new_of = np.empty(tasks.n + 1, dtype=np.int64)
+    new_of[perm] = np.arange(tasks.n)
+    new_of[-1] = -1                                   # index -1 (no provider) stays -1
+    task, on, owner = batch.dependencies()
+    task, on = new_of[task], new_of[on]
+    s = np.lexsort((on, task))
+    prov = Providers(new_of[prov.inst_start], new_of[prov.at], prov.layout)
+    return assemble(c, strategy, tasks.take(perm), task[s], on[s], owner[s], place, prov, algo,
+                    aggregated_of(c, place, np.nonzero(place.aggregate)[0]))
+
+
+# ----------------------------------------------------------------------------------- compiler
+class Compiler:
+    """Compiles strategies for one (graph, cluster, cost model): the strategy-independent tables, the
+    registries of configs and layouts, caches of costs per config, and the last ``max_bases`` plans it
+    compiled, which ``compile`` patches when a strategy differs from one of them in few groups.
+
+    Args:
+        graph: the OpGraph. cluster: the Cluster. cost: a CostModel of the cluster.
+        serialize_collectives: NCCL-style: all AllReduces share one stream and run one at a time.
+        max_bases: plans kept to patch (0: every strategy is compiled from scratch).
+        delta_fraction: patch only when the ops to re-emit are at most this share of the graph.
+    """
+
+    def __init__(self, graph, cluster, cost, *, serialize_collectives: bool = False, max_bases: int = 4,
+                 delta_fraction: float = 0.5) -> None:
+        self.graph, self.cluster, self.cost = graph, cluster, cost
+        self.gi: GraphIndex = graph_index(graph)
+        self.paths: Paths = path_table(cluster)
+        self.n_devices, self.n_links = cluster.n_devices, len(cluster.links)
+        self.batch_size = graph.batch_size
+        self.bandwidth_Bps, self.latency_s = cluster.bandwidth_Bps, cluster.latency_s
+        self.nccl_resource = self.n_devices + self.n_links if serialize_collectives else -1
+        self.order_key = OrderKey(max(self.gi.n_tensors, 1), 2 * self.n_devices + 2)
+        self.max_bases, self.delta_fraction = int(max_bases), float(delta_fraction)
+        self.layouts = LayoutTable(self.n_devices, self.batch_size)
+        self.configs = ConfigTable(self.layouts)
+        self.grouping: Grouping | None = None
+        self.bases: OrderedDict[int, PlanState] = OrderedDict()
+        self.n_full = self.n_patched = 0           # compilations from scratch / patches (statistics)
+        self._allreduce: dict[tuple[int, ...], AllReduceCosts] = {}
+        self._need: dict[int, np.ndarray] = {}
+        self._pulled: tuple[np.ndarray, np.ndarray] | None = None
+        self._resources = None
+        self.category_codes: np.ndarray | None = None       # CATEGORIES -> codes in ``resources``
+        self._resident_ops = np.nonzero(self.gi.placeholder_resident)[0]
+
+    # ---------------------------------------------------------------- caches
+    def allreduce_costs(self, devices: tuple[int, ...]) -> AllReduceCosts:
+        """AllReduce of every tensor over ``devices`` (cached per device tuple)."""
+        hit = self._allreduce.get(devices)
+        if hit is None:
+            if len(self._allreduce) > 1024:
+                self._allreduce.clear()
+            times, algos = self.cost.allreduce_times(devices, self.gi.t_bytes)
+            names, code = np.unique(np.asarray(algos), return_inverse=True)
+            links = tuple(tuple(self.n_devices + x for x in self.cost.allreduce_links(devices, a))
+                          for a in names.tolist())
+            hit = self._allreduce[devices] = AllReduceCosts(
+                np.asarray(times, dtype=np.float64), code.ravel().astype(np.int64), tuple(names.tolist()), links,
+                tuple(int(d) for d in devices if self.paths.host[d]))
+        return hit
+
+    def pulled_per_group(self) -> tuple[np.ndarray, np.ndarray]:
+        """(G,) tensors and bytes each group's batch ops pull from a PS."""
+        if self._pulled is None:
+            g, gi = self.grouping, self.gi
+            self._pulled = (np.bincount(g.t_group[gi.t_pulled], minlength=g.n_groups).astype(np.float64),
+                            np.bincount(g.t_group[gi.t_pulled], weights=gi.t_bytes[gi.t_pulled], minlength=g.n_groups))
+        return self._pulled
+
+    def parameters_needed(self, cfg_id: int) -> np.ndarray:
+        """(G, M) estimated time by which each replica device of config ``cfg_id`` needs each group's
+        pulled parameters if the group ran under it: its forward and backward work before their first
+        reader (op ids are topological), at its batch share, one op after another, plus its slack (the
+        busiest replica's work minus its own); 0 where the group pulls nothing (cached per config)."""
+        hit = self._need.get(cfg_id)
+        if hit is not None:
+            return hit
+        gi, g = self.gi, self.grouping
+        full = self.cost.full_batch_times(self.graph)
+        work = gi.is_compute & ~gi.post_agg
+        need = np.zeros((g.n_groups, full.shape[1]))
+        e = np.nonzero(~gi.e_value_free & gi.has_batch[gi.e_dst])[0]
+        first_reader = np.full(gi.n_tensors, np.iinfo(np.int64).max)
+        np.minimum.at(first_reader, gi.e_tensor[e], gi.e_dst[e])
+        pul = np.nonzero(gi.t_pulled & (first_reader < gi.n_ops))[0]
+        cfg = self.configs.configs[cfg_id]
+        op_s = [np.where(work, full[:, d] * np.where(gi.has_batch, share / self.batch_size, 1.0), 0.0)
+                for d, share in zip(cfg.devices, cfg.shares)]
+        longest = max(float(t.sum()) for t in op_s)
+        for d, t in zip(cfg.devices, op_s):
+            before = np.cumsum(t) - t
+            at = np.full(g.n_groups, np.inf)
+            np.minimum.at(at, g.t_group[pul], before[first_reader[pul]] + longest - float(t.sum()))
+            need[:, d] = np.where(np.isinf(at), need[:, d], at)
+        if len(self._need) > 256:
+            self._need.clear()
+        self._need[cfg_id] = need
+        return need
+
+    def resident_bytes(self, op_lay: np.ndarray) -> np.ndarray:
+        """(M,) bytes of parameters, gradients and optimizer state resident on each device."""
+        ops = self._resident_ops
+        lay = self.layouts
+        rows, local = _ragged_rows(lay.length[op_lay[ops]])
+        devs = lay.dev_flat[lay.ptr[op_lay[ops]][rows] + local]
+        return np.bincount(devs, weights=self.gi.resident_bytes[ops][rows], minlength=self.n_devices)
+
+    @property
+    def resources(self):
+        """A TaskGraph without tasks holding the cluster's resources (devices, links, the NCCL stream)
+        and the task categories; every plan's TaskGraph starts as a copy of it."""
+        if self._resources is None:
+            import simulator
+
+            tg = simulator.TaskGraph()
+            for d, device in enumerate(self.cluster.devices):
+                tg.add_resource(device.name, memory_capacity_bytes=float(self.cluster.memory_bytes[d]))
+            for link in self.cluster.links:
+                tg.add_resource(link.name)
+            if self.nccl_resource >= 0:
+                tg.add_resource("nccl-stream")
+            self.category_codes = np.array([tg.category(x) for x in CATEGORIES], dtype=np.int64)
+            self._resources = tg
+        return self._resources
+
+    def _use_grouping(self, group_of: np.ndarray) -> None:
+        """Adopt the strategy's op groups; a new grouping drops what depends on the old one."""
+        g = self.grouping
+        if g is not None and (g.op_group is group_of or np.array_equal(g.op_group, group_of)):
+            return
+        n_groups = int(group_of.max()) + 1 if len(group_of) else 0
+        self.grouping = Grouping(group_of, group_of[self.gi.t_op], n_groups)
+        self._need.clear()
+        self._pulled = None
+        self.bases.clear()
+
+    # ---------------------------------------------------------------- compile
+    def compile(self, strategy: Strategy, *, check: bool = True, patch: bool = True) -> CompiledPlan:
+        """The CompiledPlan of ``strategy`` (``check``: refuse a strategy made for another graph or
+        cluster; ``patch``: allow patching a recent plan)."""
+        return self.compile_state(strategy, check=check, patch=patch).plan
+
+    def compile_state(self, strategy: Strategy, *, check: bool = True, patch: bool = True) -> PlanState:
+        from heterog.compiler.delta import dirty_units, patch_plan
+
+        if check:
+            strategy.check_fits(self.graph, self.cluster)
+        self._use_grouping(strategy.group_of)
+        if len(self.configs) > 100_000:              # bounded registries: start afresh
+            self.__init__(self.graph, self.cluster, self.cost, serialize_collectives=self.nccl_resource >= 0,
+                          max_bases=self.max_bases, delta_fraction=self.delta_fraction)
+            self._use_grouping(strategy.group_of)
+        placement = place(self, strategy)
+        state = None
+        if patch and self.max_bases > 0 and self.bases:
+            key, base = min(self.bases.items(),
+                            key=lambda kv: np.count_nonzero(kv[1].placement.group_cfg != placement.group_cfg))
+            dirty = dirty_units(self, base.placement, placement)
+            if dirty is None:                         # nothing changed: the same plan
+                self.bases.move_to_end(key)
+                state = base
+                op_priority = None if strategy.priorities is None else np.asarray(strategy.priorities)
+                if op_priority is not None or base.plan.op_priority is not None:
+                    state = replace(base, plan=replace(base.plan, op_priority=op_priority))
+                return state
+            if np.count_nonzero(dirty.ops) <= self.delta_fraction * self.gi.n_ops:
+                state = patch_plan(self, base, strategy, placement, dirty)
+                self.n_patched += 1
+        if state is None:
+            state = compile_all(self, strategy, placement)
+            self.n_full += 1
+        if self.max_bases > 0:
+            self.bases[id(state)] = state
+            while len(self.bases) > self.max_bases:
+                self.bases.popitem(last=False)
+        return state
+
+
+def _ragged_rows(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    from heterog.compiler.tasks import ragged
+
+    return ragged(counts)
+
+
+def compile_strategy(graph, cluster, strategy: Strategy, cost, *, serialize_collectives: bool = False,
                      check: bool = True) -> CompiledPlan:
     """Build the TaskGraph of ``strategy`` for one training iteration of ``graph`` on ``cluster``.
 
@@ -279,479 +543,5 @@ def compile_strategy(graph, cluster, strategy, cost, *, serialize_collectives: b
         serialize_collectives: NCCL-style: all AllReduces share one stream and run one at a time.
         check: refuse a strategy made for another graph or cluster.
     """
-    import simulator
-
-    if check:
-        strategy.check_fits(graph, cluster)
-    gi = graph_index(graph)
-    n, m, B = gi.n_ops, cluster.n_devices, graph.batch_size
-    paths = _path_table(cluster)
-    bw, lat = cluster.bandwidth_Bps, cluster.latency_s
-    n_links = len(cluster.links)
-    nccl_res = m + n_links if serialize_collectives else -1
-
-    # ---- per group: config id, PS device ------------------------------------------------------
-    # distinct configs: by object identity first (decoded strategies share objects), then by value
-    obj_ids = np.fromiter((id(c) for c in strategy.configs), dtype=np.int64, count=len(strategy.configs))
-    _, first_obj, obj_inv = np.unique(obj_ids, return_index=True, return_inverse=True)
-    cfg_ids: dict = {}
-    obj_cfg = np.array([cfg_ids.setdefault(strategy.configs[i], len(cfg_ids)) for i in first_obj.tolist()],
-                       dtype=np.int64)
-    group_cfg = obj_cfg[obj_inv]
-    cfgs = list(cfg_ids)
-    op_group = strategy.group_of
-    op_cfg = group_cfg[op_group]
-    cfg_nrep = np.array([c.n_replicas for c in cfgs], dtype=np.int64)
-    cfg_ps = np.array([c.sync == "ps" and c.n_replicas > 1 for c in cfgs], dtype=bool)
-    replicated = cfg_nrep[op_cfg] > 1
-    agg = gi.t_needs_agg & replicated[gi.t_op]          # tensors to aggregate
-    group_ps = _choose_ps(graph, group_cfg, cfgs, cfg_ps, op_group, agg, gi, cost, paths, m + n_links)
-
-    # ---- layouts --------------------------------------------------------------------------------
-    lay_key: dict = {}
-    lay_devs: list[tuple] = []
-    lay_shares: list[tuple] = []
-
-    def layout(devs, shares) -> int:
-        key = (tuple(devs), tuple(shares))
-        if key not in lay_key:
-            lay_key[key] = len(lay_devs)
-            lay_devs.append(key[0])
-            lay_shares.append(key[1])
-        return lay_key[key]
-
-    cfg_split = np.array([layout(c.devices, c.shares) for c in cfgs], dtype=np.int64)
-    cfg_dup = np.array([layout(c.devices, (B,) * c.n_replicas) for c in cfgs], dtype=np.int64)
-    ps_lay = {d: layout((d,), (B,)) for d in sorted(set(group_ps.values()))}   # where PS state lives
-    op_lay = np.where(gi.has_batch, cfg_split[op_cfg], cfg_dup[op_cfg])
-    ps_mode = cfg_ps[op_cfg] & ~gi.has_batch & (gi.post_agg | gi.placeholder_resident)
-    if ps_mode.any():
-        op_lay[ps_mode] = np.array([ps_lay[group_ps[int(g)]] for g in op_group[ps_mode].tolist()], dtype=np.int64)
-    L = len(lay_devs)
-    lay_len = np.array([len(d) for d in lay_devs], dtype=np.int64)
-    lay_ptr = np.concatenate([[0], np.cumsum(lay_len)])
-    lay_dev_flat = np.array([d for ds in lay_devs for d in ds], dtype=np.int64)
-    lay_frac_flat = np.array([s / B for ss in lay_shares for s in ss], dtype=np.float64)
-    lay_dev_mask = np.zeros((L, m), dtype=bool)
-    lay_dev_mask[np.repeat(np.arange(L), lay_len), lay_dev_flat] = True
-
-    T = _Tasks()
-    # ---- op instances ---------------------------------------------------------------------------
-    counts = lay_len[op_lay]
-    inst_start = np.concatenate([[0], np.cumsum(counts)])[:-1]
-    n_inst = int(counts.sum())
-    inst_op = np.repeat(np.arange(n), counts)
-    local = np.arange(n_inst) - np.repeat(inst_start, counts)
-    flat = lay_ptr[op_lay][inst_op] + local
-    inst_dev = lay_dev_flat[flat]
-    inst_frac = lay_frac_flat[flat]
-    inst_dur = cost.op_times(graph, inst_op, inst_dev, inst_frac)
-    inst_alloc = gi.out_fixed_bytes[inst_op] + gi.out_batch_bytes[inst_op] * inst_frac
-    comp = gi.is_compute[inst_op]
-    inst_ids = T.add(dur=inst_dur, kind=TaskKind.COMPUTE, op=inst_op, dev=inst_dev, alloc=inst_alloc,
-                     key=inst_op * _N_STAGES + _STAGE["compute"], cat=gi.category[inst_op], prio_op=inst_op,
-                     res_len=comp.astype(np.int64), res_idx=inst_dev[comp])
-    T.cols["kind"][-1][~comp] = int(TaskKind.PLACEHOLDER)
-    resident = np.bincount(inst_dev[gi.placeholder_resident[inst_op]],
-                           weights=gi.resident_bytes[inst_op][gi.placeholder_resident[inst_op]], minlength=m)
-
-    # provider of each op's output value on each device: instance task, or aggregation task
-    # provider of each tensor's value on each device: the producer's instance, or an aggregation task
-    prov_op = np.full((n, m), -1, dtype=np.int64)
-    prov_op[inst_op, inst_dev] = inst_ids
-    prov_at = prov_op[gi.t_op]
-    prov_lay = op_lay[gi.t_op]        # layout whose devices hold the (aggregated) value
-
-    # ---- gradient aggregation -------------------------------------------------------------------
-    agg_t = np.nonzero(agg)[0]
-    allreduce_algo: dict = {}
-    if len(agg_t):
-        is_ps = cfg_ps[op_cfg[gi.t_op[agg_t]]]
-        _aggregate_ps(T, agg_t[is_ps], op_group, op_lay, lay_devs, group_ps, inst_start, gi, cost,
-                      paths, prov_at, prov_lay, ps_lay)
-        allreduce_algo = _aggregate_ar(T, agg_t[~is_ps], op_lay, lay_devs, inst_start, gi, cost, prov_at,
-                                       nccl_res, m, paths)
-
-    # ---- edges ----------------------------------------------------------------------------------
-    _connect(T, graph, gi, op_lay, prov_lay, inst_start, lay_len, lay_ptr, lay_dev_flat, lay_devs, lay_shares,
-             lay_dev_mask, prov_at, cost, bw, lat, paths, B)
-
-    # ---- assemble: renumber topologically by (consumer op, stage), build the TaskGraph -----------
-    key = T.col("key")
-    perm = np.argsort(key, kind="stable")           # new -> old
-    new_of = np.empty_like(perm)
-    new_of[perm] = np.arange(len(perm))
-    dep_task = new_of[_cat(T.dep_task)]
-    dep_on = new_of[_cat(T.dep_on)]
-    pair = np.unique(dep_task * T.n + dep_on)
-    dep_task, dep_on = pair // T.n, pair % T.n
-    if np.any(dep_on >= dep_task):
-        raise AssertionError("compiler produced a dependency on a later task")
-    dep_ptr = np.concatenate([[0], np.cumsum(np.bincount(dep_task, minlength=T.n))]).astype(np.int64)
-    res_len_old = _cat(T.res_len)
-    res_idx_old = _cat(T.res_idx)
-    res_ptr_old = np.concatenate([[0], np.cumsum(res_len_old)])
-    res_len = res_len_old[perm]
-    res_ptr = np.concatenate([[0], np.cumsum(res_len)]).astype(np.int64)
-    gather = np.repeat(res_ptr_old[perm], res_len) + (np.arange(res_ptr[-1]) - np.repeat(res_ptr[:-1], res_len))
-    res_idx = res_idx_old[gather] if len(gather) else np.zeros(0, np.int64)
-
-    dev = T.col("dev")[perm]
-    alloc = T.col("alloc")[perm]
-    has_mem = (alloc > 0) & (dev >= 0)
-    mem_ptr = np.concatenate([[0], np.cumsum(has_mem)]).astype(np.int64)
-
-    tg = simulator.TaskGraph()
-    for d, device in enumerate(cluster.devices):
-        tg.add_resource(device.name, memory_capacity_bytes=float(cluster.memory_bytes[d]),
-                        resident_bytes=float(resident[d]))
-    for link in cluster.links:
-        tg.add_resource(link.name)
-    if serialize_collectives:
-        tg.add_resource("nccl-stream")
-    dur = T.col("dur")[perm]
-    tg.add_tasks(duration=dur, priority=np.zeros(T.n), res_ptr=res_ptr, res_idx=res_idx,
-                 dep_ptr=dep_ptr, dep_idx=dep_on, mem_ptr=mem_ptr, mem_res=dev[has_mem],
-                 mem_bytes=alloc[has_mem], free_ptr=dep_ptr, free_idx=dep_on, lag=T.col("lag")[perm],
-                 cats=np.array([tg.category(c) for c in CATEGORIES], dtype=np.int64)[T.col("cat")[perm]])
-    aggregated = {int(t): (("ps", group_ps[int(op_group[gi.t_op[t]])]) if cfg_ps[op_cfg[gi.t_op[t]]]
-                           else ("allreduce", lay_devs[op_lay[gi.t_op[t]]])) for t in agg_t.tolist()}
-    return CompiledPlan(tg=tg, task_kind=T.col("kind")[perm], task_op=T.col("op")[perm], task_device=dev,
-                        op_priority=None if strategy.priorities is None else np.asarray(strategy.priorities),
-                        task_prio_op=T.col("prio_op")[perm], n_devices=m, n_links=n_links,
-                        dep_ptr=dep_ptr, dep_idx=dep_on, ps_device=group_ps, allreduce_algo=allreduce_algo,
-                        op_layout=op_lay, layout_devices=lay_devs, layout_shares=lay_shares,
-                        tensor_layout=prov_lay, aggregated=aggregated)
-
-
-def _choose_ps(graph, group_cfg, cfgs, cfg_ps, op_group, agg, gi, cost, paths, n_res) -> dict:
-    """PS device per PS group: the given one, or the replica chosen with the plan's other PS groups and
-    AllReduces already queued on each candidate's links and aggregation (``heterog.compiler.ps``)."""
-    ps_groups = np.nonzero(cfg_ps[group_cfg])[0]
-    if not len(ps_groups):
-        return {}
-    n_groups, m = len(group_cfg), len(paths.host)
-    t_group = op_group[gi.t_op]
-    t_cfg = group_cfg[t_group]
-    need_at = _parameters_needed(graph, gi, cfgs, cost, t_cfg, t_group, n_groups)
-
-    def per_group(mask):
-        return (np.bincount(t_group[mask], minlength=n_groups).astype(np.float64),
-                np.bincount(t_group[mask], weights=gi.t_bytes[mask], minlength=n_groups))
-
-    (n_push, b_push), (n_pull, b_pull) = per_group(agg), per_group(gi.t_pulled)
-    amount = np.stack([n_push, b_push, n_pull, b_pull], axis=1)[ps_groups]
-    # the plan's AllReduces: (total duration, resources) per (config, algorithm)
-    allreduces = []
-    ar = agg & ~cfg_ps[t_cfg]
-    for c in np.unique(t_cfg[ar]).tolist():
-        sel = np.nonzero(ar & (t_cfg == c))[0]
-        devs = cfgs[c].devices
-        times, algos = cost.allreduce_times(devs, gi.t_bytes[sel])
-        algos = np.asarray(algos)
-        hosts = tuple(int(d) for d in devs if paths.host[d])
-        for a in sorted(set(algos.tolist())):
-            res = tuple(m + x for x in cost.allreduce_links(devs, a)) + hosts
-            allreduces.append((float(np.sum(times[algos == a])), res))
-    fixed = {int(g): int(cfgs[group_cfg[g]].ps_device) for g in ps_groups.tolist()
-             if cfgs[group_cfg[g]].ps_device is not None}
-    problem = build_problem(ps_groups, [cfgs[group_cfg[g]].devices for g in ps_groups.tolist()], fixed, amount,
-                            need_at[ps_groups], allreduces, cost, paths, n_res)
-    return choose_ps_devices(problem, ps_groups)
-
-
-def _parameters_needed(graph, gi, cfgs, cost, t_cfg, t_group, n_groups) -> np.ndarray:
-    """(n_groups, M) estimated time by which each replica device needs the group's pulled parameters: its
-    forward and backward work before their first reader (op ids are topological), at its batch share, one
-    op after another, plus its slack (the busiest replica's work minus its own)."""
-    full = cost.full_batch_times(graph)
-    work = gi.is_compute & ~gi.post_agg
-    need = np.zeros((n_groups, full.shape[1]))
-    e = np.nonzero(~gi.e_value_free & gi.has_batch[gi.e_dst])[0]
-    first_reader = np.full(len(gi.t_op), np.iinfo(np.int64).max)
-    np.minimum.at(first_reader, gi.e_tensor[e], gi.e_dst[e])
-    pulled = np.nonzero(gi.t_pulled & (first_reader < gi.n_ops))[0]
-    for c in np.unique(t_cfg[pulled]).tolist():
-        cfg, pul = cfgs[c], pulled[t_cfg[pulled] == c]
-        op_s = [np.where(work, full[:, d] * np.where(gi.has_batch, share / graph.batch_size, 1.0), 0.0)
-                for d, share in zip(cfg.devices, cfg.shares)]
-        longest = max(float(t.sum()) for t in op_s)
-        for d, t in zip(cfg.devices, op_s):
-            before = np.cumsum(t) - t
-            at = np.full(n_groups, np.inf)
-            np.minimum.at(at, t_group[pul], before[first_reader[pul]] + longest - float(t.sum()))
-            need[:, d] = np.where(np.isinf(at), need[:, d], at)      # each group is under one config
-    return need
-
-
-def _aggregate_ps(T, tensors, op_group, op_lay, lay_devs, group_ps, inst_start, gi, cost, paths,
-                  prov_at, prov_lay, ps_lay) -> None:
-    """Workers push partial results to the PS, which aggregates them; the value then lives on the PS."""
-    if not len(tensors):
-        return
-    ops = gi.t_op[tensors]
-    ps = np.array([group_ps[int(g)] for g in op_group[ops]], dtype=np.int64)
-    lays = op_lay[ops]
-    for lay, p in sorted(set(zip(lays.tolist(), ps.tolist()))):
-        pick = (lays == lay) & (ps == p)
-        sel, sel_op = tensors[pick], ops[pick]
-        devs = np.array(lay_devs[lay], dtype=np.int64)
-        k_ps = int(np.nonzero(devs == p)[0][0])
-        workers = np.nonzero(devs != p)[0]
-        nb = gi.t_bytes[sel]
-        # push tasks: (tensor, worker) pairs
-        src_task = (inst_start[sel_op][:, None] + workers[None, :]).ravel()
-        src_dev = np.tile(devs[workers], len(sel))
-        bytes_ = np.repeat(nb, len(workers))
-        op_rep = np.repeat(sel_op, len(workers))
-        rlen, ridx = paths.resources(src_dev, np.full(len(src_dev), p))
-        push = T.add(dur=cost.transfer_times(src_dev, np.full(len(src_dev), p), bytes_), kind=TaskKind.PUSH,
-                     op=op_rep, dev=p, alloc=bytes_, key=op_rep * _N_STAGES + _STAGE["push"], cat=6,
-                     prio_op=op_rep, res_len=rlen, res_idx=ridx, lag=cost.transfer_latencies(src_dev, p, bytes_))
-        T.deps(push, src_task)
-        aggr = T.add(dur=cost.aggregate_times(p, nb, len(devs)), kind=TaskKind.AGGREGATE, op=sel_op, dev=p,
-                     alloc=np.where(gi.is_grad[sel_op], 0.0, nb), key=sel_op * _N_STAGES + _STAGE["aggregate"],
-                     cat=6, prio_op=sel_op, res_len=1, res_idx=np.full(len(sel), p))
-        T.deps(np.repeat(aggr, len(workers)), push)
-        T.deps(aggr, inst_start[sel_op] + k_ps)
-        prov_at[sel] = -1
-        prov_at[sel, p] = aggr
-        prov_lay[sel] = ps_lay[p]
-
-
-def _aggregate_ar(T, tensors, op_lay, lay_devs, inst_start, gi, cost, prov_at, nccl_res, n_dev, paths) -> dict:
-    """One AllReduce per partial tensor over its replicas; it holds the links of its algorithm (and the
-    members that drive their own communication)."""
-    algo_of: dict = {}
-    if not len(tensors):
-        return algo_of
-    ops = gi.t_op[tensors]
-    lays = op_lay[ops]
-    for lay in np.unique(lays).tolist():
-        pick = lays == lay
-        sel, sel_op = tensors[pick], ops[pick]
-        devs = lay_devs[lay]
-        times, algos = cost.allreduce_times(devs, gi.t_bytes[sel])
-        algos = np.asarray(algos)
-        links_of = {a: tuple(n_dev + x for x in cost.allreduce_links(devs, a)) for a in set(algos.tolist())}
-        hosts = tuple(int(d) for d in devs if paths.host[d])
-        res = [links_of[a] + ((nccl_res,) if nccl_res >= 0 else ()) + hosts for a in algos.tolist()]
-        ar = T.add(dur=times, kind=TaskKind.ALLREDUCE, op=sel_op, dev=-1, alloc=0.0,
-                   key=sel_op * _N_STAGES + _STAGE["aggregate"], cat=7, prio_op=sel_op,
-                   res_len=np.array([len(r) for r in res]), res_idx=np.array([x for r in res for x in r]))
-        k = len(devs)
-        T.deps(np.repeat(ar, k), (inst_start[sel_op][:, None] + np.arange(k)[None, :]).ravel())
-        prov_at[np.repeat(sel, k), np.tile(np.array(devs), len(sel))] = np.repeat(ar, k)
-        algo_of.update({int(o): a for o, a in zip(sel_op.tolist(), algos.tolist())})
-    return algo_of
-
-
-def _connect(T, graph, gi, op_lay, prov_lay, inst_start, lay_len, lay_ptr, lay_dev_flat, lay_devs, lay_shares,
-             lay_dev_mask, prov_at, cost, bw, lat, paths, B) -> None:
-    """Dependencies and communication for every graph edge."""
-    src, dst = gi.e_src, gi.e_dst
-    if not len(src):
-        return
-    lay_u, lay_v = op_lay[src], op_lay[dst]
-    same = gi.e_batch & (lay_u == lay_v)
-    # (a) batch tensor, same layout: replica k feeds replica k
-    e = np.nonzero(same)[0]
-    if len(e):
-        k = lay_len[lay_v[e]]
-        er = np.repeat(e, k)
-        loc = np.arange(int(k.sum())) - np.repeat(np.concatenate([[0], np.cumsum(k)])[:-1], k)
-        T.deps(inst_start[dst[er]] + loc, inst_start[src[er]] + loc)
-    # (b) non-batch tensor (or aggregated value): needed on each consumer replica's device
-    e = np.nonzero(~gi.e_batch)[0]
-    if len(e):
-        _connect_nonbatch(T, gi, e, src, dst, op_lay, prov_lay, inst_start, lay_len, lay_ptr, lay_dev_flat,
-                          lay_dev_mask, prov_at, cost, bw, lat, paths)
-    # (c) batch tensor, different layouts: split -> transfers -> concat, once per (tensor, layout)
-    e = np.nonzero(gi.e_batch & ~same)[0]
-    if len(e):
-        _connect_relayout(T, gi, e, src, dst, op_lay, inst_start, lay_devs, lay_shares, lay_ptr, lay_dev_flat,
-                          cost, paths, B)
-
-
-def _connect_nonbatch(T, gi, e, src, dst, op_lay, prov_lay, inst_start, lay_len, lay_ptr, lay_dev_flat,
-                      lay_dev_mask, prov_at, cost, bw, lat, paths) -> None:
-    k = lay_len[op_lay[dst[e]]]
-    er = np.repeat(e, k)
-    loc = np.arange(int(k.sum())) - np.repeat(np.concatenate([[0], np.cumsum(k)])[:-1], k)
-    u, v, t = src[er], dst[er], gi.e_tensor[er]
-    d = lay_dev_flat[lay_ptr[op_lay[v]] + loc]
-    consumer = inst_start[v] + loc
-    have = prov_at[t, d]
-    local = have >= 0
-    T.deps(consumer[local], have[local])
-    miss = ~local
-    vf = miss & gi.e_value_free[er]
-    if vf.any():  # shape-only consumer: depend on any holder, nothing moves
-        first = lay_dev_flat[lay_ptr[prov_lay[t[vf]]]]
-        T.deps(consumer[vf], prov_at[t[vf], first])
-    need = miss & ~gi.e_value_free[er]
-    if not need.any():
-        return
-    u, d, v, consumer, tensor = u[need], d[need], v[need], consumer[need], t[need]
-    m = prov_at.shape[1]
-    # best holder: highest bandwidth to d, then lowest latency, then lowest id
-    holders = lay_dev_mask[prov_lay[tensor]]                                   # (x, m)
-    score_bw = np.where(holders, bw[:, d].T, -np.inf)
-    best_bw = score_bw.max(axis=1, keepdims=True)
-    score_lat = np.where(score_bw == best_bw, lat[:, d].T, np.inf)
-    s = np.argmin(score_lat, axis=1)
-    # one transfer per (tensor, destination device)
-    tkey = tensor * m + d
-    uniq, first_idx, inv = np.unique(tkey, return_index=True, return_inverse=True)
-    first_consumer = np.full(len(uniq), np.iinfo(np.int64).max)
-    np.minimum.at(first_consumer, inv, v)
-    tu, ts, td, tt = u[first_idx], s[first_idx], d[first_idx], tensor[first_idx]
-    nb = gi.e_bytes[er[need][first_idx]]
-    rlen, ridx = paths.resources(ts, td)
-    tr = T.add(dur=cost.transfer_times(ts, td, nb), kind=TaskKind.TRANSFER, op=tu, dev=td, alloc=nb,
-               key=first_consumer * _N_STAGES + _STAGE["transfer"], cat=4, prio_op=first_consumer,
-               res_len=rlen, res_idx=ridx, lag=cost.transfer_latencies(ts, td, nb))
-    T.deps(tr, prov_at[tt, ts])
-    T.deps(consumer, tr[inv])
-
-
-@dataclass(frozen=True)
-class _Pattern:
-    """How a batch tensor laid out as (devs_u, shares_u) is re-laid out as (devs_v, shares_v)."""
-
-    pi: np.ndarray        # (P,) producer replica of each piece
-    pj: np.ndarray        # (P,) consumer replica of each piece
-    pov: np.ndarray       # (P,) samples in the piece
-    remote: np.ndarray    # (P,) piece crosses devices -> transfer
-    split_i: np.ndarray   # (S,) producer replicas cut into several pieces
-    split_slot: np.ndarray  # (P,) index into split_i of the piece's producer, -1 if not split
-    concat_j: np.ndarray  # (C,) consumer replicas assembled from several pieces
-    concat_slot: np.ndarray  # (P,) index into concat_j of the piece's consumer, -1 if single piece
-
-
-_PATTERNS: dict = {}
-
-
-def _relayout_pattern(devs_u, shares_u, devs_v, shares_v) -> _Pattern:
-    """Pieces (i, j, overlap) where replica i of the producer and replica j of the consumer overlap
-    (cached: the same layouts recur across strategies)."""
-    key = (devs_u, shares_u, devs_v, shares_v)
-    pat = _PATTERNS.get(key)
-    if pat is not None:
-        return pat
-    cu = np.concatenate([[0], np.cumsum(shares_u)])
-    cv = np.concatenate([[0], np.cumsum(shares_v)])
-    ov = np.minimum(cu[1:, None], cv[None, 1:]) - np.maximum(cu[:-1, None], cv[None, :-1])   # (nu, nv)
-    pi, pj = np.nonzero(ov > 0)
-    n_i = np.bincount(pi, minlength=len(devs_u))
-    n_j = np.bincount(pj, minlength=len(devs_v))
-    split_i, concat_j = np.nonzero(n_i > 1)[0], np.nonzero(n_j > 1)[0]
-    slot_i = np.full(len(devs_u), -1)
-    slot_i[split_i] = np.arange(len(split_i))
-    slot_j = np.full(len(devs_v), -1)
-    slot_j[concat_j] = np.arange(len(concat_j))
-    pat = _Pattern(pi, pj, ov[pi, pj].astype(np.float64), np.asarray(devs_u)[pi] != np.asarray(devs_v)[pj],
-                   split_i, slot_i[pi], concat_j, slot_j[pj])
-    if len(_PATTERNS) > 4096:
-        _PATTERNS.clear()
-    _PATTERNS[key] = pat
-    return pat
-
-
-def _ragged(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For ragged rows of the given lengths: (row of each element, position within its row)."""
-    rows = np.repeat(np.arange(len(counts)), counts)
-    starts = np.concatenate([[0], np.cumsum(counts)])[:-1]
-    return rows, np.arange(int(np.sum(counts))) - np.repeat(starts, counts)
-
-
-def _connect_relayout(T, gi, e, src, dst, op_lay, inst_start, lay_devs, lay_shares, lay_ptr, lay_dev_flat,
-                      cost, paths, B) -> None:
-    """Split -> transfers -> concat for batch tensors consumed under another layout, once per
-    (tensor, consumer layout); vectorised over all such re-layouts at once."""
-    n_lay = len(lay_devs)
-    ukey = gi.e_tensor[e] * n_lay + op_lay[dst[e]]
-    uniq, first_idx, inv = np.unique(ukey, return_index=True, return_inverse=True)
-    R = len(uniq)
-    first_consumer = np.full(R, np.iinfo(np.int64).max)
-    np.minimum.at(first_consumer, inv, dst[e])
-    r_u = src[e][first_idx]
-    r_lu, r_lv = op_lay[r_u], op_lay[dst[e][first_idx]]
-    r_bytes = gi.e_bytes[e][first_idx]
-    # patterns used here, flattened: pattern k's pieces/splits/concats live at offsets in the flat arrays
-    pair_key = r_lu * n_lay + r_lv
-    pairs, r_pat = np.unique(pair_key, return_inverse=True)
-    pats = [_relayout_pattern(lay_devs[k // n_lay], lay_shares[k // n_lay], lay_devs[k % n_lay],
-                              lay_shares[k % n_lay]) for k in pairs.tolist()]
-
-    def flat(attr):
-        return np.concatenate([getattr(p, attr) for p in pats])
-
-    def ptr(attr):
-        return np.concatenate([[0], np.cumsum([len(getattr(p, attr)) for p in pats])]).astype(np.int64)
-
-    P_ptr, S_ptr, C_ptr = ptr("pi"), ptr("split_i"), ptr("concat_j")
-    f_pi, f_pj, f_pov, f_rem = flat("pi"), flat("pj"), flat("pov"), flat("remote")
-    f_sslot, f_cslot, f_si, f_cj = flat("split_slot"), flat("concat_slot"), flat("split_i"), flat("concat_j")
-    fu = lay_ptr[r_lu]                     # flat layout offsets of producer / consumer replicas
-    fv = lay_ptr[r_lv]
-    base = first_consumer * _N_STAGES
-    src_inst = inst_start[r_u]
-    key_split, key_tr, key_cat = base + _STAGE["split"], base + _STAGE["transfer"], base + _STAGE["concat"]
-
-    # split tasks: (instance, producer replica cut into several pieces)
-    n_s = S_ptr[r_pat + 1] - S_ptr[r_pat]
-    s_r, s_k = _ragged(n_s)
-    s_i = f_si[S_ptr[r_pat[s_r]] + s_k]
-    s_dev = lay_dev_flat[fu[s_r] + s_i]
-    s_bytes = r_bytes[s_r] * _layout_frac(lay_shares, lay_ptr, r_lu[s_r], s_i, B)
-    split_ids = T.add(dur=cost.copy_times(s_dev, s_bytes), kind=TaskKind.SPLIT, op=r_u[s_r], dev=s_dev,
-                      alloc=s_bytes, key=key_split[s_r], cat=5, prio_op=first_consumer[s_r], res_len=1, res_idx=s_dev)
-    T.deps(split_ids, src_inst[s_r] + s_i)
-    split_base = np.concatenate([[0], np.cumsum(n_s)])[:-1] + (split_ids[0] if len(split_ids) else 0)
-
-    # pieces: provider is the split task of its producer replica, else the producer instance itself
-    n_p = P_ptr[r_pat + 1] - P_ptr[r_pat]
-    p_r, p_k = _ragged(n_p)
-    fp = P_ptr[r_pat[p_r]] + p_k
-    p_i, p_j, p_rem, p_ss, p_cs = f_pi[fp], f_pj[fp], f_rem[fp], f_sslot[fp], f_cslot[fp]
-    piece_task = np.where(p_ss >= 0, split_base[p_r] + p_ss, src_inst[p_r] + p_i)
-    rem = np.nonzero(p_rem)[0]
-    if len(rem):
-        t_src = lay_dev_flat[fu[p_r[rem]] + p_i[rem]]
-        t_dst = lay_dev_flat[fv[p_r[rem]] + p_j[rem]]
-        t_bytes = r_bytes[p_r[rem]] * f_pov[fp[rem]] / B
-        rlen, ridx = paths.resources(t_src, t_dst)
-        tr = T.add(dur=cost.transfer_times(t_src, t_dst, t_bytes), kind=TaskKind.TRANSFER, op=r_u[p_r[rem]],
-                   dev=t_dst, alloc=t_bytes, key=key_tr[p_r[rem]], cat=4, prio_op=first_consumer[p_r[rem]],
-                   res_len=rlen, res_idx=ridx, lag=cost.transfer_latencies(t_src, t_dst, t_bytes))
-        T.deps(tr, piece_task[rem])
-        piece_task[rem] = tr
-
-    # concat tasks: (instance, consumer replica assembled from several pieces)
-    n_c = C_ptr[r_pat + 1] - C_ptr[r_pat]
-    c_r, c_k = _ragged(n_c)
-    c_j = f_cj[C_ptr[r_pat[c_r]] + c_k]
-    c_dev = lay_dev_flat[fv[c_r] + c_j]
-    c_bytes = r_bytes[c_r] * _layout_frac(lay_shares, lay_ptr, r_lv[c_r], c_j, B)
-    concat_ids = T.add(dur=cost.copy_times(c_dev, c_bytes), kind=TaskKind.CONCAT, op=r_u[c_r], dev=c_dev,
-                       alloc=c_bytes, key=key_cat[c_r], cat=5, prio_op=first_consumer[c_r], res_len=1, res_idx=c_dev)
-    concat_base = np.concatenate([[0], np.cumsum(n_c)])[:-1] + (concat_ids[0] if len(concat_ids) else 0)
-    in_concat = p_cs >= 0
-    T.deps(concat_base[p_r[in_concat]] + p_cs[in_concat], piece_task[in_concat])
-
-    # output of each (instance, consumer replica): its concat, else its single piece
-    width = max(len(d) for d in lay_devs)
-    out_task = np.full((R, width), -1, dtype=np.int64)
-    out_task[p_r[~in_concat], p_j[~in_concat]] = piece_task[~in_concat]
-    out_task[c_r, c_j] = concat_base[c_r] + c_k
-    # consumers: replica j of each edge's consumer depends on the re-layout output j
-    lay_len = np.array([len(d) for d in lay_devs], dtype=np.int64)
-    er, loc = _ragged(lay_len[op_lay[dst[e]]])
-    T.deps(inst_start[dst[e][er]] + loc, out_task[inv[er], loc])
-
-
-def _layout_frac(lay_shares, lay_ptr, lays: np.ndarray, reps: np.ndarray, B: int) -> np.ndarray:
-    """Batch fraction of replica ``reps[k]`` of layout ``lays[k]``."""
-    flat_shares = np.array([s for ss in lay_shares for s in ss], dtype=np.float64)
-    return flat_shares[lay_ptr[lays] + reps] / B
+    compiler = Compiler(graph, cluster, cost, serialize_collectives=serialize_collectives, max_bases=0)
+    return compiler.compile(strategy, check=check)

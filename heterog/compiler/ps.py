@@ -132,13 +132,15 @@ def choose_ps_kernel(order, need, amount, rep_ptr, rep_dev, cand_ptr, cand_dev, 
         for j in range(ar_ptr[a], ar_ptr[a + 1]):
             load[0, ar_res[j]] += ar_dur[a]
     late_so_far = 0.0
+    load_try, due_try = np.empty_like(load), np.empty_like(due)      # scratch copies to try a candidate on
     for g in order:
         best_k, best_score, best_total = -1, np.inf, np.inf
         for k in range(cand_ptr[g], cand_ptr[g + 1]):
             d = cand_dev[k]
-            busiest = _load(g, d, k, load.copy(), amount, rep_ptr, rep_dev, agg_coef, alpha, beta, path_ptr,
-                            path_res)
-            late, total = _pull(g, d, due.copy(), need, amount, rep_ptr, rep_dev, alpha, beta, path_ptr, path_res)
+            load_try[:, :] = load
+            due_try[:] = due
+            busiest = _load(g, d, k, load_try, amount, rep_ptr, rep_dev, agg_coef, alpha, beta, path_ptr, path_res)
+            late, total = _pull(g, d, due_try, need, amount, rep_ptr, rep_dev, alpha, beta, path_ptr, path_res)
             score = busiest + max(late, late_so_far)
             if score < best_score or (score == best_score and total < best_total):
                 best_k, best_score, best_total = k, score, total
@@ -251,7 +253,44 @@ def build_problem(ps_groups: np.ndarray, replicas: list[tuple[int, ...]], fixed:
         ar_res=np.array([r for a in allreduces for r in a[1]], dtype=np.int64), n_res=int(n_res))
 
 
-def choose_ps_devices(problem: PSProblem, ps_groups: np.ndarray) -> dict[int, int]:
-    """Group id -> PS device (compiled greedy)."""
-    dev = choose_ps_kernel(*problem.args())
-    return {int(g): int(d) for g, d in zip(ps_groups.tolist(), dev.tolist())}
+def problem_from_configs(ps_groups: np.ndarray, group_cfg: np.ndarray, cfg_devices: dict[int, tuple[int, ...]],
+                         fixed_ps: np.ndarray, amount: np.ndarray, need: np.ndarray,
+                         allreduces: list[tuple[float, tuple[int, ...]]], cost, paths, n_res: int) -> PSProblem:
+    """``build_problem`` for groups given by config: ``group_cfg[i]`` is the config id of ``ps_groups[i]``,
+    ``cfg_devices`` its replica devices, ``fixed_ps`` (per config id) the PS device it names or -1. Built
+    per config and gathered per group (the same arrays as ``build_problem``, without a loop over groups)."""
+    alpha, beta, path_ptr, path_res = _cluster_tables(cost, paths)
+    used, inv = np.unique(group_cfg, return_inverse=True)
+    reps = [tuple(cfg_devices[k]) for k in used.tolist()]
+    cands = [(int(fixed_ps[k]),) if fixed_ps[k] >= 0 else r for k, r in zip(used.tolist(), reps)]
+    coefs = [_aggregate_coefs(len(r), c, cost) for r, c in zip(reps, cands)]
+
+    def gather(rows: list, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """(ptr, flat values) of each group's row, rows per used config."""
+        lengths = np.array([len(r) for r in rows], dtype=np.int64)
+        flat = np.concatenate([np.asarray(r, dtype=np.float64 if width else np.int64).reshape(-1, max(width, 1))
+                               for r in rows])
+        starts = np.concatenate([[0], np.cumsum(lengths)])[:-1]
+        n = lengths[inv]
+        ptr = np.concatenate([[0], np.cumsum(n)]).astype(np.int64)
+        idx = np.repeat(starts[inv], n) + (np.arange(ptr[-1]) - np.repeat(ptr[:-1], n))
+        return ptr, flat[idx]
+
+    rep_ptr, rep_dev = gather(reps, 0)
+    cand_ptr, cand_dev = gather(cands, 0)
+    _, agg_coef = gather(coefs, 2)
+    size = amount[:, 1] + amount[:, 3]
+    return PSProblem(
+        order=np.lexsort((np.arange(len(ps_groups)), -size)).astype(np.int64),
+        need=np.ascontiguousarray(need, dtype=np.float64),
+        amount=np.ascontiguousarray(amount, dtype=np.float64),
+        rep_ptr=rep_ptr, rep_dev=rep_dev.ravel(), cand_ptr=cand_ptr, cand_dev=cand_dev.ravel(),
+        agg_coef=np.ascontiguousarray(agg_coef), alpha=alpha, beta=beta, path_ptr=path_ptr, path_res=path_res,
+        ar_dur=np.array([a[0] for a in allreduces], dtype=np.float64),
+        ar_ptr=np.concatenate([[0], np.cumsum([len(a[1]) for a in allreduces])]).astype(np.int64),
+        ar_res=np.array([r for a in allreduces for r in a[1]], dtype=np.int64), n_res=int(n_res))
+
+
+def choose_ps_devices(problem: PSProblem) -> np.ndarray:
+    """(G,) the PS device of each group of ``problem`` (compiled greedy)."""
+    return choose_ps_kernel(*problem.args())

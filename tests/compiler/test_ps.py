@@ -146,3 +146,29 @@ def test_kernel_equals_reference(problem):
     assert got.tolist() == want.tolist()
     for g, d in enumerate(got.tolist()):                              # every group on one of its candidates
         assert d in problem.cand_dev[problem.cand_ptr[g]:problem.cand_ptr[g + 1]].tolist()
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_the_problem_built_per_config_equals_the_problem_built_per_group(seed):
+    rng = np.random.default_rng(seed)
+    c = servers([2, 3, 1])
+    cost = CostModel(c)
+    m = c.n_devices
+    configs = [tuple(sorted(rng.choice(m, size=rng.integers(2, m + 1), replace=False).tolist())) for _ in range(4)]
+    fixed = np.array([-1 if rng.random() < 0.6 else int(rng.choice(r)) for r in configs], dtype=np.int64)
+    ps_groups = np.sort(rng.choice(50, size=int(rng.integers(1, 20)), replace=False))
+    cfg = rng.integers(0, len(configs), size=len(ps_groups))
+    amount = rng.integers(0, 9, size=(len(ps_groups), 4)).astype(np.float64)
+    need = rng.uniform(0, 1, size=(len(ps_groups), m))
+    ars = [(float(rng.uniform()), (m, m + 1))]
+    from heterog.compiler.index import path_table
+    from heterog.compiler.ps import build_problem, problem_from_configs
+
+    paths = path_table(c)
+    got = problem_from_configs(ps_groups, cfg, dict(enumerate(configs)), fixed, amount, need, ars, cost, paths, 20)
+    want = build_problem(ps_groups, [configs[k] for k in cfg.tolist()],
+                         {int(g): int(fixed[k]) for g, k in zip(ps_groups.tolist(), cfg.tolist()) if fixed[k] >= 0},
+                         amount, need, ars, cost, paths, 20)
+    for name in PSProblem.__dataclass_fields__:
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)

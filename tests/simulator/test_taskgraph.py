@@ -186,3 +186,35 @@ def test_float_byte_counts_are_rounded() -> None:
     with pytest.raises(ValueError, match="mem_bytes must be finite"):
         tg.add_tasks(np.ones(1), 0.0, np.array([0, 0]), None, mem_ptr=np.array([0, 1]), mem_res=np.array([1]),
                      mem_bytes=np.array([np.inf]))
+
+
+def test_empty_copy_and_adopt_tasks_build_what_add_tasks_builds() -> None:
+    tg = _two_gpu_graph()
+    compute = tg.category("compute")
+    i64 = np.int64
+    arrays = dict(duration=np.array([1.0, 0.5, 0.0]), lag=np.array([0.0, 0.25, 0.0]),
+                  cats=np.array([compute, 0, compute], dtype=i64), res_ptr=np.array([0, 1, 3, 3], dtype=i64),
+                  res_idx=np.array([0, 2, 1], dtype=i64), dep_ptr=np.array([0, 0, 1, 3], dtype=i64),
+                  dep_idx=np.array([0, 0, 1], dtype=i64), mem_ptr=np.array([0, 1, 1, 1], dtype=i64),
+                  mem_res=np.array([0], dtype=i64), mem_bytes=np.array([5], dtype=i64))
+    a = tg.empty_copy(resident_bytes=np.array([7, 0, 0])).adopt_tasks(**arrays)
+    b = simulator.TaskGraph()
+    for name, cap in (("gpu0", 16e9), ("gpu1", None), ("link0", None)):
+        b.add_resource(name, memory_capacity_bytes=cap, resident_bytes=7 if name == "gpu0" else 0)
+    b.category("compute")
+    b.add_tasks(arrays["duration"], 0.0, arrays["res_ptr"], arrays["res_idx"], arrays["dep_ptr"], arrays["dep_idx"],
+                arrays["mem_ptr"], arrays["mem_res"], arrays["mem_bytes"], arrays["dep_ptr"], arrays["dep_idx"],
+                cats=arrays["cats"], lag=arrays["lag"])
+    assert a.resource_names == b.resource_names and a.category_names == b.category_names
+    for x, y in [(a.duration, b.duration), (a.lag, b.lag), (a.priority, b.priority), (a.task_category, b.task_category),
+                 (a.resident_bytes, b.resident_bytes), (a.memory_capacity_bytes, b.memory_capacity_bytes),
+                 *zip(a.resources(), b.resources()), *zip(a.dependencies(), b.dependencies()),
+                 *zip(a.memory(), b.memory()), *zip(a.frees(), b.frees())]:
+        assert x.tolist() == y.tolist()
+    assert simulator.simulate(a).makespan == simulator.simulate(b).makespan == 1.75
+    assert tg.n_tasks == 0 and tg.resident_bytes.tolist() == [1000, 0, 0]        # the template is untouched
+    a.add_task([1], duration=1.0, deps=[2])                                        # adopted buffers still grow
+    assert a.n_tasks == 4 and arrays["duration"].tolist() == [1.0, 0.5, 0.0]
+    bad = dict(arrays, dep_idx=np.array([1, 0, 1], dtype=i64))                    # task 1 waits for itself
+    with pytest.raises(ValueError, match="task 1: dependency 1 does not exist yet"):
+        tg.empty_copy().adopt_tasks(**bad)

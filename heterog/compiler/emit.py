@@ -1,0 +1,345 @@
+"""The emitting phases of the compiler: op instances, gradient aggregation, and the edges between them.
+
+Each phase emits the tasks of a *set* of ops or tensors (all of them when a plan is compiled at once,
+those a strategy change touches when it is patched), vectorised with numpy: Python loops run over
+distinct layouts and layout pairs, never over replicas x edges. Task ids of ops and tensors outside the
+set come from ``Providers`` (the plan being patched).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from heterog.compiler.tasks import TaskBatch, TaskKind, ragged
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.compiler.compile import Compiler, Placement
+
+
+@dataclass
+class Providers:
+    """Where values are read from, as task ids: ``inst_start`` (n_ops,) the first instance of each op (its
+    replicas follow in layout order); ``at`` (n_tensors, M) the task that provides each tensor's value on
+    each device (an instance, or the aggregation), -1 where the value is not; ``layout`` (n_tensors,) the
+    layout whose devices hold the (aggregated) value."""
+
+    inst_start: np.ndarray
+    at: np.ndarray
+    layout: np.ndarray
+
+    def copy(self) -> Providers:
+        return Providers(self.inst_start.copy(), self.at.copy(), self.layout.copy())
+
+
+# ----------------------------------------------------------------------------------- instances
+def emit_instances(c: Compiler, batch: TaskBatch, ops: np.ndarray, place: Placement, prov: Providers) -> None:
+    """One task per replica of each op in ``ops`` (ascending): compute on its device at its batch share,
+    or a placeholder (graph input, parameter) that takes no time. Their outputs become the providers of
+    the ops' tensors."""
+    gi, lay = c.gi, c.layouts
+    op_lay = place.op_lay[ops]
+    counts = lay.length[op_lay]
+    rows, local = ragged(counts)
+    inst_op = ops[rows]
+    flat = lay.ptr[op_lay][rows] + local
+    inst_dev = lay.dev_flat[flat]
+    inst_frac = lay.frac_flat[flat]
+    comp = gi.is_compute[inst_op]
+    ids = batch.add(dur=c.cost.op_times(c.graph, inst_op, inst_dev, inst_frac),
+                    kind=np.where(comp, int(TaskKind.COMPUTE), int(TaskKind.PLACEHOLDER)), op=inst_op, dev=inst_dev,
+                    alloc=gi.out_fixed_bytes[inst_op] + gi.out_batch_bytes[inst_op] * inst_frac,
+                    cat=gi.category[inst_op], prio_op=inst_op, stage="compute", cls=0, tensor=0, sub=local,
+                    owner=inst_op, res_len=comp.astype(np.int64), res_idx=inst_dev[comp])
+    start = ids[np.concatenate([[0], np.cumsum(counts)])[:-1]] if len(ops) else ids
+    prov.inst_start[ops] = start
+    # the ops' tensors: read where their producer's instances are
+    pos = np.full(gi.n_ops, -1, dtype=np.int64)
+    pos[ops] = np.arange(len(ops))
+    rows_at = np.full((len(ops), c.n_devices), -1, dtype=np.int64)
+    rows_at[rows, inst_dev] = ids
+    tensors = np.nonzero(pos[gi.t_op] >= 0)[0]
+    prov.at[tensors] = rows_at[pos[gi.t_op[tensors]]]
+    prov.layout[tensors] = place.op_lay[gi.t_op[tensors]]
+
+
+# ----------------------------------------------------------------------------------- aggregation
+def emit_aggregation(c: Compiler, batch: TaskBatch, tensors: np.ndarray, place: Placement,
+                     prov: Providers) -> dict[int, str]:
+    """Aggregate the partial results ``tensors`` (ascending; all their producers' partial results):
+    under PS, pushes to the group's PS and an aggregation there; under AllReduce, one collective per
+    tensor. Returns the AllReduce algorithm of each op aggregated that way."""
+    if not len(tensors):
+        return {}
+    is_ps = place.op_ps[c.gi.t_op[tensors]]
+    _aggregate_ps(c, batch, tensors[is_ps], place, prov)
+    return _aggregate_ar(c, batch, tensors[~is_ps], place, prov)
+
+
+def _aggregate_ps(c: Compiler, batch: TaskBatch, tensors: np.ndarray, place: Placement, prov: Providers) -> None:
+    """Workers push partial results to the PS, which aggregates them; the value then lives on the PS."""
+    if not len(tensors):
+        return
+    gi, cost, paths = c.gi, c.cost, c.paths
+    ops = gi.t_op[tensors]
+    ps = place.group_ps[c.grouping.op_group[ops]]
+    lays = place.op_lay[ops]
+    for lay, p in sorted(set(zip(lays.tolist(), ps.tolist()))):
+        pick = (lays == lay) & (ps == p)
+        sel, sel_op = tensors[pick], ops[pick]
+        devs = np.array(c.layouts.devices[lay], dtype=np.int64)
+        k_ps = int(np.nonzero(devs == p)[0][0])
+        workers = np.nonzero(devs != p)[0]
+        nb = gi.t_bytes[sel]
+        # push tasks: (tensor, worker) pairs
+        src_task = (prov.inst_start[sel_op][:, None] + workers[None, :]).ravel()
+        src_dev = np.tile(devs[workers], len(sel))
+        bytes_ = np.repeat(nb, len(workers))
+        op_rep = np.repeat(sel_op, len(workers))
+        rlen, ridx = paths.resources(src_dev, np.full(len(src_dev), p))
+        push = batch.add(dur=cost.transfer_times(src_dev, np.full(len(src_dev), p), bytes_), kind=TaskKind.PUSH,
+                         op=op_rep, dev=p, alloc=bytes_, cat=6, prio_op=op_rep, stage="push", cls=0,
+                         tensor=np.repeat(sel, len(workers)), sub=np.tile(np.arange(len(workers)), len(sel)),
+                         owner=op_rep, res_len=rlen, res_idx=ridx,
+                         lag=cost.transfer_latencies(src_dev, p, bytes_))
+        batch.deps(push, src_task, op_rep)
+        aggr = batch.add(dur=cost.aggregate_times(p, nb, len(devs)), kind=TaskKind.AGGREGATE, op=sel_op, dev=p,
+                         alloc=np.where(gi.is_grad[sel_op], 0.0, nb), cat=6, prio_op=sel_op, stage="aggregate",
+                         cls=0, tensor=sel, sub=0, owner=sel_op, res_len=1, res_idx=np.full(len(sel), p))
+        batch.deps(np.repeat(aggr, len(workers)), push, op_rep)
+        batch.deps(aggr, prov.inst_start[sel_op] + k_ps, sel_op)
+        prov.at[sel] = -1
+        prov.at[sel, p] = aggr
+        prov.layout[sel] = p                    # layout p: device p alone (LayoutTable)
+
+
+def _aggregate_ar(c: Compiler, batch: TaskBatch, tensors: np.ndarray, place: Placement,
+                  prov: Providers) -> dict[int, str]:
+    """One AllReduce per partial tensor over its replicas; it holds the links of its algorithm (and the
+    members that drive their own communication)."""
+    algo_of: dict[int, str] = {}
+    if not len(tensors):
+        return algo_of
+    gi = c.gi
+    ops = gi.t_op[tensors]
+    lays = place.op_lay[ops]
+    for lay in np.unique(lays).tolist():
+        pick = lays == lay
+        sel, sel_op = tensors[pick], ops[pick]
+        devs = c.layouts.devices[lay]
+        costs = c.allreduce_costs(devs)
+        code = costs.algo[sel]
+        nccl = (c.nccl_resource,) if c.nccl_resource >= 0 else ()
+        res = [costs.links[a] + nccl + costs.hosts for a in range(len(costs.names))]
+        ar = batch.add(dur=costs.times_s[sel], kind=TaskKind.ALLREDUCE, op=sel_op, dev=-1, alloc=0.0, cat=7,
+                       prio_op=sel_op, stage="aggregate", cls=0, tensor=sel, sub=0, owner=sel_op,
+                       res_len=np.array([len(r) for r in res], dtype=np.int64)[code],
+                       res_idx=np.array([x for a in code.tolist() for x in res[a]], dtype=np.int64))
+        k = len(devs)
+        batch.deps(np.repeat(ar, k), (prov.inst_start[sel_op][:, None] + np.arange(k)[None, :]).ravel(),
+                   np.repeat(sel_op, k))
+        prov.at[np.repeat(sel, k), np.tile(np.array(devs), len(sel))] = np.repeat(ar, k)
+        algo_of.update(zip(sel_op.tolist(), (costs.names[a] for a in code.tolist())))
+    return algo_of
+
+
+# ----------------------------------------------------------------------------------- connections
+def emit_connections(c: Compiler, batch: TaskBatch, edges: np.ndarray, place: Placement, prov: Providers) -> None:
+    """Dependencies and communication of ``edges`` (ascending; every edge of each tensor they carry):
+    (a) a batch tensor under the same layout feeds replica k to replica k; (b) a non-batch value is
+    moved once per (tensor, device) that lacks it; (c) a batch tensor under another layout is split,
+    moved and concatenated once per (tensor, consumer layout)."""
+    gi = c.gi
+    if not len(edges):
+        return
+    src, dst = gi.e_src[edges], gi.e_dst[edges]
+    lay_u, lay_v = place.op_lay[src], place.op_lay[dst]
+    batch_edge = gi.e_batch[edges]
+    same = batch_edge & (lay_u == lay_v)
+    e = edges[same]
+    if len(e):
+        rows, loc = ragged(c.layouts.length[place.op_lay[gi.e_dst[e]]])
+        batch.deps(prov.inst_start[gi.e_dst[e][rows]] + loc, prov.inst_start[gi.e_src[e][rows]] + loc,
+                   c.gi.n_ops + gi.e_tensor[e][rows])
+    e = edges[~batch_edge]
+    if len(e):
+        _connect_nonbatch(c, batch, e, place, prov)
+    e = edges[batch_edge & ~same]
+    if len(e):
+        _connect_relayout(c, batch, e, place, prov)
+
+
+def _connect_nonbatch(c: Compiler, batch: TaskBatch, e: np.ndarray, place: Placement, prov: Providers) -> None:
+    gi, lay, n_ops = c.gi, c.layouts, c.gi.n_ops
+    k = lay.length[place.op_lay[gi.e_dst[e]]]
+    rows, loc = ragged(k)
+    er = e[rows]
+    u, v, t = gi.e_src[er], gi.e_dst[er], gi.e_tensor[er]
+    d = lay.dev_flat[lay.ptr[place.op_lay[v]] + loc]
+    consumer = prov.inst_start[v] + loc
+    have = prov.at[t, d]
+    local = have >= 0
+    batch.deps(consumer[local], have[local], n_ops + t[local])
+    miss = ~local
+    vf = miss & gi.e_value_free[er]
+    if vf.any():  # shape-only consumer: depend on any holder, nothing moves
+        first = lay.dev_flat[lay.ptr[prov.layout[t[vf]]]]
+        batch.deps(consumer[vf], prov.at[t[vf], first], n_ops + t[vf])
+    need = miss & ~gi.e_value_free[er]
+    if not need.any():
+        return
+    u, d, v, consumer, tensor = u[need], d[need], v[need], consumer[need], t[need]
+    m = c.n_devices
+    # best holder: highest bandwidth to d, then lowest latency, then lowest id
+    holders = lay.dev_mask[prov.layout[tensor]]                               # (x, m)
+    score_bw = np.where(holders, c.bandwidth_Bps[:, d].T, -np.inf)
+    best_bw = score_bw.max(axis=1, keepdims=True)
+    score_lat = np.where(score_bw == best_bw, c.latency_s[:, d].T, np.inf)
+    s = np.argmin(score_lat, axis=1)
+    # one transfer per (tensor, destination device)
+    tkey = tensor * m + d
+    uniq, first_idx, inv = np.unique(tkey, return_index=True, return_inverse=True)
+    first_consumer = np.full(len(uniq), np.iinfo(np.int64).max)
+    np.minimum.at(first_consumer, inv, v)
+    tu, ts, td, tt = u[first_idx], s[first_idx], d[first_idx], tensor[first_idx]
+    nb = gi.e_bytes[er[need][first_idx]]
+    rlen, ridx = c.paths.resources(ts, td)
+    tr = batch.add(dur=c.cost.transfer_times(ts, td, nb), kind=TaskKind.TRANSFER, op=tu, dev=td, alloc=nb, cat=4,
+                   prio_op=first_consumer, stage="transfer", cls=0, tensor=tt, sub=td, owner=n_ops + tt,
+                   res_len=rlen, res_idx=ridx, lag=c.cost.transfer_latencies(ts, td, nb))
+    batch.deps(tr, prov.at[tt, ts], n_ops + tt)
+    batch.deps(consumer, tr[inv], n_ops + tensor)
+
+
+@dataclass(frozen=True)
+class _Pattern:
+    """How a batch tensor laid out as (devs_u, shares_u) is re-laid out as (devs_v, shares_v)."""
+
+    pi: np.ndarray        # (P,) producer replica of each piece
+    pj: np.ndarray        # (P,) consumer replica of each piece
+    pov: np.ndarray       # (P,) samples in the piece
+    remote: np.ndarray    # (P,) piece crosses devices -> transfer
+    split_i: np.ndarray   # (S,) producer replicas cut into several pieces
+    split_slot: np.ndarray  # (P,) index into split_i of the piece's producer, -1 if not split
+    concat_j: np.ndarray  # (C,) consumer replicas assembled from several pieces
+    concat_slot: np.ndarray  # (P,) index into concat_j of the piece's consumer, -1 if single piece
+
+
+_PATTERNS: dict = {}
+
+
+def relayout_pattern(devs_u, shares_u, devs_v, shares_v) -> _Pattern:
+    """Pieces (i, j, overlap) where replica i of the producer and replica j of the consumer overlap
+    (cached: the same layouts recur across strategies)."""
+    key = (devs_u, shares_u, devs_v, shares_v)
+    pat = _PATTERNS.get(key)
+    if pat is not None:
+        return pat
+    cu = np.concatenate([[0], np.cumsum(shares_u)])
+    cv = np.concatenate([[0], np.cumsum(shares_v)])
+    ov = np.minimum(cu[1:, None], cv[None, 1:]) - np.maximum(cu[:-1, None], cv[None, :-1])   # (nu, nv)
+    pi, pj = np.nonzero(ov > 0)
+    n_i = np.bincount(pi, minlength=len(devs_u))
+    n_j = np.bincount(pj, minlength=len(devs_v))
+    split_i, concat_j = np.nonzero(n_i > 1)[0], np.nonzero(n_j > 1)[0]
+    slot_i = np.full(len(devs_u), -1)
+    slot_i[split_i] = np.arange(len(split_i))
+    slot_j = np.full(len(devs_v), -1)
+    slot_j[concat_j] = np.arange(len(concat_j))
+    pat = _Pattern(pi, pj, ov[pi, pj].astype(np.float64), np.asarray(devs_u)[pi] != np.asarray(devs_v)[pj],
+                   split_i, slot_i[pi], concat_j, slot_j[pj])
+    if len(_PATTERNS) > 4096:
+        _PATTERNS.clear()
+    _PATTERNS[key] = pat
+    return pat
+
+
+def _connect_relayout(c: Compiler, batch: TaskBatch, e: np.ndarray, place: Placement, prov: Providers) -> None:
+    """Split -> transfers -> concat for batch tensors consumed under another layout, once per
+    (tensor, consumer layout); vectorised over all such re-layouts at once."""
+    gi, lay, B, n_ops = c.gi, c.layouts, c.batch_size, c.gi.n_ops
+    src, dst = gi.e_src[e], gi.e_dst[e]
+    op_lay = place.op_lay
+    n_lay = len(lay.devices)
+    ukey = gi.e_tensor[e] * n_lay + op_lay[dst]
+    uniq, first_idx, inv = np.unique(ukey, return_index=True, return_inverse=True)
+    R = len(uniq)
+    r_tensor = uniq // n_lay
+    first_consumer = np.full(R, np.iinfo(np.int64).max)
+    np.minimum.at(first_consumer, inv, dst)
+    r_u = src[first_idx]
+    r_lu, r_lv = op_lay[r_u], op_lay[dst[first_idx]]
+    r_bytes = gi.e_bytes[e][first_idx]
+    r_owner = n_ops + r_tensor
+    # patterns used here, flattened: pattern k's pieces/splits/concats live at offsets in the flat arrays
+    pair_key = r_lu * n_lay + r_lv
+    pairs, r_pat = np.unique(pair_key, return_inverse=True)
+    pats = [relayout_pattern(lay.devices[k // n_lay], lay.shares[k // n_lay], lay.devices[k % n_lay],
+                             lay.shares[k % n_lay]) for k in pairs.tolist()]
+
+    def flat(attr):
+        return np.concatenate([getattr(p, attr) for p in pats])
+
+    def ptr(attr):
+        return np.concatenate([[0], np.cumsum([len(getattr(p, attr)) for p in pats])]).astype(np.int64)
+
+    P_ptr, S_ptr, C_ptr = ptr("pi"), ptr("split_i"), ptr("concat_j")
+    f_pi, f_pj, f_pov, f_rem = flat("pi"), flat("pj"), flat("pov"), flat("remote")
+    f_sslot, f_cslot, f_si, f_cj = flat("split_slot"), flat("concat_slot"), flat("split_i"), flat("concat_j")
+    fu = lay.ptr[r_lu]                     # flat layout offsets of producer / consumer replicas
+    fv = lay.ptr[r_lv]
+    src_inst = prov.inst_start[r_u]
+
+    # split tasks: (instance, producer replica cut into several pieces)
+    n_s = S_ptr[r_pat + 1] - S_ptr[r_pat]
+    s_r, s_k = ragged(n_s)
+    s_i = f_si[S_ptr[r_pat[s_r]] + s_k]
+    s_dev = lay.dev_flat[fu[s_r] + s_i]
+    s_bytes = r_bytes[s_r] * (lay.shares_flat[lay.ptr[r_lu[s_r]] + s_i] / B)
+    split_ids = batch.add(dur=c.cost.copy_times(s_dev, s_bytes), kind=TaskKind.SPLIT, op=r_u[s_r], dev=s_dev,
+                          alloc=s_bytes, cat=5, prio_op=first_consumer[s_r], stage="split", cls=1,
+                          tensor=r_tensor[s_r], sub=s_k, owner=r_owner[s_r], res_len=1, res_idx=s_dev)
+    batch.deps(split_ids, src_inst[s_r] + s_i, r_owner[s_r])
+    split_base = np.concatenate([[0], np.cumsum(n_s)])[:-1] + (split_ids[0] if len(split_ids) else 0)
+
+    # pieces: provider is the split task of its producer replica, else the producer instance itself
+    n_p = P_ptr[r_pat + 1] - P_ptr[r_pat]
+    p_r, p_k = ragged(n_p)
+    fp = P_ptr[r_pat[p_r]] + p_k
+    p_i, p_j, p_rem, p_ss, p_cs = f_pi[fp], f_pj[fp], f_rem[fp], f_sslot[fp], f_cslot[fp]
+    piece_task = np.where(p_ss >= 0, split_base[p_r] + p_ss, src_inst[p_r] + p_i)
+    rem = np.nonzero(p_rem)[0]
+    if len(rem):
+        t_src = lay.dev_flat[fu[p_r[rem]] + p_i[rem]]
+        t_dst = lay.dev_flat[fv[p_r[rem]] + p_j[rem]]
+        t_bytes = r_bytes[p_r[rem]] * f_pov[fp[rem]] / B
+        rlen, ridx = c.paths.resources(t_src, t_dst)
+        tr = batch.add(dur=c.cost.transfer_times(t_src, t_dst, t_bytes), kind=TaskKind.TRANSFER, op=r_u[p_r[rem]],
+                       dev=t_dst, alloc=t_bytes, cat=4, prio_op=first_consumer[p_r[rem]], stage="transfer", cls=1,
+                       tensor=r_tensor[p_r[rem]], sub=p_k[rem], owner=r_owner[p_r[rem]], res_len=rlen, res_idx=ridx,
+                       lag=c.cost.transfer_latencies(t_src, t_dst, t_bytes))
+        batch.deps(tr, piece_task[rem], r_owner[p_r[rem]])
+        piece_task[rem] = tr
+
+    # concat tasks: (instance, consumer replica assembled from several pieces)
+    n_c = C_ptr[r_pat + 1] - C_ptr[r_pat]
+    c_r, c_k = ragged(n_c)
+    c_j = f_cj[C_ptr[r_pat[c_r]] + c_k]
+    c_dev = lay.dev_flat[fv[c_r] + c_j]
+    c_bytes = r_bytes[c_r] * (lay.shares_flat[lay.ptr[r_lv[c_r]] + c_j] / B)
+    concat_ids = batch.add(dur=c.cost.copy_times(c_dev, c_bytes), kind=TaskKind.CONCAT, op=r_u[c_r], dev=c_dev,
+                           alloc=c_bytes, cat=5, prio_op=first_consumer[c_r], stage="concat", cls=1,
+                           tensor=r_tensor[c_r], sub=c_k, owner=r_owner[c_r], res_len=1, res_idx=c_dev)
+    concat_base = np.concatenate([[0], np.cumsum(n_c)])[:-1] + (concat_ids[0] if len(concat_ids) else 0)
+    in_concat = p_cs >= 0
+    batch.deps(concat_base[p_r[in_concat]] + p_cs[in_concat], piece_task[in_concat], r_owner[p_r[in_concat]])
+
+    # output of each (instance, consumer replica): its concat, else its single piece
+    width = max(len(lay.devices[k]) for k in np.unique(r_lv).tolist())
+    out_task = np.full((R, width), -1, dtype=np.int64)
+    out_task[p_r[~in_concat], p_j[~in_concat]] = piece_task[~in_concat]
+    out_task[c_r, c_j] = concat_base[c_r] + c_k
+    # consumers: replica j of each edge's consumer depends on the re-layout output j
+    er, loc = ragged(lay.length[op_lay[dst]])
+    batch.deps(prov.inst_start[dst[er]] + loc, out_task[inv[er], loc], n_ops + gi.e_tensor[e][er])

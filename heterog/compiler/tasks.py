@@ -1,0 +1,187 @@
+"""Tasks as the compiler emits them: kinds, categories, the canonical order, and ``TaskBatch``, the
+columns of tasks under construction with the dependencies between them.
+
+Every task has an *order key* that fixes its place in the TaskGraph: ``(stage key, class, tensor, sub)``
+packed into one int64. The stage key is ``prio_op * N_STAGES + stage`` (a re-layout before the compute
+that consumes it, aggregation after the compute that produces it); within one stage key, tasks sort by
+class (0: instances, aggregation and transfers of non-batch values; 1: re-layouts), by the tensor they
+move and by their position within it (replica, worker, device or piece). Keys are distinct, so the order
+does not depend on the order in which tasks were emitted: a plan compiled at once and a plan patched
+group by group (``heterog.compiler.delta``) number their tasks alike.
+
+Every task and every dependency also has an *owner*, the unit of emission that produced it: op ``o``
+(its instances and the aggregation of its partial results) or ``n_ops + t`` (the edges of tensor ``t``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+
+STAGE = {"split": 2, "transfer": 3, "concat": 4, "compute": 6, "push": 7, "aggregate": 8}
+N_STAGES = 10
+
+
+class TaskKind(IntEnum):
+    COMPUTE = 0
+    PLACEHOLDER = 1
+    TRANSFER = 2
+    SPLIT = 3
+    CONCAT = 4
+    PUSH = 5
+    AGGREGATE = 6
+    ALLREDUCE = 7
+
+
+COMM_KINDS = (TaskKind.TRANSFER, TaskKind.PUSH, TaskKind.ALLREDUCE)
+# Chrome-trace / Gantt categories: compute tasks by phase, communication by kind
+CATEGORIES = ("forward", "backward", "update", "input", "transfer", "split/concat", "ps", "allreduce")
+
+
+@dataclass(frozen=True)
+class OrderKey:
+    """Packs (prio_op, stage, class, tensor, sub) into one int64 (module docstring)."""
+
+    n_tensors: int
+    n_sub: int                   # positions within a tensor: replicas, workers, devices, pieces (< 2M + 2)
+
+    def __call__(self, prio_op, stage: int, cls: int, tensor, sub) -> np.ndarray:
+        key = np.asarray(prio_op, dtype=np.int64) * N_STAGES + stage
+        return ((key * 2 + cls) * self.n_tensors + np.asarray(tensor, dtype=np.int64)) * self.n_sub \
+            + np.asarray(sub, dtype=np.int64)
+
+
+INT_COLS = ("order", "owner", "kind", "op", "dev", "cat", "prio_op")
+FLOAT_COLS = ("dur", "lag", "alloc")
+
+
+@dataclass
+class Tasks:
+    """Task columns and resources as CSR; the form a plan keeps its tasks in.
+
+    Integer columns are the rows of ``ints`` (INT_COLS): ``order`` canonical order key (module docstring),
+    ``owner`` emission unit (op, or n_ops + tensor), ``kind`` TaskKind, ``op`` the op the task belongs to
+    (the producer, for communication), ``dev`` device of a compute task or destination of a transfer (-1
+    for collectives), ``cat`` index into CATEGORIES, ``prio_op`` op whose priority the task inherits.
+    Float columns are the rows of ``floats`` (FLOAT_COLS): ``dur`` seconds, ``lag`` seconds in flight after
+    the task's end (the simulator's lag), ``alloc`` bytes allocated on ``dev`` when the task starts.
+
+    Shapes: ``ints`` (7, n), ``floats`` (3, n); ``res_ptr`` (n + 1,), ``res_idx`` (res_ptr[-1],).
+    """
+
+    ints: np.ndarray
+    floats: np.ndarray
+    res_ptr: np.ndarray
+    res_idx: np.ndarray
+
+    order = property(lambda self: self.ints[0])
+    owner = property(lambda self: self.ints[1])
+    kind = property(lambda self: self.ints[2])
+    op = property(lambda self: self.ints[3])
+    dev = property(lambda self: self.ints[4])
+    cat = property(lambda self: self.ints[5])
+    prio_op = property(lambda self: self.ints[6])
+    dur = property(lambda self: self.floats[0])
+    lag = property(lambda self: self.floats[1])
+    alloc = property(lambda self: self.floats[2])
+
+    @property
+    def n(self) -> int:
+        return self.ints.shape[1]
+
+    @property
+    def res_len(self) -> np.ndarray:
+        return np.diff(self.res_ptr)
+
+    def take(self, rows: np.ndarray) -> Tasks:
+        """The tasks ``rows`` (in that order)."""
+        res_len = self.res_len[rows]
+        ints = np.empty((len(INT_COLS), len(rows)), dtype=np.int64)
+        floats = np.empty((len(FLOAT_COLS), len(rows)), dtype=np.float64)
+        for out, cols in ((ints, self.ints), (floats, self.floats)):
+            for i in range(len(cols)):
+                out[i] = cols[i][rows]
+        return Tasks(ints, floats, _ptr(res_len), self.res_idx[ragged_gather(self.res_ptr[rows], res_len)])
+
+
+def _column(values, dtype, k: int) -> np.ndarray:
+    """``values`` as a (k,) array of ``dtype`` (a scalar repeated)."""
+    arr = np.asarray(values, dtype=dtype)
+    return np.full(k, arr, dtype=dtype) if arr.ndim == 0 else arr
+
+
+def _ptr(lengths: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out
+
+
+def ragged_gather(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Indices ``starts[i] .. starts[i] + lengths[i] - 1`` for every row i, concatenated."""
+    total = int(np.sum(lengths))
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    row_start = np.repeat(_ptr(lengths)[:-1], lengths)
+    return np.repeat(np.asarray(starts, dtype=np.int64), lengths) + (np.arange(total) - row_start)
+
+
+def ragged(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For ragged rows of the given lengths: (row of each element, position within its row)."""
+    rows = np.repeat(np.arange(len(counts)), counts)
+    return rows, np.arange(int(np.sum(counts))) - np.repeat(_ptr(counts)[:-1], counts)
+
+
+class TaskBatch:
+    """Tasks under construction, numbered ``first_id, first_id + 1, ...`` as they are added, and the
+    dependencies they add (``task`` waits for ``on``; either may be an earlier task of the plan)."""
+
+    def __init__(self, first_id: int, key: OrderKey) -> None:
+        self.first_id = first_id
+        self.key = key
+        self.n = 0
+        self._cols: dict[str, list[np.ndarray]] = {k: [] for k in FLOAT_COLS + INT_COLS}
+        self._res_len: list[np.ndarray] = []
+        self._res_idx: list[np.ndarray] = []
+        self._dep: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def add(self, *, dur, kind: int, op, dev, alloc, cat, prio_op, stage: str, cls: int, tensor, sub, owner,
+            res_len, res_idx, lag=0.0) -> np.ndarray:
+        """Add ``len(dur)`` tasks (other per-task arguments broadcast); returns their ids. ``lag``: seconds
+        after a task's end until its dependents may start, its resources already free (a message's latency
+        in flight; the simulator's task lag)."""
+        k = len(dur)
+        ids = np.arange(self.first_id + self.n, self.first_id + self.n + k, dtype=np.int64)
+        self.n += k
+        values = {"dur": dur, "lag": lag, "alloc": alloc, "kind": kind, "op": op, "dev": dev, "cat": cat,
+                  "prio_op": prio_op, "owner": owner, "order": self.key(prio_op, STAGE[stage], cls, tensor, sub)}
+        for name, val in values.items():
+            self._cols[name].append(_column(val, np.float64 if name in FLOAT_COLS else np.int64, k))
+        self._res_len.append(_column(res_len, np.int64, k))
+        self._res_idx.append(np.asarray(res_idx, dtype=np.int64).ravel())
+        return ids
+
+    def deps(self, task, on, owner) -> None:
+        """``task[i]`` waits for ``on[i]``; the dependency belongs to emission unit ``owner``."""
+        task = np.asarray(task, dtype=np.int64).ravel()
+        self._dep.append((task, np.asarray(on, dtype=np.int64).ravel(),
+                          np.broadcast_to(np.asarray(owner, dtype=np.int64), task.shape)))
+
+    def tasks(self) -> Tasks:
+        """The tasks added, in the order they were added."""
+        def column(name: str, dtype) -> np.ndarray:
+            parts = self._cols[name]
+            return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+
+        ints = np.stack([column(k, np.int64) for k in INT_COLS]) if self.n else np.zeros((len(INT_COLS), 0), np.int64)
+        floats = np.stack([column(k, np.float64) for k in FLOAT_COLS]) if self.n else np.zeros((len(FLOAT_COLS), 0))
+        res_len = np.concatenate(self._res_len) if self._res_len else np.zeros(0, dtype=np.int64)
+        res_idx = np.concatenate(self._res_idx) if self._res_idx else np.zeros(0, dtype=np.int64)
+        return Tasks(ints, floats, _ptr(res_len), res_idx)
+
+    def dependencies(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(task, on, owner) of the dependencies added."""
+        if not self._dep:
+            z = np.zeros(0, dtype=np.int64)
+            return z, z, z
+        return tuple(np.concatenate([d[i] for d in self._dep]) for i in range(3))
