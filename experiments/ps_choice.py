@@ -15,7 +15,7 @@ import numpy as np
 
 from heterog import baselines
 from heterog.cluster import load_cluster
-from heterog.compiler.compile import graph_index
+from heterog.compiler.index import graph_index
 from heterog.evaluate import Evaluator
 from heterog.graph.cache import capture_model
 from heterog.strategy import Strategy

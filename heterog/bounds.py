@@ -147,12 +147,12 @@ def _action_loads(evaluator) -> tuple[np.ndarray, np.ndarray]:
     """(G, 3M + 2, R) seconds each action of each group holds each resource (devices, links), and the part
     of it that synchronises gradients (pushes, aggregation, AllReduce; not the pulls). Actions: MP on
     device 0..M-1, DP-even-AR, DP-prop-AR, DP-even-PS on PS 0..M-1, DP-prop-PS on PS 0..M-1."""
-    from heterog.compiler.compile import _path_table, graph_index
+    from heterog.compiler.index import graph_index, path_table
     from heterog.compiler.ps import _aggregate_coefs, _cluster_tables
     from heterog.strategy import even_shares, proportional_shares
 
     graph, cluster, cost = evaluator.graph, evaluator.cluster, evaluator.cost
-    gi, paths = graph_index(graph), _path_table(cluster)
+    gi, paths = graph_index(graph), path_table(cluster)
     m, B = cluster.n_devices, graph.batch_size
     n_res = m + len(cluster.links)
     group_of = evaluator.group_of
