@@ -1,5 +1,6 @@
-"""The learning agent: the GAT + Transformer-XL policy network, its inputs, the REINFORCE/PPO trainer,
-checkpoints, and the planner entry used by ``heterog plan --method agent``."""
+"""The learning agent: the GAT + Transformer-XL policy network, its inputs, the REINFORCE/PPO trainer
+with its candidate search and reporting, checkpoints, and the planner entry used by
+``heterog plan --method agent``."""
 
 from agents.networks import (
     GATEncoder,
@@ -34,8 +35,8 @@ __all__ = [
 
 def __getattr__(name: str):
     """Trainer, checkpoints, inputs and planner load on first use (they pull in envs and the simulator)."""
-    lazy = {"GraphTask": "agents.trainer", "Trainer": "agents.trainer", "TrainerSettings": "agents.trainer",
-            "make_task": "agents.trainer", "PolicyInputs": "agents.features", "load_checkpoint": "agents.checkpoint",
+    lazy = {"GraphTask": "agents.tasks", "Trainer": "agents.trainer", "TrainerSettings": "agents.trainer",
+            "make_task": "agents.tasks", "PolicyInputs": "agents.features", "load_checkpoint": "agents.checkpoint",
             "save_checkpoint": "agents.checkpoint", "plan": "agents.planner"}
     if name in lazy:
         import importlib

@@ -1,17 +1,24 @@
 """Agent checkpoints: one file with the policy (config + weights), optimizer, per-graph baselines and
 best strategies, RNG states and counters, written atomically; loading refuses a checkpoint made for
-another action space (another number of devices) or another feature layout."""
+another action space (another number of devices) or another feature layout. :func:`trainer_state` and
+:func:`load_trainer_state` are what a trainer's ``state_dict``/``load_state_dict`` save and restore."""
 from __future__ import annotations
 
 import io
+import random
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from agents.networks import N_DP_SCHEMES, StrategyPolicy
+from agents.tasks import TaskState
 from heterog.atomic import atomic_write_bytes
 from heterog.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from agents.trainer import Trainer
 
 FORMAT = "heterog-agent"
 VERSION = 1
@@ -66,3 +73,54 @@ def policy_from_checkpoint(state: dict[str, Any]) -> StrategyPolicy:
     policy = StrategyPolicy.from_config(state["policy_config"])
     policy.load_state_dict(state["policy_state"])
     return policy
+
+
+def trainer_state(trainer: Trainer) -> dict[str, Any]:
+    """Everything a resumed run needs: weights, optimizer, per-graph baselines/pools/best plans, RNG
+    states, counters and settings (plain types and tensors only)."""
+    return {
+        "policy_config": trainer.policy.config,
+        "policy_state": trainer.policy.state_dict(),
+        "optimizer_state": trainer.optimizer.state_dict(),
+        "settings": asdict(trainer.settings),
+        "tasks": {t.key: {"name": t.name, **trainer.states[t.key].to_dict()} for t in trainer.tasks},
+        "best_strategies": {t.key: trainer.best_strategy(t).to_dict() for t in trainer.tasks
+                            if trainer.states[t.key].best_actions is not None},
+        "counters": {"rounds": trainer.rounds, "episodes": trainer.episodes, "n_sims": trainer.n_sims,
+                     "wall_s": trainer.wall_s, "cpu_s": trainer.cpu_s},
+        "rng": {"torch_generator": trainer.generator.get_state(), "torch_global": torch.get_rng_state(),
+                "numpy": _plain(trainer.rng.bit_generator.state), "python": _plain(random.getstate())},
+    }
+
+
+def load_trainer_state(trainer: Trainer, state: dict[str, Any]) -> None:
+    """Put ``trainer`` where the run ``state`` came from stood (same tasks: states of other graphs are
+    ignored), so that it continues exactly."""
+    trainer.policy.load_state_dict(state["policy_state"])
+    trainer.optimizer.load_state_dict(state["optimizer_state"])
+    for key, d in state["tasks"].items():
+        if key in trainer.states:
+            trainer.states[key] = TaskState.from_dict({k: v for k, v in d.items() if k != "name"})
+    c = state["counters"]
+    trainer.rounds, trainer.episodes, trainer.n_sims = int(c["rounds"]), int(c["episodes"]), int(c["n_sims"])
+    trainer.wall_s, trainer.cpu_s = float(c["wall_s"]), float(c["cpu_s"])
+    rng = state["rng"]
+    trainer.generator.set_state(rng["torch_generator"])
+    torch.set_rng_state(rng["torch_global"])
+    trainer.rng.bit_generator.state = rng["numpy"]
+    random.setstate(_python_state(rng["python"]))
+
+
+def _plain(obj):
+    """Tuples to lists, recursively (checkpoints hold plain containers)."""
+    if isinstance(obj, (tuple, list)):
+        return [_plain(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    return obj
+
+
+def _python_state(state):
+    """random.setstate wants (version, tuple of ints, gauss_next)."""
+    version, internal, gauss = state
+    return int(version), tuple(int(x) for x in internal), gauss

@@ -35,7 +35,8 @@ import torch
 
 from agents.checkpoint import load_checkpoint
 from agents.planner import build_policy
-from agents.trainer import GraphTask, make_task, per_group_log_prob
+from agents.tasks import GraphTask, make_task
+from agents.trainer import per_group_log_prob
 from heterog.errors import HeterogError
 from heterog.strategy import DP_ACTION_NAMES, N_DP_ACTIONS
 

@@ -15,7 +15,9 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from agents.checkpoint import check_fits, load_checkpoint, policy_from_checkpoint
-from agents.trainer import Trainer, TrainerSettings, make_task
+from agents.reporting import save_trainer_curves
+from agents.tasks import make_task
+from agents.trainer import Trainer, TrainerSettings
 from envs.features import DEVICE_FEATURE_DIM, op_feature_dim
 from heterog.atomic import atomic_write_json
 from heterog.errors import HeterogError
@@ -96,7 +98,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     try:
         if cfg.run.mode == "evaluate":
             report["evaluation"] = trainer.evaluate_policy(int(cfg.run.eval_samples))
-            trainer.finish()
+            trainer.report.finish(trainer)
         else:
             trainer.train(rounds=cfg.run.rounds, episodes=cfg.run.episodes, budget_s=cfg.run.budget_s,
                           checkpoint_path=run_dir / "agent.pt", checkpoint_every=int(cfg.run.checkpoint_every))
@@ -123,8 +125,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         strategy_path = run_dir / f"strategy_{task.name}.json"
         trainer.best_strategy(task).save(strategy_path)
         entry["strategy"] = str(strategy_path)
-    trainer.save_learning_curves(run_dir / "learning_curve.png", references)
-    trainer.save_learning_curves(run_dir / "learning_curve_cpu.png", references, x="cpu_s")
+    save_trainer_curves(trainer, run_dir / "learning_curve.png", references)
+    save_trainer_curves(trainer, run_dir / "learning_curve_cpu.png", references, x="cpu_s")
     report["learning_curve"] = str(run_dir / "learning_curve.png")
     report["learning_curve_cpu"] = str(run_dir / "learning_curve_cpu.png")
     atomic_write_json(run_dir / "report.json", report)

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from agents.checkpoint import load_checkpoint
-from agents.trainer import time_to_quality
+from agents.reporting import time_to_quality
 from heterog.errors import HeterogError
 
 CLOCKS = ("cpu_s", "wall_s")

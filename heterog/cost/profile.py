@@ -13,18 +13,17 @@ File format (JSON, written atomically)::
 ``op_points`` keeps the measured op times themselves (one median per local batch size, sizes
 increasing); where an op has them, the cost model interpolates between them (piecewise linear, the end
 segments extended beyond the measured sizes) instead of using the line of ``ops``, because an op's time
-is not linear in the batch on every device (on a CPU worker the whole step of a small CNN took 1.6,
-2.0 and 3.6-5.1 ms at batch 16, 32 and 64). ``ops`` still holds the least-squares line for every entry.
+is not linear in the batch on every device (docs/results.md, "Simulator fidelity"). ``ops`` still holds
+the least-squares line for every entry.
 
 ``links`` is how long a message holds the link (its occupancy: what back-to-back messages on the
 link pay each); ``link_latency`` is the further delay ``latency_s + s_per_byte * bytes`` until the
 message is at the receiver, which does not hold the link (messages in flight overlap it, as the
 receiver's copy of one message overlaps the next one's transfer). A file without ``link_latency`` puts
 all of a message's time in the occupancy, as ``alpha + beta * bytes``. The profiler measures occupancy
-by streaming messages one way and the latency as a ping-pong's one-way time less the occupancy: on a
-2-vCPU host's loopback a streamed message held the link 0.045 ms + 0.42 ns/B, a ping-pong took 0.14 ms
-one way for 1 KB, and a plan's 7 pushes and 7 pulls of a PS step were over-predicted by 36% with the
-whole 0.2 ms ping-pong intercept charged to each message in turn.
+by streaming messages one way and the latency as a ping-pong's one-way time less the occupancy
+(charging a whole ping-pong to each message in turn over-predicts a PS step's pushes and pulls;
+docs/results.md, "Simulator fidelity").
 
 A collective's key names its device set (device names, sorted, comma-separated; see
 ``collective_key``), since what one AllReduce costs depends on who takes part, not on one link.

@@ -267,9 +267,8 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
     (``CommProfiler``) are interleaved with the rounds of plan runs (one before the first and one after
     the last), so that a change of machine speed during the experiment meets the profile and the plans
     alike: plan round j is simulated with the fit of the two profiling rounds around it, and a plan's
-    error is the median of its per-round errors (``PlanPair``). On this 2-vCPU host the same
-    single-device step took 2.8 ms in one run and 4.5 ms a few minutes later, and moved by up to 80%
-    between the rounds of one run. Plans are chosen and ordered with the first round's profile; the fit
+    error is the median of its per-round errors (``PlanPair``); how much a shared host's speed moves is
+    in docs/results.md ("Simulator fidelity"). Plans are chosen and ordered with the first round's profile; the fit
     of all rounds is the one saved. Ops are simulated through their measured points (``CostModel``);
     ``line_pairs`` holds the same runs simulated with the ops' fitted lines, for comparison.
     ``pool``: running workers to use (one per device); by default a pool is started and stopped here.

@@ -7,7 +7,8 @@ import torch
 
 from agents.checkpoint import check_fits, load_checkpoint, policy_from_checkpoint, save_checkpoint
 from agents.networks import StrategyPolicy
-from agents.trainer import Trainer, TrainerSettings, make_task
+from agents.tasks import make_task
+from agents.trainer import Trainer, TrainerSettings
 from envs import DEVICE_FEATURE_DIM, op_feature_dim
 from heterog.cluster import load_cluster
 from heterog.errors import CheckpointError

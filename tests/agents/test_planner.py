@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from agents.planner import build_policy, plan
-from agents.trainer import Trainer, TrainerSettings, make_task
+from agents.tasks import make_task
+from agents.trainer import Trainer, TrainerSettings
 from heterog.cluster import load_cluster
 from heterog.errors import CheckpointError, HeterogError
 from heterog.evaluate import Evaluator

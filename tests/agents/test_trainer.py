@@ -1,5 +1,6 @@
-"""The trainer: the loss functions, baselines and advantages, the replay pool, determinism, learning
-on a tiny graph (REINFORCE and PPO), several graphs per round, and TensorBoard output."""
+"""The trainer: the loss functions, baselines and advantages, its candidates (exploration, mutations, the
+replay pool), determinism, learning on a tiny graph (REINFORCE and PPO), several graphs per round, and
+TensorBoard output."""
 from __future__ import annotations
 
 import math
@@ -11,17 +12,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.utils.tensorboard import SummaryWriter
 
 from agents.networks import StrategyPolicy
-from agents.trainer import (
-    TaskState,
-    Trainer,
-    TrainerSettings,
-    action_breakdown,
-    bias_towards_data_parallel,
-    make_task,
-    per_group_log_prob,
-    policy_loss,
-    time_to_quality,
-)
+from agents.reporting import action_breakdown, time_to_quality
+from agents.tasks import TaskState, make_task
+from agents.trainer import Trainer, TrainerSettings, bias_towards_data_parallel, per_group_log_prob, policy_loss
 from envs import DEVICE_FEATURE_DIM, op_feature_dim
 from heterog.cluster import load_cluster
 from heterog.errors import CheckpointError, HeterogError
@@ -113,7 +106,7 @@ def test_exploration_samples_share_one_logit_offset_per_strategy(tasks, autoregr
         group_emb = wild.policy.embed_groups(*task.inputs.args())
 
         def explore(t, n):
-            offsets = t.explore_offsets(n)
+            offsets = t.search.explore_offsets(n)
             assert offsets.shape == (n, 12)
             return t.policy.sample_actions(group_emb, task.inputs.group_mask, n, generator=t.generator,
                                            offsets=offsets)
@@ -131,12 +124,13 @@ def test_exploration_samples_share_one_logit_offset_per_strategy(tasks, autoregr
 def test_mutations_change_that_many_groups_of_the_base_strategy(tasks):
     trainer = Trainer(tiny_policy(), tasks[:1], TrainerSettings(mutate_groups=2))
     base = torch.arange(10) % 12
-    out = trainer.mutate(base, 12, 50)
+    out = trainer.search.mutate(base, 12, 50)
     assert out.shape == (50, 10) and out.min() >= 0 and out.max() < 12
     assert ((out != base).sum(dim=1) == 2).all()                  # two groups, each to another action
     assert len({tuple(r.tolist()) for r in out}) > 25
-    assert trainer.mutate(base, 12, 0).shape == (0, 10)
-    assert torch.equal(Trainer(tiny_policy(), tasks[:1], TrainerSettings(mutate_groups=2)).mutate(base, 12, 50), out)
+    assert trainer.search.mutate(base, 12, 0).shape == (0, 10)
+    again = Trainer(tiny_policy(), tasks[:1], TrainerSettings(mutate_groups=2))
+    assert torch.equal(again.search.mutate(base, 12, 50), out)
 
 
 def test_guided_mutations_follow_the_policys_probabilities(tasks):
@@ -145,7 +139,7 @@ def test_guided_mutations_follow_the_policys_probabilities(tasks):
     guide = torch.zeros(10, 12)
     guide[:, 0] = 1.0                                  # the policy would keep every group ...
     guide[3] = torch.tensor([0.2] + [0.0] * 10 + [0.8])  # ... but group 3, which it would move to action 11
-    out = trainer.mutate(base, 12, 400, guide)
+    out = trainer.search.mutate(base, 12, 400, guide)
     assert ((out != base).sum(dim=1) == 1).all()
     guided, uniform = out[:200], out[200:]             # the first half is guided
     assert (guided[:, 3] == 11).all() and (guided[:, [0, 1, 2, 4, 5, 6, 7, 8, 9]] == 0).all()
@@ -165,7 +159,7 @@ def test_record_keeps_the_best_and_a_pool_of_distinct_strategies(tasks):
     trainer.record(tasks[0], state, np.array([[5, 5]]), np.array([-0.5]), np.array([0.25]), np.zeros(1, bool))
     assert [a for _, a in state.pool] == [[5, 5], [2, 2], [1, 1]]
     assert [h[3] for h in state.history] == [1.0, 0.25]
-    replay_actions, replay_rewards = trainer.replay(state)
+    replay_actions, replay_rewards = trainer.search.replay(state)
     assert replay_actions.shape == (2, 2) and set(replay_rewards) <= {-0.5, -1.0, -2.0}
 
 

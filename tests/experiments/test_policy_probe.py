@@ -16,6 +16,9 @@ from tests.experiments.test_train_app import SHRINK, config
 
 @pytest.mark.parametrize("autoregressive", [False, True])
 def test_a_rule_of_the_features_is_learned_and_carried_over(autoregressive):
+    """150 steps of float training: the outcome moves with the CPU and the thread count, so the checks are
+    margins that hold wherever it runs (seen: greedy matches of 0.99 to 1 on the trained graphs and 0.91
+    to 1 on the held-out one, P(MP) ratios held-out/elsewhere above 100 against 1 untrained)."""
     torch.set_num_threads(1)
     cluster = load_cluster("paper-8gpu")
     targets = targets_from_rule(["tiny_mlp:16", "tiny_cnn:16", "tiny_transformer:16"], 4e3, cluster)
@@ -23,11 +26,18 @@ def test_a_rule_of_the_features_is_learned_and_carried_over(autoregressive):
         assert set(actions.tolist()) == {0, cluster.n_devices + 3}, task.name
     rows = {r.graph: r for r in probe(targets, "tiny_mlp-b16", steps=150, lr=1e-3, autoregressive=autoregressive)}
     assert rows["tiny_mlp-b16"].held_out and not rows["tiny_cnn-b16"].held_out
-    assert rows["tiny_cnn-b16"].match == rows["tiny_transformer-b16"].match == 1.0
+    for name in ("tiny_cnn-b16", "tiny_transformer-b16"):         # learned: the greedy plan is the target's,
+        row = rows[name]                                          # but for a group or so
+        assert row.match >= 0.95 and row.match > row.uniform_share, name
+        assert row.p_mp_target >= 0.7 and row.p_mp_other <= 0.05 and row.mp_auc >= 0.95, name
     held = rows["tiny_mlp-b16"]                     # 22 groups, 3 of them above the threshold
-    assert held.match >= 0.95 and held.match > held.uniform_share    # more than the commonest action
-    untrained = probe(targets, "tiny_mlp-b16", steps=0, lr=1e-3, autoregressive=autoregressive)
-    assert untrained[0].match < held.match
+    untrained = {r.graph: r for r in probe(targets, "tiny_mlp-b16", steps=0, lr=1e-3,
+                                           autoregressive=autoregressive)}["tiny_mlp-b16"]
+    # carried over: the rule's groups get far more model-parallel probability than the others (an
+    # untrained policy gives both the same), and the greedy plan is at least as close as the commonest action
+    assert untrained.p_mp_target < 1.5 * untrained.p_mp_other
+    assert held.p_mp_target > 20 * held.p_mp_other and held.mp_auc >= 0.85
+    assert held.match >= held.uniform_share and held.match >= untrained.match
 
 
 def test_best_plans_of_real_runs(tmp_path, capsys):

@@ -1,0 +1,162 @@
+"""The strategies the trainer simulates besides the policy's own samples, and how they are scored.
+
+:class:`CandidateSearch` proposes the uniform seed plans, exploration offsets (one logit offset per
+action, for whole-plan changes), mutations of the best plan found (uniform or guided by the policy) and
+replays from the pool of the best distinct plans; every draw comes from the trainer's seeded generators.
+:class:`Scorer` simulates strategies once each (a per-graph cache), here or on Ray workers.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from agents.tasks import GraphTask, TaskState
+from heterog.evaluate import reward
+
+if TYPE_CHECKING:
+    from agents.trainer import TrainerSettings
+
+
+def uniform_plans(n_actions: int, n_groups: int) -> np.ndarray:
+    """The plans that give every group the same action, one per action (the whole graph on one device,
+    or one data-parallel scheme everywhere: the DP baselines). Shapes: -> ``(A, G)``."""
+    return np.repeat(np.arange(n_actions, dtype=np.int64)[:, None], n_groups, axis=1)
+
+
+class CandidateSearch:
+    """Exploration offsets, mutations and replays for the trainer (settings ``explore_noise``,
+    ``mutate_groups``, ``mutate_guided``, ``replay_pool_size``, ``replay_samples``).
+
+    Args:
+        settings: the trainer's settings.
+        n_actions: the policy's action count (M + 4).
+        generator: the torch generator the trainer samples with (offsets and mutations draw from it).
+        rng: the numpy generator the trainer picks graphs with (replays draw from it).
+    """
+
+    def __init__(self, settings: TrainerSettings, n_actions: int, generator: torch.Generator,
+                 rng: np.random.Generator) -> None:
+        self.settings, self.n_actions, self.generator, self.rng = settings, n_actions, generator, rng
+
+    def explore_offsets(self, n: int) -> Tensor:
+        """Logit offsets of ``n`` exploration strategies: one random offset per action, shared by all groups
+        of a strategy (parameter-space noise on the head bias), for correlated changes that independent
+        per-group sampling almost never makes. Shapes: -> ``(n, A)``."""
+        return torch.randn(n, self.n_actions, generator=self.generator) * self.settings.explore_noise
+
+    def mutate(self, base: Tensor, n_actions: int, n: int, guide: Tensor | None = None) -> Tensor:
+        """``n`` copies of ``base`` with ``mutate_groups`` distinct groups each set to another action: random
+        groups and actions, or for a share ``mutate_guided`` of the copies (with the policy's probabilities
+        ``guide`` along ``base``) groups drawn in proportion to ``1 - guide[g, base[g]]`` and actions in
+        proportion to ``guide[g]`` without ``base[g]``.
+
+        Shapes: base ``(G,)``, guide ``(G, A)`` -> ``(n, G)``.
+        """
+        out = base[None].repeat(n, 1)
+        n_groups = len(base)
+        if n == 0 or n_groups == 0 or n_actions < 2:
+            return out
+        k = min(self.settings.mutate_groups, n_groups)
+        groups = torch.rand(n, n_groups, generator=self.generator).argsort(dim=1)[:, :k]        # (n, k)
+        shift = torch.randint(1, n_actions, (n, k), generator=self.generator)                 # never the same
+        rows = torch.arange(n)[:, None]
+        new = (out[rows, groups] + shift) % n_actions
+        n_guided = 0 if guide is None else round(self.settings.mutate_guided * n)
+        if n_guided:
+            others = guide.clone()
+            others[torch.arange(n_groups), base] = 0.0                            # never the same action
+            weight = others.sum(dim=1) + 1e-12
+            guided = torch.multinomial(weight.expand(n_guided, -1), k, generator=self.generator)   # (n_guided, k)
+            groups[:n_guided] = guided
+            new[:n_guided] = torch.multinomial(others[guided.flatten()] + 1e-12, 1,
+                                               generator=self.generator).reshape(n_guided, k)
+        out[rows, groups] = new
+        return out
+
+    def remember(self, state: TaskState, actions: np.ndarray, rewards: np.ndarray) -> None:
+        """Add the strategies ``actions`` ``(k, G)`` not pooled yet to ``state``'s pool, best first, and keep
+        the ``replay_pool_size`` best."""
+        size = self.settings.replay_pool_size
+        if size == 0:
+            return
+        known = {tuple(a) for _, a in state.pool}
+        for j in np.argsort(-rewards, kind="stable"):
+            a = actions[j].tolist()
+            if tuple(a) not in known:
+                state.pool.append((float(rewards[j]), a))
+                known.add(tuple(a))
+        state.pool.sort(key=lambda entry: -entry[0])
+        del state.pool[size:]
+
+    def replay(self, state: TaskState) -> tuple[np.ndarray, np.ndarray]:
+        """``replay_samples`` strategies drawn from the pool (seeded), as (R, G) actions and (R,) rewards."""
+        n = min(self.settings.replay_samples, len(state.pool))
+        if n == 0:
+            return np.zeros((0, len(state.best_actions or [])), dtype=np.int64), np.zeros(0)
+        chosen = np.sort(self.rng.choice(len(state.pool), size=n, replace=False))
+        return (np.array([state.pool[c][1] for c in chosen], dtype=np.int64),
+                np.array([state.pool[c][0] for c in chosen]))
+
+
+class Scorer:
+    """Rewards, iteration times and OOM flags of strategies, each simulated once per graph (an LRU cache of
+    ``cache_size`` results per graph), here or on ``workers`` Ray workers (the same numbers either way).
+
+    Args:
+        tasks: the graphs.
+        oom_factor: reward multiplier of a plan that runs out of memory.
+        cache_size: results remembered per graph.
+        workers: simulation processes (1: simulate here).
+        ray_address: the Ray cluster whose workers simulate (None: a local Ray when ``workers`` > 1).
+    """
+
+    def __init__(self, tasks: list[GraphTask], oom_factor: float, cache_size: int, workers: int = 1,
+                 ray_address: str | None = None) -> None:
+        self.oom_factor, self.cache_size, self.workers, self.ray_address = oom_factor, cache_size, workers, ray_address
+        self.n_sims = 0                                       # simulations actually run (cache misses)
+        self._cache: dict[str, OrderedDict] = {t.key: OrderedDict() for t in tasks}
+        self._pool = None                                     # simulation workers, started on first use
+        self._pool_keys: dict[str, str] = {}
+
+    def score(self, task: GraphTask, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rewards, iteration times and OOM flags ``(k,)`` of strategies ``(k, G)``."""
+        cache = self._cache[task.key]
+        keys = [a.astype(np.int16).tobytes() for a in actions]
+        missing = list(dict.fromkeys(k for k in keys if k not in cache))
+        if missing:
+            rows = np.array([keys.index(k) for k in missing])
+            for k, hit in zip(missing, self.simulate(task, np.asarray(actions)[rows])):
+                cache[k] = hit
+            self.n_sims += len(missing)
+        rewards, times, ooms = np.empty(len(actions)), np.empty(len(actions)), np.zeros(len(actions), dtype=bool)
+        for i, key in enumerate(keys):
+            cache.move_to_end(key)
+            times[i], ooms[i] = cache[key]
+            rewards[i] = reward(times[i], ooms[i], self.oom_factor)
+        while len(cache) > self.cache_size:
+            cache.popitem(last=False)
+        return rewards, times, ooms
+
+    def simulate(self, task: GraphTask, actions: np.ndarray) -> list[tuple[float, bool]]:
+        """(iteration time, OOM) of strategies ``actions`` (K, G): here, or in ``workers`` contiguous chunks
+        on Ray workers."""
+        if self.workers == 1 and self.ray_address is None or len(actions) == 1:
+            return [task.evaluator.iteration_time(task.evaluator.strategy(a, "agent")) for a in actions]
+        from heterog.parallel import EvaluatorSpec, make_pool
+
+        if self._pool is None:
+            self._pool = make_pool(self.workers, self.ray_address)
+        if task.key not in self._pool_keys:
+            self._pool_keys[task.key] = self._pool.register(EvaluatorSpec.of(task.evaluator))
+        chunks = [c for c in np.array_split(actions, self._pool.n_workers) if len(c)]
+        return [hit for part in self._pool.map("iteration_times", self._pool_keys[task.key], chunks) for hit in part]
+
+    def close(self) -> None:
+        """Stop the simulation workers (if any were started)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool, self._pool_keys = None, {}
