@@ -12,7 +12,6 @@ Prints a Markdown table (or JSON) and, with ``--plot``, writes the learning curv
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import asdict, dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from agents.checkpoint import load_checkpoint
 from agents.trainer import time_to_quality
+from experiments.args import parser
 from heterog.errors import HeterogError
 
 CLOCKS = ("cpu_s", "wall_s")
@@ -154,7 +154,7 @@ def plot(pairs: list[tuple[Run, Run]], path: str | Path, clock: str = "cpu_s") -
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.transfer", description=__doc__.split("\n\n")[0])
+    ap = parser("experiments.transfer", __doc__)
     ap.add_argument("--pair", nargs=2, action="append", required=True, metavar=("SCRATCH_RUN", "FINETUNE_RUN"),
                     help="a from-scratch run folder and a fine-tuned run folder on the same graph (repeatable)")
     ap.add_argument("--clock", choices=CLOCKS, default="cpu_s", help="training time to compare (default cpu_s)")
