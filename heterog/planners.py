@@ -147,7 +147,8 @@ def plan(method: str, graph=None, cluster=None, *, evaluator=None, **options) ->
     planner = get(method)
     refused = [flag for key, flag in OWN_OPTIONS.items() if options.get(key) is not None and key not in planner.options]
     if refused:
-        raise HeterogError(f"{'/'.join(refused)} apply to the agent only, not to method {method!r}")
+        raise HeterogError(f"{' and '.join(refused)} appl{'y' if len(refused) > 1 else 'ies'} to the agent only, "
+                           f"not to method {method!r}")
     if evaluator is None:
         from heterog.evaluate import Evaluator
 
