@@ -1,10 +1,12 @@
 """``heterog capture MODEL -o GRAPH.json``: capture a model's training step into a graph file."""
 from __future__ import annotations
 
+import argparse
+
 from heterog.cli.output import add_json_flag, emit
 
 
-def cmd_capture(args) -> int:
+def cmd_capture(args: argparse.Namespace) -> int:
     from heterog.graph.cache import capture_model
 
     g = capture_model(args.model, args.batch_size, args.optimizer, fuse=not args.no_fuse, use_cache=not args.no_cache)
@@ -16,7 +18,7 @@ def cmd_capture(args) -> int:
     return 0
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("capture", help="capture a model's training step into a graph file")
     p.add_argument("model", help="zoo name or path/to/file.py:build")
     p.add_argument("--batch-size", type=int, default=None)

@@ -9,7 +9,7 @@ from heterog.cli.args import add_graph_args, add_parallel_args, graph_and_cluste
 from heterog.cli.output import add_json_flag, emit
 
 
-def cmd_compare(args) -> int:
+def cmd_compare(args: argparse.Namespace) -> int:
     from heterog.compare import compare, write_report
     from heterog.planners import parse_methods
     from heterog.reporting import comparison_text
@@ -29,7 +29,7 @@ def cmd_compare(args) -> int:
     return 0
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="plan with several methods, simulate and compare (HeteroG Tables 1-2)",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_graph_args(p)

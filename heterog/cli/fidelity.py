@@ -1,10 +1,12 @@
 """``heterog fidelity``: measured vs simulated iteration time over several plans (MAPE, Kendall tau)."""
 from __future__ import annotations
 
+import argparse
+
 from heterog.cli.output import add_json_flag, emit
 
 
-def cmd_fidelity(args) -> int:
+def cmd_fidelity(args: argparse.Namespace) -> int:
     from heterog.reporting import fidelity_text
     from heterog.runtime.fidelity import run_fidelity
 
@@ -17,7 +19,7 @@ def cmd_fidelity(args) -> int:
     return 0
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     from heterog.runtime import fidelity
 
     p = sub.add_parser("fidelity", help="measured vs simulated iteration time over several plans",

@@ -3,12 +3,12 @@ searches and the agent, print the comparison table, and write the Chrome trace, 
 the best plan."""
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
 
 DEFAULT_MODEL, DEFAULT_BATCH, DEFAULT_CLUSTER = "bert_large", 48, "paper-8gpu"
-DP_METHODS = ("ev-ps", "ev-ar", "cp-ps", "cp-ar")
 
 
 def main_job(out_dir: Path, quick: bool = False, model: str | None = None, batch_size: int | None = None,
@@ -21,7 +21,7 @@ def main_job(out_dir: Path, quick: bool = False, model: str | None = None, batch
     from heterog.evaluate import Evaluator
     from heterog.graph.cache import capture_model
     from heterog.planners import default_methods
-    from heterog.reporting import comparison_table, cost_table
+    from heterog.reporting import DP_BASELINES, comparison_table, cost_table
 
     console = Console() if sys.stdout.isatty() else Console(width=150)
     model = model or ("tiny_transformer" if quick else DEFAULT_MODEL)
@@ -47,11 +47,11 @@ def main_job(out_dir: Path, quick: bool = False, model: str | None = None, batch
     records = []
     for r in comp.results:
         records.append(r.record)
-        if r.method in DP_METHODS or r.method == "single":   # the paper's order, for comparison
+        if r.method in DP_BASELINES or r.method == "single":   # the paper's order, for comparison
             paper = ev.evaluate(r.strategy, order="rank", method=r.method)
             records.append({**paper.record(), "search_time_s": r.record["search_time_s"]})
     console.print(comparison_table(records, f"{model} (batch {batch_size}) on {cluster.name}, "
-                                            f"{budget_s:g} s per search", DP_METHODS).rich())
+                                            f"{budget_s:g} s per search").rich())
     paths = write_report(comp, out_dir)
     atomic_write_json(Path(out_dir) / "comparison_with_rank.json",
                       {"graph": graph.name, "cluster": cluster.name, "records": records})
@@ -61,11 +61,11 @@ def main_job(out_dir: Path, quick: bool = False, model: str | None = None, batch
     return 0
 
 
-def cmd_main(args) -> int:
+def cmd_main(args: argparse.Namespace) -> int:
     return main_job(out_dir=Path(args.out), quick=args.quick)
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("main", help="the `make run` job: capture, plan, compare, write trace and plots")
     p.add_argument("--out", default="results/main", help="output folder")
     p.add_argument("--quick", action="store_true", help="small model and budgets (for tests)")

@@ -25,4 +25,5 @@ def emit(args: argparse.Namespace, payload: Any, text: str) -> None:
 
 
 def add_json_flag(p: argparse.ArgumentParser, help: str | None = None) -> None:
+    """The ``--json`` flag ``emit`` reads."""
     p.add_argument("--json", action="store_true", help=help)

@@ -10,7 +10,7 @@ from heterog.cli.output import add_json_flag, emit
 DEFAULT_METHOD = "agent"
 
 
-def cmd_plan(args) -> int:
+def cmd_plan(args: argparse.Namespace) -> int:
     from heterog import planners
     from heterog.evaluate import Evaluator
 
@@ -30,7 +30,7 @@ def cmd_plan(args) -> int:
     return 0
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="write the strategy of one method (default: the learning agent)",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_graph_args(p)

@@ -2,11 +2,13 @@
 torchrun, this process is one rank of an env:// job)."""
 from __future__ import annotations
 
+import argparse
+
 from heterog.cli.output import add_json_flag, emit
 from heterog.errors import HeterogError
 
 
-def _prepare_from_args(args):
+def _prepare_from_args(args: argparse.Namespace):
     from heterog.cluster import load_cluster
     from heterog.runtime.api import load_model, prepare, resolve_strategy
 
@@ -17,7 +19,7 @@ def _prepare_from_args(args):
     return model, cluster, prepare(model, cluster, strategy, backend=args.backend)
 
 
-def cmd_run(args) -> int:
+def cmd_run(args: argparse.Namespace) -> int:
     from heterog.runtime.api import collect, compare_values, run_prepared, train_single_process
     from heterog.runtime.launcher import env_rank, run_env_job
 
@@ -59,7 +61,7 @@ def cmd_run(args) -> int:
     return 0 if rec["equivalent"] in (None, True) else 1
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="train a plan for real with torch.distributed (one process per device)",
                        description="Train MODEL under a strategy on the devices of CLUSTER: one worker process "
                                    "per device (local-cpu-N: emulated on this machine; under torchrun: this "

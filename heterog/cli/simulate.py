@@ -1,11 +1,13 @@
 """``heterog simulate``: simulate one training iteration of a plan (a strategy file or a method's plan)."""
 from __future__ import annotations
 
+import argparse
+
 from heterog.cli.args import add_graph_args, resolve_graph
 from heterog.cli.output import add_json_flag, emit
 
 
-def cmd_simulate(args) -> int:
+def cmd_simulate(args: argparse.Namespace) -> int:
     from heterog import planners
     from heterog.cluster import load_cluster
     from heterog.evaluate import Evaluator
@@ -36,7 +38,7 @@ def cmd_simulate(args) -> int:
     return 0
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     from heterog.scheduler import DEFAULT_ORDER, ORDERS
 
     p = sub.add_parser("simulate", help="simulate one training iteration of a plan")
