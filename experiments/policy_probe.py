@@ -37,6 +37,7 @@ from agents.planner import build_policy
 from agents.trainer import GraphTask, make_task, per_group_log_prob
 from experiments.args import model_batch, parser
 from heterog.errors import HeterogError
+from heterog.reporting import Column, Table
 from heterog.strategy import DP_ACTION_NAMES, N_DP_ACTIONS
 
 DP_PROP_AR = DP_ACTION_NAMES.index("dp-prop-ar")     # offset after the M model-parallel actions
@@ -164,15 +165,15 @@ def score(policy, targets: list[tuple[GraphTask, np.ndarray]], holdout: str | No
 
 
 def markdown(rows: list[ProbeRow]) -> str:
-    lines = ["| graph | held out | groups | greedy = target | target's commonest action | greedy (ms) | "
-             "target (ms) | best uniform plan (ms) | target's MP groups | P(MP) there / elsewhere | AUC |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    tab = Table([Column("graph", align="left"), Column("held out", align="left")] + [Column(h) for h in (
+        "groups", "greedy = target", "target's commonest action", "greedy (ms)", "target (ms)",
+        "best uniform plan (ms)", "target's MP groups", "P(MP) there / elsewhere", "AUC")])
     for r in rows:
-        lines.append(f"| {r.graph} | {'yes' if r.held_out else ''} | {r.groups} | {100 * r.match:.1f}% | "
-                     f"{100 * r.uniform_share:.1f}% | {r.greedy_s * 1e3:.2f}{' OOM' if r.greedy_oom else ''} | "
-                     f"{r.target_s * 1e3:.2f} | {r.best_uniform_s * 1e3:.2f} | {r.target_mp_groups} | "
-                     f"{r.p_mp_target:.4f} / {r.p_mp_other:.4f} | {r.mp_auc:.2f} |")
-    return "\n".join(lines)
+        tab.add(r.graph, "yes" if r.held_out else "", str(r.groups), f"{100 * r.match:.1f}%",
+                f"{100 * r.uniform_share:.1f}%", f"{r.greedy_s * 1e3:.2f}{' OOM' if r.greedy_oom else ''}",
+                f"{r.target_s * 1e3:.2f}", f"{r.best_uniform_s * 1e3:.2f}", str(r.target_mp_groups),
+                f"{r.p_mp_target:.4f} / {r.p_mp_other:.4f}", f"{r.mp_auc:.2f}")
+    return tab.markdown()
 
 
 def main(argv: list[str] | None = None) -> int:
