@@ -270,11 +270,15 @@ def resolve_strategy(model: Model, cluster, *, strategy=None, method: str | None
 
 
 def default_method() -> str:
-    """"agent" when the learning agent's planner is registered (``heterog.planners``), else "best-dp" (the
-    fastest simulated DP baseline)."""
+    """"agent" when the learning agent's planner is registered and loads (``heterog.planners``), else
+    "best-dp" (the fastest simulated DP baseline)."""
     from heterog import planners
 
-    return "agent" if "agent" in planners.names() else "best-dp"
+    try:
+        planners.get("agent")
+    except HeterogError:
+        return "best-dp"
+    return "agent"
 
 
 # ---------------------------------------------------------------------------- get_runner
