@@ -1,6 +1,10 @@
 """The agent as a planner (``heterog plan --method agent``): train from scratch, or fine-tune a
 checkpoint, on one graph and cluster for a number of episodes or a wall-clock budget, and return the
-best strategy found."""
+best strategy found.
+
+``PLANNER`` is what heterog's planner registry (``heterog.planners``) loads for method ``agent``,
+through the entry point ``agent = "agents.planner:PLANNER"`` of the ``heterog.planners`` group
+(pyproject.toml): heterog names no module of this package."""
 from __future__ import annotations
 
 import time
@@ -14,6 +18,7 @@ from agents.networks import StrategyPolicy
 from agents.trainer import GraphTask, Trainer, TrainerSettings, bias_towards_data_parallel
 from envs.features import DEVICE_FEATURE_DIM, op_feature_dim
 from heterog.errors import HeterogError
+from heterog.planners import Planner
 from heterog.strategy import Strategy, n_actions
 
 DEFAULT_EPISODES = 2000
@@ -122,3 +127,7 @@ class _Progress:
     def __exit__(self, *exc) -> None:
         if self.enabled:
             self.bar.stop()
+
+
+PLANNER = Planner("agent", plan, frozenset({"budget_s", "seed", "checkpoint", "episodes", "workers", "ray_address",
+                                            "progress"}), default=False)

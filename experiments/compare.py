@@ -14,8 +14,10 @@ from heterog.errors import HeterogError
 def run(cfg: DictConfig) -> dict:
     """Build graph, cluster and method list from ``cfg``, compare, write the report; returns its paths."""
     from heterog.cluster import load_cluster
-    from heterog.compare import compare, parse_methods, text_table, write_report
+    from heterog.compare import compare, write_report
     from heterog.graph.cache import capture_model
+    from heterog.planners import parse_methods
+    from heterog.reporting import comparison_text
 
     graph = capture_model(cfg.graph.model, cfg.graph.batch_size, cfg.graph.get("optimizer", "sgd"))
     cluster = load_cluster(cfg.cluster.name)
@@ -24,7 +26,7 @@ def run(cfg: DictConfig) -> dict:
                          agent_checkpoint=cfg.get("agent_checkpoint"), workers=int(cfg.get("workers", 1)),
                          ray_address=cfg.get("ray_address"))
     paths = write_report(comparison, Path(cfg.out_dir))
-    print(text_table(comparison))
+    print(comparison_text(comparison))
     print(f"wrote {paths['report']} and the best plan's Gantt chart {paths['gantt']}")
     return paths
 

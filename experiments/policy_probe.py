@@ -24,7 +24,6 @@ Targets:
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import asdict, dataclass
@@ -37,7 +36,9 @@ from agents.checkpoint import load_checkpoint
 from agents.planner import build_policy
 from agents.tasks import GraphTask, make_task
 from agents.trainer import per_group_log_prob
+from experiments.args import model_batch, parser
 from heterog.errors import HeterogError
+from heterog.reporting import Column, Table
 from heterog.strategy import DP_ACTION_NAMES, N_DP_ACTIONS
 
 DP_PROP_AR = DP_ACTION_NAMES.index("dp-prop-ar")     # offset after the M model-parallel actions
@@ -58,14 +59,6 @@ class ProbeRow:
     p_mp_target: float = float("nan")   # the policy's mean P(model parallel) over those groups ...
     p_mp_other: float = float("nan")    # ... and over the other groups
     mp_auc: float = float("nan")        # P(a target MP group's P(MP) > another group's), ties count half
-
-
-def _graph_spec(name: str) -> tuple[str, int]:
-    """``"resnet50:128"`` -> ("resnet50", 128)."""
-    model, _, batch = name.partition(":")
-    if not model or not batch.isdigit():
-        raise HeterogError(f"graph {name!r} must be MODEL:BATCH, e.g. resnet50:128")
-    return model, int(batch)
 
 
 def targets_from_runs(run_dirs: list[str], cluster) -> list[tuple[GraphTask, np.ndarray]]:
@@ -101,7 +94,7 @@ def targets_from_rule(graphs: list[str], min_bytes: float, cluster) -> list[tupl
 
     out = []
     for name in graphs:
-        model, batch = _graph_spec(name)
+        model, batch = model_batch(name)
         task = make_task(capture_model(model, batch, "sgd"), cluster)
         ev = task.evaluator
         held = np.zeros(task.n_groups)
@@ -173,19 +166,19 @@ def score(policy, targets: list[tuple[GraphTask, np.ndarray]], holdout: str | No
 
 
 def markdown(rows: list[ProbeRow]) -> str:
-    lines = ["| graph | held out | groups | greedy = target | target's commonest action | greedy (ms) | "
-             "target (ms) | best uniform plan (ms) | target's MP groups | P(MP) there / elsewhere | AUC |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    tab = Table([Column("graph", align="left"), Column("held out", align="left")] + [Column(h) for h in (
+        "groups", "greedy = target", "target's commonest action", "greedy (ms)", "target (ms)",
+        "best uniform plan (ms)", "target's MP groups", "P(MP) there / elsewhere", "AUC")])
     for r in rows:
-        lines.append(f"| {r.graph} | {'yes' if r.held_out else ''} | {r.groups} | {100 * r.match:.1f}% | "
-                     f"{100 * r.uniform_share:.1f}% | {r.greedy_s * 1e3:.2f}{' OOM' if r.greedy_oom else ''} | "
-                     f"{r.target_s * 1e3:.2f} | {r.best_uniform_s * 1e3:.2f} | {r.target_mp_groups} | "
-                     f"{r.p_mp_target:.4f} / {r.p_mp_other:.4f} | {r.mp_auc:.2f} |")
-    return "\n".join(lines)
+        tab.add(r.graph, "yes" if r.held_out else "", str(r.groups), f"{100 * r.match:.1f}%",
+                f"{100 * r.uniform_share:.1f}%", f"{r.greedy_s * 1e3:.2f}{' OOM' if r.greedy_oom else ''}",
+                f"{r.target_s * 1e3:.2f}", f"{r.best_uniform_s * 1e3:.2f}", str(r.target_mp_groups),
+                f"{r.p_mp_target:.4f} / {r.p_mp_other:.4f}", f"{r.mp_auc:.2f}")
+    return tab.markdown()
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.policy_probe", description=__doc__.split("\n\n")[0])
+    ap = parser("experiments.policy_probe", __doc__)
     source = ap.add_mutually_exclusive_group(required=True)
     source.add_argument("--runs", nargs="+", metavar="RUN_DIR", help="imitate the best plans of these runs")
     source.add_argument("--rule-bytes", type=float, metavar="B",
@@ -195,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cluster", default="paper-8gpu")
     ap.add_argument("--steps", type=int, default=1500, help="imitation steps, one graph each (default 1500)")
     ap.add_argument("--lr", type=float, default=1e-3,
-                    help="Adam step size (default 1e-3; at the trainer's 1e-2 even a rule is not learned)")
+                    help="Adam step size (default 1e-3, the trainer's learning_rate; at 1e-2 even a rule is not "
+                         "learned)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--policy", metavar="CKPT",
                     help="score this checkpoint's policy on the targets instead of training one")

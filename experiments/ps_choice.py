@@ -8,11 +8,11 @@ decreasing gradient bytes, each onto its least-loaded replica device), both unde
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 
 import numpy as np
 
+from experiments.args import argparse_type, model_batch_list, parser
 from heterog import baselines
 from heterog.cluster import load_cluster
 from heterog.compiler.index import graph_index
@@ -39,21 +39,21 @@ def bytes_balanced(ev: Evaluator, strategy: Strategy) -> Strategy:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = parser("experiments.ps_choice", __doc__)
     ap.add_argument("--cluster", default="paper-8gpu")
-    ap.add_argument("--models", default="bert_large:48,vgg19:192,transformer:720", help="MODEL:BATCH,...")
+    ap.add_argument("--models", type=argparse_type(model_batch_list), default="bert_large:48,vgg19:192,transformer:720",
+                    help="MODEL:BATCH,...")
     args = ap.parse_args(argv)
     cluster = load_cluster(args.cluster)
     print(f"{'model':16s} {'method':6s} {'auto ms':>9s} {'balanced ms':>11s} {'auto/balanced':>13s}  PS devices used")
-    for item in args.models.split(","):
-        model, batch = item.split(":")
-        ev = Evaluator(capture_model(model, int(batch)), cluster)
+    for model, batch in args.models:
+        ev = Evaluator(capture_model(model, batch), cluster)
         for method in ("ev-ps", "cp-ps"):
             s = baselines.run(method, ev.graph, cluster, evaluator=ev)
             auto = ev.evaluate(s)
             bal = ev.evaluate(bytes_balanced(ev, s))
             used = np.bincount(list(auto.plan.ps_device.values()), minlength=cluster.n_devices)
-            print(f"{model + '-' + batch:16s} {method:6s} {auto.iteration_time_s * 1e3:9.1f} "
+            print(f"{f'{model}-{batch}':16s} {method:6s} {auto.iteration_time_s * 1e3:9.1f} "
                   f"{bal.iteration_time_s * 1e3:11.1f} {auto.iteration_time_s / bal.iteration_time_s:13.3f}  "
                   f"{used.tolist()}")
     return 0

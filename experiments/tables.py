@@ -12,11 +12,12 @@ parallelism (the paper's Table 2, by synchronisation).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing as mp
 import sys
 from pathlib import Path
+
+from experiments.args import argparse_type, model_batch_list, parser
 
 PAPER_MODELS = ("vgg19:192", "resnet200:192", "inception_v3:192", "mobilenet_v2:192", "nasnet:192",
                 "transformer:720", "bert_large:48", "xlnet_large:48")
@@ -38,8 +39,9 @@ def run_case(model: str, batch: int, cluster_name: str, budget_s: float, seed: i
     """Compare every planner and the agent on one case and save the case document."""
     from heterog.atomic import atomic_write_json
     from heterog.cluster import load_cluster
-    from heterog.compare import compare, default_methods
+    from heterog.compare import compare
     from heterog.graph.cache import capture_model
+    from heterog.planners import default_methods
 
     graph = capture_model(model, batch)
     cluster = load_cluster(cluster_name)
@@ -117,8 +119,9 @@ def render(out: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default=",".join(PAPER_MODELS), help="MODEL:BATCH,...")
+    ap = parser("experiments.tables", __doc__)
+    ap.add_argument("--models", type=argparse_type(model_batch_list), default=",".join(PAPER_MODELS),
+                    help="MODEL:BATCH,...")
     ap.add_argument("--clusters", default=",".join(CLUSTERS))
     ap.add_argument("--budget-s", type=float, default=30.0, help="search budget of every budgeted planner")
     ap.add_argument("--seed", type=int, default=0)
@@ -130,12 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if not args.render:
         todo = []
-        for item in args.models.split(","):
-            model, batch = item.split(":")
+        for model, batch in args.models:
             for cluster in args.clusters.split(","):
-                p = _case_path(out, model, int(batch), cluster)
+                p = _case_path(out, model, batch, cluster)
                 if not p.exists():
-                    todo.append((model, int(batch), cluster, args.budget_s, args.seed, str(p)))
+                    todo.append((model, batch, cluster, args.budget_s, args.seed, str(p)))
         with mp.get_context("spawn").Pool(args.jobs) as pool:
             for done in pool.starmap(run_case, todo, chunksize=1):
                 print(f"wrote {done}", file=sys.stderr)

@@ -12,7 +12,6 @@ Prints a Markdown table (or JSON) and, with ``--plot``, writes the learning curv
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import asdict, dataclass
@@ -20,7 +19,9 @@ from pathlib import Path
 
 from agents.checkpoint import load_checkpoint
 from agents.reporting import time_to_quality
+from experiments.args import parser
 from heterog.errors import HeterogError
+from heterog.reporting import Column, Table
 
 CLOCKS = ("cpu_s", "wall_s")
 
@@ -115,15 +116,15 @@ def by_graph(rows: list[TransferRow], limit: float = 0.3) -> dict[str, dict[str,
 
 def markdown(rows: list[TransferRow]) -> str:
     clock = rows[0].clock.removesuffix("_s") if rows else "cpu"
-    lines = [f"| graph | scratch best (ms) | reached at ({clock} s) | fine-tuned best (ms) | "
-             f"fine-tuned reaches it at ({clock} s) | ratio | first fine-tune round best (ms) |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    tab = Table([Column("graph", align="left")] + [Column(h) for h in (
+        "scratch best (ms)", f"reached at ({clock} s)", "fine-tuned best (ms)", f"fine-tuned reaches it at ({clock} s)",
+        "ratio", "first fine-tune round best (ms)")])
     for r in rows:
-        ft = "-" if r.finetune_reached_s is None else f"{r.finetune_reached_s:.1f}"
-        ratio = "never" if r.ratio is None else f"{100 * r.ratio:.1f}%"
-        lines.append(f"| {r.graph} | {r.scratch_best_s * 1e3:.2f} | {r.scratch_reached_s:.1f} | "
-                     f"{r.finetune_best_s * 1e3:.2f} | {ft} | {ratio} | {r.finetune_first_s * 1e3:.2f} |")
-    return "\n".join(lines)
+        tab.add(r.graph, f"{r.scratch_best_s * 1e3:.2f}", f"{r.scratch_reached_s:.1f}",
+                f"{r.finetune_best_s * 1e3:.2f}",
+                "-" if r.finetune_reached_s is None else f"{r.finetune_reached_s:.1f}",
+                "never" if r.ratio is None else f"{100 * r.ratio:.1f}%", f"{r.finetune_first_s * 1e3:.2f}")
+    return tab.markdown()
 
 
 def plot(pairs: list[tuple[Run, Run]], path: str | Path, clock: str = "cpu_s") -> Path:
@@ -154,7 +155,7 @@ def plot(pairs: list[tuple[Run, Run]], path: str | Path, clock: str = "cpu_s") -
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.transfer", description=__doc__.split("\n\n")[0])
+    ap = parser("experiments.transfer", __doc__)
     ap.add_argument("--pair", nargs=2, action="append", required=True, metavar=("SCRATCH_RUN", "FINETUNE_RUN"),
                     help="a from-scratch run folder and a fine-tuned run folder on the same graph (repeatable)")
     ap.add_argument("--clock", choices=CLOCKS, default="cpu_s", help="training time to compare (default cpu_s)")

@@ -8,6 +8,7 @@ stays light:
     heterog.load_cluster(name_or_path) -> Cluster
     heterog.simulate(graph, cluster, strategy, order="best") -> PlanResult (with .sim, the SimResult)
     heterog.baselines.run(name, graph, cluster, **opts) -> Strategy
+    heterog.planners.plan(method, graph, cluster, **options) -> Strategy   (every method: baselines, best-dp, agent)
     heterog.get_runner(model_fn, input_fn, device_info, config=None) -> Runner
 """
 from __future__ import annotations
@@ -31,6 +32,7 @@ _LAZY = {
     "get_runner": ("heterog.runtime", "get_runner"),
     "zoo": ("heterog.zoo", None),
     "baselines": ("heterog.baselines", None),
+    "planners": ("heterog.planners", None),
 }
 
 __all__ = sorted(_LAZY)

@@ -2,9 +2,6 @@
 paper (Table 1: time per iteration and speed-ups; Table 2: action breakdown), with CSV, JSON, Gantt, trace."""
 from __future__ import annotations
 
-import csv
-import io
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,90 +9,12 @@ from pathlib import Path
 import numpy as np
 
 from heterog.errors import HeterogError
-from heterog.strategy import (
-    DP_ACTION_NAMES,
-    ParallelConfig,
-    Strategy,
-    action_name,
-    even_shares,
-    proportional_shares,
-)
+from heterog.planners import default_methods, names, parse_methods, plan
+from heterog.reporting import action_columns, csv_text, table1_markdown, table2_markdown
+from heterog.strategy import ParallelConfig, Strategy, action_name, even_shares, proportional_shares
 
-DP_BASELINES = ("ev-ps", "ev-ar", "cp-ps", "cp-ar")
-AGENT = "agent"
-# options each planner understands (all registered planners ignore unknown options; the agent does not)
-BUDGETED = ("mcmc", "pesto-ilp", "os-dpos", AGENT)
-PARALLEL = ("mcmc", AGENT)          # searches that fan out to Ray workers (workers, ray_address)
-
-
-# ----------------------------------------------------------------------------- methods
-def known_methods() -> list[str]:
-    """Registered planners plus the learning agent."""
-    from heterog import baselines
-
-    return baselines.names() + [AGENT]
-
-
-def default_methods() -> list[str]:
-    """Every registered planner (the agent only when asked for: it trains)."""
-    from heterog import baselines
-
-    return baselines.names()
-
-
-def parse_methods(methods: str | Sequence[str] | None) -> list[str]:
-    """``"a,b,c"`` or a list -> validated method names (duplicates dropped); None -> ``default_methods()``."""
-    if methods is None:
-        return default_methods()
-    names = [m.strip() for m in (methods.split(",") if isinstance(methods, str) else methods) if str(m).strip()]
-    if not names:
-        raise HeterogError("no methods given (e.g. --methods cp-ar,dpos,mcmc)")
-    known = known_methods()
-    bad = [m for m in names if m not in known]
-    if bad:
-        raise HeterogError(f"unknown method{'s' if len(bad) > 1 else ''} {', '.join(map(repr, bad))}; "
-                           f"known: {', '.join(known)}")
-    return list(dict.fromkeys(names))
-
-
-def agent_planner():
-    """The learning agent's ``plan`` function, or a HeterogError when the agents package is missing."""
-    try:
-        from agents.planner import plan as agent_plan
-    except ModuleNotFoundError as exc:
-        if exc.name in ("agents", "agents.planner"):
-            raise HeterogError("agent planner not available (module agents.planner is missing)") from None
-        raise
-    return agent_plan
-
-
-def plan(method: str, graph, cluster, *, evaluator=None, budget_s: float = 60.0, seed: int = 0,
-         checkpoint: str | None = None, episodes: int | None = None, workers: int = 1,
-         ray_address: str | None = None) -> Strategy:
-    """The strategy of ``method`` (a registered planner or "agent") with ``search_time_s`` in its meta.
-
-    ``budget_s`` goes to the searches (mcmc, pesto-ilp, os-dpos, agent), ``seed`` to every planner that
-    draws random numbers; ``checkpoint`` and ``episodes`` to the agent only; ``workers`` and
-    ``ray_address`` to the searches that fan out to Ray workers (``PARALLEL``; ``heterog.parallel``).
-    """
-    from heterog import baselines
-    from heterog.evaluate import Evaluator
-
-    if budget_s is not None and budget_s <= 0:
-        raise HeterogError(f"budget must be positive, got {budget_s} s")
-    ev = evaluator if evaluator is not None else Evaluator(graph, cluster)
-    if method != AGENT:
-        if checkpoint is not None or episodes is not None:
-            raise HeterogError(f"--agent/--episodes apply to the agent only, not to method {method!r}")
-        fan_out = {"workers": workers, "ray_address": ray_address} if method in PARALLEL else {}
-        return baselines.run(method, graph, cluster, evaluator=ev, budget_s=budget_s, seed=seed, **fan_out)
-    agent_plan = agent_planner()
-    t0 = time.perf_counter()
-    strategy = agent_plan(ev, checkpoint=checkpoint, episodes=episodes, budget_s=budget_s, seed=seed,
-                          workers=workers, ray_address=ray_address)
-    strategy.method = AGENT
-    strategy.meta.setdefault("search_time_s", time.perf_counter() - t0)
-    return strategy
+AGENT = "agent"                 # the learning agent's method name (a plugin of heterog.planners)
+known_methods = names           # planner registry (heterog.planners), re-exported for scripts that used it here
 
 
 # ----------------------------------------------------------------------------- action breakdown
@@ -112,10 +31,6 @@ def config_action(config: ParallelConfig, cluster, batch_size: int) -> str:
         if list(config.shares) == proportional_shares(batch_size, cluster.power):
             return f"dp-prop-{sync}"
     return "dp-other"
-
-
-def action_columns(cluster) -> list[str]:
-    return [f"mp:{d}" for d in range(cluster.n_devices)] + list(DP_ACTION_NAMES) + ["dp-other"]
 
 
 def action_breakdown(strategy: Strategy, graph, cluster) -> dict[str, float]:
@@ -190,11 +105,12 @@ def compare(graph, cluster, methods: Sequence[str], *, budget_s: float = 60.0, s
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from heterog import planners
     from heterog.evaluate import Evaluator
 
     methods = parse_methods(list(methods))
-    if AGENT in methods:
-        agent_planner()                                  # fail before spending time on the others
+    for name in methods:
+        planners.get(name)                               # a plugin that fails to load fails before the others run
     if budget_s <= 0:
         raise HeterogError(f"budget must be positive, got {budget_s} s")
     from heterog.bounds import compute_bound
@@ -222,72 +138,7 @@ def compare(graph, cluster, methods: Sequence[str], *, budget_s: float = 60.0, s
     return out
 
 
-# ----------------------------------------------------------------------------- tables
-def _speedup(t_base: float, t: float) -> str:
-    return f"{(t_base / t - 1.0) * 100:+.1f}%" if t > 0 else "-"
-
-
-def table1_markdown(comp: Comparison) -> str:
-    """Time per iteration and speed-up over each DP baseline, (T_baseline / T_method - 1)."""
-    base = {r.method: r.result for r in comp.results if r.method in DP_BASELINES}
-    dp_cols = [m for m in DP_BASELINES if m in base]
-    head = ["method", "iteration (ms)", "order", "OOM", "search (s)"] + [f"speed-up vs {m.upper()}" for m in dp_cols]
-    lines = [(f"Table 1: {comp.graph.name} (batch {comp.graph.batch_size}) on {comp.cluster.name}: time per "
-             f"iteration and speed-up over the data-parallel baselines (T_baseline / T_method - 1; "
-             f"a baseline that runs out of memory is marked OOM)."), "",
-             "| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
-    for r in comp.results:
-        res = r.result
-        cells = [r.method, f"{res.iteration_time_s * 1e3:.1f}", res.order, "OOM" if res.oom else "",
-                 f"{res.search_time_s:.1f}"]
-        cells += [_speedup(base[m].iteration_time_s, res.iteration_time_s) + (" (OOM)" if base[m].oom else "")
-                  for m in dp_cols]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def table2_markdown(comp: Comparison) -> str:
-    """Share of compute ops per action type in each plan (MP per device, the four DP actions, other splits)."""
-    cols = action_columns(comp.cluster)
-    names = comp.cluster.device_names
-    label = {f"mp:{d}": f"MP {names[d]}" for d in range(comp.cluster.n_devices)}
-    label.update({"dp-even-ps": "DP-EV-PS", "dp-even-ar": "DP-EV-AR", "dp-prop-ps": "DP-CP-PS",
-                  "dp-prop-ar": "DP-CP-AR", "dp-other": "DP other"})
-    lines = [f"Table 2: {comp.graph.name} on {comp.cluster.name}: share of compute ops per action type.", "",
-             "| method | " + " | ".join(label[c] for c in cols) + " |", "|---|" + "---:|" * len(cols)]
-    for r in comp.results:
-        share = r.record["action_breakdown"]
-        lines.append(f"| {r.method} | " + " | ".join(f"{share[c] * 100:.1f}%" if share[c] else "" for c in cols)
-                     + " |")
-    return "\n".join(lines) + "\n"
-
-
-def csv_text(comp: Comparison) -> str:
-    """One row per method: the record's scalar fields, max peak memory and OOM devices."""
-    cols = ["method", "graph", "batch_size", "cluster", "iteration_time_s", "order", "oom", "compute_time_s",
-            "comm_time_s",
-            "overlap_ratio", "search_time_s", "n_tasks", "max_peak_memory_bytes", "oom_devices"]
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(cols)
-    for r in comp.results:
-        rec = r.record
-        peak, cap = rec["peak_memory_bytes"], rec["memory_capacity_bytes"]
-        row = {**rec, "max_peak_memory_bytes": max(peak.values(), default=0.0),
-               "oom_devices": ";".join(d for d in peak if peak[d] > cap[d])}
-        w.writerow([row[c] for c in cols])
-    return buf.getvalue()
-
-
-def text_table(comp: Comparison) -> str:
-    """A plain-text table for the terminal (the CLI's ``format_table`` plus the best plan)."""
-    from heterog.cli import format_table
-
-    best = comp.best()
-    return (format_table(comp.records()) + f"\nbest: {best.method} "
-            f"{best.result.iteration_time_s * 1e3:.2f} ms{' (OOM)' if best.result.oom else ''}")
-
-
+# ----------------------------------------------------------------------------- files
 def write_report(comp: Comparison, out_dir: str | Path) -> dict[str, Path]:
     """Write comparison.json, comparison.csv, report.md (Tables 1 and 2), and for the best plan
     best_strategy.json, best_gantt.png and best_trace.json (Chrome trace). Every file is written to a
@@ -317,3 +168,8 @@ def write_report(comp: Comparison, out_dir: str | Path) -> dict[str, Path]:
     simulator.plot_gantt(res.plan.tg, res.sim, paths["gantt"], title=title)
     simulator.write_chrome_trace(res.plan.tg, res.sim, paths["trace"])
     return paths
+
+
+__all__ = ["AGENT", "Comparison", "MethodResult", "action_breakdown", "compare", "config_action", "csv_text",
+           "default_methods", "known_methods", "parse_methods", "plan", "table1_markdown", "table2_markdown",
+           "write_report"]

@@ -66,7 +66,7 @@ class Worker:
         self.searches: dict[str, Any] = {}
 
     def setup(self, key: str, spec: EvaluatorSpec, oom_factor: float = 10.0, order: str | None = None) -> None:
-        from heterog.baselines.mcmc import ActionSearch
+        from heterog.baselines.chains import ActionSearch
 
         if key not in self.evaluators:
             ev = self.evaluators[key] = spec.build()
@@ -79,7 +79,7 @@ class Worker:
         return [ev.iteration_time(ev.strategy(a), order) for a in np.asarray(actions)]
 
     def run_chain(self, key: str, chain):
-        from heterog.baselines.mcmc import run_chain
+        from heterog.baselines.chains import run_chain
 
         return run_chain(self.searches[key], chain)
 

@@ -345,6 +345,15 @@ def cluster_to_dict(cluster: Cluster) -> dict[str, Any]:
     return out
 
 
+def save_cluster_yaml(cluster: Cluster, path: str | Path) -> Path:
+    """Write the YAML form of ``cluster`` atomically (temporary file, then rename); ``load_cluster`` reads
+    it back equal."""
+    from heterog.atomic import atomic_write
+
+    text = yaml.safe_dump(cluster_to_dict(cluster), sort_keys=False, default_flow_style=None)
+    return atomic_write(path, lambda f: f.write(text))
+
+
 # ---------------------------------------------------------------------- local-cpu-N
 def local_cpu_cluster(spec: str) -> Cluster:
     """The generated cluster for ``local-cpu-N[:key=value...]`` (syntax in the module docstring)."""
@@ -431,6 +440,7 @@ __all__ = [
     "builtin_names",
     "cluster_from_dict",
     "cluster_to_dict",
+    "save_cluster_yaml",
     "load_cluster",
     "local_cpu_cluster",
     "parse_bandwidth_Bps",

@@ -20,8 +20,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -279,25 +277,3 @@ class Cluster:
             types[d.type.name] = types.get(d.type.name, 0) + 1
         mix = ", ".join(f"{n}x {t}" for t, n in types.items())
         return f"Cluster({self.name!r}: {mix}; {len(self.servers)} servers, {len(self.links)} links)"
-
-    # ------------------------------------------------------------------ files
-    def to_dict(self) -> dict[str, Any]:
-        """The YAML form (see heterog.cluster.loader); ``Cluster.from_dict`` reads it back equal."""
-        from heterog.cluster.loader import cluster_to_dict
-
-        return cluster_to_dict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any], source: str = "<dict>") -> Cluster:
-        from heterog.cluster.loader import cluster_from_dict
-
-        return cluster_from_dict(d, source=source)
-
-    def save_yaml(self, path: str | Path) -> Path:
-        """Write the YAML form atomically (temporary file, then rename)."""
-        import yaml
-
-        from heterog.atomic import atomic_write
-
-        text = yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
-        return atomic_write(path, lambda f: f.write(text))

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -39,6 +40,9 @@ from heterog.compiler.index import VALUE_FREE_TARGETS, GraphIndex, Paths, graph_
 from heterog.compiler.ps import choose_ps_devices, problem_from_configs
 from heterog.compiler.tasks import CATEGORIES, COMM_KINDS, OrderKey, TaskBatch, TaskKind, Tasks
 from heterog.strategy import ParallelConfig, Strategy
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.compiler.delta import Dirty
 
 __all__ = ["CATEGORIES", "COMM_KINDS", "CompiledPlan", "Compiler", "GraphIndex", "Placement", "TaskKind",
            "VALUE_FREE_TARGETS", "compile_strategy", "graph_index"]
@@ -358,6 +362,44 @@ def compile_all(c: Compiler, strategy: Strategy, place: Placement) -> PlanState:
                     aggregated_of(c, place, np.nonzero(place.aggregate)[0]))
 
 
+def patch_plan(c: Compiler, base: PlanState, strategy: Strategy, place: Placement, dirty: Dirty) -> PlanState:
+    """The plan of ``strategy`` (placed as ``place``) from ``base``: re-emit the dirty units (found by
+    ``heterog.compiler.delta.dirty_units``), keep the rest."""
+    from heterog.compiler.delta import merge_kernel
+
+    gi = c.gi
+    n_base = base.tasks.n
+    prov = base.providers.copy()
+    batch = TaskBatch(n_base, c.order_key)
+    ops = np.nonzero(dirty.ops)[0]
+    emit_instances(c, batch, ops, place, prov)
+    agg = np.nonzero(place.aggregate & dirty.ops[gi.t_op])[0]
+    algo_new = emit_aggregation(c, batch, agg, place, prov)
+    emit_connections(c, batch, np.nonzero(dirty.tensors[gi.e_tensor])[0], place, prov)
+
+    new = batch.tasks()
+    m = merge_kernel(base.tasks, (base.dep_task, base.dep_on, base.dep_owner), dirty.owners, new,
+                     batch.dependencies())
+    new_of = m.new_of
+
+    prov.inst_start = new_of[prov.inst_start]
+    prov.at = new_of[prov.at]
+    algo = dict(base.allreduce_algo)
+    aggregated = dict(base.aggregated)
+    for o in ops.tolist():
+        algo.pop(o, None)
+    for t in np.nonzero(dirty.ops[gi.t_op] & base.placement.aggregate)[0].tolist():
+        aggregated.pop(t, None)
+    algo.update(algo_new)
+    aggregated.update(aggregated_of(c, place, agg))
+    # the TaskGraph's own checks ran on the kept tasks when they were first compiled; the new ones get
+    # the checks that the compiler's construction does not guarantee
+    if not np.all((new.dur >= 0) & (new.dur < np.inf) & (new.lag >= 0) & (new.lag < np.inf)):
+        raise ValueError("compiler produced a task with a negative or infinite duration or lag")
+    return assemble(c, strategy, m.tasks, m.dep_task, m.dep_on, m.dep_owner, place, prov, algo, aggregated,
+                    validate=False, csr=(m.dep_ptr, m.dep_idx))
+
+
 # ----------------------------------------------------------------------------------- compiler
 class Compiler:
     """Compiles strategies for one (graph, cluster, cost model): the strategy-independent tables, the
@@ -492,7 +534,7 @@ class Compiler:
         return self.compile_state(strategy, check=check, patch=patch).plan
 
     def compile_state(self, strategy: Strategy, *, check: bool = True, patch: bool = True) -> PlanState:
-        from heterog.compiler.delta import dirty_units, patch_plan
+        from heterog.compiler.delta import dirty_units
 
         if check:
             strategy.check_fits(self.graph, self.cluster)

@@ -15,12 +15,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numba import njit
 
-from heterog.compiler.emit import emit_aggregation, emit_connections, emit_instances
-from heterog.compiler.tasks import TaskBatch, Tasks, ragged_gather
+from heterog.compiler.tasks import Tasks, ragged_gather
 
 if TYPE_CHECKING:  # pragma: no cover
-    from heterog.compiler.compile import Compiler, Placement, PlanState
-    from heterog.strategy import Strategy
+    from heterog.compiler.compile import Compiler, Placement
 
 
 @dataclass(frozen=True)
@@ -231,40 +229,3 @@ def merge_kernel(old: Tasks, old_deps: tuple, drop: np.ndarray, new: Tasks, new_
     total = out_int.shape[1]
     task, on, owner, ptr, idx = _merge_deps_kernel(*old_deps, drop, *new_deps, new_of, total)
     return Merged(Tasks(out_int, out_flt, res_ptr, res_idx), task, on, owner, ptr, idx, new_of)
-
-
-def patch_plan(c: Compiler, base: PlanState, strategy: Strategy, place: Placement, dirty: Dirty) -> PlanState:
-    """The plan of ``strategy`` (placed as ``place``) from ``base``: re-emit the dirty units, keep the rest."""
-    from heterog.compiler.compile import aggregated_of, assemble
-
-    gi = c.gi
-    n_base = base.tasks.n
-    prov = base.providers.copy()
-    batch = TaskBatch(n_base, c.order_key)
-    ops = np.nonzero(dirty.ops)[0]
-    emit_instances(c, batch, ops, place, prov)
-    agg = np.nonzero(place.aggregate & dirty.ops[gi.t_op])[0]
-    algo_new = emit_aggregation(c, batch, agg, place, prov)
-    emit_connections(c, batch, np.nonzero(dirty.tensors[gi.e_tensor])[0], place, prov)
-
-    new = batch.tasks()
-    m = merge_kernel(base.tasks, (base.dep_task, base.dep_on, base.dep_owner), dirty.owners, new,
-                     batch.dependencies())
-    new_of = m.new_of
-
-    prov.inst_start = new_of[prov.inst_start]
-    prov.at = new_of[prov.at]
-    algo = dict(base.allreduce_algo)
-    aggregated = dict(base.aggregated)
-    for o in ops.tolist():
-        algo.pop(o, None)
-    for t in np.nonzero(dirty.ops[gi.t_op] & base.placement.aggregate)[0].tolist():
-        aggregated.pop(t, None)
-    algo.update(algo_new)
-    aggregated.update(aggregated_of(c, place, agg))
-    # the TaskGraph's own checks ran on the kept tasks when they were first compiled; the new ones get
-    # the checks that the compiler's construction does not guarantee
-    if not np.all((new.dur >= 0) & (new.dur < np.inf) & (new.lag >= 0) & (new.lag < np.inf)):
-        raise ValueError("compiler produced a task with a negative or infinite duration or lag")
-    return assemble(c, strategy, m.tasks, m.dep_task, m.dep_on, m.dep_owner, place, prov, algo, aggregated,
-                    validate=False, csr=(m.dep_ptr, m.dep_idx))

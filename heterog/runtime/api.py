@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from heterog.errors import HeterogError, ModelError
+from heterog.planners import BEST_DP_CANDIDATES
 from heterog.runtime.executor import Job
 from heterog.runtime.launcher import WorkerPool
 from heterog.runtime.lowering import Lowered, lower
@@ -22,7 +23,8 @@ from heterog.runtime.stepprog import StepProgram, build_step_program
 
 EQUIVALENCE_RTOL = 1e-5
 EQUIVALENCE_ATOL = 1e-6
-DP_METHODS = ("ev-ps", "ev-ar", "cp-ps", "cp-ar", "single")
+DP_METHODS = BEST_DP_CANDIDATES              # what method "best-dp" picks from
+DEFAULT_PLAN_BUDGET_S = 60.0                  # a search's budget when neither budget nor episodes are given
 
 
 # ---------------------------------------------------------------------------- the model, captured
@@ -251,8 +253,9 @@ def compare_values(model: Model, got: dict[str, torch.Tensor], want: dict[str, t
 def resolve_strategy(model: Model, cluster, *, strategy=None, method: str | None = None, cost=None,
                      seed: int = 0, budget_s: float | None = None, episodes: int | None = None):
     """A Strategy object: the given one (object or file, checked against graph and cluster), or planned
-    with ``method`` (None: the default, see ``default_method``)."""
-    from heterog import baselines
+    with ``method`` (None: the default, see ``default_method``) through the planner registry
+    (``heterog.planners``); without ``budget_s`` or ``episodes`` a search gets ``DEFAULT_PLAN_BUDGET_S``."""
+    from heterog import planners
     from heterog.evaluate import Evaluator
     from heterog.strategy import Strategy
 
@@ -260,32 +263,20 @@ def resolve_strategy(model: Model, cluster, *, strategy=None, method: str | None
         s = Strategy.load(strategy) if not isinstance(strategy, Strategy) else strategy
         s.check_fits(model.graph, cluster)
         return s
-    ev = Evaluator(model.graph, cluster, cost)
-    method = method or default_method()
-    if method == "agent":
-        from agents.planner import plan
-
-        kwargs = {"budget_s": budget_s if budget_s is not None else (None if episodes else 60.0),
-                  "episodes": episodes}
-        return plan(ev, seed=seed, progress=False, **kwargs)
-    if method == "best-dp":
-        best = None
-        for name in DP_METHODS:
-            s = baselines.run(name, model.graph, cluster, evaluator=ev)
-            t = ev.iteration_time(s)
-            if best is None or t < best[0]:
-                best = (t, s)
-        best[1].meta["chosen_from"] = list(DP_METHODS)
-        return best[1]
-    opts = {"seed": seed} if method in ("random", "mcmc") else {}
-    return baselines.run(method, model.graph, cluster, evaluator=ev, **opts)
+    if budget_s is None and episodes is None:
+        budget_s = DEFAULT_PLAN_BUDGET_S
+    return planners.plan(method or default_method(), evaluator=Evaluator(model.graph, cluster, cost), seed=seed,
+                         budget_s=budget_s, episodes=episodes, progress=False)
 
 
 def default_method() -> str:
-    """"agent" when the learning agent is importable, else "best-dp" (the fastest simulated DP baseline)."""
+    """"agent" when the learning agent's planner is registered and loads (``heterog.planners``), else
+    "best-dp" (the fastest simulated DP baseline)."""
+    from heterog import planners
+
     try:
-        import agents.planner  # noqa: F401
-    except ImportError:
+        planners.get("agent")
+    except HeterogError:
         return "best-dp"
     return "agent"
 

@@ -153,7 +153,7 @@ def p2p_channels(device: torch.device) -> dict[tuple[int, int], Any]:
     When both send at the same moment, as plans with transfers both ways do at every layout change, the
     caller's write and the device thread's read contend for that pair and a send of a few bytes now and
     then blocks for a scheduler time slice (4-5 ms on a 2-vCPU host: p99 of a crossing 4 KB send 4.7 ms
-    on one pair, 0.1 ms with a pair per direction; ``python -m heterog.runtime.channels_bench``). Created once per
+    on one pair, 0.1 ms with a pair per direction; ``python -m experiments.channels_bench``). Created once per
     process and default group, collectively: every rank must call this at the same point (every job's
     ``Transport`` does, on every rank)."""
     if device.type != "cpu" or not dist.is_initialized() or dist.get_world_size() < 2:

@@ -7,12 +7,15 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from heterog.cluster import CATALOG, Cluster, builtin_names, load_cluster
+from heterog.cluster import CATALOG, builtin_names, load_cluster
 from heterog.cluster.loader import (
     BANDWIDTH_UNITS_Bps,
     _format_quantity,
+    cluster_from_dict,
+    cluster_to_dict,
     parse_bandwidth_Bps,
     parse_memory_bytes,
+    save_cluster_yaml,
 )
 from heterog.errors import ClusterError
 
@@ -59,8 +62,8 @@ def test_builtin_names():
 @pytest.mark.parametrize("name", BUILTINS + ["local-cpu-3:slowdown=1,2,1:bandwidth=1GB/s:latency_us=50"])
 def test_yaml_round_trip(tmp_path, name):
     c = load_cluster(name)
-    assert Cluster.from_dict(c.to_dict()) == c
-    path = c.save_yaml(tmp_path / f"{name.split(':')[0]}.yaml")
+    assert cluster_from_dict(cluster_to_dict(c)) == c
+    path = save_cluster_yaml(c, tmp_path / f"{name.split(':')[0]}.yaml")
     again = load_cluster(path)
     assert again == c and again.name == c.name
     assert again.bandwidth_Bps.tolist() == c.bandwidth_Bps.tolist()
@@ -105,7 +108,7 @@ def test_explicit_and_overridden_gpu_types_round_trip(tmp_path):
     assert c.devices[0].type.memory_bytes == 8 * 2**30 and c.devices[0].type.tensor_flops is None
     assert c.devices[1].type.compute_efficiency == 0.5 and c.devices[2].slowdown == 1.5
     assert c.devices[1].type.peak_flops == CATALOG["V100-16GB"].peak_flops
-    assert load_cluster(c.save_yaml(tmp_path / "again.yaml")) == c
+    assert load_cluster(save_cluster_yaml(c, tmp_path / "again.yaml")) == c
 
 
 def test_host_driven_comm_flag(tmp_path):
@@ -113,7 +116,7 @@ def test_host_driven_comm_flag(tmp_path):
     assert all(d.type.host_driven_comm for d in load_cluster("local-cpu-2").devices)
     c = load_cluster(one_server(tmp_path, gpus="[{type: T4, host_driven_comm: true}, T4]"))
     assert [d.type.host_driven_comm for d in c.devices] == [True, False]
-    assert load_cluster(c.save_yaml(tmp_path / "again.yaml")) == c
+    assert load_cluster(save_cluster_yaml(c, tmp_path / "again.yaml")) == c
     with pytest.raises(ClusterError, match=r"gpus\[0\]\.host_driven_comm: must be true or false, got 'yes'"):
         load_cluster(one_server(tmp_path, gpus="[{type: T4, host_driven_comm: 'yes'}]"))
 

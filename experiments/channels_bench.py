@@ -1,8 +1,8 @@
-"""Crossing sends on one gloo pair vs one process group per direction (``executor.p2p_channels``).
+"""Crossing sends on one gloo pair vs one process group per direction (``heterog.runtime.executor.p2p_channels``).
 
 Two processes send ``messages`` 4 KB messages to each other at once, with a little compute in between,
 ``steps`` times; prints per-send times (median, mean, p99, max) and per-step times for both layouts.
-Run: ``python -m heterog.runtime.channels_bench [steps]``.
+Run: ``python -m experiments.channels_bench [--steps N] [--messages K]``.
 """
 from __future__ import annotations
 
@@ -64,9 +64,20 @@ def measure(per_direction: bool, steps: int = 300, messages: int = 5, port: int 
             "step_mean_ms": float(step_ms.mean())}
 
 
-if __name__ == "__main__":
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 300
+def main(argv: list[str] | None = None) -> int:
+    from experiments.args import parser
+
+    ap = parser("experiments.channels_bench", __doc__)
+    ap.add_argument("--steps", type=int, default=300, help="steps per layout and round")
+    ap.add_argument("--messages", type=int, default=5, help="messages each way per step")
+    ap.add_argument("--port", type=int, default=29531, help="first rendezvous port (one per round)")
+    args = ap.parse_args(argv)
     for i, per_direction in enumerate((False, True, False, True)):
-        r = measure(per_direction, n, port=29531 + i)
+        r = measure(per_direction, args.steps, args.messages, port=args.port + i)
         print(("per direction" if per_direction else "one pair     "),
               " ".join(f"{k} {v:.3f}" for k, v in r.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

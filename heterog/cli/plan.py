@@ -1,0 +1,46 @@
+"""``heterog plan``: write the strategy of one method (a baseline, a search or the learning agent) to a file."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from heterog.cli.args import add_graph_args, add_parallel_args, graph_and_cluster
+from heterog.cli.output import add_json_flag, emit
+
+DEFAULT_METHOD = "agent"
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from heterog import planners
+    from heterog.evaluate import Evaluator
+
+    method = DEFAULT_METHOD if args.agent else (args.method or DEFAULT_METHOD)
+    planners.parse_methods([method])
+    graph, cluster = graph_and_cluster(args)
+    ev = Evaluator(graph, cluster)
+    strategy = planners.plan(method, evaluator=ev, budget_s=args.budget_s, seed=args.seed, checkpoint=args.agent,
+                             episodes=args.episodes, workers=args.workers, ray_address=args.ray_address)
+    path = strategy.save(args.output)
+    res = ev.evaluate(strategy, method=method)
+    doc = {"method": method, "graph": graph.name, "cluster": cluster.name, "output": str(path),
+           "n_groups": strategy.n_groups, "iteration_time_s": res.iteration_time_s, "oom": res.oom,
+           "search_time_s": float(strategy.meta.get("search_time_s", 0.0))}
+    emit(args, doc, f"{method}: {strategy.n_groups} groups, simulated {res.iteration_time_s * 1e3:.2f} ms per "
+                    f"iteration{' (OOM)' if res.oom else ''}, searched {doc['search_time_s']:.1f} s -> {path}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="write the strategy of one method (default: the learning agent)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_graph_args(p)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--method", default=None, help="planner name (default: agent)")
+    g.add_argument("--agent", default=None, metavar="CKPT", help="fine-tune the agent from this checkpoint")
+    p.add_argument("--episodes", type=int, default=None, help="episodes for the agent")
+    p.add_argument("--budget-s", type=float, default=60.0, help="time budget of a search")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("-o", "--output", required=True, type=Path, help="strategy JSON to write")
+    add_parallel_args(p)
+    add_json_flag(p)
+    p.set_defaults(fn=cmd_plan)

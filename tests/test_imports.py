@@ -1,0 +1,143 @@
+"""The project's import graph: no cycle among its modules, and the one-way dependency direction
+``simulator <- heterog <- envs <- agents <- experiments`` (DESIGN section 2).
+
+Every module under the five packages is parsed with ``ast``; an edge is an ``import``, a ``from ... import``
+or an ``importlib.import_module("literal")`` anywhere in the file (inside functions too), except under
+``if TYPE_CHECKING:``. ``from a import b`` is an edge to ``a.b`` when that is a module of the project, else
+to ``a``. Importing ``a.b`` also runs ``a/__init__``; that implicit edge is not counted (a package may
+re-export its submodules). Plugins named in metadata (the ``heterog.planners`` entry point) are not imports.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("simulator", "heterog", "envs", "agents", "experiments")
+LAYER = {name: i for i, name in enumerate(PACKAGES)}         # a package may import only layers below it
+
+
+def project_modules() -> dict[str, Path]:
+    """Dotted module name -> file, for every .py file under the project's packages."""
+    out = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST, module: str, is_package: bool):
+    """(candidate names, line) for every imported name in ``tree``, TYPE_CHECKING blocks left out: the
+    first candidate that is a project module is the edge (``from a import b``: ``a.b``, else ``a``)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield [alias.name], node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = module.split(".")
+                base = parts[: len(parts) - node.level + (1 if is_package else 0)]
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module or ""
+            for alias in node.names:
+                yield [f"{prefix}.{alias.name}", prefix], node.lineno
+        elif (isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name))
+              and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            yield [node.args[0].value], node.lineno
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def module_imports(tree: ast.AST, module: str, is_package: bool, modules: dict[str, Path]) -> dict[str, int]:
+    """Project modules imported by ``module`` (parsed as ``tree``) -> line of the first such import."""
+    edges: dict[str, int] = {}
+    for candidates, line in _imports(tree, module, is_package):
+        target = next((c for c in candidates if c in modules), None)
+        if target is not None and target != module:
+            edges[target] = min(line, edges.get(target, line))
+    return edges
+
+
+def import_graph() -> dict[str, dict[str, int]]:
+    """Module -> {imported project module: line of the first such import}."""
+    modules = project_modules()
+    return {name: module_imports(ast.parse(path.read_text(), filename=str(path)), name,
+                                 path.name == "__init__.py", modules)
+            for name, path in modules.items()}
+
+
+def find_cycle(graph: dict[str, dict[str, int]]) -> list[str] | None:
+    """One cycle as a list of modules (first == last), or None."""
+    state: dict[str, int] = {}          # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, {})):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def describe(cycle: list[str], graph: dict[str, dict[str, int]]) -> str:
+    return " -> ".join(f"{a} (line {graph[a][b]})" for a, b in zip(cycle, cycle[1:])) + f" -> {cycle[-1]}"
+
+
+def test_no_import_cycle():
+    graph = import_graph()
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + describe(cycle, graph)
+
+
+def test_dependency_direction():
+    graph = import_graph()
+    upward = [f"{a} imports {b} (line {line})" for a, deps in sorted(graph.items()) for b, line in sorted(deps.items())
+              if LAYER[b.split(".")[0]] > LAYER[a.split(".")[0]]]
+    assert not upward, "imports against simulator <- heterog <- envs <- agents <- experiments:\n" + "\n".join(upward)
+
+
+def test_find_cycle_names_the_cycle():
+    graph = {"a": {"b": 3}, "b": {"c": 5}, "c": {"a": 7}, "d": {"a": 1}}
+    cycle = find_cycle(graph)
+    assert cycle == ["a", "b", "c", "a"]
+    assert describe(cycle, graph) == "a (line 3) -> b (line 5) -> c (line 7) -> a"
+    assert find_cycle({"a": {"b": 1}, "b": {}}) is None
+
+
+def test_graph_sees_function_level_imports_and_skips_type_checking():
+    src = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import heterog.cli\n"
+           "def f():\n    from heterog import errors\n    import heterog.compare\n"
+           "    from . import strategy\n    importlib.import_module('heterog.planners')\n")
+    tree = ast.parse(src)
+    modules = {name: Path() for name in ("heterog", "heterog.errors", "heterog.compare", "heterog.cli", "heterog.x",
+                                         "heterog.strategy", "heterog.planners")}
+    assert module_imports(tree, "heterog.x", False, modules) == {
+        "heterog.errors": 5, "heterog.compare": 6, "heterog.strategy": 7, "heterog.planners": 8}
