@@ -78,7 +78,8 @@ def compute_bound(graph, cluster, cost=None, ops_mask: np.ndarray | None = None)
 
 
 # ----------------------------------------------------------------------------- over the action space
-def action_space_bound(evaluator, data_parallel_only: bool = False) -> dict:
+def action_space_bound(evaluator, data_parallel_only: bool = False, integral_groups: int = 0,
+                       time_limit_s: float = 60.0) -> dict:
     """Seconds no plan of HeteroG's action space (one of the M + 4 actions per group, PS on any replica)
     beats, counting gradient synchronisation as well as computation; with ``data_parallel_only``, no plan
     whose groups all take one of the four data-parallel actions (any mix of them) beats.
@@ -100,11 +101,12 @@ def action_space_bound(evaluator, data_parallel_only: bool = False) -> dict:
     the bound holds under any order; they are what model parallelism costs, so the bound over all
     actions is close to the compute bound, while the data-parallel one shows what synchronisation costs
     at the least. Returns ``{"bound_s", "sync_bound_s", "forward_bound_s"}``: the second is the same LP
-    with compute left out, the third ``F``.
+    with compute left out, the third ``F``. With ``integral_groups`` > 0 also ``integral_bound_s``: the
+    same program with the weights of that many groups (those with the most synchronisation work on a link,
+    e.g. a 125 MB embedding gradient the LP would push half to one PS and half to another) restricted to
+    0 or 1, as every plan has them; HiGHS's branch and bound gives a dual bound that stays valid when
+    ``time_limit_s`` stops it early.
     """
-    from scipy.optimize import linprog
-    from scipy.sparse import coo_matrix
-
     graph, cluster = evaluator.graph, evaluator.cluster
     loads, sync = _action_loads(evaluator)                   # (G, A, R) each: all work, the gradient part
     if data_parallel_only:
@@ -112,29 +114,88 @@ def action_space_bound(evaluator, data_parallel_only: bool = False) -> dict:
     forward_s = compute_bound(graph, cluster, evaluator.cost, ops_mask=graph.phase_index == 0)
     out = {"forward_bound_s": forward_s}
     for name, lo in (("bound_s", loads), ("sync_bound_s", _without_compute(loads, evaluator))):
-        g_n, a_n, r_n = lo.shape
-        nvar = g_n * a_n + 1
-        var = np.arange(g_n * a_n)
-        eq = coo_matrix((np.ones(g_n * a_n), (var // a_n, var)), shape=(g_n, nvar))
-        blocks, rhs = [], []
-        for part, shift in ((lo, 0.0), (sync, forward_s)):     # all work <= T; gradient work <= T - F
-            flat = part.reshape(g_n * a_n, r_n)
-            vi, ri = np.nonzero(flat)
-            rows = np.concatenate([ri, np.arange(r_n)])
-            cols = np.concatenate([vi, np.full(r_n, g_n * a_n)])
-            vals = np.concatenate([flat[vi, ri], -np.ones(r_n)])
-            blocks.append(coo_matrix((vals, (rows, cols)), shape=(r_n, nvar)))
-            rhs.append(np.full(r_n, -shift))
-        from scipy.sparse import vstack
+        out[name] = _solve_action_lp(lo, sync, forward_s)[0]
+    if integral_groups > 0:
+        integral = _heaviest_groups(sync, cluster.n_devices, integral_groups)
+        out["integral_bound_s"] = _solve_action_lp(loads, sync, forward_s, integral, time_limit_s)[0]
+    return out
 
-        c = np.zeros(nvar)
-        c[-1] = 1.0
-        res = linprog(c, A_ub=vstack(blocks).tocsr(), b_ub=np.concatenate(rhs), A_eq=eq.tocsr(),
-                      b_eq=np.ones(g_n), bounds=(0, None), method="highs")
+
+def _solve_action_lp(loads: np.ndarray, sync: np.ndarray, forward_s: float, integral: np.ndarray | None = None,
+                     time_limit_s: float = 60.0) -> tuple[float, np.ndarray]:
+    """The LP of ``action_space_bound``: (T, the weights x (G, A)). With ``integral`` (G,) bool, those groups'
+    weights are 0 or 1 (a MILP); T is then HiGHS's dual bound, a valid lower bound even when the time limit
+    stops the search before optimality."""
+    from scipy.optimize import Bounds, LinearConstraint, linprog, milp
+    from scipy.sparse import coo_matrix, vstack
+
+    g_n, a_n, r_n = loads.shape
+    nvar = g_n * a_n + 1
+    var = np.arange(g_n * a_n)
+    eq = coo_matrix((np.ones(g_n * a_n), (var // a_n, var)), shape=(g_n, nvar))
+    blocks, rhs = [], []
+    for part, shift in ((loads, 0.0), (sync, forward_s)):     # all work <= T; gradient work <= T - F
+        flat = part.reshape(g_n * a_n, r_n)
+        vi, ri = np.nonzero(flat)
+        rows = np.concatenate([ri, np.arange(r_n)])
+        cols = np.concatenate([vi, np.full(r_n, g_n * a_n)])
+        vals = np.concatenate([flat[vi, ri], -np.ones(r_n)])
+        blocks.append(coo_matrix((vals, (rows, cols)), shape=(r_n, nvar)))
+        rhs.append(np.full(r_n, -shift))
+    c = np.zeros(nvar)
+    c[-1] = 1.0
+    a_ub, b_ub = vstack(blocks).tocsr(), np.concatenate(rhs)
+    if integral is None or not np.any(integral):
+        res = linprog(c, A_ub=a_ub, b_ub=b_ub, A_eq=eq.tocsr(), b_eq=np.ones(g_n), bounds=(0, None), method="highs")
         if res.status != 0:
             raise HeterogError(f"action-space bound LP failed: {res.message}")
-        out[name] = float(res.x[-1])
+        return float(res.x[-1]), res.x[:-1].reshape(g_n, a_n)
+    integrality = np.zeros(nvar)
+    integrality[:-1] = np.repeat(np.asarray(integral, dtype=bool), a_n)
+    res = milp(c, constraints=[LinearConstraint(a_ub, -np.inf, b_ub), LinearConstraint(eq.tocsr(), 1.0, 1.0)],
+               integrality=integrality, bounds=Bounds(0.0, np.inf), options={"time_limit": float(time_limit_s)})
+    if res.x is None:
+        raise HeterogError(f"action-space bound MILP found no solution: {res.message}")
+    bound = getattr(res, "mip_dual_bound", None)
+    bound = float(res.x[-1]) if bound is None or not np.isfinite(bound) else min(float(bound), float(res.x[-1]))
+    return bound, res.x[:-1].reshape(g_n, a_n)
+
+
+def _heaviest_groups(sync: np.ndarray, n_devices: int, k: int) -> np.ndarray:
+    """(G,) bool: the ``k`` groups with the most synchronisation seconds on one link (under any action)."""
+    heavy = sync[:, :, n_devices:].max(axis=(1, 2))
+    pick = np.argsort(-heavy, kind="stable")[:int(k)]
+    out = np.zeros(len(heavy), dtype=bool)
+    out[pick[heavy[pick] > 0]] = True
     return out
+
+
+def dp_action_configs(evaluator) -> list:
+    """The ParallelConfig of each of the ``3M + 2`` LP actions (``_action_loads``) past the M model-parallel
+    ones: DP-even-AR, DP-prop-AR, DP-even-PS on PS 0..M-1, DP-prop-PS on PS 0..M-1."""
+    from heterog.strategy import ParallelConfig, even_shares, proportional_shares
+
+    cluster, m, B = evaluator.cluster, evaluator.cluster.n_devices, evaluator.graph.batch_size
+    layouts = [list(zip(range(m), even_shares(B, m))), list(zip(range(m), proportional_shares(B, cluster.power)))]
+    out = [ParallelConfig.of(layouts[0]), ParallelConfig.of(layouts[1])]
+    for k in range(2):
+        out += [ParallelConfig.of(layouts[k], sync="ps", ps_device=p) for p in range(m)]
+    return out
+
+
+def data_parallel_lp(evaluator, integral_groups: int = 0, time_limit_s: float = 60.0) -> dict:
+    """The data-parallel LP of ``action_space_bound`` and its solution: ``{"bound_s", "forward_bound_s",
+    "weights"}`` with ``weights`` (G, 2M + 2) over ``dp_action_configs``. ``integral_groups``: that many
+    groups, those with the most synchronisation work on a link, take one action each (a MILP; the bound
+    stays valid, every plan takes one action per group, and rises towards the integral optimum)."""
+    graph, cluster = evaluator.graph, evaluator.cluster
+    m = cluster.n_devices
+    loads, sync = _action_loads(evaluator)
+    loads, sync = loads[:, m:], sync[:, m:]
+    forward_s = compute_bound(graph, cluster, evaluator.cost, ops_mask=graph.phase_index == 0)
+    integral = _heaviest_groups(sync, m, integral_groups) if integral_groups > 0 else None
+    bound, x = _solve_action_lp(loads, sync, forward_s, integral, time_limit_s)
+    return {"bound_s": bound, "forward_bound_s": forward_s, "weights": x}
 
 
 def _without_compute(loads: np.ndarray, evaluator) -> np.ndarray:

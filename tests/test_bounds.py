@@ -87,3 +87,54 @@ def test_no_plan_beats_the_action_space_bounds(tiny_bounds, seed):
     assert ev.evaluate(mixed).iteration_time_s >= every["bound_s"] * (1 - 1e-9)
     for order in ("best", "fifo", "rank"):
         assert ev.evaluate(data_parallel, order=order).iteration_time_s >= dp["bound_s"] * (1 - 1e-9)
+
+
+@pytest.fixture(scope="module")
+def tiny_dp_lp(tiny_bounds):
+    from heterog.bounds import action_space_bound, data_parallel_lp
+
+    ev, _, dp = tiny_bounds
+    integral = action_space_bound(ev, data_parallel_only=True, integral_groups=ev.n_groups, time_limit_s=30)
+    return ev, dp, integral, data_parallel_lp(ev)
+
+
+def test_integral_bound_between_lp_and_plans(tiny_dp_lp):
+    ev, dp, integral, lp = tiny_dp_lp
+    # the same LP, with every group's weights 0 or 1: at least the LP, and the LP solution is the LP's
+    assert integral["integral_bound_s"] >= dp["bound_s"] * (1 - 1e-9)
+    assert lp["bound_s"] == pytest.approx(dp["bound_s"], rel=1e-9)
+    w = lp["weights"]
+    np.testing.assert_allclose(w.sum(axis=1), 1.0, atol=1e-7)
+    assert w.shape == (ev.n_groups, 2 * ev.cluster.n_devices + 2) and w.min() >= -1e-9
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(0, 10_000))
+def test_no_data_parallel_plan_beats_the_integral_bound(tiny_dp_lp, seed):
+    """Random data-parallel plans, PS devices drawn at random too: none beats the MILP bound."""
+    from heterog.bounds import dp_action_configs
+    from heterog.strategy import Strategy
+
+    ev, _, integral, _ = tiny_dp_lp
+    configs = dp_action_configs(ev)
+    rng = np.random.default_rng(seed)
+    pick = rng.integers(0, len(configs), size=ev.n_groups)
+    s = Strategy(ev.graph.fingerprint, ev.cluster.name, ev.cluster.n_devices, ev.graph.batch_size, ev.group_of,
+                 [configs[a] for a in pick.tolist()], "random-dp")
+    for order in ("best", "fifo"):
+        assert ev.evaluate(s, order=order).iteration_time_s >= integral["integral_bound_s"] * (1 - 1e-9)
+
+
+def test_dp_action_configs_match_the_action_encoding(tiny_bounds):
+    from heterog.bounds import dp_action_configs
+    from heterog.strategy import decode_action
+
+    ev = tiny_bounds[0]
+    m, B, power = ev.cluster.n_devices, ev.graph.batch_size, ev.cluster.power
+    configs = dp_action_configs(ev)
+    assert len(configs) == 2 * m + 2
+    assert configs[0] == decode_action(m + 1, m, B, power) and configs[1] == decode_action(m + 3, m, B, power)
+    even_ps, prop_ps = decode_action(m, m, B, power), decode_action(m + 2, m, B, power)
+    for p in range(m):
+        assert configs[2 + p].shares == even_ps.shares and configs[2 + p].ps_device == p
+        assert configs[2 + m + p].shares == prop_ps.shares and configs[2 + m + p].ps_device == p
