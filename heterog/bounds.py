@@ -163,7 +163,10 @@ def _solve_action_lp(loads: np.ndarray, sync: np.ndarray, forward_s: float, inte
 
 def _heaviest_groups(sync: np.ndarray, n_devices: int, k: int) -> np.ndarray:
     """(G,) bool: the ``k`` groups with the most synchronisation seconds on one link (under any action)."""
-    heavy = sync[:, :, n_devices:].max(axis=(1, 2))
+    links = sync[:, :, n_devices:]
+    if links.size == 0:
+        return np.zeros(sync.shape[0], dtype=bool)
+    heavy = links.max(axis=(1, 2))
     pick = np.argsort(-heavy, kind="stable")[:int(k)]
     out = np.zeros(len(heavy), dtype=bool)
     out[pick[heavy[pick] > 0]] = True
@@ -502,8 +505,7 @@ def release_bound(evaluator, data_parallel_only: bool = True, integral_groups: i
     c[i_t] = 1.0
     lo = np.zeros(nvar)
     lo[i_l] = f_c
-    integral = _heaviest_groups(sync, m if data_parallel_only else 0, integral_groups) \
-        if integral_groups > 0 else None
+    integral = _heaviest_groups(sync, m, integral_groups) if integral_groups > 0 else None
     if integral is None or not integral.any():
         res = linprog(c, A_ub=a_ub, b_ub=b_ub, A_eq=eq, b_eq=np.ones(g_n), bounds=list(zip(lo, [None] * nvar)),
                       method="highs")

@@ -22,7 +22,7 @@ from heterog.baselines import register
 from heterog.strategy import ParallelConfig, Strategy
 
 
-def lp_round_strategy(evaluator, integral_groups: int = 50, time_limit_s: float = 60.0, layout: str = "prop",
+def lp_round_strategy(evaluator, integral_groups: int = 50, time_limit_s: float = 30.0, layout: str = "prop",
                       order: str = "topo") -> Strategy:
     from heterog.bounds import data_parallel_lp, dp_action_configs
     from heterog.errors import HeterogError
@@ -49,6 +49,6 @@ def lp_round_strategy(evaluator, integral_groups: int = 50, time_limit_s: float 
 
 
 @register("lp-round")
-def lp_round(ev, integral_groups: int = 50, time_limit_s: float = 60.0, layout: str = "prop",
+def lp_round(ev, integral_groups: int = 50, time_limit_s: float = 30.0, layout: str = "prop",
              order: str = "topo", **_):
     return lp_round_strategy(ev, integral_groups, time_limit_s, layout, order)
