@@ -60,8 +60,9 @@ def main(argv=None) -> None:
     t = time.perf_counter()
     b = action_space_bound(ev, data_parallel_only=True, integral_groups=a.integral_groups,
                            time_limit_s=a.time_limit_s)
+    took = time.perf_counter() - t
     print(f"  DP-only LP (action_space_bound)              {ms(b['bound_s'])}; "
-          f"{a.integral_groups} heaviest groups integral {ms(b['integral_bound_s'])}  [{time.perf_counter() - t:.0f} s]")
+          f"{a.integral_groups} heaviest groups integral {ms(b['integral_bound_s'])}  [{took:.0f} s]")
     t = time.perf_counter()
     r0 = release_bound(ev, data_parallel_only=True)
     r1 = release_bound(ev, data_parallel_only=True, integral_groups=a.integral_groups, time_limit_s=a.time_limit_s)

@@ -61,11 +61,10 @@ def test_mcmc_time_budget_and_bad_start():
 
 
 def test_cp_ar_ps_small_start():
-    from heterog.cluster import load_cluster
-    from heterog.graph.cache import capture_model
-
     from heterog.baselines.mcmc import SMALL_GRADIENT_BYTES
+    from heterog.cluster import load_cluster
     from heterog.compiler.index import graph_index
+    from heterog.graph.cache import capture_model
 
     ev = Evaluator(capture_model("tiny_transformer", 16), load_cluster("paper-8gpu"))
     m = ev.cluster.n_devices
