@@ -87,3 +87,145 @@ def test_no_plan_beats_the_action_space_bounds(tiny_bounds, seed):
     assert ev.evaluate(mixed).iteration_time_s >= every["bound_s"] * (1 - 1e-9)
     for order in ("best", "fifo", "rank"):
         assert ev.evaluate(data_parallel, order=order).iteration_time_s >= dp["bound_s"] * (1 - 1e-9)
+
+
+@pytest.fixture(scope="module")
+def tiny_dp_lp(tiny_bounds):
+    from heterog.bounds import action_space_bound, data_parallel_lp
+
+    ev, _, dp = tiny_bounds
+    integral = action_space_bound(ev, data_parallel_only=True, integral_groups=ev.n_groups, time_limit_s=30)
+    return ev, dp, integral, data_parallel_lp(ev)
+
+
+def test_integral_bound_between_lp_and_plans(tiny_dp_lp):
+    ev, dp, integral, lp = tiny_dp_lp
+    # the same LP, with every group's weights 0 or 1: at least the LP, and the LP solution is the LP's
+    assert integral["integral_bound_s"] >= dp["bound_s"] * (1 - 1e-9)
+    assert lp["bound_s"] == pytest.approx(dp["bound_s"], rel=1e-9)
+    w = lp["weights"]
+    np.testing.assert_allclose(w.sum(axis=1), 1.0, atol=1e-7)
+    assert w.shape == (ev.n_groups, 2 * ev.cluster.n_devices + 2) and w.min() >= -1e-9
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(0, 10_000))
+def test_no_data_parallel_plan_beats_the_integral_bound(tiny_dp_lp, seed):
+    """Random data-parallel plans, PS devices drawn at random too: none beats the MILP bound."""
+    from heterog.bounds import dp_action_configs
+    from heterog.strategy import Strategy
+
+    ev, _, integral, _ = tiny_dp_lp
+    configs = dp_action_configs(ev)
+    rng = np.random.default_rng(seed)
+    pick = rng.integers(0, len(configs), size=ev.n_groups)
+    s = Strategy(ev.graph.fingerprint, ev.cluster.name, ev.cluster.n_devices, ev.graph.batch_size, ev.group_of,
+                 [configs[a] for a in pick.tolist()], "random-dp")
+    for order in ("best", "fifo"):
+        assert ev.evaluate(s, order=order).iteration_time_s >= integral["integral_bound_s"] * (1 - 1e-9)
+
+
+def test_dp_action_configs_match_the_action_encoding(tiny_bounds):
+    from heterog.bounds import dp_action_configs
+    from heterog.strategy import decode_action
+
+    ev = tiny_bounds[0]
+    m, B, power = ev.cluster.n_devices, ev.graph.batch_size, ev.cluster.power
+    configs = dp_action_configs(ev)
+    assert len(configs) == 2 * m + 2
+    assert configs[0] == decode_action(m + 1, m, B, power) and configs[1] == decode_action(m + 3, m, B, power)
+    even_ps, prop_ps = decode_action(m, m, B, power), decode_action(m + 2, m, B, power)
+    for p in range(m):
+        assert configs[2 + p].shares == even_ps.shares and configs[2 + p].ps_device == p
+        assert configs[2 + m + p].shares == prop_ps.shares and configs[2 + m + p].ps_device == p
+
+
+# ----------------------------------------------------------------------------- release times
+@pytest.fixture(scope="module")
+def tiny_release(tiny_bounds):
+    from heterog.bounds import release_bound
+
+    ev = tiny_bounds[0]
+    return ev, release_bound(ev, data_parallel_only=True), release_bound(ev, data_parallel_only=False)
+
+
+def test_release_sets_are_the_forward_pass_of_a_language_model(tiny_bounds):
+    from heterog.bounds import release_sets
+    from heterog.compiler.index import graph_index
+
+    ev = tiny_bounds[0]
+    g = ev.graph
+    c_ops, late, pulled = release_sets(g)
+    gi = graph_index(g)
+    forward = g.is_compute & (g.phase_index == 0)
+    assert c_ops.any() and not (c_ops & ~forward).any()          # C: forward ops only
+    assert c_ops.sum() >= forward.sum() - 2                         # ... nearly all of them (the loss aggregated)
+    assert late.any() and not (late & ~gi.t_needs_agg).any()
+    assert gi.t_bytes[late].sum() >= 0.99 * gi.t_bytes[gi.t_needs_agg].sum()
+    assert not (pulled & ~gi.t_pulled).any()
+
+
+def test_release_offsets_grow_along_the_backward_pass(tiny_bounds):
+    from heterog.bounds import min_replica_times, release_offsets, release_sets
+    from heterog.compiler.index import graph_index
+
+    ev = tiny_bounds[0]
+    c_ops, late, _ = release_sets(ev.graph)
+    off = release_offsets(ev, c_ops)
+    gi = graph_index(ev.graph)
+    assert np.all(off >= 0) and np.all(off[late] > 0)
+    piece = min_replica_times(ev)
+    assert np.all(piece <= ev.cost.full_batch_times(ev.graph).min(axis=1) + 1e-15)
+    # a gradient produced later in the backward pass (higher op id) is released no earlier, in the mean
+    lt = np.nonzero(late)[0]
+    first, last = lt[np.argsort(gi.t_op[lt])][: len(lt) // 3], lt[np.argsort(gi.t_op[lt])][-len(lt) // 3:]
+    assert off[last].mean() > off[first].mean()
+
+
+def test_release_bound_values(tiny_release):
+    ev, dp, every = tiny_release
+    comp = compute_bound(ev.graph, ev.cluster, ev.cost)
+    assert every["bound_s"] >= comp * (1 - 1e-9) and dp["bound_s"] >= every["bound_s"] * (1 - 1e-9)
+    assert dp["release_s"] >= dp["release_bound_s"] * (1 - 1e-9) > 0
+    assert dp["weights"].shape == (ev.n_groups, 2 * ev.cluster.n_devices + 2)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 10_000))
+def test_no_plan_beats_the_release_bounds(tiny_release, seed):
+    """Random plans of the action space (model parallelism included) against the bound over all actions;
+    random data-parallel plans, PS devices at random, against the data-parallel one; under every order."""
+    from heterog.bounds import dp_action_configs
+    from heterog.strategy import Strategy
+
+    ev, dp, every = tiny_release
+    m = ev.cluster.n_devices
+    rng = np.random.default_rng(seed)
+    mixed = ev.strategy(rng.integers(0, m + 4, size=ev.n_groups))
+    configs = dp_action_configs(ev)
+    pick = rng.integers(0, len(configs), size=ev.n_groups)
+    data_parallel = Strategy(ev.graph.fingerprint, ev.cluster.name, m, ev.graph.batch_size, ev.group_of,
+                             [configs[a] for a in pick.tolist()], "random-dp")
+    for order in ("best", "fifo", "rank"):
+        assert ev.evaluate(mixed, order=order).iteration_time_s >= every["bound_s"] * (1 - 1e-9)
+        assert ev.evaluate(data_parallel, order=order).iteration_time_s >= dp["bound_s"] * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("model, batch", [("tiny_cnn", 32), ("tiny_mlp", 32)])
+def test_release_bound_holds_on_other_graphs(model, batch):
+    from heterog.bounds import release_bound
+
+    try:
+        graph = capture_model(model, batch)
+    except Exception as exc:          # a zoo without that model
+        pytest.skip(str(exc))
+    ev = Evaluator(graph, load_cluster("paper-8gpu"))
+    m = ev.cluster.n_devices
+    b_dp = release_bound(ev, data_parallel_only=True)["bound_s"]
+    b_all = release_bound(ev, data_parallel_only=False)["bound_s"]
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        mixed = ev.strategy(rng.integers(0, m + 4, size=ev.n_groups))
+        dp_plan = ev.strategy(rng.integers(m, m + 4, size=ev.n_groups))
+        assert ev.evaluate(mixed).iteration_time_s >= b_all * (1 - 1e-9)
+        assert ev.evaluate(dp_plan).iteration_time_s >= b_dp * (1 - 1e-9)

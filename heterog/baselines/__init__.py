@@ -29,7 +29,7 @@ def names() -> list[str]:
 def _load_all() -> None:
     import importlib
 
-    for mod in ("basic", "expert", "dpos", "pesto", "mcmc"):
+    for mod in ("basic", "expert", "dpos", "pesto", "mcmc", "lpround"):
         try:
             importlib.import_module(f"heterog.baselines.{mod}")
         except ModuleNotFoundError as exc:

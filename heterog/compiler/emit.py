@@ -149,7 +149,8 @@ def emit_connections(c: Compiler, batch: TaskBatch, edges: np.ndarray, place: Pl
     """Dependencies and communication of ``edges`` (ascending; every edge of each tensor they carry):
     (a) a batch tensor under the same layout feeds replica k to replica k; (b) a non-batch value is
     moved once per (tensor, device) that lacks it; (c) a batch tensor under another layout is split,
-    moved and concatenated once per (tensor, consumer layout)."""
+    moved and concatenated once per (tensor, consumer layout), unless its producer has no batch dimension
+    and a copy of the whole value on every consumer device (then each replica reads its own copy)."""
     gi = c.gi
     if not len(edges):
         return
@@ -167,7 +168,39 @@ def emit_connections(c: Compiler, batch: TaskBatch, edges: np.ndarray, place: Pl
         _connect_nonbatch(c, batch, e, place, prov)
     e = edges[batch_edge & ~same]
     if len(e):
+        local = _local_broadcast(c, e, place, prov)
+        if local.any():
+            _connect_local(c, batch, e[local], place, prov)
+        e = e[~local]
+    if len(e):
         _connect_relayout(c, batch, e, place, prov)
+
+
+def _local_broadcast(c: Compiler, e: np.ndarray, place: Placement, prov: Providers) -> np.ndarray:
+    """(len(e),) bool: batch edges whose producer has no batch dimension (a value broadcast along the
+    batch by fused view/expand ops, e.g. a positional projection) and already holds the whole value on
+    every device the consumer runs on; each consumer replica then reads its own device's copy."""
+    gi, lay = c.gi, c.layouts
+    src, dst = gi.e_src[e], gi.e_dst[e]
+    out = ~gi.has_batch[src]
+    if not out.any():
+        return out
+    cand = np.nonzero(out)[0]
+    held = prov.at[gi.e_tensor[e[cand]]] >= 0                               # (k, M) devices holding it
+    need = lay.dev_mask[place.op_lay[dst[cand]]]                            # (k, M) consumer devices
+    out[cand] = np.all(held | ~need, axis=1)
+    return out
+
+
+def _connect_local(c: Compiler, batch: TaskBatch, e: np.ndarray, place: Placement, prov: Providers) -> None:
+    """Each consumer replica depends on the producer's copy on its own device (``_local_broadcast``)."""
+    gi, lay = c.gi, c.layouts
+    k = lay.length[place.op_lay[gi.e_dst[e]]]
+    rows, loc = ragged(k)
+    er = e[rows]
+    d = lay.dev_flat[lay.ptr[place.op_lay[gi.e_dst[er]]] + loc]
+    t = gi.e_tensor[er]
+    batch.deps(prov.inst_start[gi.e_dst[er]] + loc, prov.at[t, d], gi.n_ops + t)
 
 
 def _connect_nonbatch(c: Compiler, batch: TaskBatch, e: np.ndarray, place: Placement, prov: Providers) -> None:

@@ -58,3 +58,22 @@ def test_mcmc_time_budget_and_bad_start():
     assert time.perf_counter() - t0 < 1.5 and st.meta["n_evals"] > len(DEFAULT_STARTS)
     with pytest.raises(HeterogError, match="unknown MCMC start"):
         mcmc(ev, starts=["nope"], max_evals=5)
+
+
+def test_cp_ar_ps_small_start():
+    from heterog.baselines.mcmc import SMALL_GRADIENT_BYTES
+    from heterog.cluster import load_cluster
+    from heterog.compiler.index import graph_index
+    from heterog.graph.cache import capture_model
+
+    ev = Evaluator(capture_model("tiny_transformer", 16), load_cluster("paper-8gpu"))
+    m = ev.cluster.n_devices
+    a = start_actions(ev, "cp-ar-ps-small", np.random.default_rng(0))
+    gi = graph_index(ev.graph)
+    agg = gi.t_needs_agg
+    nbytes = np.bincount(ev.group_of[gi.t_op[agg]], weights=gi.t_bytes[agg], minlength=ev.n_groups)
+    has = np.bincount(ev.group_of[gi.t_op[agg]], minlength=ev.n_groups) > 0
+    assert set(np.unique(a).tolist()) <= {m + 2, m + 3}
+    np.testing.assert_array_equal(a == m + 2, has & (nbytes < SMALL_GRADIENT_BYTES))
+    st = mcmc(ev, seed=0, starts=["cp-ar-ps-small"], max_evals=30)
+    assert st.meta["best_start"] == "cp-ar-ps-small"
