@@ -43,6 +43,10 @@ class Planner:
 
 
 # ----------------------------------------------------------------------------- built-in planners
+# baselines that compare runs only when named: lp-round is a check on the bound (a 30 s MILP), not a search
+NOT_DEFAULT = frozenset({"lp-round"})
+
+
 def _baseline(name: str) -> Planner:
     from heterog import baselines
 
@@ -50,7 +54,7 @@ def _baseline(name: str) -> Planner:
         return baselines.run(name, ev.graph, ev.cluster, evaluator=ev, **options)
 
     fan_out = FAN_OUT if name == "mcmc" else frozenset()     # chains on Ray workers (heterog.parallel)
-    return Planner(name, run, frozenset({"budget_s", "seed"}) | fan_out)
+    return Planner(name, run, frozenset({"budget_s", "seed"}) | fan_out, default=name not in NOT_DEFAULT)
 
 
 def best_dp(ev) -> Strategy:

@@ -22,7 +22,9 @@ def test_names_list_the_baselines_then_best_dp_then_plugins():
     assert names[:len(baselines.names())] == baselines.names()
     assert names[len(baselines.names())] == "best-dp"
     assert "agent" in names, "the agent's entry point is missing: reinstall the project (pip install -e .)"
-    assert planners.default_methods() == baselines.names()           # neither best-dp nor the agent by default
+    # neither best-dp, nor the agent, nor lp-round (a 30 s MILP, a check on the bound) by default
+    assert planners.default_methods() == [n for n in baselines.names() if n != "lp-round"]
+    assert "lp-round" in planners.names() and not planners.get("lp-round").default
 
 
 def test_agent_comes_from_the_entry_point():
