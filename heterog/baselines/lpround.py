@@ -10,9 +10,9 @@ groups are kept integral (a MILP), the rest are rounded to the action of largest
 - with ``order="topo"`` (default) fixes an op order, earlier ops first, so that PS pulls arrive in the
   order the forward pass reads them (under FIFO they queue in task order and stall the forward pass).
 
-It is a starting point and a check on the bound, not a search: on bert_large (paper-8gpu) the rounded
-plan carries the LP's link loads to within a few percent, yet simulates at ~560 ms against the LP's
-~490-500 ms (docs/results.md says where the difference goes).
+It is a starting point and a check on the bound, not a search: the rounded plan carries the LP's link
+loads, but not its schedule (pulls that queue, idle links between the last pull and the first gradient,
+rings that need every link at once); docs/results.md has the measured gap.
 """
 from __future__ import annotations
 

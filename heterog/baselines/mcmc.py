@@ -24,7 +24,7 @@ def start_actions(ev, name: str, rng: np.random.Generator) -> np.ndarray:
     or cp-ar-ps-small: CP-AR with the groups whose gradients total under ``SMALL_GRADIENT_BYTES`` on CP-PS
     (the compiler spreads their PS over the cluster). A ring AllReduce pays 2(n-1) link latencies per
     tensor; a bias or a layer norm's gradient costs little else, and a PS push only one latency per worker
-    (on bert_large, paper-8gpu: 535.5 ms against CP-AR's 558.1)."""
+    (docs/results.md, "Bounds and the 10% target", has the measured effect)."""
     m, g = ev.cluster.n_devices, ev.n_groups
     if name == "cp-ar-ps-small":
         from heterog.compiler.index import graph_index
