@@ -3,13 +3,15 @@ torch.distributed (gloo on CPU, NCCL on GPUs), emulating device slowdown and lin
 
 Instructions (built by ``heterog.runtime.lowering``; sources are ``("env", node)`` this rank's values,
 ``("stash", key)`` derived values, ``("recv", tag)`` a received message, ``("const", node)``,
-``("zeros", shape, dtype)``; a slice is ``(dim, start, end)`` or None)::
+``("zeros", shape, dtype, order)``; a slice is ``(dim, start, end, block)`` (``batch_slice`` in the lowering)
+or None; ``order`` is the memory
+order of the value's dims, outermost first, that the captured program expects, see ``in_memory_order``)::
 
     ("compute", op, local_batch, inputs, exports)   inputs: (node, source, leaf node, view chain, scale, tuple index)
     ("send", source, slice, scale, dst, tag, (latency_s, s_per_byte))
-    ("assemble", stash key, batch dim | None, [(source, slice, scale), ...])
-    ("aggregate", stash key, [(source, slice, scale), ...])
-    ("allreduce", stash key, group index, source, scale, emulated_s)
+    ("assemble", stash key, (batch dim, block) | None, [(source, slice, scale), ...], order)
+    ("aggregate", stash key, [(source, slice, scale), ...], order)
+    ("allreduce", stash key, group index, source, scale, emulated_s, order)
     ("post", tag)                                    NCCL: post a receive in global message order
 
 Emulation (local-cpu clusters): after each op the worker owes ``(slowdown - 1) x`` its measured time and
@@ -65,6 +67,49 @@ def _unframe(buf: torch.Tensor, shape, dtype: torch.dtype) -> tuple[float, torch
     payload = buf[_HEADER_BYTES:].view(dtype).reshape(shape) if n else torch.empty(shape, dtype=dtype,
                                                                                     device=buf.device)
     return stamp, payload
+
+
+def narrow_batch(t: torch.Tensor, sl: tuple[int, int, int, int]) -> torch.Tensor:
+    """The part of ``t`` that slice ``(dim, start, end, block)`` names: entries ``start:end`` of ``dim``
+    (block 0), or entries ``start:end`` within each of the ``block`` blocks of ``dim`` (sample-minor rows)."""
+    dim, start, end, block = sl
+    if not block:
+        return t.narrow(dim, start, end - start)
+    return t.unflatten(dim, (block, -1)).narrow(dim + 1, start, end - start).flatten(dim, dim + 1)
+
+
+def cat_batch(pieces: Sequence[torch.Tensor], dim: int, block: int) -> torch.Tensor:
+    """Pieces of a batch tensor, in sample order, joined along ``dim`` (within each of its ``block`` blocks
+    when the rows are sample-minor); the inverse of ``narrow_batch``."""
+    if not block:
+        return torch.cat(pieces, dim=dim)
+    return torch.cat([p.unflatten(dim, (block, -1)) for p in pieces], dim=dim + 1).flatten(dim, dim + 1)
+
+
+def in_memory_order(t: torch.Tensor, order: Sequence[int] | None) -> torch.Tensor:
+    """``t`` itself when it is dense with its dims laid out in ``order`` (outermost first; None: row-major),
+    else a copy that is.
+
+    The captured program runs on values with the strides it was traced with; a value assembled by ``cat``,
+    received, or summed is row-major (or, narrowed, not dense at all) instead. ``aten.view`` then fails on
+    e.g. an attention output traced as (B, H, T, D) stored (B, T, H, D) and viewed (B*T, C) after a
+    transpose, and elementwise ops pass the wrong strides on to the views after them."""
+    n = t.dim()
+    order = tuple(range(n)) if order is None else tuple(order)
+    expected = 1
+    for d in reversed(order):
+        size = t.shape[d]
+        if size != 1 and t.stride(d) != expected:
+            break
+        expected *= size
+    else:
+        return t
+    if order == tuple(range(n)):
+        return t.contiguous()
+    inverse = [0] * n
+    for i, d in enumerate(order):
+        inverse[d] = i
+    return t.permute(order).contiguous().permute(inverse)
 
 
 @dataclass
@@ -312,6 +357,7 @@ class _Pending:
     key: tuple[int, ...]
     stamp: float = 0.0                 # when this member entered (emulation)
     result: torch.Tensor | None = None
+    order: tuple[int, ...] | None = None   # memory order of the sum's dims for the reader (executor)
 
 
 # ---------------------------------------------------------------------------- executing a rank program
@@ -352,19 +398,19 @@ class RankExecutor:
         if kind == "stash":
             v = stash[src[1]]
             if type(v) is _Pending:
-                v = stash[src[1]] = self.transport.finish(v)
+                v = stash[src[1]] = in_memory_order(self.transport.finish(v), v.order)
             return v
         if kind == "recv":
             self._pay()
             return self.transport.take(src[1])
         if kind == "const":
             return self.consts[src[1]]
-        return torch.zeros(src[1], dtype=src[2], device=self.device)
+        return in_memory_order(torch.zeros(src[1], dtype=src[2], device=self.device), src[3])
 
     def _piece(self, src: tuple, sl: tuple | None, scale: float, env: dict, stash: dict) -> torch.Tensor:
         v = self._fetch(src, env, stash)
         if sl is not None:
-            v = v.narrow(sl[0], sl[1], sl[2] - sl[1])
+            v = narrow_batch(v, sl)
         if scale != 1.0:
             v = v * scale
         return v
@@ -438,7 +484,8 @@ class RankExecutor:
             elif kind == "assemble":
                 t_op, idle0 = time.perf_counter(), tr.idle_s
                 pieces = [self._piece(src, sl, sc, env, stash) for src, sl, sc in ins[3]]
-                stash[ins[1]] = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=ins[2])
+                v = pieces[0] if len(pieces) == 1 else cat_batch(pieces, *ins[2])
+                stash[ins[1]] = in_memory_order(v, ins[4])
                 self._owe(t_op, idle0)
             elif kind == "aggregate":
                 t_op, idle0 = time.perf_counter(), tr.idle_s
@@ -446,13 +493,14 @@ class RankExecutor:
                 acc = parts[0] + parts[1]
                 for p in parts[2:]:
                     acc = acc + p
-                stash[ins[1]] = acc
+                stash[ins[1]] = in_memory_order(acc, ins[3])
                 self._owe(t_op, idle0)
             elif kind == "allreduce":
                 self._pay()
                 v = self._fetch(ins[3], env, stash) * ins[4]
                 g = ins[2]
-                stash[ins[1]] = tr.allreduce(v, g, self.groups[g], self.members[g], self.rank, ins[5])
+                stash[ins[1]] = p = tr.allreduce(v, g, self.groups[g], self.members[g], self.rank, ins[5])
+                p.order = ins[6]
             elif kind == "post":
                 src, shape, dtype = recv_spec[ins[1]]
                 tr.post(ins[1], src, shape, dtype)
@@ -464,7 +512,7 @@ class RankExecutor:
                 trace[-1] += [time.perf_counter() - t0, tr.idle_s - idle_at]
         for key, v in list(stash.items()):
             if type(v) is _Pending:
-                stash[key] = tr.finish(v)
+                stash[key] = in_memory_order(tr.finish(v), v.order)
         self._pay()
         tr.flush()
         if self.device.type == "cuda":

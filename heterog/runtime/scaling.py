@@ -33,6 +33,14 @@ value, so batch statistics are per replica, as in ordinary data parallelism (a r
 differently gets the share-weighted mean). Models with such layers train like data parallelism, not
 exactly like one device; ``Exponents.statistics`` lists them.
 
+Rows that fold the samples inside another dim: a batch dim of ``per * B`` entries usually holds the
+samples one after the other (sample-major: ``(B, T)`` flattened to ``B*T``), but a model that moves the
+batch inward before flattening (``nn.MultiheadAttention`` with ``batch_first=True`` works on ``(T, B, C)``
+and projects ``(T*B, C)`` rows) holds them interleaved (sample-minor): a contiguous range of rows is then
+some time steps of every sample, not some samples. The probe tells the two apart (a doubled run repeats
+whole blocks of rows, or repeats rows within every block) and ``Exponents.sample_minor`` lists the
+sample-minor leaves: re-layouts slice and concatenate them within the blocks (``batch_slice``).
+
 The exponents are measured, not declared: the step runs once on ``k`` samples and once on the same
 samples twice over (``2k``); a value whose doubled run equals ``2 ** e`` times the (duplicated) single run
 has exponent ``e``. Such duplication leaves per-sample computation unchanged and exposes exactly the
@@ -62,6 +70,7 @@ class Exponents:
     of: dict[tuple[int, int], int] = field(default_factory=dict)
     coupled: list[str] = field(default_factory=list)
     statistics: set[tuple[int, int]] = field(default_factory=set)
+    sample_minor: set[tuple[int, int]] = field(default_factory=set)   # batch dim holds (per, B), samples inside
 
     def __getitem__(self, leaf: tuple[int, int]) -> int:
         return self.of.get(leaf, 0)
@@ -71,11 +80,23 @@ def _duplicate(x: torch.Tensor, k: int) -> torch.Tensor:
     return torch.cat([x[:k], x[:k]], dim=0)
 
 
-def measured_exponent(v1: torch.Tensor, v2: torch.Tensor, batch_dim: int | None, zero_below: float = 0.0
-                      ) -> int | None:
-    """e with v2 = 2**e * dup(v1) (dup: v1 repeated along the batch dim), or None if there is none.
+def duplicated(v: torch.Tensor, batch_dim: int | None, minor_per: int = 0) -> torch.Tensor:
+    """``v`` of a run on k samples as the same run on those samples twice over computes it: repeated along
+    the batch dim (sample-major), or, when the batch dim holds ``(minor_per, k)`` (sample-minor), repeated
+    within each of its ``minor_per`` blocks."""
+    if batch_dim is None:
+        return v
+    if not minor_per:
+        return torch.cat([v, v], dim=batch_dim)
+    folded = v.unflatten(batch_dim, (minor_per, -1))
+    return torch.cat([folded, folded], dim=batch_dim + 1).flatten(batch_dim, batch_dim + 1)
+
+
+def measured_exponent(v1: torch.Tensor, v2: torch.Tensor, batch_dim: int | None, zero_below: float = 0.0,
+                      minor_per: int = 0) -> int | None:
+    """e with v2 = 2**e * dup(v1) (dup: see ``duplicated``), or None if there is none.
     Values whose entries all lie within ``zero_below`` of 0 in both runs are rounding noise (e = 0)."""
-    u = torch.cat([v1, v1], dim=batch_dim) if batch_dim is not None else v1
+    u = duplicated(v1, batch_dim, minor_per)
     if u.shape != v2.shape:
         return None
     if not (u.dtype.is_floating_point or u.dtype.is_complex):
@@ -124,6 +145,10 @@ def probe_exponents(prog: StepProgram, params: Sequence[torch.Tensor], buffers: 
     out = Exponents()
     for leaf, info, v1, v2 in probed:
         e = measured_exponent(v1, v2, info.batch_dim, zero_below=1e-6 * magnitude)
+        if e is None and info.batch_dim is not None and info.per_sample > 1:
+            e = measured_exponent(v1, v2, info.batch_dim, zero_below=1e-6 * magnitude, minor_per=info.per_sample)
+            if e is not None:
+                out.sample_minor.add(leaf)
         if e is None:
             out.coupled.append(info.node)
             e = 0

@@ -190,6 +190,12 @@ class LeafInfo:
     shape: tuple[int, ...]           # at the global batch
     dtype: torch.dtype
     per_sample: int = 1              # elements per sample along the batch dim (B*T rows -> T)
+    dim_order: tuple[int, ...] | None = None   # memory order of the dims (outermost first) as captured
+
+    @property
+    def memory_order(self) -> tuple[int, ...]:
+        """The captured memory order of the dims, outermost first (row-major when nothing was recorded)."""
+        return self.dim_order if self.dim_order is not None else tuple(range(len(self.shape)))
 
     def local_shape(self, samples: int) -> tuple[int, ...]:
         if self.batch_dim is None:
@@ -293,6 +299,29 @@ class StepProgram:
         return out[0], out[1:1 + p], out[1 + p:]
 
 
+def _size_hint(s: Any) -> int:
+    """A concrete size or stride from a captured (possibly symbolic) one, at the capture's batch."""
+    if isinstance(s, torch.SymInt):
+        from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+        return int(optimization_hint(s))
+    return int(s)
+
+
+def captured_dim_order(t: torch.Tensor) -> tuple[int, ...]:
+    """The dims of the captured tensor ``t`` from outermost to innermost in memory (by stride, size-1 dims
+    where row-major order puts them). Values that reach a rank by a re-layout, a message or an aggregation
+    are re-laid out in this order, so that the captured program's views (``aten.view`` after a permute or
+    transpose) see the strides they were traced with."""
+    shape = [_size_hint(x) for x in t.shape]
+    stride = [_size_hint(x) for x in t.stride()]
+    big = sorted((d for d in range(len(shape)) if shape[d] != 1), key=lambda d: (-stride[d], d))
+    order, it = [], iter(big)
+    for d in range(len(shape)):          # size-1 dims keep their place; the others follow the strides
+        order.append(d if shape[d] == 1 else next(it))
+    return tuple(order)
+
+
 def _tensor_leaves(val: Any) -> list[tuple[int, Any]]:
     if isinstance(val, torch.Tensor):
         return [(0, val)]
@@ -378,7 +407,8 @@ def build_step_program(step, graph) -> StepProgram:
                 calls[node] = NodeCall(node, target_name(operator.getitem), (Ref(main.name), idx), {})
                 op_nodes[i].append(node)
                 node_op[node] = i
-            leaf = LeafInfo(i, k, node, bd, shape, t.dtype, per)
+            dims = captured_dim_order(t)
+            leaf = LeafInfo(i, k, node, bd, shape, t.dtype, per, None if dims == tuple(range(len(dims))) else dims)
             leaf_at_index[(i, idx)] = k
             leaves[(i, k)] = leaf
             if leaf.node is not None:
