@@ -338,6 +338,7 @@ def build_step_program(step, graph) -> StepProgram:
     gm = step.gm
     shape_nodes = frozenset(step.shape_nodes)
     nodes = {n.name: n for n in gm.graph.nodes}
+    out_of_place = _out_of_place_targets(gm)
     calls: dict[str, NodeCall] = {}
     order: list[str] = []
     consts: dict[str, torch.Tensor] = {}
@@ -354,7 +355,8 @@ def build_step_program(step, graph) -> StepProgram:
             else:
                 sym_exprs[n.name] = ("static", v)
         elif n.op == "call_function":
-            calls[n.name] = NodeCall(n.name, target_name(n.target), _lower_arg(tuple(n.args), shape_nodes),
+            calls[n.name] = NodeCall(n.name, target_name(out_of_place.get(n, n.target)),
+                                     _lower_arg(tuple(n.args), shape_nodes),
                                      _lower_arg(dict(n.kwargs), shape_nodes))
             order.append(n.name)
         elif n.op == "get_attr":
@@ -447,6 +449,57 @@ def build_step_program(step, graph) -> StepProgram:
     prog._sym_exprs = sym_exprs
     prog._batch_symbols = tuple(step.batch_symbols)
     return prog
+
+
+def _writes_first_arg(target: Any) -> bool:
+    schema = getattr(target, "_schema", None)
+    if not isinstance(target, torch._ops.OpOverload) or not schema.arguments:
+        return False
+    alias = schema.arguments[0].alias_info
+    return alias is not None and alias.is_write
+
+
+def _is_view(target: Any) -> bool:
+    if not isinstance(target, torch._ops.OpOverload) or not target._schema.returns:
+        return False
+    alias = target._schema.returns[0].alias_info
+    return alias is not None and not alias.is_write
+
+
+def _out_of_place_targets(gm) -> dict:
+    """In-place ops on intermediate values (``aten.div_`` in the backward of a mean loss) -> their
+    out-of-place overloads, where nothing reads the mutated value (or a view of it) after the op.
+
+    The runtime keeps each op's outputs by name and hands the same tensor to several readers (a send, a
+    re-layout, a local consumer, the scaling probe), in an order that is the simulated schedule, not the
+    traced one: an in-place op there rewrites a value that others still read as the traced program had it
+    before (the probe then saw ``mul`` already divided by the batch and gave it the backward exponent -1;
+    re-laid out between unequal shares, every gradient came out scaled by the ratio of the shares). The
+    out-of-place op computes the same result and leaves its input alone. Mutations of placeholders
+    (batch-norm running statistics) and of values read again later are kept as traced."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    out: dict = {}
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or not _writes_first_arg(n.target) or not n.args:
+            continue
+        root = n.args[0]
+        while getattr(root, "op", None) == "call_function" and _is_view(root.target):
+            root = root.args[0]
+        if getattr(root, "op", None) != "call_function":
+            continue                         # a placeholder, constant or non-node: a real state update
+        aliases, todo = set(), [root]
+        while todo:
+            a = todo.pop()
+            aliases.add(a)
+            todo.extend(u for u in a.users if u.op == "call_function" and _is_view(u.target) and u not in aliases)
+        if any(order[u] > order[n] for a in aliases for u in a.users if u is not n and u not in aliases):
+            continue
+        overload = n.target._overloadname
+        packet = getattr(torch.ops.aten, n.target._schema.name.split("::")[-1].rstrip("_"), None)
+        functional = getattr(packet, overload, None) if packet is not None else None
+        if functional is not None and not _writes_first_arg(functional):
+            out[n] = functional
+    return out
 
 
 def _read_of(inp, reader, node_op, node_leaf, leaf_at_index, shape_nodes, calls, view_calls) -> Read:

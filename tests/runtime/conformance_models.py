@@ -49,17 +49,20 @@ def build_tied_decoder(batch_size: int = 6):
 
 
 class WideEmbeddings(nn.Module):
-    """Eight embedding tables whose lookups are concatenated and fed to an MLP."""
+    """Eight embedding tables (recommender-style small uniform init) whose lookups are concatenated and fed
+    to an MLP with a binary cross-entropy loss (its backward divides by the batch in place)."""
 
-    def __init__(self, tables: int = 8, rows: int = 500, dim: int = 4) -> None:
+    def __init__(self, tables: int = 8, rows: int = 2000, dim: int = 4) -> None:
         super().__init__()
         self.rows = rows
         self.tables = nn.ModuleList(nn.Embedding(rows, dim) for _ in range(tables))
+        for t in self.tables:
+            nn.init.uniform_(t.weight, -rows ** -0.5, rows ** -0.5)
         self.mlp = nn.Sequential(nn.Linear(tables * dim, 16), nn.ReLU(), nn.Linear(16, 1))
 
     def forward(self, idx: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         h = torch.cat([t(idx[:, i]) for i, t in enumerate(self.tables)], dim=1)
-        return F.mse_loss(self.mlp(h).squeeze(1), y)
+        return F.binary_cross_entropy_with_logits(self.mlp(h).squeeze(1), y)
 
 
 def build_wide_embeddings(batch_size: int = 6):
@@ -67,7 +70,7 @@ def build_wide_embeddings(batch_size: int = 6):
     m = WideEmbeddings()
     g = torch.Generator().manual_seed(1)
     idx = torch.randint(0, m.rows, (batch_size, 8), generator=g)
-    return m, (idx, torch.randn(batch_size, generator=g))
+    return m, (idx, torch.randint(0, 2, (batch_size,), generator=g).float())
 
 
 class SdpaBlock(nn.Module):
