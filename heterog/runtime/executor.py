@@ -169,6 +169,7 @@ class Status:
 
     def __init__(self, array, rank: int) -> None:
         self.a, self.base = array, 3 * rank
+        self.peer = -1
 
     def at(self, step: int, index: int) -> None:
         self.a[self.base] = step
@@ -176,14 +177,36 @@ class Status:
 
     def waiting(self, peer: int) -> None:
         self.a[self.base + 2] = peer
+        self.peer = peer
 
 
 class _NullStatus:
+    peer = -1
+
     def at(self, step: int, index: int) -> None:
         pass
 
     def waiting(self, peer: int) -> None:
-        pass
+        self.peer = peer
+
+
+def _waited_for(peer: int) -> str:
+    return {-2: "a collective", -3: "the barrier between steps"}.get(peer, f"rank {peer}")
+
+
+def describe_failure(exc: BaseException, rank: int) -> dict:
+    """What a worker reports when ``exc`` ends its job: the exception with its notes (which fx node, which
+    step and instruction), whether it struck while waiting for another rank (a *secondary* failure, e.g.
+    gloo's ``Connection closed by peer`` after the peer crashed) and when (wall clock)."""
+    import traceback
+
+    where = getattr(exc, "heterog_where", None)
+    waited = getattr(exc, "heterog_waiting", -1)
+    notes = [n for n in getattr(exc, "__notes__", ()) if n != where]
+    return {"rank": rank, "error": f"{type(exc).__name__}: {exc}", "where": where,
+            "step": getattr(exc, "heterog_step", None), "notes": notes,
+            "secondary": waited != -1, "waited_for": _waited_for(waited) if waited != -1 else None,
+            "time": time.time(), "traceback": traceback.format_exc(limit=8)}
 
 
 # ---------------------------------------------------------------------------- transport
@@ -388,6 +411,7 @@ class RankExecutor:
         self.post_in_order = any(ins[0] == "post" for ins in self.rp.instrs)
         self.recv_spec = {tag: (src, shape, dtype) for tag, src, shape, dtype, _ in self.rp.recvs}
         self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self._at = -1                  # the instruction running (error messages)
         self.traces: list[list] = []   # per step, per instruction: [kind, start s, end s, s waiting] (job.trace)
 
     # ------------------------------------------------------------------ helpers
@@ -433,27 +457,67 @@ class RankExecutor:
 
     # ------------------------------------------------------------------ one step
     def step(self, index: int, inputs: Sequence[torch.Tensor]) -> tuple[float, float]:
-        rp, job, tr = self.rp, self.job, self.transport
+        """Run step ``index``: (seconds, this rank's loss terms). A failure carries where it happened
+        (``heterog_where``: rank, step, instruction) and whether this rank was waiting for another one."""
+        rp, tr = self.rp, self.transport
         env: dict[str, Any] = dict(self.persist)
         for name, i, lo, hi in rp.inputs:
             env[name] = inputs[i][lo:hi].to(self.device)
         stash: dict[Any, Any] = {}
-        sizes = job.sizes
-        if not self.post_in_order:
-            # gloo matches by tag: post every receive of the step up front (all of the previous step's
-            # messages to this rank have arrived, so none can be mistaken for this step's)
-            for tag, src, shape, dtype, _ in rp.recvs:
-                tr.post(tag, src, shape, dtype)
-        recv_spec = self.recv_spec
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        if self.world > 1:
-            self.status.waiting(-3)
-            dist.barrier()
-            self.status.waiting(-1)
-        t0 = time.perf_counter()
-        trace = [] if job.trace else None
+        self._at = -1
+        try:
+            if not self.post_in_order:
+                # gloo matches by tag: post every receive of the step up front (all of the previous step's
+                # messages to this rank have arrived, so none can be mistaken for this step's)
+                for tag, src, shape, dtype, _ in rp.recvs:
+                    tr.post(tag, src, shape, dtype)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            if self.world > 1:
+                self.status.waiting(-3)
+                dist.barrier()
+                self.status.waiting(-1)
+            t0 = time.perf_counter()
+            trace = [] if self.job.trace else None
+            self._instructions(index, env, stash, t0, trace)
+            self._at = len(rp.instrs)
+            elapsed, loss = self._step_end(env, stash, t0)
+        except Exception as exc:
+            self._annotate(exc, index, self._at)
+            raise
+        self.status.at(index + 1, 0)
+        if trace is not None:
+            self.traces.append(trace)
+        return elapsed, loss
+
+    def describe(self, i: int) -> str:
+        """Instruction ``i`` in words (for error messages)."""
+        if i < 0:
+            return "the start of the step (posting receives, the barrier)"
+        if i >= len(self.rp.instrs):
+            return "the end of the step (finishing collectives, sends and updates)"
+        ins = self.rp.instrs[i]
+        kind = ins[0]
+        if kind == "compute":
+            prog = self.job.prog
+            return (f"instruction {i}: compute op {ins[1]} ({prog.op_target[ins[1]]}, fx nodes "
+                    f"{', '.join(prog.op_nodes[ins[1]][:4])}) at local batch {ins[2]}")
+        if kind == "send":
+            return f"instruction {i}: send message {ins[5]} to rank {ins[4]}"
+        if kind in ("assemble", "aggregate", "allreduce"):
+            return f"instruction {i}: {kind} {ins[1]}"
+        return f"instruction {i}: {kind}"
+
+    def _annotate(self, exc: BaseException, step: int, i: int) -> None:
+        where = f"rank {self.rank}, step {step}, {self.describe(i)}"
+        if getattr(exc, "heterog_where", None) is None:
+            exc.heterog_where, exc.heterog_step, exc.heterog_waiting = where, step, self.status.peer
+            exc.add_note(where)
+
+    def _instructions(self, index: int, env: dict, stash: dict, t0: float, trace: list | None) -> None:
+        rp, tr, sizes, recv_spec = self.rp, self.transport, self.job.sizes, self.recv_spec
         for i, ins in enumerate(rp.instrs):
+            self._at = i
             self.status.at(index, i)
             kind = ins[0]
             if trace is not None:
@@ -510,6 +574,9 @@ class RankExecutor:
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)     # traced GPU ops: their time, not their launch
                 trace[-1] += [time.perf_counter() - t0, tr.idle_s - idle_at]
+
+    def _step_end(self, env: dict, stash: dict, t0: float) -> tuple[float, float]:
+        rp, tr = self.rp, self.transport
         for key, v in list(stash.items()):
             if type(v) is _Pending:
                 stash[key] = in_memory_order(tr.finish(v), v.order)
@@ -523,9 +590,6 @@ class RankExecutor:
             loss += float(self._fetch(src, env, stash)) * scale
         for ph, src in rp.updates:
             self.persist[ph] = self._fetch(src, env, stash)
-        self.status.at(index + 1, 0)
-        if trace is not None:
-            self.traces.append(trace)
         return elapsed, loss
 
     def run(self) -> dict:

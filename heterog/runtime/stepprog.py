@@ -154,6 +154,16 @@ def _retarget_device(a: Any, device: torch.device) -> Any:
     return a
 
 
+def _describe_inputs(args: tuple, env: dict) -> str:
+    """Shapes and strides of a call's tensor arguments (error messages)."""
+    out = []
+    for x in args:
+        v = env.get(x.name) if type(x) is Ref else None
+        if isinstance(v, torch.Tensor):
+            out.append(f"%{x.name} {tuple(v.shape)} stride {tuple(v.stride())}")
+    return "; ".join(out) or "none"
+
+
 class Kernel:
     """The fx nodes of one op, ready to call: ``kernel(env, sym)`` computes them in order into ``env``."""
 
@@ -171,11 +181,15 @@ class Kernel:
 
     def __call__(self, env: dict, sym: dict) -> None:
         for name, fn, args, kwargs, simple in self.calls:
-            if simple:
-                a = [env[x.name] if type(x) is Ref else sym[x.name] if type(x) is SymRef else x for x in args]
-                env[name] = fn(*a, **kwargs)
-            else:
-                env[name] = fn(*_resolve(args, env, sym), **_resolve(kwargs, env, sym))
+            try:
+                if simple:
+                    a = [env[x.name] if type(x) is Ref else sym[x.name] if type(x) is SymRef else x for x in args]
+                    env[name] = fn(*a, **kwargs)
+                else:
+                    env[name] = fn(*_resolve(args, env, sym), **_resolve(kwargs, env, sym))
+            except Exception as exc:
+                exc.add_note(f"in fx node {name} = {fn}(...) with inputs {_describe_inputs(args, env)}")
+                raise
 
 
 # ---------------------------------------------------------------------------- leaves and what ops read

@@ -1,5 +1,6 @@
 """Faults: a killed or hung worker stops the whole run quickly with a message naming the rank, leaving no
-process behind; a strategy made for another graph or cluster is refused before any process starts."""
+process behind; a failing op is reported first (rank, step, op, exception), before its peers' closed
+connections; a strategy made for another graph or cluster is refused before any process starts."""
 from __future__ import annotations
 
 import multiprocessing
@@ -9,6 +10,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from heterog import baselines
 from heterog.cluster import load_cluster
@@ -81,3 +83,35 @@ def test_strategy_for_another_graph_or_cluster_is_refused_before_any_process_sta
     with pytest.raises(StrategyError, match="cluster"):
         prepare(mlp, hetero3, baselines.run("ev-ar", mlp.graph, two))
     assert set(multiprocessing.active_children()) == before
+
+
+def _break_first_compute(prepared, rank: int) -> str:
+    """Feed the first forward compute of ``rank`` an input of the wrong shape; returns the op's target."""
+    rp = prepared.lowered.ranks[rank]
+    for k, ins in enumerate(rp.instrs):
+        if ins[0] == "compute" and ins[3]:
+            node, src, leaf, chain, scale, tidx = ins[3][0]
+            bad = [(node, ("zeros", (7, 5, 3), torch.float32, None), leaf, chain, scale, tidx), *ins[3][1:]]
+            rp.instrs[k] = (ins[0], ins[1], ins[2], bad, ins[4])
+            return prepared.model.prog.op_target[ins[1]]
+    raise AssertionError("no compute instruction")
+
+
+def test_the_first_failure_is_reported_first_not_a_peers_closed_connection() -> None:
+    """Rank 1's op fails in step 0; rank 0, waiting for it in an AllReduce, fails on the closed connection.
+    The run names rank 1, the step, the op and its exception first; rank 0's error follows as a consequence."""
+    cluster = load_cluster("local-cpu-2")
+    m = model("tiny_mlp")
+    prepared = prepare(m, cluster, baselines.run("ev-ar", m.graph, cluster))
+    target = _break_first_compute(prepared, 1)
+    pool = WorkerPool(2, hang_timeout_s=30.0, device_names=cluster.device_names)
+    with pytest.raises(WorkerFailure) as info:
+        run_prepared(prepared, [m.example_inputs], 2, pool=pool)
+    msg = str(info.value)
+    head = msg.splitlines()[0]
+    assert head.startswith("worker localhost/cpu1 (rank 1) failed at rank 1, step 0, instruction")
+    assert target in head and "RuntimeError" in head
+    assert "in fx node" in msg                                   # the fx node that raised, with its inputs
+    assert "Connection closed" not in head
+    assert "(rank 0)" in msg.split("other ranks (consequences):")[1]       # the peer's error comes after
+    assert _all_gone(pool)
