@@ -9,8 +9,8 @@ order of the value's dims, outermost first, that the captured program expects, s
 
     ("compute", op, local_batch, inputs, exports)   inputs: (node, source, leaf node, view chain, scale, tuple index)
     ("send", source, slice, scale, dst, tag, (latency_s, s_per_byte))
-    ("assemble", stash key, (batch dim, block) | None, [(source, slice, scale), ...], order)
-    ("aggregate", stash key, [(source, slice, scale), ...], order)
+    ("assemble", stash key, (batch dim, block) | None, [(source, slice, scale, shift), ...], order)
+    ("aggregate", stash key, [(source, slice, scale, 0), ...], order)
     ("allreduce", stash key, group index, source, scale, emulated_s, order)
     ("post", tag)                                    NCCL: post a receive in global message order
 
@@ -431,12 +431,15 @@ class RankExecutor:
             return self.consts[src[1]]
         return in_memory_order(torch.zeros(src[1], dtype=src[2], device=self.device), src[3])
 
-    def _piece(self, src: tuple, sl: tuple | None, scale: float, env: dict, stash: dict) -> torch.Tensor:
+    def _piece(self, src: tuple, sl: tuple | None, scale: float, env: dict, stash: dict, shift: int = 0
+               ) -> torch.Tensor:
         v = self._fetch(src, env, stash)
         if sl is not None:
             v = narrow_batch(v, sl)
         if scale != 1.0:
             v = v * scale
+        if shift:
+            v = v + shift
         return v
 
     def _owe(self, t_start: float, idle_before: float) -> None:
@@ -547,13 +550,13 @@ class RankExecutor:
                 tr.send(v, ins[4], ins[5], *ins[6])
             elif kind == "assemble":
                 t_op, idle0 = time.perf_counter(), tr.idle_s
-                pieces = [self._piece(src, sl, sc, env, stash) for src, sl, sc in ins[3]]
+                pieces = [self._piece(src, sl, sc, env, stash, shift) for src, sl, sc, shift in ins[3]]
                 v = pieces[0] if len(pieces) == 1 else cat_batch(pieces, *ins[2])
                 stash[ins[1]] = in_memory_order(v, ins[4])
                 self._owe(t_op, idle0)
             elif kind == "aggregate":
                 t_op, idle0 = time.perf_counter(), tr.idle_s
-                parts = [self._piece(src, sl, sc, env, stash) for src, sl, sc in ins[2]]
+                parts = [self._piece(src, sl, sc, env, stash) for src, sl, sc, _ in ins[2]]
                 acc = parts[0] + parts[1]
                 for p in parts[2:]:
                     acc = acc + p

@@ -221,6 +221,7 @@ class _Builder:
             e = self.exps[leaf_id]
             bd, per = leaf.batch_dim, leaf.per_sample
             block = per if leaf_id in self.exps.sample_minor else 0      # see heterog.runtime.scaling
+            stride = self.exps.positional.get(leaf_id, 0)
             prod = self.lay_ranges(self.op_lay(leaf.op))
             stash_key = ("r", leaf.node, lay_v)
             for dj, c0, c1 in self.lay_ranges(lay_v):
@@ -232,13 +233,14 @@ class _Builder:
                     whole = (lo, hi) == (p0, p1)
                     sl = None if whole else batch_slice(bd, lo - p0, hi - p0, per, block)
                     scale = float(((c1 - c0) / (p1 - p0)) ** e) if e else 1.0
+                    shift = (p0 - c0) * stride          # positional values: from the producer's origin to ours
                     src = self.producer_source(leaf, di)
                     if di == dj:
-                        pieces.append((src, sl, scale))
+                        pieces.append((src, sl, scale, shift))
                     else:
                         key = self.inst_key(leaf.op, di) + (1,)
                         msg = self.send(di, dj, key, src, sl, 1.0, leaf.local_shape(hi - lo), leaf.dtype)
-                        pieces.append((("recv", msg), None, scale))
+                        pieces.append((("recv", msg), None, scale, shift))
                 entry[dj] = self.emit(dj, END + (-1,), ["assemble", stash_key, (bd, block), pieces,
                                                          leaf.memory_order])
             self.memo[memo_key] = entry
@@ -270,10 +272,10 @@ class _Builder:
             for (d, _, _), w in zip(reps, weights):
                 src = self.producer_source(leaf, d)
                 if d == ps:
-                    parts.append((src, None, w))
+                    parts.append((src, None, w, 0))
                 else:
                     msg = self.send(d, ps, self.inst_key(leaf.op, d) + (1,), src, None, w, leaf.shape, leaf.dtype)
-                    parts.append((("recv", msg), None, 1.0))
+                    parts.append((("recv", msg), None, 1.0, 0))
             self.emit(ps, akey + (0,), ["aggregate", stash_key, parts, leaf.memory_order])
             holders = (ps,)
             self.n_agg += 1
@@ -320,7 +322,7 @@ class _Builder:
             h = min(holders, key=lambda x: (-float(bw[x, dev]), float(lat[x, dev]), x))
             src, key = source_of(h)
             msg = self.send(h, dev, key, src, None, 1.0, leaf.shape, leaf.dtype)
-            item = self.emit(dev, consumer_key + (-1,), ["assemble", stash_key, None, [(("recv", msg), None, 1.0)],
+            item = self.emit(dev, consumer_key + (-1,), ["assemble", stash_key, None, [(("recv", msg), None, 1.0, 0)],
                                                           leaf.memory_order])
             self.memo[memo_key] = item
         item[0] = min(item[0], consumer_key + (-1,))
@@ -454,9 +456,9 @@ class _Builder:
                     instr[5] = self.messages[instr[5]].tag
                 for piece_list in ([instr[3]] if instr[0] == "assemble" else [instr[2]] if instr[0] == "aggregate"
                                    else []):
-                    for k, (src, sl, scale) in enumerate(piece_list):
+                    for k, (src, *rest) in enumerate(piece_list):
                         if src[0] == "recv":
-                            piece_list[k] = (("recv", self.messages[src[1]].tag), sl, scale)
+                            piece_list[k] = (("recv", self.messages[src[1]].tag), *rest)
         for msg in self.messages:
             rp = self.ranks[msg.dst]
             rp.recvs.append((msg.tag, msg.src, msg.shape, msg.dtype, msg.key))

@@ -41,6 +41,12 @@ some time steps of every sample, not some samples. The probe tells the two apart
 whole blocks of rows, or repeats rows within every block) and ``Exponents.sample_minor`` lists the
 sample-minor leaves: re-layouts slice and concatenate them within the blocks (``batch_slice``).
 
+Positional values: integer batch tensors whose entries count positions in the batch (the bag offsets
+``arange(0, B*L, L)`` and ``offset2bag`` of ``nn.EmbeddingBag``, ``arange(B)`` used as row indices) are
+``(position of the sample) x s + (a per-sample part)``; a replica computes them from its own first sample.
+The doubled run shows them as the single run followed by the single run plus ``k x s``;
+``Exponents.positional`` holds ``s``, and a re-layout adds ``(producer's first sample - consumer's) x s``.
+
 The exponents are measured, not declared: the step runs once on ``k`` samples and once on the same
 samples twice over (``2k``); a value whose doubled run equals ``2 ** e`` times the (duplicated) single run
 has exponent ``e``. Such duplication leaves per-sample computation unchanged and exposes exactly the
@@ -71,6 +77,7 @@ class Exponents:
     coupled: list[str] = field(default_factory=list)
     statistics: set[tuple[int, int]] = field(default_factory=set)
     sample_minor: set[tuple[int, int]] = field(default_factory=set)   # batch dim holds (per, B), samples inside
+    positional: dict[tuple[int, int], int] = field(default_factory=dict)   # leaf -> value step per sample
 
     def __getitem__(self, leaf: tuple[int, int]) -> int:
         return self.of.get(leaf, 0)
@@ -117,6 +124,21 @@ def measured_exponent(v1: torch.Tensor, v2: torch.Tensor, batch_dim: int | None,
     return e if resid <= RTOL * math.sqrt(uu) * 2.0 ** e else None
 
 
+def positional_step(v1: torch.Tensor, v2: torch.Tensor, batch_dim: int, k: int) -> int | None:
+    """s when the run on k samples twice over gives ``v1`` then ``v1 + k * s`` along the batch dim (integer
+    values that count positions in the batch), else None."""
+    if v2.shape[batch_dim] != 2 * v1.shape[batch_dim] or v1.dtype != v2.dtype or v1.dtype.is_complex:
+        return None
+    first, second = v2.split(v1.shape[batch_dim], dim=batch_dim)
+    if not torch.equal(first, v1):
+        return None
+    diff = (second - v1).unique()
+    if diff.numel() != 1 or int(diff) % k:
+        return None
+    step = int(diff) // k
+    return step if step else None
+
+
 def probe_exponents(prog: StepProgram, params: Sequence[torch.Tensor], buffers: Sequence[torch.Tensor],
                     state: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], samples: int = 2) -> Exponents:
     """Measure the scaling exponent of every leaf (see the module docstring) on the first ``samples``
@@ -149,6 +171,11 @@ def probe_exponents(prog: StepProgram, params: Sequence[torch.Tensor], buffers: 
             e = measured_exponent(v1, v2, info.batch_dim, zero_below=1e-6 * magnitude, minor_per=info.per_sample)
             if e is not None:
                 out.sample_minor.add(leaf)
+        if e is None and info.batch_dim is not None and not info.dtype.is_floating_point:
+            step = positional_step(v1, v2, info.batch_dim, k)
+            if step is not None:
+                out.positional[leaf] = step
+                continue
         if e is None:
             out.coupled.append(info.node)
             e = 0
