@@ -38,6 +38,13 @@ class Model:
     state: list[torch.Tensor]
     example_inputs: tuple[torch.Tensor, ...]
     module: nn.Module | None = field(default=None, repr=False)
+    _exponents: Exponents | None = field(default=None, repr=False)
+
+    def exponents(self) -> Exponents:
+        """The batch-scaling exponents of the step (measured once; they do not depend on the plan)."""
+        if self._exponents is None:
+            self._exponents = probe_exponents(self.prog, self.params, self.buffers, self.state, self.example_inputs)
+        return self._exponents
 
     @property
     def batch_size(self) -> int:
@@ -148,7 +155,7 @@ def prepare(model: Model, cluster, strategy, *, backend: str = "gloo", cost=None
     ev = Evaluator(model.graph, cluster, cost)
     plan = ev.compile(strategy)
     sim = ev.simulate_plan(plan)
-    exps = probe_exponents(model.prog, model.params, model.buffers, model.state, model.example_inputs)
+    exps = model.exponents()
     if exps.coupled or exps.statistics:
         import logging
 
