@@ -387,7 +387,9 @@ class _Pending:
 class RankExecutor:
     """Runs one rank's program; ``run()`` returns per-step times and loss terms and the final values."""
 
-    def __init__(self, job: Job, rank: int, device: torch.device, status=None) -> None:
+    def __init__(self, job: Job, rank: int, device: torch.device, status=None, transport=None) -> None:
+        """``transport``: where messages and collectives go (default: torch.distributed through
+        ``Transport``; ``heterog.runtime.check`` passes an in-process one for its dry run)."""
         self.job, self.rank, self.device = job, rank, device
         self.rp: RankProgram = job.rank
         self.status = status or _NullStatus()
@@ -401,16 +403,19 @@ class RankExecutor:
                     if chain and chain not in self.chains:
                         self.chains[chain] = Kernel([prog.view_calls[c] for c in chain], device)
         # every rank creates every subgroup, in the same order
-        self.groups = [dist.new_group(list(g)) for g in job.groups] if job.groups else []
+        if transport is None:
+            self.groups = [dist.new_group(list(g)) for g in job.groups] if job.groups else []
+            self.transport = Transport(device, job.emulate, self.status, rank)
+        else:
+            self.groups, self.transport = [None] * len(job.groups), transport
         self.members = [list(g) for g in job.groups]
         self.consts = {k: v.to(device) for k, v in prog.consts.items()}
         self.persist = {k: v.to(device) for k, v in self.rp.persist.items()}
-        self.transport = Transport(device, job.emulate, self.status, rank)
         self.debt_s = 0.0
         self.slow = self.rp.slowdown if job.emulate else 1.0
         self.post_in_order = any(ins[0] == "post" for ins in self.rp.instrs)
         self.recv_spec = {tag: (src, shape, dtype) for tag, src, shape, dtype, _ in self.rp.recvs}
-        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.world = dist.get_world_size() if dist.is_initialized() and transport is None else 1
         self._at = -1                  # the instruction running (error messages)
         self.traces: list[list] = []   # per step, per instruction: [kind, start s, end s, s waiting] (job.trace)
 
@@ -518,65 +523,71 @@ class RankExecutor:
             exc.add_note(where)
 
     def _instructions(self, index: int, env: dict, stash: dict, t0: float, trace: list | None) -> None:
-        rp, tr, sizes, recv_spec = self.rp, self.transport, self.job.sizes, self.recv_spec
-        for i, ins in enumerate(rp.instrs):
+        tr = self.transport
+        for i, ins in enumerate(self.rp.instrs):
             self._at = i
             self.status.at(index, i)
-            kind = ins[0]
             if trace is not None:
-                trace.append([kind, time.perf_counter() - t0])
+                trace.append([ins[0], time.perf_counter() - t0])
                 idle_at = tr.idle_s
-            if kind == "compute":
-                t_op, idle0 = time.perf_counter(), tr.idle_s
-                local: dict[str, Any] = {}
-                for node, src, leaf, chain, scale, tidx in ins[3]:
-                    v = self._fetch(src, env, stash)
-                    if scale != 1.0:
-                        v = v * scale
-                    if chain:
-                        local[leaf] = v
-                        self.chains[chain](local, sizes[ins[2]])
-                    else:
-                        local[node] = v
-                    if tidx is not None and not isinstance(local[node], (tuple, list)):
-                        local[node] = [None] * tidx + [local[node]]
-                self.kernels[ins[1]](local, sizes[ins[2]])
-                for name in ins[4]:
-                    env[name] = local[name]
-                self._owe(t_op, idle0)
-            elif kind == "send":
-                self._pay()
-                v = self._piece(ins[1], ins[2], ins[3], env, stash)
-                tr.send(v, ins[4], ins[5], *ins[6])
-            elif kind == "assemble":
-                t_op, idle0 = time.perf_counter(), tr.idle_s
-                pieces = [self._piece(src, sl, sc, env, stash, shift) for src, sl, sc, shift in ins[3]]
-                v = pieces[0] if len(pieces) == 1 else cat_batch(pieces, *ins[2])
-                stash[ins[1]] = in_memory_order(v, ins[4])
-                self._owe(t_op, idle0)
-            elif kind == "aggregate":
-                t_op, idle0 = time.perf_counter(), tr.idle_s
-                parts = [self._piece(src, sl, sc, env, stash) for src, sl, sc, _ in ins[2]]
-                acc = parts[0] + parts[1]
-                for p in parts[2:]:
-                    acc = acc + p
-                stash[ins[1]] = in_memory_order(acc, ins[3])
-                self._owe(t_op, idle0)
-            elif kind == "allreduce":
-                self._pay()
-                v = self._fetch(ins[3], env, stash) * ins[4]
-                g = ins[2]
-                stash[ins[1]] = p = tr.allreduce(v, g, self.groups[g], self.members[g], self.rank, ins[5])
-                p.order = ins[6]
-            elif kind == "post":
-                src, shape, dtype = recv_spec[ins[1]]
-                tr.post(ins[1], src, shape, dtype)
-            for src in rp.frees[i]:
-                (env if src[0] == "env" else stash).pop(src[1], None)
+            self.execute(i, env, stash)
             if trace is not None:
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)     # traced GPU ops: their time, not their launch
                 trace[-1] += [time.perf_counter() - t0, tr.idle_s - idle_at]
+
+    def execute(self, i: int, env: dict, stash: dict) -> None:
+        """Run instruction ``i`` on this rank's values ``env`` and ``stash``, then free what it last used."""
+        rp, tr, sizes = self.rp, self.transport, self.job.sizes
+        ins = rp.instrs[i]
+        kind = ins[0]
+        if kind == "compute":
+            t_op, idle0 = time.perf_counter(), tr.idle_s
+            local: dict[str, Any] = {}
+            for node, src, leaf, chain, scale, tidx in ins[3]:
+                v = self._fetch(src, env, stash)
+                if scale != 1.0:
+                    v = v * scale
+                if chain:
+                    local[leaf] = v
+                    self.chains[chain](local, sizes[ins[2]])
+                else:
+                    local[node] = v
+                if tidx is not None and not isinstance(local[node], (tuple, list)):
+                    local[node] = [None] * tidx + [local[node]]
+            self.kernels[ins[1]](local, sizes[ins[2]])
+            for name in ins[4]:
+                env[name] = local[name]
+            self._owe(t_op, idle0)
+        elif kind == "send":
+            self._pay()
+            v = self._piece(ins[1], ins[2], ins[3], env, stash)
+            tr.send(v, ins[4], ins[5], *ins[6])
+        elif kind == "assemble":
+            t_op, idle0 = time.perf_counter(), tr.idle_s
+            pieces = [self._piece(src, sl, sc, env, stash, shift) for src, sl, sc, shift in ins[3]]
+            v = pieces[0] if len(pieces) == 1 else cat_batch(pieces, *ins[2])
+            stash[ins[1]] = in_memory_order(v, ins[4])
+            self._owe(t_op, idle0)
+        elif kind == "aggregate":
+            t_op, idle0 = time.perf_counter(), tr.idle_s
+            parts = [self._piece(src, sl, sc, env, stash) for src, sl, sc, _ in ins[2]]
+            acc = parts[0] + parts[1]
+            for p in parts[2:]:
+                acc = acc + p
+            stash[ins[1]] = in_memory_order(acc, ins[3])
+            self._owe(t_op, idle0)
+        elif kind == "allreduce":
+            self._pay()
+            v = self._fetch(ins[3], env, stash) * ins[4]
+            g = ins[2]
+            stash[ins[1]] = p = tr.allreduce(v, g, self.groups[g], self.members[g], self.rank, ins[5])
+            p.order = ins[6]
+        elif kind == "post":
+            src, shape, dtype = self.recv_spec[ins[1]]
+            tr.post(ins[1], src, shape, dtype)
+        for src in rp.frees[i]:
+            (env if src[0] == "env" else stash).pop(src[1], None)
 
     def _step_end(self, env: dict, stash: dict, t0: float) -> tuple[float, float]:
         rp, tr = self.rp, self.transport

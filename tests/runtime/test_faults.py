@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -115,3 +116,40 @@ def test_the_first_failure_is_reported_first_not_a_peers_closed_connection() -> 
     assert "Connection closed" not in head
     assert "(rank 0)" in msg.split("other ranks (consequences):")[1]       # the peer's error comes after
     assert _all_gone(pool)
+
+
+def test_a_plan_that_cannot_run_is_refused_before_any_process_starts(monkeypatch) -> None:
+    """prepare() runs every rank's program once in this process; an op that cannot run at its local batch
+    is refused with the rank, the instruction, the op and the reason, and no worker is started."""
+    import heterog.runtime.api as api
+
+    cluster = load_cluster("local-cpu-2")
+    m = model("tiny_mlp")
+    real_lower = api.lower
+
+    def broken_lower(*args, **kwargs):
+        low = real_lower(*args, **kwargs)
+        _break_first_compute(SimpleNamespace(lowered=low, model=m), 1)
+        return low
+
+    monkeypatch.setattr(api, "lower", broken_lower)
+    before = set(multiprocessing.active_children())
+    with pytest.raises(StrategyError, match=r"cannot run: rank 1 \(localhost/cpu1\), instruction \d+: compute op "
+                                            r"\d+ \(aten.addmm.default.*RuntimeError"):
+        prepare(m, cluster, baselines.run("ev-ar", m.graph, cluster))
+    assert set(multiprocessing.active_children()) == before
+
+
+def test_a_receive_ordered_before_its_send_is_refused() -> None:
+    """A program whose order would make two ranks wait for each other is refused, naming the message."""
+    from heterog.runtime.check import check_prepared
+
+    cluster = load_cluster("local-cpu-2")
+    m = model("tiny_mlp")
+    prepared = prepare(m, cluster, baselines.run("cp-ps", m.graph, cluster))
+    receiver = next(rp for rp in prepared.lowered.ranks if rp.recvs)
+    sender = prepared.lowered.ranks[receiver.recvs[0][1]]
+    receiver.keys = [(-1.0, -1, i) for i in range(len(receiver.keys))]   # all of it before the sender
+    sender.keys = [(0.0, 0, i) for i in range(len(sender.keys))]
+    with pytest.raises(StrategyError, match=r"message \d+ from rank \d is read before rank \d sends it"):
+        check_prepared(prepared)
