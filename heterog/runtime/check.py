@@ -79,8 +79,10 @@ class _LocalTransport:
         pass
 
 
-def check_prepared(prepared) -> None:
-    """Raise ``StrategyError`` when ``prepared`` (a PreparedRun) cannot run (see the module docstring)."""
+def check_prepared(prepared) -> DryRun | None:
+    """Raise ``StrategyError`` when ``prepared`` (a PreparedRun) cannot run (see the module docstring).
+    Returns one step's values when the dry run used CPU tensors (None on meta tensors): the per-rank
+    programs of any backend (NCCL's included) compute the training step without a process group."""
     model = prepared.model
     jobs = prepared.jobs([model.example_inputs], 1, return_state=False)
     mail = _Mail()
@@ -106,19 +108,35 @@ def check_prepared(prepared) -> None:
             except Exception as exc:
                 raise StrategyError(f"plan {prepared.strategy.method or 'strategy'} cannot run: rank {r} "
                                     f"({names[r]}), {ex.describe(i)}: {_reason(exc)}") from exc
+    values: dict[str, torch.Tensor] = {}
+    loss = 0.0
     with torch.no_grad():
         for r, ex in enumerate(ranks):
+            shapes = {ph: tuple(v.shape) for ph, v in ex.persist.items()}
             try:
-                for ph, src in ex.rp.updates:
-                    v = ex._fetch(src, envs[r], stashes[r])
-                    if tuple(v.shape) != tuple(ex.persist[ph].shape):
-                        raise StrategyError(f"the new value of {ph} has shape {tuple(v.shape)}, not "
-                                            f"{tuple(ex.persist[ph].shape)}")
-                for src, _ in ex.rp.loss_terms:
-                    ex._fetch(src, envs[r], stashes[r])
+                if device.type == "meta":
+                    for ph, src in ex.rp.updates:
+                        ex.persist[ph] = ex._fetch(src, envs[r], stashes[r])
+                    for src, _ in ex.rp.loss_terms:
+                        ex._fetch(src, envs[r], stashes[r])
+                else:
+                    loss += ex._step_end(envs[r], stashes[r], 0.0)[1]
+                wrong = {ph: tuple(v.shape) for ph, v in ex.persist.items() if tuple(v.shape) != shapes[ph]}
+                if wrong:
+                    raise StrategyError(f"new values of the wrong shape {wrong} (want {[shapes[p] for p in wrong]})")
             except Exception as exc:
                 raise StrategyError(f"plan {prepared.strategy.method or 'strategy'} cannot run: rank {r} "
                                     f"({names[r]}), {ex.describe(len(ex.rp.instrs))}: {_reason(exc)}") from exc
+            values.update({ph: ex.persist[ph] for _, ph in ex.rp.report})
+    return DryRun(values, loss) if device.type == "cpu" else None
+
+
+@dataclass
+class DryRun:
+    """What the dry run on CPU tensors computed: one step's final placeholder values and the loss."""
+
+    values: dict[str, torch.Tensor]
+    loss: float
 
 
 def _reason(exc: BaseException) -> str:

@@ -182,3 +182,23 @@ def test_batch_norm_under_random_plans_smoke(seed, request) -> None:
                           pool=request.getfixturevalue("pool3"))
     assert all(bool(torch.isfinite(v).all()) for v in result.params(m).values())
     assert len(result.losses) == STEPS and all(np.isfinite(result.losses))
+
+
+# ---------------------------------------------------------------------------- NCCL programs, without GPUs
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+@pytest.mark.parametrize("name", list(cm.EQUIVALENCE_MODELS))
+def test_programs_of_both_backends_compute_one_step_like_one_process(name, backend) -> None:
+    """The per-rank programs lowered for NCCL (receives posted in message order, no emulation) and for
+    gloo, run in one process (``heterog.runtime.check``) under a random plan on local-cpu-3, give one
+    training step of single-process training."""
+    from heterog.runtime.check import check_prepared
+
+    m = captured(name)
+    cluster = cluster_of("local-cpu-3")
+    prepared = prepare(m, cluster, plan(m, cluster, "random", 1), backend=backend, check=False)
+    assert any(ins[0] == "post" for rp in prepared.lowered.ranks for ins in rp.instrs) == (backend == "nccl")
+    dry = check_prepared(prepared)
+    losses, want = train_single_process(m, [m.example_inputs], 1)
+    ok, diff, bad = compare_values(m, dry.values, want, rtol=RTOL, atol=ATOL)
+    assert ok, f"{name} ({backend}): {bad[:4]} differ (max |diff| {diff:.3g})"
+    assert dry.loss == pytest.approx(losses[0], rel=RTOL)
