@@ -1,6 +1,6 @@
 """Check a lowered plan before any process starts: every rank's program runs once, in this process, on
-CPU tensors (small models) or meta tensors (shapes, dtypes and strides only), in the global order of the
-instruction keys.
+CPU tensors (small models) or fake tensors (shapes, dtypes and strides only, the kernels the capture
+traced with), in the global order of the instruction keys.
 
 What fails here would fail in a worker: an op that cannot run at a replica's local batch (a size written
 into the model, a view the delivered strides do not allow), a message whose shape is not what its
@@ -10,16 +10,26 @@ plan is then refused with a ``StrategyError`` naming the rank, the instruction a
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 from dataclasses import dataclass, field
 
 import torch
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+    UnsupportedOperatorException,
+)
 
 from heterog.errors import StrategyError
 from heterog.runtime.executor import RankExecutor, _Pending
 
-# steps of at most this many FLOPs are checked on real CPU tensors (a few ms for the test models; the
-# Python meta kernels take ~1 ms per op), larger ones on meta tensors (no data)
+# steps of at most this many FLOPs are checked on real CPU tensors (a few ms for the test models; fake
+# tensors take ~1 ms per op), larger ones on fake tensors (shapes and strides, as the capture traced them)
 REAL_FLOPS_LIMIT = 2e8
+_FAKE_LIMITS = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException,
+                NotImplementedError)
 
 
 @dataclass
@@ -81,18 +91,33 @@ class _LocalTransport:
 
 def check_prepared(prepared) -> DryRun | None:
     """Raise ``StrategyError`` when ``prepared`` (a PreparedRun) cannot run (see the module docstring).
-    Returns one step's values when the dry run used CPU tensors (None on meta tensors): the per-rank
+    Returns one step's values when the dry run used CPU tensors (None on fake tensors): the per-rank
     programs of any backend (NCCL's included) compute the training step without a process group."""
     model = prepared.model
     jobs = prepared.jobs([model.example_inputs], 1, return_state=False)
     mail = _Mail()
-    device = torch.device("cpu" if float(model.graph.flops.sum()) <= REAL_FLOPS_LIMIT else "meta")
+    real = float(model.graph.flops.sum()) <= REAL_FLOPS_LIMIT
+    mode = contextlib.nullcontext() if real else FakeTensorMode()
+    fakes: dict[int, torch.Tensor] = {}
+
+    def value(t: torch.Tensor) -> torch.Tensor:
+        if real:
+            return t
+        if id(t) not in fakes:
+            fakes[id(t)] = mode.from_tensor(t)
+        return fakes[id(t)]
+
+    cpu = torch.device("cpu")
     ranks, envs, stashes = [], [], []
+    inputs = [value(x) for x in model.example_inputs]
     for r, job in enumerate(jobs):
-        ex = RankExecutor(job, r, device, transport=_LocalTransport(r, mail))
+        ex = RankExecutor(job, r, cpu, transport=_LocalTransport(r, mail))
+        ex.consts = {k: value(v) for k, v in model.prog.consts.items()}
+        ex.persist = {k: value(v) for k, v in job.rank.persist.items()}
         env = dict(ex.persist)
-        for name, i, lo, hi in job.rank.inputs:
-            env[name] = model.example_inputs[i][lo:hi].to(device)
+        with mode:
+            for name, i, lo, hi in job.rank.inputs:
+                env[name] = inputs[i][lo:hi]
         for tag, src, shape, dtype, _ in job.rank.recvs:
             ex.transport.post(tag, src, shape, dtype)
         ranks.append(ex)
@@ -100,21 +125,25 @@ def check_prepared(prepared) -> DryRun | None:
         stashes.append({})
     order = sorted((key, r, i) for r, ex in enumerate(ranks) for i, key in enumerate(ex.rp.keys))
     names = prepared.cluster.device_names
-    with torch.no_grad():
+    with torch.no_grad(), mode:
         for _, r, i in order:
             ex = ranks[r]
             try:
                 ex.execute(i, envs[r], stashes[r])
             except Exception as exc:
+                if not real and isinstance(exc, _FAKE_LIMITS):
+                    # an op fake tensors cannot run (data-dependent sizes): the check cannot say more
+                    logging.getLogger(__name__).info("plan not checked before launch: %s", _reason(exc))
+                    return None
                 raise StrategyError(f"plan {prepared.strategy.method or 'strategy'} cannot run: rank {r} "
                                     f"({names[r]}), {ex.describe(i)}: {_reason(exc)}") from exc
     values: dict[str, torch.Tensor] = {}
     loss = 0.0
-    with torch.no_grad():
+    with torch.no_grad(), mode:
         for r, ex in enumerate(ranks):
             shapes = {ph: tuple(v.shape) for ph, v in ex.persist.items()}
             try:
-                if device.type == "meta":
+                if not real:
                     for ph, src in ex.rp.updates:
                         ex.persist[ph] = ex._fetch(src, envs[r], stashes[r])
                     for src, _ in ex.rp.loss_terms:
@@ -128,7 +157,7 @@ def check_prepared(prepared) -> DryRun | None:
                 raise StrategyError(f"plan {prepared.strategy.method or 'strategy'} cannot run: rank {r} "
                                     f"({names[r]}), {ex.describe(len(ex.rp.instrs))}: {_reason(exc)}") from exc
             values.update({ph: ex.persist[ph] for _, ph in ex.rp.report})
-    return DryRun(values, loss) if device.type == "cpu" else None
+    return DryRun(values, loss) if real else None
 
 
 @dataclass
