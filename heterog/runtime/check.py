@@ -112,6 +112,7 @@ def check_prepared(prepared) -> DryRun | None:
     inputs = [value(x) for x in model.example_inputs]
     for r, job in enumerate(jobs):
         ex = RankExecutor(job, r, cpu, transport=_LocalTransport(r, mail))
+        ex.slow = 1.0                                   # no emulated slowdown in the dry run
         ex.consts = {k: value(v) for k, v in model.prog.consts.items()}
         ex.persist = {k: value(v) for k, v in job.rank.persist.items()}
         env = dict(ex.persist)

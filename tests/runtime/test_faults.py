@@ -153,3 +153,18 @@ def test_a_receive_ordered_before_its_send_is_refused() -> None:
     sender.keys = [(0.0, 0, i) for i in range(len(sender.keys))]
     with pytest.raises(StrategyError, match=r"message \d+ from rank \d is read before rank \d sends it"):
         check_prepared(prepared)
+
+
+@pytest.mark.parametrize("name", ["tiny_transformer", "tiny_cnn"])
+def test_large_steps_are_checked_on_fake_tensors(name, monkeypatch) -> None:
+    """Steps above REAL_FLOPS_LIMIT are dry-run on fake tensors: a valid plan passes, a broken one is refused."""
+    import heterog.runtime.check as check
+
+    monkeypatch.setattr(check, "REAL_FLOPS_LIMIT", 0.0)
+    cluster = load_cluster("local-cpu-3:slowdown=1,2,3")
+    m = model(name)
+    prepared = prepare(m, cluster, baselines.run("random", m.graph, cluster, seed=1), check=False)
+    assert check.check_prepared(prepared) is None                  # fake tensors: no values, no error
+    _break_first_compute(prepared, 1)
+    with pytest.raises(StrategyError, match="cannot run: rank 1"):
+        check.check_prepared(prepared)
