@@ -36,7 +36,7 @@ SEEDS = tuple(range(int(os.environ.get("HETEROG_CONFORMANCE_SEEDS", "4"))))   # 
 CLUSTERS = {"local-cpu-2": "local-cpu-2:slowdown=1,2", "local-cpu-3": "local-cpu-3:slowdown=1,2,3"}
 POOLS = {"local-cpu-2": "pool2", "local-cpu-3": "pool3"}
 PLANNERS = [n for n in baselines.names() if n != "random"]
-PLANNER_OPTS = {"mcmc": {"max_evals": 200}, "os-dpos": {"budget_s": 1.0}, "pesto-ilp": {"budget_s": 2.0}}
+PLANNER_OPTS = {"mcmc": {"max_evals": 100}, "os-dpos": {"budget_s": 0.3}, "pesto-ilp": {"budget_s": 0.5}}
 
 
 @functools.cache
