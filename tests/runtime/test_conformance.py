@@ -35,7 +35,7 @@ RTOL, ATOL = 1e-4, 1e-5          # float32 noise after 2 steps is ~1e-7; the bug
 SEEDS = tuple(range(int(os.environ.get("HETEROG_CONFORMANCE_SEEDS", "4"))))   # `make conformance`: 16
 CLUSTERS = {"local-cpu-2": "local-cpu-2:slowdown=1,2", "local-cpu-3": "local-cpu-3:slowdown=1,2,3"}
 POOLS = {"local-cpu-2": "pool2", "local-cpu-3": "pool3"}
-PLANNERS = [n for n in baselines.names() if n != "random"]
+PLANNERS = [n for n in baselines.names() if n != "random"] + ["agent"]      # the agent: 1 episode of learning
 PLANNER_OPTS = {"mcmc": {"max_evals": 100}, "os-dpos": {"budget_s": 0.3}, "pesto-ilp": {"budget_s": 0.5}}
 
 
@@ -59,6 +59,10 @@ def cluster_of(name: str):
 
 
 def plan(m, cluster, method: str, seed: int = 0):
+    if method == "agent":
+        from heterog.runtime.api import resolve_strategy
+
+        return resolve_strategy(m, cluster, method="agent", episodes=1, seed=seed)
     ev = Evaluator(m.graph, cluster)
     opts = dict(PLANNER_OPTS.get(method, {}))
     if method in ("random", "mcmc"):
