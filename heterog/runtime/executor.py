@@ -4,8 +4,8 @@ torch.distributed (gloo on CPU, NCCL on GPUs), emulating device slowdown and lin
 Instructions (built by ``heterog.runtime.lowering``; sources are ``("env", node)`` this rank's values,
 ``("stash", key)`` derived values, ``("recv", tag)`` a received message, ``("const", node)``,
 ``("zeros", shape, dtype, order)``; a slice is ``(dim, start, end, block)`` (``batch_slice`` in the lowering)
-or None; ``order`` is the memory
-order of the value's dims, outermost first, that the captured program expects, see ``in_memory_order``)::
+or None; ``order`` is the memory order of the value's dims, outermost first, that the captured program
+expects (``in_memory_order``); ``shift`` is added to positional values (``heterog.runtime.scaling``))::
 
     ("compute", op, local_batch, inputs, exports)   inputs: (node, source, leaf node, view chain, scale, tuple index)
     ("send", source, slice, scale, dst, tag, (latency_s, s_per_byte))

@@ -4,7 +4,9 @@ one process (``tests/runtime/conformance_models.py``).
 Each equivalence model runs 2 SGD steps under random strategies from 4 seeds (``HETEROG_CONFORMANCE_SEEDS``;
 ``make conformance`` sweeps 16) on local-cpu-2 and
 local-cpu-3 (emulated slowdowns 1,2 and 1,2,3, so proportional shares are uneven) and under the plan of
-every planner on local-cpu-3; parameters and losses must match single-process training. Batch norm keeps
+every planner on local-cpu-3 (the baselines and searches with small budgets, the agent after one
+episode); parameters and losses must match single-process training. The per-rank programs lowered for
+NCCL run in one process (no GPU needed) and must give the same step as gloo's. Batch norm keeps
 per-replica statistics (DESIGN.md section 3): its data-parallel runs equal per-replica (DDP-style)
 training. One worker pool per cluster serves every run of a pytest worker. The regression tests of the
 root causes found with these models come first.
