@@ -21,6 +21,8 @@ import os
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from heterog import baselines
 from heterog.cluster import load_cluster
@@ -114,6 +116,27 @@ def test_sample_minor_rows_are_sliced_and_joined_within_their_blocks() -> None:
     torch.testing.assert_close(part, rows[:, 1:3].reshape(T * 2, C))
     pieces = [narrow_batch(flat, (0, lo, hi, T)) for lo, hi in ((0, 1), (1, 3), (3, 5))]
     torch.testing.assert_close(cat_batch(pieces, 0, T), flat)
+
+
+@settings(max_examples=60, deadline=None)
+@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=4), data=st.data())
+def test_re_layout_helpers_keep_values_and_reach_the_requested_layout(shape, data) -> None:
+    """in_memory_order keeps the values and yields a tensor dense in the requested order; slicing samples
+    (sample-major or within blocks) and joining the pieces gives the tensor back."""
+    t = torch.randn(*shape)
+    order = tuple(data.draw(st.permutations(range(len(shape)))))
+    stored = data.draw(st.permutations(range(len(shape))))                 # t's values, stored in this order
+    src = t.permute(stored).contiguous().permute(*np.argsort(stored).tolist())
+    assert torch.equal(src, t)
+    out = in_memory_order(src, order)
+    assert torch.equal(out, t)
+    assert out.permute(order).is_contiguous()
+    block = data.draw(st.sampled_from([0] + [d for d in range(1, shape[0] + 1) if shape[0] % d == 0]))
+    samples = shape[0] // block if block else shape[0]
+    cuts = sorted(set(data.draw(st.lists(st.integers(0, samples), max_size=3)) + [0, samples]))
+    pieces = [narrow_batch(t, (0, lo, hi, block))
+              for lo, hi in zip(cuts, cuts[1:]) if hi > lo]
+    assert torch.equal(cat_batch(pieces, 0, block), t)
 
 
 def test_in_place_ops_on_intermediates_run_out_of_place() -> None:
