@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 JOBS    ?= 2
 
-.PHONY: run test setup lint bench clean
+.PHONY: run test setup lint bench clean conformance
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -23,6 +23,10 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(JOBS) --timeout 600 -m "not timing" tests
 	$(BIN)/python -m pytest -q --timeout 600 -m timing tests
+
+# the runtime conformance suite over 16 random seeds per model and cluster (make test runs 4)
+conformance: $(STAMP)
+	HETEROG_CONFORMANCE_SEEDS=16 $(BIN)/python -m pytest -q -n $(JOBS) --timeout 600 tests/runtime/test_conformance.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check heterog simulator envs agents experiments tests

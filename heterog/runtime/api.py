@@ -40,6 +40,13 @@ class Model:
     state: list[torch.Tensor]
     example_inputs: tuple[torch.Tensor, ...]
     module: nn.Module | None = field(default=None, repr=False)
+    _exponents: Exponents | None = field(default=None, repr=False)
+
+    def exponents(self) -> Exponents:
+        """The batch-scaling exponents of the step (measured once; they do not depend on the plan)."""
+        if self._exponents is None:
+            self._exponents = probe_exponents(self.prog, self.params, self.buffers, self.state, self.example_inputs)
+        return self._exponents
 
     @property
     def batch_size(self) -> int:
@@ -140,17 +147,20 @@ def is_emulated(cluster) -> bool:
     return str(cluster.name).startswith("local-cpu")
 
 
-def prepare(model: Model, cluster, strategy, *, backend: str = "gloo", cost=None) -> PreparedRun:
+def prepare(model: Model, cluster, strategy, *, backend: str = "gloo", cost=None, check: bool = True
+            ) -> PreparedRun:
     """Check ``strategy`` against the model's graph and the cluster (before any process starts), compile
     and simulate it (the simulated order is the execution order), measure scaling exponents and lower it
-    to per-rank programs."""
+    to per-rank programs. ``check``: run the per-rank programs once on fake tensors and refuse (with a
+    ``StrategyError`` that names the rank, the instruction and the reason) a plan that cannot run, e.g. a
+    data-parallel plan of a model with its batch size written into a view (``heterog.runtime.check``)."""
     from heterog.evaluate import Evaluator
 
     strategy.check_fits(model.graph, cluster)
     ev = Evaluator(model.graph, cluster, cost)
     plan = ev.compile(strategy)
     sim = ev.simulate_plan(plan)
-    exps = probe_exponents(model.prog, model.params, model.buffers, model.state, model.example_inputs)
+    exps = model.exponents()
     if exps.coupled or exps.statistics:
         import logging
 
@@ -161,7 +171,12 @@ def prepare(model: Model, cluster, strategy, *, backend: str = "gloo", cost=None
     emulate = is_emulated(cluster) and backend == "gloo"
     lowered = lower(model.prog, model.graph, cluster, plan, sim.start, exps, emulate=emulate,
                     post_early=backend == "nccl")
-    return PreparedRun(model, cluster, strategy, float(sim.makespan), lowered, exps, backend, emulate)
+    prepared = PreparedRun(model, cluster, strategy, float(sim.makespan), lowered, exps, backend, emulate)
+    if check:
+        from heterog.runtime.check import check_prepared
+
+        check_prepared(prepared)
+    return prepared
 
 
 # ---------------------------------------------------------------------------- results

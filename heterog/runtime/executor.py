@@ -3,13 +3,15 @@ torch.distributed (gloo on CPU, NCCL on GPUs), emulating device slowdown and lin
 
 Instructions (built by ``heterog.runtime.lowering``; sources are ``("env", node)`` this rank's values,
 ``("stash", key)`` derived values, ``("recv", tag)`` a received message, ``("const", node)``,
-``("zeros", shape, dtype)``; a slice is ``(dim, start, end)`` or None)::
+``("zeros", shape, dtype, order)``; a slice is ``(dim, start, end, block)`` (``batch_slice`` in the lowering)
+or None; ``order`` is the memory order of the value's dims, outermost first, that the captured program
+expects (``in_memory_order``); ``shift`` is added to positional values (``heterog.runtime.scaling``))::
 
     ("compute", op, local_batch, inputs, exports)   inputs: (node, source, leaf node, view chain, scale, tuple index)
     ("send", source, slice, scale, dst, tag, (latency_s, s_per_byte))
-    ("assemble", stash key, batch dim | None, [(source, slice, scale), ...])
-    ("aggregate", stash key, [(source, slice, scale), ...])
-    ("allreduce", stash key, group index, source, scale, emulated_s)
+    ("assemble", stash key, (batch dim, block) | None, [(source, slice, scale, shift), ...], order)
+    ("aggregate", stash key, [(source, slice, scale, 0), ...], order)
+    ("allreduce", stash key, group index, source, scale, emulated_s, order)
     ("post", tag)                                    NCCL: post a receive in global message order
 
 Emulation (local-cpu clusters): after each op the worker owes ``(slowdown - 1) x`` its measured time and
@@ -65,6 +67,49 @@ def _unframe(buf: torch.Tensor, shape, dtype: torch.dtype) -> tuple[float, torch
     payload = buf[_HEADER_BYTES:].view(dtype).reshape(shape) if n else torch.empty(shape, dtype=dtype,
                                                                                     device=buf.device)
     return stamp, payload
+
+
+def narrow_batch(t: torch.Tensor, sl: tuple[int, int, int, int]) -> torch.Tensor:
+    """The part of ``t`` that slice ``(dim, start, end, block)`` names: entries ``start:end`` of ``dim``
+    (block 0), or entries ``start:end`` within each of the ``block`` blocks of ``dim`` (sample-minor rows)."""
+    dim, start, end, block = sl
+    if not block:
+        return t.narrow(dim, start, end - start)
+    return t.unflatten(dim, (block, -1)).narrow(dim + 1, start, end - start).flatten(dim, dim + 1)
+
+
+def cat_batch(pieces: Sequence[torch.Tensor], dim: int, block: int) -> torch.Tensor:
+    """Pieces of a batch tensor, in sample order, joined along ``dim`` (within each of its ``block`` blocks
+    when the rows are sample-minor); the inverse of ``narrow_batch``."""
+    if not block:
+        return torch.cat(pieces, dim=dim)
+    return torch.cat([p.unflatten(dim, (block, -1)) for p in pieces], dim=dim + 1).flatten(dim, dim + 1)
+
+
+def in_memory_order(t: torch.Tensor, order: Sequence[int] | None) -> torch.Tensor:
+    """``t`` itself when it is dense with its dims laid out in ``order`` (outermost first; None: row-major),
+    else a copy that is.
+
+    The captured program runs on values with the strides it was traced with; a value assembled by ``cat``,
+    received, or summed is row-major (or, narrowed, not dense at all) instead. ``aten.view`` then fails on
+    e.g. an attention output traced as (B, H, T, D) stored (B, T, H, D) and viewed (B*T, C) after a
+    transpose, and elementwise ops pass the wrong strides on to the views after them."""
+    n = t.dim()
+    order = tuple(range(n)) if order is None else tuple(order)
+    expected = 1
+    for d in reversed(order):
+        size = t.shape[d]
+        if size != 1 and t.stride(d) != expected:
+            break
+        expected *= size
+    else:
+        return t
+    if order == tuple(range(n)):
+        return t.contiguous()
+    inverse = [0] * n
+    for i, d in enumerate(order):
+        inverse[d] = i
+    return t.permute(order).contiguous().permute(inverse)
 
 
 @dataclass
@@ -124,6 +169,7 @@ class Status:
 
     def __init__(self, array, rank: int) -> None:
         self.a, self.base = array, 3 * rank
+        self.peer = -1
 
     def at(self, step: int, index: int) -> None:
         self.a[self.base] = step
@@ -131,14 +177,36 @@ class Status:
 
     def waiting(self, peer: int) -> None:
         self.a[self.base + 2] = peer
+        self.peer = peer
 
 
 class _NullStatus:
+    peer = -1
+
     def at(self, step: int, index: int) -> None:
         pass
 
     def waiting(self, peer: int) -> None:
-        pass
+        self.peer = peer
+
+
+def _waited_for(peer: int) -> str:
+    return {-2: "a collective", -3: "the barrier between steps"}.get(peer, f"rank {peer}")
+
+
+def describe_failure(exc: BaseException, rank: int) -> dict:
+    """What a worker reports when ``exc`` ends its job: the exception with its notes (which fx node, which
+    step and instruction), whether it struck while waiting for another rank (a *secondary* failure, e.g.
+    gloo's ``Connection closed by peer`` after the peer crashed) and when (wall clock)."""
+    import traceback
+
+    where = getattr(exc, "heterog_where", None)
+    waited = getattr(exc, "heterog_waiting", -1)
+    notes = [n for n in getattr(exc, "__notes__", ()) if n != where]
+    return {"rank": rank, "error": f"{type(exc).__name__}: {exc}", "where": where,
+            "step": getattr(exc, "heterog_step", None), "notes": notes,
+            "secondary": waited != -1, "waited_for": _waited_for(waited) if waited != -1 else None,
+            "time": time.time(), "traceback": traceback.format_exc(limit=8)}
 
 
 # ---------------------------------------------------------------------------- transport
@@ -312,13 +380,16 @@ class _Pending:
     key: tuple[int, ...]
     stamp: float = 0.0                 # when this member entered (emulation)
     result: torch.Tensor | None = None
+    order: tuple[int, ...] | None = None   # memory order of the sum's dims for the reader (executor)
 
 
 # ---------------------------------------------------------------------------- executing a rank program
 class RankExecutor:
     """Runs one rank's program; ``run()`` returns per-step times and loss terms and the final values."""
 
-    def __init__(self, job: Job, rank: int, device: torch.device, status=None) -> None:
+    def __init__(self, job: Job, rank: int, device: torch.device, status=None, transport=None) -> None:
+        """``transport``: where messages and collectives go (default: torch.distributed through
+        ``Transport``; ``heterog.runtime.check`` passes an in-process one for its dry run)."""
         self.job, self.rank, self.device = job, rank, device
         self.rp: RankProgram = job.rank
         self.status = status or _NullStatus()
@@ -332,16 +403,20 @@ class RankExecutor:
                     if chain and chain not in self.chains:
                         self.chains[chain] = Kernel([prog.view_calls[c] for c in chain], device)
         # every rank creates every subgroup, in the same order
-        self.groups = [dist.new_group(list(g)) for g in job.groups] if job.groups else []
+        if transport is None:
+            self.groups = [dist.new_group(list(g)) for g in job.groups] if job.groups else []
+            self.transport = Transport(device, job.emulate, self.status, rank)
+        else:
+            self.groups, self.transport = [None] * len(job.groups), transport
         self.members = [list(g) for g in job.groups]
         self.consts = {k: v.to(device) for k, v in prog.consts.items()}
         self.persist = {k: v.to(device) for k, v in self.rp.persist.items()}
-        self.transport = Transport(device, job.emulate, self.status, rank)
         self.debt_s = 0.0
         self.slow = self.rp.slowdown if job.emulate else 1.0
         self.post_in_order = any(ins[0] == "post" for ins in self.rp.instrs)
         self.recv_spec = {tag: (src, shape, dtype) for tag, src, shape, dtype, _ in self.rp.recvs}
-        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.world = dist.get_world_size() if dist.is_initialized() and transport is None else 1
+        self._at = -1                  # the instruction running (error messages)
         self.traces: list[list] = []   # per step, per instruction: [kind, start s, end s, s waiting] (job.trace)
 
     # ------------------------------------------------------------------ helpers
@@ -352,21 +427,24 @@ class RankExecutor:
         if kind == "stash":
             v = stash[src[1]]
             if type(v) is _Pending:
-                v = stash[src[1]] = self.transport.finish(v)
+                v = stash[src[1]] = in_memory_order(self.transport.finish(v), v.order)
             return v
         if kind == "recv":
             self._pay()
             return self.transport.take(src[1])
         if kind == "const":
             return self.consts[src[1]]
-        return torch.zeros(src[1], dtype=src[2], device=self.device)
+        return in_memory_order(torch.zeros(src[1], dtype=src[2], device=self.device), src[3])
 
-    def _piece(self, src: tuple, sl: tuple | None, scale: float, env: dict, stash: dict) -> torch.Tensor:
+    def _piece(self, src: tuple, sl: tuple | None, scale: float, env: dict, stash: dict, shift: int = 0
+               ) -> torch.Tensor:
         v = self._fetch(src, env, stash)
         if sl is not None:
-            v = v.narrow(sl[0], sl[1], sl[2] - sl[1])
+            v = narrow_batch(v, sl)
         if scale != 1.0:
             v = v * scale
+        if shift:
+            v = v + shift
         return v
 
     def _owe(self, t_start: float, idle_before: float) -> None:
@@ -387,84 +465,135 @@ class RankExecutor:
 
     # ------------------------------------------------------------------ one step
     def step(self, index: int, inputs: Sequence[torch.Tensor]) -> tuple[float, float]:
-        rp, job, tr = self.rp, self.job, self.transport
+        """Run step ``index``: (seconds, this rank's loss terms). A failure carries where it happened
+        (``heterog_where``: rank, step, instruction) and whether this rank was waiting for another one."""
+        rp, tr = self.rp, self.transport
         env: dict[str, Any] = dict(self.persist)
         for name, i, lo, hi in rp.inputs:
             env[name] = inputs[i][lo:hi].to(self.device)
         stash: dict[Any, Any] = {}
-        sizes = job.sizes
-        if not self.post_in_order:
-            # gloo matches by tag: post every receive of the step up front (all of the previous step's
-            # messages to this rank have arrived, so none can be mistaken for this step's)
-            for tag, src, shape, dtype, _ in rp.recvs:
-                tr.post(tag, src, shape, dtype)
-        recv_spec = self.recv_spec
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        if self.world > 1:
-            self.status.waiting(-3)
-            dist.barrier()
-            self.status.waiting(-1)
-        t0 = time.perf_counter()
-        trace = [] if job.trace else None
-        for i, ins in enumerate(rp.instrs):
+        self._at = -1
+        try:
+            if not self.post_in_order:
+                # gloo matches by tag: post every receive of the step up front (all of the previous step's
+                # messages to this rank have arrived, so none can be mistaken for this step's)
+                for tag, src, shape, dtype, _ in rp.recvs:
+                    tr.post(tag, src, shape, dtype)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            if self.world > 1:
+                self.status.waiting(-3)
+                dist.barrier()
+                self.status.waiting(-1)
+            t0 = time.perf_counter()
+            trace = [] if self.job.trace else None
+            self._instructions(index, env, stash, t0, trace)
+            self._at = len(rp.instrs)
+            elapsed, loss = self._step_end(env, stash, t0)
+        except Exception as exc:
+            self._annotate(exc, index, self._at)
+            raise
+        self.status.at(index + 1, 0)
+        if trace is not None:
+            self.traces.append(trace)
+        return elapsed, loss
+
+    def describe(self, i: int) -> str:
+        """Instruction ``i`` in words (for error messages)."""
+        if i < 0:
+            return "the start of the step (posting receives, the barrier)"
+        if i >= len(self.rp.instrs):
+            return "the end of the step (finishing collectives, sends and updates)"
+        ins = self.rp.instrs[i]
+        kind = ins[0]
+        if kind == "compute":
+            prog = self.job.prog
+            return (f"instruction {i}: compute op {ins[1]} ({prog.op_target[ins[1]]}, fx nodes "
+                    f"{', '.join(prog.op_nodes[ins[1]][:4])}) at local batch {ins[2]}")
+        if kind == "send":
+            return f"instruction {i}: send message {ins[5]} to rank {ins[4]}"
+        if kind in ("assemble", "aggregate", "allreduce"):
+            return f"instruction {i}: {kind} {ins[1]}"
+        return f"instruction {i}: {kind}"
+
+    def _annotate(self, exc: BaseException, step: int, i: int) -> None:
+        where = f"rank {self.rank}, step {step}, {self.describe(i)}"
+        if getattr(exc, "heterog_where", None) is None:
+            exc.heterog_where, exc.heterog_step, exc.heterog_waiting = where, step, self.status.peer
+            exc.add_note(where)
+
+    def _instructions(self, index: int, env: dict, stash: dict, t0: float, trace: list | None) -> None:
+        tr = self.transport
+        for i, ins in enumerate(self.rp.instrs):
+            self._at = i
             self.status.at(index, i)
-            kind = ins[0]
             if trace is not None:
-                trace.append([kind, time.perf_counter() - t0])
+                trace.append([ins[0], time.perf_counter() - t0])
                 idle_at = tr.idle_s
-            if kind == "compute":
-                t_op, idle0 = time.perf_counter(), tr.idle_s
-                local: dict[str, Any] = {}
-                for node, src, leaf, chain, scale, tidx in ins[3]:
-                    v = self._fetch(src, env, stash)
-                    if scale != 1.0:
-                        v = v * scale
-                    if chain:
-                        local[leaf] = v
-                        self.chains[chain](local, sizes[ins[2]])
-                    else:
-                        local[node] = v
-                    if tidx is not None and not isinstance(local[node], (tuple, list)):
-                        local[node] = [None] * tidx + [local[node]]
-                self.kernels[ins[1]](local, sizes[ins[2]])
-                for name in ins[4]:
-                    env[name] = local[name]
-                self._owe(t_op, idle0)
-            elif kind == "send":
-                self._pay()
-                v = self._piece(ins[1], ins[2], ins[3], env, stash)
-                tr.send(v, ins[4], ins[5], *ins[6])
-            elif kind == "assemble":
-                t_op, idle0 = time.perf_counter(), tr.idle_s
-                pieces = [self._piece(src, sl, sc, env, stash) for src, sl, sc in ins[3]]
-                stash[ins[1]] = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=ins[2])
-                self._owe(t_op, idle0)
-            elif kind == "aggregate":
-                t_op, idle0 = time.perf_counter(), tr.idle_s
-                parts = [self._piece(src, sl, sc, env, stash) for src, sl, sc in ins[2]]
-                acc = parts[0] + parts[1]
-                for p in parts[2:]:
-                    acc = acc + p
-                stash[ins[1]] = acc
-                self._owe(t_op, idle0)
-            elif kind == "allreduce":
-                self._pay()
-                v = self._fetch(ins[3], env, stash) * ins[4]
-                g = ins[2]
-                stash[ins[1]] = tr.allreduce(v, g, self.groups[g], self.members[g], self.rank, ins[5])
-            elif kind == "post":
-                src, shape, dtype = recv_spec[ins[1]]
-                tr.post(ins[1], src, shape, dtype)
-            for src in rp.frees[i]:
-                (env if src[0] == "env" else stash).pop(src[1], None)
+            self.execute(i, env, stash)
             if trace is not None:
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)     # traced GPU ops: their time, not their launch
                 trace[-1] += [time.perf_counter() - t0, tr.idle_s - idle_at]
+
+    def execute(self, i: int, env: dict, stash: dict) -> None:
+        """Run instruction ``i`` on this rank's values ``env`` and ``stash``, then free what it last used."""
+        rp, tr, sizes = self.rp, self.transport, self.job.sizes
+        ins = rp.instrs[i]
+        kind = ins[0]
+        if kind == "compute":
+            t_op, idle0 = time.perf_counter(), tr.idle_s
+            local: dict[str, Any] = {}
+            for node, src, leaf, chain, scale, tidx in ins[3]:
+                v = self._fetch(src, env, stash)
+                if scale != 1.0:
+                    v = v * scale
+                if chain:
+                    local[leaf] = v
+                    self.chains[chain](local, sizes[ins[2]])
+                else:
+                    local[node] = v
+                if tidx is not None and not isinstance(local[node], (tuple, list)):
+                    local[node] = [None] * tidx + [local[node]]
+            self.kernels[ins[1]](local, sizes[ins[2]])
+            for name in ins[4]:
+                env[name] = local[name]
+            self._owe(t_op, idle0)
+        elif kind == "send":
+            self._pay()
+            v = self._piece(ins[1], ins[2], ins[3], env, stash)
+            tr.send(v, ins[4], ins[5], *ins[6])
+        elif kind == "assemble":
+            t_op, idle0 = time.perf_counter(), tr.idle_s
+            pieces = [self._piece(src, sl, sc, env, stash, shift) for src, sl, sc, shift in ins[3]]
+            v = pieces[0] if len(pieces) == 1 else cat_batch(pieces, *ins[2])
+            stash[ins[1]] = in_memory_order(v, ins[4])
+            self._owe(t_op, idle0)
+        elif kind == "aggregate":
+            t_op, idle0 = time.perf_counter(), tr.idle_s
+            parts = [self._piece(src, sl, sc, env, stash) for src, sl, sc, _ in ins[2]]
+            acc = parts[0] + parts[1]
+            for p in parts[2:]:
+                acc = acc + p
+            stash[ins[1]] = in_memory_order(acc, ins[3])
+            self._owe(t_op, idle0)
+        elif kind == "allreduce":
+            self._pay()
+            v = self._fetch(ins[3], env, stash) * ins[4]
+            g = ins[2]
+            stash[ins[1]] = p = tr.allreduce(v, g, self.groups[g], self.members[g], self.rank, ins[5])
+            p.order = ins[6]
+        elif kind == "post":
+            src, shape, dtype = self.recv_spec[ins[1]]
+            tr.post(ins[1], src, shape, dtype)
+        for src in rp.frees[i]:
+            (env if src[0] == "env" else stash).pop(src[1], None)
+
+    def _step_end(self, env: dict, stash: dict, t0: float) -> tuple[float, float]:
+        rp, tr = self.rp, self.transport
         for key, v in list(stash.items()):
             if type(v) is _Pending:
-                stash[key] = tr.finish(v)
+                stash[key] = in_memory_order(tr.finish(v), v.order)
         self._pay()
         tr.flush()
         if self.device.type == "cuda":
@@ -475,9 +604,6 @@ class RankExecutor:
             loss += float(self._fetch(src, env, stash)) * scale
         for ph, src in rp.updates:
             self.persist[ph] = self._fetch(src, env, stash)
-        self.status.at(index + 1, 0)
-        if trace is not None:
-            self.traces.append(trace)
         return elapsed, loss
 
     def run(self) -> dict:

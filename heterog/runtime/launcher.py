@@ -15,7 +15,6 @@ import queue
 import signal
 import tempfile
 import time
-import traceback
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Self
@@ -87,7 +86,7 @@ def _fine_timer_slack() -> None:
         pass
 
 
-def _report_and_exit(result_q, rank: int, text: str) -> None:
+def _report_and_exit(result_q, rank: int, text: str | dict) -> None:
     """Send the error to the parent (flushing the queue's feeder thread) and leave at once: the process
     group may be broken, so nothing else is attempted."""
     result_q.put(("error", rank, text))
@@ -123,9 +122,53 @@ def _worker_main(rank: int, world: int, init_method: str, backend: str, job_q, r
         try:
             out = execute_job(job, rank, device, status)
         except BaseException as exc:  # noqa: BLE001
-            _report_and_exit(result_q, rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}")
+            from heterog.runtime.executor import describe_failure
+
+            _report_and_exit(result_q, rank, describe_failure(exc, rank))
         result_q.put(("done", rank, out))
     dist.destroy_process_group()
+
+
+def _as_report(rank: int, payload: Any) -> dict:
+    """A worker's error report as a dict (workers that fail before a job send plain text)."""
+    if isinstance(payload, dict):
+        return payload
+    return {"rank": rank, "error": str(payload), "where": None, "step": None, "notes": [], "secondary": False,
+            "waited_for": None, "time": float("inf"), "traceback": ""}
+
+
+def first_failure(errors: dict[int, Any], dead: dict[int, int], names: Sequence[str], steps: Sequence[int]
+                  ) -> str:
+    """The message of a failed run: the first failure first, then what the other ranks reported.
+
+    The cause is, in this order: a rank that died without reporting (killed, crashed in native code);
+    the earliest error raised while the rank was not waiting for another one (an op that failed, a bad
+    value); the earliest error of all. Errors raised while waiting for a peer (gloo's ``Connection closed by
+    peer``, a timeout) are usually consequences of the cause and come after it."""
+    silent = sorted(r for r in dead if r not in errors)
+    reports = [_as_report(r, p) for r, p in errors.items()]
+    if silent:
+        r = silent[0]
+        head = f"worker {names[r]} (rank {r}) died ({_describe_exit(dead[r])}) during step {steps[r]}"
+        rest = reports + [{"rank": q, "error": f"died ({_describe_exit(dead[q])})", "where": None, "notes": [],
+                           "waited_for": None, "traceback": ""} for q in silent[1:]]
+    else:
+        reports.sort(key=lambda e: (bool(e["secondary"]), e["time"], e["rank"]))
+        first, rest = reports[0], reports[1:]
+        r = first["rank"]
+        where = first["where"] or f"step {steps[r]}"
+        notes = "".join(f"\n  {n}" for n in first["notes"])
+        trace = f"\n{first['traceback'].rstrip()}" if first["traceback"] else ""
+        head = f"worker {names[r]} (rank {r}) failed at {where}: {first['error']}{notes}{trace}"
+    if not rest:
+        return head
+    lines = []
+    for e in sorted(rest, key=lambda e: e["rank"]):
+        q = e["rank"]
+        err = e["error"].splitlines()[0] if e["error"] else ""
+        wait = f" while waiting for {e['waited_for']}" if e.get("waited_for") else ""
+        lines.append(f"\n  then {names[q]} (rank {q}){wait}: {err}")
+    return head + "\nother ranks (consequences):" + "".join(lines)
 
 
 class WorkerPool:
@@ -269,9 +312,10 @@ class WorkerPool:
                 self._report_hang(cur, results)
         return [results[r] for r in range(self.world)]
 
-    def _report_failure(self, errors: dict[int, str], dead: dict[int, int]) -> None:
-        # a rank that died without reporting is the cause; the others usually fail on its broken connection
-        deadline = time.monotonic() + 1.0
+    def _report_failure(self, errors: dict[int, Any], dead: dict[int, int]) -> None:
+        """Stop the pool and raise the first failure (see ``first_failure``) with the others after it."""
+        # give the other ranks a moment to report (a peer of a crashed rank fails on its closed connection)
+        deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline:
             msg = self._get(0.05)
             if msg is not None and msg[0] == "error":
@@ -279,19 +323,13 @@ class WorkerPool:
             for r, p in enumerate(self.procs):
                 if p.exitcode is not None:
                     dead[r] = p.exitcode
-            if dead and all(r in errors for r in dead):
+            if all(r in errors or r in dead for r in range(self.world)) and all(r in errors for r in dead):
                 break
-        silent = sorted(r for r in dead if r not in errors)
-        def step(r):
-            return max(int(self.status[3 * r]), 0)
-        if silent:
-            r = silent[0]
-            others = sorted(set(errors) - {r})
-            extra = f" (ranks {others} then failed: {errors[others[0]].splitlines()[0]})" if others else ""
-            self._fail(f"worker {self.names[r]} (rank {r}) died ({_describe_exit(dead[r])}) during step "
-                       f"{step(r)}{extra}")
-        r = min(errors)
-        self._fail(f"worker {self.names[r]} (rank {r}) failed during step {step(r)}: {errors[r]}")
+        for r, p in enumerate(self.procs):
+            if p.exitcode is not None:
+                dead[r] = p.exitcode
+        self._fail(first_failure(errors, dead, self.names, [max(int(self.status[3 * r]), 0)
+                                                            for r in range(self.world)]))
 
     def _report_hang(self, status: tuple, results: dict) -> None:
         busy = [r for r in range(self.world) if r not in results and status[3 * r + 2] == -1]   # not waiting

@@ -10,6 +10,11 @@ The layout decisions are the compiler's (``CompiledPlan.op_layout``, ``layout_de
   send       a leaf (or a batch slice of it) to another rank, non-blocking, right after it is produced
   assemble   received and local pieces concatenated along the batch dim, each piece rescaled from its
              producer's share to the consumer's (re-layout), or one received non-batch tensor
+
+Every value that reaches a rank other than from its own kernel (assembled, received, aggregated, reduced,
+zeros) is laid out in memory in the captured leaf's dim order (``LeafInfo.memory_order``): the captured
+program's views were traced on those strides (``aten.view`` after a permute accepts only them), and ops
+whose output strides follow their inputs' then also match the single-process step.
   aggregate  PS: the sum of the share-weighted partial results pushed by the workers and its own
   allreduce  a share-weighted partial result summed over the replicas' process subgroup (asynchronous;
              waited for where the value is first read)
@@ -83,6 +88,16 @@ class Lowered:
     messages: list[Message]
     n_allreduce: int
     n_aggregate: int
+
+
+def batch_slice(dim: int, lo: int, hi: int, per_sample: int, block: int) -> tuple[int, int, int, int]:
+    """The executor's slice of samples ``lo:hi`` of a batch tensor: ``(dim, start, end, 0)`` narrows entries
+    ``start:end`` of ``dim`` (samples one after the other, ``per_sample`` entries each); ``(dim, lo, hi,
+    block)`` narrows samples ``lo:hi`` within each of the ``block`` blocks that ``dim`` holds (sample-minor
+    rows, see ``heterog.runtime.scaling``)."""
+    if block:
+        return (dim, lo, hi, block)
+    return (dim, lo * per_sample, hi * per_sample, 0)
 
 
 class _Builder:
@@ -205,6 +220,8 @@ class _Builder:
             entry = {}
             e = self.exps[leaf_id]
             bd, per = leaf.batch_dim, leaf.per_sample
+            block = per if leaf_id in self.exps.sample_minor else 0      # see heterog.runtime.scaling
+            stride = self.exps.positional.get(leaf_id, 0)
             prod = self.lay_ranges(self.op_lay(leaf.op))
             stash_key = ("r", leaf.node, lay_v)
             for dj, c0, c1 in self.lay_ranges(lay_v):
@@ -214,16 +231,18 @@ class _Builder:
                     if hi <= lo:
                         continue
                     whole = (lo, hi) == (p0, p1)
-                    sl = None if whole else (bd, (lo - p0) * per, (hi - p0) * per)
+                    sl = None if whole else batch_slice(bd, lo - p0, hi - p0, per, block)
                     scale = float(((c1 - c0) / (p1 - p0)) ** e) if e else 1.0
+                    shift = (p0 - c0) * stride          # positional values: from the producer's origin to ours
                     src = self.producer_source(leaf, di)
                     if di == dj:
-                        pieces.append((src, sl, scale))
+                        pieces.append((src, sl, scale, shift))
                     else:
                         key = self.inst_key(leaf.op, di) + (1,)
                         msg = self.send(di, dj, key, src, sl, 1.0, leaf.local_shape(hi - lo), leaf.dtype)
-                        pieces.append((("recv", msg), None, scale))
-                entry[dj] = self.emit(dj, END + (-1,), ["assemble", stash_key, bd, pieces])
+                        pieces.append((("recv", msg), None, scale, shift))
+                entry[dj] = self.emit(dj, END + (-1,), ["assemble", stash_key, (bd, block), pieces,
+                                                         leaf.memory_order])
             self.memo[memo_key] = entry
         item = entry[dev]
         item[0] = min(item[0], consumer_key + (-1,))
@@ -253,11 +272,11 @@ class _Builder:
             for (d, _, _), w in zip(reps, weights):
                 src = self.producer_source(leaf, d)
                 if d == ps:
-                    parts.append((src, None, w))
+                    parts.append((src, None, w, 0))
                 else:
                     msg = self.send(d, ps, self.inst_key(leaf.op, d) + (1,), src, None, w, leaf.shape, leaf.dtype)
-                    parts.append((("recv", msg), None, 1.0))
-            self.emit(ps, akey + (0,), ["aggregate", stash_key, parts])
+                    parts.append((("recv", msg), None, 1.0, 0))
+            self.emit(ps, akey + (0,), ["aggregate", stash_key, parts, leaf.memory_order])
             holders = (ps,)
             self.n_agg += 1
         else:
@@ -268,7 +287,8 @@ class _Builder:
             emu = float(self.nominal.allreduce_times(devs, np.array([float(leaf.nbytes_global)]))[0][0]) \
                 if self.emulate else 0.0
             for (d, _, _), w in zip(reps, weights):
-                self.emit(d, akey + (0,), ["allreduce", stash_key, g, self.producer_source(leaf, d), w, emu])
+                self.emit(d, akey + (0,), ["allreduce", stash_key, g, self.producer_source(leaf, d), w, emu,
+                                           leaf.memory_order])
             holders = devs
             self.n_ar += 1
         got = (holders, stash_key, akey + (1,))
@@ -302,7 +322,8 @@ class _Builder:
             h = min(holders, key=lambda x: (-float(bw[x, dev]), float(lat[x, dev]), x))
             src, key = source_of(h)
             msg = self.send(h, dev, key, src, None, 1.0, leaf.shape, leaf.dtype)
-            item = self.emit(dev, consumer_key + (-1,), ["assemble", stash_key, None, [(("recv", msg), None, 1.0)]])
+            item = self.emit(dev, consumer_key + (-1,), ["assemble", stash_key, None, [(("recv", msg), None, 1.0, 0)],
+                                                          leaf.memory_order])
             self.memo[memo_key] = item
         item[0] = min(item[0], consumer_key + (-1,))
         return ("stash", stash_key)
@@ -339,7 +360,7 @@ class _Builder:
                     self.export(u, dev, r.node)
                 elif t is not None and t in self.plan.aggregated:
                     holders = self.aggregated(r.leaf)[0]
-                    src = (("zeros", leaf.shape, leaf.dtype) if value_free and dev not in holders
+                    src = (("zeros", leaf.shape, leaf.dtype, leaf.memory_order) if value_free and dev not in holders
                            else self.fetch_global(r.leaf, dev, key))
                 elif leaf.node in prog.consts:
                     src = ("const", leaf.node)
@@ -350,7 +371,7 @@ class _Builder:
                         src, chain = ("env", r.node), ()
                         self.export(u, dev, r.node)
                 elif value_free:
-                    src = ("zeros", leaf.shape, leaf.dtype)
+                    src = ("zeros", leaf.shape, leaf.dtype, leaf.memory_order)
                 else:
                     if prog.op_has_batch[u] and len(self.lay_devs(self.op_lay(u))) > 1:
                         raise AssertionError(f"partial output {leaf.k} of {self.graph.ops[u].name} is read by "
@@ -435,9 +456,9 @@ class _Builder:
                     instr[5] = self.messages[instr[5]].tag
                 for piece_list in ([instr[3]] if instr[0] == "assemble" else [instr[2]] if instr[0] == "aggregate"
                                    else []):
-                    for k, (src, sl, scale) in enumerate(piece_list):
+                    for k, (src, *rest) in enumerate(piece_list):
                         if src[0] == "recv":
-                            piece_list[k] = (("recv", self.messages[src[1]].tag), sl, scale)
+                            piece_list[k] = (("recv", self.messages[src[1]].tag), *rest)
         for msg in self.messages:
             rp = self.ranks[msg.dst]
             rp.recvs.append((msg.tag, msg.src, msg.shape, msg.dtype, msg.key))

@@ -33,6 +33,20 @@ value, so batch statistics are per replica, as in ordinary data parallelism (a r
 differently gets the share-weighted mean). Models with such layers train like data parallelism, not
 exactly like one device; ``Exponents.statistics`` lists them.
 
+Rows that fold the samples inside another dim: a batch dim of ``per * B`` entries usually holds the
+samples one after the other (sample-major: ``(B, T)`` flattened to ``B*T``), but a model that moves the
+batch inward before flattening (``nn.MultiheadAttention`` with ``batch_first=True`` works on ``(T, B, C)``
+and projects ``(T*B, C)`` rows) holds them interleaved (sample-minor): a contiguous range of rows is then
+some time steps of every sample, not some samples. The probe tells the two apart (a doubled run repeats
+whole blocks of rows, or repeats rows within every block) and ``Exponents.sample_minor`` lists the
+sample-minor leaves: re-layouts slice and concatenate them within the blocks (``batch_slice``).
+
+Positional values: integer batch tensors whose entries count positions in the batch (the bag offsets
+``arange(0, B*L, L)`` and ``offset2bag`` of ``nn.EmbeddingBag``, ``arange(B)`` used as row indices) are
+``(position of the sample) x s + (a per-sample part)``; a replica computes them from its own first sample.
+The doubled run shows them as the single run followed by the single run plus ``k x s``;
+``Exponents.positional`` holds ``s``, and a re-layout adds ``(producer's first sample - consumer's) x s``.
+
 The exponents are measured, not declared: the step runs once on ``k`` samples and once on the same
 samples twice over (``2k``); a value whose doubled run equals ``2 ** e`` times the (duplicated) single run
 has exponent ``e``. Such duplication leaves per-sample computation unchanged and exposes exactly the
@@ -62,6 +76,8 @@ class Exponents:
     of: dict[tuple[int, int], int] = field(default_factory=dict)
     coupled: list[str] = field(default_factory=list)
     statistics: set[tuple[int, int]] = field(default_factory=set)
+    sample_minor: set[tuple[int, int]] = field(default_factory=set)   # batch dim holds (per, B), samples inside
+    positional: dict[tuple[int, int], int] = field(default_factory=dict)   # leaf -> value step per sample
 
     def __getitem__(self, leaf: tuple[int, int]) -> int:
         return self.of.get(leaf, 0)
@@ -71,11 +87,23 @@ def _duplicate(x: torch.Tensor, k: int) -> torch.Tensor:
     return torch.cat([x[:k], x[:k]], dim=0)
 
 
-def measured_exponent(v1: torch.Tensor, v2: torch.Tensor, batch_dim: int | None, zero_below: float = 0.0
-                      ) -> int | None:
-    """e with v2 = 2**e * dup(v1) (dup: v1 repeated along the batch dim), or None if there is none.
+def duplicated(v: torch.Tensor, batch_dim: int | None, minor_per: int = 0) -> torch.Tensor:
+    """``v`` of a run on k samples as the same run on those samples twice over computes it: repeated along
+    the batch dim (sample-major), or, when the batch dim holds ``(minor_per, k)`` (sample-minor), repeated
+    within each of its ``minor_per`` blocks."""
+    if batch_dim is None:
+        return v
+    if not minor_per:
+        return torch.cat([v, v], dim=batch_dim)
+    folded = v.unflatten(batch_dim, (minor_per, -1))
+    return torch.cat([folded, folded], dim=batch_dim + 1).flatten(batch_dim, batch_dim + 1)
+
+
+def measured_exponent(v1: torch.Tensor, v2: torch.Tensor, batch_dim: int | None, zero_below: float = 0.0,
+                      minor_per: int = 0) -> int | None:
+    """e with v2 = 2**e * dup(v1) (dup: see ``duplicated``), or None if there is none.
     Values whose entries all lie within ``zero_below`` of 0 in both runs are rounding noise (e = 0)."""
-    u = torch.cat([v1, v1], dim=batch_dim) if batch_dim is not None else v1
+    u = duplicated(v1, batch_dim, minor_per)
     if u.shape != v2.shape:
         return None
     if not (u.dtype.is_floating_point or u.dtype.is_complex):
@@ -94,6 +122,21 @@ def measured_exponent(v1: torch.Tensor, v2: torch.Tensor, batch_dim: int | None,
         return None
     resid = float(torch.linalg.vector_norm(v64 - (2.0 ** e) * u64))
     return e if resid <= RTOL * math.sqrt(uu) * 2.0 ** e else None
+
+
+def positional_step(v1: torch.Tensor, v2: torch.Tensor, batch_dim: int, k: int) -> int | None:
+    """s when the run on k samples twice over gives ``v1`` then ``v1 + k * s`` along the batch dim (integer
+    values that count positions in the batch), else None."""
+    if v2.shape[batch_dim] != 2 * v1.shape[batch_dim] or v1.dtype != v2.dtype or v1.dtype.is_complex:
+        return None
+    first, second = v2.split(v1.shape[batch_dim], dim=batch_dim)
+    if not torch.equal(first, v1):
+        return None
+    diff = (second - v1).unique()
+    if diff.numel() != 1 or int(diff) % k:
+        return None
+    step = int(diff) // k
+    return step if step else None
 
 
 def probe_exponents(prog: StepProgram, params: Sequence[torch.Tensor], buffers: Sequence[torch.Tensor],
@@ -124,6 +167,15 @@ def probe_exponents(prog: StepProgram, params: Sequence[torch.Tensor], buffers: 
     out = Exponents()
     for leaf, info, v1, v2 in probed:
         e = measured_exponent(v1, v2, info.batch_dim, zero_below=1e-6 * magnitude)
+        if e is None and info.batch_dim is not None and info.per_sample > 1:
+            e = measured_exponent(v1, v2, info.batch_dim, zero_below=1e-6 * magnitude, minor_per=info.per_sample)
+            if e is not None:
+                out.sample_minor.add(leaf)
+        if e is None and info.batch_dim is not None and not info.dtype.is_floating_point:
+            step = positional_step(v1, v2, info.batch_dim, k)
+            if step is not None:
+                out.positional[leaf] = step
+                continue
         if e is None:
             out.coupled.append(info.node)
             e = 0

@@ -154,6 +154,16 @@ def _retarget_device(a: Any, device: torch.device) -> Any:
     return a
 
 
+def _describe_inputs(args: tuple, env: dict) -> str:
+    """Shapes and strides of a call's tensor arguments (error messages)."""
+    out = []
+    for x in args:
+        v = env.get(x.name) if type(x) is Ref else None
+        if isinstance(v, torch.Tensor):
+            out.append(f"%{x.name} {tuple(v.shape)} stride {tuple(v.stride())}")
+    return "; ".join(out) or "none"
+
+
 class Kernel:
     """The fx nodes of one op, ready to call: ``kernel(env, sym)`` computes them in order into ``env``."""
 
@@ -171,11 +181,15 @@ class Kernel:
 
     def __call__(self, env: dict, sym: dict) -> None:
         for name, fn, args, kwargs, simple in self.calls:
-            if simple:
-                a = [env[x.name] if type(x) is Ref else sym[x.name] if type(x) is SymRef else x for x in args]
-                env[name] = fn(*a, **kwargs)
-            else:
-                env[name] = fn(*_resolve(args, env, sym), **_resolve(kwargs, env, sym))
+            try:
+                if simple:
+                    a = [env[x.name] if type(x) is Ref else sym[x.name] if type(x) is SymRef else x for x in args]
+                    env[name] = fn(*a, **kwargs)
+                else:
+                    env[name] = fn(*_resolve(args, env, sym), **_resolve(kwargs, env, sym))
+            except Exception as exc:
+                exc.add_note(f"in fx node {name} = {fn}(...) with inputs {_describe_inputs(args, env)}")
+                raise
 
 
 # ---------------------------------------------------------------------------- leaves and what ops read
@@ -190,6 +204,12 @@ class LeafInfo:
     shape: tuple[int, ...]           # at the global batch
     dtype: torch.dtype
     per_sample: int = 1              # elements per sample along the batch dim (B*T rows -> T)
+    dim_order: tuple[int, ...] | None = None   # memory order of the dims (outermost first) as captured
+
+    @property
+    def memory_order(self) -> tuple[int, ...]:
+        """The captured memory order of the dims, outermost first (row-major when nothing was recorded)."""
+        return self.dim_order if self.dim_order is not None else tuple(range(len(self.shape)))
 
     def local_shape(self, samples: int) -> tuple[int, ...]:
         if self.batch_dim is None:
@@ -293,6 +313,29 @@ class StepProgram:
         return out[0], out[1:1 + p], out[1 + p:]
 
 
+def _size_hint(s: Any) -> int:
+    """A concrete size or stride from a captured (possibly symbolic) one, at the capture's batch."""
+    if isinstance(s, torch.SymInt):
+        from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+        return int(optimization_hint(s))
+    return int(s)
+
+
+def captured_dim_order(t: torch.Tensor) -> tuple[int, ...]:
+    """The dims of the captured tensor ``t`` from outermost to innermost in memory (by stride, size-1 dims
+    where row-major order puts them). Values that reach a rank by a re-layout, a message or an aggregation
+    are re-laid out in this order, so that the captured program's views (``aten.view`` after a permute or
+    transpose) see the strides they were traced with."""
+    shape = [_size_hint(x) for x in t.shape]
+    stride = [_size_hint(x) for x in t.stride()]
+    big = sorted((d for d in range(len(shape)) if shape[d] != 1), key=lambda d: (-stride[d], d))
+    order, it = [], iter(big)
+    for d in range(len(shape)):          # size-1 dims keep their place; the others follow the strides
+        order.append(d if shape[d] == 1 else next(it))
+    return tuple(order)
+
+
 def _tensor_leaves(val: Any) -> list[tuple[int, Any]]:
     if isinstance(val, torch.Tensor):
         return [(0, val)]
@@ -309,6 +352,7 @@ def build_step_program(step, graph) -> StepProgram:
     gm = step.gm
     shape_nodes = frozenset(step.shape_nodes)
     nodes = {n.name: n for n in gm.graph.nodes}
+    out_of_place = _out_of_place_targets(gm)
     calls: dict[str, NodeCall] = {}
     order: list[str] = []
     consts: dict[str, torch.Tensor] = {}
@@ -325,7 +369,8 @@ def build_step_program(step, graph) -> StepProgram:
             else:
                 sym_exprs[n.name] = ("static", v)
         elif n.op == "call_function":
-            calls[n.name] = NodeCall(n.name, target_name(n.target), _lower_arg(tuple(n.args), shape_nodes),
+            calls[n.name] = NodeCall(n.name, target_name(out_of_place.get(n, n.target)),
+                                     _lower_arg(tuple(n.args), shape_nodes),
                                      _lower_arg(dict(n.kwargs), shape_nodes))
             order.append(n.name)
         elif n.op == "get_attr":
@@ -378,7 +423,8 @@ def build_step_program(step, graph) -> StepProgram:
                 calls[node] = NodeCall(node, target_name(operator.getitem), (Ref(main.name), idx), {})
                 op_nodes[i].append(node)
                 node_op[node] = i
-            leaf = LeafInfo(i, k, node, bd, shape, t.dtype, per)
+            dims = captured_dim_order(t)
+            leaf = LeafInfo(i, k, node, bd, shape, t.dtype, per, None if dims == tuple(range(len(dims))) else dims)
             leaf_at_index[(i, idx)] = k
             leaves[(i, k)] = leaf
             if leaf.node is not None:
@@ -417,6 +463,57 @@ def build_step_program(step, graph) -> StepProgram:
     prog._sym_exprs = sym_exprs
     prog._batch_symbols = tuple(step.batch_symbols)
     return prog
+
+
+def _writes_first_arg(target: Any) -> bool:
+    schema = getattr(target, "_schema", None)
+    if not isinstance(target, torch._ops.OpOverload) or not schema.arguments:
+        return False
+    alias = schema.arguments[0].alias_info
+    return alias is not None and alias.is_write
+
+
+def _is_view(target: Any) -> bool:
+    if not isinstance(target, torch._ops.OpOverload) or not target._schema.returns:
+        return False
+    alias = target._schema.returns[0].alias_info
+    return alias is not None and not alias.is_write
+
+
+def _out_of_place_targets(gm) -> dict:
+    """In-place ops on intermediate values (``aten.div_`` in the backward of a mean loss) -> their
+    out-of-place overloads, where nothing reads the mutated value (or a view of it) after the op.
+
+    The runtime keeps each op's outputs by name and hands the same tensor to several readers (a send, a
+    re-layout, a local consumer, the scaling probe), in an order that is the simulated schedule, not the
+    traced one: an in-place op there rewrites a value that others still read as the traced program had it
+    before (the probe then saw ``mul`` already divided by the batch and gave it the backward exponent -1;
+    re-laid out between unequal shares, every gradient came out scaled by the ratio of the shares). The
+    out-of-place op computes the same result and leaves its input alone. Mutations of placeholders
+    (batch-norm running statistics) and of values read again later are kept as traced."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    out: dict = {}
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or not _writes_first_arg(n.target) or not n.args:
+            continue
+        root = n.args[0]
+        while getattr(root, "op", None) == "call_function" and _is_view(root.target):
+            root = root.args[0]
+        if getattr(root, "op", None) != "call_function":
+            continue                         # a placeholder, constant or non-node: a real state update
+        aliases, todo = set(), [root]
+        while todo:
+            a = todo.pop()
+            aliases.add(a)
+            todo.extend(u for u in a.users if u.op == "call_function" and _is_view(u.target) and u not in aliases)
+        if any(order[u] > order[n] for a in aliases for u in a.users if u is not n and u not in aliases):
+            continue
+        overload = n.target._overloadname
+        packet = getattr(torch.ops.aten, n.target._schema.name.split("::")[-1].rstrip("_"), None)
+        functional = getattr(packet, overload, None) if packet is not None else None
+        if functional is not None and not _writes_first_arg(functional):
+            out[n] = functional
+    return out
 
 
 def _read_of(inp, reader, node_op, node_leaf, leaf_at_index, shape_nodes, calls, view_calls) -> Read:

@@ -1,0 +1,175 @@
+"""Check a lowered plan before any process starts: every rank's program runs once, in this process, on
+CPU tensors (small models) or fake tensors (shapes, dtypes and strides only, the kernels the capture
+traced with), in the global order of the instruction keys.
+
+What fails here would fail in a worker: an op that cannot run at a replica's local batch (a size written
+into the model, a view the delivered strides do not allow), a message whose shape is not what its
+receiver expects, an AllReduce whose members contribute different shapes, a value read before the rank
+that sends it has produced it (the order would deadlock), or a new parameter of the wrong shape. The
+plan is then refused with a ``StrategyError`` naming the rank, the instruction and the reason.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+import torch
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+    UnsupportedOperatorException,
+)
+
+from heterog.errors import StrategyError
+from heterog.runtime.executor import RankExecutor, _Pending
+
+# steps of at most this many FLOPs are checked on real CPU tensors (a few ms for the test models; fake
+# tensors take ~1 ms per op), larger ones on fake tensors (shapes and strides, as the capture traced them)
+REAL_FLOPS_LIMIT = 2e8
+_FAKE_LIMITS = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException,
+                NotImplementedError)
+
+
+@dataclass
+class _Mail:
+    """Messages and AllReduce contributions in flight between the ranks of the dry run."""
+
+    messages: dict[int, tuple[int, torch.Tensor]] = field(default_factory=dict)
+    contributions: dict[tuple, dict[int, torch.Tensor]] = field(default_factory=dict)
+
+
+class _LocalTransport:
+    """The executor's transport interface (post, send, take, allreduce, finish, flush) within one process."""
+
+    def __init__(self, rank: int, mail: _Mail) -> None:
+        self.rank, self.mail, self.idle_s = rank, mail, 0.0
+        self.expected: dict[int, tuple[int, tuple, torch.dtype]] = {}
+        self.ar_seq: dict[tuple[int, ...], int] = {}
+
+    def post(self, tag: int, src: int, shape: tuple, dtype: torch.dtype) -> None:
+        self.expected[tag] = (src, tuple(shape), dtype)
+
+    def send(self, t: torch.Tensor, dst: int, tag: int, latency_s: float, s_per_byte: float) -> None:
+        self.mail.messages[tag] = (self.rank, t.contiguous())
+
+    def take(self, tag: int) -> torch.Tensor:
+        src, shape, dtype = self.expected.pop(tag)
+        if tag not in self.mail.messages:
+            raise StrategyError(f"message {tag} from rank {src} is read before rank {src} sends it (the ranks "
+                                "would wait for each other)")
+        _, t = self.mail.messages.pop(tag)
+        if tuple(t.shape) != shape or t.dtype != dtype:
+            raise StrategyError(f"message {tag} from rank {src} carries {tuple(t.shape)} {t.dtype}, the receiver "
+                                f"expects {shape} {dtype}")
+        return t
+
+    def allreduce(self, t: torch.Tensor, gid: int, group, members, me: int, emulated_s: float) -> _Pending:
+        key = tuple(members)
+        seq = self.ar_seq.get(key, 0)
+        self.ar_seq[key] = seq + 1
+        self.mail.contributions.setdefault((key, seq), {})[me] = t
+        return _Pending(None, t, t.shape, t.dtype, None, members, me, key, stamp=float(seq))
+
+    def finish(self, p: _Pending) -> torch.Tensor:
+        parts = self.mail.contributions[(p.key, int(p.stamp))]
+        missing = sorted(set(p.members) - set(parts))
+        if missing:
+            raise StrategyError(f"an AllReduce over ranks {list(p.members)} is read before ranks {missing} join it")
+        shapes = {m: tuple(parts[m].shape) for m in p.members}
+        if len(set(shapes.values())) != 1:
+            raise StrategyError(f"an AllReduce over ranks {list(p.members)} sums different shapes {shapes}")
+        acc = parts[p.members[0]]
+        for m in p.members[1:]:
+            acc = acc + parts[m]
+        return acc
+
+    def flush(self) -> None:
+        pass
+
+
+def check_prepared(prepared) -> DryRun | None:
+    """Raise ``StrategyError`` when ``prepared`` (a PreparedRun) cannot run (see the module docstring).
+    Returns one step's values when the dry run used CPU tensors (None on fake tensors): the per-rank
+    programs of any backend (NCCL's included) compute the training step without a process group."""
+    model = prepared.model
+    jobs = prepared.jobs([model.example_inputs], 1, return_state=False)
+    mail = _Mail()
+    real = float(model.graph.flops.sum()) <= REAL_FLOPS_LIMIT
+    mode = contextlib.nullcontext() if real else FakeTensorMode()
+    fakes: dict[int, torch.Tensor] = {}
+
+    def value(t: torch.Tensor) -> torch.Tensor:
+        if real:
+            return t
+        if id(t) not in fakes:
+            fakes[id(t)] = mode.from_tensor(t)
+        return fakes[id(t)]
+
+    cpu = torch.device("cpu")
+    ranks, envs, stashes = [], [], []
+    inputs = [value(x) for x in model.example_inputs]
+    for r, job in enumerate(jobs):
+        ex = RankExecutor(job, r, cpu, transport=_LocalTransport(r, mail))
+        ex.slow = 1.0                                   # no emulated slowdown in the dry run
+        ex.consts = {k: value(v) for k, v in model.prog.consts.items()}
+        ex.persist = {k: value(v) for k, v in job.rank.persist.items()}
+        env = dict(ex.persist)
+        with mode:
+            for name, i, lo, hi in job.rank.inputs:
+                env[name] = inputs[i][lo:hi]
+        for tag, src, shape, dtype, _ in job.rank.recvs:
+            ex.transport.post(tag, src, shape, dtype)
+        ranks.append(ex)
+        envs.append(env)
+        stashes.append({})
+    order = sorted((key, r, i) for r, ex in enumerate(ranks) for i, key in enumerate(ex.rp.keys))
+    names = prepared.cluster.device_names
+    with torch.no_grad(), mode:
+        for _, r, i in order:
+            ex = ranks[r]
+            try:
+                ex.execute(i, envs[r], stashes[r])
+            except Exception as exc:
+                if not real and isinstance(exc, _FAKE_LIMITS):
+                    # an op fake tensors cannot run (data-dependent sizes): the check cannot say more
+                    logging.getLogger(__name__).info("plan not checked before launch: %s", _reason(exc))
+                    return None
+                raise StrategyError(f"plan {prepared.strategy.method or 'strategy'} cannot run: rank {r} "
+                                    f"({names[r]}), {ex.describe(i)}: {_reason(exc)}") from exc
+    values: dict[str, torch.Tensor] = {}
+    loss = 0.0
+    with torch.no_grad(), mode:
+        for r, ex in enumerate(ranks):
+            shapes = {ph: tuple(v.shape) for ph, v in ex.persist.items()}
+            try:
+                if not real:
+                    for ph, src in ex.rp.updates:
+                        ex.persist[ph] = ex._fetch(src, envs[r], stashes[r])
+                    for src, _ in ex.rp.loss_terms:
+                        ex._fetch(src, envs[r], stashes[r])
+                else:
+                    loss += ex._step_end(envs[r], stashes[r], 0.0)[1]
+                wrong = {ph: tuple(v.shape) for ph, v in ex.persist.items() if tuple(v.shape) != shapes[ph]}
+                if wrong:
+                    raise StrategyError(f"new values of the wrong shape {wrong} (want {[shapes[p] for p in wrong]})")
+            except Exception as exc:
+                raise StrategyError(f"plan {prepared.strategy.method or 'strategy'} cannot run: rank {r} "
+                                    f"({names[r]}), {ex.describe(len(ex.rp.instrs))}: {_reason(exc)}") from exc
+            values.update({ph: ex.persist[ph] for _, ph in ex.rp.report})
+    return DryRun(values, loss) if real else None
+
+
+@dataclass
+class DryRun:
+    """What the dry run on CPU tensors computed: one step's final placeholder values and the loss."""
+
+    values: dict[str, torch.Tensor]
+    loss: float
+
+
+def _reason(exc: BaseException) -> str:
+    notes = "; ".join(getattr(exc, "__notes__", ()))
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}" + (f" ({notes})" if notes else "")
