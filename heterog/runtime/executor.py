@@ -220,8 +220,8 @@ def p2p_channels(device: torch.device) -> dict[tuple[int, int], Any]:
     On the default group two ranks share one gloo pair (one socket and its lock) for both directions.
     When both send at the same moment, as plans with transfers both ways do at every layout change, the
     caller's write and the device thread's read contend for that pair and a send of a few bytes now and
-    then blocks for a scheduler time slice (4-5 ms on a 2-vCPU host: p99 of a crossing 4 KB send 4.7 ms
-    on one pair, 0.1 ms with a pair per direction; ``python -m experiments.channels_bench``). Created once per
+    then blocks for a scheduler time slice (``python -m experiments.channels_bench`` measures it; the
+    figures are in docs/journal.md). Created once per
     process and default group, collectively: every rank must call this at the same point (every job's
     ``Transport`` does, on every rank)."""
     if device.type != "cpu" or not dist.is_initialized() or dist.get_world_size() < 2:
@@ -290,7 +290,7 @@ class Transport:
         On GPUs this is NCCL's AllReduce. On CPU it is a direct exchange of point-to-point messages: each
         member sends ``t`` to every other member and adds all of them in member order, so every member
         gets the same bits. gloo hands each collective to a worker thread, which on a few busy cores costs
-        several times a message exchange (two ranks, bursts of four, 4 KB: 1.2 ms against 0.2 ms mean).
+        several times a message exchange on a few busy cores (measured in docs/journal.md).
         """
         key = tuple(members)
         if self.device.type == "cuda":

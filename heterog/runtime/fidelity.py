@@ -17,8 +17,8 @@ from heterog.cost.profile import ProfileTable
 from heterog.errors import HeterogError
 
 DEFAULT_PROFILE_DIR = ".heterog-cache/profiles"
-# rounds over all plans: a plan's error is the median of its per-round errors, whose noise on a 2-vCPU host
-# is +-10-30% (the same single-device step moved 2.6 <-> 4.6 ms between rounds); 10 rounds take ~45 s
+# rounds over all plans: a plan's error is the median of its per-round errors, whose noise on a small shared
+# host is large (docs/results.md, "Simulator fidelity", has the measured spread)
 ROUNDS = 10
 # samples per profiling round of each link size (ping-pong and stream) and each AllReduce size. Plan round j
 # is simulated with the samples of the two profiling rounds around it, so these numbers, not a total spread
