@@ -63,7 +63,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     cluster = load_cluster(cfg.cluster.name)
     specs = graph_specs(cfg)
     graphs = [capture_model(s["model"], s.get("batch_size"), s.get("optimizer", "sgd")) for s in specs]
-    tasks = [make_task(g, cluster, max_groups=int(cfg.run.max_groups)) for g in graphs]
+    layout = "device-free" if cfg.agent.get("head", "fixed") == "tokens" else "per-device"
+    tasks = [make_task(g, cluster, max_groups=int(cfg.run.max_groups), layout=layout) for g in graphs]
     settings: TrainerSettings = instantiate(cfg.trainer)
     make_policy = instantiate(cfg.agent)
     holdout = "+".join(_holdouts(cfg.run.holdout)) if cfg.run.graphs and cfg.run.holdout is not None else None
@@ -84,7 +85,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     state = None
     if source is not None:
         state = load_checkpoint(source)
-        check_fits(state, m, op_feature_dim(m), DEVICE_FEATURE_DIM, source=f"checkpoint {str(source)!r}")
+        check_fits(state, m, op_feature_dim(m, layout), DEVICE_FEATURE_DIM, source=f"checkpoint {str(source)!r}")
         policy = policy_from_checkpoint(state)
     else:
         policy = make_policy(n_devices=m, seed=int(cfg.seed), dp_bias=settings.initial_dp_bias)
