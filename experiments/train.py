@@ -14,7 +14,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from agents.checkpoint import check_fits, load_checkpoint, policy_from_checkpoint
+from agents.checkpoint import check_fits, checkpoint_head, load_checkpoint, policy_from_checkpoint
 from agents.reporting import save_trainer_curves
 from agents.tasks import make_task
 from agents.trainer import Trainer, TrainerSettings
@@ -63,7 +63,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     cluster = load_cluster(cfg.cluster.name)
     specs = graph_specs(cfg)
     graphs = [capture_model(s["model"], s.get("batch_size"), s.get("optimizer", "sgd")) for s in specs]
-    layout = "device-free" if cfg.agent.get("head", "fixed") == "tokens" else "per-device"
+    # the checkpoint to resume or start from (its head, else agent.head, sets the op feature layout)
+    source = cfg.run.resume or cfg.run.init_from
+    state = load_checkpoint(source) if source is not None else None
+    head = checkpoint_head(state) if state is not None else cfg.agent.get("head", "fixed")
+    layout = "device-free" if head == "tokens" else "per-device"
     tasks = [make_task(g, cluster, max_groups=int(cfg.run.max_groups), layout=layout) for g in graphs]
     settings: TrainerSettings = instantiate(cfg.trainer)
     make_policy = instantiate(cfg.agent)
@@ -81,10 +85,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
     # ---- the policy: from the checkpoint to resume or start from, or fresh
     m = cluster.n_devices
-    source = cfg.run.resume or cfg.run.init_from
-    state = None
-    if source is not None:
-        state = load_checkpoint(source)
+    if state is not None:
         check_fits(state, m, op_feature_dim(m, layout), DEVICE_FEATURE_DIM, source=f"checkpoint {str(source)!r}")
         policy = policy_from_checkpoint(state)
     else:

@@ -103,3 +103,17 @@ def test_finetune_and_evaluate_need_a_checkpoint(tmp_path, experiment):
     with pytest.raises(HeterogError, match=f"experiment {experiment} needs run.init_from=<checkpoint>"):
         run(cfg)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_token_head_checkpoint_fine_tunes_on_a_cluster_of_another_size(tmp_path):
+    """agent.head=tokens trained on paper-8gpu; its checkpoint starts a run on paper-12gpu (12 devices),
+    where a fixed-head checkpoint is refused."""
+    torch.set_num_threads(1)
+    out = [f"output_dir={tmp_path}", "graph=tiny_mlp", *SHRINK]
+    tokens = run(config([*out, "agent.head=tokens"]))
+    assert load_checkpoint(tokens["checkpoint"])["policy_config"]["head"] == "tokens"
+    fine = run(config(["experiment=finetune", "cluster=paper-12gpu", f"run.init_from={tokens['checkpoint']}", *out]))
+    assert fine["cluster"] == "paper-12gpu" and fine["graphs"]["tiny_mlp-b16"]["episodes"] == 8
+    fixed = run(config(out))
+    with pytest.raises(HeterogError, match=r"\(8 devices\); this cluster needs 16 actions \(12 devices\)"):
+        run(config(["experiment=finetune", "cluster=paper-12gpu", f"run.init_from={fixed['checkpoint']}", *out]))
