@@ -417,10 +417,16 @@ def _parse_yaml(text: str, source: str, default_name: str) -> Cluster:
 
 
 def load_cluster(name_or_path: str | Path) -> Cluster:
-    """A Cluster from a YAML file, a built-in name (``builtin_names()``) or ``local-cpu-N[:...]``."""
+    """A Cluster from a YAML file, a built-in name (``builtin_names()``), ``local-cpu-N[:...]`` or
+    ``gen-SEED`` (the generated cluster of that seed, ``heterog.cluster.generate``)."""
     text = str(name_or_path).strip()
     if text.startswith(LOCAL_CPU_PREFIX + "-") and not Path(text).is_file():
         return local_cpu_cluster(text)
+    generated = re.fullmatch(r"gen-(\d+)", text)
+    if generated and not Path(text).is_file():
+        from heterog.cluster.generate import generate_cluster  # generate builds on this module
+
+        return generate_cluster(int(generated.group(1)))
     path = Path(text)
     if path.is_file():
         try:
@@ -433,7 +439,7 @@ def load_cluster(name_or_path: str | Path) -> Cluster:
         content = _builtin_dir().joinpath(f"{text}.yaml").read_text()
         return _parse_yaml(content, f"built-in cluster {text!r}", text)
     raise ClusterError(f"unknown cluster {text!r}: not a file and not a built-in; built-ins: "
-                       f"{', '.join(names)}, {LOCAL_CPU_SYNTAX}")
+                       f"{', '.join(names)}, {LOCAL_CPU_SYNTAX}, gen-SEED")
 
 
 __all__ = [

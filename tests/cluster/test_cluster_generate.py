@@ -95,3 +95,11 @@ def test_a_bad_space_lists_every_problem():
     with pytest.raises(ClusterError, match="at least 0"):
         generate_clusters(-1)
     assert math.isfinite(generate_cluster(0).switch_bandwidth_Bps) or len(generate_cluster(0).servers) == 1
+
+
+def test_load_cluster_knows_generated_names():
+    from heterog.cluster import load_cluster
+
+    assert cluster_to_dict(load_cluster("gen-5")) == cluster_to_dict(generate_cluster(5))
+    with pytest.raises(ClusterError, match="gen-SEED"):
+        load_cluster("gen-x")
