@@ -187,6 +187,18 @@ def test_checkpoint_records_the_head_and_tokens_fit_any_cluster_size(token_tasks
     torch.testing.assert_close(logits(policy, token_tasks[12].inputs), logits(trainer.policy, token_tasks[12].inputs))
 
 
+def test_the_agent_planner_runs_a_tokens_checkpoint_on_another_cluster_size(token_tasks, clusters, mlp):
+    from agents.planner import plan
+    from heterog.evaluate import Evaluator
+
+    settings = TrainerSettings(seed=0, samples_per_graph=4, explore_samples=1, mutate_samples=1)
+    trainer = Trainer(token_policy(), [token_tasks[8]], settings)
+    trainer.train(rounds=1)
+    strategy = plan(Evaluator(mlp, clusters[12]), checkpoint=trainer.state_dict(), episodes=4, progress=False,
+                    settings=settings)
+    assert strategy.method == "agent" and strategy.meta["best_iteration_time_s"] > 0
+
+
 def test_fixed_head_checkpoint_refuses_another_cluster_size(mlp, clusters, tmp_path):
     policy = build_policy(8, "small", seed=0, hidden=16, gat_layers=1, gat_heads=2, txl_layers=1, txl_heads=2)
     trainer = Trainer(policy, [make_task(mlp, clusters[8])], TrainerSettings(seed=0, samples_per_graph=2,
