@@ -417,16 +417,11 @@ def _parse_yaml(text: str, source: str, default_name: str) -> Cluster:
 
 
 def load_cluster(name_or_path: str | Path) -> Cluster:
-    """A Cluster from a YAML file, a built-in name (``builtin_names()``), ``local-cpu-N[:...]`` or
-    ``gen-SEED`` (the generated cluster of that seed, ``heterog.cluster.generate``)."""
+    """A Cluster from a YAML file, a built-in name (``builtin_names()``) or ``local-cpu-N[:...]``
+    (``heterog.cluster.load_cluster`` also takes ``gen-SEED``)."""
     text = str(name_or_path).strip()
     if text.startswith(LOCAL_CPU_PREFIX + "-") and not Path(text).is_file():
         return local_cpu_cluster(text)
-    generated = re.fullmatch(r"gen-(\d+)", text)
-    if generated and not Path(text).is_file():
-        from heterog.cluster.generate import generate_cluster  # generate builds on this module
-
-        return generate_cluster(int(generated.group(1)))
     path = Path(text)
     if path.is_file():
         try:
