@@ -3,17 +3,22 @@ with its candidate search and reporting, checkpoints, and the planner entry used
 ``heterog plan --method agent``."""
 
 from agents.networks import (
+    DeviceTokenEncoder,
+    DeviceTokens,
     GATEncoder,
     GroupPooling,
     MaskedCategorical,
     PolicyError,
     RelativeMultiHeadAttention,
     StrategyPolicy,
+    TokenPolicyHead,
     TransformerXL,
     TransformerXLLayer,
 )
 
 __all__ = [
+    "DeviceTokenEncoder",
+    "DeviceTokens",
     "GATEncoder",
     "GraphTask",
     "GroupPooling",
@@ -23,6 +28,7 @@ __all__ = [
     "RelativeMultiHeadAttention",
     "StrategyPolicy",
     "Trainer",
+    "TokenPolicyHead",
     "TrainerSettings",
     "TransformerXL",
     "TransformerXLLayer",

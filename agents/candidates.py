@@ -42,11 +42,13 @@ class CandidateSearch:
                  rng: np.random.Generator) -> None:
         self.settings, self.n_actions, self.generator, self.rng = settings, n_actions, generator, rng
 
-    def explore_offsets(self, n: int) -> Tensor:
+    def explore_offsets(self, n: int, n_actions: int | None = None) -> Tensor:
         """Logit offsets of ``n`` exploration strategies: one random offset per action, shared by all groups
         of a strategy (parameter-space noise on the head bias), for correlated changes that independent
-        per-group sampling almost never makes. Shapes: -> ``(n, A)``."""
-        return torch.randn(n, self.n_actions, generator=self.generator) * self.settings.explore_noise
+        per-group sampling almost never makes. ``n_actions``: the cluster at hand's ``M + 4`` (None: the
+        policy's). Shapes: -> ``(n, A)``."""
+        size = self.n_actions if n_actions is None else n_actions
+        return torch.randn(n, size, generator=self.generator) * self.settings.explore_noise
 
     def mutate(self, base: Tensor, n_actions: int, n: int, guide: Tensor | None = None) -> Tensor:
         """``n`` copies of ``base`` with ``mutate_groups`` distinct groups each set to another action: random

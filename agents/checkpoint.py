@@ -14,6 +14,8 @@ import torch
 
 from agents.networks import N_DP_SCHEMES, StrategyPolicy
 from agents.tasks import TaskState
+from envs.features import DEVICE_FEATURE_DIM
+from envs.features import op_feature_dim as envs_op_feature_dim
 from heterog.atomic import atomic_write_bytes
 from heterog.errors import CheckpointError
 
@@ -52,16 +54,32 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return state
 
 
-def check_fits(state: dict[str, Any], n_devices: int, op_feature_dim: int, device_feature_dim: int,
-               source: str = "checkpoint") -> None:
+def checkpoint_head(state: dict[str, Any]) -> str:
+    """The policy head a checkpoint records: ``"fixed"`` (M + 4 actions for one M) or ``"tokens"``
+    (device tokens, any cluster up to its device count). Checkpoints without the entry are fixed."""
+    return str(state["policy_config"].get("head", "fixed"))
+
+
+def check_fits(state: dict[str, Any], n_devices: int, op_feature_dim: int | None = None,
+               device_feature_dim: int = DEVICE_FEATURE_DIM, source: str = "checkpoint") -> None:
     """Refuse a checkpoint whose policy was built for another action space or feature layout, naming
-    both sizes."""
+    both sizes. A fixed-head checkpoint fits clusters of exactly its device count; a tokens-head one any
+    cluster of at most its device count. ``op_feature_dim``: what the current features have (None: the
+    size of the checkpoint's head's layout for ``n_devices``)."""
     config = state["policy_config"]
     want = n_devices + N_DP_SCHEMES
     have = int(config["n_actions"])
-    if have != want:
+    head = checkpoint_head(state)
+    if op_feature_dim is None or head == "tokens":
+        op_feature_dim = envs_op_feature_dim(n_devices, "per-device" if head == "fixed" else "device-free")
+    if head == "tokens":
+        if not 1 <= n_devices <= have - N_DP_SCHEMES:
+            raise CheckpointError(f"{source} is a device-token policy for clusters of at most "
+                                  f"{have - N_DP_SCHEMES} devices; this cluster has {n_devices} devices")
+    elif have != want:
         raise CheckpointError(f"{source} is for an action space of {have} actions ({have - N_DP_SCHEMES} devices); "
-                              f"this cluster needs {want} actions ({n_devices} devices)")
+                              f"this cluster needs {want} actions ({n_devices} devices) (a fixed-head policy "
+                              f"fits one cluster size; agent.head=tokens fits any)")
     for name, expected in (("op_feature_dim", op_feature_dim), ("device_feature_dim", device_feature_dim)):
         if int(config[name]) != expected:
             raise CheckpointError(f"{source} has {name}={config[name]}, the current features have {expected} "

@@ -13,11 +13,12 @@ from envs.features import GraphFeatures
 
 @dataclass(frozen=True)
 class PolicyInputs:
-    """The seven tensors :meth:`agents.networks.StrategyPolicy.forward` takes, in its order.
+    """The tensors :meth:`agents.networks.StrategyPolicy.forward` takes, in its order.
 
     Shapes: op_x ``(N, F_op)`` float32, op_mask ``(N,)`` bool, edge_index ``(2, E)`` int64,
     edge_mask ``(E,)`` bool, group_of ``(N,)`` int64 (-1 on padding ops), group_mask ``(G,)`` bool,
-    dev_x ``(M, F_dev)`` float32.
+    dev_x ``(D, F_dev)`` float32, dev_mask ``(D,)`` bool or None (None: every device row is real;
+    only the device-token head takes padded device rows).
     """
 
     op_x: Tensor
@@ -27,10 +28,12 @@ class PolicyInputs:
     group_of: Tensor
     group_mask: Tensor
     dev_x: Tensor
+    dev_mask: Tensor | None = None
 
     def args(self) -> tuple[Tensor, ...]:
-        """Positional arguments for the policy's forward/distribution."""
-        return tuple(getattr(self, f.name) for f in fields(self))
+        """Positional arguments for the policy's forward/distribution (``dev_mask`` only when given)."""
+        return tuple(getattr(self, f.name) for f in fields(self)
+                     if f.name != "dev_mask" or self.dev_mask is not None)
 
     @property
     def n_groups(self) -> int:
@@ -39,7 +42,8 @@ class PolicyInputs:
 
     @property
     def n_devices(self) -> int:
-        return int(self.dev_x.shape[0])
+        """Real devices."""
+        return int(self.dev_x.shape[0]) if self.dev_mask is None else int(self.dev_mask.sum())
 
     @classmethod
     def from_features(cls, features: GraphFeatures) -> PolicyInputs:
@@ -56,11 +60,16 @@ class PolicyInputs:
     @classmethod
     def from_observation(cls, obs: dict, trim: bool = True) -> PolicyInputs:
         """From one env observation. ``trim`` drops the padding at the end (the env puts real entries
-        first), which saves the encoder work; the logits of real groups are the same either way."""
+        first, and real devices first when it pads them), which saves the encoder work; the logits of real
+        groups are the same either way."""
         op_mask = np.asarray(obs["op_mask"]).astype(bool)
         edge_mask = np.asarray(obs["edge_mask"]).astype(bool)
         group_mask = np.asarray(obs["group_mask"]).astype(bool)
         op_x, edge_index, group_of = obs["op_x"], obs["edge_index"], obs["group_of"]
+        dev_x = np.asarray(obs["dev_x"], dtype=np.float32)
+        dev_mask = np.asarray(obs["dev_mask"]).astype(bool) if "dev_mask" in obs else None
+        if trim and dev_mask is not None:
+            dev_x, dev_mask = dev_x[:int(dev_mask.sum())], None
         if trim:
             n, e, g = int(op_mask.sum()), int(edge_mask.sum()), int(group_mask.sum())
             op_x, op_mask, group_of = op_x[:n], op_mask[:n], group_of[:n]
@@ -68,7 +77,7 @@ class PolicyInputs:
         return cls(torch.as_tensor(np.asarray(op_x, dtype=np.float32)), torch.as_tensor(op_mask),
                    torch.as_tensor(np.asarray(edge_index, dtype=np.int64)), torch.as_tensor(edge_mask),
                    torch.as_tensor(np.asarray(group_of, dtype=np.int64)), torch.as_tensor(group_mask),
-                   torch.as_tensor(np.asarray(obs["dev_x"], dtype=np.float32)))
+                   torch.as_tensor(dev_x), None if dev_mask is None else torch.as_tensor(dev_mask))
 
     @classmethod
     def from_batched_observation(cls, obs: dict, trim: bool = True) -> list[PolicyInputs]:

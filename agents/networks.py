@@ -4,6 +4,7 @@ embeddings and a Transformer-XL strategy network giving (M+4)-way logits per gro
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,6 +17,9 @@ from torch_geometric.utils import scatter, to_undirected
 from heterog.errors import HeterogError
 
 __all__ = [
+    "HEADS",
+    "DeviceTokenEncoder",
+    "DeviceTokens",
     "GATEncoder",
     "GroupPooling",
     "MaskedCategorical",
@@ -23,6 +27,7 @@ __all__ = [
     "RelativeMultiHeadAttention",
     "StrategyPolicy",
     "TransformerXL",
+    "TokenPolicyHead",
     "TransformerXLLayer",
     "sinusoid_embedding",
 ]
@@ -30,6 +35,7 @@ __all__ = [
 N_DP_SCHEMES = 4  # actions M..M+3: DP-even-PS, DP-even-AR, DP-proportional-PS, DP-proportional-AR
 GAT_CONVS = {"gat": GATConv, "gatv2": GATv2Conv}
 GROUP_ACTIVATIONS = {"sigmoid": torch.sigmoid, "tanh": torch.tanh}
+HEADS = ("fixed", "tokens")  # fixed: a linear (M+4)-way head; tokens: a pointer over device tokens
 
 
 class PolicyError(HeterogError, ValueError):
@@ -44,6 +50,14 @@ def _require(condition: bool, message: str) -> None:
 def _check_heads(what: str, hidden: int, heads: int) -> None:
     _require(heads >= 1, f"{what} heads must be at least 1, got {heads}")
     _require(hidden % heads == 0, f"hidden size {hidden} is not divisible by {heads} {what} heads")
+
+
+def masked_mean(x: Tensor, mask: Tensor | None) -> Tensor:
+    """Mean over the rows of ``x`` where ``mask`` is True (all rows when None). Shapes: ``(D, H)`` -> ``(H,)``."""
+    if mask is None:
+        return x.mean(dim=0)
+    weights = mask.to(x.dtype)[:, None]
+    return (x * weights).sum(dim=0) / weights.sum().clamp(min=1.0)
 
 
 def sinusoid_embedding(positions: Tensor, dim: int) -> Tensor:
@@ -87,7 +101,8 @@ class GATEncoder(nn.Module):
 
     Shapes:
         op_x ``(N, F_op)``, op_mask ``(N,)``, edge_index ``(2, E)``, edge_mask ``(E,)``,
-        dev_x ``(M, F_dev)`` -> op embeddings ``(N, hidden)`` (padding rows are meaningless).
+        dev_x ``(D, F_dev)``, dev_mask ``(D,)`` or None (padding device rows are left out of the mean)
+        -> op embeddings ``(N, hidden)`` (padding rows are meaningless).
     """
 
     def __init__(self, op_feature_dim: int, device_feature_dim: int, hidden: int, layers: int, heads: int,
@@ -128,8 +143,8 @@ class GATEncoder(nn.Module):
         return to_undirected(edge_index[:, edge_mask], num_nodes=num_ops)
 
     def forward(self, op_x: Tensor, op_mask: Tensor, edge_index: Tensor, edge_mask: Tensor,
-                dev_x: Tensor) -> Tensor:
-        device_context = self.dev_mlp(dev_x).mean(dim=0)
+                dev_x: Tensor, dev_mask: Tensor | None = None) -> Tensor:
+        device_context = masked_mean(self.dev_mlp(dev_x), dev_mask)
         x = self.in_norm(self.op_proj(op_x) + device_context)
         edges = self.message_edges(edge_index, edge_mask, op_x.shape[0])
         for conv, norm in zip(self.convs, self.norms):
@@ -424,6 +439,128 @@ class TransformerXL(nn.Module):
                 f"segment_len={self.segment_len}, mem_len={self.mem_len}, detach_mem={self.detach_mem})")
 
 
+# ------------------------------------------------------------------------------------- device tokens
+@dataclass(frozen=True)
+class DeviceTokens:
+    """The cluster as the device-token head sees it.
+
+    Shapes: tokens ``(D, hidden)``, mask ``(D,)`` bool (True: a real device), pooled ``(hidden,)``
+    (the mean of the real tokens: the cluster embedding).
+    """
+
+    tokens: Tensor
+    mask: Tensor
+    pooled: Tensor
+
+    @property
+    def n_devices(self) -> int:
+        """Real devices ``M``."""
+        return int(self.mask.sum())
+
+
+class DeviceTokenEncoder(nn.Module):
+    """One token per device: ``t = MLP(dev_x)`` (compute and memory of its type, its links' bandwidth
+    and latency, its server share), then ``layers`` pre-LayerNorm self-attention blocks among the real
+    devices (padding tokens are never attended to), so each token also knows the rest of the cluster.
+    There is no position: permuting the devices permutes the tokens.
+
+    Args:
+        device_feature_dim: per-device feature size ``F_dev``.
+        hidden: token size, divisible by ``heads``.
+        heads: attention heads of the token mixing.
+        layers: self-attention blocks (0: the MLP alone).
+
+    Shapes:
+        dev_x ``(D, F_dev)``, dev_mask ``(D,)`` bool or None (None: all real) -> :class:`DeviceTokens`
+        with tokens ``(D, hidden)`` (padding rows zero) and pooled ``(hidden,)``.
+    """
+
+    def __init__(self, device_feature_dim: int, hidden: int, heads: int, layers: int = 1) -> None:
+        super().__init__()
+        _require(device_feature_dim >= 1, f"device_feature_dim must be at least 1, got {device_feature_dim}")
+        _require(layers >= 0, f"device token layers must be at least 0, got {layers}")
+        _check_heads("device token", hidden, heads)
+        self.device_feature_dim, self.hidden, self.heads, self.layers = device_feature_dim, hidden, heads, layers
+        self.embed = nn.Sequential(nn.Linear(device_feature_dim, hidden), nn.ELU(), nn.Linear(hidden, hidden))
+        self.norms = nn.ModuleList(nn.LayerNorm(hidden) for _ in range(layers))
+        self.attns = nn.ModuleList(nn.MultiheadAttention(hidden, heads, batch_first=True) for _ in range(layers))
+        self.out_norm = nn.LayerNorm(hidden)
+
+    def reset_parameters(self) -> None:
+        for module in self.embed:
+            if isinstance(module, nn.Linear):
+                module.reset_parameters()
+        for norm, attn in zip(self.norms, self.attns):
+            norm.reset_parameters()
+            attn._reset_parameters()
+        self.out_norm.reset_parameters()
+
+    def forward(self, dev_x: Tensor, dev_mask: Tensor | None = None) -> DeviceTokens:
+        mask = torch.ones(dev_x.shape[0], dtype=torch.bool, device=dev_x.device) if dev_mask is None else dev_mask
+        x = self.embed(dev_x)
+        for norm, attn in zip(self.norms, self.attns):
+            h = norm(x)[None]
+            x = x + attn(h, h, h, key_padding_mask=~mask[None], need_weights=False)[0][0]
+        tokens = self.out_norm(x) * mask[:, None].to(x.dtype)
+        return DeviceTokens(tokens, mask, masked_mean(tokens, mask))
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.device_feature_dim}->{self.hidden}, heads={self.heads}, "
+                f"layers={self.layers})")
+
+
+class TokenPolicyHead(nn.Module):
+    """Logits over ``[M model-parallel, 4 data-parallel]`` for a cluster of any size ``M``.
+
+    Model parallelism on device ``d`` is a pointer: ``(W_q s_g) . (W_k t_d) / sqrt(hidden)`` from a
+    group's state ``s_g`` to device token ``t_d``. The four DP schemes are scored by an MLP of
+    ``[s_g; c]`` with ``c`` the pooled cluster embedding. Padding devices get ``-inf`` (never any
+    probability) and are dropped from the output, so column ``d < M`` is the ``d``-th real device.
+    The output layers start near zero (``init_scale``), so a fresh policy is close to uniform.
+
+    Args:
+        hidden: size of group states and device tokens.
+        init_scale: gain of the output layers' orthogonal initialisation.
+
+    Shapes:
+        states ``(..., G, hidden)``, devices tokens ``(D, hidden)`` with ``M`` real ones
+        -> ``(..., G, M + 4)``.
+    """
+
+    def __init__(self, hidden: int, init_scale: float = 0.01) -> None:
+        super().__init__()
+        _require(hidden >= 1, f"hidden size must be at least 1, got {hidden}")
+        _require(init_scale > 0, f"init_scale must be positive, got {init_scale}")
+        self.hidden, self.init_scale = hidden, init_scale
+        self.query = nn.Linear(hidden, hidden)
+        self.key = nn.Linear(hidden, hidden)
+        self.dp = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.ELU(), nn.Linear(hidden, N_DP_SCHEMES))
+        self.reset_parameters()
+
+    @property
+    def dp_bias(self) -> Tensor:
+        """The bias of the four data-parallel logits."""
+        return self.dp[-1].bias
+
+    def reset_parameters(self) -> None:
+        self.key.reset_parameters()
+        self.dp[0].reset_parameters()
+        nn.init.orthogonal_(self.query.weight, gain=self.init_scale)
+        nn.init.zeros_(self.query.bias)
+        nn.init.orthogonal_(self.dp[-1].weight, gain=self.init_scale)
+        nn.init.zeros_(self.dp[-1].bias)
+
+    def forward(self, states: Tensor, devices: DeviceTokens) -> Tensor:
+        scores = torch.einsum("...gh,dh->...gd", self.query(states), self.key(devices.tokens))
+        scores = (scores / math.sqrt(self.hidden)).masked_fill(~devices.mask, float("-inf"))
+        model_parallel = scores[..., devices.mask.nonzero().squeeze(1)]
+        cluster = devices.pooled.expand(*states.shape[:-1], self.hidden)
+        return torch.cat([model_parallel, self.dp(torch.cat([states, cluster], dim=-1))], dim=-1)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.hidden}, pointer over device tokens + {N_DP_SCHEMES} DP scores)"
+
+
 # ------------------------------------------------------------------------------------- distribution
 class MaskedCategorical(Categorical):
     """Independent categorical actions, one per group, where padding groups do not count.
@@ -513,11 +650,17 @@ class StrategyPolicy(nn.Module):
        each device already holds). Such a policy has no action-independent logits: use
        :meth:`sample_actions` (decoding, group by group) and :meth:`action_logits` (the logits along
        given strategies, all positions at once); ``forward`` and ``distribution`` refuse it.
+    6. With ``head="tokens"`` step 4 is a :class:`TokenPolicyHead` over the device tokens of
+       :class:`DeviceTokenEncoder` instead: one policy scores clusters of any size up to
+       ``n_actions - 4`` devices (``dev_x`` may be padded, ``dev_mask`` marks the real devices; the op
+       features must not depend on the cluster: ``envs.features`` layout ``"device-free"``). The
+       action methods then take ``devices=`` :meth:`embed_devices` of the cluster at hand.
 
     Args:
         op_feature_dim: per-op feature size ``F_op``.
         device_feature_dim: per-device feature size ``F_dev``.
-        n_actions: ``M + 4`` for a cluster of ``M`` devices.
+        n_actions: ``M + 4`` for a cluster of ``M`` devices (``head="tokens"``: for clusters of at most
+            ``M`` devices).
         hidden: embedding size of ops, groups and the Transformer-XL.
         gat_layers, gat_heads: GAT depth and heads (paper: 12 x 8).
         txl_layers, txl_heads: Transformer-XL depth and heads (paper: 8 layers).
@@ -527,18 +670,21 @@ class StrategyPolicy(nn.Module):
         group_activation: ``"sigmoid"`` (paper) or ``"tanh"``.
         detach_mem: detach the Transformer-XL memory (gradients stay within a segment).
         autoregressive: condition each group's choice on the earlier groups' actions (step 5).
+        head: ``"fixed"`` (the paper's linear head) or ``"tokens"`` (step 6; not autoregressive).
+        device_layers: self-attention blocks among the device tokens (``head="tokens"`` only).
 
     Shapes:
         op_x ``(N, F_op)`` float, op_mask ``(N,)`` bool, edge_index ``(2, E)`` int64,
         edge_mask ``(E,)`` bool, group_of ``(N,)`` int64 (padding ops: any value, e.g. -1),
-        group_mask ``(G,)`` bool, dev_x ``(M, F_dev)`` float -> logits ``(G, M + 4)``.
+        group_mask ``(G,)`` bool, dev_x ``(D, F_dev)`` float, dev_mask ``(D,)`` bool or None (tokens
+        head only; None: all real) -> logits ``(G, M + 4)`` for the ``M`` real devices.
     """
 
     def __init__(self, op_feature_dim: int, device_feature_dim: int, n_actions: int, hidden: int = 64,
                  gat_layers: int = 2, gat_heads: int = 4, txl_layers: int = 2, txl_heads: int = 4,
                  segment_len: int = 64, mem_len: int = 64, dropout: float = 0.0, gat_conv: str = "gat",
                  group_activation: str = "sigmoid", detach_mem: bool = True,
-                 autoregressive: bool = False) -> None:
+                 autoregressive: bool = False, head: str = "fixed", device_layers: int = 1) -> None:
         super().__init__()
         _require(op_feature_dim >= 1, f"op_feature_dim must be at least 1, got {op_feature_dim}")
         _require(device_feature_dim >= 1, f"device_feature_dim must be at least 1, got {device_feature_dim}")
@@ -546,6 +692,9 @@ class StrategyPolicy(nn.Module):
                  f"n_actions must be M + {N_DP_SCHEMES} for M >= 1 devices, got {n_actions}")
         _require(hidden >= 2, f"hidden size must be at least 2, got {hidden}")
         _require(0.0 <= dropout < 1.0, f"dropout must be in [0, 1), got {dropout}")
+        _require(head in HEADS, f"unknown policy head {head!r}; choose one of {list(HEADS)}")
+        _require(not (head == "tokens" and autoregressive),
+                 "the device-token head is not autoregressive; use head=fixed for autoregressive=True")
         self._config: dict[str, Any] = {
             "op_feature_dim": op_feature_dim, "device_feature_dim": device_feature_dim,
             "n_actions": n_actions,
@@ -553,6 +702,9 @@ class StrategyPolicy(nn.Module):
             "txl_heads": txl_heads, "segment_len": segment_len, "mem_len": mem_len, "dropout": dropout,
             "gat_conv": gat_conv, "group_activation": group_activation, "detach_mem": detach_mem,
             "autoregressive": autoregressive}
+        if head != "fixed":  # a fixed-head config stays as it was (older checkpoints have no "head")
+            self._config.update({"head": head, "device_layers": device_layers})
+        self.head_kind = head
         self.n_actions = n_actions
         self.op_feature_dim, self.device_feature_dim, self.hidden = op_feature_dim, device_feature_dim, hidden
         self.encoder = GATEncoder(op_feature_dim, device_feature_dim, hidden, gat_layers, gat_heads, dropout,
@@ -560,7 +712,9 @@ class StrategyPolicy(nn.Module):
         self.pooling = GroupPooling(hidden, group_activation)
         self.strategy = TransformerXL(hidden, txl_layers, txl_heads, segment_len, mem_len, dropout,
                                       detach_mem)
-        self.head = nn.Linear(hidden, n_actions)
+        self.devices = DeviceTokenEncoder(device_feature_dim, hidden, txl_heads, device_layers) \
+            if head == "tokens" else None
+        self.head = nn.Linear(hidden, n_actions) if head == "fixed" else TokenPolicyHead(hidden)
         self.autoregressive = autoregressive
         # the earlier group's action (row n_actions: the start token), added to a group's embedding
         self.action_emb = nn.Embedding(n_actions + 1, hidden) if autoregressive else None
@@ -596,30 +750,52 @@ class StrategyPolicy(nn.Module):
 
     @property
     def n_devices(self) -> int:
-        """``M``, the number of devices the action space is built for."""
+        """``M``, the number of devices the action space is built for (tokens head: the most devices)."""
         return self.n_actions - N_DP_SCHEMES
+
+    @property
+    def feature_layout(self) -> str:
+        """The op feature layout this policy reads (``envs.features.op_feature_dim``): per-device columns
+        for the fixed head, device-free for the tokens head."""
+        return "per-device" if self.head_kind == "fixed" else "device-free"
+
+    def fits_devices(self, n_devices: int) -> bool:
+        """Whether this policy scores a cluster of ``n_devices`` (any size up to its maximum for tokens)."""
+        if self.head_kind == "tokens":
+            return 1 <= n_devices <= self.n_devices
+        return n_devices == self.n_devices
+
+    def add_data_parallel_bias(self, bias: float) -> None:
+        """Add ``bias`` to the four data-parallel logits' bias (in place, no gradient)."""
+        with torch.no_grad():
+            if self.head_kind == "tokens":
+                self.head.dp_bias.add_(bias)
+            else:
+                self.head.bias[self.n_actions - N_DP_SCHEMES:] += bias
 
     def reset_parameters(self) -> None:
         self.encoder.reset_parameters()
         self.pooling.reset_parameters()
         self.strategy.reset_parameters()
-        nn.init.orthogonal_(self.head.weight, gain=0.01)
-        nn.init.zeros_(self.head.bias)
+        if self.devices is not None:
+            self.devices.reset_parameters()
+            self.head.reset_parameters()
+        else:
+            nn.init.orthogonal_(self.head.weight, gain=0.01)
+            nn.init.zeros_(self.head.bias)
         if self.action_emb is not None:
             nn.init.normal_(self.action_emb.weight, std=0.1)
 
     # ---- forward pieces
     def check_inputs(self, op_x: Tensor, op_mask: Tensor, edge_index: Tensor, edge_mask: Tensor,
-                     group_of: Tensor, group_mask: Tensor, dev_x: Tensor) -> None:
+                     group_of: Tensor, group_mask: Tensor, dev_x: Tensor, dev_mask: Tensor | None = None) -> None:
         """Raise :class:`PolicyError` naming the first input that does not fit this policy."""
         n_ops = op_x.shape[0] if op_x.dim() == 2 else -1
         _require(op_x.dim() == 2 and op_x.shape[1] == self.op_feature_dim,
                  f"op_x must be (N, {self.op_feature_dim}), got {tuple(op_x.shape)}")
         _require(dev_x.dim() == 2 and dev_x.shape[1] == self.device_feature_dim,
                  f"dev_x must be (M, {self.device_feature_dim}), got {tuple(dev_x.shape)}")
-        _require(dev_x.shape[0] + N_DP_SCHEMES == self.n_actions,
-                 f"dev_x has {dev_x.shape[0]} devices, so {dev_x.shape[0] + N_DP_SCHEMES} actions; this "
-                 f"policy has {self.n_actions} (built for {self.n_devices} devices)")
+        self.check_devices(dev_x, dev_mask)
         for name, tensor, shape, dtype in (("op_mask", op_mask, (n_ops,), torch.bool),
                                            ("group_of", group_of, (n_ops,), torch.long),
                                            ("edge_mask", edge_mask, (edge_index.shape[-1],), torch.bool),
@@ -649,20 +825,59 @@ class StrategyPolicy(nn.Module):
             raise PolicyError(f"real op {op} is in group {int(groups[i])}, which is not a real group "
                               f"(0..{n_groups - 1} with group_mask True)")
 
+    def check_devices(self, dev_x: Tensor, dev_mask: Tensor | None) -> None:
+        """Raise :class:`PolicyError` when the device rows (and mask) do not fit this policy's head."""
+        rows = dev_x.shape[0]
+        if dev_mask is not None:
+            _require(dev_mask.dtype == torch.bool and tuple(dev_mask.shape) == (rows,),
+                     f"dev_mask must be a torch.bool tensor of shape ({rows},), got {dev_mask.dtype} "
+                     f"{tuple(dev_mask.shape)}")
+        m = rows if dev_mask is None else int(dev_mask.sum())
+        if self.head_kind == "fixed":
+            _require(dev_mask is None or m == rows,
+                     f"the fixed head takes no padded devices, got dev_mask with {m} of {rows} real")
+            _require(m + N_DP_SCHEMES == self.n_actions,
+                     f"dev_x has {m} devices, so {m + N_DP_SCHEMES} actions; this policy has {self.n_actions} "
+                     f"(built for {self.n_devices} devices)")
+        else:
+            _require(1 <= m <= self.n_devices and rows <= self.n_devices,
+                     f"dev_x has {m} real devices in {rows} rows; this device-token policy takes 1 to "
+                     f"{self.n_devices} devices")
+
     def encode_ops(self, op_x: Tensor, op_mask: Tensor, edge_index: Tensor, edge_mask: Tensor,
-                   dev_x: Tensor) -> Tensor:
+                   dev_x: Tensor, dev_mask: Tensor | None = None) -> Tensor:
         """Op embeddings from the GAT encoder. Shapes: -> ``(N, hidden)``."""
-        return self.encoder(op_x, op_mask, edge_index, edge_mask, dev_x)
+        return self.encoder(op_x, op_mask, edge_index, edge_mask, dev_x, dev_mask)
 
     def embed_groups(self, op_x: Tensor, op_mask: Tensor, edge_index: Tensor, edge_mask: Tensor,
-                     group_of: Tensor, group_mask: Tensor, dev_x: Tensor) -> Tensor:
+                     group_of: Tensor, group_mask: Tensor, dev_x: Tensor, dev_mask: Tensor | None = None) -> Tensor:
         """Group embeddings ``sigma(sum W e_o)`` (padding groups zero); inputs are checked.
 
         Shapes: -> ``(G, hidden)``.
         """
-        self.check_inputs(op_x, op_mask, edge_index, edge_mask, group_of, group_mask, dev_x)
-        op_emb = self.encode_ops(op_x, op_mask, edge_index, edge_mask, dev_x)
+        self.check_inputs(op_x, op_mask, edge_index, edge_mask, group_of, group_mask, dev_x, dev_mask)
+        op_emb = self.encode_ops(op_x, op_mask, edge_index, edge_mask, dev_x, dev_mask)
         return self.pooling(op_emb, op_mask, group_of, group_mask)
+
+    def embed_devices(self, dev_x: Tensor, dev_mask: Tensor | None = None) -> DeviceTokens | None:
+        """The device tokens the tokens head points at (None for the fixed head, which needs none).
+
+        Shapes: dev_x ``(D, F_dev)``, dev_mask ``(D,)`` or None -> tokens ``(D, hidden)``.
+        """
+        if self.devices is None:
+            return None
+        self.check_devices(dev_x, dev_mask)
+        return self.devices(dev_x, dev_mask)
+
+    def n_actions_for(self, devices: DeviceTokens | None) -> int:
+        """``M + 4`` for the cluster at hand (``devices``: :meth:`embed_devices`; None: the fixed head's)."""
+        return self.n_actions if devices is None else devices.n_devices + N_DP_SCHEMES
+
+    def _head(self, states: Tensor, devices: DeviceTokens | None) -> Tensor:
+        if self.head_kind == "fixed":
+            return self.head(states)
+        _require(devices is not None, "the device-token head needs devices=policy.embed_devices(dev_x, dev_mask)")
+        return self.head(states, devices)
 
     def encode_strategy(self, group_emb: Tensor, group_mask: Tensor) -> Tensor:
         """Transformer-XL states of the real groups in id order, scattered back (padding rows zero).
@@ -673,24 +888,27 @@ class StrategyPolicy(nn.Module):
         states = self.strategy(group_emb[real])
         return group_emb.new_zeros(group_emb.shape).index_copy(0, real, states)
 
-    def logits_from_group_embeddings(self, group_emb: Tensor, group_mask: Tensor) -> Tensor:
-        """Strategy network and head; padding rows are zero.
+    def logits_from_group_embeddings(self, group_emb: Tensor, group_mask: Tensor,
+                                     devices: DeviceTokens | None = None) -> Tensor:
+        """Strategy network and head; padding rows are zero. ``devices``: the tokens head's
+        :meth:`embed_devices` (the fixed head takes None).
 
-        Shapes: group_emb ``(G, hidden)``, group_mask ``(G,)`` -> ``(G, n_actions)``.
+        Shapes: group_emb ``(G, hidden)``, group_mask ``(G,)`` -> ``(G, M + 4)``.
         """
-        logits = self.head(self.encode_strategy(group_emb, group_mask))
+        logits = self._head(self.encode_strategy(group_emb, group_mask), devices)
         return logits.masked_fill(~group_mask.unsqueeze(1), 0.0)
 
     def forward(self, op_x: Tensor, op_mask: Tensor, edge_index: Tensor, edge_mask: Tensor,
-                group_of: Tensor, group_mask: Tensor, dev_x: Tensor) -> Tensor:
+                group_of: Tensor, group_mask: Tensor, dev_x: Tensor, dev_mask: Tensor | None = None) -> Tensor:
         self._require_independent("forward")
-        group_emb = self.embed_groups(op_x, op_mask, edge_index, edge_mask, group_of, group_mask, dev_x)
-        return self.logits_from_group_embeddings(group_emb, group_mask)
+        group_emb = self.embed_groups(op_x, op_mask, edge_index, edge_mask, group_of, group_mask, dev_x, dev_mask)
+        return self.logits_from_group_embeddings(group_emb, group_mask, self.embed_devices(dev_x, dev_mask))
 
     def distribution(self, op_x: Tensor, op_mask: Tensor, edge_index: Tensor, edge_mask: Tensor,
-                     group_of: Tensor, group_mask: Tensor, dev_x: Tensor) -> MaskedCategorical:
+                     group_of: Tensor, group_mask: Tensor, dev_x: Tensor,
+                     dev_mask: Tensor | None = None) -> MaskedCategorical:
         """The per-group action distribution with padding groups masked (see :class:`MaskedCategorical`)."""
-        logits = self(op_x, op_mask, edge_index, edge_mask, group_of, group_mask, dev_x)
+        logits = self(op_x, op_mask, edge_index, edge_mask, group_of, group_mask, dev_x, dev_mask)
         return MaskedCategorical(logits, group_mask)
 
     def _require_independent(self, what: str) -> None:
@@ -699,16 +917,19 @@ class StrategyPolicy(nn.Module):
                  "use sample_actions and action_logits")
 
     # ---- strategies (both kinds of policy)
-    def action_logits(self, group_emb: Tensor, group_mask: Tensor, actions: Tensor) -> Tensor:
+    def action_logits(self, group_emb: Tensor, group_mask: Tensor, actions: Tensor,
+                      devices: DeviceTokens | None = None) -> Tensor:
         """The logits each group's choice was drawn from in the strategies ``actions`` (for an
         autoregressive policy, given the earlier groups' actions in that strategy; otherwise the same
         logits for every strategy). Padding rows are zero.
 
-        Shapes: group_emb ``(G, hidden)``, group_mask ``(G,)``, actions ``(K, G)`` -> ``(K, G, n_actions)``.
+        ``devices``: the tokens head's :meth:`embed_devices` (None for the fixed head).
+
+        Shapes: group_emb ``(G, hidden)``, group_mask ``(G,)``, actions ``(K, G)`` -> ``(K, G, M + 4)``.
         """
         n_seq = actions.shape[0]
         if not self.autoregressive:
-            return self.logits_from_group_embeddings(group_emb, group_mask).expand(n_seq, -1, -1)
+            return self.logits_from_group_embeddings(group_emb, group_mask, devices).expand(n_seq, -1, -1)
         real = group_mask.nonzero().squeeze(1)
         earlier = torch.cat([actions.new_full((n_seq, 1), self.n_actions), actions[:, real[:-1]]], dim=1)
         states = self.strategy(group_emb[real][None] + self.action_emb(earlier))         # (K, S, hidden)
@@ -717,19 +938,21 @@ class StrategyPolicy(nn.Module):
 
     def sample_actions(self, group_emb: Tensor, group_mask: Tensor, n: int, *,
                        generator: torch.Generator | None = None, offsets: Tensor | None = None,
-                       greedy: bool = False) -> Tensor:
+                       greedy: bool = False, devices: DeviceTokens | None = None) -> Tensor:
         """``n`` strategies: each group's action drawn (or, ``greedy``, the most likely one) from its
         logits plus the strategy's ``offsets`` (one offset per action shared by all groups of a strategy;
         None: none). An autoregressive policy decodes group by group; padding groups get action 0.
 
-        Shapes: group_emb ``(G, hidden)``, group_mask ``(G,)``, offsets ``(n, n_actions)`` -> ``(n, G)``.
+        ``devices``: the tokens head's :meth:`embed_devices` (None for the fixed head).
+
+        Shapes: group_emb ``(G, hidden)``, group_mask ``(G,)``, offsets ``(n, M + 4)`` -> ``(n, G)``.
         """
         n_groups = group_mask.shape[0]
         actions = torch.zeros(n, n_groups, dtype=torch.long, device=group_emb.device)
         if n == 0:
             return actions
         if not self.autoregressive:
-            logits = self.logits_from_group_embeddings(group_emb, group_mask)
+            logits = self.logits_from_group_embeddings(group_emb, group_mask, devices)
             if offsets is None:
                 dist = MaskedCategorical(logits, group_mask)
                 return dist.mode[None].expand(n, -1).clone() if greedy else dist.sample(n, generator=generator)
@@ -765,5 +988,5 @@ class StrategyPolicy(nn.Module):
                 f"gat={c['gat_layers']}x{c['gat_heads']} heads ({c['gat_conv']}), "
                 f"txl={c['txl_layers']}x{c['txl_heads']} heads (segment {c['segment_len']}, "
                 f"memory {c['mem_len']}), group={c['group_activation']}, dropout={c['dropout']}, "
-                f"autoregressive={c['autoregressive']}, "
+                f"autoregressive={c['autoregressive']}, head={self.head_kind}, "
                 f"params={n_params:,})")

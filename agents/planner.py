@@ -16,7 +16,7 @@ import torch
 from agents.checkpoint import check_fits, load_checkpoint, policy_from_checkpoint
 from agents.networks import StrategyPolicy
 from agents.trainer import GraphTask, Trainer, TrainerSettings, bias_towards_data_parallel
-from envs.features import DEVICE_FEATURE_DIM, op_feature_dim
+from envs.features import DEVICE_FEATURE_DIM, MAX_DEVICES, op_feature_dim
 from heterog.errors import HeterogError
 from heterog.planners import Planner
 from heterog.strategy import Strategy, n_actions
@@ -26,13 +26,21 @@ AGENT_SIZES = {"small": StrategyPolicy.small, "paper": StrategyPolicy.paper}
 
 
 def build_policy(n_devices: int, size: str = "small", seed: int = 0, dp_bias: float = 0.0,
-                 **overrides: Any) -> StrategyPolicy:
+                 head: str = "fixed", max_devices: int = MAX_DEVICES, **overrides: Any) -> StrategyPolicy:
     """A fresh policy for a cluster of ``n_devices`` (``size``: "small" or "paper"), initialised from
-    ``seed``, with ``dp_bias`` added to the data-parallel logits (see ``bias_towards_data_parallel``)."""
+    ``seed``, with ``dp_bias`` added to the data-parallel logits (see ``bias_towards_data_parallel``).
+    ``head="tokens"`` builds the device-token head for any cluster of at most ``max_devices`` devices."""
     if size not in AGENT_SIZES:
         raise HeterogError(f"unknown agent size {size!r}; choose one of {sorted(AGENT_SIZES)}")
+    if head == "tokens" and not 1 <= n_devices <= max_devices:
+        raise HeterogError(f"a cluster of {n_devices} devices does not fit agent.max_devices={max_devices}")
     torch.manual_seed(seed)
-    policy = AGENT_SIZES[size](op_feature_dim(n_devices), DEVICE_FEATURE_DIM, n_actions(n_devices), **overrides)
+    if head == "tokens":
+        policy = AGENT_SIZES[size](op_feature_dim(max_devices, "device-free"), DEVICE_FEATURE_DIM,
+                                   n_actions(max_devices), head=head, **overrides)
+    else:
+        policy = AGENT_SIZES[size](op_feature_dim(n_devices), DEVICE_FEATURE_DIM, n_actions(n_devices), head=head,
+                                   **overrides)
     bias_towards_data_parallel(policy, dp_bias)
     return policy
 
@@ -73,12 +81,12 @@ def plan(evaluator, checkpoint: str | Path | dict | None = None, episodes: int |
         m = evaluator.cluster.n_devices
         if checkpoint is not None:
             state = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
-            check_fits(state, m, op_feature_dim(m), DEVICE_FEATURE_DIM,
+            check_fits(state, m, None, DEVICE_FEATURE_DIM,
                        source=f"checkpoint {str(checkpoint)!r}" if not isinstance(checkpoint, dict) else "checkpoint")
             policy = policy_from_checkpoint(state)
         else:
             policy = build_policy(m, size, seed, settings.initial_dp_bias)
-        task = GraphTask.from_evaluator(evaluator)
+        task = GraphTask.from_evaluator(evaluator, layout=policy.feature_layout)
         trainer = Trainer(policy, [task], settings, writer=writer, run_dir=run_dir, ray_address=ray_address)
         try:
             remaining = None if budget_s is None else max(budget_s - (time.perf_counter() - t0), 1e-3)

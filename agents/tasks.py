@@ -21,9 +21,11 @@ class GraphTask:
     inputs: PolicyInputs
 
     @classmethod
-    def from_evaluator(cls, evaluator: Evaluator, name: str | None = None) -> GraphTask:
+    def from_evaluator(cls, evaluator: Evaluator, name: str | None = None, layout: str = "per-device") -> GraphTask:
+        """The task of ``evaluator``'s graph and cluster, with op features in ``layout`` (the policy's
+        ``feature_layout``: ``"per-device"`` for the fixed head, ``"device-free"`` for the tokens head)."""
         g = evaluator.graph
-        features = graph_features(g, evaluator.cluster, evaluator.cost, evaluator.group_of)
+        features = graph_features(g, evaluator.cluster, evaluator.cost, evaluator.group_of, layout)
         return cls(name or f"{g.name}-b{g.batch_size}", evaluator, PolicyInputs.from_features(features))
 
     @property
@@ -37,9 +39,11 @@ class GraphTask:
         return self.inputs.n_groups
 
 
-def make_task(graph, cluster, *, max_groups: int = 2000, name: str | None = None) -> GraphTask:
-    """A GraphTask for ``graph`` on ``cluster`` (HeteroG grouping into at most ``max_groups`` groups)."""
-    return GraphTask.from_evaluator(Evaluator(graph, cluster, max_groups=max_groups), name)
+def make_task(graph, cluster, *, max_groups: int = 2000, name: str | None = None,
+              layout: str = "per-device") -> GraphTask:
+    """A GraphTask for ``graph`` on ``cluster`` (HeteroG grouping into at most ``max_groups`` groups; op
+    features in ``layout``, see :meth:`GraphTask.from_evaluator`)."""
+    return GraphTask.from_evaluator(Evaluator(graph, cluster, max_groups=max_groups), name, layout)
 
 
 @dataclass

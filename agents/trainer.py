@@ -194,8 +194,7 @@ def bias_towards_data_parallel(policy: StrategyPolicy, bias: float) -> None:
     """Add ``bias`` to the head bias of the four data-parallel actions (a fresh policy then samples DP
     with probability 4 e^b / (M + 4 e^b) per group instead of 4 / (M + 4))."""
     if bias:
-        with torch.no_grad():
-            policy.head.bias[policy.n_actions - N_DP_SCHEMES:] += bias
+        policy.add_data_parallel_bias(bias)
 
 
 # ============================================================================================ trainer
@@ -217,9 +216,10 @@ class Trainer:
         if not tasks:
             raise HeterogError("the trainer needs at least one graph")
         for task in tasks:
-            if task.inputs.n_devices + N_DP_SCHEMES != policy.n_actions:
+            if not policy.fits_devices(task.inputs.n_devices):
                 raise CheckpointError(
-                    f"policy has {policy.n_actions} actions ({policy.n_devices} devices) but graph {task.name} "
+                    f"policy has {policy.n_actions} actions ({policy.n_devices} devices"
+                    f"{', at most' if policy.head_kind == 'tokens' else ''}) but graph {task.name} "
                     f"is planned for {task.evaluator.cluster.name!r} with {task.inputs.n_devices} devices "
                     f"({task.inputs.n_devices + N_DP_SCHEMES} actions)")
         keys = [t.key for t in tasks]
@@ -298,16 +298,19 @@ class Trainer:
         if s.seed_uniform_plans and state.best_actions is None:
             self.seed_uniform(task, state)
         group_emb = self.policy.embed_groups(*inputs.args())
+        devices = self.policy.embed_devices(inputs.dev_x, inputs.dev_mask)          # None for the fixed head
+        n_actions = self.policy.n_actions_for(devices)
         n_policy = s.samples_per_graph - s.explore_samples - s.mutate_samples
-        offsets = torch.cat([torch.zeros(n_policy, self.policy.n_actions),
-                             self.search.explore_offsets(s.explore_samples)])
+        offsets = torch.cat([torch.zeros(n_policy, n_actions),
+                             self.search.explore_offsets(s.explore_samples, n_actions)])
         with torch.inference_mode():
             drawn = self.policy.sample_actions(group_emb.detach(), inputs.group_mask, len(offsets),
-                                               generator=self.generator, offsets=offsets)
+                                               generator=self.generator, offsets=offsets, devices=devices)
             best = drawn[0] if state.best_actions is None else torch.as_tensor(state.best_actions)
-            guide = (self.policy.action_logits(group_emb.detach(), inputs.group_mask, best[None])[0].softmax(-1)
+            guide = (self.policy.action_logits(group_emb.detach(), inputs.group_mask, best[None],
+                                               devices)[0].softmax(-1)
                      if s.mutate_guided > 0 and s.mutate_samples > 0 else None)
-        actions = torch.cat([drawn, self.search.mutate(best, self.policy.n_actions, s.mutate_samples, guide)])
+        actions = torch.cat([drawn, self.search.mutate(best, n_actions, s.mutate_samples, guide)])
         rewards, times, ooms = self.evaluate(task, actions.numpy())                          # (k,) each
         self.record(task, state, actions.numpy(), rewards, times, ooms)
         replay_actions, replay_rewards = self.search.replay(state)
@@ -315,7 +318,7 @@ class Trainer:
         # than the baseline
         adv = self.advantages(state, rewards[:n_policy], np.concatenate([rewards[n_policy:], replay_rewards]))
         all_actions = torch.cat([actions, torch.as_tensor(replay_actions, dtype=torch.long)])
-        logits = self.policy.action_logits(group_emb, inputs.group_mask, all_actions)         # (k + R, G, A)
+        logits = self.policy.action_logits(group_emb, inputs.group_mask, all_actions, devices)  # (k + R, G, A)
         return _Sample(task, all_actions, torch.as_tensor(adv, dtype=torch.float32),
                        per_group_log_prob(logits.detach(), all_actions), logits, rewards, actions.numpy())
 
@@ -339,7 +342,8 @@ class Trainer:
     def strategy_logits(self, task: GraphTask, actions: Tensor) -> Tensor:
         """The current policy's logits along strategies ``actions`` of ``task``. Shapes: ``(K, G)`` -> ``(K, G, A)``."""
         group_emb = self.policy.embed_groups(*task.inputs.args())
-        return self.policy.action_logits(group_emb, task.inputs.group_mask, actions)
+        devices = self.policy.embed_devices(task.inputs.dev_x, task.inputs.dev_mask)
+        return self.policy.action_logits(group_emb, task.inputs.group_mask, actions, devices)
 
     # ------------------------------------------------------------------------------ the pieces
     def pick_tasks(self) -> list[GraphTask]:
@@ -367,7 +371,7 @@ class Trainer:
 
     def seed_uniform(self, task: GraphTask, state: TaskState) -> None:
         """Simulate and record the plans with one action for every group (one per action)."""
-        actions = uniform_plans(self.policy.n_actions, task.n_groups)                       # (A, G)
+        actions = uniform_plans(task.inputs.n_devices + N_DP_SCHEMES, task.n_groups)          # (A, G)
         rewards, times, ooms = self.evaluate(task, actions)
         self.record(task, state, actions, rewards, times, ooms, sampled=False)
 
@@ -419,9 +423,10 @@ class Trainer:
         with torch.no_grad():
             for task in self.tasks:
                 group_emb, mask = self.policy.embed_groups(*task.inputs.args()), task.inputs.group_mask
-                actions = torch.cat([self.policy.sample_actions(group_emb, mask, 1, greedy=True),
-                                     self.policy.sample_actions(group_emb, mask, samples, generator=self.generator)
-                                     ]).numpy()
+                devices = self.policy.embed_devices(task.inputs.dev_x, task.inputs.dev_mask)
+                actions = torch.cat([self.policy.sample_actions(group_emb, mask, 1, greedy=True, devices=devices),
+                                     self.policy.sample_actions(group_emb, mask, samples, generator=self.generator,
+                                                                devices=devices)]).numpy()
                 rewards, times, ooms = self.evaluate(task, actions)
                 state = self.states[task.key]
                 self.record(task, state, actions, rewards, times, ooms)

@@ -2,7 +2,8 @@
 cluster. Registered ids:
 
 - ``HeteroG/Placement-v0``: one graph (default ``tiny_transformer`` on ``paper-8gpu``); pass
-  ``graph=``, ``cluster=``, ``max_groups=``, ``oom_factor=`` ... to ``gymnasium.make``.
+  ``graph=``, ``cluster=``, ``max_groups=``, ``oom_factor=`` ... to ``gymnasium.make``
+  (``max_devices=16``: padded device tokens and device-free op features, for the device-token head).
 - ``HeteroG/PlacementZoo-v0``: the tiny zoo graphs (``tiny_mlp``, ``tiny_cnn``, ``tiny_transformer``)
   in one padded space; each ``reset`` draws one of them from the env's seeded generator.
 """

@@ -61,12 +61,26 @@ DEVICE_FEATURES = (
     "bandwidth_mean", "bandwidth_max", "latency_mean", "server_share",
 )
 DEVICE_FEATURE_DIM = len(DEVICE_FEATURES)
+# the device-free op layout (for the device-token head): each per-device column summarised over devices
+DEVICE_SUMMARIES = ("mean", "min", "max")
+FEATURE_LAYOUTS = ("per-device", "device-free")
+MAX_DEVICES = 16                     # default padded device count of the device-token observation
 
 
-def op_feature_dim(n_devices: int) -> int:
-    """Size of one op's feature vector for a cluster of ``n_devices``."""
-    return (len(PER_DEVICE_OP_FEATURES) * n_devices + len(SCALAR_OP_FEATURES) + len(PHASES) + len(KINDS)
+def op_feature_dim(n_devices: int, layout: str = "per-device") -> int:
+    """Size of one op's feature vector for a cluster of ``n_devices``: ``"per-device"`` has one column per
+    device for each of PER_DEVICE_OP_FEATURES; ``"device-free"`` their mean, min and max over devices
+    (the same size for every cluster)."""
+    check_layout(layout)
+    per_device = n_devices if layout == "per-device" else len(DEVICE_SUMMARIES)
+    return (len(PER_DEVICE_OP_FEATURES) * per_device + len(SCALAR_OP_FEATURES) + len(PHASES) + len(KINDS)
             + len(OP_TYPES))
+
+
+def check_layout(layout: str) -> None:
+    """Raise ValueError for an unknown op feature layout."""
+    if layout not in FEATURE_LAYOUTS:
+        raise ValueError(f"unknown op feature layout {layout!r}; choose one of {list(FEATURE_LAYOUTS)}")
 
 
 def op_type_index(target: str) -> int:
@@ -116,9 +130,10 @@ class GraphFeatures:
         return int(self.dev_x.shape[0])
 
 
-def op_features(graph: OpGraph, cluster, cost) -> np.ndarray:
-    """Per-op features ``(n_ops, op_feature_dim(M))`` (see PER_DEVICE_OP_FEATURES, SCALAR_OP_FEATURES,
-    then one-hots of phase, kind and op type)."""
+def op_features(graph: OpGraph, cluster, cost, layout: str = "per-device") -> np.ndarray:
+    """Per-op features ``(n_ops, op_feature_dim(M, layout))`` (see PER_DEVICE_OP_FEATURES,
+    SCALAR_OP_FEATURES, then one-hots of phase, kind and op type)."""
+    check_layout(layout)
     n, m = graph.n_ops, cluster.n_devices
     batch = graph.batch_size
     full = cost.full_batch_times(graph)                                      # (n, M)
@@ -158,7 +173,10 @@ def op_features(graph: OpGraph, cluster, cost) -> np.ndarray:
     types = np.zeros((n, len(OP_TYPES)))
     compute = graph.is_compute
     types[np.arange(n)[compute], [op_type_index(op.target) for op in graph.ops if op.kind == "compute"]] = 1.0
-    x = np.concatenate([_times(full), _times(t_even), _times(t_prop), scalars, phase, kind, types], axis=1)
+    per_device = [_times(full), _times(t_even), _times(t_prop)]
+    if layout == "device-free":
+        per_device = [np.stack([t.mean(axis=1), t.min(axis=1), t.max(axis=1)], axis=1) for t in per_device]
+    x = np.concatenate([*per_device, scalars, phase, kind, types], axis=1)
     return np.clip(x, -FEATURE_CLIP, FEATURE_CLIP).astype(np.float32)
 
 
@@ -185,20 +203,30 @@ def device_features(cluster, graph: OpGraph | None = None) -> np.ndarray:
     return np.clip(x, -FEATURE_CLIP, FEATURE_CLIP).astype(np.float32)
 
 
-def graph_features(graph: OpGraph, cluster, cost, group_of: np.ndarray) -> GraphFeatures:
-    """Everything the policy sees of ``graph`` on ``cluster`` (``cost``: its CostModel), unpadded."""
+def graph_features(graph: OpGraph, cluster, cost, group_of: np.ndarray, layout: str = "per-device") -> GraphFeatures:
+    """Everything the policy sees of ``graph`` on ``cluster`` (``cost``: its CostModel), unpadded, with
+    op features in ``layout`` (see :func:`op_feature_dim`)."""
     group_of = np.asarray(group_of, dtype=np.int64)
     edge_index = np.stack([graph.edge_src, graph.edge_dst]).astype(np.int64).reshape(2, -1)
-    return GraphFeatures(op_features(graph, cluster, cost), edge_index, group_of,
+    return GraphFeatures(op_features(graph, cluster, cost, layout), edge_index, group_of,
                          int(group_of.max()) + 1 if len(group_of) else 0, device_features(cluster, graph))
 
 
 # ------------------------------------------------------------------------------------------ padding
-def observation_space(n_devices: int, max_ops: int, max_edges: int, max_groups: int) -> spaces.Dict:
+def observation_space(n_devices: int, max_ops: int, max_edges: int, max_groups: int,
+                      max_devices: int | None = None) -> spaces.Dict:
     """The padded observation: ``op_x (max_ops, F_op)``, ``op_mask (max_ops,)``, ``edge_index
     (2, max_edges)``, ``edge_mask (max_edges,)``, ``group_of (max_ops,)`` (-1 on padding ops),
-    ``group_mask (max_groups,)``, ``dev_x (M, F_dev)``. Masks are 1 for real entries."""
-    f_op = op_feature_dim(n_devices)
+    ``group_mask (max_groups,)``, ``dev_x (M, F_dev)``. Masks are 1 for real entries.
+
+    With ``max_devices`` (device tokens): op features in the device-free layout, ``dev_x
+    (max_devices, F_dev)`` padded and ``dev_mask (max_devices,)``, so the space is the same for any
+    cluster of at most ``max_devices`` devices."""
+    if max_devices is not None and not 1 <= n_devices <= max_devices:
+        raise ValueError(f"cluster has {n_devices} devices, more than the observation's max_devices={max_devices}")
+    f_op = op_feature_dim(n_devices, "per-device" if max_devices is None else "device-free")
+    n_tokens = n_devices if max_devices is None else max_devices
+    extra = {} if max_devices is None else {"dev_mask": spaces.MultiBinary(max_devices)}
     return spaces.Dict({
         "op_x": spaces.Box(-FEATURE_CLIP, FEATURE_CLIP, (max_ops, f_op), np.float32),
         "op_mask": spaces.MultiBinary(max_ops),
@@ -206,17 +234,23 @@ def observation_space(n_devices: int, max_ops: int, max_edges: int, max_groups: 
         "edge_mask": spaces.MultiBinary(max_edges),
         "group_of": spaces.Box(-1, max(max_groups - 1, 0), (max_ops,), np.int64),
         "group_mask": spaces.MultiBinary(max_groups),
-        "dev_x": spaces.Box(-FEATURE_CLIP, FEATURE_CLIP, (n_devices, DEVICE_FEATURE_DIM), np.float32),
+        "dev_x": spaces.Box(-FEATURE_CLIP, FEATURE_CLIP, (n_tokens, DEVICE_FEATURE_DIM), np.float32),
+        **extra,
     })
 
 
-def pad_observation(features: GraphFeatures, max_ops: int, max_edges: int, max_groups: int) -> dict:
-    """Pad ``features`` at the end to the fixed sizes (real entries first, masks mark them).
+def pad_observation(features: GraphFeatures, max_ops: int, max_edges: int, max_groups: int,
+                    max_devices: int | None = None) -> dict:
+    """Pad ``features`` at the end to the fixed sizes (real entries first, masks mark them); with
+    ``max_devices`` the device rows too (and ``dev_mask``).
 
     Raises ValueError naming the size that does not fit.
     """
-    n, e, g = features.n_ops, features.n_edges, features.n_groups
-    for what, have, limit in (("ops", n, max_ops), ("edges", e, max_edges), ("groups", g, max_groups)):
+    n, e, g, m = features.n_ops, features.n_edges, features.n_groups, features.n_devices
+    limits = [("ops", n, max_ops), ("edges", e, max_edges), ("groups", g, max_groups)]
+    if max_devices is not None:
+        limits.append(("devices", m, max_devices))
+    for what, have, limit in limits:
         if have > limit:
             raise ValueError(f"graph has {have} {what}, more than the observation's max_{what}={limit}")
     op_x = np.zeros((max_ops, features.op_x.shape[1]), dtype=np.float32)
@@ -225,6 +259,11 @@ def pad_observation(features: GraphFeatures, max_ops: int, max_edges: int, max_g
     edge_index[:, :e] = features.edge_index
     group_of = np.full(max_ops, -1, dtype=np.int64)
     group_of[:n] = features.group_of
+    devices = {"dev_x": features.dev_x.copy()}
+    if max_devices is not None:
+        dev_x = np.zeros((max_devices, features.dev_x.shape[1]), dtype=np.float32)
+        dev_x[:m] = features.dev_x
+        devices = {"dev_x": dev_x, "dev_mask": (np.arange(max_devices) < m).astype(np.int8)}
     return {
         "op_x": op_x,
         "op_mask": (np.arange(max_ops) < n).astype(np.int8),
@@ -232,7 +271,7 @@ def pad_observation(features: GraphFeatures, max_ops: int, max_edges: int, max_g
         "edge_mask": (np.arange(max_edges) < e).astype(np.int8),
         "group_of": group_of,
         "group_mask": (np.arange(max_groups) < g).astype(np.int8),
-        "dev_x": features.dev_x.copy(),
+        **devices,
     }
 
 

@@ -64,6 +64,11 @@ class PlacementEnv(gym.Env[dict, np.ndarray]):
     - ``dev_x (M, F_dev)`` float32: per-device power, memory, memory pressure, link bandwidth and
       latency (``envs.features.DEVICE_FEATURES``).
 
+    With ``max_devices`` set (for the device-token policy, ``agent.head=tokens``) the space no longer
+    depends on the cluster: ``op_x`` summarises its per-device columns by their mean, min and max over
+    devices, ``dev_x`` has ``max_devices`` rows (the device tokens, real devices first) and
+    ``dev_mask (max_devices,)`` marks the real ones. The action space stays ``M + 4`` per group.
+
     ## Rewards
     ``-sqrt(iteration_time_s)`` of the simulated training iteration, multiplied by ``oom_factor``
     when any device runs out of memory. ``info`` carries ``iteration_time_s``, ``oom``,
@@ -88,6 +93,8 @@ class PlacementEnv(gym.Env[dict, np.ndarray]):
     - ``max_groups``: at most this many op groups per graph (HeteroG's N) and the padded group count
       (None: 2000 for grouping, padded to the largest graph's group count).
     - ``max_ops``, ``max_edges``: padded sizes (None: the largest graph's).
+    - ``max_devices``: pad the device tokens to this many devices (None: the cluster's own ``M``, and
+      the per-device op feature layout).
     - ``oom_factor``: reward multiplier on OOM (default 10).
     - ``order``: task order of the scheduler (``heterog.scheduler.ORDERS``); ``"best"`` (default) keeps,
       per plan, the faster of rank-contention and FIFO.
@@ -99,7 +106,8 @@ class PlacementEnv(gym.Env[dict, np.ndarray]):
     def __init__(self, graph: OpGraph | str | Sequence[OpGraph | str] = DEFAULT_GRAPH,
                  cluster=DEFAULT_CLUSTER, *, batch_size: int | None = None, optimizer: str = "sgd",
                  max_groups: int | None = None, max_ops: int | None = None, max_edges: int | None = None,
-                 oom_factor: float = 10.0, order: str = DEFAULT_ORDER, render_mode: str | None = None) -> None:
+                 max_devices: int | None = None, oom_factor: float = 10.0, order: str = DEFAULT_ORDER,
+                 render_mode: str | None = None) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise HeterogError(f"render_mode {render_mode!r} is not supported (use None or 'ansi')")
         if max_groups is not None and max_groups < 1:
@@ -111,17 +119,23 @@ class PlacementEnv(gym.Env[dict, np.ndarray]):
         self.graphs = [resolve_graph(g, batch_size, optimizer) for g in graphs]
         self.evaluators = [Evaluator(g, self.cluster, order=order, max_groups=max_groups or 2000)
                            for g in self.graphs]
-        self.features: list[GraphFeatures] = [graph_features(ev.graph, self.cluster, ev.cost, ev.group_of)
+        if max_devices is not None and not 1 <= self.cluster.n_devices <= max_devices:
+            raise HeterogError(f"cluster {self.cluster.name!r} has {self.cluster.n_devices} devices, more than "
+                               f"max_devices={max_devices}")
+        self.max_devices = max_devices
+        layout = "per-device" if max_devices is None else "device-free"
+        self.features: list[GraphFeatures] = [graph_features(ev.graph, self.cluster, ev.cost, ev.group_of, layout)
                                               for ev in self.evaluators]
         self.max_ops = max_ops or max(f.n_ops for f in self.features)
         self.max_edges = max_edges or max(max(f.n_edges for f in self.features), 1)
         self.max_groups = max_groups or max(f.n_groups for f in self.features)
-        self.observations = [pad_observation(f, self.max_ops, self.max_edges, self.max_groups)
+        self.observations = [pad_observation(f, self.max_ops, self.max_edges, self.max_groups, max_devices)
                              for f in self.features]
         self.oom_factor = float(oom_factor)
         self.render_mode = render_mode
         self.n_devices = self.cluster.n_devices
-        self.observation_space = observation_space(self.n_devices, self.max_ops, self.max_edges, self.max_groups)
+        self.observation_space = observation_space(self.n_devices, self.max_ops, self.max_edges, self.max_groups,
+                                                   max_devices)
         self.action_space = spaces.MultiDiscrete(np.full(self.max_groups, n_actions(self.n_devices), np.int64))
         self.graph_index = 0
         self._needs_reset = True

@@ -14,7 +14,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from agents.checkpoint import check_fits, load_checkpoint, policy_from_checkpoint
+from agents.checkpoint import check_fits, checkpoint_head, load_checkpoint, policy_from_checkpoint
 from agents.reporting import save_trainer_curves
 from agents.tasks import make_task
 from agents.trainer import Trainer, TrainerSettings
@@ -40,6 +40,16 @@ def _holdouts(holdout) -> list[str]:
     return [holdout] if isinstance(holdout, str) else [str(h) for h in holdout]
 
 
+def cluster_names(cfg: DictConfig) -> list[str]:
+    """The clusters of the run: ``run.clusters`` (names or paths) or the cluster group's cluster, then
+    ``run.generated_clusters`` generated ones (``gen-0``, ``gen-1``, ...)."""
+    names = [str(c) for c in cfg.run.clusters] if cfg.run.clusters else [str(cfg.cluster.name)]
+    names += [f"gen-{i}" for i in range(int(cfg.run.generated_clusters))]
+    if len(set(names)) != len(names):
+        raise HeterogError(f"a cluster is given twice: {names}")
+    return names
+
+
 def run_name(experiment: str, graph_names: list[str], cluster: str, seed: int, holdout: str | None) -> str:
     """``<experiment>__<graphs>__<cluster>__seed<seed>__<YYYYmmdd-HHMMSS>``."""
     graphs = "+".join(graph_names) if len(graph_names) <= 3 else f"{len(graph_names)}graphs"
@@ -60,14 +70,27 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         raise HeterogError(f"experiment {cfg.run.name} needs run.init_from=<checkpoint>")
     torch.set_num_threads(int(cfg.threads))
     # ---- instantiate everything from the config
-    cluster = load_cluster(cfg.cluster.name)
+    clusters = [load_cluster(n) for n in cluster_names(cfg)]
     specs = graph_specs(cfg)
     graphs = [capture_model(s["model"], s.get("batch_size"), s.get("optimizer", "sgd")) for s in specs]
-    tasks = [make_task(g, cluster, max_groups=int(cfg.run.max_groups)) for g in graphs]
+    # the checkpoint to resume or start from (its head, else agent.head, sets the op feature layout)
+    source = cfg.run.resume or cfg.run.init_from
+    state = load_checkpoint(source) if source is not None else None
+    head = checkpoint_head(state) if state is not None else cfg.agent.get("head", "fixed")
+    layout = "device-free" if head == "tokens" else "per-device"
+    sizes = sorted({c.n_devices for c in clusters})
+    if head != "tokens" and len(sizes) > 1:
+        raise HeterogError(f"clusters of {sizes} devices need one policy for any size: agent.head=tokens")
+    # one task per (graph, cluster); with several clusters the task name carries the cluster
+    tasks = [make_task(g, c, max_groups=int(cfg.run.max_groups), layout=layout,
+                       name=f"{g.name}-b{g.batch_size}@{c.name}" if len(clusters) > 1 else None)
+             for c in clusters for g in graphs]
     settings: TrainerSettings = instantiate(cfg.trainer)
     make_policy = instantiate(cfg.agent)
     holdout = "+".join(_holdouts(cfg.run.holdout)) if cfg.run.graphs and cfg.run.holdout is not None else None
-    name = run_name(cfg.run.name, [t.name for t in tasks], cluster.name, int(cfg.seed), holdout)
+    cluster_label = "+".join(c.name for c in clusters) if len(clusters) <= 3 else f"{len(clusters)}clusters"
+    name = run_name(cfg.run.name, [g.name + f"-b{g.batch_size}" for g in graphs], cluster_label, int(cfg.seed),
+                    holdout)
     run_dir = Path(cfg.output_dir) / name
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
@@ -79,12 +102,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         writer.add_text("config", "```\n" + OmegaConf.to_yaml(cfg, resolve=True) + "\n```", 0)
 
     # ---- the policy: from the checkpoint to resume or start from, or fresh
-    m = cluster.n_devices
-    source = cfg.run.resume or cfg.run.init_from
-    state = None
-    if source is not None:
-        state = load_checkpoint(source)
-        check_fits(state, m, op_feature_dim(m), DEVICE_FEATURE_DIM, source=f"checkpoint {str(source)!r}")
+    m = sizes[-1]
+    if state is not None:
+        for size in sizes:
+            check_fits(state, size, op_feature_dim(size, layout), DEVICE_FEATURE_DIM,
+                       source=f"checkpoint {str(source)!r}")
         policy = policy_from_checkpoint(state)
     else:
         policy = make_policy(n_devices=m, seed=int(cfg.seed), dp_bias=settings.initial_dp_bias)
@@ -94,7 +116,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
     # ---- train or evaluate
     report: dict[str, Any] = {"run": name, "run_dir": str(run_dir), "experiment": cfg.run.name,
-                              "cluster": cluster.name, "seed": int(cfg.seed), "init_from": source}
+                              "cluster": cluster_label, "clusters": [c.name for c in clusters],
+                              "seed": int(cfg.seed), "init_from": source}
     try:
         if cfg.run.mode == "evaluate":
             report["evaluation"] = trainer.evaluate_policy(int(cfg.run.eval_samples))
@@ -113,8 +136,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         entry = report["graphs"][task.name]
         entry["baselines"] = {}
         for method in cfg.run.compare:
-            t_s, oom = task.evaluator.iteration_time(baselines.run(method, task.evaluator.graph, cluster,
-                                                                   evaluator=task.evaluator))
+            t_s, oom = task.evaluator.iteration_time(baselines.run(method, task.evaluator.graph,
+                                                                   task.evaluator.cluster, evaluator=task.evaluator))
             entry["baselines"][method] = {"iteration_time_s": t_s, "oom": oom}
         ok = {k: v["iteration_time_s"] for k, v in entry["baselines"].items() if not v["oom"]}
         if ok:
@@ -122,6 +145,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             entry["best_baseline"] = best_method
             entry["speedup_vs_best_baseline"] = ok[best_method] / entry["best_iteration_time_s"]
             references[task.name] = {f"{best_method} (best baseline)": ok[best_method]}
+        if trainer.states[task.key].best_actions is None:    # never drawn (graphs_per_round, short run)
+            entry["strategy"] = None
+            continue
         strategy_path = run_dir / f"strategy_{task.name}.json"
         trainer.best_strategy(task).save(strategy_path)
         entry["strategy"] = str(strategy_path)

@@ -1,7 +1,25 @@
 """GPU clusters: the device catalog, the topology (servers, directed links, path tables) and the
-YAML loader with the built-in clusters, including the HeteroG paper testbeds and local-cpu-N."""
+YAML loader with the built-in clusters, including the HeteroG paper testbeds and local-cpu-N, and
+generated clusters (gen-SEED)."""
+import re
+from pathlib import Path
+
+from heterog.cluster import loader
 from heterog.cluster.catalog import CATALOG, DeviceType
-from heterog.cluster.loader import builtin_names, load_cluster
+from heterog.cluster.generate import generate_cluster
+from heterog.cluster.loader import builtin_names
 from heterog.cluster.topology import Cluster, Device, Link, Server
+
+
+def load_cluster(name_or_path: str | Path) -> Cluster:
+    """A Cluster from a YAML file, a built-in name (``builtin_names()``), ``local-cpu-N[:...]``
+    (``heterog.cluster.loader.load_cluster``) or ``gen-SEED``: the generated cluster of that seed
+    (``heterog.cluster.generate``)."""
+    text = str(name_or_path).strip()
+    generated = re.fullmatch(r"gen-(\d+)", text)
+    if generated and not Path(text).is_file():
+        return generate_cluster(int(generated.group(1)))
+    return loader.load_cluster(name_or_path)
+
 
 __all__ = ["CATALOG", "Cluster", "Device", "DeviceType", "Link", "Server", "builtin_names", "load_cluster"]

@@ -417,7 +417,8 @@ def _parse_yaml(text: str, source: str, default_name: str) -> Cluster:
 
 
 def load_cluster(name_or_path: str | Path) -> Cluster:
-    """A Cluster from a YAML file, a built-in name (``builtin_names()``) or ``local-cpu-N[:...]``."""
+    """A Cluster from a YAML file, a built-in name (``builtin_names()``) or ``local-cpu-N[:...]``
+    (``heterog.cluster.load_cluster`` also takes ``gen-SEED``)."""
     text = str(name_or_path).strip()
     if text.startswith(LOCAL_CPU_PREFIX + "-") and not Path(text).is_file():
         return local_cpu_cluster(text)
@@ -433,7 +434,7 @@ def load_cluster(name_or_path: str | Path) -> Cluster:
         content = _builtin_dir().joinpath(f"{text}.yaml").read_text()
         return _parse_yaml(content, f"built-in cluster {text!r}", text)
     raise ClusterError(f"unknown cluster {text!r}: not a file and not a built-in; built-ins: "
-                       f"{', '.join(names)}, {LOCAL_CPU_SYNTAX}")
+                       f"{', '.join(names)}, {LOCAL_CPU_SYNTAX}, gen-SEED")
 
 
 __all__ = [

@@ -156,3 +156,38 @@ def test_ansi_render_summarises_the_plan(tiny_mlp, paper8):
     _, _, _, _, info = e.step(np.full(e.max_groups, 9))
     text = e.render()
     assert f"{info['iteration_time_s'] * 1e3:.2f} ms" in text and f"dp-even-ar={e.max_groups}" in text
+
+
+def test_padded_device_tokens_give_one_space_for_clusters_of_any_size(tiny_mlp):
+    """max_devices: device-free op features, dev_x padded to max_devices rows with dev_mask, the same
+    observation space on 2 and 12 devices; the action space stays M + 4 per group."""
+    made = {name: gym.make("HeteroG/Placement-v0", graph=tiny_mlp, cluster=name, max_devices=16).unwrapped
+            for name in ("local-cpu-2", "paper-12gpu")}
+    spaces = [env.observation_space for env in made.values()]
+    assert spaces[0] == spaces[1]
+    for env in made.values():
+        check_env(env)
+        obs, _ = env.reset(seed=0)
+        m = env.n_devices
+        assert obs["dev_x"].shape == (16, envs.DEVICE_FEATURE_DIM)
+        assert obs["op_x"].shape[1] == envs.op_feature_dim(m, "device-free") == envs.op_feature_dim(16, "device-free")
+        assert obs["dev_mask"].tolist() == [1] * m + [0] * (16 - m)
+        assert not obs["dev_x"][m:].any()
+        assert env.action_space.nvec.tolist() == [m + 4] * env.max_groups
+    plain = PlacementEnv(tiny_mlp, "paper-12gpu")
+    assert "dev_mask" not in plain.observation_space.spaces
+
+
+def test_device_free_op_features_summarise_the_per_device_columns(tiny_mlp, paper8):
+    per_device = PlacementEnv(tiny_mlp, paper8).features[0].op_x
+    free = PlacementEnv(tiny_mlp, paper8, max_devices=16).features[0].op_x
+    full_batch = per_device[:, :8]                               # time_full_batch on each of the 8 devices
+    np.testing.assert_allclose(free[:, 0], full_batch.mean(axis=1), rtol=1e-5)
+    np.testing.assert_allclose(free[:, 1], full_batch.min(axis=1))
+    np.testing.assert_allclose(free[:, 2], full_batch.max(axis=1))
+    np.testing.assert_array_equal(free[:, 9:], per_device[:, 24:])   # everything after the per-device columns
+
+
+def test_max_devices_below_the_cluster_is_refused(tiny_mlp):
+    with pytest.raises(HeterogError, match="12 devices, more than max_devices=8"):
+        PlacementEnv(tiny_mlp, "paper-12gpu", max_devices=8)

@@ -103,3 +103,36 @@ def test_finetune_and_evaluate_need_a_checkpoint(tmp_path, experiment):
     with pytest.raises(HeterogError, match=f"experiment {experiment} needs run.init_from=<checkpoint>"):
         run(cfg)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_token_head_checkpoint_fine_tunes_on_a_cluster_of_another_size(tmp_path):
+    """agent.head=tokens trained on paper-8gpu; its checkpoint starts a run on paper-12gpu (12 devices),
+    where a fixed-head checkpoint is refused."""
+    torch.set_num_threads(1)
+    out = [f"output_dir={tmp_path}", "graph=tiny_mlp", *SHRINK]
+    tokens = run(config([*out, "agent.head=tokens"]))
+    assert load_checkpoint(tokens["checkpoint"])["policy_config"]["head"] == "tokens"
+    fine = run(config(["experiment=finetune", "cluster=paper-12gpu", f"run.init_from={tokens['checkpoint']}", *out]))
+    assert fine["cluster"] == "paper-12gpu" and fine["graphs"]["tiny_mlp-b16"]["episodes"] == 8
+    fixed = run(config(out))
+    with pytest.raises(HeterogError, match=r"\(8 devices\); this cluster needs 16 actions \(12 devices\)"):
+        run(config(["experiment=finetune", "cluster=paper-12gpu", f"run.init_from={fixed['checkpoint']}", *out]))
+
+
+def test_one_token_policy_trains_on_several_clusters(tmp_path):
+    """run.clusters and run.generated_clusters: every graph on every cluster, one task per pair, the
+    trainer drawing graphs_per_round of the pairs each round; a fixed head refuses mixed sizes."""
+    torch.set_num_threads(1)
+    out = [f"output_dir={tmp_path}", "graph=tiny_mlp", *SHRINK, "run.episodes=24", "trainer.graphs_per_round=2"]
+    report = run(config([*out, "agent.head=tokens", "run.clusters=[local-cpu-2,paper-8gpu]",
+                         "run.generated_clusters=1"]))
+    assert report["clusters"] == ["local-cpu-2", "paper-8gpu", "gen-0"]
+    assert "__local-cpu-2+paper-8gpu+gen-0__" in report["run"]
+    names = {f"tiny_mlp-b16@{c}" for c in report["clusters"]}
+    assert set(report["graphs"]) == names
+    assert sum(g["episodes"] for g in report["graphs"].values()) >= 24
+    assert all(g["episodes"] > 0 and Path(g["strategy"]).is_file() for g in report["graphs"].values())
+    for entry in report["graphs"].values():
+        assert set(entry["baselines"]) == {"ev-ar", "cp-ar"}
+    with pytest.raises(HeterogError, match=r"clusters of \[2, 8\] devices need .*agent.head=tokens"):
+        run(config([*out, "run.clusters=[local-cpu-2,paper-8gpu]"]))
