@@ -843,15 +843,14 @@ def capture(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Te
             optimizer: str = "sgd", lr: float = 0.01, fuse: bool = True, name: str | None = None) -> OpGraph:
     """Capture the training step of ``module`` as an OpGraph at the batch size of ``example_inputs``.
 
-    The step traced is ``step(*params, *buffers, *opt_state, *inputs) -> (loss, *new_params, *new_state)``:
-    ``loss`` = the loss in ``functional_call(module, {params, buffers}, inputs)`` (``select_loss``: the
-    output itself, ``output["loss"]``, ``output.loss`` or ``output[0]``; which one is logged once as a
-    warning) must be a scalar (the mean loss, else ModelError; Python control flow on tensor values:
-    DataDependentControlFlowError naming the model's line); ``grads = torch.autograd.grad(loss, params)``; the update is functional with the
-    arithmetic of ``torch.optim``: ``sgd`` (p - lr*g, no state), ``momentum`` (SGD with momentum 0.9; state
-    momentum_buffer) or ``adam`` (betas 0.9/0.999, eps 1e-8, bias correction; state exp_avg, exp_avg_sq,
-    step per parameter). Phases: forward = nodes traced while computing the loss, backward = inside
-    autograd.grad, update = the optimizer.
+    The step traced is ``step(*params, *buffers, *opt_state, *inputs) -> (loss, *new_params, *new_state)``: ``loss``
+    = the loss in ``functional_call(module, {params, buffers}, inputs)`` (``select_loss``: the output itself,
+    ``output["loss"]``, ``output.loss`` or ``output[0]``; which one is logged once as a warning) must be a scalar
+    (the mean loss, else ModelError; Python control flow on tensor values: DataDependentControlFlowError naming the
+    model's line); ``grads = torch.autograd.grad(loss, params)``; the update is functional with the arithmetic of
+    ``torch.optim``: ``sgd`` (p - lr*g, no state), ``momentum`` (SGD with momentum 0.9; state momentum_buffer) or
+    ``adam`` (betas 0.9/0.999, eps 1e-8, bias correction; state exp_avg, exp_avg_sq, step per parameter). Phases:
+    forward = nodes traced while computing the loss, backward = inside autograd.grad, update = the optimizer.
 
     Nothing is allocated: parameters, buffers, state and inputs are fake tensors made from shapes and
     dtypes, so ``module`` may live on the meta device. One symbolic-batch trace

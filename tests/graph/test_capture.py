@@ -5,19 +5,19 @@ from __future__ import annotations
 import copy
 import logging
 
+import graph_models
 import numpy as np
 import pytest
-import graph_models
 import torch
 from graph_models import (
     MLP,
     AttributeLoss,
     BNNet,
     BranchOnValues,
-    DictLoss,
-    DictNoLoss,
     ConvNet,
     DepthwiseNet,
+    DictLoss,
+    DictNoLoss,
     FixedBatch,
     FoldNet,
     MatmulNet,
