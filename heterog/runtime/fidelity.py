@@ -1,6 +1,6 @@
 """Simulator fidelity: run several different plans for real and in the simulator with profiled costs,
 and report how far apart they are (MAPE of simulated vs measured iteration time, Kendall tau of their
-rankings, per-plan pairs) with a scatter plot.
+rankings, per-plan pairs, measured vs simulated peak memory per device) with a scatter plot.
 """
 from __future__ import annotations
 
@@ -39,13 +39,19 @@ class PlanPair:
     With per-round numbers (``measured_all_s[j]`` measured in round j, ``simulated_all_s[j]`` simulated
     with the profile measured around round j), ``error`` is the median over rounds of the paired relative
     errors, so that a change of machine speed during the experiment, which moves the plan and its
-    profile alike, cancels out; otherwise it is the relative error of ``simulated_s`` vs ``measured_s``."""
+    profile alike, cancels out; otherwise it is the relative error of ``simulated_s`` vs ``measured_s``.
+
+    Memory (device name -> bytes): ``measured_peak_memory_bytes`` is the most a worker held over the
+    rounds (``RunResult``, ``heterog.runtime.executor.LiveBytes``), ``simulated_peak_memory_bytes`` the
+    simulator's peak for the plan."""
 
     plan: str
     measured_s: float
     simulated_s: float
     measured_all_s: list[float] = field(default_factory=list)      # per round: median iteration time
     simulated_all_s: list[float] = field(default_factory=list)     # per round: with that round's profile
+    measured_peak_memory_bytes: dict[str, int] = field(default_factory=dict)
+    simulated_peak_memory_bytes: dict[str, int] = field(default_factory=dict)
 
     @property
     def error(self) -> float:
@@ -56,12 +62,27 @@ class PlanPair:
     def record(self) -> dict:
         return {"plan": self.plan, "measured_s": self.measured_s, "simulated_s": self.simulated_s,
                 "error": self.error, "measured_all_s": self.measured_all_s,
-                "simulated_all_s": self.simulated_all_s}
+                "simulated_all_s": self.simulated_all_s,
+                "measured_peak_memory_bytes": self.measured_peak_memory_bytes,
+                "simulated_peak_memory_bytes": self.simulated_peak_memory_bytes,
+                "peak_memory_error": self.memory_errors()}
+
+    def memory_errors(self) -> dict[str, float]:
+        """Per device that holds anything: (simulated - measured) / measured peak memory."""
+        return {d: (self.simulated_peak_memory_bytes.get(d, 0) - m) / m
+                for d, m in self.measured_peak_memory_bytes.items() if m > 0}
 
 
 def mape(pairs: Sequence[PlanPair]) -> float:
     """Mean absolute percentage error of simulated vs measured, in percent."""
     return float(100.0 * np.mean([abs(p.error) for p in pairs])) if pairs else math.nan
+
+
+def memory_mape(pairs: Sequence[PlanPair]) -> float:
+    """Mean absolute percentage error of simulated vs measured peak memory over plans and devices that
+    hold anything (NaN without memory numbers)."""
+    errs = [abs(e) for p in pairs for e in p.memory_errors().values()]
+    return float(100.0 * np.mean(errs)) if errs else math.nan
 
 
 def kendall_tau(pairs: Sequence[PlanPair]) -> float:
@@ -150,7 +171,8 @@ class FidelityReport:
         of_medians = mape([PlanPair(p.plan, p.measured_s, p.simulated_s) for p in self.pairs])
         return {"model": self.model, "cluster": self.cluster, "batch_size": self.batch_size, "mape": self.mape,
                 "mape_of_medians": of_medians,
-                "kendall_tau": self.kendall_tau, "pairs": [p.record() for p in self.pairs],
+                "kendall_tau": self.kendall_tau, "memory_mape": memory_mape(self.pairs),
+                "pairs": [p.record() for p in self.pairs],
                 "worst_plan": None if worst is None else worst.plan, "profile": self.profile, "plot": self.plot,
                 "steps": self.steps, "warmup_steps": self.warmup_steps, "profile_time_s": self.profile_time_s,
                 "run_time_s": self.run_time_s, "link_fits": self.link_fits,
@@ -308,6 +330,7 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
         t_prof += time.perf_counter() - t0
         n_rounds = max(1, repeats)
         medians: list[list[float]] = [[] for _ in strategies]
+        peaks: list[dict[str, int]] = [{} for _ in strategies]      # per plan: device -> most held
         for j in range(n_rounds + 1):          # rounds over all plans: a change of machine load hits all
             if ops is not None:
                 t0 = time.perf_counter()
@@ -320,6 +343,8 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
             for k, prep in enumerate(prepared):
                 r = run_prepared(prep, [model.example_inputs], steps, warmup=warmup, pool=pool, return_state=False)
                 medians[k].append(r.iteration_time_s)
+                for d, b in r.measured_peak_memory_bytes.items():
+                    peaks[k][d] = max(peaks[k].get(d, 0), b)
             t_run += time.perf_counter() - t0
         measured_parts = [measured_breakdown(prep, pool, steps, warmup, simulated_breakdown(ev, s)[1])
                           for s, prep in zip(strategies, prepared)] if breakdown else []
@@ -339,8 +364,9 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
             simulated_all = [list(col) for col in zip(*per_round)]
         else:
             simulated_all = [[sim] * n_rounds for sim in simulate_all(table, op_points)]
-        return [PlanPair(s.method, float(np.median(meds)), float(np.median(sims)), meds, sims)
-                for s, sims, meds in zip(strategies, simulated_all, medians)]
+        return [PlanPair(s.method, float(np.median(meds)), float(np.median(sims)), meds, sims, peak,
+                         dict(prep.simulated_peak_memory_bytes))
+                for s, sims, meds, peak, prep in zip(strategies, simulated_all, medians, peaks, prepared)]
 
     if ops is not None:
         table = comm.fit(ops.fit())
