@@ -426,7 +426,7 @@ def _forward(module: nn.Module, tensors: dict[str, torch.Tensor], xs: Sequence[t
     loss, where = select_loss(out, model_name)
     if where != "output" and (model_name, where) not in _LOSS_NOTED:
         _LOSS_NOTED.add((model_name, where))
-        log.warning("model %s returned a %s; training on its loss, %s", model_name, _describe(out), where)
+        log.warning("model %s returned %s; training on its loss, %s", model_name, _describe(out), where)
     if loss.dim() != 0:
         shape = ", ".join(str(s) for s in sizes.shape(loss))
         raise ModelError(f"model {where} has shape ({shape}); it must be a scalar mean loss")

@@ -271,6 +271,7 @@ def test_loss_is_taken_from_tuple_dict_or_attribute_outputs(model_cls, where, ca
         capture_fx(model, x)                        # said once per process, not per capture
     notes = [r.getMessage() for r in caplog.records if "training on its loss" in r.getMessage()]
     assert len(notes) == 1 and notes[0].endswith(f"training on its loss, {where}")
+    assert notes[0].startswith(f"model {model_cls.__name__} returned a ")
     assert select_loss(model(*x), model_cls.__name__)[1] == where
     ref = capture_fx(plain, x)
     params = [p.detach() for p in plain.parameters()]
