@@ -5,9 +5,10 @@ rankings, per-plan pairs, measured vs simulated peak memory per device) with a s
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +16,8 @@ import numpy as np
 
 from heterog.cost.profile import ProfileTable
 from heterog.errors import HeterogError
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PROFILE_DIR = ".heterog-cache/profiles"
 # rounds over all plans: a plan's error is the median of its per-round errors, whose noise on a 2-vCPU host
@@ -110,13 +113,25 @@ def _split_strategy(ev, name: str):
 
 def candidate_plans(ev, n: int, names: Sequence[str] = PLAN_ORDER) -> list:
     """The first ``n`` distinct plans (different layouts) among ``names`` for ``ev``'s graph and cluster."""
+    out = []
+    for s in distinct_plans(ev, names):
+        if len(out) >= n:
+            break
+        out.append(s)
+    if len(out) < n:
+        raise HeterogError(f"only {len(out)} distinct plans could be made for {ev.graph.name} on "
+                           f"{ev.cluster.name}; asked for {n}")
+    return out
+
+
+def distinct_plans(ev, names: Sequence[str] = PLAN_ORDER) -> Iterator:
+    """The distinct plans (different layouts) among ``names`` for ``ev``'s graph and cluster, in order,
+    made as they are asked for."""
     from heterog import baselines
 
     known = set(baselines.names())
-    out, seen = [], set()
+    seen = set()
     for name in names:
-        if len(out) >= n:
-            break
         base, _, seed = name.partition(":")
         if base in ("mp-split", "mp-alternate"):
             s = _split_strategy(ev, base)
@@ -130,11 +145,7 @@ def candidate_plans(ev, n: int, names: Sequence[str] = PLAN_ORDER) -> list:
         if key in seen:
             continue
         seen.add(key)
-        out.append(s)
-    if len(out) < n:
-        raise HeterogError(f"only {len(out)} distinct plans could be made for {ev.graph.name} on "
-                           f"{ev.cluster.name}; asked for {n}")
-    return out
+        yield s
 
 
 def _canonical(s) -> list:
@@ -165,6 +176,8 @@ class FidelityReport:
     link_fits: list[dict] = field(default_factory=list)
     line_pairs: list[PlanPair] = field(default_factory=list)   # the same runs simulated with op lines
     breakdown: list[dict] = field(default_factory=list)    # per plan and device: where the time goes
+    plans_asked: int = 0
+    failed_plans: list[dict] = field(default_factory=list)  # {plan, error}: left out, the runtime failed
 
     def record(self) -> dict:
         worst = max(self.pairs, key=lambda p: abs(p.error)) if self.pairs else None
@@ -178,7 +191,7 @@ class FidelityReport:
                 "run_time_s": self.run_time_s, "link_fits": self.link_fits,
                 "op_lines": {"mape": mape(self.line_pairs), "kendall_tau": kendall_tau(self.line_pairs),
                              "simulated_s": [p.simulated_s for p in self.line_pairs]},
-                "breakdown": self.breakdown}
+                "breakdown": self.breakdown, "plans_asked": self.plans_asked, "failed_plans": self.failed_plans}
 
 
 # ------------------------------------------------------------------------------ where the time goes
@@ -295,6 +308,10 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
     of all rounds is the one saved. Ops are simulated through their measured points (``CostModel``);
     ``line_pairs`` holds the same runs simulated with the ops' fitted lines, for comparison.
     ``pool``: running workers to use (one per device); by default a pool is started and stopped here.
+    Each candidate plan (the distinct plans of ``plans``, in order) first runs one step; a plan that the
+    runtime fails on is left out, logged as a warning and listed in ``failed_plans`` (with the error), its
+    workers are replaced, and the next candidate is taken, so that ``n_plans`` plans that run are
+    measured, or all there are (at least 2; with a ``pool`` passed in, a failure is raised instead).
     ``breakdown``: afterwards run every plan once more with instruction tracing and report, per plan and
     device, measured vs simulated compute (and compute of the ops fed by a message), communication work
     and waiting (``simulated_breakdown``, ``measured_breakdown``)."""
@@ -302,11 +319,12 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
     from heterog.cost import CostModel
     from heterog.evaluate import Evaluator
     from heterog.runtime.api import load_model, prepare, run_prepared
-    from heterog.runtime.launcher import WorkerPool
+    from heterog.runtime.launcher import WorkerFailure, WorkerPool
     from heterog.runtime.profiler import OP_STEPS, CommProfiler, OpProfiler
 
     cluster = load_cluster(cluster_spec)
     model = load_model(model_ref, batch_size, optimizer=optimizer)
+    failed: list[dict] = []
     ppath = Path(profile_file) if profile_file else profile_path(model_ref, model.batch_size, cluster.name)
     own = pool is None
     if own:
@@ -325,8 +343,32 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
             comm.round()
             table = comm.fit(ops.fit())
         ev = Evaluator(model.graph, cluster, CostModel(cluster, table))
-        strategies = candidate_plans(ev, n_plans, plans)
-        prepared = [prepare(model, cluster, s, cost=ev.cost) for s in strategies]
+        strategies, prepared = [], []
+        for s in distinct_plans(ev, plans):
+            if len(strategies) >= n_plans:
+                break
+            prep = prepare(model, cluster, s, cost=ev.cost)
+            try:                                  # one step: a plan the runtime cannot run is left out
+                run_prepared(prep, [model.example_inputs], 1, warmup=0, pool=pool, return_state=False)
+            except WorkerFailure as exc:
+                if not own:
+                    raise
+                failed.append({"plan": s.method, "error": str(exc)})
+                log.warning("fidelity: plan %s fails in the runtime and is left out: %s", s.method, exc)
+                pool = WorkerPool(cluster.n_devices, "gloo", device_names=cluster.device_names,
+                                  hang_timeout_s=hang_timeout_s)
+                if ops is not None:
+                    ops.pool = comm.pool = pool
+                continue
+            strategies.append(s)
+            prepared.append(prep)
+        if len(strategies) < min(n_plans, 2):
+            raise HeterogError(f"{len(strategies)} plans of {model.name} ran on {cluster.name}, too few to compare "
+                               f"(asked for {n_plans}; failed: {', '.join(f['plan'] for f in failed) or 'none'})")
+        if len(strategies) < n_plans:
+            log.warning("fidelity: %d plans of %d asked for (the distinct plans of %s that run: %s; failed: %s)",
+                        len(strategies), n_plans, ", ".join(plans), ", ".join(s.method for s in strategies),
+                        ", ".join(f["plan"] for f in failed) or "none")
         t_prof += time.perf_counter() - t0
         n_rounds = max(1, repeats)
         medians: list[list[float]] = [[] for _ in strategies]
@@ -388,4 +430,4 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
                             "latency_s": table.link_latency.get(name, (0.0, 0.0))[0],
                             "latency_s_per_byte": table.link_latency.get(name, (0.0, 0.0))[1]}
                            for name, (a, b) in table.links.items()],
-                          line_pairs, parts)
+                          line_pairs, parts, n_plans, failed)

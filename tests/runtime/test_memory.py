@@ -46,10 +46,12 @@ def test_live_bytes_count_only_the_span_of_input_slices() -> None:
     assert mem.live == 12
 
 
-# relative tolerance of measured vs simulated peak per plan: the simulator keeps gradients resident for
-# the whole step and aggregates pushed gradients in place on the PS; the runtime holds a gradient from
-# its production to the update and sums the pushed ones into a new tensor (the PS holder measures more)
-TOLERANCE = {"single": 0.10, "ev-ar": 0.10, "ev-ps": 0.35}
+# relative tolerance of measured vs simulated peak per plan. The simulator keeps gradients resident for
+# the whole step, updates parameters and aggregates pushed gradients in place; the runtime holds a
+# gradient from its production to the update, a parameter's old and new value from its update to the
+# end of the step (tiny_mlp's activations are small beside its parameters, so this shows: +5% to +12%
+# depending on the order), and sums pushed gradients into a new tensor (the PS holder measures more)
+TOLERANCE = {"single": 0.15, "ev-ar": 0.15, "ev-ps": 0.35}
 
 
 @pytest.mark.parametrize("method", sorted(TOLERANCE))
@@ -75,3 +77,34 @@ def test_measured_peak_memory_matches_the_simulated_peak(method: str, pool2) -> 
         assert measured[name] == pytest.approx(simulated[name], rel=TOLERANCE[method])
     if method == "ev-ar":                                   # even shares: the replicas hold the same
         assert len(set(measured.values())) == 1
+
+
+def test_fidelity_leaves_out_a_plan_that_fails_and_reports_memory_per_plan(tmp_path, monkeypatch) -> None:
+    from heterog.runtime import api, fidelity
+    from heterog.runtime.launcher import WorkerFailure
+
+    real = api.run_prepared
+
+    def failing_ev_ps(prepared, batches, steps, *, pool=None, **kw):
+        if prepared.strategy.method == "ev-ps" and steps == 1:     # its trial step: as a crashed worker
+            pool.close()
+            raise WorkerFailure("worker rank 1 (rank 1) failed during step 0: injected; all workers were stopped")
+        return real(prepared, batches, steps, pool=pool, **kw)
+
+    monkeypatch.setattr(api, "run_prepared", failing_ev_ps)
+    rep = fidelity.run_fidelity("tiny_mlp", "local-cpu-2", n_plans=3, batch_size=6, steps=3, warmup=1, repeats=1,
+                                profile_file=tmp_path / "p.json", plot=tmp_path / "f.png")
+    rec = rep.record()
+    assert [p["plan"] for p in rec["pairs"]] == ["single", "ev-ar", "mp-split"]
+    assert rec["plans_asked"] == 3 and [f["plan"] for f in rec["failed_plans"]] == ["ev-ps"]
+    assert "injected" in rec["failed_plans"][0]["error"]
+    names = load_cluster("local-cpu-2").device_names
+    for p in rec["pairs"]:
+        assert set(p["measured_peak_memory_bytes"]) == set(p["simulated_peak_memory_bytes"]) == set(names)
+        assert set(p["peak_memory_error"]) == {d for d in names if p["measured_peak_memory_bytes"][d] > 0}
+    single = rec["pairs"][0]
+    assert single["measured_peak_memory_bytes"][names[1]] == 0
+    assert single["measured_peak_memory_bytes"][names[0]] == pytest.approx(
+        single["simulated_peak_memory_bytes"][names[0]], rel=TOLERANCE["single"])
+    assert rec["memory_mape"] == pytest.approx(100 * sum(abs(e) for p in rec["pairs"] for e in
+                                                         p["peak_memory_error"].values()) / 5)
