@@ -457,12 +457,12 @@ class Runner:
 
 def get_runner(model_fn: Callable[..., Any], input_fn: Callable[..., Any], device_info: Any,
                config: RunnerConfig | dict | None = None) -> Runner:
-    """The HeteroG paper's interface: ``model_fn()`` builds the model (an ``nn.Module`` whose call on the
-    inputs returns the scalar mean loss, or ``(module, example_inputs)``), ``input_fn()`` returns one global
-    batch (a tensor or tuple of tensors, batch on dim 0; called once per step), ``device_info`` names a
-    cluster (``"local-cpu-4:slowdown=1,1,2,2"``, a YAML path) or describes devices (a Cluster, a cluster
-    dict, or a list of device type names). ``config`` (RunnerConfig or dict) picks the planning method
-    (default: the agent when importable, else the fastest simulated DP baseline), optimizer, backend and
-    default steps. ``get_runner(...).run(steps)`` plans, then trains, and returns per-step losses and times.
-    """
+    """The HeteroG paper's interface: ``model_fn()`` builds the model (an ``nn.Module`` whose call on the inputs
+    returns the scalar mean loss, or a tuple with the loss first, a dict with a "loss" entry or an object with
+    ``.loss``: ``heterog.graph.capture.select_loss``; or ``(module, example_inputs)``), ``input_fn()`` returns one
+    global batch (a tensor or tuple of tensors, batch on dim 0; called once per step), ``device_info`` names a
+    cluster (``"local-cpu-4:slowdown=1,1,2,2"``, a YAML path) or describes devices (a Cluster, a cluster dict, or a
+    list of device type names). ``config`` (RunnerConfig or dict) picks the planning method (default: the agent when
+    importable, else the fastest simulated DP baseline), optimizer, backend and default steps.
+    ``get_runner(...).run(steps)`` plans, then trains, and returns per-step losses and times. """
     return Runner(model_fn, input_fn, device_info, config)
