@@ -464,5 +464,5 @@ def get_runner(model_fn: Callable[..., Any], input_fn: Callable[..., Any], devic
     cluster (``"local-cpu-4:slowdown=1,1,2,2"``, a YAML path) or describes devices (a Cluster, a cluster dict, or a
     list of device type names). ``config`` (RunnerConfig or dict) picks the planning method (default: the agent when
     importable, else the fastest simulated DP baseline), optimizer, backend and default steps.
-    ``get_runner(...).run(steps)`` plans, then trains, and returns per-step losses and times. """
+    ``get_runner(...).run(steps)`` plans, then trains, and returns per-step losses and times."""
     return Runner(model_fn, input_fn, device_info, config)
