@@ -22,5 +22,10 @@ class ModelError(HeterogError):
     """A user's model does not follow the model contract (scalar mean loss, batch on dim 0)."""
 
 
+class DataDependentControlFlowError(ModelError):
+    """The model's Python control flow depends on tensor values (``if x.sum() > 0:``), which a captured
+    step cannot follow; the message names the model's line and the fix (torch.where / torch.cond)."""
+
+
 class CheckpointError(HeterogError):
     """A checkpoint does not fit the current run (action space, graph, format)."""

@@ -7,15 +7,16 @@ import logging
 import math
 import operator
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from torch.fx import GraphModule, Node
 
-from heterog.errors import HeterogError, ModelError
+from heterog.errors import DataDependentControlFlowError, HeterogError, ModelError
 from heterog.graph.fusion import VIEW_OPS, fuse_trivial
 from heterog.graph.opgraph import PHASES, Edge, Op, OpGraph
 
@@ -409,27 +410,94 @@ def capture_fx(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch
 
 def _forward(module: nn.Module, tensors: dict[str, torch.Tensor], xs: Sequence[torch.Tensor],
              model_name: str, sizes: _Sizes) -> torch.Tensor:
-    """The model call inside the trace; a failure there is the model's (ModelError, cause kept)."""
+    """The model call inside the trace and the loss taken from its output (``select_loss``); a failure
+    there is the model's (ModelError, cause kept; data-dependent control flow: DataDependentControlFlowError)."""
     from torch.func import functional_call
 
     try:
-        loss = functional_call(module, tensors, tuple(xs))
+        out = functional_call(module, tensors, tuple(xs))
     except HeterogError:
         raise
     except Exception as exc:
+        if _is_data_dependent(exc):
+            raise DataDependentControlFlowError(_data_dependent_message(exc, model_name)) from exc
         raise ModelError(f"model {model_name}: forward pass failed while tracing on fake tensors: "
                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
-    if not isinstance(loss, torch.Tensor):
-        raise ModelError(f"model {model_name} returned a {type(loss).__name__}; it must return a scalar "
-                         "mean loss tensor")
+    loss, where = select_loss(out, model_name)
+    if where != "output" and (model_name, where) not in _LOSS_NOTED:
+        _LOSS_NOTED.add((model_name, where))
+        log.warning("model %s returned %s; training on its loss, %s", model_name, _describe(out), where)
     if loss.dim() != 0:
         shape = ", ".join(str(s) for s in sizes.shape(loss))
-        raise ModelError(f"model output has shape ({shape}); it must be a scalar mean loss")
+        raise ModelError(f"model {where} has shape ({shape}); it must be a scalar mean loss")
     if not loss.dtype.is_floating_point:
-        raise ModelError(f"model loss has dtype {loss.dtype}; it must be a floating-point scalar")
+        raise ModelError(f"model loss ({where}) has dtype {loss.dtype}; it must be a floating-point scalar")
     if not loss.requires_grad:
-        raise ModelError(f"model {model_name}: the loss does not depend on any trainable parameter")
+        raise ModelError(f"model {model_name}: the loss ({where}) does not depend on any trainable parameter")
     return loss
+
+
+_LOSS_NOTED: set[tuple[str, str]] = set()   # (model, output taken) already reported (once per process)
+
+
+def select_loss(out: Any, model_name: str = "model") -> tuple[torch.Tensor, str]:
+    """The loss in a model's output and where it was found, as users write models:
+
+    a tensor (``"output"``); a mapping with a ``"loss"`` entry, e.g. a dict or a Hugging Face
+    ``ModelOutput`` (``'output["loss"]'``); an object with a tensor ``.loss`` attribute (``"output.loss"``);
+    a tuple or list whose first element is a tensor (``"output[0]"``). Anything else is a ModelError naming
+    what was returned. The shape is not checked here (``_forward`` does that)."""
+    if isinstance(out, torch.Tensor):
+        return out, "output"
+    if isinstance(out, Mapping):
+        if isinstance(out.get("loss"), torch.Tensor):
+            return out["loss"], 'output["loss"]'
+    elif isinstance(getattr(out, "loss", None), torch.Tensor):
+        return out.loss, "output.loss"
+    elif isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0], "output[0]"
+    raise ModelError(f"model {model_name} returned {_describe(out)}; it must return the scalar mean loss: a "
+                     "tensor, a tuple or list whose first element is the loss, a dict with a \"loss\" entry or an "
+                     "object with a .loss attribute")
+
+
+def _describe(out: Any) -> str:
+    """A short description of a model output for messages ("a dict with keys ['logits']")."""
+    name = type(out).__name__
+    if isinstance(out, Mapping):
+        return f"a {name} with keys {list(out.keys())}"
+    if isinstance(out, (tuple, list)):
+        kinds = ", ".join(type(x).__name__ for x in out[:4]) + (", ..." if len(out) > 4 else "")
+        return f"a {name} of {len(out)} ({kinds})"
+    return "None" if out is None else f"a {name}"
+
+
+def _is_data_dependent(exc: BaseException) -> bool:
+    """True for torch's errors on Python control flow (``if``, ``bool()``, ``.item()`` used as a Python
+    number) that depends on tensor values, which a trace on fake tensors cannot follow."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    return isinstance(exc, (GuardOnDataDependentSymNode, DataDependentOutputException))
+
+
+def _data_dependent_message(exc: BaseException, model_name: str) -> str:
+    """One line: the cause, the user's line (innermost traceback frame outside torch and heterog), the fix."""
+    import traceback
+
+    here = Path(__file__).resolve()
+    torch_dir = Path(torch.__file__).resolve().parent
+    line = ""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        path = Path(frame.filename).resolve()
+        if path.is_relative_to(torch_dir) or path == here or frame.filename.startswith("<"):
+            continue
+        code = f" ({frame.line.strip()})" if frame.line else ""
+        line = f" at {frame.filename}:{frame.lineno} in {frame.name}(){code}"
+        break
+    return (f"model {model_name}: Python control flow depends on tensor values{line}; a training step is "
+            "captured once for all inputs, so branch on tensors with torch.where (or torch.cond) instead of "
+            "if/while on a tensor, bool() or .item()")
 
 
 def _fake_inputs(inputs: Sequence[torch.Tensor], fake_mode: Any, symbolic: bool
@@ -775,13 +843,14 @@ def capture(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Te
             optimizer: str = "sgd", lr: float = 0.01, fuse: bool = True, name: str | None = None) -> OpGraph:
     """Capture the training step of ``module`` as an OpGraph at the batch size of ``example_inputs``.
 
-    The step traced is ``step(*params, *buffers, *opt_state, *inputs) -> (loss, *new_params, *new_state)``:
-    ``loss = functional_call(module, {params, buffers}, inputs)`` must be a scalar (the mean loss, else
-    ModelError); ``grads = torch.autograd.grad(loss, params)``; the update is functional with the
-    arithmetic of ``torch.optim``: ``sgd`` (p - lr*g, no state), ``momentum`` (SGD with momentum 0.9; state
-    momentum_buffer) or ``adam`` (betas 0.9/0.999, eps 1e-8, bias correction; state exp_avg, exp_avg_sq,
-    step per parameter). Phases: forward = nodes traced while computing the loss, backward = inside
-    autograd.grad, update = the optimizer.
+    The step traced is ``step(*params, *buffers, *opt_state, *inputs) -> (loss, *new_params, *new_state)``: ``loss``
+    = the loss in ``functional_call(module, {params, buffers}, inputs)`` (``select_loss``: the output itself,
+    ``output["loss"]``, ``output.loss`` or ``output[0]``; which one is logged once as a warning) must be a scalar
+    (the mean loss, else ModelError; Python control flow on tensor values: DataDependentControlFlowError naming the
+    model's line); ``grads = torch.autograd.grad(loss, params)``; the update is functional with the arithmetic of
+    ``torch.optim``: ``sgd`` (p - lr*g, no state), ``momentum`` (SGD with momentum 0.9; state momentum_buffer) or
+    ``adam`` (betas 0.9/0.999, eps 1e-8, bias correction; state exp_avg, exp_avg_sq, step per parameter). Phases:
+    forward = nodes traced while computing the loss, backward = inside autograd.grad, update = the optimizer.
 
     Nothing is allocated: parameters, buffers, state and inputs are fake tensors made from shapes and
     dtypes, so ``module`` may live on the meta device. One symbolic-batch trace

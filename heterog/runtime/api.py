@@ -128,6 +128,7 @@ class PreparedRun:
     exponents: Exponents
     backend: str
     emulate: bool
+    simulated_peak_memory_bytes: dict[str, int] = field(default_factory=dict)   # device name -> bytes
 
     def jobs(self, batches: Sequence[Sequence[torch.Tensor]], steps: int, *, return_state: bool = True) -> list[Job]:
         init = self.model.initial_values()
@@ -171,7 +172,8 @@ def prepare(model: Model, cluster, strategy, *, backend: str = "gloo", cost=None
     emulate = is_emulated(cluster) and backend == "gloo"
     lowered = lower(model.prog, model.graph, cluster, plan, sim.start, exps, emulate=emulate,
                     post_early=backend == "nccl")
-    prepared = PreparedRun(model, cluster, strategy, float(sim.makespan), lowered, exps, backend, emulate)
+    peak = {name: int(sim.peak_memory[d]) for d, name in enumerate(cluster.device_names)}
+    prepared = PreparedRun(model, cluster, strategy, float(sim.makespan), lowered, exps, backend, emulate, peak)
     if check:
         from heterog.runtime.check import check_prepared
 
@@ -182,7 +184,13 @@ def prepare(model: Model, cluster, strategy, *, backend: str = "gloo", cost=None
 # ---------------------------------------------------------------------------- results
 @dataclass
 class RunResult:
-    """What a real run measured (times in seconds; ``iteration_time_s`` is the median after warm-up)."""
+    """What a real run measured (times in seconds; ``iteration_time_s`` is the median after warm-up).
+
+    ``measured_peak_memory_bytes`` (device name -> bytes, one worker per device): the high-water mark
+    over all steps of the bytes each worker holds in its value tables, parameters, buffers, optimizer
+    state, gradients and activations from production until their last consumer
+    (``heterog.runtime.executor.LiveBytes`` says what is counted and why); ``simulated_peak_memory_bytes``:
+    the simulator's peak for the same plan (DESIGN section 3)."""
 
     method: str
     iteration_times_s: list[float]
@@ -194,6 +202,8 @@ class RunResult:
     n_messages: int = 0
     n_allreduce: int = 0
     n_ps_aggregations: int = 0
+    measured_peak_memory_bytes: dict[str, int] = field(default_factory=dict)
+    simulated_peak_memory_bytes: dict[str, int] = field(default_factory=dict)
 
     def params(self, model: Model) -> dict[str, torch.Tensor]:
         """Final parameters by parameter name."""
@@ -204,7 +214,9 @@ class RunResult:
                 "iteration_times_s": self.iteration_times_s, "losses": self.losses,
                 "simulated_iteration_time_s": self.simulated_iteration_time_s, "warmup_steps": self.warmup_steps,
                 "n_messages": self.n_messages, "n_allreduce": self.n_allreduce,
-                "n_ps_aggregations": self.n_ps_aggregations}
+                "n_ps_aggregations": self.n_ps_aggregations,
+                "measured_peak_memory_bytes": self.measured_peak_memory_bytes,
+                "simulated_peak_memory_bytes": self.simulated_peak_memory_bytes}
 
 
 def median_after_warmup(times: Sequence[float], warmup: int) -> tuple[float, int]:
@@ -225,8 +237,11 @@ def collect(prepared: PreparedRun, results: list[dict], warmup: int) -> RunResul
             values.setdefault(ph, v)
     it, w = median_after_warmup(times, warmup)
     low = prepared.lowered
+    names = prepared.cluster.device_names
+    measured = {names[r.get("rank", k)]: int(r.get("peak_memory_bytes", 0)) for k, r in enumerate(results)}
     return RunResult(prepared.strategy.method or "strategy", times, it, losses, values,
-                     prepared.simulated_iteration_time_s, w, len(low.messages), low.n_allreduce, low.n_aggregate)
+                     prepared.simulated_iteration_time_s, w, len(low.messages), low.n_allreduce, low.n_aggregate,
+                     measured, dict(prepared.simulated_peak_memory_bytes))
 
 
 def run_prepared(prepared: PreparedRun, batches: Sequence[Sequence[torch.Tensor]], steps: int, *,
@@ -448,12 +463,12 @@ class Runner:
 
 def get_runner(model_fn: Callable[..., Any], input_fn: Callable[..., Any], device_info: Any,
                config: RunnerConfig | dict | None = None) -> Runner:
-    """The HeteroG paper's interface: ``model_fn()`` builds the model (an ``nn.Module`` whose call on the
-    inputs returns the scalar mean loss, or ``(module, example_inputs)``), ``input_fn()`` returns one global
-    batch (a tensor or tuple of tensors, batch on dim 0; called once per step), ``device_info`` names a
-    cluster (``"local-cpu-4:slowdown=1,1,2,2"``, a YAML path) or describes devices (a Cluster, a cluster
-    dict, or a list of device type names). ``config`` (RunnerConfig or dict) picks the planning method
-    (default: the agent when importable, else the fastest simulated DP baseline), optimizer, backend and
-    default steps. ``get_runner(...).run(steps)`` plans, then trains, and returns per-step losses and times.
-    """
+    """The HeteroG paper's interface: ``model_fn()`` builds the model (an ``nn.Module`` whose call on the inputs
+    returns the scalar mean loss, or a tuple with the loss first, a dict with a "loss" entry or an object with
+    ``.loss``: ``heterog.graph.capture.select_loss``; or ``(module, example_inputs)``), ``input_fn()`` returns one
+    global batch (a tensor or tuple of tensors, batch on dim 0; called once per step), ``device_info`` names a
+    cluster (``"local-cpu-4:slowdown=1,1,2,2"``, a YAML path) or describes devices (a Cluster, a cluster dict, or a
+    list of device type names). ``config`` (RunnerConfig or dict) picks the planning method (default: the agent when
+    importable, else the fastest simulated DP baseline), optimizer, backend and default steps.
+    ``get_runner(...).run(steps)`` plans, then trains, and returns per-step losses and times."""
     return Runner(model_fn, input_fn, device_info, config)

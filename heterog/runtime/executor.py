@@ -126,6 +126,7 @@ class Job:
     name: str = ""
     return_state: bool = True
     trace: bool = False              # record (kind, start, end, waited) of each instruction, each step
+    memory_steps: int = 1            # steps whose held bytes are metered (LiveBytes; the first is warm-up)
 
 
 @dataclass
@@ -383,6 +384,101 @@ class _Pending:
     order: tuple[int, ...] | None = None   # memory order of the sum's dims for the reader (executor)
 
 
+# ---------------------------------------------------------------------------- memory held by a rank
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+class _NoMeter:
+    def put(self, entry: tuple, value: Any) -> None:
+        pass
+
+    def drop(self, entry: tuple) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+
+class LiveBytes:
+    """Bytes of the tensors a rank holds in its value tables, counted once per storage, and their
+    high-water mark (``peak``: ``RankExecutor.run()`` reports it as ``peak_memory_bytes``).
+
+    The tables are the rank's parameters, buffers and optimizer state (``persist``), the values of its ops
+    (``env``: inputs, activations, gradients, new parameters) and derived values (``stash``: assembled
+    pieces, PS sums, AllReduce results); a value enters when it is stored (after the instruction that
+    makes it) and leaves when the program frees it after its last consumer; a received message counts
+    from when it is taken to the end of the instruction that takes it. This is the simulator's
+    memory model (DESIGN section 3: resident parameters, gradients and state plus activations from
+    production until their last consumer) applied to what the runtime actually holds, so the two are
+    comparable on any backend; allocator caches, kernels' temporaries, receive buffers posted but not
+    yet taken and the Python process are not counted (the process RSS of a CPU worker is hundreds of MB
+    of libraries, and CPU tensors have no allocator statistics). Views count their storage once, whole
+    (its bytes are held), except views of ``sliced`` storages (the global input batches a job carries),
+    which count the bytes they span: a rank's input is its batch share.
+
+    A rank meters its first ``Job.memory_steps`` steps (default 1: the first step, which the median
+    iteration time leaves out as warm-up): every step runs the same program on tensors of the same
+    sizes, so they hold the same bytes, and metering costs about 1.5 us per value, which would otherwise
+    add to the measured time of every step.
+    """
+
+    def __init__(self, sliced: Sequence[torch.Tensor] = ()) -> None:
+        self.sliced = {t.untyped_storage().data_ptr() for t in sliced if t.numel()}
+        self.held: dict[tuple, list[int]] = {}            # table entry -> storage keys it holds
+        self.storages: dict[int, list[int]] = {}          # storage key -> [references, low byte, high byte]
+        self.live = 0
+        self.peak = 0
+
+    def reset(self) -> None:
+        self.held.clear()
+        self.storages.clear()
+        self.live = 0
+
+    def put(self, entry: tuple, value: Any) -> None:
+        """``value`` stored in table entry ``entry`` (replacing what it held)."""
+        if entry in self.held:
+            self.drop(entry)
+        keys = []
+        for t in _tensors(value):
+            st = t.untyped_storage()
+            key = st.data_ptr()
+            if not st.nbytes() or not key:
+                continue
+            if key in self.sliced:
+                size = t.element_size()
+                lo = t.storage_offset() * size
+                hi = lo + (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * size if t.numel() else lo
+            else:
+                lo, hi = 0, st.nbytes()
+            rec = self.storages.get(key)
+            if rec is None:
+                self.storages[key] = [1, lo, hi]
+                self.live += hi - lo
+            else:
+                before = rec[2] - rec[1]
+                rec[0] += 1
+                rec[1], rec[2] = min(rec[1], lo), max(rec[2], hi)
+                self.live += rec[2] - rec[1] - before
+            keys.append(key)
+        self.held[entry] = keys
+        if self.live > self.peak:
+            self.peak = self.live
+
+    def drop(self, entry: tuple) -> None:
+        """Table entry ``entry`` freed (no-op if it holds nothing counted)."""
+        for key in self.held.pop(entry, ()):
+            rec = self.storages[key]
+            rec[0] -= 1
+            if rec[0] == 0:
+                self.live -= rec[2] - rec[1]
+                del self.storages[key]
+
+
 # ---------------------------------------------------------------------------- executing a rank program
 class RankExecutor:
     """Runs one rank's program; ``run()`` returns per-step times and loss terms and the final values."""
@@ -418,6 +514,9 @@ class RankExecutor:
         self.world = dist.get_world_size() if dist.is_initialized() and transport is None else 1
         self._at = -1                  # the instruction running (error messages)
         self.traces: list[list] = []   # per step, per instruction: [kind, start s, end s, s waiting] (job.trace)
+        self.memory = LiveBytes([t for batch in job.inputs for t in batch])
+        self._taken: list[tuple] = []      # messages taken by the current instruction
+        self._mem: LiveBytes | _NoMeter = _NoMeter()     # the meter of the current step
 
     # ------------------------------------------------------------------ helpers
     def _fetch(self, src: tuple, env: dict, stash: dict) -> Any:
@@ -428,10 +527,14 @@ class RankExecutor:
             v = stash[src[1]]
             if type(v) is _Pending:
                 v = stash[src[1]] = in_memory_order(self.transport.finish(v), v.order)
+                self._mem.put(src, v)
             return v
         if kind == "recv":
             self._pay()
-            return self.transport.take(src[1])
+            v = self.transport.take(src[1])
+            self._mem.put(src, v)           # held until the end of the instruction that takes it
+            self._taken.append(src)
+            return v
         if kind == "const":
             return self.consts[src[1]]
         return in_memory_order(torch.zeros(src[1], dtype=src[2], device=self.device), src[3])
@@ -469,8 +572,13 @@ class RankExecutor:
         (``heterog_where``: rank, step, instruction) and whether this rank was waiting for another one."""
         rp, tr = self.rp, self.transport
         env: dict[str, Any] = dict(self.persist)
+        mem = self._mem = self.memory if index < self.job.memory_steps else _NoMeter()
+        mem.reset()
+        for ph, v in self.persist.items():
+            mem.put(("persist", ph), v)
         for name, i, lo, hi in rp.inputs:
             env[name] = inputs[i][lo:hi].to(self.device)
+            mem.put(("env", name), env[name])
         stash: dict[Any, Any] = {}
         self._at = -1
         try:
@@ -538,7 +646,7 @@ class RankExecutor:
 
     def execute(self, i: int, env: dict, stash: dict) -> None:
         """Run instruction ``i`` on this rank's values ``env`` and ``stash``, then free what it last used."""
-        rp, tr, sizes = self.rp, self.transport, self.job.sizes
+        rp, tr, sizes, mem = self.rp, self.transport, self.job.sizes, self._mem
         ins = rp.instrs[i]
         kind = ins[0]
         if kind == "compute":
@@ -559,6 +667,8 @@ class RankExecutor:
             for name in ins[4]:
                 env[name] = local[name]
             self._owe(t_op, idle0)
+            for name in ins[4]:
+                mem.put(("env", name), env[name])
         elif kind == "send":
             self._pay()
             v = self._piece(ins[1], ins[2], ins[3], env, stash)
@@ -569,6 +679,7 @@ class RankExecutor:
             v = pieces[0] if len(pieces) == 1 else cat_batch(pieces, *ins[2])
             stash[ins[1]] = in_memory_order(v, ins[4])
             self._owe(t_op, idle0)
+            mem.put(("stash", ins[1]), stash[ins[1]])
         elif kind == "aggregate":
             t_op, idle0 = time.perf_counter(), tr.idle_s
             parts = [self._piece(src, sl, sc, env, stash) for src, sl, sc, _ in ins[2]]
@@ -577,6 +688,7 @@ class RankExecutor:
                 acc = acc + p
             stash[ins[1]] = in_memory_order(acc, ins[3])
             self._owe(t_op, idle0)
+            mem.put(("stash", ins[1]), stash[ins[1]])
         elif kind == "allreduce":
             self._pay()
             v = self._fetch(ins[3], env, stash) * ins[4]
@@ -588,12 +700,17 @@ class RankExecutor:
             tr.post(ins[1], src, shape, dtype)
         for src in rp.frees[i]:
             (env if src[0] == "env" else stash).pop(src[1], None)
+            mem.drop(src)
+        for src in self._taken:
+            mem.drop(src)
+        self._taken.clear()
 
     def _step_end(self, env: dict, stash: dict, t0: float) -> tuple[float, float]:
         rp, tr = self.rp, self.transport
         for key, v in list(stash.items()):
             if type(v) is _Pending:
                 stash[key] = in_memory_order(tr.finish(v), v.order)
+                self._mem.put(("stash", key), stash[key])
         self._pay()
         tr.flush()
         if self.device.type == "cuda":
@@ -614,7 +731,8 @@ class RankExecutor:
             times.append(elapsed)
             losses.append(loss)
         out: dict[str, Any] = {"rank": self.rank, "times_s": times, "loss_terms": losses,
-                               "has_loss": bool(self.rp.loss_terms), "values": {}}
+                               "has_loss": bool(self.rp.loss_terms), "values": {},
+                               "peak_memory_bytes": int(self.memory.peak)}
         if self.job.trace:
             out["traces"] = self.traces
         if self.job.return_state:

@@ -1,13 +1,14 @@
 """Simulator fidelity: run several different plans for real and in the simulator with profiled costs,
 and report how far apart they are (MAPE of simulated vs measured iteration time, Kendall tau of their
-rankings, per-plan pairs) with a scatter plot.
+rankings, per-plan pairs, measured vs simulated peak memory per device) with a scatter plot.
 """
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +16,8 @@ import numpy as np
 
 from heterog.cost.profile import ProfileTable
 from heterog.errors import HeterogError
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PROFILE_DIR = ".heterog-cache/profiles"
 # rounds over all plans: a plan's error is the median of its per-round errors, whose noise on a small shared
@@ -39,13 +42,19 @@ class PlanPair:
     With per-round numbers (``measured_all_s[j]`` measured in round j, ``simulated_all_s[j]`` simulated
     with the profile measured around round j), ``error`` is the median over rounds of the paired relative
     errors, so that a change of machine speed during the experiment, which moves the plan and its
-    profile alike, cancels out; otherwise it is the relative error of ``simulated_s`` vs ``measured_s``."""
+    profile alike, cancels out; otherwise it is the relative error of ``simulated_s`` vs ``measured_s``.
+
+    Memory (device name -> bytes): ``measured_peak_memory_bytes`` is the most a worker held over the
+    rounds (``RunResult``, ``heterog.runtime.executor.LiveBytes``), ``simulated_peak_memory_bytes`` the
+    simulator's peak for the plan."""
 
     plan: str
     measured_s: float
     simulated_s: float
     measured_all_s: list[float] = field(default_factory=list)      # per round: median iteration time
     simulated_all_s: list[float] = field(default_factory=list)     # per round: with that round's profile
+    measured_peak_memory_bytes: dict[str, int] = field(default_factory=dict)
+    simulated_peak_memory_bytes: dict[str, int] = field(default_factory=dict)
 
     @property
     def error(self) -> float:
@@ -56,12 +65,27 @@ class PlanPair:
     def record(self) -> dict:
         return {"plan": self.plan, "measured_s": self.measured_s, "simulated_s": self.simulated_s,
                 "error": self.error, "measured_all_s": self.measured_all_s,
-                "simulated_all_s": self.simulated_all_s}
+                "simulated_all_s": self.simulated_all_s,
+                "measured_peak_memory_bytes": self.measured_peak_memory_bytes,
+                "simulated_peak_memory_bytes": self.simulated_peak_memory_bytes,
+                "peak_memory_error": self.memory_errors()}
+
+    def memory_errors(self) -> dict[str, float]:
+        """Per device that holds anything: (simulated - measured) / measured peak memory."""
+        return {d: (self.simulated_peak_memory_bytes.get(d, 0) - m) / m
+                for d, m in self.measured_peak_memory_bytes.items() if m > 0}
 
 
 def mape(pairs: Sequence[PlanPair]) -> float:
     """Mean absolute percentage error of simulated vs measured, in percent."""
     return float(100.0 * np.mean([abs(p.error) for p in pairs])) if pairs else math.nan
+
+
+def memory_mape(pairs: Sequence[PlanPair]) -> float:
+    """Mean absolute percentage error of simulated vs measured peak memory over plans and devices that
+    hold anything (NaN without memory numbers)."""
+    errs = [abs(e) for p in pairs for e in p.memory_errors().values()]
+    return float(100.0 * np.mean(errs)) if errs else math.nan
 
 
 def kendall_tau(pairs: Sequence[PlanPair]) -> float:
@@ -89,13 +113,25 @@ def _split_strategy(ev, name: str):
 
 def candidate_plans(ev, n: int, names: Sequence[str] = PLAN_ORDER) -> list:
     """The first ``n`` distinct plans (different layouts) among ``names`` for ``ev``'s graph and cluster."""
+    out = []
+    for s in distinct_plans(ev, names):
+        if len(out) >= n:
+            break
+        out.append(s)
+    if len(out) < n:
+        raise HeterogError(f"only {len(out)} distinct plans could be made for {ev.graph.name} on "
+                           f"{ev.cluster.name}; asked for {n}")
+    return out
+
+
+def distinct_plans(ev, names: Sequence[str] = PLAN_ORDER) -> Iterator:
+    """The distinct plans (different layouts) among ``names`` for ``ev``'s graph and cluster, in order,
+    made as they are asked for."""
     from heterog import baselines
 
     known = set(baselines.names())
-    out, seen = [], set()
+    seen = set()
     for name in names:
-        if len(out) >= n:
-            break
         base, _, seed = name.partition(":")
         if base in ("mp-split", "mp-alternate"):
             s = _split_strategy(ev, base)
@@ -109,11 +145,7 @@ def candidate_plans(ev, n: int, names: Sequence[str] = PLAN_ORDER) -> list:
         if key in seen:
             continue
         seen.add(key)
-        out.append(s)
-    if len(out) < n:
-        raise HeterogError(f"only {len(out)} distinct plans could be made for {ev.graph.name} on "
-                           f"{ev.cluster.name}; asked for {n}")
-    return out
+        yield s
 
 
 def _canonical(s) -> list:
@@ -144,19 +176,22 @@ class FidelityReport:
     link_fits: list[dict] = field(default_factory=list)
     line_pairs: list[PlanPair] = field(default_factory=list)   # the same runs simulated with op lines
     breakdown: list[dict] = field(default_factory=list)    # per plan and device: where the time goes
+    plans_asked: int = 0
+    failed_plans: list[dict] = field(default_factory=list)  # {plan, error}: left out, the runtime failed
 
     def record(self) -> dict:
         worst = max(self.pairs, key=lambda p: abs(p.error)) if self.pairs else None
         of_medians = mape([PlanPair(p.plan, p.measured_s, p.simulated_s) for p in self.pairs])
         return {"model": self.model, "cluster": self.cluster, "batch_size": self.batch_size, "mape": self.mape,
                 "mape_of_medians": of_medians,
-                "kendall_tau": self.kendall_tau, "pairs": [p.record() for p in self.pairs],
+                "kendall_tau": self.kendall_tau, "memory_mape": memory_mape(self.pairs),
+                "pairs": [p.record() for p in self.pairs],
                 "worst_plan": None if worst is None else worst.plan, "profile": self.profile, "plot": self.plot,
                 "steps": self.steps, "warmup_steps": self.warmup_steps, "profile_time_s": self.profile_time_s,
                 "run_time_s": self.run_time_s, "link_fits": self.link_fits,
                 "op_lines": {"mape": mape(self.line_pairs), "kendall_tau": kendall_tau(self.line_pairs),
                              "simulated_s": [p.simulated_s for p in self.line_pairs]},
-                "breakdown": self.breakdown}
+                "breakdown": self.breakdown, "plans_asked": self.plans_asked, "failed_plans": self.failed_plans}
 
 
 # ------------------------------------------------------------------------------ where the time goes
@@ -272,6 +307,10 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
     of all rounds is the one saved. Ops are simulated through their measured points (``CostModel``);
     ``line_pairs`` holds the same runs simulated with the ops' fitted lines, for comparison.
     ``pool``: running workers to use (one per device); by default a pool is started and stopped here.
+    Each candidate plan (the distinct plans of ``plans``, in order) first runs one step; a plan that the
+    runtime fails on is left out, logged as a warning and listed in ``failed_plans`` (with the error), its
+    workers are replaced, and the next candidate is taken, so that ``n_plans`` plans that run are
+    measured, or all there are (at least 2; with a ``pool`` passed in, a failure is raised instead).
     ``breakdown``: afterwards run every plan once more with instruction tracing and report, per plan and
     device, measured vs simulated compute (and compute of the ops fed by a message), communication work
     and waiting (``simulated_breakdown``, ``measured_breakdown``)."""
@@ -279,11 +318,12 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
     from heterog.cost import CostModel
     from heterog.evaluate import Evaluator
     from heterog.runtime.api import load_model, prepare, run_prepared
-    from heterog.runtime.launcher import WorkerPool
+    from heterog.runtime.launcher import WorkerFailure, WorkerPool
     from heterog.runtime.profiler import OP_STEPS, CommProfiler, OpProfiler
 
     cluster = load_cluster(cluster_spec)
     model = load_model(model_ref, batch_size, optimizer=optimizer)
+    failed: list[dict] = []
     ppath = Path(profile_file) if profile_file else profile_path(model_ref, model.batch_size, cluster.name)
     own = pool is None
     if own:
@@ -302,11 +342,36 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
             comm.round()
             table = comm.fit(ops.fit())
         ev = Evaluator(model.graph, cluster, CostModel(cluster, table))
-        strategies = candidate_plans(ev, n_plans, plans)
-        prepared = [prepare(model, cluster, s, cost=ev.cost) for s in strategies]
+        strategies, prepared = [], []
+        for s in distinct_plans(ev, plans):
+            if len(strategies) >= n_plans:
+                break
+            prep = prepare(model, cluster, s, cost=ev.cost)
+            try:                                  # one step: a plan the runtime cannot run is left out
+                run_prepared(prep, [model.example_inputs], 1, warmup=0, pool=pool, return_state=False)
+            except WorkerFailure as exc:
+                if not own:
+                    raise
+                failed.append({"plan": s.method, "error": str(exc)})
+                log.warning("fidelity: plan %s fails in the runtime and is left out: %s", s.method, exc)
+                pool = WorkerPool(cluster.n_devices, "gloo", device_names=cluster.device_names,
+                                  hang_timeout_s=hang_timeout_s)
+                if ops is not None:
+                    ops.pool = comm.pool = pool
+                continue
+            strategies.append(s)
+            prepared.append(prep)
+        if len(strategies) < min(n_plans, 2):
+            raise HeterogError(f"{len(strategies)} plans of {model.name} ran on {cluster.name}, too few to compare "
+                               f"(asked for {n_plans}; failed: {', '.join(f['plan'] for f in failed) or 'none'})")
+        if len(strategies) < n_plans:
+            log.warning("fidelity: %d plans of %d asked for (the distinct plans of %s that run: %s; failed: %s)",
+                        len(strategies), n_plans, ", ".join(plans), ", ".join(s.method for s in strategies),
+                        ", ".join(f["plan"] for f in failed) or "none")
         t_prof += time.perf_counter() - t0
         n_rounds = max(1, repeats)
         medians: list[list[float]] = [[] for _ in strategies]
+        peaks: list[dict[str, int]] = [{} for _ in strategies]      # per plan: device -> most held
         for j in range(n_rounds + 1):          # rounds over all plans: a change of machine load hits all
             if ops is not None:
                 t0 = time.perf_counter()
@@ -319,6 +384,8 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
             for k, prep in enumerate(prepared):
                 r = run_prepared(prep, [model.example_inputs], steps, warmup=warmup, pool=pool, return_state=False)
                 medians[k].append(r.iteration_time_s)
+                for d, b in r.measured_peak_memory_bytes.items():
+                    peaks[k][d] = max(peaks[k].get(d, 0), b)
             t_run += time.perf_counter() - t0
         measured_parts = [measured_breakdown(prep, pool, steps, warmup, simulated_breakdown(ev, s)[1])
                           for s, prep in zip(strategies, prepared)] if breakdown else []
@@ -338,8 +405,9 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
             simulated_all = [list(col) for col in zip(*per_round)]
         else:
             simulated_all = [[sim] * n_rounds for sim in simulate_all(table, op_points)]
-        return [PlanPair(s.method, float(np.median(meds)), float(np.median(sims)), meds, sims)
-                for s, sims, meds in zip(strategies, simulated_all, medians)]
+        return [PlanPair(s.method, float(np.median(meds)), float(np.median(sims)), meds, sims, peak,
+                         dict(prep.simulated_peak_memory_bytes))
+                for s, sims, meds, peak, prep in zip(strategies, simulated_all, medians, peaks, prepared)]
 
     if ops is not None:
         table = comm.fit(ops.fit())
@@ -361,4 +429,4 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
                             "latency_s": table.link_latency.get(name, (0.0, 0.0))[0],
                             "latency_s_per_byte": table.link_latency.get(name, (0.0, 0.0))[1]}
                            for name, (a, b) in table.links.items()],
-                          line_pairs, parts)
+                          line_pairs, parts, n_plans, failed)

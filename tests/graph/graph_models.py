@@ -127,3 +127,59 @@ class FixedBatch(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(x.reshape(4, 6)).mean()
+
+
+class TupleLoss(MLP):
+    """The MLP returning ``(loss, prediction)``: the loss comes first."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pred = self.fc2(torch.relu(self.fc1(x)))
+        return ((pred - y) ** 2).mean(), pred
+
+
+class DictLoss(MLP):
+    """The MLP returning ``{"prediction": ..., "loss": ...}``."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+        pred = self.fc2(torch.relu(self.fc1(x)))
+        return {"prediction": pred, "loss": ((pred - y) ** 2).mean()}
+
+
+class Output:
+    """An output object in the Hugging Face convention (``.loss``, ``.logits``), not a mapping."""
+
+    def __init__(self, loss: torch.Tensor, logits: torch.Tensor) -> None:
+        self.loss, self.logits = loss, logits
+
+
+class AttributeLoss(MLP):
+    """The MLP returning an ``Output`` with ``.loss``."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> Output:
+        pred = self.fc2(torch.relu(self.fc1(x)))
+        return Output(((pred - y) ** 2).mean(), pred)
+
+
+class DictNoLoss(MLP):
+    """Returns ``{"prediction": ...}``: no loss in the output."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"prediction": self.fc2(torch.relu(self.fc1(x)))}
+
+
+class TuplePerSample(MLP):
+    """Returns ``(per-sample loss (B,), prediction)``: the first output is not a scalar."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pred = self.fc2(torch.relu(self.fc1(x)))
+        return ((pred - y) ** 2).mean(dim=1), pred
+
+
+class BranchOnValues(MLP):
+    """Branches in Python on a tensor's value: cannot be captured as one step."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        pred = self.fc2(torch.relu(self.fc1(x)))
+        if pred.sum() > 0:
+            pred = pred * 2
+        return ((pred - y) ** 2).mean()

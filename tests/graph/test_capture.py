@@ -5,24 +5,31 @@ from __future__ import annotations
 import copy
 import logging
 
+import graph_models
 import numpy as np
 import pytest
 import torch
 from graph_models import (
     MLP,
+    AttributeLoss,
     BNNet,
+    BranchOnValues,
     ConvNet,
     DepthwiseNet,
+    DictLoss,
+    DictNoLoss,
     FixedBatch,
     FoldNet,
     MatmulNet,
     NonScalar,
     TinyEncoder,
+    TupleLoss,
+    TuplePerSample,
     mlp_inputs,
 )
 
-from heterog.errors import HeterogError, ModelError
-from heterog.graph.capture import capture, capture_fx, graph_from_step
+from heterog.errors import DataDependentControlFlowError, HeterogError, ModelError
+from heterog.graph.capture import capture, capture_fx, graph_from_step, select_loss
 from heterog.graph.opgraph import PHASES, OpGraph
 
 B = 4
@@ -251,6 +258,52 @@ def test_non_scalar_output_is_a_model_error() -> None:
         capture(NonScalar(), (torch.randn(4, 4),))
 
 
+@pytest.mark.parametrize(("model_cls", "where"), [(TupleLoss, "output[0]"), (DictLoss, 'output["loss"]'),
+                                                 (AttributeLoss, "output.loss")])
+def test_loss_is_taken_from_tuple_dict_or_attribute_outputs(model_cls, where, caplog) -> None:
+    torch.manual_seed(0)
+    plain = MLP()
+    model = model_cls()
+    model.load_state_dict(plain.state_dict())
+    x = mlp_inputs(B)
+    with caplog.at_level(logging.WARNING, logger="heterog.graph.capture"):
+        step = capture_fx(model, x)
+        capture_fx(model, x)                        # said once per process, not per capture
+    notes = [r.getMessage() for r in caplog.records if "training on its loss" in r.getMessage()]
+    assert len(notes) == 1 and notes[0].endswith(f"training on its loss, {where}")
+    assert notes[0].startswith(f"model {model_cls.__name__} returned a ")
+    assert select_loss(model(*x), model_cls.__name__)[1] == where
+    ref = capture_fx(plain, x)
+    params = [p.detach() for p in plain.parameters()]
+    loss, new_params, _ = step(params, [], [], x)
+    ref_loss, ref_params, _ = ref(params, [], [], x)
+    torch.testing.assert_close(loss, select_loss(model(*x))[0].detach())
+    torch.testing.assert_close(loss, ref_loss)
+    for a, b in zip(new_params, ref_params):
+        torch.testing.assert_close(a, b)
+    assert [op.target for op in capture(model, x).ops] == [op.target for op in capture(plain, x).ops]
+
+
+def test_output_without_a_scalar_loss_is_named() -> None:
+    with pytest.raises(ModelError, match=r"returned a dict with keys \['prediction'\]; it must return the "
+                                         r"scalar mean loss"):
+        capture(DictNoLoss(), mlp_inputs(B))
+    with pytest.raises(ModelError, match=r"model output\[0\] has shape \(4\); it must be a scalar mean loss"):
+        capture(TuplePerSample(), mlp_inputs(4))
+    with pytest.raises(ModelError, match=r"returned a tuple of 0 \(\)"):
+        select_loss((), "Empty")
+
+
+def test_data_dependent_control_flow_names_the_line_and_the_fix() -> None:
+    with pytest.raises(DataDependentControlFlowError) as info:
+        capture(BranchOnValues(), mlp_inputs(B))
+    msg = str(info.value)
+    assert "\n" not in msg and isinstance(info.value, ModelError)
+    line = next(i for i, text in enumerate(open(graph_models.__file__), 1) if "if pred.sum() > 0:" in text)
+    assert f"graph_models.py:{line} in forward() (if pred.sum() > 0:)" in msg
+    assert "control flow depends on tensor values" in msg and "torch.where (or torch.cond)" in msg
+
+
 def test_literal_batch_size_is_a_model_error() -> None:
     with pytest.raises(ModelError, match="fixes the batch size to 4"):
         capture(FixedBatch(), (torch.randn(4, 6),))
@@ -390,3 +443,30 @@ def test_fake_mode_step_runs_at_the_traced_batch() -> None:
         graph_from_step(step)
     with pytest.raises(HeterogError, match="takes 4 params"):
         step(params[:3], [], [], mlp_inputs(B))
+
+
+def test_cli_reports_data_dependent_control_flow_in_one_line_with_exit_2(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import heterog
+
+    root = str(Path(heterog.__file__).resolve().parents[1])     # this checkout's heterog in the child too
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    model = tmp_path / "branchy.py"
+    model.write_text("import torch\nfrom torch import nn\n\n\nclass Net(nn.Module):\n"
+                     "    def __init__(self):\n        super().__init__()\n        self.fc = nn.Linear(4, 1)\n\n"
+                     "    def forward(self, x):\n        y = self.fc(x)\n        if y.mean() > 0:\n"
+                     "            y = -y\n        return y.mean()\n\n\n"
+                     "def build(batch_size=4):\n    return Net(), (torch.randn(batch_size, 4),)\n")
+    proc = subprocess.run([sys.executable, "-m", "heterog", "capture", f"{model}:build", "--no-cache",
+                           "-o", str(tmp_path / "g.json")], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env=env)
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("heterog capture: error: model Net: Python control flow depends on tensor values")
+    assert "branchy.py:12 in forward() (if y.mean() > 0:)" in lines[0] and "torch.where" in lines[0]
+    assert not (tmp_path / "g.json").exists()

@@ -63,3 +63,31 @@ def test_default_planner_is_the_agent_when_importable_else_the_fastest_dp_baseli
 def test_runner_config_rejects_unknown_settings() -> None:
     with pytest.raises(heterog.errors.HeterogError, match="unknown runner settings"):
         RunnerConfig.of({"stpes": 3})
+
+
+class DictOutput(torch.nn.Module):
+    """A classifier returning ``{"logits": ..., "loss": ...}`` as Hugging Face models do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.fc1, self.fc2 = torch.nn.Linear(32, 16), torch.nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        logits = self.fc2(torch.relu(self.fc1(x)))
+        return {"logits": logits, "loss": torch.nn.functional.cross_entropy(logits, labels)}
+
+
+def test_runtime_trains_on_the_loss_entry_of_a_dict_output(pool2) -> None:
+    from heterog.runtime.api import compare_values, prepare, run_prepared
+
+    module, batch = DictOutput(), Batches()()
+    m = capture_model_for_runtime(module, batch, lr=0.1)
+    cluster = heterog.load_cluster("local-cpu-2")
+    r = run_prepared(prepare(m, cluster, resolve_strategy(m, cluster, method="ev-ar")), [batch], 3, pool=pool2)
+    ref_losses, ref_values = train_single_process(m, [batch], 3)
+    assert r.losses[0] == pytest.approx(float(module(*batch)["loss"].detach()), rel=1e-5)
+    np.testing.assert_allclose(r.losses, ref_losses, rtol=1e-5)
+    assert ref_losses[2] < ref_losses[0]                  # it trains on that loss
+    ok, diff, bad = compare_values(m, r.values, ref_values)
+    assert ok, (diff, bad)

@@ -1,0 +1,1 @@
+"""Models written as users write them (file.py:build references) for measurements."""
