@@ -25,8 +25,8 @@ from torch._subclasses.fake_tensor import (
 from heterog.errors import StrategyError
 from heterog.runtime.executor import RankExecutor, _Pending
 
-# steps of at most this many FLOPs are checked on real CPU tensors (a few ms for the test models; fake
-# tensors take ~1 ms per op), larger ones on fake tensors (shapes and strides, as the capture traced them)
+# steps of at most this many FLOPs are checked on real CPU tensors (cheap for small models, where fake tensors'
+# per-op overhead dominates), larger ones on fake tensors (shapes and strides, as the capture traced them)
 REAL_FLOPS_LIMIT = 2e8
 _FAKE_LIMITS = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException,
                 NotImplementedError)
