@@ -40,3 +40,11 @@ def add_parallel_args(p: argparse.ArgumentParser) -> None:
                         "1 runs them here; more start Ray workers (a local Ray unless --ray-address)")
     p.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="join this Ray cluster (e.g. HEAD:6379, after 'ray start --head' there) for the workers")
+
+
+def add_model_args(p: argparse.ArgumentParser, batch_help: str | None, cluster_help: str) -> None:
+    """``--model`` (zoo name or file.py:build), ``--batch-size`` and ``--cluster`` of the commands that run
+    a model for real (``run``, ``fidelity``)."""
+    p.add_argument("--model", required=True, help="zoo name or path/to/file.py:build")
+    p.add_argument("--batch-size", type=int, default=None, help=batch_help)
+    p.add_argument("--cluster", required=True, help=cluster_help)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from heterog.cli.args import add_model_args
 from heterog.cli.output import add_json_flag, emit
 
 
@@ -26,10 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Profile op and link costs (or load the cached profile), run N different plans "
                                    "for real and in the simulator with the profiled costs, report MAPE, Kendall "
                                    "tau and the per-plan pairs, and write a scatter plot (PNG).")
-    p.add_argument("--model", required=True, help="zoo name or path/to/file.py:build")
-    p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("--cluster", required=True, help="a local-cpu-N[:...] cluster (or one whose devices this "
-                                                    "machine has)")
+    add_model_args(p, None, "a local-cpu-N[:...] cluster (or one whose devices this machine has)")
     p.add_argument("--plans", type=int, default=8, help="number of different plans")
     p.add_argument("--steps", type=int, default=30, help="steps per plan")
     p.add_argument("--warmup", type=int, default=5, help="steps left out of each median")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from heterog.cli.args import add_model_args
 from heterog.cli.output import add_json_flag, emit
 from heterog.errors import HeterogError
 
@@ -66,9 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Train MODEL under a strategy on the devices of CLUSTER: one worker process "
                                    "per device (local-cpu-N: emulated on this machine; under torchrun: this "
                                    "process is one rank of an env:// job).")
-    p.add_argument("--model", required=True, help="zoo name or path/to/file.py:build")
-    p.add_argument("--batch-size", type=int, default=None, help="global batch (default: the model's)")
-    p.add_argument("--cluster", required=True, help="cluster YAML, built-in name or local-cpu-N[:...]")
+    add_model_args(p, "global batch (default: the model's)", "cluster YAML, built-in name or local-cpu-N[:...]")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--strategy", help="strategy JSON file (refused if made for another graph or cluster)")
     g.add_argument("--method", help="planner: single, ev-ps, ev-ar, cp-ps, cp-ar, expert, dpos, mcmc, random, "

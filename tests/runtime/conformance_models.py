@@ -102,11 +102,16 @@ class SdpaClassifier(nn.Module):
         return F.cross_entropy(self.cls(h.mean(1)), y)
 
 
-def build_sdpa_classifier(batch_size: int = 6):
+def _sequence_classifier(cls: type[nn.Module], batch_size: int):
+    """``cls()`` with seeded weights and inputs: sequences (B, T, 4) and labels of 3 classes."""
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(batch_size, T, 4, generator=g)
-    return SdpaClassifier(), (x, torch.randint(0, 3, (batch_size,), generator=g))
+    return cls(), (x, torch.randint(0, 3, (batch_size,), generator=g))
+
+
+def build_sdpa_classifier(batch_size: int = 6):
+    return _sequence_classifier(SdpaClassifier, batch_size)
 
 
 class MhaClassifier(nn.Module):
@@ -221,10 +226,7 @@ class GruClassifier(nn.Module):
 
 
 def build_gru_classifier(batch_size: int = 6):
-    torch.manual_seed(0)
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(batch_size, T, 4, generator=g)
-    return GruClassifier(), (x, torch.randint(0, 3, (batch_size,), generator=g))
+    return _sequence_classifier(GruClassifier, batch_size)
 
 
 class GluBlock(nn.Module):
