@@ -5,10 +5,75 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 from heterog.strategy import Strategy, decode_action, n_actions
+
+BLOCK_FRACTIONS = (0.5, 0.25)      # heavy edges: at least this share of the graph's largest edge's bytes
+BLOCK_MAX_FLOPS_SHARE = 0.3        # a block is a small part of the work, not the model
+BLOCK_MOVES = 0.1                  # share of a chain's proposals that move a block
+
+
+class Block(NamedTuple):
+    """Groups a search moves together (``coupled_blocks``) and the gradient bytes they synchronise under
+    data parallelism (what placing the block on one device can save)."""
+
+    groups: np.ndarray
+    sync_bytes: float
+
+
+def coupled_blocks(graph, group_of: np.ndarray, fractions: tuple[float, ...] = BLOCK_FRACTIONS,
+                   max_flops_share: float = BLOCK_MAX_FLOPS_SHARE) -> list[Block]:
+    """Sets of groups that a search should move together: for each ``f`` in ``fractions``, the connected
+    components of the group graph whose edges carry at least ``f`` times the bytes of the graph's largest
+    edge, keeping those of two or more groups and at most ``max_flops_share`` of the graph's FLOPs
+    (sorted group ids, distinct blocks in order of discovery, each with the bytes of the gradients its
+    groups aggregate).
+
+    Why: the heaviest tensors join ops that only pay off on one device together. In bert_large a tied
+    word embedding (125 MB), the LM head that shares its weight and the 117 MB logits between them are 12
+    groups. On one device they need no gradient AllReduce of the two 125 MB partial gradients; moved one
+    group at a time, every plan on the way re-lays out a 117 MB or 125 MB tensor and is slower, so a chain
+    of single-group moves does not get there (docs/results.md, "Bounds and the 10% target")."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    from heterog.compiler.index import graph_index
+
+    src, dst, nbytes = graph.edge_src, graph.edge_dst, graph.edge_bytes
+    n_groups = int(group_of.max()) + 1 if len(group_of) else 0
+    if not len(src) or n_groups < 2:
+        return []
+    flops = np.bincount(group_of, weights=graph.flops, minlength=n_groups)
+    total = max(float(flops.sum()), 1e-30)
+    gi = graph_index(graph)
+    agg = gi.t_needs_agg
+    sync = np.bincount(group_of[gi.t_op[agg]], weights=gi.t_bytes[agg], minlength=n_groups)
+    gs, gd = group_of[src], group_of[dst]
+    blocks: dict[tuple[int, ...], Block] = {}
+    for f in fractions:
+        heavy = (nbytes >= f * float(nbytes.max())) & (gs != gd)
+        adj = coo_matrix((np.ones(int(heavy.sum())), (gs[heavy], gd[heavy])), shape=(n_groups, n_groups))
+        _, label = connected_components(adj, directed=False)
+        for comp in np.nonzero(np.bincount(label) >= 2)[0].tolist():
+            members = np.nonzero(label == comp)[0]
+            if flops[members].sum() <= max_flops_share * total:
+                blocks.setdefault(tuple(members.tolist()), Block(members, float(sync[members].sum())))
+    return list(blocks.values())
+
+
+def block_weights(blocks: list[Block]) -> np.ndarray:
+    """Probabilities of drawing each block for a block move: half spread evenly, half in proportion to the
+    gradient bytes each synchronises (all even where none does). A block without gradients only pays
+    off on one device when its neighbours' layouts differ; one that aggregates a 125 MB gradient saves
+    that AllReduce outright, so it is tried more often."""
+    if not blocks:
+        return np.zeros(0)
+    even = np.full(len(blocks), 1.0 / len(blocks))
+    sync = np.array([b.sync_bytes for b in blocks])
+    return even if sync.sum() <= 0 else 0.5 * even + 0.5 * sync / sync.sum()
 
 
 @dataclass
@@ -19,7 +84,8 @@ class ActionSearch:
     What does not depend on the strategy is built once: the M+4 decoded configs (shared objects, so the
     compiler sees few distinct configs and patches the plan it compiled last) and the group layout;
     scores of action vectors already seen are remembered, so a proposal that revisits a plan costs
-    nothing. ``n_evals`` counts simulations.
+    nothing. ``n_evals`` counts simulations. ``blocks``: the groups block moves set together
+    (``coupled_blocks``), drawn with probabilities ``block_p`` (``block_weights``).
     """
 
     ev: object
@@ -29,9 +95,14 @@ class ActionSearch:
     eval_time_s: float = 0.0
     _configs: list = field(default_factory=list, repr=False)
     _seen: dict = field(default_factory=dict, repr=False)
+    blocks: list = field(default_factory=list, repr=False)
+    block_p: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
 
     def __post_init__(self) -> None:
         c = self.ev.cluster
+        blocks = coupled_blocks(self.ev.graph, np.asarray(self.ev.group_of))
+        self.blocks = [b.groups for b in blocks]
+        self.block_p = block_weights(blocks)
         self._configs = [decode_action(a, c.n_devices, self.ev.graph.batch_size, c.power)
                          for a in range(n_actions(c.n_devices))]
 
@@ -63,7 +134,8 @@ class Chain:
     """One Markov chain to run: from ``start`` (cost ``start_cost``), ``budget`` proposals (``by_proposals``)
     or seconds, drawing from ``np.random.default_rng([seed, index])``; it stops early when half its
     budget passes without beating ``target`` (the best starting cost) or its own best. ``beta``: inverse
-    temperature of the acceptance rule; ``keep``: best distinct plans to return."""
+    temperature of the acceptance rule; ``keep``: best distinct plans to return; ``block_moves``: share
+    of proposals that set a whole block of coupled groups (``coupled_blocks``) to one action."""
 
     index: int
     name: str
@@ -75,6 +147,7 @@ class Chain:
     by_proposals: bool
     seed: int
     keep: int = 4
+    block_moves: float = BLOCK_MOVES
 
 
 @dataclass
@@ -97,7 +170,9 @@ class ChainResult:
 
 def run_chain(search: ActionSearch, chain: Chain) -> ChainResult:
     """Metropolis-Hastings from ``chain.start``: a proposal changes one random group's action to another
-    random action and is accepted with probability min(1, exp(beta * (cost - cost')))."""
+    random action, or (a share ``chain.block_moves`` of proposals, where the graph has blocks) sets every
+    group of a block (drawn by ``search.block_p``) to one random action not all of them have; it is accepted with probability
+    min(1, exp(beta * (cost - cost')))."""
     t0 = time.perf_counter()
     evals0, eval_s0 = search.n_evals, search.eval_time_s
     rng = np.random.default_rng([chain.seed, chain.index])
@@ -112,11 +187,18 @@ def run_chain(search: ActionSearch, chain: Chain) -> ChainResult:
 
     last_gain = 0.0
     while g_count and clock() < chain.budget and clock() - last_gain < chain.budget / 2:
-        g = int(rng.integers(g_count))
-        a = int(rng.integers(a_count - 1))
-        a += a >= cur[g]
         cand = cur.copy()
-        cand[g] = a
+        if search.blocks and rng.random() < chain.block_moves:
+            members = search.blocks[int(rng.choice(len(search.blocks), p=search.block_p))]
+            held = np.unique(cur[members])
+            a = int(rng.integers(a_count - 1)) if len(held) == 1 else int(rng.integers(a_count))
+            a += len(held) == 1 and a >= held[0]
+            cand[members] = a
+        else:
+            g = int(rng.integers(g_count))
+            a = int(rng.integers(a_count - 1))
+            a += a >= cur[g]
+            cand[g] = a
         c = search.cost(cand)
         proposals += 1
         if c <= cur_cost or rng.random() < math.exp(chain.beta * (cur_cost - c)):

@@ -9,12 +9,11 @@ import time
 import numpy as np
 
 from heterog.baselines import register
-from heterog.baselines.chains import ActionSearch, Chain, ChainResult, run_chain
+from heterog.baselines.chains import BLOCK_MOVES, ActionSearch, Chain, ChainResult, run_chain
 from heterog.errors import HeterogError
 from heterog.strategy import Strategy
 
-DEFAULT_STARTS = ("single", "ev-ps", "ev-ar", "cp-ps", "cp-ar", "random")
-OTHER_STARTS = ("cp-ar-ps-small",)       # selectable with ``starts``; not in the default set
+DEFAULT_STARTS = ("single", "ev-ps", "ev-ar", "cp-ps", "cp-ar", "cp-ar-ps-small", "random")
 SMALL_GRADIENT_BYTES = 100_000
 SEARCH_ORDER = "fifo"   # the task order inside the loop: one simulation per proposal (see ``mcmc``)
 
@@ -44,7 +43,30 @@ def start_actions(ev, name: str, rng: np.random.Generator) -> np.ndarray:
         return np.full(g, m + dp[name], dtype=np.int64)
     if name == "random":
         return rng.integers(0, m + 4, size=g).astype(np.int64)
-    raise HeterogError(f"unknown MCMC start {name!r}; choose from {', '.join(DEFAULT_STARTS + OTHER_STARTS)}")
+    raise HeterogError(f"unknown MCMC start {name!r}; choose from {', '.join(DEFAULT_STARTS)}")
+
+
+def repick_block_devices(search: ActionSearch, actions: np.ndarray, cost: float) -> tuple[np.ndarray, float]:
+    """``actions`` with every block (``search.blocks``) that runs on one device tried on each other device,
+    scored by ``search`` (improvements kept, blocks in order), and its cost.
+
+    The chains score under FIFO; which device suits a model-parallel block depends on the order (xlnet_large,
+    paper-8gpu: its tied embedding and LM head on a GTX-1080Ti is the chain's best under FIFO, on a
+    V100 it is 6 ms faster under the default order), so the last step picks the block's device again under
+    the evaluator's order: at most (blocks on one device) x (M - 1) evaluations."""
+    m = search.ev.cluster.n_devices
+    for members in search.blocks:
+        held = np.unique(actions[members])
+        if len(held) != 1 or held[0] >= m:
+            continue
+        for d in range(m):
+            if d != held[0]:
+                cand = actions.copy()
+                cand[members] = d
+                c = search.cost(cand)
+                if c < cost:
+                    actions, cost = cand, c
+    return actions, cost
 
 
 # ----------------------------------------------------------------------------- the search
@@ -52,13 +74,14 @@ def start_actions(ev, name: str, rng: np.random.Generator) -> np.ndarray:
 def mcmc(ev, budget_s: float = 60.0, seed: int = 0, starts: tuple[str, ...] | list[str] = DEFAULT_STARTS,
          temperature: float = 0.005, oom_factor: float = 10.0, max_evals: int | None = None,
          order: str | None = SEARCH_ORDER, workers: int = 1, ray_address: str | None = None, keep: int = 4,
-         **_) -> Strategy:
+         block_moves: float = BLOCK_MOVES, **_) -> Strategy:
     """Metropolis-Hastings over one (M+4)-way action per group (FlexFlow's search).
 
     Cost = simulated iteration time under task order ``order`` (``SEARCH_ORDER``, FIFO: one simulation
     per proposal where the evaluator's ``best`` runs three; None: the evaluator's), x ``oom_factor``
     if out of memory; beta = 1 / (``temperature`` x the best starting cost): a plan ``temperature``
-    slower is accepted with probability 1/e. One chain starts from each plan in ``starts``, worst
+    slower is accepted with probability 1/e. A share ``block_moves`` of the proposals moves a block of
+    groups joined by the graph's heaviest tensors to one action (``chains.coupled_blocks``). One chain starts from each plan in ``starts``, worst
     first (``run_chain``). With a time budget each chain gets an equal share of the time left per
     worker when it starts (time a chain leaves goes to the next ones); with ``max_evals`` (a budget in
     proposals, cached or not) each gets an equal share and the search is deterministic for a seed and
@@ -66,7 +89,7 @@ def mcmc(ev, budget_s: float = 60.0, seed: int = 0, starts: tuple[str, ...] | li
     (``heterog.parallel``); the chains draw from their own seeded generators, so where they run does
     not change what they find. Each chain returns its ``keep`` best plans; when ``order`` is not the
     evaluator's, those are scored again under the evaluator's order and the best is returned (never
-    worse than the best start under that order).
+    worse than the best start under that order), after ``repick_block_devices``.
     """
     from heterog.parallel import EvaluatorSpec, make_pool
 
@@ -82,7 +105,7 @@ def mcmc(ev, budget_s: float = 60.0, seed: int = 0, starts: tuple[str, ...] | li
     beta = 1.0 / (temperature * start_cost[best_name])
     names = sorted(cands, key=lambda k: (-start_cost[k], list(cands).index(k)))
     chains = [Chain(i, name, cands[name], start_cost[name], start_cost[best_name], beta, 0.0, by_proposals,
-                    seed, keep) for i, name in enumerate(names)]
+                    seed, keep, block_moves) for i, name in enumerate(names)]
     results: list[ChainResult] = []
     with make_pool(workers, ray_address) as pool:
         remote = pool.remote
@@ -121,6 +144,9 @@ def mcmc(ev, budget_s: float = 60.0, seed: int = 0, starts: tuple[str, ...] | li
         kept += [(0.0, a) for a in cands.values()]
         plans = {a.tobytes(): (final.cost(a), a) for _, a in kept}
     best_cost, best = min(plans.values(), key=lambda v: v[0])
+    evals_before = final.n_evals
+    best, best_cost = repick_block_devices(final, best, best_cost)
+    repick_evals = final.n_evals - evals_before
     final_start = {n: final.cost(a) for n, a in cands.items()}
     best_name = min(final_start, key=lambda k: (final_start[k], list(final_start).index(k)))
     elapsed = time.perf_counter() - t0
@@ -132,7 +158,9 @@ def mcmc(ev, budget_s: float = 60.0, seed: int = 0, starts: tuple[str, ...] | li
         "sim_evals_per_s": n_evals / eval_s if eval_s > 0 else 0.0,
         "n_evals": n_evals, "chain_evals_per_s": chain_evals / chains_s if chains_s > 0 else 0.0,
         "proposals": sum(r.proposals for r in results),
-        "accepted": sum(r.accepted for r in results), "workers": pool.n_workers, "order": order or ev.order,
+        "accepted": sum(r.accepted for r in results), "blocks": len(search.blocks),
+        "block_repick_evals": repick_evals, "workers": pool.n_workers,
+        "order": order or ev.order,
         "best_cost_s": best_cost, "best_start": best_name, "best_start_cost_s": final_start[best_name],
         "chains": [{"start": r.name, "start_cost_s": start_cost[r.name], "best_cost_s": r.best_cost,
                     "proposals": r.proposals, "wall_s": r.wall_s} for r in results]})

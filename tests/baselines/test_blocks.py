@@ -1,0 +1,112 @@
+"""Block moves: the groups joined by a graph's heaviest tensors, and chains that move them together."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import numpy as np
+
+from heterog.baselines.chains import Block, Chain, block_weights, coupled_blocks, run_chain
+from tests.baselines.helpers import compute_dag, layered_graph
+
+# op:      0 -100B- 1 -100B- 2 -10B- 3 -60B- 4 -10B- 5        every op 1 FLOP
+EDGES = [(0, 1, 100), (1, 2, 100), (2, 3, 10), (3, 4, 60), (4, 5, 10)]
+
+
+def test_blocks_are_components_over_heavy_edges():
+    g = compute_dag(6, EDGES)
+    ident = np.arange(6)
+    as_lists = lambda blocks: [b.groups.tolist() for b in blocks]          # noqa: E731
+    assert as_lists(coupled_blocks(g, ident, (0.5,), 1.0)) == [[0, 1, 2], [3, 4]]     # edges >= 50 B
+    assert as_lists(coupled_blocks(g, ident, (0.9,), 1.0)) == [[0, 1, 2]]             # edges >= 90 B
+    assert as_lists(coupled_blocks(g, ident, (0.9, 0.5), 1.0)) == [[0, 1, 2], [3, 4]]  # each block once
+    # [0, 1, 2] holds 3 of the 6 FLOPs, [3, 4] 2 of 6: a block is a small part of the work
+    assert as_lists(coupled_blocks(g, ident, (0.5,), 0.4)) == [[3, 4]]
+    assert coupled_blocks(g, ident, (0.5,), 0.3) == []
+    # edges inside a group couple nothing; blocks are of groups
+    grouped = coupled_blocks(g, np.array([0, 0, 1, 1, 2, 2]), (0.5,), 1.0)
+    assert as_lists(grouped) == [[0, 1, 2]]        # 1->2 joins groups 0, 1; 3->4 joins groups 1, 2
+    assert coupled_blocks(g, np.array([0, 0, 0, 1, 1, 1]), (0.9,), 1.0) == []   # both 100 B edges inside group 0
+
+
+def test_a_layer_is_a_block_with_its_gradient():
+    g = layered_graph(2, 1 << 20)                    # the parameter edges (1 MiB) are the heaviest
+    names = [[g.ops[i].name for i in b.groups] for b in coupled_blocks(g, np.arange(g.n_ops), (0.5,), 1.0)]
+    assert names == [["W0", "f0", "w0", "u0"], ["W1", "f1", "w1", "g1", "u1"]]
+    assert [b.sync_bytes for b in coupled_blocks(g, np.arange(g.n_ops), (0.5,), 1.0)] == [1 << 20, 1 << 20]
+
+
+def test_block_weights_half_even_half_by_gradient_bytes():
+    blocks = [Block(np.array([0, 1]), 0.0), Block(np.array([2, 3]), 300.0), Block(np.array([4, 5]), 100.0)]
+    np.testing.assert_allclose(block_weights(blocks), [0.5 / 3, 0.5 / 3 + 0.375, 0.5 / 3 + 0.125])
+    np.testing.assert_allclose(block_weights(blocks[:1]), [1.0])          # no gradients: even
+    assert block_weights([]).shape == (0,)
+
+
+@dataclass
+class ValleySearch:
+    """Six groups, two devices (six actions). Every plan costs 1 + 0.1 per group changed from the start
+    (all groups on action 5), except the one that puts the block [0, 1, 2] on device 0: 0.5. No single-group
+    move leads there without climbing first."""
+
+    blocks: list
+    block_p: np.ndarray = field(default_factory=lambda: np.ones(1))
+    ev: object = field(default_factory=lambda: SimpleNamespace(cluster=SimpleNamespace(n_devices=2)))
+    n_evals: int = 0
+    eval_time_s: float = 0.0
+    seen: list = field(default_factory=list)
+
+    def cost(self, a: np.ndarray) -> float:
+        self.n_evals += 1
+        self.seen.append(a.copy())
+        if (a[:3] == 0).all() and (a[3:] == 5).all():
+            return 0.5
+        return 1.0 + 0.1 * float((a != 5).sum())
+
+
+def chain(block_moves: float, budget: int = 300) -> Chain:
+    return Chain(0, "start", np.full(6, 5), 1.0, 1.0, 1e4, budget, True, 0, block_moves=block_moves)
+
+
+def test_block_moves_cross_the_valley_single_moves_do_not():
+    single = run_chain(ValleySearch([np.array([0, 1, 2])]), chain(0.0))
+    assert single.best_cost == 1.0
+    search = ValleySearch([np.array([0, 1, 2])])
+    found = run_chain(search, chain(0.2))
+    assert found.best_cost == 0.5
+    assert found.best[0][1].tolist() == [0, 0, 0, 5, 5, 5]
+
+
+def test_a_block_move_sets_every_member_to_one_new_action():
+    search = ValleySearch([np.array([1, 3])])
+    run_chain(search, chain(1.0, budget=60))
+    assert len(search.seen) >= 30               # no gain: the chain stops after half its budget
+    for a in search.seen:                       # nothing is accepted (beta is huge): each is one move from the start
+        assert a[1] == a[3] != 5
+        assert (np.delete(a, [1, 3]) == 5).all()
+
+
+@dataclass
+class DeviceSearch:
+    """Three devices: the block [0, 1] costs 3, 1, 2 on devices 0, 1, 2; anything else costs 5."""
+
+    blocks: list
+    ev: object = field(default_factory=lambda: SimpleNamespace(cluster=SimpleNamespace(n_devices=3)))
+    n_evals: int = 0
+
+    def cost(self, a: np.ndarray) -> float:
+        self.n_evals += 1
+        return {0: 3.0, 1: 1.0, 2: 2.0}[int(a[0])] if a[0] == a[1] and a[0] < 3 else 5.0
+
+
+def test_repick_moves_a_one_device_block_to_its_best_device():
+    from heterog.baselines.mcmc import repick_block_devices
+
+    search = DeviceSearch([np.array([0, 1])])
+    actions, cost = repick_block_devices(search, np.array([0, 0, 4]), 3.0)
+    assert actions.tolist() == [1, 1, 4] and cost == 1.0 and search.n_evals == 2
+    # a block under data parallelism (action >= M) or split over devices is left alone
+    for start in ([3, 3, 4], [0, 2, 4]):
+        search = DeviceSearch([np.array([0, 1])])
+        actions, cost = repick_block_devices(search, np.array(start), 5.0)
+        assert actions.tolist() == start and search.n_evals == 0
