@@ -171,8 +171,8 @@ class ChainResult:
 def run_chain(search: ActionSearch, chain: Chain) -> ChainResult:
     """Metropolis-Hastings from ``chain.start``: a proposal changes one random group's action to another
     random action, or (a share ``chain.block_moves`` of proposals, where the graph has blocks) sets every
-    group of a block (drawn by ``search.block_p``) to one random action not all of them have; it is accepted with probability
-    min(1, exp(beta * (cost - cost')))."""
+    group of a block (drawn by ``search.block_p``) to one random action not all of them have; it is
+    accepted with probability min(1, exp(beta * (cost - cost')))."""
     t0 = time.perf_counter()
     evals0, eval_s0 = search.n_evals, search.eval_time_s
     rng = np.random.default_rng([chain.seed, chain.index])

@@ -77,19 +77,19 @@ def mcmc(ev, budget_s: float = 60.0, seed: int = 0, starts: tuple[str, ...] | li
          block_moves: float = BLOCK_MOVES, **_) -> Strategy:
     """Metropolis-Hastings over one (M+4)-way action per group (FlexFlow's search).
 
-    Cost = simulated iteration time under task order ``order`` (``SEARCH_ORDER``, FIFO: one simulation
-    per proposal where the evaluator's ``best`` runs three; None: the evaluator's), x ``oom_factor``
-    if out of memory; beta = 1 / (``temperature`` x the best starting cost): a plan ``temperature``
-    slower is accepted with probability 1/e. A share ``block_moves`` of the proposals moves a block of
-    groups joined by the graph's heaviest tensors to one action (``chains.coupled_blocks``). One chain starts from each plan in ``starts``, worst
-    first (``run_chain``). With a time budget each chain gets an equal share of the time left per
-    worker when it starts (time a chain leaves goes to the next ones); with ``max_evals`` (a budget in
-    proposals, cached or not) each gets an equal share and the search is deterministic for a seed and
-    a number of workers. ``workers`` > 1 or ``ray_address`` run the chains on Ray workers
-    (``heterog.parallel``); the chains draw from their own seeded generators, so where they run does
-    not change what they find. Each chain returns its ``keep`` best plans; when ``order`` is not the
-    evaluator's, those are scored again under the evaluator's order and the best is returned (never
-    worse than the best start under that order), after ``repick_block_devices``.
+    Cost = simulated iteration time under task order ``order`` (``SEARCH_ORDER``, FIFO: one simulation per
+    proposal where the evaluator's ``best`` runs three; None: the evaluator's), x ``oom_factor`` if out of
+    memory; beta = 1 / (``temperature`` x the best starting cost): a plan ``temperature`` slower is accepted
+    with probability 1/e. A share ``block_moves`` of the proposals moves a block of groups joined by the graph's
+    heaviest tensors to one action (``chains.coupled_blocks``). One chain starts from each plan in ``starts``,
+    worst first (``run_chain``). With a time budget each chain gets an equal share of the time left per worker
+    when it starts (time a chain leaves goes to the next ones); with ``max_evals`` (a budget in proposals,
+    cached or not) each gets an equal share and the search is deterministic for a seed and a number of workers.
+    ``workers`` > 1 or ``ray_address`` run the chains on Ray workers (``heterog.parallel``); the chains draw
+    from their own seeded generators, so where they run does not change what they find. Each chain returns its
+    ``keep`` best plans; when ``order`` is not the evaluator's, those are scored again under the evaluator's
+    order and the best is returned (never worse than the best start under that order), after
+    ``repick_block_devices``.
     """
     from heterog.parallel import EvaluatorSpec, make_pool
 
