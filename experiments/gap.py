@@ -1,7 +1,8 @@
 """How close plans get to 10% over the best data-parallel baseline, and the lower bounds that say how
 close they could get (docs/results.md, "Why the data-parallel LP's 489 ms is not reachable").
 
-For one model on one cluster, under the default order: CP-AR; the optional MCMC start cp-ar-ps-small;
+For one model on one cluster, under the default order: CP-AR; the MCMC start cp-ar-ps-small, and it with
+the block of groups that synchronises the most gradient bytes on one device (MCMC's block move);
 lp-round (the data-parallel LP rounded to a plan); the data-parallel bounds: the LP of
 ``action_space_bound``, the same with the heaviest groups integral, ``release_bound`` (LP and MILP);
 and the link loads of CP-AR (how far the NICs are from saturated).
@@ -17,6 +18,7 @@ import time
 import numpy as np
 
 from heterog import baselines
+from heterog.baselines.chains import coupled_blocks
 from heterog.baselines.mcmc import start_actions
 from heterog.bounds import action_space_bound, release_bound
 from heterog.cluster import load_cluster
@@ -50,6 +52,16 @@ def main(argv=None) -> None:
     small = ev.evaluate(ev.strategy(start_actions(ev, "cp-ar-ps-small", np.random.default_rng(0))))
     print(f"  cp-ar-ps-small              {ms(small.iteration_time_s)} ({small.order}), "
           f"{cp_ar.iteration_time_s / small.iteration_time_s:.3f}x")
+    blocks = coupled_blocks(graph, ev.group_of)
+    if blocks:      # the block that synchronises the most gradient bytes, on one device (MCMC's block move)
+        heavy = max(blocks, key=lambda b: b.sync_bytes)
+        base = start_actions(ev, "cp-ar-ps-small", np.random.default_rng(0))
+        on = [ev.evaluate(ev.strategy(np.where(np.isin(np.arange(len(base)), heavy.groups), d, base)))
+              for d in range(m)]
+        d = int(np.argmin([r.iteration_time_s for r in on]))
+        print(f"  ... + its heaviest block ({len(heavy.groups)} groups, {heavy.sync_bytes / 1e6:.0f} MB of gradients) "
+              f"on {cluster.devices[d].name}: {ms(on[d].iteration_time_s)} ({on[d].order}), "
+              f"{cp_ar.iteration_time_s / on[d].iteration_time_s:.3f}x")
     if not a.no_lp_round:
         t = time.perf_counter()
         s = baselines.run("lp-round", graph, cluster, evaluator=ev, integral_groups=a.integral_groups,

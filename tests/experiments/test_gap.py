@@ -9,7 +9,7 @@ from experiments.gap import main
 def test_gap_prints_plans_and_ordered_bounds(capsys):
     main(["--model", "tiny_transformer", "--batch-size", "16", "--integral-groups", "5", "--time-limit-s", "10"])
     out = capsys.readouterr().out
-    for key in ("cp-ar", "cp-ar-ps-small", "lp-round", "DP-only LP", "release_bound", "all actions"):
+    for key in ("cp-ar", "cp-ar-ps-small", "heaviest block", "lp-round", "DP-only LP", "release_bound", "all actions"):
         assert key in out
     num = lambda pat: float(re.search(pat, out).group(1))          # noqa: E731
     lp = num(r"DP-only LP \(action_space_bound\)\s+([\d.]+) ms")
