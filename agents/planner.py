@@ -55,7 +55,8 @@ def plan(evaluator, checkpoint: str | Path | dict | None = None, episodes: int |
         evaluator: a :class:`heterog.evaluate.Evaluator` (its grouping and cost model are used).
         checkpoint: a checkpoint path (or loaded checkpoint) to fine-tune; None trains from scratch.
         episodes: strategies to sample (one episode = one plan); default 2000 when no budget is given.
-        budget_s: wall-clock budget in seconds, setup included.
+        budget_s: wall-clock budget in seconds, setup included. 0 with a checkpoint: zero-shot
+            (``zero_shot``: the pretrained policy's plan, no update).
         seed: seeds the policy's initialisation and all sampling.
         progress: show a progress bar (on stderr).
         settings: trainer settings (default: ``TrainerSettings(seed=seed)``).
@@ -68,22 +69,27 @@ def plan(evaluator, checkpoint: str | Path | dict | None = None, episodes: int |
     ``best_iteration_time_s``, ``oom``, ``episodes``, ``rounds``, ``seed`` and ``checkpoint``.
     """
     t0 = time.perf_counter()
+    if budget_s == 0 and episodes is None:
+        if checkpoint is None:
+            raise HeterogError("budget_s 0 (zero-shot) plans with a pretrained policy: give a checkpoint "
+                               "(--agent CKPT)")
+        strategy = zero_shot(evaluator, checkpoint)
+        strategy.meta.update({"search_time_s": time.perf_counter() - t0, "seed": seed,
+                              "checkpoint": None if isinstance(checkpoint, dict) else str(checkpoint)})
+        return strategy
     if episodes is None and budget_s is None:
         episodes = DEFAULT_EPISODES
     if episodes is not None and episodes < 1:
         raise HeterogError(f"episodes must be at least 1, got {episodes}")
     if budget_s is not None and budget_s <= 0:
-        raise HeterogError(f"budget_s must be positive, got {budget_s}")
+        raise HeterogError(f"budget_s must be positive (or 0 with a checkpoint: zero-shot), got {budget_s}")
     settings = settings or TrainerSettings(seed=seed, workers=workers)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         m = evaluator.cluster.n_devices
         if checkpoint is not None:
-            state = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
-            check_fits(state, m, None, DEVICE_FEATURE_DIM,
-                       source=f"checkpoint {str(checkpoint)!r}" if not isinstance(checkpoint, dict) else "checkpoint")
-            policy = policy_from_checkpoint(state)
+            policy = _load_policy(checkpoint, m)
         else:
             policy = build_policy(m, size, seed, settings.initial_dp_bias)
         task = GraphTask.from_evaluator(evaluator, layout=policy.feature_layout)
@@ -100,6 +106,44 @@ def plan(evaluator, checkpoint: str | Path | dict | None = None, episodes: int |
     strategy.method = "agent"
     source = None if checkpoint is None or isinstance(checkpoint, dict) else str(checkpoint)
     strategy.meta.update({"search_time_s": time.perf_counter() - t0, "seed": seed, "checkpoint": source})
+    return strategy
+
+
+def _load_policy(checkpoint: str | Path | dict, n_devices: int) -> StrategyPolicy:
+    state = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
+    check_fits(state, n_devices, None, DEVICE_FEATURE_DIM,
+               source=f"checkpoint {str(checkpoint)!r}" if not isinstance(checkpoint, dict) else "checkpoint")
+    return policy_from_checkpoint(state)
+
+
+def zero_shot(evaluator, checkpoint: str | Path | dict) -> Strategy:
+    """The pretrained policy's plan for ``evaluator``'s graph and cluster without any update: its greedy
+    plan (each group's most likely action), compared with the four data-parallel plans (every group
+    under one DP action); the fastest is returned (a plan out of memory counts ``oom_factor`` times
+    slower, as in training). Meta: ``policy_plan_s`` and ``policy_plan_oom`` (the greedy plan, before
+    the comparison), ``zero_shot`` True, ``kept`` ("policy" or the DP plan's name), ``best_iteration_time_s``,
+    ``oom``, ``episodes`` 0, ``rounds`` 0."""
+    import numpy as np
+
+    from heterog.evaluate import reward
+
+    m = evaluator.cluster.n_devices
+    policy = _load_policy(checkpoint, m)
+    policy.eval()
+    task = GraphTask.from_evaluator(evaluator, layout=policy.feature_layout)
+    with torch.no_grad():
+        emb = policy.embed_groups(*task.inputs.args())
+        devices = policy.embed_devices(task.inputs.dev_x, task.inputs.dev_mask)
+        greedy = policy.sample_actions(emb, task.inputs.group_mask, 1, greedy=True, devices=devices)[0].numpy()
+    candidates = {"policy": greedy.astype(np.int64)}
+    candidates.update({name: np.full(evaluator.n_groups, m + k, dtype=np.int64)
+                       for k, name in enumerate(("ev-ps", "ev-ar", "cp-ps", "cp-ar"))})
+    scored = {name: evaluator.iteration_time(evaluator.strategy(a)) for name, a in candidates.items()}
+    kept = max(scored, key=lambda name: (reward(*scored[name]), name == "policy"))
+    strategy = evaluator.strategy(candidates[kept], "agent")
+    strategy.meta.update({"zero_shot": True, "kept": kept, "policy_plan_s": scored["policy"][0],
+                          "policy_plan_oom": scored["policy"][1], "best_iteration_time_s": scored[kept][0],
+                          "oom": scored[kept][1], "episodes": 0, "rounds": 0})
     return strategy
 
 

@@ -145,10 +145,11 @@ def plan(method: str, graph=None, cluster=None, *, evaluator=None, **options) ->
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise HeterogError(f"unknown planning options {unknown}; known: {list(OPTIONS)}")
-    budget_s = options.get("budget_s")
-    if budget_s is not None and budget_s <= 0:
-        raise HeterogError(f"budget must be positive, got {budget_s} s")
     planner = get(method)
+    budget_s = options.get("budget_s")
+    if budget_s is not None and (budget_s < 0 or (budget_s == 0 and "checkpoint" not in planner.options)):
+        raise HeterogError(f"budget must be positive, got {budget_s} s (0 means zero-shot, for the agent "
+                           f"with a checkpoint)")
     refused = [flag for key, flag in OWN_OPTIONS.items() if options.get(key) is not None and key not in planner.options]
     if refused:
         raise HeterogError(f"{' and '.join(refused)} appl{'y' if len(refused) > 1 else 'ies'} to the agent only, "

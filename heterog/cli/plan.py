@@ -25,6 +25,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     doc = {"method": method, "graph": graph.name, "cluster": cluster.name, "output": str(path),
            "n_groups": strategy.n_groups, "iteration_time_s": res.iteration_time_s, "oom": res.oom,
            "search_time_s": float(strategy.meta.get("search_time_s", 0.0))}
+    if "policy_plan_s" in strategy.meta:        # zero-shot: the policy's own plan, before the DP comparison
+        doc.update({k: strategy.meta[k] for k in ("policy_plan_s", "policy_plan_oom", "kept")})
     emit(args, doc, f"{method}: {strategy.n_groups} groups, simulated {res.iteration_time_s * 1e3:.2f} ms per "
                     f"iteration{' (OOM)' if res.oom else ''}, searched {doc['search_time_s']:.1f} s -> {path}")
     return 0
@@ -38,7 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--method", default=None, help="planner name (default: agent)")
     g.add_argument("--agent", default=None, metavar="CKPT", help="fine-tune the agent from this checkpoint")
     p.add_argument("--episodes", type=int, default=None, help="episodes for the agent")
-    p.add_argument("--budget-s", type=float, default=60.0, help="time budget of a search")
+    p.add_argument("--budget-s", type=float, default=60.0,
+                   help="time budget of a search; 0 with --agent: the checkpoint's plan, zero-shot")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("-o", "--output", required=True, type=Path, help="strategy JSON to write")
     add_parallel_args(p)

@@ -69,3 +69,60 @@ def test_plan_rejects_bad_limits(graph, paper8):
         plan(Evaluator(graph, paper8), episodes=0, progress=False)
     with pytest.raises(HeterogError, match="budget_s must be positive"):
         plan(Evaluator(graph, paper8), budget_s=-1, progress=False)
+
+
+def test_zero_shot_plans_with_the_checkpoint_and_never_loses_to_data_parallelism(graph, paper8, tmp_path, capsys):
+    import json
+
+    from heterog import baselines
+    from heterog.cli import main
+
+    policy = build_policy(8, "small", seed=2, **TINY_AGENT)
+    trainer = Trainer(policy, [make_task(capture_model("tiny_cnn", 16), paper8)],
+                      TrainerSettings(samples_per_graph=4, explore_samples=1, mutate_samples=1))
+    trainer.train(rounds=2)
+    path = trainer.save(tmp_path / "pretrained.pt")
+    ev = Evaluator(graph, paper8)
+    strategy = plan(ev, checkpoint=path, budget_s=0, progress=False)
+    meta = strategy.meta
+    assert meta["zero_shot"] and meta["episodes"] == 0 and meta["checkpoint"] == str(path)
+    # the policy's own plan, scored independently: its greedy plan on this graph
+    check = Trainer(policy, [make_task(graph, paper8)], TrainerSettings(samples_per_graph=4, explore_samples=1,
+                                                                        mutate_samples=1))
+    greedy = check.evaluate_policy(samples=0)
+    assert meta["policy_plan_s"] == pytest.approx(next(iter(greedy.values()))["greedy_iteration_time_s"])
+    t_s, oom = ev.iteration_time(strategy)
+    assert t_s == pytest.approx(meta["best_iteration_time_s"]) and oom == meta["oom"]
+    for dp in ("ev-ps", "ev-ar", "cp-ps", "cp-ar"):
+        assert t_s <= ev.iteration_time(baselines.run(dp, graph, paper8, evaluator=ev))[0] + 1e-12
+    assert t_s <= meta["policy_plan_s"] + 1e-12
+    assert meta["kept"] in ("policy", "ev-ps", "ev-ar", "cp-ps", "cp-ar")
+    assert plan(ev, checkpoint=path, budget_s=0, progress=False).meta["actions"] == meta["actions"]
+    # the command line: the policy's own plan in the JSON; zero-shot without a checkpoint is a clean error
+    capsys.readouterr()
+    argv = ["plan", "--graph", "tiny_mlp", "--batch-size", "16", "--cluster", "paper-8gpu", "-o",
+            str(tmp_path / "s.json"), "--budget-s", "0", "--json"]
+    assert main(argv + ["--agent", str(path)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["policy_plan_s"] == pytest.approx(meta["policy_plan_s"]) and doc["kept"] == meta["kept"]
+    assert doc["iteration_time_s"] == pytest.approx(t_s)
+    assert main(argv) == 2 and "give a checkpoint" in capsys.readouterr().err
+
+
+def test_zero_shot_needs_a_checkpoint(graph, paper8):
+    with pytest.raises(HeterogError, match=r"zero-shot\) plans with a pretrained policy"):
+        plan(Evaluator(graph, paper8), budget_s=0, progress=False)
+
+
+def test_one_token_checkpoint_plans_zero_shot_on_other_clusters(graph, paper8, tmp_path):
+    policy = build_policy(8, "small", seed=0, head="tokens", **TINY_AGENT)
+    trainer = Trainer(policy, [make_task(capture_model("tiny_cnn", 16), paper8, layout=policy.feature_layout)],
+                      TrainerSettings(samples_per_graph=4, explore_samples=1, mutate_samples=1))
+    trainer.train(rounds=1)
+    path = trainer.save(tmp_path / "tokens.pt")
+    for name in ("paper-12gpu", "local-cpu-2"):
+        cluster = load_cluster(name)
+        ev = Evaluator(graph, cluster)
+        strategy = plan(ev, checkpoint=path, budget_s=0, progress=False)
+        strategy.check_fits(graph, cluster)
+        assert strategy.meta["zero_shot"] and ev.iteration_time(strategy)[0] <= strategy.meta["policy_plan_s"]
