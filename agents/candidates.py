@@ -1,13 +1,15 @@
 """The strategies the trainer simulates besides the policy's own samples, and how they are scored.
 
 :class:`CandidateSearch` proposes the uniform seed plans, exploration offsets (one logit offset per
-action, for whole-plan changes), mutations of the best plan found (uniform or guided by the policy) and
+action, for whole-plan changes), mutations of the best plan found (uniform, guided by the policy, or one
+coupled block of groups at once: :class:`BlockMoves`) and
 replays from the pool of the best distinct plans; every draw comes from the trainer's seeded generators.
 :class:`Scorer` simulates strategies once each (a per-graph cache), here or on Ray workers.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -25,6 +27,23 @@ def uniform_plans(n_actions: int, n_groups: int) -> np.ndarray:
     """The plans that give every group the same action, one per action (the whole graph on one device,
     or one data-parallel scheme everywhere: the DP baselines). Shapes: -> ``(A, G)``."""
     return np.repeat(np.arange(n_actions, dtype=np.int64)[:, None], n_groups, axis=1)
+
+
+@dataclass(frozen=True)
+class BlockMoves:
+    """A task's coupled blocks for block mutations: each block's groups and the probability of drawing it
+    (``heterog.baselines.chains.coupled_blocks`` and ``block_weights``)."""
+
+    groups: list[Tensor]
+    p: Tensor
+
+    @classmethod
+    def of(cls, evaluator) -> BlockMoves:
+        from heterog.baselines.chains import block_weights, coupled_blocks
+
+        found = coupled_blocks(evaluator.graph, np.asarray(evaluator.group_of))
+        return cls([torch.as_tensor(b.groups, dtype=torch.long) for b in found],
+                   torch.as_tensor(block_weights(found), dtype=torch.float64))
 
 
 class CandidateSearch:
@@ -50,11 +69,15 @@ class CandidateSearch:
         size = self.n_actions if n_actions is None else n_actions
         return torch.randn(n, size, generator=self.generator) * self.settings.explore_noise
 
-    def mutate(self, base: Tensor, n_actions: int, n: int, guide: Tensor | None = None) -> Tensor:
+    def mutate(self, base: Tensor, n_actions: int, n: int, guide: Tensor | None = None,
+               blocks: BlockMoves | None = None) -> Tensor:
         """``n`` copies of ``base`` with ``mutate_groups`` distinct groups each set to another action: random
         groups and actions, or for a share ``mutate_guided`` of the copies (with the policy's probabilities
         ``guide`` along ``base``) groups drawn in proportion to ``1 - guide[g, base[g]]`` and actions in
-        proportion to ``guide[g]`` without ``base[g]``.
+        proportion to ``guide[g]`` without ``base[g]``. Then each copy becomes, with probability
+        ``mutate_blocks`` (where ``blocks`` has any), ``base`` with one coupled block (drawn by
+        ``blocks.p``) set to one action it does not hold everywhere: MCMC's block move
+        (``heterog.baselines.chains.coupled_blocks``).
 
         Shapes: base ``(G,)``, guide ``(G, A)`` -> ``(n, G)``.
         """
@@ -77,6 +100,15 @@ class CandidateSearch:
             new[:n_guided] = torch.multinomial(others[guided.flatten()] + 1e-12, 1,
                                                generator=self.generator).reshape(n_guided, k)
         out[rows, groups] = new
+        if blocks is not None and blocks.groups and self.settings.mutate_blocks > 0:
+            chosen = torch.rand(n, generator=self.generator) < self.settings.mutate_blocks
+            for i in torch.nonzero(chosen).flatten().tolist():
+                members = blocks.groups[int(torch.multinomial(blocks.p, 1, generator=self.generator))]
+                held = torch.unique(base[members])
+                a = int(torch.randint(n_actions - (len(held) == 1), (1,), generator=self.generator))
+                a += int(len(held) == 1 and a >= int(held[0]))
+                out[i] = base
+                out[i, members] = a
         return out
 
     def remember(self, state: TaskState, actions: np.ndarray, rewards: np.ndarray) -> None:

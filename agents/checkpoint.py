@@ -54,6 +54,17 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return state
 
 
+def export_policy(state: dict[str, Any], path: str | Path, provenance: dict[str, Any]) -> Path:
+    """Write only the policy of ``state`` (config and weights, as fp32 tensors) with ``provenance`` (how
+    it was trained), for shipping: what ``agents.planner`` loads to plan or fine-tune, without the
+    optimizer, RNG and per-graph state that resuming a run needs (a few hundred kB instead of MBs)."""
+    slim = {"policy_config": dict(state["policy_config"]),
+            "policy_state": {k: v.detach().clone().float() if v.is_floating_point() else v.detach().clone()
+                             for k, v in state["policy_state"].items()},
+            "provenance": _plain(provenance)}
+    return save_checkpoint(path, slim)
+
+
 def checkpoint_head(state: dict[str, Any]) -> str:
     """The policy head a checkpoint records: ``"fixed"`` (M + 4 actions for one M) or ``"tokens"``
     (device tokens, any cluster up to its device count). Checkpoints without the entry are fixed."""

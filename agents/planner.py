@@ -1,12 +1,14 @@
-"""The agent as a planner (``heterog plan --method agent``): train from scratch, or fine-tune a
-checkpoint, on one graph and cluster for a number of episodes or a wall-clock budget, and return the
-best strategy found.
+"""The agent as a planner (``heterog plan --method agent``): fine-tune a checkpoint (by default the
+pretrained one shipped in this package, ``PRETRAINED``) or train from scratch, on one graph and cluster
+for a number of episodes or a wall-clock budget, and return the best strategy found; with a budget of 0,
+the checkpoint's plan zero-shot.
 
 ``PLANNER`` is what heterog's planner registry (``heterog.planners``) loads for method ``agent``,
 through the entry point ``agent = "agents.planner:PLANNER"`` of the ``heterog.planners`` group
 (pyproject.toml): heterog names no module of this package."""
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,11 @@ from heterog.planners import Planner
 from heterog.strategy import Strategy, n_actions
 
 DEFAULT_EPISODES = 2000
+# The pretrained device-token policy shipped with the package: what ``plan`` starts from when no checkpoint
+# is given. How it was trained, and how to retrain it: docs/design.md, "The shipped checkpoint".
+PRETRAINED = Path(__file__).resolve().parent / "pretrained" / "tokens-small.pt"
+SCRATCH = "scratch"          # checkpoint value (CLI: --agent scratch) that trains a fresh policy
+log = logging.getLogger(__name__)
 AGENT_SIZES = {"small": StrategyPolicy.small, "paper": StrategyPolicy.paper}
 
 
@@ -53,7 +60,9 @@ def plan(evaluator, checkpoint: str | Path | dict | None = None, episodes: int |
 
     Args:
         evaluator: a :class:`heterog.evaluate.Evaluator` (its grouping and cost model are used).
-        checkpoint: a checkpoint path (or loaded checkpoint) to fine-tune; None trains from scratch.
+        checkpoint: a checkpoint path (or loaded checkpoint) to fine-tune; None: the shipped pretrained
+            checkpoint (``PRETRAINED``) when its policy fits the cluster, else from scratch (logged);
+            ``"scratch"``: a fresh policy.
         episodes: strategies to sample (one episode = one plan); default 2000 when no budget is given.
         budget_s: wall-clock budget in seconds, setup included. 0 with a checkpoint: zero-shot
             (``zero_shot``: the pretrained policy's plan, no update).
@@ -66,16 +75,16 @@ def plan(evaluator, checkpoint: str | Path | dict | None = None, episodes: int |
             this address (``heterog.parallel``; ``settings.workers`` when settings are given).
 
     Returns the best strategy found, method "agent", with meta ``search_time_s``,
-    ``best_iteration_time_s``, ``oom``, ``episodes``, ``rounds``, ``seed`` and ``checkpoint``.
+    ``best_iteration_time_s``, ``oom``, ``episodes``, ``rounds``, ``seed`` and ``checkpoint`` (the path
+    started from; None from scratch).
     """
     t0 = time.perf_counter()
-    if budget_s == 0 and episodes is None:
-        if checkpoint is None:
-            raise HeterogError("budget_s 0 (zero-shot) plans with a pretrained policy: give a checkpoint "
-                               "(--agent CKPT)")
+    zero = budget_s == 0 and episodes is None
+    checkpoint = start_checkpoint(checkpoint, evaluator.cluster.n_devices, required=zero)
+    source = None if checkpoint is None or isinstance(checkpoint, dict) else str(checkpoint)
+    if zero:
         strategy = zero_shot(evaluator, checkpoint)
-        strategy.meta.update({"search_time_s": time.perf_counter() - t0, "seed": seed,
-                              "checkpoint": None if isinstance(checkpoint, dict) else str(checkpoint)})
+        strategy.meta.update({"search_time_s": time.perf_counter() - t0, "seed": seed, "checkpoint": source})
         return strategy
     if episodes is None and budget_s is None:
         episodes = DEFAULT_EPISODES
@@ -104,9 +113,35 @@ def plan(evaluator, checkpoint: str | Path | dict | None = None, episodes: int |
         torch.set_num_threads(threads)
     strategy = trainer.best_strategy(task)
     strategy.method = "agent"
-    source = None if checkpoint is None or isinstance(checkpoint, dict) else str(checkpoint)
     strategy.meta.update({"search_time_s": time.perf_counter() - t0, "seed": seed, "checkpoint": source})
     return strategy
+
+
+def start_checkpoint(checkpoint: str | Path | dict | None, n_devices: int,
+                     required: bool = False) -> str | Path | dict | None:
+    """The checkpoint ``plan`` starts from on a cluster of ``n_devices``: ``checkpoint`` itself, None for
+    ``SCRATCH``, and for None the shipped ``PRETRAINED`` checkpoint when its policy fits the cluster (else
+    None, from scratch, with a warning). ``required`` (zero-shot): a checkpoint must result; otherwise
+    the error names why there is none."""
+    if isinstance(checkpoint, (str, Path)) and str(checkpoint) == SCRATCH:
+        if required:
+            raise HeterogError("budget_s 0 (zero-shot) plans with a pretrained policy, not from scratch")
+        return None
+    if checkpoint is not None:
+        return checkpoint
+    if not PRETRAINED.is_file():
+        why = f"the shipped checkpoint {str(PRETRAINED)!r} is missing from this installation"
+    else:
+        try:
+            check_fits(load_checkpoint(PRETRAINED), n_devices, None, DEVICE_FEATURE_DIM,
+                       source="the shipped checkpoint")
+            return PRETRAINED
+        except HeterogError as exc:
+            why = str(exc)
+    if required:
+        raise HeterogError(f"budget_s 0 (zero-shot) needs a pretrained policy: {why}; give one with --agent CKPT")
+    log.warning("agent: training from scratch: %s", why)
+    return None
 
 
 def _load_policy(checkpoint: str | Path | dict, n_devices: int) -> StrategyPolicy:

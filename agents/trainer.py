@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from agents.candidates import CandidateSearch, Scorer, uniform_plans
+from agents.candidates import BlockMoves, CandidateSearch, Scorer, uniform_plans
 from agents.checkpoint import load_trainer_state, save_checkpoint, trainer_state
 from agents.networks import N_DP_SCHEMES, StrategyPolicy
 from agents.reporting import TrainingLog, action_breakdown, time_to_quality
@@ -77,6 +77,11 @@ class TrainerSettings:
     0: none). Used like replays. They let the search finish what the policy roughly found."""
     mutate_groups: int = 1
     """Groups changed per mutated strategy."""
+    mutate_blocks: float = 0.25
+    """Probability that a mutation sample instead sets one coupled block of groups (groups joined by the
+    graph's heaviest tensors, e.g. a tied embedding and its LM head) to one action: MCMC's block move
+    (``heterog.baselines.chains.coupled_blocks``), which single-group moves cannot make when every plan
+    on the way re-lays out a large tensor."""
     mutate_guided: float = 0.5
     """Share of the mutation samples proposed by the policy instead of uniformly: the groups to change
     drawn in proportion to how likely the policy is to leave the best strategy's action there, the new
@@ -85,9 +90,10 @@ class TrainerSettings:
     seed_uniform_plans: bool = True
     """Before a graph's first round, simulate the M + 4 plans that give every group the same action (the
     whole graph on one device, or one data-parallel scheme everywhere: the DP baselines ev-ps, ev-ar,
-    cp-ps, cp-ar) and record them like samples: they enter the replay pool and the best one is where the
-    mutation samples start. Without them the search can settle on a plan worse than plain data
-    parallelism."""
+    cp-ps, cp-ar), and cp-ar-ps-small (CP-AR with the groups of small gradients on CP-PS, MCMC's start:
+    ``heterog.baselines.mcmc.start_actions``), and record them like samples: they enter the replay pool
+    and the best one is where the mutation samples start. Without them the search can settle on a plan
+    worse than plain data parallelism."""
     ppo_epochs: int = 4
     """PPO: passes over one round's samples."""
     ppo_clip: float = 0.2
@@ -233,6 +239,7 @@ class Trainer:
         torch.manual_seed(settings.seed)
         self.states = {t.key: TaskState() for t in tasks}
         self.search = CandidateSearch(settings, policy.n_actions, self.generator, self.rng)
+        self._blocks: dict[str, BlockMoves] = {}                 # task key -> its coupled blocks
         self.scorer = Scorer(tasks, settings.oom_factor, settings.eval_cache_size, settings.workers, ray_address)
         self.report = TrainingLog(writer, run_dir, settings.log_every)
         # ---- counters, derived at run time (checkpointed; simulations run are counted by the scorer)
@@ -310,7 +317,8 @@ class Trainer:
             guide = (self.policy.action_logits(group_emb.detach(), inputs.group_mask, best[None],
                                                devices)[0].softmax(-1)
                      if s.mutate_guided > 0 and s.mutate_samples > 0 else None)
-        actions = torch.cat([drawn, self.search.mutate(best, n_actions, s.mutate_samples, guide)])
+        actions = torch.cat([drawn, self.search.mutate(best, n_actions, s.mutate_samples, guide,
+                                                       self.block_moves(task))])
         rewards, times, ooms = self.evaluate(task, actions.numpy())                          # (k,) each
         self.record(task, state, actions.numpy(), rewards, times, ooms)
         replay_actions, replay_rewards = self.search.replay(state)
@@ -369,9 +377,22 @@ class Trainer:
         state.keep_best(actions, rewards, times, ooms, self.wall_s + self._elapsed(), self.cpu_s + self._cpu_elapsed())
         self.search.remember(state, actions, rewards)
 
+    def block_moves(self, task: GraphTask) -> BlockMoves | None:
+        """The task's coupled blocks for block mutations (computed once per task; None when disabled)."""
+        if self.settings.mutate_blocks <= 0:
+            return None
+        if task.key not in self._blocks:
+            self._blocks[task.key] = BlockMoves.of(task.evaluator)
+        return self._blocks[task.key]
+
     def seed_uniform(self, task: GraphTask, state: TaskState) -> None:
-        """Simulate and record the plans with one action for every group (one per action)."""
+        """Simulate and record the plans with one action for every group (one per action), and cp-ar-ps-small."""
+        from heterog.baselines.mcmc import start_actions
+
         actions = uniform_plans(task.inputs.n_devices + N_DP_SCHEMES, task.n_groups)          # (A, G)
+        hybrid = start_actions(task.evaluator, "cp-ar-ps-small", self.rng)
+        if not (actions == hybrid).all(axis=1).any():
+            actions = np.concatenate([actions, hybrid[None]])
         rewards, times, ooms = self.evaluate(task, actions)
         self.record(task, state, actions, rewards, times, ooms, sampled=False)
 

@@ -46,7 +46,9 @@ def run_case(model: str, batch: int, cluster_name: str, budget_s: float, seed: i
     graph = capture_model(model, batch)
     cluster = load_cluster(cluster_name)
     methods = [m for m in default_methods() if m != "random"] + ["agent"]
-    comp = compare(graph, cluster, methods, budget_s=budget_s, seed=seed, progress=False)
+    # the agent trains from scratch here (its column is the from-scratch agent), not from the shipped checkpoint
+    comp = compare(graph, cluster, methods, budget_s=budget_s, seed=seed, progress=False,
+                   agent_checkpoint="scratch")
     doc = comp.document()
     ev_orders = {}
     for r in comp.results:

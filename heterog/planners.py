@@ -149,7 +149,7 @@ def plan(method: str, graph=None, cluster=None, *, evaluator=None, **options) ->
     budget_s = options.get("budget_s")
     if budget_s is not None and (budget_s < 0 or (budget_s == 0 and "checkpoint" not in planner.options)):
         raise HeterogError(f"budget must be positive, got {budget_s} s (0 means zero-shot, for the agent "
-                           f"with a checkpoint)")
+                           f"with its pretrained checkpoint)")
     refused = [flag for key, flag in OWN_OPTIONS.items() if options.get(key) is not None and key not in planner.options]
     if refused:
         raise HeterogError(f"{' and '.join(refused)} appl{'y' if len(refused) > 1 else 'ies'} to the agent only, "

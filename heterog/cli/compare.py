@@ -37,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="comma-separated methods (default: every registered planner; add 'agent' to train one)")
     p.add_argument("--budget-s", type=float, default=60.0, help="time budget of each search")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--agent", default=None, metavar="CKPT", help="checkpoint for method 'agent'")
+    p.add_argument("--agent", default=None, metavar="CKPT",
+                   help="checkpoint for method 'agent' (default: the shipped pretrained one; 'scratch': from scratch)")
     p.add_argument("--episodes", type=int, default=None, help="episodes for method 'agent'")
     p.add_argument("--out", type=Path, default=None,
                    help="folder for comparison.json/.csv, report.md (Tables 1-2), best plan's Gantt chart, "

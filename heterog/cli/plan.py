@@ -38,10 +38,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_graph_args(p)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--method", default=None, help="planner name (default: agent)")
-    g.add_argument("--agent", default=None, metavar="CKPT", help="fine-tune the agent from this checkpoint")
+    g.add_argument("--agent", default=None, metavar="CKPT",
+                   help="fine-tune the agent from this checkpoint (default: the pretrained one shipped with the "
+                        "package; 'scratch': a fresh policy)")
     p.add_argument("--episodes", type=int, default=None, help="episodes for the agent")
     p.add_argument("--budget-s", type=float, default=60.0,
-                   help="time budget of a search; 0 with --agent: the checkpoint's plan, zero-shot")
+                   help="time budget of a search; 0 for the agent: the pretrained checkpoint's plan, zero-shot")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("-o", "--output", required=True, type=Path, help="strategy JSON to write")
     add_parallel_args(p)

@@ -1,5 +1,6 @@
 """agents.planner.plan: the agent as a planner (from scratch, by episodes or budget, fine-tuning a
-checkpoint), reproducible by seed, returning a strategy that fits the graph and cluster."""
+checkpoint, by default the shipped one), reproducible by seed, returning a strategy that fits the graph
+and cluster."""
 from __future__ import annotations
 
 import time
@@ -7,7 +8,7 @@ import time
 import pytest
 import torch
 
-from agents.planner import build_policy, plan
+from agents.planner import PRETRAINED, SCRATCH, build_policy, plan, start_checkpoint
 from agents.tasks import make_task
 from agents.trainer import Trainer, TrainerSettings
 from heterog.cluster import load_cluster
@@ -33,14 +34,15 @@ def paper8():
 def test_plan_from_scratch_returns_the_best_strategy(graph, paper8):
     ev = Evaluator(graph, paper8)
     settings = TrainerSettings(samples_per_graph=8, mutate_samples=2)
-    strategy = plan(ev, episodes=48, seed=0, progress=True, settings=settings)
+    strategy = plan(ev, SCRATCH, episodes=48, seed=0, progress=True, settings=settings)
     strategy.check_fits(graph, paper8)
     assert strategy.method == "agent"
     meta = strategy.meta
     assert meta["episodes"] == 48 and meta["rounds"] == 6 and meta["search_time_s"] > 0 and meta["seed"] == 0
+    assert meta["checkpoint"] is None
     t_s, oom = ev.iteration_time(strategy)
     assert t_s == pytest.approx(meta["best_iteration_time_s"]) and oom == meta["oom"]
-    again = plan(Evaluator(graph, paper8), episodes=48, seed=0, progress=False, settings=settings)
+    again = plan(Evaluator(graph, paper8), SCRATCH, episodes=48, seed=0, progress=False, settings=settings)
     assert again.meta["actions"] == meta["actions"]
 
 
@@ -50,6 +52,7 @@ def test_plan_respects_a_wall_clock_budget(graph, paper8):
     elapsed = time.perf_counter() - t0
     assert elapsed < 1.5 + 2.0          # one round may run past the budget
     assert strategy.meta["search_time_s"] <= elapsed and strategy.meta["episodes"] > 0
+    assert strategy.meta["checkpoint"] == str(PRETRAINED)     # no checkpoint given: the shipped one
 
 
 def test_plan_fine_tunes_a_checkpoint_and_refuses_another_action_space(graph, paper8, tmp_path):
@@ -106,12 +109,54 @@ def test_zero_shot_plans_with_the_checkpoint_and_never_loses_to_data_parallelism
     doc = json.loads(capsys.readouterr().out)
     assert doc["policy_plan_s"] == pytest.approx(meta["policy_plan_s"]) and doc["kept"] == meta["kept"]
     assert doc["iteration_time_s"] == pytest.approx(t_s)
-    assert main(argv) == 2 and "give a checkpoint" in capsys.readouterr().err
+    assert main(argv + ["--agent", "scratch"]) == 2 and "not from scratch" in capsys.readouterr().err
 
 
-def test_zero_shot_needs_a_checkpoint(graph, paper8):
-    with pytest.raises(HeterogError, match=r"zero-shot\) plans with a pretrained policy"):
-        plan(Evaluator(graph, paper8), budget_s=0, progress=False)
+def test_zero_shot_needs_a_pretrained_policy(graph, paper8):
+    with pytest.raises(HeterogError, match=r"zero-shot\) plans with a pretrained policy, not from scratch"):
+        plan(Evaluator(graph, paper8), SCRATCH, budget_s=0, progress=False)
+
+
+def test_the_shipped_checkpoint_is_the_default_start_where_it_fits(caplog):
+    from agents.checkpoint import check_fits, checkpoint_head, load_checkpoint
+    from envs.features import DEVICE_FEATURE_DIM
+
+    state = load_checkpoint(PRETRAINED)        # loads with today's features (a layout change needs a retrain)
+    assert checkpoint_head(state) == "tokens" and state["provenance"]["tasks"]
+    for n in (1, 2, 8, 12, 16):
+        check_fits(state, n, None, DEVICE_FEATURE_DIM)
+        assert start_checkpoint(None, n) == PRETRAINED
+    assert start_checkpoint(SCRATCH, 8) is None and start_checkpoint("x.pt", 8) == "x.pt"
+    with caplog.at_level("WARNING"):
+        assert start_checkpoint(None, 17) is None           # bigger than the policy's device tokens
+    assert "training from scratch" in caplog.text and "at most 16 devices" in caplog.text
+    with pytest.raises(HeterogError, match="zero-shot.*at most 16 devices; this cluster has 17.*--agent CKPT"):
+        start_checkpoint(None, 17, required=True)
+
+
+@pytest.mark.parametrize("cluster_name", ["paper-8gpu", "local-cpu-3", "gen-9"])
+def test_the_shipped_checkpoint_plans_zero_shot_by_default(graph, cluster_name, capsys, tmp_path):
+    import json
+
+    from heterog import baselines
+    from heterog.cli import main
+
+    cluster = load_cluster(cluster_name)
+    ev = Evaluator(graph, cluster)
+    strategy = plan(ev, budget_s=0, progress=False)
+    strategy.check_fits(graph, cluster)
+    meta = strategy.meta
+    assert meta["zero_shot"] and meta["checkpoint"] == str(PRETRAINED) and meta["policy_plan_s"] > 0
+    t_s = ev.iteration_time(strategy)[0]
+    assert t_s <= meta["policy_plan_s"] + 1e-12
+    for dp in ("ev-ps", "ev-ar", "cp-ps", "cp-ar"):
+        assert t_s <= ev.iteration_time(baselines.run(dp, graph, cluster, evaluator=ev))[0] + 1e-12
+    capsys.readouterr()
+    assert main(["plan", "--graph", "tiny_mlp", "--batch-size", "16", "--cluster", cluster_name, "-o",
+                 str(tmp_path / "s.json"), "--budget-s", "0", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["policy_plan_s"] == pytest.approx(meta["policy_plan_s"])
+    assert doc["iteration_time_s"] == pytest.approx(t_s)
 
 
 def test_one_token_checkpoint_plans_zero_shot_on_other_clusters(graph, paper8, tmp_path):

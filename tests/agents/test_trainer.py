@@ -286,3 +286,50 @@ def test_uniform_plans_seed_the_pool_before_the_first_samples(tasks):
                                                            seed_uniform_plans=False))
     plain.update()
     assert plain.states[task.key].history[0][2] == 4
+
+
+def test_block_mutations_set_one_coupled_block_to_one_new_action(tasks):
+    """mutate_blocks=1: every mutation is the base with one block (drawn by its probability) set to one
+    action; a block that holds one action everywhere gets another one."""
+    from agents.candidates import BlockMoves
+
+    blocks = BlockMoves([torch.tensor([1, 2, 3]), torch.tensor([5, 6])],
+                        torch.tensor([0.75, 0.25], dtype=torch.float64))
+    base = torch.tensor([0, 4, 4, 4, 0, 2, 9, 0, 0, 0])
+    trainer = Trainer(tiny_policy(), tasks[:1], TrainerSettings(mutate_blocks=1.0))
+    out = trainer.search.mutate(base, 12, 400, blocks=blocks)
+    first = 0
+    for row in out:
+        changed = set(torch.nonzero(row != base).flatten().tolist())
+        assert changed <= {1, 2, 3} or changed <= {5, 6}
+        block = [1, 2, 3] if changed & {1, 2, 3} or not changed else [5, 6]
+        assert len(set(row[block].tolist())) == 1                      # the whole block on one action
+        if block == [1, 2, 3]:
+            assert row[1] != 4                                          # uniform before: a new action
+            first += 1
+    assert 240 < first < 360                                            # drawn by p (0.75)
+    assert len({int(r[5]) for r in out if r[5] == r[6]}) > 6           # the block [5, 6]'s actions vary
+    # off (or no blocks): the plain single-group mutations, draw for draw
+    plain = Trainer(tiny_policy(), tasks[:1], TrainerSettings(mutate_blocks=0.0)).search.mutate(base, 12, 50,
+                                                                                              blocks=blocks)
+    assert torch.equal(plain, Trainer(tiny_policy(), tasks[:1], TrainerSettings()).search.mutate(base, 12, 50))
+
+
+def test_cp_ar_ps_small_seeds_the_search_with_the_uniform_plans(tasks, paper8):
+    """MCMC's cp-ar-ps-small start (CP-AR, small gradients on CP-PS) is seeded beside the uniform plans:
+    it is in the pool, and the first recorded best is the best of all of them."""
+    from heterog.baselines.mcmc import start_actions
+
+    task = make_task(capture_model("tiny_transformer", 16), paper8)
+    ev = task.evaluator
+    hybrid = start_actions(ev, "cp-ar-ps-small", np.random.default_rng(0))
+    uniform = np.repeat(np.arange(12)[:, None], task.n_groups, axis=1)
+    assert not (uniform == hybrid).all(axis=1).any() and set(hybrid.tolist()) == {10, 11}
+    times = [ev.iteration_time(ev.strategy(a, "u"))[0] for a in [*uniform, hybrid]]
+    trainer = Trainer(tiny_policy(), [task], TrainerSettings(samples_per_graph=4, explore_samples=1, mutate_samples=1,
+                                                             replay_samples=0, replay_pool_size=32))
+    trainer.update()
+    state = trainer.states[task.key]
+    assert hybrid.tolist() in [a for _, a in state.pool]
+    assert state.history[0][2] == 0 and state.history[0][3] == min(times)
+    assert state.best_iteration_time_s <= min(times)

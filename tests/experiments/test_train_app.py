@@ -34,7 +34,7 @@ def config(overrides: list[str]):
 
 
 def test_experiment_files_are_the_three_of_the_design():
-    assert EXPERIMENTS == ["evaluate", "finetune", "pretrain"]
+    assert EXPERIMENTS == ["evaluate", "finetune", "pretrain", "pretrain_tokens"]
 
 
 @pytest.mark.parametrize("agent", ["small", "paper"])
@@ -84,6 +84,35 @@ def test_every_experiment_runs_once(tmp_path):
     assert result["best_iteration_time_s"] <= result["greedy_iteration_time_s"]
     before = load_checkpoint(ckpt)["policy_state"]
     assert all(torch.equal(v, load_checkpoint(ckpt)["policy_state"][k]) for k, v in before.items())
+
+
+def test_pretrain_tokens_trains_the_shipped_kind_of_checkpoint_and_ships_it(tmp_path):
+    """experiment=pretrain_tokens: the pretrain graphs, none held out, on paper-8gpu, paper-12gpu and
+    gen-0 .. gen-5 with the device-token head; experiments.ship keeps its policy and provenance."""
+    from agents.planner import plan
+    from experiments.ship import main as ship_main
+    from heterog.cluster import load_cluster
+    from heterog.evaluate import Evaluator
+    from heterog.graph.cache import capture_model
+
+    cfg = config(["experiment=pretrain_tokens"])
+    assert cfg.run.holdout is None and cfg.agent.head == "tokens" and len(graph_specs(cfg)) == len(cfg.run.graphs)
+    assert list(cfg.run.clusters) == ["paper-8gpu", "paper-12gpu"] and cfg.run.generated_clusters == 6
+    torch.set_num_threads(1)
+    pre = run(config(["experiment=pretrain_tokens", TINY_SET, "run.clusters=[local-cpu-2]",
+                      "run.generated_clusters=1", *SHRINK, f"output_dir={tmp_path}"]))
+    assert pre["clusters"] == ["local-cpu-2", "gen-0"]
+    shipped = tmp_path / "shipped.pt"
+    assert ship_main([pre["run_dir"], "--out", str(shipped)]) == 0
+    state = load_checkpoint(shipped)
+    assert set(state) == {"format", "version", "policy_config", "policy_state", "provenance"}
+    assert "tiny_cnn-b16@gen-0" in state["provenance"]["tasks"] and state["provenance"]["counters"]["episodes"] >= 8
+    graph = capture_model("tiny_mlp", 16)
+    ev = Evaluator(graph, load_cluster("paper-12gpu"))       # a cluster it never saw
+    assert plan(ev, checkpoint=shipped, budget_s=0, progress=False).meta["zero_shot"]
+    fixed = run(config([f"output_dir={tmp_path}", "graph=tiny_mlp", *SHRINK]))
+    assert ship_main([str(Path(fixed["checkpoint"]).parent), "--out", str(tmp_path / "fixed.pt")]) == 2
+    assert not (tmp_path / "fixed.pt").exists()                          # a fixed head is not shipped
 
 
 def test_scratch_with_ppo_then_resume(tmp_path):
