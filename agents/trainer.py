@@ -130,8 +130,9 @@ class TrainerSettings:
                 self.explore_samples + self.mutate_samples >= self.samples_per_graph:
             problems.append(f"explore_samples {self.explore_samples} + mutate_samples {self.mutate_samples} "
                             f"must be in 0..samples_per_graph-1 ({self.samples_per_graph - 1}), each non-negative")
-        if not 0.0 <= self.mutate_guided <= 1.0:
-            problems.append(f"mutate_guided must be in [0, 1], got {self.mutate_guided}")
+        for name in ("mutate_guided", "mutate_blocks"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                problems.append(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.mutate_groups < 1:
             problems.append(f"mutate_groups must be at least 1, got {self.mutate_groups}")
         if self.explore_noise < 0:

@@ -313,6 +313,8 @@ def test_block_mutations_set_one_coupled_block_to_one_new_action(tasks):
     plain = Trainer(tiny_policy(), tasks[:1], TrainerSettings(mutate_blocks=0.0)).search.mutate(base, 12, 50,
                                                                                               blocks=blocks)
     assert torch.equal(plain, Trainer(tiny_policy(), tasks[:1], TrainerSettings()).search.mutate(base, 12, 50))
+    with pytest.raises(HeterogError, match=r"mutate_blocks must be in \[0, 1\], got 1.5"):
+        TrainerSettings(mutate_blocks=1.5)
 
 
 def test_cp_ar_ps_small_seeds_the_search_with_the_uniform_plans(tasks, paper8):
