@@ -3,8 +3,9 @@ which ``heterog plan --method agent`` starts from when no ``--agent`` is given):
 
     python -m experiments.ship runs/<pretrain run> [--out agents/pretrained/tokens-small.pt]
 
-Only the policy (config and weights) is kept, with its provenance: the run's graphs, clusters, counters
-(rounds, episodes, simulations, wall and CPU seconds) and command. Retraining: docs/design.md, "The
+Only the policy (config and weights) is kept, with its provenance: the run's name and hydra config
+(graphs, clusters, budget, agent, trainer), its (graph, cluster) tasks and counters (rounds, episodes,
+simulations, wall and CPU seconds). Retraining: docs/design.md, "The
 shipped checkpoint"."""
 from __future__ import annotations
 
@@ -25,12 +26,10 @@ def ship(run_dir: str | Path, out: str | Path = PRETRAINED) -> Path:
     if state["policy_config"].get("head") != "tokens":
         raise HeterogError(f"{run} trained a fixed-head policy; the shipped one must plan for any cluster "
                            f"(agent.head=tokens)")
-    cfg = OmegaConf.load(run / "config.yaml") if (run / "config.yaml").is_file() else OmegaConf.create({})
+    config = OmegaConf.to_container(OmegaConf.load(run / "config.yaml")) if (run / "config.yaml").is_file() else {}
     provenance = {
         "run": run.name,
-        "command": "python -m experiments.train experiment=pretrain_tokens",
-        "graphs": [f"{g['model']}-b{g['batch_size']}" for g in OmegaConf.to_container(cfg.get("run", {})).get(
-            "graphs", [])],
+        "config": config,
         "tasks": sorted(t["name"] for t in state.get("tasks", {}).values()),
         "counters": dict(state.get("counters", {})),
         "settings": dict(state.get("settings", {})),
