@@ -5,11 +5,9 @@ which ``heterog plan --method agent`` starts from when no ``--agent`` is given):
 
 Only the policy (config and weights) is kept, with its provenance: the run's name and hydra config
 (graphs, clusters, budget, agent, trainer), its (graph, cluster) tasks and counters (rounds, episodes,
-simulations, wall and CPU seconds). Retraining: docs/design.md, "The
-shipped checkpoint"."""
+simulations, wall and CPU seconds). Retraining: docs/design.md, "The shipped checkpoint"."""
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from omegaconf import OmegaConf
 
 from agents.checkpoint import export_policy, load_checkpoint
 from agents.planner import PRETRAINED
+from experiments.args import parser
 from heterog.errors import HeterogError
 
 
@@ -38,7 +37,7 @@ def ship(run_dir: str | Path, out: str | Path = PRETRAINED) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser("experiments.ship", __doc__)
     ap.add_argument("run_dir", type=Path, help="the pretraining run's folder (holds agent.pt and config.yaml)")
     ap.add_argument("--out", type=Path, default=PRETRAINED)
     args = ap.parse_args(argv)
