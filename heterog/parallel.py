@@ -78,10 +78,11 @@ class Worker:
         ev = self.evaluators[key]
         return [ev.iteration_time(ev.strategy(a), order) for a in np.asarray(actions)]
 
-    def run_chain(self, key: str, chain):
+    def run_chain(self, key: str, job: tuple):
+        """``job``: (chain, state or None, segment or None), ``heterog.baselines.chains.run_chain``'s arguments."""
         from heterog.baselines.chains import run_chain
 
-        return run_chain(self.searches[key], chain)
+        return run_chain(self.searches[key], *job)
 
 
 class Pool:

@@ -151,8 +151,27 @@ class Chain:
 
 
 @dataclass
+class ChainState:
+    """A chain between two of its segments (``run_chain`` with ``segment``): all that the next segment,
+    on this worker or another, needs to go on exactly as if the chain had not stopped."""
+
+    cur: np.ndarray
+    cur_cost: float
+    top: dict[bytes, tuple[float, np.ndarray]]
+    best: float
+    rng: dict                       # the chain generator's bit_generator.state
+    proposals: int = 0
+    accepted: int = 0
+    last_gain: float = 0.0
+    elapsed_s: float = 0.0          # wall time of the segments so far (the clock of a time budget)
+    n_evals: int = 0
+    eval_time_s: float = 0.0
+
+
+@dataclass
 class ChainResult:
-    """What a chain found: its best plans (cost, actions), best first, and its counters."""
+    """What a chain found: its best plans (cost, actions), best first, and its counters. ``state`` is set
+    when the chain stopped at the end of a segment with budget left: pass it back to ``run_chain``."""
 
     index: int
     name: str
@@ -162,31 +181,47 @@ class ChainResult:
     n_evals: int
     eval_time_s: float
     wall_s: float
+    state: ChainState | None = None
 
     @property
     def best_cost(self) -> float:
         return self.best[0][0]
 
 
-def run_chain(search: ActionSearch, chain: Chain) -> ChainResult:
+def run_chain(search: ActionSearch, chain: Chain, state: ChainState | None = None,
+              segment: float | None = None) -> ChainResult:
     """Metropolis-Hastings from ``chain.start``: a proposal changes one random group's action to another
     random action, or (a share ``chain.block_moves`` of proposals, where the graph has blocks) sets every
     group of a block (drawn by ``search.block_p``) to one random action not all of them have; it is
-    accepted with probability min(1, exp(beta * (cost - cost')))."""
+    accepted with probability min(1, exp(beta * (cost - cost'))).
+
+    With ``segment`` (proposals or seconds, as the budget) the chain stops after that much more and, if
+    its budget is not spent, returns its ``state``; ``run_chain(search, chain, state, ...)`` goes on from
+    there. Split by proposals, the chain is the same Markov chain however it is cut (so a search can
+    hand its chains' segments to whichever worker is free)."""
     t0 = time.perf_counter()
     evals0, eval_s0 = search.n_evals, search.eval_time_s
-    rng = np.random.default_rng([chain.seed, chain.index])
     g_count, a_count = len(chain.start), n_actions(search.ev.cluster.n_devices)
-    cur, cur_cost = chain.start.copy(), chain.start_cost
-    top: dict[bytes, tuple[float, np.ndarray]] = {cur.tobytes(): (cur_cost, cur.copy())}
-    best = min(chain.target, cur_cost)
-    proposals = accepted = 0
+    if state is None:
+        rng = np.random.default_rng([chain.seed, chain.index])
+        cur = chain.start.copy()
+        state = ChainState(cur, chain.start_cost, {cur.tobytes(): (chain.start_cost, cur.copy())},
+                           min(chain.target, chain.start_cost), rng.bit_generator.state)
+    else:
+        rng = np.random.default_rng()
+        rng.bit_generator.state = state.rng
+    st = state
+    cur, cur_cost, top, best = st.cur, st.cur_cost, st.top, st.best
+    proposals, accepted, last_gain = st.proposals, st.accepted, st.last_gain
 
     def clock() -> float:
-        return float(proposals) if chain.by_proposals else time.perf_counter() - t0
+        return float(proposals) if chain.by_proposals else st.elapsed_s + time.perf_counter() - t0
 
-    last_gain = 0.0
-    while g_count and clock() < chain.budget and clock() - last_gain < chain.budget / 2:
+    def running() -> bool:
+        return bool(g_count) and clock() < chain.budget and clock() - last_gain < chain.budget / 2
+
+    stop = math.inf if segment is None else clock() + segment
+    while running() and clock() < stop:
         cand = cur.copy()
         if search.blocks and rng.random() < chain.block_moves:
             members = search.blocks[int(rng.choice(len(search.blocks), p=search.block_p))]
@@ -211,6 +246,10 @@ def run_chain(search: ActionSearch, chain: Chain) -> ChainResult:
                     del top[max(top, key=lambda k: top[k][0])]
             if c < best:
                 best, last_gain = c, clock()
+    more = running()
+    state = ChainState(cur, cur_cost, top, best, rng.bit_generator.state, proposals, accepted, last_gain,
+                       st.elapsed_s + time.perf_counter() - t0, st.n_evals + search.n_evals - evals0,
+                       st.eval_time_s + search.eval_time_s - eval_s0)
     ranked = sorted(top.values(), key=lambda v: v[0])
-    return ChainResult(chain.index, chain.name, ranked, proposals, accepted, search.n_evals - evals0,
-                       search.eval_time_s - eval_s0, time.perf_counter() - t0)
+    return ChainResult(chain.index, chain.name, ranked, proposals, accepted, state.n_evals, state.eval_time_s,
+                       state.elapsed_s, state if more else None)

@@ -9,12 +9,13 @@ import time
 import numpy as np
 
 from heterog.baselines import register
-from heterog.baselines.chains import BLOCK_MOVES, ActionSearch, Chain, ChainResult, run_chain
+from heterog.baselines.chains import BLOCK_MOVES, ActionSearch, Chain, ChainResult, ChainState, run_chain
 from heterog.errors import HeterogError
 from heterog.strategy import Strategy
 
 DEFAULT_STARTS = ("single", "ev-ps", "ev-ar", "cp-ps", "cp-ar", "cp-ar-ps-small", "random")
 SMALL_GRADIENT_BYTES = 100_000
+CHAIN_SEGMENTS = 8     # pieces of a chain's proposal budget that Ray workers take one at a time
 SEARCH_ORDER = "fifo"   # the task order inside the loop: one simulation per proposal (see ``mcmc``)
 
 
@@ -84,11 +85,12 @@ def mcmc(ev, budget_s: float = 60.0, seed: int = 0, starts: tuple[str, ...] | li
     heaviest tensors to one action (``chains.coupled_blocks``). One chain starts from each plan in ``starts``,
     worst first (``run_chain``). With a time budget each chain gets an equal share of the time left per worker
     when it starts (time a chain leaves goes to the next ones); with ``max_evals`` (a budget in proposals,
-    cached or not) each gets an equal share and the search is deterministic for a seed and a number of workers.
-    ``workers`` > 1 or ``ray_address`` run the chains on Ray workers (``heterog.parallel``); the chains draw
-    from their own seeded generators, so where they run does not change what they find. Each chain returns its
-    ``keep`` best plans; when ``order`` is not the evaluator's, those are scored again under the evaluator's
-    order and the best is returned (never worse than the best start under that order), after
+    cached or not) each gets an equal share and the search is deterministic for a seed, whatever the number of
+    workers. ``workers`` > 1 or ``ray_address`` run the chains on Ray workers (``heterog.parallel``); the chains
+    draw from their own seeded generators, so where they run does not change what they find. A proposal budget
+    goes to the workers in ``CHAIN_SEGMENTS`` segments per chain, taken by whichever worker is free. Each
+    chain returns its ``keep`` best plans; when ``order`` is not the evaluator's, those are scored again under
+    the evaluator's order and the best is returned (never worse than the best start under that order), after
     ``repick_block_devices``.
     """
     from heterog.parallel import EvaluatorSpec, make_pool
@@ -112,22 +114,31 @@ def mcmc(ev, budget_s: float = 60.0, seed: int = 0, starts: tuple[str, ...] | li
         key = pool.register(EvaluatorSpec.of(ev), oom_factor=oom_factor, order=order) if remote else None
         t_chains, evals_before = time.perf_counter(), search.n_evals
         pending: dict = {}
-        todo = list(chains)
+        todo: list[tuple[Chain, ChainState | None]] = [(c, None) for c in chains]
         while todo or pending:
             while todo and len(pending) < pool.n_workers:
-                if by_proposals:
-                    share = (total - len(start_cost)) / len(chains)
-                else:   # the time left, over the chains each worker still has to run
-                    share = max(t0 + total - time.perf_counter(), 0.0) / math.ceil(len(todo) / pool.n_workers)
-                chain = Chain(**{**todo.pop(0).__dict__, "budget": share})
+                chain, state = todo[0]
+                if state is None:       # a chain's start fixes its budget
+                    if by_proposals:
+                        share = (total - len(start_cost)) / len(chains)
+                    else:   # the time left, over the chains each worker still has to run
+                        share = max(t0 + total - time.perf_counter(), 0.0) / math.ceil(len(todo) / pool.n_workers)
+                    chain = Chain(**{**chain.__dict__, "budget": share})
+                todo.pop(0)
                 if remote:
-                    pending[pool.submit("run_chain", key, chain)] = chain
+                    # a proposal budget is handed out in segments, so that no worker idles while another
+                    # runs the last long chain (a segment goes on exactly where the chain stopped)
+                    segment = math.ceil(chain.budget / CHAIN_SEGMENTS) if by_proposals else None
+                    pending[pool.submit("run_chain", key, (chain, state, segment))] = chain
                 else:
                     results.append(run_chain(search, chain))
             if pending:
                 done, result = pool.wait_any(list(pending))
-                pending.pop(done)
-                results.append(result)
+                chain = pending.pop(done)
+                if result.state is not None:
+                    todo.append((chain, result.state))
+                else:
+                    results.append(result)
         chains_s = time.perf_counter() - t_chains
     results.sort(key=lambda r: r.index)
     chain_evals = sum(r.n_evals for r in results) if remote else search.n_evals - evals_before

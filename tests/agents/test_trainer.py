@@ -288,6 +288,36 @@ def test_uniform_plans_seed_the_pool_before_the_first_samples(tasks):
     assert plain.states[task.key].history[0][2] == 4
 
 
+def test_each_round_scores_the_policys_greedy_plan_as_an_off_policy_sample(tasks):
+    """greedy_samples=1: the sample after the policy's draws is its most likely plan (what zero-shot
+    returns), scored every round and used like a replay (advantage clipped at 0); 0: only draws."""
+    task = tasks[1]
+    seen = []
+
+    def trainer(greedy: int) -> Trainer:
+        t = Trainer(tiny_policy(seed=3), [task], TrainerSettings(samples_per_graph=6, greedy_samples=greedy,
+                                                                 explore_samples=1, mutate_samples=1, seed=4,
+                                                                 seed_uniform_plans=False, replay_samples=0))
+        score = t.evaluate
+        t.evaluate = lambda tk, actions: (seen.append(actions.copy()), score(tk, actions))[1]
+        return t
+
+    t = trainer(1)
+    with torch.no_grad():
+        group_emb = t.policy.embed_groups(*task.inputs.args())
+        mode = t.policy.sample_actions(group_emb, task.inputs.group_mask, 1, greedy=True)[0].numpy()
+    sample = t.rollout(task)
+    actions = seen[-1]
+    assert actions.shape == (6, task.n_groups)
+    assert (actions[3] == mode).all()                                # after 6 - 1 greedy - 1 explore - 1 mutate draws
+    assert not any((actions[i] == mode).all() for i in range(3))     # a fresh policy's draws are not its mode
+    assert sample.advantages[3] >= 0                                 # off-policy from the greedy plan on
+    with pytest.raises(HeterogError, match="greedy_samples must be 0 or 1, got 2"):
+        TrainerSettings(greedy_samples=2)
+    trainer(0).rollout(task)
+    assert not any((a == mode).all() for a in seen[-1])
+
+
 def test_block_mutations_set_one_coupled_block_to_one_new_action(tasks):
     """mutate_blocks=1: every mutation is the base with one block (drawn by its probability) set to one
     action; a block that holds one action everywhere gets another one."""

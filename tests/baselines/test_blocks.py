@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from heterog.baselines.chains import Block, Chain, block_weights, coupled_blocks, run_chain
 from tests.baselines.helpers import compute_dag, layered_graph
@@ -110,3 +112,25 @@ def test_repick_moves_a_one_device_block_to_its_best_device():
         search = DeviceSearch([np.array([0, 1])])
         actions, cost = repick_block_devices(search, np.array(start), 5.0)
         assert actions.tolist() == start and search.n_evals == 0
+
+
+@settings(max_examples=25, deadline=None)
+@given(segment=st.integers(1, 50), block_moves=st.sampled_from([0.0, 0.3]), beta=st.sampled_from([3.0, 1e4]))
+def test_a_chain_cut_into_segments_is_the_same_chain(segment, block_moves, beta):
+    """Ray workers take a chain's proposal budget in segments: resumed from its state, a chain draws the
+    same proposals and accepts the same ones as when it runs in one go."""
+    def make() -> Chain:
+        return Chain(0, "start", np.full(6, 5), 1.0, 1.0, beta, 120, True, 7, block_moves=block_moves)
+
+    whole_search = ValleySearch([np.array([0, 1, 2])])
+    whole = run_chain(whole_search, make())
+    assert whole.state is None
+    cut_search = ValleySearch([np.array([0, 1, 2])])
+    part, pieces = run_chain(cut_search, make(), segment=segment), 1
+    while part.state is not None:
+        assert part.proposals == pieces * segment
+        part, pieces = run_chain(cut_search, make(), part.state, segment), pieces + 1
+    assert [a.tolist() for a in cut_search.seen] == [a.tolist() for a in whole_search.seen]
+    assert [(c, a.tolist()) for c, a in part.best] == [(c, a.tolist()) for c, a in whole.best]
+    assert (part.proposals, part.accepted, part.n_evals) == (whole.proposals, whole.accepted, whole.n_evals)
+    assert pieces == -(-whole.proposals // segment)
