@@ -24,6 +24,7 @@ import numpy as np
 import simulator
 from experiments.args import parser
 from heterog.baselines.chains import ActionSearch
+from heterog.bench import one_group_changes
 from heterog.compiler.delta import dirty_units
 
 
@@ -48,25 +49,22 @@ def touched(state, dirty) -> np.ndarray:
 
 
 def measure(ev, n_changes: int = 31, seed: int = 1) -> list[Change]:
-    """``n_changes`` one-group changes (groups and actions drawn with ``seed``) of the mixed strategy of
-    actions drawn with seed 0, each patched from it."""
+    """``n_changes`` one-group changes (``heterog.bench.one_group_changes`` with ``seed``) of the bench's
+    mixed strategy (actions drawn with seed 0), each patched from it."""
     c, m = ev.compiler, ev.cluster.n_devices
     actions = np.random.default_rng(0).integers(0, m + 4, size=ev.n_groups)
     search = ActionSearch(ev)
-    base = search.strategy(actions)
-    rng = np.random.default_rng(seed)
 
     def simulate(plan):                 # as Evaluator.iteration_time simulates FIFO
         return simulator.simulate(plan.tg, priority=ev.priorities(plan, "fifo"), fifo=True)
 
+    c.bases.clear()
+    base_state = c.compile_state(search.strategy(actions))
+    base_sim = simulate(base_state.plan)
     out = []
-    for _ in range(n_changes):
-        a = actions.copy()
-        g = int(rng.integers(len(a)))
-        a[g] = (a[g] + 1 + rng.integers(m + 3)) % (m + 4)
-        c.bases.clear()
-        base_state = c.compile_state(base)
-        base_sim = simulate(base_state.plan)
+    for g, a in one_group_changes(actions, m, n_changes, seed):
+        c.bases.clear()                 # patch from the base plan only
+        c.bases[id(base_state)] = base_state
         t0 = time.perf_counter()
         state = c.compile_state(search.strategy(a))
         compile_s = time.perf_counter() - t0

@@ -65,6 +65,19 @@ def run_bench(quick: bool = False) -> dict:
     return out
 
 
+def one_group_changes(actions: np.ndarray, n_devices: int, n: int, seed: int = 1) -> list[tuple[int, np.ndarray]]:
+    """``n`` copies of ``actions`` (one per group, ``n_devices`` + 4 choices), each with one random group
+    set to another action (group and action drawn with ``seed``): (group, actions) pairs."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        a = actions.copy()
+        g = int(rng.integers(len(a)))
+        a[g] = (a[g] + 1 + rng.integers(n_devices + 3)) % (n_devices + 4)
+        out.append((g, a))
+    return out
+
+
 def delta_eval(ev, actions: np.ndarray, quick: bool = False) -> dict:
     """Evaluations of ``actions`` with one random group changed (a different one each time), each patched
     from the plan of ``actions`` (``heterog.compiler.delta``): median milliseconds under the order MCMC's
@@ -72,15 +85,9 @@ def delta_eval(ev, actions: np.ndarray, quick: bool = False) -> dict:
     from heterog.baselines.mcmc import SEARCH_ORDER, ActionSearch
 
     search = ActionSearch(ev)
-    rng = np.random.default_rng(1)
     base = search.strategy(actions)
     ev.compile(base)
-    variants = []
-    for _ in range(7 if quick else 31):
-        a = actions.copy()
-        g = int(rng.integers(len(a)))
-        a[g] = (a[g] + 1 + rng.integers(ev.cluster.n_devices + 3)) % (ev.cluster.n_devices + 4)
-        variants.append(search.strategy(a))
+    variants = [search.strategy(a) for _, a in one_group_changes(actions, ev.cluster.n_devices, 7 if quick else 31)]
 
     def median_ms(order: str | None, patch: bool) -> float:
         times = []
