@@ -947,16 +947,12 @@ class StrategyPolicy(nn.Module):
 
         Shapes: group_emb ``(G, hidden)``, group_mask ``(G,)``, offsets ``(n, M + 4)`` -> ``(n, G)``.
         """
-        n_groups = group_mask.shape[0]
-        actions = torch.zeros(n, n_groups, dtype=torch.long, device=group_emb.device)
+        if not self.autoregressive:
+            return self.draw(self.logits_from_group_embeddings(group_emb, group_mask, devices) if n else None,
+                             group_mask, n, generator=generator, offsets=offsets, greedy=greedy)
+        actions = torch.zeros(n, group_mask.shape[0], dtype=torch.long, device=group_emb.device)
         if n == 0:
             return actions
-        if not self.autoregressive:
-            logits = self.logits_from_group_embeddings(group_emb, group_mask, devices)
-            if offsets is None:
-                dist = MaskedCategorical(logits, group_mask)
-                return dist.mode[None].expand(n, -1).clone() if greedy else dist.sample(n, generator=generator)
-            return self._draw(logits[None] + offsets[:, None], group_mask, generator, greedy)
         real = group_mask.nonzero().squeeze(1)
         state = self.strategy.start_decoding(n, group_emb)
         earlier = actions.new_full((n,), self.n_actions)
@@ -967,6 +963,22 @@ class StrategyPolicy(nn.Module):
             earlier = self._draw(step_logits[:, None], None, generator, greedy)[:, 0]
             actions[:, g] = earlier
         return actions
+
+    def draw(self, logits: Tensor | None, group_mask: Tensor, n: int, *, generator: torch.Generator | None = None,
+             offsets: Tensor | None = None, greedy: bool = False) -> Tensor:
+        """``n`` strategies from an independent policy's logits (:meth:`logits_from_group_embeddings`), drawn
+        as :meth:`sample_actions` draws them, so that one pass of the strategy network can serve the draws
+        and the update (``logits`` may be None when ``n`` is 0).
+
+        Shapes: logits ``(G, M + 4)``, group_mask ``(G,)``, offsets ``(n, M + 4)`` -> ``(n, G)``.
+        """
+        self._require_independent("draw")
+        if n == 0:
+            return torch.zeros(0, group_mask.shape[0], dtype=torch.long, device=group_mask.device)
+        if offsets is None:
+            dist = MaskedCategorical(logits, group_mask)
+            return dist.mode[None].expand(n, -1).clone() if greedy else dist.sample(n, generator=generator)
+        return self._draw(logits[None] + offsets[:, None], group_mask, generator, greedy)
 
     @staticmethod
     def _draw(logits: Tensor, group_mask: Tensor | None, generator: torch.Generator | None,

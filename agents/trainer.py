@@ -310,11 +310,12 @@ class Trainer:
                 "actions": np.concatenate([sm.sampled.ravel() for sm in samples])}
 
     def rollout(self, task: GraphTask) -> _Sample:
-        """One graph's part of a round: one encoder pass; k strategies (the policy's samples, then
-        ``greedy_samples`` greedy ones, ``explore_samples`` from perturbed logits, then ``mutate_samples``
-        local moves around the best strategy found), simulated and recorded; replays from the pool;
-        advantages against the graph's moving-average baseline; the logits along all of them, with their
-        graph for the update."""
+        """One graph's part of a round: one encoder pass (for an independent policy, also one pass of the
+        strategy network, whose logits serve the draws, the guide and the update); k strategies (the
+        policy's samples, then ``greedy_samples`` greedy ones, ``explore_samples`` from perturbed logits,
+        then ``mutate_samples`` local moves around the best strategy found), simulated and recorded;
+        replays from the pool; advantages against the graph's moving-average baseline; the logits along
+        all of them, with their graph for the update."""
         s, state, inputs = self.settings, self.states[task.key], task.inputs
         if s.seed_uniform_plans and state.best_actions is None:
             self.seed_uniform(task, state)
@@ -324,16 +325,24 @@ class Trainer:
         n_policy = s.samples_per_graph - s.greedy_samples - s.explore_samples - s.mutate_samples
         offsets = torch.cat([torch.zeros(n_policy, n_actions),
                              self.search.explore_offsets(s.explore_samples, n_actions)])
+        # an independent policy's logits are the same along every strategy: one pass of the strategy network
+        # serves the draws, the guide and the update (an autoregressive policy decodes, then re-reads)
+        once = None if self.policy.autoregressive else \
+            self.policy.logits_from_group_embeddings(group_emb, inputs.group_mask, devices)       # (G, A)
         with torch.inference_mode():
-            drawn = self.policy.sample_actions(group_emb.detach(), inputs.group_mask, len(offsets),
-                                               generator=self.generator, offsets=offsets, devices=devices)
-            greedy = self.policy.sample_actions(group_emb.detach(), inputs.group_mask, s.greedy_samples,
-                                                greedy=True, devices=devices)
-            drawn = torch.cat([drawn[:n_policy], greedy, drawn[n_policy:]])
+            def sample(n: int, **how) -> Tensor:
+                if once is None:
+                    return self.policy.sample_actions(group_emb.detach(), inputs.group_mask, n, devices=devices, **how)
+                return self.policy.draw(once.detach(), inputs.group_mask, n, **how)
+
+            drawn = sample(len(offsets), generator=self.generator, offsets=offsets)
+            drawn = torch.cat([drawn[:n_policy], sample(s.greedy_samples, greedy=True), drawn[n_policy:]])
             best = drawn[0] if state.best_actions is None else torch.as_tensor(state.best_actions)
-            guide = (self.policy.action_logits(group_emb.detach(), inputs.group_mask, best[None],
-                                               devices)[0].softmax(-1)
-                     if s.mutate_guided > 0 and s.mutate_samples > 0 else None)
+            guide = None
+            if s.mutate_guided > 0 and s.mutate_samples > 0:
+                guide = (once.detach() if once is not None else
+                         self.policy.action_logits(group_emb.detach(), inputs.group_mask, best[None], devices)[0]
+                         ).softmax(-1)
         actions = torch.cat([drawn, self.search.mutate(best, n_actions, s.mutate_samples, guide,
                                                        self.block_moves(task))])
         rewards, times, ooms = self.evaluate(task, actions.numpy())                          # (k,) each
@@ -343,7 +352,8 @@ class Trainer:
         # better than the baseline
         adv = self.advantages(state, rewards[:n_policy], np.concatenate([rewards[n_policy:], replay_rewards]))
         all_actions = torch.cat([actions, torch.as_tensor(replay_actions, dtype=torch.long)])
-        logits = self.policy.action_logits(group_emb, inputs.group_mask, all_actions, devices)  # (k + R, G, A)
+        logits = (self.policy.action_logits(group_emb, inputs.group_mask, all_actions, devices) if once is None
+                  else once.expand(len(all_actions), -1, -1))                                  # (k + R, G, A)
         return _Sample(task, all_actions, torch.as_tensor(adv, dtype=torch.float32),
                        per_group_log_prob(logits.detach(), all_actions), logits, rewards, actions.numpy())
 

@@ -252,6 +252,23 @@ def test_decoded_strategies_follow_the_logits_along_them(autoregressive: bool) -
         assert float(shifted.mean()) < -float(entropy) - 0.5
 
 
+def test_draw_from_precomputed_logits_equals_sample_actions() -> None:
+    policy = small_policy().eval()
+    padded, _ = pad_graph(make_graph(n_ops=20, n_edges=30, n_groups=7), extra_ops=3, extra_edges=4, extra_groups=3)
+    mask = padded["group_mask"]
+    with torch.no_grad():
+        group_emb = policy.embed_groups(**padded)
+        logits = policy.logits_from_group_embeddings(group_emb, mask)
+        offsets = torch.randn(5, N_ACTIONS, generator=torch.Generator().manual_seed(1))
+        for how in ({"offsets": offsets}, {}, {"greedy": True}):
+            a = policy.sample_actions(group_emb, mask, 5, generator=torch.Generator().manual_seed(7), **how)
+            b = policy.draw(logits, mask, 5, generator=torch.Generator().manual_seed(7), **how)
+            assert torch.equal(a, b) and (b[:, ~mask] == 0).all()
+        assert policy.draw(None, mask, 0).shape == (0, mask.shape[0])
+    with pytest.raises(HeterogError, match="autoregressive"):
+        small_policy(autoregressive=True).draw(logits, mask, 1)
+
+
 def naive_relative_attention(attn: RelativeMultiHeadAttention, x: torch.Tensor,
                              mem: torch.Tensor) -> torch.Tensor:
     """Transformer-XL's score written out per (head, query, key), with sinusoids from math.sin/cos."""

@@ -58,12 +58,28 @@ def test_bound_is_compile_plus_the_resimulated_share(ev):
     for ch in changes:
         assert 0.0 < ch.share_resimulated <= 1.0
         assert ch.bound_ms == pytest.approx(ch.compile_ms + ch.share_resimulated * ch.simulate_ms)
+        assert ch.resimulated_ms == pytest.approx(ch.share_resimulated * ch.simulate_ms)
     s = summary(changes, target_ms=1e9)
-    assert s["changes"] == 4 and s["bounds_at_most_1e+09_ms"] == 4
+    assert s["changes"] == 4 and s["bounds_at_most_1e+09_ms"] == 4 and s["resimulations_at_most_1e+09_ms"] == 4
     assert s["min_bound_ms"] <= s["median_bound_ms"]
+    assert s["evals_per_s_at_most"] == pytest.approx(1e3 / np.mean([ch.bound_ms for ch in changes]))
+    assert s["evals_per_s_at_most_free_compile"] > s["evals_per_s_at_most"]
+
+
+def test_summary_by_hand():
+    from experiments.delta_bound import Change
+
+    changes = [Change(0, compile_ms=2.0, simulate_ms=4.0, share_resimulated=0.5, bound_ms=4.0),
+               Change(1, compile_ms=1.0, simulate_ms=4.0, share_resimulated=1.0, bound_ms=5.0)]
+    s = summary(changes, target_ms=3.0)
+    assert s["median_resimulated_ms"] == 3.0 and s["resimulations_at_most_3_ms"] == 1
+    assert s["bounds_at_most_3_ms"] == 0 and s["min_bound_ms"] == 4.0
+    assert s["evals_per_s_at_most"] == pytest.approx(1e3 / 4.5)
+    assert s["evals_per_s_at_most_free_compile"] == pytest.approx(1e3 / 3.0)
 
 
 def test_cli_json(capsys):
     main(["--model", "tiny_mlp", "--batch-size", "8", "--changes", "2", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert out["changes"] == 2 and len(out["per_change"]) == 2 and out["order"] == "fifo"
+    assert all("resimulated_ms" in ch for ch in out["per_change"])
