@@ -2,7 +2,7 @@
 
 :class:`CandidateSearch` proposes the uniform seed plans, exploration offsets (one logit offset per
 action, for whole-plan changes), mutations of the best plan found (uniform, guided by the policy, or one
-coupled block of groups at once: :class:`BlockMoves`) and
+coupled block of groups at once: :class:`BlockMoves`, which also ties a block's groups to one decision) and
 replays from the pool of the best distinct plans; every draw comes from the trainer's seeded generators.
 :class:`Scorer` simulates strategies once each (a per-graph cache), here or on Ray workers.
 """
@@ -44,6 +44,14 @@ class BlockMoves:
         found = coupled_blocks(evaluator.graph, np.asarray(evaluator.group_of))
         return cls([torch.as_tensor(b.groups, dtype=torch.long) for b in found],
                    torch.as_tensor(block_weights(found), dtype=torch.float64))
+
+    def tie(self, n_groups: int) -> Tensor:
+        """Each group's representative: the first group of its block, or itself outside any block.
+        ``actions[:, tie]`` gives every block its first group's action. Shapes: -> ``(G,)``."""
+        rep = torch.arange(n_groups)
+        for g in self.groups:
+            rep[g] = int(g.min())
+        return rep
 
 
 class CandidateSearch:

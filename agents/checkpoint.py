@@ -104,6 +104,14 @@ def policy_from_checkpoint(state: dict[str, Any]) -> StrategyPolicy:
     return policy
 
 
+def ties_blocks(state: dict[str, Any]) -> bool:
+    """Whether the checkpoint's policy was trained with ``tie_blocks`` (its own samples give each coupled
+    block one decision), from its trainer settings (a trainer checkpoint's, or an exported policy's
+    provenance); False for checkpoints from before the setting."""
+    settings = state.get("settings") or state.get("provenance", {}).get("settings") or {}
+    return bool(settings.get("tie_blocks", False))
+
+
 def trainer_state(trainer: Trainer) -> dict[str, Any]:
     """Everything a resumed run needs: weights, optimizer, per-graph baselines/pools/best plans, RNG
     states, counters and settings (plain types and tensors only)."""

@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from agents.checkpoint import check_fits, load_checkpoint, policy_from_checkpoint
+from agents.candidates import BlockMoves
+from agents.checkpoint import check_fits, load_checkpoint, policy_from_checkpoint, ties_blocks
 from agents.networks import StrategyPolicy
 from agents.trainer import GraphTask, Trainer, TrainerSettings, bias_towards_data_parallel
 from envs.features import DEVICE_FEATURE_DIM, MAX_DEVICES, op_feature_dim
@@ -144,8 +145,10 @@ def start_checkpoint(checkpoint: str | Path | dict | None, n_devices: int,
     return None
 
 
-def _load_policy(checkpoint: str | Path | dict, n_devices: int) -> StrategyPolicy:
-    state = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
+def _load_policy(checkpoint: str | Path | dict, n_devices: int, state: dict | None = None) -> StrategyPolicy:
+    """The checkpoint's policy, checked against ``n_devices`` (``state``: the checkpoint, if loaded)."""
+    if state is None:
+        state = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
     check_fits(state, n_devices, None, DEVICE_FEATURE_DIM,
                source=f"checkpoint {str(checkpoint)!r}" if not isinstance(checkpoint, dict) else "checkpoint")
     return policy_from_checkpoint(state)
@@ -153,7 +156,8 @@ def _load_policy(checkpoint: str | Path | dict, n_devices: int) -> StrategyPolic
 
 def zero_shot(evaluator, checkpoint: str | Path | dict) -> Strategy:
     """The pretrained policy's plan for ``evaluator``'s graph and cluster without any update: its greedy
-    plan (each group's most likely action), compared with the four data-parallel plans (every group
+    plan (each group's most likely action; each coupled block its first group's, when the policy was
+    trained with ``tie_blocks``), compared with the four data-parallel plans (every group
     under one DP action); the fastest is returned (a plan out of memory counts ``oom_factor`` times
     slower, as in training). Meta: ``policy_plan_s`` and ``policy_plan_oom`` (the greedy plan, before
     the comparison), ``zero_shot`` True, ``kept`` ("policy" or the DP plan's name), ``best_iteration_time_s``,
@@ -163,13 +167,17 @@ def zero_shot(evaluator, checkpoint: str | Path | dict) -> Strategy:
     from heterog.evaluate import reward
 
     m = evaluator.cluster.n_devices
-    policy = _load_policy(checkpoint, m)
+    state = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
+    policy = _load_policy(checkpoint, m, state)
     policy.eval()
     task = GraphTask.from_evaluator(evaluator, layout=policy.feature_layout)
     with torch.no_grad():
         emb = policy.embed_groups(*task.inputs.args())
         devices = policy.embed_devices(task.inputs.dev_x, task.inputs.dev_mask)
-        greedy = policy.sample_actions(emb, task.inputs.group_mask, 1, greedy=True, devices=devices)[0].numpy()
+        greedy = policy.sample_actions(emb, task.inputs.group_mask, 1, greedy=True, devices=devices)[0]
+    if ties_blocks(state) and BlockMoves.of(evaluator).groups:
+        greedy = greedy[BlockMoves.of(evaluator).tie(evaluator.n_groups)]
+    greedy = greedy.numpy()
     candidates = {"policy": greedy.astype(np.int64)}
     candidates.update({name: np.full(evaluator.n_groups, m + k, dtype=np.int64)
                        for k, name in enumerate(("ev-ps", "ev-ar", "cp-ps", "cp-ar"))})

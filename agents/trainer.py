@@ -91,6 +91,13 @@ class TrainerSettings:
     graph's heaviest tensors, e.g. a tied embedding and its LM head) to one action: MCMC's block move
     (``heterog.baselines.chains.coupled_blocks``), which single-group moves cannot make when every plan
     on the way re-lays out a large tensor."""
+    tie_blocks: bool = True
+    """The policy's own samples (its draws, the greedy and the exploration samples) give every coupled
+    block of groups (as ``mutate_blocks``) the action of the block's first group, and only that group's
+    choice counts in the loss: one decision per block. A policy that draws each group on its own has to
+    put all of a block's groups on one device in the same sample before it sees what that is worth,
+    and a sample that moves part of a block is slower, so the gradient points away from it (bert_large's
+    tied embedding block: docs/results.md, "The policy alone"). Mutations, seeds and replays stay free."""
     mutate_guided: float = 0.5
     """Share of the mutation samples proposed by the policy instead of uniformly: the groups to change
     drawn in proportion to how likely the policy is to leave the best strategy's action there, the new
@@ -198,7 +205,8 @@ def policy_loss(log_p: Tensor, log_p_old: Tensor, advantages: Tensor, algorithm:
 
 @dataclass
 class _Sample:
-    """One graph's part of a round: the strategies, their advantages and old log probabilities."""
+    """One graph's part of a round: the strategies, their advantages and old log probabilities (of the
+    groups whose choice is a decision, ``decisions``; all groups when None)."""
 
     task: GraphTask
     actions: Tensor          # (K + R, G) sampled then replayed
@@ -207,6 +215,7 @@ class _Sample:
     logits: Tensor | None    # (K + R, G, A) along the strategies, with their graph (used by the first epoch)
     rewards: np.ndarray      # (K,) rewards of the sampled strategies
     sampled: np.ndarray      # (K, G) the sampled strategies (for the action histogram)
+    decisions: Tensor | None = None     # (D,) groups whose choice is a decision (``tie_blocks``); None: all
 
 
 def bias_towards_data_parallel(policy: StrategyPolicy, bias: float) -> None:
@@ -285,8 +294,11 @@ class Trainer:
             loss_pg, entropy = torch.zeros(()), torch.zeros(())
             for sample in samples:
                 logits = sample.logits if epoch == 0 else self.strategy_logits(sample.task, sample.actions)
-                log_p = per_group_log_prob(logits, sample.actions)
-                loss_pg = loss_pg + policy_loss(log_p, sample.log_p_old, sample.advantages, s.algorithm,
+                log_p, log_p_old = per_group_log_prob(logits, sample.actions), sample.log_p_old
+                if sample.decisions is not None:
+                    logits = logits[:, sample.decisions]
+                    log_p, log_p_old = log_p[:, sample.decisions], log_p_old[:, sample.decisions]
+                loss_pg = loss_pg + policy_loss(log_p, log_p_old, sample.advantages, s.algorithm,
                                                 s.ppo_clip) / len(samples)
                 entropy = entropy + mean_entropy(logits) / len(samples)
             loss = loss_pg - s.entropy_coef * entropy
@@ -298,8 +310,10 @@ class Trainer:
         approx_kl = 0.0
         if s.algorithm == "ppo":
             with torch.no_grad():
-                approx_kl = float(np.mean([(sm.log_p_old - per_group_log_prob(
-                    self.strategy_logits(sm.task, sm.actions), sm.actions)).mean() for sm in samples]))
+                kl = [sm.log_p_old - per_group_log_prob(self.strategy_logits(sm.task, sm.actions), sm.actions)
+                      for sm in samples]
+                approx_kl = float(np.mean([(d if sm.decisions is None else d[:, sm.decisions]).mean()
+                                           for d, sm in zip(kl, samples)]))
 
         self.rounds += 1
         rewards = np.concatenate([sm.rewards for sm in samples])
@@ -337,6 +351,9 @@ class Trainer:
 
             drawn = sample(len(offsets), generator=self.generator, offsets=offsets)
             drawn = torch.cat([drawn[:n_policy], sample(s.greedy_samples, greedy=True), drawn[n_policy:]])
+            tie = self.tie(task)
+            if tie is not None:
+                drawn = drawn[:, tie]
             best = drawn[0] if state.best_actions is None else torch.as_tensor(state.best_actions)
             guide = None
             if s.mutate_guided > 0 and s.mutate_samples > 0:
@@ -355,7 +372,8 @@ class Trainer:
         logits = (self.policy.action_logits(group_emb, inputs.group_mask, all_actions, devices) if once is None
                   else once.expand(len(all_actions), -1, -1))                                  # (k + R, G, A)
         return _Sample(task, all_actions, torch.as_tensor(adv, dtype=torch.float32),
-                       per_group_log_prob(logits.detach(), all_actions), logits, rewards, actions.numpy())
+                       per_group_log_prob(logits.detach(), all_actions), logits, rewards, actions.numpy(),
+                       None if tie is None else torch.nonzero(tie == torch.arange(len(tie))).squeeze(1))
 
     def advantages(self, state: TaskState, rewards: np.ndarray, off_policy_rewards: np.ndarray) -> np.ndarray:
         """``(r - b) / scale`` for the policy's samples, then for off-policy ones (exploration, replays)
@@ -404,13 +422,22 @@ class Trainer:
         state.keep_best(actions, rewards, times, ooms, self.wall_s + self._elapsed(), self.cpu_s + self._cpu_elapsed())
         self.search.remember(state, actions, rewards)
 
-    def block_moves(self, task: GraphTask) -> BlockMoves | None:
-        """The task's coupled blocks for block mutations (computed once per task; None when disabled)."""
-        if self.settings.mutate_blocks <= 0:
-            return None
+    def blocks(self, task: GraphTask) -> BlockMoves:
+        """The task's coupled blocks (computed once per task)."""
         if task.key not in self._blocks:
             self._blocks[task.key] = BlockMoves.of(task.evaluator)
         return self._blocks[task.key]
+
+    def block_moves(self, task: GraphTask) -> BlockMoves | None:
+        """The task's coupled blocks for block mutations (None when disabled)."""
+        return self.blocks(task) if self.settings.mutate_blocks > 0 else None
+
+    def tie(self, task: GraphTask) -> Tensor | None:
+        """Each group's representative for the policy's own samples (``tie_blocks``; None when off or when
+        the graph has no blocks): ``actions[:, tie]`` gives every block its first group's action."""
+        if not self.settings.tie_blocks or not self.blocks(task).groups:
+            return None
+        return self.blocks(task).tie(task.evaluator.n_groups)
 
     def seed_uniform(self, task: GraphTask, state: TaskState) -> None:
         """Simulate and record the plans with one action for every group (one per action), and cp-ar-ps-small."""
@@ -474,7 +501,9 @@ class Trainer:
                 devices = self.policy.embed_devices(task.inputs.dev_x, task.inputs.dev_mask)
                 actions = torch.cat([self.policy.sample_actions(group_emb, mask, 1, greedy=True, devices=devices),
                                      self.policy.sample_actions(group_emb, mask, samples, generator=self.generator,
-                                                                devices=devices)]).numpy()
+                                                                devices=devices)])
+                tie = self.tie(task)
+                actions = (actions if tie is None else actions[:, tie]).numpy()
                 rewards, times, ooms = self.evaluate(task, actions)
                 state = self.states[task.key]
                 self.record(task, state, actions, rewards, times, ooms)

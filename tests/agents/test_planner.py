@@ -171,3 +171,17 @@ def test_one_token_checkpoint_plans_zero_shot_on_other_clusters(graph, paper8, t
         strategy = plan(ev, checkpoint=path, budget_s=0, progress=False)
         strategy.check_fits(graph, cluster)
         assert strategy.meta["zero_shot"] and ev.iteration_time(strategy)[0] <= strategy.meta["policy_plan_s"]
+
+
+@pytest.mark.parametrize("tie_blocks", [True, False])
+def test_zero_shot_plans_as_the_policy_was_trained_with_or_without_tied_blocks(paper8, tie_blocks):
+    from agents.checkpoint import trainer_state
+    from agents.planner import zero_shot
+
+    graph = capture_model("tiny_transformer", 8)               # three coupled blocks
+    policy = build_policy(8, "small", seed=2, **TINY_AGENT)
+    trainer = Trainer(policy, [make_task(graph, paper8)],
+                      TrainerSettings(samples_per_graph=4, explore_samples=1, mutate_samples=1, tie_blocks=tie_blocks))
+    strategy = zero_shot(Evaluator(graph, paper8), trainer_state(trainer))
+    greedy = next(iter(trainer.evaluate_policy(samples=0).values()))["greedy_iteration_time_s"]
+    assert strategy.meta["policy_plan_s"] == pytest.approx(greedy)

@@ -365,3 +365,41 @@ def test_cp_ar_ps_small_seeds_the_search_with_the_uniform_plans(tasks, paper8):
     assert hybrid.tolist() in [a for _, a in state.pool]
     assert state.history[0][2] == 0 and state.history[0][3] == min(times)
     assert state.best_iteration_time_s <= min(times)
+
+
+def test_block_tie_maps_each_group_to_its_blocks_first_group():
+    from agents.candidates import BlockMoves
+
+    blocks = BlockMoves([torch.tensor([5, 2, 7]), torch.tensor([4, 3])], torch.tensor([0.5, 0.5], dtype=torch.float64))
+    assert blocks.tie(9).tolist() == [0, 1, 2, 3, 3, 2, 6, 2, 8]
+
+
+@pytest.mark.parametrize("tie_blocks", [True, False])
+def test_tied_blocks_give_each_block_of_the_policys_samples_one_decision(paper8, tie_blocks):
+    from agents.candidates import BlockMoves
+
+    task = make_task(capture_model("tiny_transformer", 8), paper8)
+    blocks = BlockMoves.of(task.evaluator).groups
+    assert len(blocks) == 3                         # tiny_transformer's coupled blocks (9, 9 and 7 groups)
+    settings = TrainerSettings(seed=1, tie_blocks=tie_blocks, greedy_samples=1, initial_dp_bias=0.0)
+    t = Trainer(tiny_policy(0, n_devices=8), [task], settings)
+    sample = t.rollout(task)
+    own = sample.actions[:settings.samples_per_graph - settings.mutate_samples]     # draws, greedy, explore
+    split = [bool((own[:, g] != own[:, g[:1]]).any()) for g in blocks]
+    if not tie_blocks:
+        assert sample.decisions is None and any(split)        # a uniform-ish fresh policy splits blocks
+        return
+    assert not any(split)
+    followers = {int(x) for g in blocks for x in g.tolist() if x != int(g.min())}
+    assert set(sample.decisions.tolist()) == set(range(task.evaluator.n_groups)) - followers
+    t.update()                                                  # the loss runs over the decisions only
+    assert t.rounds == 1
+
+
+def test_ties_blocks_reads_the_trainer_settings_of_a_checkpoint():
+    from agents.checkpoint import ties_blocks
+
+    assert ties_blocks({"settings": {"tie_blocks": True}})
+    assert ties_blocks({"provenance": {"settings": {"tie_blocks": True}}})
+    assert not ties_blocks({"provenance": {"settings": {"mutate_blocks": 0.25}}})     # before the setting
+    assert not ties_blocks({"settings": {"tie_blocks": False}})
