@@ -175,8 +175,9 @@ def zero_shot(evaluator, checkpoint: str | Path | dict) -> Strategy:
         emb = policy.embed_groups(*task.inputs.args())
         devices = policy.embed_devices(task.inputs.dev_x, task.inputs.dev_mask)
         greedy = policy.sample_actions(emb, task.inputs.group_mask, 1, greedy=True, devices=devices)[0]
-    if ties_blocks(state) and BlockMoves.of(evaluator).groups:
-        greedy = greedy[BlockMoves.of(evaluator).tie(evaluator.n_groups)]
+    blocks = BlockMoves.of(evaluator) if ties_blocks(state) else None
+    if blocks is not None and blocks.groups:
+        greedy = greedy[blocks.tie(evaluator.n_groups)]
     greedy = greedy.numpy()
     candidates = {"policy": greedy.astype(np.int64)}
     candidates.update({name: np.full(evaluator.n_groups, m + k, dtype=np.int64)
