@@ -1,6 +1,6 @@
 """The simulator's event loop as plain C against the numba kernel, on the same inputs on this machine: how
-much speed the numba kernel leaves (docs/journal.md, "Simulator kernel against C"), and the yardstick of the
-delta-evaluation bound (``python -m experiments.delta_bound --c-kernel``).
+much speed the numba kernel leaves (docs/journal.md, "Simulator kernel against C"). Since the two now run
+alike, the figures of ``python -m experiments.delta_bound`` are bounds at bare-C speed.
 
 ``experiments/c_kernel.c`` is ``simulator._kernel.simulate_kernel`` translated line by line; it gives
 bit-identical results (tested where a C compiler is installed). The project never builds it: numba is its
