@@ -31,11 +31,13 @@ def uniform_plans(n_actions: int, n_groups: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class BlockMoves:
-    """A task's coupled blocks for block mutations: each block's groups and the probability of drawing it
-    (``heterog.baselines.chains.coupled_blocks`` and ``block_weights``)."""
+    """A task's coupled blocks for block mutations: each block's groups, the probability of drawing it
+    and its leader, the group whose action a tied block takes (``heterog.baselines.chains.coupled_blocks``
+    and ``block_weights``; leaders None: each block's first group)."""
 
     groups: list[Tensor]
     p: Tensor
+    leaders: list[int] | None = None
 
     @classmethod
     def of(cls, evaluator) -> BlockMoves:
@@ -43,14 +45,17 @@ class BlockMoves:
 
         found = coupled_blocks(evaluator.graph, np.asarray(evaluator.group_of))
         return cls([torch.as_tensor(b.groups, dtype=torch.long) for b in found],
-                   torch.as_tensor(block_weights(found), dtype=torch.float64))
+                   torch.as_tensor(block_weights(found), dtype=torch.float64), [b.leader for b in found])
 
     def tie(self, n_groups: int) -> Tensor:
-        """Each group's representative: the first group of its block, or itself outside any block.
-        ``actions[:, tie]`` gives every block its first group's action. Shapes: -> ``(G,)``."""
+        """Each group's representative: its block's leader (the group that synchronises the most gradient
+        bytes, so that a tied block moves with the tensor it is a block for; the later block where blocks
+        overlap), or itself outside any block. ``actions[:, tie]`` gives every block its leader's action.
+        Shapes: -> ``(G,)``."""
         rep = torch.arange(n_groups)
-        for g in self.groups:
-            rep[g] = int(g.min())
+        leaders = self.leaders or [None] * len(self.groups)
+        for g, lead in zip(self.groups, leaders):
+            rep[g] = int(g.min()) if lead is None else lead
         return rep
 
 

@@ -93,11 +93,14 @@ class TrainerSettings:
     on the way re-lays out a large tensor."""
     tie_blocks: bool = True
     """The policy's own samples (its draws, the greedy and the exploration samples) give every coupled
-    block of groups (as ``mutate_blocks``) the action of the block's first group, and only that group's
-    choice counts in the loss: one decision per block. A policy that draws each group on its own has to
-    put all of a block's groups on one device in the same sample before it sees what that is worth,
-    and a sample that moves part of a block is slower, so the gradient points away from it (bert_large's
-    tied embedding block: docs/results.md, "The policy alone"). Mutations, seeds and replays stay free."""
+    block of groups (as ``mutate_blocks``) the action of the block's leader (the group that synchronises
+    the most gradient bytes), and only the leader's choice counts in the loss: one decision per block. A
+    policy that draws each group on its own has to put all of a block's groups on one device in the same
+    sample before it sees what that is worth, and a sample that moves part of a block is slower, so the
+    gradient points away from it (bert_large's tied embedding block: docs/results.md, "The policy
+    alone"). Mutations, seeds and replays stay free; they train every group, the leader included, so
+    the leader is the group whose action in a free plan says where the block belongs (a block's first
+    group may be a bias that the best plans put on PS while its weight goes to AllReduce)."""
     mutate_guided: float = 0.5
     """Share of the mutation samples proposed by the policy instead of uniformly: the groups to change
     drawn in proportion to how likely the policy is to leave the best strategy's action there, the new
@@ -434,7 +437,7 @@ class Trainer:
 
     def tie(self, task: GraphTask) -> Tensor | None:
         """Each group's representative for the policy's own samples (``tie_blocks``; None when off or when
-        the graph has no blocks): ``actions[:, tie]`` gives every block its first group's action."""
+        the graph has no blocks): ``actions[:, tie]`` gives every block its leader's action."""
         if not self.settings.tie_blocks or not self.blocks(task).groups:
             return None
         return self.blocks(task).tie(task.evaluator.n_groups)

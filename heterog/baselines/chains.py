@@ -17,11 +17,13 @@ BLOCK_MOVES = 0.1                  # share of a chain's proposals that move a bl
 
 
 class Block(NamedTuple):
-    """Groups a search moves together (``coupled_blocks``) and the gradient bytes they synchronise under
-    data parallelism (what placing the block on one device can save)."""
+    """Groups a search moves together (``coupled_blocks``), the gradient bytes they synchronise under
+    data parallelism (what placing the block on one device can save) and the block's leader: the group
+    that synchronises the most of them (the first where none does; None: the first group)."""
 
     groups: np.ndarray
     sync_bytes: float
+    leader: int | None = None
 
 
 def coupled_blocks(graph, group_of: np.ndarray, fractions: tuple[float, ...] = BLOCK_FRACTIONS,
@@ -30,7 +32,7 @@ def coupled_blocks(graph, group_of: np.ndarray, fractions: tuple[float, ...] = B
     components of the group graph whose edges carry at least ``f`` times the bytes of the graph's largest
     edge, keeping those of two or more groups and at most ``max_flops_share`` of the graph's FLOPs
     (sorted group ids, distinct blocks in order of discovery, each with the bytes of the gradients its
-    groups aggregate).
+    groups aggregate and the group that aggregates the most, its leader).
 
     Why: the heaviest tensors join ops that only pay off on one device together. In bert_large a tied
     word embedding (125 MB), the LM head that shares its weight and the 117 MB logits between them are 12
@@ -60,7 +62,8 @@ def coupled_blocks(graph, group_of: np.ndarray, fractions: tuple[float, ...] = B
         for comp in np.nonzero(np.bincount(label) >= 2)[0].tolist():
             members = np.nonzero(label == comp)[0]
             if flops[members].sum() <= max_flops_share * total:
-                blocks.setdefault(tuple(members.tolist()), Block(members, float(sync[members].sum())))
+                blocks.setdefault(tuple(members.tolist()), Block(members, float(sync[members].sum()),
+                                                                 int(members[np.argmax(sync[members])])))
     return list(blocks.values())
 
 

@@ -367,11 +367,14 @@ def test_cp_ar_ps_small_seeds_the_search_with_the_uniform_plans(tasks, paper8):
     assert state.best_iteration_time_s <= min(times)
 
 
-def test_block_tie_maps_each_group_to_its_blocks_first_group():
+def test_block_tie_maps_each_group_to_its_blocks_leader():
     from agents.candidates import BlockMoves
 
-    blocks = BlockMoves([torch.tensor([5, 2, 7]), torch.tensor([4, 3])], torch.tensor([0.5, 0.5], dtype=torch.float64))
-    assert blocks.tie(9).tolist() == [0, 1, 2, 3, 3, 2, 6, 2, 8]
+    groups, p = [torch.tensor([2, 5, 7]), torch.tensor([3, 4])], torch.tensor([0.5, 0.5], dtype=torch.float64)
+    assert BlockMoves(groups, p).tie(9).tolist() == [0, 1, 2, 3, 3, 2, 6, 2, 8]       # no leaders: first groups
+    assert BlockMoves(groups, p, [7, 3]).tie(9).tolist() == [0, 1, 7, 3, 3, 7, 6, 7, 8]
+    overlapping = BlockMoves([torch.tensor([1, 2, 3, 4]), torch.tensor([3, 4])], p, [1, 4])
+    assert overlapping.tie(6).tolist() == [0, 1, 1, 4, 4, 5]                          # the later block wins
 
 
 @pytest.mark.parametrize("tie_blocks", [True, False])
@@ -390,7 +393,9 @@ def test_tied_blocks_give_each_block_of_the_policys_samples_one_decision(paper8,
         assert sample.decisions is None and any(split)        # a uniform-ish fresh policy splits blocks
         return
     assert not any(split)
-    followers = {int(x) for g in blocks for x in g.tolist() if x != int(g.min())}
+    tie = BlockMoves.of(task.evaluator).tie(task.evaluator.n_groups)
+    followers = {g for g in range(task.evaluator.n_groups) if int(tie[g]) != g}
+    assert len(followers) == sum(len(g) - 1 for g in blocks)                  # the three blocks are disjoint
     assert set(sample.decisions.tolist()) == set(range(task.evaluator.n_groups)) - followers
     t.update()                                                  # the loss runs over the decisions only
     assert t.rounds == 1

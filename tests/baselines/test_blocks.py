@@ -35,7 +35,10 @@ def test_a_layer_is_a_block_with_its_gradient():
     g = layered_graph(2, 1 << 20)                    # the parameter edges (1 MiB) are the heaviest
     names = [[g.ops[i].name for i in b.groups] for b in coupled_blocks(g, np.arange(g.n_ops), (0.5,), 1.0)]
     assert names == [["W0", "f0", "w0", "u0"], ["W1", "f1", "w1", "g1", "u1"]]
-    assert [b.sync_bytes for b in coupled_blocks(g, np.arange(g.n_ops), (0.5,), 1.0)] == [1 << 20, 1 << 20]
+    blocks = coupled_blocks(g, np.arange(g.n_ops), (0.5,), 1.0)
+    assert [b.sync_bytes for b in blocks] == [1 << 20, 1 << 20]
+    assert [g.ops[b.leader].name for b in blocks] == ["w0", "w1"]     # each led by its weight gradient's op
+    assert [b.leader for b in coupled_blocks(compute_dag(6, EDGES), np.arange(6), (0.5,), 1.0)] == [0, 3]  # none: first
 
 
 def test_block_weights_half_even_half_by_gradient_bytes():
