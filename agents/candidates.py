@@ -33,11 +33,11 @@ def uniform_plans(n_actions: int, n_groups: int) -> np.ndarray:
 class BlockMoves:
     """A task's coupled blocks for block mutations: each block's groups, the probability of drawing it
     and its leader, the group whose action a tied block takes (``heterog.baselines.chains.coupled_blocks``
-    and ``block_weights``; leaders None: each block's first group)."""
+    and ``block_weights``)."""
 
     groups: list[Tensor]
     p: Tensor
-    leaders: list[int] | None = None
+    leaders: list[int]
 
     @classmethod
     def of(cls, evaluator) -> BlockMoves:
@@ -53,9 +53,8 @@ class BlockMoves:
         overlap), or itself outside any block. ``actions[:, tie]`` gives every block its leader's action.
         Shapes: -> ``(G,)``."""
         rep = torch.arange(n_groups)
-        leaders = self.leaders or [None] * len(self.groups)
-        for g, lead in zip(self.groups, leaders):
-            rep[g] = int(g.min()) if lead is None else lead
+        for g, lead in zip(self.groups, self.leaders):
+            rep[g] = lead
         return rep
 
 

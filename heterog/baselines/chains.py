@@ -19,11 +19,11 @@ BLOCK_MOVES = 0.1                  # share of a chain's proposals that move a bl
 class Block(NamedTuple):
     """Groups a search moves together (``coupled_blocks``), the gradient bytes they synchronise under
     data parallelism (what placing the block on one device can save) and the block's leader: the group
-    that synchronises the most of them (the first where none does; None: the first group)."""
+    that synchronises the most of them (the first where none does)."""
 
     groups: np.ndarray
     sync_bytes: float
-    leader: int | None = None
+    leader: int
 
 
 def coupled_blocks(graph, group_of: np.ndarray, fractions: tuple[float, ...] = BLOCK_FRACTIONS,

@@ -324,7 +324,7 @@ def test_block_mutations_set_one_coupled_block_to_one_new_action(tasks):
     from agents.candidates import BlockMoves
 
     blocks = BlockMoves([torch.tensor([1, 2, 3]), torch.tensor([5, 6])],
-                        torch.tensor([0.75, 0.25], dtype=torch.float64))
+                        torch.tensor([0.75, 0.25], dtype=torch.float64), [1, 5])
     base = torch.tensor([0, 4, 4, 4, 0, 2, 9, 0, 0, 0])
     trainer = Trainer(tiny_policy(), tasks[:1], TrainerSettings(mutate_blocks=1.0))
     out = trainer.search.mutate(base, 12, 400, blocks=blocks)
@@ -371,7 +371,7 @@ def test_block_tie_maps_each_group_to_its_blocks_leader():
     from agents.candidates import BlockMoves
 
     groups, p = [torch.tensor([2, 5, 7]), torch.tensor([3, 4])], torch.tensor([0.5, 0.5], dtype=torch.float64)
-    assert BlockMoves(groups, p).tie(9).tolist() == [0, 1, 2, 3, 3, 2, 6, 2, 8]       # no leaders: first groups
+    assert BlockMoves(groups, p, [2, 3]).tie(9).tolist() == [0, 1, 2, 3, 3, 2, 6, 2, 8]
     assert BlockMoves(groups, p, [7, 3]).tie(9).tolist() == [0, 1, 7, 3, 3, 7, 6, 7, 8]
     overlapping = BlockMoves([torch.tensor([1, 2, 3, 4]), torch.tensor([3, 4])], p, [1, 4])
     assert overlapping.tie(6).tolist() == [0, 1, 1, 4, 4, 5]                          # the later block wins

@@ -42,7 +42,7 @@ def test_a_layer_is_a_block_with_its_gradient():
 
 
 def test_block_weights_half_even_half_by_gradient_bytes():
-    blocks = [Block(np.array([0, 1]), 0.0), Block(np.array([2, 3]), 300.0), Block(np.array([4, 5]), 100.0)]
+    blocks = [Block(np.array([0, 1]), 0.0, 0), Block(np.array([2, 3]), 300.0, 2), Block(np.array([4, 5]), 100.0, 4)]
     np.testing.assert_allclose(block_weights(blocks), [0.5 / 3, 0.5 / 3 + 0.375, 0.5 / 3 + 0.125])
     np.testing.assert_allclose(block_weights(blocks[:1]), [1.0])          # no gradients: even
     assert block_weights([]).shape == (0,)
