@@ -562,6 +562,24 @@ class TokenPolicyHead(nn.Module):
 
 
 # ------------------------------------------------------------------------------------- distribution
+def most_likely_actions(logits: Tensor) -> Tensor:
+    """Each group's most likely decision: model parallelism (the probabilities of its ``M`` device
+    actions summed) or one of the four DP schemes, whichever is most likely (DP on a tie); for model
+    parallelism, its most likely device.
+
+    Why not the argmax over the ``M + 4`` actions: a policy that is sure a group belongs on one device
+    but cannot tell equivalent devices apart (eight identical GPUs) gives each an eighth of that mass,
+    and the argmax never places it there. Drawing the decision, then the device, is the same
+    distribution as drawing an action, so only the greedy plan changes.
+
+    Shapes: ``(..., M + 4)`` -> ``(...)``.
+    """
+    devices, dp = logits[..., :-N_DP_SCHEMES], logits[..., -N_DP_SCHEMES:]
+    best_dp = dp.max(dim=-1)
+    model_parallel = torch.logsumexp(devices, dim=-1) > best_dp.values
+    return torch.where(model_parallel, devices.argmax(dim=-1), devices.shape[-1] + best_dp.indices)
+
+
 class MaskedCategorical(Categorical):
     """Independent categorical actions, one per group, where padding groups do not count.
 
@@ -627,7 +645,8 @@ class MaskedCategorical(Categorical):
 
     @property
     def mode(self) -> Tensor:
-        return torch.where(self.mask, super().mode, torch.zeros_like(self.mask, dtype=torch.long))
+        """Each real group's most likely decision (:func:`most_likely_actions`); padding groups 0."""
+        return torch.where(self.mask, most_likely_actions(self.logits), torch.zeros_like(self.mask, dtype=torch.long))
 
 
 # ------------------------------------------------------------------------------------------- policy
@@ -939,7 +958,8 @@ class StrategyPolicy(nn.Module):
     def sample_actions(self, group_emb: Tensor, group_mask: Tensor, n: int, *,
                        generator: torch.Generator | None = None, offsets: Tensor | None = None,
                        greedy: bool = False, devices: DeviceTokens | None = None) -> Tensor:
-        """``n`` strategies: each group's action drawn (or, ``greedy``, the most likely one) from its
+        """``n`` strategies: each group's action drawn (or, ``greedy``, its most likely decision:
+        :func:`most_likely_actions`) from its
         logits plus the strategy's ``offsets`` (one offset per action shared by all groups of a strategy;
         None: none). An autoregressive policy decodes group by group; padding groups get action 0.
 
@@ -986,7 +1006,7 @@ class StrategyPolicy(nn.Module):
         """One action per (strategy, group) from logits ``(n, G, A)``; padding groups 0. -> ``(n, G)``."""
         n, n_groups, n_actions = logits.shape
         if greedy:
-            out = logits.argmax(dim=-1)
+            out = most_likely_actions(logits)
         else:
             probs = logits.softmax(dim=-1).reshape(n * n_groups, n_actions)
             out = torch.multinomial(probs, 1, generator=generator).reshape(n, n_groups)

@@ -2,6 +2,7 @@
 the best plans (HeteroG Table 2), learning-curve PNGs and Gantt charts of the best plans."""
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,6 +12,8 @@ import numpy as np
 from agents.networks import N_DP_SCHEMES
 from agents.tasks import GraphTask
 from heterog.strategy import action_name
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from agents.trainer import Trainer
@@ -44,6 +47,7 @@ class TrainingLog:
             if st.baseline is not None:
                 w.add_scalar(f"charts/baseline/{t.name}", st.baseline, step)
         w.add_scalar("losses/policy", stats["loss_policy"], step)
+        w.add_scalar("losses/imitation", stats["loss_imitation"], step)
         w.add_scalar("losses/entropy", stats["entropy"], step)
         w.add_scalar("losses/grad_norm", stats["grad_norm"], step)
         if trainer.settings.algorithm == "ppo":
@@ -54,6 +58,12 @@ class TrainingLog:
             w.add_histogram("actions/sampled", stats["actions"], step,
                             bins=np.arange(trainer.policy.n_actions + 1) - 0.5)
             w.add_text("actions/breakdown", breakdown_markdown(trainer), step)
+
+    def log_distill(self, epoch: int, loss: float) -> None:
+        """One distillation epoch's mean cross-entropy (:meth:`agents.trainer.Trainer.distill`)."""
+        log.info("distill epoch %d: mean cross-entropy %.4f", epoch + 1, loss)
+        if self.writer is not None:
+            self.writer.add_scalar("losses/distill", loss, epoch + 1)
 
     def finish(self, trainer: Trainer) -> None:
         """Learning curve PNG and the best plans' Gantt charts (files in run_dir, images in TensorBoard)."""

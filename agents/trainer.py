@@ -59,6 +59,20 @@ class TrainerSettings:
     """Divide advantages by a running per-graph reward standard deviation (same decay as the baseline)."""
     entropy_coef: float = 0.01
     """Weight of the mean per-group entropy bonus."""
+    imitation_coef: float = 0.0
+    """Weight of the imitation term (expert iteration, self-imitation): the policy's per-group
+    cross-entropy against the best strategy found so far for the graph (a weighted mean over groups,
+    ``imitation_by_load``), added to the loss each round
+    (0: none). The search (mutations, block moves, replays) finds plans that the policy-gradient signal
+    alone does not teach the policy: a plan that moves a whole block is found a few times, while the
+    policy's own samples that move part of it are many and slow. With it, the policy's greedy plan
+    follows the best plan found, so a checkpoint carries what the search found on its pretraining pairs
+    into its zero-shot plans (docs/results.md, "Imitation")."""
+    imitation_by_load: float = 0.5
+    """Share of the imitation term's per-group weights spread by load: a group weighs ``1 - a`` plus
+    ``a`` times G times the mean of its shares of the graph's FLOPs and of its aggregated gradient bytes
+    (weights average 1; 0: every group alike). A plain mean over groups gives bert_large's 12 embedding
+    groups, which decide 10% of its step time, 0.9% of the term (``imitation_weights``)."""
     max_grad_norm: float = 1.0
     """Clip the gradient's global norm to this (0: no clipping)."""
     replay_pool_size: int = 8
@@ -139,8 +153,8 @@ class TrainerSettings:
         for name in ("learning_rate", "samples_per_graph", "ppo_epochs", "ppo_clip"):
             if not getattr(self, name) > 0:
                 problems.append(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("graphs_per_round", "replay_pool_size", "replay_samples", "entropy_coef", "max_grad_norm",
-                     "eval_cache_size"):
+        for name in ("graphs_per_round", "replay_pool_size", "replay_samples", "entropy_coef", "imitation_coef",
+                     "max_grad_norm", "eval_cache_size"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be non-negative, got {getattr(self, name)}")
         if not 0.0 <= self.baseline_decay < 1.0:
@@ -152,7 +166,7 @@ class TrainerSettings:
             problems.append(f"greedy_samples {self.greedy_samples} + explore_samples {self.explore_samples} + "
                             f"mutate_samples {self.mutate_samples} must be in 0..samples_per_graph-1 "
                             f"({self.samples_per_graph - 1}), each non-negative")
-        for name in ("mutate_guided", "mutate_blocks"):
+        for name in ("mutate_guided", "mutate_blocks", "imitation_by_load"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 problems.append(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.mutate_groups < 1:
@@ -183,6 +197,21 @@ def per_group_log_prob(logits: Tensor, actions: Tensor) -> Tensor:
     """
     log_p = logits.log_softmax(dim=-1).expand(actions.shape[0], -1, -1)
     return log_p.gather(-1, actions[..., None])[..., 0]
+
+
+def imitation_loss(logits: Tensor, target: Tensor, weights: Tensor) -> Tensor:
+    """Cross-entropy of the policy against one strategy, a weighted mean over groups.
+    Shapes: logits ``(G, A)`` or ``(1, G, A)``, target ``(1, G)``, weights ``(G,)`` -> ``()``."""
+    return -(per_group_log_prob(logits, target)[0] * weights).sum() / weights.sum()
+
+
+def imitation_weights(flops: np.ndarray, sync_bytes: np.ndarray, by_load: float) -> Tensor:
+    """Per-group weights of the imitation term: ``1 - by_load`` plus ``by_load`` times G times the mean
+    of the group's shares of the FLOPs and of the aggregated gradient bytes (a share of a total of 0
+    counts as even). They average 1. Shapes: ``(G,)`` -> ``(G,)``."""
+    n = len(flops)
+    shares = [x / x.sum() if x.sum() > 0 else np.full(n, 1.0 / n) for x in (flops, sync_bytes)]
+    return torch.as_tensor((1.0 - by_load) + by_load * n * 0.5 * (shares[0] + shares[1]), dtype=torch.float32)
 
 
 def mean_entropy(logits: Tensor) -> Tensor:
@@ -219,6 +248,8 @@ class _Sample:
     rewards: np.ndarray      # (K,) rewards of the sampled strategies
     sampled: np.ndarray      # (K, G) the sampled strategies (for the action histogram)
     decisions: Tensor | None = None     # (D,) groups whose choice is a decision (``tie_blocks``); None: all
+    target: Tensor | None = None        # (1, G) the best strategy found, imitated (``imitation_coef``)
+    target_logits: Tensor | None = None  # (1, G, A) the logits along it, with their graph (first epoch)
 
 
 def bias_towards_data_parallel(policy: StrategyPolicy, bias: float) -> None:
@@ -265,6 +296,7 @@ class Trainer:
         self.states = {t.key: TaskState() for t in tasks}
         self.search = CandidateSearch(settings, policy.n_actions, self.generator, self.rng)
         self._blocks: dict[str, BlockMoves] = {}                 # task key -> its coupled blocks
+        self._imitation_weights: dict[str, Tensor] = {}          # task key -> its groups' imitation weights
         self.scorer = Scorer(tasks, settings.oom_factor, settings.eval_cache_size, settings.workers, ray_address)
         self.report = TrainingLog(writer, run_dir, settings.log_every)
         # ---- counters, derived at run time (checkpointed; simulations run are counted by the scorer)
@@ -285,8 +317,8 @@ class Trainer:
     # -------------------------------------------------------------------------------- one round
     def update(self) -> dict[str, float]:
         """One round: a rollout per graph (:meth:`rollout`), then one (REINFORCE) or ``ppo_epochs`` (PPO)
-        gradient steps on the mean policy-gradient loss minus the entropy bonus. Returns the round's
-        statistics."""
+        gradient steps on the mean policy-gradient loss minus the entropy bonus, plus the imitation term
+        (``imitation_coef``). Returns the round's statistics."""
         s = self.settings
         self.policy.train()
         t_start, sims_before = time.perf_counter(), self.n_sims
@@ -294,8 +326,13 @@ class Trainer:
 
         epochs = 1 if s.algorithm == "reinforce" else s.ppo_epochs
         for epoch in range(epochs):
-            loss_pg, entropy = torch.zeros(()), torch.zeros(())
+            loss_pg, entropy, loss_im = torch.zeros(()), torch.zeros(()), torch.zeros(())
             for sample in samples:
+                if sample.target is not None:
+                    target_logits = (sample.target_logits if epoch == 0
+                                     else self.strategy_logits(sample.task, sample.target))
+                    loss_im = loss_im + imitation_loss(target_logits, sample.target,
+                                                       self.imitation_weights(sample.task)) / len(samples)
                 logits = sample.logits if epoch == 0 else self.strategy_logits(sample.task, sample.actions)
                 log_p, log_p_old = per_group_log_prob(logits, sample.actions), sample.log_p_old
                 if sample.decisions is not None:
@@ -304,7 +341,7 @@ class Trainer:
                 loss_pg = loss_pg + policy_loss(log_p, log_p_old, sample.advantages, s.algorithm,
                                                 s.ppo_clip) / len(samples)
                 entropy = entropy + mean_entropy(logits) / len(samples)
-            loss = loss_pg - s.entropy_coef * entropy
+            loss = loss_pg - s.entropy_coef * entropy + s.imitation_coef * loss_im
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = (torch.nn.utils.clip_grad_norm_(self.policy.parameters(), s.max_grad_norm)
@@ -321,7 +358,8 @@ class Trainer:
         self.rounds += 1
         rewards = np.concatenate([sm.rewards for sm in samples])
         return {"reward_mean": float(rewards.mean()), "reward_max": float(rewards.max()),
-                "loss_policy": float(loss_pg.detach()), "entropy": float(entropy.detach()),
+                "loss_policy": float(loss_pg.detach()), "loss_imitation": float(loss_im.detach()),
+                "entropy": float(entropy.detach()),
                 "grad_norm": float(grad_norm), "approx_kl": approx_kl,
                 "round_s": time.perf_counter() - t_start, "sims": self.n_sims - sims_before,
                 "actions": np.concatenate([sm.sampled.ravel() for sm in samples])}
@@ -374,9 +412,15 @@ class Trainer:
         all_actions = torch.cat([actions, torch.as_tensor(replay_actions, dtype=torch.long)])
         logits = (self.policy.action_logits(group_emb, inputs.group_mask, all_actions, devices) if once is None
                   else once.expand(len(all_actions), -1, -1))                                  # (k + R, G, A)
+        target = target_logits = None
+        if s.imitation_coef > 0:          # the best strategy found, this round's samples included
+            target = torch.as_tensor(state.best_actions, dtype=torch.long)[None]
+            target_logits = (self.policy.action_logits(group_emb, inputs.group_mask, target, devices) if once is None
+                             else once[None])
         return _Sample(task, all_actions, torch.as_tensor(adv, dtype=torch.float32),
                        per_group_log_prob(logits.detach(), all_actions), logits, rewards, actions.numpy(),
-                       None if tie is None else torch.nonzero(tie == torch.arange(len(tie))).squeeze(1))
+                       None if tie is None else torch.nonzero(tie == torch.arange(len(tie))).squeeze(1),
+                       target, target_logits)
 
     def advantages(self, state: TaskState, rewards: np.ndarray, off_policy_rewards: np.ndarray) -> np.ndarray:
         """``(r - b) / scale`` for the policy's samples, then for off-policy ones (exploration, replays)
@@ -435,6 +479,16 @@ class Trainer:
         """The task's coupled blocks for block mutations (None when disabled)."""
         return self.blocks(task) if self.settings.mutate_blocks > 0 else None
 
+    def imitation_weights(self, task: GraphTask) -> Tensor:
+        """The task's per-group weights in the imitation term (``imitation_by_load``; computed once)."""
+        if task.key not in self._imitation_weights:
+            from heterog.baselines.chains import group_loads
+
+            ev = task.evaluator
+            self._imitation_weights[task.key] = imitation_weights(
+                *group_loads(ev.graph, np.asarray(ev.group_of)), self.settings.imitation_by_load)
+        return self._imitation_weights[task.key]
+
     def tie(self, task: GraphTask) -> Tensor | None:
         """Each group's representative for the policy's own samples (``tie_blocks``; None when off or when
         the graph has no blocks): ``actions[:, tie]`` gives every block its leader's action."""
@@ -491,6 +545,40 @@ class Trainer:
             self.save(checkpoint_path)
         self.report.finish(self)
         return self.summary()
+
+    def distill(self, epochs: int) -> list[float]:
+        """Fit the policy to the best strategy found for every graph: ``epochs`` passes over the graphs
+        (in a seeded order), one Adam step per graph on the policy's cross-entropy against its best
+        strategy (the imitation term alone, weighted as ``imitation_by_load``).
+
+        Expert iteration's policy step: training rounds visit a graph a few dozen times while the search
+        finds its best plan, too few for the policy to follow it; after this the policy's greedy plan is
+        the best plan found, group by group, as far as the policy can tell the groups apart. Counts
+        towards ``wall_s`` and ``cpu_s``; returns each epoch's mean loss (also logged to TensorBoard as
+        ``losses/distill``)."""
+        tasks = [t for t in self.tasks if self.states[t.key].best_actions is not None]
+        if epochs < 0:
+            raise HeterogError(f"distill epochs must be non-negative, got {epochs}")
+        t0, c0 = time.perf_counter(), time.process_time()
+        self.policy.train()
+        losses = []
+        for epoch in range(epochs if tasks else 0):
+            total = 0.0
+            for i in self.rng.permutation(len(tasks)):
+                task = tasks[i]
+                target = torch.as_tensor(self.states[task.key].best_actions, dtype=torch.long)[None]
+                loss = imitation_loss(self.strategy_logits(task, target), target, self.imitation_weights(task))
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if self.settings.max_grad_norm > 0:
+                    torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.settings.max_grad_norm)
+                self.optimizer.step()
+                total += float(loss.detach())
+            losses.append(total / len(tasks))
+            self.report.log_distill(epoch, losses[-1])
+        self.wall_s += time.perf_counter() - t0
+        self.cpu_s += time.process_time() - c0
+        return losses
 
     def evaluate_policy(self, samples: int) -> dict[str, dict[str, Any]]:
         """Score the policy without updating it: per graph, its greedy strategy (the most likely action

@@ -125,6 +125,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         else:
             trainer.train(rounds=cfg.run.rounds, episodes=cfg.run.episodes, budget_s=cfg.run.budget_s,
                           checkpoint_path=run_dir / "agent.pt", checkpoint_every=int(cfg.run.checkpoint_every))
+            if int(cfg.run.distill_epochs) > 0:
+                report["distill_losses"] = trainer.distill(int(cfg.run.distill_epochs))
+                trainer.save(run_dir / "agent.pt")
             report["checkpoint"] = str(run_dir / "agent.pt")
     finally:
         trainer.close()

@@ -26,6 +26,18 @@ class Block(NamedTuple):
     leader: int
 
 
+def group_loads(graph, group_of: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per group: the FLOPs of its ops and the bytes of the gradients it aggregates under data
+    parallelism. Shapes: -> ``(G,)`` each."""
+    from heterog.compiler.index import graph_index
+
+    n_groups = int(group_of.max()) + 1 if len(group_of) else 0
+    flops = np.bincount(group_of, weights=graph.flops, minlength=n_groups)
+    gi = graph_index(graph)
+    agg = gi.t_needs_agg
+    return flops, np.bincount(group_of[gi.t_op[agg]], weights=gi.t_bytes[agg], minlength=n_groups)
+
+
 def coupled_blocks(graph, group_of: np.ndarray, fractions: tuple[float, ...] = BLOCK_FRACTIONS,
                    max_flops_share: float = BLOCK_MAX_FLOPS_SHARE) -> list[Block]:
     """Sets of groups that a search should move together: for each ``f`` in ``fractions``, the connected
@@ -42,17 +54,12 @@ def coupled_blocks(graph, group_of: np.ndarray, fractions: tuple[float, ...] = B
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
-    from heterog.compiler.index import graph_index
-
     src, dst, nbytes = graph.edge_src, graph.edge_dst, graph.edge_bytes
     n_groups = int(group_of.max()) + 1 if len(group_of) else 0
     if not len(src) or n_groups < 2:
         return []
-    flops = np.bincount(group_of, weights=graph.flops, minlength=n_groups)
+    flops, sync = group_loads(graph, group_of)
     total = max(float(flops.sum()), 1e-30)
-    gi = graph_index(graph)
-    agg = gi.t_needs_agg
-    sync = np.bincount(group_of[gi.t_op[agg]], weights=gi.t_bytes[agg], minlength=n_groups)
     gs, gd = group_of[src], group_of[dst]
     blocks: dict[tuple[int, ...], Block] = {}
     for f in fractions:

@@ -14,8 +14,16 @@ from torch.utils.tensorboard import SummaryWriter
 from agents.networks import StrategyPolicy
 from agents.reporting import action_breakdown, time_to_quality
 from agents.tasks import TaskState, make_task
-from agents.trainer import Trainer, TrainerSettings, bias_towards_data_parallel, per_group_log_prob, policy_loss
+from agents.trainer import (
+    Trainer,
+    TrainerSettings,
+    bias_towards_data_parallel,
+    imitation_weights,
+    per_group_log_prob,
+    policy_loss,
+)
 from envs import DEVICE_FEATURE_DIM, op_feature_dim
+from heterog.baselines.chains import group_loads
 from heterog.cluster import load_cluster
 from heterog.errors import CheckpointError, HeterogError
 from heterog.graph.cache import capture_model
@@ -408,3 +416,67 @@ def test_ties_blocks_reads_the_trainer_settings_of_a_checkpoint():
     assert ties_blocks({"provenance": {"settings": {"tie_blocks": True}}})
     assert not ties_blocks({"provenance": {"settings": {"mutate_blocks": 0.25}}})     # before the setting
     assert not ties_blocks({"settings": {"tie_blocks": False}})
+
+
+def test_imitation_weights_mix_even_and_load_shares():
+    w = imitation_weights(np.array([1.0, 1.0, 2.0]), np.array([0.0, 0.0, 4.0]), 0.5)
+    # shares: FLOPs (1/4, 1/4, 1/2), gradient bytes (0, 0, 1); 0.5 + 0.5 * 3 * their mean
+    assert torch.allclose(w, torch.tensor([0.6875, 0.6875, 1.625])) and w.mean().item() == pytest.approx(1.0)
+    assert torch.allclose(imitation_weights(np.array([1.0, 3.0]), np.zeros(2), 1.0), torch.tensor([0.75, 1.25]))
+    assert torch.equal(imitation_weights(np.array([1.0, 3.0]), np.zeros(2), 0.0), torch.ones(2))
+    with pytest.raises(HeterogError, match="imitation_by_load must be in"):
+        TrainerSettings(imitation_by_load=1.5)
+
+
+@pytest.mark.parametrize("autoregressive", [False, True])
+def test_imitation_term_is_the_cross_entropy_against_the_best_plan_and_pulls_towards_it(tasks, autoregressive):
+    """imitation_coef: the round's loss adds -log pi(best plan found, this round's samples included), a
+    mean over groups weighted by load (``imitation_by_load``); the round's statistic is that value before
+    the step, and the step raises the best plan's likelihood more than the policy gradient alone does
+    (both trainers draw the same round)."""
+    import copy
+
+    task = tasks[1]
+
+    def trainer(coef: float) -> Trainer:
+        return Trainer(tiny_policy(seed=2, autoregressive=autoregressive), [task],
+                       TrainerSettings(imitation_coef=coef, seed=5, samples_per_graph=6, explore_samples=1,
+                                       mutate_samples=2))
+
+    weights = imitation_weights(*group_loads(task.evaluator.graph, np.asarray(task.evaluator.group_of)), 0.5)
+
+    def log_likelihood(policy, best):          # the weighted mean over groups
+        with torch.no_grad():
+            emb = policy.embed_groups(*task.inputs.args())
+            logits = policy.action_logits(emb, task.inputs.group_mask, best[None])
+            return ((per_group_log_prob(logits, best[None])[0] * weights).sum() / weights.sum()).item()
+
+    plain, imitating = trainer(0.0), trainer(10.0)
+    before = copy.deepcopy(imitating.policy)
+    stats_plain, stats = plain.update(), imitating.update()
+    best = torch.as_tensor(imitating.states[task.key].best_actions)
+    assert plain.states[task.key].best_actions == best.tolist()          # the same round was drawn
+    assert stats_plain["loss_imitation"] == 0.0
+    assert stats["loss_imitation"] == pytest.approx(-log_likelihood(before, best), rel=1e-5)
+    assert log_likelihood(imitating.policy, best) > max(log_likelihood(plain.policy, best), -stats["loss_imitation"])
+    with pytest.raises(HeterogError, match="imitation_coef must be non-negative, got -1"):
+        TrainerSettings(imitation_coef=-1)
+
+
+def test_distill_fits_the_policy_to_each_graphs_best_plan(tasks):
+    """distill: imitation-only passes over the graphs; afterwards each graph's greedy plan is its best
+    plan (here two different uniform plans, one per graph, which one policy must tell apart)."""
+    trainer = Trainer(tiny_policy(seed=1), tasks, TrainerSettings(learning_rate=1e-2, seed=0))
+    targets = {tasks[0].key: [3] * tasks[0].n_groups, tasks[1].key: [8 + 3] * tasks[1].n_groups}   # GPU 3; cp-ar
+    for key, target in targets.items():
+        trainer.states[key].best_actions = target
+    losses = trainer.distill(100)              # the graphs are told apart after about 60 passes
+    assert len(losses) == 100 and losses[-1] < 0.05 * losses[0]
+    with torch.no_grad():
+        for task in tasks:
+            emb = trainer.policy.embed_groups(*task.inputs.args())
+            greedy = trainer.policy.sample_actions(emb, task.inputs.group_mask, 1, greedy=True)[0]
+            assert greedy.tolist() == targets[task.key]
+    assert trainer.distill(0) == [] and trainer.cpu_s > 0
+    with pytest.raises(HeterogError, match="distill epochs must be non-negative, got -1"):
+        trainer.distill(-1)
