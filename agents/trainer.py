@@ -80,7 +80,7 @@ class TrainerSettings:
     replay_samples: int = 2
     """Pool strategies replayed per graph and round as extra samples (advantage clipped at 0)."""
     greedy_samples: int = 0
-    """Of the k samples, how many are the policy's greedy strategy (each group's most likely action: the
+    """Of the k samples, how many are the policy's greedy strategy (each group's most likely decision: the
     plan the policy itself proposes, ``evaluate_policy``'s and zero-shot's plan; 0 or 1). Used like replays.
     Independent per-group draws from a policy that is 70% sure of each of 100+ groups almost never
     produce its most likely plan, so without it a round never scores the policy's own proposal: the
