@@ -157,8 +157,8 @@ def _load_policy(checkpoint: str | Path | dict, n_devices: int, state: dict | No
 def zero_shot(evaluator, checkpoint: str | Path | dict) -> Strategy:
     """The pretrained policy's plan for ``evaluator``'s graph and cluster without any update: its greedy
     plan (each group's most likely decision, ``agents.networks.most_likely_actions``; each coupled block
-    its leader's, when the policy was trained with ``tie_blocks``), compared with the four data-parallel plans (every group
-    under one DP action); the fastest is returned (a plan out of memory counts ``oom_factor`` times
+    its leader's, when the policy was trained with ``tie_blocks``), compared with the four data-parallel
+    plans (every group under one DP action); the fastest is returned (a plan out of memory counts ``oom_factor`` times
     slower, as in training). Meta: ``policy_plan_s`` and ``policy_plan_oom`` (the greedy plan, before
     the comparison), ``zero_shot`` True, ``kept`` ("policy" or the DP plan's name), ``best_iteration_time_s``,
     ``oom``, ``episodes`` 0, ``rounds`` 0."""
