@@ -61,8 +61,8 @@ def test_plan_fine_tunes_a_checkpoint_and_refuses_another_action_space(graph, pa
     trainer = Trainer(policy, [make_task(capture_model("tiny_cnn", 16), paper8)], settings)
     trainer.train(rounds=2)
     path = trainer.save(tmp_path / "pretrained.pt")
-    strategy = plan(Evaluator(graph, paper8), checkpoint=path, episodes=16, progress=False)
-    assert strategy.meta["checkpoint"] == str(path) and strategy.meta["episodes"] == 16
+    strategy = plan(Evaluator(graph, paper8), checkpoint=path, episodes=32, progress=False)
+    assert strategy.meta["checkpoint"] == str(path) and strategy.meta["episodes"] == 32
     with pytest.raises(CheckpointError, match=r"12 actions \(8 devices\); this cluster needs 6 actions"):
         plan(Evaluator(graph, load_cluster("local-cpu-2")), checkpoint=path, episodes=4, progress=False)
 

@@ -57,7 +57,7 @@ def test_settings_report_every_problem_at_once():
     with pytest.raises(HeterogError, match="algorithm 'a2c' is not one of .*; samples_per_graph must be positive, "
                                            "got 0.*replay_samples 9 exceeds replay_pool_size 8"):
         TrainerSettings(algorithm="a2c", samples_per_graph=0, replay_samples=9)
-    with pytest.raises(HeterogError, match=r"explore_samples 4 \+ mutate_samples 4 must be in "
+    with pytest.raises(HeterogError, match=r"explore_samples 2 \+ mutate_samples 26 must be in "
                                            r"0..samples_per_graph-1 \(3\)"):
         TrainerSettings(samples_per_graph=4)
     with pytest.raises(HeterogError, match=r"explore_samples 2 \+ mutate_samples 2 .*mutate_groups must be at least 1"):
