@@ -74,11 +74,11 @@ def test_mcmc_finds_the_same_plan_here_and_on_one_or_two_ray_workers(ray_address
 def test_the_agent_trains_alike_with_its_rollouts_on_two_ray_workers(ray_address, tiny):
     from agents.planner import plan
 
-    here = plan(Evaluator(tiny.graph, tiny.cluster), episodes=48, seed=2, progress=False)
-    ray2 = plan(Evaluator(tiny.graph, tiny.cluster), episodes=48, seed=2, progress=False, workers=2)
+    here = plan(Evaluator(tiny.graph, tiny.cluster), episodes=64, seed=2, progress=False)
+    ray2 = plan(Evaluator(tiny.graph, tiny.cluster), episodes=64, seed=2, progress=False, workers=2)
     assert ray2.meta["actions"] == here.meta["actions"]
     assert ray2.meta["best_iteration_time_s"] == here.meta["best_iteration_time_s"]
-    assert ray2.meta["episodes"] == here.meta["episodes"] == 48
+    assert ray2.meta["episodes"] == here.meta["episodes"] == 64
 
 
 @pytest.mark.ray
