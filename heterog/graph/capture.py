@@ -18,11 +18,13 @@ from torch.fx import GraphModule, Node
 
 from heterog.errors import DataDependentControlFlowError, HeterogError, ModelError
 from heterog.graph.fusion import VIEW_OPS, fuse_trivial
+from heterog.graph.inputs import ExampleInputs, InputSpec, input_spec
+from heterog.graph.mutations import functionalize, intermediate_mutations
 from heterog.graph.opgraph import PHASES, Edge, Op, OpGraph
 
 log = logging.getLogger(__name__)
 
-CAPTURE_VERSION = 1  # bump when the graph produced for the same model changes (cache key)
+CAPTURE_VERSION = 2  # bump when the graph produced for the same model changes (cache key)
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
 STATE_SLOTS: dict[str, tuple[str, ...]] = {
@@ -128,6 +130,7 @@ class CapturedStep:
     shape_nodes: list[str]
     trace_time_s: float = 0.0
     batch_symbols: tuple[Any, ...] = ()        # sympy symbols of the batch size (symbolic mode)
+    input_spec: InputSpec | None = None        # how the model is called on the inputs (keywords, batch or not)
     model_name: str = ""
     _nodes: dict[str, Node] = field(default_factory=dict, repr=False)
 
@@ -284,25 +287,7 @@ def _sequence_nr() -> int:
     return int(torch.autograd._get_sequence_nr())
 
 
-def _as_inputs(example_inputs: Any) -> tuple[torch.Tensor, ...]:
-    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
-    if not inputs:
-        raise ModelError("model has no example inputs; build() must return (module, inputs) with the batch "
-                         "on dimension 0 of every input")
-    for i, x in enumerate(inputs):
-        if not isinstance(x, torch.Tensor):
-            raise ModelError(f"example input {i} is a {type(x).__name__}, not a tensor")
-        if x.dim() == 0:
-            raise ModelError(f"example input {i} is a scalar; every input must have the batch on dimension 0")
-    sizes = [int(x.shape[0]) for x in inputs]
-    if len(set(sizes)) != 1:
-        raise ModelError(f"example inputs disagree on the batch size (dimension 0): {sizes}")
-    if sizes[0] <= 0:
-        raise ModelError(f"example inputs have batch size {sizes[0]}")
-    return inputs
-
-
-def capture_fx(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Tensor, *,
+def capture_fx(module: nn.Module, example_inputs: ExampleInputs, *,
                optimizer: str = "sgd", lr: float = 0.01, tracing_mode: str = "symbolic") -> CapturedStep:
     """Trace one training step of ``module`` on ``example_inputs`` into a GraphModule (see CapturedStep).
 
@@ -321,8 +306,14 @@ def capture_fx(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch
         raise ModelError(f"model is a {type(module).__name__}, not a torch.nn.Module")
     if not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
         raise HeterogError(f"learning rate must be a positive number, got {lr!r}")
-    inputs = _as_inputs(example_inputs)
-    batch_size = int(inputs[0].shape[0])
+    spec = input_spec(example_inputs)
+    inputs = spec.flatten(example_inputs)
+    batch_size = spec.batch_size
+    noted = (type(module).__name__, tuple(spec.unbatched))
+    if spec.unbatched and noted not in _INPUTS_NOTED:
+        _INPUTS_NOTED.add(noted)
+        log.warning("model %s: inputs without the batch (passed whole to every replica): %s", noted[0],
+                    ", ".join(spec.unbatched))
     symbolic = tracing_mode == "symbolic"
     t0 = time.perf_counter()
 
@@ -342,7 +333,7 @@ def capture_fx(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch
         fake_params = [torch.empty(p.shape, dtype=p.dtype, device="cpu", requires_grad=True) for _, p in trainable]
         fake_buffers = [torch.empty(b.shape, dtype=b.dtype, device="cpu") for _, b in buffers]
         fake_state = init_state(optimizer, [p.detach() for p in fake_params])
-    fake_inputs, batch_symbols = _fake_inputs(inputs, fake_mode, symbolic)
+    fake_inputs, batch_symbols = _fake_inputs(inputs, spec.batched, fake_mode, symbolic)
     sizes = _Sizes(batch_symbols, batch_size)
 
     rec = _TraceRecorder(module)
@@ -356,7 +347,7 @@ def capture_fx(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch
         xs = flat[n_params + n_buffers + n_state:]
         tensors = {**dict(zip(param_names, params)), **dict(zip(buffer_names, bufs))}
         rec.set_phase("forward")
-        loss = _forward(module, tensors, xs, model_name, sizes)
+        loss = _forward(module, tensors, spec.call_args(xs), model_name, sizes)
         rec.set_phase("backward")
         rec.hook_backward(loss)
         grads = torch.autograd.grad(loss, list(params), allow_unused=True)
@@ -387,6 +378,11 @@ def capture_fx(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch
         rec.remove_hooks()
     if symbolic:
         _check_batch_not_specialised(shape_env, batch_symbols, model_name)
+    node_phase, node_path = rec.node_phase, rec.node_path
+    if any(intermediate_mutations(gm).values()):
+        gm, origin = functionalize(gm)
+        node_phase = {n: node_phase[o] for n, o in origin.items() if o in node_phase}
+        node_path = {n: node_path[o] for n, o in origin.items() if o in node_path}
 
     out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     outs = list(out_node.args[0])
@@ -403,19 +399,19 @@ def capture_fx(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch
         gm=gm, tracing_mode=tracing_mode, optimizer=optimizer, lr=float(lr), param_names=param_names,
         buffer_names=buffer_names, state_names=state_names, n_inputs=len(inputs), batch_size=batch_size,
         placeholders=[n.name for n in _placeholders(gm)], outputs=[n.name for n in outs[:n_out]],
-        grad_nodes=grad_nodes, node_phase=rec.node_phase, node_module_path=rec.node_path,
+        grad_nodes=grad_nodes, node_phase=node_phase, node_module_path=node_path,
         shape_nodes=shape_nodes, trace_time_s=time.perf_counter() - t0, batch_symbols=batch_symbols,
-        model_name=model_name)
+        model_name=model_name, input_spec=spec)
 
 
-def _forward(module: nn.Module, tensors: dict[str, torch.Tensor], xs: Sequence[torch.Tensor],
+def _forward(module: nn.Module, tensors: dict[str, torch.Tensor], call: tuple[tuple[Any, ...], dict[str, Any]],
              model_name: str, sizes: _Sizes) -> torch.Tensor:
     """The model call inside the trace and the loss taken from its output (``select_loss``); a failure
     there is the model's (ModelError, cause kept; data-dependent control flow: DataDependentControlFlowError)."""
     from torch.func import functional_call
 
     try:
-        out = functional_call(module, tensors, tuple(xs))
+        out = functional_call(module, tensors, call[0], call[1])
     except HeterogError:
         raise
     except Exception as exc:
@@ -438,6 +434,7 @@ def _forward(module: nn.Module, tensors: dict[str, torch.Tensor], xs: Sequence[t
 
 
 _LOSS_NOTED: set[tuple[str, str]] = set()   # (model, output taken) already reported (once per process)
+_INPUTS_NOTED: set[tuple[str, tuple[str, ...]]] = set()   # (model, inputs without the batch) reported
 
 
 def select_loss(out: Any, model_name: str = "model") -> tuple[torch.Tensor, str]:
@@ -500,16 +497,17 @@ def _data_dependent_message(exc: BaseException, model_name: str) -> str:
             "if/while on a tensor, bool() or .item()")
 
 
-def _fake_inputs(inputs: Sequence[torch.Tensor], fake_mode: Any, symbolic: bool
+def _fake_inputs(inputs: Sequence[torch.Tensor], batched: Sequence[bool], fake_mode: Any, symbolic: bool
                  ) -> tuple[list[torch.Tensor], tuple[Any, ...]]:
-    """Fake CPU tensors shaped like ``inputs``; in symbolic mode dim 0 is a fresh symbol (hint >= 2)."""
+    """Fake CPU tensors shaped like ``inputs``; in symbolic mode dim 0 of each batch input is a fresh symbol
+    (hint >= 2)."""
     from torch._dynamo.source import ConstantSource
     from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
 
     out: list[torch.Tensor] = []
     symbols: list[Any] = []
-    for i, x in enumerate(inputs):
-        if not symbolic:
+    for i, (x, has_batch) in enumerate(zip(inputs, batched)):
+        if not symbolic or not has_batch:
             with fake_mode:
                 out.append(torch.empty(x.shape, dtype=x.dtype, device="cpu"))
             continue
@@ -839,9 +837,13 @@ def _placeholder_phases(ops: list[Op], edges: list[Edge]) -> None:
 
 
 # ---------------------------------------------------------------------------- entry point
-def capture(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Tensor, *,
+def capture(module: nn.Module, example_inputs: ExampleInputs, *,
             optimizer: str = "sgd", lr: float = 0.01, fuse: bool = True, name: str | None = None) -> OpGraph:
     """Capture the training step of ``module`` as an OpGraph at the batch size of ``example_inputs``.
+
+    ``example_inputs`` is a tensor, a tuple of tensors (positional arguments, batch on dim 0) or a dict of
+    keyword arguments (``heterog.graph.inputs``: tensors without the batch among them are passed whole and
+    reported once as a warning; non-tensor values are constants of the trace).
 
     The step traced is ``step(*params, *buffers, *opt_state, *inputs) -> (loss, *new_params, *new_state)``: ``loss``
     = the loss in ``functional_call(module, {params, buffers}, inputs)`` (``select_loss``: the output itself,
@@ -854,10 +856,13 @@ def capture(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Te
 
     Nothing is allocated: parameters, buffers, state and inputs are fake tensors made from shapes and
     dtypes, so ``module`` may live on the meta device. One symbolic-batch trace
-    (``capture_fx(..., tracing_mode="symbolic")``) makes dim 0 of every input one symbol; a tensor's batch
-    dim is the first dim whose size depends on it (``(B, S, H) -> (B*S, H)``: dim 0). ``Op.fx_nodes`` name
-    nodes of that GraphModule (tracing is deterministic: a later ``capture_fx`` of the same model and inputs
-    names them the same).
+    (``capture_fx(..., tracing_mode="symbolic")``) makes dim 0 of every batch input one symbol; a tensor's
+    batch dim is the first dim whose size depends on it (``(B, S, H) -> (B*S, H)``: dim 0), wherever the
+    tensor comes from (an input, a buffer expanded to the input's batch size, ``new_zeros`` or ``arange`` of
+    it). A traced step that writes into an intermediate value and reads it again (``copy_`` into a slice) is
+    re-traced functionalised (``heterog.graph.mutations``), so that the write is an edge of the graph.
+    ``Op.fx_nodes`` name nodes of that GraphModule (tracing is deterministic: a later ``capture_fx`` of the
+    same model and inputs names them the same).
 
     Costs per op: ``flops`` from ``torch.utils.flop_counter`` formulas (by overload packet, at the concrete
     input shapes and ``out_shape``), with the fixes and additions of ``_extra_flop_formulas`` (grouped

@@ -36,6 +36,9 @@ def fuse_trivial(graph: OpGraph) -> OpGraph:
     A view has exactly one tensor input, so merging it into its producer cannot create a cycle, and
     ordering the merged ops by their producer's index keeps a topological numbering.
 
+    A view whose output carries the batch while its input does not (``expand`` of a buffer to the input's
+    batch size) is not merged: it is the first op of the batch there, and runs at each replica's share.
+
     A view tagged with a parameter (a gradient) is not merged into an op already tagged with another
     parameter: an op holds one parameter's gradient, so the second gradient of a multi-output op
     (layer-norm or convolution backward) stays a zero-cost op of its own.
@@ -60,6 +63,8 @@ def fuse_trivial(graph: OpGraph) -> OpGraph:
         e = in_edge[i]
         if e is None or op.kind != "compute" or op.target not in VIEW_OPS or len(preds[i]) != 1:
             continue
+        if e.batch_dim is None and any(d is not None for d in op.batch_dims):
+            continue  # the view brings in the batch (a buffer expanded to the input's batch size)
         r = rep[e.src]
         if op.param is not None and group_param[r] not in (None, op.param):
             continue  # e.g. the bias gradient picked from a layer norm backward that also gives the weight's

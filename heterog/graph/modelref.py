@@ -6,7 +6,7 @@ import hashlib
 import importlib.util
 import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -130,23 +130,23 @@ def _accepts_argument(fn: Callable[..., Any]) -> bool:
     return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params)
 
 
-def _check_built(built: Any, ref: str, batch_size: int | None) -> tuple[Any, tuple]:
-    """(module, inputs) with inputs a tuple of tensors whose dim 0 is the batch."""
-    import torch
+def _check_built(built: Any, ref: str, batch_size: int | None) -> tuple[Any, Any]:
+    """(module, inputs): inputs a tuple of tensors whose dim 0 is the batch, or a dict of keyword arguments
+    (``heterog.graph.inputs``)."""
     from torch import nn
+
+    from heterog.graph.inputs import input_spec
 
     if not (isinstance(built, (tuple, list)) and len(built) == 2):
         raise ModelError(f"{ref}: build must return (module, example_inputs), got {type(built).__name__}")
     module, inputs = built
     if not isinstance(module, nn.Module):
         raise ModelError(f"{ref}: build returned a {type(module).__name__} as the module, not a torch.nn.Module")
-    inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
-    if not inputs:
-        raise ModelError(f"{ref}: build returned no example inputs")
-    for i, x in enumerate(inputs):
-        if not isinstance(x, torch.Tensor) or x.dim() == 0:
-            raise ModelError(f"{ref}: example input {i} must be a tensor with the batch on dimension 0")
-    if batch_size is not None and int(inputs[0].shape[0]) != int(batch_size):
+    try:
+        spec = input_spec(inputs)
+    except ModelError as exc:
+        raise ModelError(f"{ref}: {exc}") from None
+    if batch_size is not None and spec.batch_size != int(batch_size):
         raise ModelError(f"{ref}: asked for batch {batch_size}, but the example inputs have batch "
-                         f"{int(inputs[0].shape[0])} on dimension 0")
-    return module, inputs
+                         f"{spec.batch_size} on dimension 0")
+    return module, inputs if isinstance(inputs, Mapping) else spec.flatten(inputs)

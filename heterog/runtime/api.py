@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from heterog.errors import HeterogError, ModelError
+from heterog.graph.inputs import ExampleInputs
 from heterog.planners import BEST_DP_CANDIDATES
 from heterog.runtime.executor import Job
 from heterog.runtime.launcher import WorkerPool
@@ -60,7 +61,8 @@ class Model:
         if self.module is None or not 1 <= batch_size <= self.batch_size:
             raise HeterogError(f"model {self.name}: cannot capture at batch {batch_size} (global batch "
                                f"{self.batch_size}, module {'kept' if self.module is not None else 'not kept'})")
-        return capture_model_for_runtime(self.module, [x[:batch_size] for x in self.example_inputs],
+        spec = self.prog.input_spec
+        return capture_model_for_runtime(self.module, spec.rebuild(spec.first_samples(self.example_inputs, batch_size)),
                                          optimizer=self.prog.optimizer, lr=self.prog.lr, name=self.name)
 
     def initial_values(self) -> dict[str, torch.Tensor]:
@@ -69,17 +71,19 @@ class Model:
         return dict(zip(self.prog.placeholders[:len(vals)], vals))
 
 
-def capture_model_for_runtime(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Tensor, *,
+def capture_model_for_runtime(module: nn.Module, example_inputs: ExampleInputs, *,
                               optimizer: str = "sgd", lr: float = 0.01, name: str | None = None) -> Model:
     """Trace ``module``'s training step with symbolic batch sizes and build what the runtime executes.
 
     The OpGraph is the one ``heterog.capture`` (and ``heterog capture``) produces for the same model and
-    batch, so strategies planned on a cached graph fit it (same fingerprint).
+    batch, so strategies planned on a cached graph fit it (same fingerprint). ``example_inputs`` are a
+    tensor, a tuple of tensors or a dict of keyword arguments; ``Model.example_inputs`` holds their tensors
+    in flat order (``heterog.graph.inputs``).
     """
     from heterog.graph.capture import capture_fx, graph_from_step
 
-    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
-    step = capture_fx(module, inputs, optimizer=optimizer, lr=lr, tracing_mode="symbolic")
+    step = capture_fx(module, example_inputs, optimizer=optimizer, lr=lr, tracing_mode="symbolic")
+    inputs = step.input_spec.flatten(example_inputs)
     graph = graph_from_step(step, name=name or type(module).__name__)
     prog = build_step_program(step, graph)
     named = dict(module.named_parameters())
@@ -109,7 +113,7 @@ def train_single_process(model: Model, batches: Sequence[Sequence[torch.Tensor]]
     losses = []
     with torch.no_grad():
         for s in range(steps):
-            loss, params, state = model.prog.step(params, buffers, state, batches[s % len(batches)])
+            loss, params, state = model.prog.step(params, buffers, state, batches[s % len(batches)], step=s)
             losses.append(float(loss))
     vals = [*params, *buffers, *state]
     return losses, dict(zip(model.prog.placeholders[:len(vals)], vals))
@@ -395,11 +399,14 @@ class Runner:
         self._pool: WorkerPool | None = self.config.pool
         self._finalizer = None
 
-    def _next_inputs(self) -> tuple[torch.Tensor, ...]:
+    def _next_inputs(self) -> Any:
         x = self.input_fn()
+        if isinstance(x, Mapping):
+            return x
         x = (x,) if isinstance(x, torch.Tensor) else tuple(x)
         if not x or not all(isinstance(t, torch.Tensor) and t.dim() > 0 for t in x):
-            raise ModelError("input_fn must return a tensor or a tuple of tensors with the batch on dimension 0")
+            raise ModelError("input_fn must return a tensor, a tuple of tensors with the batch on dimension 0, "
+                             "or a dict of keyword arguments")
         return x
 
     @property
@@ -419,7 +426,7 @@ class Runner:
             self._prepared = prepare(self.model, self.cluster, self.strategy, backend=self.config.backend)
         batches = []
         for _ in range(steps):
-            batches.append(self._first if self._step == 0 else self._next_inputs())
+            batches.append(self.model.prog.input_spec.flatten(self._first if self._step == 0 else self._next_inputs()))
             self._step += 1
         if self._values is not None:
             self._load(self._values)

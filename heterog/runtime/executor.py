@@ -7,7 +7,8 @@ Instructions (built by ``heterog.runtime.lowering``; sources are ``("env", node)
 or None; ``order`` is the memory order of the value's dims, outermost first, that the captured program
 expects (``in_memory_order``); ``shift`` is added to positional values (``heterog.runtime.scaling``))::
 
-    ("compute", op, local_batch, inputs, exports)   inputs: (node, source, leaf node, view chain, scale, tuple index)
+    ("compute", op, local_batch, inputs, exports, first sample)
+                                          inputs: (node, source, leaf node, view chain, scale, tuple index)
     ("send", source, slice, scale, dst, tag, (latency_s, s_per_byte))
     ("assemble", stash key, (batch dim, block) | None, [(source, slice, scale, shift), ...], order)
     ("aggregate", stash key, [(source, slice, scale, 0), ...], order)
@@ -39,7 +40,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from heterog.runtime.layout import cat_batch, in_memory_order, narrow_batch
 from heterog.runtime.lowering import RankProgram
+from heterog.runtime.rng import Draw
 from heterog.runtime.stepprog import Kernel, StepProgram
 
 SLEEP_QUANTUM_S = 50e-6
@@ -67,49 +70,6 @@ def _unframe(buf: torch.Tensor, shape, dtype: torch.dtype) -> tuple[float, torch
     payload = buf[_HEADER_BYTES:].view(dtype).reshape(shape) if n else torch.empty(shape, dtype=dtype,
                                                                                     device=buf.device)
     return stamp, payload
-
-
-def narrow_batch(t: torch.Tensor, sl: tuple[int, int, int, int]) -> torch.Tensor:
-    """The part of ``t`` that slice ``(dim, start, end, block)`` names: entries ``start:end`` of ``dim``
-    (block 0), or entries ``start:end`` within each of the ``block`` blocks of ``dim`` (sample-minor rows)."""
-    dim, start, end, block = sl
-    if not block:
-        return t.narrow(dim, start, end - start)
-    return t.unflatten(dim, (block, -1)).narrow(dim + 1, start, end - start).flatten(dim, dim + 1)
-
-
-def cat_batch(pieces: Sequence[torch.Tensor], dim: int, block: int) -> torch.Tensor:
-    """Pieces of a batch tensor, in sample order, joined along ``dim`` (within each of its ``block`` blocks
-    when the rows are sample-minor); the inverse of ``narrow_batch``."""
-    if not block:
-        return torch.cat(pieces, dim=dim)
-    return torch.cat([p.unflatten(dim, (block, -1)) for p in pieces], dim=dim + 1).flatten(dim, dim + 1)
-
-
-def in_memory_order(t: torch.Tensor, order: Sequence[int] | None) -> torch.Tensor:
-    """``t`` itself when it is dense with its dims laid out in ``order`` (outermost first; None: row-major),
-    else a copy that is.
-
-    The captured program runs on values with the strides it was traced with; a value assembled by ``cat``,
-    received, or summed is row-major (or, narrowed, not dense at all) instead. ``aten.view`` then fails on
-    e.g. an attention output traced as (B, H, T, D) stored (B, T, H, D) and viewed (B*T, C) after a
-    transpose, and elementwise ops pass the wrong strides on to the views after them."""
-    n = t.dim()
-    order = tuple(range(n)) if order is None else tuple(order)
-    expected = 1
-    for d in reversed(order):
-        size = t.shape[d]
-        if size != 1 and t.stride(d) != expected:
-            break
-        expected *= size
-    else:
-        return t
-    if order == tuple(range(n)):
-        return t.contiguous()
-    inverse = [0] * n
-    for i, d in enumerate(order):
-        inverse[d] = i
-    return t.permute(order).contiguous().permute(inverse)
 
 
 @dataclass
@@ -513,6 +473,7 @@ class RankExecutor:
         self.recv_spec = {tag: (src, shape, dtype) for tag, src, shape, dtype, _ in self.rp.recvs}
         self.world = dist.get_world_size() if dist.is_initialized() and transport is None else 1
         self._at = -1                  # the instruction running (error messages)
+        self._step = 0                 # the training step running (random draws)
         self.traces: list[list] = []   # per step, per instruction: [kind, start s, end s, s waiting] (job.trace)
         self.memory = LiveBytes([t for batch in job.inputs for t in batch])
         self._taken: list[tuple] = []      # messages taken by the current instruction
@@ -572,6 +533,7 @@ class RankExecutor:
         (``heterog_where``: rank, step, instruction) and whether this rank was waiting for another one."""
         rp, tr = self.rp, self.transport
         env: dict[str, Any] = dict(self.persist)
+        self._step = index
         mem = self._mem = self.memory if index < self.job.memory_steps else _NoMeter()
         mem.reset()
         for ph, v in self.persist.items():
@@ -663,7 +625,13 @@ class RankExecutor:
                     local[node] = v
                 if tidx is not None and not isinstance(local[node], (tuple, list)):
                     local[node] = [None] * tidx + [local[node]]
-            self.kernels[ins[1]](local, sizes[ins[2]])
+            kernel = self.kernels[ins[1]]
+            draw = None
+            if kernel.random:
+                prog = self.job.prog
+                draw = Draw(prog.rng_seed, self._step, prog.batch_size, range(ins[5], ins[5] + ins[2]),
+                            sizes[prog.batch_size])
+            kernel(local, sizes[ins[2]], draw)
             for name in ins[4]:
                 env[name] = local[name]
             self._owe(t_op, idle0)

@@ -68,7 +68,7 @@ class RankProgram:
     device_name: str
     slowdown: float
     persist: dict[str, torch.Tensor] = field(default_factory=dict)     # placeholder -> initial value
-    inputs: list[tuple[str, int, int, int]] = field(default_factory=list)   # (placeholder, input, lo, hi)
+    inputs: list[tuple[str, int, int, int | None]] = field(default_factory=list)   # (placeholder, input, lo, hi)
     recvs: list[tuple[int, int, tuple, torch.dtype, tuple]] = field(default_factory=list)  # tag, src, shape, dtype, key
     instrs: list[tuple] = field(default_factory=list)
     keys: list[tuple] = field(default_factory=list)
@@ -158,14 +158,19 @@ class _Builder:
     def op_lay(self, op: int) -> int:
         return int(self.plan.op_layout[op])
 
-    def share_on(self, op: int, dev: int) -> int:
-        """Local batch of op's instance on dev (the whole batch for ops without a batch tensor)."""
+    def samples_on(self, op: int, dev: int) -> tuple[int, int]:
+        """The samples ``lo .. hi`` of op's instance on dev (the whole batch for ops without a batch tensor)."""
         if not self.prog.op_has_batch[op]:
-            return self.B
+            return 0, self.B
         for d, lo, hi in self.lay_ranges(self.op_lay(op)):
             if d == dev:
-                return hi - lo
+                return lo, hi
         raise AssertionError(f"op {op} has no instance on device {dev}")
+
+    def share_on(self, op: int, dev: int) -> int:
+        """Local batch of op's instance on dev (the whole batch for ops without a batch tensor)."""
+        lo, hi = self.samples_on(op, dev)
+        return hi - lo
 
     # ------------------------------------------------------------------ keys and instructions
     def inst_key(self, op: int, dev: int) -> tuple:
@@ -331,7 +336,8 @@ class _Builder:
     # ------------------------------------------------------------------ ops
     def compute(self, op: int, dev: int) -> None:
         prog = self.prog
-        b = self.share_on(op, dev)
+        first, end = self.samples_on(op, dev)
+        b = end - first
         key = self.inst_key(op, dev)
         lay = self.op_lay(op)
         value_free = prog.op_target[op] in VALUE_FREE_TARGETS
@@ -379,7 +385,9 @@ class _Builder:
                     src = self.fetch_global(r.leaf, dev, key)
             inputs.append((r.node, src, leaf.node, chain, scale, r.tuple_index))
         self.ranks[dev].batches.add(b)
-        self.emit(dev, key + (0,), ["compute", op, b, inputs, None])
+        if prog.op_draws(op):
+            self.ranks[dev].batches.add(self.B)         # random draws are made at the whole batch's shapes
+        self.emit(dev, key + (0,), ["compute", op, b, inputs, None, first])
 
     def build(self) -> Lowered:
         prog, graph = self.prog, self.graph
@@ -402,6 +410,9 @@ class _Builder:
             if i < n_p + n_b + len(prog.state_names):
                 for d in self.lay_devs(lay):
                     self.ranks[d].persist[name] = None          # filled by the caller with initial values
+            elif not prog.op_has_batch[op]:                    # an input without the batch: whole everywhere
+                for d in self.lay_devs(lay):
+                    self.ranks[d].inputs.append((name, i - n_p - n_b - len(prog.state_names), 0, None))
             else:
                 for d, lo, hi in self.lay_ranges(lay):
                     self.ranks[d].inputs.append((name, i - n_p - n_b - len(prog.state_names), lo, hi))

@@ -51,7 +51,7 @@ The exponents are measured, not declared: the step runs once on ``k`` samples an
 samples twice over (``2k``); a value whose doubled run equals ``2 ** e`` times the (duplicated) single run
 has exponent ``e``. Such duplication leaves per-sample computation unchanged and exposes exactly the
 batch-size normalisations. A value that is not a power-of-two multiple depends on how samples interact
-(batch-norm statistics, running variance, dropout masks): it gets e = 0 and is reported; replicas then
+(batch-norm statistics, running variance): it gets e = 0 and is reported; replicas then
 compute such statistics over their own samples, as in ordinary data parallelism.
 """
 from __future__ import annotations
@@ -143,12 +143,12 @@ def probe_exponents(prog: StepProgram, params: Sequence[torch.Tensor], buffers: 
                     state: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], samples: int = 2) -> Exponents:
     """Measure the scaling exponent of every leaf (see the module docstring) on the first ``samples``
     samples of ``inputs``. Buffers are copied (batch norm updates them in place)."""
-    k = max(1, min(int(samples), int(inputs[0].shape[0])))
-    small = [x[:k] for x in inputs]
-    doubled = [_duplicate(x, k) for x in inputs]
+    k = max(1, min(int(samples), prog.batch_of(inputs)))
+    small = [x[:k] if prog.input_batched(i) else x for i, x in enumerate(inputs)]
+    doubled = [_duplicate(x, k) if prog.input_batched(i) else x for i, x in enumerate(inputs)]
     with torch.no_grad():
         env1 = prog.run_all(params, [b.clone() for b in buffers], state, small)
-        env2 = prog.run_all(params, [b.clone() for b in buffers], state, doubled)
+        env2 = prog.run_all(params, [b.clone() for b in buffers], state, doubled, samples=[*range(k), *range(k)])
     # leaves whose exponent matters: outputs of batch ops, and non-batch values that batch ops read
     read_by_batch = {r.leaf for i, rs in enumerate(prog.reads) if prog.op_has_batch[i] for r in rs}
     probed = []

@@ -24,6 +24,9 @@ from typing import Any
 import torch
 
 from heterog.errors import HeterogError
+from heterog.graph.inputs import InputSpec
+from heterog.graph.mutations import functional_overload, intermediate_mutations
+from heterog.runtime.rng import BatchArg, Draw, RandomNode, call_random, draws, inexact_reason
 
 
 # ---------------------------------------------------------------------------- picklable node calls
@@ -165,26 +168,35 @@ def _describe_inputs(args: tuple, env: dict) -> str:
 
 
 class Kernel:
-    """The fx nodes of one op, ready to call: ``kernel(env, sym)`` computes them in order into ``env``."""
+    """The fx nodes of one op, ready to call: ``kernel(env, sym, draw)`` computes them in order into ``env``.
 
-    __slots__ = ("calls", "names")
+    Random nodes (``random``: name -> RandomNode) draw the values single-device training draws for the
+    samples that ``draw`` names (``heterog.runtime.rng``); without a ``draw`` they draw from the process's
+    generator, as eager PyTorch does."""
 
-    def __init__(self, calls: Sequence[NodeCall], device: torch.device | None = None) -> None:
+    __slots__ = ("calls", "names", "random")
+
+    def __init__(self, calls: Sequence[NodeCall], device: torch.device | None = None,
+                 random: dict[str, RandomNode] | None = None) -> None:
         self.calls = []
+        self.random = {c.name: random[c.name] for c in calls if random and c.name in random}
         for c in calls:
             args, kwargs = c.args, c.kwargs
             if device is not None and device.type != "cpu":
                 args, kwargs = _retarget_device(args, device), _retarget_device(kwargs, device)
             simple = not _has_ref(kwargs) and all(type(x) in (Ref, SymRef) or not _has_ref(x) for x in args)
-            self.calls.append((c.name, resolve_target(c.target), args, kwargs, simple))
+            self.calls.append((c.name, resolve_target(c.target), args, kwargs, simple and c.name not in self.random))
         self.names = [c.name for c in calls]
 
-    def __call__(self, env: dict, sym: dict) -> None:
+    def __call__(self, env: dict, sym: dict, draw: Draw | None = None) -> None:
         for name, fn, args, kwargs, simple in self.calls:
             try:
                 if simple:
                     a = [env[x.name] if type(x) is Ref else sym[x.name] if type(x) is SymRef else x for x in args]
                     env[name] = fn(*a, **kwargs)
+                elif draw is not None and name in self.random:
+                    env[name] = call_random(fn, self.random[name], _resolve(args, env, draw.sizes),
+                                            _resolve(kwargs, env, draw.sizes), draw)
                 else:
                     env[name] = fn(*_resolve(args, env, sym), **_resolve(kwargs, env, sym))
             except Exception as exc:
@@ -260,6 +272,9 @@ class StepProgram:
     node_op: dict[str, int]
     node_leaf: dict[str, tuple[int, int]]    # leaf node name -> leaf
     view_calls: dict[str, NodeCall]          # chain nodes (also in calls)
+    input_spec: InputSpec | None = None      # how the model is called on the inputs (keywords, batch or not)
+    random: dict[str, RandomNode] = field(default_factory=dict)   # nodes that draw random values
+    rng_seed: int = 0                        # the run's seed of random draws (``heterog.runtime.rng``)
     _sym_exprs: dict[str, Any] = field(default_factory=dict, repr=False)    # planning side only
     _batch_symbols: tuple = field(default_factory=tuple, repr=False)
     _sym_cache: dict[int, dict[str, Any]] = field(default_factory=dict, repr=False)
@@ -291,23 +306,55 @@ class StepProgram:
         self._sym_cache[batch] = out
         return out
 
+    def input_batched(self, i: int) -> bool:
+        """Input ``i`` (flat order) carries the batch on dim 0."""
+        return self.input_spec is None or self.input_spec.batched[i]
+
+    def batch_of(self, inputs: Sequence[torch.Tensor]) -> int:
+        """The number of samples ``inputs`` (flat order) hold."""
+        return next(int(x.shape[0]) for i, x in enumerate(inputs) if self.input_batched(i))
+
     def kernel(self, op: int, device: torch.device | None = None) -> Kernel:
-        return Kernel([self.calls[n] for n in self.op_nodes[op]], device)
+        return Kernel([self.calls[n] for n in self.op_nodes[op]], device, self.random)
+
+    def op_draws(self, op: int) -> bool:
+        """Op ``op`` has a random node (its instances need a ``Draw``)."""
+        return any(n in self.random for n in self.op_nodes[op])
+
+    def inexact_random_ops(self) -> list[str]:
+        """One line per random node whose values a replica cannot draw as single-device training does."""
+        out = []
+        for name in self.random:
+            reason = inexact_reason(self.calls[name].target)
+            if reason is not None:
+                out.append(f"{name} ({self.calls[name].target.removeprefix('op:')}): {reason}")
+        return out
+
+    def draw(self, step: int, batch: int, samples: Sequence[int]) -> Draw:
+        """The draw of training step ``step`` for an instance holding ``samples`` of ``batch`` samples."""
+        return Draw(self.rng_seed, step, batch, samples, self.sizes_at(batch))
 
     # ------------------------------------------------------------------ whole step
     def run_all(self, params: Sequence[torch.Tensor], buffers: Sequence[torch.Tensor],
-                state: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> dict[str, Any]:
-        """Run every node in graph order at the inputs' batch size; returns node name -> value."""
-        batch = int(inputs[0].shape[0])
+                state: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], *, step: int = 0,
+                samples: Sequence[int] | None = None) -> dict[str, Any]:
+        """Run every node in graph order at the inputs' batch size; returns node name -> value.
+
+        Random nodes draw what training step ``step`` draws for the samples the input rows hold:
+        ``samples`` are their positions in a batch of ``max(samples) + 1`` (default: the rows are the
+        whole batch, in order)."""
+        batch = self.batch_of(inputs)
         env: dict[str, Any] = dict(zip(self.placeholders, [*params, *buffers, *state, *inputs]))
         env.update(self.consts)
         sym = self.sizes_at(batch)
-        Kernel([self.calls[n] for n in self.order])(env, sym)
+        samples = range(batch) if samples is None else samples
+        draw = self.draw(step, max(samples) + 1, samples) if self.random else None
+        Kernel([self.calls[n] for n in self.order], random=self.random)(env, sym, draw)
         return env
 
-    def step(self, params, buffers, state, inputs) -> tuple[torch.Tensor, list, list]:
-        """One whole training step, single process: (loss, new params, new state)."""
-        env = self.run_all(params, buffers, state, inputs)
+    def step(self, params, buffers, state, inputs, *, step: int = 0) -> tuple[torch.Tensor, list, list]:
+        """One whole training step (number ``step``), single process: (loss, new params, new state)."""
+        env = self.run_all(params, buffers, state, inputs, step=step)
         out = [env[n] for n in self.outputs]
         p = len(self.param_names)
         return out[0], out[1:1 + p], out[1 + p:]
@@ -459,25 +506,42 @@ def build_step_program(step, graph) -> StepProgram:
         placeholders=list(step.placeholders), outputs=list(step.outputs), calls=calls, order=order, consts=consts,
         op_nodes=op_nodes, op_kind=[op.kind for op in graph.ops], op_target=[op.target for op in graph.ops],
         op_has_batch=[bool(x) for x in graph.has_batch], leaves=leaves, reads=reads, node_op=node_op,
-        node_leaf=node_leaf, view_calls=view_calls)
+        node_leaf=node_leaf, view_calls=view_calls, input_spec=step.input_spec,
+        random=_random_nodes(gm, step.batch_symbols, graph.batch_size, out_of_place))
     prog._sym_exprs = sym_exprs
     prog._batch_symbols = tuple(step.batch_symbols)
     return prog
 
 
-def _writes_first_arg(target: Any) -> bool:
-    schema = getattr(target, "_schema", None)
-    if not isinstance(target, torch._ops.OpOverload) or not schema.arguments:
-        return False
-    alias = schema.arguments[0].alias_info
-    return alias is not None and alias.is_write
+def _random_nodes(gm, batch_symbols: Sequence[Any], batch_size: int, out_of_place: dict) -> dict[str, RandomNode]:
+    """The nodes that draw random values, with where their arguments and outputs carry the batch."""
+    symbols = frozenset(batch_symbols)
+    subs = {s: batch_size for s in symbols}
 
+    def batch_at(index: int, t: Any) -> BatchArg | None:
+        if not isinstance(t, torch.Tensor):
+            return None
+        for d, size in enumerate(t.shape):
+            if isinstance(size, torch.SymInt) and size.node.expr.free_symbols & symbols:
+                return BatchArg(index, d, int(size.node.expr.xreplace(subs)) // batch_size)
+        return None
 
-def _is_view(target: Any) -> bool:
-    if not isinstance(target, torch._ops.OpOverload) or not target._schema.returns:
-        return False
-    alias = target._schema.returns[0].alias_info
-    return alias is not None and not alias.is_write
+    out: dict[str, RandomNode] = {}
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or not draws(out_of_place.get(n, n.target), n.args, n.kwargs):
+            continue
+        args = [batch_at(i, a.meta.get("val")) for i, a in [*enumerate(n.args), *n.kwargs.items()]
+                if hasattr(a, "meta")]
+        val = n.meta.get("val")
+        values = list(val) if isinstance(val, (tuple, list)) else [val]
+        outs = [batch_at(i, v) for i, v in enumerate(values)]
+        orders = []
+        for v in values:
+            order = captured_dim_order(v) if isinstance(v, torch.Tensor) else None
+            orders.append(None if order is None or order == tuple(range(len(order))) else order)
+        out[n.name] = RandomNode(n.name, tuple(a for a in args if a is not None),
+                                 tuple(o for o in outs if o is not None), tuple(orders))
+    return out
 
 
 def _out_of_place_targets(gm) -> dict:
@@ -490,28 +554,12 @@ def _out_of_place_targets(gm) -> dict:
     before (the probe then saw ``mul`` already divided by the batch and gave it the backward exponent -1;
     re-laid out between unequal shares, every gradient came out scaled by the ratio of the shares). The
     out-of-place op computes the same result and leaves its input alone. Mutations of placeholders
-    (batch-norm running statistics) and of values read again later are kept as traced."""
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    (batch-norm running statistics) are kept as traced; the capture functionalises mutations of
+    intermediates that are read again (``heterog.graph.mutations``)."""
     out: dict = {}
-    for n in gm.graph.nodes:
-        if n.op != "call_function" or not _writes_first_arg(n.target) or not n.args:
-            continue
-        root = n.args[0]
-        while getattr(root, "op", None) == "call_function" and _is_view(root.target):
-            root = root.args[0]
-        if getattr(root, "op", None) != "call_function":
-            continue                         # a placeholder, constant or non-node: a real state update
-        aliases, todo = set(), [root]
-        while todo:
-            a = todo.pop()
-            aliases.add(a)
-            todo.extend(u for u in a.users if u.op == "call_function" and _is_view(u.target) and u not in aliases)
-        if any(order[u] > order[n] for a in aliases for u in a.users if u is not n and u not in aliases):
-            continue
-        overload = n.target._overloadname
-        packet = getattr(torch.ops.aten, n.target._schema.name.split("::")[-1].rstrip("_"), None)
-        functional = getattr(packet, overload, None) if packet is not None else None
-        if functional is not None and not _writes_first_arg(functional):
+    for n, read_later in intermediate_mutations(gm).items():
+        functional = None if read_later else functional_overload(n.target)
+        if functional is not None:
             out[n] = functional
     return out
 

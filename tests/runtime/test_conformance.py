@@ -28,7 +28,7 @@ from heterog import baselines
 from heterog.cluster import load_cluster
 from heterog.evaluate import Evaluator
 from heterog.runtime import capture_model_for_runtime, compare_values, prepare, run_prepared, train_single_process
-from heterog.runtime.executor import cat_batch, in_memory_order, narrow_batch
+from heterog.runtime.layout import cat_batch, in_memory_order, narrow_batch
 from heterog.runtime.scaling import positional_step
 from tests.runtime import conformance_models as cm
 
