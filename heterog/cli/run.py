@@ -50,7 +50,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         ref_losses, ref_values = train_single_process(model, [model.example_inputs], args.steps)
         ok, diff, bad = compare_values(model, result.values, ref_values)
         rec.update({"equivalent": ok, "max_abs_param_diff": diff, "params_differing": bad,
-                    "reference_losses": ref_losses})
+                    "reference_losses": ref_losses, "inexact_causes": model.inexact_causes()})
     text = (f"{args.model} (batch {model.batch_size}) on {cluster.name} with {rec['method']} ({args.backend}): "
             f"{result.iteration_time_s * 1e3:.2f} ms/iteration measured (median of {args.steps - result.warmup_steps} "
             f"steps after {result.warmup_steps} warm-up), {result.simulated_iteration_time_s * 1e3:.2f} ms simulated; "
@@ -58,6 +58,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.check_equivalence:
         text += (f"\nequivalent to single-process training: {'yes' if rec['equivalent'] else 'NO'} "
                  f"(max |param diff| {rec['max_abs_param_diff']:.3g})")
+        if not rec["equivalent"] and rec["inexact_causes"]:
+            text += "".join(f"\n  cause: {c}" for c in rec["inexact_causes"])
     emit(args, rec, text)
     return 0 if rec["equivalent"] in (None, True) else 1
 

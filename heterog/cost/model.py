@@ -7,6 +7,11 @@ Compute (per op i on device d at batch fraction f = share / global batch):
     flops   = flops_i * f_i                      bytes = bytes_total_i - bytes_batch_i * (1 - f_i)
     t       = (max(flops / (peak_d * ce_d), bytes / (bw_d * me_d)) + launch_d) * slowdown_d
 
+An op that draws random values for its samples (dropout; ``Op.draws``) draws them in blocks of
+``DRAW_BLOCK_SAMPLES`` samples (``heterog.runtime.rng``), each a call of its own: at a share of ``s``
+samples it computes ``n = min(ceil(s / K) + 1, ceil(B / K))`` blocks (``+ 1``: a replica's first and last
+block may be held in part; the whole batch: none), so ``f_i = min(1, n K / B)`` and ``n`` launches.
+
 ``peak_d`` is the fp32 peak, or the fp16/bf16 tensor-core peak for ops whose outputs are all half
 precision (the fp32 peak where the type has no tensor cores). A profile entry for the device's
 type and the op's signature replaces the bracket by ``max(t(f_i * batch_size), 0)``, where t is the
@@ -50,7 +55,7 @@ import numpy as np
 from heterog.cluster.topology import Cluster
 from heterog.cost.profile import ProfileTable, op_signature
 from heterog.errors import StrategyError
-from heterog.graph.opgraph import OpGraph
+from heterog.graph.opgraph import DRAW_BLOCK_SAMPLES, OpGraph
 
 ALLREDUCE_ALGOS = ("auto", "ring", "hierarchical", "none")   # "none": only for a single device
 _HALF_DTYPES = frozenset({"float16", "bfloat16", "half"})
@@ -173,10 +178,17 @@ class CostModel:
             raise ValueError(f"batch fractions must be in [0, 1], got {fractions.min()}..{fractions.max()}")
         tables = self._tables(graph)
         f = np.where(graph.has_batch[ops], fractions, 1.0)
+        blocks = np.zeros(ops.shape)
+        draws = graph.draws_batch[ops]
+        if draws.any():                       # random values are drawn in whole blocks (at most 2 held in part)
+            k, batch = DRAW_BLOCK_SAMPLES, graph.batch_size
+            blocks = np.where(draws, np.minimum(np.ceil(f * batch / k) + (f < 1), np.ceil(batch / k)), 0.0)
+            f = np.where(draws, np.minimum(blocks * k / batch, 1.0), f)
         flops = graph.flops[ops] * f
         nbytes = graph.bytes_total[ops] - graph.bytes_batch[ops] * (1.0 - f)
         rate = np.where(tables.half_precision[ops], self._half_flops[devices], self._fp32_flops[devices])
-        t = np.maximum(flops / rate, nbytes / self._memory_Bps[devices]) + self._launch_s[devices]
+        launches = np.maximum(blocks, 1.0)
+        t = np.maximum(flops / rate, nbytes / self._memory_Bps[devices]) + launches * self._launch_s[devices]
         if tables.profile_a_s is not None:
             a = tables.profile_a_s[ops, devices]          # (..., S)
             measured = ~np.isnan(a[..., 0])

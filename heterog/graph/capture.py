@@ -21,6 +21,7 @@ from heterog.graph.fusion import VIEW_OPS, fuse_trivial
 from heterog.graph.inputs import ExampleInputs, InputSpec, input_spec
 from heterog.graph.mutations import functionalize, intermediate_mutations
 from heterog.graph.opgraph import PHASES, Edge, Op, OpGraph
+from heterog.graph.random_ops import draws
 
 log = logging.getLogger(__name__)
 
@@ -749,6 +750,7 @@ def graph_from_step(step: CapturedStep, *, fuse: bool = True, name: str | None =
             in_numels = [nb // max(1, _itemsize(ops[s].output_dtypes[k])) for s, k, _, nb in in_tensors]
             out_numels = [math.prod(s) for s in shapes]
             op.flops, op.flops_estimated = flops_of(node, op.target, in_numels, out_numels)
+            op.draws = draws(node.target, node.args, node.kwargs)
             if view:
                 op.bytes_read = op.bytes_written = op.batch_bytes = 0
             else:

@@ -20,6 +20,9 @@ FORMAT = "heterog-graph"
 VERSION = 1
 
 PHASES = ("forward", "backward", "update")
+# an op that draws random values (dropout) draws them in blocks of this many consecutive samples, each from
+# a generator of its own (heterog.runtime.rng): a replica draws the blocks its samples fall in
+DRAW_BLOCK_SAMPLES = 8
 # kind of an op: "compute" is a real ATen call; the others are graph inputs (zero cost).
 #   param  - a model parameter (resident: param + grad + optimizer-state bytes live with it)
 #   buffer - a non-trainable module buffer (resident)
@@ -51,6 +54,7 @@ class Op:
     param: str | None = None          # parameter name: for param ops, their update ops and grad producers
     is_grad: bool = False             # output is a parameter gradient (lives in the resident grad buffer)
     fx_nodes: list[str] = field(default_factory=list)  # fx node names executed for this op, in order
+    draws: bool = False               # draws random values (dropout), in blocks of DRAW_BLOCK_SAMPLES samples
 
     @property
     def output_bytes(self) -> int:
@@ -177,6 +181,11 @@ class OpGraph:
         if len(self.edges):
             np.logical_or.at(hb, self.edge_dst[self.edge_has_batch], True)
         return hb
+
+    @cached_property
+    def draws_batch(self) -> np.ndarray:
+        """Op draws random values for batch samples (a replica draws whole blocks: ``DRAW_BLOCK_SAMPLES``)."""
+        return np.array([op.draws for op in self.ops], dtype=bool) & self.has_batch
 
     @cached_property
     def phase_index(self) -> np.ndarray:

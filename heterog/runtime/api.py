@@ -53,6 +53,16 @@ class Model:
     def batch_size(self) -> int:
         return self.graph.batch_size
 
+    def inexact_causes(self) -> list[str]:
+        """What keeps plans of this model from training exactly like one device, one line each: random ops
+        a replica cannot draw as one device does, and batch statistics (kept per replica)."""
+        causes = [f"random op {line}" for line in self.prog.inexact_random_ops()]
+        stats = sorted({self.prog.leaves[leaf].node or "" for leaf in self.exponents().statistics})
+        if stats:
+            causes.append(f"batch statistics (per replica, as in data parallelism): {', '.join(stats[:6])}"
+                          + (f" and {len(stats) - 6} more" if len(stats) > 6 else ""))
+        return causes
+
     def at_batch(self, batch_size: int) -> Model:
         """The same model and initial values captured at another global batch (the first samples of the
         example inputs)."""

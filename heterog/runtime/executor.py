@@ -42,7 +42,7 @@ import torch.distributed as dist
 
 from heterog.runtime.layout import cat_batch, in_memory_order, narrow_batch
 from heterog.runtime.lowering import RankProgram
-from heterog.runtime.rng import Draw
+from heterog.runtime.rng import Draw, block_batches
 from heterog.runtime.stepprog import Kernel, StepProgram
 
 SLEEP_QUANTUM_S = 50e-6
@@ -630,7 +630,7 @@ class RankExecutor:
             if kernel.random:
                 prog = self.job.prog
                 draw = Draw(prog.rng_seed, self._step, prog.batch_size, range(ins[5], ins[5] + ins[2]),
-                            sizes[prog.batch_size])
+                            {n: sizes[n] for n in block_batches(prog.batch_size)})
             kernel(local, sizes[ins[2]], draw)
             for name in ins[4]:
                 env[name] = local[name]

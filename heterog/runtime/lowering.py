@@ -38,6 +38,7 @@ import torch
 from heterog.compiler import TaskKind
 from heterog.compiler.compile import VALUE_FREE_TARGETS, graph_index
 from heterog.errors import HeterogError
+from heterog.runtime.rng import block_batches
 from heterog.runtime.scaling import Exponents
 from heterog.runtime.stepprog import LeafInfo, StepProgram
 
@@ -386,7 +387,7 @@ class _Builder:
             inputs.append((r.node, src, leaf.node, chain, scale, r.tuple_index))
         self.ranks[dev].batches.add(b)
         if prog.op_draws(op):
-            self.ranks[dev].batches.add(self.B)         # random draws are made at the whole batch's shapes
+            self.ranks[dev].batches.update(block_batches(self.B))    # random values are drawn in blocks
         self.emit(dev, key + (0,), ["compute", op, b, inputs, None, first])
 
     def build(self) -> Lowered:

@@ -2,20 +2,23 @@
 values single-device training draws for it, whichever replica computes that sample.
 
 The scheme. A random op (an ATen op tagged ``nondeterministic_seeded``: ``native_dropout``, ``bernoulli``,
-``rand``, ``randn_like``, ...) does not draw from the process's running generator. Each call draws from a
-generator seeded by ``(run seed, step, fx node)`` (``draw_key``), at the shape the whole batch has, with its
-tensor arguments made dense and row-major; an instance that holds samples ``lo .. hi`` of the batch places
-its rows of each batch argument into a zero tensor of the whole batch's shape, draws, and keeps its rows
-of each batch output. Single-device training makes the same call on the whole batch, so every replica
-and every shard of a plan draws, for each of its samples, exactly what single-device training draws. The
-rows of other samples are wasted work: a random op costs its whole-batch time on every replica
-(``heterog.cost.model`` prices it so).
+``rand``, ``randn_like``, ...; dropout with p = 0 is not one) does not draw from the process's running
+generator. The batch is cut into blocks of ``BLOCK_SAMPLES`` consecutive samples, and the values of block
+``j`` are drawn by one call on that block's samples, from a generator seeded by ``(run seed, step, fx
+node, j)`` (``draw_key``), with the tensor arguments dense and row-major. An instance that holds samples
+``lo .. hi`` draws the blocks that overlap them: a block it holds in part gets zero rows for the samples
+it does not hold (the draws depend on shapes, not values), and it keeps the rows of its own samples.
+Single-device training draws every block the same way, so every replica and every shard of a plan
+draws, for each of its samples, exactly what single-device training draws. The cost: at most two blocks
+held in part per instance, drawn whole (``blocks_drawn``; ``heterog.cost.model`` prices the extra rows and
+the per-block launches), and one block's arguments and outputs as a transient while the op runs.
 
 Exactness needs the draw to depend on the shape of the arguments, not on their values: true of
 dropout, Bernoulli with a probability tensor, uniform and normal draws (values are drawn, then shifted
 or compared). A sampler that draws a value-dependent number of times (``poisson``, ``binomial``,
 ``multinomial`` without replacement) gets other values on a replica, since the rows of other samples
-are zeros there; ``inexact_reason`` names such ops, and the equivalence check reports them.
+are zeros there; ``heterog.graph.random_ops.inexact_reason`` names such ops, and the equivalence check
+reports them.
 """
 from __future__ import annotations
 
@@ -26,45 +29,8 @@ from typing import Any
 
 import torch
 
+from heterog.graph.opgraph import DRAW_BLOCK_SAMPLES as BLOCK_SAMPLES
 from heterog.runtime.layout import in_memory_order
-
-# samplers whose number of draws depends on the values they are given (see the module docstring)
-VALUE_DEPENDENT = frozenset({"poisson", "binomial", "_standard_gamma", "_sample_dirichlet", "multinomial",
-                             "randperm", "_dirichlet_grad"})
-
-
-def is_random(target: Any) -> bool:
-    """True for an ATen op that may draw from a random generator."""
-    tags = getattr(target, "tags", ())
-    return torch.Tag.nondeterministic_seeded in tags
-
-
-def draws(target: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
-    """True when a call of ``target`` draws random values: a random op, unless its dropout probability is
-    the constant 0 (``p``, ``dropout_p``) or it is told it is not training (``train=False``), as attention
-    kernels and dropout are when dropout is off."""
-    if not is_random(target):
-        return False
-    schema = getattr(target, "_schema", None)
-    if schema is None:
-        return True
-    for i, arg in enumerate(schema.arguments):
-        default = arg.default_value if arg.has_default_value() else None
-        value = args[i] if i < len(args) else kwargs.get(arg.name, default)
-        if arg.name in ("p", "dropout_p") and isinstance(value, (int, float)) and value == 0:
-            return False
-        if arg.name == "train" and value is False:
-            return False
-    return True
-
-
-def inexact_reason(target_name: str) -> str | None:
-    """Why a random op cannot give every replica single-device training's values, or None."""
-    packet = target_name.split("::")[-1].split(".")[0].rstrip("_")
-    if packet in VALUE_DEPENDENT:
-        return (f"{packet} draws a number of values that depends on its inputs, so a replica (whose other "
-                "samples' rows are zeros) draws other values than single-device training")
-    return None
 
 
 def draw_key(seed: int, step: int, node: str) -> int:
@@ -96,24 +62,35 @@ class RandomNode:
 class Draw:
     """The samples an op instance holds and the draw they come from.
 
-    ``samples`` are the positions, in the draw of ``batch`` samples, of the instance's samples in the order
+    ``samples`` are the positions, in the batch of ``batch`` samples, of the instance's samples in the order
     its rows hold them (a replica: ``range(lo, hi)``; the scaling probe's doubled run: the same samples
-    twice). ``sizes`` are the size nodes' values at ``batch`` (the whole batch's shapes)."""
+    twice). ``sizes[n]`` are the size nodes' values at a batch of ``n`` samples, for every block size
+    (``block_batches``)."""
 
     seed: int
     step: int
     batch: int
     samples: Sequence[int]
-    sizes: dict[str, Any]
-
-    @property
-    def whole(self) -> bool:
-        """The instance holds every sample of the draw, in order (single-device training)."""
-        return len(self.samples) == self.batch and all(i == s for i, s in enumerate(self.samples))
+    sizes: dict[int, dict[str, Any]]
 
 
-def _rows(samples: Sequence[int], per_sample: int, device: torch.device) -> torch.Tensor:
-    idx = torch.as_tensor(list(samples), dtype=torch.int64, device=device)
+def block_batches(batch: int) -> set[int]:
+    """The sample counts of the blocks a batch of ``batch`` samples is drawn in."""
+    out = {min(BLOCK_SAMPLES, batch)}
+    if batch > BLOCK_SAMPLES and batch % BLOCK_SAMPLES:
+        out.add(batch % BLOCK_SAMPLES)
+    return out
+
+
+def blocks_drawn(first: int, samples: int) -> int:
+    """How many blocks an instance holding samples ``first .. first + samples`` draws."""
+    if samples <= 0:
+        return 0
+    return (first + samples - 1) // BLOCK_SAMPLES - first // BLOCK_SAMPLES + 1
+
+
+def _rows(positions: Sequence[int], per_sample: int, device: torch.device) -> torch.Tensor:
+    idx = torch.as_tensor(list(positions), dtype=torch.int64, device=device)
     if per_sample == 1:
         return idx
     return (idx[:, None] * per_sample + torch.arange(per_sample, device=device)).reshape(-1)
@@ -126,43 +103,67 @@ def _generator_of(device: torch.device) -> torch.Generator:
     return torch.default_generator
 
 
-def call_random(fn: Callable[..., Any], node: RandomNode, args: Sequence[Any], kwargs: dict[str, Any],
-                draw: Draw) -> Any:
-    """``fn(*args, **kwargs)`` (arguments at the instance's local batch, sizes at the draw's batch) with the
-    values single-device training draws for the instance's samples (see the module docstring)."""
-    args, kwargs = list(args), dict(kwargs)
-    device = next((a.device for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor)), torch.device("cpu"))
-    rows: dict[int, torch.Tensor] = {}
-
-    def rows_of(per_sample: int) -> torch.Tensor:
-        r = rows.get(per_sample)
-        if r is None:
-            r = rows[per_sample] = _rows(draw.samples, per_sample, device)
-        return r
-
-    for a in node.batch_args:
-        where = kwargs if isinstance(a.index, str) else args
-        x = where[a.index]
-        if not draw.whole:
-            shape = list(x.shape)
-            shape[a.dim] = draw.batch * a.per_sample
-            where[a.index] = x.new_zeros(shape).index_copy_(a.dim, rows_of(a.per_sample), x.contiguous())
-    for where, keys in ((args, range(len(args))), (kwargs, list(kwargs))):
-        for k in keys:
-            if isinstance(where[k], torch.Tensor) and not where[k].is_contiguous():
-                where[k] = where[k].contiguous()
-    gen = _generator_of(device)
-    saved = gen.get_state()
-    gen.manual_seed(draw_key(draw.seed, draw.step, node.name))
-    try:
-        out = fn(*args, **kwargs)
-    finally:
-        gen.set_state(saved)
-    single = isinstance(out, torch.Tensor)
-    outs = [out] if single else list(out)
+def call_random(fn: Callable[..., Any], node: RandomNode,
+                arguments: Callable[[dict[str, Any]], tuple[Sequence[Any], dict[str, Any]]], draw: Draw) -> Any:
+    """``fn`` called on ``arguments(sizes)`` (tensors at the instance's local batch, size nodes at the given
+    values) with the values single-device training draws for the instance's samples (module docstring)."""
+    ids = list(draw.samples)
+    if not node.batch_args and not node.batch_outputs:          # no batch: one draw, the same everywhere
+        args, kwargs = arguments(draw.sizes[min(BLOCK_SAMPLES, draw.batch)])
+        return _seeded(fn, list(args), dict(kwargs), draw_key(draw.seed, draw.step, node.name), None)
+    pieces: list[list[Any]] = []        # per block drawn: its outputs
+    position: dict[int, int] = {}       # sample -> its place among the blocks' samples, joined in order
+    device = None
+    for j in sorted({s // BLOCK_SAMPLES for s in ids}):
+        lo = j * BLOCK_SAMPLES
+        n = min(BLOCK_SAMPLES, draw.batch - lo)
+        held = [i for i, s in enumerate(ids) if lo <= s < lo + n]       # local rows of this block's samples
+        at = [ids[i] - lo for i in held]                                 # their places in the block
+        args, kwargs = arguments(draw.sizes[n])
+        args, kwargs = list(args), dict(kwargs)
+        for a in node.batch_args:
+            box = kwargs if isinstance(a.index, str) else args
+            x = box[a.index]
+            device = x.device
+            if at == list(range(n)) and held == list(range(held[0], held[0] + n)):
+                box[a.index] = x.narrow(a.dim, held[0] * a.per_sample, n * a.per_sample)
+            else:                           # a block held in part: the other samples' rows are zeros
+                shape = list(x.shape)
+                shape[a.dim] = n * a.per_sample
+                mine = x.index_select(a.dim, _rows(held, a.per_sample, x.device))
+                box[a.index] = x.new_zeros(shape).index_copy_(a.dim, _rows(at, a.per_sample, x.device), mine)
+        for s in range(lo, lo + n):
+            position[s] = len(position)
+        out = _seeded(fn, args, kwargs, draw_key(draw.seed, draw.step, f"{node.name}#{j}"), device)
+        pieces.append([out] if isinstance(out, torch.Tensor) else list(out))
+    outs = list(pieces[0])
+    take = [position[s] for s in ids]
     for b in node.batch_outputs:
-        if not draw.whole:
-            outs[b.index] = outs[b.index].index_select(b.dim, rows_of(b.per_sample))
+        joined = torch.cat([p[b.index] for p in pieces], dim=b.dim) if len(pieces) > 1 else pieces[0][b.index]
+        if take != list(range(len(position))):
+            joined = joined.index_select(b.dim, _rows(take, b.per_sample, joined.device))
+        outs[b.index] = joined
     outs = [in_memory_order(o, order) if isinstance(o, torch.Tensor) else o
             for o, order in zip(outs, node.output_orders)]
-    return outs[0] if single else type(out)(outs) if isinstance(out, tuple) else outs
+    if isinstance(out, torch.Tensor):
+        return outs[0]
+    return tuple(outs) if isinstance(out, tuple) else outs
+
+
+def _seeded(fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any], key: int,
+            device: torch.device | None) -> Any:
+    """``fn(*args, **kwargs)`` with dense row-major tensor arguments, drawing from a generator seeded ``key``
+    (the device's default generator, put back as it was)."""
+    for box in (args, kwargs):
+        for k in (range(len(box)) if isinstance(box, list) else list(box)):
+            if isinstance(box[k], torch.Tensor):
+                device = device or box[k].device
+                if not box[k].is_contiguous():
+                    box[k] = box[k].contiguous()
+    gen = _generator_of(device or torch.device("cpu"))
+    saved = gen.get_state()
+    gen.manual_seed(key)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        gen.set_state(saved)

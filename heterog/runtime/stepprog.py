@@ -14,6 +14,7 @@ Terms used across the runtime:
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import operator
@@ -26,7 +27,8 @@ import torch
 from heterog.errors import HeterogError
 from heterog.graph.inputs import InputSpec
 from heterog.graph.mutations import functional_overload, intermediate_mutations
-from heterog.runtime.rng import BatchArg, Draw, RandomNode, call_random, draws, inexact_reason
+from heterog.graph.random_ops import draws, inexact_reason
+from heterog.runtime.rng import BatchArg, Draw, RandomNode, block_batches, call_random
 
 
 # ---------------------------------------------------------------------------- picklable node calls
@@ -144,6 +146,10 @@ def _resolve(a: Any, env: dict, sym: dict) -> Any:
     return a
 
 
+def _arguments(args: tuple, kwargs: dict, env: dict, sym: dict) -> tuple[tuple, dict]:
+    return _resolve(args, env, sym), _resolve(kwargs, env, sym)
+
+
 def _retarget_device(a: Any, device: torch.device) -> Any:
     """Replace torch.device constants (``ones(..., device=cpu)``) by the worker's device."""
     if isinstance(a, torch.device):
@@ -195,8 +201,8 @@ class Kernel:
                     a = [env[x.name] if type(x) is Ref else sym[x.name] if type(x) is SymRef else x for x in args]
                     env[name] = fn(*a, **kwargs)
                 elif draw is not None and name in self.random:
-                    env[name] = call_random(fn, self.random[name], _resolve(args, env, draw.sizes),
-                                            _resolve(kwargs, env, draw.sizes), draw)
+                    env[name] = call_random(fn, self.random[name], functools.partial(_arguments, args, kwargs, env),
+                                            draw)
                 else:
                     env[name] = fn(*_resolve(args, env, sym), **_resolve(kwargs, env, sym))
             except Exception as exc:
@@ -332,7 +338,7 @@ class StepProgram:
 
     def draw(self, step: int, batch: int, samples: Sequence[int]) -> Draw:
         """The draw of training step ``step`` for an instance holding ``samples`` of ``batch`` samples."""
-        return Draw(self.rng_seed, step, batch, samples, self.sizes_at(batch))
+        return Draw(self.rng_seed, step, batch, samples, {n: self.sizes_at(n) for n in block_batches(batch)})
 
     # ------------------------------------------------------------------ whole step
     def run_all(self, params: Sequence[torch.Tensor], buffers: Sequence[torch.Tensor],
