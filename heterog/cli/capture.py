@@ -12,9 +12,13 @@ def cmd_capture(args: argparse.Namespace) -> int:
     g = capture_model(args.model, args.batch_size, args.optimizer, fuse=not args.no_fuse, use_cache=not args.no_cache)
     g.save(args.output)
     s = g.summary()
-    emit(args, {**s, "output": str(args.output), "meta": g.meta},
-         f"captured {args.model} (batch {g.batch_size}, {g.optimizer}): {s['ops']} ops "
-         f"({s['compute_ops']} compute), {s['edges']} edges, {s['params']:,} params -> {args.output}")
+    text = (f"captured {args.model} (batch {g.batch_size}, {g.optimizer}): {s['ops']} ops "
+            f"({s['compute_ops']} compute), {s['edges']} edges, {s['params']:,} params -> {args.output}")
+    if g.meta.get("inputs_without_batch"):
+        text += f"\ninputs without the batch (whole on every replica): {', '.join(g.meta['inputs_without_batch'])}"
+    if g.meta.get("random_ops"):
+        text += f"\nops drawing random values (dropout): {g.meta['random_ops']}"
+    emit(args, {**s, "output": str(args.output), "meta": g.meta}, text)
     return 0
 
 

@@ -776,6 +776,8 @@ def graph_from_step(step: CapturedStep, *, fuse: bool = True, name: str | None =
         "lr": step.lr, "capture_time_s": 0.0, "trace_time_s": round(step.trace_time_s, 4),
         "ops_before_fusion": len(ops), "ops_after_fusion": len(ops),
         "estimated_flop_targets": sorted(flops_of.estimated_targets),
+        "inputs_without_batch": step.input_spec.unbatched if step.input_spec is not None else [],
+        "random_ops": sum(op.draws for op in ops),
     }
     graph = OpGraph(name=graph_name, batch_size=step.batch_size, ops=ops, edges=edges,
                     optimizer=step.optimizer, meta=meta)

@@ -60,7 +60,12 @@ def _frame(stamp: float, t: torch.Tensor) -> torch.Tensor:
     """An emulated message: ``stamp`` in the header, then ``t``'s bytes."""
     header = torch.zeros(_HEADER_BYTES, dtype=torch.uint8)
     header[:8] = torch.from_numpy(np.array([stamp], dtype=np.float64).view(np.uint8))
-    return torch.cat((header, t.reshape(-1).view(torch.uint8))) if t.numel() else header
+    if not t.numel():
+        return header
+    flat = t.reshape(-1)
+    if flat.stride(0) != 1:                 # one element kept with stride 0 (an expanded value): copy it
+        flat = flat.clone(memory_format=torch.contiguous_format)
+    return torch.cat((header, flat.view(torch.uint8)))
 
 
 def _unframe(buf: torch.Tensor, shape, dtype: torch.dtype) -> tuple[float, torch.Tensor]:

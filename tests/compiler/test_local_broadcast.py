@@ -1,5 +1,6 @@
-"""A value without a batch dimension, broadcast along the batch into a batch op (fused view/expand, as
-XLNet's relative-position projection): each data-parallel replica reads its own device's copy."""
+"""A value without a batch dimension, broadcast along the batch into a batch op (expand, as XLNet's
+relative-position projection): the expand is an op of its own that runs at each replica's share, and each
+data-parallel replica reads its own device's copy of the value."""
 from __future__ import annotations
 
 import numpy as np
@@ -33,7 +34,10 @@ def setup():
     g = heterog.capture(Broadcast(), (torch.randn(8, 16, 64),))
     gi = graph_index(g)
     mm = [i for i, op in enumerate(g.ops) if op.target == "aten.mm.default" and not g.has_batch[i]]
-    assert mm and np.any(gi.e_batch[np.isin(gi.e_src, mm)])     # the broadcast is a batch edge
+    expand = [i for i, op in enumerate(g.ops) if op.target == "aten.expand.default" and op.phase == "forward"]
+    assert mm and len(expand) == 1 and g.ops[expand[0]].batch_dims == [0] and g.has_batch[expand[0]]
+    into_expand = np.isin(gi.e_src, mm) & (gi.e_dst == expand[0])
+    assert into_expand.any() and not gi.e_batch[into_expand].any()   # the value reaches it whole
     return g, load_cluster("paper-8gpu"), mm[0]
 
 

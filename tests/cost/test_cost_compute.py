@@ -180,3 +180,19 @@ def test_profile_points_are_met_exactly_and_bound_what_lies_between(sizes, times
         lo, hi = min(neighbours), max(neighbours)
         assert lo - 1e-12 <= t <= hi + 1e-12
     assert t >= 0.0
+
+
+def test_random_ops_draw_whole_blocks_of_samples(paper8):
+    """Dropout at a share of s of B = 32 samples draws n = min(ceil(s/8) + 1, 4) blocks of 8: the time of
+    n*8 samples plus n launches; the whole batch draws its 4 blocks (4 launches)."""
+    drop = add()
+    drop.name, drop.draws = "dropout", True
+    g = graph(add(), drop)
+    launch = CATALOG["V100-16GB"].launch_overhead_s
+    plain = paper8.op_times(g, np.zeros(4, np.int64), np.zeros(4, np.int64), np.array([1.0, 0.25, 5 / 32, 0.75]))
+    drawn = paper8.op_times(g, np.ones(4, np.int64), np.zeros(4, np.int64), np.array([1.0, 0.25, 5 / 32, 0.75]))
+    for got, blocks in zip(drawn, [4, 2, 2, 4]):
+        f = blocks * 8 / BATCH
+        assert got == pytest.approx(roofline_s("V100-16GB", ELEMS * f, 12 * ELEMS * f) + (blocks - 1) * launch,
+                                    rel=1e-12)
+    assert (drawn > plain).all()

@@ -1,8 +1,9 @@
 """Conformance models: small models written from the torch.nn blocks users reach for.
 
-Each ``build_*(batch_size)`` returns ``(module, example_inputs)``: ``module(*inputs)`` is the scalar mean
-loss, every input has the batch on dim 0, weights are random (seeded) and sizes tiny, so one run of a few
-steps on local-cpu-2/3 takes about a second.
+Each ``build_*(batch_size)`` returns ``(module, example_inputs)``: ``module(*inputs)`` (or
+``module(**inputs)`` for keyword inputs) is the scalar mean loss, every positional input has the batch on
+dim 0, weights are random (seeded) and sizes tiny, so one run of a few steps on local-cpu-2/3 takes about
+a second.
 """
 from __future__ import annotations
 
@@ -312,6 +313,89 @@ def build_batchnorm_cnn(batch_size: int = 6):
     return BatchNormCnn(), (x, torch.randint(0, 3, (batch_size,), generator=g))
 
 
+class MadeInside(nn.Module):
+    """Tensors made inside the model from the input's batch size, as transformers libraries make them: a
+    buffer of token-type ids expanded to the batch (BERT), ``new_ones`` / ``zeros`` / ``full`` / ``arange``
+    factories, a causal mask built from the input's shape (GPT-2), labels shifted right by writing into a
+    slice of ``new_zeros`` and reading it whole (T5), and ``arange(B)`` as row indices."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, C)
+        self.types = nn.Embedding(2, C)
+        self.dec_emb = nn.Embedding(VOCAB, C)
+        self.head = nn.Linear(C, VOCAB)
+        self.register_buffer("type_ids", torch.zeros(1, T, dtype=torch.long))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        B = x.shape[0]
+        h = self.emb(x) + self.types(self.type_ids.expand(B, T))
+        causal = torch.ones(B, T, T, dtype=torch.bool).tril()
+        scores = (h @ h.transpose(1, 2)).masked_fill(~causal, float("-inf")) / C ** 0.5
+        h = h + torch.full((B, 1, 1), 0.5) * (scores.softmax(-1) @ h) + x.new_ones(B, T, 1) * 0.1
+        h = h + torch.zeros(B, T, C) + torch.arange(T).expand(B, T).unsqueeze(-1) * 0.01
+        shifted = y.new_zeros(y.shape)
+        shifted[:, 1:] = y[:, :-1].clone()
+        shifted[:, 0] = 0
+        h = h + self.dec_emb(shifted)
+        last = h[torch.arange(B), -1]
+        loss = F.cross_entropy(self.head(h).reshape(-1, VOCAB), y.reshape(-1))
+        return loss + 0.1 * self.head(last).logsumexp(-1).mean()
+
+
+def build_made_inside(batch_size: int = 6):
+    torch.manual_seed(0)
+    return MadeInside(), _tokens(batch_size, 3)
+
+
+class DropoutNet(nn.Module):
+    """Random values in training mode: ``nn.Dropout`` after an embedding and inside an MLP, functional
+    dropout on attention weights, and Gaussian noise from ``randn_like``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, C)
+        self.drop = nn.Dropout(0.1)
+        self.mlp = nn.Sequential(nn.Linear(C, 2 * C), nn.GELU(), nn.Dropout(0.2), nn.Linear(2 * C, C))
+        self.out = nn.Linear(C, VOCAB)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = self.drop(self.emb(x))
+        a = F.dropout((h @ h.transpose(1, 2) / C ** 0.5).softmax(-1), 0.1, training=True)
+        h = h + a @ h + 0.01 * torch.randn_like(h)
+        h = h + self.mlp(h)
+        return F.cross_entropy(self.out(h).reshape(-1, VOCAB), y.reshape(-1))
+
+
+def build_dropout_net(batch_size: int = 6):
+    torch.manual_seed(0)
+    return DropoutNet(), _tokens(batch_size, 4)
+
+
+class KeywordTagger(nn.Module):
+    """Called with keyword arguments, as model libraries' models are: token ids, a row of position ids
+    shared by every sample (no batch dimension), labels, and a constant flag."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, C)
+        self.pos = nn.Embedding(T, C)
+        self.out = nn.Linear(C, VOCAB)
+
+    def forward(self, *, input_ids: torch.Tensor, position_ids: torch.Tensor, labels: torch.Tensor,
+                return_dict: bool = False):
+        h = torch.tanh(self.tok(input_ids) + self.pos(position_ids))
+        loss = F.cross_entropy(self.out(h).reshape(-1, VOCAB), labels.reshape(-1))
+        return {"loss": loss} if return_dict else loss
+
+
+def build_keyword_tagger(batch_size: int = 6):
+    torch.manual_seed(0)
+    x, y = _tokens(batch_size, 5)
+    return KeywordTagger(), {"input_ids": x, "position_ids": torch.arange(T)[None], "labels": y,
+                             "return_dict": True}
+
+
 # name -> build: the models every plan must train exactly like one process
 EQUIVALENCE_MODELS = {
     "tied_decoder": build_tied_decoder,
@@ -324,4 +408,7 @@ EQUIVALENCE_MODELS = {
     "gru_classifier": build_gru_classifier,
     "residual_glu": build_residual_glu,
     "view_chains": build_view_chains,
+    "made_inside": build_made_inside,
+    "dropout_net": build_dropout_net,
+    "keyword_tagger": build_keyword_tagger,
 }

@@ -68,6 +68,10 @@ def test_emulated_message_frame_keeps_the_payload_aligned() -> None:
     assert payload.data_ptr() % 64 == 0 and payload.data_ptr() == buf.data_ptr() + _HEADER_BYTES
     stamp, empty = _unframe(_frame(3.0, torch.empty(0, 5)), (0, 5), torch.float32)
     assert stamp == 3.0 and empty.shape == (0, 5)
+    one = torch.full((1,), 2.5).as_strided((1, 1), (0, 0))      # one sample of an expanded value: stride 0
+    assert one.is_contiguous()
+    stamp, payload = _unframe(_frame(1.0, one), (1, 1), torch.float32)
+    assert stamp == 1.0 and torch.equal(payload, one)
 
 
 class _ChannelJob:

@@ -1,0 +1,112 @@
+"""Conformance with a model library: Hugging Face ``transformers`` models (``transformers_models.py``),
+called with keyword arguments, dropout on at the library's defaults, train under the plan of every
+planner and under random plans on local-cpu-2 and local-cpu-3 exactly as in one process.
+
+The global batch is 12: with random values drawn in blocks of 8 samples, the replicas of even and
+proportional plans hold blocks in part. ResNet's batch norm keeps per-replica statistics (docs/design.md,
+"The runtime"): its data-parallel plans equal per-replica training of the library's model.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from heterog.runtime import capture_model_for_runtime, compare_values, prepare, run_prepared, train_single_process
+from tests.runtime import transformers_models as tm
+from tests.runtime.test_conformance import CLUSTERS, PLANNER_OPTS, PLANNERS, POOLS, cluster_of, plan
+
+BATCH = 12
+STEPS = 2
+LR = 0.1
+RTOL, ATOL = 1e-4, 1e-5
+SEEDS = (0, 1)
+
+
+@functools.cache
+def captured(name: str):
+    logging.getLogger("heterog.graph.capture").setLevel(logging.ERROR)
+    module, inputs = {**tm.EQUIVALENCE_MODELS, **tm.BATCH_NORM_MODELS}[name](BATCH)
+    return capture_model_for_runtime(module, inputs, lr=LR, name=name)
+
+
+@functools.cache
+def reference(name: str):
+    m = captured(name)
+    return train_single_process(m, [m.example_inputs], STEPS)
+
+
+def check(name: str, cluster_name: str, method: str, seed: int, request) -> None:
+    m = captured(name)
+    cluster = cluster_of(cluster_name)
+    result = run_prepared(prepare(m, cluster, plan(m, cluster, method, seed)), [m.example_inputs], STEPS,
+                          pool=request.getfixturevalue(POOLS[cluster_name]))
+    ref_losses, ref_values = reference(name)
+    ok, diff, bad = compare_values(m, result.values, ref_values, rtol=RTOL, atol=ATOL)
+    assert ok, f"{name} {method} seed {seed} on {cluster_name}: {bad[:4]} differ (max |diff| {diff:.3g})"
+    np.testing.assert_allclose(result.losses, ref_losses, rtol=RTOL)
+
+
+def test_the_models_draw_dropout_and_take_keyword_inputs() -> None:
+    """Dropout is on (the library's defaults, training mode) and the inputs are keyword arguments."""
+    for name in tm.EQUIVALENCE_MODELS:
+        m = captured(name)
+        assert any(op.draws for op in m.graph.ops), name
+        assert all(k is not None for k in m.prog.input_spec.keywords), name
+    assert PLANNER_OPTS and len(tm.EQUIVALENCE_MODELS) + len(tm.BATCH_NORM_MODELS) >= 8
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("cluster_name", list(CLUSTERS))
+@pytest.mark.parametrize("name", list(tm.EQUIVALENCE_MODELS))
+def test_random_plans_train_like_one_process(name, cluster_name, seed, request) -> None:
+    check(name, cluster_name, "random", seed, request)
+
+
+@pytest.mark.parametrize("method", PLANNERS)
+@pytest.mark.parametrize("name", list(tm.EQUIVALENCE_MODELS))
+def test_planner_plans_train_like_one_process(name, method, request) -> None:
+    check(name, "local-cpu-3", method, 0, request)
+
+
+def per_replica_reference(name: str, shares, steps: int) -> dict[str, torch.Tensor]:
+    """The library's model trained eagerly as data parallelism: each replica's loss over its own samples
+    (its own batch statistics), weighted by share / batch, one SGD update per step."""
+    module, inputs = tm.BATCH_NORM_MODELS[name](BATCH)
+    opt = torch.optim.SGD(module.parameters(), lr=LR)
+    for _ in range(steps):
+        opt.zero_grad()
+        lo = 0
+        for s in shares:
+            (module(**{k: v[lo:lo + s] for k, v in inputs.items()}).loss * (s / BATCH)).backward()
+            lo += s
+        opt.step()
+    return {n: p.detach() for n, p in module.named_parameters()}
+
+
+@pytest.mark.parametrize("method", ["ev-ar", "cp-ps"])
+@pytest.mark.parametrize("cluster_name", list(CLUSTERS))
+def test_batch_norm_plans_equal_per_replica_training(cluster_name, method, request) -> None:
+    m = captured("resnet")
+    cluster = cluster_of(cluster_name)
+    strategy = plan(m, cluster, method)
+    shares = {c.shares for c in strategy.configs}
+    assert len(shares) == 1
+    result = run_prepared(prepare(m, cluster, strategy), [m.example_inputs], STEPS,
+                          pool=request.getfixturevalue(POOLS[cluster_name]))
+    want = per_replica_reference("resnet", next(iter(shares)), STEPS)
+    for name, got in result.params(m).items():
+        torch.testing.assert_close(got, want[name], rtol=RTOL, atol=ATOL, msg=name)
+    assert any("batch statistics" in c for c in m.inexact_causes())
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_batch_norm_under_random_plans_smoke(seed, request) -> None:
+    m = captured("resnet")
+    cluster = cluster_of("local-cpu-3")
+    result = run_prepared(prepare(m, cluster, plan(m, cluster, "random", seed)), [m.example_inputs], STEPS,
+                          pool=request.getfixturevalue("pool3"))
+    assert all(bool(torch.isfinite(v).all()) for v in result.params(m).values())

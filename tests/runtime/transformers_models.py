@@ -1,0 +1,120 @@
+"""Hugging Face ``transformers`` models as users take them: built from small configs with random weights
+(nothing is downloaded), called with keyword arguments, dropout left at the library's defaults and in
+training mode, each ``build_*(batch_size)`` returning ``(model, {"input_ids": ..., "labels": ...})``.
+
+The families cover what a model library writes differently from plain torch.nn: token-type ids from a
+buffer expanded to the batch (BERT), masks built from the input's shape (GPT-2), labels shifted right by
+writing into a slice (T5) and a relative position bias, rotary embeddings with grouped-query attention
+(Llama), patch embeddings (ViT), batch norm (ResNet), a mixture of experts (Mixtral), and the BERT
+variants DistilBERT and RoBERTa.
+"""
+from __future__ import annotations
+
+import torch
+import transformers as tf
+
+VOCAB, T, HIDDEN = 64, 12, 32
+SMALL = {"vocab_size": VOCAB}
+
+
+def _ids(batch_size: int, seed: int) -> torch.Tensor:
+    return torch.randint(3, VOCAB, (batch_size, T), generator=torch.Generator().manual_seed(seed))
+
+
+def _classes(batch_size: int, n: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, n, (batch_size,), generator=torch.Generator().manual_seed(seed))
+
+
+def build_bert(batch_size: int = 8):
+    torch.manual_seed(0)
+    config = tf.BertConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=2,
+                           intermediate_size=2 * HIDDEN, max_position_embeddings=32, num_labels=3)
+    return tf.BertForSequenceClassification(config), {"input_ids": _ids(batch_size, 1),
+                                                      "labels": _classes(batch_size, 3, 2)}
+
+
+def build_gpt2(batch_size: int = 8):
+    torch.manual_seed(0)
+    config = tf.GPT2Config(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=2, n_head=2, n_positions=32,
+                           bos_token_id=0, eos_token_id=0)
+    ids = _ids(batch_size, 3)
+    return tf.GPT2LMHeadModel(config), {"input_ids": ids, "labels": ids}
+
+
+def build_t5(batch_size: int = 8):
+    torch.manual_seed(0)
+    config = tf.T5Config(vocab_size=VOCAB, d_model=HIDDEN, d_kv=16, d_ff=2 * HIDDEN, num_layers=2, num_heads=2,
+                         decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    return tf.T5ForConditionalGeneration(config), {"input_ids": _ids(batch_size, 4), "labels": _ids(batch_size, 5)}
+
+
+def build_llama(batch_size: int = 8):
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                            attention_dropout=0.1, bos_token_id=0, eos_token_id=1, pad_token_id=2)
+    ids = _ids(batch_size, 6)
+    return tf.LlamaForCausalLM(config), {"input_ids": ids, "labels": ids}
+
+
+def build_vit(batch_size: int = 8):
+    torch.manual_seed(0)
+    config = tf.ViTConfig(image_size=16, patch_size=8, num_channels=3, hidden_size=HIDDEN, num_hidden_layers=2,
+                          num_attention_heads=2, intermediate_size=2 * HIDDEN, num_labels=3,
+                          hidden_dropout_prob=0.1)
+    g = torch.Generator().manual_seed(7)
+    return tf.ViTForImageClassification(config), {"pixel_values": torch.randn(batch_size, 3, 16, 16, generator=g),
+                                                  "labels": _classes(batch_size, 3, 8)}
+
+
+def build_resnet(batch_size: int = 8):
+    torch.manual_seed(0)
+    config = tf.ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
+                             layer_type="basic", num_labels=3)
+    g = torch.Generator().manual_seed(9)
+    return tf.ResNetForImageClassification(config), {"pixel_values": torch.randn(batch_size, 3, 16, 16, generator=g),
+                                                     "labels": _classes(batch_size, 3, 10)}
+
+
+def build_distilbert(batch_size: int = 8):
+    torch.manual_seed(0)
+    config = tf.DistilBertConfig(vocab_size=VOCAB, dim=HIDDEN, n_layers=2, n_heads=2, hidden_dim=2 * HIDDEN,
+                                 max_position_embeddings=32, num_labels=3)
+    return tf.DistilBertForSequenceClassification(config), {"input_ids": _ids(batch_size, 11),
+                                                            "labels": _classes(batch_size, 3, 12)}
+
+
+def build_roberta(batch_size: int = 8):
+    torch.manual_seed(0)
+    config = tf.RobertaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=2,
+                              intermediate_size=2 * HIDDEN, max_position_embeddings=40, pad_token_id=1)
+    ids = _ids(batch_size, 13)
+    return tf.RobertaForMaskedLM(config), {"input_ids": ids, "labels": ids}
+
+
+def build_mixtral(batch_size: int = 8):
+    """Mixtral's sparse mixture of experts (top-2 of 4), with the experts computed by batched matmuls
+    (``experts_implementation="batched_mm"``: every token through the weights of its chosen experts, no
+    data-dependent shapes)."""
+    torch.manual_seed(0)
+    config = tf.MixtralConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=HIDDEN, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                              num_experts_per_tok=2, max_position_embeddings=32, attention_dropout=0.1,
+                              experts_implementation="batched_mm", bos_token_id=0, eos_token_id=1)
+    ids = _ids(batch_size, 14)
+    return tf.MixtralForCausalLM(config), {"input_ids": ids, "labels": ids}
+
+
+# name -> build: every plan trains these exactly like one process
+EQUIVALENCE_MODELS = {
+    "bert": build_bert,
+    "gpt2": build_gpt2,
+    "t5": build_t5,
+    "llama": build_llama,
+    "vit": build_vit,
+    "distilbert": build_distilbert,
+    "roberta": build_roberta,
+    "mixtral": build_mixtral,
+}
+# batch statistics: plans equal per-replica training
+BATCH_NORM_MODELS = {"resnet": build_resnet}
