@@ -405,7 +405,7 @@ def build_step_program(step, graph) -> StepProgram:
     gm = step.gm
     shape_nodes = frozenset(step.shape_nodes)
     nodes = {n.name: n for n in gm.graph.nodes}
-    out_of_place = _out_of_place_targets(gm)
+    out_of_place = {**_reshaping_views(gm), **_out_of_place_targets(gm)}
     calls: dict[str, NodeCall] = {}
     order: list[str] = []
     consts: dict[str, torch.Tensor] = {}
@@ -548,6 +548,18 @@ def _random_nodes(gm, batch_symbols: Sequence[Any], batch_size: int, out_of_plac
         out[n.name] = RandomNode(n.name, tuple(a for a in args if a is not None),
                                  tuple(o for o in outs if o is not None), tuple(orders))
     return out
+
+
+def _reshaping_views(gm) -> dict:
+    """``aten.view`` nodes -> ``aten.reshape``: a view where the strides allow one (the same tensor, so
+    writes through it behave as traced), a copy where they do not.
+
+    A traced view needs the strides the fake tensors had; a real kernel may lay its output out otherwise
+    (a backward kernel given inputs of different layouts: Swin's dropout backward), and a value re-laid
+    out between ranks is put in the captured order, which then no longer matches what the real kernels
+    after it produce. ``view`` fails there."""
+    view = torch.ops.aten.view.default
+    return {n: torch.ops.aten.reshape.default for n in gm.graph.nodes if n.op == "call_function" and n.target is view}
 
 
 def _out_of_place_targets(gm) -> dict:
