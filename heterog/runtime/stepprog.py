@@ -405,7 +405,7 @@ def build_step_program(step, graph) -> StepProgram:
     gm = step.gm
     shape_nodes = frozenset(step.shape_nodes)
     nodes = {n.name: n for n in gm.graph.nodes}
-    out_of_place = {**_reshaping_views(gm), **_out_of_place_targets(gm)}
+    out_of_place = {**_runtime_targets(gm), **_out_of_place_targets(gm)}
     calls: dict[str, NodeCall] = {}
     order: list[str] = []
     consts: dict[str, torch.Tensor] = {}
@@ -550,16 +550,35 @@ def _random_nodes(gm, batch_symbols: Sequence[Any], batch_size: int, out_of_plac
     return out
 
 
-def _reshaping_views(gm) -> dict:
-    """``aten.view`` nodes -> ``aten.reshape``: a view where the strides allow one (the same tensor, so
-    writes through it behave as traced), a copy where they do not.
+def as_strided_own(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """``aten.as_strided`` of ``x`` on a storage of its own (see ``_runtime_targets``)."""
+    return torch.ops.aten.as_strided.default(_own_storage(x), *args, **kwargs)
 
-    A traced view needs the strides the fake tensors had; a real kernel may lay its output out otherwise
-    (a backward kernel given inputs of different layouts: Swin's dropout backward), and a value re-laid
-    out between ranks is put in the captured order, which then no longer matches what the real kernels
-    after it produce. ``view`` fails there."""
-    view = torch.ops.aten.view.default
-    return {n: torch.ops.aten.reshape.default for n in gm.graph.nodes if n.op == "call_function" and n.target is view}
+
+def as_strided_scatter_own(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """``aten.as_strided_scatter`` into ``x`` on a storage of its own (see ``_runtime_targets``)."""
+    return torch.ops.aten.as_strided_scatter.default(_own_storage(x), *args, **kwargs)
+
+
+def _own_storage(x: torch.Tensor) -> torch.Tensor:
+    return x if x.storage_offset() == 0 else x.clone()
+
+
+def _runtime_targets(gm) -> dict:
+    """Calls the runtime makes differently from the trace, with the same values:
+
+    - ``aten.view`` -> ``aten.reshape``: a view where the strides allow one (the same tensor, so writes
+      through it behave as traced), a copy where they do not. A traced view needs the strides the fake
+      tensors had; a real kernel may lay its output out otherwise (a backward kernel given inputs of
+      different layouts: Swin's dropout backward), and a value re-laid out between ranks is put in the
+      captured order, which then no longer matches what the real kernels after it produce.
+    - ``as_strided`` and ``as_strided_scatter`` on a storage of their own: their sizes, strides and offset
+      address the storage, which the trace had to itself; a replica's piece of a batch tensor may be a
+      slice of a larger storage (a re-layout on one device), where they would address other samples."""
+    aten = torch.ops.aten
+    replace = {aten.view.default: aten.reshape.default, aten.as_strided.default: as_strided_own,
+               aten.as_strided_scatter.default: as_strided_scatter_own}
+    return {n: replace[n.target] for n in gm.graph.nodes if n.op == "call_function" and n.target in replace}
 
 
 def _out_of_place_targets(gm) -> dict:

@@ -149,6 +149,22 @@ def test_in_place_ops_on_intermediates_run_out_of_place() -> None:
     assert m.exponents()[mul] == 0
 
 
+def test_storage_addressing_ops_run_on_a_storage_of_their_own() -> None:
+    """``as_strided_scatter`` addresses the storage: on a replica's piece sliced out of a larger storage
+    (offset 16) it must write where it writes on the traced tensor (offset 0)."""
+    from heterog.runtime.stepprog import as_strided_own, as_strided_scatter_own
+
+    whole = torch.zeros(48)
+    piece = whole[16:32]
+    src = torch.arange(16.0).view(4, 4)
+    got = as_strided_scatter_own(piece, src, [4, 4], [4, 1], 0)
+    assert torch.equal(got, src.flatten()) and piece.storage_offset() == 16 and not whole.any()
+    assert torch.equal(as_strided_own(torch.arange(48.0)[16:32], [2, 2], [1, 2], 0), torch.tensor([[16., 18.],
+                                                                                                    [17., 19.]]))
+    targets = {c.target for c in captured("view_chains").prog.calls.values()}
+    assert "op:aten::reshape.default" in targets and "op:aten::view.default" not in targets
+
+
 def test_positional_values_shift_to_the_consumers_first_sample() -> None:
     """EmbeddingBag's offsets (arange(0, B*L, L)) and offset2bag count positions in the batch."""
     assert positional_step(torch.tensor([0, 5]), torch.tensor([0, 5, 10, 15]), 0, 2) == 5
