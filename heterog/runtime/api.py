@@ -203,7 +203,7 @@ class RunResult:
     ``measured_peak_memory_bytes`` (device name -> bytes, one worker per device): the high-water mark
     over all steps of the bytes each worker holds in its value tables, parameters, buffers, optimizer
     state, gradients and activations from production until their last consumer
-    (``heterog.runtime.executor.LiveBytes`` says what is counted and why); ``simulated_peak_memory_bytes``:
+    (``heterog.runtime.memory.LiveBytes`` says what is counted and why); ``simulated_peak_memory_bytes``:
     the simulator's peak for the same plan (DESIGN section 3)."""
 
     method: str

@@ -23,7 +23,8 @@ from torch._subclasses.fake_tensor import (
 )
 
 from heterog.errors import StrategyError
-from heterog.runtime.executor import RankExecutor, _Pending
+from heterog.runtime.executor import RankExecutor
+from heterog.runtime.transport import Pending
 
 # steps of at most this many FLOPs are checked on real CPU tensors (cheap for small models, where fake tensors'
 # per-op overhead dominates), larger ones on fake tensors (shapes and strides, as the capture traced them)
@@ -65,14 +66,14 @@ class _LocalTransport:
                                 f"expects {shape} {dtype}")
         return t
 
-    def allreduce(self, t: torch.Tensor, gid: int, group, members, me: int, emulated_s: float) -> _Pending:
+    def allreduce(self, t: torch.Tensor, gid: int, group, members, me: int, emulated_s: float) -> Pending:
         key = tuple(members)
         seq = self.ar_seq.get(key, 0)
         self.ar_seq[key] = seq + 1
         self.mail.contributions.setdefault((key, seq), {})[me] = t
-        return _Pending(None, t, t.shape, t.dtype, None, members, me, key, stamp=float(seq))
+        return Pending(None, t, t.shape, t.dtype, None, members, me, key, stamp=float(seq))
 
-    def finish(self, p: _Pending) -> torch.Tensor:
+    def finish(self, p: Pending) -> torch.Tensor:
         parts = self.mail.contributions[(p.key, int(p.stamp))]
         missing = sorted(set(p.members) - set(parts))
         if missing:
@@ -119,8 +120,8 @@ def check_prepared(prepared) -> DryRun | None:
         with mode:
             for name, i, lo, hi in job.rank.inputs:
                 env[name] = inputs[i][lo:hi]
-        for tag, src, shape, dtype, _ in job.rank.recvs:
-            ex.transport.post(tag, src, shape, dtype)
+        for rcv in job.rank.recvs:
+            ex.transport.post(rcv.tag, rcv.src, rcv.shape, rcv.dtype)
         ranks.append(ex)
         envs.append(env)
         stashes.append({})

@@ -45,7 +45,7 @@ class PlanPair:
     profile alike, cancels out; otherwise it is the relative error of ``simulated_s`` vs ``measured_s``.
 
     Memory (device name -> bytes): ``measured_peak_memory_bytes`` is the most a worker held over the
-    rounds (``RunResult``, ``heterog.runtime.executor.LiveBytes``), ``simulated_peak_memory_bytes`` the
+    rounds (``RunResult``, ``heterog.runtime.memory.LiveBytes``), ``simulated_peak_memory_bytes`` the
     simulator's peak for the plan."""
 
     plan: str
@@ -249,7 +249,7 @@ def measured_breakdown(prepared, pool, steps: int, warmup: int, fed_ops: set[tup
                 acc["wait_s"] += waited
                 if kind == "compute":
                     acc["compute_s"] += busy
-                    acc["fed_compute_s"] += busy if (r, ins[1]) in fed_ops else 0.0
+                    acc["fed_compute_s"] += busy if (r, ins.op) in fed_ops else 0.0
                 elif kind in _RUNTIME_COMM:
                     acc["comm_s"] += busy
             rows.append(acc)

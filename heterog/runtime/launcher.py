@@ -55,7 +55,8 @@ def _device_for(rank: int, backend: str):
 def execute_job(job, rank: int, device, status=None) -> dict:
     """Run one job (training steps, link ping-pong, collective bursts, or any picklable callable
     ``job(rank, device)``) as ``rank`` of the current process group."""
-    from heterog.runtime.executor import CollectiveJob, Job, PingPongJob, RankExecutor, collectives, pingpong
+    from heterog.runtime.benchmarks import CollectiveJob, PingPongJob, collectives, pingpong
+    from heterog.runtime.executor import Job, RankExecutor
 
     if isinstance(job, PingPongJob):
         return pingpong(job, rank, device)
@@ -99,7 +100,8 @@ def _worker_main(rank: int, world: int, init_method: str, backend: str, job_q, r
                  parent_pid: int, timeout_s: float, threads: int) -> None:
     """Entry point of a pool worker (spawned): join the group, then run jobs until told to stop."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    from heterog.runtime.executor import Status, watch_parent
+    from heterog.runtime.executor import watch_parent
+    from heterog.runtime.transport import Status
 
     watch_parent(parent_pid)
     _fine_timer_slack()

@@ -29,7 +29,7 @@ order matches by tag) or at their send's key (NCCL: in-order matching per pair).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -38,6 +38,27 @@ import torch
 from heterog.compiler import TaskKind
 from heterog.compiler.compile import VALUE_FREE_TARGETS, graph_index
 from heterog.errors import HeterogError
+from heterog.runtime.instructions import (
+    Aggregate,
+    AllReduce,
+    Assemble,
+    Compute,
+    Const,
+    Env,
+    Input,
+    InputSlice,
+    Instruction,
+    Piece,
+    Post,
+    Receive,
+    Recv,
+    Send,
+    Slice,
+    Source,
+    Stash,
+    Zeros,
+    sources,
+)
 from heterog.runtime.rng import block_batches
 from heterog.runtime.scaling import Exponents
 from heterog.runtime.stepprog import LeafInfo, StepProgram
@@ -63,19 +84,19 @@ class Message:
 
 @dataclass
 class RankProgram:
-    """What one rank does each step (instructions are tuples; see ``heterog.runtime.executor``)."""
+    """What one rank does each step (``heterog.runtime.instructions``; run by ``heterog.runtime.executor``)."""
 
     rank: int
     device_name: str
     slowdown: float
     persist: dict[str, torch.Tensor] = field(default_factory=dict)     # placeholder -> initial value
-    inputs: list[tuple[str, int, int, int | None]] = field(default_factory=list)   # (placeholder, input, lo, hi)
-    recvs: list[tuple[int, int, tuple, torch.dtype, tuple]] = field(default_factory=list)  # tag, src, shape, dtype, key
-    instrs: list[tuple] = field(default_factory=list)
+    inputs: list[InputSlice] = field(default_factory=list)
+    recvs: list[Receive] = field(default_factory=list)
+    instrs: list[Instruction] = field(default_factory=list)
     keys: list[tuple] = field(default_factory=list)
-    frees: list[tuple] = field(default_factory=list)                   # per instruction: (env names, stash keys)
-    updates: list[tuple[str, tuple]] = field(default_factory=list)     # (placeholder, source) at the step end
-    loss_terms: list[tuple[tuple, float]] = field(default_factory=list)
+    frees: list[tuple[Source, ...]] = field(default_factory=list)     # per instruction: values last read there
+    updates: list[tuple[str, Source]] = field(default_factory=list)   # (placeholder, source) at the step end
+    loss_terms: list[tuple[Source, float]] = field(default_factory=list)
     report: list[tuple[str, str]] = field(default_factory=list)        # (kind param|state|buffer, placeholder)
     batches: set[int] = field(default_factory=set)
 
@@ -91,7 +112,7 @@ class Lowered:
     n_aggregate: int
 
 
-def batch_slice(dim: int, lo: int, hi: int, per_sample: int, block: int) -> tuple[int, int, int, int]:
+def batch_slice(dim: int, lo: int, hi: int, per_sample: int, block: int) -> Slice:
     """The executor's slice of samples ``lo:hi`` of a batch tensor: ``(dim, start, end, 0)`` narrows entries
     ``start:end`` of ``dim`` (samples one after the other, ``per_sample`` entries each); ``(dim, lo, hi,
     block)`` narrows samples ``lo:hi`` within each of the ``block`` blocks that ``dim`` holds (sample-minor
@@ -111,7 +132,7 @@ class _Builder:
         self.m = cluster.n_devices
         self.ranks = [RankProgram(r, cluster.devices[r].name, float(cluster.devices[r].slowdown) if emulate else 1.0)
                       for r in range(self.m)]
-        self.items: list[list[list]] = [[] for _ in range(self.m)]      # per rank: [key, seq, instr-list]
+        self.items: list[list[list]] = [[] for _ in range(self.m)]      # per rank: [key, seq, instruction]
         self.messages: list[Message] = []
         self.groups: list[tuple[int, ...]] = []
         self.exports: dict[tuple[int, int], set[str]] = {}            # (op, device) -> env names to keep
@@ -180,7 +201,7 @@ class _Builder:
             raise HeterogError(f"plan has no instance of op {self.graph.ops[op].name} on device {dev}")
         return (float(self.start[t]), int(t))
 
-    def emit(self, rank: int, key: tuple, instr: list) -> list:
+    def emit(self, rank: int, key: tuple, instr: Instruction) -> list:
         item = [key, self.seq, instr]
         self.seq += 1
         self.items[rank].append(item)
@@ -203,22 +224,23 @@ class _Builder:
             return (0.0, 0.0)
         return (float(self.cluster.latency_s[src, dst]), 1.0 / float(self.cluster.bandwidth_Bps[src, dst]))
 
-    def send(self, src_dev: int, dst_dev: int, key: tuple, source: tuple, slice_: tuple | None, scale: float,
+    def send(self, src_dev: int, dst_dev: int, key: tuple, source: Source, slice_: Slice | None, scale: float,
              shape: tuple, dtype: torch.dtype) -> int:
+        """A message from ``src_dev`` to ``dst_dev``; its tag is the message index until ``_finish``."""
         msg = self.message(src_dev, dst_dev, key, shape, dtype)
-        self.emit(src_dev, key, ["send", source, slice_, scale, dst_dev, msg, self.link(src_dev, dst_dev)])
+        self.emit(src_dev, key, Send(source, slice_, scale, dst_dev, msg, self.link(src_dev, dst_dev)))
         return msg
 
     # ------------------------------------------------------------------ value sources
-    def producer_source(self, leaf: LeafInfo, dev: int) -> tuple:
+    def producer_source(self, leaf: LeafInfo, dev: int) -> Source:
         """This device's own copy of a leaf (its producer ran here)."""
         if self.prog.op_kind[leaf.op] == "buffer" and leaf.node in self.prog.consts:
-            return ("const", leaf.node)
+            return Const(leaf.node)
         self.export(leaf.op, dev, leaf.node)
-        return ("env", leaf.node)
+        return Env(leaf.node)
 
-    def relayout(self, leaf_id: tuple[int, int], lay_v: int, dev: int, consumer_key: tuple) -> tuple:
-        """Stash key of the batch leaf re-laid out for layout ``lay_v``, on ``dev``."""
+    def relayout(self, leaf_id: tuple[int, int], lay_v: int, dev: int, consumer_key: tuple) -> Stash:
+        """The batch leaf re-laid out for layout ``lay_v``, on ``dev``."""
         leaf = self.leaf(leaf_id)
         memo_key = ("relayout", leaf_id, lay_v)
         entry = self.memo.get(memo_key)
@@ -242,17 +264,17 @@ class _Builder:
                     shift = (p0 - c0) * stride          # positional values: from the producer's origin to ours
                     src = self.producer_source(leaf, di)
                     if di == dj:
-                        pieces.append((src, sl, scale, shift))
+                        pieces.append(Piece(src, sl, scale, shift))
                     else:
                         key = self.inst_key(leaf.op, di) + (1,)
                         msg = self.send(di, dj, key, src, sl, 1.0, leaf.local_shape(hi - lo), leaf.dtype)
-                        pieces.append((("recv", msg), None, scale, shift))
-                entry[dj] = self.emit(dj, END + (-1,), ["assemble", stash_key, (bd, block), pieces,
-                                                         leaf.memory_order])
+                        pieces.append(Piece(Recv(msg), None, scale, shift))
+                entry[dj] = self.emit(dj, END + (-1,), Assemble(stash_key, (bd, block), tuple(pieces),
+                                                                 leaf.memory_order))
             self.memo[memo_key] = entry
         item = entry[dev]
         item[0] = min(item[0], consumer_key + (-1,))
-        return ("stash", item[2][1])
+        return Stash(item[2].key)
 
     def aggregated(self, leaf_id: tuple[int, int]) -> tuple[tuple[int, ...], tuple, tuple]:
         """Aggregate a partial leaf as the plan says; returns (holders, stash key, key after it)."""
@@ -278,11 +300,11 @@ class _Builder:
             for (d, _, _), w in zip(reps, weights):
                 src = self.producer_source(leaf, d)
                 if d == ps:
-                    parts.append((src, None, w, 0))
+                    parts.append(Piece(src, None, w, 0))
                 else:
                     msg = self.send(d, ps, self.inst_key(leaf.op, d) + (1,), src, None, w, leaf.shape, leaf.dtype)
-                    parts.append((("recv", msg), None, 1.0, 0))
-            self.emit(ps, akey + (0,), ["aggregate", stash_key, parts, leaf.memory_order])
+                    parts.append(Piece(Recv(msg), None, 1.0, 0))
+            self.emit(ps, akey + (0,), Aggregate(stash_key, tuple(parts), leaf.memory_order))
             holders = (ps,)
             self.n_agg += 1
         else:
@@ -293,15 +315,15 @@ class _Builder:
             emu = float(self.nominal.allreduce_times(devs, np.array([float(leaf.nbytes_global)]))[0][0]) \
                 if self.emulate else 0.0
             for (d, _, _), w in zip(reps, weights):
-                self.emit(d, akey + (0,), ["allreduce", stash_key, g, self.producer_source(leaf, d), w, emu,
-                                           leaf.memory_order])
+                self.emit(d, akey + (0,), AllReduce(stash_key, g, self.producer_source(leaf, d), w, emu,
+                                                     leaf.memory_order))
             holders = devs
             self.n_ar += 1
         got = (holders, stash_key, akey + (1,))
         self.memo[memo_key] = got
         return got
 
-    def fetch_global(self, leaf_id: tuple[int, int], dev: int, consumer_key: tuple) -> tuple:
+    def fetch_global(self, leaf_id: tuple[int, int], dev: int, consumer_key: tuple) -> Source:
         """A non-batch leaf's (global) value on ``dev``: local, aggregated here, or received once from the
         best-connected holder (highest bandwidth, then lowest latency, then lowest id)."""
         leaf = self.leaf(leaf_id)
@@ -309,12 +331,12 @@ class _Builder:
         if t is not None and t in self.plan.aggregated:
             holders, stash_key, after = self.aggregated(leaf_id)
             if dev in holders:
-                return ("stash", stash_key)
+                return Stash(stash_key)
             def source_of(h):
-                return (("stash", stash_key), after)
+                return (Stash(stash_key), after)
         else:
             if leaf.node in self.prog.consts:
-                return ("const", leaf.node)
+                return Const(leaf.node)
             holders = self.lay_devs(self.op_lay(leaf.op))
             if dev in holders:
                 return self.producer_source(leaf, dev)
@@ -328,11 +350,11 @@ class _Builder:
             h = min(holders, key=lambda x: (-float(bw[x, dev]), float(lat[x, dev]), x))
             src, key = source_of(h)
             msg = self.send(h, dev, key, src, None, 1.0, leaf.shape, leaf.dtype)
-            item = self.emit(dev, consumer_key + (-1,), ["assemble", stash_key, None, [(("recv", msg), None, 1.0, 0)],
-                                                          leaf.memory_order])
+            item = self.emit(dev, consumer_key + (-1,), Assemble(stash_key, None, (Piece(Recv(msg), None, 1.0, 0),),
+                                                                  leaf.memory_order))
             self.memo[memo_key] = item
         item[0] = min(item[0], consumer_key + (-1,))
-        return ("stash", stash_key)
+        return Stash(stash_key)
 
     # ------------------------------------------------------------------ ops
     def compute(self, op: int, dev: int) -> None:
@@ -353,7 +375,7 @@ class _Builder:
                     if placeholder:
                         src = self.producer_source(leaf, dev)
                     else:
-                        src, chain = ("env", r.node), ()
+                        src, chain = Env(r.node), ()
                         self.export(u, dev, r.node)
                 else:
                     src = self.relayout(r.leaf, lay, dev, key)
@@ -363,32 +385,32 @@ class _Builder:
                     scale = float((b / self.B) ** e)
                 t = self.tensor_of.get(r.leaf)
                 if r.leaf in self.exps.statistics and prog.op_has_batch[op] and self.op_lay(u) == lay:
-                    src, chain = ("env", r.node), ()          # a batch statistic: this replica's own
+                    src, chain = Env(r.node), ()              # a batch statistic: this replica's own
                     self.export(u, dev, r.node)
                 elif t is not None and t in self.plan.aggregated:
                     holders = self.aggregated(r.leaf)[0]
-                    src = (("zeros", leaf.shape, leaf.dtype, leaf.memory_order) if value_free and dev not in holders
+                    src = (Zeros(leaf.shape, leaf.dtype, leaf.memory_order) if value_free and dev not in holders
                            else self.fetch_global(r.leaf, dev, key))
                 elif leaf.node in prog.consts:
-                    src = ("const", leaf.node)
+                    src = Const(leaf.node)
                 elif dev in self.lay_devs(self.op_lay(u)):
                     if placeholder:
                         src = self.producer_source(leaf, dev)
                     else:
-                        src, chain = ("env", r.node), ()
+                        src, chain = Env(r.node), ()
                         self.export(u, dev, r.node)
                 elif value_free:
-                    src = ("zeros", leaf.shape, leaf.dtype, leaf.memory_order)
+                    src = Zeros(leaf.shape, leaf.dtype, leaf.memory_order)
                 else:
                     if prog.op_has_batch[u] and len(self.lay_devs(self.op_lay(u))) > 1:
                         raise AssertionError(f"partial output {leaf.k} of {self.graph.ops[u].name} is read by "
                                              f"{self.graph.ops[op].name} but the plan does not aggregate it")
                     src = self.fetch_global(r.leaf, dev, key)
-            inputs.append((r.node, src, leaf.node, chain, scale, r.tuple_index))
+            inputs.append(Input(r.node, src, leaf.node, chain, scale, r.tuple_index))
         self.ranks[dev].batches.add(b)
         if prog.op_draws(op):
             self.ranks[dev].batches.update(block_batches(self.B))    # random values are drawn in blocks
-        self.emit(dev, key + (0,), ["compute", op, b, inputs, None, first])
+        self.emit(dev, key + (0,), Compute(op, b, tuple(inputs), (), first))
 
     def build(self) -> Lowered:
         prog, graph = self.prog, self.graph
@@ -413,10 +435,10 @@ class _Builder:
                     self.ranks[d].persist[name] = None          # filled by the caller with initial values
             elif not prog.op_has_batch[op]:                    # an input without the batch: whole everywhere
                 for d in self.lay_devs(lay):
-                    self.ranks[d].inputs.append((name, i - n_p - n_b - len(prog.state_names), 0, None))
+                    self.ranks[d].inputs.append(InputSlice(name, i - n_p - n_b - len(prog.state_names), 0, None))
             else:
                 for d, lo, hi in self.lay_ranges(lay):
-                    self.ranks[d].inputs.append((name, i - n_p - n_b - len(prog.state_names), lo, hi))
+                    self.ranks[d].inputs.append(InputSlice(name, i - n_p - n_b - len(prog.state_names), lo, hi))
 
     def _step_end(self) -> None:
         """New parameters and state where the placeholders live; the loss terms; what each rank reports."""
@@ -434,7 +456,7 @@ class _Builder:
             for d in self.lay_devs(self.op_lay(prog.node_op[ph])):
                 if d in self.lay_devs(self.op_lay(u)) and prog.op_kind[u] == "compute":
                     self.export(u, d, out)
-                    src = ("env", out)
+                    src = Env(out)
                 else:
                     src = self.fetch_global(leaf_id, d, END)
                 self.ranks[d].updates.append((ph, src))
@@ -445,11 +467,11 @@ class _Builder:
         if prog.op_has_batch[u]:
             for d, lo, hi in self.lay_ranges(self.op_lay(u)):
                 self.export(u, d, loss)
-                self.ranks[d].loss_terms.append((("env", loss), float(((hi - lo) / self.B) ** (1 - e))))
+                self.ranks[d].loss_terms.append((Env(loss), float(((hi - lo) / self.B) ** (1 - e))))
         else:
             d = self.lay_devs(self.op_lay(u))[0]
             self.export(u, d, loss)
-            self.ranks[d].loss_terms.append((("env", loss), 1.0))
+            self.ranks[d].loss_terms.append((Env(loss), 1.0))
         # one holder reports each parameter / state / buffer at the end
         kinds = (["param"] * n_p + ["buffer"] * n_b + ["state"] * len(prog.state_names))
         for i, kind in enumerate(kinds):
@@ -462,61 +484,52 @@ class _Builder:
         order = sorted(range(len(self.messages)), key=lambda i: (self.messages[i].key, i))
         for tag, i in enumerate(order):
             self.messages[i].tag = tag
-        for items in self.items:
-            for key, _, instr in items:
-                if instr[0] == "send":
-                    instr[5] = self.messages[instr[5]].tag
-                for piece_list in ([instr[3]] if instr[0] == "assemble" else [instr[2]] if instr[0] == "aggregate"
-                                   else []):
-                    for k, (src, *rest) in enumerate(piece_list):
-                        if src[0] == "recv":
-                            piece_list[k] = (("recv", self.messages[src[1]].tag), *rest)
+        tag_of = [m.tag for m in self.messages]
         for msg in self.messages:
             rp = self.ranks[msg.dst]
-            rp.recvs.append((msg.tag, msg.src, msg.shape, msg.dtype, msg.key))
+            rp.recvs.append(Receive(msg.tag, msg.src, msg.shape, msg.dtype, msg.key))
             if self.post_early:
-                self.emit(msg.dst, msg.key, ["post", msg.tag])
+                self.emit(msg.dst, msg.key, Post(msg.tag))
         for rp in self.ranks:
-            rp.recvs.sort(key=lambda r: r[0])
+            rp.recvs.sort(key=lambda r: r.tag)
         for r, items in enumerate(self.items):
             items.sort(key=lambda it: (it[0], it[1]))
             rp = self.ranks[r]
             for key, _, instr in items:
-                if instr[0] == "compute":
-                    instr[4] = tuple(sorted(self.exports.get((instr[1], r), ())))
-                rp.instrs.append(tuple(instr))
+                if isinstance(instr, Compute):
+                    instr = replace(instr, exports=tuple(sorted(self.exports.get((instr.op, r), ()))))
+                rp.instrs.append(_tagged(instr, tag_of))
                 rp.keys.append(key)
             rp.frees = _frees(rp)
         return Lowered(self.ranks, self.groups, self.messages, self.n_ar, self.n_agg)
 
 
-def _sources(instr: tuple) -> list[tuple]:
-    op = instr[0]
-    if op == "compute":
-        return [inp[1] for inp in instr[3]]
-    if op == "send":
-        return [instr[1]]
-    if op == "assemble":
-        return [p[0] for p in instr[3]]
-    if op == "aggregate":
-        return [p[0] for p in instr[2]]
-    if op == "allreduce":
-        return [instr[3]]
-    return []
+def _tagged(instr: Instruction, tag_of: list[int]) -> Instruction:
+    """``instr`` with its messages named by tag instead of by index in the message list."""
+    def piece(p: Piece) -> Piece:
+        return p._replace(source=Recv(tag_of[p.source.tag])) if isinstance(p.source, Recv) else p
+
+    if isinstance(instr, Send):
+        return replace(instr, tag=tag_of[instr.tag])
+    if isinstance(instr, Assemble):
+        return replace(instr, pieces=tuple(piece(p) for p in instr.pieces))
+    if isinstance(instr, Aggregate):
+        return replace(instr, parts=tuple(piece(p) for p in instr.parts))
+    return instr
 
 
-def _frees(rp: RankProgram) -> list[tuple]:
+def _frees(rp: RankProgram) -> list[tuple[Source, ...]]:
     """Per instruction, the env names and stash keys whose last use it is (values needed at the step
     end, by updates and the loss, are kept)."""
     keep = {src for _, src in rp.updates} | {src for src, _ in rp.loss_terms}
-    last: dict[tuple, int] = {}
+    last: dict[Source, int] = {}
     for i, instr in enumerate(rp.instrs):
-        for src in _sources(instr):
-            if src[0] in ("env", "stash"):
+        for src in sources(instr):
+            if isinstance(src, (Env, Stash)):
                 last[src] = i
-    frees: list[list[tuple]] = [[] for _ in rp.instrs]
+    frees: list[list[Source]] = [[] for _ in rp.instrs]
     for src, i in last.items():
-        if src not in keep and not (src[0] == "env" and src[1] in rp.persist):
+        if src not in keep and not (isinstance(src, Env) and src.node in rp.persist):
             frees[i].append(src)
     return [tuple(f) for f in frees]
 

@@ -81,6 +81,8 @@ class OpProfiler:
 
     def round(self) -> None:
         """One pass over the batch sizes."""
+        from heterog.runtime.instructions import Compute
+
         cluster, steps, B = self.cluster, self.steps, self.model.batch_size
         for b, mb, singles in self.runs:
             per_device = []                 # device d runs the whole step of its own plan
@@ -96,9 +98,9 @@ class OpProfiler:
                 traces = results[d]["traces"][min(self.warmup, steps - 1):]
                 slow = float(cluster.slowdown[d])
                 for i, ins in enumerate(prepared.lowered.ranks[d].instrs):
-                    if ins[0] != "compute":
+                    if not isinstance(ins, Compute):
                         continue
-                    op = ins[1]
+                    op = ins.op
                     t = float(statistics.median(tr[i][2] - tr[i][1] for tr in traces)) / slow
                     x = b if mb.prog.op_has_batch[op] else B
                     key = (cluster.devices[d].type.name, op_signature(mb.graph.ops[op]))
@@ -165,7 +167,7 @@ def _link_samples(pool, cluster, sizes_bytes: Sequence[int], repeats: int,
     """One-way times ``{(a, b): {size: [seconds, ...]}}`` of ``repeats`` ping-pongs per size and pair, and
     (with ``stream`` >= 2 messages per burst) the occupancy per message in the same form, else ``{}``."""
     from heterog.runtime.api import is_emulated
-    from heterog.runtime.executor import PingPongJob
+    from heterog.runtime.benchmarks import PingPongJob
 
     m = cluster.n_devices
     if m < 2:
@@ -269,7 +271,7 @@ def _collective_samples(pool, cluster, groups: Sequence[tuple[int, ...]], sizes:
     """Per-AllReduce times ``{group: {size: [seconds, ...]}}`` of ``repeats`` AllReduces (one at a time)
     per size and group."""
     from heterog.cost import CostModel
-    from heterog.runtime.executor import CollectiveJob
+    from heterog.runtime.benchmarks import CollectiveJob
 
     nominal = CostModel(cluster)                 # the emulation enforces the nominal ring time
     emulated = [[float(t) for t in nominal.allreduce_times(g, np.array(sizes, dtype=np.float64))[0]]

@@ -28,6 +28,7 @@ from heterog import baselines
 from heterog.cluster import load_cluster
 from heterog.evaluate import Evaluator
 from heterog.runtime import capture_model_for_runtime, compare_values, prepare, run_prepared, train_single_process
+from heterog.runtime.instructions import Post
 from heterog.runtime.layout import cat_batch, in_memory_order, narrow_batch
 from heterog.runtime.scaling import positional_step
 from tests.runtime import conformance_models as cm
@@ -243,7 +244,7 @@ def test_programs_of_both_backends_compute_one_step_like_one_process(name, backe
     m = captured(name)
     cluster = cluster_of("local-cpu-3")
     prepared = prepare(m, cluster, plan(m, cluster, "random", 1), backend=backend, check=False)
-    assert any(ins[0] == "post" for rp in prepared.lowered.ranks for ins in rp.instrs) == (backend == "nccl")
+    assert any(isinstance(ins, Post) for rp in prepared.lowered.ranks for ins in rp.instrs) == (backend == "nccl")
     dry = check_prepared(prepared)
     losses, want = train_single_process(m, [m.example_inputs], 1)
     ok, diff, bad = compare_values(m, dry.values, want, rtol=RTOL, atol=ATOL)

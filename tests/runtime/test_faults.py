@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -17,6 +18,7 @@ from heterog import baselines
 from heterog.cluster import load_cluster
 from heterog.errors import StrategyError
 from heterog.runtime import WorkerFailure, WorkerPool, prepare, run_prepared
+from heterog.runtime.instructions import Compute, Zeros
 from tests.runtime.conftest import model
 
 LONG = 100_000          # steps: the run only ends by the fault
@@ -90,11 +92,10 @@ def _break_first_compute(prepared, rank: int) -> str:
     """Feed the first forward compute of ``rank`` an input of the wrong shape; returns the op's target."""
     rp = prepared.lowered.ranks[rank]
     for k, ins in enumerate(rp.instrs):
-        if ins[0] == "compute" and ins[3]:
-            node, src, leaf, chain, scale, tidx = ins[3][0]
-            bad = [(node, ("zeros", (7, 5, 3), torch.float32, None), leaf, chain, scale, tidx), *ins[3][1:]]
-            rp.instrs[k] = (ins[0], ins[1], ins[2], bad, ins[4])
-            return prepared.model.prog.op_target[ins[1]]
+        if isinstance(ins, Compute) and ins.inputs:
+            bad = ins.inputs[0]._replace(source=Zeros((7, 5, 3), torch.float32, None))
+            rp.instrs[k] = replace(ins, inputs=(bad, *ins.inputs[1:]))
+            return prepared.model.prog.op_target[ins.op]
     raise AssertionError("no compute instruction")
 
 

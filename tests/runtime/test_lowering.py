@@ -7,6 +7,7 @@ import pytest
 
 from heterog.evaluate import Evaluator
 from heterog.runtime import prepare
+from heterog.runtime.instructions import AllReduce, Compute, Post, Recv, Send, Stash, sources
 from tests.runtime.conftest import model
 from tests.runtime.test_equivalence import make_strategy
 
@@ -26,22 +27,20 @@ def _abstract_run(ranks, post_early: bool) -> bool:
     group_of = {}
     for rp in ranks:
         for ins in rp.instrs:
-            if ins[0] == "allreduce":
-                group_of[ins[1]] = ins[2]
+            if isinstance(ins, AllReduce):
+                group_of[ins.key] = ins.group
     members = {}
     for rp in ranks:
         for ins in rp.instrs:
-            if ins[0] == "allreduce":
-                members.setdefault(ins[1], set()).add(rp.rank)
+            if isinstance(ins, AllReduce):
+                members.setdefault(ins.key, set()).add(rp.rank)
 
     def ready(r, ins) -> bool:
-        from heterog.runtime.lowering import _sources
-
-        for src in _sources(ins):
-            if src[0] == "recv" and (src[1] not in sent or (post_early and src[1] not in posted)):
+        for src in sources(ins):
+            if isinstance(src, Recv) and (src.tag not in sent or (post_early and src.tag not in posted)):
                 return False
-            if (src[0] == "stash" and src[1] in members and arrived.get(src[1], set()) != members[src[1]]
-                    and any(i[0] == "allreduce" and i[1] == src[1] for i in ranks[r].instrs)):
+            if (isinstance(src, Stash) and src.key in members and arrived.get(src.key, set()) != members[src.key]
+                    and any(isinstance(i, AllReduce) and i.key == src.key for i in ranks[r].instrs)):
                 return False
         return True
 
@@ -51,12 +50,12 @@ def _abstract_run(ranks, post_early: bool) -> bool:
         for r, rp in enumerate(ranks):
             while pc[r] < len(rp.instrs) and ready(r, rp.instrs[pc[r]]):
                 ins = rp.instrs[pc[r]]
-                if ins[0] == "send":
-                    sent.add(ins[5])
-                elif ins[0] == "post":
-                    posted.add(ins[1])
-                elif ins[0] == "allreduce":
-                    arrived.setdefault(ins[1], set()).add(r)
+                if isinstance(ins, Send):
+                    sent.add(ins.tag)
+                elif isinstance(ins, Post):
+                    posted.add(ins.tag)
+                elif isinstance(ins, AllReduce):
+                    arrived.setdefault(ins.key, set()).add(r)
                 pc[r] += 1
                 progress = True
     return all(pc[r] == len(rp.instrs) for r, rp in enumerate(ranks))
@@ -72,26 +71,26 @@ def test_programs_follow_the_simulated_order_and_cannot_deadlock(name, plan, bac
     res = ev.simulate_plan(ev.compile(prepared.strategy))
     for rp in low.ranks:
         assert rp.keys == sorted(rp.keys)
-        starts = [k[0] for ins, k in zip(rp.instrs, rp.keys) if ins[0] == "compute"]
+        starts = [k[0] for ins, k in zip(rp.instrs, rp.keys) if isinstance(ins, Compute)]
         assert starts == sorted(starts)            # compute in simulated start order
     # each message: one send (on its source, before any use on its destination) and one receive
-    sends = {ins[5]: (rp.rank, k) for rp in low.ranks for ins, k in zip(rp.instrs, rp.keys) if ins[0] == "send"}
+    sends = {ins.tag: (rp.rank, k) for rp in low.ranks for ins, k in zip(rp.instrs, rp.keys)
+             if isinstance(ins, Send)}
     uses = {}
-    from heterog.runtime.lowering import _sources
-
     for rp in low.ranks:
         for ins, k in zip(rp.instrs, rp.keys):
-            for src in _sources(ins):
-                if src[0] == "recv":
-                    assert src[1] not in uses, "a message is consumed twice"
-                    uses[src[1]] = (rp.rank, k)
+            for src in sources(ins):
+                if isinstance(src, Recv):
+                    assert src.tag not in uses, "a message is consumed twice"
+                    uses[src.tag] = (rp.rank, k)
     assert set(sends) == set(uses) == {msg.tag for msg in low.messages}
     for tag, (r, k) in uses.items():
         assert sends[tag][1] < k
         assert (tag, sends[tag][0]) in {(t, s) for t, s, *_ in low.ranks[r].recvs}
     # collectives: same order on every member
     for g, devs in enumerate(low.groups):
-        seqs = [[ins[1] for ins in low.ranks[d].instrs if ins[0] == "allreduce" and ins[2] == g] for d in devs]
+        seqs = [[ins.key for ins in low.ranks[d].instrs if isinstance(ins, AllReduce) and ins.group == g]
+                for d in devs]
         assert all(s == seqs[0] for s in seqs)
     assert _abstract_run(low.ranks, post_early=backend == "nccl")
     assert res.makespan == pytest.approx(prepared.simulated_iteration_time_s)
@@ -102,7 +101,7 @@ def test_nccl_programs_post_receives_in_message_order(hetero3) -> None:
     low = prepared.lowered
     assert not prepared.emulate
     for rp in low.ranks:
-        posts = [ins[1] for ins in rp.instrs if ins[0] == "post"]
+        posts = [ins.tag for ins in rp.instrs if isinstance(ins, Post)]
         assert sorted(posts) == [t for t, *_ in rp.recvs]
         by_src: dict = {}
         for tag, src, *_ in rp.recvs:

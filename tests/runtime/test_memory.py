@@ -7,7 +7,7 @@ import torch
 
 from heterog.cluster import load_cluster
 from heterog.runtime.api import prepare, resolve_strategy, run_prepared
-from heterog.runtime.executor import LiveBytes
+from heterog.runtime.memory import LiveBytes
 from tests.runtime.conftest import model
 
 F32 = 4

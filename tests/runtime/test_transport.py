@@ -23,10 +23,10 @@ class _AllReduceJob:
         self.emulate = emulate
 
     def __call__(self, rank: int, device) -> dict:
-        from heterog.runtime.executor import Transport, _NullStatus
+        from heterog.runtime.transport import NullStatus, Transport
 
         handles = [dist.new_group(list(g)) for g in GROUPS]
-        tr = Transport(device, self.emulate, _NullStatus(), rank)
+        tr = Transport(device, self.emulate, NullStatus(), rank)
         out = {}
         try:
             pending = [((gi, k), tr.allreduce(_contribution(rank, gi, k), gi, handles[gi], list(members), rank, 0.0))
@@ -56,7 +56,7 @@ def test_cpu_allreduce_gives_every_member_the_same_sum_in_member_order(pool3) ->
 
 
 def test_emulated_message_frame_keeps_the_payload_aligned() -> None:
-    from heterog.runtime.executor import _HEADER_BYTES, _frame, _unframe
+    from heterog.runtime.transport import _HEADER_BYTES, _frame, _unframe
 
     t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
     msg = _frame(12.5, t)
@@ -80,11 +80,11 @@ class _ChannelJob:
     at once; the tag names the sender)."""
 
     def __call__(self, rank: int, device) -> dict:
-        from heterog.runtime.executor import Transport, _NullStatus, p2p_channels
+        from heterog.runtime.transport import NullStatus, Transport, p2p_channels
 
         channels = p2p_channels(device)
         members = {pair: dist.get_process_group_ranks(g) for pair, g in channels.items() if rank in pair}
-        tr = Transport(device, False, _NullStatus(), rank)
+        tr = Transport(device, False, NullStatus(), rank)
         peers = [r for r in range(dist.get_world_size()) if r != rank]
         for src in peers:
             tr.post(100 + src, src, (3,), torch.float32)

@@ -1,0 +1,101 @@
+"""The bytes a worker holds during a step (its tables of values), metered as the simulator counts them."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+class NoMeter:
+    def put(self, entry: tuple, value: Any) -> None:
+        pass
+
+    def drop(self, entry: tuple) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+
+class LiveBytes:
+    """Bytes of the tensors a rank holds in its value tables, counted once per storage, and their
+    high-water mark (``peak``: ``RankExecutor.run()`` reports it as ``peak_memory_bytes``).
+
+    The tables are the rank's parameters, buffers and optimizer state (``persist``), the values of its ops
+    (``env``: inputs, activations, gradients, new parameters) and derived values (``stash``: assembled
+    pieces, PS sums, AllReduce results); a value enters when it is stored (after the instruction that
+    makes it) and leaves when the program frees it after its last consumer; a received message counts
+    from when it is taken to the end of the instruction that takes it. This is the simulator's
+    memory model (DESIGN section 3: resident parameters, gradients and state plus activations from
+    production until their last consumer) applied to what the runtime actually holds, so the two are
+    comparable on any backend; allocator caches, kernels' temporaries, receive buffers posted but not
+    yet taken and the Python process are not counted (the process RSS of a CPU worker is hundreds of MB
+    of libraries, and CPU tensors have no allocator statistics). Views count their storage once, whole
+    (its bytes are held), except views of ``sliced`` storages (the global input batches a job carries),
+    which count the bytes they span: a rank's input is its batch share.
+
+    A rank meters its first ``Job.memory_steps`` steps (default 1: the first step, which the median
+    iteration time leaves out as warm-up): every step runs the same program on tensors of the same
+    sizes, so they hold the same bytes, and metering costs about 1.5 us per value, which would otherwise
+    add to the measured time of every step.
+    """
+
+    def __init__(self, sliced: Sequence[torch.Tensor] = ()) -> None:
+        self.sliced = {t.untyped_storage().data_ptr() for t in sliced if t.numel()}
+        self.held: dict[tuple, list[int]] = {}            # table entry -> storage keys it holds
+        self.storages: dict[int, list[int]] = {}          # storage key -> [references, low byte, high byte]
+        self.live = 0
+        self.peak = 0
+
+    def reset(self) -> None:
+        self.held.clear()
+        self.storages.clear()
+        self.live = 0
+
+    def put(self, entry: tuple, value: Any) -> None:
+        """``value`` stored in table entry ``entry`` (replacing what it held)."""
+        if entry in self.held:
+            self.drop(entry)
+        keys = []
+        for t in _tensors(value):
+            st = t.untyped_storage()
+            key = st.data_ptr()
+            if not st.nbytes() or not key:
+                continue
+            if key in self.sliced:
+                size = t.element_size()
+                lo = t.storage_offset() * size
+                hi = lo + (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * size if t.numel() else lo
+            else:
+                lo, hi = 0, st.nbytes()
+            rec = self.storages.get(key)
+            if rec is None:
+                self.storages[key] = [1, lo, hi]
+                self.live += hi - lo
+            else:
+                before = rec[2] - rec[1]
+                rec[0] += 1
+                rec[1], rec[2] = min(rec[1], lo), max(rec[2], hi)
+                self.live += rec[2] - rec[1] - before
+            keys.append(key)
+        self.held[entry] = keys
+        if self.live > self.peak:
+            self.peak = self.live
+
+    def drop(self, entry: tuple) -> None:
+        """Table entry ``entry`` freed (no-op if it holds nothing counted)."""
+        for key in self.held.pop(entry, ()):
+            rec = self.storages[key]
+            rec[0] -= 1
+            if rec[0] == 0:
+                self.live -= rec[2] - rec[1]
+                del self.storages[key]

@@ -1,0 +1,253 @@
+"""How ranks exchange values: point-to-point messages (framed with their emulated arrival time on
+local-cpu clusters), AllReduce (a direct exchange of messages on CPU, NCCL's collective on GPUs), one gloo
+process group per direction between two ranks, and the progress each rank reports to its parent."""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+# CPU AllReduce messages: tag = base + subgroup index x span + sequence number in the subgroup (mod span);
+# above every plan message tag, and below 2**32 (gloo's slot)
+_AR_TAG_BASE, _AR_SEQ_SPAN, _AR_MAX_GROUPS = 1 << 30, 1 << 16, 1 << 14
+_F64 = torch.float64
+# emulated messages: [time stamp (float64) | zero padding | payload]; 64 bytes keep the payload as aligned as
+# a fresh allocation (an 8-byte header left it misaligned, and the first ops reading a received tensor took
+# up to 2x their profiled time)
+_HEADER_BYTES = 64
+
+
+def _frame(stamp: float, t: torch.Tensor) -> torch.Tensor:
+    """An emulated message: ``stamp`` in the header, then ``t``'s bytes."""
+    header = torch.zeros(_HEADER_BYTES, dtype=torch.uint8)
+    header[:8] = torch.from_numpy(np.array([stamp], dtype=np.float64).view(np.uint8))
+    if not t.numel():
+        return header
+    flat = t.reshape(-1)
+    if flat.stride(0) != 1:                 # one element kept with stride 0 (an expanded value): copy it
+        flat = flat.clone(memory_format=torch.contiguous_format)
+    return torch.cat((header, flat.view(torch.uint8)))
+
+
+def _unframe(buf: torch.Tensor, shape, dtype: torch.dtype) -> tuple[float, torch.Tensor]:
+    """The stamp and the payload (a view of ``buf`` as ``shape`` and ``dtype``) of an emulated message."""
+    stamp = float(buf[:8].numpy().view(np.float64)[0])
+    n = buf.numel() - _HEADER_BYTES
+    payload = buf[_HEADER_BYTES:].view(dtype).reshape(shape) if n else torch.empty(shape, dtype=dtype,
+                                                                                    device=buf.device)
+    return stamp, payload
+
+
+# ---------------------------------------------------------------------------- status shared with the parent
+class Status:
+    """Per-rank progress in shared memory: step, instruction index, peer waited for (-1 none (computing),
+    -2 a collective, -3 the barrier between steps)."""
+
+    def __init__(self, array, rank: int) -> None:
+        self.a, self.base = array, 3 * rank
+        self.peer = -1
+
+    def at(self, step: int, index: int) -> None:
+        self.a[self.base] = step
+        self.a[self.base + 1] = index
+
+    def waiting(self, peer: int) -> None:
+        self.a[self.base + 2] = peer
+        self.peer = peer
+
+
+class NullStatus:
+    peer = -1
+
+    def at(self, step: int, index: int) -> None:
+        pass
+
+    def waiting(self, peer: int) -> None:
+        self.peer = peer
+
+
+def waited_for(peer: int) -> str:
+    return {-2: "a collective", -3: "the barrier between steps"}.get(peer, f"rank {peer}")
+
+
+# ---------------------------------------------------------------------------- transport
+_CHANNELS: dict[int, dict[tuple[int, int], Any]] = {}     # per default process group: (src, dst) -> group
+
+
+def p2p_channels(device: torch.device) -> dict[tuple[int, int], Any]:
+    """CPU (gloo): one process group per ordered pair of ranks, ``(src, dst) -> group``, that carries only
+    the messages from ``src`` to ``dst``; GPUs (NCCL): empty (the default group is used).
+
+    On the default group two ranks share one gloo pair (one socket and its lock) for both directions.
+    When both send at the same moment, as plans with transfers both ways do at every layout change, the
+    caller's write and the device thread's read contend for that pair and a send of a few bytes now and
+    then blocks for a scheduler time slice (measured with crossing sends on one pair against one
+    group per direction; the figures are in docs/journal.md). Created once per
+    process and default group, collectively: every rank must call this at the same point (every job's
+    ``Transport`` does, on every rank)."""
+    if device.type != "cpu" or not dist.is_initialized() or dist.get_world_size() < 2:
+        return {}
+    key = id(dist.group.WORLD)
+    if key not in _CHANNELS:
+        world = dist.get_world_size()
+        _CHANNELS.clear()             # a former default group's channels are gone with it
+        _CHANNELS[key] = {(a, b): dist.new_group([a, b]) for a in range(world) for b in range(world) if a != b}
+    return _CHANNELS[key]
+
+
+class Transport:
+    """Point-to-point messages and AllReduce with optional link emulation (see the module docstring).
+    ``rank``: this process's rank; messages travel on ``p2p_channels``."""
+
+    def __init__(self, device: torch.device, emulate: bool, status, rank: int) -> None:
+        self.device, self.emulate, self.status, self.rank = device, emulate, status, rank
+        self.channels = p2p_channels(device)
+        self.link_free: dict[int, float] = {}
+        self.idle_s = 0.0          # time spent waiting (messages, collectives, emulated delays)
+        self.sends: list[tuple[Any, torch.Tensor]] = []
+        self.recvs: dict[int, tuple] = {}
+        self.in_flight: dict[tuple[int, ...], list[Pending]] = {}    # started collectives, per group
+        self.group_ready: dict[tuple[int, ...], float] = {}            # emulation: when each group is free
+        self.ar_seq: dict[tuple[int, ...], int] = {}                   # CPU AllReduces started, per group
+
+    def post(self, tag: int, src: int, shape: tuple, dtype: torch.dtype) -> None:
+        n = math.prod(shape) * dtype.itemsize
+        if self.emulate:
+            buf = torch.empty(n + _HEADER_BYTES, dtype=torch.uint8, device=self.device)
+        else:
+            buf = torch.empty(shape, dtype=dtype, device=self.device)
+        self.recvs[tag] = (dist.irecv(buf, src=src, tag=tag, group=self.channels.get((src, self.rank))), buf, shape,
+                           dtype, n, src)
+
+    def send(self, t: torch.Tensor, dst: int, tag: int, latency_s: float, s_per_byte: float) -> None:
+        t = t.contiguous()
+        if self.emulate:                              # CPU only: [ready time (float64) | payload bytes]
+            n = t.numel() * t.element_size()
+            now = time.perf_counter()
+            ready = max(now, self.link_free.get(dst, 0.0)) + latency_s + n * s_per_byte
+            self.link_free[dst] = ready
+            t = _frame(ready, t)
+        self.sends.append((dist.isend(t, dst=dst, tag=tag, group=self.channels.get((self.rank, dst))), t))
+
+    def take(self, tag: int) -> torch.Tensor:
+        work, buf, shape, dtype, n, src = self.recvs.pop(tag)
+        t0 = time.perf_counter()
+        self.status.waiting(src)
+        work.wait()
+        self.status.waiting(-1)
+        if self.emulate:
+            ready, buf = _unframe(buf, shape, dtype)
+            wait = ready - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+        self.idle_s += time.perf_counter() - t0
+        return buf
+
+    def allreduce(self, t: torch.Tensor, gid: int, group, members: Sequence[int], me: int,
+                  emulated_s: float) -> Pending:
+        """Start summing ``t`` (a fresh tensor) over the members of subgroup ``gid`` (``group``: its
+        process group); ``finish`` waits for the sum.
+
+        On GPUs this is NCCL's AllReduce. On CPU it is a direct exchange of point-to-point messages: each
+        member sends ``t`` to every other member and adds all of them in member order, so every member
+        gets the same bits. gloo hands each collective to a worker thread, which on a few busy cores costs
+        several times a message exchange on a few busy cores (measured in docs/journal.md).
+        """
+        key = tuple(members)
+        if self.device.type == "cuda":
+            p = Pending(dist.all_reduce(t, group=group, async_op=True), t, t.shape, t.dtype, None, members, me,
+                         key)
+        else:
+            if not 0 <= gid < _AR_MAX_GROUPS:
+                raise ValueError(f"subgroup index {gid} out of range for AllReduce message tags")
+            seq = self.ar_seq.get(key, 0)
+            self.ar_seq[key] = seq + 1
+            tag = _AR_TAG_BASE + gid * _AR_SEQ_SPAN + seq % _AR_SEQ_SPAN
+            t = t.contiguous()
+            stamp = time.perf_counter()
+            if self.emulate:                # [entry time (float64) | payload bytes], as ``send`` frames it
+                msg = _frame(stamp, t)
+            else:
+                msg = t
+            recvs = {}
+            for m in members:
+                if m != me:
+                    buf = torch.empty_like(msg)
+                    recvs[m] = (dist.irecv(buf, src=m, tag=tag, group=self.channels.get((m, me))), buf)
+            for m in members:
+                if m != me:
+                    self.sends.append((dist.isend(msg, dst=m, tag=tag, group=self.channels.get((me, m))), msg))
+            p = Pending(recvs, t, t.shape, t.dtype, emulated_s if self.emulate else None, members, me, key,
+                         stamp=stamp)
+        self.in_flight.setdefault(key, []).append(p)
+        return p
+
+    def finish(self, p: Pending) -> torch.Tensor:
+        """The sum of ``p``. A group runs its collectives in the order they were started, so the earlier
+        ones of ``p``'s group are finished first (which also lets the emulation serialize them)."""
+        queue = self.in_flight.get(p.key, [])
+        while p.result is None and queue:
+            q = queue.pop(0)
+            q.result = self._complete(q)
+        return p.result
+
+    def _complete(self, p: Pending) -> torch.Tensor:
+        t0 = time.perf_counter()
+        self.status.waiting(-2)
+        if not isinstance(p.work, dict):             # NCCL
+            p.work.wait()
+            self.status.waiting(-1)
+            self.idle_s += time.perf_counter() - t0
+            return p.buf
+        parts, entered = {p.me: p.buf}, [p.stamp]
+        for m, (work, buf) in p.work.items():
+            work.wait()
+            if self.emulate:
+                stamp, buf = _unframe(buf, p.shape, p.dtype)
+                entered.append(stamp)
+            parts[m] = buf
+        self.status.waiting(-1)
+        if p.emulated_s is not None:
+            # emulated: the exchange starts when the last member has entered and the group's previous
+            # collective is done (the same numbers on every member), and takes the nominal time
+            ready = max(max(entered), self.group_ready.get(p.key, 0.0)) + p.emulated_s
+            self.group_ready[p.key] = ready
+            nxt = p.members[(p.members.index(p.me) + 1) % len(p.members)]
+            self.link_free[nxt] = max(self.link_free.get(nxt, 0.0), ready)
+            wait = ready - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+        self.idle_s += time.perf_counter() - t0
+        acc = parts[p.members[0]]
+        for m in p.members[1:]:
+            acc = acc + parts[m]
+        return acc
+
+    def flush(self) -> None:
+        for work, _ in self.sends:
+            work.wait()
+        self.sends.clear()
+
+
+@dataclass
+class Pending:
+    work: Any                          # NCCL: the collective's work; CPU: {peer: (receive work, buffer)}
+    buf: torch.Tensor                  # this member's contribution (NCCL: reduced in place)
+    shape: torch.Size
+    dtype: torch.dtype
+    emulated_s: float | None
+    members: Sequence[int]
+    me: int
+    key: tuple[int, ...]
+    stamp: float = 0.0                 # when this member entered (emulation)
+    result: torch.Tensor | None = None
+    order: tuple[int, ...] | None = None   # memory order of the sum's dims for the reader (executor)
+
+
+# ---------------------------------------------------------------------------- memory held by a rank
