@@ -56,7 +56,7 @@ class TrainerSettings:
     simulated plans. Against the earlier 16 (4, 4, 2, 6), from scratch in 120 s: equal or better on
     paper-8gpu and paper-12gpu (bert_large 474.1 against 476.0 ms, 488.2 against 491.3; vgg19 and
     transformer within 0.1%) and much better on the held-out gen-65 (bert_large 561.2 against 624.9,
-    gpt2 379.2 against 413.0; docs/results.md, "The search mix (stop 32)"). Pretraining
+    gpt2 379.2 against 413.0; docs/results.md, "The search mix"). Pretraining
     (``experiment=pretrain``) keeps the earlier mix, with more of the policy's own draws, and with it the
     recipe of the shipped checkpoint; the new mix was not tried there."""
     graphs_per_round: int = 0

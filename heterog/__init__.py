@@ -1,6 +1,6 @@
 """HeteroG-style planning of DNN training on heterogeneous GPU clusters.
 
-Public API (DESIGN.md section 4); torch-dependent parts are imported lazily so that planning code
+Public API (docs/design.md section 6); torch-dependent parts are imported lazily so that planning code
 stays light:
     heterog.capture(module, example_inputs, *, optimizer="sgd") -> OpGraph
     heterog.zoo.names() / heterog.zoo.build(name, batch_size)

@@ -1,4 +1,4 @@
-"""`heterog bench`: the performance targets of DESIGN.md section 6, measured side by side.
+"""`heterog bench`: the performance targets of docs/design.md section 8, measured side by side.
 
 Speeds are reported with the reference measured in the same run, so a noisy machine shifts both.
 """

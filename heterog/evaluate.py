@@ -67,7 +67,7 @@ class PlanResult:
     plan: CompiledPlan | None = field(default=None, repr=False)
 
     def record(self) -> dict:
-        """The JSON record of DESIGN.md section 4."""
+        """The JSON record of ``heterog simulate --json`` (docs/design.md section 5)."""
         return {"method": self.method, "iteration_time_s": self.iteration_time_s, "oom": self.oom,
                 "peak_memory_bytes": self.peak_memory_bytes, "memory_capacity_bytes": self.memory_capacity_bytes,
                 "compute_time_s": self.compute_time_s, "comm_time_s": self.comm_time_s,

@@ -1,6 +1,6 @@
 """Event-driven simulator of one training iteration as a task graph on exclusive resources (GPUs, links).
 
-Pure numpy + numba (imports no torch and nothing from heterog); see DESIGN.md section 4 for the contract.
+Pure numpy + numba (imports no torch and nothing from heterog); see docs/design.md section 6 for the contract.
 """
 from simulator.bench import bench, random_taskgraph
 from simulator.engine import SimResult, simulate

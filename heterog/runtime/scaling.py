@@ -16,7 +16,7 @@ weight gradients e = 0 (means), the token count of a mean cross-entropy e = 1 (a
 keep every op instance consistent with the global step:
 
   1. aggregation: the global value of a partial is ``sum over replicas of (b/B) ** (1 - e) * P_b``
-     (e = 0: the share-weighted mean of DESIGN.md; e = 1: a plain sum);
+     (e = 0: the share-weighted mean of docs/design.md section 3; e = 1: a plain sum);
   2. re-layout: a piece of a batch tensor moving from a replica of share ``b`` to one of share ``b'`` is
      multiplied by ``(b' / b) ** e`` (backward tensors: ``b / b'``);
   3. a non-batch value ``G`` read by a batch op instance of share ``b`` is fed as ``(b / B) ** e * G``

@@ -7,7 +7,7 @@ local-cpu-3 (emulated slowdowns 1,2 and 1,2,3, so proportional shares are uneven
 every planner on local-cpu-3 (the baselines and searches with small budgets, the agent after one
 episode); parameters and losses must match single-process training. The per-rank programs lowered for
 NCCL run in one process (no GPU needed) and must give the same step as gloo's. Batch norm keeps
-per-replica statistics (DESIGN.md section 3): its data-parallel runs equal per-replica (DDP-style)
+per-replica statistics (docs/design.md, "The runtime"): its data-parallel runs equal per-replica (DDP-style)
 training. One worker pool per cluster serves every run of a pytest worker. The regression tests of the
 root causes found with these models come first.
 """
