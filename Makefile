@@ -24,9 +24,12 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(JOBS) --timeout 600 -m "not timing" tests
 	$(BIN)/python -m pytest -q --timeout 600 -m timing tests
 
-# the runtime conformance suite over 16 random seeds per model and cluster (make test runs 4)
+# the runtime conformance suites: 16 random seeds per model and cluster (make test runs 4), and ten more
+# transformers families
 conformance: $(STAMP)
 	HETEROG_CONFORMANCE_SEEDS=16 $(BIN)/python -m pytest -q -n $(JOBS) --timeout 600 tests/runtime/test_conformance.py
+	HETEROG_TRANSFORMERS_MORE=1 $(BIN)/python -m pytest -q -n $(JOBS) --timeout 600 \
+		tests/runtime/test_transformers_conformance.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check heterog simulator envs agents experiments tests

@@ -1,6 +1,8 @@
 """Conformance with a model library: Hugging Face ``transformers`` models (``transformers_models.py``),
 called with keyword arguments, dropout on at the library's defaults, train under the plan of every
-planner and under random plans on local-cpu-2 and local-cpu-3 exactly as in one process.
+planner and under random plans on local-cpu-2 and local-cpu-3 exactly as in one process (`make
+conformance` adds ten more families: BART, OPT, Qwen2, Mistral, ELECTRA, ALBERT, DeBERTa-v2, ConvNeXt,
+Swin and BERT with eager attention).
 
 The global batch is 12: with random values drawn in blocks of 8 samples, the replicas of even and
 proportional plans hold blocks in part. ResNet's batch norm keeps per-replica statistics (docs/design.md,
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 
 import numpy as np
 import pytest
@@ -24,12 +27,14 @@ STEPS = 2
 LR = 0.1
 RTOL, ATOL = 1e-4, 1e-5
 SEEDS = (0, 1)
+# `make conformance` also trains the families of transformers_models.MORE_MODELS
+MODELS = {**tm.EQUIVALENCE_MODELS, **(tm.MORE_MODELS if os.environ.get("HETEROG_TRANSFORMERS_MORE") else {})}
 
 
 @functools.cache
 def captured(name: str):
     logging.getLogger("heterog.graph.capture").setLevel(logging.ERROR)
-    module, inputs = {**tm.EQUIVALENCE_MODELS, **tm.BATCH_NORM_MODELS}[name](BATCH)
+    module, inputs = {**tm.EQUIVALENCE_MODELS, **tm.MORE_MODELS, **tm.BATCH_NORM_MODELS}[name](BATCH)
     return capture_model_for_runtime(module, inputs, lr=LR, name=name)
 
 
@@ -61,13 +66,13 @@ def test_the_models_draw_dropout_and_take_keyword_inputs() -> None:
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("cluster_name", list(CLUSTERS))
-@pytest.mark.parametrize("name", list(tm.EQUIVALENCE_MODELS))
+@pytest.mark.parametrize("name", list(MODELS))
 def test_random_plans_train_like_one_process(name, cluster_name, seed, request) -> None:
     check(name, cluster_name, "random", seed, request)
 
 
 @pytest.mark.parametrize("method", PLANNERS)
-@pytest.mark.parametrize("name", list(tm.EQUIVALENCE_MODELS))
+@pytest.mark.parametrize("name", list(MODELS))
 def test_planner_plans_train_like_one_process(name, method, request) -> None:
     check(name, "local-cpu-3", method, 0, request)
 

@@ -118,3 +118,107 @@ EQUIVALENCE_MODELS = {
 }
 # batch statistics: plans equal per-replica training
 BATCH_NORM_MODELS = {"resnet": build_resnet}
+
+
+# ---------------------------------------------------------------------------- more families (make conformance)
+def _lm(cls, config, batch_size: int, seed: int):
+    torch.manual_seed(0)
+    ids = _ids(batch_size, seed)
+    return cls(config), {"input_ids": ids, "labels": ids}
+
+
+def _classifier(cls, config, batch_size: int, seed: int, classes: int = 2):
+    torch.manual_seed(0)
+    return cls(config), {"input_ids": _ids(batch_size, seed), "labels": _classes(batch_size, classes, seed + 1)}
+
+
+def _images(cls, config, batch_size: int, seed: int):
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(seed)
+    return cls(config), {"pixel_values": torch.randn(batch_size, 3, 16, 16, generator=g),
+                         "labels": _classes(batch_size, 3, seed + 1)}
+
+
+def build_bert_eager(batch_size: int = 8):
+    """BERT with eager attention, three layers."""
+    return _classifier(tf.BertForSequenceClassification, tf.BertConfig(
+        vocab_size=VOCAB, hidden_size=48, num_hidden_layers=3, num_attention_heads=4, intermediate_size=96,
+        max_position_embeddings=32, num_labels=2, attn_implementation="eager"), batch_size, 20)
+
+
+def build_bart(batch_size: int = 8):
+    torch.manual_seed(0)
+    config = tf.BartConfig(vocab_size=VOCAB, d_model=HIDDEN, encoder_layers=2, decoder_layers=2,
+                           encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                           max_position_embeddings=40, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                           decoder_start_token_id=2)
+    return tf.BartForConditionalGeneration(config), {"input_ids": _ids(batch_size, 21), "labels": _ids(batch_size, 22)}
+
+
+def build_opt(batch_size: int = 8):
+    return _lm(tf.OPTForCausalLM, tf.OPTConfig(
+        vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=2, ffn_dim=64,
+        max_position_embeddings=40, word_embed_proj_dim=HIDDEN, pad_token_id=1, bos_token_id=2, eos_token_id=2),
+        batch_size, 23)
+
+
+def build_qwen2(batch_size: int = 8):
+    return _lm(tf.Qwen2ForCausalLM, tf.Qwen2Config(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=40, attention_dropout=0.1), batch_size, 24)
+
+
+def build_mistral(batch_size: int = 8):
+    return _lm(tf.MistralForCausalLM, tf.MistralConfig(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, max_position_embeddings=40, attention_dropout=0.1, bos_token_id=0, eos_token_id=1),
+        batch_size, 25)
+
+
+def build_electra(batch_size: int = 8):
+    return _classifier(tf.ElectraForSequenceClassification, tf.ElectraConfig(
+        vocab_size=VOCAB, embedding_size=16, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=40, num_labels=2), batch_size, 26)
+
+
+def build_albert(batch_size: int = 8):
+    return _classifier(tf.AlbertForSequenceClassification, tf.AlbertConfig(
+        vocab_size=VOCAB, embedding_size=16, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=40, num_labels=2, hidden_dropout_prob=0.1), batch_size, 27)
+
+
+def build_deberta_v2(batch_size: int = 8):
+    """DeBERTa-v2's disentangled relative attention (position buckets, p2c and c2p)."""
+    return _lm(tf.DebertaV2ForMaskedLM, tf.DebertaV2Config(
+        vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=40, relative_attention=True, position_buckets=8, pos_att_type=["p2c", "c2p"]),
+        batch_size, 28)
+
+
+def build_convnext(batch_size: int = 8):
+    """ConvNeXt with stochastic depth (``drop_path``: a random value per sample)."""
+    return _images(tf.ConvNextForImageClassification, tf.ConvNextConfig(
+        num_channels=3, num_stages=2, hidden_sizes=[8, 16], depths=[1, 1], num_labels=3, image_size=16,
+        drop_path_rate=0.1), batch_size, 29)
+
+
+def build_swin(batch_size: int = 8):
+    """Swin: shifted-window attention, stochastic depth, dropout."""
+    return _images(tf.SwinForImageClassification, tf.SwinConfig(
+        image_size=16, patch_size=2, num_channels=3, embed_dim=8, depths=[1, 1], num_heads=[2, 2], window_size=4,
+        num_labels=3, hidden_dropout_prob=0.1, drop_path_rate=0.1), batch_size, 31)
+
+
+# families beyond the suite's, trained by `make conformance`
+MORE_MODELS = {
+    "bert_eager": build_bert_eager,
+    "bart": build_bart,
+    "opt": build_opt,
+    "qwen2": build_qwen2,
+    "mistral": build_mistral,
+    "electra": build_electra,
+    "albert": build_albert,
+    "deberta_v2": build_deberta_v2,
+    "convnext": build_convnext,
+    "swin": build_swin,
+}
