@@ -1,7 +1,8 @@
 """Strategy -> TaskGraph: replicas, re-layouts, gradient aggregation and memory effects.
 
-See ``heterog.compiler.compile`` for the semantics (DESIGN.md section 3) and the phases.
+``heterog.compiler.compile`` lists the modules and the phases; the semantics are in docs/design.md,
+"Replication, re-layout and aggregation", "Parameter-server choice" and "Resources, memory and time".
 """
-from heterog.compiler.compile import CompiledPlan, Compiler, TaskKind, compile_strategy
+from heterog.compiler.compile import CompiledPlan, Compiler, TaskCategory, TaskKind, compile_strategy
 
-__all__ = ["CompiledPlan", "Compiler", "TaskKind", "compile_strategy"]
+__all__ = ["CompiledPlan", "Compiler", "TaskCategory", "TaskKind", "compile_strategy"]

@@ -1,4 +1,5 @@
-"""Delta compilation: patch a compiled plan for a strategy that differs from its own in a few groups.
+"""Delta compilation: patch a compiled plan for a strategy that differs from its own in a few groups,
+giving the plan that compiling the strategy from scratch gives, task for task.
 
 A group *changes* when its config does or when the PS choice (a greedy over every PS group of the plan,
 ``heterog.compiler.ps``, run again for every strategy) moves its PS device. Its ops are re-emitted
@@ -6,19 +7,22 @@ A group *changes* when its config does or when the PS choice (a greedy over ever
 consumes; every other task and dependency of the base plan is kept. Tasks have distinct canonical order
 keys (``heterog.compiler.tasks``), so the kept tasks (already in order) and the new ones (sorted) merge
 into exactly the task list, and the dependency lists, that compiling the strategy from scratch gives.
+``merge_kernel`` is the compiled merge, ``merge_reference`` its numpy twin (a test asserts they agree).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 from numba import njit
 
-from heterog.compiler.tasks import Tasks, ragged_gather
-
-if TYPE_CHECKING:  # pragma: no cover
-    from heterog.compiler.compile import Compiler, Placement
+from heterog.compiler.context import CompileContext
+from heterog.compiler.emit import emit_aggregation, emit_connections, emit_instances
+from heterog.compiler.index import GraphIndex
+from heterog.compiler.place import Placement
+from heterog.compiler.plan import PlanState, aggregated_of, assemble
+from heterog.compiler.registries import LayoutTable
+from heterog.compiler.tasks import TaskBatch, Tasks, ragged_gather
 
 
 @dataclass(frozen=True)
@@ -33,16 +37,49 @@ class Dirty:
     owners: np.ndarray
 
 
-def dirty_units(c: Compiler, base: Placement, new: Placement) -> Dirty | None:
+def dirty_units(index: GraphIndex, base: Placement, new: Placement) -> Dirty | None:
     """The units to re-emit to go from placement ``base`` to ``new`` (same grouping), None if none."""
     groups = (base.group_cfg != new.group_cfg) | (base.group_ps != new.group_ps)
     if not groups.any():
         return None
-    gi = c.gi
-    ops = groups[c.grouping.op_group]
-    tensors = ops[gi.t_op].copy()
-    tensors[gi.e_tensor[ops[gi.e_dst]]] = True
+    ops = groups[new.grouping.op_group]
+    tensors = ops[index.t_op].copy()
+    tensors[index.e_tensor[ops[index.e_dst]]] = True
     return Dirty(groups, ops, tensors, np.concatenate([ops, tensors]))
+
+
+def patch_plan(ctx: CompileContext, layouts: LayoutTable, base: PlanState, op_priority: np.ndarray | None,
+               place: Placement, dirty: Dirty) -> PlanState:
+    """The plan placed as ``place`` (with ``op_priority``) from ``base``: re-emit the units ``dirty``
+    (``dirty_units`` from ``base.placement``), keep the rest, merge."""
+    gi = ctx.index
+    prov = base.providers.copy()
+    batch = TaskBatch(base.tasks.n, ctx.order_key)
+    ops = np.nonzero(dirty.ops)[0]
+    emit_instances(ctx, layouts, batch, ops, place, prov)
+    agg = np.nonzero(place.aggregate & dirty.ops[gi.t_op])[0]
+    algo_new = emit_aggregation(ctx, layouts, batch, agg, place, prov)
+    emit_connections(ctx, layouts, batch, np.nonzero(dirty.tensors[gi.e_tensor])[0], place, prov)
+
+    new = batch.tasks()
+    m = merge_kernel(base.tasks, (base.dep_task, base.dep_on, base.dep_owner), dirty.owners, new,
+                     batch.dependencies())
+    prov.inst_start = m.new_of[prov.inst_start]
+    prov.at = m.new_of[prov.at]
+    algo = dict(base.allreduce_algo)
+    aggregated = dict(base.aggregated)
+    for o in ops.tolist():
+        algo.pop(o, None)
+    for t in np.nonzero(dirty.ops[gi.t_op] & base.placement.aggregate)[0].tolist():
+        aggregated.pop(t, None)
+    algo.update(algo_new)
+    aggregated.update(aggregated_of(gi, layouts, place, agg))
+    # the TaskGraph's own checks ran on the kept tasks when they were first compiled; the new ones get
+    # the checks that the compiler's construction does not guarantee
+    if not np.all((new.dur >= 0) & (new.dur < np.inf) & (new.lag >= 0) & (new.lag < np.inf)):
+        raise ValueError("compiler produced a task with a negative or infinite duration or lag")
+    return assemble(ctx, layouts, op_priority, m.tasks, (m.dep_task, m.dep_on, m.dep_owner), place, prov, algo,
+                    aggregated, validate=False, csr=(m.dep_ptr, m.dep_idx))
 
 
 # ----------------------------------------------------------------------------------- the merge

@@ -1,21 +1,23 @@
-"""The emitting phases of the compiler: op instances, gradient aggregation, and the edges between them.
+"""Phases 4-6 of a compilation: the tasks of op instances, of gradient aggregation and of the edges
+between them, for a set of ops or tensors.
 
-Each phase emits the tasks of a *set* of ops or tensors (all of them when a plan is compiled at once,
-those a strategy change touches when it is patched), vectorised with numpy: Python loops run over
-distinct layouts and layout pairs, never over replicas x edges. Task ids of ops and tensors outside the
-set come from ``Providers`` (the plan being patched).
+Semantics: docs/design.md, "Replication, re-layout and aggregation". Each phase emits the tasks of a
+*set* of ops or tensors (all of them when a plan is compiled at once, those a strategy change touches
+when it is patched), vectorised with numpy: Python loops run over distinct layouts and layout pairs,
+never over replicas x edges. Task ids of ops and tensors outside the set come from ``Providers`` (the
+plan being patched). Every phase reads the ``CompileContext``, the ``LayoutTable`` that the placement's
+layout ids index, and the ``Placement``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from heterog.compiler.tasks import TaskBatch, TaskKind, ragged
-
-if TYPE_CHECKING:  # pragma: no cover
-    from heterog.compiler.compile import Compiler, Placement
+from heterog.compiler.context import CompileContext
+from heterog.compiler.place import Placement
+from heterog.compiler.registries import LayoutTable
+from heterog.compiler.tasks import TaskBatch, TaskCategory, TaskKind, ragged
 
 
 @dataclass
@@ -30,15 +32,17 @@ class Providers:
     layout: np.ndarray
 
     def copy(self) -> Providers:
+        """An independent copy (a patch edits the copy, the base plan keeps its own)."""
         return Providers(self.inst_start.copy(), self.at.copy(), self.layout.copy())
 
 
 # ----------------------------------------------------------------------------------- instances
-def emit_instances(c: Compiler, batch: TaskBatch, ops: np.ndarray, place: Placement, prov: Providers) -> None:
+def emit_instances(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, ops: np.ndarray,
+                   place: Placement, prov: Providers) -> None:
     """One task per replica of each op in ``ops`` (ascending): compute on its device at its batch share,
     or a placeholder (graph input, parameter) that takes no time. Their outputs become the providers of
     the ops' tensors."""
-    gi, lay = c.gi, c.layouts
+    gi, lay = ctx.index, layouts
     op_lay = place.op_lay[ops]
     counts = lay.length[op_lay]
     rows, local = ragged(counts)
@@ -47,7 +51,7 @@ def emit_instances(c: Compiler, batch: TaskBatch, ops: np.ndarray, place: Placem
     inst_dev = lay.dev_flat[flat]
     inst_frac = lay.frac_flat[flat]
     comp = gi.is_compute[inst_op]
-    ids = batch.add(dur=c.cost.op_times(c.graph, inst_op, inst_dev, inst_frac),
+    ids = batch.add(dur=ctx.cost.op_times(ctx.graph, inst_op, inst_dev, inst_frac),
                     kind=np.where(comp, int(TaskKind.COMPUTE), int(TaskKind.PLACEHOLDER)), op=inst_op, dev=inst_dev,
                     alloc=gi.out_fixed_bytes[inst_op] + gi.out_batch_bytes[inst_op] * inst_frac,
                     cat=gi.category[inst_op], prio_op=inst_op, stage="compute", cls=0, tensor=0, sub=local,
@@ -57,7 +61,7 @@ def emit_instances(c: Compiler, batch: TaskBatch, ops: np.ndarray, place: Placem
     # the ops' tensors: read where their producer's instances are
     pos = np.full(gi.n_ops, -1, dtype=np.int64)
     pos[ops] = np.arange(len(ops))
-    rows_at = np.full((len(ops), c.n_devices), -1, dtype=np.int64)
+    rows_at = np.full((len(ops), ctx.n_devices), -1, dtype=np.int64)
     rows_at[rows, inst_dev] = ids
     tensors = np.nonzero(pos[gi.t_op] >= 0)[0]
     prov.at[tensors] = rows_at[pos[gi.t_op[tensors]]]
@@ -65,30 +69,31 @@ def emit_instances(c: Compiler, batch: TaskBatch, ops: np.ndarray, place: Placem
 
 
 # ----------------------------------------------------------------------------------- aggregation
-def emit_aggregation(c: Compiler, batch: TaskBatch, tensors: np.ndarray, place: Placement,
-                     prov: Providers) -> dict[int, str]:
+def emit_aggregation(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, tensors: np.ndarray,
+                     place: Placement, prov: Providers) -> dict[int, str]:
     """Aggregate the partial results ``tensors`` (ascending; all their producers' partial results):
     under PS, pushes to the group's PS and an aggregation there; under AllReduce, one collective per
     tensor. Returns the AllReduce algorithm of each op aggregated that way."""
     if not len(tensors):
         return {}
-    is_ps = place.op_ps[c.gi.t_op[tensors]]
-    _aggregate_ps(c, batch, tensors[is_ps], place, prov)
-    return _aggregate_ar(c, batch, tensors[~is_ps], place, prov)
+    is_ps = place.op_ps[ctx.index.t_op[tensors]]
+    _aggregate_ps(ctx, layouts, batch, tensors[is_ps], place, prov)
+    return _aggregate_ar(ctx, layouts, batch, tensors[~is_ps], place, prov)
 
 
-def _aggregate_ps(c: Compiler, batch: TaskBatch, tensors: np.ndarray, place: Placement, prov: Providers) -> None:
+def _aggregate_ps(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, tensors: np.ndarray,
+                  place: Placement, prov: Providers) -> None:
     """Workers push partial results to the PS, which aggregates them; the value then lives on the PS."""
     if not len(tensors):
         return
-    gi, cost, paths = c.gi, c.cost, c.paths
+    gi, cost, paths = ctx.index, ctx.cost, ctx.paths
     ops = gi.t_op[tensors]
-    ps = place.group_ps[c.grouping.op_group[ops]]
+    ps = place.group_ps[place.grouping.op_group[ops]]
     lays = place.op_lay[ops]
     for lay, p in sorted(set(zip(lays.tolist(), ps.tolist()))):
         pick = (lays == lay) & (ps == p)
         sel, sel_op = tensors[pick], ops[pick]
-        devs = np.array(c.layouts.devices[lay], dtype=np.int64)
+        devs = np.array(layouts.devices[lay], dtype=np.int64)
         k_ps = int(np.nonzero(devs == p)[0][0])
         workers = np.nonzero(devs != p)[0]
         nb = gi.t_bytes[sel]
@@ -99,14 +104,15 @@ def _aggregate_ps(c: Compiler, batch: TaskBatch, tensors: np.ndarray, place: Pla
         op_rep = np.repeat(sel_op, len(workers))
         rlen, ridx = paths.resources(src_dev, np.full(len(src_dev), p))
         push = batch.add(dur=cost.transfer_times(src_dev, np.full(len(src_dev), p), bytes_), kind=TaskKind.PUSH,
-                         op=op_rep, dev=p, alloc=bytes_, cat=6, prio_op=op_rep, stage="push", cls=0,
+                         op=op_rep, dev=p, alloc=bytes_, cat=TaskCategory.PS, prio_op=op_rep, stage="push", cls=0,
                          tensor=np.repeat(sel, len(workers)), sub=np.tile(np.arange(len(workers)), len(sel)),
                          owner=op_rep, res_len=rlen, res_idx=ridx,
                          lag=cost.transfer_latencies(src_dev, p, bytes_))
         batch.deps(push, src_task, op_rep)
         aggr = batch.add(dur=cost.aggregate_times(p, nb, len(devs)), kind=TaskKind.AGGREGATE, op=sel_op, dev=p,
-                         alloc=np.where(gi.is_grad[sel_op], 0.0, nb), cat=6, prio_op=sel_op, stage="aggregate",
-                         cls=0, tensor=sel, sub=0, owner=sel_op, res_len=1, res_idx=np.full(len(sel), p))
+                         alloc=np.where(gi.is_grad[sel_op], 0.0, nb), cat=TaskCategory.PS, prio_op=sel_op,
+                         stage="aggregate", cls=0, tensor=sel, sub=0, owner=sel_op, res_len=1,
+                         res_idx=np.full(len(sel), p))
         batch.deps(np.repeat(aggr, len(workers)), push, op_rep)
         batch.deps(aggr, prov.inst_start[sel_op] + k_ps, sel_op)
         prov.at[sel] = -1
@@ -114,26 +120,27 @@ def _aggregate_ps(c: Compiler, batch: TaskBatch, tensors: np.ndarray, place: Pla
         prov.layout[sel] = p                    # layout p: device p alone (LayoutTable)
 
 
-def _aggregate_ar(c: Compiler, batch: TaskBatch, tensors: np.ndarray, place: Placement,
-                  prov: Providers) -> dict[int, str]:
+def _aggregate_ar(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, tensors: np.ndarray,
+                  place: Placement, prov: Providers) -> dict[int, str]:
     """One AllReduce per partial tensor over its replicas; it holds the links of its algorithm (and the
     members that drive their own communication)."""
     algo_of: dict[int, str] = {}
     if not len(tensors):
         return algo_of
-    gi = c.gi
+    gi = ctx.index
     ops = gi.t_op[tensors]
     lays = place.op_lay[ops]
     for lay in np.unique(lays).tolist():
         pick = lays == lay
         sel, sel_op = tensors[pick], ops[pick]
-        devs = c.layouts.devices[lay]
-        costs = c.allreduce_costs(devs)
+        devs = layouts.devices[lay]
+        costs = ctx.allreduce(devs)
         code = costs.algo[sel]
-        nccl = (c.nccl_resource,) if c.nccl_resource >= 0 else ()
+        nccl = (ctx.nccl_resource,) if ctx.nccl_resource >= 0 else ()
         res = [costs.links[a] + nccl + costs.hosts for a in range(len(costs.names))]
-        ar = batch.add(dur=costs.times_s[sel], kind=TaskKind.ALLREDUCE, op=sel_op, dev=-1, alloc=0.0, cat=7,
-                       prio_op=sel_op, stage="aggregate", cls=0, tensor=sel, sub=0, owner=sel_op,
+        ar = batch.add(dur=costs.times_s[sel], kind=TaskKind.ALLREDUCE, op=sel_op, dev=-1, alloc=0.0,
+                       cat=TaskCategory.ALLREDUCE, prio_op=sel_op, stage="aggregate", cls=0, tensor=sel, sub=0,
+                       owner=sel_op,
                        res_len=np.array([len(r) for r in res], dtype=np.int64)[code],
                        res_idx=np.array([x for a in code.tolist() for x in res[a]], dtype=np.int64))
         k = len(devs)
@@ -145,13 +152,14 @@ def _aggregate_ar(c: Compiler, batch: TaskBatch, tensors: np.ndarray, place: Pla
 
 
 # ----------------------------------------------------------------------------------- connections
-def emit_connections(c: Compiler, batch: TaskBatch, edges: np.ndarray, place: Placement, prov: Providers) -> None:
+def emit_connections(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, edges: np.ndarray,
+                     place: Placement, prov: Providers) -> None:
     """Dependencies and communication of ``edges`` (ascending; every edge of each tensor they carry):
     (a) a batch tensor under the same layout feeds replica k to replica k; (b) a non-batch value is
     moved once per (tensor, device) that lacks it; (c) a batch tensor under another layout is split,
     moved and concatenated once per (tensor, consumer layout), unless its producer has no batch dimension
     and a copy of the whole value on every consumer device (then each replica reads its own copy)."""
-    gi = c.gi
+    gi = ctx.index
     if not len(edges):
         return
     src, dst = gi.e_src[edges], gi.e_dst[edges]
@@ -160,27 +168,28 @@ def emit_connections(c: Compiler, batch: TaskBatch, edges: np.ndarray, place: Pl
     same = batch_edge & (lay_u == lay_v)
     e = edges[same]
     if len(e):
-        rows, loc = ragged(c.layouts.length[place.op_lay[gi.e_dst[e]]])
+        rows, loc = ragged(layouts.length[place.op_lay[gi.e_dst[e]]])
         batch.deps(prov.inst_start[gi.e_dst[e][rows]] + loc, prov.inst_start[gi.e_src[e][rows]] + loc,
-                   c.gi.n_ops + gi.e_tensor[e][rows])
+                   gi.n_ops + gi.e_tensor[e][rows])
     e = edges[~batch_edge]
     if len(e):
-        _connect_nonbatch(c, batch, e, place, prov)
+        _connect_nonbatch(ctx, layouts, batch, e, place, prov)
     e = edges[batch_edge & ~same]
     if len(e):
-        local = _local_broadcast(c, e, place, prov)
+        local = _local_broadcast(ctx, layouts, e, place, prov)
         if local.any():
-            _connect_local(c, batch, e[local], place, prov)
+            _connect_local(ctx, layouts, batch, e[local], place, prov)
         e = e[~local]
     if len(e):
-        _connect_relayout(c, batch, e, place, prov)
+        _connect_relayout(ctx, layouts, batch, e, place, prov)
 
 
-def _local_broadcast(c: Compiler, e: np.ndarray, place: Placement, prov: Providers) -> np.ndarray:
+def _local_broadcast(ctx: CompileContext, layouts: LayoutTable, e: np.ndarray, place: Placement,
+                     prov: Providers) -> np.ndarray:
     """(len(e),) bool: batch edges whose producer has no batch dimension (a value broadcast along the
     batch by fused view/expand ops, e.g. a positional projection) and already holds the whole value on
     every device the consumer runs on; each consumer replica then reads its own device's copy."""
-    gi, lay = c.gi, c.layouts
+    gi, lay = ctx.index, layouts
     src, dst = gi.e_src[e], gi.e_dst[e]
     out = ~gi.has_batch[src]
     if not out.any():
@@ -192,9 +201,10 @@ def _local_broadcast(c: Compiler, e: np.ndarray, place: Placement, prov: Provide
     return out
 
 
-def _connect_local(c: Compiler, batch: TaskBatch, e: np.ndarray, place: Placement, prov: Providers) -> None:
+def _connect_local(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, e: np.ndarray,
+                   place: Placement, prov: Providers) -> None:
     """Each consumer replica depends on the producer's copy on its own device (``_local_broadcast``)."""
-    gi, lay = c.gi, c.layouts
+    gi, lay = ctx.index, layouts
     k = lay.length[place.op_lay[gi.e_dst[e]]]
     rows, loc = ragged(k)
     er = e[rows]
@@ -203,8 +213,11 @@ def _connect_local(c: Compiler, batch: TaskBatch, e: np.ndarray, place: Placemen
     batch.deps(prov.inst_start[gi.e_dst[er]] + loc, prov.at[t, d], gi.n_ops + t)
 
 
-def _connect_nonbatch(c: Compiler, batch: TaskBatch, e: np.ndarray, place: Placement, prov: Providers) -> None:
-    gi, lay, n_ops = c.gi, c.layouts, c.gi.n_ops
+def _connect_nonbatch(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, e: np.ndarray,
+                      place: Placement, prov: Providers) -> None:
+    """Non-batch values: a consumer replica reads its device's copy; a missing copy is moved once per
+    (tensor, device) from the best-connected holder; a consumer that reads only the shape moves nothing."""
+    gi, lay, n_ops = ctx.index, layouts, ctx.index.n_ops
     k = lay.length[place.op_lay[gi.e_dst[e]]]
     rows, loc = ragged(k)
     er = e[rows]
@@ -223,12 +236,12 @@ def _connect_nonbatch(c: Compiler, batch: TaskBatch, e: np.ndarray, place: Place
     if not need.any():
         return
     u, d, v, consumer, tensor = u[need], d[need], v[need], consumer[need], t[need]
-    m = c.n_devices
+    m = ctx.n_devices
     # best holder: highest bandwidth to d, then lowest latency, then lowest id
     holders = lay.dev_mask[prov.layout[tensor]]                               # (x, m)
-    score_bw = np.where(holders, c.bandwidth_Bps[:, d].T, -np.inf)
+    score_bw = np.where(holders, ctx.bandwidth_Bps[:, d].T, -np.inf)
     best_bw = score_bw.max(axis=1, keepdims=True)
-    score_lat = np.where(score_bw == best_bw, c.latency_s[:, d].T, np.inf)
+    score_lat = np.where(score_bw == best_bw, ctx.latency_s[:, d].T, np.inf)
     s = np.argmin(score_lat, axis=1)
     # one transfer per (tensor, destination device)
     tkey = tensor * m + d
@@ -237,10 +250,10 @@ def _connect_nonbatch(c: Compiler, batch: TaskBatch, e: np.ndarray, place: Place
     np.minimum.at(first_consumer, inv, v)
     tu, ts, td, tt = u[first_idx], s[first_idx], d[first_idx], tensor[first_idx]
     nb = gi.e_bytes[er[need][first_idx]]
-    rlen, ridx = c.paths.resources(ts, td)
-    tr = batch.add(dur=c.cost.transfer_times(ts, td, nb), kind=TaskKind.TRANSFER, op=tu, dev=td, alloc=nb, cat=4,
-                   prio_op=first_consumer, stage="transfer", cls=0, tensor=tt, sub=td, owner=n_ops + tt,
-                   res_len=rlen, res_idx=ridx, lag=c.cost.transfer_latencies(ts, td, nb))
+    rlen, ridx = ctx.paths.resources(ts, td)
+    tr = batch.add(dur=ctx.cost.transfer_times(ts, td, nb), kind=TaskKind.TRANSFER, op=tu, dev=td, alloc=nb,
+                   cat=TaskCategory.TRANSFER, prio_op=first_consumer, stage="transfer", cls=0, tensor=tt, sub=td,
+                   owner=n_ops + tt, res_len=rlen, res_idx=ridx, lag=ctx.cost.transfer_latencies(ts, td, nb))
     batch.deps(tr, prov.at[tt, ts], n_ops + tt)
     batch.deps(consumer, tr[inv], n_ops + tensor)
 
@@ -288,10 +301,11 @@ def relayout_pattern(devs_u, shares_u, devs_v, shares_v) -> _Pattern:
     return pat
 
 
-def _connect_relayout(c: Compiler, batch: TaskBatch, e: np.ndarray, place: Placement, prov: Providers) -> None:
+def _connect_relayout(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, e: np.ndarray,
+                      place: Placement, prov: Providers) -> None:
     """Split -> transfers -> concat for batch tensors consumed under another layout, once per
     (tensor, consumer layout); vectorised over all such re-layouts at once."""
-    gi, lay, B, n_ops = c.gi, c.layouts, c.batch_size, c.gi.n_ops
+    gi, lay, B, n_ops = ctx.index, layouts, ctx.batch_size, ctx.index.n_ops
     src, dst = gi.e_src[e], gi.e_dst[e]
     op_lay = place.op_lay
     n_lay = len(lay.devices)
@@ -330,9 +344,9 @@ def _connect_relayout(c: Compiler, batch: TaskBatch, e: np.ndarray, place: Place
     s_i = f_si[S_ptr[r_pat[s_r]] + s_k]
     s_dev = lay.dev_flat[fu[s_r] + s_i]
     s_bytes = r_bytes[s_r] * (lay.shares_flat[lay.ptr[r_lu[s_r]] + s_i] / B)
-    split_ids = batch.add(dur=c.cost.copy_times(s_dev, s_bytes), kind=TaskKind.SPLIT, op=r_u[s_r], dev=s_dev,
-                          alloc=s_bytes, cat=5, prio_op=first_consumer[s_r], stage="split", cls=1,
-                          tensor=r_tensor[s_r], sub=s_k, owner=r_owner[s_r], res_len=1, res_idx=s_dev)
+    split_ids = batch.add(dur=ctx.cost.copy_times(s_dev, s_bytes), kind=TaskKind.SPLIT, op=r_u[s_r], dev=s_dev,
+                          alloc=s_bytes, cat=TaskCategory.SPLIT_CONCAT, prio_op=first_consumer[s_r], stage="split",
+                          cls=1, tensor=r_tensor[s_r], sub=s_k, owner=r_owner[s_r], res_len=1, res_idx=s_dev)
     batch.deps(split_ids, src_inst[s_r] + s_i, r_owner[s_r])
     split_base = np.concatenate([[0], np.cumsum(n_s)])[:-1] + (split_ids[0] if len(split_ids) else 0)
 
@@ -347,11 +361,11 @@ def _connect_relayout(c: Compiler, batch: TaskBatch, e: np.ndarray, place: Place
         t_src = lay.dev_flat[fu[p_r[rem]] + p_i[rem]]
         t_dst = lay.dev_flat[fv[p_r[rem]] + p_j[rem]]
         t_bytes = r_bytes[p_r[rem]] * f_pov[fp[rem]] / B
-        rlen, ridx = c.paths.resources(t_src, t_dst)
-        tr = batch.add(dur=c.cost.transfer_times(t_src, t_dst, t_bytes), kind=TaskKind.TRANSFER, op=r_u[p_r[rem]],
-                       dev=t_dst, alloc=t_bytes, cat=4, prio_op=first_consumer[p_r[rem]], stage="transfer", cls=1,
-                       tensor=r_tensor[p_r[rem]], sub=p_k[rem], owner=r_owner[p_r[rem]], res_len=rlen, res_idx=ridx,
-                       lag=c.cost.transfer_latencies(t_src, t_dst, t_bytes))
+        rlen, ridx = ctx.paths.resources(t_src, t_dst)
+        tr = batch.add(dur=ctx.cost.transfer_times(t_src, t_dst, t_bytes), kind=TaskKind.TRANSFER, op=r_u[p_r[rem]],
+                       dev=t_dst, alloc=t_bytes, cat=TaskCategory.TRANSFER, prio_op=first_consumer[p_r[rem]],
+                       stage="transfer", cls=1, tensor=r_tensor[p_r[rem]], sub=p_k[rem], owner=r_owner[p_r[rem]],
+                       res_len=rlen, res_idx=ridx, lag=ctx.cost.transfer_latencies(t_src, t_dst, t_bytes))
         batch.deps(tr, piece_task[rem], r_owner[p_r[rem]])
         piece_task[rem] = tr
 
@@ -361,9 +375,10 @@ def _connect_relayout(c: Compiler, batch: TaskBatch, e: np.ndarray, place: Place
     c_j = f_cj[C_ptr[r_pat[c_r]] + c_k]
     c_dev = lay.dev_flat[fv[c_r] + c_j]
     c_bytes = r_bytes[c_r] * (lay.shares_flat[lay.ptr[r_lv[c_r]] + c_j] / B)
-    concat_ids = batch.add(dur=c.cost.copy_times(c_dev, c_bytes), kind=TaskKind.CONCAT, op=r_u[c_r], dev=c_dev,
-                           alloc=c_bytes, cat=5, prio_op=first_consumer[c_r], stage="concat", cls=1,
-                           tensor=r_tensor[c_r], sub=c_k, owner=r_owner[c_r], res_len=1, res_idx=c_dev)
+    concat_ids = batch.add(dur=ctx.cost.copy_times(c_dev, c_bytes), kind=TaskKind.CONCAT, op=r_u[c_r], dev=c_dev,
+                           alloc=c_bytes, cat=TaskCategory.SPLIT_CONCAT, prio_op=first_consumer[c_r],
+                           stage="concat", cls=1, tensor=r_tensor[c_r], sub=c_k, owner=r_owner[c_r], res_len=1,
+                           res_idx=c_dev)
     concat_base = np.concatenate([[0], np.cumsum(n_c)])[:-1] + (concat_ids[0] if len(concat_ids) else 0)
     in_concat = p_cs >= 0
     batch.deps(concat_base[p_r[in_concat]] + p_cs[in_concat], piece_task[in_concat], r_owner[p_r[in_concat]])

@@ -3,10 +3,16 @@ their aggregation needs (``GraphIndex``) and the cluster's routes as resources (
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from heterog.compiler.tasks import TaskCategory
 from heterog.errors import StrategyError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.cluster.topology import Cluster
+    from heterog.graph.opgraph import OpGraph
 
 VALUE_FREE_TARGETS = frozenset({
     "aten.ones_like.default", "aten.zeros_like.default", "aten.empty_like.default", "aten.full_like.default",
@@ -18,6 +24,7 @@ _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2
 
 
 def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of ``dtype`` (a torch dtype or its name); a StrategyError for an unknown one."""
     name = str(dtype).replace("torch.", "")
     if name not in _DTYPE_BYTES:
         raise StrategyError(f"unknown dtype {dtype!r} in graph")
@@ -42,7 +49,7 @@ class GraphIndex:
     out_fixed_bytes: np.ndarray    # allocation of the op's outputs that does not scale with batch
     out_batch_bytes: np.ndarray    # allocation that scales with the batch share
     resident_bytes: np.ndarray
-    category: np.ndarray           # index into CATEGORIES
+    category: np.ndarray           # TaskCategory of the op's instances
     is_grad: np.ndarray
     e_src: np.ndarray
     e_dst: np.ndarray
@@ -60,7 +67,7 @@ class GraphIndex:
         return len(self.t_op)
 
 
-def graph_index(graph) -> GraphIndex:
+def graph_index(graph: OpGraph) -> GraphIndex:
     """The graph's ``GraphIndex`` (cached on the graph)."""
     cached = graph.__dict__.get("_compile_index")
     if cached is not None:
@@ -111,7 +118,8 @@ def graph_index(graph) -> GraphIndex:
     no_alloc = placeholder_resident | (is_compute & (n_consumers == 0))
     out_fixed[no_alloc | is_grad] = 0.0
     out_batch[no_alloc] = 0.0
-    cat = np.where(is_compute, phase, 3).astype(np.int64)
+    # compute ops by phase (forward, backward, update: the first three categories), placeholders as inputs
+    cat = np.where(is_compute, TaskCategory.FORWARD + phase, TaskCategory.INPUT).astype(np.int64)
     idx = GraphIndex(n, has_batch, post, placeholder_resident, is_compute, out_fixed, out_batch,
                      graph.resident_bytes.copy(), cat, is_grad, src, dst, graph.edge_bytes.copy(), e_batch,
                      e_value_free, e_tensor, t_op, t_bytes, t_needs_agg, t_pulled)
@@ -141,7 +149,7 @@ class Paths:
         return keep.sum(axis=1), res[keep]
 
 
-def path_table(cluster) -> Paths:
+def path_table(cluster: Cluster) -> Paths:
     """The cluster's ``Paths`` (cached on the cluster)."""
     cached = cluster.__dict__.get("_compile_paths")
     if cached is not None:

@@ -1,4 +1,5 @@
-"""Load-aware choice of the parameter-server device of each PS group (DESIGN.md section 3).
+"""Load-aware choice of the parameter-server device of each PS group (docs/design.md, "Parameter-server
+choice"): the greedy over a plan's PS groups, as a compiled kernel and its plain-Python twin.
 
 A PS group's workers push their partial gradients to the PS device, which aggregates them and updates
 the parameters; the workers pull the parameters they read in the forward pass. Choosing, for every group
@@ -28,9 +29,15 @@ they agree).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numba import njit
+
+from heterog.compiler.index import Paths
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.cost.model import CostModel
 
 _X0, _X1 = 1.0, 1.0e6        # byte counts at which the cost model's lines are read
 
@@ -202,7 +209,7 @@ def choose_ps_reference(order, need, amount, rep_ptr, rep_dev, cand_ptr, cand_de
 
 
 # ----------------------------------------------------------------------------- building the problem
-def _cluster_tables(cost, paths) -> tuple:
+def _cluster_tables(cost: CostModel, paths: Paths) -> tuple:
     """alpha, beta (M, M) and the path CSR without self-transfers (cached on the cost model)."""
     cached = cost.__dict__.get("_ps_tables")
     if cached is None:
@@ -218,7 +225,7 @@ def _cluster_tables(cost, paths) -> tuple:
     return cached
 
 
-def _aggregate_coefs(n_replicas: int, candidates: tuple[int, ...], cost) -> np.ndarray:
+def _aggregate_coefs(n_replicas: int, candidates: tuple[int, ...], cost: CostModel) -> np.ndarray:
     """(len(candidates), 2) aggregation time per tensor and per byte (cached per cost model)."""
     cache = cost.__dict__.setdefault("_ps_aggregate", {})
     key = (n_replicas, candidates)
@@ -230,7 +237,7 @@ def _aggregate_coefs(n_replicas: int, candidates: tuple[int, ...], cost) -> np.n
 
 def build_problem(ps_groups: np.ndarray, replicas: list[tuple[int, ...]], fixed: dict[int, int],
                   amount: np.ndarray, need: np.ndarray, allreduces: list[tuple[float, tuple[int, ...]]],
-                  cost, paths, n_res: int) -> PSProblem:
+                  cost: CostModel, paths: Paths, n_res: int) -> PSProblem:
     """The ``PSProblem`` of the plan's PS groups (``ps_groups[i]`` over ``replicas[i]``; ``fixed``: group ->
     PS device the strategy gives, still placed so that it loads what it uses), their ``amount`` (G, 4) and
     ``need`` (G, M), and the plan's AllReduces (duration, resources)."""
@@ -255,7 +262,8 @@ def build_problem(ps_groups: np.ndarray, replicas: list[tuple[int, ...]], fixed:
 
 def problem_from_configs(ps_groups: np.ndarray, group_cfg: np.ndarray, cfg_devices: dict[int, tuple[int, ...]],
                          fixed_ps: np.ndarray, amount: np.ndarray, need: np.ndarray,
-                         allreduces: list[tuple[float, tuple[int, ...]]], cost, paths, n_res: int) -> PSProblem:
+                         allreduces: list[tuple[float, tuple[int, ...]]], cost: CostModel, paths: Paths,
+                         n_res: int) -> PSProblem:
     """``build_problem`` for groups given by config: ``group_cfg[i]`` is the config id of ``ps_groups[i]``,
     ``cfg_devices`` its replica devices, ``fixed_ps`` (per config id) the PS device it names or -1. Built
     per config and gathered per group (the same arrays as ``build_problem``, without a loop over groups)."""

@@ -24,6 +24,8 @@ N_STAGES = 10
 
 
 class TaskKind(IntEnum):
+    """What a task does (``CompiledPlan.task_kind``)."""
+
     COMPUTE = 0
     PLACEHOLDER = 1
     TRANSFER = 2
@@ -35,7 +37,23 @@ class TaskKind(IntEnum):
 
 
 COMM_KINDS = (TaskKind.TRANSFER, TaskKind.PUSH, TaskKind.ALLREDUCE)
-# Chrome-trace / Gantt categories: compute tasks by phase, communication by kind
+
+
+class TaskCategory(IntEnum):
+    """How a task is shown in Chrome traces and Gantt charts: compute tasks by the phase of their op (the
+    first three follow ``heterog.graph.opgraph.PHASES``), placeholders as inputs, communication by kind.
+    ``CATEGORIES[c]`` is category ``c``'s name in the TaskGraph."""
+
+    FORWARD = 0
+    BACKWARD = 1
+    UPDATE = 2
+    INPUT = 3
+    TRANSFER = 4
+    SPLIT_CONCAT = 5
+    PS = 6
+    ALLREDUCE = 7
+
+
 CATEGORIES = ("forward", "backward", "update", "input", "transfer", "split/concat", "ps", "allreduce")
 
 
@@ -63,7 +81,7 @@ class Tasks:
     Integer columns are the rows of ``ints`` (INT_COLS): ``order`` canonical order key (module docstring),
     ``owner`` emission unit (op, or n_ops + tensor), ``kind`` TaskKind, ``op`` the op the task belongs to
     (the producer, for communication), ``dev`` device of a compute task or destination of a transfer (-1
-    for collectives), ``cat`` index into CATEGORIES, ``prio_op`` op whose priority the task inherits.
+    for collectives), ``cat`` TaskCategory, ``prio_op`` op whose priority the task inherits.
     Float columns are the rows of ``floats`` (FLOAT_COLS): ``dur`` seconds, ``lag`` seconds in flight after
     the task's end (the simulator's lag), ``alloc`` bytes allocated on ``dev`` when the task starts.
 
@@ -145,8 +163,8 @@ class TaskBatch:
         self._res_idx: list[np.ndarray] = []
         self._dep: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
-    def add(self, *, dur, kind: int, op, dev, alloc, cat, prio_op, stage: str, cls: int, tensor, sub, owner,
-            res_len, res_idx, lag=0.0) -> np.ndarray:
+    def add(self, *, dur, kind: TaskKind | np.ndarray, op, dev, alloc, cat: TaskCategory | np.ndarray, prio_op,
+            stage: str, cls: int, tensor, sub, owner, res_len, res_idx, lag=0.0) -> np.ndarray:
         """Add ``len(dur)`` tasks (other per-task arguments broadcast); returns their ids. ``lag``: seconds
         after a task's end until its dependents may start, its resources already free (a message's latency
         in flight; the simulator's task lag)."""

@@ -1,0 +1,104 @@
+"""Phases 1-3 of a compilation: each group's config, each PS group's server and each op's layout, as a
+``Placement``, the part of a strategy that the emitting phases and the patching read.
+
+Semantics: docs/design.md, "Replication, re-layout and aggregation" and "Parameter-server choice".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from heterog.compiler.context import CompileContext
+from heterog.compiler.index import GraphIndex
+from heterog.compiler.ps import choose_ps_devices, problem_from_configs
+from heterog.compiler.registries import ConfigTable, Grouping, PSDemand
+from heterog.strategy import Strategy
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where everything of a strategy runs: ``group_cfg`` (G,) config ids (of the compiler's
+    ``ConfigTable``); ``op_cfg``, ``op_ps`` (ops under a PS config with several replicas), ``op_lay``
+    (n_ops,) layout ids (of its ``LayoutTable``); ``aggregate`` (n_tensors,) partial results to aggregate;
+    ``group_ps`` (G,) PS device of each PS group, -1 for the others; ``grouping`` the strategy's groups."""
+
+    group_cfg: np.ndarray
+    op_cfg: np.ndarray
+    op_ps: np.ndarray
+    aggregate: np.ndarray
+    group_ps: np.ndarray
+    op_lay: np.ndarray
+    grouping: Grouping
+
+
+def assign_configs(configs: ConfigTable, strategy: Strategy) -> np.ndarray:
+    """Phase 1: each group's config id in ``configs`` (configs compared by object first, then by value)."""
+    listed = strategy.configs
+    obj_ids = np.fromiter(map(id, listed), dtype=np.int64, count=len(listed))
+    _, first, inv = np.unique(obj_ids, return_index=True, return_inverse=True)
+    ids = np.array([configs.id_of(listed[i]) for i in first.tolist()], dtype=np.int64)
+    configs.refresh()
+    return ids[inv.ravel()]
+
+
+def choose_ps(ctx: CompileContext, configs: ConfigTable, demand: PSDemand, group_cfg: np.ndarray,
+              aggregate: np.ndarray) -> np.ndarray:
+    """Phase 2: the PS device of every PS group (the given one, or the replica chosen with the plan's
+    other PS groups and AllReduces already queued on each candidate's links and aggregation,
+    ``heterog.compiler.ps``); -1 for the other groups."""
+    grouping, gi = demand.grouping, ctx.index
+    out = np.full(grouping.n_groups, -1, dtype=np.int64)
+    ps_groups = np.nonzero(configs.is_ps[group_cfg])[0]
+    if not len(ps_groups):
+        return out
+    t_cfg = group_cfg[grouping.t_group]
+    n_push = np.bincount(grouping.t_group[aggregate], minlength=grouping.n_groups).astype(np.float64)
+    b_push = np.bincount(grouping.t_group[aggregate], weights=gi.t_bytes[aggregate], minlength=grouping.n_groups)
+    n_pull, b_pull = demand.pulled()
+    amount = np.stack([n_push, b_push, n_pull, b_pull], axis=1)[ps_groups]
+    # the plan's AllReduces: (total duration, resources) per (config, algorithm), configs in order of first use
+    allreduces = []
+    ar = aggregate & ~configs.is_ps[t_cfg]
+    used, first = np.unique(t_cfg[ar], return_index=True)
+    for k in used[np.argsort(first)].tolist():
+        sel = ar & (t_cfg == k)
+        costs = ctx.allreduce(configs.configs[k].devices)
+        times, algo = costs.times_s[sel], costs.algo[sel]
+        for a in np.unique(algo).tolist():
+            allreduces.append((float(np.sum(times[algo == a])), costs.links[a] + costs.hosts))
+    ps_cfg = group_cfg[ps_groups]
+    need = np.zeros((len(ps_groups), ctx.n_devices))
+    for k in np.unique(ps_cfg).tolist():
+        rows = ps_cfg == k
+        need[rows] = demand.parameters_needed(configs.configs[k])[ps_groups[rows]]
+    devices = {k: configs.configs[k].devices for k in np.unique(ps_cfg).tolist()}
+    problem = problem_from_configs(ps_groups, ps_cfg, devices, configs.fixed_ps, amount,
+                                   need, allreduces, ctx.cost, ctx.paths, ctx.n_devices + ctx.n_links)
+    out[ps_groups] = choose_ps_devices(problem)
+    return out
+
+
+def lay_out(index: GraphIndex, configs: ConfigTable, grouping: Grouping, group_cfg: np.ndarray,
+            group_ps: np.ndarray) -> np.ndarray:
+    """Phase 3: each op's layout id: its config's replicas at their shares (batch ops) or at the whole batch
+    (duplicated ops); under PS, parameters, state and what follows aggregation on the PS alone."""
+    op_cfg = group_cfg[grouping.op_group]
+    op_lay = np.where(index.has_batch, configs.split_layout[op_cfg], configs.dup_layout[op_cfg])
+    ps_mode = configs.is_ps[op_cfg] & ~index.has_batch & (index.post_agg | index.placeholder_resident)
+    op_lay[ps_mode] = group_ps[grouping.op_group[ps_mode]]          # layout d: device d alone
+    return op_lay
+
+
+def place(ctx: CompileContext, configs: ConfigTable, demand: PSDemand, strategy: Strategy) -> Placement:
+    """Phases 1-3 for ``strategy``, whose groups are ``demand.grouping``; registers its configs and
+    layouts in ``configs``."""
+    gi, grouping = ctx.index, demand.grouping
+    group_cfg = assign_configs(configs, strategy)
+    op_cfg = group_cfg[grouping.op_group]
+    replicated = configs.n_replicas[op_cfg] > 1
+    aggregate = gi.t_needs_agg & replicated[gi.t_op]
+    group_ps = choose_ps(ctx, configs, demand, group_cfg, aggregate)
+    configs.layouts.refresh()
+    return Placement(group_cfg, op_cfg, configs.is_ps[op_cfg], aggregate, group_ps,
+                     lay_out(gi, configs, grouping, group_cfg, group_ps), grouping)

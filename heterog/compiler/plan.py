@@ -1,0 +1,166 @@
+"""Phase 7 of a compilation and what it yields: tasks in canonical order become a TaskGraph and a
+``CompiledPlan``; a ``PlanState`` keeps what patching the plan needs, a ``PatchCache`` the recent ones.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from heterog.compiler.context import CompileContext
+from heterog.compiler.emit import Providers
+from heterog.compiler.index import GraphIndex
+from heterog.compiler.place import Placement
+from heterog.compiler.registries import LayoutTable
+from heterog.compiler.tasks import TaskKind, Tasks, ragged
+
+if TYPE_CHECKING:  # pragma: no cover
+    from simulator.taskgraph import TaskGraph
+
+
+@dataclass
+class CompiledPlan:
+    """A TaskGraph plus what each task stands for (kind, op, device) and the resource layout.
+
+    Shapes: task arrays (n_tasks,); ``dep_ptr`` (n_tasks + 1,), ``dep_idx`` (dep_ptr[-1],): the tasks
+    each task waits for, as CSR.
+    """
+
+    tg: TaskGraph
+    task_kind: np.ndarray           # TaskKind
+    task_op: np.ndarray
+    task_device: np.ndarray         # compute device, or destination device of a transfer, -1 for collectives
+    op_priority: np.ndarray | None  # per-op priorities from the strategy (None: ranked by the scheduler)
+    task_prio_op: np.ndarray        # op whose priority a task inherits
+    n_devices: int
+    n_links: int
+    dep_ptr: np.ndarray
+    dep_idx: np.ndarray
+    ps_device: dict = field(default_factory=dict)        # group -> chosen PS device
+    allreduce_algo: dict = field(default_factory=dict)   # aggregated op -> "ring" | "hierarchical"
+    # the layout decisions, for the runtime (which must reproduce them) and for reports
+    op_layout: np.ndarray | None = None        # (n_ops,) layout id of each op's instances
+    layout_devices: list = field(default_factory=list)   # layout id -> tuple of devices
+    layout_shares: list = field(default_factory=list)    # layout id -> tuple of batch shares (DUP: B each)
+    tensor_layout: np.ndarray | None = None    # (n_tensors,) layout whose devices hold each tensor's value
+    aggregated: dict = field(default_factory=dict)       # tensor id -> ("ps", ps device) | ("allreduce", devices)
+
+    @property
+    def n_tasks(self) -> int:
+        return len(self.task_kind)
+
+    def counts(self) -> dict[str, int]:
+        """Tasks of each kind, by the kind's name in lower case."""
+        return {k.name.lower(): int(np.sum(self.task_kind == k)) for k in TaskKind}
+
+
+@dataclass
+class PlanState:
+    """A compiled plan and what patching it needs: its tasks in TaskGraph order, every dependency as
+    emitted (``dep_task`` waits for ``dep_on``; duplicates kept, sorted by (task, on), with the emission
+    unit that owns it), the placement and the providers (task ids of this plan)."""
+
+    plan: CompiledPlan
+    tasks: Tasks
+    dep_task: np.ndarray
+    dep_on: np.ndarray
+    dep_owner: np.ndarray
+    placement: Placement
+    providers: Providers
+    allreduce_algo: dict[int, str]
+    aggregated: dict[int, tuple]
+
+
+class PatchCache:
+    """The plans a compiler keeps to patch: at most ``max_plans``, least recently used first, each under
+    a key of its own (``id(state)``). Layout and config ids in them index the compiler's current tables."""
+
+    def __init__(self, max_plans: int) -> None:
+        self.max_plans = int(max_plans)
+        self._states: OrderedDict[int, PlanState] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def __setitem__(self, key: int, state: PlanState) -> None:
+        """Keep ``state`` as the most recently used plan (the least recently used beyond ``max_plans`` go)."""
+        self._states[key] = state
+        while len(self._states) > self.max_plans:
+            self._states.popitem(last=False)
+
+    def clear(self) -> None:
+        self._states.clear()
+
+    def closest(self, placement: Placement) -> tuple[int, PlanState] | None:
+        """The kept plan whose groups' configs differ from ``placement``'s in the fewest groups (the least
+        recently used among equals) and its key; None if none is kept."""
+        if not self._states:
+            return None
+        return min(self._states.items(),
+                   key=lambda kv: np.count_nonzero(kv[1].placement.group_cfg != placement.group_cfg))
+
+    def touch(self, key: int) -> None:
+        """Mark the plan under ``key`` as the most recently used."""
+        self._states.move_to_end(key)
+
+    def __repr__(self) -> str:
+        return f"PatchCache({len(self)} of at most {self.max_plans} plans)"
+
+
+def resident_bytes(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray) -> np.ndarray:
+    """(M,) bytes of parameters, gradients and optimizer state resident on each device when op ``o``'s
+    instances run on layout ``op_lay[o]``."""
+    ops = ctx.resident_ops
+    rows, local = ragged(layouts.length[op_lay[ops]])
+    devs = layouts.dev_flat[layouts.ptr[op_lay[ops]][rows] + local]
+    return np.bincount(devs, weights=ctx.index.resident_bytes[ops][rows], minlength=ctx.n_devices)
+
+
+def aggregated_of(index: GraphIndex, layouts: LayoutTable, place: Placement, tensors: np.ndarray) -> dict[int, tuple]:
+    """How each of ``tensors`` (aggregated ones) is aggregated: ("ps", device) or ("allreduce", devices)."""
+    ops = index.t_op[tensors]
+    ps = place.group_ps[place.grouping.op_group[ops]]
+    lay = place.op_lay[ops]
+    return {t: ("ps", p) if is_ps else ("allreduce", layouts.devices[k])
+            for t, p, is_ps, k in zip(tensors.tolist(), ps.tolist(), place.op_ps[ops].tolist(), lay.tolist())}
+
+
+def assemble(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray | None, tasks: Tasks,
+             deps: tuple[np.ndarray, np.ndarray, np.ndarray], place: Placement, prov: Providers,
+             algo: dict[int, str], aggregated: dict[int, tuple], *, validate: bool = True,
+             csr: tuple[np.ndarray, np.ndarray] | None = None) -> PlanState:
+    """Phase 7: the TaskGraph of ``tasks``, already in canonical order, and of ``deps`` (task, on, owner),
+    sorted by (task, on) (duplicates allowed) in the same ids (``validate``: the TaskGraph checks every
+    task; ``csr``: the dependencies without duplicates as (ptr, idx), if already at hand)."""
+    dep_task, dep_on, dep_owner = deps
+    n = tasks.n
+    if csr is None:
+        keep = np.ones(len(dep_task), dtype=bool)
+        if len(dep_task):
+            keep[1:] = (dep_task[1:] != dep_task[:-1]) | (dep_on[1:] != dep_on[:-1])
+        dep_t, dep_o = dep_task[keep], dep_on[keep]
+        dep_ptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(dep_t, minlength=n), out=dep_ptr[1:])
+    else:
+        dep_ptr, dep_o = csr
+        dep_t = np.repeat(np.arange(n), np.diff(dep_ptr))
+    if np.any(dep_o >= dep_t):
+        raise AssertionError("compiler produced a dependency on a later task")
+    has_mem = (tasks.alloc > 0) & (tasks.dev >= 0)
+    mem_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(has_mem, out=mem_ptr[1:])
+    resident = np.zeros(ctx.resources.n_resources)
+    resident[:ctx.n_devices] = resident_bytes(ctx, layouts, place.op_lay)
+    tg = ctx.resources.empty_copy(resident_bytes=resident)
+    tg.adopt_tasks(tasks.dur, tasks.lag, ctx.category_codes[tasks.cat], tasks.res_ptr, tasks.res_idx, dep_ptr, dep_o,
+                   mem_ptr, tasks.dev[has_mem], np.rint(tasks.alloc[has_mem]).astype(np.int64), validate=validate)
+    ps_groups = np.nonzero(place.group_ps >= 0)[0]
+    plan = CompiledPlan(tg=tg, task_kind=tasks.kind, task_op=tasks.op, task_device=tasks.dev,
+                        op_priority=op_priority, task_prio_op=tasks.prio_op, n_devices=ctx.n_devices,
+                        n_links=ctx.n_links, dep_ptr=dep_ptr, dep_idx=dep_o,
+                        ps_device=dict(zip(ps_groups.tolist(), place.group_ps[ps_groups].tolist())),
+                        allreduce_algo=algo, op_layout=place.op_lay, layout_devices=list(layouts.devices),
+                        layout_shares=list(layouts.shares), tensor_layout=prov.layout, aggregated=aggregated)
+    return PlanState(plan, tasks, dep_task, dep_on, dep_owner, place, prov, algo, aggregated)

@@ -1,0 +1,81 @@
+"""What a compilation yields (heterog.compiler.plan): task categories in the TaskGraph, the cache of plans
+kept for patching, and a Compiler whose tables start afresh compiling the same plans."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from heterog.compiler import Compiler, TaskKind, compile_strategy
+from heterog.compiler.plan import PatchCache
+from heterog.strategy import ParallelConfig
+from tests.compiler.helpers import linear_graph
+from tests.compiler.test_compile import FakeCost, strategy_for, two_gpu
+from tests.compiler.test_delta import assert_same_plan
+
+CATEGORY_OF_KIND = {TaskKind.PLACEHOLDER: "input", TaskKind.TRANSFER: "transfer", TaskKind.SPLIT: "split/concat",
+                    TaskKind.CONCAT: "split/concat", TaskKind.PUSH: "ps", TaskKind.AGGREGATE: "ps",
+                    TaskKind.ALLREDUCE: "allreduce"}
+
+
+@pytest.mark.parametrize("configs, group_of", [
+    ([ParallelConfig.of([(0, 4), (1, 4)], sync="ps")], None),
+    ([ParallelConfig.of([(0, 4), (1, 4)], sync="allreduce")], None),
+    ([ParallelConfig.single(0, 8), ParallelConfig.of([(0, 4), (1, 4)])], [0, 1, 0, 1, 1, 1, 1, 1]),
+], ids=["ps", "allreduce", "relayout"])
+def test_each_task_is_shown_in_the_category_of_its_kind_or_its_ops_phase(configs, group_of):
+    g, c = linear_graph(), two_gpu()
+    plan = compile_strategy(g, c, strategy_for(g, c, configs, group_of), FakeCost(c))
+    names = plan.tg.category_names
+    shown = [names[x] for x in plan.tg.task_category.tolist()]
+    expected = [g.ops[op].phase if kind == TaskKind.COMPUTE else CATEGORY_OF_KIND[TaskKind(kind)]
+                for kind, op in zip(plan.task_kind.tolist(), plan.task_op.tolist())]
+    assert shown == expected
+    assert {"forward", "backward", "update", "input"} <= set(shown)
+
+
+def state(group_cfg) -> SimpleNamespace:
+    """A stand-in for a PlanState: the cache reads only its placement's configs."""
+    return SimpleNamespace(placement=SimpleNamespace(group_cfg=np.asarray(group_cfg)))
+
+
+def test_patch_cache_finds_the_closest_plan_least_recently_used_first_among_equals():
+    cache = PatchCache(3)
+    a, b, c = state([0, 0, 0]), state([0, 1, 1]), state([1, 0, 0])
+    for key, s in ((1, a), (2, b), (3, c)):
+        cache[key] = s
+    assert cache.closest(state([0, 1, 0]).placement) == (1, a)        # a and b differ in one group each
+    cache.touch(1)
+    assert cache.closest(state([0, 1, 0]).placement) == (2, b)
+    assert cache.closest(state([1, 0, 1]).placement) == (3, c)
+
+
+def test_patch_cache_keeps_at_most_its_size_dropping_the_least_recently_used():
+    cache = PatchCache(2)
+    for key in (1, 2, 3):
+        cache[key] = state([key])
+    assert len(cache) == 2 and cache.closest(state([1]).placement)[0] == 2      # plan 1 is gone
+    cache.clear()
+    assert len(cache) == 0 and cache.closest(state([1]).placement) is None
+    empty = PatchCache(0)
+    empty[1] = state([1])
+    assert len(empty) == 0
+
+
+def test_a_compiler_whose_tables_start_afresh_compiles_the_same_plans():
+    g, c = linear_graph(), two_gpu()
+    cost = FakeCost(c)
+    compiler = Compiler(g, c, cost, delta_fraction=1.0)
+    compiler.MAX_CONFIGS = 2                                  # start afresh past two configs
+    configs = [ParallelConfig.single(0, 8), ParallelConfig.of([(0, 4), (1, 4)], sync="ps"),
+               ParallelConfig.of([(0, 2), (1, 6)], sync="allreduce"), ParallelConfig.single(1, 8),
+               ParallelConfig.of([(0, 5), (1, 3)], sync="ps", ps_device=1)]
+    group_of = [0, 1, 0, 1, 1, 1, 1, 1]
+    seen = 0
+    for first, second in zip(configs, configs[1:] + configs[:1]):
+        strategy = strategy_for(g, c, [first, second], group_of)
+        assert_same_plan(compiler.compile(strategy), compile_strategy(g, c, strategy, cost))
+        seen = max(seen, len(compiler.configs))
+        assert len(compiler.configs) <= 3
+    assert seen == 3 and compiler.n_full + compiler.n_patched == len(configs)
