@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from agents.features import PolicyInputs, pad_actions
-from agents.networks import StrategyPolicy
+from agents.networks import PolicyConfig, StrategyPolicy
 from envs import DEVICE_FEATURE_DIM, PlacementEnv, graph_features, op_feature_dim
 from heterog.cluster import load_cluster
 from heterog.evaluate import Evaluator
@@ -19,8 +19,8 @@ def setup():
     graphs = [capture_model("tiny_mlp", 16), capture_model("tiny_cnn", 16)]
     env = PlacementEnv(graphs, cluster)
     torch.manual_seed(0)
-    policy = StrategyPolicy(op_feature_dim(8), DEVICE_FEATURE_DIM, 12, hidden=16, gat_layers=1, gat_heads=2,
-                            txl_layers=1, txl_heads=2, segment_len=8, mem_len=8).eval()
+    policy = StrategyPolicy(PolicyConfig(op_feature_dim(8), DEVICE_FEATURE_DIM, 12, hidden=16, gat_layers=1,
+                                         gat_heads=2, txl_layers=1, txl_heads=2, segment_len=8, mem_len=8)).eval()
     return cluster, graphs, env, policy
 
 

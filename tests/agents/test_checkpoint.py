@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from agents.checkpoint import check_fits, load_checkpoint, policy_from_checkpoint, save_checkpoint
-from agents.networks import StrategyPolicy
+from agents.networks import PolicyConfig, StrategyPolicy
 from agents.tasks import make_task
 from agents.trainer import Trainer, TrainerSettings
 from envs import DEVICE_FEATURE_DIM, op_feature_dim
@@ -25,8 +25,8 @@ def tasks():
 
 def tiny_policy(seed: int = 0) -> StrategyPolicy:
     torch.manual_seed(seed)
-    return StrategyPolicy(op_feature_dim(8), DEVICE_FEATURE_DIM, 12, hidden=16, gat_layers=1, gat_heads=2,
-                          txl_layers=1, txl_heads=2, segment_len=8, mem_len=8)
+    return StrategyPolicy(PolicyConfig(op_feature_dim(8), DEVICE_FEATURE_DIM, 12, hidden=16, gat_layers=1, gat_heads=2,
+                                       txl_layers=1, txl_heads=2, segment_len=8, mem_len=8))
 
 
 @pytest.mark.parametrize("algorithm", ["reinforce", "ppo"])
@@ -73,8 +73,8 @@ def test_checkpoint_holds_everything_a_run_needs(tasks, tmp_path):
 
 def test_a_checkpoint_for_another_action_space_is_refused(tasks, tmp_path):
     torch.manual_seed(0)
-    other = StrategyPolicy(op_feature_dim(4), DEVICE_FEATURE_DIM, 8, hidden=16, gat_layers=1, gat_heads=2,
-                           txl_layers=1, txl_heads=2)
+    other = StrategyPolicy(PolicyConfig(op_feature_dim(4), DEVICE_FEATURE_DIM, 8, hidden=16, gat_layers=1, gat_heads=2,
+                                        txl_layers=1, txl_heads=2))
     save_checkpoint(tmp_path / "m4.pt", {"policy_config": other.config, "policy_state": other.state_dict()})
     state = load_checkpoint(tmp_path / "m4.pt")
     with pytest.raises(CheckpointError, match=r"an action space of 8 actions \(4 devices\); this cluster needs "

@@ -12,6 +12,7 @@ from torch.distributions import Categorical
 from agents.networks import (
     GATEncoder,
     MaskedCategorical,
+    PolicyConfig,
     PolicyError,
     RelativeMultiHeadAttention,
     StrategyPolicy,
@@ -74,7 +75,7 @@ def small_policy(seed: int = 0, **overrides) -> StrategyPolicy:
     torch.manual_seed(seed)
     settings = {"hidden": 16, "gat_layers": 2, "gat_heads": 2, "txl_layers": 2, "txl_heads": 2,
                 "segment_len": 3, "mem_len": 64}
-    return StrategyPolicy(F_OP, F_DEV, N_ACTIONS, **{**settings, **overrides})
+    return StrategyPolicy(PolicyConfig(F_OP, F_DEV, N_ACTIONS, **{**settings, **overrides}))
 
 
 def with_settings(policy: StrategyPolicy, **changes) -> StrategyPolicy:
@@ -401,7 +402,7 @@ def test_gradients_reach_every_parameter() -> None:
 def test_bad_settings_are_rejected(overrides: dict, message: str) -> None:
     settings = {"op_feature_dim": F_OP, "device_feature_dim": F_DEV, "n_actions": N_ACTIONS, **overrides}
     with pytest.raises(ValueError, match=message) as raised:
-        StrategyPolicy(**settings)
+        PolicyConfig(**settings)
     assert isinstance(raised.value, HeterogError)
 
 

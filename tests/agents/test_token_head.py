@@ -13,7 +13,7 @@ from gymnasium.utils.env_checker import check_env
 import envs  # noqa: F401 - registers the env ids
 from agents.checkpoint import check_fits, checkpoint_head, load_checkpoint, policy_from_checkpoint, save_checkpoint
 from agents.features import PolicyInputs
-from agents.networks import DeviceTokenEncoder, PolicyError, StrategyPolicy, TokenPolicyHead
+from agents.networks import DeviceTokenEncoder, PolicyConfig, PolicyError, StrategyPolicy, TokenPolicyHead
 from agents.planner import build_policy
 from agents.tasks import make_task
 from agents.trainer import Trainer, TrainerSettings, bias_towards_data_parallel
@@ -29,8 +29,9 @@ F_OP = op_feature_dim(MAX_DEVICES, "device-free")
 
 def token_policy(seed: int = 0, max_devices: int = MAX_DEVICES) -> StrategyPolicy:
     torch.manual_seed(seed)
-    return StrategyPolicy(F_OP, DEVICE_FEATURE_DIM, max_devices + 4, hidden=16, gat_layers=1, gat_heads=2,
-                          txl_layers=1, txl_heads=2, segment_len=8, mem_len=8, head="tokens")
+    return StrategyPolicy(PolicyConfig(F_OP, DEVICE_FEATURE_DIM, max_devices + 4, hidden=16, gat_layers=1,
+                                       gat_heads=2, txl_layers=1, txl_heads=2, segment_len=8, mem_len=8,
+                                       head="tokens"))
 
 
 def trained_like(policy: StrategyPolicy, seed: int = 1) -> StrategyPolicy:
@@ -67,9 +68,9 @@ def test_layers_reject_bad_settings_and_describe_themselves():
     with pytest.raises(PolicyError, match="not divisible by 3 device token heads"):
         DeviceTokenEncoder(DEVICE_FEATURE_DIM, 16, 3)
     with pytest.raises(PolicyError, match="unknown policy head 'pointer'"):
-        StrategyPolicy(F_OP, DEVICE_FEATURE_DIM, 20, head="pointer")
+        PolicyConfig(F_OP, DEVICE_FEATURE_DIM, 20, head="pointer")
     with pytest.raises(PolicyError, match="not autoregressive"):
-        StrategyPolicy(F_OP, DEVICE_FEATURE_DIM, 20, head="tokens", autoregressive=True)
+        PolicyConfig(F_OP, DEVICE_FEATURE_DIM, 20, head="tokens", autoregressive=True)
     assert "pointer over device tokens" in repr(TokenPolicyHead(8))
     assert "heads=2, layers=1" in repr(DeviceTokenEncoder(DEVICE_FEATURE_DIM, 16, 2))
     assert "head=tokens" in repr(token_policy())
@@ -102,8 +103,8 @@ def test_padded_devices_never_get_probability(token_tasks):
 def test_fixed_head_refuses_padded_devices(token_tasks):
     inputs = token_tasks[8].inputs
     torch.manual_seed(0)
-    fixed = StrategyPolicy(F_OP, DEVICE_FEATURE_DIM, 12, hidden=16, gat_layers=1, gat_heads=2, txl_layers=1,
-                           txl_heads=2)
+    fixed = StrategyPolicy(PolicyConfig(F_OP, DEVICE_FEATURE_DIM, 12, hidden=16, gat_layers=1, gat_heads=2,
+                                        txl_layers=1, txl_heads=2))
     dev_x = torch.cat([inputs.dev_x, torch.zeros(2, DEVICE_FEATURE_DIM)])
     with pytest.raises(PolicyError, match="takes no padded devices"):
         fixed(*inputs.args()[:6], dev_x, torch.arange(10) < 8)

@@ -11,7 +11,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.tensorboard import SummaryWriter
 
-from agents.networks import StrategyPolicy
+from agents.networks import PolicyConfig, StrategyPolicy
 from agents.reporting import action_breakdown, time_to_quality
 from agents.tasks import TaskState, make_task
 from agents.trainer import (
@@ -43,9 +43,9 @@ def tasks(paper8):
 
 def tiny_policy(seed: int = 0, n_devices: int = 8, autoregressive: bool = False) -> StrategyPolicy:
     torch.manual_seed(seed)
-    return StrategyPolicy(op_feature_dim(n_devices), DEVICE_FEATURE_DIM, n_devices + 4, hidden=16, gat_layers=1,
-                          gat_heads=2, txl_layers=1, txl_heads=2, segment_len=8, mem_len=8,
-                          autoregressive=autoregressive)
+    return StrategyPolicy(PolicyConfig(op_feature_dim(n_devices), DEVICE_FEATURE_DIM, n_devices + 4, hidden=16,
+                                       gat_layers=1, gat_heads=2, txl_layers=1, txl_heads=2, segment_len=8, mem_len=8,
+                                       autoregressive=autoregressive))
 
 
 def weights(policy):
@@ -104,8 +104,9 @@ def test_advantages_use_the_baseline_before_the_round_then_move_it(tasks):
 def test_exploration_samples_share_one_logit_offset_per_strategy(tasks, autoregressive):
     def trainer(noise):
         torch.manual_seed(0)
-        policy = StrategyPolicy(op_feature_dim(8), DEVICE_FEATURE_DIM, 12, hidden=16, gat_layers=1, gat_heads=2,
-                                txl_layers=1, txl_heads=2, segment_len=8, mem_len=8, autoregressive=autoregressive)
+        policy = StrategyPolicy(PolicyConfig(op_feature_dim(8), DEVICE_FEATURE_DIM, 12, hidden=16, gat_layers=1,
+                                             gat_heads=2, txl_layers=1, txl_heads=2, segment_len=8, mem_len=8,
+                                             autoregressive=autoregressive))
         return Trainer(policy, tasks[:1], TrainerSettings(explore_noise=noise))
 
     task = tasks[0]

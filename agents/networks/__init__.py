@@ -1,0 +1,58 @@
+"""Policy network of the learning agent: a GAT encoder over the op graph, sigma-pooled group embeddings and
+a Transformer-XL strategy network giving (M+4)-way logits per group through a head.
+
+Modules: ``config`` (:class:`PolicyConfig`, the settings), ``encoders`` (GAT, group pooling, device
+tokens), ``transformer_xl``, ``heads`` (:class:`PolicyHead` and the heads by name, :data:`HEADS`),
+``decoding`` (independent or autoregressive choice of the groups' actions), ``distributions`` (masked
+categorical, greedy decisions, drawing strategies) and ``policy`` (:class:`StrategyPolicy`)."""
+
+from agents.networks.common import N_DP_SCHEMES, PolicyError
+from agents.networks.config import PolicyConfig
+from agents.networks.decoding import AutoregressiveDecoder, GroupDecoder, IndependentDecoder
+from agents.networks.distributions import MaskedCategorical, draw_actions, draw_strategies, most_likely_actions
+from agents.networks.encoders import (
+    GAT_CONVS,
+    GROUP_ACTIVATIONS,
+    DeviceTokenEncoder,
+    DeviceTokens,
+    GATEncoder,
+    GroupPooling,
+    masked_mean,
+)
+from agents.networks.heads import HEADS, FixedPolicyHead, PolicyHead, TokenPolicyHead
+from agents.networks.policy import StrategyPolicy
+from agents.networks.transformer_xl import (
+    RelativeMultiHeadAttention,
+    TransformerXL,
+    TransformerXLLayer,
+    sinusoid_embedding,
+)
+
+__all__ = [
+    "GAT_CONVS",
+    "GROUP_ACTIVATIONS",
+    "HEADS",
+    "N_DP_SCHEMES",
+    "AutoregressiveDecoder",
+    "DeviceTokenEncoder",
+    "DeviceTokens",
+    "FixedPolicyHead",
+    "GATEncoder",
+    "GroupDecoder",
+    "GroupPooling",
+    "IndependentDecoder",
+    "MaskedCategorical",
+    "PolicyConfig",
+    "PolicyError",
+    "PolicyHead",
+    "RelativeMultiHeadAttention",
+    "StrategyPolicy",
+    "TokenPolicyHead",
+    "TransformerXL",
+    "TransformerXLLayer",
+    "draw_actions",
+    "draw_strategies",
+    "masked_mean",
+    "most_likely_actions",
+    "sinusoid_embedding",
+]

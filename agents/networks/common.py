@@ -1,0 +1,34 @@
+"""What every part of the policy network shares: its error type, the setting checks that list problems
+instead of raising at the first, and the size of the data-parallel part of the action space."""
+
+from __future__ import annotations
+
+from heterog.errors import HeterogError
+
+N_DP_SCHEMES = 4  # actions M..M+3: DP-even-PS, DP-even-AR, DP-proportional-PS, DP-proportional-AR
+
+
+class PolicyError(HeterogError, ValueError):
+    """A policy-network setting or input does not fit (sizes, heads, masks, action space)."""
+
+
+def require(condition: bool, message: str) -> None:
+    """Raise :class:`PolicyError` with ``message`` unless ``condition`` holds."""
+    if not condition:
+        raise PolicyError(message)
+
+
+def raise_problems(problems: list[str], what: str = "") -> None:
+    """Raise one :class:`PolicyError` naming every problem (``what``: a prefix such as "bad policy
+    settings"); nothing when the list is empty."""
+    if problems:
+        raise PolicyError((f"{what}: " if what else "") + "; ".join(problems))
+
+
+def head_count_problems(what: str, hidden: int, heads: int) -> list[str]:
+    """Whether ``hidden`` channels split evenly over ``heads`` attention heads of ``what`` (e.g. "GAT")."""
+    if heads < 1:
+        return [f"{what} heads must be at least 1, got {heads}"]
+    if hidden % heads:
+        return [f"hidden size {hidden} is not divisible by {heads} {what} heads"]
+    return []

@@ -1,0 +1,228 @@
+"""The policy's heads: what turns each group's Transformer-XL state into logits over the actions. Every
+head implements :class:`PolicyHead`, the interface the policy calls, and is chosen by its name in
+:data:`HEADS` (``PolicyConfig.head``); a new head plugs in by subclassing it and adding itself there."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from agents.networks.common import N_DP_SCHEMES, raise_problems, require
+from agents.networks.encoders import DeviceTokenEncoder, DeviceTokens
+
+if TYPE_CHECKING:
+    from agents.networks.config import PolicyConfig
+
+
+def _size_problems(hidden: int, init_scale: float) -> list[str]:
+    problems = [] if hidden >= 1 else [f"hidden size must be at least 1, got {hidden}"]
+    if init_scale <= 0:
+        problems.append(f"init_scale must be positive, got {init_scale}")
+    return problems
+
+
+class PolicyHead(nn.Module):
+    """Logits over one group's actions from its state: the interface :class:`StrategyPolicy` calls.
+
+    The actions of a cluster of ``M`` devices are ``0..M-1`` model parallel on that device and
+    ``M..M+3`` the four data-parallel schemes (DP-even-PS, DP-even-AR, DP-proportional-PS,
+    DP-proportional-AR). A head says, as class attributes, its name (``kind``: ``PolicyConfig.head``),
+    the op feature layout the policy reads with it (``feature_layout``, ``envs.features.op_feature_dim``)
+    and whether an autoregressive policy may use it (``autoregressive``). It builds itself from the
+    policy's config (:meth:`from_config`), names the device encoder it needs, if any
+    (:meth:`device_encoder`: its :class:`DeviceTokens` reach :meth:`forward` as ``devices``), checks the
+    config's settings that only it reads (:meth:`problems`) and the clusters it scores
+    (:meth:`device_problem`), and moves its data-parallel logits (:meth:`add_data_parallel_bias`).
+
+    Shapes:
+        states ``(..., G, hidden)``, devices :class:`DeviceTokens` of ``M`` real devices or None
+        (heads without a device encoder) -> ``(..., G, M + 4)``.
+    """
+
+    kind: ClassVar[str]
+    feature_layout: ClassVar[str] = "per-device"
+    autoregressive: ClassVar[bool] = False
+
+    @classmethod
+    def from_config(cls, config: PolicyConfig) -> PolicyHead:
+        """The head of a policy with these settings."""
+        raise NotImplementedError
+
+    @classmethod
+    def device_encoder(cls, config: PolicyConfig) -> DeviceTokenEncoder | None:
+        """The encoder of the device tokens this head reads (None: it reads none)."""
+        return None
+
+    @classmethod
+    def problems(cls, config: PolicyConfig) -> list[str]:
+        """What is wrong with the settings that only this head reads (empty when they fit)."""
+        return []
+
+    def device_problem(self, n_real: int, n_rows: int) -> str | None:
+        """Why this head cannot score a cluster of ``n_real`` devices given in ``n_rows`` device rows (the
+        rest padding), or None when it can."""
+        raise NotImplementedError
+
+    def forward(self, states: Tensor, devices: DeviceTokens | None) -> Tensor:
+        raise NotImplementedError
+
+    def add_data_parallel_bias(self, bias: float) -> None:
+        """Add ``bias`` to the four data-parallel logits (in place, no gradient)."""
+        raise NotImplementedError
+
+    def reset_parameters(self) -> None:
+        """The initial weights: the output starts near zero, so a fresh policy is close to uniform."""
+        raise NotImplementedError
+
+
+class FixedPolicyHead(PolicyHead):
+    """The paper's head: a linear layer to the ``M + 4`` actions of one cluster size ``M``.
+
+    ``logits = W s_g + b``. :meth:`reset_parameters` (which the policy calls once it is built) sets ``W``
+    orthogonal with gain ``init_scale`` and ``b`` to zero; until then the layer holds torch's default
+    linear initialisation, drawn as a plain ``nn.Linear`` draws it (so a seeded policy's weights stay
+    what they were when its head was one).
+
+    Args:
+        hidden: size of the group states.
+        n_actions: ``M + 4``.
+        init_scale: gain of the orthogonal initialisation of ``W``.
+
+    Shapes:
+        states ``(..., G, hidden)``, devices ignored -> ``(..., G, n_actions)``.
+    """
+
+    kind = "fixed"
+    feature_layout = "per-device"
+    autoregressive = True
+
+    def __init__(self, hidden: int, n_actions: int, init_scale: float = 0.01) -> None:
+        super().__init__()
+        problems = _size_problems(hidden, init_scale)
+        if n_actions <= N_DP_SCHEMES:
+            problems.append(f"n_actions must be M + {N_DP_SCHEMES} for M >= 1 devices, got {n_actions}")
+        raise_problems(problems)
+        self.hidden, self.n_actions, self.init_scale = hidden, n_actions, init_scale
+        linear = nn.Linear(hidden, n_actions)
+        self.weight, self.bias = linear.weight, linear.bias
+
+    @classmethod
+    def from_config(cls, config: PolicyConfig) -> FixedPolicyHead:
+        return cls(config.hidden, config.n_actions)
+
+    def device_problem(self, n_real: int, n_rows: int) -> str | None:
+        if n_real != n_rows:
+            return f"the fixed head takes no padded devices, got dev_mask with {n_real} of {n_rows} real"
+        if n_real + N_DP_SCHEMES != self.n_actions:
+            return (f"dev_x has {n_real} devices, so {n_real + N_DP_SCHEMES} actions; this policy has "
+                    f"{self.n_actions} (built for {self.n_actions - N_DP_SCHEMES} devices)")
+        return None
+
+    def forward(self, states: Tensor, devices: DeviceTokens | None = None) -> Tensor:
+        return F.linear(states, self.weight, self.bias)
+
+    def add_data_parallel_bias(self, bias: float) -> None:
+        with torch.no_grad():
+            self.bias[self.n_actions - N_DP_SCHEMES:] += bias
+
+    def reset_parameters(self) -> None:
+        nn.init.orthogonal_(self.weight, gain=self.init_scale)
+        nn.init.zeros_(self.bias)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.hidden}->{self.n_actions}, linear over M + {N_DP_SCHEMES} actions)"
+
+
+class TokenPolicyHead(PolicyHead):
+    """Logits over ``[M model-parallel, 4 data-parallel]`` for a cluster of any size ``M``.
+
+    Model parallelism on device ``d`` is a pointer: ``(W_q s_g) . (W_k t_d) / sqrt(hidden)`` from a
+    group's state ``s_g`` to device token ``t_d`` (of :class:`DeviceTokenEncoder`). The four DP schemes
+    are scored by an MLP of ``[s_g; c]`` with ``c`` the pooled cluster embedding. Padding devices get
+    ``-inf`` (never any probability) and are dropped from the output, so column ``d < M`` is the
+    ``d``-th real device. The output layers start near zero (``init_scale``), so a fresh policy is
+    close to uniform. The op features it goes with must not depend on the cluster (layout
+    ``"device-free"``), and it is not autoregressive.
+
+    Args:
+        hidden: size of group states and device tokens.
+        init_scale: gain of the output layers' orthogonal initialisation.
+        max_devices: the most real devices a cluster may have (None: no limit).
+
+    Shapes:
+        states ``(..., G, hidden)``, devices tokens ``(D, hidden)`` with ``M`` real ones
+        -> ``(..., G, M + 4)``.
+    """
+
+    kind = "tokens"
+    feature_layout = "device-free"
+    autoregressive = False
+
+    def __init__(self, hidden: int, init_scale: float = 0.01, max_devices: int | None = None) -> None:
+        super().__init__()
+        problems = _size_problems(hidden, init_scale)
+        if max_devices is not None and max_devices < 1:
+            problems.append(f"max_devices must be at least 1 or None, got {max_devices}")
+        raise_problems(problems)
+        self.hidden, self.init_scale, self.max_devices = hidden, init_scale, max_devices
+        self.query = nn.Linear(hidden, hidden)
+        self.key = nn.Linear(hidden, hidden)
+        self.dp = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.ELU(), nn.Linear(hidden, N_DP_SCHEMES))
+        self.reset_parameters()
+
+    @classmethod
+    def from_config(cls, config: PolicyConfig) -> TokenPolicyHead:
+        return cls(config.hidden, max_devices=config.n_actions - N_DP_SCHEMES)
+
+    @classmethod
+    def device_encoder(cls, config: PolicyConfig) -> DeviceTokenEncoder:
+        return DeviceTokenEncoder(config.device_feature_dim, config.hidden, config.txl_heads, config.device_layers)
+
+    @classmethod
+    def problems(cls, config: PolicyConfig) -> list[str]:
+        return DeviceTokenEncoder.problems(config.device_feature_dim, config.hidden, config.txl_heads,
+                                           config.device_layers)
+
+    @property
+    def dp_bias(self) -> Tensor:
+        """The bias of the four data-parallel logits."""
+        return self.dp[-1].bias
+
+    def device_problem(self, n_real: int, n_rows: int) -> str | None:
+        limit = n_rows if self.max_devices is None else self.max_devices
+        if 1 <= n_real <= limit and n_rows <= limit:
+            return None
+        return (f"dev_x has {n_real} real devices in {n_rows} rows; this device-token policy takes 1 to "
+                f"{limit} devices")
+
+    def add_data_parallel_bias(self, bias: float) -> None:
+        with torch.no_grad():
+            self.dp_bias.add_(bias)
+
+    def reset_parameters(self) -> None:
+        self.key.reset_parameters()
+        self.dp[0].reset_parameters()
+        nn.init.orthogonal_(self.query.weight, gain=self.init_scale)
+        nn.init.zeros_(self.query.bias)
+        nn.init.orthogonal_(self.dp[-1].weight, gain=self.init_scale)
+        nn.init.zeros_(self.dp[-1].bias)
+
+    def forward(self, states: Tensor, devices: DeviceTokens | None) -> Tensor:
+        require(devices is not None, "the device-token head needs devices=policy.embed_devices(dev_x, dev_mask)")
+        scores = torch.einsum("...gh,dh->...gd", self.query(states), self.key(devices.tokens))
+        scores = (scores / math.sqrt(self.hidden)).masked_fill(~devices.mask, float("-inf"))
+        model_parallel = scores[..., devices.mask.nonzero().squeeze(1)]
+        cluster = devices.pooled.expand(*states.shape[:-1], self.hidden)
+        return torch.cat([model_parallel, self.dp(torch.cat([states, cluster], dim=-1))], dim=-1)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.hidden}, pointer over device tokens + {N_DP_SCHEMES} DP scores)"
+
+
+HEADS: dict[str, type[PolicyHead]] = {head.kind: head for head in (FixedPolicyHead, TokenPolicyHead)}
+"""The heads by name (``PolicyConfig.head``): ``fixed``, a linear (M+4)-way head for one cluster size;
+``tokens``, a pointer over device tokens for any cluster up to a size."""
