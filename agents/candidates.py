@@ -10,17 +10,14 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from agents.settings import TrainerSettings
 from agents.tasks import GraphTask, TaskState
 from heterog.evaluate import reward
-
-if TYPE_CHECKING:
-    from agents.trainer import TrainerSettings
 
 
 def uniform_plans(n_actions: int, n_groups: int) -> np.ndarray:

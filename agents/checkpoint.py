@@ -8,19 +8,17 @@ import io
 import random
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from agents.networks import N_DP_SCHEMES, StrategyPolicy
+from agents.settings import TrainerView
 from agents.tasks import TaskState
 from envs.features import DEVICE_FEATURE_DIM
 from envs.features import op_feature_dim as envs_op_feature_dim
 from heterog.atomic import atomic_write_bytes
 from heterog.errors import CheckpointError
-
-if TYPE_CHECKING:
-    from agents.trainer import Trainer
 
 FORMAT = "heterog-agent"
 VERSION = 1
@@ -112,7 +110,7 @@ def ties_blocks(state: dict[str, Any]) -> bool:
     return bool(settings.get("tie_blocks", False))
 
 
-def trainer_state(trainer: Trainer) -> dict[str, Any]:
+def trainer_state(trainer: TrainerView) -> dict[str, Any]:
     """Everything a resumed run needs: weights, optimizer, per-graph baselines/pools/best plans, RNG
     states, counters and settings (plain types and tensors only)."""
     return {
@@ -130,7 +128,7 @@ def trainer_state(trainer: Trainer) -> dict[str, Any]:
     }
 
 
-def load_trainer_state(trainer: Trainer, state: dict[str, Any]) -> None:
+def load_trainer_state(trainer: TrainerView, state: dict[str, Any]) -> None:
     """Put ``trainer`` where the run ``state`` came from stood (same tasks: states of other graphs are
     ignored), so that it continues exactly."""
     trainer.policy.load_state_dict(state["policy_state"])

@@ -5,18 +5,17 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from agents.networks import N_DP_SCHEMES
+from agents.settings import TrainerView
 from agents.tasks import GraphTask
 from heterog.strategy import action_name
 
 log = logging.getLogger(__name__)
 
-if TYPE_CHECKING:
-    from agents.trainer import Trainer
 
 
 class TrainingLog:
@@ -32,7 +31,7 @@ class TrainingLog:
         self.writer, self.log_every = writer, log_every
         self.run_dir = Path(run_dir) if run_dir is not None else None
 
-    def log_round(self, trainer: Trainer, stats: dict) -> None:
+    def log_round(self, trainer: TrainerView, stats: dict) -> None:
         """Scalars every round; action histogram and breakdown text every ``log_every`` rounds."""
         w, step = self.writer, trainer.rounds
         if w is None:
@@ -65,7 +64,7 @@ class TrainingLog:
         if self.writer is not None:
             self.writer.add_scalar("losses/distill", loss, epoch + 1)
 
-    def finish(self, trainer: Trainer) -> None:
+    def finish(self, trainer: TrainerView) -> None:
         """Learning curve PNG and the best plans' Gantt charts (files in run_dir, images in TensorBoard)."""
         if self.run_dir is None:
             return
@@ -86,7 +85,7 @@ class TrainingLog:
             self.writer.flush()
 
 
-def breakdown_markdown(trainer: Trainer) -> str:
+def breakdown_markdown(trainer: TrainerView) -> str:
     """The best plans' action breakdown (HeteroG Table 2): per action, groups, share of ops and share of
     compute time (mean full-batch op time over devices)."""
     out = []
@@ -122,7 +121,7 @@ def action_breakdown(task: GraphTask, actions: np.ndarray) -> list[dict[str, Any
     return rows
 
 
-def gantt(trainer: Trainer, task: GraphTask, path: str | Path) -> Path:
+def gantt(trainer: TrainerView, task: GraphTask, path: str | Path) -> Path:
     """Gantt chart PNG of ``task``'s best plan."""
     import simulator
 
@@ -133,7 +132,7 @@ def gantt(trainer: Trainer, task: GraphTask, path: str | Path) -> Path:
     return simulator.plot_gantt(result.plan.tg, result.sim, path, title)
 
 
-def save_trainer_curves(trainer: Trainer, path: str | Path, references: dict[str, dict[str, float]] | None = None,
+def save_trainer_curves(trainer: TrainerView, path: str | Path, references: dict[str, dict[str, float]] | None = None,
                         x: str = "wall_s") -> Path:
     """Best iteration time per graph of ``trainer`` against training time, as a PNG (see
     :func:`save_learning_curves`)."""

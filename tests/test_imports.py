@@ -117,31 +117,6 @@ def describe(cycle: list[str], graph: dict[str, dict[str, int]]) -> str:
     return " -> ".join(f"{a} (line {graph[a][b]})" for a, b in zip(cycle, cycle[1:])) + f" -> {cycle[-1]}"
 
 
-def reaches(graph: dict[str, dict[str, int]], start: str, goal: str) -> bool:
-    """Whether a path of imports leads from ``start`` to ``goal``."""
-    seen, todo = {start}, [start]
-    while todo:
-        node = todo.pop()
-        if node == goal:
-            return True
-        for nxt in graph.get(node, {}):
-            if nxt not in seen:
-                seen.add(nxt)
-                todo.append(nxt)
-    return False
-
-
-# Imports for type hints only that still close a cycle of types, each listed until its cycle is broken (a
-# listed import that is gone, is made at run time, or no longer closes a cycle fails the test, so the list
-# only shrinks): the agent's helpers name the trainer's types while the trainer uses the helpers, and the
-# policy heads name the policy config while the config looks the heads up.
-KNOWN_TYPE_CYCLE_IMPORTS = frozenset({
-    ("agents.candidates", "agents.trainer"),
-    ("agents.checkpoint", "agents.trainer"),
-    ("agents.reporting", "agents.trainer"),
-    ("agents.networks.heads", "agents.networks.config"),
-})
-
 
 def test_no_import_cycle():
     graph = import_graph()
@@ -150,14 +125,10 @@ def test_no_import_cycle():
 
 
 def test_no_import_cycle_through_type_imports():
-    graph, runtime = import_graph(type_imports=True), import_graph()
-    stale = sorted(f"{a} -> {b}" for a, b in KNOWN_TYPE_CYCLE_IMPORTS
-                   if b not in graph.get(a, {}) or b in runtime.get(a, {}) or not reaches(graph, b, a))
-    assert not stale, "KNOWN_TYPE_CYCLE_IMPORTS lists imports that close no cycle of types: " + ", ".join(stale)
-    pruned = {a: {b: line for b, line in deps.items() if (a, b) not in KNOWN_TYPE_CYCLE_IMPORTS}
-              for a, deps in graph.items()}
-    cycle = find_cycle(pruned)
-    assert cycle is None, "import cycle (imports under TYPE_CHECKING counted): " + describe(cycle, pruned)
+    """A cycle of types is a cycle of design: imports under ``if TYPE_CHECKING:`` count too."""
+    graph = import_graph(type_imports=True)
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle (imports under TYPE_CHECKING counted): " + describe(cycle, graph)
 
 
 def test_dependency_direction():

@@ -5,7 +5,7 @@ head implements :class:`PolicyHead`, the interface the policy calls, and is chos
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -14,8 +14,15 @@ from torch import Tensor, nn
 from agents.networks.common import N_DP_SCHEMES, raise_problems, require
 from agents.networks.encoders import DeviceTokenEncoder, DeviceTokens
 
-if TYPE_CHECKING:
-    from agents.networks.config import PolicyConfig
+
+class HeadSettings(Protocol):
+    """What a head reads of the policy's settings (``agents.networks.config.PolicyConfig`` has them)."""
+
+    hidden: int
+    n_actions: int
+    device_feature_dim: int
+    device_layers: int
+    txl_heads: int
 
 
 def _size_problems(hidden: int, init_scale: float) -> list[str]:
@@ -48,17 +55,17 @@ class PolicyHead(nn.Module):
     autoregressive: ClassVar[bool] = False
 
     @classmethod
-    def from_config(cls, config: PolicyConfig) -> PolicyHead:
+    def from_config(cls, config: HeadSettings) -> PolicyHead:
         """The head of a policy with these settings."""
         raise NotImplementedError
 
     @classmethod
-    def device_encoder(cls, config: PolicyConfig) -> DeviceTokenEncoder | None:
+    def device_encoder(cls, config: HeadSettings) -> DeviceTokenEncoder | None:
         """The encoder of the device tokens this head reads (None: it reads none)."""
         return None
 
     @classmethod
-    def problems(cls, config: PolicyConfig) -> list[str]:
+    def problems(cls, config: HeadSettings) -> list[str]:
         """What is wrong with the settings that only this head reads (empty when they fit)."""
         return []
 
@@ -111,7 +118,7 @@ class FixedPolicyHead(PolicyHead):
         self.weight, self.bias = linear.weight, linear.bias
 
     @classmethod
-    def from_config(cls, config: PolicyConfig) -> FixedPolicyHead:
+    def from_config(cls, config: HeadSettings) -> FixedPolicyHead:
         return cls(config.hidden, config.n_actions)
 
     def device_problem(self, n_real: int, n_rows: int) -> str | None:
@@ -175,15 +182,15 @@ class TokenPolicyHead(PolicyHead):
         self.reset_parameters()
 
     @classmethod
-    def from_config(cls, config: PolicyConfig) -> TokenPolicyHead:
+    def from_config(cls, config: HeadSettings) -> TokenPolicyHead:
         return cls(config.hidden, max_devices=config.n_actions - N_DP_SCHEMES)
 
     @classmethod
-    def device_encoder(cls, config: PolicyConfig) -> DeviceTokenEncoder:
+    def device_encoder(cls, config: HeadSettings) -> DeviceTokenEncoder:
         return DeviceTokenEncoder(config.device_feature_dim, config.hidden, config.txl_heads, config.device_layers)
 
     @classmethod
-    def problems(cls, config: PolicyConfig) -> list[str]:
+    def problems(cls, config: HeadSettings) -> list[str]:
         return DeviceTokenEncoder.problems(config.device_feature_dim, config.hidden, config.txl_heads,
                                            config.device_layers)
 
