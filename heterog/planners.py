@@ -1,18 +1,25 @@
-"""The one registry of planners: ``compare``, ``plan``, ``run``, the main job and ``get_runner`` all plan
-through ``plan(method, graph, cluster, **options)`` and list methods with ``names()``.
+"""The one registry of planners: ``compare``, ``plan``, ``run``, the main job, ``get_runner`` and
+``heterog.baselines.run`` all plan through ``plan(method, graph, cluster, **options)`` and list methods
+with ``names()``.
 
-Built in: the classic planners of ``heterog.baselines`` and ``best-dp`` (the fastest simulated DP
-baseline). Other packages add planners through the entry-point group ``heterog.planners``: the entry
-point's name is the method, its value (``module:attribute``) a ``Planner``. The learning agent is one
-(``agent = "agents.planner:PLANNER"`` in pyproject.toml), so ``heterog`` never imports ``agents``:
-the entry point names it, and it loads on first use. Entry points come from the installed metadata:
-after declaring one, reinstall the project (``pip install -e .``; ``make`` does it when pyproject.toml
-changes).
+A planner takes the shared options of ``OPTIONS`` it declares (the registry drops the others, so one call
+can hand them to every method) and its own options, the keyword parameters of its ``plan`` (mcmc's
+``max_evals``, dpos's ``replicas``, ...). Any other option is a HeterogError naming the planner and the
+options it takes: a misspelled option fails, it is never ignored.
+
+Built in: the classic planners of ``heterog.baselines`` (``baseline_planners``) and ``best-dp`` (the
+fastest simulated DP baseline). Other packages add planners through the entry-point group
+``heterog.planners``: the entry point's name is the method, its value (``module:attribute``) a
+``Planner``. The learning agent is one (``agent = "agents.planner:PLANNER"`` in pyproject.toml), so
+``heterog`` never imports ``agents``: the entry point names it, and it loads on first use. Entry points
+come from the installed metadata: after declaring one, reinstall the project (``pip install -e .``;
+``make`` does it when pyproject.toml changes).
 """
 from __future__ import annotations
 
+import inspect
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from heterog.errors import HeterogError
@@ -20,16 +27,22 @@ from heterog.strategy import Strategy
 
 ENTRY_POINT_GROUP = "heterog.planners"
 OPTIONS = ("budget_s", "seed", "checkpoint", "episodes", "workers", "ray_address", "progress")
-OWN_OPTIONS = {"checkpoint": "--agent", "episodes": "--episodes"}   # refused by planners that lack them
+AGENT_OPTIONS = {"checkpoint": "--agent", "episodes": "--episodes"}   # refused by planners that lack them
 BEST_DP_CANDIDATES = ("ev-ps", "ev-ar", "cp-ps", "cp-ar", "single")
-FAN_OUT = frozenset({"workers", "ray_address"})
+
+
+def keyword_parameters(fn: Callable) -> list[str]:
+    """The parameters of ``fn`` after its first (the evaluator) that can be given by keyword, in order."""
+    params = list(inspect.signature(fn).parameters.values())[1:]
+    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
 @dataclass(frozen=True)
 class Planner:
-    """A method: ``plan(evaluator, **options) -> Strategy`` with the ``options`` (names from ``OPTIONS``)
-    it takes; ``plan`` passes it only those. ``default``: part of ``compare``'s default methods (the
-    agent is not: it trains)."""
+    """A method: ``plan(evaluator, **options) -> Strategy``. ``options``: the shared options (names from
+    ``OPTIONS``) it takes, the only shared ones ``plan`` passes it; its own options are the other keyword
+    parameters of ``plan`` (``own_options``). ``default``: part of ``compare``'s default methods (the agent
+    is not: it trains)."""
 
     name: str
     plan: Callable[..., Strategy]
@@ -40,6 +53,30 @@ class Planner:
         unknown = sorted(set(self.options) - set(OPTIONS))
         if unknown:
             raise ValueError(f"planner {self.name!r}: unknown options {unknown}; known: {list(OPTIONS)}")
+        hidden = [p for p in keyword_parameters(self.plan) if p in OPTIONS and p not in self.options]
+        if hidden:      # a parameter named after a shared option it does not declare could never be given
+            raise ValueError(f"planner {self.name!r}: parameters {hidden} are shared options (OPTIONS) it does "
+                             f"not declare; declare or rename them")
+
+    @classmethod
+    def of(cls, name: str, plan: Callable[..., Strategy], default: bool = True) -> Planner:
+        """The planner ``plan``, taking the shared options among its parameters."""
+        return cls(name, plan, frozenset(keyword_parameters(plan)) & frozenset(OPTIONS), default)
+
+    @property
+    def own_options(self) -> frozenset[str]:
+        """The keyword parameters of ``plan`` that are not shared options (mcmc's ``max_evals``, ...)."""
+        return frozenset(keyword_parameters(self.plan)) - frozenset(OPTIONS)
+
+    def check_options(self, options: Mapping) -> None:
+        """HeterogError naming the options this planner does not take (neither shared nor its own) and
+        listing those it takes."""
+        unknown = [k for k in options if k not in OPTIONS and k not in self.own_options]
+        if unknown:
+            takes = sorted(self.options | self.own_options)
+            raise HeterogError(f"planner {self.name!r} takes no option{'s' if len(unknown) > 1 else ''} "
+                               f"{', '.join(map(repr, unknown))} "
+                               f"({'its options: ' + ', '.join(takes) if takes else 'it takes no options'})")
 
 
 # ----------------------------------------------------------------------------- built-in planners
@@ -47,23 +84,20 @@ class Planner:
 NOT_DEFAULT = frozenset({"lp-round"})
 
 
-def _baseline(name: str) -> Planner:
-    from heterog import baselines
+def baseline_planners() -> dict[str, Callable[..., Strategy]]:
+    """The classic planners of ``heterog.baselines`` by method, in the order ``names()`` lists them."""
+    from heterog.baselines import basic, dpos, expert, lpround, mcmc, pesto
 
-    def run(ev, **options) -> Strategy:
-        return baselines.run(name, ev.graph, ev.cluster, evaluator=ev, **options)
-
-    fan_out = FAN_OUT if name == "mcmc" else frozenset()     # chains on Ray workers (heterog.parallel)
-    return Planner(name, run, frozenset({"budget_s", "seed"}) | fan_out, default=name not in NOT_DEFAULT)
+    return {"single": basic.single, "ev-ps": basic.ev_ps, "ev-ar": basic.ev_ar, "cp-ps": basic.cp_ps,
+            "cp-ar": basic.cp_ar, "expert": expert.expert, "dpos": dpos.dpos, "os-dpos": dpos.os_dpos,
+            "pesto-ilp": pesto.pesto, "mcmc": mcmc.mcmc, "random": basic.random_plan, "lp-round": lpround.lp_round}
 
 
 def best_dp(ev) -> Strategy:
     """The fastest simulated of the data-parallel baselines and single (``BEST_DP_CANDIDATES``)."""
-    from heterog import baselines
-
     best = None
     for name in BEST_DP_CANDIDATES:
-        s = baselines.run(name, ev.graph, ev.cluster, evaluator=ev)
+        s = plan(name, evaluator=ev)
         t = ev.iteration_time(s)
         if best is None or t < best[0]:
             best = (t, s)
@@ -71,11 +105,9 @@ def best_dp(ev) -> Strategy:
     return best[1]
 
 
-def _builtin() -> dict[str, Callable[[], Planner]]:
-    from heterog import baselines
-
-    out: dict[str, Callable[[], Planner]] = {name: (lambda n=name: _baseline(n)) for name in baselines.names()}
-    out["best-dp"] = lambda: Planner("best-dp", best_dp, default=False)
+def _builtin() -> dict[str, Planner]:
+    out = {name: Planner.of(name, fn, default=name not in NOT_DEFAULT) for name, fn in baseline_planners().items()}
+    out["best-dp"] = Planner("best-dp", best_dp, default=False)
     return out
 
 
@@ -97,7 +129,7 @@ def get(name: str) -> Planner:
     """The planner ``name`` (a plugin loads here); HeterogError naming the known methods otherwise."""
     builtin = _builtin()
     if name in builtin:
-        return builtin[name]()
+        return builtin[name]
     ep = _plugins().get(name)
     if ep is None:
         raise HeterogError(f"unknown method {name!r}; known: {', '.join(names())}")
@@ -114,8 +146,7 @@ def get(name: str) -> Planner:
 def default_methods() -> list[str]:
     """The methods ``compare`` runs when none are named: every planner but those that train (the agent)
     and best-dp (a pick among the others)."""
-    builtin = _builtin()
-    return [n for n in builtin if builtin[n]().default]
+    return [n for n, planner in _builtin().items() if planner.default]
 
 
 def parse_methods(methods: str | Sequence[str] | None) -> list[str]:
@@ -137,20 +168,20 @@ def plan(method: str, graph=None, cluster=None, *, evaluator=None, **options) ->
     """The strategy of ``method`` for ``graph`` on ``cluster`` (or ``evaluator``'s), with its method (the
     planner's name, or the one best-dp picked) and ``search_time_s`` (meta) set.
 
-    ``options`` (``OPTIONS``): ``budget_s`` goes to the searches, ``seed`` to every planner that draws
-    random numbers, ``checkpoint``/``episodes`` to the agent only (refused elsewhere), ``workers`` and
-    ``ray_address`` to the searches that fan out to Ray workers (``heterog.parallel``), ``progress`` to
-    planners that show one. A planner gets the options it takes; None means its own default.
+    ``options``: the shared ones (``OPTIONS``): ``budget_s`` goes to the searches, ``seed`` to every planner
+    that draws random numbers, ``checkpoint``/``episodes`` to the agent only (refused elsewhere),
+    ``workers`` and ``ray_address`` to the searches that fan out to Ray workers (``heterog.parallel``),
+    ``progress`` to planners that show one; a planner gets those it takes, None means its own default. And
+    the planner's own (``Planner.own_options``), passed as given. Any other option is a HeterogError.
     """
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        raise HeterogError(f"unknown planning options {unknown}; known: {list(OPTIONS)}")
     planner = get(method)
+    planner.check_options(options)
     budget_s = options.get("budget_s")
     if budget_s is not None and (budget_s < 0 or (budget_s == 0 and "checkpoint" not in planner.options)):
         raise HeterogError(f"budget must be positive, got {budget_s} s (0 means zero-shot, for the agent "
                            f"with its pretrained checkpoint)")
-    refused = [flag for key, flag in OWN_OPTIONS.items() if options.get(key) is not None and key not in planner.options]
+    refused = [flag for key, flag in AGENT_OPTIONS.items()
+               if options.get(key) is not None and key not in planner.options]
     if refused:
         raise HeterogError(f"{' and '.join(refused)} appl{'y' if len(refused) > 1 else 'ies'} to the agent only, "
                            f"not to method {method!r}")
@@ -158,7 +189,8 @@ def plan(method: str, graph=None, cluster=None, *, evaluator=None, **options) ->
         from heterog.evaluate import Evaluator
 
         evaluator = Evaluator(graph, cluster)
-    given = {k: v for k, v in options.items() if v is not None and k in planner.options}
+    given = {k: v for k, v in options.items()
+             if k in planner.own_options or (v is not None and k in planner.options)}
     t0 = time.perf_counter()
     strategy = planner.plan(evaluator, **given)
     strategy.method = strategy.method or method         # a pick among planners (best-dp) names the one picked
@@ -166,5 +198,5 @@ def plan(method: str, graph=None, cluster=None, *, evaluator=None, **options) ->
     return strategy
 
 
-__all__ = ["BEST_DP_CANDIDATES", "ENTRY_POINT_GROUP", "OPTIONS", "Planner", "best_dp", "default_methods", "get",
-           "names", "parse_methods", "plan"]
+__all__ = ["BEST_DP_CANDIDATES", "ENTRY_POINT_GROUP", "OPTIONS", "Planner", "baseline_planners", "best_dp",
+           "default_methods", "get", "keyword_parameters", "names", "parse_methods", "plan"]

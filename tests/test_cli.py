@@ -9,7 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from heterog import baselines
 from heterog.cli import main
+from heterog.cluster import load_cluster
+from heterog.graph import load_graph
+from heterog.strategy import Strategy
 from tests.compiler.helpers import linear_graph
 
 PAPER = "paper-8gpu"
@@ -117,6 +121,24 @@ def test_strategy_for_another_graph_or_cluster(capsys, tmp_path, graph_file):
     code, _, err = run_cli(capsys, "simulate", "--graph", str(graph_file), "--cluster", "paper-12gpu",
                            "--strategy", str(s))
     assert_clean_error(code, err, "paper-8gpu", "paper-12gpu")
+
+
+def test_planner_options_of_plan(capsys, tmp_path, graph_file):
+    out = tmp_path / "s.json"
+    plan = ("plan", "--graph", str(graph_file), "--cluster", PAPER, "--method", "mcmc", "-o", str(out))
+    code, _, err = run_cli(capsys, *plan, "--option", "budget=30")
+    assert_clean_error(code, err, "heterog plan: error: planner 'mcmc' takes no option 'budget' (its options: ",
+                       "budget_s", "max_evals")
+    assert not out.exists()
+    code, _, err = run_cli(capsys, *plan, "--option", "max_evals")
+    assert_clean_error(code, err, "--option takes NAME=VALUE, got 'max_evals'")
+    code, _, err = run_cli(capsys, *plan, "--option", "seed=3")
+    assert_clean_error(code, err, "--option seed: a shared planning option")
+    code, out_json, _ = run_cli(capsys, *plan, "--option", "max_evals=30", "--option", "order=None", "--json")
+    assert code == 0
+    api = baselines.run("mcmc", load_graph(graph_file), load_cluster(PAPER), max_evals=30, order=None, seed=0)
+    assert Strategy.load(out).meta["actions"] == api.meta["actions"]
+    assert json.loads(out_json)["iteration_time_s"] > 0
 
 
 def test_unknown_zoo_model_and_non_scalar_output(capsys, tmp_path):

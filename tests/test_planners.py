@@ -1,5 +1,6 @@
-"""The planner registry: names, option routing and refusals, best-dp, and planners of other packages
-through the ``heterog.planners`` entry point (the agent's, and a fake one)."""
+"""The planner registry: names, option routing and refusals (a planner's own options, the shared ones it
+takes, every other option an error), best-dp, and planners of other packages through the
+``heterog.planners`` entry point (the agent's, and a fake one)."""
 from __future__ import annotations
 
 from importlib.metadata import EntryPoint
@@ -7,6 +8,7 @@ from importlib.metadata import EntryPoint
 import pytest
 
 from heterog import baselines, planners
+from heterog.baselines import basic
 from heterog.errors import HeterogError
 from heterog.evaluate import Evaluator
 from tests.baselines.helpers import gpu_cluster, layered_graph
@@ -39,14 +41,13 @@ def test_plan_passes_a_planner_only_its_options(ev, monkeypatch):
 
     def fake(evaluator, **options):
         seen.update(options)
-        return baselines.run("single", evaluator.graph, evaluator.cluster, evaluator=evaluator)
+        return basic.single(evaluator)
 
-    monkeypatch.setattr(planners, "_builtin", lambda: {"fake": lambda: planners.Planner("fake", fake,
-                                                                                         frozenset({"seed"}))})
+    monkeypatch.setattr(planners, "_builtin", lambda: {"fake": planners.Planner("fake", fake, frozenset({"seed"}))})
     monkeypatch.setattr(planners, "_plugins", dict)
     s = planners.plan("fake", evaluator=ev, seed=3, budget_s=5.0, workers=2, progress=None)
     assert seen == {"seed": 3}
-    assert s.method == "single" and s.meta["search_time_s"] >= 0    # a planner may name the method it used
+    assert s.method == "fake" and s.meta["search_time_s"] >= 0
 
 
 def test_refusals_are_one_line_errors(ev):
@@ -58,11 +59,58 @@ def test_refusals_are_one_line_errors(ev):
         planners.plan("mcmc", evaluator=ev, budget_s=0)
     with pytest.raises(HeterogError, match=r"unknown method 'nope'; known: single, .*best-dp"):
         planners.plan("nope", evaluator=ev)
-    with pytest.raises(HeterogError, match="unknown planning options"):
+    with pytest.raises(HeterogError, match=r"^planner 'single' takes no option 'temperature' \(its options: device\)$"):
         planners.plan("single", evaluator=ev, temperature=1.0)
     with pytest.raises(HeterogError, match="unknown methods 'a', 'b'"):
         planners.parse_methods("single,a,b")
     assert planners.parse_methods(" cp-ar, dpos,cp-ar ") == ["cp-ar", "dpos"]
+
+
+def test_built_in_planners_take_the_shared_options_among_their_parameters():
+    taken = {name: planners.get(name).options for name in baselines.names()}
+    assert taken == {"single": set(), "ev-ps": set(), "ev-ar": set(), "cp-ps": set(), "cp-ar": set(),
+                     "expert": set(), "dpos": set(), "os-dpos": {"budget_s"}, "pesto-ilp": {"budget_s", "seed"},
+                     "mcmc": {"budget_s", "seed", "workers", "ray_address"}, "random": {"seed"}, "lp-round": set()}
+    assert planners.get("mcmc").own_options == {"starts", "temperature", "oom_factor", "max_evals", "order", "keep",
+                                                "block_moves"}
+    assert planners.get("best-dp").own_options == frozenset()
+
+
+def test_a_planner_gets_its_own_options_as_given_and_the_shared_ones_it_takes(ev, monkeypatch):
+    seen = {}
+
+    def fake(evaluator, seed: int = 0, depth: int | None = 3, *, width: str = "w"):
+        seen.update(seed=seed, depth=depth, width=width)
+        return basic.single(evaluator)
+
+    planner = planners.Planner.of("fake", fake)
+    assert planner.options == {"seed"} and planner.own_options == {"depth", "width"}
+    monkeypatch.setattr(planners, "_builtin", lambda: {"fake": planner})
+    monkeypatch.setattr(planners, "_plugins", dict)
+    planners.plan("fake", evaluator=ev, seed=None, depth=None, width="x", budget_s=2.0, progress=False)
+    assert seen == {"seed": 0, "depth": None, "width": "x"}     # a shared None: the default; an own None: None
+    with pytest.raises(HeterogError, match=r"^planner 'fake' takes no options 'deep', 'wide' \(its options: depth, "
+                                           r"seed, width\)$"):
+        planners.plan("fake", evaluator=ev, deep=1, wide=2)
+
+
+@pytest.mark.parametrize("method", planners.names())
+def test_every_registered_planner_rejects_an_unknown_option(ev, method):
+    planner = planners.get(method)
+    takes = sorted(planner.options | planner.own_options)
+    listing = f"its options: {', '.join(takes)}" if takes else "it takes no options"
+    with pytest.raises(HeterogError) as info:
+        planners.plan(method, evaluator=ev, budget_s=1.0, no_such_option=1)
+    assert str(info.value) == f"planner {method!r} takes no option 'no_such_option' ({listing})"
+
+
+def test_a_parameter_named_after_an_undeclared_shared_option_is_refused():
+    def plan(evaluator, workers: int = 1):
+        return None
+
+    with pytest.raises(ValueError, match=r"parameters \['workers'\] are shared options"):
+        planners.Planner("threads", plan)
+    assert planners.Planner.of("threads", plan).options == {"workers"}
 
 
 def test_best_dp_is_the_fastest_dp_baseline(ev):

@@ -1,52 +1,31 @@
 """Classic planners that return a Strategy: data-parallel baselines, expert, DPOS, Pesto ILP, MCMC, random.
 
-``run(name, graph, cluster, **opts)`` is the one entry; ``names()`` lists what is registered.
+They are planners of the one registry, ``heterog.planners`` (``baseline_planners``); ``run(name, graph,
+cluster, **opts)`` and ``names()`` are that registry seen from here.
 """
 from __future__ import annotations
 
-import time
-from typing import Callable
-
 from heterog.errors import HeterogError
-
-_REGISTRY: dict[str, Callable] = {}
-ORDER = ["single", "ev-ps", "ev-ar", "cp-ps", "cp-ar", "expert", "dpos", "os-dpos", "pesto-ilp", "mcmc", "random"]
-
-
-def register(name: str):
-    """Decorator: ``fn(evaluator, **opts) -> Strategy`` becomes baseline ``name``."""
-    def deco(fn):
-        _REGISTRY[name] = fn
-        return fn
-    return deco
 
 
 def names() -> list[str]:
-    _load_all()
-    return [n for n in ORDER if n in _REGISTRY] + sorted(set(_REGISTRY) - set(ORDER))
+    """The classic planners' methods, in the registry's order."""
+    from heterog import planners
 
-
-def _load_all() -> None:
-    import importlib
-
-    for mod in ("basic", "expert", "dpos", "pesto", "mcmc", "lpround"):
-        try:
-            importlib.import_module(f"heterog.baselines.{mod}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"heterog.baselines.{mod}":
-                raise
+    return list(planners.baseline_planners())
 
 
 def run(name: str, graph, cluster, *, evaluator=None, **opts):
-    """Plan ``graph`` on ``cluster`` with baseline ``name``; the strategy's meta records search_time_s."""
-    from heterog.evaluate import Evaluator
+    """Plan ``graph`` on ``cluster`` with classic planner ``name`` through the registry
+    (``heterog.planners.plan``); the strategy's meta records search_time_s.
 
-    _load_all()
-    if name not in _REGISTRY:
-        raise HeterogError(f"unknown method {name!r}; known: {', '.join(names())}")
-    ev = evaluator if evaluator is not None else Evaluator(graph, cluster)
-    t0 = time.perf_counter()
-    strategy = _REGISTRY[name](ev, **opts)
-    strategy.method = name
-    strategy.meta["search_time_s"] = time.perf_counter() - t0
-    return strategy
+    ``opts``: the shared planning options (``heterog.planners.OPTIONS``: ``seed``, ``budget_s``, ...; a
+    planner that does not take one is not given it) and the planner's own (its keyword parameters, e.g.
+    mcmc's ``max_evals``). Any other option is a HeterogError naming the planner and its options.
+    """
+    from heterog import planners
+
+    known = names()
+    if name not in known:
+        raise HeterogError(f"unknown method {name!r}; known: {', '.join(known)}")
+    return planners.plan(name, graph, cluster, evaluator=evaluator, **opts)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from heterog.baselines import register
-
 # offsets of the data-parallel actions after the M model-parallel ones
 _DP = {"ev-ps": 0, "ev-ar": 1, "cp-ps": 2, "cp-ar": 3}
 
@@ -16,26 +14,24 @@ def uniform_actions(ev, action: int) -> np.ndarray:
     return np.full(ev.n_groups, int(action), dtype=np.int64)
 
 
-@register("single")
-def single(ev, device: int | None = None, **_):
+def single(ev, device: int | None = None):
     """Everything on one device (default: the most powerful one, lowest index on ties)."""
     d = int(np.argmax(ev.cluster.power)) if device is None else int(device)
     return ev.strategy(uniform_actions(ev, d))
 
 
 def _dp(kind: str):
-    def plan(ev, **_):
+    def plan(ev):
         return ev.strategy(uniform_actions(ev, ev.cluster.n_devices + _DP[kind]))
+    plan.__name__ = plan.__qualname__ = kind.replace("-", "_")
     plan.__doc__ = f"Data parallelism {kind.upper()} for every group."
     return plan
 
 
-for _kind in _DP:
-    register(_kind)(_dp(_kind))
+ev_ps, ev_ar, cp_ps, cp_ar = _dp("ev-ps"), _dp("ev-ar"), _dp("cp-ps"), _dp("cp-ar")
 
 
-@register("random")
-def random_plan(ev, seed: int = 0, **_):
+def random_plan(ev, seed: int = 0):
     """Uniform random (M+4)-way action per group: the sanity floor."""
     rng = np.random.default_rng(seed)
     return ev.strategy(rng.integers(0, ev.cluster.n_devices + 4, size=ev.n_groups))

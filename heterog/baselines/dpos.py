@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from heterog.baselines import register
 from heterog.baselines.expert import group_strategy, op_memory_bytes, order_priorities, param_units
 from heterog.errors import HeterogError
 from heterog.strategy import ParallelConfig, Strategy, even_shares, proportional_shares
@@ -451,9 +450,8 @@ def dpos_plan(ev, replicas: int | None, shares: str, memory_headroom: float,
     return strategy, rg, sched, costs[deployed]
 
 
-@register("dpos")
 def dpos(ev, replicas: int | None = None, shares: str = "proportional", memory_headroom: float = 0.9,
-         check_start: bool = True, **_):
+         check_start: bool = True):
     """FastT DPOS over the data-parallel graph (``replicas=1``: over the plain graph, i.e. model
     parallelism per op); see ``dpos_plan`` for ``check_start``."""
     return dpos_plan(ev, replicas, shares, memory_headroom, check_start)[0]
@@ -484,9 +482,8 @@ def with_config(strategy: Strategy, group: int, config: ParallelConfig) -> Strat
                     strategy.group_of, configs, strategy.method, strategy.priorities, dict(strategy.meta))
 
 
-@register("os-dpos")
 def os_dpos(ev, budget_s: float = 60.0, replicas: int | None = None, shares: str = "proportional",
-            memory_headroom: float = 0.9, check_start: bool = True, **_):
+            memory_headroom: float = 0.9, check_start: bool = True):
     """FastT OS-DPOS: start from DPOS; take the ops of its critical path that carry the batch, longest
     first (on the critical-path device); try every split of the op over its 2..M fastest devices (even
     or proportional shares, AllReduce) and keep the best if the simulated iteration gets shorter; stop

@@ -6,7 +6,6 @@ import re
 
 import numpy as np
 
-from heterog.baselines import register
 from heterog.strategy import ParallelConfig, Strategy, _attach_params_to_grads
 
 _INDEX = re.compile(r"^\d+$")
@@ -159,8 +158,7 @@ def balanced_partition(layer_cost: np.ndarray, layer_mem: np.ndarray, capacity: 
     raise AssertionError("unreachable: without a memory limit every split is feasible")
 
 
-@register("expert")
-def expert(ev, **_):
+def expert(ev):
     """Layer-wise model parallelism: contiguous layers in forward order, one segment per device (device
     index order keeps neighbouring segments on the same server), balanced by each device's own time for
     the layers and within each device's memory where possible."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from heterog.baselines import register
 from heterog.strategy import ParallelConfig, Strategy
 
 
@@ -48,7 +47,6 @@ def lp_round_strategy(evaluator, integral_groups: int = 50, time_limit_s: float 
                           "integral_groups": int(integral_groups)})
 
 
-@register("lp-round")
 def lp_round(ev, integral_groups: int = 50, time_limit_s: float = 30.0, layout: str = "prop",
-             order: str = "topo", **_):
+             order: str = "topo"):
     return lp_round_strategy(ev, integral_groups, time_limit_s, layout, order)

@@ -8,7 +8,6 @@ import time
 
 import numpy as np
 
-from heterog.baselines import register
 from heterog.baselines.chains import BLOCK_MOVES, ActionSearch, Chain, ChainResult, ChainState, run_chain
 from heterog.errors import HeterogError
 from heterog.strategy import Strategy
@@ -71,11 +70,10 @@ def repick_block_devices(search: ActionSearch, actions: np.ndarray, cost: float)
 
 
 # ----------------------------------------------------------------------------- the search
-@register("mcmc")
 def mcmc(ev, budget_s: float = 60.0, seed: int = 0, starts: tuple[str, ...] | list[str] = DEFAULT_STARTS,
          temperature: float = 0.005, oom_factor: float = 10.0, max_evals: int | None = None,
          order: str | None = SEARCH_ORDER, workers: int = 1, ray_address: str | None = None, keep: int = 4,
-         block_moves: float = BLOCK_MOVES, **_) -> Strategy:
+         block_moves: float = BLOCK_MOVES) -> Strategy:
     """Metropolis-Hastings over one (M+4)-way action per group (FlexFlow's search).
 
     Cost = simulated iteration time under task order ``order`` (``SEARCH_ORDER``, FIFO: one simulation per

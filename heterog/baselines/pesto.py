@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from heterog.baselines import register
 from heterog.baselines.dpos import PlacementProblem, comm_coefficients, dpos_schedule
 from heterog.baselines.expert import balanced_partition, mp_strategy, op_memory_bytes, order_priorities
 
@@ -356,9 +355,8 @@ def coarse_problem(ev, cluster_of: np.ndarray, time_unit_s: float,
     return sched, place
 
 
-@register("pesto-ilp")
-def pesto(ev, budget_s: float = 60.0, target_nodes: int = 200, seed: int = 0, workers: int | None = None,
-          memory_headroom: float = 0.9, time_resolution: int = 100_000, **_):
+def pesto(ev, budget_s: float = 60.0, target_nodes: int = 200, seed: int = 0, solver_workers: int | None = None,
+          memory_headroom: float = 0.9, time_resolution: int = 100_000):
     """Pesto: coarsen to ``target_nodes`` nodes (a coarse node holds at most half of the smallest device's
     memory), solve placement + order with CP-SAT within what is left of ``budget_s`` and expand back: one
     group per coarse node on its device, ops ordered by their coarse node's start time.
@@ -367,7 +365,8 @@ def pesto(ev, budget_s: float = 60.0, target_nodes: int = 200, seed: int = 0, wo
     the tensors it receives from other devices, within ``memory_headroom`` x capacity minus the largest
     transient allocation. The solver starts from the fastest memory-feasible of three hints: DPOS on the
     coarse graph, contiguous segments balanced over the devices, and the best single device. Time is
-    discretised in units of (total op time on the fastest devices) / ``time_resolution``.
+    discretised in units of (total op time on the fastest devices) / ``time_resolution``. ``solver_workers``:
+    CP-SAT's search workers (default: the CPUs, at most 8).
     """
     t0 = time.perf_counter()
     graph, cluster = ev.graph, ev.cluster
@@ -390,7 +389,7 @@ def pesto(ev, budget_s: float = 60.0, target_nodes: int = 200, seed: int = 0, wo
     hints.append(list_schedule(sched, np.full(K, d), np.arange(K)))
     hint = min(hints, key=lambda h: (not fits_memory(sched, h.device), h.makespan))
     left = max(1.0, budget_s - (time.perf_counter() - t0))
-    n_workers = workers if workers is not None else max(1, min(8, os.cpu_count() or 1))
+    n_workers = solver_workers if solver_workers is not None else max(1, min(8, os.cpu_count() or 1))
     sol = solve_cpsat(sched, time_limit_s=left, workers=n_workers, seed=seed, hint=hint)
     pos = np.empty(graph.n_ops, dtype=np.int64)
     pos[graph.topo_order()] = np.arange(graph.n_ops)

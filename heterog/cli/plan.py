@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import ast
 from pathlib import Path
 
 from heterog.cli.args import add_graph_args, add_parallel_args, graph_and_cluster
@@ -10,16 +11,39 @@ from heterog.cli.output import add_json_flag, emit
 DEFAULT_METHOD = "agent"
 
 
+def planner_options(pairs: list[str]) -> dict:
+    """``--option NAME=VALUE`` pairs -> the planner's own options; a VALUE that is a Python literal (number,
+    None, list, ...) is read as one, anything else is a string."""
+    from heterog.errors import HeterogError
+    from heterog.planners import OPTIONS
+
+    out = {}
+    for pair in pairs:
+        name, eq, text = pair.partition("=")
+        if not eq or not name.strip():
+            raise HeterogError(f"--option takes NAME=VALUE, got {pair!r}")
+        name = name.strip()
+        if name in OPTIONS:
+            raise HeterogError(f"--option {name}: a shared planning option, set by its own flag")
+        try:
+            out[name] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            out[name] = text
+    return out
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from heterog import planners
     from heterog.evaluate import Evaluator
 
     method = DEFAULT_METHOD if args.agent else (args.method or DEFAULT_METHOD)
     planners.parse_methods([method])
+    own = planner_options(args.option)
+    planners.get(method).check_options(own)          # before the graph is captured
     graph, cluster = graph_and_cluster(args)
     ev = Evaluator(graph, cluster)
     strategy = planners.plan(method, evaluator=ev, budget_s=args.budget_s, seed=args.seed, checkpoint=args.agent,
-                             episodes=args.episodes, workers=args.workers, ray_address=args.ray_address)
+                             episodes=args.episodes, workers=args.workers, ray_address=args.ray_address, **own)
     path = strategy.save(args.output)
     res = ev.evaluate(strategy, method=method)
     doc = {"method": method, "graph": graph.name, "cluster": cluster.name, "output": str(path),
@@ -45,6 +69,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--budget-s", type=float, default=60.0,
                    help="time budget of a search; 0 for the agent: the pretrained checkpoint's plan, zero-shot")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                   help="an option of the method's own (repeatable), e.g. --option max_evals=2000 for mcmc")
     p.add_argument("-o", "--output", required=True, type=Path, help="strategy JSON to write")
     add_parallel_args(p)
     add_json_flag(p)

@@ -4,7 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import heterog.baselines.mcmc as mcmc_module
 from heterog import baselines
+from heterog.baselines import chains
 from heterog.baselines.mcmc import DEFAULT_STARTS, ActionSearch, mcmc, start_actions
 from heterog.errors import HeterogError
 from heterog.evaluate import Evaluator
@@ -49,13 +51,40 @@ def test_mcmc_can_only_improve_on_a_single_start():
     assert st.meta["best_cost_s"] < st.meta["best_start_cost_s"]       # PS on a tiny model is easy to beat
 
 
-def test_mcmc_time_budget_and_bad_start():
-    import time
+class StepClock:
+    """A ``time`` stand-in whose ``perf_counter`` moves ``step_s`` at every reading: a time budget spent
+    the same way on any machine, however loaded."""
 
+    def __init__(self, step_s: float) -> None:
+        self.now_s, self.step_s = 0.0, step_s
+
+    def perf_counter(self) -> float:
+        self.now_s += self.step_s
+        return self.now_s
+
+
+def mcmc_on_a_step_clock(monkeypatch, ev, **opts):
+    clock = StepClock(1e-4)
+    monkeypatch.setattr(chains, "time", clock)
+    monkeypatch.setattr(mcmc_module, "time", clock)
+    return mcmc(ev, **opts)
+
+
+def test_mcmc_spends_a_time_budget_over_its_chains(monkeypatch):
     _, _, ev = setup(2)
-    t0 = time.perf_counter()
-    st = mcmc(ev, budget_s=0.5)
-    assert time.perf_counter() - t0 < 1.5 and st.meta["n_evals"] > len(DEFAULT_STARTS)
+    st = mcmc_on_a_step_clock(monkeypatch, ev, budget_s=0.1, seed=3)
+    walls = [c["wall_s"] for c in st.meta["chains"]]
+    assert len(walls) == len(DEFAULT_STARTS) and st.meta["proposals"] > 0
+    assert st.meta["n_evals"] > len(DEFAULT_STARTS)
+    assert sum(walls) <= 0.1 * 1.1          # a chain stops at the first proposal past its share
+    again = mcmc_on_a_step_clock(monkeypatch, ev, budget_s=0.1, seed=3)
+    assert again.meta["actions"] == st.meta["actions"]       # same clock, same seed: same search
+
+
+def test_mcmc_stops_on_a_wall_clock_budget_and_refuses_a_bad_start():
+    _, _, ev = setup(2)
+    st = mcmc(ev, budget_s=0.5)             # no proposal budget: only the clock ends the search
+    assert st.meta["n_evals"] >= len(DEFAULT_STARTS)
     with pytest.raises(HeterogError, match="unknown MCMC start"):
         mcmc(ev, starts=["nope"], max_evals=5)
 

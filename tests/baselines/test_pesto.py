@@ -131,7 +131,7 @@ def test_pesto_plan_fits_in_memory_where_one_device_cannot_hold_the_model():
     cluster = gpu_cluster(2, memory="650 MiB")
     ev = Evaluator(graph, cluster)
     assert ev.evaluate(ev.strategy(np.zeros(ev.n_groups, dtype=np.int64))).oom      # single device: OOM
-    st = P.pesto(ev, budget_s=10, target_nodes=8, workers=1)
+    st = P.pesto(ev, budget_s=10, target_nodes=8, solver_workers=1)
     assert st.meta["coarse_nodes"] == 8
     res = ev.evaluate(st)
     assert not res.oom

@@ -7,10 +7,12 @@ import pytest
 
 from heterog import baselines
 from heterog.baselines.expert import balanced_partition, layer_key, op_layers
+from heterog.errors import HeterogError
 from heterog.evaluate import Evaluator
 from tests.baselines.helpers import TableCost, gpu_cluster, layered_graph
 
-OPTS = {"budget_s": 3.0, "max_evals": 40, "workers": 1, "seed": 0}
+OPTS = {"budget_s": 3.0, "workers": 1, "seed": 0}          # shared: each planner takes those it uses
+OWN_OPTS = {"mcmc": {"max_evals": 40}, "pesto-ilp": {"solver_workers": 1}}
 
 
 def check_valid(strategy, graph, cluster) -> None:
@@ -30,7 +32,7 @@ def test_every_planner_gives_a_valid_strategy(name, n_devices):
     graph = layered_graph(4, 4096)
     cluster = gpu_cluster(n_devices)
     ev = Evaluator(graph, cluster)
-    strategy = baselines.run(name, graph, cluster, evaluator=ev, **OPTS)
+    strategy = baselines.run(name, graph, cluster, evaluator=ev, **OPTS, **OWN_OPTS.get(name, {}))
     check_valid(strategy, graph, cluster)
     assert strategy.method == name and strategy.meta["search_time_s"] >= 0
     res = ev.evaluate(strategy)
@@ -44,7 +46,7 @@ def test_model_parallel_planners_keep_within_memory(name, opts):
     cluster = gpu_cluster(2, memory="650 MiB")
     ev = Evaluator(graph, cluster)
     assert ev.evaluate(baselines.run("single", graph, cluster, evaluator=ev)).oom
-    strategy = baselines.run(name, graph, cluster, evaluator=ev, **{**OPTS, **opts})
+    strategy = baselines.run(name, graph, cluster, evaluator=ev, **{**OPTS, **OWN_OPTS.get(name, {}), **opts})
     check_valid(strategy, graph, cluster)
     assert not ev.evaluate(strategy).oom
 
@@ -90,8 +92,35 @@ def test_balanced_partition_is_contiguous_optimal_and_gives_fast_devices_more():
 
 
 def test_unknown_method_is_a_one_line_error():
-    from heterog.errors import HeterogError
-
     graph = layered_graph(2, 4096)
     with pytest.raises(HeterogError, match="unknown method 'nope'"):
         baselines.run("nope", graph, gpu_cluster(2))
+    with pytest.raises(HeterogError, match="unknown method 'best-dp'"):      # not a classic planner
+        baselines.run("best-dp", graph, gpu_cluster(2))
+
+
+def test_a_misspelled_option_is_an_error_naming_the_options():
+    graph = layered_graph(2, 4096)
+    with pytest.raises(HeterogError) as info:
+        baselines.run("mcmc", graph, gpu_cluster(2), budget=30)
+    assert str(info.value) == ("planner 'mcmc' takes no option 'budget' (its options: block_moves, budget_s, keep, "
+                               "max_evals, oom_factor, order, ray_address, seed, starts, temperature, workers)")
+    with pytest.raises(HeterogError, match=r"^planner 'single' takes no option 'max_evals' \(its options: device\)$"):
+        baselines.run("single", graph, gpu_cluster(2), max_evals=40)
+
+
+@pytest.mark.parametrize("name", baselines.names())
+def test_every_planner_rejects_an_unknown_option(name):
+    graph = layered_graph(2, 4096)
+    with pytest.raises(HeterogError, match=rf"^planner '{name}' takes no option 'nope' \("):
+        baselines.run(name, graph, gpu_cluster(2), nope=1)
+
+
+def test_shared_options_reach_only_the_planners_that_take_them():
+    graph, cluster = layered_graph(3, 4096), gpu_cluster(3)
+    ev = Evaluator(graph, cluster)
+    plain = baselines.run("cp-ar", graph, cluster, evaluator=ev)
+    shared = baselines.run("cp-ar", graph, cluster, evaluator=ev, seed=5, budget_s=1.0, workers=2, progress=False)
+    assert shared.configs == plain.configs
+    assert (baselines.run("random", graph, cluster, evaluator=ev, seed=5).meta["actions"]
+            != baselines.run("random", graph, cluster, evaluator=ev, seed=6).meta["actions"])

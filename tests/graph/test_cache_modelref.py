@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import sys
-import time
 import types
 from pathlib import Path
 
@@ -118,24 +117,35 @@ def test_capture_model_of_a_zoo_name_builds_on_meta(fake_zoo: types.ModuleType, 
     assert g.meta["model"] == "tiny" and g.meta["ops_after_fusion"] < g.meta["ops_before_fusion"]
 
 
-def test_cache_hit_returns_the_same_graph_faster(model_file: Path, tmp_path: Path) -> None:
+def test_cache_hit_returns_the_same_graph_without_capturing(model_file: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import heterog.graph.capture as capture_module
+
+    captures = []
+    real_capture = capture_module.capture
+
+    def counting_capture(*args, **kwargs):
+        captures.append(kwargs.get("name"))
+        return real_capture(*args, **kwargs)
+
+    monkeypatch.setattr(capture_module, "capture", counting_capture)
     ref, cache = f"{model_file}:build", tmp_path / "cache"
-    t0 = time.perf_counter()
     first = capture_model(ref, 4, cache_dir=cache)
-    t_capture = time.perf_counter() - t0
+    assert len(captures) == 1
     files = list(cache.glob("*.json.gz"))
     assert len(files) == 1 and files[0].name.startswith("user_model-b4-sgd-")
     assert files[0].read_bytes()[:2] == b"\x1f\x8b"
-    t0 = time.perf_counter()
+    written = files[0].read_bytes()
     second = capture_model(ref, 4, cache_dir=cache)
-    t_hit = time.perf_counter() - t0
     assert second.fingerprint == first.fingerprint and second.to_dict() == first.to_dict()
-    assert t_hit < t_capture
+    assert len(captures) == 1 and files[0].read_bytes() == written       # a hit: not captured, not rewritten
     assert not list(cache.glob(".*.tmp"))                     # written by rename, nothing left behind
     # other batch / optimizer / fusion: other keys
     assert capture_model(ref, 3, cache_dir=cache).batch_size == 3
     assert capture_model(ref, 4, "adam", cache_dir=cache, fuse=False).optimizer == "adam"
-    assert len(list(cache.glob("*.json.gz"))) == 3
+    assert len(list(cache.glob("*.json.gz"))) == 3 and len(captures) == 3
+    capture_model(ref, 4, cache_dir=cache, use_cache=False)
+    assert len(captures) == 4                                 # use_cache=False captures afresh
 
 
 def test_cache_key_follows_file_content_and_settings(model_file: Path) -> None:
