@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 JOBS    ?= 2
 
-.PHONY: run test setup lint bench clean conformance
+.PHONY: run test setup lint bench clean conformance timing
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -22,6 +22,9 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(JOBS) --timeout 600 -m "not timing" tests
+
+# checks of real timings (emulated links, profiled costs): the machine must be otherwise idle
+timing: $(STAMP)
 	$(BIN)/python -m pytest -q --timeout 600 -m timing tests
 
 # the runtime conformance suites: 16 random seeds per model and cluster (make test runs 4), and ten more
@@ -33,6 +36,7 @@ conformance: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check heterog simulator envs agents experiments tests
+	$(BIN)/mypy heterog simulator envs
 
 bench: $(STAMP)
 	$(BIN)/heterog bench
