@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 from gymnasium import spaces
 
+from heterog.cluster.topology import Cluster
+from heterog.cost.model import CostModel
 from heterog.graph.opgraph import KINDS, PHASES, OpGraph
 from heterog.strategy import N_DP_ACTIONS, even_shares, proportional_shares
 
@@ -130,7 +132,7 @@ class GraphFeatures:
         return int(self.dev_x.shape[0])
 
 
-def op_features(graph: OpGraph, cluster, cost, layout: str = "per-device") -> np.ndarray:
+def op_features(graph: OpGraph, cluster: Cluster, cost: CostModel, layout: str = "per-device") -> np.ndarray:
     """Per-op features ``(n_ops, op_feature_dim(M, layout))`` (see PER_DEVICE_OP_FEATURES,
     SCALAR_OP_FEATURES, then one-hots of phase, kind and op type)."""
     check_layout(layout)
@@ -180,7 +182,7 @@ def op_features(graph: OpGraph, cluster, cost, layout: str = "per-device") -> np
     return np.clip(x, -FEATURE_CLIP, FEATURE_CLIP).astype(np.float32)
 
 
-def device_features(cluster, graph: OpGraph | None = None) -> np.ndarray:
+def device_features(cluster: Cluster, graph: OpGraph | None = None) -> np.ndarray:
     """Per-device features ``(M, DEVICE_FEATURE_DIM)`` (see DEVICE_FEATURES); memory pressure needs the
     graph (0 without it)."""
     m = cluster.n_devices
@@ -203,7 +205,8 @@ def device_features(cluster, graph: OpGraph | None = None) -> np.ndarray:
     return np.clip(x, -FEATURE_CLIP, FEATURE_CLIP).astype(np.float32)
 
 
-def graph_features(graph: OpGraph, cluster, cost, group_of: np.ndarray, layout: str = "per-device") -> GraphFeatures:
+def graph_features(graph: OpGraph, cluster: Cluster, cost: CostModel, group_of: np.ndarray,
+                   layout: str = "per-device") -> GraphFeatures:
     """Everything the policy sees of ``graph`` on ``cluster`` (``cost``: its CostModel), unpadded, with
     op features in ``layout`` (see :func:`op_feature_dim`)."""
     group_of = np.asarray(group_of, dtype=np.int64)

@@ -3,13 +3,15 @@ scored by the simulator (reward -sqrt(iteration time), x oom_factor on OOM)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
+import numpy.typing as npt
 from gymnasium import spaces
 
 from envs.features import GraphFeatures, graph_features, n_actions, observation_space, pad_observation
+from heterog.cluster.topology import Cluster
 from heterog.errors import HeterogError, StrategyError
 from heterog.evaluate import Evaluator, reward
 from heterog.graph.opgraph import OpGraph
@@ -31,7 +33,7 @@ def resolve_graph(graph: OpGraph | str, batch_size: int | None = None, optimizer
     raise HeterogError(f"graph must be an OpGraph or a model reference, got {type(graph).__name__}")
 
 
-def resolve_cluster(cluster):
+def resolve_cluster(cluster: Cluster | str) -> Cluster:
     """A Cluster as is, or a built-in cluster name / YAML path loaded."""
     if isinstance(cluster, str):
         from heterog.cluster import load_cluster
@@ -40,7 +42,7 @@ def resolve_cluster(cluster):
     return cluster
 
 
-class PlacementEnv(gym.Env[dict, np.ndarray]):
+class PlacementEnv(gym.Env[dict[str, Any], np.ndarray]):
     """Choose, for every op group of a training graph, model parallelism on one device or one of four
     data-parallel schemes; the simulator scores the plan.
 
@@ -101,10 +103,10 @@ class PlacementEnv(gym.Env[dict, np.ndarray]):
     - ``render_mode``: None or ``"ansi"`` (a text summary of the last plan).
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 1}
+    metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 1}
 
     def __init__(self, graph: OpGraph | str | Sequence[OpGraph | str] = DEFAULT_GRAPH,
-                 cluster=DEFAULT_CLUSTER, *, batch_size: int | None = None, optimizer: str = "sgd",
+                 cluster: Cluster | str = DEFAULT_CLUSTER, *, batch_size: int | None = None, optimizer: str = "sgd",
                  max_groups: int | None = None, max_ops: int | None = None, max_edges: int | None = None,
                  max_devices: int | None = None, oom_factor: float = 10.0, order: str = DEFAULT_ORDER,
                  render_mode: str | None = None) -> None:
@@ -142,7 +144,8 @@ class PlacementEnv(gym.Env[dict, np.ndarray]):
         self._last: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ gymnasium API
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+    def reset(self, *, seed: int | None = None,
+              options: dict[str, Any] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         super().reset(seed=seed)
         choice = (options or {}).get("graph")
         if choice is None:
@@ -154,7 +157,7 @@ class PlacementEnv(gym.Env[dict, np.ndarray]):
         return self._observation(), {"graph": self.graphs[self.graph_index].name,
                                      "n_groups": self.features[self.graph_index].n_groups}
 
-    def step(self, action):
+    def step(self, action: np.ndarray) -> tuple[dict[str, np.ndarray], SupportsFloat, bool, bool, dict[str, Any]]:
         if self._needs_reset:
             raise gym.error.ResetNeeded("the plan is complete (terminated); call reset() before step()")
         actions = self.group_actions(action)
@@ -181,7 +184,7 @@ class PlacementEnv(gym.Env[dict, np.ndarray]):
                 f"{' (OOM)' if self._last['oom'] else ''}; groups: {parts}\n")
 
     # ------------------------------------------------------------------ helpers
-    def group_actions(self, action) -> np.ndarray:
+    def group_actions(self, action: npt.ArrayLike) -> np.ndarray:
         """The real groups' actions of a (max_groups,) action; padding entries are dropped.
 
         Raises StrategyError for a wrong shape or an action out of range.
@@ -197,7 +200,7 @@ class PlacementEnv(gym.Env[dict, np.ndarray]):
                                 f"0..{n_actions(self.n_devices) - 1} for {self.n_devices} devices")
         return real
 
-    def _graph_index(self, choice) -> int:
+    def _graph_index(self, choice: object) -> int:
         if isinstance(choice, (int, np.integer)) and 0 <= int(choice) < len(self.graphs):
             return int(choice)
         names = [g.name for g in self.graphs]
@@ -206,6 +209,6 @@ class PlacementEnv(gym.Env[dict, np.ndarray]):
         raise HeterogError(f"reset option graph={choice!r} is neither an index 0..{len(self.graphs) - 1} "
                            f"nor one of {names}")
 
-    def _observation(self) -> dict:
+    def _observation(self) -> dict[str, np.ndarray]:
         """A fresh copy (callers may modify what they get)."""
         return {k: v.copy() for k, v in self.observations[self.graph_index].items()}

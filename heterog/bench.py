@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.evaluate import Evaluator
 
-def _median_ms(fn, repeats: int) -> float:
+
+def _median_ms(fn: Callable[[], object], repeats: int) -> float:
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -78,7 +83,7 @@ def one_group_changes(actions: np.ndarray, n_devices: int, n: int, seed: int = 1
     return out
 
 
-def delta_eval(ev, actions: np.ndarray, quick: bool = False) -> dict:
+def delta_eval(ev: Evaluator, actions: np.ndarray, quick: bool = False) -> dict[str, Any]:
     """Evaluations of ``actions`` with one random group changed (a different one each time), each patched
     from the plan of ``actions`` (``heterog.compiler.delta``): median milliseconds under the order MCMC's
     loop uses and under the evaluator's (``best``), with the full evaluation of the same strategies beside."""
@@ -110,7 +115,7 @@ def delta_eval(ev, actions: np.ndarray, quick: bool = False) -> dict:
 SPEEDUP_REPEATS = 3
 
 
-def search_speed(ev, quick: bool = False, workers: int = 2) -> dict:
+def search_speed(ev: Evaluator, quick: bool = False, workers: int = 2) -> dict[str, Any]:
     """MCMC (default settings, seed 0) on the evaluator's graph: evaluations per second in a 30 s budget
     (3 s quick), and the evaluations per second of one search (a fixed proposal budget, so the same
     search) in its chains with ``workers`` Ray workers over one Ray worker, timed in this run (not quick):
@@ -143,7 +148,8 @@ def search_speed(ev, quick: bool = False, workers: int = 2) -> dict:
 ORDER_MODELS = (("vgg19", 192), ("inception_v3", 192), ("transformer", 720))
 
 
-def order_comparison(models=ORDER_MODELS, cluster_name: str = "paper-8gpu") -> dict:
+def order_comparison(models: Sequence[tuple[str, int]] = ORDER_MODELS, cluster_name: str = "paper-8gpu"
+                     ) -> dict[str, Any]:
     """Iteration time (s) of the four DP baselines under each task order, FIFO/order ratios (above 1: the
     order beats FIFO) averaged over the cases, and the worst case of each order against FIFO."""
     from heterog import baselines
@@ -153,7 +159,7 @@ def order_comparison(models=ORDER_MODELS, cluster_name: str = "paper-8gpu") -> d
     from heterog.scheduler import ORDERS
 
     cluster = load_cluster(cluster_name)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for model, batch in models:
         ev = Evaluator(capture_model(model, batch), cluster)
         for method in ("ev-ps", "ev-ar", "cp-ps", "cp-ar"):

@@ -18,14 +18,23 @@ model, profiled ones included, since ``u`` is taken over the integer shares them
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from heterog.errors import HeterogError
 
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.cluster.topology import Cluster
+    from heterog.cost.model import CostModel
+    from heterog.evaluator_protocol import PlanEvaluator
+    from heterog.graph.opgraph import OpGraph
+    from heterog.strategy import ParallelConfig
+
 _CHUNK = 4_000_000          # op-time evaluations per batch of shares
 
 
-def unit_times(graph, cost) -> np.ndarray:
+def unit_times(graph: OpGraph, cost: CostModel) -> np.ndarray:
     """(n_ops, M) least seconds per unit of batch of each compute op on each device (0 elsewhere)."""
     m, B = cost.cluster.n_devices, int(graph.batch_size)
     out = np.array(cost.full_batch_times(graph), dtype=np.float64, copy=True)
@@ -45,7 +54,8 @@ def unit_times(graph, cost) -> np.ndarray:
     return out
 
 
-def compute_bound(graph, cluster, cost=None, ops_mask: np.ndarray | None = None) -> float:
+def compute_bound(graph: OpGraph, cluster: Cluster, cost: CostModel | None = None,
+                  ops_mask: np.ndarray | None = None) -> float:
     """Seconds: no plan of ``graph`` on ``cluster`` (under ``cost``, the roofline by default) iterates
     faster (the linear program of the module docstring, solved with HiGHS). With ``ops_mask``, the least
     time in which the masked ops can all be computed (e.g. the forward pass: no gradient exists before)."""
@@ -78,8 +88,8 @@ def compute_bound(graph, cluster, cost=None, ops_mask: np.ndarray | None = None)
 
 
 # ----------------------------------------------------------------------------- over the action space
-def action_space_bound(evaluator, data_parallel_only: bool = False, integral_groups: int = 0,
-                       time_limit_s: float = 60.0) -> dict:
+def action_space_bound(evaluator: PlanEvaluator, data_parallel_only: bool = False, integral_groups: int = 0,
+                       time_limit_s: float = 60.0) -> dict[str, float]:
     """Seconds no plan of HeteroG's action space (one of the M + 4 actions per group, PS on any replica)
     beats, counting gradient synchronisation as well as computation; with ``data_parallel_only``, no plan
     whose groups all take one of the four data-parallel actions (any mix of them) beats.
@@ -173,7 +183,7 @@ def _heaviest_groups(sync: np.ndarray, n_devices: int, k: int) -> np.ndarray:
     return out
 
 
-def dp_action_configs(evaluator) -> list:
+def dp_action_configs(evaluator: PlanEvaluator) -> list[ParallelConfig]:
     """The ParallelConfig of each of the ``3M + 2`` LP actions (``_action_loads``) past the M model-parallel
     ones: DP-even-AR, DP-prop-AR, DP-even-PS on PS 0..M-1, DP-prop-PS on PS 0..M-1."""
     from heterog.strategy import ParallelConfig, even_shares, proportional_shares
@@ -186,7 +196,8 @@ def dp_action_configs(evaluator) -> list:
     return out
 
 
-def data_parallel_lp(evaluator, integral_groups: int = 0, time_limit_s: float = 60.0) -> dict:
+def data_parallel_lp(evaluator: PlanEvaluator, integral_groups: int = 0,
+                     time_limit_s: float = 60.0) -> dict[str, Any]:
     """The data-parallel LP of ``action_space_bound`` and its solution: ``{"bound_s", "forward_bound_s",
     "weights"}`` with ``weights`` (G, 2M + 2) over ``dp_action_configs``. ``integral_groups``: that many
     groups, those with the most synchronisation work on a link, take one action each (a MILP; the bound
@@ -201,13 +212,14 @@ def data_parallel_lp(evaluator, integral_groups: int = 0, time_limit_s: float = 
     return {"bound_s": bound, "forward_bound_s": forward_s, "weights": x}
 
 
-def _without_compute(loads: np.ndarray, evaluator) -> np.ndarray:
+def _without_compute(loads: np.ndarray, evaluator: PlanEvaluator) -> np.ndarray:
     lo = loads.copy()
     lo[:, :, :evaluator.cluster.n_devices] = 0.0
     return lo
 
 
-def _action_loads(evaluator, pull_mask: np.ndarray | None = None, sync_mask: np.ndarray | None = None):
+def _action_loads(evaluator: PlanEvaluator, pull_mask: np.ndarray | None = None,
+                  sync_mask: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
     """(G, 3M + 2, R) seconds each action of each group holds each resource (devices, links), and the part
     of it that synchronises gradients (pushes, aggregation, AllReduce; not the pulls). Actions: MP on
     device 0..M-1, DP-even-AR, DP-prop-AR, DP-even-PS on PS 0..M-1, DP-prop-PS on PS 0..M-1.
@@ -236,12 +248,12 @@ def _action_loads(evaluator, pull_mask: np.ndarray | None = None, sync_mask: np.
     alpha, beta, path_ptr, path_res = _cluster_tables(cost, paths)
     devs = tuple(range(m))
 
-    def amounts(mask):
+    def amounts(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """per group: tensors and bytes of the masked tensors."""
         return (np.bincount(t_group[mask], minlength=n_groups).astype(float),
                 np.bincount(t_group[mask], weights=gi.t_bytes[mask], minlength=n_groups))
 
-    def allreduce(mask):
+    def allreduce(mask: np.ndarray) -> np.ndarray:
         out = np.zeros((n_groups, n_res))
         if not mask.any():
             return out
@@ -264,7 +276,7 @@ def _action_loads(evaluator, pull_mask: np.ndarray | None = None, sync_mask: np.
     dup = gi.is_compute & ~gi.has_batch & ~gi.post_agg
     agg_coef = _aggregate_coefs(m, devs, cost)
 
-    def link_time(src, dst, amount):
+    def link_time(src: int, dst: int, amount: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         res = path_res[path_ptr[src * m + dst]:path_ptr[src * m + dst + 1]]
         return res, (amount[0] * alpha[src, dst] + amount[1] * beta[src, dst])[:, None]
 
@@ -299,7 +311,7 @@ def _action_loads(evaluator, pull_mask: np.ndarray | None = None, sync_mask: np.
 
 
 # ----------------------------------------------------------------------------- release times
-def _replica_closures(graph) -> list[int]:
+def _replica_closures(graph: OpGraph) -> list[int]:
     """``ANY(v)`` of ``release_sets`` for every op, as bit sets (bit u set: u in the set); cached."""
     cached = graph.__dict__.get("_bounds_any")
     if cached is not None:
@@ -332,7 +344,7 @@ def _replica_closures(graph) -> list[int]:
     return any_
 
 
-def release_sets(graph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def release_sets(graph: OpGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Which ops every plan must have fully computed (every replica, on every device it runs on) before
     the synchronisation of most gradients can start; which gradients; which pulled tensors those ops read.
 
@@ -375,7 +387,7 @@ def release_sets(graph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return mask, late, read & gi.t_pulled
 
 
-def release_offsets(evaluator, c_ops: np.ndarray) -> np.ndarray:
+def release_offsets(evaluator: PlanEvaluator, c_ops: np.ndarray) -> np.ndarray:
     """(n_tensors,) seconds after C is done (``release_sets``) before any synchronisation of each tensor
     can start, whatever the plan: along every path of ops from C to the tensor's producer each op needs
     a replica (or a piece) of its predecessor, so the path takes at least the sum of its ops' shortest
@@ -404,7 +416,7 @@ def release_offsets(evaluator, c_ops: np.ndarray) -> np.ndarray:
     return out
 
 
-def min_replica_times(evaluator) -> np.ndarray:
+def min_replica_times(evaluator: PlanEvaluator) -> np.ndarray:
     """(n_ops,) seconds the shortest replica of each compute op takes under any action of any group: its
     share on any device under the even or the proportional layout, or the whole batch on one device
     (ops without a batch dimension run whole); 0 for non-compute ops."""
@@ -422,8 +434,8 @@ def min_replica_times(evaluator) -> np.ndarray:
     return np.where(graph.is_compute, best, 0.0)
 
 
-def release_bound(evaluator, data_parallel_only: bool = True, integral_groups: int = 0,
-                  time_limit_s: float = 60.0, offsets: bool = True, n_thresholds: int = 24) -> dict:
+def release_bound(evaluator: PlanEvaluator, data_parallel_only: bool = True, integral_groups: int = 0,
+                  time_limit_s: float = 60.0, offsets: bool = True, n_thresholds: int = 24) -> dict[str, Any]:
     """``action_space_bound`` with the release of the gradients made plan-aware (a valid lower bound for
     every plan of the action space, model parallelism included when ``data_parallel_only`` is False).
 
@@ -526,7 +538,7 @@ def release_bound(evaluator, data_parallel_only: bool = True, integral_groups: i
             "weights": res.x[:nx].reshape(g_n, a_n)}
 
 
-def _action_loads_of_ops(evaluator, ops_mask: np.ndarray) -> np.ndarray:
+def _action_loads_of_ops(evaluator: PlanEvaluator, ops_mask: np.ndarray) -> np.ndarray:
     """(G, 3M + 2, M) seconds each action of each group keeps each device busy with the masked ops (actions
     as in ``_action_loads``; ops without a batch dimension run on every replica, PS updates on the PS)."""
     from heterog.compiler.index import graph_index

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -13,12 +14,17 @@ from heterog.planners import default_methods, names, parse_methods, plan
 from heterog.reporting import action_columns, csv_text, table1_markdown, table2_markdown
 from heterog.strategy import ParallelConfig, Strategy, action_name, even_shares, proportional_shares
 
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.cluster import Cluster
+    from heterog.evaluate import Evaluator, PlanResult
+    from heterog.graph.opgraph import OpGraph
+
 AGENT = "agent"                 # the learning agent's method name (a plugin of heterog.planners)
 known_methods = names           # planner registry (heterog.planners), re-exported for scripts that used it here
 
 
 # ----------------------------------------------------------------------------- action breakdown
-def config_action(config: ParallelConfig, cluster, batch_size: int) -> str:
+def config_action(config: ParallelConfig, cluster: Cluster, batch_size: int) -> str:
     """The action type a config corresponds to: ``mp:<device>`` for one device, one of the four DP
     actions (all devices, even or power-proportional shares, PS or AllReduce), else ``dp-other``."""
     m = cluster.n_devices
@@ -33,7 +39,7 @@ def config_action(config: ParallelConfig, cluster, batch_size: int) -> str:
     return "dp-other"
 
 
-def action_breakdown(strategy: Strategy, graph, cluster) -> dict[str, float]:
+def action_breakdown(strategy: Strategy, graph: OpGraph, cluster: Cluster) -> dict[str, float]:
     """Share of the graph's compute ops under each action type (Table 2 of the HeteroG paper). Plans
     decoded from actions (``meta["actions"]``) use them; other plans are classified by ``config_action``."""
     compute = np.nonzero(graph.is_compute)[0]
@@ -56,16 +62,16 @@ class MethodResult:
 
     method: str
     strategy: Strategy
-    result: object          # PlanResult
-    record: dict
+    result: PlanResult
+    record: dict[str, Any]
 
 
 @dataclass
 class Comparison:
     """Results of several planners on one graph and cluster."""
 
-    graph: object
-    cluster: object
+    graph: OpGraph
+    cluster: Cluster
     results: list[MethodResult] = field(default_factory=list)
     budget_s: float = 0.0
     seed: int = 0
@@ -90,8 +96,8 @@ def _scalar_meta(meta: dict) -> dict:
             if isinstance(v, (bool, int, float, str)) and k != "search_time_s"}
 
 
-def compare(graph, cluster, methods: Sequence[str], *, budget_s: float = 60.0, seed: int = 0,
-            evaluator=None, agent_checkpoint: str | None = None, agent_episodes: int | None = None,
+def compare(graph: OpGraph, cluster: Cluster, methods: Sequence[str], *, budget_s: float = 60.0, seed: int = 0,
+            evaluator: Evaluator | None = None, agent_checkpoint: str | None = None, agent_episodes: int | None = None,
             progress: bool = True, workers: int = 1, ray_address: str | None = None) -> Comparison:
     """Plan ``graph`` on ``cluster`` with each method and simulate the plans under the evaluator's order
     (by default ``best``: each plan keeps the faster of rank-contention and FIFO; records say which).
@@ -164,6 +170,8 @@ def write_report(comp: Comparison, out_dir: str | Path) -> dict[str, Path]:
     atomic_write(paths["report"], lambda f: f.write(report))
     best.strategy.save(paths["strategy"])
     res = best.result
+    if res.plan is None or res.sim is None:
+        raise HeterogError(f"the result of {best.method} carries no compiled plan and simulation to draw")
     title = f"{comp.graph.name} on {comp.cluster.name}: {best.method} ({res.iteration_time_s * 1e3:.1f} ms)"
     simulator.plot_gantt(res.plan.tg, res.sim, paths["gantt"], title=title)
     simulator.write_chrome_trace(res.plan.tg, res.sim, paths["trace"])

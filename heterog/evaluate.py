@@ -5,7 +5,9 @@ graph's grouping so that planners and the agent can score thousands of strategie
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -15,6 +17,11 @@ from heterog.compiler.compile import COMM_KINDS
 from heterog.errors import HeterogError
 from heterog.scheduler import DEFAULT_ORDER, PORTFOLIO, check_order, is_dynamic, priorities
 from heterog.strategy import Strategy, group_ops, strategy_from_actions
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.cluster import Cluster
+    from heterog.cost import CostModel
+    from heterog.graph.opgraph import OpGraph
 
 SHARE_MODES = ("power", "speed", "graph-speed")
 
@@ -32,7 +39,7 @@ def _union_length(start: np.ndarray, finish: np.ndarray) -> tuple[float, np.ndar
     return float(np.sum(mf - ms)), ms, mf
 
 
-def _intersection_length(a_s, a_f, b_s, b_f) -> float:
+def _intersection_length(a_s: np.ndarray, a_f: np.ndarray, b_s: np.ndarray, b_f: np.ndarray) -> float:
     """Length of the intersection of two sets of disjoint sorted intervals."""
     i = j = 0
     total = 0.0
@@ -89,8 +96,9 @@ class Evaluator:
     ``simulate_kept`` says which was kept, and the runtime executes that one.
     """
 
-    def __init__(self, graph, cluster, cost=None, *, order: str = DEFAULT_ORDER, serialize_collectives: bool = False,
-                 max_groups: int = 2000, shares: str = "power", delta: bool = True) -> None:
+    def __init__(self, graph: OpGraph, cluster: Cluster, cost: CostModel | None = None, *,
+                 order: str = DEFAULT_ORDER, serialize_collectives: bool = False, max_groups: int = 2000,
+                 shares: str = "power", delta: bool = True) -> None:
         from heterog.cost import CostModel
 
         self.graph, self.cluster = graph, cluster
@@ -119,12 +127,12 @@ class Evaluator:
     def n_groups(self) -> int:
         return int(self.group_of.max()) + 1
 
-    def strategy(self, actions, method: str = "") -> "Strategy":
+    def strategy(self, actions: Sequence[int] | np.ndarray, method: str = "") -> Strategy:
         """Decode one (M+4)-way action per group into a Strategy. Proportional shares follow device peak
         FLOP/s (``shares="power"``, the paper's CP baselines), each group's own speed on each device from
         the cost model (``shares="speed"``; neighbouring groups then differ in layout and need re-layouts),
         or each device's speed on the whole graph (``shares="graph-speed"``, one layout for all groups)."""
-        weights = None
+        weights: np.ndarray | None = None
         if self.shares == "speed":
             weights = self.group_speed
         elif self.shares == "graph-speed":
@@ -174,17 +182,19 @@ class Evaluator:
     def simulate_kept(self, plan: CompiledPlan, order: str | None = None) -> tuple[simulator.SimResult, str]:
         """Simulate ``plan`` under each candidate order and keep the fastest (ties: the first; a plan that
         fits in memory beats one that does not): (its SimResult, the order kept)."""
-        best, kept = None, ""
+        best: simulator.SimResult | None = None
+        kept = ""
         for o in self.candidate_orders(plan, order):
             res = simulator.simulate(plan.tg, priority=self.priorities(plan, o), fifo=is_dynamic(o))
             if best is None or (res.oom, res.makespan) < (best.oom, best.makespan):
                 best, kept = res, o
+        assert best is not None  # candidate_orders names at least one order
         return best, kept
 
     def simulate_plan(self, plan: CompiledPlan, order: str | None = None) -> simulator.SimResult:
         return self.simulate_kept(plan, order)[0]
 
-    def evaluate(self, strategy, order: str | None = None, *, method: str | None = None,
+    def evaluate(self, strategy: Strategy, order: str | None = None, *, method: str | None = None,
                  detail: bool = True) -> PlanResult:
         plan = self.compile(strategy)
         res, kept = self.simulate_kept(plan, order)
@@ -193,14 +203,14 @@ class Evaluator:
         out.order, out.order_requested = kept, order or self.order
         return out
 
-    def iteration_time(self, strategy, order: str | None = None) -> tuple[float, bool]:
+    def iteration_time(self, strategy: Strategy, order: str | None = None) -> tuple[float, bool]:
         """Fast path for search: (iteration time, OOM)."""
         plan = self.compile(strategy)
         res = self.simulate_plan(plan, order)
         self.n_evaluations += 1
         return float(res.makespan), bool(res.oom)
 
-    def summarise(self, plan: CompiledPlan, res, method: str, detail: bool = True) -> PlanResult:
+    def summarise(self, plan: CompiledPlan, res: simulator.SimResult, method: str, detail: bool = True) -> PlanResult:
         m = plan.n_devices
         names = [d.name for d in self.cluster.devices]
         peak = {names[d]: float(res.peak_memory[d]) for d in range(m)}
@@ -221,8 +231,8 @@ class Evaluator:
                           comm_time_s=comm_len, overlap_ratio=overlap, n_tasks=plan.n_tasks, sim=res, plan=plan)
 
 
-def simulate(graph, cluster, strategy, order: str = DEFAULT_ORDER, cost=None, *,
-             serialize_collectives: bool = False) -> PlanResult:
+def simulate(graph: OpGraph, cluster: Cluster, strategy: Strategy, order: str = DEFAULT_ORDER,
+             cost: CostModel | None = None, *, serialize_collectives: bool = False) -> PlanResult:
     """Compile ``strategy`` for ``graph`` on ``cluster``, schedule it (by default the faster of
     rank-contention and FIFO; ``.order`` says which) and simulate one training iteration. The result
     carries the SimResult (``.sim``) and the plan (``.plan``)."""

@@ -18,9 +18,9 @@ differ from the start.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -29,6 +29,13 @@ from heterog.strategy import Strategy, action_name, n_actions
 
 if TYPE_CHECKING:
     from heterog.evaluate import Evaluator
+
+
+class GroupBlock(Protocol):
+    """Groups that local search moves together (``heterog.baselines.chains.Block``)."""
+
+    @property
+    def groups(self) -> Sequence[int] | np.ndarray: ...
 
 
 @dataclass(frozen=True)
@@ -41,7 +48,7 @@ class NearestUniform:
     groups_differ: int     # groups whose action differs between the two
 
 
-def block_units(blocks, n_groups: int) -> np.ndarray:
+def block_units(blocks: Iterable[GroupBlock], n_groups: int) -> np.ndarray:
     """Per group, an id of the largest block that holds it (``-1 - first group`` of that block), or the
     group's own index when no block does. ``blocks``: ``Block``s (or anything with ``.groups``) that are
     nested or disjoint.

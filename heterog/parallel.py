@@ -14,37 +14,46 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from heterog.errors import HeterogError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.baselines.chains import ActionSearch, ChainResult
+    from heterog.cluster import Cluster
+    from heterog.cost import CostModel
+    from heterog.evaluate import Evaluator
+    from heterog.evaluator_protocol import PlanEvaluator
+    from heterog.graph.opgraph import OpGraph
 
 
 @dataclass(frozen=True)
 class EvaluatorSpec:
     """What builds an Evaluator in another process (its caches and recent plans stay behind)."""
 
-    graph: Any
-    cluster: Any
-    cost: Any
+    graph: OpGraph
+    cluster: Cluster
+    cost: CostModel
     order: str
     serialize_collectives: bool
     max_groups: int
     shares: str
 
     @classmethod
-    def of(cls, ev) -> EvaluatorSpec:
+    def of(cls, ev: PlanEvaluator) -> EvaluatorSpec:
         return cls(ev.graph, ev.cluster, ev.cost, ev.order, ev.serialize_collectives, ev.max_groups, ev.shares)
 
-    def build(self):
+    def build(self) -> Evaluator:
         from heterog.evaluate import Evaluator
 
         return Evaluator(self.graph, self.cluster, self.cost, order=self.order,
                          serialize_collectives=self.serialize_collectives, max_groups=self.max_groups,
                          shares=self.shares)
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         # the graph and cluster travel without what the compiler cached on them
         state = dict(self.__dict__)
         for name in ("graph", "cluster"):
@@ -54,7 +63,7 @@ class EvaluatorSpec:
             state[name] = clean
         return state
 
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
 
 
@@ -62,8 +71,8 @@ class Worker:
     """What runs on a worker: Evaluators (and MCMC searches over them) by key, built once, kept for later jobs."""
 
     def __init__(self) -> None:
-        self.evaluators: dict[str, Any] = {}
-        self.searches: dict[str, Any] = {}
+        self.evaluators: dict[str, Evaluator] = {}
+        self.searches: dict[str, ActionSearch] = {}
 
     def setup(self, key: str, spec: EvaluatorSpec, oom_factor: float = 10.0, order: str | None = None) -> None:
         from heterog.baselines.chains import ActionSearch
@@ -78,7 +87,7 @@ class Worker:
         ev = self.evaluators[key]
         return [ev.iteration_time(ev.strategy(a), order) for a in np.asarray(actions)]
 
-    def run_chain(self, key: str, job: tuple):
+    def run_chain(self, key: str, job: tuple[Any, ...]) -> ChainResult:
         """``job``: (chain, state or None, segment or None), ``heterog.baselines.chains.run_chain``'s arguments."""
         from heterog.baselines.chains import run_chain
 
@@ -100,13 +109,13 @@ class Pool:
     def __enter__(self) -> Pool:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:
         pass
 
-    def register(self, spec: EvaluatorSpec, **options) -> str:
+    def register(self, spec: EvaluatorSpec, **options: Any) -> str:
         """A key naming ``spec``'s evaluator on the workers (built there on first use)."""
         key = self._keys.get(id(spec.graph))
         if key is None:
@@ -114,7 +123,7 @@ class Pool:
         self._setup(key, spec, options)
         return key
 
-    def _setup(self, key: str, spec: EvaluatorSpec, options: dict) -> None:
+    def _setup(self, key: str, spec: EvaluatorSpec, options: dict[str, Any]) -> None:
         self._local.setup(key, spec, **options)
 
     def map(self, method: str, key: str, jobs: list) -> list:
@@ -145,7 +154,7 @@ class RayPool(Pool):
             self.ray.kill(a)
         self.actors = []
 
-    def _setup(self, key: str, spec: EvaluatorSpec, options: dict) -> None:
+    def _setup(self, key: str, spec: EvaluatorSpec, options: dict[str, Any]) -> None:
         ref = self.ray.put(spec)
         self.ray.get([a.setup.remote(key, ref, **options) for a in self.actors])
 
@@ -153,7 +162,7 @@ class RayPool(Pool):
         refs = [getattr(self.actors[i % self.n_workers], method).remote(key, job) for i, job in enumerate(jobs)]
         return self.ray.get(refs)
 
-    def submit(self, method: str, key: str, job):
+    def submit(self, method: str, key: str, job: Any) -> Any:
         """Run the job on a worker without a submitted job (the caller keeps at most one per worker)."""
         i = min(set(range(self.n_workers)) - set(self._busy.values()))
         ref = getattr(self.actors[i], method).remote(key, job)
@@ -166,7 +175,7 @@ class RayPool(Pool):
         return done[0], self.ray.get(done[0])
 
 
-def import_ray():
+def import_ray() -> ModuleType:
     """The ray module, or a HeterogError saying how to install it."""
     try:
         import ray

@@ -21,14 +21,21 @@ import inspect
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Concatenate, TypeAlias
 
 from heterog.errors import HeterogError
 from heterog.strategy import Strategy
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.cluster.topology import Cluster
+    from heterog.evaluator_protocol import PlanEvaluator
+    from heterog.graph.opgraph import OpGraph
 
 ENTRY_POINT_GROUP = "heterog.planners"
 OPTIONS = ("budget_s", "seed", "checkpoint", "episodes", "workers", "ray_address", "progress")
 AGENT_OPTIONS = {"checkpoint": "--agent", "episodes": "--episodes"}   # refused by planners that lack them
 BEST_DP_CANDIDATES = ("ev-ps", "ev-ar", "cp-ps", "cp-ar", "single")
+PlanFunction: TypeAlias = "Callable[Concatenate[PlanEvaluator, ...], Strategy]"   # plan(evaluator, **options)
 
 
 def keyword_parameters(fn: Callable) -> list[str]:
@@ -39,13 +46,14 @@ def keyword_parameters(fn: Callable) -> list[str]:
 
 @dataclass(frozen=True)
 class Planner:
-    """A method: ``plan(evaluator, **options) -> Strategy``. ``options``: the shared options (names from
-    ``OPTIONS``) it takes, the only shared ones ``plan`` passes it; its own options are the other keyword
-    parameters of ``plan`` (``own_options``). ``default``: part of ``compare``'s default methods (the agent
-    is not: it trains)."""
+    """A method: ``plan(evaluator, **options) -> Strategy``, ``evaluator`` a ``PlanEvaluator``
+    (``heterog.evaluator_protocol``: all of an evaluator that a planner may read). ``options``: the shared
+    options (names from ``OPTIONS``) it takes, the only shared ones ``plan`` passes it; its own options are
+    the other keyword parameters of ``plan`` (``own_options``). ``default``: part of ``compare``'s default
+    methods (the agent is not: it trains)."""
 
     name: str
-    plan: Callable[..., Strategy]
+    plan: PlanFunction
     options: frozenset[str] = frozenset()
     default: bool = True
 
@@ -59,7 +67,7 @@ class Planner:
                              f"not declare; declare or rename them")
 
     @classmethod
-    def of(cls, name: str, plan: Callable[..., Strategy], default: bool = True) -> Planner:
+    def of(cls, name: str, plan: PlanFunction, default: bool = True) -> Planner:
         """The planner ``plan``, taking the shared options among its parameters."""
         return cls(name, plan, frozenset(keyword_parameters(plan)) & frozenset(OPTIONS), default)
 
@@ -84,7 +92,7 @@ class Planner:
 NOT_DEFAULT = frozenset({"lp-round"})
 
 
-def baseline_planners() -> dict[str, Callable[..., Strategy]]:
+def baseline_planners() -> dict[str, PlanFunction]:
     """The classic planners of ``heterog.baselines`` by method, in the order ``names()`` lists them."""
     from heterog.baselines import basic, dpos, expert, lpround, mcmc, pesto
 
@@ -93,16 +101,12 @@ def baseline_planners() -> dict[str, Callable[..., Strategy]]:
             "pesto-ilp": pesto.pesto, "mcmc": mcmc.mcmc, "random": basic.random_plan, "lp-round": lpround.lp_round}
 
 
-def best_dp(ev) -> Strategy:
-    """The fastest simulated of the data-parallel baselines and single (``BEST_DP_CANDIDATES``)."""
-    best = None
-    for name in BEST_DP_CANDIDATES:
-        s = plan(name, evaluator=ev)
-        t = ev.iteration_time(s)
-        if best is None or t < best[0]:
-            best = (t, s)
-    best[1].meta["chosen_from"] = list(BEST_DP_CANDIDATES)
-    return best[1]
+def best_dp(ev: PlanEvaluator) -> Strategy:
+    """The fastest simulated of the data-parallel baselines and single (``BEST_DP_CANDIDATES``; ties: the
+    first; compared by (iteration time, OOM))."""
+    best = min((plan(name, evaluator=ev) for name in BEST_DP_CANDIDATES), key=ev.iteration_time)
+    best.meta["chosen_from"] = list(BEST_DP_CANDIDATES)
+    return best
 
 
 def _builtin() -> dict[str, Planner]:
@@ -164,7 +168,8 @@ def parse_methods(methods: str | Sequence[str] | None) -> list[str]:
     return list(dict.fromkeys(listed))
 
 
-def plan(method: str, graph=None, cluster=None, *, evaluator=None, **options) -> Strategy:
+def plan(method: str, graph: OpGraph | None = None, cluster: Cluster | None = None, *,
+         evaluator: PlanEvaluator | None = None, **options: Any) -> Strategy:
     """The strategy of ``method`` for ``graph`` on ``cluster`` (or ``evaluator``'s), with its method (the
     planner's name, or the one best-dp picked) and ``search_time_s`` (meta) set.
 
@@ -188,6 +193,8 @@ def plan(method: str, graph=None, cluster=None, *, evaluator=None, **options) ->
     if evaluator is None:
         from heterog.evaluate import Evaluator
 
+        if graph is None or cluster is None:
+            raise HeterogError(f"planning {method!r} needs a graph and a cluster, or an evaluator")
         evaluator = Evaluator(graph, cluster)
     given = {k: v for k, v in options.items()
              if k in planner.own_options or (v is not None and k in planner.options)}

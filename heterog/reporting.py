@@ -8,11 +8,55 @@ import csv
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
 
 from heterog.strategy import DP_ACTION_NAMES
 
+if TYPE_CHECKING:  # pragma: no cover
+    from rich.table import Table as RichTable
+
+    from heterog.cluster import Cluster
+    from heterog.cost import CostModel
+    from heterog.evaluate import PlanResult
+    from heterog.graph.opgraph import OpGraph
+    from heterog.runtime.fidelity import FidelityReport
+
 DP_BASELINES = ("ev-ps", "ev-ar", "cp-ps", "cp-ar")
 DEFAULT_ORDER = "best"          # heterog.scheduler.DEFAULT_ORDER (not imported: numba loads lazily)
+
+Align: TypeAlias = Literal["left", "right"]
+
+
+# ----------------------------------------------------------------------------- what the tables read
+# heterog.compare imports this module, so its results are described here by what the tables read of them.
+class MethodOutcome(Protocol):
+    """One planner's outcome (``heterog.compare.MethodResult``)."""
+
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def result(self) -> PlanResult: ...
+
+    @property
+    def record(self) -> dict[str, Any]: ...
+
+
+class ComparisonLike(Protocol):
+    """Several planners' outcomes on one graph and cluster (``heterog.compare.Comparison``)."""
+
+    @property
+    def graph(self) -> OpGraph: ...
+
+    @property
+    def cluster(self) -> Cluster: ...
+
+    @property
+    def results(self) -> Sequence[MethodOutcome]: ...
+
+    def records(self) -> list[dict[str, Any]]: ...
+
+    def best(self) -> MethodOutcome: ...
 
 
 # ----------------------------------------------------------------------------- one table, three renderings
@@ -22,7 +66,7 @@ class Column:
 
     header: str
     width: int = 0
-    align: str = "right"                # "left" | "right"
+    align: Align = "right"
 
     def pad(self, cell: str) -> str:
         return cell.ljust(self.width) if self.align == "left" else cell.rjust(self.width)
@@ -58,7 +102,7 @@ class Table:
         lines += ["| " + " | ".join(row) + " |" for row in self.rows]
         return "\n".join(lines)
 
-    def rich(self):
+    def rich(self) -> RichTable:
         """A ``rich.table.Table`` with this title, columns and rows."""
         from rich.table import Table as RichTable
 
@@ -98,7 +142,7 @@ def format_table(records: list[dict]) -> str:
     return records_table(records).text(rule=True)
 
 
-def comparison_text(comp) -> str:
+def comparison_text(comp: ComparisonLike) -> str:
     """A ``heterog.compare.Comparison`` for the terminal: its records' table and the best plan."""
     best = comp.best()
     return (format_table(comp.records()) + f"\nbest: {best.method} "
@@ -110,7 +154,7 @@ def _speedup(t_base: float, t: float) -> str:
     return f"{(t_base / t - 1.0) * 100:+.1f}%" if t > 0 else "-"
 
 
-def table1_markdown(comp) -> str:
+def table1_markdown(comp: ComparisonLike) -> str:
     """Time per iteration and speed-up over each DP baseline, (T_baseline / T_method - 1)."""
     base = {r.method: r.result for r in comp.results if r.method in DP_BASELINES}
     dp_cols = [m for m in DP_BASELINES if m in base]
@@ -127,12 +171,12 @@ def table1_markdown(comp) -> str:
             f"a baseline that runs out of memory is marked OOM).\n\n" + tab.markdown() + "\n")
 
 
-def action_columns(cluster) -> list[str]:
+def action_columns(cluster: Cluster) -> list[str]:
     """Action types of Table 2: model parallel on each device, the four DP actions, other DP splits."""
     return [f"mp:{d}" for d in range(cluster.n_devices)] + list(DP_ACTION_NAMES) + ["dp-other"]
 
 
-def table2_markdown(comp) -> str:
+def table2_markdown(comp: ComparisonLike) -> str:
     """Share of compute ops per action type in each plan (MP per device, the four DP actions, other splits)."""
     cols = action_columns(comp.cluster)
     names = comp.cluster.device_names
@@ -147,7 +191,7 @@ def table2_markdown(comp) -> str:
             + tab.markdown() + "\n")
 
 
-def csv_text(comp) -> str:
+def csv_text(comp: ComparisonLike) -> str:
     """One row per method: the record's scalar fields, max peak memory and OOM devices."""
     cols = ["method", "graph", "batch_size", "cluster", "iteration_time_s", "order", "oom", "compute_time_s",
             "comm_time_s", "overlap_ratio", "search_time_s", "n_tasks", "max_peak_memory_bytes", "oom_devices"]
@@ -164,7 +208,7 @@ def csv_text(comp) -> str:
 
 
 # ----------------------------------------------------------------------------- the main job (`make run`)
-def cost_table(graph, cluster, cost, n_ops: int = 3) -> Table:
+def cost_table(graph: OpGraph, cluster: Cluster, cost: CostModel, n_ops: int = 3) -> Table:
     """Time of the costliest ops of distinct kinds, plus one memory-bound op, on each device type."""
     import numpy as np
 
@@ -215,7 +259,7 @@ def comparison_table(records: list[dict], title: str, dp_methods: Sequence[str] 
 
 
 # ----------------------------------------------------------------------------- fidelity
-def fidelity_text(rep, rec: dict) -> str:
+def fidelity_text(rep: FidelityReport, rec: dict[str, Any]) -> str:
     """A ``heterog.runtime.fidelity`` report (``rec`` its record): summary, measured vs simulated time per
     plan and, when traced, where the time goes per device."""
     head = (f"{rep.model} (batch {rep.batch_size}) on {rep.cluster}: MAPE {rep.mape:.1f}%, Kendall tau "
@@ -243,5 +287,6 @@ def fidelity_text(rep, rec: dict) -> str:
     return "\n".join(out)
 
 
-__all__ = ["Column", "Table", "action_columns", "comparison_table", "comparison_text", "cost_table", "csv_text",
-           "fidelity_text", "format_table", "key_values", "records_table", "table1_markdown", "table2_markdown"]
+__all__ = ["Column", "ComparisonLike", "MethodOutcome", "Table", "action_columns", "comparison_table",
+           "comparison_text", "cost_table", "csv_text", "fidelity_text", "format_table", "key_values", "records_table",
+           "table1_markdown", "table2_markdown"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Sequence, TypeAlias
 
 import numpy as np
 
@@ -25,6 +25,8 @@ SYNC_METHODS = ("ps", "allreduce")
 ALLREDUCE_ALGOS = ("auto", "ring", "hierarchical")
 N_DP_ACTIONS = 4
 DP_ACTION_NAMES = ("dp-even-ps", "dp-even-ar", "dp-prop-ps", "dp-prop-ar")
+
+Floats: TypeAlias = Sequence[float] | np.ndarray  # per-device values, as a list or a 1-D array
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,7 @@ def even_shares(batch_size: int, n: int) -> list[int]:
     return [base + (1 if i < rest else 0) for i in range(n)]
 
 
-def proportional_shares(batch_size: int, weights: Sequence[float]) -> list[int]:
+def proportional_shares(batch_size: int, weights: Floats) -> list[int]:
     """Integer shares proportional to ``weights`` summing to ``batch_size`` (largest remainder method)."""
     w = np.asarray(weights, dtype=np.float64)
     if np.any(w <= 0) or not np.all(np.isfinite(w)):
@@ -123,8 +125,8 @@ def action_name(action: int, n_devices: int) -> str:
     return DP_ACTION_NAMES[action - n_devices]
 
 
-def decode_action(action: int, n_devices: int, batch_size: int, power: Sequence[float],
-                  weights: Sequence[float] | None = None) -> ParallelConfig:
+def decode_action(action: int, n_devices: int, batch_size: int, power: Floats,
+                  weights: Floats | None = None) -> ParallelConfig:
     """The one decoding of an (M+4)-way action into a ParallelConfig.
 
     ``power`` is each device's peak FLOP/s (proportional shares follow it); ``weights`` overrides it,
@@ -296,19 +298,19 @@ class Strategy:
         return cls.from_dict(d, source=repr(str(p)))
 
 
-def strategy_from_actions(actions: Sequence[int], group_of: np.ndarray, graph: "OpGraph", cluster: "Cluster",
-                          method: str = "", weights: np.ndarray | None = None) -> Strategy:
+def strategy_from_actions(actions: Sequence[int] | np.ndarray, group_of: np.ndarray, graph: "OpGraph",
+                          cluster: "Cluster", method: str = "", weights: np.ndarray | None = None) -> Strategy:
     """Decode one action per group into a Strategy. ``weights`` (G, M) optionally gives per-group
     device speeds for proportional shares (otherwise device peak FLOP/s)."""
-    actions = np.asarray(actions, dtype=np.int64)
+    codes = np.asarray(actions, dtype=np.int64)
     n_groups = int(group_of.max()) + 1 if len(group_of) else 0
-    if actions.shape != (n_groups,):
-        raise StrategyError(f"need one action per group: got {actions.shape[0] if actions.ndim else 0} actions "
+    if codes.shape != (n_groups,):
+        raise StrategyError(f"need one action per group: got {codes.shape[0] if codes.ndim else 0} actions "
                             f"for {n_groups} groups")
     m = cluster.n_devices
     cache: dict[int, ParallelConfig] = {}
     configs = []
-    for g, a in enumerate(actions.tolist()):
+    for g, a in enumerate(codes.tolist()):
         if weights is None:
             if a not in cache:
                 cache[a] = decode_action(a, m, graph.batch_size, cluster.power)
@@ -316,4 +318,4 @@ def strategy_from_actions(actions: Sequence[int], group_of: np.ndarray, graph: "
         else:
             configs.append(decode_action(a, m, graph.batch_size, cluster.power, weights[g]))
     return Strategy(graph.fingerprint, cluster.name, m, graph.batch_size, group_of, configs, method,
-                    meta={"actions": actions.tolist()})
+                    meta={"actions": codes.tolist()})

@@ -28,8 +28,10 @@ _u = np.uintp
 
 
 @njit(cache=True)
-def validate_batch(first_id, n_res, duration, lag, priority, res_ptr, res_idx, dep_ptr, dep_idx,
-                   mem_ptr, mem_res, mem_bytes, free_ptr, free_idx):  # pragma: no cover - compiled
+def validate_batch(first_id: int, n_res: int, duration: np.ndarray, lag: np.ndarray, priority: np.ndarray,
+                   res_ptr: np.ndarray, res_idx: np.ndarray, dep_ptr: np.ndarray, dep_idx: np.ndarray,
+                   mem_ptr: np.ndarray, mem_res: np.ndarray, mem_bytes: np.ndarray, free_ptr: np.ndarray,
+                   free_idx: np.ndarray) -> tuple[int, int, int]:  # pragma: no cover - compiled
     """First problem in a batch of new tasks as (code, batch position, entry index), code 0 if none."""
     for i in range(duration.shape[0]):
         t = first_id + i
@@ -63,7 +65,8 @@ def validate_batch(first_id, n_res, duration, lag, priority, res_ptr, res_idx, d
 
 
 @njit(cache=True)
-def transpose_csr(ptr, idx, n):  # pragma: no cover - compiled
+def transpose_csr(ptr: np.ndarray, idx: np.ndarray,
+                  n: int) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled
     """Reverse the edges of a CSR adjacency over ``n`` nodes; each output row is in increasing source order."""
     out_ptr = np.zeros(n + 1, dtype=np.int64)
     for e in range(idx.shape[0]):
@@ -81,8 +84,11 @@ def transpose_csr(ptr, idx, n):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def simulate_kernel(duration, lag, priority, res_ptr, res_idx, dep_ptr, succ_ptr, succ_idx, mem_ptr,
-                    mem_res, mem_bytes, free_ptr, free_idx, resident_bytes, fifo):  # pragma: no cover - compiled
+def simulate_kernel(duration: np.ndarray, lag: np.ndarray, priority: np.ndarray,  # pragma: no cover - compiled
+                    res_ptr: np.ndarray, res_idx: np.ndarray, dep_ptr: np.ndarray, succ_ptr: np.ndarray,
+                    succ_idx: np.ndarray, mem_ptr: np.ndarray, mem_res: np.ndarray, mem_bytes: np.ndarray,
+                    free_ptr: np.ndarray, free_idx: np.ndarray, resident_bytes: np.ndarray, fifo: bool,
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
     """Greedy list scheduling of a task DAG on exclusive resources; the same rule as the reference.
 
     Ready tasks wait in one binary heap of candidates ordered by (-priority, id). A candidate that finds a

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -63,7 +64,7 @@ def random_taskgraph(n_tasks: int, n_gpus: int = 8, n_links: int = 20, seed: int
     return tg
 
 
-def _median_seconds(fn, repeats: int, clock=time.thread_time) -> float:
+def _median_seconds(fn: Callable[[], object], repeats: int, clock: Callable[[], float] = time.thread_time) -> float:
     """Median over ``repeats`` calls of ``fn`` as measured by ``clock``."""
     times = []
     for _ in range(repeats):

@@ -5,12 +5,14 @@ Stored as growable numpy CSR arrays so that a compiler can add tens of thousands
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TypeAlias
 
 import numpy as np
 
 from simulator import _kernel
 
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
+_IntsLike: TypeAlias = np.ndarray | Sequence[int]  # an integer array or what np.asarray makes one of
 
 
 class _Buffer:
@@ -18,8 +20,8 @@ class _Buffer:
 
     __slots__ = ("data", "size")
 
-    def __init__(self, dtype: type, initial: Sequence = ()) -> None:
-        self.data = np.zeros(max(16, len(initial)), dtype=dtype)
+    def __init__(self, dtype: type, initial: Sequence[int] = ()) -> None:
+        self.data: np.ndarray = np.zeros(max(16, len(initial)), dtype=dtype)
         self.size = len(initial)
         self.data[:self.size] = initial
 
@@ -45,7 +47,7 @@ class _Buffer:
         return out
 
 
-def _int_array(values, what: str) -> np.ndarray:
+def _int_array(values: _IntsLike | None, what: str) -> np.ndarray:
     arr = np.asarray(values if values is not None else _EMPTY_I64)
     if arr.size == 0:
         return np.zeros(0, dtype=np.int64)
@@ -54,7 +56,7 @@ def _int_array(values, what: str) -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=np.int64)
 
 
-def _bytes_array(values) -> np.ndarray:
+def _bytes_array(values: np.ndarray | Sequence[float] | None) -> np.ndarray:
     """Byte counts as int64; real-valued input is rounded to whole bytes."""
     arr = np.asarray(values if values is not None else _EMPTY_I64)
     if arr.size and np.issubdtype(arr.dtype, np.floating):
@@ -64,7 +66,7 @@ def _bytes_array(values) -> np.ndarray:
     return _int_array(arr.astype(np.int64) if arr.size else arr, "mem_bytes")
 
 
-def _csr(ptr, idx, n_tasks: int, what: str) -> tuple[np.ndarray, np.ndarray]:
+def _csr(ptr: _IntsLike | None, idx: _IntsLike | None, n_tasks: int, what: str) -> tuple[np.ndarray, np.ndarray]:
     """Check a batch-local CSR pair (ptr of length n_tasks + 1 starting at 0); None means all empty."""
     if ptr is None:
         if idx is not None and len(idx) > 0:
@@ -324,7 +326,7 @@ class TaskGraph:
             _Buffer.adopt(mem_bytes)
         return self
 
-    def _category_codes(self, cats, k: int) -> np.ndarray:
+    def _category_codes(self, cats: str | Sequence[str] | np.ndarray | None, k: int) -> np.ndarray:
         if cats is None:
             return np.zeros(k, dtype=np.int64)
         if isinstance(cats, str):
@@ -340,8 +342,8 @@ class TaskGraph:
             raise ValueError(f"cats has {len(cats)} entries for {k} tasks")
         return np.fromiter((self.category(c) for c in cats), dtype=np.int64, count=k)
 
-    def _batch_error(self, code: int, t: int, j: int, duration, lag, res_idx, dep_idx, mem_res, mem_bytes,
-                     free_idx) -> str:
+    def _batch_error(self, code: int, t: int, j: int, duration: np.ndarray, lag: np.ndarray, res_idx: np.ndarray,
+                     dep_idx: np.ndarray, mem_res: np.ndarray, mem_bytes: np.ndarray, free_idx: np.ndarray) -> str:
         if code == _kernel.BAD_DURATION:
             return f"task {t}: duration {duration[t - self.n_tasks]} s must be finite and >= 0"
         if code == _kernel.BAD_LAG:

@@ -17,7 +17,7 @@ from simulator.engine import SimResult
 from simulator.taskgraph import TaskGraph
 
 
-def _atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
+def _atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Path:
     """Call ``write(tmp_path)`` for a temporary file next to ``path``, then rename it to ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,15 @@ cluster, **opts)`` and ``names()`` are that registry seen from here.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from heterog.errors import HeterogError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.cluster.topology import Cluster
+    from heterog.evaluator_protocol import PlanEvaluator
+    from heterog.graph.opgraph import OpGraph
+    from heterog.strategy import Strategy
 
 
 def names() -> list[str]:
@@ -15,7 +23,8 @@ def names() -> list[str]:
     return list(planners.baseline_planners())
 
 
-def run(name: str, graph, cluster, *, evaluator=None, **opts):
+def run(name: str, graph: OpGraph | None, cluster: Cluster | None, *, evaluator: PlanEvaluator | None = None,
+        **opts: Any) -> Strategy:
     """Plan ``graph`` on ``cluster`` with classic planner ``name`` through the registry
     (``heterog.planners.plan``); the strategy's meta records search_time_s.
 

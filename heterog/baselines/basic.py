@@ -4,24 +4,31 @@ EV: one replica per device with even shares; CP: shares in proportion to computa
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.evaluator_protocol import PlanEvaluator
+    from heterog.strategy import Strategy
 
 # offsets of the data-parallel actions after the M model-parallel ones
 _DP = {"ev-ps": 0, "ev-ar": 1, "cp-ps": 2, "cp-ar": 3}
 
 
-def uniform_actions(ev, action: int) -> np.ndarray:
+def uniform_actions(ev: PlanEvaluator, action: int) -> np.ndarray:
     return np.full(ev.n_groups, int(action), dtype=np.int64)
 
 
-def single(ev, device: int | None = None):
+def single(ev: PlanEvaluator, device: int | None = None) -> Strategy:
     """Everything on one device (default: the most powerful one, lowest index on ties)."""
     d = int(np.argmax(ev.cluster.power)) if device is None else int(device)
     return ev.strategy(uniform_actions(ev, d))
 
 
-def _dp(kind: str):
-    def plan(ev):
+def _dp(kind: str) -> Callable[[PlanEvaluator], Strategy]:
+    def plan(ev: PlanEvaluator) -> Strategy:
         return ev.strategy(uniform_actions(ev, ev.cluster.n_devices + _DP[kind]))
     plan.__name__ = plan.__qualname__ = kind.replace("-", "_")
     plan.__doc__ = f"Data parallelism {kind.upper()} for every group."
@@ -31,7 +38,7 @@ def _dp(kind: str):
 ev_ps, ev_ar, cp_ps, cp_ar = _dp("ev-ps"), _dp("ev-ar"), _dp("cp-ps"), _dp("cp-ar")
 
 
-def random_plan(ev, seed: int = 0):
+def random_plan(ev: PlanEvaluator, seed: int = 0) -> Strategy:
     """Uniform random (M+4)-way action per group: the sanity floor."""
     rng = np.random.default_rng(seed)
     return ev.strategy(rng.integers(0, ev.cluster.n_devices + 4, size=ev.n_groups))

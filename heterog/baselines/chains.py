@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from heterog.strategy import Strategy, decode_action, n_actions
+from heterog.strategy import ParallelConfig, Strategy, decode_action, n_actions
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.evaluator_protocol import PlanEvaluator
+    from heterog.graph.opgraph import OpGraph
 
 BLOCK_FRACTIONS = (0.5, 0.25)      # heavy edges: at least this share of the graph's largest edge's bytes
 BLOCK_MAX_FLOPS_SHARE = 0.3        # a block is a small part of the work, not the model
@@ -26,7 +31,7 @@ class Block(NamedTuple):
     leader: int
 
 
-def group_loads(graph, group_of: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def group_loads(graph: OpGraph, group_of: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per group: the FLOPs of its ops and the bytes of the gradients it aggregates under data
     parallelism. Shapes: -> ``(G,)`` each."""
     from heterog.compiler.index import graph_index
@@ -38,7 +43,7 @@ def group_loads(graph, group_of: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return flops, np.bincount(group_of[gi.t_op[agg]], weights=gi.t_bytes[agg], minlength=n_groups)
 
 
-def coupled_blocks(graph, group_of: np.ndarray, fractions: tuple[float, ...] = BLOCK_FRACTIONS,
+def coupled_blocks(graph: OpGraph, group_of: np.ndarray, fractions: tuple[float, ...] = BLOCK_FRACTIONS,
                    max_flops_share: float = BLOCK_MAX_FLOPS_SHARE) -> list[Block]:
     """Sets of groups that a search should move together: for each ``f`` in ``fractions``, the connected
     components of the group graph whose edges carry at least ``f`` times the bytes of the graph's largest
@@ -98,14 +103,14 @@ class ActionSearch:
     (``coupled_blocks``), drawn with probabilities ``block_p`` (``block_weights``).
     """
 
-    ev: object
+    ev: PlanEvaluator
     oom_factor: float = 10.0
     order: str | None = None
     n_evals: int = 0
     eval_time_s: float = 0.0
-    _configs: list = field(default_factory=list, repr=False)
-    _seen: dict = field(default_factory=dict, repr=False)
-    blocks: list = field(default_factory=list, repr=False)
+    _configs: list[ParallelConfig] = field(default_factory=list, repr=False)
+    _seen: dict[bytes, float] = field(default_factory=dict, repr=False)
+    blocks: list[np.ndarray] = field(default_factory=list, repr=False)
     block_p: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
 
     def __post_init__(self) -> None:
@@ -169,7 +174,7 @@ class ChainState:
     cur_cost: float
     top: dict[bytes, tuple[float, np.ndarray]]
     best: float
-    rng: dict                       # the chain generator's bit_generator.state
+    rng: Mapping[str, Any]          # the chain generator's bit_generator.state
     proposals: int = 0
     accepted: int = 0
     last_gain: float = 0.0

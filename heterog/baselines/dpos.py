@@ -5,12 +5,17 @@ from __future__ import annotations
 import time
 from bisect import bisect_right
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from heterog.baselines.expert import group_strategy, op_memory_bytes, order_priorities, param_units
 from heterog.errors import HeterogError
 from heterog.strategy import ParallelConfig, Strategy, even_shares, proportional_shares
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.cost.model import CostModel
+    from heterog.evaluator_protocol import PlanEvaluator
 
 
 # ----------------------------------------------------------------------------- the problem
@@ -72,10 +77,12 @@ class PlacementProblem:
     @property
     def on_device(self) -> np.ndarray:
         """(N,) nodes that occupy a device."""
+        assert self.is_collective is not None            # filled in by __post_init__
         return ~self.is_free & ~self.is_collective
 
     def worst_time_s(self) -> np.ndarray:
         """(N,) worst-case time of each node: max over devices, the collective time, 0 for free nodes."""
+        assert self.is_collective is not None and self.collective_s is not None     # filled in by __post_init__
         w = np.where(self.on_device, self.op_time_s.max(axis=1), 0.0)
         return np.where(self.is_collective, self.collective_s, w)
 
@@ -85,6 +92,7 @@ class PlacementProblem:
         m = self.n_devices
         if m < 2 or not len(self.edge_bytes):
             return np.zeros(len(self.edge_bytes))
+        assert self.is_collective is not None            # filled in by __post_init__
         off = ~np.eye(m, dtype=bool)
         a, b = self.comm_alpha_s[off], self.comm_beta_s_per_byte[off]
         c = np.max(a[None, :] + self.edge_bytes[:, None] * b[None, :], axis=1)
@@ -128,7 +136,7 @@ class ReplicatedGraph:
     op_unit: np.ndarray             # (n_ops,) unit of each op (param_units)
 
 
-def comm_coefficients(cost, m: int) -> tuple[np.ndarray, np.ndarray]:
+def comm_coefficients(cost: CostModel, m: int) -> tuple[np.ndarray, np.ndarray]:
     """(M, M) alpha and beta of the cost model's transfers (it is linear in bytes)."""
     a_idx, b_idx = np.meshgrid(np.arange(m), np.arange(m), indexing="ij")
     alpha = cost.transfer_times(a_idx.ravel(), b_idx.ravel(), np.zeros(m * m)).reshape(m, m)
@@ -139,7 +147,7 @@ def comm_coefficients(cost, m: int) -> tuple[np.ndarray, np.ndarray]:
     return alpha, beta
 
 
-def replicated_problem(ev, replicas: int | None = None, shares: str = "proportional",
+def replicated_problem(ev: PlanEvaluator, replicas: int | None = None, shares: str = "proportional",
                        memory_headroom: float = 0.9) -> ReplicatedGraph:
     """The data-parallel graph of ``ev``'s graph as a PlacementProblem.
 
@@ -310,6 +318,8 @@ def dpos_schedule(prob: PlacementProblem) -> DposSchedule:
     times = prob.op_time_s
     units = prob.unit.tolist()
     is_free = prob.is_free.tolist()
+    # filled in by PlacementProblem.__post_init__
+    assert prob.is_collective is not None and prob.collective_s is not None and prob.edge_memory is not None
     is_coll = prob.is_collective.tolist()
     free_members: dict[int, list[int]] = {}
     for i in range(n):
@@ -378,12 +388,13 @@ def dpos_schedule(prob: PlacementProblem) -> DposSchedule:
             candidates = np.nonzero(fits)[0].tolist()
         else:
             candidates = [int(np.argmin(mem_after - prob.capacity_bytes))]
-        best = None
+        best: tuple[float, int, float, int] | None = None
         for d in candidates:
             t, slot = _earliest_gap(slots_s[d], slots_e[d], float(ready[d]), float(times[i, d]))
             eft = t + float(times[i, d])
             if best is None or eft < best[0]:
                 best = (eft, d, t, slot)
+        assert best is not None                          # every branch above names a candidate
         eft, d, t, slot = best
         memory_ok &= bool(fits[d])
         device[i], start[i], finish[i] = d, t, eft
@@ -400,7 +411,8 @@ def dpos_schedule(prob: PlacementProblem) -> DposSchedule:
     return DposSchedule(device, start, finish, order, float(finish.max(initial=0.0)), cp, cp_device, memory_ok)
 
 
-def replicated_strategy(ev, rg: ReplicatedGraph, sched: DposSchedule, *, at_home: bool = False) -> Strategy:
+def replicated_strategy(ev: PlanEvaluator, rg: ReplicatedGraph, sched: DposSchedule, *,
+                        at_home: bool = False) -> Strategy:
     """Each unit's config merges its replicas' devices and shares (AllReduce across them); the order of
     ops is that of their first replica's start in the schedule. ``at_home``: every replica on its
     starting device instead (the data-parallel deployment DPOS starts from), same order."""
@@ -420,13 +432,13 @@ def replicated_strategy(ev, rg: ReplicatedGraph, sched: DposSchedule, *, at_home
     return group_strategy(ev, rg.op_unit, config_of, priorities=prio, meta=info)
 
 
-def plan_cost(ev, strategy: Strategy, oom_factor: float = 10.0) -> float:
+def plan_cost(ev: PlanEvaluator, strategy: Strategy, oom_factor: float = 10.0) -> float:
     """Iteration time of ``strategy``, multiplied by ``oom_factor`` if a device runs out of memory."""
     t, oom = ev.iteration_time(strategy)
     return t * oom_factor if oom else t
 
 
-def dpos_plan(ev, replicas: int | None, shares: str, memory_headroom: float,
+def dpos_plan(ev: PlanEvaluator, replicas: int | None, shares: str, memory_headroom: float,
               check_start: bool) -> tuple[Strategy, ReplicatedGraph, DposSchedule, float]:
     """DPOS's strategy and its simulated cost.
 
@@ -450,8 +462,8 @@ def dpos_plan(ev, replicas: int | None, shares: str, memory_headroom: float,
     return strategy, rg, sched, costs[deployed]
 
 
-def dpos(ev, replicas: int | None = None, shares: str = "proportional", memory_headroom: float = 0.9,
-         check_start: bool = True):
+def dpos(ev: PlanEvaluator, replicas: int | None = None, shares: str = "proportional", memory_headroom: float = 0.9,
+         check_start: bool = True) -> Strategy:
     """FastT DPOS over the data-parallel graph (``replicas=1``: over the plain graph, i.e. model
     parallelism per op); see ``dpos_plan`` for ``check_start``."""
     return dpos_plan(ev, replicas, shares, memory_headroom, check_start)[0]
@@ -482,8 +494,8 @@ def with_config(strategy: Strategy, group: int, config: ParallelConfig) -> Strat
                     strategy.group_of, configs, strategy.method, strategy.priorities, dict(strategy.meta))
 
 
-def os_dpos(ev, budget_s: float = 60.0, replicas: int | None = None, shares: str = "proportional",
-            memory_headroom: float = 0.9, check_start: bool = True):
+def os_dpos(ev: PlanEvaluator, budget_s: float = 60.0, replicas: int | None = None, shares: str = "proportional",
+            memory_headroom: float = 0.9, check_start: bool = True) -> Strategy:
     """FastT OS-DPOS: start from DPOS; take the ops of its critical path that carry the batch, longest
     first (on the critical-path device); try every split of the op over its 2..M fastest devices (even
     or proportional shares, AllReduce) and keep the best if the simulated iteration gets shorter; stop

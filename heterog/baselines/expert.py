@@ -3,23 +3,29 @@ by cost over the devices; plus the helpers the placement planners (DPOS, Pesto) 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from heterog.strategy import ParallelConfig, Strategy, _attach_params_to_grads
 
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.evaluator_protocol import PlanEvaluator
+    from heterog.graph.opgraph import OpGraph
+
 _INDEX = re.compile(r"^\d+$")
 
 
 # ----------------------------------------------------------------------------- shared placement helpers
-def param_units(graph) -> np.ndarray:
+def param_units(graph: OpGraph) -> np.ndarray:
     """(n_ops,) unit id per op: every op is its own unit, except that parameter and optimizer-state
     placeholders and update ops join the unit of their parameter's gradient producer (they must share a
     device). Ids are op indices of a representative (not contiguous)."""
     return _attach_params_to_grads(graph, np.arange(graph.n_ops, dtype=np.int64))
 
 
-def op_memory_bytes(graph, fraction: float | np.ndarray = 1.0) -> tuple[np.ndarray, np.ndarray]:
+def op_memory_bytes(graph: OpGraph, fraction: float | np.ndarray = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """Memory an op puts on its device when it processes ``fraction`` of the batch, split into what
     stays for most of the iteration and what is transient.
 
@@ -41,8 +47,9 @@ def op_memory_bytes(graph, fraction: float | np.ndarray = 1.0) -> tuple[np.ndarr
     return gi.resident_bytes + np.where(kept, alloc, 0.0), np.where(kept, 0.0, alloc)
 
 
-def group_strategy(ev, group_of: np.ndarray, config_of, *, priorities: np.ndarray | None = None,
-                   meta: dict | None = None) -> Strategy:
+def group_strategy(ev: PlanEvaluator, group_of: np.ndarray,
+                   config_of: Mapping[int, ParallelConfig] | Sequence[ParallelConfig], *,
+                   priorities: np.ndarray | None = None, meta: dict[str, Any] | None = None) -> Strategy:
     """A Strategy with group ``g`` running under ``config_of[g]``.
 
     Args:
@@ -62,8 +69,8 @@ def group_strategy(ev, group_of: np.ndarray, config_of, *, priorities: np.ndarra
                     meta=dict(meta or {}))
 
 
-def mp_strategy(ev, group_of: np.ndarray, group_device, *, priorities: np.ndarray | None = None,
-                meta: dict | None = None) -> Strategy:
+def mp_strategy(ev: PlanEvaluator, group_of: np.ndarray, group_device: np.ndarray | Sequence[int], *,
+                priorities: np.ndarray | None = None, meta: dict[str, Any] | None = None) -> Strategy:
     """A model-parallel Strategy: group ``g`` runs on device ``group_device[g]`` with the whole batch."""
     batch = ev.graph.batch_size
     single = {d: ParallelConfig.single(d, batch) for d in range(ev.cluster.n_devices)}
@@ -91,7 +98,7 @@ def layer_key(module_path: str) -> str:
     return parts[0]
 
 
-def op_layers(graph) -> tuple[np.ndarray, list[str]]:
+def op_layers(graph: OpGraph) -> tuple[np.ndarray, list[str]]:
     """Layer index per op, layers numbered in forward order (first forward op of the layer).
 
     Ops without a module path take the layer of the nearest op they are connected to (predecessors
@@ -151,14 +158,14 @@ def balanced_partition(layer_cost: np.ndarray, layer_mem: np.ndarray, capacity: 
             device = np.empty(L, dtype=np.int64)
             j = L
             for k in range(M - 1, -1, -1):
-                i = int(arg[k, j])
-                device[i:j] = k
-                j = i
+                first = int(arg[k, j])                               # device k's segment: layers [first, j)
+                device[first:j] = k
+                j = first
             return device
     raise AssertionError("unreachable: without a memory limit every split is feasible")
 
 
-def expert(ev):
+def expert(ev: PlanEvaluator) -> Strategy:
     """Layer-wise model parallelism: contiguous layers in forward order, one segment per device (device
     index order keeps neighbouring segments on the same server), balanced by each device's own time for
     the layers and within each device's memory where possible."""

@@ -16,13 +16,18 @@ rings that need every link at once); docs/results.md has the measured gap.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from heterog.strategy import ParallelConfig, Strategy
 
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.evaluator_protocol import PlanEvaluator
 
-def lp_round_strategy(evaluator, integral_groups: int = 50, time_limit_s: float = 30.0, layout: str = "prop",
-                      order: str = "topo") -> Strategy:
+
+def lp_round_strategy(evaluator: PlanEvaluator, integral_groups: int = 50, time_limit_s: float = 30.0,
+                      layout: str = "prop", order: str = "topo") -> Strategy:
     from heterog.bounds import data_parallel_lp, dp_action_configs
     from heterog.errors import HeterogError
 
@@ -47,6 +52,6 @@ def lp_round_strategy(evaluator, integral_groups: int = 50, time_limit_s: float 
                           "integral_groups": int(integral_groups)})
 
 
-def lp_round(ev, integral_groups: int = 50, time_limit_s: float = 30.0, layout: str = "prop",
-             order: str = "topo"):
+def lp_round(ev: PlanEvaluator, integral_groups: int = 50, time_limit_s: float = 30.0, layout: str = "prop",
+             order: str = "topo") -> Strategy:
     return lp_round_strategy(ev, integral_groups, time_limit_s, layout, order)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -12,13 +13,16 @@ from heterog.baselines.chains import BLOCK_MOVES, ActionSearch, Chain, ChainResu
 from heterog.errors import HeterogError
 from heterog.strategy import Strategy
 
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.evaluator_protocol import PlanEvaluator
+
 DEFAULT_STARTS = ("single", "ev-ps", "ev-ar", "cp-ps", "cp-ar", "cp-ar-ps-small", "random")
 SMALL_GRADIENT_BYTES = 100_000
 CHAIN_SEGMENTS = 8     # pieces of a chain's proposal budget that Ray workers take one at a time
 SEARCH_ORDER = "fifo"   # the task order inside the loop: one simulation per proposal (see ``mcmc``)
 
 
-def start_actions(ev, name: str, rng: np.random.Generator) -> np.ndarray:
+def start_actions(ev: PlanEvaluator, name: str, rng: np.random.Generator) -> np.ndarray:
     """The action vector of a starting plan: single (most powerful device), ev-ps, ev-ar, cp-ps, cp-ar, random,
     or cp-ar-ps-small: CP-AR with the groups whose gradients total under ``SMALL_GRADIENT_BYTES`` on CP-PS
     (the compiler spreads their PS over the cluster). A ring AllReduce pays 2(n-1) link latencies per
@@ -70,7 +74,7 @@ def repick_block_devices(search: ActionSearch, actions: np.ndarray, cost: float)
 
 
 # ----------------------------------------------------------------------------- the search
-def mcmc(ev, budget_s: float = 60.0, seed: int = 0, starts: tuple[str, ...] | list[str] = DEFAULT_STARTS,
+def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple[str, ...] | list[str] = DEFAULT_STARTS,
          temperature: float = 0.005, oom_factor: float = 10.0, max_evals: int | None = None,
          order: str | None = SEARCH_ORDER, workers: int = 1, ray_address: str | None = None, keep: int = 4,
          block_moves: float = BLOCK_MOVES) -> Strategy:
@@ -91,13 +95,13 @@ def mcmc(ev, budget_s: float = 60.0, seed: int = 0, starts: tuple[str, ...] | li
     the evaluator's order and the best is returned (never worse than the best start under that order), after
     ``repick_block_devices``.
     """
-    from heterog.parallel import EvaluatorSpec, make_pool
+    from heterog.parallel import EvaluatorSpec, RayPool, make_pool
 
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
     search = ActionSearch(ev, oom_factor, order)
     by_proposals = max_evals is not None
-    total = float(max_evals) if by_proposals else float(budget_s)
+    total = float(max_evals) if max_evals is not None else float(budget_s)
 
     cands = {name: start_actions(ev, name, rng) for name in dict.fromkeys(starts)}
     start_cost = {name: search.cost(a) for name, a in cands.items()}
@@ -108,10 +112,11 @@ def mcmc(ev, budget_s: float = 60.0, seed: int = 0, starts: tuple[str, ...] | li
                     seed, keep, block_moves) for i, name in enumerate(names)]
     results: list[ChainResult] = []
     with make_pool(workers, ray_address) as pool:
-        remote = pool.remote
-        key = pool.register(EvaluatorSpec.of(ev), oom_factor=oom_factor, order=order) if remote else None
+        ray_pool = pool if isinstance(pool, RayPool) else None        # chains run on Ray workers, else here
+        remote = ray_pool is not None
+        key = pool.register(EvaluatorSpec.of(ev), oom_factor=oom_factor, order=order) if remote else ""
         t_chains, evals_before = time.perf_counter(), search.n_evals
-        pending: dict = {}
+        pending: dict[Any, Chain] = {}                                 # submitted job -> its chain
         todo: list[tuple[Chain, ChainState | None]] = [(c, None) for c in chains]
         while todo or pending:
             while todo and len(pending) < pool.n_workers:
@@ -123,15 +128,15 @@ def mcmc(ev, budget_s: float = 60.0, seed: int = 0, starts: tuple[str, ...] | li
                         share = max(t0 + total - time.perf_counter(), 0.0) / math.ceil(len(todo) / pool.n_workers)
                     chain = Chain(**{**chain.__dict__, "budget": share})
                 todo.pop(0)
-                if remote:
+                if ray_pool is not None:
                     # a proposal budget is handed out in segments, so that no worker idles while another
                     # runs the last long chain (a segment goes on exactly where the chain stopped)
                     segment = math.ceil(chain.budget / CHAIN_SEGMENTS) if by_proposals else None
-                    pending[pool.submit("run_chain", key, (chain, state, segment))] = chain
+                    pending[ray_pool.submit("run_chain", key, (chain, state, segment))] = chain
                 else:
                     results.append(run_chain(search, chain))
-            if pending:
-                done, result = pool.wait_any(list(pending))
+            if ray_pool is not None and pending:
+                done, result = ray_pool.wait_any(list(pending))
                 chain = pending.pop(done)
                 if result.state is not None:
                     todo.append((chain, result.state))

@@ -5,11 +5,16 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from heterog.baselines.dpos import PlacementProblem, comm_coefficients, dpos_schedule
 from heterog.baselines.expert import balanced_partition, mp_strategy, op_memory_bytes, order_priorities
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.evaluator_protocol import PlanEvaluator
+    from heterog.strategy import Strategy
 
 
 # ----------------------------------------------------------------------------- coarsening
@@ -226,6 +231,7 @@ def fits_memory(prob: ScheduleProblem, device: np.ndarray) -> bool:
     used = np.bincount(device, weights=prob.memory, minlength=prob.n_devices).astype(np.float64)
     a, b = device[prob.edge_src], device[prob.edge_dst]
     cross = (a != b) & (prob.transfer[np.arange(len(a)), a, b] > 0)
+    assert prob.edge_memory is not None                  # filled in by __post_init__
     used += np.bincount(b[cross], weights=prob.edge_memory[cross], minlength=prob.n_devices)
     return bool(np.all(used <= prob.capacity))
 
@@ -260,7 +266,7 @@ def solve_cpsat(prob: ScheduleProblem, *, time_limit_s: float = 60.0, workers: i
         mdl.add_no_overlap(dev_iv[d])
     link_iv: list[list] = [[] for _ in range(max(prob.n_links, 1))]
     ts = [mdl.new_int_var(0, horizon, f"ts{k}") for k in range(E)]
-    y: dict[tuple[int, int, int], object] = {}
+    y: dict[tuple[int, int, int], cp_model.IntVar] = {}
     for k in range(E):
         i, j = int(prob.edge_src[k]), int(prob.edge_dst[k])
         mdl.add(s[j] >= e[i])
@@ -285,6 +291,7 @@ def solve_cpsat(prob: ScheduleProblem, *, time_limit_s: float = 60.0, workers: i
         if len(ivs) > 1:
             mdl.add_no_overlap(ivs)
     received: list[list] = [[] for _ in range(M)]
+    assert prob.edge_memory is not None                  # filled in by __post_init__
     for (k, a, b), lit in y.items():
         if prob.edge_memory[k] > 0:
             received[b].append(int(prob.edge_memory[k]) * lit)
@@ -323,7 +330,7 @@ def solve_cpsat(prob: ScheduleProblem, *, time_limit_s: float = 60.0, workers: i
 
 
 # ----------------------------------------------------------------------------- the planner
-def coarse_problem(ev, cluster_of: np.ndarray, time_unit_s: float,
+def coarse_problem(ev: PlanEvaluator, cluster_of: np.ndarray, time_unit_s: float,
                    memory_headroom: float) -> tuple[ScheduleProblem, PlacementProblem]:
     """The coarse graph as a ScheduleProblem (integer time units of ``time_unit_s``, memory in MiB) and
     as a PlacementProblem in seconds (for the DPOS hint)."""
@@ -355,8 +362,8 @@ def coarse_problem(ev, cluster_of: np.ndarray, time_unit_s: float,
     return sched, place
 
 
-def pesto(ev, budget_s: float = 60.0, target_nodes: int = 200, seed: int = 0, solver_workers: int | None = None,
-          memory_headroom: float = 0.9, time_resolution: int = 100_000):
+def pesto(ev: PlanEvaluator, budget_s: float = 60.0, target_nodes: int = 200, seed: int = 0,
+          solver_workers: int | None = None, memory_headroom: float = 0.9, time_resolution: int = 100_000) -> Strategy:
     """Pesto: coarsen to ``target_nodes`` nodes (a coarse node holds at most half of the smallest device's
     memory), solve placement + order with CP-SAT within what is left of ``budget_s`` and expand back: one
     group per coarse node on its device, ops ordered by their coarse node's start time.

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.cluster.topology import Cluster
+    from heterog.graph.opgraph import OpGraph
 
 
-def resolve_graph(ref: str, batch_size: int | None = None, optimizer: str = "sgd"):
+def resolve_graph(ref: str, batch_size: int | None = None, optimizer: str = "sgd") -> OpGraph:
     """A graph file, or a MODEL (zoo name or file.py:build) captured (and cached) at ``batch_size``."""
     from heterog.graph import load_graph
 
@@ -26,7 +31,7 @@ def add_graph_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", required=True, help="cluster YAML or built-in name (e.g. paper-8gpu, local-cpu-2)")
 
 
-def graph_and_cluster(args: argparse.Namespace):
+def graph_and_cluster(args: argparse.Namespace) -> tuple[OpGraph, Cluster]:
     """The graph and cluster named by ``add_graph_args``' arguments."""
     from heterog.cluster import load_cluster
 

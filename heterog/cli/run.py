@@ -3,13 +3,19 @@ torchrun, this process is one rank of an env:// job)."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING, Any
 
 from heterog.cli.args import add_model_args
 from heterog.cli.output import add_json_flag, emit
 from heterog.errors import HeterogError
 
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.cluster.topology import Cluster
+    from heterog.runtime.api import Model, PreparedRun
+    from heterog.runtime.executor import Job
 
-def _prepare_from_args(args: argparse.Namespace):
+
+def _prepare_from_args(args: argparse.Namespace) -> tuple[Model, Cluster, PreparedRun]:
     from heterog.cluster import load_cluster
     from heterog.runtime.api import load_model, prepare, resolve_strategy
 
@@ -27,9 +33,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise HeterogError(f"--steps must be at least 1, got {args.steps}")
     if env_rank() is not None:                       # one rank of a torchrun / env:// job
-        box: dict = {}
+        box: dict[str, Any] = {}
 
-        def make_jobs():
+        def make_jobs() -> list[Job]:
             box["model"], box["cluster"], box["prepared"] = _prepare_from_args(args)
             model = box["model"]
             return box["prepared"].jobs([model.example_inputs], args.steps)

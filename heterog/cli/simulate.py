@@ -24,6 +24,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         strategy = planners.plan(args.method, evaluator=ev)
     res = ev.evaluate(strategy, method=strategy.method or args.method or "strategy")
     res.search_time_s = float(strategy.meta.get("search_time_s", 0.0))
+    assert res.plan is not None and res.sim is not None          # Evaluator.evaluate keeps both
     if args.trace:
         import simulator
 

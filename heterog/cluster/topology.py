@@ -194,6 +194,7 @@ class Cluster:
                 if a == b:
                     paths[(a, b)] = ()
                     continue
+                hops: tuple[Link, ...]
                 if da.server == db.server:
                     hops = (by_name[f"{da.name}->{db.name}"],)
                     bw[a, b] = hops[0].bandwidth_Bps

@@ -132,6 +132,7 @@ class Compiler:
             self.grouping = Grouping.of(op_group, self.context.index)
             self.demand = PSDemand(self.context, self.grouping)
             self.bases.clear()
+        assert self.demand is not None                   # set with the grouping
         return self.demand
 
     def compile(self, strategy: Strategy, *, check: bool = True, patch: bool = True) -> CompiledPlan:

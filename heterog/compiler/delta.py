@@ -22,7 +22,7 @@ from heterog.compiler.index import GraphIndex
 from heterog.compiler.place import Placement
 from heterog.compiler.plan import PlanState, aggregated_of, assemble
 from heterog.compiler.registries import LayoutTable
-from heterog.compiler.tasks import TaskBatch, Tasks, ragged_gather
+from heterog.compiler.tasks import Deps, TaskBatch, Tasks, ragged_gather
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ class Merged:
     new_of: np.ndarray
 
 
-def merge_reference(old: Tasks, old_deps: tuple, drop: np.ndarray, new: Tasks, new_deps: tuple) -> Merged:
+def merge_reference(old: Tasks, old_deps: Deps, drop: np.ndarray, new: Tasks, new_deps: Deps) -> Merged:
     """Keep the tasks and dependencies of ``old`` whose owner is not dropped, merge in ``new`` (in emission
     order, ids ``old.n ..``, dependencies in those ids) by order key; numpy (``merge_kernel``'s twin)."""
     n_base = old.n
@@ -138,10 +138,10 @@ def merge_reference(old: Tasks, old_deps: tuple, drop: np.ndarray, new: Tasks, n
     d_kept, d_new, n_dep = _merge_positions(k_task * total + k_on, n_task * total + n_on)
     dep = []
     for a, b in ((k_task, n_task), (k_on, n_on), (k_owner, n_owner)):
-        out = np.empty(n_dep, dtype=np.int64)
-        out[d_kept] = a
-        out[d_new] = b
-        dep.append(out)
+        merged = np.empty(n_dep, dtype=np.int64)
+        merged[d_kept] = a
+        merged[d_new] = b
+        dep.append(merged)
     first = np.ones(n_dep, dtype=bool)
     first[1:] = (dep[0][1:] != dep[0][:-1]) | (dep[1][1:] != dep[1][:-1])
     dep_ptr = np.zeros(total + 1, dtype=np.int64)
@@ -159,8 +159,10 @@ def _merge_positions(kept_keys: np.ndarray, new_keys: np.ndarray) -> tuple[np.nd
 
 
 @njit(cache=True)
-def _merge_tasks_kernel(o_int, o_flt, o_res_ptr, o_res_idx, o_owner, drop, n_int, n_flt, n_res_ptr, n_res_idx,
-                        n_order, p):  # pragma: no cover - compiled
+def _merge_tasks_kernel(o_int: np.ndarray, o_flt: np.ndarray, o_res_ptr: np.ndarray, o_res_idx: np.ndarray,
+                        o_owner: np.ndarray, drop: np.ndarray, n_int: np.ndarray, n_flt: np.ndarray,
+                        n_res_ptr: np.ndarray, n_res_idx: np.ndarray, n_order: np.ndarray,
+                        p: np.ndarray) -> tuple[np.ndarray, ...]:  # pragma: no cover - compiled
     """One pass of ``merge_reference``'s task merge; columns as (7, n) ints and (3, n) floats, new tasks
     sorted by ``n_order`` (``p``: their emission positions)."""
     n_old, n_new = o_owner.shape[0], n_order.shape[0]
@@ -206,7 +208,9 @@ def _merge_tasks_kernel(o_int, o_flt, o_res_ptr, o_res_idx, o_owner, drop, n_int
 
 
 @njit(cache=True)
-def _merge_deps_kernel(o_task, o_on, o_owner, drop, n_task, n_on, n_owner, new_of, total):  # pragma: no cover
+def _merge_deps_kernel(o_task: np.ndarray, o_on: np.ndarray, o_owner: np.ndarray, drop: np.ndarray,
+                       n_task: np.ndarray, n_on: np.ndarray, n_owner: np.ndarray, new_of: np.ndarray,
+                       total: int) -> tuple[np.ndarray, ...]:  # pragma: no cover
     """One pass of ``merge_reference``'s dependency merge and CSR; returns (task, on, owner, ptr, idx)."""
     k = n_task.shape[0]
     nt = np.empty(k, dtype=np.int64)
@@ -256,7 +260,7 @@ def _merge_deps_kernel(o_task, o_on, o_owner, drop, n_task, n_on, n_owner, new_o
     return out_t, out_o, out_w, ptr, idx[:n_idx]
 
 
-def merge_kernel(old: Tasks, old_deps: tuple, drop: np.ndarray, new: Tasks, new_deps: tuple) -> Merged:
+def merge_kernel(old: Tasks, old_deps: Deps, drop: np.ndarray, new: Tasks, new_deps: Deps) -> Merged:
     """``merge_reference`` in two compiled passes (the same result; a test asserts it)."""
     p = np.argsort(new.order)
     new = new.take(p)

@@ -109,9 +109,9 @@ def _aggregate_ps(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, t
                          owner=op_rep, res_len=rlen, res_idx=ridx,
                          lag=cost.transfer_latencies(src_dev, p, bytes_))
         batch.deps(push, src_task, op_rep)
-        aggr = batch.add(dur=cost.aggregate_times(p, nb, len(devs)), kind=TaskKind.AGGREGATE, op=sel_op, dev=p,
-                         alloc=np.where(gi.is_grad[sel_op], 0.0, nb), cat=TaskCategory.PS, prio_op=sel_op,
-                         stage="aggregate", cls=0, tensor=sel, sub=0, owner=sel_op, res_len=1,
+        aggr = batch.add(dur=cost.aggregate_times(p, nb, np.full(len(nb), len(devs))), kind=TaskKind.AGGREGATE,
+                         op=sel_op, dev=p, alloc=np.where(gi.is_grad[sel_op], 0.0, nb), cat=TaskCategory.PS,
+                         prio_op=sel_op, stage="aggregate", cls=0, tensor=sel, sub=0, owner=sel_op, res_len=1,
                          res_idx=np.full(len(sel), p))
         batch.deps(np.repeat(aggr, len(workers)), push, op_rep)
         batch.deps(aggr, prov.inst_start[sel_op] + k_ps, sel_op)
@@ -272,10 +272,11 @@ class _Pattern:
     concat_slot: np.ndarray  # (P,) index into concat_j of the piece's consumer, -1 if single piece
 
 
-_PATTERNS: dict = {}
+_PATTERNS: dict[tuple[tuple[int, ...], ...], _Pattern] = {}
 
 
-def relayout_pattern(devs_u, shares_u, devs_v, shares_v) -> _Pattern:
+def relayout_pattern(devs_u: tuple[int, ...], shares_u: tuple[int, ...], devs_v: tuple[int, ...],
+                     shares_v: tuple[int, ...]) -> _Pattern:
     """Pieces (i, j, overlap) where replica i of the producer and replica j of the consumer overlap
     (cached: the same layouts recur across strategies)."""
     key = (devs_u, shares_u, devs_v, shares_v)
@@ -325,10 +326,10 @@ def _connect_relayout(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatc
     pats = [relayout_pattern(lay.devices[k // n_lay], lay.shares[k // n_lay], lay.devices[k % n_lay],
                              lay.shares[k % n_lay]) for k in pairs.tolist()]
 
-    def flat(attr):
+    def flat(attr: str) -> np.ndarray:
         return np.concatenate([getattr(p, attr) for p in pats])
 
-    def ptr(attr):
+    def ptr(attr: str) -> np.ndarray:
         return np.concatenate([[0], np.cumsum([len(getattr(p, attr)) for p in pats])]).astype(np.int64)
 
     P_ptr, S_ptr, C_ptr = ptr("pi"), ptr("split_i"), ptr("concat_j")

@@ -28,10 +28,12 @@ they agree).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 from numba import njit
 
 from heterog.compiler.index import Paths
@@ -42,7 +44,7 @@ if TYPE_CHECKING:  # pragma: no cover
 _X0, _X1 = 1.0, 1.0e6        # byte counts at which the cost model's lines are read
 
 
-def _line(fn, x0: float = _X0, x1: float = _X1) -> tuple[np.ndarray, np.ndarray]:
+def _line(fn: Callable[[float], npt.ArrayLike], x0: float = _X0, x1: float = _X1) -> tuple[np.ndarray, np.ndarray]:
     """(per-item, per-byte) coefficients of ``fn(bytes)``, a cost linear in the bytes."""
     y0, y1 = np.asarray(fn(x0), dtype=np.float64), np.asarray(fn(x1), dtype=np.float64)
     slope = (y1 - y0) / (x1 - x0)
@@ -80,12 +82,14 @@ class PSProblem:
     ar_res: np.ndarray
     n_res: int
 
-    def args(self) -> tuple:
+    def args(self) -> tuple[Any, ...]:
         return tuple(getattr(self, f) for f in self.__dataclass_fields__)
 
 
 @njit(cache=True)
-def _pull(g, d, due, need, amount, rep_ptr, rep_dev, alpha, beta, path_ptr, path_res):  # pragma: no cover
+def _pull(g: int, d: int, due: np.ndarray, need: np.ndarray, amount: np.ndarray, rep_ptr: np.ndarray,
+          rep_dev: np.ndarray, alpha: np.ndarray, beta: np.ndarray, path_ptr: np.ndarray,
+          path_res: np.ndarray) -> tuple[float, float]:  # pragma: no cover
     """How late (s) the forward pass gets group g's parameters from PS d, pulls placed backwards in time
     (``due``: when each resource's next pull starts; updated, pass a copy to try); and their total time."""
     m = alpha.shape[0]
@@ -108,7 +112,9 @@ def _pull(g, d, due, need, amount, rep_ptr, rep_dev, alpha, beta, path_ptr, path
 
 
 @njit(cache=True)
-def _load(g, d, k, load, amount, rep_ptr, rep_dev, agg_coef, alpha, beta, path_ptr, path_res):  # pragma: no cover
+def _load(g: int, d: int, k: int, load: np.ndarray, amount: np.ndarray, rep_ptr: np.ndarray, rep_dev: np.ndarray,
+          agg_coef: np.ndarray, alpha: np.ndarray, beta: np.ndarray, path_ptr: np.ndarray,
+          path_res: np.ndarray) -> float:  # pragma: no cover
     """Add group g's pushes and aggregation (phase 0) and pulls (phase 1) with PS d (candidate k) to
     ``load`` (2, R); returns the busiest (phase, resource) it touches afterwards."""
     m = alpha.shape[0]
@@ -129,8 +135,11 @@ def _load(g, d, k, load, amount, rep_ptr, rep_dev, agg_coef, alpha, beta, path_p
 
 
 @njit(cache=True)
-def choose_ps_kernel(order, need, amount, rep_ptr, rep_dev, cand_ptr, cand_dev, agg_coef, alpha, beta, path_ptr,
-                     path_res, ar_dur, ar_ptr, ar_res, n_res):  # pragma: no cover - compiled
+def choose_ps_kernel(order: np.ndarray, need: np.ndarray, amount: np.ndarray, rep_ptr: np.ndarray,
+                     rep_dev: np.ndarray, cand_ptr: np.ndarray, cand_dev: np.ndarray, agg_coef: np.ndarray,
+                     alpha: np.ndarray, beta: np.ndarray, path_ptr: np.ndarray, path_res: np.ndarray,
+                     ar_dur: np.ndarray, ar_ptr: np.ndarray, ar_res: np.ndarray,
+                     n_res: int) -> np.ndarray:  # pragma: no cover - compiled
     """Compiled greedy (module docstring; arguments: ``PSProblem``). Returns (G,) the PS device per group."""
     out = np.full(need.shape[0], -1, dtype=np.int64)
     load = np.zeros((2, n_res))
@@ -159,8 +168,10 @@ def choose_ps_kernel(order, need, amount, rep_ptr, rep_dev, cand_ptr, cand_dev, 
     return out
 
 
-def choose_ps_reference(order, need, amount, rep_ptr, rep_dev, cand_ptr, cand_dev, agg_coef, alpha, beta, path_ptr,
-                        path_res, ar_dur, ar_ptr, ar_res, n_res) -> np.ndarray:
+def choose_ps_reference(order: np.ndarray, need: np.ndarray, amount: np.ndarray, rep_ptr: np.ndarray,
+                        rep_dev: np.ndarray, cand_ptr: np.ndarray, cand_dev: np.ndarray, agg_coef: np.ndarray,
+                        alpha: np.ndarray, beta: np.ndarray, path_ptr: np.ndarray, path_res: np.ndarray,
+                        ar_dur: np.ndarray, ar_ptr: np.ndarray, ar_res: np.ndarray, n_res: int) -> np.ndarray:
     """Plain-Python ``choose_ps_kernel`` (same arguments, same result)."""
     m = alpha.shape[0]
 
@@ -170,7 +181,7 @@ def choose_ps_reference(order, need, amount, rep_ptr, rep_dev, cand_ptr, cand_de
     def workers(g: int, d: int) -> list[int]:
         return [int(w) for w in rep_dev[rep_ptr[g]:rep_ptr[g + 1]] if w != d]
 
-    def place(g: int, d: int, k: int, load: list, due: list) -> tuple[float, float, float]:
+    def place(g: int, d: int, k: int, load: list[list[float]], due: list[float]) -> tuple[float, float, float]:
         """(busiest touched load, lateness, total pull time) after adding group g with PS d."""
         touched = []
         for w in workers(g, d):
@@ -196,12 +207,13 @@ def choose_ps_reference(order, need, amount, rep_ptr, rep_dev, cand_ptr, cand_de
         for r in ar_res[ar_ptr[a]:ar_ptr[a + 1]]:
             load[0][int(r)] += float(ar_dur[a])
     for g in (int(x) for x in order):
-        best = None
+        best: tuple[tuple[float, float], int] | None = None
         for k in range(int(cand_ptr[g]), int(cand_ptr[g + 1])):
             busiest, late, total = place(g, int(cand_dev[k]), k, [list(x) for x in load], list(due))
             key = (busiest + max(late, late_so_far), total)
             if best is None or key < best[0]:
                 best = (key, k)
+        assert best is not None                      # every group has a PS candidate (its own or its replicas)
         k = best[1]
         late_so_far = max(late_so_far, place(g, int(cand_dev[k]), k, load, due)[1])
         out[g] = int(cand_dev[k])
@@ -229,9 +241,14 @@ def _aggregate_coefs(n_replicas: int, candidates: tuple[int, ...], cost: CostMod
     """(len(candidates), 2) aggregation time per tensor and per byte (cached per cost model)."""
     cache = cost.__dict__.setdefault("_ps_aggregate", {})
     key = (n_replicas, candidates)
+
+    def aggregate_s(device: int, nbytes: float) -> float:
+        """Seconds of one aggregation of ``nbytes`` on ``device``."""
+        times = cost.aggregate_times(np.array([device]), np.array([nbytes]), np.array([n_replicas]))
+        return float(np.asarray(times, dtype=np.float64).ravel()[0])
+
     if key not in cache:
-        cache[key] = np.array([_line(lambda x: np.asarray(cost.aggregate_times(d, x, n_replicas), float).ravel()[0])
-                               for d in candidates]).reshape(len(candidates), 2)
+        cache[key] = np.array([_line(lambda x: aggregate_s(d, x)) for d in candidates]).reshape(len(candidates), 2)
     return cache[key]
 
 

@@ -6,6 +6,7 @@ them; a Compiler that drops its tables drops whatever holds their ids with them.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -35,7 +36,7 @@ class LayoutTable:
         for d in range(n_devices):
             self.add((d,), (batch_size,))
 
-    def add(self, devices, shares) -> int:
+    def add(self, devices: Iterable[int], shares: Iterable[int]) -> int:
         """The id of layout (``devices``, ``shares``), registered if new."""
         key = (tuple(int(d) for d in devices), tuple(int(s) for s in shares))
         lid = self._id.get(key)

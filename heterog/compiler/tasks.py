@@ -16,8 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import TypeAlias
 
 import numpy as np
+import numpy.typing as npt
+
+Deps: TypeAlias = tuple[np.ndarray, np.ndarray, np.ndarray]     # dependencies: (task, on, owner), each (D,)
 
 STAGE = {"split": 2, "transfer": 3, "concat": 4, "compute": 6, "push": 7, "aggregate": 8}
 N_STAGES = 10
@@ -64,7 +68,8 @@ class OrderKey:
     n_tensors: int
     n_sub: int                   # positions within a tensor: replicas, workers, devices, pieces (< 2M + 2)
 
-    def __call__(self, prio_op, stage: int, cls: int, tensor, sub) -> np.ndarray:
+    def __call__(self, prio_op: npt.ArrayLike, stage: int, cls: int, tensor: npt.ArrayLike,
+                 sub: npt.ArrayLike) -> np.ndarray:
         key = np.asarray(prio_op, dtype=np.int64) * N_STAGES + stage
         return ((key * 2 + cls) * self.n_tensors + np.asarray(tensor, dtype=np.int64)) * self.n_sub \
             + np.asarray(sub, dtype=np.int64)
@@ -123,7 +128,7 @@ class Tasks:
         return Tasks(ints, floats, _ptr(res_len), self.res_idx[ragged_gather(self.res_ptr[rows], res_len)])
 
 
-def _column(values, dtype, k: int) -> np.ndarray:
+def _column(values: npt.ArrayLike, dtype: npt.DTypeLike, k: int) -> np.ndarray:
     """``values`` as a (k,) array of ``dtype`` (a scalar repeated)."""
     arr = np.asarray(values, dtype=dtype)
     return np.full(k, arr, dtype=dtype) if arr.ndim == 0 else arr
@@ -161,10 +166,12 @@ class TaskBatch:
         self._cols: dict[str, list[np.ndarray]] = {k: [] for k in FLOAT_COLS + INT_COLS}
         self._res_len: list[np.ndarray] = []
         self._res_idx: list[np.ndarray] = []
-        self._dep: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._dep: list[Deps] = []
 
-    def add(self, *, dur, kind: TaskKind | np.ndarray, op, dev, alloc, cat: TaskCategory | np.ndarray, prio_op,
-            stage: str, cls: int, tensor, sub, owner, res_len, res_idx, lag=0.0) -> np.ndarray:
+    def add(self, *, dur: np.ndarray, kind: TaskKind | np.ndarray, op: npt.ArrayLike, dev: npt.ArrayLike,
+            alloc: npt.ArrayLike, cat: TaskCategory | np.ndarray, prio_op: npt.ArrayLike, stage: str, cls: int,
+            tensor: npt.ArrayLike, sub: npt.ArrayLike, owner: npt.ArrayLike, res_len: npt.ArrayLike,
+            res_idx: npt.ArrayLike, lag: npt.ArrayLike = 0.0) -> np.ndarray:
         """Add ``len(dur)`` tasks (other per-task arguments broadcast); returns their ids. ``lag``: seconds
         after a task's end until its dependents may start, its resources already free (a message's latency
         in flight; the simulator's task lag)."""
@@ -179,7 +186,7 @@ class TaskBatch:
         self._res_idx.append(np.asarray(res_idx, dtype=np.int64).ravel())
         return ids
 
-    def deps(self, task, on, owner) -> None:
+    def deps(self, task: npt.ArrayLike, on: npt.ArrayLike, owner: npt.ArrayLike) -> None:
         """``task[i]`` waits for ``on[i]``; the dependency belongs to emission unit ``owner``."""
         task = np.asarray(task, dtype=np.int64).ravel()
         self._dep.append((task, np.asarray(on, dtype=np.int64).ravel(),
@@ -187,7 +194,7 @@ class TaskBatch:
 
     def tasks(self) -> Tasks:
         """The tasks added, in the order they were added."""
-        def column(name: str, dtype) -> np.ndarray:
+        def column(name: str, dtype: npt.DTypeLike) -> np.ndarray:
             parts = self._cols[name]
             return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
 
@@ -197,9 +204,10 @@ class TaskBatch:
         res_idx = np.concatenate(self._res_idx) if self._res_idx else np.zeros(0, dtype=np.int64)
         return Tasks(ints, floats, _ptr(res_len), res_idx)
 
-    def dependencies(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def dependencies(self) -> Deps:
         """(task, on, owner) of the dependencies added."""
         if not self._dep:
             z = np.zeros(0, dtype=np.int64)
             return z, z, z
-        return tuple(np.concatenate([d[i] for d in self._dep]) for i in range(3))
+        task, on, owner = (np.concatenate([d[i] for d in self._dep]) for i in range(3))
+        return task, on, owner

@@ -190,6 +190,8 @@ class CostModel:
         launches = np.maximum(blocks, 1.0)
         t = np.maximum(flops / rate, nbytes / self._memory_Bps[devices]) + launches * self._launch_s[devices]
         if tables.profile_a_s is not None:
+            # the three profile arrays are built together
+            assert tables.profile_b_s is not None and tables.profile_breaks is not None
             a = tables.profile_a_s[ops, devices]          # (..., S)
             measured = ~np.isnan(a[..., 0])
             if measured.any():
@@ -269,7 +271,9 @@ class CostModel:
 
         ``fraction`` is 2 for an AllReduce and 1 for a reduce(-scatter) or broadcast(all-gather) half.
         """
-        alphas, betas, links = [], [], set()
+        alphas: list[float] = []
+        betas: list[float] = []
+        links: set[int] = set()
         for ring in rings:
             n = len(ring)
             if n < 2:
@@ -327,7 +331,8 @@ class CostModel:
             return np.maximum(measured[0] + measured[1] * x, 0.0), np.full(x.shape, "ring", dtype="<U12")
         plan = self._allreduce_plan(order)
         ring_s = plan.ring.times(x)
-        hier_s = sum(stage.times(x) for stage in plan.hier)
+        reduce_s, across_s, broadcast_s = (stage.times(x) for stage in plan.hier)
+        hier_s = reduce_s + across_s + broadcast_s
         if algo == "ring":
             return ring_s, np.full(x.shape, "ring", dtype="<U12")
         if algo == "hierarchical":

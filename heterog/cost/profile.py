@@ -254,7 +254,7 @@ class ProfileTable:
         points_d = d.get("op_points", {})
         if not isinstance(points_d, dict) or not all(isinstance(v, dict) for v in points_d.values()):
             raise HeterogError(f"{source}: 'op_points' must map device type -> {{signature: [[sizes], [times]]}}")
-        points = {}
+        points: dict[str, dict[str, tuple[tuple[float, ...], tuple[float, ...]]]] = {}
         for t, sigs in points_d.items():
             for sig, v in sigs.items():
                 where = f"{source}: op_points[{t!r}][{sig!r}]"

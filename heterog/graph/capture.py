@@ -127,6 +127,7 @@ def graph_from_step(step: CapturedStep, *, fuse: bool = True, name: str | None =
     _mark_grads_and_updates(step, ops, op_of, edges)
     for op in ops:
         if op.kind == "param":
+            assert op.param is not None  # named with its placeholder above
             op.state_bytes = _state_bytes(slots, param_bytes_of[op.param])
     _placeholder_phases(ops, edges)
     if flops_of.estimated_targets:

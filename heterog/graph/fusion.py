@@ -53,9 +53,9 @@ def fuse_trivial(graph: OpGraph) -> OpGraph:
     n = graph.n_ops
     preds: list[set[int]] = [set() for _ in range(n)]
     in_edge: list[Edge | None] = [None] * n
-    for e in graph.edges:
-        preds[e.dst].add(e.src)
-        in_edge[e.dst] = e
+    for edge in graph.edges:
+        preds[edge.dst].add(edge.src)
+        in_edge[edge.dst] = edge
     rep = list(range(n))          # op -> index of the op it is merged into
     origin = [0] * n              # op -> output index of rep that its (first) output derives from
     group_param = [op.param for op in graph.ops]   # the one parameter a merged op may be tagged with

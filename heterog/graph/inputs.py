@@ -40,7 +40,8 @@ class InputSpec:
         return [f"{self.name(i)} {tuple(s)}" for i, (s, b) in enumerate(zip(self.shapes, self.batched)) if not b]
 
     def name(self, i: int) -> str:
-        return self.keywords[i] if self.keywords[i] is not None else f"input {i}"
+        keyword = self.keywords[i]
+        return keyword if keyword is not None else f"input {i}"
 
     def call_args(self, tensors: Sequence[torch.Tensor]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """(positional arguments, keyword arguments) of the model call on ``tensors`` (flat order)."""

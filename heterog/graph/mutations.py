@@ -20,10 +20,9 @@ ORIGIN_KEY = "heterog_origin"     # node.meta["custom"] entry: the node of the o
 
 def writes_first_arg(target: Any) -> bool:
     """The op writes into its first argument (``add_``, ``copy_``, ``fill_``...)."""
-    schema = getattr(target, "_schema", None)
-    if not isinstance(target, torch._ops.OpOverload) or not schema.arguments:
+    if not isinstance(target, torch._ops.OpOverload) or not target._schema.arguments:
         return False
-    alias = schema.arguments[0].alias_info
+    alias = target._schema.arguments[0].alias_info
     return alias is not None and alias.is_write
 
 

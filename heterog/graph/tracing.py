@@ -124,7 +124,10 @@ class CapturedStep:
 def _run_node(node: Node, value: Callable[[Node], Any], env: dict[str, Any]) -> None:
     args = torch.fx.node.map_arg(node.args, value)
     kwargs = torch.fx.node.map_arg(node.kwargs, value)
-    env[node.name] = node.target(*args, **kwargs)
+    target = node.target
+    if not callable(target):
+        raise HeterogError(f"fx node {node.name!r} ({node.op}) calls {target!r}, which is not a function")
+    env[node.name] = target(*args, **kwargs)
 
 
 # ---------------------------------------------------------------------------- tracing
@@ -309,7 +312,8 @@ def capture_fx(module: nn.Module, example_inputs: ExampleInputs, *,
     fwd_pre = nn.modules.module.register_module_forward_pre_hook(rec.pre_hook)
     fwd_post = nn.modules.module.register_module_forward_hook(rec.post_hook)
     try:
-        gm = make_fx(step, tracing_mode=tracing_mode)(*fake_params, *fake_buffers, *fake_state, *fake_inputs)
+        gm = make_fx(step, tracing_mode="symbolic" if symbolic else "fake")(
+            *fake_params, *fake_buffers, *fake_state, *fake_inputs)
     finally:
         fwd_pre.remove()
         fwd_post.remove()
@@ -440,7 +444,7 @@ def _fake_inputs(inputs: Sequence[torch.Tensor], batched: Sequence[bool], fake_m
     """Fake CPU tensors shaped like ``inputs``; in symbolic mode dim 0 of each batch input is a fresh symbol
     (hint >= 2)."""
     from torch._dynamo.source import ConstantSource
-    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext, SymbolicContext
 
     out: list[torch.Tensor] = []
     symbols: list[Any] = []
@@ -450,7 +454,8 @@ def _fake_inputs(inputs: Sequence[torch.Tensor], batched: Sequence[bool], fake_m
                 out.append(torch.empty(x.shape, dtype=x.dtype, device="cpu"))
             continue
         meta = torch.empty((max(int(x.shape[0]), 2), *x.shape[1:]), dtype=x.dtype, device="meta")
-        ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] + [DimDynamic.STATIC] * (x.dim() - 1))
+        dynamic_sizes = [DimDynamic.DYNAMIC] + [DimDynamic.STATIC] * (x.dim() - 1)
+        ctx: SymbolicContext = StatelessSymbolicContext(dynamic_sizes=dynamic_sizes)
         fake = fake_mode.from_tensor(meta, symbolic_context=ctx, source=ConstantSource(f"input{i}"))
         with fake_mode:
             fake = torch.empty_like(fake, device="cpu")

@@ -8,7 +8,8 @@ import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Self
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Self
 
 import torch
 from torch import nn
@@ -21,6 +22,14 @@ from heterog.runtime.launcher import WorkerPool
 from heterog.runtime.lowering import Lowered, lower
 from heterog.runtime.scaling import Exponents, probe_exponents
 from heterog.runtime.stepprog import StepProgram, build_step_program
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.cluster import Cluster
+    from heterog.cost import CostModel
+    from heterog.graph.inputs import InputSpec
+    from heterog.graph.opgraph import OpGraph
+    from heterog.graph.tracing import CapturedStep
+    from heterog.strategy import Strategy
 
 EQUIVALENCE_RTOL = 1e-5
 EQUIVALENCE_ATOL = 1e-6
@@ -35,7 +44,7 @@ class Model:
 
     name: str
     prog: StepProgram
-    graph: Any                                  # OpGraph
+    graph: OpGraph
     params: list[torch.Tensor]
     buffers: list[torch.Tensor]
     state: list[torch.Tensor]
@@ -71,7 +80,7 @@ class Model:
         if self.module is None or not 1 <= batch_size <= self.batch_size:
             raise HeterogError(f"model {self.name}: cannot capture at batch {batch_size} (global batch "
                                f"{self.batch_size}, module {'kept' if self.module is not None else 'not kept'})")
-        spec = self.prog.input_spec
+        spec = input_spec_of(self.prog)
         return capture_model_for_runtime(self.module, spec.rebuild(spec.first_samples(self.example_inputs, batch_size)),
                                          optimizer=self.prog.optimizer, lr=self.prog.lr, name=self.name)
 
@@ -79,6 +88,14 @@ class Model:
         """Placeholder name -> value for parameters, buffers and optimizer state."""
         vals = [*self.params, *self.buffers, *self.state]
         return dict(zip(self.prog.placeholders[:len(vals)], vals))
+
+
+def input_spec_of(prog: StepProgram | CapturedStep) -> InputSpec:
+    """How the captured model is called on its inputs (every step captured by ``capture_fx`` says it)."""
+    if prog.input_spec is None:
+        raise HeterogError("the captured step does not say how the model is called on its inputs; capture it "
+                           "again with heterog.graph.tracing.capture_fx")
+    return prog.input_spec
 
 
 def capture_model_for_runtime(module: nn.Module, example_inputs: ExampleInputs, *,
@@ -93,7 +110,7 @@ def capture_model_for_runtime(module: nn.Module, example_inputs: ExampleInputs, 
     from heterog.graph.capture import capture_fx, graph_from_step
 
     step = capture_fx(module, example_inputs, optimizer=optimizer, lr=lr, tracing_mode="symbolic")
-    inputs = step.input_spec.flatten(example_inputs)
+    inputs = input_spec_of(step).flatten(example_inputs)
     graph = graph_from_step(step, name=name or type(module).__name__)
     prog = build_step_program(step, graph)
     named = dict(module.named_parameters())
@@ -135,8 +152,8 @@ class PreparedRun:
     """A strategy checked, compiled, simulated and lowered for one model and cluster."""
 
     model: Model
-    cluster: Any
-    strategy: Any
+    cluster: Cluster
+    strategy: Strategy
     simulated_iteration_time_s: float
     lowered: Lowered
     exponents: Exponents
@@ -157,13 +174,13 @@ class PreparedRun:
         return out
 
 
-def is_emulated(cluster) -> bool:
+def is_emulated(cluster: Cluster) -> bool:
     """local-cpu clusters are emulated: per-worker slowdown and link speed are enforced by the runtime."""
     return str(cluster.name).startswith("local-cpu")
 
 
-def prepare(model: Model, cluster, strategy, *, backend: str = "gloo", cost=None, check: bool = True
-            ) -> PreparedRun:
+def prepare(model: Model, cluster: Cluster, strategy: Strategy, *, backend: str = "gloo",
+            cost: CostModel | None = None, check: bool = True) -> PreparedRun:
     """Check ``strategy`` against the model's graph and the cluster (before any process starts), compile
     and simulate it (the simulated order is the execution order), measure scaling exponents and lower it
     to per-rank programs. ``check``: run the per-rank programs once on fake tensors and refuse (with a
@@ -223,7 +240,7 @@ class RunResult:
         """Final parameters by parameter name."""
         return {n: self.values[ph] for n, ph in zip(model.prog.param_names, model.prog.placeholders)}
 
-    def record(self) -> dict:
+    def record(self) -> dict[str, Any]:
         return {"method": self.method, "iteration_time_s": self.iteration_time_s,
                 "iteration_times_s": self.iteration_times_s, "losses": self.losses,
                 "simulated_iteration_time_s": self.simulated_iteration_time_s, "warmup_steps": self.warmup_steps,
@@ -239,7 +256,7 @@ def median_after_warmup(times: Sequence[float], warmup: int) -> tuple[float, int
     return float(statistics.median(times[w:])), w
 
 
-def collect(prepared: PreparedRun, results: list[dict], warmup: int) -> RunResult:
+def collect(prepared: PreparedRun, results: list[dict[str, Any]], warmup: int) -> RunResult:
     """Merge the ranks' results: a step lasts as long as its slowest rank; the loss is the sum of the
     ranks' share-weighted terms."""
     steps = len(results[0]["times_s"])
@@ -266,7 +283,7 @@ def run_prepared(prepared: PreparedRun, batches: Sequence[Sequence[torch.Tensor]
         raise HeterogError(f"steps must be at least 1, got {steps}")
     jobs = prepared.jobs(batches, steps, return_state=return_state)
     own = pool is None
-    if own:
+    if pool is None:
         pool = WorkerPool(prepared.cluster.n_devices, prepared.backend, device_names=prepared.cluster.device_names,
                           hang_timeout_s=hang_timeout_s)
     elif pool.world != prepared.cluster.n_devices:
@@ -294,8 +311,9 @@ def compare_values(model: Model, got: dict[str, torch.Tensor], want: dict[str, t
 
 
 # ---------------------------------------------------------------------------- planning
-def resolve_strategy(model: Model, cluster, *, strategy=None, method: str | None = None, cost=None,
-                     seed: int = 0, budget_s: float | None = None, episodes: int | None = None):
+def resolve_strategy(model: Model, cluster: Cluster, *, strategy: Strategy | str | Path | None = None,
+                     method: str | None = None, cost: CostModel | None = None, seed: int = 0,
+                     budget_s: float | None = None, episodes: int | None = None) -> Strategy:
     """A Strategy object: the given one (object or file, checked against graph and cluster), or planned
     with ``method`` (None: the default, see ``default_method``) through the planner registry
     (``heterog.planners``); without ``budget_s`` or ``episodes`` a search gets ``DEFAULT_PLAN_BUDGET_S``."""
@@ -368,7 +386,7 @@ class RunnerResult:
     method: str
 
 
-def _cluster_of(device_info):
+def _cluster_of(device_info: Any) -> Cluster:
     from heterog.cluster import Cluster, load_cluster
     from heterog.cluster.loader import cluster_from_dict
 
@@ -403,11 +421,11 @@ class Runner:
                              f"{type(module).__name__}")
         self.model = capture_model_for_runtime(module, first, optimizer=self.config.optimizer, lr=self.config.lr)
         self._first = first
-        self._strategy = None
+        self._strategy: Strategy | None = None
         self._prepared: PreparedRun | None = None
         self._values: dict[str, torch.Tensor] | None = None
         self._pool: WorkerPool | None = self.config.pool
-        self._finalizer = None
+        self._finalizer: Callable[[], object] | None = None
 
     def _next_inputs(self) -> Any:
         x = self.input_fn()
@@ -420,7 +438,7 @@ class Runner:
         return x
 
     @property
-    def strategy(self):
+    def strategy(self) -> Strategy:
         """The plan (computed on first use with the configured method)."""
         if self._strategy is None:
             c = self.config
@@ -435,8 +453,9 @@ class Runner:
         if self._prepared is None:
             self._prepared = prepare(self.model, self.cluster, self.strategy, backend=self.config.backend)
         batches = []
+        spec = input_spec_of(self.model.prog)
         for _ in range(steps):
-            batches.append(self.model.prog.input_spec.flatten(self._first if self._step == 0 else self._next_inputs()))
+            batches.append(spec.flatten(self._first if self._step == 0 else self._next_inputs()))
             self._step += 1
         if self._values is not None:
             self._load(self._values)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -44,7 +45,7 @@ class CollectiveJob:
     name: str = "collectives"
 
 
-def pingpong(job: PingPongJob, rank: int, device: torch.device) -> dict:
+def pingpong(job: PingPongJob, rank: int, device: torch.device) -> dict[str, list[tuple[int, list[float]]]]:
     """One-way times (half round trips) per (pair, size) through the runtime's transport, under the key
     ``"a->b"``. Sizes are interleaved within each repeat, so that a change of machine load affects all
     sizes alike.
@@ -54,12 +55,12 @@ def pingpong(job: PingPongJob, rank: int, device: torch.device) -> dict:
     1-byte acknowledgement once all of it has arrived; ``(T_K - T_1) / (K - 1)`` is the time each further
     message adds, paired within the repeat so that the acknowledgement and the wake-up cancel out."""
     tr = Transport(device, job.emulate, NullStatus(), rank)
-    out: dict[str, list] = {}
+    out: dict[str, list[tuple[int, list[float]]]] = {}
     tag = 0
     bursts = (job.stream, 1) if job.stream >= 2 else ()
     ack = torch.zeros(1, dtype=torch.uint8, device=device)
 
-    def timed(fn) -> float:
+    def timed(fn: Callable[[], object]) -> float:
         t0 = time.perf_counter()
         fn()
         tr.flush()
@@ -79,7 +80,7 @@ def pingpong(job: PingPongJob, rank: int, device: torch.device) -> dict:
         for rep in range(job.repeats + 1):            # the first round warms up
             for size, x in payload.items():
                 if rank == a:
-                    def bounce(x=x, tag=tag) -> None:
+                    def bounce(x: torch.Tensor = x, tag: int = tag) -> None:
                         tr.post(tag + 1, peer, (size,), torch.uint8)
                         tr.send(x, peer, tag, lat, spb)
                         tr.take(tag + 1)
@@ -92,10 +93,10 @@ def pingpong(job: PingPongJob, rank: int, device: torch.device) -> dict:
                     tr.send(x, peer, tag + 1, lat, spb)
                     tr.flush()
                 tag += 2
-                took = {}
+                took: dict[int, float] = {}
                 for k in bursts:
                     if rank == a:
-                        def burst(x=x, tag=tag, k=k) -> None:
+                        def burst(x: torch.Tensor = x, tag: int = tag, k: int = k) -> None:
                             tr.post(tag + k, peer, (1,), torch.uint8)
                             for i in range(k):
                                 tr.send(x, peer, tag + i, lat, spb)
@@ -118,20 +119,20 @@ def pingpong(job: PingPongJob, rank: int, device: torch.device) -> dict:
     return out
 
 
-def collectives(job: CollectiveJob, rank: int, device: torch.device) -> dict:
+def collectives(job: CollectiveJob, rank: int, device: torch.device) -> dict[str, list[tuple[int, list[float]]]]:
     """Times of AllReduce through the runtime's transport per (group, size), as a plan's step uses it: a
     burst of ``job.burst`` (default one) started back to back, then waited for; a sample is the burst's
     time over its length, i.e. how long each holds the group. Each burst starts
     after a barrier of the group and is timed by the slowest member. Sizes are interleaved."""
     tr = Transport(device, job.emulate, NullStatus(), rank)
     handles = [dist.new_group(list(g)) for g in job.groups]
-    out: dict[str, list] = {}
+    out: dict[str, list[tuple[int, list[float]]]] = {}
     try:
         for k, (members, group) in enumerate(zip(job.groups, handles)):
             dist.barrier()
             if rank not in members:
                 continue
-            members = list(members)
+            ranks = list(members)
             payload = {size: torch.zeros(max(1, size // 4), dtype=torch.float32, device=device) for size in job.sizes}
             samples: dict[int, list[float]] = {size: [] for size in job.sizes}
             emulated = job.emulated_s[k] if job.emulated_s else [0.0] * len(job.sizes)
@@ -140,7 +141,7 @@ def collectives(job: CollectiveJob, rank: int, device: torch.device) -> dict:
                     dist.barrier(group=group)
                     xs = [x.clone() for _ in range(job.burst)]
                     t0 = time.perf_counter()
-                    for p in [tr.allreduce(y, k, group, members, rank, emulated[j]) for y in xs]:
+                    for p in [tr.allreduce(y, k, group, ranks, rank, emulated[j]) for y in xs]:
                         tr.finish(p)
                     tr.flush()
                     if device.type == "cuda":
@@ -149,8 +150,8 @@ def collectives(job: CollectiveJob, rank: int, device: torch.device) -> dict:
                     dist.all_reduce(took, op=dist.ReduceOp.MAX, group=group)
                     if rep:
                         samples[size].append(float(took.item()))
-            if rank == members[0]:
-                out[",".join(str(m) for m in members)] = [(size, samples[size]) for size in job.sizes]
+            if rank == ranks[0]:
+                out[",".join(str(m) for m in ranks)] = [(size, samples[size]) for size in job.sizes]
     finally:
         for g in handles:
             dist.destroy_process_group(g)

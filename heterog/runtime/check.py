@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch._subclasses.fake_tensor import (
@@ -23,14 +25,50 @@ from torch._subclasses.fake_tensor import (
 )
 
 from heterog.errors import StrategyError
-from heterog.runtime.executor import RankExecutor
+from heterog.runtime.executor import Job, RankExecutor, initial_values
+from heterog.runtime.stepprog import StepProgram
 from heterog.runtime.transport import Pending
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.cluster import Cluster
+    from heterog.graph.opgraph import OpGraph
+    from heterog.strategy import Strategy
 
 # steps of at most this many FLOPs are checked on real CPU tensors (cheap for small models, where fake tensors'
 # per-op overhead dominates), larger ones on fake tensors (shapes and strides, as the capture traced them)
 REAL_FLOPS_LIMIT = 2e8
 _FAKE_LIMITS = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException,
                 NotImplementedError)
+
+
+# heterog.runtime.api imports this module, so its PreparedRun is described by what the check reads of it
+class CheckedModel(Protocol):
+    """The captured model of a prepared run (``heterog.runtime.api.Model``)."""
+
+    @property
+    def prog(self) -> StepProgram: ...
+
+    @property
+    def graph(self) -> OpGraph: ...
+
+    @property
+    def example_inputs(self) -> Sequence[torch.Tensor]: ...
+
+
+class CheckedRun(Protocol):
+    """A plan lowered for a model and cluster (``heterog.runtime.api.PreparedRun``)."""
+
+    @property
+    def model(self) -> CheckedModel: ...
+
+    @property
+    def cluster(self) -> Cluster: ...
+
+    @property
+    def strategy(self) -> Strategy: ...
+
+    def jobs(self, batches: Sequence[Sequence[torch.Tensor]], steps: int, *, return_state: bool = True
+             ) -> list[Job]: ...
 
 
 @dataclass
@@ -49,7 +87,7 @@ class _LocalTransport:
         self.expected: dict[int, tuple[int, tuple, torch.dtype]] = {}
         self.ar_seq: dict[tuple[int, ...], int] = {}
 
-    def post(self, tag: int, src: int, shape: tuple, dtype: torch.dtype) -> None:
+    def post(self, tag: int, src: int, shape: tuple[int, ...], dtype: torch.dtype) -> None:
         self.expected[tag] = (src, tuple(shape), dtype)
 
     def send(self, t: torch.Tensor, dst: int, tag: int, latency_s: float, s_per_byte: float) -> None:
@@ -66,7 +104,8 @@ class _LocalTransport:
                                 f"expects {shape} {dtype}")
         return t
 
-    def allreduce(self, t: torch.Tensor, gid: int, group, members, me: int, emulated_s: float) -> Pending:
+    def allreduce(self, t: torch.Tensor, gid: int, group: Any, members: Sequence[int], me: int,
+                  emulated_s: float) -> Pending:
         key = tuple(members)
         seq = self.ar_seq.get(key, 0)
         self.ar_seq[key] = seq + 1
@@ -90,7 +129,7 @@ class _LocalTransport:
         pass
 
 
-def check_prepared(prepared) -> DryRun | None:
+def check_prepared(prepared: CheckedRun) -> DryRun | None:
     """Raise ``StrategyError`` when ``prepared`` (a PreparedRun) cannot run (see the module docstring).
     Returns one step's values when the dry run used CPU tensors (None on fake tensors): the per-rank
     programs of any backend (NCCL's included) compute the training step without a process group."""
@@ -98,24 +137,27 @@ def check_prepared(prepared) -> DryRun | None:
     jobs = prepared.jobs([model.example_inputs], 1, return_state=False)
     mail = _Mail()
     real = float(model.graph.flops.sum()) <= REAL_FLOPS_LIMIT
-    mode = contextlib.nullcontext() if real else FakeTensorMode()
+    fake_mode = None if real else FakeTensorMode()
+    mode = contextlib.nullcontext() if fake_mode is None else fake_mode
     fakes: dict[int, torch.Tensor] = {}
 
     def value(t: torch.Tensor) -> torch.Tensor:
-        if real:
+        if fake_mode is None:
             return t
         if id(t) not in fakes:
-            fakes[id(t)] = mode.from_tensor(t)
+            fakes[id(t)] = fake_mode.from_tensor(t)
         return fakes[id(t)]
 
     cpu = torch.device("cpu")
-    ranks, envs, stashes = [], [], []
+    ranks: list[RankExecutor] = []
+    envs: list[dict[str, Any]] = []
+    stashes: list[dict[Any, Any]] = []
     inputs = [value(x) for x in model.example_inputs]
     for r, job in enumerate(jobs):
         ex = RankExecutor(job, r, cpu, transport=_LocalTransport(r, mail))
         ex.slow = 1.0                                   # no emulated slowdown in the dry run
         ex.consts = {k: value(v) for k, v in model.prog.consts.items()}
-        ex.persist = {k: value(v) for k, v in job.rank.persist.items()}
+        ex.persist = {k: value(v) for k, v in initial_values(job.rank).items()}
         env = dict(ex.persist)
         with mode:
             for name, i, lo, hi in job.rank.inputs:

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from heterog.errors import HeterogError
 from heterog.runtime.instructions import (
     Aggregate,
     AllReduce,
@@ -42,12 +43,13 @@ from heterog.runtime.instructions import (
     Source,
     Stash,
 )
+from heterog.runtime.kernel import Kernel
 from heterog.runtime.layout import cat_batch, in_memory_order, narrow_batch
 from heterog.runtime.lowering import RankProgram
-from heterog.runtime.memory import LiveBytes, NoMeter
+from heterog.runtime.memory import LiveBytes, Meter, NoMeter
 from heterog.runtime.rng import Draw, block_batches
-from heterog.runtime.stepprog import Kernel, StepProgram
-from heterog.runtime.transport import NullStatus, Pending, Transport, waited_for
+from heterog.runtime.stepprog import StepProgram
+from heterog.runtime.transport import NullStatus, Pending, StatusLike, Transport, TransportLike, waited_for
 
 SLEEP_QUANTUM_S = 50e-6
 
@@ -69,7 +71,17 @@ class Job:
     memory_steps: int = 1            # steps whose held bytes are metered (LiveBytes; the first is warm-up)
 
 
-def describe_failure(exc: BaseException, rank: int) -> dict:
+def initial_values(rp: RankProgram) -> dict[str, torch.Tensor]:
+    """The initial parameters, buffers and optimizer state of rank program ``rp`` by placeholder (lowering
+    leaves them None; ``PreparedRun.jobs`` fills them in)."""
+    missing = [k for k, v in rp.persist.items() if v is None]
+    if missing:
+        raise HeterogError(f"rank {rp.rank}: no initial value for {', '.join(missing[:4])}"
+                           f"{' ...' if len(missing) > 4 else ''} (PreparedRun.jobs fills them in)")
+    return {k: v for k, v in rp.persist.items() if v is not None}
+
+
+def describe_failure(exc: BaseException, rank: int) -> dict[str, Any]:
     """What a worker reports when ``exc`` ends its job: the exception with its notes (which fx node, which
     step and instruction), whether it struck while waiting for another rank (a *secondary* failure, e.g.
     gloo's ``Connection closed by peer`` after the peer crashed) and when (wall clock)."""
@@ -88,12 +100,13 @@ def describe_failure(exc: BaseException, rank: int) -> dict:
 class RankExecutor:
     """Runs one rank's program; ``run()`` returns per-step times and loss terms and the final values."""
 
-    def __init__(self, job: Job, rank: int, device: torch.device, status=None, transport=None) -> None:
+    def __init__(self, job: Job, rank: int, device: torch.device, status: StatusLike | None = None,
+                 transport: TransportLike | None = None) -> None:
         """``transport``: where messages and collectives go (default: torch.distributed through
         ``Transport``; ``heterog.runtime.check`` passes an in-process one for its dry run)."""
         self.job, self.rank, self.device = job, rank, device
         self.rp: RankProgram = job.rank
-        self.status = status or NullStatus()
+        self.status: StatusLike = status or NullStatus()
         prog = job.prog
         computes = [ins for ins in self.rp.instrs if isinstance(ins, Compute)]
         self.kernels = {op: prog.kernel(op, device) for op in {ins.op for ins in computes}}
@@ -103,6 +116,8 @@ class RankExecutor:
                 if inp.chain and inp.chain not in self.chains:
                     self.chains[inp.chain] = Kernel([prog.view_calls[c] for c in inp.chain], device)
         # every rank creates every subgroup, in the same order
+        self.groups: list[Any]                  # the subgroups' process groups (None in process)
+        self.transport: TransportLike
         if transport is None:
             self.groups = [dist.new_group(list(g)) for g in job.groups] if job.groups else []
             self.transport = Transport(device, job.emulate, self.status, rank)
@@ -110,7 +125,7 @@ class RankExecutor:
             self.groups, self.transport = [None] * len(job.groups), transport
         self.members = [list(g) for g in job.groups]
         self.consts = {k: v.to(device) for k, v in prog.consts.items()}
-        self.persist = {k: v.to(device) for k, v in self.rp.persist.items()}
+        self.persist = {k: v.to(device) for k, v in initial_values(self.rp).items()}
         self.debt_s = 0.0
         self.slow = self.rp.slowdown if job.emulate else 1.0
         self.post_in_order = any(isinstance(ins, Post) for ins in self.rp.instrs)
@@ -118,13 +133,14 @@ class RankExecutor:
         self.world = dist.get_world_size() if dist.is_initialized() and transport is None else 1
         self._at = -1                  # the instruction running (error messages)
         self._step = 0                 # the training step running (random draws)
-        self.traces: list[list] = []   # per step, per instruction: [kind, start s, end s, s waiting] (job.trace)
+        # per step, per instruction: [kind, start s, end s, s waiting] (job.trace)
+        self.traces: list[list[list[Any]]] = []
         self.memory = LiveBytes([t for batch in job.inputs for t in batch])
         self._taken: list[Recv] = []       # messages taken by the current instruction
-        self._mem: LiveBytes | NoMeter = NoMeter()     # the meter of the current step
+        self._mem: Meter = NoMeter()     # the meter of the current step
 
     # ------------------------------------------------------------------ helpers
-    def _fetch(self, src: Source, env: dict, stash: dict) -> Any:
+    def _fetch(self, src: Source, env: dict[str, Any], stash: dict[Any, Any]) -> Any:
         if isinstance(src, Env):
             return env[src.node]
         if isinstance(src, Stash):
@@ -143,8 +159,8 @@ class RankExecutor:
             return self.consts[src.node]
         return in_memory_order(torch.zeros(src.shape, dtype=src.dtype, device=self.device), src.order)
 
-    def _piece(self, src: Source, sl: Slice | None, scale: float, env: dict, stash: dict, shift: int = 0
-               ) -> torch.Tensor:
+    def _piece(self, src: Source, sl: Slice | None, scale: float, env: dict[str, Any], stash: dict[Any, Any],
+               shift: int = 0) -> torch.Tensor:
         v = self._fetch(src, env, stash)
         if sl is not None:
             v = narrow_batch(v, sl)
@@ -177,7 +193,8 @@ class RankExecutor:
         rp, tr = self.rp, self.transport
         env: dict[str, Any] = dict(self.persist)
         self._step = index
-        mem = self._mem = self.memory if index < self.job.memory_steps else NoMeter()
+        mem: Meter = self.memory if index < self.job.memory_steps else NoMeter()
+        self._mem = mem
         mem.reset()
         for ph, v in self.persist.items():
             mem.put(("persist", ph), v)
@@ -199,7 +216,7 @@ class RankExecutor:
                 dist.barrier()
                 self.status.waiting(-1)
             t0 = time.perf_counter()
-            trace = [] if self.job.trace else None
+            trace: list[list[Any]] | None = [] if self.job.trace else None
             self._instructions(index, env, stash, t0, trace)
             self._at = len(rp.instrs)
             elapsed, loss = self._step_end(env, stash, t0)
@@ -231,10 +248,14 @@ class RankExecutor:
     def _annotate(self, exc: BaseException, step: int, i: int) -> None:
         where = f"rank {self.rank}, step {step}, {self.describe(i)}"
         if getattr(exc, "heterog_where", None) is None:
-            exc.heterog_where, exc.heterog_step, exc.heterog_waiting = where, step, self.status.peer
+            # read back by describe_failure (and by anyone holding the exception)
+            setattr(exc, "heterog_where", where)
+            setattr(exc, "heterog_step", step)
+            setattr(exc, "heterog_waiting", self.status.peer)
             exc.add_note(where)
 
-    def _instructions(self, index: int, env: dict, stash: dict, t0: float, trace: list | None) -> None:
+    def _instructions(self, index: int, env: dict[str, Any], stash: dict[Any, Any], t0: float,
+                      trace: list[list[Any]] | None) -> None:
         tr = self.transport
         for i, ins in enumerate(self.rp.instrs):
             self._at = i
@@ -248,7 +269,7 @@ class RankExecutor:
                     torch.cuda.synchronize(self.device)     # traced GPU ops: their time, not their launch
                 trace[-1] += [time.perf_counter() - t0, tr.idle_s - idle_at]
 
-    def execute(self, i: int, env: dict, stash: dict) -> None:
+    def execute(self, i: int, env: dict[str, Any], stash: dict[Any, Any]) -> None:
         """Run instruction ``i`` on this rank's values ``env`` and ``stash``, then free what it last used."""
         rp, tr, mem = self.rp, self.transport, self._mem
         ins = rp.instrs[i]
@@ -281,8 +302,9 @@ class RankExecutor:
             self._pay()
             v = self._fetch(ins.source, env, stash) * ins.scale
             g = ins.group
-            stash[ins.key] = p = tr.allreduce(v, g, self.groups[g], self.members[g], self.rank, ins.emulated_s)
-            p.order = ins.order
+            stash[ins.key] = pending = tr.allreduce(v, g, self.groups[g], self.members[g], self.rank,
+                                                    ins.emulated_s)
+            pending.order = ins.order
         elif isinstance(ins, Post):
             r = self.recv_spec[ins.tag]
             tr.post(r.tag, r.src, r.shape, r.dtype)
@@ -292,11 +314,11 @@ class RankExecutor:
             else:
                 stash.pop(src.key, None)
             mem.drop(src)
-        for src in self._taken:
-            mem.drop(src)
+        for taken in self._taken:
+            mem.drop(taken)
         self._taken.clear()
 
-    def _compute(self, ins: Compute, env: dict, stash: dict) -> None:
+    def _compute(self, ins: Compute, env: dict[str, Any], stash: dict[Any, Any]) -> None:
         """An op instance: its inputs fetched (scaled, their view chains run at the local batch), its
         kernel run (random nodes drawing for its samples), its exports kept in ``env``."""
         sizes = self.job.sizes
@@ -306,6 +328,7 @@ class RankExecutor:
             if inp.scale != 1.0:
                 v = v * inp.scale
             if inp.chain:
+                assert inp.leaf is not None   # a view chain starts at a leaf's node
                 local[inp.leaf] = v
                 self.chains[inp.chain](local, sizes[ins.local_batch])
             else:
@@ -323,7 +346,7 @@ class RankExecutor:
         for name in ins.exports:
             env[name] = local[name]
 
-    def _step_end(self, env: dict, stash: dict, t0: float) -> tuple[float, float]:
+    def _step_end(self, env: dict[str, Any], stash: dict[Any, Any], t0: float) -> tuple[float, float]:
         rp, tr = self.rp, self.transport
         for key, v in list(stash.items()):
             if type(v) is Pending:
@@ -341,7 +364,7 @@ class RankExecutor:
             self.persist[ph] = self._fetch(src, env, stash)
         return elapsed, loss
 
-    def run(self) -> dict:
+    def run(self) -> dict[str, Any]:
         times, losses = [], []
         for s in range(self.job.steps):
             batch = self.job.inputs[s % len(self.job.inputs)]

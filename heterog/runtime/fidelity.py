@@ -11,11 +11,19 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from heterog.cost.profile import ProfileTable
 from heterog.errors import HeterogError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.evaluate import Evaluator
+    from heterog.runtime.api import PreparedRun
+    from heterog.runtime.launcher import WorkerPool
+    from heterog.runtime.profiler import CommProfiler, OpProfiler
+    from heterog.strategy import Strategy
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +70,7 @@ class PlanPair:
             return float(np.median([(s - m) / m for m, s in zip(self.measured_all_s, self.simulated_all_s)]))
         return (self.simulated_s - self.measured_s) / self.measured_s
 
-    def record(self) -> dict:
+    def record(self) -> dict[str, Any]:
         return {"plan": self.plan, "measured_s": self.measured_s, "simulated_s": self.simulated_s,
                 "error": self.error, "measured_all_s": self.measured_all_s,
                 "simulated_all_s": self.simulated_all_s,
@@ -98,7 +106,7 @@ def kendall_tau(pairs: Sequence[PlanPair]) -> float:
     return float(tau)
 
 
-def _split_strategy(ev, name: str):
+def _split_strategy(ev: Evaluator, name: str) -> Strategy:
     """Model parallelism without replication: contiguous (``mp-split``) or alternating (``mp-alternate``)
     runs of groups, in op order, over the devices."""
     m, g = ev.cluster.n_devices, ev.n_groups
@@ -111,9 +119,9 @@ def _split_strategy(ev, name: str):
     return s
 
 
-def candidate_plans(ev, n: int, names: Sequence[str] = PLAN_ORDER) -> list:
+def candidate_plans(ev: Evaluator, n: int, names: Sequence[str] = PLAN_ORDER) -> list[Strategy]:
     """The first ``n`` distinct plans (different layouts) among ``names`` for ``ev``'s graph and cluster."""
-    out = []
+    out: list[Strategy] = []
     for s in distinct_plans(ev, names):
         if len(out) >= n:
             break
@@ -124,13 +132,13 @@ def candidate_plans(ev, n: int, names: Sequence[str] = PLAN_ORDER) -> list:
     return out
 
 
-def distinct_plans(ev, names: Sequence[str] = PLAN_ORDER) -> Iterator:
+def distinct_plans(ev: Evaluator, names: Sequence[str] = PLAN_ORDER) -> Iterator[Strategy]:
     """The distinct plans (different layouts) among ``names`` for ``ev``'s graph and cluster, in order,
     made as they are asked for."""
     from heterog import baselines
 
     known = set(baselines.names())
-    seen = set()
+    seen: set[str] = set()
     for name in names:
         base, _, seed = name.partition(":")
         if base in ("mp-split", "mp-alternate"):
@@ -148,7 +156,7 @@ def distinct_plans(ev, names: Sequence[str] = PLAN_ORDER) -> Iterator:
         yield s
 
 
-def _canonical(s) -> list:
+def _canonical(s: Strategy) -> list[tuple[Any, ...]]:
     return [(c.devices, c.shares, c.sync if c.n_replicas > 1 else "", c.ps_device) for c in
             (s.configs[g] for g in s.group_of.tolist())]
 
@@ -173,13 +181,13 @@ class FidelityReport:
     warmup_steps: int
     profile_time_s: float
     run_time_s: float
-    link_fits: list[dict] = field(default_factory=list)
+    link_fits: list[dict[str, Any]] = field(default_factory=list)
     line_pairs: list[PlanPair] = field(default_factory=list)   # the same runs simulated with op lines
-    breakdown: list[dict] = field(default_factory=list)    # per plan and device: where the time goes
+    breakdown: list[dict[str, Any]] = field(default_factory=list)    # per plan and device: where the time goes
     plans_asked: int = 0
-    failed_plans: list[dict] = field(default_factory=list)  # {plan, error}: left out, the runtime failed
+    failed_plans: list[dict[str, str]] = field(default_factory=list)  # {plan, error}: left out, the runtime failed
 
-    def record(self) -> dict:
+    def record(self) -> dict[str, Any]:
         worst = max(self.pairs, key=lambda p: abs(p.error)) if self.pairs else None
         of_medians = mape([PlanPair(p.plan, p.measured_s, p.simulated_s) for p in self.pairs])
         return {"model": self.model, "cluster": self.cluster, "batch_size": self.batch_size, "mape": self.mape,
@@ -200,7 +208,7 @@ class FidelityReport:
 _RUNTIME_COMM = ("send", "allreduce", "assemble", "aggregate", "post")
 
 
-def simulated_breakdown(ev, strategy) -> tuple[list[dict], set[tuple[int, int]]]:
+def simulated_breakdown(ev: Evaluator, strategy: Strategy) -> tuple[list[dict[str, float]], set[tuple[int, int]]]:
     """Per device, the simulated seconds of compute (and of the compute ops fed by a message: a transfer
     or a PS push is among their dependencies), of communication tasks holding the device and of idle
     time up to the makespan; and the (device, op) pairs of the fed compute ops."""
@@ -230,11 +238,14 @@ def simulated_breakdown(ev, strategy) -> tuple[list[dict], set[tuple[int, int]]]
     return out, fed_ops
 
 
-def measured_breakdown(prepared, pool, steps: int, warmup: int, fed_ops: set[tuple[int, int]]) -> list[dict]:
+def measured_breakdown(prepared: PreparedRun, pool: WorkerPool, steps: int, warmup: int,
+                       fed_ops: set[tuple[int, int]]) -> list[dict[str, float]]:
     """One traced run of ``prepared``: per rank, the median over the steps after ``warmup`` of its busy
     seconds in compute instructions (and in those of the (rank, op) pairs in ``fed_ops``), in
     communication instructions (``_RUNTIME_COMM``), and of its waiting (messages, collectives, emulated
     delays)."""
+    from heterog.runtime.instructions import Compute
+
     jobs = prepared.jobs([prepared.model.example_inputs], steps, return_state=False)
     for job in jobs:
         job.trace = True
@@ -247,7 +258,7 @@ def measured_breakdown(prepared, pool, steps: int, warmup: int, fed_ops: set[tup
             for ins, (kind, t0, t1, waited) in zip(rp.instrs, trace):
                 busy = max(t1 - t0 - waited, 0.0)
                 acc["wait_s"] += waited
-                if kind == "compute":
+                if isinstance(ins, Compute):            # kind "compute"
                     acc["compute_s"] += busy
                     acc["fed_compute_s"] += busy if (r, ins.op) in fed_ops else 0.0
                 elif kind in _RUNTIME_COMM:
@@ -292,7 +303,7 @@ def scatter_plot(pairs: Sequence[PlanPair], path: str | Path, title: str = "") -
 def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_size: int | None = None,
                  steps: int = 30, warmup: int = 5, repeats: int = ROUNDS, profile_file: str | Path | None = None,
                  reprofile: bool = False, plot: str | Path | None = None, hang_timeout_s: float = 120.0,
-                 plans: Sequence[str] = PLAN_ORDER, optimizer: str = "sgd", pool=None,
+                 plans: Sequence[str] = PLAN_ORDER, optimizer: str = "sgd", pool: WorkerPool | None = None,
                  breakdown: bool = False) -> FidelityReport:
     """Profile (or load the cached profile), then run ``n_plans`` plans for real and in the simulator with
     the profiled costs. A plan's measured time is the median over ``repeats`` rounds (each round runs every
@@ -323,15 +334,16 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
 
     cluster = load_cluster(cluster_spec)
     model = load_model(model_ref, batch_size, optimizer=optimizer)
-    failed: list[dict] = []
+    failed: list[dict[str, str]] = []
     ppath = Path(profile_file) if profile_file else profile_path(model_ref, model.batch_size, cluster.name)
     own = pool is None
-    if own:
+    if pool is None:
         pool = WorkerPool(cluster.n_devices, "gloo", device_names=cluster.device_names, hang_timeout_s=hang_timeout_s)
     t_prof = t_run = 0.0
     try:
         t0 = time.perf_counter()
-        ops = comm = None
+        ops: OpProfiler | None = None           # the profilers, when profiling (both or neither)
+        comm: CommProfiler | None = None
         if ppath.is_file() and not reprofile:
             table = ProfileTable.load(ppath)
         else:
@@ -342,7 +354,8 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
             comm.round()
             table = comm.fit(ops.fit())
         ev = Evaluator(model.graph, cluster, CostModel(cluster, table))
-        strategies, prepared = [], []
+        strategies: list[Strategy] = []
+        prepared: list[PreparedRun] = []
         for s in distinct_plans(ev, plans):
             if len(strategies) >= n_plans:
                 break
@@ -356,7 +369,7 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
                 log.warning("fidelity: plan %s fails in the runtime and is left out: %s", s.method, exc)
                 pool = WorkerPool(cluster.n_devices, "gloo", device_names=cluster.device_names,
                                   hang_timeout_s=hang_timeout_s)
-                if ops is not None:
+                if ops is not None and comm is not None:
                     ops.pool = comm.pool = pool
                 continue
             strategies.append(s)
@@ -373,7 +386,7 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
         medians: list[list[float]] = [[] for _ in strategies]
         peaks: list[dict[str, int]] = [{} for _ in strategies]      # per plan: device -> most held
         for j in range(n_rounds + 1):          # rounds over all plans: a change of machine load hits all
-            if ops is not None:
+            if ops is not None and comm is not None:
                 t0 = time.perf_counter()
                 ops.round()
                 comm.round()
@@ -398,7 +411,7 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
         return [float(e.evaluate(s).iteration_time_s) for s in strategies]
 
     def paired(op_points: bool) -> list[PlanPair]:
-        if ops is not None:
+        if ops is not None and comm is not None:
             # plan round j ran between profiling rounds j + 1 and j + 2 (round 0 chose the plans)
             per_round = [simulate_all(comm.fit(ops.fit(rounds=(j + 1, j + 2)), rounds=(j + 1, j + 2)), op_points)
                          for j in range(n_rounds)]
@@ -409,13 +422,14 @@ def run_fidelity(model_ref: str, cluster_spec: str, *, n_plans: int = 8, batch_s
                          dict(prep.simulated_peak_memory_bytes))
                 for s, sims, meds, peak, prep in zip(strategies, simulated_all, medians, peaks, prepared)]
 
-    if ops is not None:
+    if ops is not None and comm is not None:
         table = comm.fit(ops.fit())
         table.save(ppath)
     pairs, line_pairs = paired(True), paired(False)
     parts = []
     final = Evaluator(model.graph, cluster, CostModel(cluster, table)) if measured_parts else None
     for s, measured in zip(strategies, measured_parts):
+        assert final is not None                              # made when there are breakdowns
         simulated = simulated_breakdown(final, s)[0]          # with the saved profile (all rounds)
         parts.append({"plan": s.method, "devices": [{"device": name, "measured": a, "simulated": b} for name, a, b
                                                     in zip(cluster.device_names, measured, simulated)]})

@@ -173,10 +173,10 @@ class Receive(NamedTuple):
 
 
 class InputSlice(NamedTuple):
-    """Rows ``lo:hi`` of model input ``index`` (``hi`` None: the whole input) as placeholder ``name``."""
+    """Rows ``lo:hi`` of model input ``input_index`` (``hi`` None: the whole input) as placeholder ``name``."""
 
     name: str
-    index: int
+    input_index: int
     lo: int
     hi: int | None
 

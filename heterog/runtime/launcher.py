@@ -15,11 +15,18 @@ import queue
 import signal
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from heterog.errors import HeterogError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from multiprocessing.queues import Queue
+
+    import torch
+
+    from heterog.runtime.transport import SharedInts, StatusLike
 
 BACKENDS = ("gloo", "nccl")
 
@@ -39,7 +46,7 @@ def _describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def _device_for(rank: int, backend: str):
+def _device_for(rank: int, backend: str) -> torch.device:
     import torch
 
     if backend == "nccl":
@@ -52,7 +59,7 @@ def _device_for(rank: int, backend: str):
     return torch.device("cpu")
 
 
-def execute_job(job, rank: int, device, status=None) -> dict:
+def execute_job(job: Any, rank: int, device: torch.device, status: StatusLike | None = None) -> Any:
     """Run one job (training steps, link ping-pong, collective bursts, or any picklable callable
     ``job(rank, device)``) as ``rank`` of the current process group."""
     from heterog.runtime.benchmarks import CollectiveJob, PingPongJob, collectives, pingpong
@@ -87,7 +94,7 @@ def _fine_timer_slack() -> None:
         pass
 
 
-def _report_and_exit(result_q, rank: int, text: str | dict) -> None:
+def _report_and_exit(result_q: Queue[Any], rank: int, text: str | dict[str, Any]) -> None:
     """Send the error to the parent (flushing the queue's feeder thread) and leave at once: the process
     group may be broken, so nothing else is attempted."""
     result_q.put(("error", rank, text))
@@ -96,8 +103,8 @@ def _report_and_exit(result_q, rank: int, text: str | dict) -> None:
     os._exit(1)
 
 
-def _worker_main(rank: int, world: int, init_method: str, backend: str, job_q, result_q, status_array,
-                 parent_pid: int, timeout_s: float, threads: int) -> None:
+def _worker_main(rank: int, world: int, init_method: str, backend: str, job_q: Queue[Any], result_q: Queue[Any],
+                 status_array: SharedInts, parent_pid: int, timeout_s: float, threads: int) -> None:
     """Entry point of a pool worker (spawned): join the group, then run jobs until told to stop."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     from heterog.runtime.executor import watch_parent
@@ -131,7 +138,7 @@ def _worker_main(rank: int, world: int, init_method: str, backend: str, job_q, r
     dist.destroy_process_group()
 
 
-def _as_report(rank: int, payload: Any) -> dict:
+def _as_report(rank: int, payload: Any) -> dict[str, Any]:
     """A worker's error report as a dict (workers that fail before a job send plain text)."""
     if isinstance(payload, dict):
         return payload
@@ -265,7 +272,7 @@ class WorkerPool:
         self.close()
 
     # ------------------------------------------------------------------ jobs
-    def _get(self, timeout: float):
+    def _get(self, timeout: float) -> tuple[str, int, Any] | None:
         try:
             return self.result_q.get(timeout=timeout)
         except queue.Empty:
@@ -280,10 +287,10 @@ class WorkerPool:
             pass
         raise WorkerFailure(message + "; all workers were stopped")
 
-    def _progress(self) -> tuple:
+    def _progress(self) -> tuple[int, ...]:
         return tuple(self.status[i] for i in range(3 * self.world))
 
-    def run(self, jobs: Sequence[Any]) -> list[dict]:
+    def run(self, jobs: Sequence[Any]) -> list[dict[str, Any]]:
         """Give ``jobs[r]`` to rank r and return their results (in rank order)."""
         if self.closed:
             raise HeterogError("the worker pool is closed (a previous job failed or it was shut down)")
@@ -291,7 +298,7 @@ class WorkerPool:
             raise HeterogError(f"{len(jobs)} jobs for {self.world} workers")
         for q, job in zip(self.job_qs, jobs):
             q.put(job)
-        results: dict[int, dict] = {}
+        results: dict[int, dict[str, Any]] = {}
         errors: dict[int, str] = {}
         last, last_change = self._progress(), time.monotonic()
         while len(results) < self.world:
@@ -333,7 +340,7 @@ class WorkerPool:
         self._fail(first_failure(errors, dead, self.names, [max(int(self.status[3 * r]), 0)
                                                             for r in range(self.world)]))
 
-    def _report_hang(self, status: tuple, results: dict) -> None:
+    def _report_hang(self, status: tuple[int, ...], results: dict[int, Any]) -> None:
         busy = [r for r in range(self.world) if r not in results and status[3 * r + 2] == -1]   # not waiting
         waited = sorted({int(status[3 * r + 2]) for r in range(self.world) if status[3 * r + 2] >= 0})
         open_ = [r for r in range(self.world) if r not in results]
@@ -354,7 +361,8 @@ def env_rank() -> tuple[int, int, int] | None:
     return None
 
 
-def run_env_job(make_jobs, backend: str, timeout_s: float = 600.0) -> list[dict] | None:
+def run_env_job(make_jobs: Callable[[], list[Any]], backend: str, timeout_s: float = 600.0
+                ) -> list[dict[str, Any]] | None:
     """Run one job in an env:// process group (each process is one rank, e.g. under torchrun).
 
     Rank 0 calls ``make_jobs()`` (planning happens once) and scatters one job to each rank; every rank
@@ -372,12 +380,12 @@ def run_env_job(make_jobs, backend: str, timeout_s: float = 600.0) -> list[dict]
     dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
     try:
         jobs = make_jobs() if rank == 0 else None
-        if rank == 0 and len(jobs) != world:
+        if jobs is not None and len(jobs) != world:
             raise HeterogError(f"the plan has {len(jobs)} devices but the job has {world} processes")
-        box = [None]
-        dist.scatter_object_list(box, jobs if rank == 0 else None, src=0)
+        box: list[Any] = [None]
+        dist.scatter_object_list(box, jobs, src=0)
         out = execute_job(box[0], rank, device)
-        gathered = [None] * world if rank == 0 else None
+        gathered: list[Any] | None = [None] * world if rank == 0 else None
         dist.gather_object(out, gathered, dst=0)
         return gathered
     finally:

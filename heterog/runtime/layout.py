@@ -16,7 +16,7 @@ def narrow_batch(t: torch.Tensor, sl: tuple[int, int, int, int]) -> torch.Tensor
     return t.unflatten(dim, (block, -1)).narrow(dim + 1, start, end - start).flatten(dim, dim + 1)
 
 
-def cat_batch(pieces: Sequence[torch.Tensor], dim: int, block: int) -> torch.Tensor:
+def cat_batch(pieces: list[torch.Tensor], dim: int, block: int) -> torch.Tensor:
     """Pieces of a batch tensor, in sample order, joined along ``dim`` (within each of its ``block`` blocks
     when the rows are sample-minor); the inverse of ``narrow_batch``."""
     if not block:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -63,6 +63,11 @@ from heterog.runtime.rng import block_batches
 from heterog.runtime.scaling import Exponents
 from heterog.runtime.stepprog import LeafInfo, StepProgram
 
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.cluster import Cluster
+    from heterog.compiler import CompiledPlan
+    from heterog.graph.opgraph import OpGraph
+
 END = (math.inf, math.inf)
 
 
@@ -89,12 +94,13 @@ class RankProgram:
     rank: int
     device_name: str
     slowdown: float
-    persist: dict[str, torch.Tensor] = field(default_factory=dict)     # placeholder -> initial value
+    # placeholder -> initial value (None until ``PreparedRun.jobs`` fills it in)
+    persist: dict[str, torch.Tensor | None] = field(default_factory=dict)
     inputs: list[InputSlice] = field(default_factory=list)
     recvs: list[Receive] = field(default_factory=list)
     instrs: list[Instruction] = field(default_factory=list)
     keys: list[tuple] = field(default_factory=list)
-    frees: list[tuple[Source, ...]] = field(default_factory=list)     # per instruction: values last read there
+    frees: list[tuple[Env | Stash, ...]] = field(default_factory=list)  # per instruction: values last read there
     updates: list[tuple[str, Source]] = field(default_factory=list)   # (placeholder, source) at the step end
     loss_terms: list[tuple[Source, float]] = field(default_factory=list)
     report: list[tuple[str, str]] = field(default_factory=list)        # (kind param|state|buffer, placeholder)
@@ -123,8 +129,11 @@ def batch_slice(dim: int, lo: int, hi: int, per_sample: int, block: int) -> Slic
 
 
 class _Builder:
-    def __init__(self, prog: StepProgram, graph, cluster, plan, start: np.ndarray, exps: Exponents, *,
-                 emulate: bool, post_early: bool) -> None:
+    def __init__(self, prog: StepProgram, graph: OpGraph, cluster: Cluster, plan: CompiledPlan, start: np.ndarray,
+                 exps: Exponents, *, emulate: bool, post_early: bool) -> None:
+        if plan.op_layout is None:
+            raise HeterogError("the compiled plan carries no layouts; the runtime needs CompiledPlan.op_layout")
+        self.op_layout: np.ndarray = plan.op_layout
         self.prog, self.graph, self.cluster, self.plan, self.exps = prog, graph, cluster, plan, exps
         self.start = np.asarray(start, dtype=np.float64)
         self.emulate, self.post_early = emulate, post_early
@@ -178,7 +187,7 @@ class _Builder:
         return out
 
     def op_lay(self, op: int) -> int:
-        return int(self.plan.op_layout[op])
+        return int(self.op_layout[op])
 
     def samples_on(self, op: int, dev: int) -> tuple[int, int]:
         """The samples ``lo .. hi`` of op's instance on dev (the whole batch for ops without a batch tensor)."""
@@ -235,9 +244,9 @@ class _Builder:
     def producer_source(self, leaf: LeafInfo, dev: int) -> Source:
         """This device's own copy of a leaf (its producer ran here)."""
         if self.prog.op_kind[leaf.op] == "buffer" and leaf.node in self.prog.consts:
-            return Const(leaf.node)
-        self.export(leaf.op, dev, leaf.node)
-        return Env(leaf.node)
+            return Const(leaf.read_node)
+        self.export(leaf.op, dev, leaf.read_node)
+        return Env(leaf.read_node)
 
     def relayout(self, leaf_id: tuple[int, int], lay_v: int, dev: int, consumer_key: tuple) -> Stash:
         """The batch leaf re-laid out for layout ``lay_v``, on ``dev``."""
@@ -248,6 +257,8 @@ class _Builder:
             entry = {}
             e = self.exps[leaf_id]
             bd, per = leaf.batch_dim, leaf.per_sample
+            if bd is None:
+                raise AssertionError(f"output {leaf.k} of {self.graph.ops[leaf.op].name} has no batch to re-lay out")
             block = per if leaf_id in self.exps.sample_minor else 0      # see heterog.runtime.scaling
             stride = self.exps.positional.get(leaf_id, 0)
             prod = self.lay_ranges(self.op_lay(leaf.op))
@@ -294,6 +305,7 @@ class _Builder:
         reps = self.lay_ranges(self.op_lay(leaf.op))
         stash_key = ("g", leaf.node)
         weights = [float(((hi - lo) / self.B) ** (1 - e)) for _, lo, hi in reps]
+        holders: tuple[int, ...]
         if how[0] == "ps":
             ps = int(how[1])
             parts = []
@@ -332,16 +344,16 @@ class _Builder:
             holders, stash_key, after = self.aggregated(leaf_id)
             if dev in holders:
                 return Stash(stash_key)
-            def source_of(h):
+            def source_of(h: int) -> tuple[Source, tuple]:
                 return (Stash(stash_key), after)
         else:
             if leaf.node in self.prog.consts:
-                return Const(leaf.node)
+                return Const(leaf.read_node)
             holders = self.lay_devs(self.op_lay(leaf.op))
             if dev in holders:
                 return self.producer_source(leaf, dev)
             stash_key = ("x", leaf.node)
-            def source_of(h):
+            def source_of(h: int) -> tuple[Source, tuple]:
                 return (self.producer_source(leaf, h), self.inst_key(leaf.op, h) + (1,))
         memo_key = ("xfer", stash_key, dev)
         item = self.memo.get(memo_key)
@@ -454,6 +466,7 @@ class _Builder:
             if leaf_id is None:
                 raise HeterogError(f"step output {out} is not an op output; cannot place it")
             for d in self.lay_devs(self.op_lay(prog.node_op[ph])):
+                src: Source
                 if d in self.lay_devs(self.op_lay(u)) and prog.op_kind[u] == "compute":
                     self.export(u, d, out)
                     src = Env(out)
@@ -518,27 +531,25 @@ def _tagged(instr: Instruction, tag_of: list[int]) -> Instruction:
     return instr
 
 
-def _frees(rp: RankProgram) -> list[tuple[Source, ...]]:
+def _frees(rp: RankProgram) -> list[tuple[Env | Stash, ...]]:
     """Per instruction, the env names and stash keys whose last use it is (values needed at the step
     end, by updates and the loss, are kept)."""
     keep = {src for _, src in rp.updates} | {src for src, _ in rp.loss_terms}
-    last: dict[Source, int] = {}
+    last: dict[Env | Stash, int] = {}
     for i, instr in enumerate(rp.instrs):
         for src in sources(instr):
             if isinstance(src, (Env, Stash)):
                 last[src] = i
-    frees: list[list[Source]] = [[] for _ in rp.instrs]
+    frees: list[list[Env | Stash]] = [[] for _ in rp.instrs]
     for src, i in last.items():
         if src not in keep and not (isinstance(src, Env) and src.node in rp.persist):
             frees[i].append(src)
     return [tuple(f) for f in frees]
 
 
-def lower(prog: StepProgram, graph, cluster, plan, start: np.ndarray, exps: Exponents, *, emulate: bool,
-          post_early: bool = False) -> Lowered:
+def lower(prog: StepProgram, graph: OpGraph, cluster: Cluster, plan: CompiledPlan, start: np.ndarray,
+          exps: Exponents, *, emulate: bool, post_early: bool = False) -> Lowered:
     """Per-rank programs for ``plan`` (a CompiledPlan of ``graph`` on ``cluster``) scheduled as the
     simulated start times ``start`` say. ``emulate``: enforce the cluster's link speeds and device
     slowdowns (local-cpu clusters); ``post_early``: post receives at their send's key (NCCL)."""
-    if plan.op_layout is None:
-        raise HeterogError("the compiled plan carries no layouts; the runtime needs CompiledPlan.op_layout")
     return _Builder(prog, graph, cluster, plan, start, exps, emulate=emulate, post_early=post_early).build()

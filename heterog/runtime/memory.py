@@ -1,8 +1,8 @@
 """The bytes a worker holds during a step (its tables of values), metered as the simulator counts them."""
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Hashable, Sequence
+from typing import Any, Protocol
 
 import torch
 
@@ -15,11 +15,21 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
+class Meter(Protocol):
+    """What the interpreter tells a memory meter: a table entry (any hashable key) took a value or was freed."""
+
+    def put(self, entry: Hashable, value: Any) -> None: ...
+
+    def drop(self, entry: Hashable) -> None: ...
+
+    def reset(self) -> None: ...
+
+
 class NoMeter:
-    def put(self, entry: tuple, value: Any) -> None:
+    def put(self, entry: Hashable, value: Any) -> None:
         pass
 
-    def drop(self, entry: tuple) -> None:
+    def drop(self, entry: Hashable) -> None:
         pass
 
     def reset(self) -> None:
@@ -51,7 +61,7 @@ class LiveBytes:
 
     def __init__(self, sliced: Sequence[torch.Tensor] = ()) -> None:
         self.sliced = {t.untyped_storage().data_ptr() for t in sliced if t.numel()}
-        self.held: dict[tuple, list[int]] = {}            # table entry -> storage keys it holds
+        self.held: dict[Hashable, list[int]] = {}            # table entry -> storage keys it holds
         self.storages: dict[int, list[int]] = {}          # storage key -> [references, low byte, high byte]
         self.live = 0
         self.peak = 0
@@ -61,7 +71,7 @@ class LiveBytes:
         self.storages.clear()
         self.live = 0
 
-    def put(self, entry: tuple, value: Any) -> None:
+    def put(self, entry: Hashable, value: Any) -> None:
         """``value`` stored in table entry ``entry`` (replacing what it held)."""
         if entry in self.held:
             self.drop(entry)
@@ -73,8 +83,8 @@ class LiveBytes:
                 continue
             if key in self.sliced:
                 size = t.element_size()
-                lo = t.storage_offset() * size
-                hi = lo + (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * size if t.numel() else lo
+                lo = int(t.storage_offset()) * size
+                hi = lo + (sum((int(n) - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * size if t.numel() else lo
             else:
                 lo, hi = 0, st.nbytes()
             rec = self.storages.get(key)
@@ -91,7 +101,7 @@ class LiveBytes:
         if self.live > self.peak:
             self.peak = self.live
 
-    def drop(self, entry: tuple) -> None:
+    def drop(self, entry: Hashable) -> None:
         """Table entry ``entry`` freed (no-op if it holds nothing counted)."""
         for key in self.held.pop(entry, ()):
             rec = self.storages[key]

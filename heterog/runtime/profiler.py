@@ -21,11 +21,23 @@ import itertools
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeAlias, TypeVar
 
 import numpy as np
 
 from heterog.cost.profile import ProfileTable, fit_linear, op_signature
 from heterog.errors import HeterogError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.cluster import Cluster
+    from heterog.runtime.api import Model, PreparedRun
+    from heterog.runtime.launcher import WorkerPool
+
+Pair: TypeAlias = tuple[int, int]                   # (rank a, rank b) of a measured device pair
+Group: TypeAlias = tuple[int, ...]                  # the ranks of an AllReduce
+SizeSamples: TypeAlias = dict[int, list[float]]     # message bytes -> seconds, one per sample
+SizeTimes: TypeAlias = list[tuple[int, float]]      # (message bytes, seconds), sizes increasing
+_Key = TypeVar("_Key", Pair, Group)
 
 LINK_SIZES_BYTES = (1 << 10, 1 << 14, 1 << 17, 1 << 19, 1 << 21)
 COLLECTIVE_SIZES_BYTES = (1 << 4, 1 << 10, 1 << 14, 1 << 17, 1 << 19, 1 << 21)
@@ -60,8 +72,8 @@ class OpProfiler:
     change of machine load meets both alike.
     """
 
-    def __init__(self, model, cluster, pool, *, batch_sizes: Sequence[int] | None = None, steps: int = 12,
-                 warmup: int = 3, concurrent: bool = False) -> None:
+    def __init__(self, model: Model, cluster: Cluster, pool: WorkerPool, *, batch_sizes: Sequence[int] | None = None,
+                 steps: int = 12, warmup: int = 3, concurrent: bool = False) -> None:
         from heterog import baselines
         from heterog.runtime.api import prepare
 
@@ -71,7 +83,7 @@ class OpProfiler:
             raise HeterogError(f"no valid batch size to profile at (global batch {B})")
         self.model, self.cluster, self.pool, self.steps, self.warmup = model, cluster, pool, steps, warmup
         self.concurrent = concurrent
-        self.runs = []
+        self.runs: list[tuple[int, Model, list[PreparedRun]]] = []     # (local batch, model, plan per device)
         for b in sizes_b:
             mb = model.at_batch(b)
             self.runs.append((b, mb, [prepare(mb, cluster, baselines.run("single", mb.graph, cluster, device=d))
@@ -112,8 +124,8 @@ class OpProfiler:
         by default) and return it."""
         chosen = _chosen_rounds(rounds, self.rounds, "op")
         table = table if table is not None else ProfileTable()
-        for (device_type, sig), pts in self.points.items():
-            pts = [(x, t) for x, t, r in pts if r in chosen]
+        for (device_type, sig), measured in self.points.items():
+            pts = [(x, t) for x, t, r in measured if r in chosen]
             xs = sorted({x for x, _ in pts})
             ys = [float(np.median([t for x2, t in pts if x2 == x])) for x in xs]
             table.add_op(device_type, sig, xs, ys)
@@ -130,8 +142,8 @@ def _chosen_rounds(rounds: Sequence[int] | None, n_rounds: int, what: str) -> se
     return chosen
 
 
-def profile_ops(model, cluster, pool, *, batch_sizes: Sequence[int] | None = None, steps: int = 12,
-                warmup: int = 3, rounds: int = 3, table: ProfileTable | None = None) -> ProfileTable:
+def profile_ops(model: Model, cluster: Cluster, pool: WorkerPool, *, batch_sizes: Sequence[int] | None = None,
+                steps: int = 12, warmup: int = 3, rounds: int = 3, table: ProfileTable | None = None) -> ProfileTable:
     """``rounds`` rounds of ``OpProfiler`` back to back, fitted into ``table``."""
     ops = OpProfiler(model, cluster, pool, batch_sizes=batch_sizes, steps=steps, warmup=warmup)
     for _ in range(max(1, int(rounds))):
@@ -161,9 +173,9 @@ class LinkMeasurement:
         return self.alpha_s + self.beta_s_per_byte * nbytes + self.latency_s + self.latency_s_per_byte * nbytes
 
 
-def _link_samples(pool, cluster, sizes_bytes: Sequence[int], repeats: int,
-                  pairs: Sequence[tuple[int, int]] | None, emulate: bool | None, stream: int = 0
-                  ) -> tuple[dict, dict]:
+def _link_samples(pool: WorkerPool, cluster: Cluster, sizes_bytes: Sequence[int], repeats: int,
+                  pairs: Sequence[Pair] | None, emulate: bool | None, stream: int = 0
+                  ) -> tuple[dict[Pair, SizeSamples], dict[Pair, SizeSamples]]:
     """One-way times ``{(a, b): {size: [seconds, ...]}}`` of ``repeats`` ping-pongs per size and pair, and
     (with ``stream`` >= 2 messages per burst) the occupancy per message in the same form, else ``{}``."""
     from heterog.runtime.api import is_emulated
@@ -179,8 +191,8 @@ def _link_samples(pool, cluster, sizes_bytes: Sequence[int], repeats: int,
              for a in range(m) for b in range(m) if a != b}
     job = PingPongJob(list(pairs), [int(s) for s in sizes_bytes], int(repeats), bool(emulate), links,
                       stream=int(stream))
-    out: dict[tuple[int, int], dict[int, list[float]]] = {}
-    streams: dict[tuple[int, int], dict[int, list[float]]] = {}
+    out: dict[Pair, SizeSamples] = {}
+    streams: dict[Pair, SizeSamples] = {}
     for res in pool.run([job] * m):
         for key, rows in res.items():
             kind, _, pair = key.rpartition(":")
@@ -189,22 +201,23 @@ def _link_samples(pool, cluster, sizes_bytes: Sequence[int], repeats: int,
     return out, streams
 
 
-def _medians(samples: dict) -> dict:
+def _medians(samples: dict[_Key, SizeSamples]) -> dict[_Key, SizeTimes]:
     """``{pair: {size: [seconds, ...]}}`` -> ``{pair: [(size, median seconds), ...]}`` (sizes increasing)."""
     return {pair: [(size, float(statistics.median(s))) for size, s in sorted(rows.items())]
             for pair, rows in samples.items()}
 
 
-def measure_links(pool, cluster, *, sizes_bytes: Sequence[int] = LINK_SIZES_BYTES, repeats: int = 7,
-                  pairs: Sequence[tuple[int, int]] | None = None, emulate: bool | None = None) -> dict:
+def measure_links(pool: WorkerPool, cluster: Cluster, *, sizes_bytes: Sequence[int] = LINK_SIZES_BYTES,
+                  repeats: int = 7, pairs: Sequence[Pair] | None = None, emulate: bool | None = None
+                  ) -> dict[Pair, SizeTimes]:
     """Ping-pong ``sizes_bytes`` between device pairs on ``pool`` (one rank per device of ``cluster``).
 
     Returns ``{(a, b): [(size, median one-way seconds), ...]}`` for each measured pair."""
     return _medians(_link_samples(pool, cluster, sizes_bytes, repeats, pairs, emulate)[0])
 
 
-def _fit_links(table: ProfileTable, cluster, medians: dict, fit_sizes: Sequence[int],
-               occupancy: dict | None = None) -> list[LinkMeasurement]:
+def _fit_links(table: ProfileTable, cluster: Cluster, medians: dict[Pair, SizeTimes], fit_sizes: Sequence[int],
+               occupancy: dict[Pair, SizeTimes] | None = None) -> list[LinkMeasurement]:
     """Store the link model fitted to ``fit_sizes`` of each measured pair (``measure_links``' form) for
     every link on the pair's path, both directions; the other sizes are reported as held out.
 
@@ -221,7 +234,8 @@ def _fit_links(table: ProfileTable, cluster, medians: dict, fit_sizes: Sequence[
     for (a, b), rows in sorted(medians.items()):
         fit_rows = [(s, t) for s, t in rows if s in fit_sizes]
         alpha, beta = pingpong_line = fit_linear([s for s, _ in fit_rows], [t for _, t in fit_rows])
-        latency, latency_per_byte, occ = 0.0, 0.0, []
+        latency, latency_per_byte = 0.0, 0.0
+        occ: list[float] = []
         if (a, b) in occupancy:
             occ_of = {s: t for s, t in occupancy[(a, b)] if s in fit_sizes}
             occ = [occ_of[s] for s, _ in fit_rows]
@@ -244,7 +258,7 @@ def _fit_links(table: ProfileTable, cluster, medians: dict, fit_sizes: Sequence[
     return report
 
 
-def profile_links(pool, cluster, table: ProfileTable | None = None, *,
+def profile_links(pool: WorkerPool, cluster: Cluster, table: ProfileTable | None = None, *,
                   sizes_bytes: Sequence[int] = LINK_SIZES_BYTES, held_out_bytes: Sequence[int] = (),
                   repeats: int = 7, emulate: bool | None = None, stream: int = STREAM_MESSAGES
                   ) -> tuple[ProfileTable, list[LinkMeasurement]]:
@@ -266,8 +280,8 @@ def collective_groups(n_devices: int) -> list[tuple[int, ...]]:
     return subsets if len(subsets) <= MAX_COLLECTIVE_GROUPS else [tuple(range(n_devices))]
 
 
-def _collective_samples(pool, cluster, groups: Sequence[tuple[int, ...]], sizes: Sequence[int], repeats: int,
-                        emulate: bool) -> dict:
+def _collective_samples(pool: WorkerPool, cluster: Cluster, groups: Sequence[Group], sizes: Sequence[int],
+                        repeats: int, emulate: bool) -> dict[Group, SizeSamples]:
     """Per-AllReduce times ``{group: {size: [seconds, ...]}}`` of ``repeats`` AllReduces (one at a time)
     per size and group."""
     from heterog.cost import CostModel
@@ -277,14 +291,15 @@ def _collective_samples(pool, cluster, groups: Sequence[tuple[int, ...]], sizes:
     emulated = [[float(t) for t in nominal.allreduce_times(g, np.array(sizes, dtype=np.float64))[0]]
                 if emulate else [0.0] * len(sizes) for g in groups]
     job = CollectiveJob(list(groups), list(sizes), int(repeats), bool(emulate), emulated)
-    out: dict[tuple[int, ...], dict[int, list[float]]] = {}
+    out: dict[Group, SizeSamples] = {}
     for res in pool.run([job] * cluster.n_devices):
         for key, rows in res.items():
             out[tuple(int(x) for x in key.split(","))] = {int(size): list(s) for size, s in rows}
     return out
 
 
-def _fit_collectives(table: ProfileTable, cluster, samples: dict) -> dict:
+def _fit_collectives(table: ProfileTable, cluster: Cluster, samples: dict[Group, SizeSamples]
+                     ) -> dict[Group, SizeTimes]:
     """Store each group's AllReduce fit over the means of its samples; returns the means."""
     raw = {g: [(size, float(statistics.fmean(s))) for size, s in rows.items()] for g, rows in samples.items()}
     for g, rows in raw.items():
@@ -293,7 +308,7 @@ def _fit_collectives(table: ProfileTable, cluster, samples: dict) -> dict:
     return raw
 
 
-def profile_collectives(pool, cluster, table: ProfileTable | None = None, *,
+def profile_collectives(pool: WorkerPool, cluster: Cluster, table: ProfileTable | None = None, *,
                         sizes_bytes: Sequence[int] = COLLECTIVE_SIZES_BYTES, repeats: int = 9,
                         groups: Sequence[tuple[int, ...]] | None = None, emulate: bool | None = None
                         ) -> tuple[ProfileTable, dict[tuple[int, ...], list[tuple[int, float]]]]:
@@ -324,7 +339,7 @@ class CommProfiler:
     ``link_repeats`` and ``collective_repeats`` are per round; ``stream`` messages per burst measure the
     links' occupancy (``STREAM_MESSAGES``; below 2: ping-pong only, no latency in flight)."""
 
-    def __init__(self, pool, cluster, *, link_repeats: int = 5, collective_repeats: int = 5,
+    def __init__(self, pool: WorkerPool, cluster: Cluster, *, link_repeats: int = 5, collective_repeats: int = 5,
                  stream: int = STREAM_MESSAGES) -> None:
         from heterog.runtime.api import is_emulated
 
@@ -333,32 +348,34 @@ class CommProfiler:
         self.stream = int(stream)
         self.emulate = is_emulated(cluster)
         self.groups = collective_groups(cluster.n_devices) if cluster.n_devices > 1 else []
-        self.by_round: list[tuple[dict, dict, dict]] = []           # (links, collectives, occupancy) per round
+        # (links, collectives, occupancy) per round
+        self.by_round: list[tuple[dict[Pair, SizeSamples], dict[Group, SizeSamples], dict[Pair, SizeSamples]]] = []
 
     @property
     def rounds(self) -> int:
         return len(self.by_round)
 
-    def pooled(self, rounds: Sequence[int] | None = None) -> tuple[dict, dict, dict]:
+    def pooled(self, rounds: Sequence[int] | None = None
+               ) -> tuple[dict[Pair, SizeSamples], dict[Group, SizeSamples], dict[Pair, SizeSamples]]:
         """Samples of ``rounds`` (default all) pooled: ``({(a, b): {size: [s, ...]}}, {group: {size: [s, ...]}},
         {(a, b): {size: [occupancy s, ...]}})``."""
-        links: dict = {}
-        colls: dict = {}
-        occupancy: dict = {}
+        links: dict[Pair, SizeSamples] = {}
+        colls: dict[Group, SizeSamples] = {}
+        occupancy: dict[Pair, SizeSamples] = {}
         for r in sorted(_chosen_rounds(rounds, self.rounds, "link or collective")):
-            for into, new in zip((links, colls, occupancy), self.by_round[r]):
-                for key, rows in new.items():
-                    for size, samples in rows.items():
-                        into.setdefault(key, {}).setdefault(size, []).extend(samples)
+            round_links, round_colls, round_occupancy = self.by_round[r]
+            _pool_into(links, round_links)
+            _pool_into(colls, round_colls)
+            _pool_into(occupancy, round_occupancy)
         return links, colls, occupancy
 
     @property
-    def links(self) -> dict:
+    def links(self) -> dict[Pair, SizeSamples]:
         """Link samples of all rounds: ``{(a, b): {size: [seconds, ...]}}``."""
         return self.pooled()[0]
 
     @property
-    def collectives(self) -> dict:
+    def collectives(self) -> dict[Group, SizeSamples]:
         """AllReduce samples of all rounds: ``{group: {size: [seconds, ...]}}``."""
         return self.pooled()[1]
 
@@ -378,14 +395,21 @@ class CommProfiler:
         return table
 
 
+def _pool_into(into: dict[_Key, SizeSamples], new: dict[_Key, SizeSamples]) -> None:
+    """Add the samples of ``new`` to those of ``into`` (per key and size)."""
+    for key, rows in new.items():
+        for size, samples in rows.items():
+            into.setdefault(key, {}).setdefault(size, []).extend(samples)
+
+
 def per_round(total: int, rounds: int) -> int:
     """Repeats per round so that ``rounds`` rounds make at least ``total``."""
     return max(1, -(-int(total) // max(1, int(rounds))))
 
 
-def profile(model, cluster, pool, *, batch_sizes: Sequence[int] | None = None, steps: int = OP_STEPS,
-            rounds: int = 5, link_repeats: int = LINK_REPEATS, collective_repeats: int = COLLECTIVE_REPEATS
-            ) -> ProfileTable:
+def profile(model: Model, cluster: Cluster, pool: WorkerPool, *, batch_sizes: Sequence[int] | None = None,
+            steps: int = OP_STEPS, rounds: int = 5, link_repeats: int = LINK_REPEATS,
+            collective_repeats: int = COLLECTIVE_REPEATS) -> ProfileTable:
     """The profile table the cost model reads: op times measured in situ on ``pool`` (``OpProfiler``),
     a fit for every link of ``cluster`` and for AllReduce over device sets (``CommProfiler``), in
     ``rounds`` interleaved rounds (``link_repeats`` and ``collective_repeats`` are totals)."""

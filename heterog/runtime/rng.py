@@ -122,16 +122,19 @@ def call_random(fn: Callable[..., Any], node: RandomNode,
         args, kwargs = arguments(draw.sizes[n])
         args, kwargs = list(args), dict(kwargs)
         for a in node.batch_args:
-            box = kwargs if isinstance(a.index, str) else args
-            x = box[a.index]
+            x = kwargs[a.index] if isinstance(a.index, str) else args[a.index]
             device = x.device
             if at == list(range(n)) and held == list(range(held[0], held[0] + n)):
-                box[a.index] = x.narrow(a.dim, held[0] * a.per_sample, n * a.per_sample)
+                block = x.narrow(a.dim, held[0] * a.per_sample, n * a.per_sample)
             else:                           # a block held in part: the other samples' rows are zeros
                 shape = list(x.shape)
                 shape[a.dim] = n * a.per_sample
                 mine = x.index_select(a.dim, _rows(held, a.per_sample, x.device))
-                box[a.index] = x.new_zeros(shape).index_copy_(a.dim, _rows(at, a.per_sample, x.device), mine)
+                block = x.new_zeros(shape).index_copy_(a.dim, _rows(at, a.per_sample, x.device), mine)
+            if isinstance(a.index, str):
+                kwargs[a.index] = block
+            else:
+                args[a.index] = block
         for s in range(lo, lo + n):
             position[s] = len(position)
         out = _seeded(fn, args, kwargs, draw_key(draw.seed, draw.step, f"{node.name}#{j}"), device)
@@ -139,10 +142,12 @@ def call_random(fn: Callable[..., Any], node: RandomNode,
     outs = list(pieces[0])
     take = [position[s] for s in ids]
     for b in node.batch_outputs:
-        joined = torch.cat([p[b.index] for p in pieces], dim=b.dim) if len(pieces) > 1 else pieces[0][b.index]
+        k = b.index
+        assert isinstance(k, int)           # outputs are numbered, never named
+        joined = torch.cat([p[k] for p in pieces], dim=b.dim) if len(pieces) > 1 else pieces[0][k]
         if take != list(range(len(position))):
             joined = joined.index_select(b.dim, _rows(take, b.per_sample, joined.device))
-        outs[b.index] = joined
+        outs[k] = joined
     outs = [in_memory_order(o, order) if isinstance(o, torch.Tensor) else o
             for o, order in zip(outs, node.output_orders)]
     if isinstance(out, torch.Tensor):
@@ -154,12 +159,17 @@ def _seeded(fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any], key
             device: torch.device | None) -> Any:
     """``fn(*args, **kwargs)`` with dense row-major tensor arguments, drawing from a generator seeded ``key``
     (the device's default generator, put back as it was)."""
-    for box in (args, kwargs):
-        for k in (range(len(box)) if isinstance(box, list) else list(box)):
-            if isinstance(box[k], torch.Tensor):
-                device = device or box[k].device
-                if not box[k].is_contiguous():
-                    box[k] = box[k].contiguous()
+    def dense(x: torch.Tensor) -> torch.Tensor:
+        nonlocal device
+        device = device or x.device
+        return x if x.is_contiguous() else x.contiguous()
+
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            args[i] = dense(a)
+    for k, v in kwargs.items():
+        if isinstance(v, torch.Tensor):
+            kwargs[k] = dense(v)
     gen = _generator_of(device or torch.device("cpu"))
     saved = gen.get_state()
     gen.manual_seed(key)

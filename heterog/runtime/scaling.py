@@ -177,7 +177,7 @@ def probe_exponents(prog: StepProgram, params: Sequence[torch.Tensor], buffers: 
                 out.positional[leaf] = step
                 continue
         if e is None:
-            out.coupled.append(info.node)
+            out.coupled.append(info.read_node)      # probed leaves have a node
             e = 0
         if e:
             out.of[leaf] = e

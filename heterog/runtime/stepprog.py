@@ -14,13 +14,11 @@ Terms used across the runtime:
 """
 from __future__ import annotations
 
-import functools
-import importlib
 import math
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,186 +26,22 @@ from heterog.errors import HeterogError
 from heterog.graph.inputs import InputSpec
 from heterog.graph.mutations import functional_overload, intermediate_mutations
 from heterog.graph.random_ops import draws, inexact_reason
-from heterog.runtime.rng import BatchArg, Draw, RandomNode, block_batches, call_random
+from heterog.runtime.kernel import (
+    Kernel,
+    NodeCall,
+    Ref,
+    as_strided_own,
+    as_strided_scatter_own,
+    lower_arg,
+    target_name,
+)
+from heterog.runtime.rng import BatchArg, Draw, RandomNode, block_batches
 
+if TYPE_CHECKING:  # pragma: no cover
+    from torch.fx import GraphModule, Node
 
-# ---------------------------------------------------------------------------- picklable node calls
-class Ref:
-    """An argument that is the value of fx node ``name``."""
-
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __reduce__(self):
-        return (Ref, (self.name,))
-
-    def __repr__(self) -> str:
-        return f"%{self.name}"
-
-
-class SymRef:
-    """An argument that is a size computed from the batch (fx shape node ``name``)."""
-
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __reduce__(self):
-        return (SymRef, (self.name,))
-
-    def __repr__(self) -> str:
-        return f"#{self.name}"
-
-
-def target_name(target: Any) -> str:
-    """A string that ``resolve_target`` turns back into ``target`` (OpOverloads do not pickle)."""
-    if isinstance(target, torch._ops.OpOverload):
-        return f"op:{target._schema.name}.{target._overloadname}"
-    module = getattr(target, "__module__", None) or "builtins"
-    if module == "_operator":
-        module = "operator"
-    return f"py:{module}:{target.__qualname__}"
-
-
-_TARGETS: dict[str, Callable[..., Any]] = {}
-
-
-def resolve_target(name: str) -> Callable[..., Any]:
-    fn = _TARGETS.get(name)
-    if fn is not None:
-        return fn
-    kind, _, rest = name.partition(":")
-    if kind == "op":
-        qual, _, overload = rest.rpartition(".")
-        ns, _, op = qual.partition("::")
-        fn = getattr(getattr(getattr(torch.ops, ns), op), overload)
-    elif kind == "py":
-        module, _, qualname = rest.partition(":")
-        fn = importlib.import_module(module)
-        for part in qualname.split("."):
-            fn = getattr(fn, part)
-    else:
-        raise HeterogError(f"cannot resolve fx target {name!r}")
-    _TARGETS[name] = fn
-    return fn
-
-
-@dataclass
-class NodeCall:
-    """One fx node: ``target(*args, **kwargs)`` with Ref/SymRef placeholders in the arguments."""
-
-    name: str
-    target: str
-    args: tuple
-    kwargs: dict
-
-
-def _lower_arg(a: Any, shape_nodes: frozenset[str]) -> Any:
-    from torch.fx import Node
-
-    if isinstance(a, Node):
-        return SymRef(a.name) if a.name in shape_nodes else Ref(a.name)
-    if isinstance(a, tuple):
-        return tuple(_lower_arg(x, shape_nodes) for x in a)
-    if isinstance(a, list):
-        return [_lower_arg(x, shape_nodes) for x in a]
-    if isinstance(a, dict):
-        return {k: _lower_arg(v, shape_nodes) for k, v in a.items()}
-    if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        raise HeterogError("captured graph has a symbolic size that is not an fx node; cannot lower it")
-    return a
-
-
-def _has_ref(a: Any) -> bool:
-    if isinstance(a, (Ref, SymRef)):
-        return True
-    if isinstance(a, (tuple, list)):
-        return any(_has_ref(x) for x in a)
-    if isinstance(a, dict):
-        return any(_has_ref(x) for x in a.values())
-    return False
-
-
-def _resolve(a: Any, env: dict, sym: dict) -> Any:
-    t = type(a)
-    if t is Ref:
-        return env[a.name]
-    if t is SymRef:
-        return sym[a.name]
-    if t is tuple:
-        return tuple(_resolve(x, env, sym) for x in a)
-    if t is list:
-        return [_resolve(x, env, sym) for x in a]
-    if t is dict:
-        return {k: _resolve(v, env, sym) for k, v in a.items()}
-    return a
-
-
-def _arguments(args: tuple, kwargs: dict, env: dict, sym: dict) -> tuple[tuple, dict]:
-    return _resolve(args, env, sym), _resolve(kwargs, env, sym)
-
-
-def _retarget_device(a: Any, device: torch.device) -> Any:
-    """Replace torch.device constants (``ones(..., device=cpu)``) by the worker's device."""
-    if isinstance(a, torch.device):
-        return device
-    if isinstance(a, tuple):
-        return tuple(_retarget_device(x, device) for x in a)
-    if isinstance(a, list):
-        return [_retarget_device(x, device) for x in a]
-    if isinstance(a, dict):
-        return {k: _retarget_device(v, device) for k, v in a.items()}
-    return a
-
-
-def _describe_inputs(args: tuple, env: dict) -> str:
-    """Shapes and strides of a call's tensor arguments (error messages)."""
-    out = []
-    for x in args:
-        v = env.get(x.name) if type(x) is Ref else None
-        if isinstance(v, torch.Tensor):
-            out.append(f"%{x.name} {tuple(v.shape)} stride {tuple(v.stride())}")
-    return "; ".join(out) or "none"
-
-
-class Kernel:
-    """The fx nodes of one op, ready to call: ``kernel(env, sym, draw)`` computes them in order into ``env``.
-
-    Random nodes (``random``: name -> RandomNode) draw the values single-device training draws for the
-    samples that ``draw`` names (``heterog.runtime.rng``); without a ``draw`` they draw from the process's
-    generator, as eager PyTorch does."""
-
-    __slots__ = ("calls", "names", "random")
-
-    def __init__(self, calls: Sequence[NodeCall], device: torch.device | None = None,
-                 random: dict[str, RandomNode] | None = None) -> None:
-        self.calls = []
-        self.random = {c.name: random[c.name] for c in calls if random and c.name in random}
-        for c in calls:
-            args, kwargs = c.args, c.kwargs
-            if device is not None and device.type != "cpu":
-                args, kwargs = _retarget_device(args, device), _retarget_device(kwargs, device)
-            simple = not _has_ref(kwargs) and all(type(x) in (Ref, SymRef) or not _has_ref(x) for x in args)
-            self.calls.append((c.name, resolve_target(c.target), args, kwargs, simple and c.name not in self.random))
-        self.names = [c.name for c in calls]
-
-    def __call__(self, env: dict, sym: dict, draw: Draw | None = None) -> None:
-        for name, fn, args, kwargs, simple in self.calls:
-            try:
-                if simple:
-                    a = [env[x.name] if type(x) is Ref else sym[x.name] if type(x) is SymRef else x for x in args]
-                    env[name] = fn(*a, **kwargs)
-                elif draw is not None and name in self.random:
-                    env[name] = call_random(fn, self.random[name], functools.partial(_arguments, args, kwargs, env),
-                                            draw)
-                else:
-                    env[name] = fn(*_resolve(args, env, sym), **_resolve(kwargs, env, sym))
-            except Exception as exc:
-                exc.add_note(f"in fx node {name} = {fn}(...) with inputs {_describe_inputs(args, env)}")
-                raise
+    from heterog.graph.opgraph import OpGraph
+    from heterog.graph.tracing import CapturedStep
 
 
 # ---------------------------------------------------------------------------- leaves and what ops read
@@ -223,6 +57,13 @@ class LeafInfo:
     dtype: torch.dtype
     per_sample: int = 1              # elements per sample along the batch dim (B*T rows -> T)
     dim_order: tuple[int, ...] | None = None   # memory order of the dims (outermost first) as captured
+
+    @property
+    def read_node(self) -> str:
+        """``node``, for an output that another op reads (only unused outputs lack a node)."""
+        if self.node is None:
+            raise AssertionError(f"output {self.k} of op {self.op} is read but no fx node holds it")
+        return self.node
 
     @property
     def memory_order(self) -> tuple[int, ...]:
@@ -358,7 +199,9 @@ class StepProgram:
         Kernel([self.calls[n] for n in self.order], random=self.random)(env, sym, draw)
         return env
 
-    def step(self, params, buffers, state, inputs, *, step: int = 0) -> tuple[torch.Tensor, list, list]:
+    def step(self, params: Sequence[torch.Tensor], buffers: Sequence[torch.Tensor], state: Sequence[torch.Tensor],
+             inputs: Sequence[torch.Tensor], *, step: int = 0
+             ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         """One whole training step (number ``step``), single process: (loss, new params, new state)."""
         env = self.run_all(params, buffers, state, inputs, step=step)
         out = [env[n] for n in self.outputs]
@@ -397,7 +240,7 @@ def _tensor_leaves(val: Any) -> list[tuple[int, Any]]:
     return []
 
 
-def build_step_program(step, graph) -> StepProgram:
+def build_step_program(step: CapturedStep, graph: OpGraph) -> StepProgram:
     """The StepProgram of a symbolic-mode CapturedStep and the OpGraph built from it."""
     if step.tracing_mode != "symbolic":
         raise HeterogError("the runtime needs a step traced with tracing_mode='symbolic' (it runs at any "
@@ -423,8 +266,8 @@ def build_step_program(step, graph) -> StepProgram:
                 sym_exprs[n.name] = ("static", v)
         elif n.op == "call_function":
             calls[n.name] = NodeCall(n.name, target_name(out_of_place.get(n, n.target)),
-                                     _lower_arg(tuple(n.args), shape_nodes),
-                                     _lower_arg(dict(n.kwargs), shape_nodes))
+                                     lower_arg(tuple(n.args), shape_nodes),
+                                     lower_arg(dict(n.kwargs), shape_nodes))
             order.append(n.name)
         elif n.op == "get_attr":
             consts[n.name] = getattr(gm, n.target).detach().clone()
@@ -519,12 +362,13 @@ def build_step_program(step, graph) -> StepProgram:
     return prog
 
 
-def _random_nodes(gm, batch_symbols: Sequence[Any], batch_size: int, out_of_place: dict) -> dict[str, RandomNode]:
+def _random_nodes(gm: GraphModule, batch_symbols: Sequence[Any], batch_size: int, out_of_place: dict[Node, Any]
+                  ) -> dict[str, RandomNode]:
     """The nodes that draw random values, with where their arguments and outputs carry the batch."""
     symbols = frozenset(batch_symbols)
     subs = {s: batch_size for s in symbols}
 
-    def batch_at(index: int, t: Any) -> BatchArg | None:
+    def batch_at(index: int | str, t: Any) -> BatchArg | None:
         if not isinstance(t, torch.Tensor):
             return None
         for d, size in enumerate(t.shape):
@@ -550,21 +394,7 @@ def _random_nodes(gm, batch_symbols: Sequence[Any], batch_size: int, out_of_plac
     return out
 
 
-def as_strided_own(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    """``aten.as_strided`` of ``x`` on a storage of its own (see ``_runtime_targets``)."""
-    return torch.ops.aten.as_strided.default(_own_storage(x), *args, **kwargs)
-
-
-def as_strided_scatter_own(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    """``aten.as_strided_scatter`` into ``x`` on a storage of its own (see ``_runtime_targets``)."""
-    return torch.ops.aten.as_strided_scatter.default(_own_storage(x), *args, **kwargs)
-
-
-def _own_storage(x: torch.Tensor) -> torch.Tensor:
-    return x if x.storage_offset() == 0 else x.clone()
-
-
-def _runtime_targets(gm) -> dict:
+def _runtime_targets(gm: GraphModule) -> dict[Node, Any]:
     """Calls the runtime makes differently from the trace, with the same values:
 
     - ``aten.view`` -> ``aten.reshape``: a view where the strides allow one (the same tensor, so writes
@@ -581,7 +411,7 @@ def _runtime_targets(gm) -> dict:
     return {n: replace[n.target] for n in gm.graph.nodes if n.op == "call_function" and n.target in replace}
 
 
-def _out_of_place_targets(gm) -> dict:
+def _out_of_place_targets(gm: GraphModule) -> dict[Node, Any]:
     """In-place ops on intermediate values (``aten.div_`` in the backward of a mean loss) -> their
     out-of-place overloads, where nothing reads the mutated value (or a view of it) after the op.
 
@@ -593,7 +423,7 @@ def _out_of_place_targets(gm) -> dict:
     out-of-place op computes the same result and leaves its input alone. Mutations of placeholders
     (batch-norm running statistics) are kept as traced; the capture functionalises mutations of
     intermediates that are read again (``heterog.graph.mutations``)."""
-    out: dict = {}
+    out: dict[Node, Any] = {}
     for n, read_later in intermediate_mutations(gm).items():
         functional = None if read_later else functional_overload(n.target)
         if functional is not None:
@@ -601,11 +431,15 @@ def _out_of_place_targets(gm) -> dict:
     return out
 
 
-def _read_of(inp, reader, node_op, node_leaf, leaf_at_index, shape_nodes, calls, view_calls) -> Read:
+def _read_of(inp: Node, reader: Node, node_op: dict[str, int], node_leaf: dict[str, tuple[int, int]],
+             leaf_at_index: dict[tuple[int, int], int], shape_nodes: frozenset[str], calls: dict[str, NodeCall],
+             view_calls: dict[str, NodeCall]) -> Read:
     if inp.name not in node_leaf and reader.target is operator.getitem and reader.args[0] is inp:
-        k = leaf_at_index.get((node_op[inp.name], int(reader.args[1])))
+        index = reader.args[1]
+        assert isinstance(index, int)       # an element of a tuple-valued node, picked by position
+        k = leaf_at_index.get((node_op[inp.name], index))
         if k is not None:
-            return Read(inp.name, (node_op[inp.name], k), (), int(reader.args[1]))
+            return Read(inp.name, (node_op[inp.name], k), (), index)
     chain: list[str] = []
     cur = inp
     while cur.name not in node_leaf:

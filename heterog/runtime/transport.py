@@ -7,7 +7,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -35,7 +35,7 @@ def _frame(stamp: float, t: torch.Tensor) -> torch.Tensor:
     return torch.cat((header, flat.view(torch.uint8)))
 
 
-def _unframe(buf: torch.Tensor, shape, dtype: torch.dtype) -> tuple[float, torch.Tensor]:
+def _unframe(buf: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[float, torch.Tensor]:
     """The stamp and the payload (a view of ``buf`` as ``shape`` and ``dtype``) of an emulated message."""
     stamp = float(buf[:8].numpy().view(np.float64)[0])
     n = buf.numel() - _HEADER_BYTES
@@ -45,11 +45,30 @@ def _unframe(buf: torch.Tensor, shape, dtype: torch.dtype) -> tuple[float, torch
 
 
 # ---------------------------------------------------------------------------- status shared with the parent
+class SharedInts(Protocol):
+    """Integers a rank writes for its parent to read (a ``multiprocessing.Array`` of ``"q"``)."""
+
+    def __getitem__(self, index: int) -> int: ...
+
+    def __setitem__(self, index: int, value: int) -> None: ...
+
+
+class StatusLike(Protocol):
+    """Where a rank reports its progress: ``Status`` (shared with the parent) or ``NullStatus``."""
+
+    @property
+    def peer(self) -> int: ...
+
+    def at(self, step: int, index: int) -> None: ...
+
+    def waiting(self, peer: int) -> None: ...
+
+
 class Status:
     """Per-rank progress in shared memory: step, instruction index, peer waited for (-1 none (computing),
     -2 a collective, -3 the barrier between steps)."""
 
-    def __init__(self, array, rank: int) -> None:
+    def __init__(self, array: SharedInts, rank: int) -> None:
         self.a, self.base = array, 3 * rank
         self.peer = -1
 
@@ -77,6 +96,26 @@ def waited_for(peer: int) -> str:
 
 
 # ---------------------------------------------------------------------------- transport
+class TransportLike(Protocol):
+    """What the executor sends, receives and reduces through: ``Transport`` (torch.distributed) or the
+    in-process one of ``heterog.runtime.check``. ``idle_s``: seconds spent waiting so far."""
+
+    idle_s: float
+
+    def post(self, tag: int, src: int, shape: tuple[int, ...], dtype: torch.dtype) -> None: ...
+
+    def send(self, t: torch.Tensor, dst: int, tag: int, latency_s: float, s_per_byte: float) -> None: ...
+
+    def take(self, tag: int) -> torch.Tensor: ...
+
+    def allreduce(self, t: torch.Tensor, gid: int, group: Any, members: Sequence[int], me: int,
+                  emulated_s: float) -> Pending: ...
+
+    def finish(self, p: Pending) -> torch.Tensor: ...
+
+    def flush(self) -> None: ...
+
+
 _CHANNELS: dict[int, dict[tuple[int, int], Any]] = {}     # per default process group: (src, dst) -> group
 
 
@@ -105,7 +144,7 @@ class Transport:
     """Point-to-point messages and AllReduce with optional link emulation (see the module docstring).
     ``rank``: this process's rank; messages travel on ``p2p_channels``."""
 
-    def __init__(self, device: torch.device, emulate: bool, status, rank: int) -> None:
+    def __init__(self, device: torch.device, emulate: bool, status: StatusLike, rank: int) -> None:
         self.device, self.emulate, self.status, self.rank = device, emulate, status, rank
         self.channels = p2p_channels(device)
         self.link_free: dict[int, float] = {}
@@ -116,7 +155,7 @@ class Transport:
         self.group_ready: dict[tuple[int, ...], float] = {}            # emulation: when each group is free
         self.ar_seq: dict[tuple[int, ...], int] = {}                   # CPU AllReduces started, per group
 
-    def post(self, tag: int, src: int, shape: tuple, dtype: torch.dtype) -> None:
+    def post(self, tag: int, src: int, shape: tuple[int, ...], dtype: torch.dtype) -> None:
         n = math.prod(shape) * dtype.itemsize
         if self.emulate:
             buf = torch.empty(n + _HEADER_BYTES, dtype=torch.uint8, device=self.device)
@@ -149,7 +188,7 @@ class Transport:
         self.idle_s += time.perf_counter() - t0
         return buf
 
-    def allreduce(self, t: torch.Tensor, gid: int, group, members: Sequence[int], me: int,
+    def allreduce(self, t: torch.Tensor, gid: int, group: Any, members: Sequence[int], me: int,
                   emulated_s: float) -> Pending:
         """Start summing ``t`` (a fresh tensor) over the members of subgroup ``gid`` (``group``: its
         process group); ``finish`` waits for the sum.
@@ -195,6 +234,8 @@ class Transport:
         while p.result is None and queue:
             q = queue.pop(0)
             q.result = self._complete(q)
+        if p.result is None:
+            raise RuntimeError(f"AllReduce over ranks {list(p.members)} was not started by this rank's transport")
         return p.result
 
     def _complete(self, p: Pending) -> torch.Tensor:

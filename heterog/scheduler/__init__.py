@@ -29,6 +29,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from simulator import TaskGraph
+
 ORDERS = ("best", "rank-contention", "fifo", "rank", "est", "rank-links", "plan")
 DEFAULT_ORDER = "best"
 PORTFOLIO = ("rank-contention", "fifo", "rank")   # what ``best`` tries, in this order (ties keep the first)
@@ -36,7 +38,8 @@ PLAN_ORDERS = ("best", "plan")              # orders that need the plan, not onl
 
 
 @njit(cache=True)
-def _upward_rank_kernel(duration, succ_ptr, succ_idx, floor):  # pragma: no cover - compiled
+def _upward_rank_kernel(duration: np.ndarray, succ_ptr: np.ndarray, succ_idx: np.ndarray,  # pragma: no cover
+                        floor: np.ndarray) -> np.ndarray:
     """rank(t) = max(p(t) + max over successors of rank, floor(t)); floor 0 gives the upward rank."""
     n = duration.shape[0]
     rank = np.empty(n, dtype=np.float64)
@@ -70,7 +73,9 @@ def upward_rank(duration: np.ndarray, succ_ptr: np.ndarray, succ_idx: np.ndarray
 
 
 @njit(cache=True)
-def _contention_rank_kernel(duration, lag, succ_ptr, succ_idx, res_ptr, res_idx, n_res):  # pragma: no cover
+def _contention_rank_kernel(duration: np.ndarray, lag: np.ndarray, succ_ptr: np.ndarray,  # pragma: no cover
+                            succ_idx: np.ndarray, res_ptr: np.ndarray, res_idx: np.ndarray,
+                            n_res: int) -> np.ndarray:
     n = duration.shape[0]
     path = duration + lag
     rank = _upward_rank_kernel(path, succ_ptr, succ_idx, np.zeros(n))
@@ -150,7 +155,8 @@ def contention_rank(duration: np.ndarray, succ_ptr: np.ndarray, succ_idx: np.nda
 
 
 @njit(cache=True)
-def _earliest_start_kernel(duration, dep_ptr, dep_idx):  # pragma: no cover - compiled
+def _earliest_start_kernel(duration: np.ndarray, dep_ptr: np.ndarray,  # pragma: no cover - compiled
+                           dep_idx: np.ndarray) -> np.ndarray:
     n = duration.shape[0]
     est = np.zeros(n, dtype=np.float64)
     for t in range(n):
@@ -171,7 +177,7 @@ def earliest_start(duration: np.ndarray, dep_ptr: np.ndarray, dep_idx: np.ndarra
                                   np.ascontiguousarray(dep_idx, dtype=np.int64))
 
 
-def priorities(tg, order: str = "rank", comm_mask: np.ndarray | None = None) -> np.ndarray:
+def priorities(tg: TaskGraph, order: str = "rank", comm_mask: np.ndarray | None = None) -> np.ndarray:
     """Static priorities for the simulator's list scheduler over TaskGraph ``tg`` (higher runs first).
 
     ``rank``: upward rank (HeteroG). ``est``: earliest start first (the start each task could have with

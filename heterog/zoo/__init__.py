@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import torch
 from torch import nn
@@ -325,7 +326,7 @@ def build(
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
-    **overrides,
+    **overrides: Any,
 ) -> tuple[nn.Module, Inputs]:
     """Build zoo model `name` in training mode with example inputs for `batch_size` samples.
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from heterog.errors import HeterogError
-from heterog.zoo.common import InputFactory, Inputs, check_positive, dropout
+from heterog.zoo.common import Builder, InputFactory, Inputs, check_positive, dropout
 from heterog.zoo.layers import TransformerLayer, causal_mask, init_normal, token_loss
 
 LN_EPS = 1e-5
@@ -54,6 +54,7 @@ class CausalLM(nn.Module):
         init_normal(self, 0.02)
         residual_std = 0.02 / math.sqrt(2 * max(1, len(self.blocks)))
         for block in self.blocks:
+            assert isinstance(block, TransformerLayer)
             nn.init.normal_(block.self_attn.out.weight, std=residual_std)
             nn.init.normal_(block.ffn.fc2.weight, std=residual_std)
 
@@ -68,7 +69,7 @@ class CausalLM(nn.Module):
 
 
 def make_causal_lm_builder(name: str, *, layers: int, hidden: int, heads: int, vocab: int, seq_len: int,
-                           max_positions: int):
+                           max_positions: int) -> Builder:
     """Builder of one causal LM configuration; the knobs are the same for gpt2 and tiny_transformer."""
     defaults = {"layers": layers, "hidden": hidden, "heads": heads, "vocab": vocab, "seq_len": seq_len,
                 "max_positions": max_positions}

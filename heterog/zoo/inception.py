@@ -2,6 +2,8 @@
 Inception-A..E modules, BN-ReLU convolutions and the auxiliary classifier on the 17x17 map."""
 from __future__ import annotations
 
+from typing import TypeAlias, TypedDict
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -19,11 +21,20 @@ from heterog.zoo.common import (
 
 AUX_WEIGHT = 0.4  # weight of the auxiliary classifier's loss (Szegedy et al.; torchvision's recipe)
 
+_Size: TypeAlias = int | tuple[int, int]
+
+
+class _Factorised(TypedDict):
+    """Kernel and padding of one half of a factorised n x n convolution (1 x n or n x 1)."""
+
+    kernel: tuple[int, int]
+    padding: tuple[int, int]
+
 
 class ConvBN(nn.Module):
     """Conv (no bias) -> BatchNorm(eps=1e-3) -> ReLU. Shapes: `(B, cin, H, W)` -> `(B, cout, H', W')`."""
 
-    def __init__(self, cin: int, cout: int, kernel, stride: int = 1, padding=0) -> None:
+    def __init__(self, cin: int, cout: int, kernel: _Size, stride: int = 1, padding: _Size = 0) -> None:
         super().__init__()
         self.conv = nn.Conv2d(cin, cout, kernel, stride=stride, padding=padding, bias=False)
         self.bn = nn.BatchNorm2d(cout, eps=0.001)
@@ -85,7 +96,8 @@ class InceptionC(nn.Module):
     def __init__(self, cin: int, c7: int, c: Scaled) -> None:
         super().__init__()
         c7 = c(c7)
-        row, col = {"kernel": (1, 7), "padding": (0, 3)}, {"kernel": (7, 1), "padding": (3, 0)}
+        row: _Factorised = {"kernel": (1, 7), "padding": (0, 3)}
+        col: _Factorised = {"kernel": (7, 1), "padding": (3, 0)}
         self.b1 = ConvBN(cin, c(192), 1)
         self.b7 = chain(ConvBN(cin, c7, 1), ConvBN(c7, c7, **row), ConvBN(c7, c(192), **col))
         self.b7dbl = chain(

@@ -3,6 +3,7 @@ multi-head attention, feed-forward, a pre-/post-LN layer, masks and sinusoidal p
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -11,7 +12,7 @@ from torch import nn
 from heterog.errors import HeterogError
 from heterog.zoo.common import dropout
 
-ACTIVATIONS = {
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": F.relu,
     "gelu": F.gelu,  # exact (erf) GELU, as in BERT and XLNet
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's "gelu_new"
@@ -141,7 +142,8 @@ class TransformerLayer(nn.Module):
         self.norm_ffn = nn.LayerNorm(hidden, eps=eps)
         self.drop = dropout(dropout_p)
 
-    def residual(self, x: torch.Tensor, norm: nn.Module, block) -> torch.Tensor:
+    def residual(self, x: torch.Tensor, norm: nn.Module, block: Callable[[torch.Tensor], torch.Tensor]
+                 ) -> torch.Tensor:
         if self.norm_first:
             return x + self.drop(block(norm(x)))
         return norm(x + self.drop(block(x)))
@@ -153,8 +155,9 @@ class TransformerLayer(nn.Module):
         memory: torch.Tensor | None = None,
     ) -> torch.Tensor:
         x = self.residual(x, self.norm_self, lambda h: self.self_attn(h, blocked=self_blocked))
-        if self.cross_attn is not None:
-            x = self.residual(x, self.norm_cross, lambda h: self.cross_attn(h, memory=memory))
+        cross_attn, norm_cross = self.cross_attn, self.norm_cross
+        if cross_attn is not None and norm_cross is not None:      # both or neither
+            x = self.residual(x, norm_cross, lambda h: cross_attn(h, memory=memory))
         return self.residual(x, self.norm_ffn, self.ffn)
 
     def extra_repr(self) -> str:
@@ -166,8 +169,9 @@ def init_normal(module: nn.Module, std: float) -> None:
     for m in module.modules():
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, mean=0.0, std=std)
-            if getattr(m, "bias", None) is not None:
-                nn.init.zeros_(m.bias)
+            bias = getattr(m, "bias", None)
+            if bias is not None:
+                nn.init.zeros_(bias)
         elif isinstance(m, nn.LayerNorm):
             nn.init.ones_(m.weight)
             nn.init.zeros_(m.bias)

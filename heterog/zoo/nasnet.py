@@ -2,6 +2,8 @@
 identity branches) in the Keras/TF-slim layout; Large (6 @ 4032, 331 px) by default, or Mobile."""
 from __future__ import annotations
 
+from typing import TypedDict
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -23,7 +25,17 @@ BN_MOMENTUM = 0.0003  # Keras momentum 0.9997 in torch's convention
 
 # The two published variants: N cells per stack @ penultimate filters, stem filters,
 # whether the cell after a reduction keeps the pre-reduction "previous" input, image size.
-VARIANTS = {
+class Variant(TypedDict):
+    """The defaults of one NASNet-A variant (the knobs of the same names)."""
+
+    num_blocks: int
+    penultimate_filters: int
+    stem_filters: int
+    skip_reduction: bool
+    image_size: int
+
+
+VARIANTS: dict[str, Variant] = {
     "large": {"num_blocks": 6, "penultimate_filters": 4032, "stem_filters": 96, "skip_reduction": True,
               "image_size": 331},
     "mobile": {"num_blocks": 4, "penultimate_filters": 1056, "stem_filters": 32, "skip_reduction": False,
@@ -238,7 +250,7 @@ class NASNetA(ImageClassifier):
         cells: list[nn.Module] = []
         keep_prev: list[bool] = []
 
-        def add(cell_type, cell_filters: int, keep: bool) -> None:
+        def add(cell_type: type[NormalCell | ReductionCell], cell_filters: int, keep: bool) -> None:
             nonlocal x_shape, prev_shape
             cell = cell_type(x_shape[0], x_shape[1], prev_shape, cell_filters)
             cells.append(cell)
@@ -282,10 +294,15 @@ def build_nasnet(
 ) -> tuple[nn.Module, Inputs]:
     if variant not in VARIANTS:
         raise HeterogError(f"zoo model 'nasnet': unknown variant '{variant}'; known: {', '.join(VARIANTS)}")
-    given = {"num_blocks": num_blocks, "penultimate_filters": penultimate_filters,
-             "stem_filters": stem_filters, "skip_reduction": skip_reduction, "image_size": image_size}
-    config = {**VARIANTS[variant], **{k: v for k, v in given.items() if v is not None}}
-    sizes = {k: config[k] for k in ("num_blocks", "penultimate_filters", "stem_filters", "image_size")}
-    check_positive("nasnet", **sizes, num_classes=num_classes)
-    model = NASNetA(**config, num_classes=num_classes, dropout_p=dropout)
-    return model, image_inputs(factory, batch_size, config["image_size"], num_classes)
+    defaults = VARIANTS[variant]           # a knob left at None takes the variant's value
+    num_blocks = defaults["num_blocks"] if num_blocks is None else num_blocks
+    penultimate_filters = defaults["penultimate_filters"] if penultimate_filters is None else penultimate_filters
+    stem_filters = defaults["stem_filters"] if stem_filters is None else stem_filters
+    skip_reduction = defaults["skip_reduction"] if skip_reduction is None else skip_reduction
+    image_size = defaults["image_size"] if image_size is None else image_size
+    check_positive("nasnet", num_blocks=num_blocks, penultimate_filters=penultimate_filters,
+                   stem_filters=stem_filters, image_size=image_size, num_classes=num_classes)
+    model = NASNetA(num_blocks=num_blocks, penultimate_filters=penultimate_filters, stem_filters=stem_filters,
+                    skip_reduction=skip_reduction, image_size=image_size, num_classes=num_classes,
+                    dropout_p=dropout)
+    return model, image_inputs(factory, batch_size, image_size, num_classes)

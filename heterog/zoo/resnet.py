@@ -8,6 +8,7 @@ from torch import nn
 
 from heterog.errors import HeterogError
 from heterog.zoo.common import (
+    Builder,
     ImageClassifier,
     InputFactory,
     Inputs,
@@ -100,6 +101,7 @@ class ResNet(ImageClassifier):
     ) -> None:
         super().__init__()
         self.preact = preact
+        self.stem: nn.Module
         if preact:
             self.stem = nn.Conv2d(3, width, 7, stride=2, padding=3, bias=False)
         else:
@@ -133,7 +135,7 @@ class ResNet(ImageClassifier):
         return f"preact={self.preact}"
 
 
-def make_resnet_builder(name: str, default_layers: tuple[int, ...], default_preact: bool):
+def make_resnet_builder(name: str, default_layers: tuple[int, ...], default_preact: bool) -> Builder:
     """Builder for one depth; the knobs are shared by all three ResNets."""
 
     def build(

@@ -47,7 +47,7 @@ class VGG(ImageClassifier):
         layers: list[nn.Module] = []
         channels, size = 3, image_size
         for item in VGG19_LAYOUT:
-            if item == "M":
+            if isinstance(item, str):      # "M"
                 layers.append(nn.MaxPool2d(2, 2))
                 size //= 2
             else:

@@ -55,7 +55,8 @@ class TwoStreamRelativeAttention(nn.Module):
     def split(self, x: torch.Tensor) -> torch.Tensor:
         return x.unflatten(-1, (self.heads, -1)).transpose(-3, -2)
 
-    def attend(self, q, k, v, kr, other_segment, blocked) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kr: torch.Tensor,
+               other_segment: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
         """q, k, v `(B, H, T, d)`, kr `(H, 2T, d)` -> `(B, H, T, d)`."""
         ac = (q + self.r_w_bias[:, None]) @ k.transpose(-2, -1)
         bd = rel_shift((q + self.r_r_bias[:, None]) @ kr.transpose(-2, -1), k.shape[-2])
@@ -67,7 +68,9 @@ class TwoStreamRelativeAttention(nn.Module):
     def post(self, residual: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         return self.norm(residual + self.drop(self.o(attended.transpose(-3, -2).flatten(-2))))
 
-    def forward(self, h, g, pos, other_segment, blocked_h, blocked_g, target_mapping):
+    def forward(self, h: torch.Tensor, g: torch.Tensor, pos: torch.Tensor, other_segment: torch.Tensor,
+                blocked_h: torch.Tensor, blocked_g: torch.Tensor, target_mapping: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         k, v, kr = self.split(self.k(h)), self.split(self.v(h)), self.split(self.r(pos))
         new_h = self.post(h, self.attend(self.split(self.q(h)), k, v, kr, other_segment, blocked_h))
         mapping = target_mapping[:, None]  # (B, 1, P, T)
@@ -89,7 +92,9 @@ class XLNetLayer(nn.Module):
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.norm(x + self.drop(self.ffn(x)))
 
-    def forward(self, h, g, pos, other_segment, blocked_h, blocked_g, target_mapping):
+    def forward(self, h: torch.Tensor, g: torch.Tensor, pos: torch.Tensor, other_segment: torch.Tensor,
+                blocked_h: torch.Tensor, blocked_g: torch.Tensor, target_mapping: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         h, g = self.attn(h, g, pos, other_segment, blocked_h, blocked_g, target_mapping)
         return self.feed_forward(h), self.feed_forward(g)
 
@@ -120,13 +125,15 @@ class XLNetLM(nn.Module):
     def reset_parameters(self) -> None:
         init_normal(self, 0.02)
         for layer in self.layers:
+            assert isinstance(layer, XLNetLayer)
             attn = layer.attn
             for param in (attn.r_w_bias, attn.r_r_bias, attn.r_s_bias, attn.seg_embed):
                 nn.init.normal_(param, std=0.02)
         nn.init.normal_(self.mask_emb, std=0.02)
         nn.init.zeros_(self.lm_bias)
 
-    def forward(self, input_ids, token_type_ids, perm_mask, target_mapping, labels) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, perm_mask: torch.Tensor,
+                target_mapping: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         length = input_ids.shape[1]
         blocked_g = perm_mask > 0.5
         blocked_h = blocked_g & ~torch.eye(length, dtype=torch.bool, device=input_ids.device)

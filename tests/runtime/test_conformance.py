@@ -153,7 +153,7 @@ def test_in_place_ops_on_intermediates_run_out_of_place() -> None:
 def test_storage_addressing_ops_run_on_a_storage_of_their_own() -> None:
     """``as_strided_scatter`` addresses the storage: on a replica's piece sliced out of a larger storage
     (offset 16) it must write where it writes on the traced tensor (offset 0)."""
-    from heterog.runtime.stepprog import as_strided_own, as_strided_scatter_own
+    from heterog.runtime.kernel import as_strided_own, as_strided_scatter_own
 
     whole = torch.zeros(48)
     piece = whole[16:32]
