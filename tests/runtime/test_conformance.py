@@ -75,16 +75,22 @@ def plan(m, cluster, method: str, seed: int = 0):
     return baselines.run(method, m.graph, cluster, evaluator=ev, **opts)
 
 
-def check_trains_like_one_process(name: str, cluster_name: str, method: str, seed: int, request) -> None:
-    m = captured(name)
+def assert_trains_like_one_process(name: str, m, single_process, cluster_name: str, method: str, seed: int,
+                                   request) -> None:
+    """``STEPS`` steps of model ``m`` under ``method``'s plan on ``cluster_name`` give the losses and values of
+    ``single_process`` (``train_single_process``'s result for the same steps)."""
     cluster = cluster_of(cluster_name)
     strategy = plan(m, cluster, method, seed)
     result = run_prepared(prepare(m, cluster, strategy), [m.example_inputs], STEPS,
                           pool=request.getfixturevalue(POOLS[cluster_name]))
-    ref_losses, ref_values = reference(name)
+    ref_losses, ref_values = single_process
     ok, diff, bad = compare_values(m, result.values, ref_values, rtol=RTOL, atol=ATOL)
     assert ok, f"{name} {method} seed {seed} on {cluster_name}: {bad[:4]} differ (max |diff| {diff:.3g})"
     np.testing.assert_allclose(result.losses, ref_losses, rtol=RTOL)
+
+
+def check_trains_like_one_process(name: str, cluster_name: str, method: str, seed: int, request) -> None:
+    assert_trains_like_one_process(name, captured(name), reference(name), cluster_name, method, seed, request)
 
 
 # ---------------------------------------------------------------------------- regression tests of the causes

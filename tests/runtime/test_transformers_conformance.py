@@ -14,18 +14,26 @@ import functools
 import logging
 import os
 
-import numpy as np
 import pytest
 import torch
 
-from heterog.runtime import capture_model_for_runtime, compare_values, prepare, run_prepared, train_single_process
+from heterog.runtime import capture_model_for_runtime, prepare, run_prepared, train_single_process
 from tests.runtime import transformers_models as tm
-from tests.runtime.test_conformance import CLUSTERS, PLANNER_OPTS, PLANNERS, POOLS, cluster_of, plan
+from tests.runtime.test_conformance import (
+    ATOL,
+    CLUSTERS,
+    PLANNER_OPTS,
+    PLANNERS,
+    POOLS,
+    RTOL,
+    STEPS,
+    assert_trains_like_one_process,
+    cluster_of,
+    plan,
+)
 
 BATCH = 12
-STEPS = 2
 LR = 0.1
-RTOL, ATOL = 1e-4, 1e-5
 SEEDS = (0, 1)
 # `make conformance` also trains the families of transformers_models.MORE_MODELS
 MODELS = {**tm.EQUIVALENCE_MODELS, **(tm.MORE_MODELS if os.environ.get("HETEROG_TRANSFORMERS_MORE") else {})}
@@ -45,14 +53,7 @@ def reference(name: str):
 
 
 def check(name: str, cluster_name: str, method: str, seed: int, request) -> None:
-    m = captured(name)
-    cluster = cluster_of(cluster_name)
-    result = run_prepared(prepare(m, cluster, plan(m, cluster, method, seed)), [m.example_inputs], STEPS,
-                          pool=request.getfixturevalue(POOLS[cluster_name]))
-    ref_losses, ref_values = reference(name)
-    ok, diff, bad = compare_values(m, result.values, ref_values, rtol=RTOL, atol=ATOL)
-    assert ok, f"{name} {method} seed {seed} on {cluster_name}: {bad[:4]} differ (max |diff| {diff:.3g})"
-    np.testing.assert_allclose(result.losses, ref_losses, rtol=RTOL)
+    assert_trains_like_one_process(name, captured(name), reference(name), cluster_name, method, seed, request)
 
 
 def test_the_models_draw_dropout_and_take_keyword_inputs() -> None:
