@@ -94,7 +94,12 @@ NOT_DEFAULT = frozenset({"lp-round"})
 
 def baseline_planners() -> dict[str, PlanFunction]:
     """The classic planners of ``heterog.baselines`` by method, in the order ``names()`` lists them."""
-    from heterog.baselines import basic, dpos, expert, lpround, mcmc, pesto
+    import heterog.baselines.basic as basic
+    import heterog.baselines.dpos as dpos
+    import heterog.baselines.expert as expert
+    import heterog.baselines.lpround as lpround
+    import heterog.baselines.mcmc as mcmc
+    import heterog.baselines.pesto as pesto
 
     return {"single": basic.single, "ev-ps": basic.ev_ps, "ev-ar": basic.ev_ar, "cp-ps": basic.cp_ps,
             "cp-ar": basic.cp_ar, "expert": expert.expert, "dpos": dpos.dpos, "os-dpos": dpos.os_dpos,

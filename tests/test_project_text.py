@@ -1,6 +1,6 @@
 """The project's own text speaks of the project, not of how it was made: no work-log references
-(numbered work sessions or tracker items) in the README, the docs, the packages' sources, the configs and
-the build files, no figure file named after a work session, and no reference to a design document under a
+(numbered work periods or tracker items) in the README, the docs, the packages' sources, the configs and
+the build files, no figure file named after a work period, and no reference to a design document under a
 name it does not have (the design is ``docs/design.md``).
 
 The files are the ones git knows (tracked, or new and not ignored) that exist in the working tree; without
@@ -89,9 +89,9 @@ def test_no_work_log_references_in_project_text() -> None:
                            "and date, instead:\n" + "\n".join(offenders))
 
 
-def test_no_file_named_after_a_work_session() -> None:
+def test_no_file_named_after_a_work_period() -> None:
     offenders = [p for p in project_files() if WORK_LOG_FILE_NAME.search(Path(p).name)]
-    assert not offenders, ("file names that cite a work session; name them by what they show:\n"
+    assert not offenders, ("file names that cite a work period; name them by what they show:\n"
                            + "\n".join(offenders))
 
 
@@ -107,7 +107,7 @@ def test_patterns_catch_what_they_are_for() -> None:
     for line in (f"the {stop} 32 run", f"({stop} 12)", f"{stop.capitalize()}s 27-29", f"{issue} 21's target",
                  f"see {issue} #5"):
         assert WORK_LOG.search(line), line
-    for line in ("non-stop 3x faster", "the stops of a chain", f"{stop}-words", "issues of the tracker"):
+    for line in (f"non-{stop} 3x faster", "the stops of a chain", f"{stop}-words", "issues of the tracker"):
         assert not WORK_LOG.search(line), line
     assert WORK_LOG_FILE_NAME.search(f"curves_{stop}28.png")
     assert not WORK_LOG_FILE_NAME.search("curves_2026-11-25.png")

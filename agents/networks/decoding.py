@@ -4,6 +4,7 @@ actions (decoded group by group). :class:`GroupDecoder` is the interface the pol
 
 from __future__ import annotations
 
+from abc import ABCMeta, abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -39,7 +40,7 @@ def group_logits(strategy: TransformerXL, head: PolicyHead, group_emb: Tensor, g
     return logits.masked_fill(~group_mask.unsqueeze(1), 0.0)
 
 
-class GroupDecoder(nn.Module):
+class GroupDecoder(nn.Module, metaclass=ABCMeta):
     """How strategies (one action per group) come out of the group embeddings: the interface the policy
     calls. Each method takes the policy's strategy network and head; ``devices`` are the head's device
     tokens (None for a head without them). ``autoregressive`` (a class attribute) says whether a group's
@@ -57,17 +58,17 @@ class GroupDecoder(nn.Module):
         """Raise :class:`PolicyError` when ``what`` (a method giving action-independent logits) does not
         fit this decoder."""
 
+    @abstractmethod
     def action_logits(self, strategy: TransformerXL, head: PolicyHead, group_emb: Tensor, group_mask: Tensor,
                       actions: Tensor, devices: DeviceTokens | None) -> Tensor:
         """The logits each group's choice was drawn from in the strategies ``actions``; padding rows zero."""
-        raise NotImplementedError
 
+    @abstractmethod
     def sample_actions(self, strategy: TransformerXL, head: PolicyHead, group_emb: Tensor, group_mask: Tensor,
                        n: int, *, generator: torch.Generator | None, offsets: Tensor | None, greedy: bool,
                        devices: DeviceTokens | None) -> Tensor:
         """``n`` strategies drawn (or, ``greedy``, each group's most likely decision) from the logits plus
         the strategy's ``offsets`` (None: none); padding groups get action 0."""
-        raise NotImplementedError
 
     def reset_parameters(self) -> None:
         """The initial weights (none by default)."""

@@ -5,6 +5,7 @@ head implements :class:`PolicyHead`, the interface the policy calls, and is chos
 from __future__ import annotations
 
 import math
+from abc import ABCMeta, abstractmethod
 from typing import ClassVar, Protocol
 
 import torch
@@ -32,7 +33,7 @@ def _size_problems(hidden: int, init_scale: float) -> list[str]:
     return problems
 
 
-class PolicyHead(nn.Module):
+class PolicyHead(nn.Module, metaclass=ABCMeta):
     """Logits over one group's actions from its state: the interface :class:`StrategyPolicy` calls.
 
     The actions of a cluster of ``M`` devices are ``0..M-1`` model parallel on that device and
@@ -55,9 +56,9 @@ class PolicyHead(nn.Module):
     autoregressive: ClassVar[bool] = False
 
     @classmethod
+    @abstractmethod
     def from_config(cls, config: HeadSettings) -> PolicyHead:
         """The head of a policy with these settings."""
-        raise NotImplementedError
 
     @classmethod
     def device_encoder(cls, config: HeadSettings) -> DeviceTokenEncoder | None:
@@ -69,21 +70,22 @@ class PolicyHead(nn.Module):
         """What is wrong with the settings that only this head reads (empty when they fit)."""
         return []
 
+    @abstractmethod
     def device_problem(self, n_real: int, n_rows: int) -> str | None:
         """Why this head cannot score a cluster of ``n_real`` devices given in ``n_rows`` device rows (the
         rest padding), or None when it can."""
-        raise NotImplementedError
 
+    @abstractmethod
     def forward(self, states: Tensor, devices: DeviceTokens | None) -> Tensor:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def add_data_parallel_bias(self, bias: float) -> None:
         """Add ``bias`` to the four data-parallel logits (in place, no gradient)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def reset_parameters(self) -> None:
         """The initial weights: the output starts near zero, so a fresh policy is close to uniform."""
-        raise NotImplementedError
 
 
 class FixedPolicyHead(PolicyHead):

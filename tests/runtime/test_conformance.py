@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from heterog import baselines
 from heterog.cluster import load_cluster
 from heterog.evaluate import Evaluator
+from heterog.graph.capture import select_loss
 from heterog.runtime import capture_model_for_runtime, compare_values, prepare, run_prepared, train_single_process
 from heterog.runtime.instructions import Post
 from heterog.runtime.layout import cat_batch, in_memory_order, narrow_batch
@@ -196,15 +197,19 @@ def test_planner_plans_train_like_one_process(name, method, request) -> None:
 # ---------------------------------------------------------------------------- batch norm: per replica
 def ddp_reference(module: torch.nn.Module, inputs, shares, steps: int) -> dict[str, torch.Tensor]:
     """Eager data-parallel training: each replica's batch statistics over its own samples, gradients
-    weighted by share / batch, one SGD update."""
+    weighted by share / batch, one SGD update. ``inputs``: positional, or a dict of keyword arguments."""
     module = copy.deepcopy(module)
     opt = torch.optim.SGD(module.parameters(), lr=LR)
-    B = inputs[0].shape[0]
+    B = sum(shares)
     for _ in range(steps):
         opt.zero_grad()
         lo = 0
         for s in shares:
-            (module(*[x[lo:lo + s] for x in inputs]) * (s / B)).backward()
+            if isinstance(inputs, dict):
+                out = module(**{k: v[lo:lo + s] for k, v in inputs.items()})
+            else:
+                out = module(*[x[lo:lo + s] for x in inputs])
+            (select_loss(out)[0] * (s / B)).backward()
             lo += s
         opt.step()
     return {n: p.detach() for n, p in module.named_parameters()}

@@ -22,6 +22,7 @@ from tests.runtime import transformers_models as tm
 from tests.runtime.test_conformance import (
     ATOL,
     CLUSTERS,
+    LR,
     PLANNER_OPTS,
     PLANNERS,
     POOLS,
@@ -29,11 +30,11 @@ from tests.runtime.test_conformance import (
     STEPS,
     assert_trains_like_one_process,
     cluster_of,
+    ddp_reference,
     plan,
 )
 
 BATCH = 12
-LR = 0.1
 SEEDS = (0, 1)
 # `make conformance` also trains the families of transformers_models.MORE_MODELS
 MODELS = {**tm.EQUIVALENCE_MODELS, **(tm.MORE_MODELS if os.environ.get("HETEROG_TRANSFORMERS_MORE") else {})}
@@ -78,21 +79,6 @@ def test_planner_plans_train_like_one_process(name, method, request) -> None:
     check(name, "local-cpu-3", method, 0, request)
 
 
-def per_replica_reference(name: str, shares, steps: int) -> dict[str, torch.Tensor]:
-    """The library's model trained eagerly as data parallelism: each replica's loss over its own samples
-    (its own batch statistics), weighted by share / batch, one SGD update per step."""
-    module, inputs = tm.BATCH_NORM_MODELS[name](BATCH)
-    opt = torch.optim.SGD(module.parameters(), lr=LR)
-    for _ in range(steps):
-        opt.zero_grad()
-        lo = 0
-        for s in shares:
-            (module(**{k: v[lo:lo + s] for k, v in inputs.items()}).loss * (s / BATCH)).backward()
-            lo += s
-        opt.step()
-    return {n: p.detach() for n, p in module.named_parameters()}
-
-
 @pytest.mark.parametrize("method", ["ev-ar", "cp-ps"])
 @pytest.mark.parametrize("cluster_name", list(CLUSTERS))
 def test_batch_norm_plans_equal_per_replica_training(cluster_name, method, request) -> None:
@@ -103,7 +89,7 @@ def test_batch_norm_plans_equal_per_replica_training(cluster_name, method, reque
     assert len(shares) == 1
     result = run_prepared(prepare(m, cluster, strategy), [m.example_inputs], STEPS,
                           pool=request.getfixturevalue(POOLS[cluster_name]))
-    want = per_replica_reference("resnet", next(iter(shares)), STEPS)
+    want = ddp_reference(*tm.BATCH_NORM_MODELS["resnet"](BATCH), next(iter(shares)), STEPS)
     for name, got in result.params(m).items():
         torch.testing.assert_close(got, want[name], rtol=RTOL, atol=ATOL, msg=name)
     assert any("batch statistics" in c for c in m.inexact_causes())
