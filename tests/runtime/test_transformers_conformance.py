@@ -1,6 +1,6 @@
 """Conformance with a model library: Hugging Face ``transformers`` models (``transformers_models.py``),
 called with keyword arguments, dropout on at the library's defaults, train under the plan of every
-planner and under random plans on local-cpu-2 and local-cpu-3 exactly as in one process (`make
+planner and under random plans, on local-cpu-2 and on local-cpu-3, exactly as in one process (`make
 conformance` adds ten more families: BART, OPT, Qwen2, Mistral, ELECTRA, ALBERT, DeBERTa-v2, ConvNeXt,
 Swin and BERT with eager attention).
 
@@ -74,9 +74,10 @@ def test_random_plans_train_like_one_process(name, cluster_name, seed, request) 
 
 
 @pytest.mark.parametrize("method", PLANNERS)
+@pytest.mark.parametrize("cluster_name", list(CLUSTERS))
 @pytest.mark.parametrize("name", list(MODELS))
-def test_planner_plans_train_like_one_process(name, method, request) -> None:
-    check(name, "local-cpu-3", method, 0, request)
+def test_planner_plans_train_like_one_process(name, cluster_name, method, request) -> None:
+    check(name, cluster_name, method, 0, request)
 
 
 @pytest.mark.parametrize("method", ["ev-ar", "cp-ps"])
