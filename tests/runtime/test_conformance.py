@@ -215,20 +215,25 @@ def ddp_reference(module: torch.nn.Module, inputs, shares, steps: int) -> dict[s
     return {n: p.detach() for n, p in module.named_parameters()}
 
 
-@pytest.mark.parametrize("method", ["ev-ar", "cp-ps"])
-@pytest.mark.parametrize("cluster_name", list(CLUSTERS))
-def test_batch_norm_data_parallel_equals_per_replica_training(cluster_name, method, request) -> None:
-    module, inputs = cm.build_batchnorm_cnn(BATCH)
-    m = captured("batchnorm_cnn")
+def assert_data_parallel_equals_per_replica(m, built, cluster_name: str, method: str, request) -> None:
+    """``method``'s plan (one data-parallel layout) for model ``m`` trains like ``ddp_reference`` of
+    ``built`` (the same model's ``(module, inputs)``)."""
     cluster = cluster_of(cluster_name)
     strategy = plan(m, cluster, method)
     shares = {c.shares for c in strategy.configs}
     assert len(shares) == 1
     result = run_prepared(prepare(m, cluster, strategy), [m.example_inputs], STEPS,
                           pool=request.getfixturevalue(POOLS[cluster_name]))
-    want = ddp_reference(module, inputs, next(iter(shares)), STEPS)
+    want = ddp_reference(*built, next(iter(shares)), STEPS)
     for name, got in result.params(m).items():
         torch.testing.assert_close(got, want[name], rtol=RTOL, atol=ATOL, msg=name)
+
+
+@pytest.mark.parametrize("method", ["ev-ar", "cp-ps"])
+@pytest.mark.parametrize("cluster_name", list(CLUSTERS))
+def test_batch_norm_data_parallel_equals_per_replica_training(cluster_name, method, request) -> None:
+    assert_data_parallel_equals_per_replica(captured("batchnorm_cnn"), cm.build_batchnorm_cnn(BATCH), cluster_name,
+                                            method, request)
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -20,17 +20,14 @@ import torch
 from heterog.runtime import capture_model_for_runtime, prepare, run_prepared, train_single_process
 from tests.runtime import transformers_models as tm
 from tests.runtime.test_conformance import (
-    ATOL,
     CLUSTERS,
     LR,
     PLANNER_OPTS,
     PLANNERS,
-    POOLS,
-    RTOL,
     STEPS,
+    assert_data_parallel_equals_per_replica,
     assert_trains_like_one_process,
     cluster_of,
-    ddp_reference,
     plan,
 )
 
@@ -84,15 +81,7 @@ def test_planner_plans_train_like_one_process(name, cluster_name, method, reques
 @pytest.mark.parametrize("cluster_name", list(CLUSTERS))
 def test_batch_norm_plans_equal_per_replica_training(cluster_name, method, request) -> None:
     m = captured("resnet")
-    cluster = cluster_of(cluster_name)
-    strategy = plan(m, cluster, method)
-    shares = {c.shares for c in strategy.configs}
-    assert len(shares) == 1
-    result = run_prepared(prepare(m, cluster, strategy), [m.example_inputs], STEPS,
-                          pool=request.getfixturevalue(POOLS[cluster_name]))
-    want = ddp_reference(*tm.BATCH_NORM_MODELS["resnet"](BATCH), next(iter(shares)), STEPS)
-    for name, got in result.params(m).items():
-        torch.testing.assert_close(got, want[name], rtol=RTOL, atol=ATOL, msg=name)
+    assert_data_parallel_equals_per_replica(m, tm.BATCH_NORM_MODELS["resnet"](BATCH), cluster_name, method, request)
     assert any("batch statistics" in c for c in m.inexact_causes())
 
 
