@@ -22,6 +22,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from heterog.graph.opgraph import OpGraph
 
 SYNC_METHODS = ("ps", "allreduce")
+# the order of micro-batch tasks (docs/design.md, "Micro-batches"): GPipe runs every forward of a device
+# before its backwards; 1F1B keeps at most S - s micro-batches in flight on a device at pipeline position s
+SCHEDULES = ("gpipe", "1f1b")
+MAX_MICRO_BATCHES = 64
+STRATEGY_VERSION = 2
 ALLREDUCE_ALGOS = ("auto", "ring", "hierarchical")
 N_DP_ACTIONS = 4
 DP_ACTION_NAMES = ("dp-even-ps", "dp-even-ar", "dp-prop-ps", "dp-prop-ar")
@@ -112,6 +117,26 @@ def proportional_shares(batch_size: int, weights: Floats) -> list[int]:
     order = np.lexsort((np.arange(len(w)), -(exact - shares)))  # largest remainder, ties by index
     shares[order[:rest]] += 1
     return shares.tolist()
+
+
+def check_micro_batches(sizes: Sequence[int], batch_size: int) -> tuple[int, ...]:
+    """``sizes`` as a tuple of positive micro-batch sizes summing to ``batch_size``, or a StrategyError."""
+    out = tuple(int(x) for x in sizes)
+    if not out or any(x <= 0 for x in out) or sum(out) != int(batch_size):
+        raise StrategyError(f"micro-batch sizes must be positive and sum to the batch {batch_size}, got {list(out)}")
+    if len(out) > MAX_MICRO_BATCHES:
+        raise StrategyError(f"{len(out)} micro-batches; at most {MAX_MICRO_BATCHES} are supported")
+    return out
+
+
+def micro_batch_shares(config_shares: Sequence[int], micro: Sequence[int]) -> list[list[int]]:
+    """Each replica's share of each micro-batch, ``[m][r]``: micro-batch m's ``micro[m]`` samples split
+    over the replicas in proportion to ``config_shares`` (largest remainder; a replica may get none)."""
+    if int(sum(micro)) != int(sum(config_shares)):
+        raise StrategyError(f"micro-batch sizes {list(micro)} do not sum to the batch {int(sum(config_shares))}")
+    if len(micro) == 1:
+        return [list(int(s) for s in config_shares)]
+    return [proportional_shares(int(b), config_shares) for b in micro]
 
 
 # ---------------------------------------------------------------------------- actions
@@ -208,7 +233,9 @@ class Strategy:
     """One ParallelConfig per group of a graph, for one cluster.
 
     ``priorities`` optionally fixes the execution order of ops (higher first), e.g. DPOS's order;
-    without it the scheduler ranks tasks itself.
+    without it the scheduler ranks tasks itself. ``micro_batches`` are the sizes of the micro-batches the
+    global batch is cut into, in sample order (None: one micro-batch); every group's batch shares apply
+    within each, and ``schedule`` (``SCHEDULES``) orders their tasks.
     """
 
     graph_fingerprint: str
@@ -220,9 +247,15 @@ class Strategy:
     method: str = ""
     priorities: np.ndarray | None = None
     meta: dict = field(default_factory=dict)
+    micro_batches: tuple[int, ...] | None = None
+    schedule: str = "1f1b"
 
     def __post_init__(self) -> None:
         self.group_of = np.asarray(self.group_of, dtype=np.int64)
+        if self.micro_batches is not None:
+            self.micro_batches = check_micro_batches(self.micro_batches, self.batch_size)
+        if self.schedule not in SCHEDULES:
+            raise StrategyError(f"unknown micro-batch schedule {self.schedule!r} (choose from {SCHEDULES})")
         if self.group_of.size and (self.group_of.min() < 0 or self.group_of.max() >= len(self.configs)):
             raise StrategyError(f"group ids must lie in 0..{len(self.configs) - 1}, "
                                 f"got {self.group_of.min()}..{self.group_of.max()}")
@@ -239,6 +272,15 @@ class Strategy:
     @property
     def n_groups(self) -> int:
         return len(self.configs)
+
+    @property
+    def micro(self) -> tuple[int, ...]:
+        """The micro-batch sizes, ``(batch_size,)`` for a plan of one micro-batch."""
+        return self.micro_batches if self.micro_batches is not None else (int(self.batch_size),)
+
+    @property
+    def n_micro(self) -> int:
+        return len(self.micro)
 
     def check_fits(self, graph: "OpGraph", cluster: "Cluster") -> None:
         """Refuse a strategy made for another graph or cluster, with a message naming both."""
@@ -258,24 +300,32 @@ class Strategy:
 
     def to_dict(self) -> dict:
         return {
-            "format": "heterog-strategy", "version": 1,
+            "format": "heterog-strategy", "version": STRATEGY_VERSION,
             "graph_fingerprint": self.graph_fingerprint, "cluster": self.cluster_name,
             "n_devices": self.n_devices, "batch_size": self.batch_size, "method": self.method,
             "group_of": self.group_of.tolist(), "configs": [c.to_dict() for c in self.configs],
             "priorities": None if self.priorities is None else np.asarray(self.priorities).tolist(),
             "meta": self.meta,
+            "micro_batches": None if self.micro_batches is None else list(self.micro_batches),
+            "schedule": self.schedule,
         }
 
     @classmethod
     def from_dict(cls, d: dict, source: str = "<dict>") -> "Strategy":
         if not isinstance(d, dict) or d.get("format") != "heterog-strategy":
             raise StrategyError(f"{source}: not a heterog strategy file")
+        version = d.get("version", 1)
+        if version not in (1, STRATEGY_VERSION):
+            raise StrategyError(f"{source}: strategy file version {version!r} is not one this version reads "
+                                f"(1..{STRATEGY_VERSION})")
         try:
             pr = d.get("priorities")
+            micro = d.get("micro_batches")              # version 1 files: one micro-batch
             return cls(d["graph_fingerprint"], d["cluster"], int(d["n_devices"]), int(d["batch_size"]),
                        np.asarray(d["group_of"], dtype=np.int64),
                        [ParallelConfig.from_dict(c) for c in d["configs"]], d.get("method", ""),
-                       None if pr is None else np.asarray(pr, dtype=np.float64), d.get("meta", {}))
+                       None if pr is None else np.asarray(pr, dtype=np.float64), d.get("meta", {}),
+                       None if micro is None else tuple(int(x) for x in micro), d.get("schedule", "1f1b"))
         except (KeyError, TypeError, ValueError) as exc:
             raise StrategyError(f"{source}: malformed strategy file ({type(exc).__name__}: {exc})") from None
 

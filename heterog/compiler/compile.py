@@ -26,6 +26,7 @@ The modules, bottom up (each imports only those above it in this list):
   ps               the load-aware parameter-server choice
   place            phases 1-3 -> ``Placement``: assign_configs, choose_ps, lay_out
   emit             phases 4-6 -> tasks: emit_instances, emit_aggregation, emit_connections
+  micro            a plan's micro-batch schedule (SYNC tasks) and the topological order of its tasks
   plan             phase 7: assemble -> ``CompiledPlan``, ``PlanState``; ``PatchCache``
   delta            patch_plan: re-emit what a strategy change touches, merge with the base plan
   compile          ``Compiler``: the context, the registries and the patch cache, and the phases in order
@@ -41,6 +42,7 @@ from heterog.compiler.context import AllReduceCosts, CompileContext
 from heterog.compiler.delta import dirty_units, patch_plan
 from heterog.compiler.emit import Providers, emit_aggregation, emit_connections, emit_instances
 from heterog.compiler.index import VALUE_FREE_TARGETS, GraphIndex, graph_index
+from heterog.compiler.micro import add_schedule, micro_order
 from heterog.compiler.place import Placement, place
 from heterog.compiler.plan import CompiledPlan, PatchCache, PlanState, aggregated_of, assemble
 from heterog.compiler.registries import ConfigTable, Grouping, LayoutTable, PSDemand
@@ -80,17 +82,25 @@ def compile_all(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarr
                 place: Placement) -> PlanState:
     """Phases 4-7 from scratch: emit every task, put them in canonical order, assemble."""
     batch, prov, algo = emit_all(ctx, layouts, place)
+    schedule = place.schedule
+    if place.n_micro > 1:
+        schedule = add_schedule(ctx, batch, schedule, place.n_micro)
     tasks = batch.tasks()
-    perm = np.argsort(tasks.order, kind="stable")
+    task, on, owner = batch.dependencies()
+    if place.n_micro > 1:
+        perm = micro_order(tasks, task, on, schedule, place.n_micro)
+    else:
+        perm = np.argsort(tasks.order, kind="stable")
     new_of = np.empty(tasks.n + 1, dtype=np.int64)
     new_of[perm] = np.arange(tasks.n)
     new_of[-1] = -1                                   # index -1 (no provider) stays -1
-    task, on, owner = batch.dependencies()
     task, on = new_of[task], new_of[on]
     s = np.lexsort((on, task))
     prov = Providers(new_of[prov.inst_start], new_of[prov.at], prov.layout)
-    return assemble(ctx, layouts, op_priority, tasks.take(perm), (task[s], on[s], owner[s]), place, prov, algo,
-                    aggregated_of(ctx.index, layouts, place, np.nonzero(place.aggregate)[0]))
+    state = assemble(ctx, layouts, op_priority, tasks.take(perm), (task[s], on[s], owner[s]), place, prov, algo,
+                     aggregated_of(ctx.index, layouts, place, np.nonzero(place.aggregate)[0]))
+    state.plan.schedule = schedule
+    return state
 
 
 class Compiler:
@@ -152,6 +162,7 @@ class Compiler:
         placement = place(ctx, self.configs, demand, strategy)
         op_priority = op_priority_of(strategy)
         state = None
+        patch = patch and placement.n_micro == 1          # plans of several micro-batches: from scratch
         closest = self.bases.closest(placement) if patch else None
         if closest is not None:
             key, base = closest
@@ -167,7 +178,8 @@ class Compiler:
         if state is None:
             state = compile_all(ctx, self.layouts, op_priority, placement)
             self.n_full += 1
-        self.bases[id(state)] = state
+        if placement.n_micro == 1:
+            self.bases[id(state)] = state
         return state
 
     def __repr__(self) -> str:

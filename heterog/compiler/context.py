@@ -13,6 +13,7 @@ import numpy as np
 
 from heterog.compiler.index import GraphIndex, Paths, graph_index, path_table
 from heterog.compiler.tasks import CATEGORIES, OrderKey
+from heterog.strategy import MAX_MICRO_BATCHES
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.cluster.topology import Cluster
@@ -105,7 +106,7 @@ class CompileContext:
         return cls(graph=graph, cluster=cluster, cost=cost, index=index, paths=paths, n_devices=n_devices,
                    n_links=n_links, batch_size=graph.batch_size, bandwidth_Bps=cluster.bandwidth_Bps,
                    latency_s=cluster.latency_s, nccl_resource=n_devices + n_links if serialize_collectives else -1,
-                   order_key=OrderKey(max(index.n_tensors, 1), 2 * n_devices + 2), resources=tg,
+                   order_key=OrderKey(max(index.n_tensors, 1), 2 * n_devices * MAX_MICRO_BATCHES + 2), resources=tg,
                    category_codes=np.array([tg.category(x) for x in CATEGORIES], dtype=np.int64),
                    resident_ops=np.nonzero(index.placeholder_resident)[0],
                    allreduce=AllReduceTable(cost, index.t_bytes, n_devices, paths))

@@ -163,7 +163,7 @@ def _merge_tasks_kernel(o_int: np.ndarray, o_flt: np.ndarray, o_res_ptr: np.ndar
                         o_owner: np.ndarray, drop: np.ndarray, n_int: np.ndarray, n_flt: np.ndarray,
                         n_res_ptr: np.ndarray, n_res_idx: np.ndarray, n_order: np.ndarray,
                         p: np.ndarray) -> tuple[np.ndarray, ...]:  # pragma: no cover - compiled
-    """One pass of ``merge_reference``'s task merge; columns as (7, n) ints and (3, n) floats, new tasks
+    """One pass of ``merge_reference``'s task merge; columns as (8, n) ints and (3, n) floats, new tasks
     sorted by ``n_order`` (``p``: their emission positions)."""
     n_old, n_new = o_owner.shape[0], n_order.shape[0]
     n_kept = 0

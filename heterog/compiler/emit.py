@@ -39,9 +39,11 @@ class Providers:
 # ----------------------------------------------------------------------------------- instances
 def emit_instances(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, ops: np.ndarray,
                    place: Placement, prov: Providers) -> None:
-    """One task per replica of each op in ``ops`` (ascending): compute on its device at its batch share,
-    or a placeholder (graph input, parameter) that takes no time. Their outputs become the providers of
-    the ops' tensors."""
+    """One task per layout entry of each op in ``ops`` (ascending): compute on its device at its share of
+    a micro-batch, or a placeholder (graph input, parameter) that takes no time. An entry of an op with
+    partial results (weight gradients, the loss) after another entry on its device adds its result to
+    that entry's (gradient accumulation over micro-batches). Their outputs become the providers of the
+    ops' tensors, on each device its last entry's."""
     gi, lay = ctx.index, layouts
     op_lay = place.op_lay[ops]
     counts = lay.length[op_lay]
@@ -51,18 +53,28 @@ def emit_instances(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, 
     inst_dev = lay.dev_flat[flat]
     inst_frac = lay.frac_flat[flat]
     comp = gi.is_compute[inst_op]
-    ids = batch.add(dur=ctx.cost.op_times(ctx.graph, inst_op, inst_dev, inst_frac),
-                    kind=np.where(comp, int(TaskKind.COMPUTE), int(TaskKind.PLACEHOLDER)), op=inst_op, dev=inst_dev,
-                    alloc=gi.out_fixed_bytes[inst_op] + gi.out_batch_bytes[inst_op] * inst_frac,
+    dur = ctx.cost.op_times(ctx.graph, inst_op, inst_dev, inst_frac)
+    prev = lay.prev_flat[flat]
+    accumulates = (prev >= 0) & (gi.partial_bytes[inst_op] > 0)
+    if accumulates.any():
+        add = ctx.cost.aggregate_times(inst_dev, gi.partial_bytes[inst_op], np.full(len(inst_dev), 2))
+        dur = dur + np.where(accumulates, add, 0.0)
+    ids = batch.add(dur=dur, kind=np.where(comp, int(TaskKind.COMPUTE), int(TaskKind.PLACEHOLDER)), op=inst_op,
+                    dev=inst_dev, alloc=gi.out_fixed_bytes[inst_op] + gi.out_batch_bytes[inst_op] * inst_frac,
                     cat=gi.category[inst_op], prio_op=inst_op, stage="compute", cls=0, tensor=0, sub=local,
-                    owner=inst_op, res_len=comp.astype(np.int64), res_idx=inst_dev[comp])
+                    owner=inst_op, res_len=comp.astype(np.int64), res_idx=inst_dev[comp],
+                    micro=np.where(gi.has_batch[inst_op], lay.micro_flat[flat], -1))
     start = ids[np.concatenate([[0], np.cumsum(counts)])[:-1]] if len(ops) else ids
     prov.inst_start[ops] = start
-    # the ops' tensors: read where their producer's instances are
+    if accumulates.any():
+        acc = np.nonzero(accumulates)[0]
+        batch.deps(ids[acc], start[rows[acc]] + (prev[acc] - lay.ptr[op_lay[rows[acc]]]), inst_op[acc])
+    # the ops' tensors: read where their producer's instances are (a device's last entry)
     pos = np.full(gi.n_ops, -1, dtype=np.int64)
     pos[ops] = np.arange(len(ops))
     rows_at = np.full((len(ops), ctx.n_devices), -1, dtype=np.int64)
-    rows_at[rows, inst_dev] = ids
+    last = lay.last_flat[flat]
+    rows_at[rows[last], inst_dev[last]] = ids[last]
     tensors = np.nonzero(pos[gi.t_op] >= 0)[0]
     prov.at[tensors] = rows_at[pos[gi.t_op[tensors]]]
     prov.layout[tensors] = place.op_lay[gi.t_op[tensors]]
@@ -93,12 +105,12 @@ def _aggregate_ps(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, t
     for lay, p in sorted(set(zip(lays.tolist(), ps.tolist()))):
         pick = (lays == lay) & (ps == p)
         sel, sel_op = tensors[pick], ops[pick]
-        devs = np.array(layouts.devices[lay], dtype=np.int64)
-        k_ps = int(np.nonzero(devs == p)[0][0])
+        devs = np.array(layouts.unique_devices(lay), dtype=np.int64)
+        last = layouts.last_entries(lay)                 # each device's last entry: its accumulated result
         workers = np.nonzero(devs != p)[0]
         nb = gi.t_bytes[sel]
         # push tasks: (tensor, worker) pairs
-        src_task = (prov.inst_start[sel_op][:, None] + workers[None, :]).ravel()
+        src_task = (prov.inst_start[sel_op][:, None] + last[workers][None, :]).ravel()
         src_dev = np.tile(devs[workers], len(sel))
         bytes_ = np.repeat(nb, len(workers))
         op_rep = np.repeat(sel_op, len(workers))
@@ -114,7 +126,8 @@ def _aggregate_ps(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, t
                          prio_op=sel_op, stage="aggregate", cls=0, tensor=sel, sub=0, owner=sel_op, res_len=1,
                          res_idx=np.full(len(sel), p))
         batch.deps(np.repeat(aggr, len(workers)), push, op_rep)
-        batch.deps(aggr, prov.inst_start[sel_op] + k_ps, sel_op)
+        if np.any(devs == p):                            # the PS's own partial result
+            batch.deps(aggr, prov.inst_start[sel_op] + int(last[np.nonzero(devs == p)[0][0]]), sel_op)
         prov.at[sel] = -1
         prov.at[sel, p] = aggr
         prov.layout[sel] = p                    # layout p: device p alone (LayoutTable)
@@ -133,7 +146,8 @@ def _aggregate_ar(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, t
     for lay in np.unique(lays).tolist():
         pick = lays == lay
         sel, sel_op = tensors[pick], ops[pick]
-        devs = layouts.devices[lay]
+        devs = layouts.unique_devices(lay)
+        last = layouts.last_entries(lay)                 # each device's last entry: its accumulated result
         costs = ctx.allreduce(devs)
         code = costs.algo[sel]
         nccl = (ctx.nccl_resource,) if ctx.nccl_resource >= 0 else ()
@@ -144,7 +158,7 @@ def _aggregate_ar(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, t
                        res_len=np.array([len(r) for r in res], dtype=np.int64)[code],
                        res_idx=np.array([x for a in code.tolist() for x in res[a]], dtype=np.int64))
         k = len(devs)
-        batch.deps(np.repeat(ar, k), (prov.inst_start[sel_op][:, None] + np.arange(k)[None, :]).ravel(),
+        batch.deps(np.repeat(ar, k), (prov.inst_start[sel_op][:, None] + last[None, :]).ravel(),
                    np.repeat(sel_op, k))
         prov.at[np.repeat(sel, k), np.tile(np.array(devs), len(sel))] = np.repeat(ar, k)
         algo_of.update(zip(sel_op.tolist(), (costs.names[a] for a in code.tolist())))
@@ -225,6 +239,9 @@ def _connect_nonbatch(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatc
     d = lay.dev_flat[lay.ptr[place.op_lay[v]] + loc]
     consumer = prov.inst_start[v] + loc
     have = prov.at[t, d]
+    # a shape-only read of a value made over several micro-batches waits for its first instance only
+    early = gi.e_value_free[er] & lay.repeats[place.op_lay[u]]
+    have[early] = prov.inst_start[u[early]]
     local = have >= 0
     batch.deps(consumer[local], have[local], n_ops + t[local])
     miss = ~local

@@ -21,7 +21,8 @@ class Placement:
     """Where everything of a strategy runs: ``group_cfg`` (G,) config ids (of the compiler's
     ``ConfigTable``); ``op_cfg``, ``op_ps`` (ops under a PS config with several replicas), ``op_lay``
     (n_ops,) layout ids (of its ``LayoutTable``); ``aggregate`` (n_tensors,) partial results to aggregate;
-    ``group_ps`` (G,) PS device of each PS group, -1 for the others; ``grouping`` the strategy's groups."""
+    ``group_ps`` (G,) PS device of each PS group, -1 for the others; ``grouping`` the strategy's groups;
+    ``n_micro`` its micro-batches and ``schedule`` their order."""
 
     group_cfg: np.ndarray
     op_cfg: np.ndarray
@@ -30,14 +31,17 @@ class Placement:
     group_ps: np.ndarray
     op_lay: np.ndarray
     grouping: Grouping
+    n_micro: int = 1
+    schedule: str = "1f1b"
 
 
 def assign_configs(configs: ConfigTable, strategy: Strategy) -> np.ndarray:
-    """Phase 1: each group's config id in ``configs`` (configs compared by object first, then by value)."""
+    """Phase 1: each group's config id in ``configs`` (configs compared by object first, then by value,
+    with the strategy's micro-batches)."""
     listed = strategy.configs
     obj_ids = np.fromiter(map(id, listed), dtype=np.int64, count=len(listed))
     _, first, inv = np.unique(obj_ids, return_index=True, return_inverse=True)
-    ids = np.array([configs.id_of(listed[i]) for i in first.tolist()], dtype=np.int64)
+    ids = np.array([configs.id_of(listed[i], strategy.micro_batches) for i in first.tolist()], dtype=np.int64)
     configs.refresh()
     return ids[inv.ravel()]
 
@@ -101,4 +105,5 @@ def place(ctx: CompileContext, configs: ConfigTable, demand: PSDemand, strategy:
     group_ps = choose_ps(ctx, configs, demand, group_cfg, aggregate)
     configs.layouts.refresh()
     return Placement(group_cfg, op_cfg, configs.is_ps[op_cfg], aggregate, group_ps,
-                     lay_out(gi, configs, grouping, group_cfg, group_ps), grouping)
+                     lay_out(gi, configs, grouping, group_cfg, group_ps), grouping, strategy.n_micro,
+                     strategy.schedule)

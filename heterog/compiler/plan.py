@@ -46,6 +46,10 @@ class CompiledPlan:
     layout_shares: list = field(default_factory=list)    # layout id -> tuple of batch shares (DUP: B each)
     tensor_layout: np.ndarray | None = None    # (n_tensors,) layout whose devices hold each tensor's value
     aggregated: dict = field(default_factory=dict)       # tensor id -> ("ps", ps device) | ("allreduce", devices)
+    task_micro: np.ndarray | None = None       # (n_tasks,) micro-batch of an op instance's samples, -1 for others
+    layout_micro: list = field(default_factory=list)     # layout id -> each entry's micro-batch
+    n_micro: int = 1                           # micro-batches of the plan
+    schedule: str = "1f1b"                     # the order of its micro-batches applied (heterog.compiler.micro)
 
     @property
     def n_tasks(self) -> int:
@@ -123,7 +127,7 @@ def aggregated_of(index: GraphIndex, layouts: LayoutTable, place: Placement, ten
     ops = index.t_op[tensors]
     ps = place.group_ps[place.grouping.op_group[ops]]
     lay = place.op_lay[ops]
-    return {t: ("ps", p) if is_ps else ("allreduce", layouts.devices[k])
+    return {t: ("ps", p) if is_ps else ("allreduce", layouts.unique_devices(k))
             for t, p, is_ps, k in zip(tensors.tolist(), ps.tolist(), place.op_ps[ops].tolist(), lay.tolist())}
 
 
@@ -162,5 +166,6 @@ def assemble(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray 
                         n_links=ctx.n_links, dep_ptr=dep_ptr, dep_idx=dep_o,
                         ps_device=dict(zip(ps_groups.tolist(), place.group_ps[ps_groups].tolist())),
                         allreduce_algo=algo, op_layout=place.op_lay, layout_devices=list(layouts.devices),
-                        layout_shares=list(layouts.shares), tensor_layout=prov.layout, aggregated=aggregated)
+                        layout_shares=list(layouts.shares), tensor_layout=prov.layout, aggregated=aggregated,
+                        task_micro=tasks.micro, layout_micro=list(layouts.micro), n_micro=place.n_micro)
     return PlanState(plan, tasks, dep_task, dep_on, dep_owner, place, prov, algo, aggregated)

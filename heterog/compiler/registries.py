@@ -14,37 +14,57 @@ import numpy as np
 
 from heterog.compiler.context import CompileContext
 from heterog.compiler.index import GraphIndex
+from heterog.strategy import micro_batch_shares
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.strategy import ParallelConfig
 
 
 class LayoutTable:
-    """Layouts (devices, batch shares) numbered as first seen; the first M are the single devices at the
-    whole batch (layout d: device d alone). Flat views, rebuilt by ``refresh``:
+    """Layouts (devices, batch shares, micro-batches) numbered as first seen; the first M are the single
+    devices at the whole batch (layout d: device d alone). A layout's entries are its op instances: entry
+    i runs on ``devices[i]`` over the next ``shares[i]`` samples of micro-batch ``micro[i]`` (entries in
+    sample order, so a device appears once per micro-batch it has samples of). Flat views, rebuilt by
+    ``refresh``:
 
-    Shapes: ``length`` (L,), ``ptr`` (L + 1,), ``dev_flat``, ``shares_flat``, ``frac_flat`` (ptr[-1],),
-    ``dev_mask`` (L, M).
+    Shapes: ``length`` (L,), ``ptr`` (L + 1,), ``dev_flat``, ``shares_flat``, ``frac_flat``, ``micro_flat``,
+    ``prev_flat`` (the flat index of the entry before on the same device, -1 for its first), ``last_flat``
+    (the entry is its device's last) (ptr[-1],); ``dev_mask`` (L, M); ``repeats`` (L,) some device has
+    several entries.
     """
 
     def __init__(self, n_devices: int, batch_size: int) -> None:
         self.n_devices, self.batch_size = n_devices, batch_size
         self.devices: list[tuple[int, ...]] = []
         self.shares: list[tuple[int, ...]] = []
+        self.micro: list[tuple[int, ...]] = []
         self._id: dict[tuple, int] = {}
         self._built = -1
         for d in range(n_devices):
             self.add((d,), (batch_size,))
 
-    def add(self, devices: Iterable[int], shares: Iterable[int]) -> int:
-        """The id of layout (``devices``, ``shares``), registered if new."""
-        key = (tuple(int(d) for d in devices), tuple(int(s) for s in shares))
+    def add(self, devices: Iterable[int], shares: Iterable[int], micro: Iterable[int] | None = None) -> int:
+        """The id of layout (``devices``, ``shares``, ``micro``: each entry's micro-batch, all 0 if None),
+        registered if new."""
+        devs = tuple(int(d) for d in devices)
+        key = (devs, tuple(int(s) for s in shares), (0,) * len(devs) if micro is None else tuple(int(m) for m in micro))
         lid = self._id.get(key)
         if lid is None:
             lid = self._id[key] = len(self.devices)
             self.devices.append(key[0])
             self.shares.append(key[1])
+            self.micro.append(key[2])
         return lid
+
+    def unique_devices(self, lid: int) -> tuple[int, ...]:
+        """The devices of layout ``lid``, each once, in order of first entry."""
+        return tuple(dict.fromkeys(self.devices[lid]))
+
+    def last_entries(self, lid: int) -> np.ndarray:
+        """(len(unique_devices(lid)),) local index of each device's last entry in layout ``lid``."""
+        devs = self.devices[lid]
+        last = {d: i for i, d in enumerate(devs)}
+        return np.array([last[d] for d in self.unique_devices(lid)], dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.devices)
@@ -58,8 +78,22 @@ class LayoutTable:
             self.dev_flat = np.array([d for ds in self.devices for d in ds], dtype=np.int64)
             self.shares_flat = np.array([s for ss in self.shares for s in ss], dtype=np.float64)
             self.frac_flat = np.array([s / self.batch_size for ss in self.shares for s in ss], dtype=np.float64)
+            self.micro_flat = np.array([m for ms in self.micro for m in ms], dtype=np.int64)
             self.dev_mask = np.zeros((len(lengths), self.n_devices), dtype=bool)
             self.dev_mask[np.repeat(np.arange(len(lengths)), lengths), self.dev_flat] = True
+            self.prev_flat = np.full(len(self.dev_flat), -1, dtype=np.int64)
+            self.last_flat = np.ones(len(self.dev_flat), dtype=bool)
+            self.repeats = np.zeros(len(lengths), dtype=bool)
+            for lid, devs in enumerate(self.devices):
+                if len(set(devs)) < len(devs):
+                    self.repeats[lid] = True
+                    seen: dict[int, int] = {}
+                    for i, d in enumerate(devs):
+                        flat = int(self.ptr[lid]) + i
+                        if d in seen:
+                            self.prev_flat[flat] = seen[d]
+                            self.last_flat[seen[d]] = False
+                        seen[d] = flat
             self._built = len(self.devices)
         return self
 
@@ -68,28 +102,40 @@ class LayoutTable:
 
 
 class ConfigTable:
-    """ParallelConfigs numbered as first seen (by value), with per-config arrays, rebuilt by ``refresh``:
-    ``n_replicas``, ``is_ps`` (PS sync over several replicas), ``fixed_ps`` (the given PS device, -1: the
-    compiler's choice), ``split_layout`` / ``dup_layout`` (layout of batch ops / of duplicated ops, ids of
-    ``layouts``, which it registers)."""
+    """ParallelConfigs numbered as first seen (by value, with the plan's micro-batch sizes), with
+    per-config arrays, rebuilt by ``refresh``: ``n_replicas`` (devices with samples), ``is_ps`` (PS sync
+    over several replicas),
+    ``fixed_ps`` (the given PS device, -1: the compiler's choice), ``split_layout`` / ``dup_layout``
+    (layout of batch ops, one entry per replica and micro-batch / of duplicated ops, ids of ``layouts``,
+    which it registers)."""
 
     def __init__(self, layouts: LayoutTable) -> None:
         self.layouts = layouts
         self.configs: list[ParallelConfig] = []
-        self._id: dict[ParallelConfig, int] = {}
+        self._id: dict[tuple[ParallelConfig, tuple[int, ...] | None], int] = {}
         self._rows: list[tuple[int, bool, int, int, int]] = []
         self._built = -1
 
-    def id_of(self, config: ParallelConfig) -> int:
-        """The id of ``config``, registered (with its layouts) if new."""
-        cid = self._id.get(config)
+    def id_of(self, config: ParallelConfig, micro: tuple[int, ...] | None = None) -> int:
+        """The id of ``config`` in a plan of micro-batches ``micro`` (None: one), registered (with its
+        layouts) if new."""
+        if micro is not None and len(micro) == 1:
+            micro = None
+        cid = self._id.get((config, micro))
         if cid is None:
-            cid = self._id[config] = len(self.configs)
+            cid = self._id[(config, micro)] = len(self.configs)
             self.configs.append(config)
             B = self.layouts.batch_size
-            self._rows.append((config.n_replicas, config.sync == "ps" and config.n_replicas > 1,
-                               -1 if config.ps_device is None else int(config.ps_device),
-                               self.layouts.add(config.devices, config.shares),
+            if micro is None:
+                split = self.layouts.add(config.devices, config.shares)
+            else:
+                entries = [(d, s, m) for m, shares in enumerate(micro_batch_shares(config.shares, micro))
+                           for d, s in zip(config.devices, shares) if s > 0]
+                split = self.layouts.add(*zip(*entries))
+            # replicas: the devices with samples (with micro-batches, a replica of a small share may get none)
+            n = len(self.layouts.unique_devices(split))
+            self._rows.append((n, config.sync == "ps" and n > 1,
+                               -1 if config.ps_device is None else int(config.ps_device), split,
                                self.layouts.add(config.devices, (B,) * config.n_replicas)))
         return cid
 

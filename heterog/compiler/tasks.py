@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 Deps: TypeAlias = tuple[np.ndarray, np.ndarray, np.ndarray]     # dependencies: (task, on, owner), each (D,)
 
-STAGE = {"split": 2, "transfer": 3, "concat": 4, "compute": 6, "push": 7, "aggregate": 8}
+STAGE = {"split": 2, "transfer": 3, "concat": 4, "compute": 6, "push": 7, "aggregate": 8, "sync": 9}
 N_STAGES = 10
 
 
@@ -38,6 +38,7 @@ class TaskKind(IntEnum):
     PUSH = 5
     AGGREGATE = 6
     ALLREDUCE = 7
+    SYNC = 8          # no work: orders micro-batch tasks (a schedule's barrier, ``heterog.compiler.micro``)
 
 
 COMM_KINDS = (TaskKind.TRANSFER, TaskKind.PUSH, TaskKind.ALLREDUCE)
@@ -56,9 +57,10 @@ class TaskCategory(IntEnum):
     SPLIT_CONCAT = 5
     PS = 6
     ALLREDUCE = 7
+    SYNC = 8
 
 
-CATEGORIES = ("forward", "backward", "update", "input", "transfer", "split/concat", "ps", "allreduce")
+CATEGORIES = ("forward", "backward", "update", "input", "transfer", "split/concat", "ps", "allreduce", "sync")
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,7 @@ class OrderKey:
     """Packs (prio_op, stage, class, tensor, sub) into one int64 (module docstring)."""
 
     n_tensors: int
-    n_sub: int                   # positions within a tensor: replicas, workers, devices, pieces (< 2M + 2)
+    n_sub: int                   # positions within a tensor: entries, workers, devices, pieces, barriers
 
     def __call__(self, prio_op: npt.ArrayLike, stage: int, cls: int, tensor: npt.ArrayLike,
                  sub: npt.ArrayLike) -> np.ndarray:
@@ -75,7 +77,7 @@ class OrderKey:
             + np.asarray(sub, dtype=np.int64)
 
 
-INT_COLS = ("order", "owner", "kind", "op", "dev", "cat", "prio_op")
+INT_COLS = ("order", "owner", "kind", "op", "dev", "cat", "prio_op", "micro")
 FLOAT_COLS = ("dur", "lag", "alloc")
 
 
@@ -90,7 +92,7 @@ class Tasks:
     Float columns are the rows of ``floats`` (FLOAT_COLS): ``dur`` seconds, ``lag`` seconds in flight after
     the task's end (the simulator's lag), ``alloc`` bytes allocated on ``dev`` when the task starts.
 
-    Shapes: ``ints`` (7, n), ``floats`` (3, n); ``res_ptr`` (n + 1,), ``res_idx`` (res_ptr[-1],).
+    Shapes: ``ints`` (8, n), ``floats`` (3, n); ``res_ptr`` (n + 1,), ``res_idx`` (res_ptr[-1],).
     """
 
     ints: np.ndarray
@@ -105,6 +107,7 @@ class Tasks:
     dev = property(lambda self: self.ints[4])
     cat = property(lambda self: self.ints[5])
     prio_op = property(lambda self: self.ints[6])
+    micro = property(lambda self: self.ints[7])
     dur = property(lambda self: self.floats[0])
     lag = property(lambda self: self.floats[1])
     alloc = property(lambda self: self.floats[2])
@@ -171,7 +174,7 @@ class TaskBatch:
     def add(self, *, dur: np.ndarray, kind: TaskKind | np.ndarray, op: npt.ArrayLike, dev: npt.ArrayLike,
             alloc: npt.ArrayLike, cat: TaskCategory | np.ndarray, prio_op: npt.ArrayLike, stage: str, cls: int,
             tensor: npt.ArrayLike, sub: npt.ArrayLike, owner: npt.ArrayLike, res_len: npt.ArrayLike,
-            res_idx: npt.ArrayLike, lag: npt.ArrayLike = 0.0) -> np.ndarray:
+            res_idx: npt.ArrayLike, lag: npt.ArrayLike = 0.0, micro: npt.ArrayLike = -1) -> np.ndarray:
         """Add ``len(dur)`` tasks (other per-task arguments broadcast); returns their ids. ``lag``: seconds
         after a task's end until its dependents may start, its resources already free (a message's latency
         in flight; the simulator's task lag)."""
@@ -179,7 +182,8 @@ class TaskBatch:
         ids = np.arange(self.first_id + self.n, self.first_id + self.n + k, dtype=np.int64)
         self.n += k
         values = {"dur": dur, "lag": lag, "alloc": alloc, "kind": kind, "op": op, "dev": dev, "cat": cat,
-                  "prio_op": prio_op, "owner": owner, "order": self.key(prio_op, STAGE[stage], cls, tensor, sub)}
+                  "prio_op": prio_op, "owner": owner, "micro": micro,
+                  "order": self.key(prio_op, STAGE[stage], cls, tensor, sub)}
         for name, val in values.items():
             self._cols[name].append(_column(val, np.float64 if name in FLOAT_COLS else np.int64, k))
         self._res_len.append(_column(res_len, np.int64, k))

@@ -133,6 +133,9 @@ class _Builder:
                  exps: Exponents, *, emulate: bool, post_early: bool) -> None:
         if plan.op_layout is None:
             raise HeterogError("the compiled plan carries no layouts; the runtime needs CompiledPlan.op_layout")
+        if plan.n_micro > 1:
+            raise HeterogError(f"the plan has {plan.n_micro} micro-batches; the runtime runs plans of one "
+                               "micro-batch (plans of several are simulated, not yet run)")
         self.op_layout: np.ndarray = plan.op_layout
         self.prog, self.graph, self.cluster, self.plan, self.exps = prog, graph, cluster, plan, exps
         self.start = np.asarray(start, dtype=np.float64)

@@ -66,3 +66,53 @@ def branches_graph(k: int, param_bytes: int, batch: int = 8) -> OpGraph:
             src = 0 if e.src == 0 else base + e.src
             edges.append(Edge(src, base + e.dst, e.bytes, e.batch_dim))
     return OpGraph(f"branches{k}", batch, ops, edges)
+
+
+def pipeline_graph(n_layers: int, batch: int = 8, flops: float = 4.0, width: int = 16) -> OpGraph:
+    """``n_layers`` layers h_i = f_i(h_{i-1}, W_i), a mean loss, and their backward: per layer one
+    input-gradient op (``flops`` at the whole batch, like each forward op; it reads the layer's input, as
+    a nonlinearity's backward does) and one weight-gradient op (no FLOPs), then an update per weight (no
+    FLOPs). Layer i's ops are named ``f{i}``, ``bx{i}``,
+    ``bw{i}``, ``upd{i}``, its weight ``W{i}``; the loss is ``loss``, the seed ``ones`` and ``gout``."""
+    act = batch * width * 4
+    pb = width * width * 4
+    ops = [Op("x", "placeholder", "input", "forward", [[batch, width]], ["torch.float32"], [0],
+              bytes_written=act, batch_bytes=act)]
+    edges: list[Edge] = []
+    idx: dict[str, int] = {}
+
+    def add(op: Op, *inputs: tuple[str | int, int | None]) -> int:
+        ops.append(op)
+        idx[op.name] = len(ops) - 1
+        for src, bd in inputs:
+            s = src if isinstance(src, int) else idx[src]
+            edges.append(Edge(s, len(ops) - 1, act if bd is not None else max(ops[s].bytes_written, 4), bd))
+        return len(ops) - 1
+
+    prev: str | int = 0
+    for i in range(n_layers):
+        add(Op(f"W{i}", "placeholder", "param", "forward", [[width, width]], ["torch.float32"], [None],
+               bytes_written=pb, param_bytes=pb, grad_bytes=pb, param=f"W{i}"))
+        add(Op(f"f{i}", "aten.mm.default", "compute", "forward", [[batch, width]], ["torch.float32"], [0],
+               flops=flops, bytes_read=act + pb, bytes_written=act, batch_bytes=2 * act), (prev, 0), (f"W{i}", None))
+        prev = f"f{i}"
+    add(Op("loss", "aten.mean.default", "compute", "forward", [[]], ["torch.float32"], [None],
+           bytes_read=act, bytes_written=4, batch_bytes=act), (prev, 0))
+    add(Op("ones", "aten.ones_like.default", "compute", "backward", [[]], ["torch.float32"], [None],
+           bytes_read=4, bytes_written=4), ("loss", None))
+    add(Op("gout", "aten.expand.default", "compute", "backward", [[batch, width]], ["torch.float32"], [0],
+           bytes_read=4, bytes_written=act, batch_bytes=act), ("ones", None))
+    grad: str = "gout"
+    for i in reversed(range(n_layers)):
+        src: str | int = f"f{i - 1}" if i else 0
+        add(Op(f"bw{i}", "aten.mm.default", "compute", "backward", [[width, width]], ["torch.float32"], [None],
+               bytes_read=2 * act, bytes_written=pb, batch_bytes=2 * act, param=f"W{i}", is_grad=True),
+            (grad, 0), (src, 0))
+        add(Op(f"bx{i}", "aten.mm.default", "compute", "backward", [[batch, width]], ["torch.float32"], [0],
+               flops=flops, bytes_read=2 * act + pb, bytes_written=act, batch_bytes=3 * act),
+            (grad, 0), (f"W{i}", None), (src, 0))
+        grad = f"bx{i}"
+    for i in range(n_layers):
+        add(Op(f"upd{i}", "aten.sub.Tensor", "compute", "update", [[width, width]], ["torch.float32"], [None],
+               bytes_read=2 * pb, bytes_written=pb, param=f"W{i}"), (f"W{i}", None), (f"bw{i}", None))
+    return OpGraph(f"pipeline{n_layers}", batch, ops, edges)

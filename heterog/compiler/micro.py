@@ -1,0 +1,191 @@
+"""Micro-batches: the order of their tasks (the plan's schedule) and their place in the task list.
+
+Semantics: docs/design.md, "Micro-batches". A plan of k micro-batches has one op instance per layout
+entry, i.e. per (replica, micro-batch) (``heterog.compiler.registries.LayoutTable``); what orders the
+micro-batches on a device is the schedule, added here as zero-time SYNC tasks and dependencies:
+
+  gpipe   every backward instance on a device waits for every forward instance on it (all forwards,
+          then all backwards, as ``torch.distributed.pipelining.ScheduleGPipe``)
+  1f1b    the forward instances of micro-batch m + w_d on device d wait for the backward instances of
+          micro-batch m on d (``Schedule1F1B``): at most w_d micro-batches in flight on d, where
+          w_d = S - s_d, S the number of pipeline positions and s_d the position of d (devices ordered by
+          the first forward op they run; devices that start at the same op share a position, so a plan
+          without stages has S = 1: one forward, then its backward, as gradient accumulation). A plan
+          whose backward reads a value that a forward op makes over the whole batch (``coupled``: a
+          loss normaliser, aggregated over every micro-batch for exactness) runs as GPipe: each
+          backward waits for every forward anyway
+
+Task ids must be topological. With one micro-batch the canonical order key is (``heterog.compiler.tasks``);
+with several, a task's *slot* comes first: the micro-batch of an op instance (under GPipe, backward
+instances after every forward: k + m), lifted to the largest slot of the tasks it waits for. A
+dependency then never points to a later slot, and within a slot the dependencies are those of one
+micro-batch, which the order key already sorts. ``slots_kernel`` is the compiled lifting,
+``slots_reference`` its plain-Python twin (a test asserts they agree).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from heterog.compiler.context import CompileContext
+from heterog.compiler.tasks import TaskBatch, TaskCategory, TaskKind, Tasks
+
+
+def coupled(ctx: CompileContext) -> bool:
+    """Whether a batch op reads a partial result (a value summed over the whole batch, over every
+    micro-batch) that a forward op produces, as ``nll_loss``'s total weight, a loss normaliser: then every
+    backward waits for every forward, and no schedule keeps fewer micro-batches in flight than GPipe."""
+    gi = ctx.index
+    phase = ctx.graph.phase_index
+    t = gi.t_needs_agg[gi.e_tensor] & ~gi.e_value_free & gi.has_batch[gi.e_dst] & (phase[gi.e_src] == 0)
+    return bool(t.any())
+
+
+def add_schedule(ctx: CompileContext, batch: TaskBatch, schedule: str, n_micro: int) -> str:
+    """Add the SYNC tasks and dependencies of ``schedule`` over ``n_micro`` micro-batches to ``batch``,
+    which holds every other task of the plan (ids from ``batch.first_id``). Returns the schedule applied:
+    1F1B on a ``coupled`` graph is GPipe."""
+    if schedule == "1f1b" and coupled(ctx):
+        schedule = "gpipe"
+    tasks = batch.tasks()
+    ids = batch.first_id + np.arange(tasks.n, dtype=np.int64)
+    inst = (tasks.kind == TaskKind.COMPUTE) & (tasks.micro >= 0)
+    fwd = np.nonzero(inst & (tasks.cat == TaskCategory.FORWARD))[0]
+    bwd = np.nonzero(inst & (tasks.cat != TaskCategory.FORWARD))[0]
+    if not len(fwd) or not len(bwd):
+        return schedule
+    m_dev = ctx.n_devices
+    last_op = ctx.index.n_ops - 1
+
+    def barriers(devs: np.ndarray, subs: np.ndarray) -> np.ndarray:
+        return batch.add(dur=np.zeros(len(devs)), kind=TaskKind.SYNC, op=last_op, dev=devs, alloc=0.0,
+                         cat=TaskCategory.SYNC, prio_op=last_op, stage="sync", cls=0, tensor=0, sub=subs,
+                         owner=last_op, res_len=0, res_idx=np.zeros(0, dtype=np.int64))
+
+    if schedule == "gpipe":
+        devs = np.intersect1d(tasks.dev[fwd], tasks.dev[bwd])
+        bar = np.full(m_dev, -1, dtype=np.int64)
+        bar[devs] = barriers(devs, devs)
+        f, b = fwd[bar[tasks.dev[fwd]] >= 0], bwd[bar[tasks.dev[bwd]] >= 0]
+        batch.deps(bar[tasks.dev[f]], ids[f], last_op)
+        batch.deps(ids[b], bar[tasks.dev[b]], last_op)
+        return schedule
+    window = in_flight_window(tasks.dev[fwd], tasks.op[fwd], m_dev)
+    # barrier (d, m): the backward instances of micro-batch m on d are done; for m < n_micro - w_d
+    key_b = tasks.dev[bwd] * n_micro + tasks.micro[bwd]
+    needed = tasks.micro[bwd] < n_micro - window[tasks.dev[bwd]]
+    keys = np.unique(key_b[needed])
+    bar = np.full(m_dev * n_micro, -1, dtype=np.int64)
+    bar[keys] = barriers(keys // n_micro, (keys % n_micro) * m_dev + keys // n_micro)
+    b = bwd[needed]
+    batch.deps(bar[key_b[needed]], ids[b], last_op)
+    # forward instances of micro-batch m on d wait for barrier (d, m - w_d)
+    back = tasks.micro[fwd] - window[tasks.dev[fwd]]
+    ok = back >= 0
+    f = fwd[ok]
+    waits = bar[tasks.dev[f] * n_micro + back[ok]]
+    has = waits >= 0
+    batch.deps(ids[f[has]], waits[has], last_op)
+    return schedule
+
+
+def in_flight_window(dev: np.ndarray, op: np.ndarray, n_devices: int) -> np.ndarray:
+    """(n_devices,) 1F1B's micro-batches in flight per device: S - s_d, with s_d the position of device d
+    among the distinct first forward ops (``op``) that the devices (``dev``) run, S their number; 0 for
+    devices without forward instances."""
+    first = np.full(n_devices, np.iinfo(np.int64).max)
+    np.minimum.at(first, dev, op)
+    used = first < np.iinfo(np.int64).max
+    starts = np.unique(first[used])
+    out = np.zeros(n_devices, dtype=np.int64)
+    out[used] = len(starts) - np.searchsorted(starts, first[used])
+    return out
+
+
+def micro_order(tasks: Tasks, dep_task: np.ndarray, dep_on: np.ndarray, schedule: str, n_micro: int) -> np.ndarray:
+    """The permutation that puts ``tasks`` (dependency ``dep_task[i]`` waits for ``dep_on[i]``, ids in
+    ``tasks``' order) in topological order: by slot, then by order key (module docstring)."""
+    hint = np.where(tasks.micro >= 0, tasks.micro, 0).astype(np.int64)
+    if schedule == "gpipe":
+        backward = (tasks.micro >= 0) & (tasks.kind == TaskKind.COMPUTE) & (tasks.cat != TaskCategory.FORWARD)
+        hint = np.where(backward, n_micro + hint, hint)
+    succ_ptr, succ_idx = _successors(tasks.n, dep_task, dep_on)
+    slot, seen = slots_kernel(succ_ptr, succ_idx, hint)
+    if seen != tasks.n:
+        raise AssertionError("the micro-batch schedule made the task graph cyclic")
+    return np.lexsort((tasks.order, slot))
+
+
+def _successors(n: int, dep_task: np.ndarray, dep_on: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """CSR of each task's dependents (``dep_task`` of the dependencies on it)."""
+    order = np.argsort(dep_on, kind="stable")
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dep_on, minlength=n), out=ptr[1:])
+    return ptr, np.asarray(dep_task, dtype=np.int64)[order]
+
+
+@njit(cache=True)
+def slots_kernel(succ_ptr: np.ndarray, succ_idx: np.ndarray,  # pragma: no cover - compiled
+                 hint: np.ndarray) -> tuple[np.ndarray, int]:
+    """slot(t) = max(hint(t), slot of every task t waits for), in Kahn order; also the number of tasks
+    reached (fewer than all: the graph has a cycle)."""
+    n = hint.shape[0]
+    indeg = np.zeros(n, dtype=np.int64)
+    for k in range(succ_idx.shape[0]):
+        indeg[succ_idx[k]] += 1
+    slot = hint.copy()
+    queue = np.empty(n, dtype=np.int64)
+    tail = 0
+    for t in range(n):
+        if indeg[t] == 0:
+            queue[tail] = t
+            tail += 1
+    head = 0
+    while head < tail:
+        t = queue[head]
+        head += 1
+        for k in range(succ_ptr[t], succ_ptr[t + 1]):
+            s = succ_idx[k]
+            if slot[t] > slot[s]:
+                slot[s] = slot[t]
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                queue[tail] = s
+                tail += 1
+    return slot, tail
+
+
+def slots_reference(succ_ptr: np.ndarray, succ_idx: np.ndarray, hint: np.ndarray) -> tuple[np.ndarray, int]:
+    """Plain-Python ``slots_kernel``: a depth-first longest-slot relaxation over the successors."""
+    n = len(hint)
+    preds: list[list[int]] = [[] for _ in range(n)]
+    for t in range(n):
+        for s in succ_idx[succ_ptr[t]:succ_ptr[t + 1]].tolist():
+            preds[s].append(t)
+    slot: dict[int, int] = {}
+    state = [0] * n                                  # 0 new, 1 on the stack, 2 done
+
+    def visit(t: int) -> int | None:
+        stack = [(t, 0)]
+        while stack:
+            u, i = stack.pop()
+            if i == 0:
+                if state[u] == 2:
+                    continue
+                state[u] = 1
+            if i < len(preds[u]):
+                stack.append((u, i + 1))
+                p = preds[u][i]
+                if state[p] == 1:
+                    return None                      # a cycle
+                if state[p] == 0:
+                    stack.append((p, 0))
+                continue
+            slot[u] = max([int(hint[u])] + [slot[p] for p in preds[u]])
+            state[u] = 2
+        return slot[t]
+
+    for t in range(n):
+        if state[t] == 0 and visit(t) is None:
+            return np.array([slot.get(i, int(hint[i])) for i in range(n)], dtype=np.int64), len(slot)
+    return np.array([slot[i] for i in range(n)], dtype=np.int64), n
