@@ -21,7 +21,8 @@ def test_bench_quick_smoke(capsys):
     assert main(["bench", "--quick", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     for key in ("sim_tasks_per_s", "sim_speedup_vs_reference", "eval_ms_bert_large_paper8",
-                "eval_ms_bert_large_paper8_k4", "eval_ms_delta_bert_large_paper8", "mcmc_evals_per_s_bert_large_paper8", "search_speedup_2_workers"):
+                "eval_ms_bert_large_paper8_k4", "eval_ms_delta_bert_large_paper8",
+                "mcmc_evals_per_s_bert_large_paper8", "search_speedup_2_workers"):
         assert key in doc
     assert doc["sim_tasks_per_s"] > 0 and doc["sim_speedup_vs_reference"] > 0
     assert doc["eval_ms_delta_quick"] > 0 and doc["mcmc_evals_per_s_quick"] > 0 and doc["eval_ms_quick_k4"] > 0
