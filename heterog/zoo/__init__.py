@@ -1,5 +1,6 @@
-"""The benchmark models of the HeteroG paper (plus tiny test models) in plain torch.nn, each built as
-(module, example_inputs) with module(*inputs) = scalar mean loss; heterog/zoo/README.md has the table."""
+"""The benchmark models of the HeteroG paper (plus models larger than one GPU and tiny test models) in plain
+torch.nn, each built as (module, example_inputs) with module(*inputs) = scalar mean loss; heterog/zoo/README.md
+has the table."""
 from __future__ import annotations
 
 import inspect
@@ -10,8 +11,9 @@ from torch import nn
 
 from heterog.errors import HeterogError
 from heterog.zoo.bert import build_bert_large
+from heterog.zoo.big_embedding import build_big_embedding
 from heterog.zoo.common import InputFactory, Inputs, ModelSpec, count_parameters
-from heterog.zoo.gpt2 import build_gpt2
+from heterog.zoo.gpt2 import build_gpt2, build_gpt2_xl
 from heterog.zoo.inception import build_inception_v3
 from heterog.zoo.mobilenet import build_mobilenet_v2
 from heterog.zoo.nasnet import build_nasnet
@@ -29,6 +31,8 @@ __all__ = [
 PAPER = "HeteroG paper (Yi et al., CoNEXT 2020)"
 CHOSEN = "chosen here (the HeteroG paper's value could not be consulted)"
 NO_DROPOUT = "Dropout defaults to 0 so that training steps are deterministic."
+ADAM = ("Sized for Adam (capture with --optimizer adam: the zoo has no per-model optimizer, and the CLI's "
+        "default is sgd): 16 bytes per parameter for weight, gradient, exp_avg and exp_avg_sq.")
 
 # Meaning of each override; a model's builder signature says which it accepts and their defaults.
 KNOB_DOCS = {
@@ -240,6 +244,44 @@ _SPECS = (
                          "max_positions": 32},
         notes="Loss: mean next-token CE over all B*T positions; q/k/v are separate Linear layers "
               "(same count as GPT-2's fused c_attn). " + NO_DROPOUT,
+    ),
+    ModelSpec(
+        name="gpt2_xl",
+        description="GPT-2 XL (Radford et al. 2019): 48 pre-LN layers, hidden 1600, 25 heads, ffn 6400, "
+                    "vocab 50257, 640 of its 1024 positions, tied embeddings",
+        builder=build_gpt2_xl,
+        default_batch_size=8,
+        batch_size_source="chosen here (not a HeteroG benchmark model); 8 x 640 tokens, so that layer-wise "
+                          "model parallelism fits paper-8gpu while no data-parallel plan does",
+        params=1_557_611_200,
+        published_params=1_557_611_200,
+        published_source="HF gpt2-xl GPT2LMHeadModel, tied embeddings (equal; the 1024 x 1600 position "
+                          "table is whole, only 640 rows are read)",
+        inputs=LM_INPUTS,
+        small_overrides={"layers": 2, "hidden": 40, "heads": 5, "vocab": 100, "seq_len": 16,
+                         "max_positions": 32},
+        notes="Same code as gpt2 (heterog.zoo.gpt2.CausalLM). " + ADAM + " Its 24.9 GB overflow every GPU "
+              "of paper-8gpu (V100 16 GB), so every data-parallel plan and 'single' are out of memory there, "
+              "while placing whole layers on different GPUs fits. " + NO_DROPOUT,
+    ),
+    ModelSpec(
+        name="big_embedding",
+        description="Causal LM with one operator larger than a 16 GB GPU: tied 400,000 x 4096 token embedding "
+                    "and output projection, 2 pre-LN layers (32 heads, ffn 16384), 128 tokens",
+        builder=build_big_embedding,
+        default_batch_size=8,
+        batch_size_source="chosen here (memory stress model); 8 x 128 tokens",
+        params=2_041_692_160,
+        published_params=None,
+        published_source="stress model, no published counterpart: embedding 1,638,400,000 + positions "
+                         "524,288 + 2 layers x 201,379,840 + final LayerNorm 8,192",
+        inputs=LM_INPUTS,
+        small_overrides={"layers": 1, "hidden": 32, "heads": 4, "vocab": 500, "seq_len": 16,
+                         "max_positions": 16},
+        notes="Same code as gpt2 (heterog.zoo.gpt2.CausalLM). " + ADAM + " The embedding's 26.2 GB "
+              "(6.55 GB each for weight, gradient and two moments) overflow every GPU of paper-8gpu (V100 "
+              "16 GB): no plan that keeps the parameter whole fits there. The (B, T, 400000) logits are "
+              "1.6 GB at the default batch. " + NO_DROPOUT,
     ),
     ModelSpec(
         name="tiny_mlp",

@@ -70,7 +70,8 @@ class CausalLM(nn.Module):
 
 def make_causal_lm_builder(name: str, *, layers: int, hidden: int, heads: int, vocab: int, seq_len: int,
                            max_positions: int) -> Builder:
-    """Builder of one causal LM configuration; the knobs are the same for gpt2 and tiny_transformer."""
+    """Builder of one causal LM configuration; every causal LM of the zoo (gpt2, gpt2_xl, big_embedding,
+    tiny_transformer) has the same knobs."""
     defaults = {"layers": layers, "hidden": hidden, "heads": heads, "vocab": vocab, "seq_len": seq_len,
                 "max_positions": max_positions}
 
@@ -103,3 +104,7 @@ def make_causal_lm_builder(name: str, *, layers: int, hidden: int, heads: int, v
 
 build_gpt2 = make_causal_lm_builder("gpt2", layers=12, hidden=768, heads=12, vocab=50257, seq_len=1024,
                                     max_positions=1024)
+# GPT-2 XL's size at 640 of its 1024 positions: with Adam (16 bytes per parameter, 25 GB) no data-parallel
+# plan fits paper-8gpu, while the activations of 8 x 640 tokens still let a layer-wise plan fit there.
+build_gpt2_xl = make_causal_lm_builder("gpt2_xl", layers=48, hidden=1600, heads=25, vocab=50257, seq_len=640,
+                                       max_positions=1024)

@@ -10,7 +10,9 @@ from heterog.errors import HeterogError
 
 BENCHMARKS = ["vgg19", "resnet50", "resnet101", "resnet200", "inception_v3", "mobilenet_v2", "nasnet",
               "transformer", "bert_large", "xlnet_large", "gpt2"]
+BEYOND_ONE_GPU = ["gpt2_xl", "big_embedding"]     # sized so that training state outgrows one 16 GB GPU
 TINY = ["tiny_mlp", "tiny_cnn", "tiny_transformer"]
+ALL = BENCHMARKS + BEYOND_ONE_GPU + TINY
 
 # Published parameter counts that a torch implementation of the standard configuration reproduces exactly.
 PUBLISHED = {
@@ -20,6 +22,7 @@ PUBLISHED = {
     "mobilenet_v2": 3_504_872,
     "inception_v3": 27_161_264,
     "gpt2": 124_439_808,
+    "gpt2_xl": 1_557_611_200,
 }
 
 
@@ -32,11 +35,11 @@ def bn_statistics(module: torch.nn.Module) -> int:
     return sum(b.numel() for n, b in module.named_buffers() if n.endswith(("running_mean", "running_var")))
 
 
-def test_names_are_the_benchmarks_then_the_tiny_models():
-    assert zoo.names() == BENCHMARKS + TINY
+def test_names_are_the_benchmarks_then_the_models_beyond_one_gpu_then_the_tiny_models():
+    assert zoo.names() == ALL
 
 
-@pytest.mark.parametrize("name", BENCHMARKS + TINY)
+@pytest.mark.parametrize("name", ALL)
 def test_parameter_count_equals_the_documented_count(name):
     assert meta_count(name) == zoo.info(name)["params"]
 
@@ -101,7 +104,7 @@ def test_default_batch_sizes_of_the_paper():
     assert zoo.info("vgg19")["batch_size_source"].startswith("HeteroG paper")
 
 
-@pytest.mark.parametrize("name", BENCHMARKS + TINY)
+@pytest.mark.parametrize("name", ALL)
 def test_inputs_carry_the_batch_on_dim_0_and_nothing_else_changes(name):
     default = zoo.default_batch_size(name)
     _, inputs_default = zoo.build(name, device="meta")
@@ -116,7 +119,7 @@ def test_inputs_carry_the_batch_on_dim_0_and_nothing_else_changes(name):
     assert module(*inputs_2).shape == ()
 
 
-@pytest.mark.parametrize("name", BENCHMARKS + TINY)
+@pytest.mark.parametrize("name", ALL)
 def test_info_documents_every_override(name):
     record = zoo.info(name)
     for key in ("description", "default_batch_size", "batch_size_source", "params", "published_params",

@@ -13,8 +13,8 @@ from heterog import zoo
 
 ALL = zoo.names()
 # Models without batch statistics: the loss of a batch is the share-weighted mean of its parts' losses.
-NO_BATCH_STATISTICS = ["vgg19", "transformer", "bert_large", "xlnet_large", "gpt2", "tiny_mlp", "tiny_cnn",
-                       "tiny_transformer"]
+NO_BATCH_STATISTICS = ["vgg19", "transformer", "bert_large", "xlnet_large", "gpt2", "gpt2_xl", "big_embedding",
+                       "tiny_mlp", "tiny_cnn", "tiny_transformer"]
 
 
 @pytest.fixture(autouse=True)
