@@ -169,7 +169,12 @@ class Evaluator:
         if order == "plan":
             order = "rank"
         comm_mask = np.isin(plan.task_kind, [int(k) for k in COMM_KINDS]) if order == "rank-links" else None
-        return priorities(plan.tg, order, comm_mask=comm_mask)
+        prio = priorities(plan.tg, order, comm_mask=comm_mask)
+        if plan.task_slot is not None and not is_dynamic(order):
+            # micro-batches in their schedule's order: a task of an earlier slot first, then the order's rank
+            span = float(prio.max() - prio.min()) + 1.0 if len(prio) else 1.0
+            prio = prio - plan.task_slot * span
+        return prio
 
     def candidate_orders(self, plan: CompiledPlan, order: str | None = None) -> tuple[str, ...]:
         """The orders ``order`` stands for on ``plan``: ``best`` is ``PORTFOLIO`` plus ``plan`` when the

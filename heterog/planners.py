@@ -100,10 +100,12 @@ def baseline_planners() -> dict[str, PlanFunction]:
     import heterog.baselines.lpround as lpround
     import heterog.baselines.mcmc as mcmc
     import heterog.baselines.pesto as pesto
+    import heterog.baselines.pipeline as pipeline
 
     return {"single": basic.single, "ev-ps": basic.ev_ps, "ev-ar": basic.ev_ar, "cp-ps": basic.cp_ps,
             "cp-ar": basic.cp_ar, "expert": expert.expert, "dpos": dpos.dpos, "os-dpos": dpos.os_dpos,
-            "pesto-ilp": pesto.pesto, "mcmc": mcmc.mcmc, "random": basic.random_plan, "lp-round": lpround.lp_round}
+            "pesto-ilp": pesto.pesto, "pipeline": pipeline.pipeline, "mcmc": mcmc.mcmc, "random": basic.random_plan,
+            "lp-round": lpround.lp_round}
 
 
 def best_dp(ev: PlanEvaluator) -> Strategy:

@@ -292,12 +292,14 @@ class TaskGraph:
 
     def adopt_tasks(self, duration: np.ndarray, lag: np.ndarray, cats: np.ndarray, res_ptr: np.ndarray,
                     res_idx: np.ndarray, dep_ptr: np.ndarray, dep_idx: np.ndarray, mem_ptr: np.ndarray,
-                    mem_res: np.ndarray, mem_bytes: np.ndarray, *, validate: bool = True) -> TaskGraph:
+                    mem_res: np.ndarray, mem_bytes: np.ndarray, *, validate: bool = True,
+                    frees: tuple[np.ndarray, np.ndarray] | None = None) -> TaskGraph:
         """Fill a graph without tasks from arrays it keeps (no copies: do not modify them afterwards).
 
         For a compiler that builds every task at once: int64 CSR arrays as in ``add_tasks``, category codes
         registered with ``category``, integer byte counts, each task freeing its dependencies
-        (``free_ptr, free_idx = dep_ptr, dep_idx``), priorities 0. ``validate`` runs the checks of
+        (``free_ptr, free_idx = dep_ptr, dep_idx``) unless ``frees`` gives them as (ptr, idx) (a task
+        that only orders others frees nothing), priorities 0. ``validate`` runs the checks of
         ``add_tasks``; without it the caller vouches for the arrays (deps point back, resources exist,
         durations and lags finite and >= 0).
         """
@@ -305,6 +307,7 @@ class TaskGraph:
             raise ValueError(f"adopt_tasks needs a graph without tasks, this one has {self.n_tasks}")
         k = len(duration)
         priority = np.zeros(k)
+        free_ptr, free_idx = (dep_ptr, dep_idx) if frees is None else frees
         if validate:
             for name, (ptr, idx) in (("resources", (res_ptr, res_idx)), ("deps", (dep_ptr, dep_idx)),
                                      ("mem", (mem_ptr, mem_res))):
@@ -313,15 +316,15 @@ class TaskGraph:
                 raise ValueError(f"mem_bytes has {len(mem_bytes)} entries, mem_res has {len(mem_res)}")
             self._category_codes(cats, k)
             code, i, j = _kernel.validate_batch(0, self.n_resources, duration, lag, priority, res_ptr, res_idx,
-                                                dep_ptr, dep_idx, mem_ptr, mem_res, mem_bytes, dep_ptr, dep_idx)
+                                                dep_ptr, dep_idx, mem_ptr, mem_res, mem_bytes, free_ptr, free_idx)
             if code != _kernel.OK:
                 raise ValueError(self._batch_error(code, i, j, duration, lag, res_idx, dep_idx, mem_res,
-                                                   mem_bytes, dep_idx))
+                                                   mem_bytes, free_idx))
         self._duration, self._lag, self._priority = _Buffer.adopt(duration), _Buffer.adopt(lag), _Buffer.adopt(priority)
         self._cat = _Buffer.adopt(cats)
         self._res_ptr, self._res_idx = _Buffer.adopt(res_ptr), _Buffer.adopt(res_idx)
         self._dep_ptr, self._dep_idx = _Buffer.adopt(dep_ptr), _Buffer.adopt(dep_idx)
-        self._free_ptr, self._free_idx = _Buffer.adopt(dep_ptr), _Buffer.adopt(dep_idx)
+        self._free_ptr, self._free_idx = _Buffer.adopt(free_ptr), _Buffer.adopt(free_idx)
         self._mem_ptr, self._mem_res, self._mem_bytes = _Buffer.adopt(mem_ptr), _Buffer.adopt(mem_res), \
             _Buffer.adopt(mem_bytes)
         return self

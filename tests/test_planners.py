@@ -70,9 +70,10 @@ def test_built_in_planners_take_the_shared_options_among_their_parameters():
     taken = {name: planners.get(name).options for name in baselines.names()}
     assert taken == {"single": set(), "ev-ps": set(), "ev-ar": set(), "cp-ps": set(), "cp-ar": set(),
                      "expert": set(), "dpos": set(), "os-dpos": {"budget_s"}, "pesto-ilp": {"budget_s", "seed"},
-                     "mcmc": {"budget_s", "seed", "workers", "ray_address"}, "random": {"seed"}, "lp-round": set()}
+                     "pipeline": {"budget_s"}, "mcmc": {"budget_s", "seed", "workers", "ray_address"},
+                     "random": {"seed"}, "lp-round": set()}
     assert planners.get("mcmc").own_options == {"starts", "temperature", "oom_factor", "max_evals", "order", "keep",
-                                                "block_moves"}
+                                                "block_moves", "max_micro_batches"}
     assert planners.get("best-dp").own_options == frozenset()
 
 

@@ -87,8 +87,9 @@ def compile_all(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarr
         schedule = add_schedule(ctx, batch, schedule, place.n_micro)
     tasks = batch.tasks()
     task, on, owner = batch.dependencies()
+    slot = None
     if place.n_micro > 1:
-        perm = micro_order(tasks, task, on, schedule, place.n_micro)
+        perm, slot = micro_order(tasks, task, on, schedule, place.n_micro)
     else:
         perm = np.argsort(tasks.order, kind="stable")
     new_of = np.empty(tasks.n + 1, dtype=np.int64)
@@ -100,6 +101,7 @@ def compile_all(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarr
     state = assemble(ctx, layouts, op_priority, tasks.take(perm), (task[s], on[s], owner[s]), place, prov, algo,
                      aggregated_of(ctx.index, layouts, place, np.nonzero(place.aggregate)[0]))
     state.plan.schedule = schedule
+    state.plan.task_slot = None if slot is None else slot[perm]
     return state
 
 

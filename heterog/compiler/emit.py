@@ -55,7 +55,7 @@ def emit_instances(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, 
     comp = gi.is_compute[inst_op]
     dur = ctx.cost.op_times(ctx.graph, inst_op, inst_dev, inst_frac)
     prev = lay.prev_flat[flat]
-    accumulates = (prev >= 0) & (gi.partial_bytes[inst_op] > 0)
+    accumulates = (prev >= 0) & gi.has_partial[inst_op]
     if accumulates.any():
         add = ctx.cost.aggregate_times(inst_dev, gi.partial_bytes[inst_op], np.full(len(inst_dev), 2))
         dur = dur + np.where(accumulates, add, 0.0)

@@ -62,6 +62,7 @@ class GraphIndex:
     t_needs_agg: np.ndarray        # partial result (batch inputs, no batch dim) whose value someone reads
     t_pulled: np.ndarray           # value of a PS-resident op (parameter, state, update) read by a batch op
     partial_bytes: np.ndarray      # (n_ops,) bytes of the op's partial results that are read (t_needs_agg)
+    has_partial: np.ndarray        # (n_ops,) the op has a partial result that is read (of any size)
 
     @property
     def n_tensors(self) -> int:
@@ -124,7 +125,8 @@ def graph_index(graph: OpGraph) -> GraphIndex:
     idx = GraphIndex(n, has_batch, post, placeholder_resident, is_compute, out_fixed, out_batch,
                      graph.resident_bytes.copy(), cat, is_grad, src, dst, graph.edge_bytes.copy(), e_batch,
                      e_value_free, e_tensor, t_op, t_bytes, t_needs_agg, t_pulled,
-                     np.bincount(t_op[t_needs_agg], weights=t_bytes[t_needs_agg], minlength=n))
+                     np.bincount(t_op[t_needs_agg], weights=t_bytes[t_needs_agg], minlength=n),
+                     np.bincount(t_op[t_needs_agg], minlength=n) > 0)
     graph.__dict__["_compile_index"] = idx
     return idx
 

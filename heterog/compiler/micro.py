@@ -102,9 +102,11 @@ def in_flight_window(dev: np.ndarray, op: np.ndarray, n_devices: int) -> np.ndar
     return out
 
 
-def micro_order(tasks: Tasks, dep_task: np.ndarray, dep_on: np.ndarray, schedule: str, n_micro: int) -> np.ndarray:
+def micro_order(tasks: Tasks, dep_task: np.ndarray, dep_on: np.ndarray, schedule: str,
+                n_micro: int) -> tuple[np.ndarray, np.ndarray]:
     """The permutation that puts ``tasks`` (dependency ``dep_task[i]`` waits for ``dep_on[i]``, ids in
-    ``tasks``' order) in topological order: by slot, then by order key (module docstring)."""
+    ``tasks``' order) in topological order: by slot, then by order key (module docstring); and each
+    task's slot."""
     hint = np.where(tasks.micro >= 0, tasks.micro, 0).astype(np.int64)
     if schedule == "gpipe":
         backward = (tasks.micro >= 0) & (tasks.kind == TaskKind.COMPUTE) & (tasks.cat != TaskCategory.FORWARD)
@@ -113,7 +115,7 @@ def micro_order(tasks: Tasks, dep_task: np.ndarray, dep_on: np.ndarray, schedule
     slot, seen = slots_kernel(succ_ptr, succ_idx, hint)
     if seen != tasks.n:
         raise AssertionError("the micro-batch schedule made the task graph cyclic")
-    return np.lexsort((tasks.order, slot))
+    return np.lexsort((tasks.order, slot)), slot
 
 
 def _successors(n: int, dep_task: np.ndarray, dep_on: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -50,6 +50,7 @@ class CompiledPlan:
     layout_micro: list = field(default_factory=list)     # layout id -> each entry's micro-batch
     n_micro: int = 1                           # micro-batches of the plan
     schedule: str = "1f1b"                     # the order of its micro-batches applied (heterog.compiler.micro)
+    task_slot: np.ndarray | None = None        # (n_tasks,) each task's slot in that order; None: one micro-batch
 
     @property
     def n_tasks(self) -> int:
@@ -158,8 +159,15 @@ def assemble(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray 
     resident = np.zeros(ctx.resources.n_resources)
     resident[:ctx.n_devices] = resident_bytes(ctx, layouts, place.op_lay)
     tg = ctx.resources.empty_copy(resident_bytes=resident)
+    frees = None
+    sync = tasks.kind == TaskKind.SYNC
+    if sync.any():                    # a schedule's barrier orders tasks; it holds none of their memory
+        keep_free = ~sync[dep_t]
+        frees = (np.concatenate([[0], np.cumsum(np.bincount(dep_t[keep_free], minlength=n))]).astype(np.int64),
+                 dep_o[keep_free])
     tg.adopt_tasks(tasks.dur, tasks.lag, ctx.category_codes[tasks.cat], tasks.res_ptr, tasks.res_idx, dep_ptr, dep_o,
-                   mem_ptr, tasks.dev[has_mem], np.rint(tasks.alloc[has_mem]).astype(np.int64), validate=validate)
+                   mem_ptr, tasks.dev[has_mem], np.rint(tasks.alloc[has_mem]).astype(np.int64), validate=validate,
+                   frees=frees)
     ps_groups = np.nonzero(place.group_ps >= 0)[0]
     plan = CompiledPlan(tg=tg, task_kind=tasks.kind, task_op=tasks.op, task_device=tasks.dev,
                         op_priority=op_priority, task_prio_op=tasks.prio_op, n_devices=ctx.n_devices,

@@ -42,6 +42,7 @@ from heterog.runtime.instructions import (
     Slice,
     Source,
     Stash,
+    env_name,
 )
 from heterog.runtime.kernel import Kernel
 from heterog.runtime.layout import cat_batch, in_memory_order, narrow_batch
@@ -97,6 +98,12 @@ def describe_failure(exc: BaseException, rank: int) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- executing a rank program
+def scaled(v: torch.Tensor, scale: float) -> torch.Tensor:
+    """``v * scale`` in ``v``'s dtype (an integer value, such as an index or a count, stays one)."""
+    out = v * scale
+    return out if out.dtype == v.dtype else out.to(v.dtype)
+
+
 class RankExecutor:
     """Runs one rank's program; ``run()`` returns per-step times and loss terms and the final values."""
 
@@ -165,7 +172,7 @@ class RankExecutor:
         if sl is not None:
             v = narrow_batch(v, sl)
         if scale != 1.0:
-            v = v * scale
+            v = scaled(v, scale)
         if shift:
             v = v + shift
         return v
@@ -278,7 +285,8 @@ class RankExecutor:
             self._compute(ins, env, stash)
             self._owe(t_op, idle0)
             for name in ins.exports:
-                mem.put(Env(name), env[name])
+                key = env_name(name, ins.micro)
+                mem.put(Env(key), env[key])
         elif isinstance(ins, Send):
             self._pay()
             tr.send(self._piece(ins.source, ins.slice, ins.scale, env, stash), ins.dst, ins.tag, *ins.link)
@@ -300,7 +308,7 @@ class RankExecutor:
             mem.put(Stash(ins.key), stash[ins.key])
         elif isinstance(ins, AllReduce):
             self._pay()
-            v = self._fetch(ins.source, env, stash) * ins.scale
+            v = scaled(self._fetch(ins.source, env, stash), ins.scale)
             g = ins.group
             stash[ins.key] = pending = tr.allreduce(v, g, self.groups[g], self.members[g], self.rank,
                                                     ins.emulated_s)
@@ -326,7 +334,7 @@ class RankExecutor:
         for inp in ins.inputs:
             v = self._fetch(inp.source, env, stash)
             if inp.scale != 1.0:
-                v = v * inp.scale
+                v = scaled(v, inp.scale)
             if inp.chain:
                 assert inp.leaf is not None   # a view chain starts at a leaf's node
                 local[inp.leaf] = v
@@ -344,7 +352,7 @@ class RankExecutor:
                         {n: sizes[n] for n in block_batches(prog.batch_size)})
         kernel(local, sizes[ins.local_batch], draw)
         for name in ins.exports:
-            env[name] = local[name]
+            env[env_name(name, ins.micro)] = local[name]
 
     def _step_end(self, env: dict[str, Any], stash: dict[Any, Any], t0: float) -> tuple[float, float]:
         rp, tr = self.rp, self.transport

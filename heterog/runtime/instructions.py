@@ -56,6 +56,12 @@ class Zeros:
 
 
 Source = Env | Stash | Recv | Const | Zeros
+
+
+def env_name(node: str, micro: int) -> str:
+    """The environment name of fx node ``node``'s value for micro-batch ``micro`` (the node's own name
+    for micro-batch 0 and for values of the whole step)."""
+    return node if micro == 0 else f"{node}@{micro}"
 Slice = tuple[int, int, int, int]          # (dim, start, end, block): see layout.narrow_batch
 
 
@@ -84,14 +90,15 @@ class Input(NamedTuple):
 # ---------------------------------------------------------------------------- instructions
 @dataclass(frozen=True, slots=True)
 class Compute:
-    """Op ``op``'s fx nodes at ``local_batch`` samples (``first_sample`` .. of the batch); ``exports``:
-    the node values kept for later instructions."""
+    """Op ``op``'s fx nodes at ``local_batch`` samples (``first_sample`` .. of the batch) of micro-batch
+    ``micro``; ``exports``: the node values kept for later instructions."""
 
     op: int
     local_batch: int
     inputs: tuple[Input, ...]
     exports: tuple[str, ...]
     first_sample: int
+    micro: int = 0             # the micro-batch: exports are kept as ``env_name(node, micro)``
 
     kind = "compute"
 

@@ -4,9 +4,10 @@ The layout decisions are the compiler's (``CompiledPlan.op_layout``, ``layout_de
 ``aggregated``, ``ps_device``); this module turns them into concrete work on leaves (see
 ``heterog.runtime.stepprog``), with the batch-scaling rules of ``heterog.runtime.scaling``:
 
-  compute    an op instance: its fx nodes at the replica's local batch (ops without a batch tensor run
-             on the whole batch); inputs come from this device's values, re-laid-out copies, aggregated
-             values or received copies, each followed by its view chain
+  compute    an op instance: its fx nodes at the replica's local batch of one micro-batch (ops without a
+             batch tensor run on the whole batch, once); inputs come from this device's values,
+             re-laid-out copies, aggregated values or received copies, each followed by its view chain;
+             its values are named per micro-batch (``env_name``)
   send       a leaf (or a batch slice of it) to another rank, non-blocking, right after it is produced
   assemble   received and local pieces concatenated along the batch dim, each piece rescaled from its
              producer's share to the consumer's (re-layout), or one received non-batch tensor
@@ -15,7 +16,8 @@ Every value that reaches a rank other than from its own kernel (assembled, recei
 zeros) is laid out in memory in the captured leaf's dim order (``LeafInfo.memory_order``): the captured
 program's views were traced on those strides (``aten.view`` after a permute accepts only them), and ops
 whose output strides follow their inputs' then also match the single-process step.
-  aggregate  PS: the sum of the share-weighted partial results pushed by the workers and its own
+  aggregate  on a device with several micro-batches, its share-weighted partial results summed after each;
+             PS: the sum of the share-weighted partial results pushed by the workers and its own
   allreduce  a share-weighted partial result summed over the replicas' process subgroup (asynchronous;
              waited for where the value is first read)
 
@@ -57,6 +59,7 @@ from heterog.runtime.instructions import (
     Source,
     Stash,
     Zeros,
+    env_name,
     sources,
 )
 from heterog.runtime.rng import block_batches
@@ -133,9 +136,6 @@ class _Builder:
                  exps: Exponents, *, emulate: bool, post_early: bool) -> None:
         if plan.op_layout is None:
             raise HeterogError("the compiled plan carries no layouts; the runtime needs CompiledPlan.op_layout")
-        if plan.n_micro > 1:
-            raise HeterogError(f"the plan has {plan.n_micro} micro-batches; the runtime runs plans of one "
-                               "micro-batch (plans of several are simulated, not yet run)")
         self.op_layout: np.ndarray = plan.op_layout
         self.prog, self.graph, self.cluster, self.plan, self.exps = prog, graph, cluster, plan, exps
         self.start = np.asarray(start, dtype=np.float64)
@@ -147,15 +147,16 @@ class _Builder:
         self.items: list[list[list]] = [[] for _ in range(self.m)]      # per rank: [key, seq, instruction]
         self.messages: list[Message] = []
         self.groups: list[tuple[int, ...]] = []
-        self.exports: dict[tuple[int, int], set[str]] = {}            # (op, device) -> env names to keep
+        self.exports: dict[tuple[int, int, int], set[str]] = {}       # (op, device, micro) -> node names to keep
         self.memo: dict[Any, Any] = {}
         self.n_ar = self.n_agg = 0
         self.seq = 0
         # tasks of the simulated plan
         kinds, ops, devs = plan.task_kind, plan.task_op, plan.task_device
-        self.inst_task: dict[tuple[int, int], int] = {}
+        micro = plan.task_micro if plan.task_micro is not None else np.zeros(len(kinds), dtype=np.int64)
+        self.inst_task: dict[tuple[int, int, int], int] = {}       # (op, device, micro-batch) -> task
         for t in np.nonzero((kinds == TaskKind.COMPUTE) | (kinds == TaskKind.PLACEHOLDER))[0].tolist():
-            self.inst_task[(int(ops[t]), int(devs[t]))] = t
+            self.inst_task[(int(ops[t]), int(devs[t]), max(int(micro[t]), 0))] = t
         self.agg_tasks: dict[int, list[int]] = {}
         for t in np.nonzero((kinds == TaskKind.AGGREGATE) | (kinds == TaskKind.ALLREDUCE))[0].tolist():
             self.agg_tasks.setdefault(int(ops[t]), []).append(t)
@@ -176,14 +177,16 @@ class _Builder:
 
     # ------------------------------------------------------------------ layouts
     def lay_devs(self, lay: int) -> tuple[int, ...]:
-        return tuple(int(d) for d in self.plan.layout_devices[lay])
+        """The devices of a layout, each once, in order of first entry."""
+        return tuple(dict.fromkeys(int(d) for d in self.plan.layout_devices[lay]))
 
-    def lay_ranges(self, lay: int) -> list[tuple[int, int, int]]:
-        """(device, first sample, end sample) of each replica of a split layout."""
+    def lay_ranges(self, lay: int) -> list[tuple[int, int, int, int]]:
+        """(device, first sample, end sample, micro-batch) of each entry of a split layout."""
         devs, shares = self.plan.layout_devices[lay], self.plan.layout_shares[lay]
+        micro = self.plan.layout_micro[lay] if self.plan.layout_micro else (0,) * len(devs)
         out, lo = [], 0
-        for d, s in zip(devs, shares):
-            out.append((int(d), lo, lo + int(s)))
+        for d, s, m in zip(devs, shares, micro):
+            out.append((int(d), lo, lo + int(s), int(m)))
             lo += int(s)
         if lo != self.B:
             raise AssertionError(f"layout {lay} is not a split of the batch: shares {shares}")
@@ -192,25 +195,23 @@ class _Builder:
     def op_lay(self, op: int) -> int:
         return int(self.op_layout[op])
 
-    def samples_on(self, op: int, dev: int) -> tuple[int, int]:
-        """The samples ``lo .. hi`` of op's instance on dev (the whole batch for ops without a batch tensor)."""
+    def entries(self, op: int) -> list[tuple[int, int, int, int]]:
+        """(device, first sample, end sample, micro-batch) of each instance of ``op``: its layout's entries,
+        or each device once at the whole batch for ops without a batch tensor."""
         if not self.prog.op_has_batch[op]:
-            return 0, self.B
-        for d, lo, hi in self.lay_ranges(self.op_lay(op)):
-            if d == dev:
-                return lo, hi
-        raise AssertionError(f"op {op} has no instance on device {dev}")
+            return [(d, 0, self.B, 0) for d in self.lay_devs(self.op_lay(op))]
+        return self.lay_ranges(self.op_lay(op))
 
-    def share_on(self, op: int, dev: int) -> int:
-        """Local batch of op's instance on dev (the whole batch for ops without a batch tensor)."""
-        lo, hi = self.samples_on(op, dev)
-        return hi - lo
+    def repeats(self, op: int) -> bool:
+        """Whether some device runs several instances of ``op`` (one per micro-batch)."""
+        return len(self.entries(op)) > len(self.lay_devs(self.op_lay(op)))
 
     # ------------------------------------------------------------------ keys and instructions
-    def inst_key(self, op: int, dev: int) -> tuple:
-        t = self.inst_task.get((op, dev))
+    def inst_key(self, op: int, dev: int, micro: int = 0) -> tuple:
+        t = self.inst_task.get((op, dev, micro))
         if t is None:
-            raise HeterogError(f"plan has no instance of op {self.graph.ops[op].name} on device {dev}")
+            raise HeterogError(f"plan has no instance of op {self.graph.ops[op].name} on device {dev} "
+                               f"(micro-batch {micro})")
         return (float(self.start[t]), int(t))
 
     def emit(self, rank: int, key: tuple, instr: Instruction) -> list:
@@ -219,9 +220,9 @@ class _Builder:
         self.items[rank].append(item)
         return item
 
-    def export(self, op: int, dev: int, name: str) -> None:
+    def export(self, op: int, dev: int, micro: int, name: str) -> None:
         if self.prog.op_kind[op] == "compute":
-            self.exports.setdefault((op, dev), set()).add(name)
+            self.exports.setdefault((op, dev, micro), set()).add(name)
 
     def leaf(self, leaf: tuple[int, int]) -> LeafInfo:
         return self.prog.leaves[leaf]
@@ -244,15 +245,17 @@ class _Builder:
         return msg
 
     # ------------------------------------------------------------------ value sources
-    def producer_source(self, leaf: LeafInfo, dev: int) -> Source:
-        """This device's own copy of a leaf (its producer ran here)."""
+    def producer_source(self, leaf: LeafInfo, dev: int, micro: int = 0) -> Source:
+        """This device's own copy of a leaf (its producer ran here, for micro-batch ``micro``)."""
         if self.prog.op_kind[leaf.op] == "buffer" and leaf.node in self.prog.consts:
             return Const(leaf.read_node)
-        self.export(leaf.op, dev, leaf.read_node)
-        return Env(leaf.read_node)
+        if not self.prog.op_has_batch[leaf.op]:
+            micro = 0                                  # one value for the whole step
+        self.export(leaf.op, dev, micro, leaf.read_node)
+        return Env(env_name(leaf.read_node, micro))
 
-    def relayout(self, leaf_id: tuple[int, int], lay_v: int, dev: int, consumer_key: tuple) -> Stash:
-        """The batch leaf re-laid out for layout ``lay_v``, on ``dev``."""
+    def relayout(self, leaf_id: tuple[int, int], lay_v: int, dev: int, micro: int, consumer_key: tuple) -> Stash:
+        """The batch leaf re-laid out for layout ``lay_v``, for its entry on ``dev`` of micro-batch ``micro``."""
         leaf = self.leaf(leaf_id)
         memo_key = ("relayout", leaf_id, lay_v)
         entry = self.memo.get(memo_key)
@@ -265,10 +268,10 @@ class _Builder:
             block = per if leaf_id in self.exps.sample_minor else 0      # see heterog.runtime.scaling
             stride = self.exps.positional.get(leaf_id, 0)
             prod = self.lay_ranges(self.op_lay(leaf.op))
-            stash_key = ("r", leaf.node, lay_v)
-            for dj, c0, c1 in self.lay_ranges(lay_v):
+            for dj, c0, c1, mj in self.lay_ranges(lay_v):
+                stash_key = ("r", leaf.node, lay_v) if mj == 0 else ("r", leaf.node, lay_v, mj)
                 pieces = []
-                for di, p0, p1 in prod:
+                for di, p0, p1, mi in prod:
                     lo, hi = max(p0, c0), min(p1, c1)
                     if hi <= lo:
                         continue
@@ -276,65 +279,105 @@ class _Builder:
                     sl = None if whole else batch_slice(bd, lo - p0, hi - p0, per, block)
                     scale = float(((c1 - c0) / (p1 - p0)) ** e) if e else 1.0
                     shift = (p0 - c0) * stride          # positional values: from the producer's origin to ours
-                    src = self.producer_source(leaf, di)
+                    src = self.producer_source(leaf, di, mi)
                     if di == dj:
                         pieces.append(Piece(src, sl, scale, shift))
                     else:
-                        key = self.inst_key(leaf.op, di) + (1,)
+                        key = self.inst_key(leaf.op, di, mi) + (1,)
                         msg = self.send(di, dj, key, src, sl, 1.0, leaf.local_shape(hi - lo), leaf.dtype)
                         pieces.append(Piece(Recv(msg), None, scale, shift))
-                entry[dj] = self.emit(dj, END + (-1,), Assemble(stash_key, (bd, block), tuple(pieces),
-                                                                 leaf.memory_order))
+                entry[(dj, mj)] = self.emit(dj, END + (-1,), Assemble(stash_key, (bd, block), tuple(pieces),
+                                                                       leaf.memory_order))
             self.memo[memo_key] = entry
-        item = entry[dev]
+        item = entry[(dev, micro)]
         item[0] = min(item[0], consumer_key + (-1,))
         return Stash(item[2].key)
 
-    def aggregated(self, leaf_id: tuple[int, int]) -> tuple[tuple[int, ...], tuple, tuple]:
-        """Aggregate a partial leaf as the plan says; returns (holders, stash key, key after it)."""
+    def device_sums(self, leaf_id: tuple[int, int]) -> list[tuple[int, Source, float, tuple]]:
+        """Per device with instances of a partial leaf's producer: (device, value, weight, key after it).
+        One instance: its value with its share's weight. Several (one per micro-batch): their weighted sum,
+        accumulated on the device after each instance (weight 1)."""
+        memo_key = ("sums", leaf_id)
+        got = self.memo.get(memo_key)
+        if got is not None:
+            return got
+        leaf = self.leaf(leaf_id)
+        e = self.exps[leaf_id]
+        by_dev: dict[int, list[tuple[int, int]]] = {}
+        for d, lo, hi, m in self.lay_ranges(self.op_lay(leaf.op)):
+            by_dev.setdefault(d, []).append((m, hi - lo))
+        got = []
+        for d, ents in by_dev.items():
+            m0, b0 = ents[0]
+            src, w = self.producer_source(leaf, d, m0), float((b0 / self.B) ** (1 - e))
+            after = self.inst_key(leaf.op, d, m0) + (1,)
+            for m, b in ents[1:]:
+                key = ("a", leaf.node, m)
+                at = self.inst_key(leaf.op, d, m)
+                self.emit(d, at + (1,), Aggregate(key, (Piece(src, None, w, 0), Piece(
+                    self.producer_source(leaf, d, m), None, float((b / self.B) ** (1 - e)), 0)), leaf.memory_order))
+                src, w, after = Stash(key), 1.0, at + (2,)
+            got.append((d, src, w, after))
+        self.memo[memo_key] = got
+        return got
+
+    def summed(self, leaf_id: tuple[int, int]) -> bool:
+        """Whether a non-batch leaf is a partial result summed over instances: aggregated by the plan, or
+        accumulated over the micro-batches of its producer's one device."""
+        t = self.tensor_of.get(leaf_id)
+        u = leaf_id[0]
+        return (t is not None and t in self.plan.aggregated) or (
+            self.prog.op_has_batch[u] and self.repeats(u) and len(self.lay_devs(self.op_lay(u))) == 1)
+
+    def aggregated(self, leaf_id: tuple[int, int]) -> tuple[tuple[int, ...], Source, tuple]:
+        """Aggregate a partial leaf as the plan says (or accumulate it on its one device); returns
+        (holders, its source on them, key after it)."""
         memo_key = ("agg", leaf_id)
         got = self.memo.get(memo_key)
         if got is not None:
             return got
         leaf = self.leaf(leaf_id)
         t = self.tensor_of[leaf_id]
-        how = self.plan.aggregated[t]
-        e = self.exps[leaf_id]
+        sums = self.device_sums(leaf_id)
+        how = self.plan.aggregated.get(t)
+        if how is None:                              # one device: its accumulated sum
+            (d, src, w, after), = sums
+            if w != 1.0:
+                raise AssertionError(f"output {leaf.k} of {self.graph.ops[leaf.op].name} is not summed")
+            got = ((d,), src, after)
+            self.memo[memo_key] = got
+            return got
         tasks = self.agg_tasks.get(leaf.op, [])
         i = self.agg_rank[t]
         if i >= len(tasks):
             raise AssertionError(f"plan has no aggregation task for output {leaf.k} of {self.graph.ops[leaf.op].name}")
         akey = (float(self.start[tasks[i]]), int(tasks[i]))
-        reps = self.lay_ranges(self.op_lay(leaf.op))
         stash_key = ("g", leaf.node)
-        weights = [float(((hi - lo) / self.B) ** (1 - e)) for _, lo, hi in reps]
         holders: tuple[int, ...]
         if how[0] == "ps":
             ps = int(how[1])
             parts = []
-            for (d, _, _), w in zip(reps, weights):
-                src = self.producer_source(leaf, d)
+            for d, src, w, after in sums:
                 if d == ps:
                     parts.append(Piece(src, None, w, 0))
                 else:
-                    msg = self.send(d, ps, self.inst_key(leaf.op, d) + (1,), src, None, w, leaf.shape, leaf.dtype)
+                    msg = self.send(d, ps, after, src, None, w, leaf.shape, leaf.dtype)
                     parts.append(Piece(Recv(msg), None, 1.0, 0))
             self.emit(ps, akey + (0,), Aggregate(stash_key, tuple(parts), leaf.memory_order))
             holders = (ps,)
             self.n_agg += 1
         else:
-            devs = tuple(sorted(d for d, _, _ in reps))
+            devs = tuple(sorted(d for d, _, _, _ in sums))
             if devs not in self.groups:
                 self.groups.append(devs)
             g = self.groups.index(devs)
             emu = float(self.nominal.allreduce_times(devs, np.array([float(leaf.nbytes_global)]))[0][0]) \
                 if self.emulate else 0.0
-            for (d, _, _), w in zip(reps, weights):
-                self.emit(d, akey + (0,), AllReduce(stash_key, g, self.producer_source(leaf, d), w, emu,
-                                                     leaf.memory_order))
+            for d, src, w, _ in sums:
+                self.emit(d, akey + (0,), AllReduce(stash_key, g, src, w, emu, leaf.memory_order))
             holders = devs
             self.n_ar += 1
-        got = (holders, stash_key, akey + (1,))
+        got = (holders, Stash(stash_key), akey + (1,))
         self.memo[memo_key] = got
         return got
 
@@ -342,13 +385,13 @@ class _Builder:
         """A non-batch leaf's (global) value on ``dev``: local, aggregated here, or received once from the
         best-connected holder (highest bandwidth, then lowest latency, then lowest id)."""
         leaf = self.leaf(leaf_id)
-        t = self.tensor_of.get(leaf_id)
-        if t is not None and t in self.plan.aggregated:
-            holders, stash_key, after = self.aggregated(leaf_id)
+        if self.summed(leaf_id):
+            holders, summed, after = self.aggregated(leaf_id)
             if dev in holders:
-                return Stash(stash_key)
+                return summed
+            stash_key = ("x", leaf.node)
             def source_of(h: int) -> tuple[Source, tuple]:
-                return (Stash(stash_key), after)
+                return (summed, after)
         else:
             if leaf.node in self.prog.consts:
                 return Const(leaf.read_node)
@@ -372,11 +415,11 @@ class _Builder:
         return Stash(stash_key)
 
     # ------------------------------------------------------------------ ops
-    def compute(self, op: int, dev: int) -> None:
+    def compute(self, op: int, dev: int, first: int, end: int, micro: int) -> None:
+        """Op ``op``'s instance on ``dev`` over samples ``first .. end`` of micro-batch ``micro``."""
         prog = self.prog
-        first, end = self.samples_on(op, dev)
         b = end - first
-        key = self.inst_key(op, dev)
+        key = self.inst_key(op, dev, micro)
         lay = self.op_lay(op)
         value_free = prog.op_target[op] in VALUE_FREE_TARGETS
         inputs = []
@@ -388,24 +431,23 @@ class _Builder:
             if leaf.batch_dim is not None:
                 if self.op_lay(u) == lay:
                     if placeholder:
-                        src = self.producer_source(leaf, dev)
+                        src = self.producer_source(leaf, dev, micro)
                     else:
-                        src, chain = Env(r.node), ()
-                        self.export(u, dev, r.node)
+                        src, chain = Env(env_name(r.node, micro)), ()
+                        self.export(u, dev, micro, r.node)
                 else:
-                    src = self.relayout(r.leaf, lay, dev, key)
+                    src = self.relayout(r.leaf, lay, dev, micro, key)
             else:
                 e = self.exps[r.leaf]
                 if e and prog.op_has_batch[op] and b != self.B:
                     scale = float((b / self.B) ** e)
-                t = self.tensor_of.get(r.leaf)
                 if r.leaf in self.exps.statistics and prog.op_has_batch[op] and self.op_lay(u) == lay:
-                    src, chain = Env(r.node), ()              # a batch statistic: this replica's own
-                    self.export(u, dev, r.node)
-                elif t is not None and t in self.plan.aggregated:
-                    holders = self.aggregated(r.leaf)[0]
-                    src = (Zeros(leaf.shape, leaf.dtype, leaf.memory_order) if value_free and dev not in holders
-                           else self.fetch_global(r.leaf, dev, key))
+                    src, chain = Env(env_name(r.node, micro)), ()   # a batch statistic: this instance's own
+                    self.export(u, dev, micro, r.node)
+                elif value_free and prog.op_has_batch[u]:   # the shape of a partial result: no value needed
+                    src = Zeros(leaf.shape, leaf.dtype, leaf.memory_order)
+                elif self.summed(r.leaf):
+                    src = self.fetch_global(r.leaf, dev, key)
                 elif leaf.node in prog.consts:
                     src = Const(leaf.node)
                 elif dev in self.lay_devs(self.op_lay(u)):
@@ -413,7 +455,7 @@ class _Builder:
                         src = self.producer_source(leaf, dev)
                     else:
                         src, chain = Env(r.node), ()
-                        self.export(u, dev, r.node)
+                        self.export(u, dev, 0, r.node)
                 elif value_free:
                     src = Zeros(leaf.shape, leaf.dtype, leaf.memory_order)
                 else:
@@ -425,15 +467,15 @@ class _Builder:
         self.ranks[dev].batches.add(b)
         if prog.op_draws(op):
             self.ranks[dev].batches.update(block_batches(self.B))    # random values are drawn in blocks
-        self.emit(dev, key + (0,), Compute(op, b, tuple(inputs), (), first))
+        self.emit(dev, key + (0,), Compute(op, b, tuple(inputs), (), first, micro))
 
     def build(self) -> Lowered:
         prog, graph = self.prog, self.graph
         for op in range(graph.n_ops):
             if prog.op_kind[op] != "compute" or not prog.op_nodes[op]:
                 continue
-            for dev in self.lay_devs(self.op_lay(op)):
-                self.compute(op, dev)
+            for dev, first, end, micro in self.entries(op):
+                self.compute(op, dev, first, end, micro)
         self._placeholders()
         self._step_end()
         return self._finish()
@@ -452,8 +494,9 @@ class _Builder:
                 for d in self.lay_devs(lay):
                     self.ranks[d].inputs.append(InputSlice(name, i - n_p - n_b - len(prog.state_names), 0, None))
             else:
-                for d, lo, hi in self.lay_ranges(lay):
-                    self.ranks[d].inputs.append(InputSlice(name, i - n_p - n_b - len(prog.state_names), lo, hi))
+                for d, lo, hi, m in self.lay_ranges(lay):
+                    self.ranks[d].inputs.append(InputSlice(env_name(name, m), i - n_p - n_b - len(prog.state_names),
+                                                           lo, hi))
 
     def _step_end(self) -> None:
         """New parameters and state where the placeholders live; the loss terms; what each rank reports."""
@@ -471,7 +514,7 @@ class _Builder:
             for d in self.lay_devs(self.op_lay(prog.node_op[ph])):
                 src: Source
                 if d in self.lay_devs(self.op_lay(u)) and prog.op_kind[u] == "compute":
-                    self.export(u, d, out)
+                    self.export(u, d, 0, out)
                     src = Env(out)
                 else:
                     src = self.fetch_global(leaf_id, d, END)
@@ -481,12 +524,12 @@ class _Builder:
         leaf_id = prog.node_leaf.get(loss, (u, 0))
         e = self.exps[leaf_id]
         if prog.op_has_batch[u]:
-            for d, lo, hi in self.lay_ranges(self.op_lay(u)):
-                self.export(u, d, loss)
-                self.ranks[d].loss_terms.append((Env(loss), float(((hi - lo) / self.B) ** (1 - e))))
+            for d, lo, hi, m in self.lay_ranges(self.op_lay(u)):
+                self.export(u, d, m, loss)
+                self.ranks[d].loss_terms.append((Env(env_name(loss, m)), float(((hi - lo) / self.B) ** (1 - e))))
         else:
             d = self.lay_devs(self.op_lay(u))[0]
-            self.export(u, d, loss)
+            self.export(u, d, 0, loss)
             self.ranks[d].loss_terms.append((Env(loss), 1.0))
         # one holder reports each parameter / state / buffer at the end
         kinds = (["param"] * n_p + ["buffer"] * n_b + ["state"] * len(prog.state_names))
@@ -513,7 +556,7 @@ class _Builder:
             rp = self.ranks[r]
             for key, _, instr in items:
                 if isinstance(instr, Compute):
-                    instr = replace(instr, exports=tuple(sorted(self.exports.get((instr.op, r), ()))))
+                    instr = replace(instr, exports=tuple(sorted(self.exports.get((instr.op, r, instr.micro), ()))))
                 rp.instrs.append(_tagged(instr, tag_of))
                 rp.keys.append(key)
             rp.frees = _frees(rp)

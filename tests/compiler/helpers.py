@@ -72,8 +72,9 @@ def pipeline_graph(n_layers: int, batch: int = 8, flops: float = 4.0, width: int
     """``n_layers`` layers h_i = f_i(h_{i-1}, W_i), a mean loss, and their backward: per layer one
     input-gradient op (``flops`` at the whole batch, like each forward op; it reads the layer's input, as
     a nonlinearity's backward does) and one weight-gradient op (no FLOPs), then an update per weight (no
-    FLOPs). Layer i's ops are named ``f{i}``, ``bx{i}``,
-    ``bw{i}``, ``upd{i}``, its weight ``W{i}``; the loss is ``loss``, the seed ``ones`` and ``gout``."""
+    FLOPs). Layer i's ops are named ``f{i}``, ``bx{i}``, ``bw{i}``, ``upd{i}``, its weight ``W{i}``; the
+    loss is ``loss``, the seed ``ones`` and ``gout`` (the loss gradient, which reads the last layer's
+    output as a loss's backward does)."""
     act = batch * width * 4
     pb = width * width * 4
     ops = [Op("x", "placeholder", "input", "forward", [[batch, width]], ["torch.float32"], [0],
@@ -100,8 +101,8 @@ def pipeline_graph(n_layers: int, batch: int = 8, flops: float = 4.0, width: int
            bytes_read=act, bytes_written=4, batch_bytes=act), (prev, 0))
     add(Op("ones", "aten.ones_like.default", "compute", "backward", [[]], ["torch.float32"], [None],
            bytes_read=4, bytes_written=4), ("loss", None))
-    add(Op("gout", "aten.expand.default", "compute", "backward", [[batch, width]], ["torch.float32"], [0],
-           bytes_read=4, bytes_written=act, batch_bytes=act), ("ones", None))
+    add(Op("gout", "aten.mul.Tensor", "compute", "backward", [[batch, width]], ["torch.float32"], [0],
+           bytes_read=4 + act, bytes_written=act, batch_bytes=2 * act), ("ones", None), (prev, 0))
     grad: str = "gout"
     for i in reversed(range(n_layers)):
         src: str | int = f"f{i - 1}" if i else 0

@@ -14,6 +14,7 @@ root causes found with these models come first.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import logging
 import os
@@ -32,6 +33,7 @@ from heterog.runtime import capture_model_for_runtime, compare_values, prepare, 
 from heterog.runtime.instructions import Post
 from heterog.runtime.layout import cat_batch, in_memory_order, narrow_batch
 from heterog.runtime.scaling import positional_step
+from heterog.strategy import micro_batch_shares
 from tests.runtime import conformance_models as cm
 
 STEPS = 2
@@ -42,7 +44,8 @@ SEEDS = tuple(range(int(os.environ.get("HETEROG_CONFORMANCE_SEEDS", "4"))))   # 
 CLUSTERS = {"local-cpu-2": "local-cpu-2:slowdown=1,2", "local-cpu-3": "local-cpu-3:slowdown=1,2,3"}
 POOLS = {"local-cpu-2": "pool2", "local-cpu-3": "pool3"}
 PLANNERS = [n for n in baselines.names() if n != "random"] + ["agent"]      # the agent: 1 episode of learning
-PLANNER_OPTS = {"mcmc": {"max_evals": 100}, "os-dpos": {"budget_s": 0.3}, "pesto-ilp": {"budget_s": 0.5}}
+PLANNER_OPTS = {"mcmc": {"max_evals": 100}, "os-dpos": {"budget_s": 0.3}, "pesto-ilp": {"budget_s": 0.5},
+                "pipeline": {"budget_s": 0.5}}
 
 
 @functools.cache
@@ -64,7 +67,20 @@ def cluster_of(name: str):
     return load_cluster(CLUSTERS[name])
 
 
+def with_micro_batches(strategy, seed: int):
+    """``strategy`` over 2 to 4 micro-batches of random sizes, under 1F1B (even ``seed``) or GPipe."""
+    rng = np.random.default_rng(1000 + seed)
+    B = strategy.batch_size
+    k = int(rng.integers(2, min(4, B) + 1))
+    cuts = np.sort(rng.choice(np.arange(1, B), size=k - 1, replace=False))
+    sizes = tuple(int(x) for x in np.diff(np.concatenate([[0], cuts, [B]])))
+    return dataclasses.replace(strategy, micro_batches=sizes, schedule=("1f1b", "gpipe")[seed % 2])
+
+
 def plan(m, cluster, method: str, seed: int = 0):
+    """``method``'s plan; ``method+micro``: that plan over random micro-batches (``with_micro_batches``)."""
+    if method.endswith("+micro"):
+        return with_micro_batches(plan(m, cluster, method[:-len("+micro")], seed), seed)
     if method == "agent":
         from heterog.runtime.api import resolve_strategy
 
@@ -194,6 +210,15 @@ def test_planner_plans_train_like_one_process(name, method, request) -> None:
     check_trains_like_one_process(name, "local-cpu-3", method, 0, request)
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("cluster_name", list(CLUSTERS))
+@pytest.mark.parametrize("name", list(cm.EQUIVALENCE_MODELS))
+def test_micro_batched_random_plans_train_like_one_process(name, cluster_name, seed, request) -> None:
+    """Random plans over 2-4 micro-batches of uneven sizes, 1F1B (seed 0) and GPipe (seed 1): gradients
+    accumulate over the micro-batches of each device, and the step is single-process training's."""
+    check_trains_like_one_process(name, cluster_name, "random+micro", seed, request)
+
+
 # ---------------------------------------------------------------------------- batch norm: per replica
 def ddp_reference(module: torch.nn.Module, inputs, shares, steps: int) -> dict[str, torch.Tensor]:
     """Eager data-parallel training: each replica's batch statistics over its own samples, gradients
@@ -224,12 +249,14 @@ def assert_data_parallel_equals_per_replica(m, built, cluster_name: str, method:
     assert len(shares) == 1
     result = run_prepared(prepare(m, cluster, strategy), [m.example_inputs], STEPS,
                           pool=request.getfixturevalue(POOLS[cluster_name]))
-    want = ddp_reference(*built, next(iter(shares)), STEPS)
+    # one instance per (replica, micro-batch), in sample order: statistics of each instance's samples
+    entries = [s for row in micro_batch_shares(next(iter(shares)), strategy.micro) for s in row if s > 0]
+    want = ddp_reference(*built, entries, STEPS)
     for name, got in result.params(m).items():
         torch.testing.assert_close(got, want[name], rtol=RTOL, atol=ATOL, msg=name)
 
 
-@pytest.mark.parametrize("method", ["ev-ar", "cp-ps"])
+@pytest.mark.parametrize("method", ["ev-ar", "cp-ps", "ev-ar+micro", "cp-ps+micro"])
 @pytest.mark.parametrize("cluster_name", list(CLUSTERS))
 def test_batch_norm_data_parallel_equals_per_replica_training(cluster_name, method, request) -> None:
     assert_data_parallel_equals_per_replica(captured("batchnorm_cnn"), cm.build_batchnorm_cnn(BATCH), cluster_name,

@@ -70,6 +70,13 @@ def test_random_plans_train_like_one_process(name, cluster_name, seed, request) 
     check(name, cluster_name, "random", seed, request)
 
 
+@pytest.mark.parametrize("cluster_name", list(CLUSTERS))
+@pytest.mark.parametrize("name", list(MODELS))
+def test_micro_batched_random_plans_train_like_one_process(name, cluster_name, request) -> None:
+    """A random plan over 2-4 micro-batches of uneven sizes (1F1B on local-cpu-2, GPipe on local-cpu-3)."""
+    check(name, cluster_name, "random+micro", list(CLUSTERS).index(cluster_name), request)
+
+
 @pytest.mark.parametrize("method", PLANNERS)
 @pytest.mark.parametrize("cluster_name", list(CLUSTERS))
 @pytest.mark.parametrize("name", list(MODELS))
@@ -77,7 +84,7 @@ def test_planner_plans_train_like_one_process(name, cluster_name, method, reques
     check(name, cluster_name, method, 0, request)
 
 
-@pytest.mark.parametrize("method", ["ev-ar", "cp-ps"])
+@pytest.mark.parametrize("method", ["ev-ar", "cp-ps", "ev-ar+micro"])
 @pytest.mark.parametrize("cluster_name", list(CLUSTERS))
 def test_batch_norm_plans_equal_per_replica_training(cluster_name, method, request) -> None:
     m = captured("resnet")

@@ -1,0 +1,148 @@
+"""Pipeline planner in the style of Metis and AMP: contiguous stages of layers over groups of devices,
+uneven layer counts by each stage's speed and memory, data parallelism inside a stage (shares even or
+proportional to the devices' speed for the stage's ops), and the number of micro-batches chosen; every
+candidate is simulated and the fastest that fits is kept.
+
+The search is a pruned enumeration, time-boxed by ``budget_s``:
+
+  stage groups   the devices in index order (neighbours share a server) cut into stages: one stage per
+                 server, stages of 1, 2, 4, ... devices, and one stage of all devices (data parallelism
+                 with gradient accumulation);
+  layers         ``heterog.baselines.expert.op_layers`` split over the stages by
+                 ``balanced_partition`` (the slowest stage's time is minimised, each stage within the
+                 memory of its smallest device where possible); a stage's time for a layer is its
+                 devices' combined throughput at the shares used;
+  shares         even, or proportional to each device's time for the stage's layers;
+  micro-batches  k in 1, 2, 4, ... up to the batch (even sizes), under ``schedule``.
+
+Candidates run in that order for k = 1, 4, 2, 8, 16, ... so a short budget still meets the usual
+choices; the result's meta lists what was chosen and how many candidates were simulated.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from heterog.baselines.expert import balanced_partition, group_strategy, op_layers, op_memory_bytes
+from heterog.errors import HeterogError
+from heterog.strategy import SCHEDULES, ParallelConfig, Strategy, even_shares, proportional_shares
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.evaluator_protocol import PlanEvaluator
+
+MICRO_ORDER = (1, 4, 2, 8, 16, 32, 64)
+
+
+def stage_groups(n_devices: int, servers: list[list[int]]) -> list[list[list[int]]]:
+    """Ways to cut the devices (in index order) into contiguous stages: per server, stages of 1, 2, 4, ...
+    devices, and one stage of all; duplicates dropped, in that order."""
+    devs = list(range(n_devices))
+    out = [servers]
+    size = 1
+    while size < n_devices:
+        out.append([devs[i:i + size] for i in range(0, n_devices, size)])
+        size *= 2
+    out.append([devs])
+    seen, unique = set(), []
+    for cut in out:
+        key = tuple(tuple(s) for s in cut)
+        if key not in seen:
+            seen.add(key)
+            unique.append(cut)
+    return unique
+
+
+def stage_plan(ev: PlanEvaluator, stages: list[list[int]], proportional: bool,
+               layer_of: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, list[ParallelConfig]]:
+    """(stage of each layer, config of each stage) for ``stages`` (device lists): layers balanced over
+    the stages by each stage's time for them (its slowest replica at its share), each stage within its
+    smallest device's memory where possible (a layer's parameters and state, and its kept activations
+    at the largest share)."""
+    graph, cluster = ev.graph, ev.cluster
+    B = graph.batch_size
+    L = int(layer_of.max()) + 1
+    layer_dev = np.zeros((L, cluster.n_devices))
+    np.add.at(layer_dev, layer_of, times)                                   # (L, M) full-batch seconds
+    held, transient = op_memory_bytes(graph)
+    resident = np.bincount(layer_of, weights=graph.resident_bytes, minlength=L)
+    kept = np.bincount(layer_of, weights=held, minlength=L) - resident      # activations kept for backward
+    configs, cost, cap, largest = [], np.zeros((L, len(stages))), np.zeros(len(stages)), 0.0
+    for s, devs in enumerate(stages):
+        speed = 1.0 / np.maximum(layer_dev[:, devs].sum(axis=0), 1e-12)     # each device's rate on all layers
+        shares = proportional_shares(B, speed) if proportional and len(devs) > 1 else even_shares(B, len(devs))
+        pairs = [(d, b) for d, b in zip(devs, shares) if b > 0]
+        configs.append(ParallelConfig.of(pairs, sync="allreduce"))
+        frac = np.array([b / B for _, b in pairs])
+        used = [d for d, _ in pairs]
+        cost[:, s] = np.max(layer_dev[:, used] * frac[None, :], axis=1)     # the slowest replica
+        cap[s] = float(np.min(cluster.memory_bytes[used])) - float(transient.max(initial=0.0))
+        largest = max(largest, float(frac.max()))
+    return balanced_partition(cost, resident + kept * largest, cap), configs
+
+
+def with_best_micro_batches(ev: PlanEvaluator, strategy: Strategy, max_micro_batches: int,
+                            oom_factor: float = 10.0) -> Strategy:
+    """``strategy`` over the number of micro-batches (1, 2, 4, ... up to ``max_micro_batches`` and the batch,
+    even sizes, each schedule) that simulates fastest, out-of-memory plans costing ``oom_factor`` times
+    their time; ``strategy`` itself when none beats it."""
+    def cost(s: Strategy) -> float:
+        t, oom = ev.iteration_time(s)
+        return float(t) * (oom_factor if oom else 1.0)
+
+    B = ev.graph.batch_size
+    best, best_cost = strategy, cost(strategy)
+    k = 2
+    while k <= min(B, max_micro_batches):
+        for schedule in SCHEDULES:
+            s = dataclasses.replace(strategy, micro_batches=tuple(even_shares(B, k)), schedule=schedule,
+                                    meta=dict(strategy.meta))
+            c = cost(s)
+            if c < best_cost:
+                best, best_cost = s, c
+        k *= 2
+    return best
+
+
+def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str = "1f1b",
+             max_micro_batches: int = 32) -> Strategy:
+    """The fastest simulated pipeline plan that fits (the fastest of all when none fits) within
+    ``budget_s`` seconds of search (default 30); ``schedule`` orders the micro-batches."""
+    if schedule not in SCHEDULES:
+        raise HeterogError(f"unknown schedule {schedule!r} for the pipeline planner (choose from {SCHEDULES})")
+    if max_micro_batches < 1:
+        raise HeterogError(f"max_micro_batches must be at least 1, got {max_micro_batches}")
+    graph, cluster = ev.graph, ev.cluster
+    budget = 30.0 if budget_s is None else float(budget_s)
+    t0 = time.perf_counter()
+    layer_of, names = op_layers(graph)
+    times = ev.cost.full_batch_times(graph)
+    servers = [np.nonzero(cluster.server_of == j)[0].tolist() for j in np.unique(cluster.server_of).tolist()]
+    B = graph.batch_size
+    micro = [k for k in MICRO_ORDER if k <= min(B, max_micro_batches)]
+    best: tuple | None = None
+    tried = 0
+    for k in micro:
+        for stages in stage_groups(cluster.n_devices, servers):
+            for proportional in (True, False):
+                if best is not None and time.perf_counter() - t0 > budget:
+                    break
+                stage_of_layer, configs = stage_plan(ev, stages, proportional, layer_of, times)
+                group_of = stage_of_layer[layer_of]
+                s = group_strategy(ev, group_of, configs, meta={
+                    "stages": [configs[g].devices for g in np.unique(stage_of_layer).tolist()],
+                    "layers_per_stage": np.bincount(stage_of_layer, minlength=len(stages)).tolist(),
+                    "micro_batches": k, "shares": "proportional" if proportional else "even"})
+                if k > 1:
+                    s = dataclasses.replace(s, micro_batches=tuple(even_shares(B, k)), schedule=schedule)
+                t, oom = ev.iteration_time(s)
+                tried += 1
+                key = (bool(oom), float(t))
+                if best is None or key < best[0]:
+                    best = (key, s)
+    assert best is not None
+    out = best[1]
+    out.meta.update({"candidates": tried, "layers": len(names)})
+    return out

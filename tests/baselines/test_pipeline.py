@@ -1,0 +1,64 @@
+"""The pipeline planner: contiguous stages of layers over groups of devices, data parallelism inside a
+stage, micro-batches chosen; never slower than the data-parallel plans it also tries, and a plan that
+fits where data parallelism does not."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from heterog import baselines
+from heterog.baselines.expert import op_layers
+from heterog.baselines.pipeline import stage_groups
+from heterog.errors import HeterogError
+from heterog.evaluate import Evaluator
+from tests.baselines.helpers import gpu_cluster, layered_graph
+
+
+def layers_per_group(strategy, graph) -> list[set[int]]:
+    layer_of, _ = op_layers(graph)
+    return [set(layer_of[strategy.group_of == g].tolist()) for g in range(strategy.n_groups)]
+
+
+def test_stage_groups_cut_the_devices_in_index_order():
+    assert stage_groups(4, [[0, 1], [2, 3]]) == [[[0, 1], [2, 3]], [[0], [1], [2], [3]], [[0, 1, 2, 3]]]
+    assert stage_groups(3, [[0, 1, 2]]) == [[[0, 1, 2]], [[0], [1], [2]], [[0, 1], [2]]]
+
+
+def test_pipeline_is_never_slower_than_the_data_parallel_plans_it_tries():
+    graph, cluster = layered_graph(8, 1 << 16, batch=16), gpu_cluster(4)
+    ev = Evaluator(graph, cluster)
+    s = baselines.run("pipeline", graph, cluster, evaluator=ev, budget_s=20.0)
+    t = ev.evaluate(s).iteration_time_s
+    for dp in ("ev-ar", "cp-ar"):
+        assert t <= ev.evaluate(baselines.run(dp, graph, cluster, evaluator=ev)).iteration_time_s * (1 + 1e-9)
+    # stages hold contiguous layers: a layer's forward ops in one group, groups in layer order
+    firsts = [min(layers) for layers in layers_per_group(s, graph) if layers]
+    assert firsts == sorted(firsts)
+    assert s.meta["candidates"] >= 1 and s.meta["micro_batches"] == s.n_micro
+
+
+def test_pipeline_fits_where_every_data_parallel_plan_is_out_of_memory():
+    # 8 layers of 64 MiB weights (+ gradients): 1 GiB of parameter state, on GPUs of 400 MiB
+    graph, cluster = layered_graph(8, 64 << 20, batch=8), gpu_cluster(4, memory="400 MiB")
+    ev = Evaluator(graph, cluster)
+    for dp in ("ev-ar", "cp-ar", "single"):
+        assert ev.evaluate(baselines.run(dp, graph, cluster, evaluator=ev)).oom
+    s = baselines.run("pipeline", graph, cluster, evaluator=ev, budget_s=20.0)
+    res = ev.evaluate(s)
+    assert not res.oom
+    assert len(s.meta["stages"]) >= 3                        # at least 3 stages hold the 8 layers
+
+
+@pytest.mark.parametrize("opts, match", [({"schedule": "zigzag"}, "schedule"),
+                                         ({"max_micro_batches": 0}, "max_micro_batches")])
+def test_bad_options_are_refused(opts, match):
+    graph, cluster = layered_graph(2, 4096), gpu_cluster(2)
+    with pytest.raises(HeterogError, match=match):
+        baselines.run("pipeline", graph, cluster, **opts)
+
+
+def test_micro_batches_follow_max_micro_batches():
+    graph, cluster = layered_graph(4, 4096, batch=8), gpu_cluster(2)
+    s = baselines.run("pipeline", graph, cluster, budget_s=5.0, max_micro_batches=1)
+    assert s.n_micro == 1
+    assert np.all(np.asarray(s.micro) == 8)
