@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from heterog.baselines.chains import BLOCK_MOVES, ActionSearch, Chain, ChainResult, ChainState, run_chain
+from heterog.baselines.pipeline import with_best_micro_batches
 from heterog.errors import HeterogError
 from heterog.strategy import Strategy
 
@@ -77,7 +78,7 @@ def repick_block_devices(search: ActionSearch, actions: np.ndarray, cost: float)
 def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple[str, ...] | list[str] = DEFAULT_STARTS,
          temperature: float = 0.005, oom_factor: float = 10.0, max_evals: int | None = None,
          order: str | None = SEARCH_ORDER, workers: int = 1, ray_address: str | None = None, keep: int = 4,
-         block_moves: float = BLOCK_MOVES) -> Strategy:
+         block_moves: float = BLOCK_MOVES, max_micro_batches: int = 16) -> Strategy:
     """Metropolis-Hastings over one (M+4)-way action per group (FlexFlow's search).
 
     Cost = simulated iteration time under task order ``order`` (``SEARCH_ORDER``, FIFO: one simulation per
@@ -93,7 +94,8 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
     goes to the workers in ``CHAIN_SEGMENTS`` segments per chain, taken by whichever worker is free. Each
     chain returns its ``keep`` best plans; when ``order`` is not the evaluator's, those are scored again under
     the evaluator's order and the best is returned (never worse than the best start under that order), after
-    ``repick_block_devices``.
+    ``repick_block_devices``; last, the number of micro-batches (up to ``max_micro_batches``; 1: none) and
+    their schedule are chosen for it (``pipeline.with_best_micro_batches``).
     """
     from heterog.parallel import EvaluatorSpec, RayPool, make_pool
 
@@ -167,6 +169,8 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
     n_evals = search.n_evals + (sum(r.n_evals for r in results) if remote else 0)
     eval_s = search.eval_time_s + (sum(r.eval_time_s for r in results) if remote else 0.0)
     strategy = search.strategy(best)
+    if max_micro_batches > 1:
+        strategy = with_best_micro_batches(ev, strategy, max_micro_batches, oom_factor)
     strategy.meta.update({
         "evals_per_s": n_evals / elapsed if elapsed > 0 else 0.0,
         "sim_evals_per_s": n_evals / eval_s if eval_s > 0 else 0.0,
@@ -174,7 +178,7 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
         "proposals": sum(r.proposals for r in results),
         "accepted": sum(r.accepted for r in results), "blocks": len(search.blocks),
         "block_repick_evals": repick_evals, "workers": pool.n_workers,
-        "order": order or ev.order,
+        "order": order or ev.order, "micro_batches": strategy.n_micro,
         "best_cost_s": best_cost, "best_start": best_name, "best_start_cost_s": final_start[best_name],
         "chains": [{"start": r.name, "start_cost_s": start_cost[r.name], "best_cost_s": r.best_cost,
                     "proposals": r.proposals, "wall_s": r.wall_s} for r in results]})
