@@ -360,8 +360,9 @@ def release_sets(graph: OpGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
     C is the intersection of ``ANY(producer(t))`` over the aggregated tensors with the largest such sets
     (at least half the largest); the tensors whose set contains C are "late". (On the zoo's language
-    models the loss is aggregated - ``nll_loss_backward`` reads its total weight - so C is the forward
-    pass and every gradient is late; the loss's own aggregation is not.) Returns ``(C as an (n_ops,) bool
+    models every backward reads the loss's total weight, a count of the targets summed over the replicas,
+    computed from the targets alone (``heterog.graph.normalisers``): C is that count, and every gradient is
+    late.) Returns ``(C as an (n_ops,) bool
     mask, late (n_tensors,) bool, (n_tensors,) bool: pulled tensors an op of C reads)``: a pull reaches a
     device before that device's replica of its reader starts, so before C is done.
     """

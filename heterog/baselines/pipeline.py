@@ -13,7 +13,7 @@ The search is a pruned enumeration, time-boxed by ``budget_s``:
                  memory of its smallest device where possible); a stage's time for a layer is its
                  devices' combined throughput at the shares used;
   shares         even, or proportional to each device's time for the stage's layers;
-  micro-batches  k in 1, 2, 4, ... up to the batch (even sizes), under ``schedule``.
+  micro-batches  k in 1, 2, 4, ... up to the batch (even sizes), under each schedule (or ``schedule``).
 
 Candidates run in that order for k = 1, 4, 2, 8, 16, ... so a short budget still meets the usual
 choices; the result's meta lists what was chosen and how many candidates were simulated.
@@ -106,11 +106,12 @@ def with_best_micro_batches(ev: PlanEvaluator, strategy: Strategy, max_micro_bat
     return best
 
 
-def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str = "1f1b",
+def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | None = None,
              max_micro_batches: int = 32) -> Strategy:
     """The fastest simulated pipeline plan that fits (the fastest of all when none fits) within
-    ``budget_s`` seconds of search (default 30); ``schedule`` orders the micro-batches."""
-    if schedule not in SCHEDULES:
+    ``budget_s`` seconds of search (default 30); ``schedule`` orders the micro-batches (None: each of
+    ``SCHEDULES`` is tried)."""
+    if schedule is not None and schedule not in SCHEDULES:
         raise HeterogError(f"unknown schedule {schedule!r} for the pipeline planner (choose from {SCHEDULES})")
     if max_micro_batches < 1:
         raise HeterogError(f"max_micro_batches must be at least 1, got {max_micro_batches}")
@@ -135,13 +136,16 @@ def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str = "
                     "stages": [configs[g].devices for g in np.unique(stage_of_layer).tolist()],
                     "layers_per_stage": np.bincount(stage_of_layer, minlength=len(stages)).tolist(),
                     "micro_batches": k, "shares": "proportional" if proportional else "even"})
-                if k > 1:
-                    s = dataclasses.replace(s, micro_batches=tuple(even_shares(B, k)), schedule=schedule)
-                t, oom = ev.iteration_time(s)
-                tried += 1
-                key = (bool(oom), float(t))
-                if best is None or key < best[0]:
-                    best = (key, s)
+                variants = [s] if k == 1 else [
+                    dataclasses.replace(s, micro_batches=tuple(even_shares(B, k)), schedule=sched,
+                                        meta={**s.meta, "schedule": sched})
+                    for sched in ((schedule,) if schedule else SCHEDULES)]
+                for v in variants:
+                    t, oom = ev.iteration_time(v)
+                    tried += 1
+                    key = (bool(oom), float(t))
+                    if best is None or key < best[0]:
+                        best = (key, v)
     assert best is not None
     out = best[1]
     out.meta.update({"candidates": tried, "layers": len(names)})

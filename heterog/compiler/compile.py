@@ -42,7 +42,7 @@ from heterog.compiler.context import AllReduceCosts, CompileContext
 from heterog.compiler.delta import dirty_units, patch_plan
 from heterog.compiler.emit import Providers, emit_aggregation, emit_connections, emit_instances
 from heterog.compiler.index import VALUE_FREE_TARGETS, GraphIndex, graph_index
-from heterog.compiler.micro import add_schedule, micro_order
+from heterog.compiler.micro import add_schedule, micro_order, window_exempt
 from heterog.compiler.place import Placement, place
 from heterog.compiler.plan import CompiledPlan, PatchCache, PlanState, aggregated_of, assemble
 from heterog.compiler.registries import ConfigTable, Grouping, LayoutTable, PSDemand
@@ -89,7 +89,7 @@ def compile_all(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarr
     task, on, owner = batch.dependencies()
     slot = None
     if place.n_micro > 1:
-        perm, slot = micro_order(tasks, task, on, schedule, place.n_micro)
+        perm, slot = micro_order(tasks, task, on, schedule, place.n_micro, window_exempt(ctx))
     else:
         perm = np.argsort(tasks.order, kind="stable")
     new_of = np.empty(tasks.n + 1, dtype=np.int64)

@@ -10,10 +10,11 @@ micro-batches on a device is the schedule, added here as zero-time SYNC tasks an
           micro-batch m on d (``Schedule1F1B``): at most w_d micro-batches in flight on d, where
           w_d = S - s_d, S the number of pipeline positions and s_d the position of d (devices ordered by
           the first forward op they run; devices that start at the same op share a position, so a plan
-          without stages has S = 1: one forward, then its backward, as gradient accumulation). A plan
-          whose backward reads a value that a forward op makes over the whole batch (``coupled``: a
-          loss normaliser, aggregated over every micro-batch for exactness) runs as GPipe: each
-          backward waits for every forward anyway
+          without stages has S = 1: one forward, then its backward, as gradient accumulation). The
+          forward ops a value summed over the whole batch is computed from (``window_exempt``: a loss
+          normaliser, a batch statistic) are not held back: the backwards reading it wait for it on
+          every micro-batch. A graph whose batch ops read a sum that backward ops make
+          (``backward_coupled``) runs 1F1B as GPipe: its backwards wait for one another
 
 Task ids must be topological. With one micro-batch the canonical order key is (``heterog.compiler.tasks``);
 with several, a task's *slot* comes first: the micro-batch of an op instance (under GPipe, backward
@@ -31,21 +32,44 @@ from heterog.compiler.context import CompileContext
 from heterog.compiler.tasks import TaskBatch, TaskCategory, TaskKind, Tasks
 
 
-def coupled(ctx: CompileContext) -> bool:
-    """Whether a batch op reads a partial result (a value summed over the whole batch, over every
-    micro-batch) that a forward op produces, as ``nll_loss``'s total weight, a loss normaliser: then every
-    backward waits for every forward, and no schedule keeps fewer micro-batches in flight than GPipe."""
+def window_exempt(ctx: CompileContext) -> np.ndarray:
+    """(n_ops,) forward ops that 1F1B's window does not hold back: those a forward partial result (a value
+    summed over the whole batch: a loss normaliser, a batch statistic) is computed from. Every backward
+    that reads such a value waits for it on every micro-batch, so holding any of them back behind a
+    backward would close a cycle. Cached on the graph."""
+    graph = ctx.graph
+    cached = graph.__dict__.get("_window_exempt")
+    if cached is not None:
+        return cached
+    gi = ctx.index
+    forward = graph.phase_index == 0
+    out = np.zeros(gi.n_ops, dtype=bool)
+    todo = [int(o) for o in np.unique(gi.t_op[gi.t_needs_agg]) if forward[o]]
+    while todo:
+        o = todo.pop()
+        if out[o]:
+            continue
+        out[o] = True
+        todo.extend(int(u) for u in graph.pred[o] if forward[u] and not out[u])
+    graph.__dict__["_window_exempt"] = out
+    return out
+
+
+def backward_coupled(ctx: CompileContext) -> bool:
+    """Whether a batch op reads a partial result that a backward op produces (a sum over every micro-batch
+    of values each micro-batch's backward makes, as a mixture of experts' routing gradients): then every
+    backward of one micro-batch waits for the backwards of all, which 1F1B's window would forbid."""
     gi = ctx.index
     phase = ctx.graph.phase_index
-    t = gi.t_needs_agg[gi.e_tensor] & ~gi.e_value_free & gi.has_batch[gi.e_dst] & (phase[gi.e_src] == 0)
-    return bool(t.any())
+    read = gi.t_needs_agg[gi.e_tensor] & ~gi.e_value_free & gi.has_batch[gi.e_dst] & (phase[gi.e_src] > 0)
+    return bool(read.any())
 
 
 def add_schedule(ctx: CompileContext, batch: TaskBatch, schedule: str, n_micro: int) -> str:
     """Add the SYNC tasks and dependencies of ``schedule`` over ``n_micro`` micro-batches to ``batch``,
     which holds every other task of the plan (ids from ``batch.first_id``). Returns the schedule applied:
-    1F1B on a ``coupled`` graph is GPipe."""
-    if schedule == "1f1b" and coupled(ctx):
+    GPipe for 1F1B on a ``backward_coupled`` graph."""
+    if schedule == "1f1b" and backward_coupled(ctx):
         schedule = "gpipe"
     tasks = batch.tasks()
     ids = batch.first_id + np.arange(tasks.n, dtype=np.int64)
@@ -79,7 +103,8 @@ def add_schedule(ctx: CompileContext, batch: TaskBatch, schedule: str, n_micro: 
     bar[keys] = barriers(keys // n_micro, (keys % n_micro) * m_dev + keys // n_micro)
     b = bwd[needed]
     batch.deps(bar[key_b[needed]], ids[b], last_op)
-    # forward instances of micro-batch m on d wait for barrier (d, m - w_d)
+    # forward instances of micro-batch m on d wait for barrier (d, m - w_d), but those of ``window_exempt``
+    fwd = fwd[~window_exempt(ctx)[tasks.op[fwd]]]
     back = tasks.micro[fwd] - window[tasks.dev[fwd]]
     ok = back >= 0
     f = fwd[ok]
@@ -102,12 +127,13 @@ def in_flight_window(dev: np.ndarray, op: np.ndarray, n_devices: int) -> np.ndar
     return out
 
 
-def micro_order(tasks: Tasks, dep_task: np.ndarray, dep_on: np.ndarray, schedule: str,
-                n_micro: int) -> tuple[np.ndarray, np.ndarray]:
+def micro_order(tasks: Tasks, dep_task: np.ndarray, dep_on: np.ndarray, schedule: str, n_micro: int,
+                exempt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The permutation that puts ``tasks`` (dependency ``dep_task[i]`` waits for ``dep_on[i]``, ids in
     ``tasks``' order) in topological order: by slot, then by order key (module docstring); and each
-    task's slot."""
-    hint = np.where(tasks.micro >= 0, tasks.micro, 0).astype(np.int64)
+    task's slot. Instances of the ops ``exempt`` (n_ops,) flags (``window_exempt``: every micro-batch's
+    backward reads what they make) take slot 0 whatever their micro-batch."""
+    hint = np.where((tasks.micro >= 0) & ~exempt[tasks.op], tasks.micro, 0).astype(np.int64)
     if schedule == "gpipe":
         backward = (tasks.micro >= 0) & (tasks.kind == TaskKind.COMPUTE) & (tasks.cat != TaskCategory.FORWARD)
         hint = np.where(backward, n_micro + hint, hint)

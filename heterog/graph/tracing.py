@@ -19,6 +19,7 @@ from torch.fx import GraphModule, Node
 from heterog.errors import DataDependentControlFlowError, HeterogError, ModelError
 from heterog.graph.inputs import ExampleInputs, InputSpec, input_spec
 from heterog.graph.mutations import functionalize, intermediate_mutations
+from heterog.graph.normalisers import split_loss_normalisers
 from heterog.graph.optimizer import STATE_SLOTS, check_optimizer, init_state, optimizer_update
 
 log = logging.getLogger(__name__)
@@ -325,6 +326,10 @@ def capture_fx(module: nn.Module, example_inputs: ExampleInputs, *,
         gm, origin = functionalize(gm)
         node_phase = {n: node_phase[o] for n, o in origin.items() if o in node_phase}
         node_path = {n: node_path[o] for n, o in origin.items() if o in node_path}
+    for made, loss in split_loss_normalisers(gm).items():     # counts from the targets, not from the loss
+        node_phase[made.name] = node_phase.get(loss.name, "forward")
+        if loss.name in node_path:
+            node_path[made.name] = node_path[loss.name]
 
     out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     outs = list(out_node.args[0])

@@ -99,9 +99,12 @@ def describe_failure(exc: BaseException, rank: int) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------- executing a rank program
 def scaled(v: torch.Tensor, scale: float) -> torch.Tensor:
-    """``v * scale`` in ``v``'s dtype (an integer value, such as an index or a count, stays one)."""
+    """``v * scale``; an integer value (an index, a count) whose scaled entries are whole numbers keeps its
+    dtype, as its readers and messages expect."""
     out = v * scale
-    return out if out.dtype == v.dtype else out.to(v.dtype)
+    if out.dtype != v.dtype and bool(torch.equal(out, out.round())):
+        return out.to(v.dtype)
+    return out
 
 
 class RankExecutor:

@@ -106,8 +106,8 @@ def measured_exponent(v1: torch.Tensor, v2: torch.Tensor, batch_dim: int | None,
     u = duplicated(v1, batch_dim, minor_per)
     if u.shape != v2.shape:
         return None
-    if not (u.dtype.is_floating_point or u.dtype.is_complex):
-        return 0 if torch.equal(u, v2) else None
+    if not (u.dtype.is_floating_point or u.dtype.is_complex) and torch.equal(u, v2):
+        return 0                          # integers (a count of targets doubles: e = 1, measured below)
     u64, v64 = u.detach().double().flatten(), v2.detach().double().flatten()
     if u64.numel() == 0 or max(float(u64.abs().max()), float(v64.abs().max())) <= zero_below:
         return 0

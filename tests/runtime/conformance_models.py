@@ -396,6 +396,27 @@ def build_keyword_tagger(batch_size: int = 6):
                              "return_dict": True}
 
 
+class PaddedTagger(nn.Module):
+    """A token tagger whose padded positions carry the label -100 (``ignore_index``), unevenly over the
+    samples: the mean loss divides by the count of real labels of the whole batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, C)
+        self.out = nn.Linear(C, VOCAB)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.out(torch.tanh(self.tok(x))).reshape(-1, VOCAB), y.reshape(-1))
+
+
+def build_padded_tagger(batch_size: int = 6):
+    torch.manual_seed(0)
+    x, y = _tokens(batch_size, 7)
+    lengths = torch.arange(batch_size) % T + 1                 # sample i keeps its first lengths[i] labels
+    y = torch.where(torch.arange(T)[None, :] < lengths[:, None], y, torch.full_like(y, -100))
+    return PaddedTagger(), (x, y)
+
+
 # name -> build: the models every plan must train exactly like one process
 EQUIVALENCE_MODELS = {
     "tied_decoder": build_tied_decoder,

@@ -219,6 +219,22 @@ def test_micro_batched_random_plans_train_like_one_process(name, cluster_name, s
     check_trains_like_one_process(name, cluster_name, "random+micro", seed, request)
 
 
+@pytest.mark.parametrize("method", ["random", "random+micro"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_ignored_labels_train_like_one_process(method, seed, request) -> None:
+    """Labels equal to ``ignore_index`` on uneven numbers of positions per sample: the mean loss divides by
+    the whole batch's count of real labels (computed from the targets, ``heterog.graph.normalisers``), and
+    the parameters are single-process training's under any plan. The reported loss weights each replica's
+    mean by its share of the samples, so with ignored labels it is not the global mean: only the
+    parameters are compared."""
+    m = captured("padded_tagger")
+    cluster = cluster_of("local-cpu-3")
+    result = run_prepared(prepare(m, cluster, plan(m, cluster, method, seed)), [m.example_inputs], STEPS,
+                          pool=request.getfixturevalue("pool3"))
+    ok, diff, bad = compare_values(m, result.values, reference("padded_tagger")[1], rtol=RTOL, atol=ATOL)
+    assert ok, f"padded_tagger {method} seed {seed}: {bad[:4]} differ (max |diff| {diff:.3g})"
+
+
 # ---------------------------------------------------------------------------- batch norm: per replica
 def ddp_reference(module: torch.nn.Module, inputs, shares, steps: int) -> dict[str, torch.Tensor]:
     """Eager data-parallel training: each replica's batch statistics over its own samples, gradients
