@@ -15,6 +15,9 @@ The search is a pruned enumeration, time-boxed by ``budget_s``:
   shares         even, or proportional to each device's time for the stage's layers;
   micro-batches  k in 1, 2, 4, ... up to the batch (even sizes), under each schedule (or ``schedule``).
 
+``balance="equal"`` is the homogeneous baseline of pipeline planners: one stage per device, equal layer
+counts, even micro-batches (only k and the schedule searched).
+
 Candidates run in that order for k = 1, 4, 2, 8, 16, ... so a short budget still meets the usual
 choices; the result's meta lists what was chosen and how many candidates were simulated.
 """
@@ -106,11 +109,21 @@ def with_best_micro_batches(ev: PlanEvaluator, strategy: Strategy, max_micro_bat
     return best
 
 
+def equal_stages(n_layers: int, n_devices: int) -> np.ndarray:
+    """(n_layers,) stage of each layer: one stage per device, equal numbers of consecutive layers (the
+    first stages take the rest)."""
+    sizes = even_shares(n_layers, n_devices)
+    return np.repeat(np.arange(n_devices), sizes)
+
+
 def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | None = None,
-             max_micro_batches: int = 32) -> Strategy:
+             max_micro_batches: int = 32, balance: str = "cost") -> Strategy:
     """The fastest simulated pipeline plan that fits (the fastest of all when none fits) within
     ``budget_s`` seconds of search (default 30); ``schedule`` orders the micro-batches (None: each of
-    ``SCHEDULES`` is tried)."""
+    ``SCHEDULES`` is tried). ``balance="equal"`` is the homogeneous baseline: one stage per device with
+    equal numbers of layers (``equal_stages``), only the micro-batches searched."""
+    if balance not in ("cost", "equal"):
+        raise HeterogError(f"unknown balance {balance!r} for the pipeline planner (choose from cost, equal)")
     if schedule is not None and schedule not in SCHEDULES:
         raise HeterogError(f"unknown schedule {schedule!r} for the pipeline planner (choose from {SCHEDULES})")
     if max_micro_batches < 1:
@@ -125,12 +138,18 @@ def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | N
     micro = [k for k in MICRO_ORDER if k <= min(B, max_micro_batches)]
     best: tuple | None = None
     tried = 0
+    groupings = stage_groups(cluster.n_devices, servers) if balance == "cost" else \
+        [[[d] for d in range(cluster.n_devices)]]
     for k in micro:
-        for stages in stage_groups(cluster.n_devices, servers):
-            for proportional in (True, False):
+        for stages in groupings:
+            for proportional in ((True, False) if balance == "cost" else (False,)):
                 if best is not None and time.perf_counter() - t0 > budget:
                     break
-                stage_of_layer, configs = stage_plan(ev, stages, proportional, layer_of, times)
+                if balance == "cost":
+                    stage_of_layer, configs = stage_plan(ev, stages, proportional, layer_of, times)
+                else:
+                    stage_of_layer = equal_stages(len(names), cluster.n_devices)
+                    configs = [ParallelConfig.single(d, B) for d in range(cluster.n_devices)]
                 group_of = stage_of_layer[layer_of]
                 s = group_strategy(ev, group_of, configs, meta={
                     "stages": [configs[g].devices for g in np.unique(stage_of_layer).tolist()],

@@ -8,7 +8,7 @@ import pytest
 
 from heterog import baselines
 from heterog.baselines.expert import op_layers
-from heterog.baselines.pipeline import stage_groups
+from heterog.baselines.pipeline import equal_stages, stage_groups
 from heterog.errors import HeterogError
 from heterog.evaluate import Evaluator
 from tests.baselines.helpers import gpu_cluster, layered_graph
@@ -49,8 +49,18 @@ def test_pipeline_fits_where_every_data_parallel_plan_is_out_of_memory():
     assert len(s.meta["stages"]) >= 3                        # at least 3 stages hold the 8 layers
 
 
+def test_the_homogeneous_baseline_gives_every_device_equal_layers():
+    assert equal_stages(7, 3).tolist() == [0, 0, 0, 1, 1, 2, 2]
+    graph, cluster = layered_graph(8, 4096, batch=8), gpu_cluster(4)
+    s = baselines.run("pipeline", graph, cluster, budget_s=5.0, balance="equal")
+    counts = [len(layers) for layers in layers_per_group(s, graph)]
+    assert len(counts) == 4 and max(counts) - min(counts) <= 1
+    assert all(len(c.devices) == 1 for c in s.configs)
+
+
 @pytest.mark.parametrize("opts, match", [({"schedule": "zigzag"}, "schedule"),
-                                         ({"max_micro_batches": 0}, "max_micro_batches")])
+                                         ({"max_micro_batches": 0}, "max_micro_batches"),
+                                         ({"balance": "random"}, "balance")])
 def test_bad_options_are_refused(opts, match):
     graph, cluster = layered_graph(2, 4096), gpu_cluster(2)
     with pytest.raises(HeterogError, match=match):
