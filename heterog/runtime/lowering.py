@@ -202,10 +202,6 @@ class _Builder:
             return [(d, 0, self.B, 0) for d in self.lay_devs(self.op_lay(op))]
         return self.lay_ranges(self.op_lay(op))
 
-    def repeats(self, op: int) -> bool:
-        """Whether some device runs several instances of ``op`` (one per micro-batch)."""
-        return len(self.entries(op)) > len(self.lay_devs(self.op_lay(op)))
-
     # ------------------------------------------------------------------ keys and instructions
     def inst_key(self, op: int, dev: int, micro: int = 0) -> tuple:
         t = self.inst_task.get((op, dev, micro))
@@ -326,8 +322,8 @@ class _Builder:
         accumulated over the micro-batches of its producer's one device."""
         t = self.tensor_of.get(leaf_id)
         u = leaf_id[0]
-        return (t is not None and t in self.plan.aggregated) or (
-            self.prog.op_has_batch[u] and self.repeats(u) and len(self.lay_devs(self.op_lay(u))) == 1)
+        return (t is not None and t in self.plan.aggregated) or (        # one device, several instances
+            self.prog.op_has_batch[u] and len(self.lay_devs(self.op_lay(u))) == 1 < len(self.entries(u)))
 
     def aggregated(self, leaf_id: tuple[int, int]) -> tuple[tuple[int, ...], Source, tuple]:
         """Aggregate a partial leaf as the plan says (or accumulate it on its one device); returns
