@@ -83,13 +83,14 @@ def compile_all(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarr
     """Phases 4-7 from scratch: emit every task, put them in canonical order, assemble."""
     batch, prov, algo = emit_all(ctx, layouts, place)
     schedule = place.schedule
-    if place.n_micro > 1:
-        schedule = add_schedule(ctx, batch, schedule, place.n_micro)
+    exempt = window_exempt(ctx, place.op_lay) if place.n_micro > 1 else None
+    if exempt is not None:
+        schedule = add_schedule(ctx, batch, schedule, place.n_micro, exempt)
     tasks = batch.tasks()
     task, on, owner = batch.dependencies()
     slot = None
-    if place.n_micro > 1:
-        perm, slot = micro_order(tasks, task, on, schedule, place.n_micro, window_exempt(ctx))
+    if exempt is not None:
+        perm, slot = micro_order(tasks, task, on, schedule, place.n_micro, exempt)
     else:
         perm = np.argsort(tasks.order, kind="stable")
     new_of = np.empty(tasks.n + 1, dtype=np.int64)

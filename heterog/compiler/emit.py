@@ -236,6 +236,11 @@ def _connect_nonbatch(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatc
     rows, loc = ragged(k)
     er = e[rows]
     u, v, t = gi.e_src[er], gi.e_dst[er], gi.e_tensor[er]
+    # a batch statistic read by a batch op of its producer's layout: each instance reads its own
+    own = gi.t_statistic[t] & gi.has_batch[v] & (place.op_lay[u] == place.op_lay[v])
+    if own.any():
+        batch.deps(prov.inst_start[v[own]] + loc[own], prov.inst_start[u[own]] + loc[own], n_ops + t[own])
+        er, loc, u, v, t = er[~own], loc[~own], u[~own], v[~own], t[~own]
     d = lay.dev_flat[lay.ptr[place.op_lay[v]] + loc]
     consumer = prov.inst_start[v] + loc
     have = prov.at[t, d]

@@ -14,6 +14,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from heterog.cluster.topology import Cluster
     from heterog.graph.opgraph import OpGraph
 
+# ops whose partial results are batch statistics (mean and inverse std of a batch norm over its samples)
+STATISTICS_TARGETS = frozenset({
+    "aten._native_batch_norm_legit.default", "aten._native_batch_norm_legit_functional.default",
+    "aten.native_batch_norm.default",
+})
 VALUE_FREE_TARGETS = frozenset({
     "aten.ones_like.default", "aten.zeros_like.default", "aten.empty_like.default", "aten.full_like.default",
     "aten.new_zeros.default", "aten.new_ones.default", "aten.new_empty.default", "aten.new_full.default",
@@ -63,6 +68,8 @@ class GraphIndex:
     t_pulled: np.ndarray           # value of a PS-resident op (parameter, state, update) read by a batch op
     partial_bytes: np.ndarray      # (n_ops,) bytes of the op's partial results that are read (t_needs_agg)
     has_partial: np.ndarray        # (n_ops,) the op has a partial result that is read (of any size)
+    t_statistic: np.ndarray        # partial result of a batch norm (``STATISTICS_TARGETS``): its readers of the
+                                   # same layout read their own instance's (per replica, per micro-batch)
 
     @property
     def n_tensors(self) -> int:
@@ -126,7 +133,8 @@ def graph_index(graph: OpGraph) -> GraphIndex:
                      graph.resident_bytes.copy(), cat, is_grad, src, dst, graph.edge_bytes.copy(), e_batch,
                      e_value_free, e_tensor, t_op, t_bytes, t_needs_agg, t_pulled,
                      np.bincount(t_op[t_needs_agg], weights=t_bytes[t_needs_agg], minlength=n),
-                     np.bincount(t_op[t_needs_agg], minlength=n) > 0)
+                     np.bincount(t_op[t_needs_agg], minlength=n) > 0,
+                     t_partial & np.array([ops[o].target in STATISTICS_TARGETS for o in t_op.tolist()], dtype=bool))
     graph.__dict__["_compile_index"] = idx
     return idx
 

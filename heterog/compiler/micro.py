@@ -32,26 +32,27 @@ from heterog.compiler.context import CompileContext
 from heterog.compiler.tasks import TaskBatch, TaskCategory, TaskKind, Tasks
 
 
-def window_exempt(ctx: CompileContext) -> np.ndarray:
-    """(n_ops,) forward ops that 1F1B's window does not hold back: those a forward partial result (a value
-    summed over the whole batch: a loss normaliser, a batch statistic) is computed from. Every backward
-    that reads such a value waits for it on every micro-batch, so holding any of them back behind a
-    backward would close a cycle. Cached on the graph."""
-    graph = ctx.graph
-    cached = graph.__dict__.get("_window_exempt")
-    if cached is not None:
-        return cached
-    gi = ctx.index
+def window_exempt(ctx: CompileContext, op_lay: np.ndarray) -> np.ndarray:
+    """(n_ops,) forward ops that 1F1B's window does not hold back under layouts ``op_lay``: those that a
+    partial result read during the step through its sum over the whole batch is computed from (a loss
+    normaliser; a batch statistic read under another layout than its producer's, whereas one read under
+    the same layout is each instance's own). Every backward that reads such a sum waits for it on every
+    micro-batch, so holding any of them back behind a backward would close a cycle."""
+    gi, graph = ctx.index, ctx.graph
     forward = graph.phase_index == 0
+    t = gi.e_tensor
+    # read during the step (not by the update, which runs after every micro-batch), but not as a statistic
+    # by a batch op of its producer's layout
+    summed = gi.t_needs_agg[t] & ~gi.e_value_free & forward[gi.e_src] & (graph.phase_index[gi.e_dst] < 2)
+    summed &= ~(gi.t_statistic[t] & gi.has_batch[gi.e_dst] & (op_lay[gi.e_src] == op_lay[gi.e_dst]))
     out = np.zeros(gi.n_ops, dtype=bool)
-    todo = [int(o) for o in np.unique(gi.t_op[gi.t_needs_agg]) if forward[o]]
+    todo = np.unique(gi.e_src[summed]).tolist()
     while todo:
         o = todo.pop()
         if out[o]:
             continue
         out[o] = True
-        todo.extend(int(u) for u in graph.pred[o] if forward[u] and not out[u])
-    graph.__dict__["_window_exempt"] = out
+        todo.extend(u for u in graph.pred[o] if forward[u] and not out[u])
     return out
 
 
@@ -65,7 +66,7 @@ def backward_coupled(ctx: CompileContext) -> bool:
     return bool(read.any())
 
 
-def add_schedule(ctx: CompileContext, batch: TaskBatch, schedule: str, n_micro: int) -> str:
+def add_schedule(ctx: CompileContext, batch: TaskBatch, schedule: str, n_micro: int, exempt: np.ndarray) -> str:
     """Add the SYNC tasks and dependencies of ``schedule`` over ``n_micro`` micro-batches to ``batch``,
     which holds every other task of the plan (ids from ``batch.first_id``). Returns the schedule applied:
     GPipe for 1F1B on a ``backward_coupled`` graph."""
@@ -103,8 +104,8 @@ def add_schedule(ctx: CompileContext, batch: TaskBatch, schedule: str, n_micro: 
     bar[keys] = barriers(keys // n_micro, (keys % n_micro) * m_dev + keys // n_micro)
     b = bwd[needed]
     batch.deps(bar[key_b[needed]], ids[b], last_op)
-    # forward instances of micro-batch m on d wait for barrier (d, m - w_d), but those of ``window_exempt``
-    fwd = fwd[~window_exempt(ctx)[tasks.op[fwd]]]
+    # forward instances of micro-batch m on d wait for barrier (d, m - w_d), but those ``exempt`` (n_ops,)
+    fwd = fwd[~exempt[tasks.op[fwd]]]
     back = tasks.micro[fwd] - window[tasks.dev[fwd]]
     ok = back >= 0
     f = fwd[ok]

@@ -252,3 +252,29 @@ def test_slots_kernel_matches_reference(n, seed):
         assert a[t] >= a[o] and a[t] >= hint[t]
 
 
+
+
+def test_batch_statistics_are_read_per_instance_and_do_not_couple_micro_batches():
+    """A batch norm's backward reads the statistics of its own (replica, micro-batch) instance, as the
+    runtime does: it waits for no AllReduce of them, and 1F1B's window holds the norm's forward back."""
+    from heterog.cluster import load_cluster
+    from heterog.compiler.micro import window_exempt
+    from tests.runtime.test_conformance import captured
+
+    g = captured("batchnorm_cnn").graph
+    c = load_cluster("local-cpu-2")
+    s = Strategy(g.fingerprint, c.name, 2, g.batch_size, np.zeros(g.n_ops, dtype=np.int64),
+                 [ParallelConfig.of([(0, 3), (1, 3)])], micro_batches=(3, 3))
+    ev = Evaluator(g, c)
+    plan = ev.evaluate(s).plan
+    bn = [i for i, op in enumerate(g.ops) if op.target == "aten._native_batch_norm_legit.default"]
+    bwd = [i for i, op in enumerate(g.ops) if op.target == "aten.native_batch_norm_backward.default"]
+    assert bn and bwd
+    assert not window_exempt(ev.compiler.context, plan.op_layout)[bn].any()
+    ptr, idx = plan.dep_ptr, plan.dep_idx
+    for t in np.nonzero(np.isin(plan.task_op, bwd) & (plan.task_kind == TaskKind.COMPUTE))[0].tolist():
+        waits = idx[ptr[t]:ptr[t + 1]]
+        assert not np.any(plan.task_kind[waits] == TaskKind.ALLREDUCE)
+        own = waits[np.isin(plan.task_op[waits], bn)]
+        assert own.size and np.all(plan.task_micro[own] == plan.task_micro[t])
+        assert np.all(plan.task_device[own] == plan.task_device[t])
