@@ -9,7 +9,7 @@ Action encoding (M = number of GPUs), one action per group:
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence, TypeAlias
 
@@ -281,6 +281,14 @@ class Strategy:
     @property
     def n_micro(self) -> int:
         return len(self.micro)
+
+    def with_micro_batches(self, k: int, schedule: str | None = None) -> "Strategy":
+        """This strategy over ``k`` micro-batches of even sizes (1: one), under ``schedule`` (None: its own)."""
+        if not 1 <= int(k) <= min(self.batch_size, MAX_MICRO_BATCHES):
+            raise StrategyError(f"{k} micro-batches for a batch of {self.batch_size}: give 1.."
+                                f"{min(self.batch_size, MAX_MICRO_BATCHES)}")
+        return replace(self, micro_batches=None if int(k) == 1 else tuple(even_shares(self.batch_size, int(k))),
+                       schedule=schedule or self.schedule, meta=dict(self.meta))
 
     def check_fits(self, graph: "OpGraph", cluster: "Cluster") -> None:
         """Refuse a strategy made for another graph or cluster, with a message naming both."""

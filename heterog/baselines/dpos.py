@@ -2,6 +2,7 @@
 and order of the data-parallel graph's op replicas) and OS-DPOS (Algorithm 2: split critical-path ops)."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from bisect import bisect_right
 from dataclasses import dataclass, field
@@ -439,8 +440,8 @@ def plan_cost(ev: PlanEvaluator, strategy: Strategy, oom_factor: float = 10.0) -
 
 
 def dpos_plan(ev: PlanEvaluator, replicas: int | None, shares: str, memory_headroom: float,
-              check_start: bool) -> tuple[Strategy, ReplicatedGraph, DposSchedule, float]:
-    """DPOS's strategy and its simulated cost.
+              check_start: bool, micro_batches: int = 1) -> tuple[Strategy, ReplicatedGraph, DposSchedule, float]:
+    """DPOS's strategy and its simulated cost, over ``micro_batches`` even micro-batches.
 
     With ``check_start`` (FastT deploys a new strategy only when it is faster than the running one) the
     simulator scores three plans and the fastest is returned: DPOS's placement in DPOS's order, the
@@ -455,6 +456,7 @@ def dpos_plan(ev: PlanEvaluator, replicas: int | None, shares: str, memory_headr
         candidates["start+dpos-order"] = start
         candidates["start"] = Strategy(start.graph_fingerprint, start.cluster_name, start.n_devices,
                                        start.batch_size, start.group_of, start.configs, meta=dict(start.meta))
+    candidates = {name: st.with_micro_batches(micro_batches) for name, st in candidates.items()}
     costs = {name: plan_cost(ev, st) for name, st in candidates.items()}
     deployed = min(costs, key=lambda k: (costs[k], list(costs).index(k)))
     strategy = candidates[deployed]
@@ -463,10 +465,11 @@ def dpos_plan(ev: PlanEvaluator, replicas: int | None, shares: str, memory_headr
 
 
 def dpos(ev: PlanEvaluator, replicas: int | None = None, shares: str = "proportional", memory_headroom: float = 0.9,
-         check_start: bool = True) -> Strategy:
+         check_start: bool = True, micro_batches: int = 1) -> Strategy:
     """FastT DPOS over the data-parallel graph (``replicas=1``: over the plain graph, i.e. model
-    parallelism per op); see ``dpos_plan`` for ``check_start``."""
-    return dpos_plan(ev, replicas, shares, memory_headroom, check_start)[0]
+    parallelism per op); see ``dpos_plan`` for ``check_start``; plans and scores run at
+    ``micro_batches``."""
+    return dpos_plan(ev, replicas, shares, memory_headroom, check_start, micro_batches)[0]
 
 
 # ----------------------------------------------------------------------------- OS-DPOS
@@ -487,21 +490,21 @@ def split_configs(op_times_s: np.ndarray, batch_size: int) -> list[ParallelConfi
 
 
 def with_config(strategy: Strategy, group: int, config: ParallelConfig) -> Strategy:
-    """A copy of ``strategy`` with ``group`` running under ``config``."""
+    """A copy of ``strategy`` with ``group`` running under ``config`` (its micro-batches kept)."""
     configs = list(strategy.configs)
     configs[group] = config
-    return Strategy(strategy.graph_fingerprint, strategy.cluster_name, strategy.n_devices, strategy.batch_size,
-                    strategy.group_of, configs, strategy.method, strategy.priorities, dict(strategy.meta))
+    return dataclasses.replace(strategy, configs=configs, meta=dict(strategy.meta))
 
 
 def os_dpos(ev: PlanEvaluator, budget_s: float = 60.0, replicas: int | None = None, shares: str = "proportional",
-            memory_headroom: float = 0.9, check_start: bool = True) -> Strategy:
+            memory_headroom: float = 0.9, check_start: bool = True, micro_batches: int = 1) -> Strategy:
     """FastT OS-DPOS: start from DPOS; take the ops of its critical path that carry the batch, longest
     first (on the critical-path device); try every split of the op over its 2..M fastest devices (even
     or proportional shares, AllReduce) and keep the best if the simulated iteration gets shorter; stop
-    at the first op that no split improves, or when ``budget_s`` is spent."""
+    at the first op that no split improves, or when ``budget_s`` is spent; every plan scored at
+    ``micro_batches``."""
     t0 = time.perf_counter()
-    strategy, rg, sched, best_cost = dpos_plan(ev, replicas, shares, memory_headroom, check_start)
+    strategy, rg, sched, best_cost = dpos_plan(ev, replicas, shares, memory_headroom, check_start, micro_batches)
     start_cost = best_cost
     n = rg.n_ops
     cp_ops = list(dict.fromkeys(i % n for i in sched.critical_path if i < len(rg.shares) * n))

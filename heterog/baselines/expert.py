@@ -70,12 +70,14 @@ def group_strategy(ev: PlanEvaluator, group_of: np.ndarray,
 
 
 def mp_strategy(ev: PlanEvaluator, group_of: np.ndarray, group_device: np.ndarray | Sequence[int], *,
-                priorities: np.ndarray | None = None, meta: dict[str, Any] | None = None) -> Strategy:
-    """A model-parallel Strategy: group ``g`` runs on device ``group_device[g]`` with the whole batch."""
+                priorities: np.ndarray | None = None, meta: dict[str, Any] | None = None,
+                micro_batches: int = 1) -> Strategy:
+    """A model-parallel Strategy: group ``g`` runs on device ``group_device[g]`` with the whole batch,
+    over ``micro_batches`` even micro-batches."""
     batch = ev.graph.batch_size
     single = {d: ParallelConfig.single(d, batch) for d in range(ev.cluster.n_devices)}
     config_of = {int(g): single[int(group_device[int(g)])] for g in np.unique(group_of).tolist()}
-    return group_strategy(ev, group_of, config_of, priorities=priorities, meta=meta)
+    return group_strategy(ev, group_of, config_of, priorities=priorities, meta=meta).with_micro_batches(micro_batches)
 
 
 def order_priorities(order: np.ndarray, n_ops: int) -> np.ndarray:

@@ -363,7 +363,8 @@ def coarse_problem(ev: PlanEvaluator, cluster_of: np.ndarray, time_unit_s: float
 
 
 def pesto(ev: PlanEvaluator, budget_s: float = 60.0, target_nodes: int = 200, seed: int = 0,
-          solver_workers: int | None = None, memory_headroom: float = 0.9, time_resolution: int = 100_000) -> Strategy:
+          solver_workers: int | None = None, memory_headroom: float = 0.9, time_resolution: int = 100_000,
+          micro_batches: int = 1) -> Strategy:
     """Pesto: coarsen to ``target_nodes`` nodes (a coarse node holds at most half of the smallest device's
     memory), solve placement + order with CP-SAT within what is left of ``budget_s`` and expand back: one
     group per coarse node on its device, ops ordered by their coarse node's start time.
@@ -373,7 +374,8 @@ def pesto(ev: PlanEvaluator, budget_s: float = 60.0, target_nodes: int = 200, se
     transient allocation. The solver starts from the fastest memory-feasible of three hints: DPOS on the
     coarse graph, contiguous segments balanced over the devices, and the best single device. Time is
     discretised in units of (total op time on the fastest devices) / ``time_resolution``. ``solver_workers``:
-    CP-SAT's search workers (default: the CPUs, at most 8).
+    CP-SAT's search workers (default: the CPUs, at most 8). The plan runs over ``micro_batches`` even
+    micro-batches (the solver places the whole batch; each device then works through the micro-batches).
     """
     t0 = time.perf_counter()
     graph, cluster = ev.graph, ev.cluster
@@ -401,7 +403,8 @@ def pesto(ev: PlanEvaluator, budget_s: float = 60.0, target_nodes: int = 200, se
     pos = np.empty(graph.n_ops, dtype=np.int64)
     pos[graph.topo_order()] = np.arange(graph.n_ops)
     order = np.lexsort((pos, sol.start[cluster_of]))
-    return mp_strategy(ev, cluster_of, sol.device, priorities=order_priorities(order, graph.n_ops),
-                       meta={"coarse_nodes": K, "coarse_edges": len(sched.edge_src), "cpsat_status": sol.status,
-                             "cpsat_makespan_s": sol.makespan * time_unit_s,
-                             "hint_makespan_s": hint.makespan * time_unit_s, "time_unit_s": time_unit_s})
+    meta = {"coarse_nodes": K, "coarse_edges": len(sched.edge_src), "cpsat_status": sol.status,
+            "cpsat_makespan_s": sol.makespan * time_unit_s, "hint_makespan_s": hint.makespan * time_unit_s,
+            "time_unit_s": time_unit_s}
+    return mp_strategy(ev, cluster_of, sol.device, priorities=order_priorities(order, graph.n_ops), meta=meta,
+                       micro_batches=micro_batches)

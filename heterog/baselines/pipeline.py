@@ -23,7 +23,6 @@ choices; the result's meta lists what was chosen and how many candidates were si
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import TYPE_CHECKING
 
@@ -100,8 +99,7 @@ def with_best_micro_batches(ev: PlanEvaluator, strategy: Strategy, max_micro_bat
     k = 2
     while k <= min(B, max_micro_batches):
         for schedule in SCHEDULES:
-            s = dataclasses.replace(strategy, micro_batches=tuple(even_shares(B, k)), schedule=schedule,
-                                    meta=dict(strategy.meta))
+            s = strategy.with_micro_batches(k, schedule)
             c = cost(s)
             if c < best_cost:
                 best, best_cost = s, c
@@ -156,8 +154,7 @@ def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | N
                     "layers_per_stage": np.bincount(stage_of_layer, minlength=len(stages)).tolist(),
                     "micro_batches": k, "shares": "proportional" if proportional else "even"})
                 variants = [s] if k == 1 else [
-                    dataclasses.replace(s, micro_batches=tuple(even_shares(B, k)), schedule=sched,
-                                        meta={**s.meta, "schedule": sched})
+                    s.with_micro_batches(k, sched)
                     for sched in ((schedule,) if schedule else SCHEDULES)]
                 for v in variants:
                     t, oom = ev.iteration_time(v)

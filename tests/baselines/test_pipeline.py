@@ -9,7 +9,7 @@ import pytest
 from heterog import baselines
 from heterog.baselines.expert import op_layers
 from heterog.baselines.pipeline import equal_stages, stage_groups
-from heterog.errors import HeterogError
+from heterog.errors import HeterogError, StrategyError
 from heterog.evaluate import Evaluator
 from tests.baselines.helpers import gpu_cluster, layered_graph
 
@@ -72,3 +72,22 @@ def test_micro_batches_follow_max_micro_batches():
     s = baselines.run("pipeline", graph, cluster, budget_s=5.0, max_micro_batches=1)
     assert s.n_micro == 1
     assert np.all(np.asarray(s.micro) == 8)
+
+
+@pytest.mark.parametrize("name", ["dpos", "os-dpos", "pesto-ilp"])
+def test_placement_planners_plan_at_the_micro_batches_they_are_given(name):
+    graph, cluster = layered_graph(4, 4096, batch=8), gpu_cluster(2)
+    ev = Evaluator(graph, cluster)
+    opts = {"budget_s": 3.0} if name != "dpos" else {}
+    s = baselines.run(name, graph, cluster, evaluator=ev, micro_batches=4, **opts)
+    assert s.micro == (2, 2, 2, 2)
+    assert ev.evaluate(s).plan.n_micro == 4
+
+
+def test_with_micro_batches_splits_the_batch_evenly_and_refuses_too_many():
+    graph, cluster = layered_graph(2, 4096, batch=6), gpu_cluster(2)
+    s = baselines.run("single", graph, cluster)
+    assert s.with_micro_batches(4, "gpipe").micro == (2, 2, 1, 1)
+    assert s.with_micro_batches(4).schedule == s.schedule and s.with_micro_batches(1).micro_batches is None
+    with pytest.raises(StrategyError, match="micro-batches for a batch of 6"):
+        s.with_micro_batches(7)
