@@ -138,7 +138,11 @@ def test_planner_options_of_plan(capsys, tmp_path, graph_file):
     assert code == 0
     api = baselines.run("mcmc", load_graph(graph_file), load_cluster(PAPER), max_evals=30, order=None, seed=0)
     assert Strategy.load(out).meta["actions"] == api.meta["actions"]
-    assert json.loads(out_json)["iteration_time_s"] > 0
+    doc = json.loads(out_json)
+    assert doc["iteration_time_s"] > 0 and doc["micro_batches"] == list(api.micro)
+    code, out_text, _ = run_cli(capsys, "plan", "--graph", str(graph_file), "--cluster", PAPER, "--method", "dpos",
+                                "--option", "micro_batches=2", "-o", str(out))
+    assert code == 0 and "2 micro-batches" in out_text and Strategy.load(out).n_micro == 2
 
 
 def test_unknown_zoo_model_and_non_scalar_output(capsys, tmp_path):
