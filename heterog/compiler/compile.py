@@ -99,11 +99,9 @@ def compile_all(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarr
     task, on = new_of[task], new_of[on]
     s = np.lexsort((on, task))
     prov = Providers(new_of[prov.inst_start], new_of[prov.at], prov.layout)
-    state = assemble(ctx, layouts, op_priority, tasks.take(perm), (task[s], on[s], owner[s]), place, prov, algo,
-                     aggregated_of(ctx.index, layouts, place, np.nonzero(place.aggregate)[0]))
-    state.plan.schedule = schedule
-    state.plan.task_slot = None if slot is None else slot[perm]
-    return state
+    return assemble(ctx, layouts, op_priority, tasks.take(perm), (task[s], on[s], owner[s]), place, prov, algo,
+                    aggregated_of(ctx.index, layouts, place, np.nonzero(place.aggregate)[0]), schedule=schedule,
+                    slot=None if slot is None else slot[perm])
 
 
 class Compiler:

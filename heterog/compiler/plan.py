@@ -135,10 +135,13 @@ def aggregated_of(index: GraphIndex, layouts: LayoutTable, place: Placement, ten
 def assemble(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray | None, tasks: Tasks,
              deps: tuple[np.ndarray, np.ndarray, np.ndarray], place: Placement, prov: Providers,
              algo: dict[int, str], aggregated: dict[int, tuple], *, validate: bool = True,
-             csr: tuple[np.ndarray, np.ndarray] | None = None) -> PlanState:
+             csr: tuple[np.ndarray, np.ndarray] | None = None, schedule: str | None = None,
+             slot: np.ndarray | None = None) -> PlanState:
     """Phase 7: the TaskGraph of ``tasks``, already in canonical order, and of ``deps`` (task, on, owner),
     sorted by (task, on) (duplicates allowed) in the same ids (``validate``: the TaskGraph checks every
-    task; ``csr``: the dependencies without duplicates as (ptr, idx), if already at hand)."""
+    task; ``csr``: the dependencies without duplicates as (ptr, idx), if already at hand; ``schedule``: the
+    micro-batch schedule applied, default the placement's; ``slot``: each task's slot in that order, None with
+    one micro-batch)."""
     dep_task, dep_on, dep_owner = deps
     n = tasks.n
     if csr is None:
@@ -175,5 +178,6 @@ def assemble(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray 
                         ps_device=dict(zip(ps_groups.tolist(), place.group_ps[ps_groups].tolist())),
                         allreduce_algo=algo, op_layout=place.op_lay, layout_devices=list(layouts.devices),
                         layout_shares=list(layouts.shares), tensor_layout=prov.layout, aggregated=aggregated,
-                        task_micro=tasks.micro, layout_micro=list(layouts.micro), n_micro=place.n_micro)
+                        task_micro=tasks.micro, layout_micro=list(layouts.micro), n_micro=place.n_micro,
+                        schedule=schedule or place.schedule, task_slot=slot)
     return PlanState(plan, tasks, dep_task, dep_on, dep_owner, place, prov, algo, aggregated)
