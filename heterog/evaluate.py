@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 import simulator
-from heterog.compiler import CompiledPlan, Compiler, TaskKind
-from heterog.compiler.compile import COMM_KINDS
+from heterog.compiler import CompiledPlan, Compiler
+from heterog.compiler.compile import COMM_KINDS, COMPUTE_KINDS
 from heterog.errors import HeterogError
 from heterog.scheduler import DEFAULT_ORDER, PORTFOLIO, check_order, is_dynamic, priorities
 from heterog.strategy import Strategy, group_ops, strategy_from_actions
@@ -220,7 +220,7 @@ class Evaluator:
         names = [d.name for d in self.cluster.devices]
         peak = {names[d]: float(res.peak_memory[d]) for d in range(m)}
         cap = {names[d]: float(self.cluster.memory_bytes[d]) for d in range(m)}
-        compute_mask = plan.task_kind == TaskKind.COMPUTE
+        compute_mask = np.isin(plan.task_kind, [int(k) for k in COMPUTE_KINDS])
         busy = np.asarray(res.busy)[:m]
         compute_time = float(busy.max()) if m else 0.0
         comm_mask = np.isin(plan.task_kind, [int(k) for k in COMM_KINDS])

@@ -26,7 +26,7 @@ SYNC_METHODS = ("ps", "allreduce")
 # before its backwards; 1F1B keeps at most S - s micro-batches in flight on a device at pipeline position s
 SCHEDULES = ("gpipe", "1f1b")
 MAX_MICRO_BATCHES = 64
-STRATEGY_VERSION = 2
+STRATEGY_VERSION = 3         # 2: micro-batches and their schedule; 3: groups recomputed
 ALLREDUCE_ALGOS = ("auto", "ring", "hierarchical")
 N_DP_ACTIONS = 4
 DP_ACTION_NAMES = ("dp-even-ps", "dp-even-ar", "dp-prop-ps", "dp-prop-ar")
@@ -235,7 +235,8 @@ class Strategy:
     ``priorities`` optionally fixes the execution order of ops (higher first), e.g. DPOS's order;
     without it the scheduler ranks tasks itself. ``micro_batches`` are the sizes of the micro-batches the
     global batch is cut into, in sample order (None: one micro-batch); every group's batch shares apply
-    within each, and ``schedule`` (``SCHEDULES``) orders their tasks.
+    within each, and ``schedule`` (``SCHEDULES``) orders their tasks. ``recompute`` are the groups whose
+    forward activations are freed after the forward and recomputed before their backward (sorted ids).
     """
 
     graph_fingerprint: str
@@ -249,9 +250,14 @@ class Strategy:
     meta: dict = field(default_factory=dict)
     micro_batches: tuple[int, ...] | None = None
     schedule: str = "1f1b"
+    recompute: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         self.group_of = np.asarray(self.group_of, dtype=np.int64)
+        self.recompute = tuple(sorted({int(g) for g in self.recompute}))
+        if self.recompute and not 0 <= self.recompute[0] <= self.recompute[-1] < len(self.configs):
+            raise StrategyError(f"recomputed groups must lie in 0..{len(self.configs) - 1}, got "
+                                f"{list(self.recompute)}")
         if self.micro_batches is not None:
             self.micro_batches = check_micro_batches(self.micro_batches, self.batch_size)
         if self.schedule not in SCHEDULES:
@@ -290,6 +296,11 @@ class Strategy:
         return replace(self, micro_batches=None if int(k) == 1 else tuple(even_shares(self.batch_size, int(k))),
                        schedule=schedule or self.schedule, meta=dict(self.meta))
 
+    def with_recompute(self, groups: Sequence[int] | np.ndarray) -> "Strategy":
+        """This strategy recomputing the forward activations of ``groups`` (and no other group's)."""
+        return replace(self, recompute=tuple(int(g) for g in np.asarray(groups, dtype=np.int64).ravel()),
+                       meta=dict(self.meta))
+
     def check_fits(self, graph: "OpGraph", cluster: "Cluster") -> None:
         """Refuse a strategy made for another graph or cluster, with a message naming both."""
         if self.graph_fingerprint != graph.fingerprint:
@@ -315,7 +326,7 @@ class Strategy:
             "priorities": None if self.priorities is None else np.asarray(self.priorities).tolist(),
             "meta": self.meta,
             "micro_batches": None if self.micro_batches is None else list(self.micro_batches),
-            "schedule": self.schedule,
+            "schedule": self.schedule, "recompute": list(self.recompute),
         }
 
     @classmethod
@@ -323,17 +334,19 @@ class Strategy:
         if not isinstance(d, dict) or d.get("format") != "heterog-strategy":
             raise StrategyError(f"{source}: not a heterog strategy file")
         version = d.get("version", 1)
-        if version not in (1, STRATEGY_VERSION):
+        if version not in range(1, STRATEGY_VERSION + 1):
             raise StrategyError(f"{source}: strategy file version {version!r} is not one this version reads "
                                 f"(1..{STRATEGY_VERSION})")
         try:
             pr = d.get("priorities")
             micro = d.get("micro_batches")              # version 1 files: one micro-batch
+            recompute = tuple(int(g) for g in d.get("recompute", ()))   # version 1 and 2: none
             return cls(d["graph_fingerprint"], d["cluster"], int(d["n_devices"]), int(d["batch_size"]),
                        np.asarray(d["group_of"], dtype=np.int64),
                        [ParallelConfig.from_dict(c) for c in d["configs"]], d.get("method", ""),
                        None if pr is None else np.asarray(pr, dtype=np.float64), d.get("meta", {}),
-                       None if micro is None else tuple(int(x) for x in micro), d.get("schedule", "1f1b"))
+                       None if micro is None else tuple(int(x) for x in micro), d.get("schedule", "1f1b"),
+                       recompute)
         except (KeyError, TypeError, ValueError) as exc:
             raise StrategyError(f"{source}: malformed strategy file ({type(exc).__name__}: {exc})") from None
 

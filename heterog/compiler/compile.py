@@ -26,6 +26,7 @@ The modules, bottom up (each imports only those above it in this list):
   ps               the load-aware parameter-server choice
   place            phases 1-3 -> ``Placement``: assign_configs, choose_ps, lay_out
   emit             phases 4-6 -> tasks: emit_instances, emit_aggregation, emit_connections
+  recompute        the recomputed instances of a plan's recomputed groups and their triggers
   micro            a plan's micro-batch schedule (SYNC tasks) and the topological order of its tasks
   plan             phase 7: assemble -> ``CompiledPlan``, ``PlanState``; ``PatchCache``
   delta            patch_plan: re-emit what a strategy change touches, merge with the base plan
@@ -42,11 +43,11 @@ from heterog.compiler.context import AllReduceCosts, CompileContext
 from heterog.compiler.delta import dirty_units, patch_plan
 from heterog.compiler.emit import Providers, emit_aggregation, emit_connections, emit_instances
 from heterog.compiler.index import VALUE_FREE_TARGETS, GraphIndex, graph_index
-from heterog.compiler.micro import add_schedule, micro_order, window_exempt
 from heterog.compiler.place import Placement, place
-from heterog.compiler.plan import CompiledPlan, PatchCache, PlanState, aggregated_of, assemble
+from heterog.compiler.plan import CompiledPlan, PatchCache, PlanState, aggregated_of, finish
+from heterog.compiler.recompute import add_recompute
 from heterog.compiler.registries import ConfigTable, Grouping, LayoutTable, PSDemand
-from heterog.compiler.tasks import CATEGORIES, COMM_KINDS, TaskBatch, TaskCategory, TaskKind
+from heterog.compiler.tasks import CATEGORIES, COMM_KINDS, COMPUTE_KINDS, TaskBatch, TaskCategory, TaskKind
 from heterog.strategy import Strategy
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -54,8 +55,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from heterog.cost.model import CostModel
     from heterog.graph.opgraph import OpGraph
 
-__all__ = ["AllReduceCosts", "CATEGORIES", "COMM_KINDS", "CompileContext", "CompiledPlan", "Compiler", "GraphIndex",
-           "PatchCache", "Placement", "PlanState", "TaskCategory", "TaskKind", "VALUE_FREE_TARGETS",
+__all__ = ["AllReduceCosts", "CATEGORIES", "COMM_KINDS", "COMPUTE_KINDS", "CompileContext", "CompiledPlan", "Compiler",
+           "GraphIndex", "PatchCache", "Placement", "PlanState", "TaskCategory", "TaskKind", "VALUE_FREE_TARGETS",
            "compile_strategy", "graph_index"]
 
 
@@ -80,28 +81,21 @@ def emit_all(ctx: CompileContext, layouts: LayoutTable,
 
 def compile_all(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray | None,
                 place: Placement) -> PlanState:
-    """Phases 4-7 from scratch: emit every task, put them in canonical order, assemble."""
+    """Phases 4-7 from scratch: emit every task (and the recomputed ones), put them in canonical order,
+    finish (the micro-batch schedule) and assemble."""
     batch, prov, algo = emit_all(ctx, layouts, place)
-    schedule = place.schedule
-    exempt = window_exempt(ctx, place.op_lay) if place.n_micro > 1 else None
-    if exempt is not None:
-        schedule = add_schedule(ctx, batch, schedule, place.n_micro, exempt)
+    add_recompute(ctx, batch, place, prov)
     tasks = batch.tasks()
     task, on, owner = batch.dependencies()
-    slot = None
-    if exempt is not None:
-        perm, slot = micro_order(tasks, task, on, schedule, place.n_micro, exempt)
-    else:
-        perm = np.argsort(tasks.order, kind="stable")
+    perm = np.argsort(tasks.order, kind="stable")
     new_of = np.empty(tasks.n + 1, dtype=np.int64)
     new_of[perm] = np.arange(tasks.n)
     new_of[-1] = -1                                   # index -1 (no provider) stays -1
     task, on = new_of[task], new_of[on]
     s = np.lexsort((on, task))
     prov = Providers(new_of[prov.inst_start], new_of[prov.at], prov.layout)
-    return assemble(ctx, layouts, op_priority, tasks.take(perm), (task[s], on[s], owner[s]), place, prov, algo,
-                    aggregated_of(ctx.index, layouts, place, np.nonzero(place.aggregate)[0]), schedule=schedule,
-                    slot=None if slot is None else slot[perm])
+    return finish(ctx, layouts, op_priority, tasks.take(perm), (task[s], on[s], owner[s]), place, prov, algo,
+                  aggregated_of(ctx.index, layouts, place, np.nonzero(place.aggregate)[0]))
 
 
 class Compiler:
@@ -163,7 +157,7 @@ class Compiler:
         placement = place(ctx, self.configs, demand, strategy)
         op_priority = op_priority_of(strategy)
         state = None
-        patch = patch and placement.n_micro == 1          # plans of several micro-batches: from scratch
+        patch = patch and placement.recompute is None          # plans with recomputation: from scratch
         closest = self.bases.closest(placement) if patch else None
         if closest is not None:
             key, base = closest
@@ -179,7 +173,7 @@ class Compiler:
         if state is None:
             state = compile_all(ctx, self.layouts, op_priority, placement)
             self.n_full += 1
-        if placement.n_micro == 1:
+        if placement.recompute is None:
             self.bases[id(state)] = state
         return state
 

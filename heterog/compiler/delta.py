@@ -20,7 +20,7 @@ from heterog.compiler.context import CompileContext
 from heterog.compiler.emit import emit_aggregation, emit_connections, emit_instances
 from heterog.compiler.index import GraphIndex
 from heterog.compiler.place import Placement
-from heterog.compiler.plan import PlanState, aggregated_of, assemble
+from heterog.compiler.plan import PlanState, aggregated_of, finish
 from heterog.compiler.registries import LayoutTable
 from heterog.compiler.tasks import Deps, TaskBatch, Tasks, ragged_gather
 
@@ -78,8 +78,8 @@ def patch_plan(ctx: CompileContext, layouts: LayoutTable, base: PlanState, op_pr
     # the checks that the compiler's construction does not guarantee
     if not np.all((new.dur >= 0) & (new.dur < np.inf) & (new.lag >= 0) & (new.lag < np.inf)):
         raise ValueError("compiler produced a task with a negative or infinite duration or lag")
-    return assemble(ctx, layouts, op_priority, m.tasks, (m.dep_task, m.dep_on, m.dep_owner), place, prov, algo,
-                    aggregated, validate=False, csr=(m.dep_ptr, m.dep_idx))
+    return finish(ctx, layouts, op_priority, m.tasks, (m.dep_task, m.dep_on, m.dep_owner), place, prov, algo,
+                  aggregated, validate=False, csr=(m.dep_ptr, m.dep_idx))
 
 
 # ----------------------------------------------------------------------------------- the merge

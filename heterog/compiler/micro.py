@@ -87,11 +87,12 @@ def add_schedule(ctx: CompileContext, batch: TaskBatch, schedule: str, n_micro: 
                          cat=TaskCategory.SYNC, prio_op=last_op, stage="sync", cls=0, tensor=0, sub=subs,
                          owner=last_op, res_len=0, res_idx=np.zeros(0, dtype=np.int64))
 
-    if schedule == "gpipe":
+    if schedule == "gpipe":                          # recomputed instances wait like backwards
         devs = np.intersect1d(tasks.dev[fwd], tasks.dev[bwd])
         bar = np.full(m_dev, -1, dtype=np.int64)
         bar[devs] = barriers(devs, devs)
-        f, b = fwd[bar[tasks.dev[fwd]] >= 0], bwd[bar[tasks.dev[bwd]] >= 0]
+        after = np.concatenate([bwd, np.nonzero(tasks.kind == TaskKind.RECOMPUTE)[0]])
+        f, b = fwd[bar[tasks.dev[fwd]] >= 0], after[bar[tasks.dev[after]] >= 0]
         batch.deps(bar[tasks.dev[f]], ids[f], last_op)
         batch.deps(ids[b], bar[tasks.dev[b]], last_op)
         return schedule
@@ -136,7 +137,8 @@ def micro_order(tasks: Tasks, dep_task: np.ndarray, dep_on: np.ndarray, schedule
     backward reads what they make) take slot 0 whatever their micro-batch."""
     hint = np.where((tasks.micro >= 0) & ~exempt[tasks.op], tasks.micro, 0).astype(np.int64)
     if schedule == "gpipe":
-        backward = (tasks.micro >= 0) & (tasks.kind == TaskKind.COMPUTE) & (tasks.cat != TaskCategory.FORWARD)
+        backward = (tasks.micro >= 0) & (((tasks.kind == TaskKind.COMPUTE) & (tasks.cat != TaskCategory.FORWARD))
+                                         | (tasks.kind == TaskKind.RECOMPUTE))
         hint = np.where(backward, n_micro + hint, hint)
     succ_ptr, succ_idx = _successors(tasks.n, dep_task, dep_on)
     slot, seen = slots_kernel(succ_ptr, succ_idx, hint)

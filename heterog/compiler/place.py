@@ -22,7 +22,8 @@ class Placement:
     ``ConfigTable``); ``op_cfg``, ``op_ps`` (ops under a PS config with several replicas), ``op_lay``
     (n_ops,) layout ids (of its ``LayoutTable``); ``aggregate`` (n_tensors,) partial results to aggregate;
     ``group_ps`` (G,) PS device of each PS group, -1 for the others; ``grouping`` the strategy's groups;
-    ``n_micro`` its micro-batches and ``schedule`` their order."""
+    ``n_micro`` its micro-batches and ``schedule`` their order; ``recompute`` (n_ops,) the ops whose
+    instances are recomputed before their backward (``recomputed_ops``), None when none is."""
 
     group_cfg: np.ndarray
     op_cfg: np.ndarray
@@ -33,6 +34,7 @@ class Placement:
     grouping: Grouping
     n_micro: int = 1
     schedule: str = "1f1b"
+    recompute: np.ndarray | None = None
 
 
 def assign_configs(configs: ConfigTable, strategy: Strategy) -> np.ndarray:
@@ -94,6 +96,38 @@ def lay_out(index: GraphIndex, configs: ConfigTable, grouping: Grouping, group_c
     return op_lay
 
 
+def recomputed_ops(ctx: CompileContext, op_group: np.ndarray, groups: tuple[int, ...]) -> np.ndarray | None:
+    """(n_ops,) the ops recomputed when ``groups`` are (docs/design.md, "Recomputation"), None if none is:
+    the forward batch compute ops of those groups (before the first backward op) without partial results
+    (a loss sum and batch statistics stay), of which a backward op of the same group reads an output, or
+    another such op that is."""
+    if not groups:
+        return None
+    gi, phase = ctx.index, ctx.graph.phase_index
+    chosen = np.zeros(int(op_group.max()) + 1, dtype=bool)
+    chosen[np.asarray(groups, dtype=np.int64)] = True
+    cand = chosen[op_group] & (phase == 0) & gi.is_compute & gi.has_batch & ~gi.has_partial
+    cand[int(np.argmax(phase > 0)) if np.any(phase > 0) else gi.n_ops:] = False     # forward ops before any backward
+    src, dst = gi.e_src, gi.e_dst
+    same = gi.e_batch & cand[src] & (op_group[src] == op_group[dst])
+    out = np.zeros(gi.n_ops, dtype=bool)
+    out[src[same & (phase[dst] > 0)]] = True
+    inner = np.nonzero(same & cand[dst])[0]
+    for e in inner[np.argsort(-dst[inner], kind="stable")].tolist():   # consumers last first: needed ones known
+        if out[dst[e]]:
+            out[src[e]] = True
+    return out if out.any() else None
+
+
+def recompute_edges(ctx: CompileContext, op_group: np.ndarray, recompute: np.ndarray) -> np.ndarray:
+    """(E,) the edges that read a recomputed value: from a recomputed op to a backward op or a recomputed op
+    of its own group (both batch ops of one layout)."""
+    gi = ctx.index
+    src, dst = gi.e_src, gi.e_dst
+    return gi.e_batch & recompute[src] & (op_group[src] == op_group[dst]) & \
+        ((ctx.graph.phase_index[dst] > 0) | recompute[dst])
+
+
 def place(ctx: CompileContext, configs: ConfigTable, demand: PSDemand, strategy: Strategy) -> Placement:
     """Phases 1-3 for ``strategy``, whose groups are ``demand.grouping``; registers its configs and
     layouts in ``configs``."""
@@ -106,4 +140,4 @@ def place(ctx: CompileContext, configs: ConfigTable, demand: PSDemand, strategy:
     configs.layouts.refresh()
     return Placement(group_cfg, op_cfg, configs.is_ps[op_cfg], aggregate, group_ps,
                      lay_out(gi, configs, grouping, group_cfg, group_ps), grouping, strategy.n_micro,
-                     strategy.schedule)
+                     strategy.schedule, recomputed_ops(ctx, grouping.op_group, strategy.recompute))

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -12,9 +12,10 @@ import numpy as np
 from heterog.compiler.context import CompileContext
 from heterog.compiler.emit import Providers
 from heterog.compiler.index import GraphIndex
+from heterog.compiler.micro import add_schedule, micro_order, window_exempt
 from heterog.compiler.place import Placement
 from heterog.compiler.registries import LayoutTable
-from heterog.compiler.tasks import TaskKind, Tasks, ragged
+from heterog.compiler.tasks import Deps, TaskBatch, TaskKind, Tasks, ragged
 
 if TYPE_CHECKING:  # pragma: no cover
     from simulator.taskgraph import TaskGraph
@@ -51,6 +52,9 @@ class CompiledPlan:
     n_micro: int = 1                           # micro-batches of the plan
     schedule: str = "1f1b"                     # the order of its micro-batches applied (heterog.compiler.micro)
     task_slot: np.ndarray | None = None        # (n_tasks,) each task's slot in that order; None: one micro-batch
+    op_recompute: np.ndarray | None = None     # (n_ops,) ops recomputed before their backward; None: none is
+    op_group: np.ndarray | None = None         # (n_ops,) each op's group (which reads of a recomputed op are
+                                               # recomputed: ``heterog.compiler.place.recompute_edges``)
 
     @property
     def n_tasks(self) -> int:
@@ -63,9 +67,10 @@ class CompiledPlan:
 
 @dataclass
 class PlanState:
-    """A compiled plan and what patching it needs: its tasks in TaskGraph order, every dependency as
+    """A compiled plan and what patching it needs: its tasks in canonical order, every dependency as
     emitted (``dep_task`` waits for ``dep_on``; duplicates kept, sorted by (task, on), with the emission
-    unit that owns it), the placement and the providers (task ids of this plan)."""
+    unit that owns it), the placement and the providers (task ids of these tasks). With one micro-batch
+    these are the plan's own tasks; with several, the tasks before the schedule is added (``finish``)."""
 
     plan: CompiledPlan
     tasks: Tasks
@@ -99,12 +104,14 @@ class PatchCache:
         self._states.clear()
 
     def closest(self, placement: Placement) -> tuple[int, PlanState] | None:
-        """The kept plan whose groups' configs differ from ``placement``'s in the fewest groups (the least
-        recently used among equals) and its key; None if none is kept."""
-        if not self._states:
+        """The kept plan of the same micro-batch schedule whose groups' configs (which name the micro-batches)
+        differ from ``placement``'s in the fewest groups (the least recently used among equals) and its
+        key; None if none is kept."""
+        same = [kv for kv in self._states.items()
+                if kv[1].placement.schedule == placement.schedule or placement.n_micro == 1]
+        if not same:
             return None
-        return min(self._states.items(),
-                   key=lambda kv: np.count_nonzero(kv[1].placement.group_cfg != placement.group_cfg))
+        return min(same, key=lambda kv: np.count_nonzero(kv[1].placement.group_cfg != placement.group_cfg))
 
     def touch(self, key: int) -> None:
         """Mark the plan under ``key`` as the most recently used."""
@@ -179,5 +186,33 @@ def assemble(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray 
                         allreduce_algo=algo, op_layout=place.op_lay, layout_devices=list(layouts.devices),
                         layout_shares=list(layouts.shares), tensor_layout=prov.layout, aggregated=aggregated,
                         task_micro=tasks.micro, layout_micro=list(layouts.micro), n_micro=place.n_micro,
-                        schedule=schedule or place.schedule, task_slot=slot)
+                        schedule=schedule or place.schedule, task_slot=slot, op_recompute=place.recompute,
+                        op_group=place.grouping.op_group)
     return PlanState(plan, tasks, dep_task, dep_on, dep_owner, place, prov, algo, aggregated)
+
+
+def finish(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray | None, tasks: Tasks, deps: Deps,
+           place: Placement, prov: Providers, algo: dict[int, str], aggregated: dict[int, tuple], *,
+           validate: bool = True, csr: tuple[np.ndarray, np.ndarray] | None = None) -> PlanState:
+    """Phase 7 for ``tasks`` in canonical order and ``deps`` (sorted by (task, on)): with one micro-batch,
+    ``assemble`` them; with several, add the schedule's SYNC tasks, put every task in slot order
+    (``heterog.compiler.micro``) and assemble that, the PlanState keeping the canonical tasks, dependencies
+    and providers that a patch starts from. ``validate`` and ``csr`` as for ``assemble`` (one micro-batch)."""
+    if place.n_micro == 1:
+        return assemble(ctx, layouts, op_priority, tasks, deps, place, prov, algo, aggregated, validate=validate,
+                        csr=csr)
+    exempt = window_exempt(ctx, place.op_lay)
+    batch = TaskBatch.of(tasks, deps, ctx.order_key)
+    schedule = add_schedule(ctx, batch, place.schedule, place.n_micro, exempt)
+    every = batch.tasks()
+    task, on, owner = batch.dependencies()
+    perm, slot = micro_order(every, task, on, schedule, place.n_micro, exempt)
+    new_of = np.empty(every.n + 1, dtype=np.int64)
+    new_of[perm] = np.arange(every.n)
+    new_of[-1] = -1                                   # index -1 (no provider) stays -1
+    task, on = new_of[task], new_of[on]
+    s = np.lexsort((on, task))
+    state = assemble(ctx, layouts, op_priority, every.take(perm), (task[s], on[s], owner[s]), place,
+                     Providers(new_of[prov.inst_start], new_of[prov.at], prov.layout), algo, aggregated,
+                     validate=validate, schedule=schedule, slot=slot[perm])
+    return replace(state, tasks=tasks, dep_task=deps[0], dep_on=deps[1], dep_owner=deps[2], providers=prov)

@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 Deps: TypeAlias = tuple[np.ndarray, np.ndarray, np.ndarray]     # dependencies: (task, on, owner), each (D,)
 
-STAGE = {"split": 2, "transfer": 3, "concat": 4, "compute": 6, "push": 7, "aggregate": 8, "sync": 9}
+STAGE = {"split": 2, "transfer": 3, "concat": 4, "recompute": 5, "compute": 6, "push": 7, "aggregate": 8, "sync": 9}
 N_STAGES = 10
 
 
@@ -38,10 +38,13 @@ class TaskKind(IntEnum):
     PUSH = 5
     AGGREGATE = 6
     ALLREDUCE = 7
-    SYNC = 8          # no work: orders micro-batch tasks (a schedule's barrier, ``heterog.compiler.micro``)
+    SYNC = 8          # no work: orders tasks (a schedule's barrier, ``heterog.compiler.micro``; a recomputation's
+                      # trigger, ``heterog.compiler.recompute``)
+    RECOMPUTE = 9     # an op instance's forward run again before its backward (``heterog.compiler.recompute``)
 
 
 COMM_KINDS = (TaskKind.TRANSFER, TaskKind.PUSH, TaskKind.ALLREDUCE)
+COMPUTE_KINDS = (TaskKind.COMPUTE, TaskKind.RECOMPUTE)
 
 
 class TaskCategory(IntEnum):
@@ -58,9 +61,11 @@ class TaskCategory(IntEnum):
     PS = 6
     ALLREDUCE = 7
     SYNC = 8
+    RECOMPUTE = 9
 
 
-CATEGORIES = ("forward", "backward", "update", "input", "transfer", "split/concat", "ps", "allreduce", "sync")
+CATEGORIES = ("forward", "backward", "update", "input", "transfer", "split/concat", "ps", "allreduce", "sync",
+              "recompute")
 
 
 @dataclass(frozen=True)
@@ -171,6 +176,19 @@ class TaskBatch:
         self._res_idx: list[np.ndarray] = []
         self._dep: list[Deps] = []
 
+    @classmethod
+    def of(cls, tasks: Tasks, deps: Deps, key: OrderKey) -> TaskBatch:
+        """A batch that holds ``tasks`` (ids 0..) and their dependencies ``deps`` already."""
+        batch = cls(0, key)
+        batch.n = tasks.n
+        for names, cols in ((INT_COLS, tasks.ints), (FLOAT_COLS, tasks.floats)):
+            for i, name in enumerate(names):
+                batch._cols[name].append(cols[i])
+        batch._res_len.append(tasks.res_len)
+        batch._res_idx.append(tasks.res_idx)
+        batch._dep.append(deps)
+        return batch
+
     def add(self, *, dur: np.ndarray, kind: TaskKind | np.ndarray, op: npt.ArrayLike, dev: npt.ArrayLike,
             alloc: npt.ArrayLike, cat: TaskCategory | np.ndarray, prio_op: npt.ArrayLike, stage: str, cls: int,
             tensor: npt.ArrayLike, sub: npt.ArrayLike, owner: npt.ArrayLike, res_len: npt.ArrayLike,
@@ -195,6 +213,11 @@ class TaskBatch:
         task = np.asarray(task, dtype=np.int64).ravel()
         self._dep.append((task, np.asarray(on, dtype=np.int64).ravel(),
                           np.broadcast_to(np.asarray(owner, dtype=np.int64), task.shape)))
+
+    def rewire(self, on: np.ndarray) -> None:
+        """Make dependency i (in ``dependencies()``' order) wait for ``on[i]`` instead."""
+        task, _, owner = self.dependencies()
+        self._dep = [(task, np.asarray(on, dtype=np.int64), owner)]
 
     def tasks(self) -> Tasks:
         """The tasks added, in the order they were added."""

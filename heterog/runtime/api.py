@@ -18,8 +18,9 @@ from heterog.errors import HeterogError, ModelError
 from heterog.graph.inputs import ExampleInputs
 from heterog.planners import BEST_DP_CANDIDATES
 from heterog.runtime.executor import Job
+from heterog.runtime.instructions import Lowered
 from heterog.runtime.launcher import WorkerPool
-from heterog.runtime.lowering import Lowered, lower
+from heterog.runtime.lowering import lower
 from heterog.runtime.scaling import Exponents, probe_exponents
 from heterog.runtime.stepprog import StepProgram, build_step_program
 

@@ -37,6 +37,7 @@ from heterog.runtime.instructions import (
     Const,
     Env,
     Post,
+    RankProgram,
     Recv,
     Send,
     Slice,
@@ -46,7 +47,6 @@ from heterog.runtime.instructions import (
 )
 from heterog.runtime.kernel import Kernel
 from heterog.runtime.layout import cat_batch, in_memory_order, narrow_batch
-from heterog.runtime.lowering import RankProgram
 from heterog.runtime.memory import LiveBytes, Meter, NoMeter
 from heterog.runtime.rng import Draw, block_batches
 from heterog.runtime.stepprog import StepProgram
@@ -288,7 +288,7 @@ class RankExecutor:
             self._compute(ins, env, stash)
             self._owe(t_op, idle0)
             for name in ins.exports:
-                key = env_name(name, ins.micro)
+                key = env_name(name, ins.micro, ins.recompute)
                 mem.put(Env(key), env[key])
         elif isinstance(ins, Send):
             self._pay()
@@ -355,7 +355,7 @@ class RankExecutor:
                         {n: sizes[n] for n in block_batches(prog.batch_size)})
         kernel(local, sizes[ins.local_batch], draw)
         for name in ins.exports:
-            env[env_name(name, ins.micro)] = local[name]
+            env[env_name(name, ins.micro, ins.recompute)] = local[name]
 
     def _step_end(self, env: dict[str, Any], stash: dict[Any, Any], t0: float) -> tuple[float, float]:
         rp, tr = self.rp, self.transport

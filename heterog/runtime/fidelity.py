@@ -212,7 +212,7 @@ def simulated_breakdown(ev: Evaluator, strategy: Strategy) -> tuple[list[dict[st
     """Per device, the simulated seconds of compute (and of the compute ops fed by a message: a transfer
     or a PS push is among their dependencies), of communication tasks holding the device and of idle
     time up to the makespan; and the (device, op) pairs of the fed compute ops."""
-    from heterog.compiler.compile import COMM_KINDS, TaskKind
+    from heterog.compiler.compile import COMM_KINDS, COMPUTE_KINDS, TaskKind
 
     plan = ev.compile(strategy)
     res = ev.simulate_plan(plan)
@@ -227,7 +227,7 @@ def simulated_breakdown(ev: Evaluator, strategy: Strategy) -> tuple[list[dict[st
             out[d]["busy_s"] += float(dur[t])
             if kind[t] in COMM_KINDS:
                 out[d]["comm_s"] += float(dur[t])
-        if kind[t] == TaskKind.COMPUTE and dev[t] >= 0:
+        if kind[t] in COMPUTE_KINDS and dev[t] >= 0:
             fed = bool(np.isin(kind[plan.dep_idx[plan.dep_ptr[t]:plan.dep_ptr[t + 1]]], fed_kinds).any())
             out[dev[t]]["compute_s"] += float(dur[t])
             if fed:

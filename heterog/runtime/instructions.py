@@ -6,11 +6,12 @@ Values come from *sources*: ``Env`` (a value this rank computed or holds: an fx 
 ``Const`` (a constant of the captured step) or ``Zeros`` (a zero tensor standing in for a value that
 only its shape matters for). A ``Slice`` names samples of a batch tensor (``layout.narrow_batch``);
 ``order`` is the memory order of a value's dims, outermost first, that the captured program expects
-(``layout.in_memory_order``).
+(``layout.in_memory_order``). A ``RankProgram`` is one rank's instructions, ``Lowered`` every rank's.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -58,10 +59,11 @@ class Zeros:
 Source = Env | Stash | Recv | Const | Zeros
 
 
-def env_name(node: str, micro: int) -> str:
+def env_name(node: str, micro: int, recomputed: bool = False) -> str:
     """The environment name of fx node ``node``'s value for micro-batch ``micro`` (the node's own name
-    for micro-batch 0 and for values of the whole step)."""
-    return node if micro == 0 else f"{node}@{micro}"
+    for micro-batch 0 and for values of the whole step), or of its recomputed copy (``recomputed``)."""
+    name = node if micro == 0 else f"{node}@{micro}"
+    return name + "~r" if recomputed else name
 Slice = tuple[int, int, int, int]          # (dim, start, end, block): see layout.narrow_batch
 
 
@@ -98,7 +100,8 @@ class Compute:
     inputs: tuple[Input, ...]
     exports: tuple[str, ...]
     first_sample: int
-    micro: int = 0             # the micro-batch: exports are kept as ``env_name(node, micro)``
+    micro: int = 0             # the micro-batch: exports are kept as ``env_name(node, micro, recompute)``
+    recompute: bool = False    # the op's forward run again before its backward (its recomputed copy)
 
     kind = "compute"
 
@@ -199,3 +202,51 @@ def sources(ins: Instruction) -> list[Source]:
     if isinstance(ins, Aggregate):
         return [p.source for p in ins.parts]
     return []
+
+
+# ---------------------------------------------------------------------------- programs
+@dataclass
+class Message:
+    """One point-to-point transfer of a step."""
+
+    src: int
+    dst: int
+    key: tuple
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    tag: int = -1
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+@dataclass
+class RankProgram:
+    """What one rank does each step (``heterog.runtime.instructions``; run by ``heterog.runtime.executor``)."""
+
+    rank: int
+    device_name: str
+    slowdown: float
+    # placeholder -> initial value (None until ``PreparedRun.jobs`` fills it in)
+    persist: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    inputs: list[InputSlice] = field(default_factory=list)
+    recvs: list[Receive] = field(default_factory=list)
+    instrs: list[Instruction] = field(default_factory=list)
+    keys: list[tuple] = field(default_factory=list)
+    frees: list[tuple[Env | Stash, ...]] = field(default_factory=list)  # per instruction: values last read there
+    updates: list[tuple[str, Source]] = field(default_factory=list)   # (placeholder, source) at the step end
+    loss_terms: list[tuple[Source, float]] = field(default_factory=list)
+    report: list[tuple[str, str]] = field(default_factory=list)        # (kind param|state|buffer, placeholder)
+    batches: set[int] = field(default_factory=set)
+
+
+@dataclass
+class Lowered:
+    """The per-rank programs of one plan, the process subgroups to create (in order) and statistics."""
+
+    ranks: list[RankProgram]
+    groups: list[tuple[int, ...]]
+    messages: list[Message]
+    n_allreduce: int
+    n_aggregate: int

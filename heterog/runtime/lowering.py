@@ -7,7 +7,8 @@ The layout decisions are the compiler's (``CompiledPlan.op_layout``, ``layout_de
   compute    an op instance: its fx nodes at the replica's local batch of one micro-batch (ops without a
              batch tensor run on the whole batch, once); inputs come from this device's values,
              re-laid-out copies, aggregated values or received copies, each followed by its view chain;
-             its values are named per micro-batch (``env_name``)
+             its values are named per micro-batch (``env_name``); a recomputed op runs again at its
+             recomputed instance's key, under names of its own that its group's backward ops read
   send       a leaf (or a batch slice of it) to another rank, non-blocking, right after it is produced
   assemble   received and local pieces concatenated along the batch dim, each piece rescaled from its
              producer's share to the consumer's (re-layout), or one received non-batch tensor
@@ -31,7 +32,7 @@ order matches by tag) or at their send's key (NCCL: in-order matching per pair).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -50,8 +51,11 @@ from heterog.runtime.instructions import (
     Input,
     InputSlice,
     Instruction,
+    Lowered,
+    Message,
     Piece,
     Post,
+    RankProgram,
     Receive,
     Recv,
     Send,
@@ -72,53 +76,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from heterog.graph.opgraph import OpGraph
 
 END = (math.inf, math.inf)
-
-
-@dataclass
-class Message:
-    """One point-to-point transfer of a step."""
-
-    src: int
-    dst: int
-    key: tuple
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    tag: int = -1
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * self.dtype.itemsize
-
-
-@dataclass
-class RankProgram:
-    """What one rank does each step (``heterog.runtime.instructions``; run by ``heterog.runtime.executor``)."""
-
-    rank: int
-    device_name: str
-    slowdown: float
-    # placeholder -> initial value (None until ``PreparedRun.jobs`` fills it in)
-    persist: dict[str, torch.Tensor | None] = field(default_factory=dict)
-    inputs: list[InputSlice] = field(default_factory=list)
-    recvs: list[Receive] = field(default_factory=list)
-    instrs: list[Instruction] = field(default_factory=list)
-    keys: list[tuple] = field(default_factory=list)
-    frees: list[tuple[Env | Stash, ...]] = field(default_factory=list)  # per instruction: values last read there
-    updates: list[tuple[str, Source]] = field(default_factory=list)   # (placeholder, source) at the step end
-    loss_terms: list[tuple[Source, float]] = field(default_factory=list)
-    report: list[tuple[str, str]] = field(default_factory=list)        # (kind param|state|buffer, placeholder)
-    batches: set[int] = field(default_factory=set)
-
-
-@dataclass
-class Lowered:
-    """The per-rank programs of one plan, the process subgroups to create (in order) and statistics."""
-
-    ranks: list[RankProgram]
-    groups: list[tuple[int, ...]]
-    messages: list[Message]
-    n_allreduce: int
-    n_aggregate: int
 
 
 def batch_slice(dim: int, lo: int, hi: int, per_sample: int, block: int) -> Slice:
@@ -147,7 +104,7 @@ class _Builder:
         self.items: list[list[list]] = [[] for _ in range(self.m)]      # per rank: [key, seq, instruction]
         self.messages: list[Message] = []
         self.groups: list[tuple[int, ...]] = []
-        self.exports: dict[tuple[int, int, int], set[str]] = {}       # (op, device, micro) -> node names to keep
+        self.exports: dict[tuple[int, int, int, bool], set[str]] = {}  # (op, device, micro, recomputed) -> names kept
         self.memo: dict[Any, Any] = {}
         self.n_ar = self.n_agg = 0
         self.seq = 0
@@ -157,6 +114,11 @@ class _Builder:
         self.inst_task: dict[tuple[int, int, int], int] = {}       # (op, device, micro-batch) -> task
         for t in np.nonzero((kinds == TaskKind.COMPUTE) | (kinds == TaskKind.PLACEHOLDER))[0].tolist():
             self.inst_task[(int(ops[t]), int(devs[t]), max(int(micro[t]), 0))] = t
+        self.recompute_task: dict[tuple[int, int, int], int] = {}  # the same, of recomputed instances
+        for t in np.nonzero(kinds == TaskKind.RECOMPUTE)[0].tolist():
+            self.recompute_task[(int(ops[t]), int(devs[t]), max(int(micro[t]), 0))] = t
+        self.recomputed = plan.op_recompute if plan.op_recompute is not None else np.zeros(graph.n_ops, dtype=bool)
+        self.phase = graph.phase_index
         self.agg_tasks: dict[int, list[int]] = {}
         for t in np.nonzero((kinds == TaskKind.AGGREGATE) | (kinds == TaskKind.ALLREDUCE))[0].tolist():
             self.agg_tasks.setdefault(int(ops[t]), []).append(t)
@@ -203,8 +165,8 @@ class _Builder:
         return self.lay_ranges(self.op_lay(op))
 
     # ------------------------------------------------------------------ keys and instructions
-    def inst_key(self, op: int, dev: int, micro: int = 0) -> tuple:
-        t = self.inst_task.get((op, dev, micro))
+    def inst_key(self, op: int, dev: int, micro: int = 0, recompute: bool = False) -> tuple:
+        t = (self.recompute_task if recompute else self.inst_task).get((op, dev, micro))
         if t is None:
             raise HeterogError(f"plan has no instance of op {self.graph.ops[op].name} on device {dev} "
                                f"(micro-batch {micro})")
@@ -216,9 +178,16 @@ class _Builder:
         self.items[rank].append(item)
         return item
 
-    def export(self, op: int, dev: int, micro: int, name: str) -> None:
+    def export(self, op: int, dev: int, micro: int, name: str, recomputed: bool = False) -> None:
         if self.prog.op_kind[op] == "compute":
-            self.exports.setdefault((op, dev, micro), set()).add(name)
+            self.exports.setdefault((op, dev, micro, recomputed), set()).add(name)
+
+    def reads_recomputed(self, u: int, op: int, recompute: bool) -> bool:
+        """Whether ``op`` (its recomputed instance: ``recompute``) reads op ``u``'s recomputed copy: ``u`` is
+        recomputed and ``op`` is a backward op or a recomputed op of its group (``recompute_edges``)."""
+        plan = self.plan
+        return bool(self.recomputed[u] and plan.op_group is not None and plan.op_group[u] == plan.op_group[op]
+                    and (self.phase[op] > 0 or recompute))
 
     def leaf(self, leaf: tuple[int, int]) -> LeafInfo:
         return self.prog.leaves[leaf]
@@ -411,11 +380,12 @@ class _Builder:
         return Stash(stash_key)
 
     # ------------------------------------------------------------------ ops
-    def compute(self, op: int, dev: int, first: int, end: int, micro: int) -> None:
-        """Op ``op``'s instance on ``dev`` over samples ``first .. end`` of micro-batch ``micro``."""
+    def compute(self, op: int, dev: int, first: int, end: int, micro: int, recompute: bool = False) -> None:
+        """Op ``op``'s instance on ``dev`` over samples ``first .. end`` of micro-batch ``micro`` (its
+        recomputed copy: ``recompute``)."""
         prog = self.prog
         b = end - first
-        key = self.inst_key(op, dev, micro)
+        key = self.inst_key(op, dev, micro, recompute)
         lay = self.op_lay(op)
         value_free = prog.op_target[op] in VALUE_FREE_TARGETS
         inputs = []
@@ -429,8 +399,9 @@ class _Builder:
                     if placeholder:
                         src = self.producer_source(leaf, dev, micro)
                     else:
-                        src, chain = Env(env_name(r.node, micro)), ()
-                        self.export(u, dev, micro, r.node)
+                        again = self.reads_recomputed(u, op, recompute)
+                        src, chain = Env(env_name(r.node, micro, again)), ()
+                        self.export(u, dev, micro, r.node, again)
                 else:
                     src = self.relayout(r.leaf, lay, dev, micro, key)
             else:
@@ -463,7 +434,7 @@ class _Builder:
         self.ranks[dev].batches.add(b)
         if prog.op_draws(op):
             self.ranks[dev].batches.update(block_batches(self.B))    # random values are drawn in blocks
-        self.emit(dev, key + (0,), Compute(op, b, tuple(inputs), (), first, micro))
+        self.emit(dev, key + (0,), Compute(op, b, tuple(inputs), (), first, micro, recompute))
 
     def build(self) -> Lowered:
         prog, graph = self.prog, self.graph
@@ -472,6 +443,8 @@ class _Builder:
                 continue
             for dev, first, end, micro in self.entries(op):
                 self.compute(op, dev, first, end, micro)
+                if self.recomputed[op]:
+                    self.compute(op, dev, first, end, micro, recompute=True)
         self._placeholders()
         self._step_end()
         return self._finish()
@@ -552,7 +525,8 @@ class _Builder:
             rp = self.ranks[r]
             for key, _, instr in items:
                 if isinstance(instr, Compute):
-                    instr = replace(instr, exports=tuple(sorted(self.exports.get((instr.op, r, instr.micro), ()))))
+                    kept = self.exports.get((instr.op, r, instr.micro, instr.recompute), ())
+                    instr = replace(instr, exports=tuple(sorted(kept)))
                 rp.instrs.append(_tagged(instr, tag_of))
                 rp.keys.append(key)
             rp.frees = _frees(rp)

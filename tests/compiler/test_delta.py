@@ -91,6 +91,31 @@ def test_a_patched_plan_is_the_plan_compiled_from_scratch(evaluator, seed, actio
     assert compiler.n_full == 1                          # every step after the first was patched
 
 
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**31 - 1), k=st.integers(2, 4), schedule=st.sampled_from(["1f1b", "gpipe"]))
+def test_a_patched_micro_batched_plan_is_the_plan_compiled_from_scratch(evaluator, seed, k, schedule):
+    """The random walk over decoded actions, every plan over k micro-batches: each patched plan (its
+    schedule's barriers and slots added after the merge) equals the plan compiled from scratch."""
+    ev, rng = evaluator, np.random.default_rng(seed)
+    g, c = ev.graph, ev.cluster
+    compiler = Compiler(g, c, ev.cost, max_bases=2, delta_fraction=1.0)
+    state = rng.integers(0, c.n_devices + 4, size=ev.n_groups)
+    for _ in range(4):
+        state = state.copy()
+        changed = rng.choice(ev.n_groups, size=min(int(rng.integers(1, 4)), ev.n_groups), replace=False)
+        state[changed] = rng.integers(0, c.n_devices + 4, size=len(changed))
+        strategy = ev.strategy(state).with_micro_batches(k, schedule)
+        patched = compiler.compile(strategy)
+        scratch = compile_strategy(g, c, strategy, ev.cost)
+        assert_same_plan(patched, scratch)
+        np.testing.assert_array_equal(patched.task_slot, scratch.task_slot)
+        np.testing.assert_array_equal(patched.task_micro, scratch.task_micro)
+        assert patched.schedule == scratch.schedule
+        a, b = ev.simulate_plan(patched, "best"), ev.simulate_plan(scratch, "best")
+        assert (a.makespan, a.oom) == (b.makespan, b.oom)
+    assert compiler.n_full == 1 and compiler.n_patched >= 1   # none compiled again from scratch
+
+
 def test_changing_one_group_moves_other_groups_ps_and_the_patch_follows():
     # 4 branches under EV-PS on 2 servers x 2 GPUs: the PS choice spreads the 4 groups over the devices.
     # Turning branch 0 to AllReduce changes the load the others see; the groups whose PS moves are

@@ -35,9 +35,10 @@ def test_each_task_is_shown_in_the_category_of_its_kind_or_its_ops_phase(configs
     assert {"forward", "backward", "update", "input"} <= set(shown)
 
 
-def state(group_cfg) -> SimpleNamespace:
-    """A stand-in for a PlanState: the cache reads only its placement's configs."""
-    return SimpleNamespace(placement=SimpleNamespace(group_cfg=np.asarray(group_cfg)))
+def state(group_cfg, schedule: str = "1f1b", n_micro: int = 1) -> SimpleNamespace:
+    """A stand-in for a PlanState: the cache reads only its placement's configs and micro-batch schedule."""
+    return SimpleNamespace(placement=SimpleNamespace(group_cfg=np.asarray(group_cfg), schedule=schedule,
+                                                     n_micro=n_micro))
 
 
 def test_patch_cache_finds_the_closest_plan_least_recently_used_first_among_equals():
@@ -48,6 +49,11 @@ def test_patch_cache_finds_the_closest_plan_least_recently_used_first_among_equa
     assert cache.closest(state([0, 1, 0]).placement) == (1, a)        # a and b differ in one group each
     cache.touch(1)
     assert cache.closest(state([0, 1, 0]).placement) == (2, b)
+    # a plan of several micro-batches is patched only from one of the same schedule
+    assert cache.closest(state([0, 1, 0], "gpipe", 4).placement) is None
+    d = state([0, 1, 1], "gpipe", 4)
+    cache[4] = d
+    assert cache.closest(state([0, 1, 0], "gpipe", 4).placement) == (4, d)
     assert cache.closest(state([1, 0, 1]).placement) == (3, c)
 
 

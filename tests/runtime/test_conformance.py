@@ -26,7 +26,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from heterog import baselines
+from heterog.baselines.expert import op_layers
 from heterog.cluster import load_cluster
+from heterog.compiler import TaskKind
+from heterog.compiler.place import recomputed_ops
 from heterog.evaluate import Evaluator
 from heterog.graph.capture import select_loss
 from heterog.runtime import capture_model_for_runtime, compare_values, prepare, run_prepared, train_single_process
@@ -77,8 +80,28 @@ def with_micro_batches(strategy, seed: int):
     return dataclasses.replace(strategy, micro_batches=sizes, schedule=("1f1b", "gpipe")[seed % 2])
 
 
+def with_recompute(strategy, graph, cluster, seed: int):
+    """``strategy`` with its groups merged into layers (``op_layers``; each layer takes the config of its
+    first op's group) and a random non-empty half of the layers that have something to recompute
+    (``recomputed_ops``) recomputed."""
+    layers, _ = op_layers(graph)
+    first = [int(np.nonzero(layers == k)[0][0]) for k in range(int(layers.max()) + 1)]
+    by_layer = dataclasses.replace(strategy, group_of=layers,
+                                   configs=[strategy.configs[strategy.group_of[o]] for o in first])
+    ops = recomputed_ops(Evaluator(graph, cluster).compiler.context, layers, tuple(range(len(first))))
+    assert ops is not None, f"{graph.name}: no layer has anything to recompute"
+    inner = np.unique(layers[ops])
+    rng = np.random.default_rng(2000 + seed)
+    chosen = rng.random(len(inner)) < 0.5
+    chosen[rng.integers(len(inner))] = True
+    return by_layer.with_recompute(inner[chosen])
+
+
 def plan(m, cluster, method: str, seed: int = 0):
-    """``method``'s plan; ``method+micro``: that plan over random micro-batches (``with_micro_batches``)."""
+    """``method``'s plan; ``method+micro``: that plan over random micro-batches (``with_micro_batches``);
+    ``method+recompute``: that plan by layers, some of them recomputed (``with_recompute``)."""
+    if method.endswith("+recompute"):
+        return with_recompute(plan(m, cluster, method[:-len("+recompute")], seed), m.graph, cluster, seed)
     if method.endswith("+micro"):
         return with_micro_batches(plan(m, cluster, method[:-len("+micro")], seed), seed)
     if method == "agent":
@@ -98,6 +121,9 @@ def assert_trains_like_one_process(name: str, m, single_process, cluster_name: s
     ``single_process`` (``train_single_process``'s result for the same steps)."""
     cluster = cluster_of(cluster_name)
     strategy = plan(m, cluster, method, seed)
+    if method.endswith("+recompute"):              # the plan recomputes something
+        compiled = Evaluator(m.graph, cluster).compile(strategy)
+        assert np.any(compiled.task_kind == TaskKind.RECOMPUTE), f"{name} {method}: nothing is recomputed"
     result = run_prepared(prepare(m, cluster, strategy), [m.example_inputs], STEPS,
                           pool=request.getfixturevalue(POOLS[cluster_name]))
     ref_losses, ref_values = single_process
@@ -217,6 +243,16 @@ def test_micro_batched_random_plans_train_like_one_process(name, cluster_name, s
     """Random plans over 2-4 micro-batches of uneven sizes, 1F1B (seed 0) and GPipe (seed 1): gradients
     accumulate over the micro-batches of each device, and the step is single-process training's."""
     check_trains_like_one_process(name, cluster_name, "random+micro", seed, request)
+
+
+@pytest.mark.parametrize("cluster_name", list(CLUSTERS))
+@pytest.mark.parametrize("name", list(cm.EQUIVALENCE_MODELS))
+def test_recomputed_random_plans_train_like_one_process(name, cluster_name, request) -> None:
+    """Random plans by layers with random layers recomputed: over 2-4 micro-batches under 1F1B on
+    local-cpu-2, one micro-batch on local-cpu-3. The recomputed instances run the ops again (random ops
+    draw the same values) and the backward reads them: the step is single-process training's."""
+    method = "random+micro+recompute" if cluster_name == "local-cpu-2" else "random+recompute"
+    check_trains_like_one_process(name, cluster_name, method, 0, request)
 
 
 @pytest.mark.parametrize("method", ["random", "random+micro"])

@@ -77,6 +77,15 @@ def test_micro_batched_random_plans_train_like_one_process(name, cluster_name, r
     check(name, cluster_name, "random+micro", list(CLUSTERS).index(cluster_name), request)
 
 
+@pytest.mark.parametrize("cluster_name", list(CLUSTERS))
+@pytest.mark.parametrize("name", list(MODELS))
+def test_recomputed_random_plans_train_like_one_process(name, cluster_name, request) -> None:
+    """A random plan by layers, random layers recomputed (dropout drawn again alike): over 2-4
+    micro-batches under GPipe on local-cpu-2, one micro-batch on local-cpu-3."""
+    method = "random+micro+recompute" if cluster_name == "local-cpu-2" else "random+recompute"
+    check(name, cluster_name, method, 1, request)
+
+
 @pytest.mark.parametrize("method", PLANNERS)
 @pytest.mark.parametrize("cluster_name", list(CLUSTERS))
 @pytest.mark.parametrize("name", list(MODELS))
