@@ -65,13 +65,18 @@ def run_bench(quick: bool = False) -> dict:
     # the same plan over 4 micro-batches (1F1B), compiled from scratch each time: 4x the op instances
     micro4 = dataclasses.replace(strategy, micro_batches=tuple(even_shares(batch, 4)), schedule="1f1b")
     out["eval_tasks_k4"] = ev.evaluate(micro4).n_tasks
+    def from_scratch_k4() -> None:
+        ev.compiler.bases.clear()
+        ev.iteration_time(micro4)
+
     out["eval_ms_bert_large_paper8_k4" if not quick else "eval_ms_quick_k4"] = _median_ms(
-        lambda: ev.iteration_time(micro4), 3 if quick else 11)
+        from_scratch_k4, 3 if quick else 11)
     out.update(delta_eval(ev, actions, quick))
+    out.update(delta_eval(ev, actions, quick, micro_batches=4))
     out.update(search_speed(ev, quick))
     if quick:                                   # the keys of the full benchmark, not measured
         out.update(dict.fromkeys(("eval_ms_bert_large_paper8", "eval_ms_bert_large_paper8_k4",
-                                  "eval_ms_delta_bert_large_paper8",
+                                  "eval_ms_delta_bert_large_paper8", "eval_ms_delta_bert_large_paper8_k4",
                                   "mcmc_evals_per_s_bert_large_paper8", "search_speedup_2_workers")))
     else:
         out["order_comparison"] = order_comparison()
@@ -92,16 +97,18 @@ def one_group_changes(actions: np.ndarray, n_devices: int, n: int, seed: int = 1
     return out
 
 
-def delta_eval(ev: Evaluator, actions: np.ndarray, quick: bool = False) -> dict[str, Any]:
+def delta_eval(ev: Evaluator, actions: np.ndarray, quick: bool = False, micro_batches: int = 1) -> dict[str, Any]:
     """Evaluations of ``actions`` with one random group changed (a different one each time), each patched
     from the plan of ``actions`` (``heterog.compiler.delta``): median milliseconds under the order MCMC's
-    loop uses and under the evaluator's (``best``), with the full evaluation of the same strategies beside."""
+    loop uses and under the evaluator's (``best``), with the full evaluation of the same strategies beside;
+    with ``micro_batches`` > 1, every plan over that many micro-batches (1F1B; keys end in ``_k4`` for 4)."""
     from heterog.baselines.mcmc import SEARCH_ORDER, ActionSearch
 
     search = ActionSearch(ev)
-    base = search.strategy(actions)
+    base = search.strategy(actions).with_micro_batches(micro_batches, "1f1b")
     ev.compile(base)
-    variants = [search.strategy(a) for _, a in one_group_changes(actions, ev.cluster.n_devices, 7 if quick else 31)]
+    variants = [search.strategy(a).with_micro_batches(micro_batches, "1f1b")
+                for _, a in one_group_changes(actions, ev.cluster.n_devices, 7 if quick else 31)]
 
     def median_ms(order: str | None, patch: bool) -> float:
         times = []
@@ -114,7 +121,10 @@ def delta_eval(ev: Evaluator, actions: np.ndarray, quick: bool = False) -> dict[
             times.append((time.perf_counter() - t0) * 1e3)
         return float(np.median(times))
 
-    name = "quick" if quick else "bert_large_paper8"
+    name = ("quick" if quick else "bert_large_paper8") + (f"_k{micro_batches}" if micro_batches > 1 else "")
+    if micro_batches > 1:
+        return {f"eval_ms_delta_{name}": median_ms(SEARCH_ORDER, True),
+                f"eval_ms_delta_full_{name}": median_ms(SEARCH_ORDER, False)}
     return {f"eval_ms_delta_{name}": median_ms(SEARCH_ORDER, True),
             f"eval_ms_delta_full_{name}": median_ms(SEARCH_ORDER, False),
             f"eval_ms_delta_best_order_{name}": median_ms(None, True),

@@ -94,8 +94,9 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
     goes to the workers in ``CHAIN_SEGMENTS`` segments per chain, taken by whichever worker is free. Each
     chain returns its ``keep`` best plans; when ``order`` is not the evaluator's, those are scored again under
     the evaluator's order and the best is returned (never worse than the best start under that order), after
-    ``repick_block_devices``; last, the number of micro-batches (up to ``max_micro_batches``; 1: none) and
-    their schedule are chosen for it (``pipeline.with_best_micro_batches``).
+    ``repick_block_devices``; last, the number of micro-batches (up to ``max_micro_batches``; 1: none),
+    their schedule and whether every group is recomputed are chosen for it
+    (``pipeline.with_best_micro_batches``).
     """
     from heterog.parallel import EvaluatorSpec, RayPool, make_pool
 
@@ -178,7 +179,7 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
         "proposals": sum(r.proposals for r in results),
         "accepted": sum(r.accepted for r in results), "blocks": len(search.blocks),
         "block_repick_evals": repick_evals, "workers": pool.n_workers,
-        "order": order or ev.order, "micro_batches": strategy.n_micro,
+        "order": order or ev.order, "micro_batches": strategy.n_micro, "recomputed_groups": len(strategy.recompute),
         "best_cost_s": best_cost, "best_start": best_name, "best_start_cost_s": final_start[best_name],
         "chains": [{"start": r.name, "start_cost_s": start_cost[r.name], "best_cost_s": r.best_cost,
                     "proposals": r.proposals, "wall_s": r.wall_s} for r in results]})

@@ -13,7 +13,9 @@ The search is a pruned enumeration, time-boxed by ``budget_s``:
                  memory of its smallest device where possible); a stage's time for a layer is its
                  devices' combined throughput at the shares used;
   shares         even, or proportional to each device's time for the stage's layers;
-  micro-batches  k in 1, 2, 4, ... up to the batch (even sizes), under each schedule (or ``schedule``).
+  micro-batches  k in 1, 2, 4, ... up to the batch (even sizes), under each schedule (or ``schedule``);
+  recomputation  a candidate out of memory is tried again with every layer recomputed (each layer is
+                 a group), which is kept if it fits.
 
 ``balance="equal"`` is the homogeneous baseline of pipeline planners: one stage per device, equal layer
 counts, even micro-batches (only k and the schedule searched).
@@ -85,22 +87,32 @@ def stage_plan(ev: PlanEvaluator, stages: list[list[int]], proportional: bool,
     return balanced_partition(cost, resident + kept * largest, cap), configs
 
 
+def fitting(ev: PlanEvaluator, strategy: Strategy) -> tuple[Strategy, float, bool]:
+    """(plan, time, OOM) of ``strategy``, or of ``strategy`` with every group recomputed when only that fits
+    ."""
+    t, oom = ev.iteration_time(strategy)
+    if oom and not strategy.recompute:
+        again = strategy.with_recompute(range(strategy.n_groups))
+        t2, oom2 = ev.iteration_time(again)
+        if not oom2:
+            return again, float(t2), False
+    return strategy, float(t), bool(oom)
+
+
 def with_best_micro_batches(ev: PlanEvaluator, strategy: Strategy, max_micro_batches: int,
                             oom_factor: float = 10.0) -> Strategy:
     """``strategy`` over the number of micro-batches (1, 2, 4, ... up to ``max_micro_batches`` and the batch,
     even sizes, each schedule) that simulates fastest, out-of-memory plans costing ``oom_factor`` times
-    their time; ``strategy`` itself when none beats it."""
-    def cost(s: Strategy) -> float:
-        t, oom = ev.iteration_time(s)
-        return float(t) * (oom_factor if oom else 1.0)
-
+    their time, each recomputing every group where only that fits (``fitting``); ``strategy`` itself when
+    none beats it."""
     B = ev.graph.batch_size
-    best, best_cost = strategy, cost(strategy)
+    best, t, oom = fitting(ev, strategy)
+    best_cost = t * (oom_factor if oom else 1.0)
     k = 2
     while k <= min(B, max_micro_batches):
         for schedule in SCHEDULES:
-            s = strategy.with_micro_batches(k, schedule)
-            c = cost(s)
+            s, t, oom = fitting(ev, strategy.with_micro_batches(k, schedule))
+            c = t * (oom_factor if oom else 1.0)
             if c < best_cost:
                 best, best_cost = s, c
         k *= 2
@@ -148,8 +160,8 @@ def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | N
                 else:
                     stage_of_layer = equal_stages(len(names), cluster.n_devices)
                     configs = [ParallelConfig.single(d, B) for d in range(cluster.n_devices)]
-                group_of = stage_of_layer[layer_of]
-                s = group_strategy(ev, group_of, configs, meta={
+                # a group per layer, under its stage's config: layers are what recomputation rebuilds
+                s = group_strategy(ev, layer_of, [configs[g] for g in stage_of_layer.tolist()], meta={
                     "stages": [configs[g].devices for g in np.unique(stage_of_layer).tolist()],
                     "layers_per_stage": np.bincount(stage_of_layer, minlength=len(stages)).tolist(),
                     "micro_batches": k, "shares": "proportional" if proportional else "even"})
@@ -157,12 +169,12 @@ def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | N
                     s.with_micro_batches(k, sched)
                     for sched in ((schedule,) if schedule else SCHEDULES)]
                 for v in variants:
-                    t, oom = ev.iteration_time(v)
+                    v, t, oom = fitting(ev, v)
                     tried += 1
                     key = (bool(oom), float(t))
                     if best is None or key < best[0]:
                         best = (key, v)
     assert best is not None
     out = best[1]
-    out.meta.update({"candidates": tried, "layers": len(names)})
+    out.meta.update({"candidates": tried, "layers": len(names), "recomputed_groups": len(out.recompute)})
     return out

@@ -14,9 +14,13 @@ from heterog.evaluate import Evaluator
 from tests.baselines.helpers import gpu_cluster, layered_graph
 
 
-def layers_per_group(strategy, graph) -> list[set[int]]:
+def layers_per_stage(strategy, graph) -> list[set[int]]:
+    """The layers of each stage (a group per layer; a stage's groups share its config), stages in order."""
     layer_of, _ = op_layers(graph)
-    return [set(layer_of[strategy.group_of == g].tolist()) for g in range(strategy.n_groups)]
+    stages: dict = {}
+    for g, cfg in enumerate(strategy.configs):
+        stages.setdefault(cfg, set()).update(layer_of[strategy.group_of == g].tolist())
+    return list(stages.values())
 
 
 def test_stage_groups_cut_the_devices_in_index_order():
@@ -32,8 +36,9 @@ def test_pipeline_is_never_slower_than_the_data_parallel_plans_it_tries():
     for dp in ("ev-ar", "cp-ar"):
         assert t <= ev.evaluate(baselines.run(dp, graph, cluster, evaluator=ev)).iteration_time_s * (1 + 1e-9)
     # stages hold contiguous layers: a layer's forward ops in one group, groups in layer order
-    firsts = [min(layers) for layers in layers_per_group(s, graph) if layers]
-    assert firsts == sorted(firsts)
+    stages = [layers for layers in layers_per_stage(s, graph) if layers]
+    firsts = [min(layers) for layers in stages]
+    assert firsts == sorted(firsts) and all(max(x) - min(x) + 1 == len(x) for x in stages)
     assert s.meta["candidates"] >= 1 and s.meta["micro_batches"] == s.n_micro
 
 
@@ -53,7 +58,7 @@ def test_the_homogeneous_baseline_gives_every_device_equal_layers():
     assert equal_stages(7, 3).tolist() == [0, 0, 0, 1, 1, 2, 2]
     graph, cluster = layered_graph(8, 4096, batch=8), gpu_cluster(4)
     s = baselines.run("pipeline", graph, cluster, budget_s=5.0, balance="equal")
-    counts = [len(layers) for layers in layers_per_group(s, graph)]
+    counts = [len(layers) for layers in layers_per_stage(s, graph)]
     assert len(counts) == 4 and max(counts) - min(counts) <= 1
     assert all(len(c.devices) == 1 for c in s.configs)
 
