@@ -1,8 +1,10 @@
 """The strategies the trainer simulates besides the policy's own samples, and how they are scored.
 
-:class:`CandidateSearch` proposes the uniform seed plans, exploration offsets (one logit offset per
-action, for whole-plan changes), mutations of the best plan found (uniform, guided by the policy, or one
-coupled block of groups at once: :class:`BlockMoves`, which also ties a block's groups to one decision) and
+The trainer's strategies are plans (``envs.actions``): ``G`` group configs, ``G`` recompute bits and the
+micro-batch choice, one row of length ``2 G + 1``. :class:`CandidateSearch` proposes the uniform seed
+plans, exploration offsets (one logit offset per action, for whole-plan changes), mutations of the best
+plan found (uniform, guided by the policy, one coupled block of groups at once: :class:`BlockMoves`, which
+also ties a block's groups to one decision, or a change of the micro-batches or recompute bits) and
 replays from the pool of the best distinct plans; every draw comes from the trainer's seeded generators.
 :class:`Scorer` simulates strategies once each (a per-graph cache), here or on Ray workers.
 """
@@ -17,6 +19,7 @@ from torch import Tensor
 
 from agents.settings import TrainerSettings
 from agents.tasks import GraphTask, TaskState
+from envs.actions import MICRO_CHOICES, SCHEDULE, full_plan, micro_batches, plan_length, plan_strategy, split_plan
 from heterog.evaluate import reward
 
 
@@ -120,6 +123,31 @@ class CandidateSearch:
                 out[i, members] = a
         return out
 
+    def mutate_plans(self, base: Tensor, n_groups: int, n_actions: int, n: int, guide: Tensor | None = None,
+                     blocks: BlockMoves | None = None) -> Tensor:
+        """``n`` mutations of the plan ``base``: its configs mutated as :meth:`mutate` does, its recompute bits
+        and micro-batch choice kept; then each copy becomes, with probability ``mutate_memory``, ``base``
+        with another micro-batch choice (half of them, uniform over the other choices) or with the recompute
+        bits of ``mutate_groups`` random groups flipped.
+
+        Shapes: base ``(2 G + 1,)``, guide ``(G, A)`` -> ``(n, 2 G + 1)``.
+        """
+        out = torch.cat([self.mutate(base[:n_groups], n_actions, n, guide, blocks),
+                         base[None, n_groups:].repeat(n, 1)], dim=1)
+        if n == 0 or n_groups == 0 or self.settings.mutate_memory == 0:
+            return out
+        chosen = torch.rand(n, generator=self.generator) < self.settings.mutate_memory
+        k = min(self.settings.mutate_groups, n_groups)
+        for i in torch.nonzero(chosen).flatten().tolist():
+            out[i] = base
+            if float(torch.rand(1, generator=self.generator)) < 0.5:
+                c = int(torch.randint(len(MICRO_CHOICES) - 1, (1,), generator=self.generator))
+                out[i, -1] = c + int(c >= int(base[-1]))
+            else:
+                flip = n_groups + torch.randperm(n_groups, generator=self.generator)[:k]
+                out[i, flip] = 1 - base[flip]
+        return out
+
     def remember(self, state: TaskState, actions: np.ndarray, rewards: np.ndarray) -> None:
         """Add the strategies ``actions`` ``(k, G)`` not pooled yet to ``state``'s pool, best first, and keep
         the ``replay_pool_size`` best."""
@@ -135,14 +163,17 @@ class CandidateSearch:
         state.pool.sort(key=lambda entry: -entry[0])
         del state.pool[size:]
 
-    def replay(self, state: TaskState) -> tuple[np.ndarray, np.ndarray]:
-        """``replay_samples`` strategies drawn from the pool (seeded), as (R, G) actions and (R,) rewards."""
+    def replay(self, state: TaskState, n_groups: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``replay_samples`` strategies drawn from the pool (seeded), as (R, L) actions and (R,) rewards;
+        ``n_groups``: give them as plans over that many groups (L = 2 G + 1; pooled configs alone are
+        plans of one micro-batch without recomputation), None: as pooled."""
         n = min(self.settings.replay_samples, len(state.pool))
         if n == 0:
-            return np.zeros((0, len(state.best_actions or [])), dtype=np.int64), np.zeros(0)
+            width = len(state.best_actions or []) if n_groups is None else plan_length(n_groups)
+            return np.zeros((0, width), dtype=np.int64), np.zeros(0)
         chosen = np.sort(self.rng.choice(len(state.pool), size=n, replace=False))
-        return (np.array([state.pool[c][1] for c in chosen], dtype=np.int64),
-                np.array([state.pool[c][0] for c in chosen]))
+        rows = [state.pool[c][1] if n_groups is None else full_plan(state.pool[c][1], n_groups) for c in chosen]
+        return np.array(rows, dtype=np.int64), np.array([state.pool[c][0] for c in chosen])
 
 
 class Scorer:
@@ -185,18 +216,25 @@ class Scorer:
         return rewards, times, ooms
 
     def simulate(self, task: GraphTask, actions: np.ndarray) -> list[tuple[float, bool]]:
-        """(iteration time, OOM) of strategies ``actions`` (K, G): here, or in ``workers`` contiguous chunks
-        on Ray workers."""
-        if self.workers == 1 and self.ray_address is None or len(actions) == 1:
-            return [task.evaluator.iteration_time(task.evaluator.strategy(a, "agent")) for a in actions]
+        """(iteration time, OOM) of strategies ``actions``, plans (K, 2 G + 1) or configs alone (K, G):
+        here, or in ``workers`` contiguous chunks on Ray workers."""
+        ev, n_groups = task.evaluator, task.n_groups
+        plans = full_plan(actions, n_groups)
+        if self.workers == 1 and self.ray_address is None or len(plans) <= 1:
+            return [ev.iteration_time(plan_strategy(ev, a, "agent")) for a in plans]
         from heterog.parallel import EvaluatorSpec, make_pool
 
         if self._pool is None:
             self._pool = make_pool(self.workers, self.ray_address)
         if task.key not in self._pool_keys:
-            self._pool_keys[task.key] = self._pool.register(EvaluatorSpec.of(task.evaluator))
-        chunks = [c for c in np.array_split(actions, self._pool.n_workers) if len(c)]
-        return [hit for part in self._pool.map("iteration_times", self._pool_keys[task.key], chunks) for hit in part]
+            self._pool_keys[task.key] = self._pool.register(EvaluatorSpec.of(ev))
+        extras = []
+        for a in plans:
+            plan = split_plan(a, n_groups, n_groups, ev.cluster.n_devices)
+            extras.append((micro_batches(plan.micro_index, ev.graph.batch_size), SCHEDULE, tuple(plan.recomputed)))
+        cuts = [c for c in np.array_split(np.arange(len(plans)), self._pool.n_workers) if len(c)]
+        jobs = [(plans[c, :n_groups], [extras[i] for i in c.tolist()]) for c in cuts]
+        return [hit for part in self._pool.map("plan_times", self._pool_keys[task.key], jobs) for hit in part]
 
     def close(self) -> None:
         """Stop the simulation workers (if any were started)."""

@@ -1,10 +1,16 @@
 """Agent checkpoints: one file with the policy (config + weights), optimizer, per-graph baselines and
 best strategies, RNG states and counters, written atomically; loading refuses a checkpoint made for
 another action space (another number of devices) or another feature layout. :func:`trainer_state` and
-:func:`load_trainer_state` are what a trainer's ``state_dict``/``load_state_dict`` save and restore."""
+:func:`load_trainer_state` are what a trainer's ``state_dict``/``load_state_dict`` save and restore.
+
+Checkpoints saved before the policy chose micro-batches and recomputation load: their policy weights
+lack the plan-level heads, which keep their initial values (noted in the log), their optimizer state is
+re-indexed around those parameters, and their best strategies and pools of configs alone are plans of
+one micro-batch without recomputation."""
 from __future__ import annotations
 
 import io
+import logging
 import random
 from dataclasses import asdict
 from pathlib import Path
@@ -13,8 +19,10 @@ from typing import Any
 import torch
 
 from agents.networks import N_DP_SCHEMES, StrategyPolicy
+from agents.networks.policy import missing_new_parameters
 from agents.settings import TrainerView
 from agents.tasks import TaskState
+from envs.actions import full_plan
 from envs.features import DEVICE_FEATURE_DIM
 from envs.features import op_feature_dim as envs_op_feature_dim
 from heterog.atomic import atomic_write_bytes
@@ -22,6 +30,7 @@ from heterog.errors import CheckpointError
 
 FORMAT = "heterog-agent"
 VERSION = 1
+log = logging.getLogger(__name__)
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
@@ -96,7 +105,8 @@ def check_fits(state: dict[str, Any], n_devices: int, op_feature_dim: int | None
 
 
 def policy_from_checkpoint(state: dict[str, Any]) -> StrategyPolicy:
-    """The policy stored in a checkpoint, with its weights."""
+    """The policy stored in a checkpoint, with its weights (parameters the checkpoint predates, the
+    plan-level heads, keep their initial values)."""
     policy = StrategyPolicy.from_config(state["policy_config"])
     policy.load_state_dict(state["policy_state"])
     return policy
@@ -131,11 +141,14 @@ def trainer_state(trainer: TrainerView) -> dict[str, Any]:
 def load_trainer_state(trainer: TrainerView, state: dict[str, Any]) -> None:
     """Put ``trainer`` where the run ``state`` came from stood (same tasks: states of other graphs are
     ignored), so that it continues exactly."""
+    missing = missing_new_parameters(trainer.policy, state["policy_state"])
     trainer.policy.load_state_dict(state["policy_state"])
-    trainer.optimizer.load_state_dict(state["optimizer_state"])
+    trainer.optimizer.load_state_dict(_reindexed_optimizer_state(trainer, state["optimizer_state"], missing))
+    n_groups = {t.key: t.n_groups for t in trainer.tasks}
     for key, d in state["tasks"].items():
         if key in trainer.states:
-            trainer.states[key] = TaskState.from_dict({k: v for k, v in d.items() if k != "name"})
+            trainer.states[key] = _as_plans(TaskState.from_dict({k: v for k, v in d.items() if k != "name"}),
+                                            n_groups[key])
     c = state["counters"]
     trainer.rounds, trainer.episodes, trainer.n_sims = int(c["rounds"]), int(c["episodes"]), int(c["n_sims"])
     trainer.wall_s, trainer.cpu_s = float(c["wall_s"]), float(c["cpu_s"])
@@ -144,6 +157,32 @@ def load_trainer_state(trainer: TrainerView, state: dict[str, Any]) -> None:
     torch.set_rng_state(rng["torch_global"])
     trainer.rng.bit_generator.state = rng["numpy"]
     random.setstate(_python_state(rng["python"]))
+
+
+def _reindexed_optimizer_state(trainer: TrainerView, saved: dict[str, Any], missing: list[str]) -> dict[str, Any]:
+    """``saved`` (an optimizer state over the parameters without ``missing``) over all of the policy's
+    parameters, in order; the missing ones start without optimizer state."""
+    if not missing:
+        return saved
+    names = [name for name, _ in trainer.policy.named_parameters()]
+    kept = [i for i, name in enumerate(names) if name not in missing]
+    groups = saved["param_groups"]
+    if len(groups) != 1 or len(groups[0]["params"]) != len(kept):
+        raise CheckpointError(f"the optimizer state has {sum(len(g['params']) for g in groups)} parameters, "
+                              f"the policy without its plan-level heads {len(kept)}")
+    order = {old: kept[i] for i, old in enumerate(groups[0]["params"])}
+    log.info("optimizer state without the plan-level heads: they start without one")
+    return {"state": {order[int(i)]: v for i, v in saved["state"].items()},
+            "param_groups": [{**groups[0], "params": list(range(len(names)))}]}
+
+
+def _as_plans(state: TaskState, n_groups: int) -> TaskState:
+    """``state`` with its best strategy and pool as plans over ``n_groups`` groups (configs alone: one
+    micro-batch, no recomputation)."""
+    if state.best_actions is not None:
+        state.best_actions = full_plan(state.best_actions, n_groups).tolist()
+    state.pool = [(r, full_plan(a, n_groups).tolist()) for r, a in state.pool]
+    return state
 
 
 def _plain(obj):

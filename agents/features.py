@@ -92,3 +92,15 @@ def pad_actions(actions: np.ndarray, max_groups: int) -> np.ndarray:
     out = np.zeros(actions.shape[:-1] + (max_groups,), dtype=np.int64)
     out[..., :actions.shape[-1]] = actions
     return out
+
+
+def pad_plans(plans: np.ndarray, n_groups: int, max_groups: int) -> np.ndarray:
+    """Plans over the real groups ``(..., 2 G + 1)`` (``envs.actions``) as the env's actions
+    ``(..., 2 max_groups + 1)``: configs and recompute bits padded with 0, the micro-batch choice last."""
+    plans = np.asarray(plans, dtype=np.int64)
+    g = int(n_groups)
+    out = np.zeros(plans.shape[:-1] + (2 * max_groups + 1,), dtype=np.int64)
+    out[..., :g] = plans[..., :g]
+    out[..., max_groups:max_groups + g] = plans[..., g:2 * g]
+    out[..., -1] = plans[..., -1]
+    return out

@@ -18,7 +18,8 @@ import torch
 from agents.candidates import BlockMoves
 from agents.checkpoint import check_fits, load_checkpoint, policy_from_checkpoint, ties_blocks
 from agents.networks import StrategyPolicy
-from agents.trainer import GraphTask, Trainer, TrainerSettings, bias_towards_data_parallel
+from agents.trainer import GraphTask, Trainer, TrainerSettings, bias_towards_data_parallel, plan_columns
+from envs.actions import full_plan, plan_strategy
 from envs.features import DEVICE_FEATURE_DIM, MAX_DEVICES, op_feature_dim
 from heterog.errors import HeterogError
 from heterog.planners import Planner
@@ -75,9 +76,10 @@ def plan(evaluator, checkpoint: str | Path | dict | None = None, episodes: int |
         workers, ray_address: simulate each round's strategies on this many Ray workers, on the cluster at
             this address (``heterog.parallel``; ``settings.workers`` when settings are given).
 
-    Returns the best strategy found, method "agent", with meta ``search_time_s``,
-    ``best_iteration_time_s``, ``oom``, ``episodes``, ``rounds``, ``seed`` and ``checkpoint`` (the path
-    started from; None from scratch).
+    Returns the best strategy found (its group configs, recomputed groups and micro-batches, as the agent
+    chose them), method "agent", with meta ``search_time_s``, ``best_iteration_time_s``, ``oom``,
+    ``episodes``, ``rounds``, ``seed``, ``checkpoint`` (the path started from; None from scratch),
+    ``micro_batches`` (the number) and ``recomputed_groups`` (how many).
     """
     t0 = time.perf_counter()
     zero = budget_s == 0 and episodes is None
@@ -156,12 +158,14 @@ def _load_policy(checkpoint: str | Path | dict, n_devices: int, state: dict | No
 
 def zero_shot(evaluator, checkpoint: str | Path | dict) -> Strategy:
     """The pretrained policy's plan for ``evaluator``'s graph and cluster without any update: its greedy
-    plan (each group's most likely decision, ``agents.networks.most_likely_actions``; each coupled block
-    its leader's, when the policy was trained with ``tie_blocks``), compared with the four data-parallel
-    plans (every group under one DP action); the fastest is returned (a plan out of memory counts ``oom_factor`` times
-    slower, as in training). Meta: ``policy_plan_s`` and ``policy_plan_oom`` (the greedy plan, before
-    the comparison), ``zero_shot`` True, ``kept`` ("policy" or the DP plan's name), ``best_iteration_time_s``,
-    ``oom``, ``episodes`` 0, ``rounds`` 0."""
+    plan (each group's most likely decision, ``agents.networks.most_likely_actions``, and its more likely
+    recompute bit, and the most likely number of micro-batches; each coupled block its leader's, when the
+    policy was trained with ``tie_blocks``), compared with the four data-parallel plans (every group under
+    one DP action, one micro-batch, no recomputation); the fastest is returned (a plan out of memory counts
+    ``oom_factor`` times slower, as in training). Meta: ``policy_plan_s`` and ``policy_plan_oom`` (the
+    greedy plan, before the comparison), ``zero_shot`` True, ``kept`` ("policy" or the DP plan's name),
+    ``best_iteration_time_s``, ``oom``, ``episodes`` 0, ``rounds`` 0, ``micro_batches`` and
+    ``recomputed_groups``."""
     import numpy as np
 
     from heterog.evaluate import reward
@@ -174,17 +178,17 @@ def zero_shot(evaluator, checkpoint: str | Path | dict) -> Strategy:
     with torch.no_grad():
         emb = policy.embed_groups(*task.inputs.args())
         devices = policy.embed_devices(task.inputs.dev_x, task.inputs.dev_mask)
-        greedy = policy.sample_actions(emb, task.inputs.group_mask, 1, greedy=True, devices=devices)[0]
+        greedy = policy.sample_plans(emb, task.inputs.group_mask, 1, greedy=True, devices=devices)[0]
     blocks = BlockMoves.of(evaluator) if ties_blocks(state) else None
     if blocks is not None and blocks.groups:
-        greedy = greedy[blocks.tie(evaluator.n_groups)]
+        greedy = greedy[plan_columns(blocks.tie(evaluator.n_groups), evaluator.n_groups)]
     greedy = greedy.numpy()
     candidates = {"policy": greedy.astype(np.int64)}
-    candidates.update({name: np.full(evaluator.n_groups, m + k, dtype=np.int64)
+    candidates.update({name: full_plan(np.full(evaluator.n_groups, m + k, dtype=np.int64), evaluator.n_groups)
                        for k, name in enumerate(("ev-ps", "ev-ar", "cp-ps", "cp-ar"))})
-    scored = {name: evaluator.iteration_time(evaluator.strategy(a)) for name, a in candidates.items()}
+    scored = {name: evaluator.iteration_time(plan_strategy(evaluator, a)) for name, a in candidates.items()}
     kept = max(scored, key=lambda name: (reward(*scored[name]), name == "policy"))
-    strategy = evaluator.strategy(candidates[kept], "agent")
+    strategy = plan_strategy(evaluator, candidates[kept], "agent")
     strategy.meta.update({"zero_shot": True, "kept": kept, "policy_plan_s": scored["policy"][0],
                           "policy_plan_oom": scored["policy"][1], "best_iteration_time_s": scored[kept][0],
                           "oom": scored[kept][1], "episodes": 0, "rounds": 0})

@@ -12,6 +12,7 @@ import numpy as np
 from agents.networks import N_DP_SCHEMES
 from agents.settings import TrainerView
 from agents.tasks import GraphTask
+from envs.actions import MICRO_CHOICES, full_plan, micro_batches
 from heterog.strategy import action_name
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,11 @@ class TrainingLog:
         if step % self.log_every == 0 or step == 1:
             w.add_histogram("actions/sampled", stats["actions"], step,
                             bins=np.arange(trainer.policy.n_actions + 1) - 0.5)
+            if "micro_choices" in stats:
+                w.add_histogram("actions/micro_batch_choice", stats["micro_choices"], step,
+                                bins=np.arange(len(MICRO_CHOICES) + 1) - 0.5)
+        if "recompute_share" in stats:
+            w.add_scalar("charts/recompute_share", stats["recompute_share"], step)
             w.add_text("actions/breakdown", breakdown_markdown(trainer), step)
 
     def log_distill(self, epoch: int, loss: float) -> None:
@@ -94,8 +100,10 @@ def breakdown_markdown(trainer: TrainerView) -> str:
         if st.best_actions is None:
             continue
         rows = action_breakdown(t, np.asarray(st.best_actions))
+        plan = plan_decisions(t, np.asarray(st.best_actions))
         out.append(f"**{t.name}** on {t.evaluator.cluster.name}: best {st.best_iteration_time_s * 1e3:.2f} ms"
-                   f"{' (OOM)' if st.best_oom else ''}\n")
+                   f"{' (OOM)' if st.best_oom else ''}, {plan['micro_batches']} micro-batches, "
+                   f"{plan['recomputed_groups']} of {t.n_groups} groups recomputed\n")
         out.append("| action | groups | ops % | compute % |\n|---|---|---|---|")
         out.extend(f"| {r['action']} | {r['groups']} | {100 * r['op_share']:.1f} | {100 * r['compute_share']:.1f} |"
                    for r in rows)
@@ -103,10 +111,20 @@ def breakdown_markdown(trainer: TrainerView) -> str:
     return "\n".join(out)
 
 
+def plan_decisions(task: GraphTask, plan: np.ndarray) -> dict[str, int]:
+    """The plan-level decisions of a plan (or configs alone) of ``task``: ``micro_batches`` (the number,
+    after clipping to the batch) and ``recomputed_groups`` (how many)."""
+    full = full_plan(plan, task.n_groups)
+    return {"micro_batches": micro_batches(int(full[-1]), task.evaluator.graph.batch_size),
+            "recomputed_groups": int(full[task.n_groups:-1].sum())}
+
+
 def action_breakdown(task: GraphTask, actions: np.ndarray) -> list[dict[str, Any]]:
-    """Per action used by ``actions`` (one per group): groups, share of ops, share of compute time."""
+    """Per config action used by ``actions`` (a plan, or one config per group): groups, share of ops, share
+    of compute time."""
     ev = task.evaluator
     m = ev.cluster.n_devices
+    actions = np.asarray(actions)[:task.n_groups]
     op_action = np.asarray(actions)[ev.group_of]
     op_time = ev.cost.full_batch_times(ev.graph).mean(axis=1)
     total_time = max(float(op_time.sum()), 1e-30)

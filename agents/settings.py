@@ -88,6 +88,10 @@ class TrainerSettings:
     graph's heaviest tensors, e.g. a tied embedding and its LM head) to one action: MCMC's block move
     (``heterog.baselines.chains.coupled_blocks``), which single-group moves cannot make when every plan
     on the way re-lays out a large tensor."""
+    mutate_memory: float = 0.25
+    """Probability that a mutation sample instead changes the best strategy's plan-level decisions: half
+    of these take another number of micro-batches (uniformly among the other choices), the other half
+    flip the recompute bits of ``mutate_groups`` random groups (0: mutations never change them)."""
     tie_blocks: bool = True
     """The policy's own samples (its draws, the greedy and the exploration samples) give every coupled
     block of groups (as ``mutate_blocks``) the action of the block's leader (the group that synchronises
@@ -149,7 +153,7 @@ class TrainerSettings:
             problems.append(f"greedy_samples {self.greedy_samples} + explore_samples {self.explore_samples} + "
                             f"mutate_samples {self.mutate_samples} must be in 0..samples_per_graph-1 "
                             f"({self.samples_per_graph - 1}), each non-negative")
-        for name in ("mutate_guided", "mutate_blocks", "imitation_by_load"):
+        for name in ("mutate_guided", "mutate_blocks", "mutate_memory", "imitation_by_load"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 problems.append(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.mutate_groups < 1:

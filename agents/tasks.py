@@ -61,9 +61,10 @@ class TaskState:
     best_oom: bool = True
     """Whether that best plan runs out of memory."""
     best_actions: list[int] | None = None
-    """Its action per group (None before the first sample)."""
+    """Its plan (None before the first sample): each group's config, each group's recompute bit and the
+    micro-batch choice (``envs.actions``; checkpoints from before plans hold the configs alone)."""
     pool: list[tuple[float, list[int]]] = field(default_factory=list)
-    """Best distinct strategies seen (reward, actions), best first."""
+    """Best distinct strategies seen (reward, plan), best first."""
     episodes: int = 0
     """Strategies sampled for this graph (replays not counted)."""
     history: list[tuple[float, float, int, float]] = field(default_factory=list)

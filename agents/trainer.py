@@ -3,7 +3,9 @@ rollout and the REINFORCE/PPO update.
 
 HeteroG's update rule: per graph, one forward pass gives the per-group distribution, k strategies
 are sampled from it and simulated, and the advantage of each is its reward minus the graph's
-moving-average baseline. PPO (clipped, a few epochs over the same samples) is an option. Besides the
+moving-average baseline. A strategy is a plan (``envs.actions``, a row of length ``2 G + 1``): each
+group's config and recompute bit and the number of micro-batches; its log probability, the loss and the
+entropy bonus cover all three. PPO (clipped, a few epochs over the same samples) is an option. Besides the
 policy's samples a round simulates candidates from :mod:`agents.candidates` (exploration offsets,
 mutations of the best plan, replays of the best plans found); :mod:`agents.reporting` writes the
 TensorBoard records and plots, :mod:`agents.checkpoint` the checkpoints. Everything is determined by
@@ -26,15 +28,17 @@ from torch import Tensor
 from agents.candidates import BlockMoves, CandidateSearch, Scorer, uniform_plans
 from agents.checkpoint import load_trainer_state, save_checkpoint, trainer_state
 from agents.networks import N_DP_SCHEMES, StrategyPolicy
+from agents.networks.plan import PlanLogits, plan_entropy, plan_log_prob_parts
 from agents.reporting import TrainingLog, action_breakdown, time_to_quality
 from agents.settings import ALGORITHMS, TrainerSettings
 from agents.tasks import GraphTask, TaskState, make_task
+from envs.actions import full_plan, plan_strategy
 from heterog.errors import CheckpointError, HeterogError
 from heterog.strategy import Strategy
 
 __all__ = ["ALGORITHMS", "GraphTask", "TaskState", "Trainer", "TrainerSettings", "action_breakdown",
-           "bias_towards_data_parallel", "make_task", "mean_entropy", "per_group_log_prob", "policy_loss",
-           "time_to_quality"]
+           "bias_towards_data_parallel", "make_task", "mean_entropy", "per_group_log_prob", "plan_columns",
+           "plan_log_prob_parts", "policy_loss", "time_to_quality"]
 
 # =========================================================================================== the update
 def per_group_log_prob(logits: Tensor, actions: Tensor) -> Tensor:
@@ -47,9 +51,21 @@ def per_group_log_prob(logits: Tensor, actions: Tensor) -> Tensor:
     return log_p.gather(-1, actions[..., None])[..., 0]
 
 
-def imitation_loss(logits: Tensor, target: Tensor, weights: Tensor) -> Tensor:
-    """Cross-entropy of the policy against one strategy, a weighted mean over groups.
-    Shapes: logits ``(G, A)`` or ``(1, G, A)``, target ``(1, G)``, weights ``(G,)`` -> ``()``."""
+def plan_columns(groups: Tensor, n_groups: int) -> Tensor:
+    """The entries of a plan ``(2 G + 1,)`` that belong to ``groups`` (their configs, then their recompute
+    bits), then the micro-batch choice. Shapes: groups ``(D,)`` -> ``(2 D + 1,)``."""
+    return torch.cat([groups, groups + n_groups, groups.new_full((1,), 2 * n_groups)])
+
+
+def imitation_loss(logits: Tensor | PlanLogits, target: Tensor, weights: Tensor) -> Tensor:
+    """Cross-entropy of the policy against one strategy, a weighted mean over groups: of the configs alone
+    (``logits`` a tensor, ``target`` configs), or of whole plans (:class:`PlanLogits`, ``target`` a plan:
+    each group's config and recompute bit weighted by the group, the micro-batch choice by 1).
+    Shapes: logits ``(G, A)`` or ``(1, G, A)``, target ``(1, G)`` or ``(1, 2 G + 1)``, weights ``(G,)`` -> ``()``."""
+    if isinstance(logits, PlanLogits):
+        n = weights.shape[0]
+        parts = plan_log_prob_parts(logits, target)[0]
+        return -(((parts[:n] + parts[n:2 * n]) * weights).sum() + parts[-1]) / weights.sum()
     return -(per_group_log_prob(logits, target)[0] * weights).sum() / weights.sum()
 
 
@@ -67,37 +83,49 @@ def mean_entropy(logits: Tensor) -> Tensor:
     return -(logits.softmax(dim=-1) * logits.log_softmax(dim=-1)).sum(-1).mean()
 
 
-def policy_loss(log_p: Tensor, log_p_old: Tensor, advantages: Tensor, algorithm: str, clip: float) -> Tensor:
-    """Policy-gradient loss averaged over samples and groups (each group's decision is one factor of
-    the strategy and shares the strategy's advantage).
+def policy_loss(log_p: Tensor, log_p_old: Tensor, advantages: Tensor, algorithm: str, clip: float,
+                per: int | None = None) -> Tensor:
+    """Policy-gradient loss: a sum over the decisions of a strategy (each decision is one factor of the
+    strategy and shares its advantage) divided by ``per`` (None: the number of decisions, the mean), averaged
+    over samples. For plans, ``per`` is the number of groups, so each config weighs as it does alone.
 
-    REINFORCE: ``-A log pi``. PPO: ``-min(rho A, clip(rho, 1-eps, 1+eps) A)`` with the per-group ratio
+    REINFORCE: ``-A log pi``. PPO: ``-min(rho A, clip(rho, 1-eps, 1+eps) A)`` with the per-decision ratio
     ``rho = pi / pi_old`` (a ratio of whole-strategy probabilities over ~1000 groups would always clip).
 
-    Shapes: log_p, log_p_old ``(K, G)``, advantages ``(K,)`` -> ``()``.
+    Shapes: log_p, log_p_old ``(K, D)``, advantages ``(K,)`` -> ``()``.
     """
     adv = advantages[:, None]
+    n = log_p.shape[-1] if per is None else per
     if algorithm == "reinforce":
-        return -(adv * log_p).mean()
+        return -(adv * log_p).sum(dim=-1).mean() / n
     ratio = (log_p - log_p_old).exp()
-    return -torch.min(ratio * adv, ratio.clamp(1.0 - clip, 1.0 + clip) * adv).mean()
+    return -torch.min(ratio * adv, ratio.clamp(1.0 - clip, 1.0 + clip) * adv).sum(dim=-1).mean() / n
 
 
 @dataclass
 class _Sample:
-    """One graph's part of a round: the strategies, their advantages and old log probabilities (of the
-    groups whose choice is a decision, ``decisions``; all groups when None)."""
+    """One graph's part of a round: the plans, their advantages and old log probabilities per decision (of
+    the groups whose choice is a decision, ``decisions``, and the micro-batch choice; all groups when None)."""
 
     task: GraphTask
-    actions: Tensor          # (K + R, G) sampled then replayed
+    actions: Tensor          # (K + R, 2G + 1) plans sampled then replayed
     advantages: Tensor       # (K + R,)
-    log_p_old: Tensor        # (K + R, G)
-    logits: Tensor | None    # (K + R, G, A) along the strategies, with their graph (used by the first epoch)
+    log_p_old: Tensor        # (K + R, 2G + 1) per decision
+    logits: PlanLogits | None  # along the plans, with their graph (used by the first epoch)
     rewards: np.ndarray      # (K,) rewards of the sampled strategies
-    sampled: np.ndarray      # (K, G) the sampled strategies (for the action histogram)
+    sampled: np.ndarray      # (K, 2G + 1) the sampled plans (for the action histogram)
     decisions: Tensor | None = None     # (D,) groups whose choice is a decision (``tie_blocks``); None: all
-    target: Tensor | None = None        # (1, G) the best strategy found, imitated (``imitation_coef``)
-    target_logits: Tensor | None = None  # (1, G, A) the logits along it, with their graph (first epoch)
+    target: Tensor | None = None        # (1, 2G + 1) the best plan found, imitated (``imitation_coef``)
+    target_logits: PlanLogits | None = None  # the logits along it, with their graph (first epoch)
+
+    def columns(self) -> Tensor | None:
+        """The plan entries that are decisions (:func:`plan_columns` of ``decisions``; None: all)."""
+        return None if self.decisions is None else plan_columns(self.decisions, self.task.n_groups)
+
+    @property
+    def n_decisions(self) -> int:
+        """Groups whose choice is a decision."""
+        return self.task.n_groups if self.decisions is None else len(self.decisions)
 
 
 def bias_towards_data_parallel(policy: StrategyPolicy, bias: float) -> None:
@@ -182,13 +210,13 @@ class Trainer:
                     loss_im = loss_im + imitation_loss(target_logits, sample.target,
                                                        self.imitation_weights(sample.task)) / len(samples)
                 logits = sample.logits if epoch == 0 else self.strategy_logits(sample.task, sample.actions)
-                log_p, log_p_old = per_group_log_prob(logits, sample.actions), sample.log_p_old
-                if sample.decisions is not None:
-                    logits = logits[:, sample.decisions]
-                    log_p, log_p_old = log_p[:, sample.decisions], log_p_old[:, sample.decisions]
+                log_p, log_p_old = plan_log_prob_parts(logits, sample.actions), sample.log_p_old
+                columns = sample.columns()
+                if columns is not None:
+                    log_p, log_p_old = log_p[:, columns], log_p_old[:, columns]
                 loss_pg = loss_pg + policy_loss(log_p, log_p_old, sample.advantages, s.algorithm,
-                                                s.ppo_clip) / len(samples)
-                entropy = entropy + mean_entropy(logits) / len(samples)
+                                                s.ppo_clip, per=sample.n_decisions) / len(samples)
+                entropy = entropy + plan_entropy(logits, sample.decisions) / len(samples)
             loss = loss_pg - s.entropy_coef * entropy + s.imitation_coef * loss_im
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -198,9 +226,9 @@ class Trainer:
         approx_kl = 0.0
         if s.algorithm == "ppo":
             with torch.no_grad():
-                kl = [sm.log_p_old - per_group_log_prob(self.strategy_logits(sm.task, sm.actions), sm.actions)
+                kl = [sm.log_p_old - plan_log_prob_parts(self.strategy_logits(sm.task, sm.actions), sm.actions)
                       for sm in samples]
-                approx_kl = float(np.mean([(d if sm.decisions is None else d[:, sm.decisions]).mean()
+                approx_kl = float(np.mean([(d if sm.decisions is None else d[:, sm.columns()]).mean()
                                            for d, sm in zip(kl, samples)]))
 
         self.rounds += 1
@@ -210,7 +238,9 @@ class Trainer:
                 "entropy": float(entropy.detach()),
                 "grad_norm": float(grad_norm), "approx_kl": approx_kl,
                 "round_s": time.perf_counter() - t_start, "sims": self.n_sims - sims_before,
-                "actions": np.concatenate([sm.sampled.ravel() for sm in samples])}
+                "actions": np.concatenate([sm.sampled[:, :sm.task.n_groups].ravel() for sm in samples]),
+                "micro_choices": np.concatenate([sm.sampled[:, -1] for sm in samples]),
+                "recompute_share": float(np.mean([sm.sampled[:, sm.task.n_groups:-1].mean() for sm in samples]))}
 
     def rollout(self, task: GraphTask) -> _Sample:
         """One graph's part of a round: one encoder pass (for an independent policy, also one pass of the
@@ -219,7 +249,7 @@ class Trainer:
         then ``mutate_samples`` local moves around the best strategy found), simulated and recorded;
         replays from the pool; advantages against the graph's moving-average baseline; the logits along
         all of them, with their graph for the update."""
-        s, state, inputs = self.settings, self.states[task.key], task.inputs
+        s, state, inputs, n_groups = self.settings, self.states[task.key], task.inputs, task.n_groups
         if s.seed_uniform_plans and state.best_actions is None:
             self.seed_uniform(task, state)
         group_emb = self.policy.embed_groups(*inputs.args())
@@ -231,42 +261,42 @@ class Trainer:
         # an independent policy's logits are the same along every strategy: one pass of the strategy network
         # serves the draws, the guide and the update (an autoregressive policy decodes, then re-reads)
         once = None if self.policy.autoregressive else \
-            self.policy.logits_from_group_embeddings(group_emb, inputs.group_mask, devices)       # (G, A)
+            self.policy.plan_logits_from_group_embeddings(group_emb, inputs.group_mask, devices)
         with torch.inference_mode():
             def sample(n: int, **how) -> Tensor:
                 if once is None:
-                    return self.policy.sample_actions(group_emb.detach(), inputs.group_mask, n, devices=devices, **how)
-                return self.policy.draw(once.detach(), inputs.group_mask, n, **how)
+                    return self.policy.sample_plans(group_emb.detach(), inputs.group_mask, n, devices=devices, **how)
+                return self.policy.draw_plans(once.detach(), inputs.group_mask, n, **how)
 
-            drawn = sample(len(offsets), generator=self.generator, offsets=offsets)
+            drawn = sample(len(offsets), generator=self.generator, offsets=offsets)          # (n, 2G + 1)
             drawn = torch.cat([drawn[:n_policy], sample(s.greedy_samples, greedy=True), drawn[n_policy:]])
             tie = self.tie(task)
             if tie is not None:
-                drawn = drawn[:, tie]
-            best = drawn[0] if state.best_actions is None else torch.as_tensor(state.best_actions)
+                drawn = drawn[:, plan_columns(tie, n_groups)]
+            best = drawn[0] if state.best_actions is None else torch.as_tensor(full_plan(state.best_actions, n_groups))
             guide = None
             if s.mutate_guided > 0 and s.mutate_samples > 0:
-                guide = (once.detach() if once is not None else
+                guide = (once.groups.detach() if once is not None else
                          self.policy.action_logits(group_emb.detach(), inputs.group_mask, best[None], devices)[0]
                          ).softmax(-1)
-        actions = torch.cat([drawn, self.search.mutate(best, n_actions, s.mutate_samples, guide,
-                                                       self.block_moves(task))])
+        actions = torch.cat([drawn, self.search.mutate_plans(best, n_groups, n_actions, s.mutate_samples, guide,
+                                                             self.block_moves(task))])
         rewards, times, ooms = self.evaluate(task, actions.numpy())                          # (k,) each
         self.record(task, state, actions.numpy(), rewards, times, ooms)
-        replay_actions, replay_rewards = self.search.replay(state)
+        replay_actions, replay_rewards = self.search.replay(state, n_groups)
         # greedy, exploration, mutation and replayed samples are off-policy: they only pull towards plans
         # better than the baseline
         adv = self.advantages(state, rewards[:n_policy], np.concatenate([rewards[n_policy:], replay_rewards]))
         all_actions = torch.cat([actions, torch.as_tensor(replay_actions, dtype=torch.long)])
-        logits = (self.policy.action_logits(group_emb, inputs.group_mask, all_actions, devices) if once is None
-                  else once.expand(len(all_actions), -1, -1))                                  # (k + R, G, A)
+        logits = (self.policy.plan_logits(group_emb, inputs.group_mask, all_actions, devices) if once is None
+                  else once.expand(len(all_actions)))                                           # along k + R plans
         target = target_logits = None
         if s.imitation_coef > 0:          # the best strategy found, this round's samples included
-            target = torch.as_tensor(state.best_actions, dtype=torch.long)[None]
-            target_logits = (self.policy.action_logits(group_emb, inputs.group_mask, target, devices) if once is None
-                             else once[None])
+            target = torch.as_tensor(full_plan(state.best_actions, n_groups), dtype=torch.long)[None]
+            target_logits = (self.policy.plan_logits(group_emb, inputs.group_mask, target, devices) if once is None
+                             else once.expand(1))
         return _Sample(task, all_actions, torch.as_tensor(adv, dtype=torch.float32),
-                       per_group_log_prob(logits.detach(), all_actions), logits, rewards, actions.numpy(),
+                       plan_log_prob_parts(logits.detach(), all_actions), logits, rewards, actions.numpy(),
                        None if tie is None else torch.nonzero(tie == torch.arange(len(tie))).squeeze(1),
                        target, target_logits)
 
@@ -287,11 +317,11 @@ class Trainer:
                             + (1 - s.baseline_decay) * float(((rewards - b) ** 2).mean()))
         return adv
 
-    def strategy_logits(self, task: GraphTask, actions: Tensor) -> Tensor:
-        """The current policy's logits along strategies ``actions`` of ``task``. Shapes: ``(K, G)`` -> ``(K, G, A)``."""
+    def strategy_logits(self, task: GraphTask, actions: Tensor) -> PlanLogits:
+        """The current policy's logits along plans ``actions`` ``(K, 2 G + 1)`` of ``task``."""
         group_emb = self.policy.embed_groups(*task.inputs.args())
         devices = self.policy.embed_devices(task.inputs.dev_x, task.inputs.dev_mask)
-        return self.policy.action_logits(group_emb, task.inputs.group_mask, actions, devices)
+        return self.policy.plan_logits(group_emb, task.inputs.group_mask, actions, devices)
 
     # ------------------------------------------------------------------------------ the pieces
     def pick_tasks(self) -> list[GraphTask]:
@@ -345,13 +375,15 @@ class Trainer:
         return self.blocks(task).tie(task.evaluator.n_groups)
 
     def seed_uniform(self, task: GraphTask, state: TaskState) -> None:
-        """Simulate and record the plans with one action for every group (one per action), and cp-ar-ps-small."""
+        """Simulate and record the plans with one action for every group (one per action), and cp-ar-ps-small
+        (one micro-batch, no recomputation)."""
         from heterog.baselines.mcmc import start_actions
 
         actions = uniform_plans(task.inputs.n_devices + N_DP_SCHEMES, task.n_groups)          # (A, G)
         hybrid = start_actions(task.evaluator, "cp-ar-ps-small", self.rng)
         if not (actions == hybrid).all(axis=1).any():
             actions = np.concatenate([actions, hybrid[None]])
+        actions = full_plan(actions, task.n_groups)
         rewards, times, ooms = self.evaluate(task, actions)
         self.record(task, state, actions, rewards, times, ooms, sampled=False)
 
@@ -397,7 +429,8 @@ class Trainer:
     def distill(self, epochs: int) -> list[float]:
         """Fit the policy to the best strategy found for every graph: ``epochs`` passes over the graphs
         (in a seeded order), one Adam step per graph on the policy's cross-entropy against its best
-        strategy (the imitation term alone, weighted as ``imitation_by_load``).
+        plan (the imitation term alone, weighted as ``imitation_by_load``; a best strategy of configs alone
+        is the plan of one micro-batch without recomputation).
 
         Expert iteration's policy step: training rounds visit a graph a few dozen times while the search
         finds its best plan, too few for the policy to follow it; after this the policy's greedy plan is
@@ -414,7 +447,8 @@ class Trainer:
             total = 0.0
             for i in self.rng.permutation(len(tasks)):
                 task = tasks[i]
-                target = torch.as_tensor(self.states[task.key].best_actions, dtype=torch.long)[None]
+                target = torch.as_tensor(full_plan(self.states[task.key].best_actions, task.n_groups),
+                                         dtype=torch.long)[None]
                 loss = imitation_loss(self.strategy_logits(task, target), target, self.imitation_weights(task))
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -438,11 +472,11 @@ class Trainer:
             for task in self.tasks:
                 group_emb, mask = self.policy.embed_groups(*task.inputs.args()), task.inputs.group_mask
                 devices = self.policy.embed_devices(task.inputs.dev_x, task.inputs.dev_mask)
-                actions = torch.cat([self.policy.sample_actions(group_emb, mask, 1, greedy=True, devices=devices),
-                                     self.policy.sample_actions(group_emb, mask, samples, generator=self.generator,
-                                                                devices=devices)])
+                actions = torch.cat([self.policy.sample_plans(group_emb, mask, 1, greedy=True, devices=devices),
+                                     self.policy.sample_plans(group_emb, mask, samples, generator=self.generator,
+                                                              devices=devices)])
                 tie = self.tie(task)
-                actions = (actions if tie is None else actions[:, tie]).numpy()
+                actions = (actions if tie is None else actions[:, plan_columns(tie, task.n_groups)]).numpy()
                 rewards, times, ooms = self.evaluate(task, actions)
                 state = self.states[task.key]
                 self.record(task, state, actions, rewards, times, ooms)
@@ -464,7 +498,7 @@ class Trainer:
         state = self.states[task.key]
         if state.best_actions is None:
             raise HeterogError(f"no strategy sampled yet for {task.name}")
-        strategy = task.evaluator.strategy(np.asarray(state.best_actions), "agent")
+        strategy = plan_strategy(task.evaluator, full_plan(state.best_actions, task.n_groups), "agent")
         strategy.meta.update({"best_iteration_time_s": state.best_iteration_time_s, "oom": state.best_oom,
                               "episodes": state.episodes, "rounds": self.rounds})
         return strategy

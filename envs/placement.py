@@ -10,9 +10,10 @@ import numpy as np
 import numpy.typing as npt
 from gymnasium import spaces
 
+from envs.actions import PlanAction, plan_length, plan_nvec, plan_strategy, split_plan
 from envs.features import GraphFeatures, graph_features, n_actions, observation_space, pad_observation
 from heterog.cluster.topology import Cluster
-from heterog.errors import HeterogError, StrategyError
+from heterog.errors import HeterogError
 from heterog.evaluate import Evaluator, reward
 from heterog.graph.opgraph import OpGraph
 from heterog.scheduler import DEFAULT_ORDER
@@ -44,12 +45,23 @@ def resolve_cluster(cluster: Cluster | str) -> Cluster:
 
 class PlacementEnv(gym.Env[dict[str, Any], np.ndarray]):
     """Choose, for every op group of a training graph, model parallelism on one device or one of four
-    data-parallel schemes; the simulator scores the plan.
+    data-parallel schemes and whether to recompute its activations, and for the whole plan the number
+    of micro-batches; the simulator scores the plan.
 
     ## Action Space
-    ``MultiDiscrete([M + 4] * max_groups)``: one choice per group. ``0..M-1`` model parallelism on
-    that device, ``M`` DP-even-PS, ``M+1`` DP-even-AR, ``M+2`` DP-proportional-PS, ``M+3``
-    DP-proportional-AR. Entries of padding groups (``group_mask == 0``) are ignored.
+    ``MultiDiscrete([M + 4] * max_groups + [2] * max_groups + [len(MICRO_CHOICES)])``, a flat vector of
+    length ``2 * max_groups + 1`` (``envs.actions``):
+
+    - ``[0, max_groups)``: one config per group. ``0..M-1`` model parallelism on that device, ``M``
+      DP-even-PS, ``M+1`` DP-even-AR, ``M+2`` DP-proportional-PS, ``M+3`` DP-proportional-AR.
+    - ``[max_groups, 2 * max_groups)``: one recompute bit per group, ``0`` keep its forward activations,
+      ``1`` free them after the forward and recompute them before the group's backward.
+    - ``2 * max_groups``: the number of micro-batches, an index into ``MICRO_CHOICES = (1, 2, 4, 8, 16)``
+      (even micro-batches, 1F1B schedule). A choice above the graph's batch size is clipped to the batch
+      size (every index stays valid on every graph).
+
+    Entries of padding groups (``group_mask == 0``) are ignored. An action of the earlier length
+    ``max_groups`` (the configs alone) is accepted as one micro-batch and no recomputation.
 
     ## Observation Space
     ``Dict`` padded to ``max_ops``, ``max_edges`` and ``max_groups`` (fixed at construction, so graphs
@@ -75,7 +87,8 @@ class PlacementEnv(gym.Env[dict[str, Any], np.ndarray]):
     ``-sqrt(iteration_time_s)`` of the simulated training iteration, multiplied by ``oom_factor``
     when any device runs out of memory. ``info`` carries ``iteration_time_s``, ``oom``,
     ``peak_memory_bytes`` (device -> bytes), ``compute_time_s``, ``comm_time_s``, ``overlap_ratio``,
-    ``graph`` and ``n_groups``.
+    ``graph``, ``n_groups``, ``micro_batches`` (the number chosen, after clipping) and
+    ``recomputed_groups`` (how many real groups recompute).
 
     ## Starting State
     The observation of one graph: with several graphs, ``reset`` draws one uniformly from
@@ -138,7 +151,7 @@ class PlacementEnv(gym.Env[dict[str, Any], np.ndarray]):
         self.n_devices = self.cluster.n_devices
         self.observation_space = observation_space(self.n_devices, self.max_ops, self.max_edges, self.max_groups,
                                                    max_devices)
-        self.action_space = spaces.MultiDiscrete(np.full(self.max_groups, n_actions(self.n_devices), np.int64))
+        self.action_space = spaces.MultiDiscrete(plan_nvec(self.n_devices, self.max_groups))
         self.graph_index = 0
         self._needs_reset = True
         self._last: dict[str, Any] | None = None
@@ -160,16 +173,18 @@ class PlacementEnv(gym.Env[dict[str, Any], np.ndarray]):
     def step(self, action: np.ndarray) -> tuple[dict[str, np.ndarray], SupportsFloat, bool, bool, dict[str, Any]]:
         if self._needs_reset:
             raise gym.error.ResetNeeded("the plan is complete (terminated); call reset() before step()")
-        actions = self.group_actions(action)
+        plan = self.plan_action(action)
         ev = self.evaluators[self.graph_index]
-        result = ev.evaluate(ev.strategy(actions, "env"), detail=True)
+        strategy = plan_strategy(ev, action, "env", n_slots=self.max_groups)
+        result = ev.evaluate(strategy, detail=True)
         r = reward(result.iteration_time_s, result.oom, self.oom_factor)
-        info = {"graph": self.graphs[self.graph_index].name, "n_groups": len(actions),
+        info = {"graph": self.graphs[self.graph_index].name, "n_groups": len(plan.groups),
+                "micro_batches": strategy.n_micro, "recomputed_groups": len(strategy.recompute),
                 "iteration_time_s": result.iteration_time_s, "oom": result.oom,
                 "peak_memory_bytes": dict(result.peak_memory_bytes), "compute_time_s": result.compute_time_s,
                 "comm_time_s": result.comm_time_s, "overlap_ratio": result.overlap_ratio}
         self._needs_reset = True
-        self._last = {"actions": actions, **info}
+        self._last = {"actions": plan.groups, **info}
         return self._observation(), r, True, False, info
 
     def render(self) -> str | None:
@@ -181,24 +196,28 @@ class PlacementEnv(gym.Env[dict[str, Any], np.ndarray]):
         counts = np.bincount(self._last["actions"], minlength=n_actions(self.n_devices))
         parts = ", ".join(f"{action_name(a, self.n_devices)}={c}" for a, c in enumerate(counts) if c)
         return (f"{name} on {self.cluster.name}: iteration {self._last['iteration_time_s'] * 1e3:.2f} ms"
-                f"{' (OOM)' if self._last['oom'] else ''}; groups: {parts}\n")
+                f"{' (OOM)' if self._last['oom'] else ''}; groups: {parts}; "
+                f"{self._last['micro_batches']} micro-batches, {self._last['recomputed_groups']} of "
+                f"{self._last['n_groups']} groups recomputed\n")
 
     # ------------------------------------------------------------------ helpers
-    def group_actions(self, action: npt.ArrayLike) -> np.ndarray:
-        """The real groups' actions of a (max_groups,) action; padding entries are dropped.
+    @property
+    def action_length(self) -> int:
+        """``2 * max_groups + 1``: the length of a full action."""
+        return plan_length(self.max_groups)
 
-        Raises StrategyError for a wrong shape or an action out of range.
+    def plan_action(self, action: npt.ArrayLike) -> PlanAction:
+        """The real groups' configs and recompute bits and the micro-batch choice of an action of shape
+        ``(2 * max_groups + 1,)`` or ``(max_groups,)`` (configs alone: one micro-batch, no recomputation);
+        padding entries are dropped.
+
+        Raises StrategyError for a wrong shape or an entry out of range.
         """
-        a = np.asarray(action)
-        if a.shape != (self.max_groups,):
-            raise StrategyError(f"action must have shape ({self.max_groups},), got {a.shape}")
-        g = self.features[self.graph_index].n_groups
-        real = a[:g].astype(np.int64)
-        bad = np.nonzero((real < 0) | (real >= n_actions(self.n_devices)))[0]
-        if len(bad):
-            raise StrategyError(f"action {int(real[bad[0]])} of group {int(bad[0])} is out of range "
-                                f"0..{n_actions(self.n_devices) - 1} for {self.n_devices} devices")
-        return real
+        return split_plan(action, self.features[self.graph_index].n_groups, self.max_groups, self.n_devices)
+
+    def group_actions(self, action: npt.ArrayLike) -> np.ndarray:
+        """The real groups' config actions of an action (either length, see :meth:`plan_action`)."""
+        return self.plan_action(action).groups
 
     def _graph_index(self, choice: object) -> int:
         if isinstance(choice, (int, np.integer)) and 0 <= int(choice) < len(self.graphs):

@@ -87,6 +87,15 @@ class Worker:
         ev = self.evaluators[key]
         return [ev.iteration_time(ev.strategy(a), order) for a in np.asarray(actions)]
 
+    def plan_times(self, key: str, job: tuple[np.ndarray, list[tuple[int, str, tuple[int, ...]]]]) \
+            -> list[tuple[float, bool]]:
+        """``iteration_times`` of plans: ``job`` is the group actions (K, G) and each plan's (micro-batches,
+        schedule, recomputed groups)."""
+        ev = self.evaluators[key]
+        actions, plans = job
+        return [ev.iteration_time(ev.strategy(a).with_recompute(r).with_micro_batches(k, schedule))
+                for a, (k, schedule, r) in zip(np.asarray(actions), plans)]
+
     def run_chain(self, key: str, job: tuple[Any, ...]) -> ChainResult:
         """``job``: (chain, state or None, segment or None), ``heterog.baselines.chains.run_chain``'s arguments."""
         from heterog.baselines.chains import run_chain

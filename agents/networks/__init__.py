@@ -4,9 +4,10 @@ a Transformer-XL strategy network giving (M+4)-way logits per group through a he
 Modules: ``config`` (:class:`PolicyConfig`, the settings), ``encoders`` (GAT, group pooling, device
 tokens), ``transformer_xl``, ``heads`` (:class:`PolicyHead` and the heads by name, :data:`HEADS`),
 ``decoding`` (independent or autoregressive choice of the groups' actions), ``distributions`` (masked
-categorical, greedy decisions, drawing strategies) and ``policy`` (:class:`StrategyPolicy`)."""
+categorical, greedy decisions, drawing strategies), ``plan`` (the plan-level decisions: a recompute bit
+per group and the number of micro-batches) and ``policy`` (:class:`StrategyPolicy`)."""
 
-from agents.networks.common import N_DP_SCHEMES, PolicyError
+from agents.networks.common import N_DP_SCHEMES, N_MICRO_CHOICES, PolicyError
 from agents.networks.config import PolicyConfig
 from agents.networks.decoding import AutoregressiveDecoder, GroupDecoder, IndependentDecoder
 from agents.networks.distributions import MaskedCategorical, draw_actions, draw_strategies, most_likely_actions
@@ -20,6 +21,7 @@ from agents.networks.encoders import (
     masked_mean,
 )
 from agents.networks.heads import HEADS, FixedPolicyHead, PolicyHead, TokenPolicyHead
+from agents.networks.plan import PlanDistribution, PlanHead, PlanLogits, plan_log_prob, plan_log_prob_parts
 from agents.networks.policy import StrategyPolicy
 from agents.networks.transformer_xl import (
     RelativeMultiHeadAttention,
@@ -33,6 +35,7 @@ __all__ = [
     "GROUP_ACTIVATIONS",
     "HEADS",
     "N_DP_SCHEMES",
+    "N_MICRO_CHOICES",
     "AutoregressiveDecoder",
     "DeviceTokenEncoder",
     "DeviceTokens",
@@ -42,6 +45,9 @@ __all__ = [
     "GroupPooling",
     "IndependentDecoder",
     "MaskedCategorical",
+    "PlanDistribution",
+    "PlanHead",
+    "PlanLogits",
     "PolicyConfig",
     "PolicyError",
     "PolicyHead",
@@ -54,5 +60,7 @@ __all__ = [
     "draw_strategies",
     "masked_mean",
     "most_likely_actions",
+    "plan_log_prob",
+    "plan_log_prob_parts",
     "sinusoid_embedding",
 ]

@@ -1,11 +1,17 @@
 """What every part of the policy network shares: its error type, the setting checks that list problems
-instead of raising at the first, and the size of the data-parallel part of the action space."""
+instead of raising at the first, and the sizes of the data-parallel part of the action space and of the
+plan-level choices."""
 
 from __future__ import annotations
 
 from heterog.errors import HeterogError
 
 N_DP_SCHEMES = 4  # actions M..M+3: DP-even-PS, DP-even-AR, DP-proportional-PS, DP-proportional-AR
+# the plan-level choices: len(envs.actions.MICRO_CHOICES) numbers of micro-batches (stated here so that the
+# network does not import the env package; tests/agents/test_plan_decisions.py checks they agree) and the
+# recompute bit's "keep the activations" value (envs.actions.KEEP)
+N_MICRO_CHOICES = 5
+KEEP_ACTIVATIONS = 0
 
 
 class PolicyError(HeterogError, ValueError):

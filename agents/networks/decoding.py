@@ -14,6 +14,7 @@ from agents.networks.common import PolicyError
 from agents.networks.distributions import draw_actions, draw_strategies
 from agents.networks.encoders import DeviceTokens
 from agents.networks.heads import PolicyHead
+from agents.networks.plan import PlanLogits, draw_plan_decisions, draw_plans
 from agents.networks.transformer_xl import TransformerXL
 
 if TYPE_CHECKING:
@@ -38,6 +39,18 @@ def group_logits(strategy: TransformerXL, head: PolicyHead, group_emb: Tensor, g
     """
     logits = head(strategy_states(strategy, group_emb, group_mask), devices)
     return logits.masked_fill(~group_mask.unsqueeze(1), 0.0)
+
+
+def plan_logits(strategy: TransformerXL, head: PolicyHead, group_emb: Tensor, group_mask: Tensor,
+                devices: DeviceTokens | None) -> PlanLogits:
+    """The strategy network, then the head's config and plan-level logits (one pass); padding rows zero.
+
+    Shapes: group_emb ``(G, hidden)``, group_mask ``(G,)`` -> groups ``(G, M + 4)``, recompute ``(G, 2)``,
+    micro ``(N_MICRO,)``.
+    """
+    states = strategy_states(strategy, group_emb, group_mask)
+    logits = head(states, devices).masked_fill(~group_mask.unsqueeze(1), 0.0)
+    return PlanLogits(logits, *head.plan_logits(states, group_mask))
 
 
 class GroupDecoder(nn.Module, metaclass=ABCMeta):
@@ -70,6 +83,19 @@ class GroupDecoder(nn.Module, metaclass=ABCMeta):
         """``n`` strategies drawn (or, ``greedy``, each group's most likely decision) from the logits plus
         the strategy's ``offsets`` (None: none); padding groups get action 0."""
 
+    @abstractmethod
+    def plan_logits(self, strategy: TransformerXL, head: PolicyHead, group_emb: Tensor, group_mask: Tensor,
+                    plans: Tensor, devices: DeviceTokens | None) -> PlanLogits:
+        """The logits each decision of the plans ``(K, 2 G + 1)`` was drawn from: ``(K, G, M + 4)``,
+        ``(K, G, 2)`` and ``(K, N_MICRO)``; padding rows zero."""
+
+    @abstractmethod
+    def sample_plans(self, strategy: TransformerXL, head: PolicyHead, group_emb: Tensor, group_mask: Tensor,
+                     n: int, *, generator: torch.Generator | None, offsets: Tensor | None, greedy: bool,
+                     devices: DeviceTokens | None) -> Tensor:
+        """``n`` plans ``(n, 2 G + 1)``: configs as :meth:`sample_actions` draws them, then each group's
+        recompute bit and the micro-batch choice from the plan-level logits."""
+
     def reset_parameters(self) -> None:
         """The initial weights (none by default)."""
 
@@ -90,6 +116,16 @@ class IndependentDecoder(GroupDecoder):
                        devices: DeviceTokens | None) -> Tensor:
         logits = group_logits(strategy, head, group_emb, group_mask, devices) if n else None
         return draw_strategies(logits, group_mask, n, generator=generator, offsets=offsets, greedy=greedy)
+
+    def plan_logits(self, strategy: TransformerXL, head: PolicyHead, group_emb: Tensor, group_mask: Tensor,
+                    plans: Tensor, devices: DeviceTokens | None) -> PlanLogits:
+        return plan_logits(strategy, head, group_emb, group_mask, devices).expand(plans.shape[0])
+
+    def sample_plans(self, strategy: TransformerXL, head: PolicyHead, group_emb: Tensor, group_mask: Tensor,
+                     n: int, *, generator: torch.Generator | None, offsets: Tensor | None, greedy: bool,
+                     devices: DeviceTokens | None) -> Tensor:
+        logits = plan_logits(strategy, head, group_emb, group_mask, devices) if n else None
+        return draw_plans(logits, group_mask, n, generator=generator, offsets=offsets, greedy=greedy)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -121,31 +157,59 @@ class AutoregressiveDecoder(GroupDecoder):
         raise PolicyError(f"{what} gives action-independent logits, which an autoregressive policy does not have; "
                           "use sample_actions and action_logits")
 
-    def action_logits(self, strategy: TransformerXL, head: PolicyHead, group_emb: Tensor, group_mask: Tensor,
-                      actions: Tensor, devices: DeviceTokens | None) -> Tensor:
+    def _teacher_forced(self, strategy: TransformerXL, head: PolicyHead, group_emb: Tensor, group_mask: Tensor,
+                        actions: Tensor, devices: DeviceTokens | None) -> tuple[Tensor, Tensor]:
+        """The config logits ``(K, G, A)`` along the strategies and the group states ``(K, G, hidden)``
+        (padding rows zero)."""
         n_seq = actions.shape[0]
         real = group_mask.nonzero().squeeze(1)
         earlier = torch.cat([actions.new_full((n_seq, 1), self.n_actions), actions[:, real[:-1]]], dim=1)
         states = strategy(group_emb[real][None] + self.action_emb(earlier))             # (K, S, hidden)
         logits = group_emb.new_zeros(n_seq, group_emb.shape[0], self.n_actions)
-        return logits.index_copy(1, real, head(states, devices))
+        scattered = group_emb.new_zeros(n_seq, *group_emb.shape).index_copy(1, real, states)
+        return logits.index_copy(1, real, head(states, devices)), scattered
 
-    def sample_actions(self, strategy: TransformerXL, head: PolicyHead, group_emb: Tensor, group_mask: Tensor,
-                       n: int, *, generator: torch.Generator | None, offsets: Tensor | None, greedy: bool,
-                       devices: DeviceTokens | None) -> Tensor:
+    def action_logits(self, strategy: TransformerXL, head: PolicyHead, group_emb: Tensor, group_mask: Tensor,
+                      actions: Tensor, devices: DeviceTokens | None) -> Tensor:
+        return self._teacher_forced(strategy, head, group_emb, group_mask, actions, devices)[0]
+
+    def plan_logits(self, strategy: TransformerXL, head: PolicyHead, group_emb: Tensor, group_mask: Tensor,
+                    plans: Tensor, devices: DeviceTokens | None) -> PlanLogits:
+        logits, states = self._teacher_forced(strategy, head, group_emb, group_mask, plans, devices)
+        return PlanLogits(logits, *head.plan_logits(states, group_mask))
+
+    def _decode(self, strategy: TransformerXL, head: PolicyHead, group_emb: Tensor, group_mask: Tensor, n: int,
+                generator: torch.Generator | None, offsets: Tensor | None, greedy: bool,
+                devices: DeviceTokens | None) -> tuple[Tensor, Tensor]:
+        """Decode ``n`` strategies group by group: their configs ``(n, G)`` and group states
+        ``(n, G, hidden)`` (padding rows zero)."""
         actions = torch.zeros(n, group_mask.shape[0], dtype=torch.long, device=group_emb.device)
+        states = group_emb.new_zeros(n, *group_emb.shape)
         if n == 0:
-            return actions
+            return actions, states
         real = group_mask.nonzero().squeeze(1)
         state = strategy.start_decoding(n, group_emb)
         earlier = actions.new_full((n,), self.n_actions)
         for g in real.tolist():
-            step_logits = head(strategy.decode_step(state, group_emb[g][None] + self.action_emb(earlier)), devices)
+            states[:, g] = strategy.decode_step(state, group_emb[g][None] + self.action_emb(earlier))
+            step_logits = head(states[:, g], devices)
             if offsets is not None:
                 step_logits = step_logits + offsets
             earlier = draw_actions(step_logits[:, None], None, generator, greedy)[:, 0]
             actions[:, g] = earlier
-        return actions
+        return actions, states
+
+    def sample_actions(self, strategy: TransformerXL, head: PolicyHead, group_emb: Tensor, group_mask: Tensor,
+                       n: int, *, generator: torch.Generator | None, offsets: Tensor | None, greedy: bool,
+                       devices: DeviceTokens | None) -> Tensor:
+        return self._decode(strategy, head, group_emb, group_mask, n, generator, offsets, greedy, devices)[0]
+
+    def sample_plans(self, strategy: TransformerXL, head: PolicyHead, group_emb: Tensor, group_mask: Tensor,
+                     n: int, *, generator: torch.Generator | None, offsets: Tensor | None, greedy: bool,
+                     devices: DeviceTokens | None) -> Tensor:
+        actions, states = self._decode(strategy, head, group_emb, group_mask, n, generator, offsets, greedy, devices)
+        recompute, micro = head.plan_logits(states, group_mask)
+        return torch.cat([actions, draw_plan_decisions(recompute, micro, group_mask, n, generator, greedy)], dim=1)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(actions={self.n_actions}, hidden={self.hidden})"

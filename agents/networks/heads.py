@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from agents.networks.common import N_DP_SCHEMES, raise_problems, require
 from agents.networks.encoders import DeviceTokenEncoder, DeviceTokens
+from agents.networks.plan import PlanHead
 
 
 class HeadSettings(Protocol):
@@ -46,6 +47,10 @@ class PolicyHead(nn.Module, metaclass=ABCMeta):
     config's settings that only it reads (:meth:`problems`) and the clusters it scores
     (:meth:`device_problem`), and moves its data-parallel logits (:meth:`add_data_parallel_bias`).
 
+    Every head also gives the plan-level decisions (:meth:`plan_logits`, its :class:`PlanHead` ``plan``):
+    a 2-way recompute logit per group from the group's state and one logit per number of micro-batches
+    from the masked mean of the groups' states.
+
     Shapes:
         states ``(..., G, hidden)``, devices :class:`DeviceTokens` of ``M`` real devices or None
         (heads without a device encoder) -> ``(..., G, M + 4)``.
@@ -54,6 +59,12 @@ class PolicyHead(nn.Module, metaclass=ABCMeta):
     kind: ClassVar[str]
     feature_layout: ClassVar[str] = "per-device"
     autoregressive: ClassVar[bool] = False
+    plan: PlanHead
+
+    def plan_logits(self, states: Tensor, group_mask: Tensor) -> tuple[Tensor, Tensor]:
+        """The recompute logits ``(..., G, 2)`` (padding groups zero) and the micro-batch logits
+        ``(..., N_MICRO)`` of the group states ``(..., G, hidden)``."""
+        return self.plan(states, group_mask)
 
     @classmethod
     @abstractmethod
@@ -118,6 +129,7 @@ class FixedPolicyHead(PolicyHead):
         self.hidden, self.n_actions, self.init_scale = hidden, n_actions, init_scale
         linear = nn.Linear(hidden, n_actions)
         self.weight, self.bias = linear.weight, linear.bias
+        self.plan = PlanHead(hidden)
 
     @classmethod
     def from_config(cls, config: HeadSettings) -> FixedPolicyHead:
@@ -141,6 +153,7 @@ class FixedPolicyHead(PolicyHead):
     def reset_parameters(self) -> None:
         nn.init.orthogonal_(self.weight, gain=self.init_scale)
         nn.init.zeros_(self.bias)
+        self.plan.reset_parameters()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.hidden}->{self.n_actions}, linear over M + {N_DP_SCHEMES} actions)"
@@ -181,6 +194,7 @@ class TokenPolicyHead(PolicyHead):
         self.query = nn.Linear(hidden, hidden)
         self.key = nn.Linear(hidden, hidden)
         self.dp = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.ELU(), nn.Linear(hidden, N_DP_SCHEMES))
+        self.plan = PlanHead(hidden)
         self.reset_parameters()
 
     @classmethod
@@ -219,6 +233,7 @@ class TokenPolicyHead(PolicyHead):
         nn.init.zeros_(self.query.bias)
         nn.init.orthogonal_(self.dp[-1].weight, gain=self.init_scale)
         nn.init.zeros_(self.dp[-1].bias)
+        self.plan.reset_parameters()
 
     def forward(self, states: Tensor, devices: DeviceTokens | None) -> Tensor:
         require(devices is not None, "the device-token head needs devices=policy.embed_devices(dev_x, dev_mask)")

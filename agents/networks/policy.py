@@ -3,6 +3,7 @@ decoder put together, built from one :class:`PolicyConfig`, with the checks of i
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -10,21 +11,38 @@ from torch import Tensor, nn
 
 from agents.networks.common import N_DP_SCHEMES, PolicyError, require
 from agents.networks.config import PolicyConfig
-from agents.networks.decoding import decoder_for, group_logits, strategy_states
+from agents.networks.decoding import decoder_for, group_logits, plan_logits, strategy_states
 from agents.networks.distributions import MaskedCategorical, draw_strategies
 from agents.networks.encoders import DeviceTokens, GATEncoder, GroupPooling
 from agents.networks.heads import HEADS
+from agents.networks.plan import PlanDistribution, PlanLogits, draw_plans
 from agents.networks.transformer_xl import TransformerXL
 
+log = logging.getLogger(__name__)
 # state-dict keys of earlier layouts -> where those weights live now
 LEGACY_KEYS = {"action_emb.weight": "decoder.action_emb.weight"}
+# parameters that earlier layouts did not have: a state dict without them keeps their fresh initialisation
+NEW_PARAMETERS = ("head.plan.",)
 
 
 def _rename_legacy_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
-    """A load_state_dict pre-hook: the weights of an earlier layout (``LEGACY_KEYS``) under their new keys."""
+    """A load_state_dict pre-hook: the weights of an earlier layout (``LEGACY_KEYS``) under their new keys,
+    and the parameters it lacks (``NEW_PARAMETERS``: the plan-level decisions) at their current values."""
     for old, new in LEGACY_KEYS.items():
         if prefix + old in state_dict and prefix + new not in state_dict:
             state_dict[prefix + new] = state_dict.pop(prefix + old)
+    missing = missing_new_parameters(module, state_dict, prefix)
+    if missing:
+        log.info("policy weights without the plan-level heads (%s): they keep their initial values",
+                 ", ".join(missing))
+        own = module.state_dict()
+        for key in missing:
+            state_dict[prefix + key] = own[key].detach().clone()
+
+
+def missing_new_parameters(policy: nn.Module, state_dict: dict[str, Any], prefix: str = "") -> list[str]:
+    """The keys of ``policy``'s state that ``state_dict`` lacks because they are ``NEW_PARAMETERS``."""
+    return [key for key in policy.state_dict() if key.startswith(NEW_PARAMETERS) and prefix + key not in state_dict]
 
 
 class StrategyPolicy(nn.Module):
@@ -46,7 +64,13 @@ class StrategyPolicy(nn.Module):
        devices (``dev_x`` may be padded, ``dev_mask`` marks the real devices; the op features must not
        depend on the cluster: ``envs.features`` layout ``"device-free"``). The action methods take
        ``devices=`` :meth:`embed_devices` of the cluster at hand (None for the fixed head).
-    5. A decoder (:class:`GroupDecoder`) turns the logits into strategies. With
+    5. Every head also scores the plan-level decisions (:class:`agents.networks.plan.PlanHead`): a 2-way
+       recompute logit per group from its state and one logit per number of micro-batches
+       (``envs.actions.MICRO_CHOICES``) from the masked mean of the group states. A *plan* is the env's
+       flat action ``(2 G + 1,)``: configs, recompute bits, micro-batch choice; :meth:`sample_plans`,
+       :meth:`plan_logits` and :meth:`plan_distribution` work on plans, the other action methods on the
+       configs alone. Weights saved before these heads existed load with the heads at their initial values.
+    6. A decoder (:class:`GroupDecoder`) turns the logits into strategies. With
        ``settings.autoregressive`` the choices are made one group after another
        (:class:`AutoregressiveDecoder`): the Transformer-XL input of group ``n`` is ``g_n + E[a_{n-1}]``,
        so each group's logits depend on the actions of all earlier groups (how much each device already
@@ -316,6 +340,50 @@ class StrategyPolicy(nn.Module):
         """
         self.decoder.check_independent("draw")
         return draw_strategies(logits, group_mask, n, generator=generator, offsets=offsets, greedy=greedy)
+
+    # ---- plans: configs, recompute bits and the micro-batch choice
+    def plan_logits_from_group_embeddings(self, group_emb: Tensor, group_mask: Tensor,
+                                          devices: DeviceTokens | None = None) -> PlanLogits:
+        """An independent policy's logits of every decision of a plan (one pass of the strategy network).
+
+        Shapes: group_emb ``(G, hidden)``, group_mask ``(G,)`` -> groups ``(G, M + 4)``, recompute
+        ``(G, 2)``, micro ``(N_MICRO,)``.
+        """
+        self.decoder.check_independent("plan_logits_from_group_embeddings")
+        return plan_logits(self.strategy, self.head, group_emb, group_mask, devices)
+
+    def plan_logits(self, group_emb: Tensor, group_mask: Tensor, plans: Tensor,
+                    devices: DeviceTokens | None = None) -> PlanLogits:
+        """The logits each decision of the plans was drawn from (as :meth:`action_logits`, with the
+        plan-level ones). Shapes: plans ``(K, 2 G + 1)`` -> ``(K, G, M + 4)``, ``(K, G, 2)``, ``(K, N_MICRO)``.
+        """
+        return self.decoder.plan_logits(self.strategy, self.head, group_emb, group_mask, plans, devices)
+
+    def sample_plans(self, group_emb: Tensor, group_mask: Tensor, n: int, *,
+                     generator: torch.Generator | None = None, offsets: Tensor | None = None,
+                     greedy: bool = False, devices: DeviceTokens | None = None) -> Tensor:
+        """``n`` plans: the configs as :meth:`sample_actions` draws them (``offsets`` apply to the config
+        logits), then each group's recompute bit and the micro-batch choice (``greedy``: the more likely
+        bit and the most likely choice). Padding groups get 0. Shapes: -> ``(n, 2 G + 1)``."""
+        return self.decoder.sample_plans(self.strategy, self.head, group_emb, group_mask, n, generator=generator,
+                                         offsets=offsets, greedy=greedy, devices=devices)
+
+    def draw_plans(self, logits: PlanLogits | None, group_mask: Tensor, n: int, *,
+                   generator: torch.Generator | None = None, offsets: Tensor | None = None,
+                   greedy: bool = False) -> Tensor:
+        """``n`` plans from an independent policy's plan logits (:meth:`plan_logits_from_group_embeddings`),
+        drawn as :meth:`sample_plans` draws them. Shapes: -> ``(n, 2 G + 1)``."""
+        self.decoder.check_independent("draw_plans")
+        return draw_plans(logits, group_mask, n, generator=generator, offsets=offsets, greedy=greedy)
+
+    def plan_distribution(self, op_x: Tensor, op_mask: Tensor, edge_index: Tensor, edge_mask: Tensor,
+                          group_of: Tensor, group_mask: Tensor, dev_x: Tensor,
+                          dev_mask: Tensor | None = None) -> PlanDistribution:
+        """The distribution of whole plans (:class:`agents.networks.plan.PlanDistribution`): its
+        ``log_prob`` and ``entropy`` include the recompute bits and the micro-batch choice."""
+        group_emb = self.embed_groups(op_x, op_mask, edge_index, edge_mask, group_of, group_mask, dev_x, dev_mask)
+        logits = self.plan_logits_from_group_embeddings(group_emb, group_mask, self.embed_devices(dev_x, dev_mask))
+        return PlanDistribution(logits, group_mask)
 
     def __repr__(self) -> str:
         c = self._settings

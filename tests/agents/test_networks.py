@@ -374,9 +374,10 @@ def test_sampling_is_reproducible_and_follows_the_probabilities() -> None:
 
 
 def test_gradients_reach_every_parameter() -> None:
+    """Through the log probability and entropy of whole plans (configs, recompute bits, micro-batches)."""
     policy = small_policy(segment_len=2, mem_len=3)
     padded, _ = pad_graph(make_graph(), extra_ops=3, extra_edges=4, extra_groups=2)
-    dist = policy.distribution(**padded)
+    dist = policy.plan_distribution(**padded)
     actions = dist.sample(4, generator=torch.Generator().manual_seed(0))
     (-dist.log_prob(actions).mean() - 0.1 * dist.entropy()).backward()
     for name, parameter in policy.named_parameters():

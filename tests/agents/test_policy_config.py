@@ -75,13 +75,20 @@ def test_a_stored_config_with_unknown_or_missing_settings_is_refused() -> None:
 
 
 def test_the_shipped_checkpoint_config_round_trips_and_its_weights_load_strictly() -> None:
+    """Every stored weight loads; the plan-level heads, which the shipped policy predates, are the only
+    parameters it lacks and keep their initial values."""
     state = load_checkpoint(PRETRAINED)
     config = PolicyConfig.from_dict(state["policy_config"])
     assert config.to_dict() == state["policy_config"] and config.head == "tokens"
     policy = policy_from_checkpoint(state)
     assert policy.settings == config and policy.config == state["policy_config"]
-    assert list(policy.state_dict()) == list(state["policy_state"])
+    new = [k for k in policy.state_dict() if k not in state["policy_state"]]
+    assert new == ["head.plan.recompute.weight", "head.plan.recompute.bias", "head.plan.micro.weight",
+                   "head.plan.micro.bias"]
+    assert [k for k in policy.state_dict() if k not in new] == list(state["policy_state"])
     assert all(torch.equal(policy.state_dict()[k], v) for k, v in state["policy_state"].items())
+    fresh = StrategyPolicy(config)
+    assert all(torch.equal(policy.state_dict()[k], fresh.state_dict()[k]) for k in new)
 
 
 def test_an_autoregressive_state_dict_with_the_earlier_action_embedding_key_loads() -> None:

@@ -153,7 +153,7 @@ def test_env_with_device_tokens_passes_check_env_with_one_space_for_any_cluster(
     m = env.n_devices
     assert obs["dev_x"].shape == (MAX_DEVICES, DEVICE_FEATURE_DIM) and obs["op_x"].shape[1] == F_OP
     assert obs["dev_mask"].tolist() == [1] * m + [0] * (MAX_DEVICES - m)
-    assert env.action_space.nvec.tolist() == [m + 4] * env.max_groups
+    assert env.action_space.nvec.tolist() == [m + 4] * env.max_groups + [2] * env.max_groups + [5]
     policy = trained_like(token_policy())
     trimmed = PolicyInputs.from_observation(obs)
     untrimmed = PolicyInputs.from_observation(obs, trim=False)

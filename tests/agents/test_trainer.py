@@ -23,6 +23,7 @@ from agents.trainer import (
     policy_loss,
 )
 from envs import DEVICE_FEATURE_DIM, op_feature_dim
+from envs.actions import full_plan
 from heterog.baselines.chains import group_loads
 from heterog.cluster import load_cluster
 from heterog.errors import CheckpointError, HeterogError
@@ -289,7 +290,8 @@ def test_uniform_plans_seed_the_pool_before_the_first_samples(tasks):
     assert state.best_iteration_time_s <= min(times)
     assert len(state.history) >= 1 and state.history[0][2] == 0 and state.history[0][3] == min(times)
     pooled = {tuple(a) for _, a in state.pool}
-    assert {tuple(u) for u in uniform[np.argsort(times, kind="stable")[:8]]} <= pooled
+    seeds = full_plan(uniform[np.argsort(times, kind="stable")[:8]], task.n_groups)   # one micro-batch, none recomputed
+    assert {tuple(u) for u in seeds} <= pooled
     # off: the first best is one of the round's samples
     plain = Trainer(tiny_policy(), [task], TrainerSettings(samples_per_graph=4, explore_samples=1, mutate_samples=1,
                                                            seed_uniform_plans=False))
@@ -314,10 +316,11 @@ def test_each_round_scores_the_policys_greedy_plan_as_an_off_policy_sample(tasks
     t = trainer(1)
     with torch.no_grad():
         group_emb = t.policy.embed_groups(*task.inputs.args())
-        mode = t.policy.sample_actions(group_emb, task.inputs.group_mask, 1, greedy=True)[0].numpy()
+        mode = t.policy.sample_plans(group_emb, task.inputs.group_mask, 1, greedy=True)[0].numpy()
+    assert (mode[task.n_groups:] == 0).all()          # a fresh policy's greedy plan: one micro-batch, no recompute
     sample = t.rollout(task)
     actions = seen[-1]
-    assert actions.shape == (6, task.n_groups)
+    assert actions.shape == (6, 2 * task.n_groups + 1)
     assert (actions[3] == mode).all()                                # after 6 - 1 greedy - 1 explore - 1 mutate draws
     assert not any((actions[i] == mode).all() for i in range(3))     # a fresh policy's draws are not its mode
     assert sample.advantages[3] >= 0                                 # off-policy from the greedy plan on
@@ -371,7 +374,7 @@ def test_cp_ar_ps_small_seeds_the_search_with_the_uniform_plans(tasks, paper8):
                                                              replay_samples=0, replay_pool_size=32))
     trainer.update()
     state = trainer.states[task.key]
-    assert hybrid.tolist() in [a for _, a in state.pool]
+    assert full_plan(hybrid, task.n_groups).tolist() in [a for _, a in state.pool]
     assert state.history[0][2] == 0 and state.history[0][3] == min(times)
     assert state.best_iteration_time_s <= min(times)
 
@@ -446,11 +449,15 @@ def test_imitation_term_is_the_cross_entropy_against_the_best_plan_and_pulls_tow
 
     weights = imitation_weights(*group_loads(task.evaluator.graph, np.asarray(task.evaluator.group_of)), 0.5)
 
-    def log_likelihood(policy, best):          # the weighted mean over groups
+    def log_likelihood(policy, best):          # configs and recompute bits by group weight, the micro-batches by 1
+        g = task.n_groups
         with torch.no_grad():
             emb = policy.embed_groups(*task.inputs.args())
-            logits = policy.action_logits(emb, task.inputs.group_mask, best[None])
-            return ((per_group_log_prob(logits, best[None])[0] * weights).sum() / weights.sum()).item()
+            logits = policy.plan_logits(emb, task.inputs.group_mask, best[None])
+            configs = per_group_log_prob(logits.groups, best[None, :g])[0]
+            bits = per_group_log_prob(logits.recompute, best[None, g:2 * g])[0]
+            micro = logits.micro[0].log_softmax(-1)[best[-1]]
+            return ((((configs + bits) * weights).sum() + micro) / weights.sum()).item()
 
     plain, imitating = trainer(0.0), trainer(10.0)
     before = copy.deepcopy(imitating.policy)

@@ -35,7 +35,8 @@ def test_default_make_builds_tiny_transformer_on_paper8():
     obs, info = env.reset(seed=0)
     assert info["graph"] == "tiny_transformer"
     assert env.unwrapped.cluster.name == "paper-8gpu"
-    assert env.action_space == gym.spaces.MultiDiscrete([12] * env.unwrapped.max_groups)
+    g = env.unwrapped.max_groups
+    assert env.action_space == gym.spaces.MultiDiscrete([12] * g + [2] * g + [len(envs.MICRO_CHOICES)])
     assert obs["group_mask"].sum() == info["n_groups"] == env.unwrapped.max_groups
 
 
@@ -97,7 +98,7 @@ def test_out_of_memory_multiplies_the_reward_by_the_factor(tiny_mlp, tmp_path):
 
 def test_padding_fits_two_graphs_and_padding_actions_are_ignored(tiny_mlp, tiny_cnn, paper8):
     e = PlacementEnv([tiny_mlp, tiny_cnn], paper8, max_ops=64, max_edges=100, max_groups=40)
-    assert e.observation_space["op_x"].shape[0] == 64 and e.action_space.shape == (40,)
+    assert e.observation_space["op_x"].shape[0] == 64 and e.action_space.shape == (81,)
     for name, graph in (("tiny_mlp", tiny_mlp), ("tiny_cnn", tiny_cnn)):
         obs, info = e.reset(options={"graph": name})
         assert obs["op_mask"].sum() == graph.n_ops and obs["edge_mask"].sum() == len(graph.edges)
@@ -116,7 +117,7 @@ def test_padding_fits_two_graphs_and_padding_actions_are_ignored(tiny_mlp, tiny_
 def test_max_groups_bounds_the_grouping(tiny_cnn, paper8):
     e = gym.make("HeteroG/Placement-v0", graph=tiny_cnn, cluster=paper8, max_groups=8).unwrapped
     obs, info = e.reset(seed=0)
-    assert e.action_space.shape == (8,) and 1 <= info["n_groups"] <= 8
+    assert e.action_space.shape == (17,) and 1 <= info["n_groups"] <= 8
     assert obs["group_of"].max() == info["n_groups"] - 1
 
 
@@ -173,7 +174,7 @@ def test_padded_device_tokens_give_one_space_for_clusters_of_any_size(tiny_mlp):
         assert obs["op_x"].shape[1] == envs.op_feature_dim(m, "device-free") == envs.op_feature_dim(16, "device-free")
         assert obs["dev_mask"].tolist() == [1] * m + [0] * (16 - m)
         assert not obs["dev_x"][m:].any()
-        assert env.action_space.nvec.tolist() == [m + 4] * env.max_groups
+        assert env.action_space.nvec.tolist() == [m + 4] * env.max_groups + [2] * env.max_groups + [5]
     plain = PlacementEnv(tiny_mlp, "paper-12gpu")
     assert "dev_mask" not in plain.observation_space.spaces
 
