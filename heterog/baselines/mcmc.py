@@ -95,7 +95,7 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
     chain returns its ``keep`` best plans; when ``order`` is not the evaluator's, those are scored again under
     the evaluator's order and the best is returned (never worse than the best start under that order), after
     ``repick_block_devices``; last, the number of micro-batches (up to ``max_micro_batches``; 1: none),
-    their schedule and whether every group is recomputed are chosen for it
+    their schedule and the groups recomputed (where only recomputation fits) are chosen for it
     (``pipeline.with_best_micro_batches``).
     """
     from heterog.parallel import EvaluatorSpec, RayPool, make_pool

@@ -14,8 +14,8 @@ The search is a pruned enumeration, time-boxed by ``budget_s``:
                  devices' combined throughput at the shares used;
   shares         even, or proportional to each device's time for the stage's layers;
   micro-batches  k in 1, 2, 4, ... up to the batch (even sizes), under each schedule (or ``schedule``);
-  recomputation  a candidate out of memory is tried again with every layer recomputed (each layer is
-                 a group), which is kept if it fits.
+  recomputation  a candidate out of memory is tried again recomputing the fewest leading layers that
+                 fit (each layer is a group; ``fitting``).
 
 ``balance="equal"`` is the homogeneous baseline of pipeline planners: one stage per device, equal layer
 counts, even micro-batches (only k and the schedule searched).
@@ -88,23 +88,35 @@ def stage_plan(ev: PlanEvaluator, stages: list[list[int]], proportional: bool,
 
 
 def fitting(ev: PlanEvaluator, strategy: Strategy) -> tuple[Strategy, float, bool]:
-    """(plan, time, OOM) of ``strategy``, or of ``strategy`` with every group recomputed when only that fits
-    ."""
+    """(plan, time, OOM) of ``strategy``; when it is out of memory and recomputes nothing, of ``strategy``
+    recomputing the fewest leading groups that fit instead, if recomputing every group fits. The
+    activations of the first groups live longest (until the backward comes back to them), so the
+    recomputed groups are a prefix, its length found by bisection (about log2 G evaluations)."""
     t, oom = ev.iteration_time(strategy)
-    if oom and not strategy.recompute:
-        again = strategy.with_recompute(range(strategy.n_groups))
-        t2, oom2 = ev.iteration_time(again)
-        if not oom2:
-            return again, float(t2), False
-    return strategy, float(t), bool(oom)
+    if not oom or strategy.recompute:
+        return strategy, float(t), bool(oom)
+    best = strategy.with_recompute(range(strategy.n_groups))
+    t_best, oom_all = ev.iteration_time(best)
+    if oom_all:
+        return strategy, float(t), True
+    lo, hi = 0, strategy.n_groups                   # a prefix of lo groups is out of memory, of hi fits
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        s = strategy.with_recompute(range(mid))
+        t_mid, oom_mid = ev.iteration_time(s)
+        if oom_mid:
+            lo = mid
+        else:
+            hi, best, t_best = mid, s, t_mid
+    return best, float(t_best), False
 
 
 def with_best_micro_batches(ev: PlanEvaluator, strategy: Strategy, max_micro_batches: int,
                             oom_factor: float = 10.0) -> Strategy:
     """``strategy`` over the number of micro-batches (1, 2, 4, ... up to ``max_micro_batches`` and the batch,
     even sizes, each schedule) that simulates fastest, out-of-memory plans costing ``oom_factor`` times
-    their time, each recomputing every group where only that fits (``fitting``); ``strategy`` itself when
-    none beats it."""
+    their time, each recomputing the fewest leading groups that fit where only that fits (``fitting``);
+    ``strategy`` itself when none beats it."""
     B = ev.graph.batch_size
     best, t, oom = fitting(ev, strategy)
     best_cost = t * (oom_factor if oom else 1.0)
