@@ -140,6 +140,7 @@ def test_planner_options_of_plan(capsys, tmp_path, graph_file):
     assert Strategy.load(out).meta["actions"] == api.meta["actions"]
     doc = json.loads(out_json)
     assert doc["iteration_time_s"] > 0 and doc["micro_batches"] == list(api.micro)
+    assert doc["recomputed_groups"] == list(api.recompute)
     code, out_text, _ = run_cli(capsys, "plan", "--graph", str(graph_file), "--cluster", PAPER, "--method", "dpos",
                                 "--option", "micro_batches=2", "-o", str(out))
     assert code == 0 and "2 micro-batches" in out_text and Strategy.load(out).n_micro == 2
