@@ -16,7 +16,6 @@ from heterog.graph.opgraph import OpGraph, load_graph
 log = logging.getLogger(__name__)
 
 DEFAULT_CACHE_DIR = ".heterog-cache/graphs"
-_GRAPH_SOURCES = ("capture.py", "fusion.py", "opgraph.py")
 
 
 def _digest_files(paths: list[Path]) -> str:
@@ -27,11 +26,18 @@ def _digest_files(paths: list[Path]) -> str:
     return h.hexdigest()
 
 
+def capture_sources() -> list[Path]:
+    """The code a captured graph depends on: every module of the graph package (tracing, fusion, the
+    normalisers, FLOP formulas, the optimizer step, ...), so that a change to any of them captures again."""
+    return sorted(Path(__file__).parent.glob("*.py"))
+
+
 def cache_key(ref: str, batch_size: int | None, optimizer: str, fuse: bool, lr: float = 0.01) -> str:
     """Content hash of everything the captured graph depends on.
 
     The model reference, the file's content (file refs) or the zoo's sources (zoo names), the batch size,
-    optimizer, learning rate, fusion flag, torch version, ``CAPTURE_VERSION`` and the capture code itself.
+    optimizer, learning rate, fusion flag, torch version, ``CAPTURE_VERSION`` and the capture code itself
+    (``capture_sources``).
     A file model's own imports are not followed: edit the referenced file (or pass use_cache=False).
     """
     import torch
@@ -49,7 +55,7 @@ def cache_key(ref: str, batch_size: int | None, optimizer: str, fuse: bool, lr: 
     key = {
         "model": model_part, "batch_size": batch_size, "optimizer": optimizer, "fuse": bool(fuse),
         "lr": float(lr), "torch": torch.__version__, "capture_version": CAPTURE_VERSION,
-        "code": _digest_files([here / f for f in _GRAPH_SOURCES]),
+        "code": _digest_files(capture_sources()),
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 

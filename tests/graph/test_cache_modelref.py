@@ -173,3 +173,20 @@ def test_capture_model_rejects_bad_settings(model_file: Path, tmp_path: Path) ->
         capture_model(f"{model_file}:build", 4, "lamb", cache_dir=tmp_path)
     with pytest.raises(HeterogError, match="batch size must be positive"):
         capture_model(f"{model_file}:build", 0, cache_dir=tmp_path)
+
+
+def test_cache_key_follows_every_module_the_capture_runs(model_file: Path, monkeypatch) -> None:
+    """A graph depends on the tracing, the loss normalisers and the rest of the graph package, not only on
+    capture.py: the key digests every module of it."""
+    from heterog.graph import cache
+
+    sources = cache.capture_sources()
+    assert {"capture.py", "fusion.py", "opgraph.py", "tracing.py", "normalisers.py", "flops.py"} <= \
+        {p.name for p in sources}
+    ref = f"{model_file}:build"
+    key = cache_key(ref, 4, "sgd", True)
+    edited = model_file.parent / "normalisers.py"              # the same module with one more line
+    edited.write_text(next(p for p in sources if p.name == "normalisers.py").read_text() + "\n# edited\n")
+    monkeypatch.setattr(cache, "capture_sources",
+                        lambda: [edited if p.name == "normalisers.py" else p for p in sources])
+    assert cache_key(ref, 4, "sgd", True) != key
