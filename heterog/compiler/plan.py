@@ -104,11 +104,11 @@ class PatchCache:
         self._states.clear()
 
     def closest(self, placement: Placement) -> tuple[int, PlanState] | None:
-        """The kept plan of the same micro-batch schedule whose groups' configs (which name the micro-batches)
-        differ from ``placement``'s in the fewest groups (the least recently used among equals) and its
-        key; None if none is kept."""
-        same = [kv for kv in self._states.items()
-                if kv[1].placement.schedule == placement.schedule or placement.n_micro == 1]
+        """The kept plan of as many micro-batches (and the same schedule) whose groups' configs differ from
+        ``placement``'s in the fewest groups (the least recently used among equals) and its key; None if
+        none is kept."""
+        same = [kv for kv in self._states.items() if kv[1].placement.n_micro == placement.n_micro
+                and (placement.n_micro == 1 or kv[1].placement.schedule == placement.schedule)]
         if not same:
             return None
         return min(same, key=lambda kv: np.count_nonzero(kv[1].placement.group_cfg != placement.group_cfg))

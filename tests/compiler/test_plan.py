@@ -49,11 +49,14 @@ def test_patch_cache_finds_the_closest_plan_least_recently_used_first_among_equa
     assert cache.closest(state([0, 1, 0]).placement) == (1, a)        # a and b differ in one group each
     cache.touch(1)
     assert cache.closest(state([0, 1, 0]).placement) == (2, b)
-    # a plan of several micro-batches is patched only from one of the same schedule
+    # a plan of several micro-batches is patched only from one of as many and the same schedule
     assert cache.closest(state([0, 1, 0], "gpipe", 4).placement) is None
     d = state([0, 1, 1], "gpipe", 4)
     cache[4] = d
     assert cache.closest(state([0, 1, 0], "gpipe", 4).placement) == (4, d)
+    assert cache.closest(state([0, 1, 1], "1f1b", 4).placement) is None
+    assert cache.closest(state([0, 1, 1], "gpipe", 2).placement) is None
+    assert cache.closest(state([0, 1, 1]).placement)[1] is not d
     assert cache.closest(state([1, 0, 1]).placement) == (3, c)
 
 
