@@ -40,6 +40,14 @@ their sum equals a ring AllReduce inside the server. "auto" picks the cheaper (r
 A profiled AllReduce of exactly this device set (``ProfileTable.collectives``, measured through the
 runtime) replaces both formulas, as ``alpha + beta * x`` holding the ring's links.
 
+All-gather and reduce-scatter of uneven shards (a tensor split over n devices in shares of its own,
+s_i bytes on the i-th device of the ring): n - 1 steps; in step t the i-th device passes the shard that
+started on device i - t (mod n) to device i + 1, and the step lasts as long as its slowest hop:
+
+    sum over t of  max over i of  alpha(i, i+1) + s_{i-t} * beta(i, i+1)
+
+With even shards of x / n bytes on uniform links this is half the ring AllReduce above.
+
 PS aggregation of n partial tensors of x bytes and split/concat copies are memory bound:
 ((n + 1) * x, resp. 2 * x) / (bw_d * me_d) + launch_d, times slowdown_d.
 
@@ -358,6 +366,27 @@ class CostModel:
         times, names = self.allreduce_times(devices, np.array([nbytes], dtype=np.float64), algo)
         chosen = str(names[0])
         return CollectiveCost(float(times[0]), chosen, self.allreduce_links(devices, chosen))
+
+    def sharded_ring_times(self, devices: Sequence[int], shard_bytes: np.ndarray) -> np.ndarray:
+        """(K,) seconds of a ring all-gather (or reduce-scatter: the same steps, partial sums passed on) of
+        tensors split over ``devices`` (in ring order) in uneven shards: ``shard_bytes`` (K, n), shard i on
+        ``devices[i]`` (module docstring). One device: 0."""
+        order = self._check_devices(devices)
+        x = np.atleast_2d(np.asarray(shard_bytes, dtype=np.float64))
+        n = len(order)
+        if x.shape[1] != n or len(devices) != n:
+            raise StrategyError(f"need one shard per device of {list(devices)} (each device once), got shards "
+                                f"of shape {x.shape}")
+        if n < 2:
+            return np.zeros(x.shape[0])
+        src = np.array(order, dtype=np.int64)
+        dst = np.roll(src, -1)
+        alpha, beta = self._alpha_s[src, dst], self._beta_s_per_byte[src, dst]     # hop i: devices[i] -> [i+1]
+        total = np.zeros(x.shape[0])
+        for t in range(n - 1):
+            passed = np.roll(x, t, axis=1)              # hop i passes the shard that started on device i - t
+            total += np.max(alpha[None, :] + passed * beta[None, :], axis=1)
+        return total
 
     # ------------------------------------------------------------------ memory-bound helpers
     def _memory_bound_times(self, devices: np.ndarray, bytes_moved: np.ndarray) -> np.ndarray:

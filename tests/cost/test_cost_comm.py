@@ -135,3 +135,25 @@ def test_profiled_latency_in_flight_sums_over_the_path_and_is_0_elsewhere():
     # the occupancy is unchanged by the latency
     assert cm.transfer_times(src[:1], dst[:1], np.array([1e6])) == pytest.approx([1e-5 + 1e6 * 1e-10], rel=1e-12)
     assert not CostModel(load_cluster("paper-8gpu")).transfer_latencies(src, dst, nbytes).any()
+
+
+def test_sharded_ring_of_uneven_shards_by_hand():
+    # ring 0 -> 1 (NVLink: 1 us, 100 GB/s) -> 2 (across servers: 5 + 5 us, 10 GB/s) -> 3 -> 0 (across)
+    cm = two_by_two(intra_Bps=100e9, intra_lat_s=1e-6, nic_Bps=10e9, nic_lat_s=5e-6)
+    intra = (1e-6, 1 / 100e9)
+    cross = (10e-6, 1 / 10e9)
+    hops = [intra, cross, intra, cross]
+    shards = [1e6, 2e6, 3e6, 4e6]
+
+    def step(t: int) -> float:                      # hop i passes the shard that started on device i - t
+        return max(a + shards[(i - t) % 4] * b for i, (a, b) in enumerate(hops))
+
+    expected = step(0) + step(1) + step(2)
+    assert expected == pytest.approx(4.1e-4 + 3.1e-4 + 4.1e-4, rel=1e-12)  # the largest shard crossing a NIC
+    got = cm.sharded_ring_times([0, 1, 2, 3], np.array([shards, [2.5e6] * 4]))
+    assert got[0] == pytest.approx(expected, rel=1e-12)
+    # even shards: half the ring AllReduce of the whole tensor
+    assert got[1] == pytest.approx(cm.allreduce([0, 1, 2, 3], 1e7, "ring").time_s / 2, rel=1e-12)
+    assert cm.sharded_ring_times([2], np.array([[5e6]])).tolist() == [0.0]
+    with pytest.raises(StrategyError, match="one shard per device"):
+        cm.sharded_ring_times([0, 1, 2], np.array([[1.0, 2.0]]))
