@@ -26,7 +26,11 @@ SYNC_METHODS = ("ps", "allreduce")
 # before its backwards; 1F1B keeps at most S - s micro-batches in flight on a device at pipeline position s
 SCHEDULES = ("gpipe", "1f1b")
 MAX_MICRO_BATCHES = 64
-STRATEGY_VERSION = 3         # 2: micro-batches and their schedule; 3: groups recomputed
+STRATEGY_VERSION = 4         # 2: micro-batches and their schedule; 3: groups recomputed; 4: splits beyond the batch
+# a config's split beyond the batch (docs/design.md, "Splits beyond the batch"): "parameter" divides the
+# parameters of its ops (and what computes with them) among the devices, "attribute" divides only what
+# carries no parameter (sequence, spatial, heads of activations), parameters stay whole on every device
+SPLIT_KINDS = ("parameter", "attribute")
 ALLREDUCE_ALGOS = ("auto", "ring", "hierarchical")
 N_DP_ACTIONS = 4
 DP_ACTION_NAMES = ("dp-even-ps", "dp-even-ar", "dp-prop-ps", "dp-prop-ar")
@@ -48,8 +52,12 @@ class ParallelConfig:
     sync: str = "allreduce"
     ps_device: int | None = None
     allreduce: str = "auto"
+    split: str | None = None
+    split_shares: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.split is not None:
+            self._check_split()
         if len(self.devices) != len(self.shares) or not self.devices:
             raise StrategyError(f"ParallelConfig needs one share per device, got devices {list(self.devices)} "
                                 f"and shares {list(self.shares)}")
@@ -63,6 +71,24 @@ class ParallelConfig:
             raise StrategyError(f"unknown allreduce algorithm {self.allreduce!r} (choose from {ALLREDUCE_ALGOS})")
         if self.ps_device is not None and self.ps_device not in self.devices:
             raise StrategyError(f"PS device {self.ps_device} is not one of the replica devices {list(self.devices)}")
+
+    def _check_split(self) -> None:
+        if self.split not in SPLIT_KINDS:
+            raise StrategyError(f"unknown split {self.split!r} (choose from {SPLIT_KINDS})")
+        if len(self.split_shares) != len(self.devices) or any(int(w) <= 0 for w in self.split_shares):
+            raise StrategyError(f"a split config needs one positive split share per device, got devices "
+                                f"{list(self.devices)} and split shares {list(self.split_shares)}")
+        if len(set(self.shares)) != 1:
+            raise StrategyError(f"a split config runs the whole batch on every device: shares must be equal, "
+                                f"got {list(self.shares)}")
+
+    @classmethod
+    def split_over(cls, devices: Sequence[int], weights: Sequence[int], batch_size: int,
+                   kind: str = "parameter") -> "ParallelConfig":
+        """The group's ops divided beyond the batch among ``devices`` (each runs the whole batch): each op's
+        split dimension in integer shares proportional to ``weights`` (``split_shares_of``)."""
+        devs = tuple(int(d) for d in devices)
+        return cls(devs, (int(batch_size),) * len(devs), split=kind, split_shares=tuple(int(w) for w in weights))
 
     @classmethod
     def of(cls, pairs: Sequence[tuple[int, int]], sync: str = "allreduce", ps_device: int | None = None,
@@ -87,16 +113,26 @@ class ParallelConfig:
 
     @property
     def batch_size(self) -> int:
-        return int(sum(self.shares))
+        return int(self.shares[0]) if self.split is not None else int(sum(self.shares))
 
     def to_dict(self) -> dict:
-        return {"devices": list(self.devices), "shares": list(self.shares), "sync": self.sync,
-                "ps_device": self.ps_device, "allreduce": self.allreduce}
+        d = {"devices": list(self.devices), "shares": list(self.shares), "sync": self.sync,
+             "ps_device": self.ps_device, "allreduce": self.allreduce}
+        if self.split is not None:
+            d["split"], d["split_shares"] = self.split, list(self.split_shares)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "ParallelConfig":
         return cls(tuple(int(x) for x in d["devices"]), tuple(int(x) for x in d["shares"]),
-                   d.get("sync", "allreduce"), d.get("ps_device"), d.get("allreduce", "auto"))
+                   d.get("sync", "allreduce"), d.get("ps_device"), d.get("allreduce", "auto"),
+                   d.get("split"), tuple(int(x) for x in d.get("split_shares", ())))
+
+
+def split_shares_of(extent: int, weights: Sequence[int]) -> list[int]:
+    """Integer shares of a split dimension of ``extent`` units in proportion to ``weights`` (largest
+    remainder; a device may get none when the extent is smaller than the devices)."""
+    return proportional_shares(int(extent), weights)
 
 
 # ---------------------------------------------------------------------------- shares
@@ -265,12 +301,17 @@ class Strategy:
         if self.group_of.size and (self.group_of.min() < 0 or self.group_of.max() >= len(self.configs)):
             raise StrategyError(f"group ids must lie in 0..{len(self.configs) - 1}, "
                                 f"got {self.group_of.min()}..{self.group_of.max()}")
+        split_recomputed = [g for g in self.recompute if self.configs[g].split is not None]
+        if split_recomputed:
+            raise StrategyError(f"groups {split_recomputed} are split beyond the batch: such groups are not recomputed")
         ids = np.fromiter(map(id, self.configs), dtype=np.int64, count=len(self.configs))
         for g in np.sort(np.unique(ids, return_index=True)[1]).tolist():   # each distinct config object once
             cfg = self.configs[g]
             if cfg.batch_size != self.batch_size:
                 raise StrategyError(f"group {g}: shares {list(cfg.shares)} sum to {cfg.batch_size}, "
                                     f"global batch is {self.batch_size}")
+            if cfg.split is not None and self.micro_batches is not None:
+                raise StrategyError(f"group {g} is split beyond the batch: such groups run with one micro-batch")
             bad = [d for d in cfg.devices if not 0 <= d < self.n_devices]
             if bad:
                 raise StrategyError(f"group {g}: devices {bad} do not exist (cluster has {self.n_devices})")

@@ -17,23 +17,8 @@ import numpy as np
 from heterog.compiler.context import CompileContext
 from heterog.compiler.place import Placement
 from heterog.compiler.registries import LayoutTable
-from heterog.compiler.tasks import TaskBatch, TaskCategory, TaskKind, ragged
-
-
-@dataclass
-class Providers:
-    """Where values are read from, as task ids: ``inst_start`` (n_ops,) the first instance of each op (its
-    replicas follow in layout order); ``at`` (n_tensors, M) the task that provides each tensor's value on
-    each device (an instance, or the aggregation), -1 where the value is not; ``layout`` (n_tensors,) the
-    layout whose devices hold the (aggregated) value."""
-
-    inst_start: np.ndarray
-    at: np.ndarray
-    layout: np.ndarray
-
-    def copy(self) -> Providers:
-        """An independent copy (a patch edits the copy, the base plan keeps its own)."""
-        return Providers(self.inst_start.copy(), self.at.copy(), self.layout.copy())
+from heterog.compiler.reshard import connect_split
+from heterog.compiler.tasks import Providers, TaskBatch, TaskCategory, TaskKind, ragged
 
 
 # ----------------------------------------------------------------------------------- instances
@@ -53,14 +38,21 @@ def emit_instances(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, 
     inst_dev = lay.dev_flat[flat]
     inst_frac = lay.frac_flat[flat]
     comp = gi.is_compute[inst_op]
-    dur = ctx.cost.op_times(ctx.graph, inst_op, inst_dev, inst_frac)
+    alloc = gi.out_fixed_bytes[inst_op] + gi.out_batch_bytes[inst_op] * inst_frac
+    if place.out_split is None:
+        dur = ctx.cost.op_times(ctx.graph, inst_op, inst_dev, inst_frac)
+    else:                          # ops split beyond the batch: each instance runs and holds its shard
+        inst_split = lay.split_flat[flat]
+        dur = ctx.cost.op_times(ctx.graph, inst_op, inst_dev, inst_frac, inst_split)
+        w = place.out_split[inst_op]
+        alloc = alloc * (1.0 - w + w * inst_split)
     prev = lay.prev_flat[flat]
     accumulates = (prev >= 0) & gi.has_partial[inst_op]
     if accumulates.any():
         add = ctx.cost.aggregate_times(inst_dev, gi.partial_bytes[inst_op], np.full(len(inst_dev), 2))
         dur = dur + np.where(accumulates, add, 0.0)
     ids = batch.add(dur=dur, kind=np.where(comp, int(TaskKind.COMPUTE), int(TaskKind.PLACEHOLDER)), op=inst_op,
-                    dev=inst_dev, alloc=gi.out_fixed_bytes[inst_op] + gi.out_batch_bytes[inst_op] * inst_frac,
+                    dev=inst_dev, alloc=alloc,
                     cat=gi.category[inst_op], prio_op=inst_op, stage="compute", cls=0, tensor=0, sub=local,
                     owner=inst_op, res_len=comp.astype(np.int64), res_idx=inst_dev[comp],
                     micro=np.where(gi.has_batch[inst_op], lay.micro_flat[flat], -1))
@@ -176,6 +168,12 @@ def emit_connections(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch
     gi = ctx.index
     if not len(edges):
         return
+    if place.op_shard is not None:                 # edges touching an op split beyond the batch
+        touch = (place.op_shard[gi.e_src[edges]] >= 0) | (place.op_shard[gi.e_dst[edges]] >= 0)
+        connect_split(ctx, layouts, batch, edges[touch], place, prov)
+        edges = edges[~touch]
+        if not len(edges):
+            return
     src, dst = gi.e_src[edges], gi.e_dst[edges]
     lay_u, lay_v = place.op_lay[src], place.op_lay[dst]
     batch_edge = gi.e_batch[edges]

@@ -12,7 +12,9 @@ import numpy as np
 from heterog.compiler.context import CompileContext
 from heterog.compiler.index import GraphIndex
 from heterog.compiler.ps import choose_ps_devices, problem_from_configs
-from heterog.compiler.registries import ConfigTable, Grouping, PSDemand
+from heterog.compiler.registries import ConfigTable, Grouping, LayoutTable, PSDemand
+from heterog.compiler.shards import ShardChoice, choose_shards
+from heterog.errors import StrategyError
 from heterog.strategy import Strategy
 
 
@@ -23,7 +25,10 @@ class Placement:
     (n_ops,) layout ids (of its ``LayoutTable``); ``aggregate`` (n_tensors,) partial results to aggregate;
     ``group_ps`` (G,) PS device of each PS group, -1 for the others; ``grouping`` the strategy's groups;
     ``n_micro`` its micro-batches and ``schedule`` their order; ``recompute`` (n_ops,) the ops whose
-    instances are recomputed before their backward (``recomputed_ops``), None when none is."""
+    instances are recomputed before their backward (``recomputed_ops``), None when none is; ``shards`` the
+    ``ShardChoice`` of each split config of the plan, ``op_shard`` (n_ops,) the index in ``shards`` of each
+    op's (-1: its group is not split beyond the batch) and ``out_split`` (n_ops,) the part of each op's
+    output bytes divided among its devices; both None when no group is split."""
 
     group_cfg: np.ndarray
     op_cfg: np.ndarray
@@ -35,6 +40,9 @@ class Placement:
     n_micro: int = 1
     schedule: str = "1f1b"
     recompute: np.ndarray | None = None
+    shards: tuple[ShardChoice, ...] = ()
+    op_shard: np.ndarray | None = None
+    out_split: np.ndarray | None = None
 
 
 def assign_configs(configs: ConfigTable, strategy: Strategy) -> np.ndarray:
@@ -96,6 +104,35 @@ def lay_out(index: GraphIndex, configs: ConfigTable, grouping: Grouping, group_c
     return op_lay
 
 
+def lay_out_splits(ctx: CompileContext, configs: ConfigTable, op_cfg: np.ndarray, op_lay: np.ndarray
+                   ) -> tuple[tuple[ShardChoice, ...], np.ndarray | None, np.ndarray | None]:
+    """Phase 3 for the ops of split configs: each op's option under its config (``choose_shards``) and its
+    layout, the config's devices at the whole batch with the op's shares of its divided dimension (edits
+    ``op_lay``). Returns the plan's ``shards``, ``op_shard`` and ``out_split`` (``Placement``)."""
+    split_cfgs = [k for k in np.unique(op_cfg).tolist() if configs.configs[k].split is not None]
+    if not split_cfgs:
+        return (), None, None
+    if ctx.graph.splits is None:
+        raise StrategyError(f"graph {ctx.graph.name!r} has no split options (it was not captured from a module, "
+                            f"or its rules failed): no group of it can be split beyond the batch")
+    layouts: LayoutTable = configs.layouts
+    shards: list[ShardChoice] = []
+    op_shard = np.full(len(op_cfg), -1, dtype=np.int64)
+    out_split = np.zeros(len(op_cfg))
+    for k in split_cfgs:
+        cfg = configs.configs[k]
+        choice = choose_shards(ctx, cfg)
+        sel = np.nonzero(op_cfg == k)[0]
+        op_shard[sel] = len(shards)
+        shards.append(choice)
+        out_split[sel] = choice.out_split[sel]
+        rows, inv = np.unique(choice.frac[sel], axis=0, return_inverse=True)
+        lids = np.array([layouts.add(cfg.devices, cfg.shares, split=r.tolist()) for r in rows], dtype=np.int64)
+        op_lay[sel] = lids[inv.ravel()]
+    layouts.refresh()
+    return tuple(shards), op_shard, out_split
+
+
 def recomputed_ops(ctx: CompileContext, op_group: np.ndarray, groups: tuple[int, ...]) -> np.ndarray | None:
     """(n_ops,) the ops recomputed when ``groups`` are (docs/design.md, "Recomputation"), None if none is:
     the forward batch compute ops of those groups (before the first backward op) without partial results
@@ -138,6 +175,8 @@ def place(ctx: CompileContext, configs: ConfigTable, demand: PSDemand, strategy:
     aggregate = gi.t_needs_agg & replicated[gi.t_op]
     group_ps = choose_ps(ctx, configs, demand, group_cfg, aggregate)
     configs.layouts.refresh()
-    return Placement(group_cfg, op_cfg, configs.is_ps[op_cfg], aggregate, group_ps,
-                     lay_out(gi, configs, grouping, group_cfg, group_ps), grouping, strategy.n_micro,
-                     strategy.schedule, recomputed_ops(ctx, grouping.op_group, strategy.recompute))
+    op_lay = lay_out(gi, configs, grouping, group_cfg, group_ps)
+    shards, op_shard, out_split = lay_out_splits(ctx, configs, op_cfg, op_lay)
+    return Placement(group_cfg, op_cfg, configs.is_ps[op_cfg], aggregate, group_ps, op_lay, grouping,
+                     strategy.n_micro, strategy.schedule, recomputed_ops(ctx, grouping.op_group, strategy.recompute),
+                     shards, op_shard, out_split)

@@ -10,12 +10,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from heterog.compiler.context import CompileContext
-from heterog.compiler.emit import Providers
 from heterog.compiler.index import GraphIndex
 from heterog.compiler.micro import add_schedule, micro_order, window_exempt
 from heterog.compiler.place import Placement
 from heterog.compiler.registries import LayoutTable
-from heterog.compiler.tasks import Deps, TaskBatch, TaskKind, Tasks, ragged
+from heterog.compiler.tasks import Deps, Providers, TaskBatch, TaskKind, Tasks, ragged
 
 if TYPE_CHECKING:  # pragma: no cover
     from simulator.taskgraph import TaskGraph
@@ -121,13 +120,19 @@ class PatchCache:
         return f"PatchCache({len(self)} of at most {self.max_plans} plans)"
 
 
-def resident_bytes(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray) -> np.ndarray:
+def resident_bytes(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray,
+                   out_split: np.ndarray | None = None) -> np.ndarray:
     """(M,) bytes of parameters, gradients and optimizer state resident on each device when op ``o``'s
-    instances run on layout ``op_lay[o]``."""
+    instances run on layout ``op_lay[o]`` (a parameter divided beyond the batch, ``out_split[o]`` > 0,
+    holds its entry's share there)."""
     ops = ctx.resident_ops
     rows, local = ragged(layouts.length[op_lay[ops]])
-    devs = layouts.dev_flat[layouts.ptr[op_lay[ops]][rows] + local]
-    return np.bincount(devs, weights=ctx.index.resident_bytes[ops][rows], minlength=ctx.n_devices)
+    flat = layouts.ptr[op_lay[ops]][rows] + local
+    weights = ctx.index.resident_bytes[ops][rows]
+    if out_split is not None:
+        w = out_split[ops][rows]
+        weights = weights * (1.0 - w + w * layouts.split_flat[flat])
+    return np.bincount(layouts.dev_flat[flat], weights=weights, minlength=ctx.n_devices)
 
 
 def aggregated_of(index: GraphIndex, layouts: LayoutTable, place: Placement, tensors: np.ndarray) -> dict[int, tuple]:
@@ -167,7 +172,7 @@ def assemble(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray 
     mem_ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(has_mem, out=mem_ptr[1:])
     resident = np.zeros(ctx.resources.n_resources)
-    resident[:ctx.n_devices] = resident_bytes(ctx, layouts, place.op_lay)
+    resident[:ctx.n_devices] = resident_bytes(ctx, layouts, place.op_lay, place.out_split)
     tg = ctx.resources.empty_copy(resident_bytes=resident)
     frees = None
     sync = tasks.kind == TaskKind.SYNC

@@ -23,9 +23,8 @@ from __future__ import annotations
 import numpy as np
 
 from heterog.compiler.context import CompileContext
-from heterog.compiler.emit import Providers
 from heterog.compiler.place import Placement, recompute_edges
-from heterog.compiler.tasks import TaskBatch, TaskCategory, TaskKind, ragged_gather
+from heterog.compiler.tasks import Providers, TaskBatch, TaskCategory, TaskKind, ragged_gather
 
 
 def add_recompute(ctx: CompileContext, batch: TaskBatch, place: Placement, prov: Providers) -> None:

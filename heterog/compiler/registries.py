@@ -27,7 +27,11 @@ class LayoutTable:
     sample order, so a device appears once per micro-batch it has samples of). Flat views, rebuilt by
     ``refresh``:
 
+    An op split beyond the batch (``heterog.compiler.shards``) runs on a layout of whole-batch entries,
+    each with its share ``split`` of the op's divided dimension.
+
     Shapes: ``length`` (L,), ``ptr`` (L + 1,), ``dev_flat``, ``shares_flat``, ``frac_flat``, ``micro_flat``,
+    ``split_flat``,
     ``prev_flat`` (the flat index of the entry before on the same device, -1 for its first), ``last_flat``
     (the entry is its device's last) (ptr[-1],); ``dev_mask`` (L, M); ``repeats`` (L,) some device has
     several entries.
@@ -38,22 +42,27 @@ class LayoutTable:
         self.devices: list[tuple[int, ...]] = []
         self.shares: list[tuple[int, ...]] = []
         self.micro: list[tuple[int, ...]] = []
+        self.split: list[tuple[float, ...]] = []
         self._id: dict[tuple, int] = {}
         self._built = -1
         for d in range(n_devices):
             self.add((d,), (batch_size,))
 
-    def add(self, devices: Iterable[int], shares: Iterable[int], micro: Iterable[int] | None = None) -> int:
-        """The id of layout (``devices``, ``shares``, ``micro``: each entry's micro-batch, all 0 if None),
+    def add(self, devices: Iterable[int], shares: Iterable[int], micro: Iterable[int] | None = None,
+            split: Iterable[float] | None = None) -> int:
+        """The id of layout (``devices``, ``shares``, ``micro``: each entry's micro-batch, all 0 if None;
+        ``split``: each entry's share of its op's divided dimension beyond the batch, all 1 if None),
         registered if new."""
         devs = tuple(int(d) for d in devices)
-        key = (devs, tuple(int(s) for s in shares), (0,) * len(devs) if micro is None else tuple(int(m) for m in micro))
+        key = (devs, tuple(int(s) for s in shares), (0,) * len(devs) if micro is None else tuple(int(m) for m in micro),
+               None if split is None else tuple(float(f) for f in split))
         lid = self._id.get(key)
         if lid is None:
             lid = self._id[key] = len(self.devices)
             self.devices.append(key[0])
             self.shares.append(key[1])
             self.micro.append(key[2])
+            self.split.append((1.0,) * len(devs) if key[3] is None else key[3])
         return lid
 
     def unique_devices(self, lid: int) -> tuple[int, ...]:
@@ -79,6 +88,7 @@ class LayoutTable:
             self.shares_flat = np.array([s for ss in self.shares for s in ss], dtype=np.float64)
             self.frac_flat = np.array([s / self.batch_size for ss in self.shares for s in ss], dtype=np.float64)
             self.micro_flat = np.array([m for ms in self.micro for m in ms], dtype=np.int64)
+            self.split_flat = np.array([f for fs in self.split for f in fs], dtype=np.float64)
             self.dev_mask = np.zeros((len(lengths), self.n_devices), dtype=bool)
             self.dev_mask[np.repeat(np.arange(len(lengths)), lengths), self.dev_flat] = True
             self.prev_flat = np.full(len(self.dev_flat), -1, dtype=np.int64)
@@ -133,7 +143,8 @@ class ConfigTable:
                            for d, s in zip(config.devices, shares) if s > 0]
                 split = self.layouts.add(*zip(*entries))
             # replicas: the devices with samples (with micro-batches, a replica of a small share may get none)
-            n = len(self.layouts.unique_devices(split))
+            # a split config runs one whole-batch replica divided among its devices: nothing to aggregate
+            n = 1 if config.split is not None else len(self.layouts.unique_devices(split))
             self._rows.append((n, config.sync == "ps" and n > 1,
                                -1 if config.ps_device is None else int(config.ps_device), split,
                                self.layouts.add(config.devices, (B,) * config.n_replicas)))

@@ -41,9 +41,11 @@ class TaskKind(IntEnum):
     SYNC = 8          # no work: orders tasks (a schedule's barrier, ``heterog.compiler.micro``; a recomputation's
                       # trigger, ``heterog.compiler.recompute``)
     RECOMPUTE = 9     # an op instance's forward run again before its backward (``heterog.compiler.recompute``)
+    COLLECTIVE = 10   # all-gather, reduce-scatter, all-reduce or all-to-all of a tensor divided beyond the batch
+                      # among a split config's devices (``heterog.compiler.reshard``)
 
 
-COMM_KINDS = (TaskKind.TRANSFER, TaskKind.PUSH, TaskKind.ALLREDUCE)
+COMM_KINDS = (TaskKind.TRANSFER, TaskKind.PUSH, TaskKind.ALLREDUCE, TaskKind.COLLECTIVE)
 COMPUTE_KINDS = (TaskKind.COMPUTE, TaskKind.RECOMPUTE)
 
 
@@ -62,10 +64,11 @@ class TaskCategory(IntEnum):
     ALLREDUCE = 7
     SYNC = 8
     RECOMPUTE = 9
+    COLLECTIVE = 10
 
 
 CATEGORIES = ("forward", "backward", "update", "input", "transfer", "split/concat", "ps", "allreduce", "sync",
-              "recompute")
+              "recompute", "collective")
 
 
 @dataclass(frozen=True)
@@ -238,3 +241,19 @@ class TaskBatch:
             return z, z, z
         task, on, owner = (np.concatenate([d[i] for d in self._dep]) for i in range(3))
         return task, on, owner
+
+
+@dataclass
+class Providers:
+    """Where values are read from, as task ids: ``inst_start`` (n_ops,) the first instance of each op (its
+    replicas follow in layout order); ``at`` (n_tensors, M) the task that provides each tensor's value on
+    each device (an instance, or the aggregation), -1 where the value is not; ``layout`` (n_tensors,) the
+    layout whose devices hold the (aggregated) value."""
+
+    inst_start: np.ndarray
+    at: np.ndarray
+    layout: np.ndarray
+
+    def copy(self) -> Providers:
+        """An independent copy (a patch edits the copy, the base plan keeps its own)."""
+        return Providers(self.inst_start.copy(), self.at.copy(), self.layout.copy())

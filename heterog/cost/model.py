@@ -167,11 +167,22 @@ class CostModel:
             self._graphs[key] = tables
         return tables
 
-    def op_times(self, graph: OpGraph, ops: np.ndarray, devices: np.ndarray, fractions: np.ndarray) -> np.ndarray:
+    def op_times(self, graph: OpGraph, ops: np.ndarray, devices: np.ndarray, fractions: np.ndarray,
+                 splits: np.ndarray | None = None) -> np.ndarray:
         """Seconds of ``ops[i]`` on ``devices[i]`` at batch fraction ``fractions[i]`` (share / global batch).
 
+        ``splits[i]``: the op runs on that share of a dimension divided beyond the batch (its shard's shape:
+        FLOPs and bytes scale with it, a launch does not; a measured time scales less its launch).
         Arrays broadcast against each other; the result has their common shape.
         """
+        if splits is not None:
+            s = np.asarray(splits, dtype=np.float64)
+            whole = self.op_times(graph, ops, devices, fractions)
+            launch = np.where(graph.is_compute[np.asarray(ops, dtype=np.int64)],
+                              self._launch_s[np.asarray(devices, dtype=np.int64)] *
+                              self._slowdown[np.asarray(devices, dtype=np.int64)], 0.0)
+            launch = np.minimum(launch, whole)
+            return launch + (whole - launch) * s
         ops, devices, fractions = np.broadcast_arrays(np.asarray(ops, dtype=np.int64),
                                                       np.asarray(devices, dtype=np.int64),
                                                       np.asarray(fractions, dtype=np.float64))

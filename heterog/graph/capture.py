@@ -26,7 +26,7 @@ __all__ = ["CAPTURE_VERSION", "OPTIMIZERS", "STATE_SLOTS", "CapturedStep", "capt
 
 log = logging.getLogger(__name__)
 
-CAPTURE_VERSION = 3  # bump when the graph produced for the same model changes (cache key)
+CAPTURE_VERSION = 4  # bump when the graph produced for the same model changes (cache key)
 
 
 def _target_str(target: Any) -> str:
@@ -147,8 +147,22 @@ def graph_from_step(step: CapturedStep, *, fuse: bool = True, name: str | None =
                     optimizer=step.optimizer, meta=meta)
     if fuse:
         graph = fuse_trivial(graph)
+    graph.splits = _split_options(step, graph)
     graph.meta["capture_time_s"] = round(step.trace_time_s + time.perf_counter() - t0, 4)
     return graph
+
+
+def _split_options(step: CapturedStep, graph: OpGraph) -> list[dict] | None:
+    """The graph's split options beyond the batch (``heterog.graph.sharding``), as plain data; None, with a
+    warning, when the rules cannot be derived for this step (its groups then run unsplit)."""
+    from heterog.graph.sharding import split_options, splits_to_json
+
+    try:
+        return splits_to_json(split_options(step, graph))
+    except Exception as exc:  # noqa: BLE001 - a rule failure must not lose the capture
+        log.warning("no split options for %s (%s: %s); its groups can only be split along the batch",
+                    graph.name, type(exc).__name__, exc)
+        return None
 
 
 def _itemsize(dtype: str) -> int:

@@ -91,6 +91,9 @@ class OpGraph:
     edges: list[Edge]
     optimizer: str = "sgd"
     meta: dict = field(default_factory=dict)
+    # per op, its split options beyond the batch (``heterog.graph.sharding.splits_to_json``'s form), or None
+    # when the graph was not captured from a module (then no group of it can be split)
+    splits: list[dict] | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -280,6 +283,7 @@ class OpGraph:
             "meta": self.meta,
             "ops": [asdict(op) for op in self.ops],
             "edges": [[e.src, e.dst, e.bytes, e.batch_dim, e.src_output] for e in self.edges],
+            "splits": self.splits,
         }
 
     @classmethod
@@ -292,7 +296,7 @@ class OpGraph:
             ops = [Op(**o) for o in d["ops"]]
             edges = [Edge(int(s), int(t), int(b), bd, int(so)) for s, t, b, bd, so in d["edges"]]
             return cls(name=d["name"], batch_size=int(d["batch_size"]), ops=ops, edges=edges,
-                       optimizer=d.get("optimizer", "sgd"), meta=d.get("meta", {}))
+                       optimizer=d.get("optimizer", "sgd"), meta=d.get("meta", {}), splits=d.get("splits"))
         except (KeyError, TypeError, ValueError) as exc:
             raise GraphError(f"{source}: malformed graph file ({type(exc).__name__}: {exc})") from None
 

@@ -17,8 +17,8 @@ from tests.test_imports import import_graph
 
 PACKAGE = Path(__file__).resolve().parents[2] / "heterog" / "compiler"
 # bottom up: a module may import only modules before it in this list
-LAYERS = ("tasks", "index", "context", "registries", "ps", "place", "emit", "recompute", "micro", "plan", "delta",
-          "compile")
+LAYERS = ("tasks", "index", "context", "registries", "shards", "ps", "place", "reshard", "emit", "recompute", "micro",
+          "plan", "delta", "compile")
 
 
 def test_the_layers_list_every_module_of_the_package():
@@ -46,7 +46,8 @@ def test_module_is_short_and_says_what_it_is_for(name):
 def test_categories_name_each_task_category_in_order():
     assert len(CATEGORIES) == len(TaskCategory)
     assert [CATEGORIES[c] for c in TaskCategory] == ["forward", "backward", "update", "input", "transfer",
-                                                     "split/concat", "ps", "allreduce", "sync", "recompute"]
+                                                     "split/concat", "ps", "allreduce", "sync", "recompute",
+                                                     "collective"]
 
 
 def test_context_is_frozen_and_holds_the_cluster_resources():

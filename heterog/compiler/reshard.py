@@ -1,0 +1,275 @@
+"""Phase 6 for the edges that touch an op split beyond the batch (docs/design.md, "Splits beyond the
+batch"): the collectives and transfers that give each consumer instance the placement it reads.
+
+Per tensor made by an op of a split config (its instances on the config's devices, in config order):
+  - a consumer under the same config reads it as its option needs (``ShardChoice.conv``): locally, from
+    the producer instance on its own device; or after one collective over the config's devices:
+    all-gather or all-reduce (the tensor made whole, once per tensor, shared by every reader of it whole),
+    reduce-scatter or all-to-all (once per tensor and consumer shares);
+  - any other consumer reads it whole: made whole on the config's devices as above, then each consumer
+    instance reads it there, or moved to its device from the best-connected one (its batch share of it for
+    a batch op, the shard it needs for an op of another split config).
+A tensor made by an op of no split config and read by an op of one: each consumer instance gets, from
+every producer instance (each batch piece) or from the best-connected holder of a whole value, what it
+reads: all of it, or for a divided input its share of it.
+
+A collective holds the links of a ring over the config's devices (and the NCCL stream where collectives
+are serialised); its result lands on each device as a zero-time task that allocates it. Prices: all-gather
+and reduce-scatter of uneven shards hop by hop (``CostModel.sharded_ring_times``), all-reduce as the
+gradient AllReduce (``CompileContext.allreduce``), all-to-all as a ring passing a 1/n of each shard.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from heterog.compiler.context import CompileContext
+from heterog.compiler.place import Placement
+from heterog.compiler.registries import LayoutTable
+from heterog.compiler.shards import ALLGATHER, ALLREDUCE, ALLTOALL, LOCAL
+from heterog.compiler.tasks import Providers, TaskBatch, TaskCategory, TaskKind
+
+
+class _Emitter:
+    """Tasks and dependencies gathered per tensor, then added to the batch at once. A task is named by a
+    handle: ``-(k + 2)`` for the k-th task gathered here, a task id of the batch (>= 0) otherwise."""
+
+    def __init__(self, ctx: CompileContext, batch: TaskBatch) -> None:
+        self.ctx, self.batch = ctx, batch
+        self.cols: dict[str, list] = defaultdict(list)
+        self.res: list[tuple[int, ...]] = []
+        self.deps: list[tuple[int, int, int]] = []
+        self._sub: dict[int, int] = defaultdict(int)
+        self._links: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+    def task(self, *, dur: float, kind: TaskKind, op: int, dev: int, alloc: float, cat: TaskCategory, prio_op: int,
+             stage: str, tensor: int, res: tuple[int, ...], lag: float = 0.0) -> int:
+        k = len(self.res)
+        for name, val in (("dur", dur), ("kind", int(kind)), ("op", op), ("dev", dev), ("alloc", alloc),
+                          ("cat", int(cat)), ("prio_op", prio_op), ("stage", stage), ("tensor", tensor),
+                          ("sub", self._sub[tensor]), ("lag", lag)):
+            self.cols[name].append(val)
+        self._sub[tensor] += 1
+        self.res.append(res)
+        return -(k + 2)
+
+    def dep(self, task: int, on: int, owner: int) -> None:
+        self.deps.append((task, on, owner))
+
+    def ring(self, devices: tuple[int, ...]) -> tuple[int, ...]:
+        """The resources a collective over ``devices`` holds."""
+        hit = self._links.get(devices)
+        if hit is None:
+            ctx = self.ctx
+            links = tuple(ctx.n_devices + x for x in ctx.cost.allreduce_links(devices, "ring"))
+            nccl = (ctx.nccl_resource,) if ctx.nccl_resource >= 0 else ()
+            hit = self._links[devices] = links + nccl + tuple(d for d in devices if ctx.paths.host[d])
+        return hit
+
+    def flush(self) -> None:
+        if not self.res:
+            return
+        c = self.cols
+        ids = np.empty(len(self.res), dtype=np.int64)
+        stages = np.array(c["stage"])
+        for stage in np.unique(stages).tolist():        # one add per stage (its order key)
+            sel = np.nonzero(stages == stage)[0]
+
+            def pick(name: str, sel: np.ndarray = sel) -> np.ndarray:
+                return np.asarray(c[name])[sel]
+
+            res = [self.res[i] for i in sel.tolist()]
+            ids[sel] = self.batch.add(
+                dur=pick("dur").astype(np.float64), kind=pick("kind"), op=pick("op"), dev=pick("dev"),
+                alloc=pick("alloc").astype(np.float64), cat=pick("cat"), prio_op=pick("prio_op"), stage=stage,
+                cls=1, tensor=pick("tensor"), sub=pick("sub"), owner=self.ctx.index.n_ops + pick("tensor"),
+                res_len=np.array([len(r) for r in res], dtype=np.int64),
+                res_idx=np.array([x for r in res for x in r], dtype=np.int64), lag=pick("lag").astype(np.float64))
+        if self.deps:
+            task, on, owner = (np.array(x, dtype=np.int64) for x in zip(*self.deps))
+            task = np.where(task < -1, ids[np.maximum(-task - 2, 0)], task)
+            on = np.where(on < -1, ids[np.maximum(-on - 2, 0)], on)
+            self.batch.deps(task, on, owner)
+
+
+def connect_split(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, edges: np.ndarray,
+                  place: Placement, prov: Providers) -> None:
+    """Dependencies, collectives and transfers of ``edges`` (every edge of each tensor they carry that
+    touches an op of a split config; module docstring)."""
+    if not len(edges):
+        return
+    gi = ctx.index
+    assert place.op_shard is not None
+    em = _Emitter(ctx, batch)
+    by_tensor: dict[int, list[int]] = defaultdict(list)
+    for e in edges.tolist():
+        by_tensor[int(gi.e_tensor[e])].append(e)
+    for t, es in by_tensor.items():
+        if place.op_shard[gi.t_op[t]] >= 0:
+            _from_split(ctx, layouts, em, t, es, place, prov)
+        else:
+            _into_split(ctx, layouts, em, t, es, place, prov)
+    em.flush()
+
+
+def _best_source(ctx: CompileContext, holders: list[int], d: int) -> int:
+    """The holder with the highest bandwidth to ``d``, then the lowest latency, then the lowest id."""
+    return min(holders, key=lambda h: (-float(ctx.bandwidth_Bps[h, d]), float(ctx.latency_s[h, d]), h))
+
+
+def _move(ctx: CompileContext, em: _Emitter, src_task: int, s: int, d: int, nbytes: float, op: int, prio: int,
+          t: int) -> int:
+    """A transfer of ``nbytes`` of tensor ``t`` from device ``s`` (after ``src_task``) to ``d``."""
+    a, b = np.array([s]), np.array([d])
+    nb = np.array([nbytes])
+    rlen, ridx = ctx.paths.resources(a, b)
+    tr = em.task(dur=float(ctx.cost.transfer_times(a, b, nb)[0]), kind=TaskKind.TRANSFER, op=op, dev=d, alloc=nbytes,
+                 cat=TaskCategory.TRANSFER, prio_op=prio, stage="transfer", tensor=t,
+                 res=tuple(int(x) for x in ridx[:int(rlen[0])]),
+                 lag=float(ctx.cost.transfer_latencies(a, b, nb)[0]))
+    em.dep(tr, src_task, ctx.index.n_ops + t)
+    return tr
+
+
+def _collective(ctx: CompileContext, em: _Emitter, kind: int, t: int, u: int, devs: tuple[int, ...],
+                f_u: np.ndarray, f_out: np.ndarray, sources: list[int], prio: int) -> list[int]:
+    """One collective of tensor ``t`` (bytes of the whole tensor) over ``devs`` after ``sources`` (the
+    producer's instances); its result lands on each device as a task allocating ``f_out[i]`` of the tensor
+    there. Returns the landing tasks, in device order."""
+    nbytes = float(ctx.index.t_bytes[t])
+    if kind == ALLREDUCE:
+        dur = float(ctx.allreduce(devs).times_s[t])
+    elif kind == ALLTOALL:
+        dur = float(ctx.cost.sharded_ring_times(devs, nbytes * f_u[None, :] / len(devs))[0])
+    else:                                             # all-gather: the producer's shards; reduce-scatter: the results
+        dur = float(ctx.cost.sharded_ring_times(devs, nbytes * (f_u if kind == ALLGATHER else f_out)[None, :])[0])
+    owner = ctx.index.n_ops + t
+    coll = em.task(dur=dur, kind=TaskKind.COLLECTIVE, op=u, dev=-1, alloc=0.0, cat=TaskCategory.COLLECTIVE,
+                   prio_op=prio, stage="transfer", tensor=t, res=em.ring(devs))
+    for s in sources:
+        em.dep(coll, s, owner)
+    lands = []
+    for d, f in zip(devs, f_out.tolist()):
+        land = em.task(dur=0.0, kind=TaskKind.CONCAT, op=u, dev=d, alloc=nbytes * f, cat=TaskCategory.COLLECTIVE,
+                       prio_op=prio, stage="concat", tensor=t, res=())
+        em.dep(land, coll, owner)
+        lands.append(land)
+    return lands
+
+
+def _from_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int, es: list[int], place: Placement,
+                prov: Providers) -> None:
+    gi = ctx.index
+    assert place.op_shard is not None
+    u = int(gi.t_op[t])
+    region = int(place.op_shard[u])
+    choice = place.shards[region]
+    lay_u = int(place.op_lay[u])
+    devs = layouts.devices[lay_u]
+    n = len(devs)
+    f_u = np.asarray(layouts.split[lay_u])
+    inst = [int(prov.inst_start[u]) + i for i in range(n)]
+    prio = min(int(gi.e_dst[e]) for e in es)
+    owner = gi.n_ops + t
+    whole: list[int] | None = None
+
+    def made_whole() -> list[int]:
+        nonlocal whole
+        if whole is None:
+            have = max(int(choice.have[e]) for e in es)
+            if have == 0:
+                whole = inst
+            else:
+                whole = _collective(ctx, em, ALLGATHER if have == 1 else ALLREDUCE, t, u, devs, f_u, np.ones(n),
+                                    inst, prio)
+        return whole
+
+    scattered: dict[tuple[int, tuple[float, ...]], list[int]] = {}
+    moved: dict[tuple[int, float], int] = {}
+    for e in es:
+        v = int(gi.e_dst[e])
+        lay_v = int(place.op_lay[v])
+        start_v = int(prov.inst_start[v])
+        if int(place.op_shard[v]) == region:                      # same config: the option's conversion
+            c = int(choice.conv[e])
+            if c == LOCAL or gi.e_value_free[e]:
+                for i in range(n):
+                    em.dep(start_v + i, inst[i], owner)
+                continue
+            if c in (ALLGATHER, ALLREDUCE):
+                src = made_whole()
+            else:
+                f_v = tuple(layouts.split[lay_v])
+                key = (c, f_v)
+                if key not in scattered:
+                    scattered[key] = _collective(ctx, em, c, t, u, devs, f_u, np.asarray(f_v), inst, prio)
+                src = scattered[key]
+            for i in range(n):
+                em.dep(start_v + i, src[i], owner)
+            continue
+        # any other consumer reads it whole, or its share of it
+        if gi.e_value_free[e]:
+            for j in range(int(layouts.length[lay_v])):
+                em.dep(start_v + j, inst[0], owner)
+            continue
+        src = made_whole()
+        split_v = int(place.op_shard[v]) >= 0
+        need_shard = split_v and int(place.shards[int(place.op_shard[v])].need[e]) == 1
+        for j, d in enumerate(layouts.devices[lay_v]):
+            if d in devs:
+                em.dep(start_v + j, src[devs.index(d)], owner)
+                continue
+            part = layouts.split[lay_v][j] if need_shard else \
+                (layouts.shares[lay_v][j] / ctx.batch_size if gi.e_batch[e] and not split_v else 1.0)
+            key2 = (d, float(part))
+            if key2 not in moved:
+                s = _best_source(ctx, list(devs), d)
+                moved[key2] = _move(ctx, em, src[devs.index(s)], s, d, float(gi.t_bytes[t]) * part, u, prio, t)
+            em.dep(start_v + j, moved[key2], owner)
+
+
+def _into_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int, es: list[int], place: Placement,
+                prov: Providers) -> None:
+    gi = ctx.index
+    assert place.op_shard is not None
+    u = int(gi.t_op[t])
+    owner = gi.n_ops + t
+    nbytes = float(gi.t_bytes[t])
+    prio = min(int(gi.e_dst[e]) for e in es)
+    lay_u = int(place.op_lay[u])
+    # batch pieces: a batch op's value not aggregated since, one piece per instance; else whole where held
+    pieces = bool(gi.e_batch[es[0]]) and int(prov.layout[t]) == lay_u and \
+        any(s < ctx.batch_size for s in layouts.shares[lay_u])
+    holders = np.nonzero(prov.at[t] >= 0)[0].tolist()
+    moved: dict[tuple[int, int, float], int] = {}
+    for e in es:
+        v = int(gi.e_dst[e])
+        lay_v = int(place.op_lay[v])
+        start_v = int(prov.inst_start[v])
+        choice = place.shards[int(place.op_shard[v])]
+        need = int(choice.need[e])
+        for j, d in enumerate(layouts.devices[lay_v]):
+            if need == 3 or gi.e_value_free[e]:                  # a shape read: any holder, nothing moves
+                em.dep(start_v + j, int(prov.at[t, holders[0]]) if holders else int(prov.inst_start[u]), owner)
+                continue
+            scale = layouts.split[lay_v][j] if need == 1 else 1.0
+            if pieces:
+                for k, (s, share) in enumerate(zip(layouts.devices[lay_u], layouts.shares[lay_u])):
+                    src_task = int(prov.inst_start[u]) + k
+                    if s == d:
+                        em.dep(start_v + j, src_task, owner)
+                        continue
+                    key = (k, d, float(scale))
+                    if key not in moved:
+                        moved[key] = _move(ctx, em, src_task, s, d, nbytes * share / ctx.batch_size * scale, u,
+                                           prio, t)
+                    em.dep(start_v + j, moved[key], owner)
+            elif d in holders:
+                em.dep(start_v + j, int(prov.at[t, d]), owner)
+            else:
+                key = (-1, d, float(scale))
+                if key not in moved:
+                    s = _best_source(ctx, holders, d)
+                    moved[key] = _move(ctx, em, int(prov.at[t, s]), s, d, nbytes * scale, u, prio, t)
+                em.dep(start_v + j, moved[key], owner)

@@ -1,0 +1,303 @@
+"""Which split option each op takes under a split config (docs/design.md, "Splits beyond the batch").
+
+A split config (``ParallelConfig.split``) divides its ops beyond the batch among its devices. Each op has
+split options (``OpGraph.splits``, from ``heterog.graph.sharding``): a dimension divided, what it needs of
+each input and gives on each output, as placements ("S<d>" divided, "R" whole, "P" partial sums). Which
+option an op takes is chosen here, once per (graph, devices, split shares, kind) for the *whole graph*, as
+if every group ran under that config: adjacent groups under the same config then agree on their
+placements, and only the edges into and out of the split region convert (``heterog.compiler.reshard``).
+
+The choice minimises, per op, its compute time (the slowest device's share of it) plus the estimated
+time of the conversions on its edges, given its neighbours' choices (iterated conditional modes):
+  1. ops in topological order, each by its inputs alone (parameters and other placeholders count as
+     whole, so splitting starts wherever an op can be split without moving anything);
+  2. placeholders by their consumers (preferring a divided layout: that is what saves memory);
+  3. two sweeps over all ops by inputs and outputs.
+An op without a usable option runs whole on every device (``REPLICATE``: its inputs gathered whole, its
+outputs whole): ops that draw random values, and the loss, for example. Conversions between a producer's
+placement ``h`` and what its consumer needs ``n`` (same view of the tensor):
+
+  h = n (same units)      local       h = R, any n     local (each device takes its slice)
+  h = S, n = R            all-gather  h = S, n = P     local (a shard is a partial sum, zeros elsewhere)
+  h = S, n = S'           all-to-all  h = P, n = R     all-reduce       h = P, n = S     reduce-scatter
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from heterog.compiler.context import CompileContext
+from heterog.strategy import split_shares_of
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.strategy import ParallelConfig
+
+REPLICATE = -1                                     # option index: the whole op on every device
+LOCAL, ALLGATHER, REDUCESCATTER, ALLREDUCE, ALLTOALL = range(5)
+CONVERSIONS = ("local", "all-gather", "reduce-scatter", "all-reduce", "all-to-all")
+ALLOWED = {"parameter": ("parameter", "attribute", "partial"), "attribute": ("attribute", "partial")}
+_SWEEPS = 2
+
+
+def conversion(have: str, need: str, same_units: bool) -> int:
+    """The conversion from placement ``have`` to ``need`` of one tensor (module docstring); ``same_units``:
+    both divide it into the same units (their extents agree)."""
+    if need == "-" or have == "-" or have == "R" or (have == need and (same_units or have[0] != "S")):
+        return LOCAL
+    if have[0] == "S":
+        return ALLGATHER if need == "R" else LOCAL if need == "P" else ALLTOALL
+    return ALLREDUCE if need == "R" else REDUCESCATTER       # have == "P"
+
+
+@dataclass(frozen=True)
+class _Option:
+    kind: str
+    extent: int | None
+    inputs: tuple[str, ...]        # per input ref of the op
+    exits: tuple[str, ...]         # per exit of the op
+    outputs: tuple[str, ...]       # per output of the op
+
+
+class SplitTable:
+    """A graph's split options as the compiler reads them (cached on the graph by ``split_table``):
+    ``options[o]`` the op's options; ``pairs[e]`` per edge the (consumer input ref, producer exit) index
+    pairs of the tensor it carries (one per view of it the consumer reads)."""
+
+    def __init__(self, ctx: CompileContext) -> None:
+        graph = ctx.graph
+        splits: list[dict | None] = list(graph.splits) if graph.splits else [None] * graph.n_ops
+        self.options: list[list[_Option]] = []
+        refs: list[list[tuple[str, int | None, int, int]]] = []
+        exits: list[dict[tuple[str, int | None], int]] = []
+        for s in splits:
+            if s is None:
+                self.options.append([])
+                refs.append([])
+                exits.append({})
+                continue
+            self.options.append([_Option(o["kind"], o["extent"], tuple(o["inputs"]), tuple(o["exits"]),
+                                         tuple(o["outputs"])) for o in s["options"] if o["kind"] != "batch"])
+            refs.append([(n, i, int(src), int(k)) for n, i, src, k in s["inputs"]])
+            exits.append({(n, i): j for j, (n, i, _) in enumerate(s["exits"])})
+        gi = ctx.index
+        self.pairs: list[tuple[tuple[int, int], ...]] = []
+        for u, v, e in zip(gi.e_src.tolist(), gi.e_dst.tolist(), range(len(gi.e_src))):
+            k = int(graph.edges[e].src_output)
+            self.pairs.append(tuple((j, exits[u][(n, i)]) for j, (n, i, src, out) in enumerate(refs[v])
+                                    if src == u and out == k and (n, i) in exits[u]))
+        self.splittable = np.array([bool(o) for o in self.options], dtype=bool)
+
+
+def split_table(ctx: CompileContext) -> SplitTable:
+    cached = ctx.graph.__dict__.get("_compile_split_table")
+    if cached is None:
+        cached = ctx.graph.__dict__["_compile_split_table"] = SplitTable(ctx)
+    return cached
+
+
+@dataclass(frozen=True)
+class ShardChoice:
+    """Every op's option under one split config (as if the whole graph ran under it).
+
+    ``option`` (n_ops,) option index into ``SplitTable.options[o]``, ``REPLICATE`` for the whole op on every
+    device; ``frac`` (n_ops, n) the share of its divided dimension on each of the config's devices (1 where
+    it runs whole, also for partial-sum options); ``out_split`` (n_ops,) the part of its output bytes that is
+    divided; ``conv`` (E,) the conversion of each edge between its ends' choices; ``have`` (E,) the
+    producer's placement class of the edge's tensor and ``need`` (E,) the consumer's (0 whole, 1 divided,
+    2 partial sums, 3 nothing: a shape read), for edges whose other end is not under this config."""
+
+    option: np.ndarray
+    frac: np.ndarray
+    out_split: np.ndarray
+    conv: np.ndarray
+    have: np.ndarray
+    need: np.ndarray
+
+
+def _cls(p: str) -> int:
+    return 3 if p == "-" else 0 if p == "R" else 2 if p == "P" else 1
+
+
+class _Chooser:
+    """Iterated conditional modes over the graph's ops for one split config (module docstring)."""
+
+    def __init__(self, ctx: CompileContext, table: SplitTable, config: ParallelConfig) -> None:
+        self.ctx, self.table = ctx, table
+        devs = list(config.devices)
+        self.weights = tuple(config.split_shares)
+        self.n = n = len(devs)
+        ring = [(devs[i], devs[(i + 1) % n]) for i in range(n)] if n > 1 else [(devs[0], devs[0])]
+        self.bw = min(float(ctx.bandwidth_Bps[a, b]) for a, b in ring if a != b) if n > 1 else np.inf
+        self.lat = max(float(ctx.latency_s[a, b]) for a, b in ring) if n > 1 else 0.0
+        self.full = ctx.cost.full_batch_times(ctx.graph)[:, devs]           # (n_ops, n)
+        allowed = ALLOWED[str(config.split)]
+        self.allowed = [[REPLICATE] + [k for k, o in enumerate(opts) if o.kind in allowed]
+                        for opts in table.options]
+        self._fracs: dict[int | None, np.ndarray] = {None: np.ones(n)}
+        gi = ctx.index
+        self.e_bytes = gi.e_bytes
+        self.ins: list[list[int]] = [[] for _ in range(gi.n_ops)]
+        self.outs: list[list[int]] = [[] for _ in range(gi.n_ops)]
+        for e, (u, v) in enumerate(zip(gi.e_src.tolist(), gi.e_dst.tolist())):
+            self.ins[v].append(e)
+            self.outs[u].append(e)
+        self.resident = gi.resident_bytes
+        self.anchor = _anchors(ctx)
+
+    def frac(self, extent: int | None) -> np.ndarray:
+        hit = self._fracs.get(extent)
+        if hit is None:
+            assert extent is not None
+            hit = self._fracs[extent] = np.asarray(split_shares_of(extent, self.weights), dtype=np.float64) / extent
+        return hit
+
+    def option_frac(self, o: int, k: int) -> np.ndarray:
+        if k == REPLICATE:
+            return self._fracs[None]
+        opt = self.table.options[o][k]
+        return self.frac(opt.extent) if opt.kind != "partial" else self._fracs[None]
+
+    def placements(self, e: int, u_opt: int, v_opt: int) -> tuple[list[tuple[str, str]], bool]:
+        """(have, need) per view of edge ``e``'s tensor, and whether both ends divide it in the same units."""
+        t = self.table
+        u, v = int(self.ctx.index.e_src[e]), int(self.ctx.index.e_dst[e])
+        ou = t.options[u][u_opt] if u_opt != REPLICATE else None
+        ov = t.options[v][v_opt] if v_opt != REPLICATE else None
+        pairs = [((ou.exits[i] if ou is not None else "R"), (ov.inputs[j] if ov is not None else "R"))
+                 for j, i in t.pairs[e]]
+        same = ou is not None and ov is not None and ou.extent == ov.extent
+        return pairs, same
+
+    def edge_conv(self, e: int, u_opt: int, v_opt: int) -> int:
+        pairs, same = self.placements(e, u_opt, v_opt)
+        worst = LOCAL
+        for h, n in pairs:
+            c = conversion(h, n, same)
+            if _CONV_WEIGHT[c] > _CONV_WEIGHT[worst]:
+                worst = c
+        return worst
+
+    def conv_cost(self, c: int, nbytes: float) -> float:
+        if c == LOCAL or self.n < 2:
+            return 0.0
+        n = self.n
+        moved = nbytes * (n - 1) / n * _CONV_WEIGHT[c]
+        return moved / self.bw + (n - 1) * self.lat
+
+    def local_cost(self, o: int, k: int, choice: np.ndarray, use_in: bool, use_out: bool) -> float:
+        f = self.option_frac(o, k)
+        cost = float(np.max(self.full[o] * f))
+        if self.resident[o] > 0:                       # tie-break: hold less of a resident tensor
+            cost += 1e-18 * float(self.resident[o]) * float(f.max())
+        if use_in:
+            for e in self.ins[o]:
+                cost += self.conv_cost(self.edge_conv(e, int(choice[self.ctx.index.e_src[e]]), k), self.e_bytes[e])
+        if use_out:
+            for e in self.outs[o]:
+                if self.anchor[self.ctx.index.e_dst[e]] == o:      # it follows this parameter's layout
+                    continue
+                cost += self.conv_cost(self.edge_conv(e, k, int(choice[self.ctx.index.e_dst[e]])), self.e_bytes[e])
+        return cost
+
+    def out_placement(self, o: int, k: int) -> str:
+        return "R" if k == REPLICATE else (self.table.options[o][k].outputs or ("R",))[0]
+
+    def best(self, o: int, choice: np.ndarray, use_in: bool, use_out: bool) -> int:
+        cands = self.allowed[o]
+        a = int(self.anchor[o])
+        if a >= 0:                  # laid out as its parameter is (the next step reads it there)
+            want = self.out_placement(a, int(choice[a]))
+            cands = [k for k in cands if self.out_placement(o, k) == want] or [REPLICATE]
+        if len(cands) == 1:
+            return cands[0]
+        costs = [self.local_cost(o, k, choice, use_in, use_out) for k in cands]
+        return cands[int(np.argmin(costs))]
+
+    def choose(self) -> np.ndarray:
+        gi = self.ctx.index
+        n_ops = gi.n_ops
+        choice = np.full(n_ops, REPLICATE, dtype=np.int64)
+        placeholder = ~gi.is_compute
+        for o in np.nonzero(~placeholder)[0].tolist():
+            choice[o] = self.best(o, choice, True, False)
+        for o in np.nonzero(placeholder)[0].tolist():
+            choice[o] = self.best(o, choice, False, True)
+        for o in np.nonzero(self.anchor >= 0)[0].tolist():
+            choice[o] = self.best(o, choice, True, True)
+        for _ in range(_SWEEPS):
+            changed = False
+            for o in range(n_ops):
+                k = self.best(o, choice, True, True)
+                changed |= k != choice[o]
+                choice[o] = k
+            if not changed:
+                break
+        return choice
+
+
+# relative bytes each conversion moves per device (of the tensor's, times (n - 1) / n)
+_CONV_WEIGHT = {LOCAL: 0.0, ALLGATHER: 1.0, REDUCESCATTER: 1.0, ALLREDUCE: 2.0, ALLTOALL: 0.25}
+
+
+def choose_shards(ctx: CompileContext, config: ParallelConfig) -> ShardChoice:
+    """Each op's option under ``config`` (a split config), cached per (devices, split shares, kind)."""
+    key = (tuple(config.devices), tuple(config.split_shares), config.split)
+    cache = ctx.graph.__dict__.setdefault("_compile_shard_choices", {})
+    hit = cache.get((ctx.cluster.name, key))
+    if hit is not None:
+        return hit
+    table = split_table(ctx)
+    ch = _Chooser(ctx, table, config)
+    option = ch.choose()
+    gi = ctx.index
+    frac = np.stack([ch.option_frac(o, int(k)) for o, k in enumerate(option.tolist())]) if gi.n_ops \
+        else np.ones((0, ch.n))
+    out_split = np.zeros(gi.n_ops)
+    for o, k in enumerate(option.tolist()):
+        if k != REPLICATE:
+            outs = table.options[o][k].outputs
+            sizes = _output_bytes(ctx, o)
+            if len(sizes) == len(outs) and sizes.sum() > 0:
+                out_split[o] = float(sizes[[p.startswith("S") for p in outs]].sum() / sizes.sum())
+            elif table.options[o][k].kind != "partial" and outs and outs[0].startswith("S"):
+                out_split[o] = 1.0
+    E = len(gi.e_src)
+    conv = np.zeros(E, dtype=np.int64)
+    have = np.zeros(E, dtype=np.int64)
+    need = np.zeros(E, dtype=np.int64)
+    for e in range(E):
+        u, v = int(gi.e_src[e]), int(gi.e_dst[e])
+        conv[e] = ch.edge_conv(e, int(option[u]), int(option[v]))
+        pairs, _ = ch.placements(e, int(option[u]), int(option[v]))
+        hs = [_cls(h) for h, _ in pairs] or [0]
+        ns = [_cls(n) for _, n in pairs] or [3 if gi.e_value_free[e] else 0]
+        have[e] = 2 if 2 in hs else 1 if 1 in hs else 0
+        need[e] = 0 if 0 in ns else 1 if 1 in ns else 2 if 2 in ns else 3
+    out = ShardChoice(option, frac, out_split, conv, have, need)
+    cache[(ctx.cluster.name, key)] = out
+    return out
+
+
+def _anchors(ctx: CompileContext) -> np.ndarray:
+    """(n_ops,) for the optimizer state placeholders of a parameter and the update ops that give the next
+    step's parameter or state (no consumer), the parameter's placeholder; -1 for other ops. They must be laid
+    out as the parameter is."""
+    graph, gi = ctx.graph, ctx.index
+    param_of = {op.param: i for i, op in enumerate(graph.ops) if op.kind == "param" and op.param is not None}
+    n_consumers = np.bincount(gi.e_src, minlength=gi.n_ops) if len(gi.e_src) else np.zeros(gi.n_ops, np.int64)
+    out = np.full(gi.n_ops, -1, dtype=np.int64)
+    for i, op in enumerate(graph.ops):
+        if op.param in param_of and (op.kind == "state" or (op.phase == "update" and op.kind == "compute"
+                                                           and n_consumers[i] == 0)):
+            out[i] = param_of[op.param]
+    return out
+
+
+def _output_bytes(ctx: CompileContext, o: int) -> np.ndarray:
+    from heterog.compiler.index import dtype_bytes
+
+    op = ctx.graph.ops[o]
+    return np.array([float(np.prod(s)) * dtype_bytes(d) if len(s) else float(dtype_bytes(d))
+                     for s, d in zip(op.output_shapes, op.output_dtypes)])
