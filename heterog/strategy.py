@@ -208,6 +208,26 @@ def decode_action(action: int, n_devices: int, batch_size: int, power: Floats,
     return ParallelConfig.of(list(zip(range(m), shares)), sync=sync)
 
 
+def split_action_configs(cluster: "Cluster", batch_size: int) -> list[tuple[str, ParallelConfig]]:
+    """The splits beyond the batch that local search offers after the (M+4) actions, as (name, config):
+    a group's parameters divided over every device (``tp-even``, ``tp-prop``: even shares, or in proportion
+    to peak FLOP/s), and, on a cluster of several servers, over each server of several devices
+    (``tp-even:<server>``, ``tp-prop:<server>``)."""
+    def weights(devs: Sequence[int]) -> list[int]:
+        return [max(1, w) for w in proportional_shares(1000, np.asarray(cluster.power)[list(devs)])]
+
+    spans = [("", tuple(range(cluster.n_devices)))]
+    if len(cluster.servers) > 1:
+        spans += [(f":{s.name}", tuple(int(d) for d in s.devices)) for s in cluster.servers]
+    out: list[tuple[str, ParallelConfig]] = []
+    for suffix, devs in spans:
+        if len(devs) < 2:
+            continue
+        out.append((f"tp-even{suffix}", ParallelConfig.split_over(devs, [1] * len(devs), batch_size)))
+        out.append((f"tp-prop{suffix}", ParallelConfig.split_over(devs, weights(devs), batch_size)))
+    return out
+
+
 # ---------------------------------------------------------------------------- grouping
 def group_ops(graph: "OpGraph", op_cost: np.ndarray, max_groups: int = 2000) -> np.ndarray:
     """Group ops as HeteroG does: if there are more than ``max_groups`` ops, the ``max_groups``

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from heterog.strategy import ParallelConfig, Strategy, decode_action, n_actions
+from heterog.strategy import ParallelConfig, Strategy, decode_action, n_actions, split_action_configs
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.evaluator_protocol import PlanEvaluator
@@ -120,6 +120,15 @@ class ActionSearch:
         self.block_p = block_weights(blocks)
         self._configs = [decode_action(a, c.n_devices, self.ev.graph.batch_size, c.power)
                          for a in range(n_actions(c.n_devices))]
+        # actions M+4, ...: splits beyond the batch, where the graph has split options
+        splits = split_action_configs(c, self.ev.graph.batch_size) if self.ev.graph.splits is not None else []
+        self.split_names = [name for name, _ in splits]
+        self._configs += [cfg for _, cfg in splits]
+
+    @property
+    def n_actions(self) -> int:
+        """Actions per group: the (M+4) of ``heterog.strategy`` and the splits (``split_names``)."""
+        return len(self._configs)
 
     def strategy(self, actions: np.ndarray) -> Strategy:
         g, c = self.ev.graph, self.ev.cluster
@@ -216,7 +225,7 @@ def run_chain(search: ActionSearch, chain: Chain, state: ChainState | None = Non
     hand its chains' segments to whichever worker is free)."""
     t0 = time.perf_counter()
     evals0, eval_s0 = search.n_evals, search.eval_time_s
-    g_count, a_count = len(chain.start), n_actions(search.ev.cluster.n_devices)
+    g_count, a_count = len(chain.start), search.n_actions
     if state is None:
         rng = np.random.default_rng([chain.seed, chain.index])
         cur = chain.start.copy()

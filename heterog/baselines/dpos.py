@@ -17,6 +17,7 @@ from heterog.strategy import ParallelConfig, Strategy, even_shares, proportional
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.cost.model import CostModel
     from heterog.evaluator_protocol import PlanEvaluator
+    from heterog.graph.opgraph import OpGraph
 
 
 # ----------------------------------------------------------------------------- the problem
@@ -473,20 +474,35 @@ def dpos(ev: PlanEvaluator, replicas: int | None = None, shares: str = "proporti
 
 
 # ----------------------------------------------------------------------------- OS-DPOS
-def split_configs(op_times_s: np.ndarray, batch_size: int) -> list[ParallelConfig]:
+def split_configs(op_times_s: np.ndarray, batch_size: int, channels: bool = False) -> list[ParallelConfig]:
     """Candidate splits of one op: over its k fastest devices (k = 2..M, ties by index), with even shares
-    and with shares proportional to the op's speed on each device; AllReduce for partial results."""
+    and with shares proportional to the op's speed on each device; along the batch (AllReduce for partial
+    results) and, with ``channels``, along its parameters (FastT's channel splits: a "parameter" split
+    config, the devices sorted)."""
     m = len(op_times_s)
     fastest = np.lexsort((np.arange(m), op_times_s))
     out: list[ParallelConfig] = []
-    for k in range(2, min(m, batch_size) + 1):
+    for k in range(2, m + 1):
         devs = fastest[:k].tolist()
         speed = 1.0 / np.maximum(op_times_s[devs], 1e-12)
-        for shares in (even_shares(batch_size, k), proportional_shares(batch_size, speed)):
-            cfg = ParallelConfig.of(list(zip(devs, shares)), sync="allreduce")
-            if cfg.n_replicas > 1 and cfg not in out:
-                out.append(cfg)
+        if k <= batch_size:
+            for shares in (even_shares(batch_size, k), proportional_shares(batch_size, speed)):
+                cfg = ParallelConfig.of(list(zip(devs, shares)), sync="allreduce")
+                if cfg.n_replicas > 1 and cfg not in out:
+                    out.append(cfg)
+        if channels:
+            order = np.argsort(devs, kind="stable")
+            weights = [max(1, w) for w in proportional_shares(1000, speed)]
+            for w in ([1] * k, weights):
+                cfg = ParallelConfig.split_over([devs[i] for i in order], [w[i] for i in order], batch_size)
+                if cfg not in out:
+                    out.append(cfg)
     return out
+
+
+def _has_parameter_split(graph: OpGraph, op: int) -> bool:
+    """Whether ``op`` can be divided along a parameter dimension (``OpGraph.splits``)."""
+    return graph.splits is not None and any(o["kind"] == "parameter" for o in graph.splits[op]["options"])
 
 
 def with_config(strategy: Strategy, group: int, config: ParallelConfig) -> Strategy:
@@ -499,10 +515,12 @@ def with_config(strategy: Strategy, group: int, config: ParallelConfig) -> Strat
 def os_dpos(ev: PlanEvaluator, budget_s: float = 60.0, replicas: int | None = None, shares: str = "proportional",
             memory_headroom: float = 0.9, check_start: bool = True, micro_batches: int = 1) -> Strategy:
     """FastT OS-DPOS: start from DPOS; take the ops of its critical path that carry the batch, longest
-    first (on the critical-path device); try every split of the op over its 2..M fastest devices (even
-    or proportional shares, AllReduce) and keep the best if the simulated iteration gets shorter; stop
-    at the first op that no split improves, or when ``budget_s`` is spent; every plan scored at
-    ``micro_batches``."""
+    first (on the critical-path device); try every split of the op's group over its 2..M fastest devices
+    (even or proportional shares; along the batch with AllReduce, and along its parameters where the op has
+    such a split, ``split_configs``) and keep the best if the simulated iteration gets shorter; stop at the
+    first op that no split improves, or when ``budget_s`` is spent; every plan scored at ``micro_batches``
+    (plans splitting beyond the batch at one). ``meta["splits"]`` reports each op split: its name, the
+    split ("batch" or "parameter"), its devices and the time it gained."""
     t0 = time.perf_counter()
     strategy, rg, sched, best_cost = dpos_plan(ev, replicas, shares, memory_headroom, check_start, micro_batches)
     start_cost = best_cost
@@ -512,25 +530,29 @@ def os_dpos(ev: PlanEvaluator, budget_s: float = 60.0, replicas: int | None = No
     full = ev.cost.full_batch_times(ev.graph)
     cp_ops.sort(key=lambda o: (-full[o, sched.cp_device], o))
     n_split = n_tried = 0
+    splits: list[dict] = []
     for o in cp_ops:
         if time.perf_counter() - t0 > budget_s:
             break
         g = int(strategy.group_of[o])
-        found = None
-        for cfg in split_configs(full[o], ev.graph.batch_size):
+        found, found_cfg, before = None, None, best_cost
+        for cfg in split_configs(full[o], ev.graph.batch_size, _has_parameter_split(ev.graph, o)):
             if cfg == strategy.configs[g]:
                 continue
-            cand = with_config(strategy, g, cfg)
+            # a split beyond the batch runs with one micro-batch
+            cand = with_config(strategy if cfg.split is None else strategy.with_micro_batches(1), g, cfg)
             c = plan_cost(ev, cand)
             if c < best_cost:
-                best_cost, found = c, cand
+                best_cost, found, found_cfg = c, cand, cfg
             if time.perf_counter() - t0 > budget_s:
                 break
         n_tried += 1
-        if found is None:
+        if found is None or found_cfg is None:
             break
         strategy = found
         n_split += 1
+        splits.append({"op": ev.graph.ops[o].name, "split": found_cfg.split or "batch",
+                       "devices": list(found_cfg.devices), "gain_s": before - best_cost})
     strategy.meta.update({"dpos_cost_s": start_cost, "os_dpos_cost_s": best_cost, "ops_split": n_split,
-                          "ops_tried": n_tried})
+                          "ops_tried": n_tried, "splits": splits})
     return strategy

@@ -1,4 +1,6 @@
-"""FlexFlow-style Markov chain Monte Carlo search over per-group (M+4)-way actions, scored by the simulator
+"""FlexFlow-style Markov chain Monte Carlo search over per-group (M+4)-way actions, and where the graph has split
+options the splits beyond the batch of ``heterog.strategy.split_action_configs`` (FlexFlow's SOAP moves), scored by
+the simulator
 (Metropolis-Hastings from several starting plans, global best kept, time or proposal budget), with its
 chains run one after another here or side by side on Ray workers (``heterog.parallel``)."""
 from __future__ import annotations
@@ -18,6 +20,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from heterog.evaluator_protocol import PlanEvaluator
 
 DEFAULT_STARTS = ("single", "ev-ps", "ev-ar", "cp-ps", "cp-ar", "cp-ar-ps-small", "random")
+SPLIT_STARTS = ("tp-even", "tp-prop")    # added to the default starts where the graph has split options
 SMALL_GRADIENT_BYTES = 100_000
 CHAIN_SEGMENTS = 8     # pieces of a chain's proposal budget that Ray workers take one at a time
 SEARCH_ORDER = "fifo"   # the task order inside the loop: one simulation per proposal (see ``mcmc``)
@@ -41,6 +44,14 @@ def start_actions(ev: PlanEvaluator, name: str, rng: np.random.Generator) -> np.
         out = np.full(g, m + 3, dtype=np.int64)
         out[(n > 0) & (nbytes < SMALL_GRADIENT_BYTES)] = m + 2
         return out
+    if name in SPLIT_STARTS:
+        from heterog.strategy import split_action_configs
+
+        names = [n for n, _ in split_action_configs(ev.cluster, ev.graph.batch_size)]
+        if ev.graph.splits is None or name not in names:
+            raise HeterogError(f"MCMC start {name!r} splits beyond the batch, which graph {ev.graph.name!r} "
+                               f"cannot (it has no split options)")
+        return np.full(g, m + 4 + names.index(name), dtype=np.int64)
     dp = {"ev-ps": 0, "ev-ar": 1, "cp-ps": 2, "cp-ar": 3}
     if name == "single":
         return np.full(g, int(np.argmax(ev.cluster.power)), dtype=np.int64)
@@ -48,7 +59,7 @@ def start_actions(ev: PlanEvaluator, name: str, rng: np.random.Generator) -> np.
         return np.full(g, m + dp[name], dtype=np.int64)
     if name == "random":
         return rng.integers(0, m + 4, size=g).astype(np.int64)
-    raise HeterogError(f"unknown MCMC start {name!r}; choose from {', '.join(DEFAULT_STARTS)}")
+    raise HeterogError(f"unknown MCMC start {name!r}; choose from {', '.join(DEFAULT_STARTS + SPLIT_STARTS)}")
 
 
 def repick_block_devices(search: ActionSearch, actions: np.ndarray, cost: float) -> tuple[np.ndarray, float]:
@@ -79,7 +90,8 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
          temperature: float = 0.005, oom_factor: float = 10.0, max_evals: int | None = None,
          order: str | None = SEARCH_ORDER, workers: int = 1, ray_address: str | None = None, keep: int = 4,
          block_moves: float = BLOCK_MOVES, max_micro_batches: int = 16) -> Strategy:
-    """Metropolis-Hastings over one (M+4)-way action per group (FlexFlow's search).
+    """Metropolis-Hastings over one (M+4)-way action per group (FlexFlow's search), or one of the splits beyond
+    the batch (``ActionSearch.split_names``; then the chains also start from ``SPLIT_STARTS``).
 
     Cost = simulated iteration time under task order ``order`` (``SEARCH_ORDER``, FIFO: one simulation per
     proposal where the evaluator's ``best`` runs three; None: the evaluator's), x ``oom_factor`` if out of
@@ -106,6 +118,8 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
     by_proposals = max_evals is not None
     total = float(max_evals) if max_evals is not None else float(budget_s)
 
+    if tuple(starts) == DEFAULT_STARTS and ev.graph.splits is not None:
+        starts = DEFAULT_STARTS + SPLIT_STARTS
     cands = {name: start_actions(ev, name, rng) for name in dict.fromkeys(starts)}
     start_cost = {name: search.cost(a) for name, a in cands.items()}
     best_name = min(start_cost, key=lambda k: (start_cost[k], list(start_cost).index(k)))

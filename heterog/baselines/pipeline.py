@@ -93,16 +93,18 @@ def fitting(ev: PlanEvaluator, strategy: Strategy) -> tuple[Strategy, float, boo
     activations of the first groups live longest (until the backward comes back to them), so the
     recomputed groups are a prefix, its length found by bisection (about log2 G evaluations)."""
     t, oom = ev.iteration_time(strategy)
-    if not oom or strategy.recompute:
+    # groups split beyond the batch are not recomputed (``Strategy``)
+    groups = [g for g, cfg in enumerate(strategy.configs) if cfg.split is None]
+    if not oom or strategy.recompute or not groups:
         return strategy, float(t), bool(oom)
-    best = strategy.with_recompute(range(strategy.n_groups))
+    best = strategy.with_recompute(groups)
     t_best, oom_all = ev.iteration_time(best)
     if oom_all:
         return strategy, float(t), True
-    lo, hi = 0, strategy.n_groups                   # a prefix of lo groups is out of memory, of hi fits
+    lo, hi = 0, len(groups)                         # a prefix of lo groups is out of memory, of hi fits
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        s = strategy.with_recompute(range(mid))
+        s = strategy.with_recompute(groups[:mid])
         t_mid, oom_mid = ev.iteration_time(s)
         if oom_mid:
             lo = mid
@@ -120,6 +122,8 @@ def with_best_micro_batches(ev: PlanEvaluator, strategy: Strategy, max_micro_bat
     B = ev.graph.batch_size
     best, t, oom = fitting(ev, strategy)
     best_cost = t * (oom_factor if oom else 1.0)
+    if any(cfg.split is not None for cfg in strategy.configs):      # split groups run one micro-batch
+        return best
     k = 2
     while k <= min(B, max_micro_batches):
         for schedule in SCHEDULES:

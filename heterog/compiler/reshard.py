@@ -14,7 +14,10 @@ every producer instance (each batch piece) or from the best-connected holder of 
 reads: all of it, or for a divided input its share of it.
 
 A collective holds the links of a ring over the config's devices (and the NCCL stream where collectives
-are serialised); its result lands on each device as a zero-time task that allocates it. Prices: all-gather
+are serialised); its result lands on each device as a zero-time task that allocates it. In the canonical
+order (``heterog.compiler.tasks``) a tensor's collectives take the stage "split", its landings and
+transfers "transfer" (numbered as emitted, so a transfer of a landed value comes after its landing), all
+before the first consumer they serve. Prices: all-gather
 and reduce-scatter of uneven shards hop by hop (``CostModel.sharded_ring_times``), all-reduce as the
 gradient AllReduce (``CompileContext.allreduce``), all-to-all as a ring passing a 1/n of each shard.
 """
@@ -146,13 +149,13 @@ def _collective(ctx: CompileContext, em: _Emitter, kind: int, t: int, u: int, de
         dur = float(ctx.cost.sharded_ring_times(devs, nbytes * (f_u if kind == ALLGATHER else f_out)[None, :])[0])
     owner = ctx.index.n_ops + t
     coll = em.task(dur=dur, kind=TaskKind.COLLECTIVE, op=u, dev=-1, alloc=0.0, cat=TaskCategory.COLLECTIVE,
-                   prio_op=prio, stage="transfer", tensor=t, res=em.ring(devs))
+                   prio_op=prio, stage="split", tensor=t, res=em.ring(devs))
     for s in sources:
         em.dep(coll, s, owner)
     lands = []
     for d, f in zip(devs, f_out.tolist()):
         land = em.task(dur=0.0, kind=TaskKind.CONCAT, op=u, dev=d, alloc=nbytes * f, cat=TaskCategory.COLLECTIVE,
-                       prio_op=prio, stage="concat", tensor=t, res=())
+                       prio_op=prio, stage="transfer", tensor=t, res=())
         em.dep(land, coll, owner)
         lands.append(land)
     return lands

@@ -11,7 +11,8 @@ The choice minimises, per op, its compute time (the slowest device's share of it
 time of the conversions on its edges, given its neighbours' choices (iterated conditional modes):
   1. ops in topological order, each by its inputs alone (parameters and other placeholders count as
      whole, so splitting starts wherever an op can be split without moving anything);
-  2. placeholders by their consumers (preferring a divided layout: that is what saves memory);
+  2. placeholders by their consumers (under a "parameter" split a parameter is held divided where it
+     has a divided layout: that is what saves memory; its optimizer state and its update follow it);
   3. two sweeps over all ops by inputs and outputs.
 An op without a usable option runs whole on every device (``REPLICATE``: its inputs gathered whole, its
 outputs whole): ops that draw random values, and the loss, for example. Conversions between a producer's
@@ -135,6 +136,10 @@ class _Chooser:
         allowed = ALLOWED[str(config.split)]
         self.allowed = [[REPLICATE] + [k for k, o in enumerate(opts) if o.kind in allowed]
                         for opts in table.options]
+        if config.split == "parameter":         # a parameter with a divided layout is held divided
+            for o in np.nonzero(ctx.index.placeholder_resident & (ctx.index.resident_bytes > 0))[0].tolist():
+                divided = [k for k in self.allowed[o] if k != REPLICATE and table.options[o][k].kind == "parameter"]
+                self.allowed[o] = divided or self.allowed[o]
         self._fracs: dict[int | None, np.ndarray] = {None: np.ones(n)}
         gi = ctx.index
         self.e_bytes = gi.e_bytes

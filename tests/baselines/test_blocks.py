@@ -60,6 +60,7 @@ class ValleySearch:
     n_evals: int = 0
     eval_time_s: float = 0.0
     seen: list = field(default_factory=list)
+    n_actions: int = 6
 
     def cost(self, a: np.ndarray) -> float:
         self.n_evals += 1
