@@ -54,6 +54,8 @@ class CompiledPlan:
     op_recompute: np.ndarray | None = None     # (n_ops,) ops recomputed before their backward; None: none is
     op_group: np.ndarray | None = None         # (n_ops,) each op's group (which reads of a recomputed op are
                                                # recomputed: ``heterog.compiler.place.recompute_edges``)
+    op_split: np.ndarray | None = None         # (n_ops,) index of the split config each op is divided under
+                                               # beyond the batch (``Placement.op_shard``), -1: none; None: no op is
 
     @property
     def n_tasks(self) -> int:
@@ -192,7 +194,7 @@ def assemble(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray 
                         layout_shares=list(layouts.shares), tensor_layout=prov.layout, aggregated=aggregated,
                         task_micro=tasks.micro, layout_micro=list(layouts.micro), n_micro=place.n_micro,
                         schedule=schedule or place.schedule, task_slot=slot, op_recompute=place.recompute,
-                        op_group=place.grouping.op_group)
+                        op_group=place.grouping.op_group, op_split=place.op_shard)
     return PlanState(plan, tasks, dep_task, dep_on, dep_owner, place, prov, algo, aggregated)
 
 

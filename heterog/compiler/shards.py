@@ -9,11 +9,12 @@ placements, and only the edges into and out of the split region convert (``heter
 
 The choice minimises, per op, its compute time (the slowest device's share of it) plus the estimated
 time of the conversions on its edges, given its neighbours' choices (iterated conditional modes):
-  1. ops in topological order, each by its inputs alone (parameters and other placeholders count as
-     whole, so splitting starts wherever an op can be split without moving anything);
+  1. compute ops in topological order, each by its inputs alone; a parameter (or buffer) counts as laid
+     out as its reader needs, where it has such a layout;
   2. placeholders by their consumers (under a "parameter" split a parameter is held divided where it
-     has a divided layout: that is what saves memory; its optimizer state and its update follow it);
-  3. two sweeps over all ops by inputs and outputs.
+     has a divided layout: that is what saves memory); then its optimizer state and the update ops that
+     give the next step's values, laid out as the parameter;
+  3. up to two sweeps of the same by inputs and outputs, until nothing changes.
 An op without a usable option runs whole on every device (``REPLICATE``: its inputs gathered whole, its
 outputs whole): ops that draw random values, and the loss, for example. Conversions between a producer's
 placement ``h`` and what its consumer needs ``n`` (same view of the tensor):
@@ -150,6 +151,7 @@ class _Chooser:
             self.outs[u].append(e)
         self.resident = gi.resident_bytes
         self.anchor = _anchors(ctx)
+        self.flexible = gi.placeholder_resident & (self.anchor < 0)
 
     def frac(self, extent: int | None) -> np.ndarray:
         hit = self._fracs.get(extent)
@@ -198,7 +200,11 @@ class _Chooser:
             cost += 1e-18 * float(self.resident[o]) * float(f.max())
         if use_in:
             for e in self.ins[o]:
-                cost += self.conv_cost(self.edge_conv(e, int(choice[self.ctx.index.e_src[e]]), k), self.e_bytes[e])
+                u = int(self.ctx.index.e_src[e])
+                if self.flexible[u]:           # a parameter follows its readers: the layout that suits this one
+                    cost += min(self.conv_cost(self.edge_conv(e, ku, k), self.e_bytes[e]) for ku in self.allowed[u])
+                else:
+                    cost += self.conv_cost(self.edge_conv(e, int(choice[u]), k), self.e_bytes[e])
         if use_out:
             for e in self.outs[o]:
                 if self.anchor[self.ctx.index.e_dst[e]] == o:      # it follows this parameter's layout
@@ -222,22 +228,20 @@ class _Chooser:
 
     def choose(self) -> np.ndarray:
         gi = self.ctx.index
-        n_ops = gi.n_ops
-        choice = np.full(n_ops, REPLICATE, dtype=np.int64)
-        placeholder = ~gi.is_compute
-        for o in np.nonzero(~placeholder)[0].tolist():
-            choice[o] = self.best(o, choice, True, False)
-        for o in np.nonzero(placeholder)[0].tolist():
-            choice[o] = self.best(o, choice, False, True)
-        for o in np.nonzero(self.anchor >= 0)[0].tolist():
-            choice[o] = self.best(o, choice, True, True)
-        for _ in range(_SWEEPS):
-            changed = False
-            for o in range(n_ops):
-                k = self.best(o, choice, True, True)
-                changed |= k != choice[o]
-                choice[o] = k
-            if not changed:
+        choice = np.full(gi.n_ops, REPLICATE, dtype=np.int64)
+        anchored = self.anchor >= 0
+        compute = np.nonzero(gi.is_compute & ~anchored)[0].tolist()
+        placeholders = np.nonzero(~gi.is_compute & ~anchored)[0].tolist()
+        follow = np.nonzero(anchored)[0].tolist()
+        for sweep in range(_SWEEPS + 1):
+            before = choice.copy()
+            for o in compute:
+                choice[o] = self.best(o, choice, True, sweep > 0)
+            for o in placeholders:
+                choice[o] = self.best(o, choice, False, True)
+            for o in follow:
+                choice[o] = self.best(o, choice, True, True)
+            if sweep and np.array_equal(before, choice):
                 break
         return choice
 

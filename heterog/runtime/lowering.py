@@ -567,5 +567,10 @@ def lower(prog: StepProgram, graph: OpGraph, cluster: Cluster, plan: CompiledPla
           exps: Exponents, *, emulate: bool, post_early: bool = False) -> Lowered:
     """Per-rank programs for ``plan`` (a CompiledPlan of ``graph`` on ``cluster``) scheduled as the
     simulated start times ``start`` say. ``emulate``: enforce the cluster's link speeds and device
-    slowdowns (local-cpu clusters); ``post_early``: post receives at their send's key (NCCL)."""
+    slowdowns (local-cpu clusters); ``post_early``: post receives at their send's key (NCCL). A plan that
+    splits a group beyond the batch is refused: its shards and collectives are simulated, not lowered."""
+    if plan.op_split is not None:
+        raise HeterogError("this plan splits groups beyond the batch (parameter or attribute splits); such "
+                            "plans are simulated and planned, but the runtime does not execute them: run a plan "
+                            "whose groups split along the batch only")
     return _Builder(prog, graph, cluster, plan, start, exps, emulate=emulate, post_early=post_early).build()

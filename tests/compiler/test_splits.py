@@ -1,0 +1,164 @@
+"""Splits beyond the batch (heterog.compiler.shards, reshard): a Megatron-style MLP block split column then row
+over two devices has one all-reduce in forward and one in backward and half its weight memory per device;
+proportional shares on a fast and a slow device finish together; the choice of options and the strategy format."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from heterog.compiler import TaskKind
+from heterog.compiler.plan import resident_bytes
+from heterog.compiler.shards import ALLGATHER, ALLREDUCE, ALLTOALL, LOCAL, REDUCESCATTER, conversion
+from heterog.errors import StrategyError
+from heterog.evaluate import Evaluator
+from heterog.graph.capture import capture
+from heterog.strategy import ParallelConfig, Strategy
+from tests.compiler.test_compile import FakeCost, two_gpu
+
+D, B = 16, 8
+
+
+class Block(nn.Module):
+    """pre (D -> D) -> fc1 (D -> 4D) -> relu -> fc2 (4D -> D), mean squared error; no biases."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pre = nn.Linear(D, D, bias=False)
+        self.fc1 = nn.Linear(D, 4 * D, bias=False)
+        self.fc2 = nn.Linear(4 * D, D, bias=False)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return ((self.fc2(torch.relu(self.fc1(self.pre(x)))) - y) ** 2).mean()
+
+
+class SplitCost(FakeCost):
+    """FakeCost (an op takes its FLOPs in seconds) with device ``d`` ``slow[d]`` times slower, shards taking
+    their share of the time, and a ring all-gather or reduce-scatter of uneven shards taking (n - 1) x the
+    largest shard x 1e-9 s."""
+
+    def __init__(self, cluster, slow=(1.0, 1.0)):
+        super().__init__(cluster)
+        self.slow = np.asarray(slow, dtype=np.float64)
+
+    def op_times(self, graph, ops, devices, fractions, splits=None):
+        t = super().op_times(graph, ops, devices, fractions) * self.slow[np.asarray(devices)]
+        return t if splits is None else t * np.asarray(splits)
+
+    def full_batch_times(self, graph):
+        return super().full_batch_times(graph) * self.slow[None, :]
+
+    def sharded_ring_times(self, devices, shard_bytes):
+        x = np.atleast_2d(shard_bytes)
+        return (len(devices) - 1) * x.max(axis=1) * 1e-9
+
+
+@pytest.fixture(scope="module")
+def block():
+    torch.manual_seed(0)
+    return capture(Block(), (torch.randn(B, D), torch.randn(B, D)))
+
+
+def op_id(graph, name):
+    return next(i for i, op in enumerate(graph.ops) if op.name == name)
+
+
+def mlp_groups(graph):
+    """Group 1: fc1, relu, fc2 and their backward and update ops; group 0: the rest."""
+    return np.array([1 if op.module_path in ("fc1", "fc2") or op.target in (
+        "aten.relu.default", "aten.threshold_backward.default") else 0 for op in graph.ops], dtype=np.int64)
+
+
+def strategy(graph, cluster, configs, group_of):
+    return Strategy(graph.fingerprint, cluster.name, cluster.n_devices, B, group_of, configs)
+
+
+def test_conversion_table():
+    assert conversion("R", "S1", True) == LOCAL and conversion("S1", "S1", True) == LOCAL
+    assert conversion("S1", "R", True) == ALLGATHER and conversion("P", "R", True) == ALLREDUCE
+    assert conversion("P", "S0", True) == REDUCESCATTER and conversion("S0", "S1", True) == ALLTOALL
+    assert conversion("S1", "S1", False) == ALLTOALL and conversion("S1", "P", True) == LOCAL
+    assert conversion("P", "-", True) == LOCAL
+
+
+def test_megatron_mlp_one_allreduce_each_way_and_half_the_weights(block):
+    g, c = block, two_gpu()
+    cost = SplitCost(c)
+    ev = Evaluator(g, c, cost)
+    s = strategy(g, c, [ParallelConfig.single(0, B), ParallelConfig.split_over((0, 1), (1, 1), B)], mlp_groups(g))
+    res = ev.evaluate(s)
+    plan = res.plan
+    coll = np.nonzero(plan.task_kind == TaskKind.COLLECTIVE)[0]
+    # forward: fc2's partial sums (row split) all-reduced; backward: fc1's input gradient (column split)
+    assert sorted(g.ops[o].name for o in plan.task_op[coll]) == ["mm_2", "mm_6"]
+    assert [g.ops[o].phase for o in plan.task_op[coll]] == ["forward", "backward"]
+    nbytes = B * D * 4
+    assert np.allclose(plan.tg.duration[coll], 2 * 1 / 2 * nbytes * 1e-9, rtol=1e-12)   # FakeCost's AllReduce
+    # every matmul of fc1 and fc2 runs half on each device: half its FLOPs in seconds
+    for name in ("mm_1", "mm_2", "mm_3", "mm_4", "mm_5", "mm_6"):
+        o = op_id(g, name)
+        inst = np.nonzero((plan.task_op == o) & (plan.task_kind == TaskKind.COMPUTE))[0]
+        assert sorted(plan.task_device[inst].tolist()) == [0, 1]
+        assert plan.tg.duration[inst].tolist() == [g.ops[o].flops / 2] * 2
+    # fc1 and fc2's weights and gradients: half on each device; pre's whole on device 0
+    st = ev.compiler.compile_state(s)
+    held = resident_bytes(ev.compiler.context, ev.compiler.layouts, st.placement.op_lay, st.placement.out_split)
+    res_b = ev.compiler.context.index.resident_bytes
+    fc = res_b[op_id(g, "arg1_1")] + res_b[op_id(g, "arg2_1")]
+    assert fc == 2 * 2 * 4 * D * D * 4                       # two weights of 4D x D floats, and their gradients
+    assert held.tolist() == [res_b[op_id(g, "arg0_1")] + fc / 2, fc / 2]
+    # the step is device 0's work (the pre layer, half the block, the loss) plus at most the communication
+    work0 = sum(plan.tg.duration[(plan.task_device == 0) & (plan.task_kind == TaskKind.COMPUTE)])
+    assert work0 == pytest.approx(60033.0, abs=1e-9)
+    assert 60033.0 <= res.iteration_time_s <= 60033.0 + 8 * nbytes * 1e-9
+
+
+def test_uneven_shares_on_a_fast_and_a_slow_device_finish_together(block):
+    g, c = block, two_gpu()
+    cost = SplitCost(c, slow=(1.0, 3.0))                      # device 1 three times slower
+    ev = Evaluator(g, c, cost)
+    s = strategy(g, c, [ParallelConfig.split_over((0, 1), (3, 1), B)], np.zeros(g.n_ops, dtype=np.int64))
+    plan = ev.evaluate(s).plan
+    sim = ev.simulate_plan(plan)
+    for name in ("mm", "mm_1"):                              # both start at once (their inputs are on both)
+        o = op_id(g, name)
+        inst = np.nonzero((plan.task_op == o) & (plan.task_kind == TaskKind.COMPUTE))[0]
+        assert sorted(plan.task_device[inst].tolist()) == [0, 1]
+        # shares 3 : 1 of the divided dimension, device 1 three times slower: 3/4 x t = 1/4 x t x 3
+        assert plan.tg.duration[inst].tolist() == pytest.approx([0.75 * g.ops[o].flops] * 2, rel=1e-12)
+    o = op_id(g, "mm")
+    inst = np.nonzero((plan.task_op == o) & (plan.task_kind == TaskKind.COMPUTE))[0]
+    assert sim.start[inst].tolist() == [0.0, 0.0] and sim.finish[inst[0]] == sim.finish[inst[1]]
+    # even shares leave the fast device waiting: the slow one takes 1/2 x t x 3
+    even = strategy(g, c, [ParallelConfig.split_over((0, 1), (1, 1), B)], np.zeros(g.n_ops, dtype=np.int64))
+    assert ev.iteration_time(s)[0] < ev.iteration_time(even)[0]
+
+
+def test_each_parameter_is_held_divided_and_updated_where_it_lives(block):
+    g, c = block, two_gpu()
+    ev = Evaluator(g, c, SplitCost(c))
+    s = strategy(g, c, [ParallelConfig.split_over((0, 1), (1, 1), B)], np.zeros(g.n_ops, dtype=np.int64))
+    st = ev.compiler.compile_state(s)
+    pl = st.placement
+    params = [i for i, op in enumerate(g.ops) if op.kind == "param"]
+    assert pl.out_split[params].tolist() == [1.0] * 3
+    updates = [i for i, op in enumerate(g.ops) if op.phase == "update"]
+    assert pl.out_split[updates].tolist() == [1.0] * 3
+
+
+def test_split_strategies_round_trip_and_refuse_micro_batches(block):
+    g, c = block, two_gpu()
+    cfg = ParallelConfig.split_over((0, 1), (3, 1), B)
+    assert cfg.batch_size == B and cfg.shares == (B, B)
+    s = strategy(g, c, [cfg], np.zeros(g.n_ops, dtype=np.int64))
+    back = Strategy.from_dict(s.to_dict())
+    assert back.configs[0] == cfg and back.configs[0].split == "parameter"
+    with pytest.raises(StrategyError, match="one micro-batch"):
+        s.with_micro_batches(2)
+    with pytest.raises(StrategyError, match="not recomputed"):
+        s.with_recompute([0])
+    with pytest.raises(StrategyError, match="one positive split share per device"):
+        ParallelConfig.split_over((0, 1), (1,), B)
+    with pytest.raises(StrategyError, match="unknown split"):
+        ParallelConfig.split_over((0, 1), (1, 1), B, kind="channels")
