@@ -26,8 +26,11 @@ known_methods = names           # planner registry (heterog.planners), re-export
 # ----------------------------------------------------------------------------- action breakdown
 def config_action(config: ParallelConfig, cluster: Cluster, batch_size: int) -> str:
     """The action type a config corresponds to: ``mp:<device>`` for one device, one of the four DP
-    actions (all devices, even or power-proportional shares, PS or AllReduce), else ``dp-other``."""
+    actions (all devices, even or power-proportional shares, PS or AllReduce), else ``dp-other``; ``split`` for
+    a split beyond the batch."""
     m = cluster.n_devices
+    if config.split is not None:
+        return "split"
     if config.n_replicas == 1:
         return f"mp:{config.devices[0]}"
     if config.devices == tuple(range(m)):

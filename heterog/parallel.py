@@ -74,13 +74,14 @@ class Worker:
         self.evaluators: dict[str, Evaluator] = {}
         self.searches: dict[str, ActionSearch] = {}
 
-    def setup(self, key: str, spec: EvaluatorSpec, oom_factor: float = 10.0, order: str | None = None) -> None:
+    def setup(self, key: str, spec: EvaluatorSpec, oom_factor: float = 10.0, order: str | None = None,
+              splits: bool = False) -> None:
         from heterog.baselines.chains import ActionSearch
 
         if key not in self.evaluators:
             ev = self.evaluators[key] = spec.build()
             ev.iteration_time(ev.strategy(np.zeros(ev.n_groups, dtype=np.int64)))   # load the compiled kernels
-        self.searches[key] = ActionSearch(self.evaluators[key], oom_factor, order)
+        self.searches[key] = ActionSearch(self.evaluators[key], oom_factor, order, splits)
 
     def iteration_times(self, key: str, actions: np.ndarray, order: str | None = None) -> list[tuple[float, bool]]:
         """(iteration time, OOM) of the strategies ``actions`` (K, G), decoded by the evaluator."""

@@ -172,8 +172,9 @@ def table1_markdown(comp: ComparisonLike) -> str:
 
 
 def action_columns(cluster: Cluster) -> list[str]:
-    """Action types of Table 2: model parallel on each device, the four DP actions, other DP splits."""
-    return [f"mp:{d}" for d in range(cluster.n_devices)] + list(DP_ACTION_NAMES) + ["dp-other"]
+    """Action types of Table 2: model parallel on each device, the four DP actions, other DP splits, and
+    splits beyond the batch."""
+    return [f"mp:{d}" for d in range(cluster.n_devices)] + list(DP_ACTION_NAMES) + ["dp-other", "split"]
 
 
 def table2_markdown(comp: ComparisonLike) -> str:
@@ -182,7 +183,7 @@ def table2_markdown(comp: ComparisonLike) -> str:
     names = comp.cluster.device_names
     label = {f"mp:{d}": f"MP {names[d]}" for d in range(comp.cluster.n_devices)}
     label.update({"dp-even-ps": "DP-EV-PS", "dp-even-ar": "DP-EV-AR", "dp-prop-ps": "DP-CP-PS",
-                  "dp-prop-ar": "DP-CP-AR", "dp-other": "DP other"})
+                  "dp-prop-ar": "DP-CP-AR", "dp-other": "DP other", "split": "split"})
     tab = Table([Column("method", align="left")] + [Column(label[c]) for c in cols])
     for r in comp.results:
         share = r.record["action_breakdown"]

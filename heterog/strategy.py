@@ -181,8 +181,12 @@ def n_actions(n_devices: int) -> int:
 
 
 def action_name(action: int, n_devices: int) -> str:
+    """``mp:<device>``, a DP action's name, or ``split`` for the actions past them that local search
+    offers (``split_action_configs``)."""
     if 0 <= action < n_devices:
         return f"mp:{action}"
+    if action >= n_devices + N_DP_ACTIONS:
+        return "split"
     return DP_ACTION_NAMES[action - n_devices]
 
 

@@ -106,6 +106,7 @@ class ActionSearch:
     ev: PlanEvaluator
     oom_factor: float = 10.0
     order: str | None = None
+    splits: bool = False
     n_evals: int = 0
     eval_time_s: float = 0.0
     _configs: list[ParallelConfig] = field(default_factory=list, repr=False)
@@ -120,8 +121,9 @@ class ActionSearch:
         self.block_p = block_weights(blocks)
         self._configs = [decode_action(a, c.n_devices, self.ev.graph.batch_size, c.power)
                          for a in range(n_actions(c.n_devices))]
-        # actions M+4, ...: splits beyond the batch, where the graph has split options
-        splits = split_action_configs(c, self.ev.graph.batch_size) if self.ev.graph.splits is not None else []
+        # actions M+4, ...: with ``splits``, splits beyond the batch, where the graph has split options
+        splits = split_action_configs(c, self.ev.graph.batch_size) \
+            if self.splits and self.ev.graph.splits is not None else []
         self.split_names = [name for name, _ in splits]
         self._configs += [cfg for _, cfg in splits]
 

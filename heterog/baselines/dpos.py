@@ -513,11 +513,13 @@ def with_config(strategy: Strategy, group: int, config: ParallelConfig) -> Strat
 
 
 def os_dpos(ev: PlanEvaluator, budget_s: float = 60.0, replicas: int | None = None, shares: str = "proportional",
-            memory_headroom: float = 0.9, check_start: bool = True, micro_batches: int = 1) -> Strategy:
+            memory_headroom: float = 0.9, check_start: bool = True, micro_batches: int = 1,
+            splits: bool = False) -> Strategy:
     """FastT OS-DPOS: start from DPOS; take the ops of its critical path that carry the batch, longest
     first (on the critical-path device); try every split of the op's group over its 2..M fastest devices
-    (even or proportional shares; along the batch with AllReduce, and along its parameters where the op has
-    such a split, ``split_configs``) and keep the best if the simulated iteration gets shorter; stop at the
+    (even or proportional shares; along the batch with AllReduce, and with ``splits`` along its parameters
+    where the op has such a split, ``split_configs``; off by default: the runtime does not execute split plans
+    yet) and keep the best if the simulated iteration gets shorter; stop at the
     first op that no split improves, or when ``budget_s`` is spent; every plan scored at ``micro_batches``
     (plans splitting beyond the batch at one). ``meta["splits"]`` reports each op split: its name, the
     split ("batch" or "parameter"), its devices and the time it gained."""
@@ -530,13 +532,13 @@ def os_dpos(ev: PlanEvaluator, budget_s: float = 60.0, replicas: int | None = No
     full = ev.cost.full_batch_times(ev.graph)
     cp_ops.sort(key=lambda o: (-full[o, sched.cp_device], o))
     n_split = n_tried = 0
-    splits: list[dict] = []
+    kept: list[dict] = []
     for o in cp_ops:
         if time.perf_counter() - t0 > budget_s:
             break
         g = int(strategy.group_of[o])
         found, found_cfg, before = None, None, best_cost
-        for cfg in split_configs(full[o], ev.graph.batch_size, _has_parameter_split(ev.graph, o)):
+        for cfg in split_configs(full[o], ev.graph.batch_size, splits and _has_parameter_split(ev.graph, o)):
             if cfg == strategy.configs[g]:
                 continue
             # a split beyond the batch runs with one micro-batch
@@ -551,8 +553,8 @@ def os_dpos(ev: PlanEvaluator, budget_s: float = 60.0, replicas: int | None = No
             break
         strategy = found
         n_split += 1
-        splits.append({"op": ev.graph.ops[o].name, "split": found_cfg.split or "batch",
+        kept.append({"op": ev.graph.ops[o].name, "split": found_cfg.split or "batch",
                        "devices": list(found_cfg.devices), "gain_s": before - best_cost})
     strategy.meta.update({"dpos_cost_s": start_cost, "os_dpos_cost_s": best_cost, "ops_split": n_split,
-                          "ops_tried": n_tried, "splits": splits})
+                          "ops_tried": n_tried, "splits": kept})
     return strategy

@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from heterog.evaluator_protocol import PlanEvaluator
 
 DEFAULT_STARTS = ("single", "ev-ps", "ev-ar", "cp-ps", "cp-ar", "cp-ar-ps-small", "random")
-SPLIT_STARTS = ("tp-even", "tp-prop")    # added to the default starts where the graph has split options
+SPLIT_STARTS = ("tp-even", "tp-prop")    # added to the default starts with ``splits`` (where the graph has options)
 SMALL_GRADIENT_BYTES = 100_000
 CHAIN_SEGMENTS = 8     # pieces of a chain's proposal budget that Ray workers take one at a time
 SEARCH_ORDER = "fifo"   # the task order inside the loop: one simulation per proposal (see ``mcmc``)
@@ -89,9 +89,10 @@ def repick_block_devices(search: ActionSearch, actions: np.ndarray, cost: float)
 def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple[str, ...] | list[str] = DEFAULT_STARTS,
          temperature: float = 0.005, oom_factor: float = 10.0, max_evals: int | None = None,
          order: str | None = SEARCH_ORDER, workers: int = 1, ray_address: str | None = None, keep: int = 4,
-         block_moves: float = BLOCK_MOVES, max_micro_batches: int = 16) -> Strategy:
-    """Metropolis-Hastings over one (M+4)-way action per group (FlexFlow's search), or one of the splits beyond
-    the batch (``ActionSearch.split_names``; then the chains also start from ``SPLIT_STARTS``).
+         block_moves: float = BLOCK_MOVES, max_micro_batches: int = 16, splits: bool = False) -> Strategy:
+    """Metropolis-Hastings over one (M+4)-way action per group (FlexFlow's search), or with ``splits`` also one
+    of the splits beyond the batch (``ActionSearch.split_names``; the chains then also start from
+    ``SPLIT_STARTS``). Splits are off by default: the runtime does not execute split plans yet.
 
     Cost = simulated iteration time under task order ``order`` (``SEARCH_ORDER``, FIFO: one simulation per
     proposal where the evaluator's ``best`` runs three; None: the evaluator's), x ``oom_factor`` if out of
@@ -114,11 +115,11 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
 
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
-    search = ActionSearch(ev, oom_factor, order)
+    search = ActionSearch(ev, oom_factor, order, splits)
     by_proposals = max_evals is not None
     total = float(max_evals) if max_evals is not None else float(budget_s)
 
-    if tuple(starts) == DEFAULT_STARTS and ev.graph.splits is not None:
+    if splits and tuple(starts) == DEFAULT_STARTS and ev.graph.splits is not None:
         starts = DEFAULT_STARTS + SPLIT_STARTS
     cands = {name: start_actions(ev, name, rng) for name in dict.fromkeys(starts)}
     start_cost = {name: search.cost(a) for name, a in cands.items()}
@@ -131,7 +132,7 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
     with make_pool(workers, ray_address) as pool:
         ray_pool = pool if isinstance(pool, RayPool) else None        # chains run on Ray workers, else here
         remote = ray_pool is not None
-        key = pool.register(EvaluatorSpec.of(ev), oom_factor=oom_factor, order=order) if remote else ""
+        key = pool.register(EvaluatorSpec.of(ev), oom_factor=oom_factor, order=order, splits=splits) if remote else ""
         t_chains, evals_before = time.perf_counter(), search.n_evals
         pending: dict[Any, Chain] = {}                                 # submitted job -> its chain
         todo: list[tuple[Chain, ChainState | None]] = [(c, None) for c in chains]
@@ -170,7 +171,7 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
             plans.setdefault(a.tobytes(), (c, a))
     final = search
     if order not in (None, ev.order):
-        final = ActionSearch(ev, oom_factor)
+        final = ActionSearch(ev, oom_factor, splits=splits)
         kept = sorted(plans.values(), key=lambda v: v[0])[:keep * max(len(results), 1)]
         kept += [(0.0, a) for a in cands.values()]
         plans = {a.tobytes(): (final.cost(a), a) for _, a in kept}

@@ -50,12 +50,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
            "n_groups": strategy.n_groups, "iteration_time_s": res.iteration_time_s, "oom": res.oom,
            "search_time_s": float(strategy.meta.get("search_time_s", 0.0)), "micro_batches": list(strategy.micro),
            "schedule": res.plan.schedule if strategy.n_micro > 1 and res.plan is not None else None,
-           "recomputed_groups": list(strategy.recompute)}
+           "recomputed_groups": list(strategy.recompute),
+           "split_groups": [g for g, cfg in enumerate(strategy.configs) if cfg.split is not None]}
     if "policy_plan_s" in strategy.meta:        # zero-shot: the policy's own plan, before the DP comparison
         doc.update({k: strategy.meta[k] for k in ("policy_plan_s", "policy_plan_oom", "kept")})
     micro = f", {strategy.n_micro} micro-batches ({doc['schedule']})" if strategy.n_micro > 1 else ""
     if strategy.recompute:
         micro += f", {len(strategy.recompute)} groups recomputed"
+    split_groups = [g for g, cfg in enumerate(strategy.configs) if cfg.split is not None]
+    if split_groups:
+        micro += f", {len(split_groups)} groups split beyond the batch"
     emit(args, doc, f"{method}: {strategy.n_groups} groups{micro}, simulated {res.iteration_time_s * 1e3:.2f} ms "
                     f"per iteration{' (OOM)' if res.oom else ''}, searched {doc['search_time_s']:.1f} s -> {path}")
     return 0

@@ -162,3 +162,20 @@ def test_split_strategies_round_trip_and_refuse_micro_batches(block):
         ParallelConfig.split_over((0, 1), (1,), B)
     with pytest.raises(StrategyError, match="unknown split"):
         ParallelConfig.split_over((0, 1), (1, 1), B, kind="channels")
+
+
+def test_mcmc_offers_and_starts_from_splits_only_when_asked(block):
+    from heterog.baselines.chains import ActionSearch
+    from heterog.baselines.mcmc import mcmc, start_actions
+
+    g, c = block, two_gpu()
+    ev = Evaluator(g, c, SplitCost(c))
+    assert ActionSearch(ev).n_actions == c.n_devices + 4
+    search = ActionSearch(ev, splits=True)
+    assert search.split_names == ["tp-even", "tp-prop"] and search.n_actions == c.n_devices + 6
+    start = start_actions(ev, "tp-even", np.random.default_rng(0))
+    assert {cfg.split for cfg in search.strategy(start).configs} == {"parameter"}
+    plain = mcmc(ev, max_evals=40, seed=0, max_micro_batches=1)
+    assert all(cfg.split is None for cfg in plain.configs)
+    split = mcmc(ev, max_evals=40, seed=0, max_micro_batches=1, splits=True)
+    assert {ch["start"] for ch in split.meta["chains"]} >= {"tp-even", "tp-prop"}
