@@ -334,8 +334,6 @@ class Strategy:
             if cfg.batch_size != self.batch_size:
                 raise StrategyError(f"group {g}: shares {list(cfg.shares)} sum to {cfg.batch_size}, "
                                     f"global batch is {self.batch_size}")
-            if cfg.split is not None and self.micro_batches is not None:
-                raise StrategyError(f"group {g} is split beyond the batch: such groups run with one micro-batch")
             bad = [d for d in cfg.devices if not 0 <= d < self.n_devices]
             if bad:
                 raise StrategyError(f"group {g}: devices {bad} do not exist (cluster has {self.n_devices})")

@@ -146,6 +146,13 @@ def test_planner_options_of_plan(capsys, tmp_path, graph_file):
     assert code == 0 and "2 micro-batches" in out_text and Strategy.load(out).n_micro == 2
 
 
+def test_planner_option_values_read_as_literals_and_booleans():
+    from heterog.cli.plan import planner_options
+
+    assert planner_options(["splits=true", "x=False", "k=4", "order=None", "name=fifo"]) == \
+        {"splits": True, "x": False, "k": 4, "order": None, "name": "fifo"}
+
+
 def test_unknown_zoo_model_and_non_scalar_output(capsys, tmp_path):
     code, _, err = run_cli(capsys, "capture", "resnet9000", "-o", str(tmp_path / "g.json"))
     assert_clean_error(code, err, "resnet9000")

@@ -73,7 +73,7 @@ def test_built_in_planners_take_the_shared_options_among_their_parameters():
                      "pipeline": {"budget_s"}, "mcmc": {"budget_s", "seed", "workers", "ray_address"},
                      "random": {"seed"}, "lp-round": set()}
     assert planners.get("mcmc").own_options == {"starts", "temperature", "oom_factor", "max_evals", "order", "keep",
-                                                "block_moves", "max_micro_batches"}
+                                                "block_moves", "max_micro_batches", "splits"}
     assert planners.get("best-dp").own_options == frozenset()
 
 

@@ -520,8 +520,8 @@ def os_dpos(ev: PlanEvaluator, budget_s: float = 60.0, replicas: int | None = No
     (even or proportional shares; along the batch with AllReduce, and with ``splits`` along its parameters
     where the op has such a split, ``split_configs``; off by default: the runtime does not execute split plans
     yet) and keep the best if the simulated iteration gets shorter; stop at the
-    first op that no split improves, or when ``budget_s`` is spent; every plan scored at ``micro_batches``
-    (plans splitting beyond the batch at one). ``meta["splits"]`` reports each op split: its name, the
+    first op that no split improves, or when ``budget_s`` is spent; every plan scored at ``micro_batches``.
+    ``meta["splits"]`` reports each op split: its name, the
     split ("batch" or "parameter"), its devices and the time it gained."""
     t0 = time.perf_counter()
     strategy, rg, sched, best_cost = dpos_plan(ev, replicas, shares, memory_headroom, check_start, micro_batches)
@@ -541,8 +541,7 @@ def os_dpos(ev: PlanEvaluator, budget_s: float = 60.0, replicas: int | None = No
         for cfg in split_configs(full[o], ev.graph.batch_size, splits and _has_parameter_split(ev.graph, o)):
             if cfg == strategy.configs[g]:
                 continue
-            # a split beyond the batch runs with one micro-batch
-            cand = with_config(strategy if cfg.split is None else strategy.with_micro_batches(1), g, cfg)
+            cand = with_config(strategy, g, cfg)
             c = plan_cost(ev, cand)
             if c < best_cost:
                 best_cost, found, found_cfg = c, cand, cfg

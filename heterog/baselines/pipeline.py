@@ -60,11 +60,13 @@ def stage_groups(n_devices: int, servers: list[list[int]]) -> list[list[list[int
 
 
 def stage_plan(ev: PlanEvaluator, stages: list[list[int]], proportional: bool,
-               layer_of: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, list[ParallelConfig]]:
+               layer_of: np.ndarray, times: np.ndarray, split: bool = False) -> tuple[np.ndarray, list[ParallelConfig]]:
     """(stage of each layer, config of each stage) for ``stages`` (device lists): layers balanced over
     the stages by each stage's time for them (its slowest replica at its share), each stage within its
     smallest device's memory where possible (a layer's parameters and state, and its kept activations
-    at the largest share)."""
+    at the largest share). ``split``: a stage of several devices divides its layers' parameters among
+    them (a "parameter" split config, shares as the batch shares would be) instead of replicating them,
+    so a layer's parameters and state count at the largest share too."""
     graph, cluster = ev.graph, ev.cluster
     B = graph.batch_size
     L = int(layer_of.max()) + 1
@@ -78,13 +80,17 @@ def stage_plan(ev: PlanEvaluator, stages: list[list[int]], proportional: bool,
         speed = 1.0 / np.maximum(layer_dev[:, devs].sum(axis=0), 1e-12)     # each device's rate on all layers
         shares = proportional_shares(B, speed) if proportional and len(devs) > 1 else even_shares(B, len(devs))
         pairs = [(d, b) for d, b in zip(devs, shares) if b > 0]
-        configs.append(ParallelConfig.of(pairs, sync="allreduce"))
+        if split and len(pairs) > 1:
+            configs.append(ParallelConfig.split_over([d for d, _ in pairs], [b for _, b in pairs], B))
+        else:
+            configs.append(ParallelConfig.of(pairs, sync="allreduce"))
         frac = np.array([b / B for _, b in pairs])
         used = [d for d, _ in pairs]
         cost[:, s] = np.max(layer_dev[:, used] * frac[None, :], axis=1)     # the slowest replica
         cap[s] = float(np.min(cluster.memory_bytes[used])) - float(transient.max(initial=0.0))
         largest = max(largest, float(frac.max()))
-    return balanced_partition(cost, resident + kept * largest, cap), configs
+    held = (resident + kept) * largest if split else resident + kept * largest
+    return balanced_partition(cost, held, cap), configs
 
 
 def fitting(ev: PlanEvaluator, strategy: Strategy) -> tuple[Strategy, float, bool]:
@@ -122,8 +128,6 @@ def with_best_micro_batches(ev: PlanEvaluator, strategy: Strategy, max_micro_bat
     B = ev.graph.batch_size
     best, t, oom = fitting(ev, strategy)
     best_cost = t * (oom_factor if oom else 1.0)
-    if any(cfg.split is not None for cfg in strategy.configs):      # split groups run one micro-batch
-        return best
     k = 2
     while k <= min(B, max_micro_batches):
         for schedule in SCHEDULES:
@@ -143,11 +147,13 @@ def equal_stages(n_layers: int, n_devices: int) -> np.ndarray:
 
 
 def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | None = None,
-             max_micro_batches: int = 32, balance: str = "cost") -> Strategy:
+             max_micro_batches: int = 32, balance: str = "cost", splits: bool = False) -> Strategy:
     """The fastest simulated pipeline plan that fits (the fastest of all when none fits) within
     ``budget_s`` seconds of search (default 30); ``schedule`` orders the micro-batches (None: each of
     ``SCHEDULES`` is tried). ``balance="equal"`` is the homogeneous baseline: one stage per device with
-    equal numbers of layers (``equal_stages``), only the micro-batches searched."""
+    equal numbers of layers (``equal_stages``), only the micro-batches searched. ``splits``: stages of
+    several devices are also tried dividing their layers' parameters among them (tensor parallelism inside
+    a stage, ``stage_plan``); off by default, as the runtime does not execute such plans yet."""
     if balance not in ("cost", "equal"):
         raise HeterogError(f"unknown balance {balance!r} for the pipeline planner (choose from cost, equal)")
     if schedule is not None and schedule not in SCHEDULES:
@@ -168,11 +174,13 @@ def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | N
         [[[d] for d in range(cluster.n_devices)]]
     for k in micro:
         for stages in groupings:
-            for proportional in ((True, False) if balance == "cost" else (False,)):
+            modes = [(p, tp) for tp in ((False, True) if splits and max(map(len, stages)) > 1 else (False,))
+                     for p in ((True, False) if balance == "cost" else (False,))]
+            for proportional, split in modes:
                 if best is not None and time.perf_counter() - t0 > budget:
                     break
                 if balance == "cost":
-                    stage_of_layer, configs = stage_plan(ev, stages, proportional, layer_of, times)
+                    stage_of_layer, configs = stage_plan(ev, stages, proportional, layer_of, times, split)
                 else:
                     stage_of_layer = equal_stages(len(names), cluster.n_devices)
                     configs = [ParallelConfig.single(d, B) for d in range(cluster.n_devices)]
@@ -180,7 +188,8 @@ def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | N
                 s = group_strategy(ev, layer_of, [configs[g] for g in stage_of_layer.tolist()], meta={
                     "stages": [configs[g].devices for g in np.unique(stage_of_layer).tolist()],
                     "layers_per_stage": np.bincount(stage_of_layer, minlength=len(stages)).tolist(),
-                    "micro_batches": k, "shares": "proportional" if proportional else "even"})
+                    "micro_batches": k, "shares": "proportional" if proportional else "even",
+                    "stage_split": split})
                 variants = [s] if k == 1 else [
                     s.with_micro_batches(k, sched)
                     for sched in ((schedule,) if schedule else SCHEDULES)]

@@ -13,7 +13,7 @@ DEFAULT_METHOD = "agent"
 
 def planner_options(pairs: list[str]) -> dict:
     """``--option NAME=VALUE`` pairs -> the planner's own options; a VALUE that is a Python literal (number,
-    None, list, ...) is read as one, anything else is a string."""
+    None, list, ...) is read as one, true and false (any case) as booleans, anything else is a string."""
     from heterog.errors import HeterogError
     from heterog.planners import OPTIONS
 
@@ -25,6 +25,9 @@ def planner_options(pairs: list[str]) -> dict:
         name = name.strip()
         if name in OPTIONS:
             raise HeterogError(f"--option {name}: a shared planning option, set by its own flag")
+        if text.strip().lower() in ("true", "false"):        # splits=true, as in YAML
+            out[name] = text.strip().lower() == "true"
+            continue
         try:
             out[name] = ast.literal_eval(text)
         except (ValueError, SyntaxError):

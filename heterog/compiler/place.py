@@ -126,9 +126,14 @@ def lay_out_splits(ctx: CompileContext, configs: ConfigTable, op_cfg: np.ndarray
         op_shard[sel] = len(shards)
         shards.append(choice)
         out_split[sel] = choice.out_split[sel]
-        rows, inv = np.unique(choice.frac[sel], axis=0, return_inverse=True)
-        lids = np.array([layouts.add(cfg.devices, cfg.shares, split=r.tolist()) for r in rows], dtype=np.int64)
-        op_lay[sel] = lids[inv.ravel()]
+        pos = {d: i for i, d in enumerate(cfg.devices)}
+        for base in np.unique(op_lay[sel]).tolist():   # the config's batch layout (its micro-batches) or its whole
+            at = sel[op_lay[sel] == base]
+            devs, shares, micro = layouts.devices[base], layouts.shares[base], layouts.micro[base]
+            idx = [pos[d] for d in devs]
+            rows, inv = np.unique(choice.frac[at], axis=0, return_inverse=True)
+            lids = np.array([layouts.add(devs, shares, micro, split=r[idx].tolist()) for r in rows], dtype=np.int64)
+            op_lay[at] = lids[inv.ravel()]
     layouts.refresh()
     return tuple(shards), op_shard, out_split
 

@@ -138,6 +138,8 @@ class ConfigTable:
             B = self.layouts.batch_size
             if micro is None:
                 split = self.layouts.add(config.devices, config.shares)
+            elif config.split is not None:     # split beyond the batch: every device runs each micro-batch whole
+                split = self.layouts.add(*zip(*[(d, b, m) for m, b in enumerate(micro) for d in config.devices]))
             else:
                 entries = [(d, s, m) for m, shares in enumerate(micro_batch_shares(config.shares, micro))
                            for d, s in zip(config.devices, shares) if s > 0]

@@ -24,13 +24,15 @@ gradient AllReduce (``CompileContext.allreduce``), all-to-all as a ring passing 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Hashable
 
 import numpy as np
 
 from heterog.compiler.context import CompileContext
+from heterog.compiler.index import GraphIndex
 from heterog.compiler.place import Placement
 from heterog.compiler.registries import LayoutTable
-from heterog.compiler.shards import ALLGATHER, ALLREDUCE, ALLTOALL, LOCAL
+from heterog.compiler.shards import ALLGATHER, ALLREDUCE, ALLTOALL, LOCAL, REDUCESCATTER
 from heterog.compiler.tasks import Providers, TaskBatch, TaskCategory, TaskKind
 
 
@@ -136,13 +138,14 @@ def _move(ctx: CompileContext, em: _Emitter, src_task: int, s: int, d: int, nbyt
 
 
 def _collective(ctx: CompileContext, em: _Emitter, kind: int, t: int, u: int, devs: tuple[int, ...],
-                f_u: np.ndarray, f_out: np.ndarray, sources: list[int], prio: int) -> list[int]:
-    """One collective of tensor ``t`` (bytes of the whole tensor) over ``devs`` after ``sources`` (the
-    producer's instances); its result lands on each device as a task allocating ``f_out[i]`` of the tensor
-    there. Returns the landing tasks, in device order."""
-    nbytes = float(ctx.index.t_bytes[t])
+                nbytes: float, f_u: np.ndarray, f_out: np.ndarray, sources: list[int], prio: int) -> list[int]:
+    """One collective of ``nbytes`` (the whole value of tensor ``t``, one micro-batch's of a batch tensor) over
+    ``devs`` after ``sources`` (the producer's instances); its result lands on each device as a task
+    allocating ``f_out[i]`` of it there. Returns the landing tasks, in device order."""
     if kind == ALLREDUCE:
-        dur = float(ctx.allreduce(devs).times_s[t])
+        whole = float(ctx.index.t_bytes[t])
+        dur = float(ctx.allreduce(devs).times_s[t]) if nbytes == whole else \
+            float(ctx.cost.allreduce_times(devs, np.array([nbytes]))[0][0])
     elif kind == ALLTOALL:
         dur = float(ctx.cost.sharded_ring_times(devs, nbytes * f_u[None, :] / len(devs))[0])
     else:                                             # all-gather: the producer's shards; reduce-scatter: the results
@@ -161,6 +164,28 @@ def _collective(ctx: CompileContext, em: _Emitter, kind: int, t: int, u: int, de
     return lands
 
 
+def _entries(layouts: LayoutTable, lay: int) -> tuple[tuple[int, ...], dict[Hashable, list[int]]]:
+    """A layout's devices (each once, in order) and its entries per micro-batch in that order, with
+    ``"last"``: each device's last entry (where partial results accumulate over micro-batches)."""
+    devs = layouts.unique_devices(lay)
+    pos = {d: i for i, d in enumerate(devs)}
+    out: dict[Hashable, list[int]] = {}
+    last = [0] * len(devs)
+    for j, (d, m) in enumerate(zip(layouts.devices[lay], layouts.micro[lay])):
+        out.setdefault(m, [0] * len(devs))[pos[d]] = j
+        last[pos[d]] = j
+    out["last"] = last
+    return devs, out
+
+
+def _source_key(gi: GraphIndex, u: int, v: int, micro: int) -> Hashable:
+    """Which instances of ``u`` an instance of ``v`` for micro-batch ``micro`` reads: those of the same
+    micro-batch (both batch ops), each device's last (a partial result read once), or its only ones."""
+    if not gi.has_batch[u]:
+        return 0
+    return micro if gi.has_batch[v] else "last"
+
+
 def _from_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int, es: list[int], place: Placement,
                 prov: Providers) -> None:
     gi = ctx.index
@@ -169,67 +194,62 @@ def _from_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int,
     region = int(place.op_shard[u])
     choice = place.shards[region]
     lay_u = int(place.op_lay[u])
-    devs = layouts.devices[lay_u]
+    devs, ent = _entries(layouts, lay_u)
     n = len(devs)
-    f_u = np.asarray(layouts.split[lay_u])
-    inst = [int(prov.inst_start[u]) + i for i in range(n)]
+    f_u = np.asarray(layouts.split[lay_u])[ent["last"]]
     prio = min(int(gi.e_dst[e]) for e in es)
     owner = gi.n_ops + t
-    whole: list[int] | None = None
+    carries_batch = bool(gi.e_batch[es[0]])
 
-    def made_whole() -> list[int]:
-        nonlocal whole
-        if whole is None:
+    def inst(key: Hashable) -> list[int]:
+        return [int(prov.inst_start[u]) + j for j in ent[key]]
+
+    def nbytes(key: Hashable) -> float:                 # the tensor of one micro-batch, or whole
+        share = layouts.shares[lay_u][ent[key][0]]
+        return float(gi.t_bytes[t]) * (share / ctx.batch_size if carries_batch else 1.0)
+
+    whole: dict[Hashable, list[int]] = {}
+
+    def made_whole(key: Hashable) -> list[int]:
+        if key not in whole:
             have = max(int(choice.have[e]) for e in es)
-            if have == 0:
-                whole = inst
-            else:
-                whole = _collective(ctx, em, ALLGATHER if have == 1 else ALLREDUCE, t, u, devs, f_u, np.ones(n),
-                                    inst, prio)
-        return whole
+            whole[key] = inst(key) if have == 0 else _collective(
+                ctx, em, ALLGATHER if have == 1 else ALLREDUCE, t, u, devs, nbytes(key), f_u, np.ones(n), inst(key),
+                prio)
+        return whole[key]
 
-    scattered: dict[tuple[int, tuple[float, ...]], list[int]] = {}
-    moved: dict[tuple[int, float], int] = {}
+    scattered: dict[tuple[Hashable, int, tuple[float, ...]], list[int]] = {}
+    moved: dict[tuple[Hashable, int, float], int] = {}
     for e in es:
         v = int(gi.e_dst[e])
         lay_v = int(place.op_lay[v])
         start_v = int(prov.inst_start[v])
-        if int(place.op_shard[v]) == region:                      # same config: the option's conversion
-            c = int(choice.conv[e])
-            if c == LOCAL or gi.e_value_free[e]:
-                for i in range(n):
-                    em.dep(start_v + i, inst[i], owner)
-                continue
-            if c in (ALLGATHER, ALLREDUCE):
-                src = made_whole()
-            else:
-                f_v = tuple(layouts.split[lay_v])
-                key = (c, f_v)
-                if key not in scattered:
-                    scattered[key] = _collective(ctx, em, c, t, u, devs, f_u, np.asarray(f_v), inst, prio)
-                src = scattered[key]
-            for i in range(n):
-                em.dep(start_v + i, src[i], owner)
-            continue
-        # any other consumer reads it whole, or its share of it
-        if gi.e_value_free[e]:
-            for j in range(int(layouts.length[lay_v])):
-                em.dep(start_v + j, inst[0], owner)
-            continue
-        src = made_whole()
+        same = int(place.op_shard[v]) == region
+        c = int(choice.conv[e]) if same else LOCAL
         split_v = int(place.op_shard[v]) >= 0
         need_shard = split_v and int(place.shards[int(place.op_shard[v])].need[e]) == 1
-        for j, d in enumerate(layouts.devices[lay_v]):
-            if d in devs:
-                em.dep(start_v + j, src[devs.index(d)], owner)
-                continue
-            part = layouts.split[lay_v][j] if need_shard else \
-                (layouts.shares[lay_v][j] / ctx.batch_size if gi.e_batch[e] and not split_v else 1.0)
-            key2 = (d, float(part))
-            if key2 not in moved:
-                s = _best_source(ctx, list(devs), d)
-                moved[key2] = _move(ctx, em, src[devs.index(s)], s, d, float(gi.t_bytes[t]) * part, u, prio, t)
-            em.dep(start_v + j, moved[key2], owner)
+        for j, (d, m) in enumerate(zip(layouts.devices[lay_v], layouts.micro[lay_v])):
+            key = _source_key(gi, u, v, m)
+            if gi.e_value_free[e]:                 # a shape read: the first instance, nothing moves
+                em.dep(start_v + j, inst(0)[0], owner)
+            elif same and c == LOCAL:                          # same config, the option reads its own shard
+                em.dep(start_v + j, inst(key)[devs.index(d)], owner)
+            elif same and c in (REDUCESCATTER, ALLTOALL):
+                f_v = tuple(np.asarray(layouts.split[lay_v])[_entries(layouts, lay_v)[1]["last"]].tolist())
+                if (key, c, f_v) not in scattered:
+                    scattered[(key, c, f_v)] = _collective(ctx, em, c, t, u, devs, nbytes(key), f_u, np.asarray(f_v),
+                                                           inst(key), prio)
+                em.dep(start_v + j, scattered[(key, c, f_v)][devs.index(d)], owner)
+            elif d in devs:                                    # read whole where it was made whole
+                em.dep(start_v + j, made_whole(key)[devs.index(d)], owner)
+            else:          # moved whole, its batch share or the shard it reads, from the best-connected holder
+                part = (layouts.shares[lay_v][j] / ctx.batch_size if carries_batch else 1.0) * \
+                    (layouts.split[lay_v][j] if need_shard else 1.0)
+                if (key, d, part) not in moved:
+                    s = _best_source(ctx, list(devs), d)
+                    moved[(key, d, part)] = _move(ctx, em, made_whole(key)[devs.index(s)], s, d,
+                                                  float(gi.t_bytes[t]) * part, u, prio, t)
+                em.dep(start_v + j, moved[(key, d, part)], owner)
 
 
 def _into_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int, es: list[int], place: Placement,
@@ -252,13 +272,16 @@ def _into_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int,
         start_v = int(prov.inst_start[v])
         choice = place.shards[int(place.op_shard[v])]
         need = int(choice.need[e])
-        for j, d in enumerate(layouts.devices[lay_v]):
-            if need == 3 or gi.e_value_free[e]:                  # a shape read: any holder, nothing moves
-                em.dep(start_v + j, int(prov.at[t, holders[0]]) if holders else int(prov.inst_start[u]), owner)
+        for j, (d, m) in enumerate(zip(layouts.devices[lay_v], layouts.micro[lay_v])):
+            if need == 3 or gi.e_value_free[e]:           # a shape read: the first instance, nothing moves
+                em.dep(start_v + j, int(prov.inst_start[u]), owner)
                 continue
             scale = layouts.split[lay_v][j] if need == 1 else 1.0
-            if pieces:
-                for k, (s, share) in enumerate(zip(layouts.devices[lay_u], layouts.shares[lay_u])):
+            if pieces:                                 # the pieces of its micro-batch
+                for k, (s, share, mk) in enumerate(zip(layouts.devices[lay_u], layouts.shares[lay_u],
+                                                       layouts.micro[lay_u])):
+                    if mk != m:
+                        continue
                     src_task = int(prov.inst_start[u]) + k
                     if s == d:
                         em.dep(start_v + j, src_task, owner)

@@ -147,15 +147,33 @@ def test_each_parameter_is_held_divided_and_updated_where_it_lives(block):
     assert pl.out_split[updates].tolist() == [1.0] * 3
 
 
-def test_split_strategies_round_trip_and_refuse_micro_batches(block):
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_split_groups_run_micro_batches(block, schedule):
+    """With k micro-batches each device runs its shard of every micro-batch; compute-bound (FakeCost's times
+    are linear in the samples), the step on device 0 takes as long as with one; one all-reduce per micro-batch
+    each way; fc2's weight gradient accumulates over the micro-batches."""
+    g, c = block, two_gpu()
+    ev = Evaluator(g, c, SplitCost(c))
+    s = strategy(g, c, [ParallelConfig.single(0, B), ParallelConfig.split_over((0, 1), (1, 1), B)], mlp_groups(g))
+    one = ev.evaluate(s)
+    for k in (2, 4):
+        res = ev.evaluate(s.with_micro_batches(k, schedule))
+        plan = res.plan
+        assert res.iteration_time_s == pytest.approx(one.iteration_time_s, abs=64 * B * D * 4 * 1e-9)
+        coll = plan.task_kind == TaskKind.COLLECTIVE
+        assert sorted(g.ops[o].name for o in plan.task_op[coll]) == ["mm_2"] * k + ["mm_6"] * k
+        o = op_id(g, "mm_3")                                 # fc2's weight gradient: k instances per device
+        inst = (plan.task_op == o) & (plan.task_kind == TaskKind.COMPUTE)
+        assert sorted(plan.task_device[inst].tolist()) == [0] * k + [1] * k
+
+
+def test_split_strategies_round_trip_and_refuse_recomputation(block):
     g, c = block, two_gpu()
     cfg = ParallelConfig.split_over((0, 1), (3, 1), B)
     assert cfg.batch_size == B and cfg.shares == (B, B)
     s = strategy(g, c, [cfg], np.zeros(g.n_ops, dtype=np.int64))
     back = Strategy.from_dict(s.to_dict())
     assert back.configs[0] == cfg and back.configs[0].split == "parameter"
-    with pytest.raises(StrategyError, match="one micro-batch"):
-        s.with_micro_batches(2)
     with pytest.raises(StrategyError, match="not recomputed"):
         s.with_recompute([0])
     with pytest.raises(StrategyError, match="one positive split share per device"):
