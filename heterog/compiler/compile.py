@@ -157,8 +157,7 @@ class Compiler:
         placement = place(ctx, self.configs, demand, strategy)
         op_priority = op_priority_of(strategy)
         state = None
-        # plans with recomputation or splits beyond the batch: from scratch
-        patch = patch and placement.recompute is None and placement.op_shard is None
+        patch = patch and placement.recompute is None          # plans with recomputation: from scratch
         closest = self.bases.closest(placement) if patch else None
         if closest is not None:
             key, base = closest
@@ -174,7 +173,7 @@ class Compiler:
         if state is None:
             state = compile_all(ctx, self.layouts, op_priority, placement)
             self.n_full += 1
-        if placement.recompute is None and placement.op_shard is None:
+        if placement.recompute is None:
             self.bases[id(state)] = state
         return state
 

@@ -45,7 +45,7 @@ def emit_instances(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, 
         inst_split = lay.split_flat[flat]
         dur = ctx.cost.op_times(ctx.graph, inst_op, inst_dev, inst_frac, inst_split)
         w = place.out_split[inst_op]
-        alloc = alloc * (1.0 - w + w * inst_split)
+        alloc = np.where(w > 0, alloc * (1.0 - w + w * inst_split), alloc)
     prev = lay.prev_flat[flat]
     accumulates = (prev >= 0) & gi.has_partial[inst_op]
     if accumulates.any():

@@ -133,7 +133,7 @@ def resident_bytes(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray
     weights = ctx.index.resident_bytes[ops][rows]
     if out_split is not None:
         w = out_split[ops][rows]
-        weights = weights * (1.0 - w + w * layouts.split_flat[flat])
+        weights = np.where(w > 0, weights * (1.0 - w + w * layouts.split_flat[flat]), weights)
     return np.bincount(layouts.dev_flat[flat], weights=weights, minlength=ctx.n_devices)
 
 

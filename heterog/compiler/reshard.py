@@ -73,12 +73,11 @@ class _Emitter:
         return hit
 
     def flush(self) -> None:
-        if not self.res:
-            return
+        """Add the gathered tasks (one batch per stage) and every dependency, handles turned into ids."""
         c = self.cols
         ids = np.empty(len(self.res), dtype=np.int64)
-        stages = np.array(c["stage"])
-        for stage in np.unique(stages).tolist():        # one add per stage (its order key)
+        stages = np.array(c["stage"], dtype=object)
+        for stage in sorted(set(c["stage"])):        # one add per stage (its order key)
             sel = np.nonzero(stages == stage)[0]
 
             def pick(name: str, sel: np.ndarray = sel) -> np.ndarray:
@@ -93,8 +92,9 @@ class _Emitter:
                 res_idx=np.array([x for r in res for x in r], dtype=np.int64), lag=pick("lag").astype(np.float64))
         if self.deps:
             task, on, owner = (np.array(x, dtype=np.int64) for x in zip(*self.deps))
-            task = np.where(task < -1, ids[np.maximum(-task - 2, 0)], task)
-            on = np.where(on < -1, ids[np.maximum(-on - 2, 0)], on)
+            for x in (task, on):
+                local = x < -1
+                x[local] = ids[-x[local] - 2]
             self.batch.deps(task, on, owner)
 
 

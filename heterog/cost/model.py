@@ -182,7 +182,7 @@ class CostModel:
                               self._launch_s[np.asarray(devices, dtype=np.int64)] *
                               self._slowdown[np.asarray(devices, dtype=np.int64)], 0.0)
             launch = np.minimum(launch, whole)
-            return launch + (whole - launch) * s
+            return np.where(s == 1.0, whole, launch + (whole - launch) * s)
         ops, devices, fractions = np.broadcast_arrays(np.asarray(ops, dtype=np.int64),
                                                       np.asarray(devices, dtype=np.int64),
                                                       np.asarray(fractions, dtype=np.float64))

@@ -116,6 +116,31 @@ def test_a_patched_micro_batched_plan_is_the_plan_compiled_from_scratch(evaluato
     assert compiler.n_full == 1 and compiler.n_patched >= 1   # none compiled again from scratch
 
 
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**31 - 1), k=st.sampled_from([1, 2]))
+def test_a_patched_plan_with_splits_is_the_plan_compiled_from_scratch(evaluator, seed, k):
+    """The random walk over actions that include splits beyond the batch (``ActionSearch(splits=True)``),
+    at one or two micro-batches: each patched plan equals the plan compiled from scratch."""
+    from heterog.baselines.chains import ActionSearch
+
+    ev, rng = evaluator, np.random.default_rng(seed)
+    g, c = ev.graph, ev.cluster
+    search = ActionSearch(ev, splits=True)
+    compiler = Compiler(g, c, ev.cost, max_bases=2, delta_fraction=1.0)
+    state = rng.integers(0, search.n_actions, size=ev.n_groups)
+    for _ in range(4):
+        state = state.copy()
+        changed = rng.choice(ev.n_groups, size=min(int(rng.integers(1, 4)), ev.n_groups), replace=False)
+        state[changed] = rng.integers(0, search.n_actions, size=len(changed))
+        strategy = search.strategy(state).with_micro_batches(k)
+        patched = compiler.compile(strategy)
+        scratch = compile_strategy(g, c, strategy, ev.cost)
+        assert_same_plan(patched, scratch)
+        a, b = ev.simulate_plan(patched, "best"), ev.simulate_plan(scratch, "best")
+        assert (a.makespan, a.oom) == (b.makespan, b.oom)
+    assert compiler.n_full == 1 and compiler.n_patched >= 1
+
+
 def test_changing_one_group_moves_other_groups_ps_and_the_patch_follows():
     # 4 branches under EV-PS on 2 servers x 2 GPUs: the PS choice spreads the 4 groups over the devices.
     # Turning branch 0 to AllReduce changes the load the others see; the groups whose PS moves are
