@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import ast
 from pathlib import Path
+from typing import Any
 
 from heterog.cli.args import add_graph_args, add_parallel_args, graph_and_cluster
 from heterog.cli.output import add_json_flag, emit
@@ -17,7 +18,7 @@ def planner_options(pairs: list[str]) -> dict:
     from heterog.errors import HeterogError
     from heterog.planners import OPTIONS
 
-    out = {}
+    out: dict[str, Any] = {}
     for pair in pairs:
         name, eq, text = pair.partition("=")
         if not eq or not name.strip():
