@@ -142,6 +142,8 @@ class _Chooser:
                 divided = [k for k in self.allowed[o] if k != REPLICATE and table.options[o][k].kind == "parameter"]
                 self.allowed[o] = divided or self.allowed[o]
         self._fracs: dict[int | None, np.ndarray] = {None: np.ones(n)}
+        self._conv: dict[tuple[int, int, int], int] = {}
+        self._compute: dict[tuple[int, int], float] = {}
         gi = ctx.index
         self.e_bytes = gi.e_bytes
         self.ins: list[list[int]] = [[] for _ in range(gi.n_ops)]
@@ -178,12 +180,17 @@ class _Chooser:
         return pairs, same
 
     def edge_conv(self, e: int, u_opt: int, v_opt: int) -> int:
+        key = (e, u_opt, v_opt)
+        hit = self._conv.get(key)
+        if hit is not None:
+            return hit
         pairs, same = self.placements(e, u_opt, v_opt)
         worst = LOCAL
         for h, n in pairs:
             c = conversion(h, n, same)
             if _CONV_WEIGHT[c] > _CONV_WEIGHT[worst]:
                 worst = c
+        self._conv[key] = worst
         return worst
 
     def conv_cost(self, c: int, nbytes: float) -> float:
@@ -193,11 +200,18 @@ class _Chooser:
         moved = nbytes * (n - 1) / n * _CONV_WEIGHT[c]
         return moved / self.bw + (n - 1) * self.lat
 
+    def compute_cost(self, o: int, k: int) -> float:
+        """The slowest device's share of op ``o`` under option ``k`` (and a tie-break: hold less of a
+        resident tensor)."""
+        hit = self._compute.get((o, k))
+        if hit is None:
+            f = self.option_frac(o, k)
+            hit = float(np.max(self.full[o] * f)) + 1e-18 * float(self.resident[o]) * float(f.max())
+            self._compute[(o, k)] = hit
+        return hit
+
     def local_cost(self, o: int, k: int, choice: np.ndarray, use_in: bool, use_out: bool) -> float:
-        f = self.option_frac(o, k)
-        cost = float(np.max(self.full[o] * f))
-        if self.resident[o] > 0:                       # tie-break: hold less of a resident tensor
-            cost += 1e-18 * float(self.resident[o]) * float(f.max())
+        cost = self.compute_cost(o, k)
         if use_in:
             for e in self.ins[o]:
                 u = int(self.ctx.index.e_src[e])
