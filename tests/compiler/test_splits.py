@@ -197,3 +197,22 @@ def test_mcmc_offers_and_starts_from_splits_only_when_asked(block):
     assert all(cfg.split is None for cfg in plain.configs)
     split = mcmc(ev, max_evals=40, seed=0, max_micro_batches=1, splits=True)
     assert {ch["start"] for ch in split.meta["chains"]} >= {"tp-even", "tp-prop"}
+
+
+def test_os_dpos_and_the_pipeline_planner_try_parameter_splits_when_asked(block):
+    from heterog.baselines.dpos import os_dpos, split_configs
+    from heterog.baselines.pipeline import pipeline
+
+    g, c = block, two_gpu()
+    ev = Evaluator(g, c, SplitCost(c, slow=(1.0, 3.0)))
+    full = ev.cost.full_batch_times(g)[op_id(g, "mm_1")]
+    cands = split_configs(full, B, channels=True)
+    assert [cfg.split for cfg in cands] == [None, None, "parameter", "parameter"]
+    assert [cfg.split_shares for cfg in cands[2:]] == [(1, 1), (750, 250)]     # even; by the op's speed
+    assert all(cfg.split is None for cfg in split_configs(full, B))
+    plan = os_dpos(ev, budget_s=20, splits=True)
+    assert plan.meta["ops_split"] == len(plan.meta["splits"])
+    for kept in plan.meta["splits"]:
+        assert kept["split"] in ("batch", "parameter") and kept["gain_s"] > 0 and len(kept["devices"]) == 2
+    tp = pipeline(ev, budget_s=20, splits=True)
+    assert "stage_split" in tp.meta
