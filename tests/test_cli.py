@@ -170,3 +170,14 @@ def test_console_script_exits_non_zero_without_traceback(tmp_path):
                            "--cluster", PAPER, "--method", "single"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "missing.json" in proc.stderr
+
+
+def test_run_refuses_a_plan_split_beyond_the_batch_with_one_line(capsys, tmp_path):
+    out = tmp_path / "s.json"
+    code, _, _ = run_cli(capsys, "plan", "--graph", "tiny_mlp", "--cluster", "local-cpu-2", "--method", "mcmc",
+                         "--option", "splits=true", "--option", "starts=['tp-even']", "--option", "max_evals=2",
+                         "-o", str(out))
+    assert code == 0 and any(c.split for c in Strategy.load(out).configs)
+    code, _, err = run_cli(capsys, "run", "--model", "tiny_mlp", "--cluster", "local-cpu-2", "--strategy", str(out),
+                           "--steps", "1")
+    assert_clean_error(code, err, "splits groups beyond the batch", "the runtime does not execute them")
