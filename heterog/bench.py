@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from heterog.strategy import even_shares
+from heterog.strategy import ParallelConfig, Strategy, even_shares
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.evaluate import Evaluator
@@ -71,17 +71,37 @@ def run_bench(quick: bool = False) -> dict:
 
     out["eval_ms_bert_large_paper8_k4" if not quick else "eval_ms_quick_k4"] = _median_ms(
         from_scratch_k4, 3 if quick else 11)
+    # every group split beyond the batch evenly over every device: the option choice once, then from scratch
+    split = split_everything(ev)
+    t0 = time.perf_counter()
+    out["eval_tasks_split"] = ev.evaluate(split).n_tasks
+    out["split_choice_s" if not quick else "split_choice_s_quick"] = time.perf_counter() - t0
+    def from_scratch_split() -> None:
+        ev.compiler.bases.clear()
+        ev.iteration_time(split)
+
+    out["eval_ms_bert_large_paper8_split" if not quick else "eval_ms_quick_split"] = _median_ms(
+        from_scratch_split, 3 if quick else 11)
     out.update(delta_eval(ev, actions, quick))
     out.update(delta_eval(ev, actions, quick, micro_batches=4))
     out.update(search_speed(ev, quick))
     if quick:                                   # the keys of the full benchmark, not measured
         out.update(dict.fromkeys(("eval_ms_bert_large_paper8", "eval_ms_bert_large_paper8_k4",
+                                  "eval_ms_bert_large_paper8_split",
                                   "eval_ms_delta_bert_large_paper8", "eval_ms_delta_bert_large_paper8_k4",
                                   "mcmc_evals_per_s_bert_large_paper8", "search_speedup_2_workers")))
     else:
         out["order_comparison"] = order_comparison()
     out["load_average_1min_at_end"] = os.getloadavg()[0]       # > 0 means other work shared the CPUs
     return out
+
+
+def split_everything(ev: Evaluator) -> Strategy:
+    """The strategy that divides every group's parameters evenly over every device of the cluster."""
+    g, c = ev.graph, ev.cluster
+    cfg = ParallelConfig.split_over(range(c.n_devices), [1] * c.n_devices, g.batch_size)
+    return Strategy(g.fingerprint, c.name, c.n_devices, g.batch_size, ev.group_of, [cfg] * ev.n_groups,
+                    "split-even")
 
 
 def one_group_changes(actions: np.ndarray, n_devices: int, n: int, seed: int = 1) -> list[tuple[int, np.ndarray]]:

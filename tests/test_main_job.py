@@ -27,3 +27,4 @@ def test_bench_quick_smoke(capsys):
     assert doc["sim_tasks_per_s"] > 0 and doc["sim_speedup_vs_reference"] > 0
     assert doc["eval_ms_delta_quick"] > 0 and doc["mcmc_evals_per_s_quick"] > 0 and doc["eval_ms_quick_k4"] > 0
     assert doc["eval_ms_delta_quick_k4"] > 0
+    assert doc["eval_ms_quick_split"] > 0 and doc["eval_tasks_split"] > 0 and "eval_ms_bert_large_paper8_split" in doc
