@@ -25,10 +25,15 @@ _GRAPHS: dict[str, object] = {}
 
 def graph_of(name: str):
     if name not in _GRAPHS:
-        logging.getLogger("heterog").setLevel(logging.ERROR)
-        torch.manual_seed(0)
-        module, inputs = MODELS[name]()
-        _GRAPHS[name] = capture(module, inputs, optimizer="adam")
+        logger = logging.getLogger("heterog.graph.capture")       # quiet FLOP estimates, for this capture only
+        level = logger.level
+        logger.setLevel(logging.ERROR)
+        try:
+            torch.manual_seed(0)
+            module, inputs = MODELS[name]()
+            _GRAPHS[name] = capture(module, inputs, optimizer="adam")
+        finally:
+            logger.setLevel(level)
     return _GRAPHS[name]
 
 
