@@ -86,7 +86,8 @@ class CompileContext:
     category_codes: np.ndarray      # TaskCategory -> category code in ``resources``
     resident_ops: np.ndarray        # parameter, state and buffer placeholders
     allreduce: AllReduceTable       # AllReduce costs per device set, cached
-    shard_choices: dict             # each split config's op options (``heterog.compiler.shards``), cached
+    split_cache: dict               # each split config's op options (``heterog.compiler.shards``) and the
+                                    # times of collectives of divided tensors (``heterog.compiler.reshard``)
 
     @classmethod
     def of(cls, graph: OpGraph, cluster: Cluster, cost: CostModel, *,
@@ -110,4 +111,4 @@ class CompileContext:
                    order_key=OrderKey(max(index.n_tensors, 1), 2 * n_devices * MAX_MICRO_BATCHES + 2), resources=tg,
                    category_codes=np.array([tg.category(x) for x in CATEGORIES], dtype=np.int64),
                    resident_ops=np.nonzero(index.placeholder_resident)[0],
-                   allreduce=AllReduceTable(cost, index.t_bytes, n_devices, paths), shard_choices={})
+                   allreduce=AllReduceTable(cost, index.t_bytes, n_devices, paths), split_cache={})

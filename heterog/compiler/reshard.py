@@ -44,7 +44,9 @@ class _Emitter:
         self.ctx, self.batch = ctx, batch
         self.cols: dict[str, list] = defaultdict(list)
         self.res: list[tuple[int, ...]] = []
-        self.deps: list[tuple[int, int, int]] = []
+        self.dep_task: list[int] = []
+        self.dep_on: list[int] = []
+        self.dep_owner: list[int] = []
         self._sub: dict[int, int] = defaultdict(int)
         self._links: dict[tuple[int, ...], tuple[int, ...]] = {}
 
@@ -60,7 +62,9 @@ class _Emitter:
         return -(k + 2)
 
     def dep(self, task: int, on: int, owner: int) -> None:
-        self.deps.append((task, on, owner))
+        self.dep_task.append(task)
+        self.dep_on.append(on)
+        self.dep_owner.append(owner)
 
     def ring(self, devices: tuple[int, ...]) -> tuple[int, ...]:
         """The resources a collective over ``devices`` holds."""
@@ -74,14 +78,14 @@ class _Emitter:
 
     def flush(self) -> None:
         """Add the gathered tasks (one batch per stage) and every dependency, handles turned into ids."""
-        c = self.cols
+        cols = {name: np.asarray(v) for name, v in self.cols.items() if name != "stage"}
         ids = np.empty(len(self.res), dtype=np.int64)
-        stages = np.array(c["stage"], dtype=object)
-        for stage in sorted(set(c["stage"])):        # one add per stage (its order key)
+        stages = np.array(self.cols["stage"], dtype=object)
+        for stage in sorted(set(self.cols["stage"])):        # one add per stage (its order key)
             sel = np.nonzero(stages == stage)[0]
 
             def pick(name: str, sel: np.ndarray = sel) -> np.ndarray:
-                return np.asarray(c[name])[sel]
+                return cols[name][sel]
 
             res = [self.res[i] for i in sel.tolist()]
             ids[sel] = self.batch.add(
@@ -90,8 +94,8 @@ class _Emitter:
                 cls=1, tensor=pick("tensor"), sub=pick("sub"), owner=self.ctx.index.n_ops + pick("tensor"),
                 res_len=np.array([len(r) for r in res], dtype=np.int64),
                 res_idx=np.array([x for r in res for x in r], dtype=np.int64), lag=pick("lag").astype(np.float64))
-        if self.deps:
-            task, on, owner = (np.array(x, dtype=np.int64) for x in zip(*self.deps))
+        if self.dep_task:
+            task, on, owner = (np.array(x, dtype=np.int64) for x in (self.dep_task, self.dep_on, self.dep_owner))
             for x in (task, on):
                 local = x < -1
                 x[local] = ids[-x[local] - 2]
@@ -142,14 +146,17 @@ def _collective(ctx: CompileContext, em: _Emitter, kind: int, t: int, u: int, de
     """One collective of ``nbytes`` (the whole value of tensor ``t``, one micro-batch's of a batch tensor) over
     ``devs`` after ``sources`` (the producer's instances); its result lands on each device as a task
     allocating ``f_out[i]`` of it there. Returns the landing tasks, in device order."""
-    if kind == ALLREDUCE:
-        whole = float(ctx.index.t_bytes[t])
-        dur = float(ctx.allreduce(devs).times_s[t]) if nbytes == whole else \
-            float(ctx.cost.allreduce_times(devs, np.array([nbytes]))[0][0])
-    elif kind == ALLTOALL:
-        dur = float(ctx.cost.sharded_ring_times(devs, nbytes * f_u[None, :] / len(devs))[0])
-    else:                                             # all-gather: the producer's shards; reduce-scatter: the results
-        dur = float(ctx.cost.sharded_ring_times(devs, nbytes * (f_u if kind == ALLGATHER else f_out)[None, :])[0])
+    shards = f_u if kind in (ALLGATHER, ALLTOALL) else f_out if kind == REDUCESCATTER else None
+    key = ("time", kind, devs, nbytes, None if shards is None else tuple(shards.tolist()))
+    dur = ctx.split_cache.get(key)
+    if dur is None:
+        if kind == ALLREDUCE:
+            dur = float(ctx.cost.allreduce_times(devs, np.array([nbytes]))[0][0])
+        else:                   # all-gather: the producer's shards; reduce-scatter: the results; all-to-all: 1/n
+            assert shards is not None
+            part = nbytes * shards / (len(devs) if kind == ALLTOALL else 1)
+            dur = float(ctx.cost.sharded_ring_times(devs, part[None, :])[0])
+        ctx.split_cache[key] = dur
     owner = ctx.index.n_ops + t
     coll = em.task(dur=dur, kind=TaskKind.COLLECTIVE, op=u, dev=-1, alloc=0.0, cat=TaskCategory.COLLECTIVE,
                    prio_op=prio, stage="split", tensor=t, res=em.ring(devs))
@@ -166,7 +173,16 @@ def _collective(ctx: CompileContext, em: _Emitter, kind: int, t: int, u: int, de
 
 def _entries(layouts: LayoutTable, lay: int) -> tuple[tuple[int, ...], dict[Hashable, list[int]]]:
     """A layout's devices (each once, in order) and its entries per micro-batch in that order, with
-    ``"last"``: each device's last entry (where partial results accumulate over micro-batches)."""
+    ``"last"``: each device's last entry (where partial results accumulate over micro-batches); cached on
+    the table (layouts do not change once registered)."""
+    cache = layouts.__dict__.setdefault("_split_entries", {})
+    hit = cache.get(lay)
+    if hit is None:
+        hit = cache[lay] = _layout_entries(layouts, lay)
+    return hit
+
+
+def _layout_entries(layouts: LayoutTable, lay: int) -> tuple[tuple[int, ...], dict[Hashable, list[int]]]:
     devs = layouts.unique_devices(lay)
     pos = {d: i for i, d in enumerate(devs)}
     out: dict[Hashable, list[int]] = {}
@@ -201,8 +217,14 @@ def _from_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int,
     owner = gi.n_ops + t
     carries_batch = bool(gi.e_batch[es[0]])
 
+    start_u = int(prov.inst_start[u])
+    insts: dict[Hashable, list[int]] = {}
+
     def inst(key: Hashable) -> list[int]:
-        return [int(prov.inst_start[u]) + j for j in ent[key]]
+        hit = insts.get(key)
+        if hit is None:
+            hit = insts[key] = [start_u + j for j in ent[key]]
+        return hit
 
     def nbytes(key: Hashable) -> float:                 # the tensor of one micro-batch, or whole
         share = layouts.shares[lay_u][ent[key][0]]

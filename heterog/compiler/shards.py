@@ -267,8 +267,8 @@ _CONV_WEIGHT = {LOCAL: 0.0, ALLGATHER: 1.0, REDUCESCATTER: 1.0, ALLREDUCE: 2.0, 
 def choose_shards(ctx: CompileContext, config: ParallelConfig) -> ShardChoice:
     """Each op's option under ``config`` (a split config), cached in the context per (devices, split
     shares, kind)."""
-    key = (tuple(config.devices), tuple(config.split_shares), config.split)
-    hit = ctx.shard_choices.get(key)
+    key = ("choice", tuple(config.devices), tuple(config.split_shares), config.split)
+    hit = ctx.split_cache.get(key)
     if hit is not None:
         return hit
     table = split_table(ctx)
@@ -298,7 +298,7 @@ def choose_shards(ctx: CompileContext, config: ParallelConfig) -> ShardChoice:
         ns = [_cls(n) for _, n in pairs] or [3 if gi.e_value_free[e] else 0]
         have[e] = 2 if 2 in hs else 1 if 1 in hs else 0
         need[e] = 0 if 0 in ns else 1 if 1 in ns else 2 if 2 in ns else 3
-    out = ctx.shard_choices[key] = ShardChoice(option, frac, out_split, conv, have, need)
+    out = ctx.split_cache[key] = ShardChoice(option, frac, out_split, conv, have, need)
     return out
 
 
