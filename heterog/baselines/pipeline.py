@@ -151,9 +151,12 @@ def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | N
     """The fastest simulated pipeline plan that fits (the fastest of all when none fits) within
     ``budget_s`` seconds of search (default 30); ``schedule`` orders the micro-batches (None: each of
     ``SCHEDULES`` is tried). ``balance="equal"`` is the homogeneous baseline: one stage per device with
-    equal numbers of layers (``equal_stages``), only the micro-batches searched. ``splits``: stages of
-    several devices are also tried dividing their layers' parameters among them (tensor parallelism inside
-    a stage, ``stage_plan``); off by default, as the runtime does not execute such plans yet."""
+    equal numbers of layers (``equal_stages``), only the micro-batches searched. ``splits``: where no
+    candidate of a stage grouping with data parallelism inside its stages fits (at that k, recomputation
+    tried), the grouping is also tried dividing each stage's layers' parameters among its devices (tensor
+    parallelism inside a stage, ``stage_plan``): on the clusters measured, divided stages pay only where
+    memory forces them (docs/results.md, "Splits beyond the batch"), and the budget goes to the other
+    candidates. Off by default, as the runtime does not execute such plans yet."""
     if balance not in ("cost", "equal"):
         raise HeterogError(f"unknown balance {balance!r} for the pipeline planner (choose from cost, equal)")
     if schedule is not None and schedule not in SCHEDULES:
@@ -176,9 +179,12 @@ def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | N
         for stages in groupings:
             modes = [(p, tp) for tp in ((False, True) if splits and max(map(len, stages)) > 1 else (False,))
                      for p in ((True, False) if balance == "cost" else (False,))]
+            replicated_fits = False
             for proportional, split in modes:
                 if best is not None and time.perf_counter() - t0 > budget:
                     break
+                if split and replicated_fits:          # divided stages only where replicated ones do not fit
+                    continue
                 if balance == "cost":
                     stage_of_layer, configs = stage_plan(ev, stages, proportional, layer_of, times, split)
                 else:
@@ -196,6 +202,7 @@ def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | N
                 for v in variants:
                     v, t, oom = fitting(ev, v)
                     tried += 1
+                    replicated_fits |= not split and not oom
                     key = (bool(oom), float(t))
                     if best is None or key < best[0]:
                         best = (key, v)

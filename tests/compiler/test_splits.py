@@ -216,3 +216,24 @@ def test_os_dpos_and_the_pipeline_planner_try_parameter_splits_when_asked(block)
         assert kept["split"] in ("batch", "parameter") and kept["gain_s"] > 0 and len(kept["devices"]) == 2
     tp = pipeline(ev, budget_s=20, splits=True)
     assert "stage_split" in tp.meta
+
+
+def test_the_pipeline_planner_divides_stages_only_where_replicated_ones_do_not_fit(block):
+    """With room for the replicated stage, splits change nothing (the same candidates, the same plan); in
+    18 KiB per device, where a replicated stage of both devices does not fit, the stage divided between them
+    fits and is faster than the best plan without splits."""
+    from heterog.baselines.pipeline import pipeline
+
+    g = block
+    roomy = two_gpu()
+    ev = Evaluator(g, roomy, SplitCost(roomy))
+    plain, split = pipeline(ev, budget_s=60, splits=False), pipeline(ev, budget_s=60, splits=True)
+    assert plain.meta["candidates"] == split.meta["candidates"]
+    assert not split.meta["stage_split"] and ev.iteration_time(split) == ev.iteration_time(plain)
+    tight = two_gpu(memory="18 KiB")
+    ev = Evaluator(g, tight, SplitCost(tight))
+    plain, split = pipeline(ev, budget_s=60, splits=False), pipeline(ev, budget_s=60, splits=True)
+    assert split.meta["candidates"] > plain.meta["candidates"]
+    assert split.meta["stage_split"] and split.meta["stages"] == [(0, 1)]
+    (t_split, oom_split), (t_plain, oom_plain) = ev.iteration_time(split), ev.iteration_time(plain)
+    assert not oom_split and not oom_plain and t_split < t_plain
