@@ -18,6 +18,7 @@ disconnected, which is an error. Paths, bandwidths and latencies are tabulated o
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -248,6 +249,12 @@ class Cluster:
     @property
     def link_names(self) -> list[str]:
         return [link.name for link in self.links]
+
+    def best_source(self, holders: Sequence[int], dst: int) -> int:
+        """Of the devices ``holders``, the one a value is best moved from to ``dst``: the highest path
+        bandwidth, then the lowest latency, then the lowest id."""
+        bw, lat = self.bandwidth_Bps, self.latency_s
+        return int(min(holders, key=lambda h: (-float(bw[h, dst]), float(lat[h, dst]), int(h))))
 
     def path(self, a: int, b: int) -> tuple[int, ...]:
         """Link ids a transfer from device ``a`` to device ``b`` holds (empty when a == b)."""

@@ -12,7 +12,7 @@ from heterog.errors import StrategyError
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.cluster.topology import Cluster
-    from heterog.graph.opgraph import OpGraph
+    from heterog.graph.opgraph import Op, OpGraph
 
 # ops whose partial results are batch statistics (mean and inverse std of a batch norm over its samples)
 STATISTICS_TARGETS = frozenset({
@@ -34,6 +34,12 @@ def dtype_bytes(dtype: str) -> int:
     if name not in _DTYPE_BYTES:
         raise StrategyError(f"unknown dtype {dtype!r} in graph")
     return _DTYPE_BYTES[name]
+
+
+def output_bytes(op: Op) -> list[float]:
+    """Bytes of each output of ``op`` at the graph's batch (a scalar output: one element)."""
+    return [float(np.prod(shape)) * dtype_bytes(dt) if len(shape) else float(dtype_bytes(dt))
+            for shape, dt in zip(op.output_shapes, op.output_dtypes)]
 
 
 @dataclass
@@ -86,8 +92,7 @@ def graph_index(graph: OpGraph) -> GraphIndex:
     out_fixed = np.zeros(n)
     out_batch = np.zeros(n)
     for i, op in enumerate(ops):
-        for shape, dt, bd in zip(op.output_shapes, op.output_dtypes, op.batch_dims):
-            b = float(np.prod(shape)) * dtype_bytes(dt) if len(shape) else float(dtype_bytes(dt))
+        for b, bd in zip(output_bytes(op), op.batch_dims):
             if bd is None:
                 out_fixed[i] += b
             else:

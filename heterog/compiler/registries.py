@@ -44,6 +44,7 @@ class LayoutTable:
         self.micro: list[tuple[int, ...]] = []
         self.split: list[tuple[float, ...]] = []
         self._id: dict[tuple, int] = {}
+        self._micro_entries: dict[int, dict[int, tuple[int, ...]]] = {}
         self._built = -1
         for d in range(n_devices):
             self.add((d,), (batch_size,))
@@ -74,6 +75,18 @@ class LayoutTable:
         devs = self.devices[lid]
         last = {d: i for i, d in enumerate(devs)}
         return np.array([last[d] for d in self.unique_devices(lid)], dtype=np.int64)
+
+    def micro_entries(self, lid: int) -> dict[int, tuple[int, ...]]:
+        """Micro-batch -> local index of each device's entry for it in layout ``lid``, devices in the order
+        of ``unique_devices`` (a layout whose every device has an entry per micro-batch; cached)."""
+        hit = self._micro_entries.get(lid)
+        if hit is None:
+            pos = {d: i for i, d in enumerate(self.unique_devices(lid))}
+            out: dict[int, list[int]] = {}
+            for j, (d, m) in enumerate(zip(self.devices[lid], self.micro[lid])):
+                out.setdefault(m, [0] * len(pos))[pos[d]] = j
+            hit = self._micro_entries[lid] = {m: tuple(v) for m, v in out.items()}
+        return hit
 
     def __len__(self) -> int:
         return len(self.devices)

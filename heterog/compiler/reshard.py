@@ -24,7 +24,7 @@ gradient AllReduce (``CompileContext.allreduce``), all-to-all as a ring passing 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 
@@ -122,11 +122,6 @@ def connect_split(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, e
     em.flush()
 
 
-def _best_source(ctx: CompileContext, holders: list[int], d: int) -> int:
-    """The holder with the highest bandwidth to ``d``, then the lowest latency, then the lowest id."""
-    return min(holders, key=lambda h: (-float(ctx.bandwidth_Bps[h, d]), float(ctx.latency_s[h, d]), h))
-
-
 def _move(ctx: CompileContext, em: _Emitter, src_task: int, s: int, d: int, nbytes: float, op: int, prio: int,
           t: int) -> int:
     """A transfer of ``nbytes`` of tensor ``t`` from device ``s`` (after ``src_task``) to ``d``."""
@@ -171,27 +166,13 @@ def _collective(ctx: CompileContext, em: _Emitter, kind: int, t: int, u: int, de
     return lands
 
 
-def _entries(layouts: LayoutTable, lay: int) -> tuple[tuple[int, ...], dict[Hashable, list[int]]]:
-    """A layout's devices (each once, in order) and its entries per micro-batch in that order, with
-    ``"last"``: each device's last entry (where partial results accumulate over micro-batches); cached on
-    the table (layouts do not change once registered)."""
-    cache = layouts.__dict__.setdefault("_split_entries", {})
-    hit = cache.get(lay)
-    if hit is None:
-        hit = cache[lay] = _layout_entries(layouts, lay)
-    return hit
-
-
-def _layout_entries(layouts: LayoutTable, lay: int) -> tuple[tuple[int, ...], dict[Hashable, list[int]]]:
-    devs = layouts.unique_devices(lay)
-    pos = {d: i for i, d in enumerate(devs)}
-    out: dict[Hashable, list[int]] = {}
-    last = [0] * len(devs)
-    for j, (d, m) in enumerate(zip(layouts.devices[lay], layouts.micro[lay])):
-        out.setdefault(m, [0] * len(devs))[pos[d]] = j
-        last[pos[d]] = j
-    out["last"] = last
-    return devs, out
+def _entries(layouts: LayoutTable, lay: int) -> tuple[tuple[int, ...], dict[Hashable, Sequence[int]]]:
+    """A layout's devices (each once, in order) and its entries for each micro-batch in that order
+    (``LayoutTable.micro_entries``), and under ``"last"`` each device's last entry (where partial results
+    accumulate over micro-batches)."""
+    out: dict[Hashable, Sequence[int]] = {m: e for m, e in layouts.micro_entries(lay).items()}
+    out["last"] = layouts.last_entries(lay).tolist()
+    return layouts.unique_devices(lay), out
 
 
 def _source_key(gi: GraphIndex, u: int, v: int, micro: int) -> Hashable:
@@ -250,6 +231,8 @@ def _from_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int,
         c = int(choice.conv[e]) if same else LOCAL
         split_v = int(place.op_shard[v]) >= 0
         need_shard = split_v and int(place.shards[int(place.op_shard[v])].need[e]) == 1
+        f_v = tuple(layouts.split[lay_v][j] for j in layouts.last_entries(lay_v).tolist()) \
+            if c in (REDUCESCATTER, ALLTOALL) else ()
         for j, (d, m) in enumerate(zip(layouts.devices[lay_v], layouts.micro[lay_v])):
             key = _source_key(gi, u, v, m)
             if gi.e_value_free[e]:                 # a shape read: the first instance, nothing moves
@@ -257,7 +240,6 @@ def _from_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int,
             elif same and c == LOCAL:                          # same config, the option reads its own shard
                 em.dep(start_v + j, inst(key)[devs.index(d)], owner)
             elif same and c in (REDUCESCATTER, ALLTOALL):
-                f_v = tuple(np.asarray(layouts.split[lay_v])[_entries(layouts, lay_v)[1]["last"]].tolist())
                 if (key, c, f_v) not in scattered:
                     scattered[(key, c, f_v)] = _collective(ctx, em, c, t, u, devs, nbytes(key), f_u, np.asarray(f_v),
                                                            inst(key), prio)
@@ -268,7 +250,7 @@ def _from_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int,
                 part = (layouts.shares[lay_v][j] / ctx.batch_size if carries_batch else 1.0) * \
                     (layouts.split[lay_v][j] if need_shard else 1.0)
                 if (key, d, part) not in moved:
-                    s = _best_source(ctx, list(devs), d)
+                    s = ctx.cluster.best_source(devs, d)
                     moved[(key, d, part)] = _move(ctx, em, made_whole(key)[devs.index(s)], s, d,
                                                   float(gi.t_bytes[t]) * part, u, prio, t)
                 em.dep(start_v + j, moved[(key, d, part)], owner)
@@ -318,6 +300,6 @@ def _into_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int,
             else:
                 key = (-1, d, float(scale))
                 if key not in moved:
-                    s = _best_source(ctx, holders, d)
+                    s = ctx.cluster.best_source(holders, d)
                     moved[key] = _move(ctx, em, int(prov.at[t, s]), s, d, nbytes * scale, u, prio, t)
                 em.dep(start_v + j, moved[key], owner)

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from heterog.compiler.context import CompileContext
+from heterog.compiler.index import output_bytes
 from heterog.strategy import split_shares_of
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -281,7 +282,7 @@ def choose_shards(ctx: CompileContext, config: ParallelConfig) -> ShardChoice:
     for o, k in enumerate(option.tolist()):
         if k != REPLICATE:
             outs = table.options[o][k].outputs
-            sizes = _output_bytes(ctx, o)
+            sizes = np.array(output_bytes(ctx.graph.ops[o]))
             if len(sizes) == len(outs) and sizes.sum() > 0:
                 out_split[o] = float(sizes[[p.startswith("S") for p in outs]].sum() / sizes.sum())
             elif table.options[o][k].kind != "partial" and outs and outs[0].startswith("S"):
@@ -315,11 +316,3 @@ def _anchors(ctx: CompileContext) -> np.ndarray:
                                                            and n_consumers[i] == 0)):
             out[i] = param_of[op.param]
     return out
-
-
-def _output_bytes(ctx: CompileContext, o: int) -> np.ndarray:
-    from heterog.compiler.index import dtype_bytes
-
-    op = ctx.graph.ops[o]
-    return np.array([float(np.prod(s)) * dtype_bytes(d) if len(s) else float(dtype_bytes(d))
-                     for s, d in zip(op.output_shapes, op.output_dtypes)])

@@ -369,8 +369,7 @@ class _Builder:
         memo_key = ("xfer", stash_key, dev)
         item = self.memo.get(memo_key)
         if item is None:
-            bw, lat = self.cluster.bandwidth_Bps, self.cluster.latency_s
-            h = min(holders, key=lambda x: (-float(bw[x, dev]), float(lat[x, dev]), x))
+            h = self.cluster.best_source(holders, dev)
             src, key = source_of(h)
             msg = self.send(h, dev, key, src, None, 1.0, leaf.shape, leaf.dtype)
             item = self.emit(dev, consumer_key + (-1,), Assemble(stash_key, None, (Piece(Recv(msg), None, 1.0, 0),),
