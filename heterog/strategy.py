@@ -129,6 +129,12 @@ class ParallelConfig:
                    d.get("split"), tuple(int(x) for x in d.get("split_shares", ())))
 
 
+def split_weights(speeds: Floats) -> list[int]:
+    """Integer split shares (``ParallelConfig.split_shares``) in proportion to ``speeds``, in thousandths,
+    each at least 1."""
+    return [max(1, w) for w in proportional_shares(1000, speeds)]
+
+
 def split_shares_of(extent: int, weights: Sequence[int]) -> list[int]:
     """Integer shares of a split dimension of ``extent`` units in proportion to ``weights`` (largest
     remainder; a device may get none when the extent is smaller than the devices)."""
@@ -217,9 +223,6 @@ def split_action_configs(cluster: "Cluster", batch_size: int) -> list[tuple[str,
     a group's parameters divided over every device (``tp-even``, ``tp-prop``: even shares, or in proportion
     to peak FLOP/s), and, on a cluster of several servers, over each server of several devices
     (``tp-even:<server>``, ``tp-prop:<server>``)."""
-    def weights(devs: Sequence[int]) -> list[int]:
-        return [max(1, w) for w in proportional_shares(1000, np.asarray(cluster.power)[list(devs)])]
-
     spans = [("", tuple(range(cluster.n_devices)))]
     if len(cluster.servers) > 1:
         spans += [(f":{s.name}", tuple(int(d) for d in s.devices)) for s in cluster.servers]
@@ -228,7 +231,8 @@ def split_action_configs(cluster: "Cluster", batch_size: int) -> list[tuple[str,
         if len(devs) < 2:
             continue
         out.append((f"tp-even{suffix}", ParallelConfig.split_over(devs, [1] * len(devs), batch_size)))
-        out.append((f"tp-prop{suffix}", ParallelConfig.split_over(devs, weights(devs), batch_size)))
+        prop = split_weights(np.asarray(cluster.power)[list(devs)])
+        out.append((f"tp-prop{suffix}", ParallelConfig.split_over(devs, prop, batch_size)))
     return out
 
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from heterog.baselines.expert import group_strategy, op_memory_bytes, order_priorities, param_units
 from heterog.errors import HeterogError
-from heterog.strategy import ParallelConfig, Strategy, even_shares, proportional_shares
+from heterog.strategy import ParallelConfig, Strategy, even_shares, proportional_shares, split_weights
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.cost.model import CostModel
@@ -492,7 +492,7 @@ def split_configs(op_times_s: np.ndarray, batch_size: int, channels: bool = Fals
                     out.append(cfg)
         if channels:
             order = np.argsort(devs, kind="stable")
-            weights = [max(1, w) for w in proportional_shares(1000, speed)]
+            weights = split_weights(speed)
             for w in ([1] * k, weights):
                 cfg = ParallelConfig.split_over([devs[i] for i in order], [w[i] for i in order], batch_size)
                 if cfg not in out:
