@@ -137,8 +137,15 @@ def split_weights(speeds: Floats) -> list[int]:
 
 def split_shares_of(extent: int, weights: Sequence[int]) -> list[int]:
     """Integer shares of a split dimension of ``extent`` units in proportion to ``weights`` (largest
-    remainder; a device may get none when the extent is smaller than the devices)."""
-    return proportional_shares(int(extent), weights)
+    remainder), every device at least one unit where the extent allows (taken from the largest share);
+    a device gets none only when the extent is smaller than the devices (the compiler does not divide
+    such a dimension among them)."""
+    shares = proportional_shares(int(extent), weights)
+    if extent >= len(shares):
+        for i in [i for i, s in enumerate(shares) if s == 0]:
+            shares[int(np.argmax(shares))] -= 1
+            shares[i] = 1
+    return shares
 
 
 # ---------------------------------------------------------------------------- shares

@@ -172,12 +172,13 @@ def test_console_script_exits_non_zero_without_traceback(tmp_path):
     assert "Traceback" not in proc.stderr and "missing.json" in proc.stderr
 
 
-def test_run_refuses_a_plan_split_beyond_the_batch_with_one_line(capsys, tmp_path):
+def test_run_trains_a_plan_split_beyond_the_batch_like_one_process(capsys, tmp_path):
     out = tmp_path / "s.json"
     code, _, _ = run_cli(capsys, "plan", "--graph", "tiny_mlp", "--cluster", "local-cpu-2", "--method", "mcmc",
                          "--option", "splits=true", "--option", "starts=['tp-even']", "--option", "max_evals=2",
-                         "-o", str(out))
+                         "--batch-size", "6", "-o", str(out))
     assert code == 0 and any(c.split for c in Strategy.load(out).configs)
-    code, _, err = run_cli(capsys, "run", "--model", "tiny_mlp", "--cluster", "local-cpu-2", "--strategy", str(out),
-                           "--steps", "1")
-    assert_clean_error(code, err, "splits groups beyond the batch", "the runtime does not execute them")
+    code, stdout, _ = run_cli(capsys, "run", "--model", "tiny_mlp", "--batch-size", "6", "--cluster", "local-cpu-2",
+                              "--strategy", str(out), "--steps", "2", "--check-equivalence", "--json")
+    rec = json.loads(stdout)
+    assert code == 0 and rec["equivalent"] is True and rec["max_abs_param_diff"] < 1e-5

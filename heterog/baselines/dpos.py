@@ -518,8 +518,8 @@ def os_dpos(ev: PlanEvaluator, budget_s: float = 60.0, replicas: int | None = No
     """FastT OS-DPOS: start from DPOS; take the ops of its critical path that carry the batch, longest
     first (on the critical-path device); try every split of the op's group over its 2..M fastest devices
     (even or proportional shares; along the batch with AllReduce, and with ``splits`` along its parameters
-    where the op has such a split, ``split_configs``; off by default: the runtime does not execute split plans
-    yet) and keep the best if the simulated iteration gets shorter; stop at the
+    where the op has such a split, ``split_configs``; off by default: they rarely pay on
+    the clusters measured, docs/results.md) and keep the best if the simulated iteration gets shorter; stop at the
     first op that no split improves, or when ``budget_s`` is spent; every plan scored at ``micro_batches``.
     ``meta["splits"]`` reports each op split: its name, the
     split ("batch" or "parameter"), its devices and the time it gained."""

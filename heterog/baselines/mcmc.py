@@ -92,7 +92,8 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
          block_moves: float = BLOCK_MOVES, max_micro_batches: int = 16, splits: bool = False) -> Strategy:
     """Metropolis-Hastings over one (M+4)-way action per group (FlexFlow's search), or with ``splits`` also one
     of the splits beyond the batch (``ActionSearch.split_names``; the chains then also start from
-    ``SPLIT_STARTS``). Splits are off by default: the runtime does not execute split plans yet.
+    ``SPLIT_STARTS``). Splits are off by default: they cost search time and rarely pay on the clusters measured
+    (docs/results.md, "Splits beyond the batch").
 
     Cost = simulated iteration time under task order ``order`` (``SEARCH_ORDER``, FIFO: one simulation per
     proposal where the evaluator's ``best`` runs three; None: the evaluator's), x ``oom_factor`` if out of

@@ -156,7 +156,7 @@ def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | N
     tried), the grouping is also tried dividing each stage's layers' parameters among its devices (tensor
     parallelism inside a stage, ``stage_plan``): on the clusters measured, divided stages pay only where
     memory forces them (docs/results.md, "Splits beyond the batch"), and the budget goes to the other
-    candidates. Off by default, as the runtime does not execute such plans yet."""
+    candidates. Off by default."""
     if balance not in ("cost", "equal"):
         raise HeterogError(f"unknown balance {balance!r} for the pipeline planner (choose from cost, equal)")
     if schedule is not None and schedule not in SCHEDULES:

@@ -56,6 +56,9 @@ class CompiledPlan:
                                                # recomputed: ``heterog.compiler.place.recompute_edges``)
     op_split: np.ndarray | None = None         # (n_ops,) index of the split config each op is divided under
                                                # beyond the batch (``Placement.op_shard``), -1: none; None: no op is
+    op_option: np.ndarray | None = None        # (n_ops,) the option each divided op runs (index into its
+                                               # ``OpGraph.splits`` options), -1: whole on every device
+    split_configs: list = field(default_factory=list)   # op_split index -> (devices, split weights)
 
     @property
     def n_tasks(self) -> int:
@@ -194,8 +197,21 @@ def assemble(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray 
                         layout_shares=list(layouts.shares), tensor_layout=prov.layout, aggregated=aggregated,
                         task_micro=tasks.micro, layout_micro=list(layouts.micro), n_micro=place.n_micro,
                         schedule=schedule or place.schedule, task_slot=slot, op_recompute=place.recompute,
-                        op_group=place.grouping.op_group, op_split=place.op_shard)
+                        op_group=place.grouping.op_group, op_split=place.op_shard,
+                        op_option=_op_options(place), split_configs=[(c.devices, c.weights) for c in place.shards])
     return PlanState(plan, tasks, dep_task, dep_on, dep_owner, place, prov, algo, aggregated)
+
+
+def _op_options(place: Placement) -> np.ndarray | None:
+    """(n_ops,) each divided op's option in its ``OpGraph.splits`` list (``CompiledPlan.op_option``)."""
+    if place.op_shard is None:
+        return None
+    out = np.full(len(place.op_shard), -1, dtype=np.int64)
+    for k, choice in enumerate(place.shards):
+        assert choice.original is not None
+        sel = place.op_shard == k
+        out[sel] = choice.original[sel]
+    return out
 
 
 def finish(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray | None, tasks: Tasks, deps: Deps,

@@ -65,23 +65,27 @@ class _Option:
 
 class SplitTable:
     """A graph's split options as the compiler reads them (cached on the graph by ``split_table``):
-    ``options[o]`` the op's options; ``pairs[e]`` per edge the (consumer input ref, producer exit) index
-    pairs of the tensor it carries (one per view of it the consumer reads)."""
+    ``options[o]`` the op's options (those that divide beyond the batch), ``original[o]`` the index of each in
+    the op's whole option list (``OpGraph.splits``); ``pairs[e]`` per edge the (consumer input ref, producer
+    exit) index pairs of the tensor it carries (one per view of it the consumer reads)."""
 
     def __init__(self, ctx: CompileContext) -> None:
         graph = ctx.graph
         splits: list[dict | None] = list(graph.splits) if graph.splits else [None] * graph.n_ops
         self.options: list[list[_Option]] = []
+        self.original: list[list[int]] = []
         refs: list[list[tuple[str, int | None, int, int]]] = []
         exits: list[dict[tuple[str, int | None], int]] = []
         for s in splits:
             if s is None:
                 self.options.append([])
+                self.original.append([])
                 refs.append([])
                 exits.append({})
                 continue
             self.options.append([_Option(o["kind"], o["extent"], tuple(o["inputs"]), tuple(o["exits"]),
                                          tuple(o["outputs"])) for o in s["options"] if o["kind"] != "batch"])
+            self.original.append([k for k, o in enumerate(s["options"]) if o["kind"] != "batch"])
             refs.append([(n, i, int(src), int(k)) for n, i, src, k in s["inputs"]])
             exits.append({(n, i): j for j, (n, i, _) in enumerate(s["exits"])})
         gi = ctx.index
@@ -109,7 +113,10 @@ class ShardChoice:
     it runs whole, also for partial-sum options); ``out_split`` (n_ops,) the part of its output bytes that is
     divided; ``conv`` (E,) the conversion of each edge between its ends' choices; ``have`` (E,) the
     producer's placement class of the edge's tensor and ``need`` (E,) the consumer's (0 whole, 1 divided,
-    2 partial sums, 3 nothing: a shape read), for edges whose other end is not under this config."""
+    2 partial sums, 3 nothing: a shape read), for edges whose other end is not under this config;
+    ``devices`` and ``weights`` the config's devices and split shares; ``original`` (n_ops,) each op's option
+    as an index into its whole option list (``OpGraph.splits``; ``REPLICATE`` as above), what the runtime
+    reads."""
 
     option: np.ndarray
     frac: np.ndarray
@@ -117,6 +124,9 @@ class ShardChoice:
     conv: np.ndarray
     have: np.ndarray
     need: np.ndarray
+    devices: tuple[int, ...] = ()
+    weights: tuple[int, ...] = ()
+    original: np.ndarray | None = None
 
 
 def _cls(p: str) -> int:
@@ -136,7 +146,8 @@ class _Chooser:
         self.lat = max(float(ctx.latency_s[a, b]) for a, b in ring) if n > 1 else 0.0
         self.full = ctx.cost.full_batch_times(ctx.graph)[:, devs]           # (n_ops, n)
         allowed = ALLOWED[str(config.split)]
-        self.allowed = [[REPLICATE] + [k for k, o in enumerate(opts) if o.kind in allowed]
+        self.allowed = [[REPLICATE] + [k for k, o in enumerate(opts)     # no device without a unit of the dim
+                                       if o.kind in allowed and (o.extent is None or o.extent >= n)]
                         for opts in table.options]
         if config.split == "parameter":         # a parameter with a divided layout is held divided
             for o in np.nonzero(ctx.index.placeholder_resident & (ctx.index.resident_bytes > 0))[0].tolist():
@@ -299,7 +310,10 @@ def choose_shards(ctx: CompileContext, config: ParallelConfig) -> ShardChoice:
         ns = [_cls(n) for _, n in pairs] or [3 if gi.e_value_free[e] else 0]
         have[e] = 2 if 2 in hs else 1 if 1 in hs else 0
         need[e] = 0 if 0 in ns else 1 if 1 in ns else 2 if 2 in ns else 3
-    out = ctx.split_cache[key] = ShardChoice(option, frac, out_split, conv, have, need)
+    original = np.array([table.original[o][k] if k != REPLICATE else REPLICATE
+                         for o, k in enumerate(option.tolist())], dtype=np.int64)
+    out = ctx.split_cache[key] = ShardChoice(option, frac, out_split, conv, have, need, tuple(config.devices),
+                                             tuple(config.split_shares), original)
     return out
 
 

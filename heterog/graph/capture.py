@@ -26,7 +26,7 @@ __all__ = ["CAPTURE_VERSION", "OPTIMIZERS", "STATE_SLOTS", "CapturedStep", "capt
 
 log = logging.getLogger(__name__)
 
-CAPTURE_VERSION = 4  # bump when the graph produced for the same model changes (cache key)
+CAPTURE_VERSION = 5  # bump when the graph produced for the same model changes (cache key)
 
 
 def _target_str(target: Any) -> str:

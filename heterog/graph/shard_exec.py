@@ -46,6 +46,35 @@ def dense_like(part: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
     return part.permute(order).clone(memory_format=torch.contiguous_format).permute(inverse)
 
 
+def part_of(value: torch.Tensor, placement: str, extent: int | None, shares: Sequence[int], rank: int
+            ) -> torch.Tensor:
+    """Device ``rank``'s part of the whole ``value`` as a consumer needing ``placement`` reads it: its shard
+    (a dense copy in ``value``'s memory order, ``dense_like``), the whole value ("R"), or as partial sums the
+    whole value on rank 0 and zeros elsewhere ("P")."""
+    p = parse_placement(placement)
+    if p == R:
+        return value
+    if p == P:
+        return value if rank == 0 else torch.zeros_like(value)
+    return dense_like(shard_of(value, placement, extent, shares, rank), value)
+
+
+def padded(part: torch.Tensor, placement: str, extent: int | None, shares: Sequence[int], rank: int
+           ) -> torch.Tensor:
+    """Device ``rank``'s shard ``part`` under ``placement`` put in a whole tensor of zeros (a shard is one of
+    the partial sums of the whole value)."""
+    p = parse_placement(placement)
+    if not isinstance(p, Shard) or extent is None:
+        raise ValueError(f"padded needs a divided placement, got {placement!r}")
+    shape = list(part.shape)
+    shape[p.dim] = part.shape[p.dim] * extent // shares[rank]
+    whole = part.new_zeros(shape)
+    unit = shape[p.dim] // p.sf // extent
+    blocks = whole.unflatten(p.dim, (p.sf, shape[p.dim] // p.sf))          # a view: written through
+    blocks.narrow(p.dim + 1, sum(shares[:rank]) * unit, shares[rank] * unit).copy_(part.unflatten(p.dim, (p.sf, -1)))
+    return whole
+
+
 def combine(values: Sequence[torch.Tensor], placement: str) -> torch.Tensor:
     """The whole tensor from the devices' parts: concatenation along the divided dimension (within each
     outer block for a split factor), the sum of partial sums, or the (equal) replicas' first."""
@@ -102,14 +131,12 @@ class ShardRunner:
             args = list(torch.fx.node.map_arg(node.args, value))
             kwargs = dict(torch.fx.node.map_arg(node.kwargs, value))
             for arg, index in local_sizes.get(name, ()):
-                args[arg] = _local_size(args[arg], index, share, option.extent, name)
-            if option.transform == "embedding_rows" and name == option.transform_node:
-                env[name] = _embedding_rows(node.target, args, kwargs, share, offset)
-            elif option.transform == "partial_mean" and name == option.transform_node:
-                assert callable(node.target) and option.extent is not None
-                env[name] = node.target(*args, **kwargs) * (share / option.extent)
+                args[arg] = local_size(args[arg], index, share, option.extent, name)
+            assert callable(node.target)
+            if option.transform is not None and name == option.transform_node:
+                env[name] = local_transform(option.transform, node.target, share, offset, option.extent,
+                                            *args, **kwargs)
             else:
-                assert callable(node.target)
                 env[name] = node.target(*args, **kwargs)
         out = {}
         for ref in splits.exits:
@@ -118,16 +145,30 @@ class ShardRunner:
         return out
 
 
-def _local_size(value: Any, index: int | None, share: int, extent: int | None, node: str) -> Any:
+def local_size(value: Any, index: int | None, share: int, extent: int | None, node: str) -> Any:
+    """A size argument of fx node ``node`` as a device with ``share`` of ``extent`` units passes it (element
+    ``index`` of a list argument, None for a scalar): ``value * share // extent``; -1 stays -1."""
     if index is not None:
         items = list(value)
-        items[index] = _local_size(items[index], None, share, extent, node)
+        items[index] = local_size(items[index], None, share, extent, node)
         return items
     if value == -1 or extent is None:
         return value
     if (value * share) % extent:
         raise ValueError(f"fx node {node}: size {value} does not divide into {extent} units")
     return value * share // extent
+
+
+def local_transform(kind: str, target: Any, share: int, offset: int, extent: int | None, *args: Any,
+                    **kwargs: Any) -> Any:
+    """Call ``target`` as a device holding ``share`` units from unit ``offset`` of ``extent`` does under a
+    split option's ``transform`` (``heterog.graph.sharding``)."""
+    if kind == "embedding_rows":
+        return _embedding_rows(target, list(args), kwargs, share, offset)
+    if kind == "partial_mean":
+        assert extent is not None
+        return target(*args, **kwargs) * (share / extent)
+    raise ValueError(f"unknown split transform {kind!r}")
 
 
 def _embedding_rows(target: Any, args: list[Any], kwargs: dict[str, Any], share: int, offset: int) -> torch.Tensor:

@@ -195,6 +195,7 @@ class _Fx:
         self.captured = captured
         self.graph = graph
         self.sizes = Sizes(captured.batch_symbols, captured.batch_size)
+        self.batch_size = captured.batch_size
         self.op_of: dict[str, int] = {}
         for i, op in enumerate(graph.ops):
             for name in op.fx_nodes or [op.name]:
@@ -531,7 +532,9 @@ class _Splitter:
             *(((r.node, r.index), p) for r, p in zip(g.inputs, inputs)),
             *zip(g.output_keys, outputs), *(((e.node, e.index), p) for e, p in zip(g.exits, exits))]
         for key, p in placed:
-            if isinstance(p, Shard) and p.sf == 1 and fx.batch_dim(key) == p.dim:
+            # the batch dim divided: whole (sf 1), or the samples inside each outer block (sample-minor rows
+            # (T * B): blocks that do not count whole batches)
+            if isinstance(p, Shard) and fx.batch_dim(key) == p.dim and (p.sf == 1 or p.sf % fx.batch_size):
                 return "batch"
         resident_in = any(isinstance(p, Shard) and fx.graph.ops[r.src].kind in RESIDENT_KINDS
                           for r, p in zip(g.inputs, inputs))

@@ -22,6 +22,7 @@ from heterog.runtime.instructions import Lowered
 from heterog.runtime.launcher import WorkerPool
 from heterog.runtime.lowering import lower
 from heterog.runtime.scaling import Exponents, probe_exponents
+from heterog.runtime.split_lowering import held_part, whole_values
 from heterog.runtime.stepprog import StepProgram, build_step_program
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -167,7 +168,7 @@ class PreparedRun:
         out = []
         sizes_all = {b: self.model.prog.sizes_at(b) for rp in self.lowered.ranks for b in rp.batches}
         for rp in self.lowered.ranks:
-            rp.persist = {name: init[name] for name in rp.persist}
+            rp.persist = {name: held_part(init[name], rp.persist_parts.get(name)) for name in rp.persist}
             sizes = {b: sizes_all[b] for b in rp.batches}
             out.append(Job(self.model.prog, rp, list(self.lowered.groups), sizes, steps,
                            [tuple(t.detach() for t in batch) for batch in batches], self.emulate,
@@ -263,10 +264,8 @@ def collect(prepared: PreparedRun, results: list[dict[str, Any]], warmup: int) -
     steps = len(results[0]["times_s"])
     times = [max(r["times_s"][s] for r in results) for s in range(steps)]
     losses = [sum(r["loss_terms"][s] for r in results if r["has_loss"]) for s in range(steps)]
-    values: dict[str, torch.Tensor] = {}
-    for r in results:
-        for ph, (_, v) in r["values"].items():
-            values.setdefault(ph, v)
+    by_rank = sorted(results, key=lambda r: r.get("rank", 0))
+    values = whole_values(prepared.lowered, [{ph: v for ph, (_, v) in r["values"].items()} for r in by_rank])
     it, w = median_after_warmup(times, warmup)
     low = prepared.lowered
     names = prepared.cluster.device_names

@@ -26,12 +26,14 @@ from torch._subclasses.fake_tensor import (
 
 from heterog.errors import StrategyError
 from heterog.runtime.executor import Job, RankExecutor, initial_values
+from heterog.runtime.split_lowering import whole_values
 from heterog.runtime.stepprog import StepProgram
 from heterog.runtime.transport import Pending
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.cluster import Cluster
     from heterog.graph.opgraph import OpGraph
+    from heterog.runtime.instructions import Lowered
     from heterog.strategy import Strategy
 
 # steps of at most this many FLOPs are checked on real CPU tensors (cheap for small models, where fake tensors'
@@ -66,6 +68,9 @@ class CheckedRun(Protocol):
 
     @property
     def strategy(self) -> Strategy: ...
+
+    @property
+    def lowered(self) -> Lowered: ...
 
     def jobs(self, batches: Sequence[Sequence[torch.Tensor]], steps: int, *, return_state: bool = True
              ) -> list[Job]: ...
@@ -181,7 +186,7 @@ def check_prepared(prepared: CheckedRun) -> DryRun | None:
                     return None
                 raise StrategyError(f"plan {prepared.strategy.method or 'strategy'} cannot run: rank {r} "
                                     f"({names[r]}), {ex.describe(i)}: {_reason(exc)}") from exc
-    values: dict[str, torch.Tensor] = {}
+    reported: list[dict[str, torch.Tensor]] = []
     loss = 0.0
     with torch.no_grad(), mode:
         for r, ex in enumerate(ranks):
@@ -200,8 +205,8 @@ def check_prepared(prepared: CheckedRun) -> DryRun | None:
             except Exception as exc:
                 raise StrategyError(f"plan {prepared.strategy.method or 'strategy'} cannot run: rank {r} "
                                     f"({names[r]}), {ex.describe(len(ex.rp.instrs))}: {_reason(exc)}") from exc
-            values.update({ph: ex.persist[ph] for _, ph in ex.rp.report})
-    return DryRun(values, loss) if real else None
+            reported.append({ph: ex.persist[ph] for _, ph in ex.rp.report})
+    return DryRun(whole_values(prepared.lowered, reported), loss) if real else None
 
 
 @dataclass

@@ -29,12 +29,15 @@ import torch
 import torch.distributed as dist
 
 from heterog.errors import HeterogError
+from heterog.graph.shard_exec import combine, padded, part_of
 from heterog.runtime.instructions import (
     Aggregate,
     AllReduce,
     Assemble,
+    Combine,
     Compute,
     Const,
+    Derive,
     Env,
     Post,
     RankProgram,
@@ -119,12 +122,15 @@ class RankExecutor:
         self.status: StatusLike = status or NullStatus()
         prog = job.prog
         computes = [ins for ins in self.rp.instrs if isinstance(ins, Compute)]
-        self.kernels = {op: prog.kernel(op, device) for op in {ins.op for ins in computes}}
-        self.chains: dict[tuple[str, ...], Kernel] = {}
-        for ins in computes:
-            for inp in ins.inputs:
-                if inp.chain and inp.chain not in self.chains:
-                    self.chains[inp.chain] = Kernel([prog.view_calls[c] for c in inp.chain], device)
+        self.kernels = {(op, local): prog.kernel(op, device, local)
+                        for op, local in {(ins.op, ins.local) for ins in computes}}
+        self.chains: dict[tuple, Kernel] = {}
+        for ins in self.rp.instrs:
+            chains = [(inp.chain, None) for inp in ins.inputs] if isinstance(ins, Compute) else \
+                [(ins.chain, ins.local)] if isinstance(ins, Derive) else []
+            for chain, local in chains:
+                if chain and (chain, local) not in self.chains:
+                    self.chains[(chain, local)] = Kernel([prog.view_calls[c] for c in chain], device, local=local)
         # every rank creates every subgroup, in the same order
         self.groups: list[Any]                  # the subgroups' process groups (None in process)
         self.transport: TransportLike
@@ -251,7 +257,7 @@ class RankExecutor:
                     f"{', '.join(prog.op_nodes[ins.op][:4])}) at local batch {ins.local_batch}")
         if isinstance(ins, Send):
             return f"instruction {i}: send message {ins.tag} to rank {ins.dst}"
-        if isinstance(ins, (Assemble, Aggregate, AllReduce)):
+        if isinstance(ins, (Assemble, Aggregate, AllReduce, Combine, Derive)):
             return f"instruction {i}: {ins.kind} {ins.key}"
         return f"instruction {i}: {ins.kind}"
 
@@ -316,6 +322,17 @@ class RankExecutor:
             stash[ins.key] = pending = tr.allreduce(v, g, self.groups[g], self.members[g], self.rank,
                                                     ins.emulated_s)
             pending.order = ins.order
+        elif isinstance(ins, Combine):
+            t_op, idle0 = time.perf_counter(), tr.idle_s
+            stash[ins.key] = in_memory_order(combine([self._fetch(p, env, stash) for p in ins.parts], ins.placement),
+                                             ins.order)
+            self._owe(t_op, idle0)
+            mem.put(Stash(ins.key), stash[ins.key])
+        elif isinstance(ins, Derive):
+            t_op, idle0 = time.perf_counter(), tr.idle_s
+            stash[ins.key] = self._derive(ins, env, stash)
+            self._owe(t_op, idle0)
+            mem.put(Stash(ins.key), stash[ins.key])
         elif isinstance(ins, Post):
             r = self.recv_spec[ins.tag]
             tr.post(r.tag, r.src, r.shape, r.dtype)
@@ -341,12 +358,12 @@ class RankExecutor:
             if inp.chain:
                 assert inp.leaf is not None   # a view chain starts at a leaf's node
                 local[inp.leaf] = v
-                self.chains[inp.chain](local, sizes[ins.local_batch])
+                self.chains[(inp.chain, None)](local, sizes[ins.local_batch])
             else:
                 local[inp.node] = v
             if inp.tuple_index is not None and not isinstance(local[inp.node], (tuple, list)):
                 local[inp.node] = [None] * inp.tuple_index + [local[inp.node]]
-        kernel = self.kernels[ins.op]
+        kernel = self.kernels[(ins.op, ins.local)]
         draw = None
         if kernel.random:
             prog = self.job.prog
@@ -356,6 +373,27 @@ class RankExecutor:
         kernel(local, sizes[ins.local_batch], draw)
         for name in ins.exports:
             env[env_name(name, ins.micro, ins.recompute)] = local[name]
+
+    def _derive(self, ins: Derive, env: dict[str, Any], stash: dict[Any, Any]) -> torch.Tensor:
+        """A value's view chain run on it (on a device's part: with its local sizes), then the part of it
+        this device reads."""
+        v = self._fetch(ins.source, env, stash)
+        if isinstance(v, (tuple, list)):
+            assert ins.index is not None
+            v = v[ins.index]
+        if ins.scale != 1.0:
+            v = scaled(v, ins.scale)
+        if ins.pad is not None:
+            p = ins.pad
+            v = padded(v, p.placement, p.extent, p.shares, p.rank)
+        if ins.chain:
+            local = {ins.leaf: v}
+            self.chains[(ins.chain, ins.local)](local, self.job.sizes[ins.local_batch])
+            v = local[ins.chain[-1]]
+        if ins.part is not None:
+            p = ins.part
+            v = part_of(v, p.placement, p.extent, p.shares, p.rank)
+        return v
 
     def _step_end(self, env: dict[str, Any], stash: dict[Any, Any], t0: float) -> tuple[float, float]:
         rp, tr = self.rp, self.transport

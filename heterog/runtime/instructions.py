@@ -11,7 +11,7 @@ only its shape matters for). A ``Slice`` names samples of a batch tensor (``layo
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import torch
@@ -65,6 +65,7 @@ def env_name(node: str, micro: int, recomputed: bool = False) -> str:
     name = node if micro == 0 else f"{node}@{micro}"
     return name + "~r" if recomputed else name
 Slice = tuple[int, int, int, int]          # (dim, start, end, block): see layout.narrow_batch
+END = (math.inf, math.inf)                 # an instruction key after every task of the step
 
 
 class Piece(NamedTuple):
@@ -89,11 +90,38 @@ class Input(NamedTuple):
     tuple_index: int | None
 
 
+@dataclass(frozen=True, slots=True)
+class Part:
+    """A device's part of a value divided beyond the batch (``heterog.graph.sharding`` placements):
+    ``"S<d>[:<f>]"`` its ``shares[rank]`` of ``extent`` units of dim d, ``"P"`` a partial sum, ``"R"`` the
+    whole value."""
+
+    placement: str
+    extent: int | None
+    shares: tuple[int, ...]
+    rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class Local:
+    """How a device runs the fx nodes of an op divided beyond the batch: the size arguments
+    ``(node, arg, element or None)`` that take ``value * share // extent``, and the node that runs
+    ``transform`` (``heterog.graph.shard_exec.local_transform``) holding units ``offset ..``."""
+
+    size_args: tuple[tuple[str, int, int | None], ...]
+    transform: str | None
+    transform_node: str | None
+    share: int
+    offset: int
+    extent: int | None
+
+
 # ---------------------------------------------------------------------------- instructions
 @dataclass(frozen=True, slots=True)
 class Compute:
     """Op ``op``'s fx nodes at ``local_batch`` samples (``first_sample`` .. of the batch) of micro-batch
-    ``micro``; ``exports``: the node values kept for later instructions."""
+    ``micro``; ``exports``: the node values kept for later instructions; ``local``: this device's way of
+    running an op divided beyond the batch (None: the whole op)."""
 
     op: int
     local_batch: int
@@ -102,8 +130,44 @@ class Compute:
     first_sample: int
     micro: int = 0             # the micro-batch: exports are kept as ``env_name(node, micro, recompute)``
     recompute: bool = False    # the op's forward run again before its backward (its recomputed copy)
+    local: Local | None = None
 
     kind = "compute"
+
+
+@dataclass(frozen=True, slots=True)
+class Combine:
+    """Stash ``key`` = the whole value from every device's part under ``placement`` (in device order:
+    shards concatenated, partial sums added, a replica's copy), in memory ``order``."""
+
+    key: tuple
+    parts: tuple[Source, ...]
+    placement: str
+    order: tuple[int, ...] | None
+
+    kind = "combine"
+
+
+@dataclass(frozen=True, slots=True)
+class Derive:
+    """Stash ``key`` = ``source`` x ``scale`` (the value of leaf node ``leaf``, element ``index`` of a tuple
+    value; ``pad``: a device's shard of it, put in zeros of the whole shape, one of its partial sums), view
+    ``chain`` run on it at
+    ``local_batch`` (on a device's shard: with ``local``'s sizes), then this device's ``part`` of the result
+    (None: all of it)."""
+
+    key: tuple
+    source: Source
+    scale: float
+    leaf: str
+    chain: tuple[str, ...]
+    local_batch: int
+    local: Local | None
+    part: Part | None
+    pad: Part | None = None
+    index: int | None = None
+
+    kind = "derive"
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +233,7 @@ class Post:
     kind = "post"
 
 
-Instruction = Compute | Send | Assemble | Aggregate | AllReduce | Post
+Instruction = Compute | Send | Assemble | Aggregate | AllReduce | Post | Combine | Derive
 
 
 class Receive(NamedTuple):
@@ -195,8 +259,10 @@ def sources(ins: Instruction) -> list[Source]:
     """The sources ``ins`` reads."""
     if isinstance(ins, Compute):
         return [i.source for i in ins.inputs]
-    if isinstance(ins, (Send, AllReduce)):
+    if isinstance(ins, (Send, AllReduce, Derive)):
         return [ins.source]
+    if isinstance(ins, Combine):
+        return list(ins.parts)
     if isinstance(ins, Assemble):
         return [p.source for p in ins.pieces]
     if isinstance(ins, Aggregate):
@@ -238,6 +304,7 @@ class RankProgram:
     updates: list[tuple[str, Source]] = field(default_factory=list)   # (placeholder, source) at the step end
     loss_terms: list[tuple[Source, float]] = field(default_factory=list)
     report: list[tuple[str, str]] = field(default_factory=list)        # (kind param|state|buffer, placeholder)
+    persist_parts: dict[str, Part] = field(default_factory=dict)       # placeholders held as a part of the value
     batches: set[int] = field(default_factory=set)
 
 
@@ -250,3 +317,37 @@ class Lowered:
     messages: list[Message]
     n_allreduce: int
     n_aggregate: int
+    # placeholders held divided beyond the batch: (placement, devices in part order) to put them back together
+    parts: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
+
+
+def with_tags(instr: Instruction, tag_of: list[int]) -> Instruction:
+    """``instr`` with its messages named by tag instead of by index in the message list."""
+    def piece(p: Piece) -> Piece:
+        return p._replace(source=Recv(tag_of[p.source.tag])) if isinstance(p.source, Recv) else p
+
+    if isinstance(instr, Send):
+        return replace(instr, tag=tag_of[instr.tag])
+    if isinstance(instr, Assemble):
+        return replace(instr, pieces=tuple(piece(p) for p in instr.pieces))
+    if isinstance(instr, Aggregate):
+        return replace(instr, parts=tuple(piece(p) for p in instr.parts))
+    if isinstance(instr, Combine):
+        return replace(instr, parts=tuple(Recv(tag_of[p.tag]) if isinstance(p, Recv) else p for p in instr.parts))
+    return instr
+
+
+def last_uses(rp: RankProgram) -> list[tuple[Env | Stash, ...]]:
+    """Per instruction, the env names and stash keys whose last use it is (values needed at the step
+    end, by updates and the loss, are kept)."""
+    keep = {src for _, src in rp.updates} | {src for src, _ in rp.loss_terms}
+    last: dict[Env | Stash, int] = {}
+    for i, instr in enumerate(rp.instrs):
+        for src in sources(instr):
+            if isinstance(src, (Env, Stash)):
+                last[src] = i
+    frees: list[list[Env | Stash]] = [[] for _ in rp.instrs]
+    for src, i in last.items():
+        if src not in keep and not (isinstance(src, Env) and src.node in rp.persist):
+            frees[i].append(src)
+    return [tuple(f) for f in frees]

@@ -7,12 +7,16 @@ import functools
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from heterog.errors import HeterogError
+from heterog.graph.shard_exec import local_size, local_transform
 from heterog.runtime.rng import Draw, RandomNode, call_random
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.runtime.instructions import Local
 
 
 class Ref:
@@ -28,6 +32,20 @@ class Ref:
 
     def __repr__(self) -> str:
         return f"%{self.name}"
+
+
+class LocalSize:
+    """A size argument of a node of an op divided beyond the batch: ``inner``'s value (a constant, a
+    ``SymRef`` or a list of them) as a device holding ``share`` of ``extent`` units passes it
+    (``heterog.graph.shard_exec.local_size``)."""
+
+    __slots__ = ("inner", "index", "share", "extent", "node")
+
+    def __init__(self, inner: Any, index: int | None, share: int, extent: int | None, node: str) -> None:
+        self.inner, self.index, self.share, self.extent, self.node = inner, index, share, extent, node
+
+    def __reduce__(self) -> tuple[type[LocalSize], tuple[Any, ...]]:
+        return (LocalSize, (self.inner, self.index, self.share, self.extent, self.node))
 
 
 class SymRef:
@@ -106,7 +124,7 @@ def lower_arg(a: Any, shape_nodes: frozenset[str]) -> Any:
 
 
 def _has_ref(a: Any) -> bool:
-    if isinstance(a, (Ref, SymRef)):
+    if isinstance(a, (Ref, SymRef, LocalSize)):
         return True
     if isinstance(a, (tuple, list)):
         return any(_has_ref(x) for x in a)
@@ -121,6 +139,8 @@ def _resolve(a: Any, env: dict, sym: dict) -> Any:
         return env[a.name]
     if t is SymRef:
         return sym[a.name]
+    if t is LocalSize:
+        return local_size(_resolve(a.inner, env, sym), a.index, a.share, a.extent, a.node)
     if t is tuple:
         return tuple(_resolve(x, env, sym) for x in a)
     if t is list:
@@ -162,20 +182,27 @@ class Kernel:
 
     Random nodes (``random``: name -> RandomNode) draw the values single-device training draws for the
     samples that ``draw`` names (``heterog.runtime.rng``); without a ``draw`` they draw from the process's
-    generator, as eager PyTorch does."""
+    generator, as eager PyTorch does. ``local``: the nodes run on a device's part of an op divided beyond
+    the batch (its size arguments and transform, ``heterog.runtime.instructions.Local``)."""
 
     __slots__ = ("calls", "names", "random")
 
     def __init__(self, calls: Sequence[NodeCall], device: torch.device | None = None,
-                 random: dict[str, RandomNode] | None = None) -> None:
+                 random: dict[str, RandomNode] | None = None, local: Local | None = None) -> None:
         self.calls = []
         self.random = {c.name: random[c.name] for c in calls if random and c.name in random}
         for c in calls:
             args, kwargs = c.args, c.kwargs
             if device is not None and device.type != "cpu":
                 args, kwargs = _retarget_device(args, device), _retarget_device(kwargs, device)
+            fn = resolve_target(c.target)
+            if local is not None:
+                args = _local_args(args, c.name, local)
+                if c.name == local.transform_node and local.transform is not None:
+                    fn = functools.partial(local_transform, local.transform, fn, local.share, local.offset,
+                                           local.extent)
             simple = not _has_ref(kwargs) and all(type(x) in (Ref, SymRef) or not _has_ref(x) for x in args)
-            self.calls.append((c.name, resolve_target(c.target), args, kwargs, simple and c.name not in self.random))
+            self.calls.append((c.name, fn, args, kwargs, simple and c.name not in self.random))
         self.names = [c.name for c in calls]
 
     def __call__(self, env: dict, sym: dict, draw: Draw | None = None) -> None:
@@ -193,6 +220,15 @@ class Kernel:
                 exc.add_note(f"in fx node {name} = {fn}(...) with inputs {_describe_inputs(args, env)}")
                 raise
 
+
+
+def _local_args(args: tuple, node: str, local: Local) -> tuple:
+    """``args`` of fx node ``node`` with the size arguments ``local`` names wrapped in ``LocalSize``."""
+    out = list(args)
+    for name, arg, index in local.size_args:
+        if name == node:
+            out[arg] = LocalSize(out[arg], index, local.share, local.extent, node)
+    return tuple(out)
 
 
 # ---------------------------------------------------------------------------- calls made otherwise than traced

@@ -31,7 +31,6 @@ order matches by tag) or at their send's key (NCCL: in-order matching per pair).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +41,7 @@ from heterog.compiler import TaskKind
 from heterog.compiler.compile import VALUE_FREE_TARGETS, graph_index
 from heterog.errors import HeterogError
 from heterog.runtime.instructions import (
+    END,
     Aggregate,
     AllReduce,
     Assemble,
@@ -64,18 +64,18 @@ from heterog.runtime.instructions import (
     Stash,
     Zeros,
     env_name,
-    sources,
+    last_uses,
+    with_tags,
 )
 from heterog.runtime.rng import block_batches
 from heterog.runtime.scaling import Exponents
-from heterog.runtime.stepprog import LeafInfo, StepProgram
+from heterog.runtime.split_lowering import SplitLowering
+from heterog.runtime.stepprog import LeafInfo, Read, StepProgram
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.cluster import Cluster
     from heterog.compiler import CompiledPlan
     from heterog.graph.opgraph import OpGraph
-
-END = (math.inf, math.inf)
 
 
 def batch_slice(dim: int, lo: int, hi: int, per_sample: int, block: int) -> Slice:
@@ -106,6 +106,8 @@ class _Builder:
         self.groups: list[tuple[int, ...]] = []
         self.exports: dict[tuple[int, int, int, bool], set[str]] = {}  # (op, device, micro, recomputed) -> names kept
         self.memo: dict[Any, Any] = {}
+        self.deps: dict[int, list[list]] = {}       # id(item) -> items that must run before it (``pull``)
+        self.parts: dict[str, tuple[str, tuple[int, ...]]] = {}     # Lowered.parts
         self.n_ar = self.n_agg = 0
         self.seq = 0
         # tasks of the simulated plan
@@ -136,6 +138,7 @@ class _Builder:
         from heterog.cost import CostModel
 
         self.nominal = CostModel(cluster)            # emulated link speeds: the cluster's nominal ones
+        self.split = SplitLowering(self)
 
     # ------------------------------------------------------------------ layouts
     def lay_devs(self, lay: int) -> tuple[int, ...]:
@@ -143,7 +146,10 @@ class _Builder:
         return tuple(dict.fromkeys(int(d) for d in self.plan.layout_devices[lay]))
 
     def lay_ranges(self, lay: int) -> list[tuple[int, int, int, int]]:
-        """(device, first sample, end sample, micro-batch) of each entry of a split layout."""
+        """(device, first sample, end sample, micro-batch) of each entry of a split layout (of a layout of
+        ops divided beyond the batch: every device over each micro-batch, ``SplitLowering.ranges``)."""
+        if lay in self.split.layouts:
+            return self.split.ranges(lay)
         devs, shares = self.plan.layout_devices[lay], self.plan.layout_shares[lay]
         micro = self.plan.layout_micro[lay] if self.plan.layout_micro else (0,) * len(devs)
         out, lo = [], 0
@@ -177,6 +183,13 @@ class _Builder:
         self.seq += 1
         self.items[rank].append(item)
         return item
+
+    def pull(self, item: list, key: tuple) -> None:
+        """Run ``item`` (and what it needs, ``deps``) no later than ``key``."""
+        if key < item[0]:
+            item[0] = key
+            for before in self.deps.get(id(item), ()):
+                self.pull(before, key)
 
     def export(self, op: int, dev: int, micro: int, name: str, recomputed: bool = False) -> None:
         if self.prog.op_kind[op] == "compute":
@@ -232,10 +245,13 @@ class _Builder:
                 raise AssertionError(f"output {leaf.k} of {self.graph.ops[leaf.op].name} has no batch to re-lay out")
             block = per if leaf_id in self.exps.sample_minor else 0      # see heterog.runtime.scaling
             stride = self.exps.positional.get(leaf_id, 0)
+            divided = leaf.op in self.split
             prod = self.lay_ranges(self.op_lay(leaf.op))
+            if divided:                    # put together whole on the consumer's device, per micro-batch
+                prod = list({mi: (dj, p0, p1, mi) for dj, p0, p1, mi in prod}.values())
             for dj, c0, c1, mj in self.lay_ranges(lay_v):
                 stash_key = ("r", leaf.node, lay_v) if mj == 0 else ("r", leaf.node, lay_v, mj)
-                pieces = []
+                pieces, before = [], []
                 for di, p0, p1, mi in prod:
                     lo, hi = max(p0, c0), min(p1, c1)
                     if hi <= lo:
@@ -244,7 +260,12 @@ class _Builder:
                     sl = None if whole else batch_slice(bd, lo - p0, hi - p0, per, block)
                     scale = float(((c1 - c0) / (p1 - p0)) ** e) if e else 1.0
                     shift = (p0 - c0) * stride          # positional values: from the producer's origin to ours
-                    src = self.producer_source(leaf, di, mi)
+                    if divided:
+                        src = self.split.whole(leaf_id, dj, mi, END)
+                        before.append(self.memo.get(("whole", leaf_id, dj, mi)))
+                        di = dj
+                    else:
+                        src = self.producer_source(leaf, di, mi)
                     if di == dj:
                         pieces.append(Piece(src, sl, scale, shift))
                     else:
@@ -253,9 +274,10 @@ class _Builder:
                         pieces.append(Piece(Recv(msg), None, scale, shift))
                 entry[(dj, mj)] = self.emit(dj, END + (-1,), Assemble(stash_key, (bd, block), tuple(pieces),
                                                                        leaf.memory_order))
+                self.deps[id(entry[(dj, mj)])] = [it for it in before if it is not None]
             self.memo[memo_key] = entry
         item = entry[(dev, micro)]
-        item[0] = min(item[0], consumer_key + (-1,))
+        self.pull(item, consumer_key + (-1,))
         return Stash(item[2].key)
 
     def device_sums(self, leaf_id: tuple[int, int]) -> list[tuple[int, Source, float, tuple]]:
@@ -350,6 +372,8 @@ class _Builder:
         """A non-batch leaf's (global) value on ``dev``: local, aggregated here, or received once from the
         best-connected holder (highest bandwidth, then lowest latency, then lowest id)."""
         leaf = self.leaf(leaf_id)
+        if leaf.op in self.split:
+            return self.split.whole(leaf_id, dev, 0, consumer_key)
         if self.summed(leaf_id):
             holders, summed, after = self.aggregated(leaf_id)
             if dev in holders:
@@ -375,65 +399,79 @@ class _Builder:
             item = self.emit(dev, consumer_key + (-1,), Assemble(stash_key, None, (Piece(Recv(msg), None, 1.0, 0),),
                                                                   leaf.memory_order))
             self.memo[memo_key] = item
-        item[0] = min(item[0], consumer_key + (-1,))
+        self.pull(item, consumer_key + (-1,))
         return Stash(stash_key)
 
     # ------------------------------------------------------------------ ops
     def compute(self, op: int, dev: int, first: int, end: int, micro: int, recompute: bool = False) -> None:
         """Op ``op``'s instance on ``dev`` over samples ``first .. end`` of micro-batch ``micro`` (its
         recomputed copy: ``recompute``)."""
+        if op in self.split:
+            self.split.compute(op, dev, first, end, micro)
+            return
         prog = self.prog
         b = end - first
         key = self.inst_key(op, dev, micro, recompute)
-        lay = self.op_lay(op)
-        value_free = prog.op_target[op] in VALUE_FREE_TARGETS
         inputs = []
         for r in prog.reads[op]:
-            leaf = self.leaf(r.leaf)
-            u = r.leaf[0]
-            placeholder = prog.op_kind[u] != "compute"
-            chain, scale = r.chain, 1.0
-            if leaf.batch_dim is not None:
-                if self.op_lay(u) == lay:
-                    if placeholder:
-                        src = self.producer_source(leaf, dev, micro)
-                    else:
-                        again = self.reads_recomputed(u, op, recompute)
-                        src, chain = Env(env_name(r.node, micro, again)), ()
-                        self.export(u, dev, micro, r.node, again)
-                else:
-                    src = self.relayout(r.leaf, lay, dev, micro, key)
-            else:
-                e = self.exps[r.leaf]
-                if e and prog.op_has_batch[op] and b != self.B:
-                    scale = float((b / self.B) ** e)
-                if r.leaf in self.exps.statistics and prog.op_has_batch[op] and self.op_lay(u) == lay:
-                    src, chain = Env(env_name(r.node, micro)), ()   # a batch statistic: this instance's own
-                    self.export(u, dev, micro, r.node)
-                elif value_free and prog.op_has_batch[u]:   # the shape of a partial result: no value needed
-                    src = Zeros(leaf.shape, leaf.dtype, leaf.memory_order)
-                elif self.summed(r.leaf):
-                    src = self.fetch_global(r.leaf, dev, key)
-                elif leaf.node in prog.consts:
-                    src = Const(leaf.node)
-                elif dev in self.lay_devs(self.op_lay(u)):
-                    if placeholder:
-                        src = self.producer_source(leaf, dev)
-                    else:
-                        src, chain = Env(r.node), ()
-                        self.export(u, dev, 0, r.node)
-                elif value_free:
-                    src = Zeros(leaf.shape, leaf.dtype, leaf.memory_order)
-                else:
-                    if prog.op_has_batch[u] and len(self.lay_devs(self.op_lay(u))) > 1:
-                        raise AssertionError(f"partial output {leaf.k} of {self.graph.ops[u].name} is read by "
-                                             f"{self.graph.ops[op].name} but the plan does not aggregate it")
-                    src = self.fetch_global(r.leaf, dev, key)
-            inputs.append(Input(r.node, src, leaf.node, chain, scale, r.tuple_index))
+            src, chain, scale = self.read_source(op, r, dev, micro, b, key, recompute)
+            inputs.append(Input(r.node, src, self.leaf(r.leaf).node, chain, scale, r.tuple_index))
         self.ranks[dev].batches.add(b)
         if prog.op_draws(op):
             self.ranks[dev].batches.update(block_batches(self.B))    # random values are drawn in blocks
         self.emit(dev, key + (0,), Compute(op, b, tuple(inputs), (), first, micro, recompute))
+
+    def read_source(self, op: int, r: Read, dev: int, micro: int, b: int, key: tuple, recompute: bool = False
+                    ) -> tuple[Source, tuple[str, ...], float]:
+        """(source, view chain, scale) of what ``op``'s instance on ``dev`` (``b`` samples of micro-batch
+        ``micro``, running at ``key``) reads for ``r``."""
+        prog = self.prog
+        lay = self.op_lay(op)
+        value_free = prog.op_target[op] in VALUE_FREE_TARGETS
+        leaf = self.leaf(r.leaf)
+        u = r.leaf[0]
+        placeholder = prog.op_kind[u] != "compute"
+        chain, scale = r.chain, 1.0
+        src: Source
+        if leaf.batch_dim is not None:
+            if value_free and self.op_lay(u) != lay:     # a shape read: no value moves
+                return Zeros(leaf.local_shape(b), leaf.dtype, leaf.memory_order), chain, scale
+            if self.op_lay(u) == lay:
+                if placeholder:
+                    src = self.producer_source(leaf, dev, micro)
+                else:
+                    again = self.reads_recomputed(u, op, recompute)
+                    src, chain = Env(env_name(r.node, micro, again)), ()
+                    self.export(u, dev, micro, r.node, again)
+            else:
+                src = self.relayout(r.leaf, lay, dev, micro, key)
+            return src, chain, scale
+        e = self.exps[r.leaf]
+        if e and prog.op_has_batch[op] and b != self.B:
+            scale = float((b / self.B) ** e)
+        if r.leaf in self.exps.statistics and prog.op_has_batch[op] and self.op_lay(u) == lay:
+            src, chain = Env(env_name(r.node, micro)), ()   # a batch statistic: this instance's own
+            self.export(u, dev, micro, r.node)
+        elif value_free and (prog.op_has_batch[u] or u in self.split):   # a shape read: no value needed
+            src = Zeros(leaf.shape, leaf.dtype, leaf.memory_order)
+        elif u in self.split or self.summed(r.leaf):
+            src = self.fetch_global(r.leaf, dev, key)
+        elif leaf.node in prog.consts:
+            src = Const(leaf.node)
+        elif dev in self.lay_devs(self.op_lay(u)):
+            if placeholder:
+                src = self.producer_source(leaf, dev)
+            else:
+                src, chain = Env(r.node), ()
+                self.export(u, dev, 0, r.node)
+        elif value_free:
+            src = Zeros(leaf.shape, leaf.dtype, leaf.memory_order)
+        else:
+            if prog.op_has_batch[u] and len(self.lay_devs(self.op_lay(u))) > 1:
+                raise AssertionError(f"partial output {leaf.k} of {self.graph.ops[u].name} is read by "
+                                     f"{self.graph.ops[op].name} but the plan does not aggregate it")
+            src = self.fetch_global(r.leaf, dev, key)
+        return src, chain, scale
 
     def build(self) -> Lowered:
         prog, graph = self.prog, self.graph
@@ -458,6 +496,10 @@ class _Builder:
             if i < n_p + n_b + len(prog.state_names):
                 for d in self.lay_devs(lay):
                     self.ranks[d].persist[name] = None          # filled by the caller with initial values
+                    part = self.split.held_part(op, d)
+                    if part is not None:
+                        self.ranks[d].persist_parts[name] = part
+                        self.parts[name] = (part.placement, self.lay_devs(lay))
             elif not prog.op_has_batch[op]:                    # an input without the batch: whole everywhere
                 for d in self.lay_devs(lay):
                     self.ranks[d].inputs.append(InputSlice(name, i - n_p - n_b - len(prog.state_names), 0, None))
@@ -481,11 +523,15 @@ class _Builder:
                 raise HeterogError(f"step output {out} is not an op output; cannot place it")
             for d in self.lay_devs(self.op_lay(prog.node_op[ph])):
                 src: Source
-                if d in self.lay_devs(self.op_lay(u)) and prog.op_kind[u] == "compute":
+                if u in self.split:
+                    src = self.split.update(ph, out, leaf_id, d, Env(out))
+                elif d in self.lay_devs(self.op_lay(u)) and prog.op_kind[u] == "compute":
                     self.export(u, d, 0, out)
                     src = Env(out)
                 else:
                     src = self.fetch_global(leaf_id, d, END)
+                if prog.node_op[ph] in self.split and u not in self.split:
+                    src = self.split.update(ph, out, leaf_id, d, src)
                 self.ranks[d].updates.append((ph, src))
         loss = prog.outputs[0]
         u = prog.node_op[loss]
@@ -493,6 +539,8 @@ class _Builder:
         e = self.exps[leaf_id]
         if prog.op_has_batch[u]:
             for d, lo, hi, m in self.lay_ranges(self.op_lay(u)):
+                if u in self.split and d != self.lay_devs(self.op_lay(u))[0]:
+                    continue                               # a divided loss: every device holds it whole
                 self.export(u, d, m, loss)
                 self.ranks[d].loss_terms.append((Env(env_name(loss, m)), float(((hi - lo) / self.B) ** (1 - e))))
         else:
@@ -503,8 +551,9 @@ class _Builder:
         kinds = (["param"] * n_p + ["buffer"] * n_b + ["state"] * len(prog.state_names))
         for i, kind in enumerate(kinds):
             ph = prog.placeholders[i]
-            d = min(self.lay_devs(self.op_lay(prog.node_op[ph])))
-            self.ranks[d].report.append((kind, ph))
+            devs = self.lay_devs(self.op_lay(prog.node_op[ph]))
+            for d in (devs if ph in self.parts else (min(devs),)):
+                self.ranks[d].report.append((kind, ph))
 
     def _finish(self) -> Lowered:
         # message tags in global key order (NCCL matches point-to-point messages in order per pair)
@@ -526,50 +575,16 @@ class _Builder:
                 if isinstance(instr, Compute):
                     kept = self.exports.get((instr.op, r, instr.micro, instr.recompute), ())
                     instr = replace(instr, exports=tuple(sorted(kept)))
-                rp.instrs.append(_tagged(instr, tag_of))
+                rp.instrs.append(with_tags(instr, tag_of))
                 rp.keys.append(key)
-            rp.frees = _frees(rp)
-        return Lowered(self.ranks, self.groups, self.messages, self.n_ar, self.n_agg)
-
-
-def _tagged(instr: Instruction, tag_of: list[int]) -> Instruction:
-    """``instr`` with its messages named by tag instead of by index in the message list."""
-    def piece(p: Piece) -> Piece:
-        return p._replace(source=Recv(tag_of[p.source.tag])) if isinstance(p.source, Recv) else p
-
-    if isinstance(instr, Send):
-        return replace(instr, tag=tag_of[instr.tag])
-    if isinstance(instr, Assemble):
-        return replace(instr, pieces=tuple(piece(p) for p in instr.pieces))
-    if isinstance(instr, Aggregate):
-        return replace(instr, parts=tuple(piece(p) for p in instr.parts))
-    return instr
-
-
-def _frees(rp: RankProgram) -> list[tuple[Env | Stash, ...]]:
-    """Per instruction, the env names and stash keys whose last use it is (values needed at the step
-    end, by updates and the loss, are kept)."""
-    keep = {src for _, src in rp.updates} | {src for src, _ in rp.loss_terms}
-    last: dict[Env | Stash, int] = {}
-    for i, instr in enumerate(rp.instrs):
-        for src in sources(instr):
-            if isinstance(src, (Env, Stash)):
-                last[src] = i
-    frees: list[list[Env | Stash]] = [[] for _ in rp.instrs]
-    for src, i in last.items():
-        if src not in keep and not (isinstance(src, Env) and src.node in rp.persist):
-            frees[i].append(src)
-    return [tuple(f) for f in frees]
+            rp.frees = last_uses(rp)
+        return Lowered(self.ranks, self.groups, self.messages, self.n_ar, self.n_agg, self.parts)
 
 
 def lower(prog: StepProgram, graph: OpGraph, cluster: Cluster, plan: CompiledPlan, start: np.ndarray,
           exps: Exponents, *, emulate: bool, post_early: bool = False) -> Lowered:
     """Per-rank programs for ``plan`` (a CompiledPlan of ``graph`` on ``cluster``) scheduled as the
     simulated start times ``start`` say. ``emulate``: enforce the cluster's link speeds and device
-    slowdowns (local-cpu clusters); ``post_early``: post receives at their send's key (NCCL). A plan that
-    splits a group beyond the batch is refused: its shards and collectives are simulated, not lowered."""
-    if plan.op_split is not None:
-        raise HeterogError("this plan splits groups beyond the batch (parameter or attribute splits); such "
-                            "plans are simulated and planned, but the runtime does not execute them: run a plan "
-                            "whose groups split along the batch only")
+    slowdowns (local-cpu clusters); ``post_early``: post receives at their send's key (NCCL). Groups
+    divided beyond the batch are lowered by ``heterog.runtime.split_lowering``."""
     return _Builder(prog, graph, cluster, plan, start, exps, emulate=emulate, post_early=post_early).build()

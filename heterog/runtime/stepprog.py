@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from heterog.graph.opgraph import OpGraph
     from heterog.graph.tracing import CapturedStep
+    from heterog.runtime.instructions import Local
 
 
 # ---------------------------------------------------------------------------- leaves and what ops read
@@ -161,8 +162,8 @@ class StepProgram:
         """The number of samples ``inputs`` (flat order) hold."""
         return next(int(x.shape[0]) for i, x in enumerate(inputs) if self.input_batched(i))
 
-    def kernel(self, op: int, device: torch.device | None = None) -> Kernel:
-        return Kernel([self.calls[n] for n in self.op_nodes[op]], device, self.random)
+    def kernel(self, op: int, device: torch.device | None = None, local: Local | None = None) -> Kernel:
+        return Kernel([self.calls[n] for n in self.op_nodes[op]], device, self.random, local)
 
     def op_draws(self, op: int) -> bool:
         """Op ``op`` has a random node (its instances need a ``Draw``)."""

@@ -1,0 +1,422 @@
+"""Lowering the ops of groups divided beyond the batch (docs/design.md, "Splits beyond the batch").
+
+A divided op runs on every device of its split config over the whole batch (or micro-batch), each device
+on its part of the op's divided dimension: ``Compute.local`` gives the kernel its local size arguments and
+transform (``heterog.graph.shard_exec``). The compiler's ``CompiledPlan.op_option`` says which of the
+op's options (``OpGraph.splits``) runs, and ``split_configs`` its devices and split weights; each device's
+integer share of the option's extent is ``split_shares_of(extent, weights)``.
+
+Values (placements as in ``heterog.graph.sharding``):
+  - a divided op's output, or the view of it another op reads, is held per device as its option says:
+    a shard ("S"), a partial sum ("P") or the whole value ("R"); parameters, buffers and optimizer state
+    of a divided op are held as the shard of their option from the start (``RankProgram.persist_parts``),
+    graph inputs whole;
+  - a divided consumer reads its input where it is: locally when the producer is divided over the same
+    devices and holds what it needs (the same placement in the same units), or takes its part of a whole
+    copy held here (``Derive``); otherwise the whole value is first put together on the device from every
+    holder's part (``Combine``, point-to-point messages: an all-gather, or the sum of partial sums) and
+    the consumer takes its part of it;
+  - an op that is not divided reads a divided producer's output put together whole on its device (and
+    re-laid out along the batch as usual).
+Every device puts a value together in the same order (device order), so replicas of a whole value agree
+exactly. The final parameters are the holders' parts put back together (``Lowered.parts``).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import torch
+
+from heterog.compiler.compile import VALUE_FREE_TARGETS
+from heterog.errors import HeterogError
+from heterog.graph.shard_exec import combine, part_of
+from heterog.graph.sharding import SplitOption, splits_from_json
+from heterog.graph.split_rules import Shard, parse_placement
+from heterog.runtime.instructions import (
+    END,
+    Combine,
+    Compute,
+    Derive,
+    Env,
+    Input,
+    Local,
+    Lowered,
+    Part,
+    Recv,
+    Source,
+    Stash,
+    Zeros,
+    env_name,
+)
+from heterog.runtime.kernel import Kernel
+from heterog.runtime.layout import in_memory_order
+from heterog.runtime.rng import block_batches
+from heterog.strategy import split_shares_of
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.cluster import Cluster
+    from heterog.compiler import CompiledPlan
+    from heterog.graph.opgraph import OpGraph
+    from heterog.runtime.instructions import Instruction, RankProgram
+    from heterog.runtime.scaling import Exponents
+    from heterog.runtime.stepprog import LeafInfo, Read, StepProgram
+
+Key = tuple[str, int | None]
+
+
+@dataclass(frozen=True)
+class SplitOp:
+    """One divided op as the runtime runs it: its devices, its option (None: whole on every device) and
+    each device's integer share of the option's extent (empty when nothing is divided in units)."""
+
+    devices: tuple[int, ...]
+    option: SplitOption | None
+    shares: tuple[int, ...]
+    inputs: dict[Key, str]
+    exits: dict[Key, str]
+    outputs: tuple[str, ...]
+
+    @property
+    def extent(self) -> int | None:
+        return self.option.extent if self.option is not None else None
+
+    def need(self, r: Read) -> str:
+        """The placement the op needs of what ``r`` reads ("-", nothing but its shape, reads it whole)."""
+        p = self.inputs.get((r.node, r.tuple_index), self.inputs.get((r.node, None), "R"))
+        return "R" if p == "-" else p
+
+    def holds(self, node: str, index: int | None) -> str:
+        return self.exits.get((node, index), self.exits.get((node, None), "R"))
+
+    def output(self, k: int) -> str:
+        return self.outputs[k] if k < len(self.outputs) else "R"
+
+    def part(self, placement: str, rank: int) -> Part | None:
+        return None if placement == "R" else Part(placement, self.extent, self.shares, rank)
+
+    def local(self, rank: int) -> Local | None:
+        o = self.option
+        if o is None or (not o.size_args and o.transform is None):
+            return None
+        share, offset = (self.shares[rank], sum(self.shares[:rank])) if o.extent is not None else (1, 0)
+        return Local(tuple((a.node, a.arg, a.index) for a in o.size_args), o.transform, o.transform_node, share,
+                     offset, o.extent)
+
+    def same_units(self, other: SplitOp) -> bool:
+        return self.devices == other.devices and (self.extent, self.shares) == (other.extent, other.shares)
+
+
+def _at(placement: str, whole: tuple[int, ...], local: tuple[int, ...]) -> str:
+    """``placement`` (of a value of shape ``whole`` at the graph's batch) for the value's shape ``local`` at
+    a micro-batch: a split factor counts the outer rows of its dimension (batch rows among them, e.g. heads
+    inside ``batch * heads``), so it scales with that dimension's size."""
+    p = parse_placement(placement)
+    if not isinstance(p, Shard) or p.sf == 1 or whole[p.dim] == local[p.dim]:
+        return placement
+    if (p.sf * local[p.dim]) % whole[p.dim]:
+        raise HeterogError(f"placement {placement} of a dimension of {whole[p.dim]} does not carry over to "
+                           f"{local[p.dim]} (a micro-batch): its units are not independent of the batch")
+    return f"S{p.dim}:{p.sf * local[p.dim] // whole[p.dim]}"
+
+
+def part_shape(shape: tuple[int, ...], placement: str, extent: int | None, shares: tuple[int, ...], rank: int
+               ) -> tuple[int, ...]:
+    """The shape of device ``rank``'s part of a value of ``shape`` (``heterog.graph.shard_exec.shard_of``)."""
+    p = parse_placement(placement)
+    if not isinstance(p, Shard):
+        return shape
+    assert extent is not None
+    out = list(shape)
+    out[p.dim] = p.sf * (shape[p.dim] // p.sf // extent * shares[rank])
+    return tuple(out)
+
+
+def held_part(value: torch.Tensor, part: Part | None) -> torch.Tensor:
+    """A device's part of a placeholder's whole initial value (``RankProgram.persist_parts``)."""
+    return value if part is None else part_of(value, part.placement, part.extent, part.shares, part.rank)
+
+
+def whole_values(lowered: Lowered, per_rank: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The final placeholder values from what each rank reports (rank order): one holder's copy, or the
+    parts of a value held divided put back together (``Lowered.parts``)."""
+    out: dict[str, torch.Tensor] = {}
+    for values in per_rank:
+        for ph, v in values.items():
+            if ph not in lowered.parts:
+                out.setdefault(ph, v)
+    for ph, (placement, devs) in lowered.parts.items():
+        if all(ph in per_rank[d] for d in devs):
+            out[ph] = combine([per_rank[d][ph] for d in devs], placement)
+    return out
+
+
+class Builder(Protocol):
+    """What the split lowering uses of the plan's lowering (``heterog.runtime.lowering``)."""
+
+    prog: StepProgram
+    graph: OpGraph
+    cluster: Cluster
+    plan: CompiledPlan
+    exps: Exponents
+    op_layout: np.ndarray
+    ranks: list[RankProgram]
+    memo: dict[Any, Any]
+    deps: dict[int, list[list]]
+    B: int
+
+    def leaf(self, leaf: tuple[int, int]) -> LeafInfo: ...
+    def producer_source(self, leaf: LeafInfo, dev: int, micro: int = 0) -> Source: ...
+    def inst_key(self, op: int, dev: int, micro: int = 0, recompute: bool = False) -> tuple: ...
+    def emit(self, rank: int, key: tuple, instr: Instruction) -> list: ...
+    def pull(self, item: list, key: tuple) -> None: ...
+    def export(self, op: int, dev: int, micro: int, name: str, recomputed: bool = False) -> None: ...
+    def send(self, src_dev: int, dst_dev: int, key: tuple, source: Source, slice_: Any, scale: float,
+             shape: tuple, dtype: torch.dtype) -> int: ...
+    def device_sums(self, leaf_id: tuple[int, int]) -> list[tuple[int, Source, float, tuple]]: ...
+    def read_source(self, op: int, r: Read, dev: int, micro: int, b: int, key: tuple, recompute: bool = False
+                    ) -> tuple[Source, tuple[str, ...], float]: ...
+
+
+class SplitLowering:
+    """The divided ops of one plan, lowered into the builder's rank programs (module docstring)."""
+
+    def __init__(self, b: Builder) -> None:
+        self.b = b
+        self.ops: dict[int, SplitOp] = {}
+        plan, graph, prog = b.plan, b.graph, b.prog
+        if plan.op_split is None or not np.any(plan.op_split >= 0):
+            self.layouts: set[int] = set()
+            return
+        if graph.splits is None or plan.op_option is None:
+            raise HeterogError(f"graph {graph.name!r} carries no split options; it cannot run a divided plan")
+        splits = splits_from_json(graph.splits)
+        for o in np.nonzero(plan.op_split >= 0)[0].tolist():
+            devs, weights = plan.split_configs[int(plan.op_split[o])]
+            k = int(plan.op_option[o])
+            opt = splits[o].options[k] if k >= 0 else None
+            whole = opt is None or prog.op_kind[o] == "input"      # graph inputs are held whole everywhere
+            shares = tuple(split_shares_of(opt.extent, weights)) if opt is not None and opt.extent is not None \
+                else ()
+            s = splits[o]
+            self.ops[o] = SplitOp(
+                tuple(int(d) for d in devs), opt, shares,
+                {(r.node, r.index): ("R" if whole else opt.inputs[j]) for j, r in enumerate(s.inputs)} if opt else {},
+                {(r.node, r.index): ("R" if whole else opt.exits[j]) for j, r in enumerate(s.exits)} if opt else {},
+                tuple("R" if whole else p for p in opt.outputs) if opt else ())
+        self.layouts = {int(plan.op_layout[o]) for o in self.ops} if plan.op_layout is not None else set()
+
+    def __contains__(self, op: int) -> bool:
+        return op in self.ops
+
+    def ranges(self, lay: int) -> list[tuple[int, int, int, int]]:
+        """(device, first sample, end sample, micro-batch) of each entry of a divided op's layout: every
+        device over each micro-batch's samples."""
+        plan = self.b.plan
+        devs, shares = plan.layout_devices[lay], plan.layout_shares[lay]
+        micro = plan.layout_micro[lay] if plan.layout_micro else (0,) * len(devs)
+        size = dict(zip((int(m) for m in micro), (int(s) for s in shares)))
+        start, lo = {}, 0
+        for m in sorted(size):
+            start[m] = lo
+            lo += size[m]
+        return [(int(d), start[int(m)], start[int(m)] + int(s), int(m)) for d, s, m in zip(devs, shares, micro)]
+
+    # ------------------------------------------------------------------ values
+    def whole(self, leaf_id: tuple[int, int], dev: int, micro: int, key: tuple) -> Source:
+        """A divided op's output put together whole on ``dev`` (its own copy where it holds it whole)."""
+        b = self.b
+        u = leaf_id[0]
+        su, leaf = self.ops[u], b.leaf(leaf_id)
+        if leaf.node in b.prog.consts:
+            return b.producer_source(leaf, dev, micro)
+        micro = 0 if self.accumulated(leaf_id) else micro
+        p = su.output(leaf.k)
+        if p == "R" and dev in su.devices:
+            return self.held(leaf_id, dev, micro)[0]
+        memo_key = ("whole", leaf_id, dev, micro)
+        item = b.memo.get(memo_key)
+        if item is None:
+            holders = su.devices if p != "R" else (b.cluster.best_source(su.devices, dev),)
+            shape = leaf.local_shape(self.samples(u, micro)) if leaf.batch_dim is not None else leaf.shape
+            p = _at(p, leaf.shape, shape)
+            parts: list[Source] = []
+            for h in holders:
+                src, after = self.held(leaf_id, h, micro)
+                if h == dev:
+                    parts.append(src)
+                    continue
+                rank = su.devices.index(h)
+                msg = b.send(h, dev, after, src, None, 1.0, part_shape(shape, p, su.extent, su.shares, rank),
+                             leaf.dtype)
+                parts.append(Recv(msg))
+            item = b.emit(dev, key + (-1,), Combine(("w", leaf.read_node, micro), tuple(parts), p, leaf.memory_order))
+            b.memo[memo_key] = item
+        b.pull(item, key + (-1,))
+        return Stash(item[2].key)
+
+    def samples(self, op: int, micro: int) -> int:
+        return next(hi - lo for _, lo, hi, m in self.ranges(int(self.b.op_layout[op])) if m == micro)
+
+    def accumulated(self, leaf_id: tuple[int, int]) -> bool:
+        """A divided op's partial result summed over several micro-batches: a non-batch output of a batch op
+        (a weight gradient, not a statistic of each micro-batch's samples)."""
+        b = self.b
+        return (b.plan.n_micro > 1 and b.prog.op_has_batch[leaf_id[0]] and b.leaf(leaf_id).batch_dim is None
+                and leaf_id not in b.exps.statistics)
+
+    def held(self, leaf_id: tuple[int, int], dev: int, micro: int) -> tuple[Source, tuple]:
+        """A divided op's value of a leaf on ``dev`` (for micro-batch ``micro``; summed over them where
+        ``accumulated``) and the key after which it exists."""
+        b = self.b
+        if self.accumulated(leaf_id):
+            for d, src, w, after in b.device_sums(leaf_id):
+                if d == dev:
+                    assert w == 1.0, "a partial result of several micro-batches is accumulated with their weights"
+                    return src, after
+        return b.producer_source(b.leaf(leaf_id), dev, micro), b.inst_key(leaf_id[0], dev, micro) + (1,)
+
+    def shape_of(self, r: Read, batch: int) -> tuple[int, ...]:
+        """The shape of what ``r`` reads at ``batch`` samples (its leaf's view chain run on the meta device)."""
+        b = self.b
+        leaf = b.leaf(r.leaf)
+        base = leaf.local_shape(batch) if leaf.batch_dim is not None else leaf.shape
+        if not r.chain:
+            return base
+        memo_key = ("shape", r.node, r.leaf, batch)
+        got = b.memo.get(memo_key)
+        if got is None:
+            env = {leaf.read_node: in_memory_order(torch.empty(base, dtype=leaf.dtype, device="meta"),
+                                                   leaf.memory_order)}
+            Kernel([b.prog.view_calls[c] for c in r.chain])(env, b.prog.sizes_at(batch))
+            got = b.memo[memo_key] = tuple(env[r.chain[-1]].shape)
+        return got
+
+    def part_at(self, part: Part | None, r: Read, batch: int) -> Part | None:
+        """``part`` of what ``r`` reads at ``batch`` samples: a split factor that counts batch rows scaled
+        (``_at``)."""
+        if part is None or batch == self.b.B or ":" not in part.placement:
+            return part
+        return replace(part, placement=_at(part.placement, self.shape_of(r, self.b.B), self.shape_of(r, batch)))
+
+    def derive(self, dev: int, key: tuple, source: Source, leaf: str, chain: tuple[str, ...], batch: int,
+               local: Local | None, part: Part | None, scale: float, name: str, micro: int,
+               after: list | None, pad: Part | None = None, index: int | None = None) -> Stash:
+        """``Derive`` on ``dev`` before ``key`` (one per value, part and rank: shared by its readers);
+        ``after``: the instruction that makes ``source`` here, if any."""
+        b = self.b
+        stash_key = ("d", name, micro, part, local is not None, pad, scale)
+        memo_key = ("derive", dev, stash_key)
+        item = b.memo.get(memo_key)
+        if item is None:
+            item = b.emit(dev, key + (-1,), Derive(stash_key, source, scale, leaf, chain, batch, local, part, pad,
+                                                   index))
+            b.memo[memo_key] = item
+            if after is not None:
+                b.deps.setdefault(id(item), []).append(after)
+        b.pull(item, key + (-1,))
+        return Stash(stash_key)
+
+    def _local(self, u: int, r: Read, dev: int, micro: int, batch: int, part: Part | None, key: tuple,
+               scale: float, pad: Part | None = None) -> Input:
+        """What divided op ``u`` holds of ``r``'s node on ``dev`` (its part of it: ``part``; put in zeros of
+        the whole shape: ``pad``)."""
+        b = self.b
+        su, leaf = self.ops[u], b.leaf(r.leaf)
+        part, pad = self.part_at(part, r, batch), self.part_at(pad, r, batch)
+        if b.prog.op_kind[u] == "compute" and not self.accumulated(r.leaf):
+            if part is None and pad is None:
+                b.export(u, dev, micro, r.node)
+                return Input(r.node, Env(env_name(r.node, micro)), r.node, (), scale, r.tuple_index)
+            node = r.node if r.tuple_index is None else leaf.read_node      # one element of a tuple value
+            b.export(u, dev, micro, node)
+            return Input(r.node, self.derive(dev, key, Env(env_name(node, micro)), node, (), batch, None, part, scale,
+                                             r.node, micro, None, pad), None, (), 1.0, r.tuple_index)
+        src = self.held(r.leaf, dev, micro)[0]    # a placeholder's or a partial result's: its view chain runs here
+        local = su.local(su.devices.index(dev))
+        if part is None and pad is None and (local is None or not r.chain):
+            return Input(r.node, src, leaf.node, r.chain, scale, r.tuple_index)
+        if pad is not None and r.chain:                    # padded where the consumer reads it, after the views
+            src = self.derive(dev, key, src, leaf.read_node, r.chain, batch, local, None, scale, r.node, micro, None)
+            return Input(r.node, self.derive(dev, key, src, r.node, (), batch, None, None, 1.0, r.node + ":pad", micro,
+                                             None, pad), None, (), 1.0, r.tuple_index)
+        return Input(r.node, self.derive(dev, key, src, leaf.read_node, r.chain, batch, local, part, scale, r.node,
+                                         micro, None, pad), None, (), 1.0, r.tuple_index)
+
+    # ------------------------------------------------------------------ ops
+    def read(self, op: int, r: Read, dev: int, micro: int, batch: int, key: tuple) -> Input:
+        """What divided op ``op``'s instance on ``dev`` reads for ``r`` (module docstring)."""
+        b = self.b
+        so = self.ops[op]
+        rank = so.devices.index(dev)
+        need = so.need(r)
+        u = r.leaf[0]
+        mu = micro if b.prog.op_has_batch[u] else 0
+        su = self.ops.get(u)
+        leaf = b.leaf(r.leaf)
+        if b.prog.op_target[op] in VALUE_FREE_TARGETS:      # a shape read: zeros of the whole value, its part
+            batch_u = self.samples(u, mu) if su is not None else batch
+            zeros = Zeros(leaf.local_shape(batch_u), leaf.dtype, leaf.memory_order)
+            return Input(r.node, self.derive(dev, key, zeros, leaf.read_node, r.chain, batch, None,
+                                             self.part_at(so.part(need, rank), r, batch), 1.0, r.node + ":shape", micro,
+                                             None), None, (), 1.0,
+                         r.tuple_index)
+        scale = 1.0        # a whole-step value read by a micro-batch's instance (``heterog.runtime.scaling``)
+        if leaf.batch_dim is None and b.prog.op_has_batch[op] and batch != b.B and r.leaf not in b.exps.statistics:
+            scale = float((batch / b.B) ** b.exps[r.leaf])
+        if su is not None and su.devices == so.devices:
+            have = su.holds(r.node, r.tuple_index)
+            if have == need and (have[0] != "S" or su.same_units(so)):
+                return self._local(u, r, dev, mu, batch, None, key, scale)
+            if have == "R":
+                return self._local(u, r, dev, mu, batch, so.part(need, rank), key, scale)
+            if have[0] == "S" and need == "P":          # a shard is a partial sum: zeros elsewhere
+                return self._local(u, r, dev, mu, batch, None, key, scale, pad=su.part(have, rank))
+        part = self.part_at(so.part(need, rank), r, batch)
+        if su is not None:
+            src, chain = self.whole(r.leaf, dev, mu, key), r.chain
+        else:
+            src, chain, scale = b.read_source(op, r, dev, micro, batch, key)
+        if part is None:
+            return Input(r.node, src, leaf.node, chain, scale, r.tuple_index)
+        after = b.memo.get(("whole", r.leaf, dev, 0 if self.accumulated(r.leaf) else mu)) if su is not None else None
+        return Input(r.node, self.derive(dev, key, src, leaf.read_node, chain, batch, None, part, scale, r.node, micro,
+                                         after, index=r.tuple_index), None, (), 1.0, r.tuple_index)
+
+    def compute(self, op: int, dev: int, first: int, end: int, micro: int) -> None:
+        """Divided op ``op``'s instance on ``dev`` over samples ``first .. end`` (micro-batch ``micro``)."""
+        b = self.b
+        so = self.ops[op]
+        batch = end - first
+        key = b.inst_key(op, dev, micro)
+        inputs = tuple(self.read(op, r, dev, micro, batch, key) for r in b.prog.reads[op])
+        b.ranks[dev].batches.add(batch)
+        if b.prog.op_draws(op):
+            b.ranks[dev].batches.update(block_batches(b.B))
+        b.emit(dev, key + (0,), Compute(op, batch, inputs, (), first, micro, False, so.local(so.devices.index(dev))))
+
+    def held_part(self, op: int, dev: int) -> Part | None:
+        """The part of a placeholder of divided op ``op`` that ``dev`` holds (None: all of it)."""
+        so = self.ops.get(op)
+        return so.part(so.output(0), so.devices.index(dev)) if so is not None else None
+
+    def update(self, ph: str, out: str, leaf_id: tuple[int, int], dev: int, whole: Source) -> Source:
+        """The next value of placeholder ``ph`` on ``dev`` from step output ``out`` (leaf ``leaf_id``):
+        ``whole`` is its whole value here when the producer is not divided."""
+        b = self.b
+        ph_op, u = b.prog.node_op[ph], leaf_id[0]
+        part = self.held_part(ph_op, dev)
+        su = self.ops.get(u)
+        if su is not None:
+            sp = self.ops.get(ph_op)
+            have = su.output(leaf_id[1])
+            want = part.placement if part is not None else "R"
+            if dev in su.devices and have == want and (have[0] != "S" or (sp is not None and su.same_units(sp))):
+                return b.producer_source(b.leaf(leaf_id), dev, 0)
+            whole = self.whole(leaf_id, dev, 0, END)
+        if part is None:
+            return whole
+        after = b.memo.get(("whole", leaf_id, dev, 0)) if su is not None else None
+        return self.derive(dev, END, whole, out, (), b.B, None, part, 1.0, out, 0, after)
