@@ -3,8 +3,14 @@ docstring, and the ``MODEL:BATCH`` graph specs (one, or a comma-separated list).
 from __future__ import annotations
 
 import argparse
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from heterog.errors import HeterogError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.reporting import Table
 
 
 def parser(module: str, doc: str | None) -> argparse.ArgumentParser:
@@ -35,3 +41,9 @@ def argparse_type(parse):
             raise argparse.ArgumentTypeError(str(exc)) from None
     checked.__name__ = parse.__name__
     return checked
+
+
+def print_rows(rows: list[dict], as_json: bool, table: Callable[[list[dict]], Table]) -> int:
+    """A table script's output: its rows as JSON, or ``table(rows)`` as Markdown; the exit code (0)."""
+    print(json.dumps(rows, indent=1) if as_json else table(rows).markdown())
+    return 0

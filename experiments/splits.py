@@ -21,12 +21,11 @@ training.
 """
 from __future__ import annotations
 
-import json
 import sys
 
 import numpy as np
 
-from experiments.args import argparse_type, model_batch_list, parser
+from experiments.args import argparse_type, model_batch_list, parser, print_rows
 from heterog.errors import HeterogError
 from heterog.reporting import Column, Table
 
@@ -140,11 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     except HeterogError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(rows, indent=1))
-        return 0
-    print(_table(args.what, rows).markdown())
-    return 0
+    return print_rows(rows, args.json, lambda r: _table(args.what, r))
 
 
 def _table(what: str, rows: list[dict]) -> Table:

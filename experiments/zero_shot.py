@@ -8,10 +8,9 @@ cluster").
 """
 from __future__ import annotations
 
-import json
 import sys
 
-from experiments.args import argparse_type, model_batch_list, parser
+from experiments.args import argparse_type, model_batch_list, parser, print_rows
 from heterog.errors import HeterogError
 from heterog.reporting import Column, Table
 
@@ -62,10 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     except HeterogError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(rows, indent=1))
-        return 0
+    return print_rows(rows, args.json, _table)
 
+
+def _table(rows: list[dict]) -> Table:
     def ms(t, oom=False):
         return "-" if t is None else f"{t * 1e3:.1f}{' OOM' if oom else ''}"
     table = Table([Column("graph", align="left"), Column("cluster", align="left"), Column("devices"),
@@ -73,8 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         table.add(r["graph"], r["cluster"], str(r["devices"]), ms(r["policy_plan_s"], r["policy_plan_oom"]),
                   r["kept"], f"{r['best_dp']} {ms(r['best_dp_s'])}")
-    print(table.markdown())
-    return 0
+    return table
 
 
 if __name__ == "__main__":
