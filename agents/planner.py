@@ -23,12 +23,15 @@ from envs.actions import full_plan, plan_strategy
 from envs.features import DEVICE_FEATURE_DIM, MAX_DEVICES, op_feature_dim
 from heterog.errors import HeterogError
 from heterog.planners import Planner
-from heterog.strategy import Strategy, n_actions
+from heterog.strategy import SPLIT_ACTION_NAMES, Strategy, n_actions
 
 DEFAULT_EPISODES = 2000
 # The pretrained device-token policy shipped with the package: what ``plan`` starts from when no checkpoint
 # is given. How it was trained, and how to retrain it: docs/design.md, "The shipped checkpoint".
 PRETRAINED = Path(__file__).resolve().parent / "pretrained" / "tokens-small.pt"
+# The same kind of policy with the split actions (``PolicyConfig.split_actions``): where ``plan(splits=True)``
+# starts. Trained by experiment=pretrain_tokens_splits (docs/design.md, "The shipped checkpoint").
+PRETRAINED_SPLITS = Path(__file__).resolve().parent / "pretrained" / "tokens-small-splits.pt"
 SCRATCH = "scratch"          # checkpoint value (CLI: --agent scratch) that trains a fresh policy
 log = logging.getLogger(__name__)
 AGENT_SIZES = {"small": StrategyPolicy.small, "paper": StrategyPolicy.paper}
@@ -57,14 +60,15 @@ def build_policy(n_devices: int, size: str = "small", seed: int = 0, dp_bias: fl
 def plan(evaluator, checkpoint: str | Path | dict | None = None, episodes: int | None = None,
          budget_s: float | None = None, seed: int = 0, progress: bool = True, *,
          settings: TrainerSettings | None = None, size: str = "small", run_dir: str | Path | None = None,
-         writer=None, workers: int = 1, ray_address: str | None = None) -> Strategy:
+         writer=None, workers: int = 1, ray_address: str | None = None, splits: bool = False) -> Strategy:
     """Search a strategy for ``evaluator.graph`` on ``evaluator.cluster`` with the learning agent.
 
     Args:
         evaluator: a :class:`heterog.evaluate.Evaluator` (its grouping and cost model are used).
         checkpoint: a checkpoint path (or loaded checkpoint) to fine-tune; None: the shipped pretrained
-            checkpoint (``PRETRAINED``) when its policy fits the cluster, else from scratch (logged);
-            ``"scratch"``: a fresh policy.
+            checkpoint (``PRETRAINED``, with ``splits`` ``PRETRAINED_SPLITS``) when its policy fits the
+            cluster, else from scratch (logged); ``"scratch"``: a fresh policy. A checkpoint's policy
+            brings its own action space (with split actions or without).
         episodes: strategies to sample (one episode = one plan); default 2000 when no budget is given.
         budget_s: wall-clock budget in seconds, setup included. 0 with a checkpoint: zero-shot
             (``zero_shot``: the pretrained policy's plan, no update).
@@ -75,6 +79,8 @@ def plan(evaluator, checkpoint: str | Path | dict | None = None, episodes: int |
         run_dir, writer: optional learning-curve/Gantt output folder and TensorBoard writer.
         workers, ray_address: simulate each round's strategies on this many Ray workers, on the cluster at
             this address (``heterog.parallel``; ``settings.workers`` when settings are given).
+        splits: plan with the split actions (splits beyond the batch, ``PolicyConfig.split_actions``):
+            start from ``PRETRAINED_SPLITS`` or, from scratch, a policy with them.
 
     Returns the best strategy found (its group configs, recomputed groups and micro-batches, as the agent
     chose them), method "agent", with meta ``search_time_s``, ``best_iteration_time_s``, ``oom``,
@@ -83,7 +89,7 @@ def plan(evaluator, checkpoint: str | Path | dict | None = None, episodes: int |
     """
     t0 = time.perf_counter()
     zero = budget_s == 0 and episodes is None
-    checkpoint = start_checkpoint(checkpoint, evaluator.cluster.n_devices, required=zero)
+    checkpoint = start_checkpoint(checkpoint, evaluator.cluster.n_devices, required=zero, splits=splits)
     source = None if checkpoint is None or isinstance(checkpoint, dict) else str(checkpoint)
     if zero:
         strategy = zero_shot(evaluator, checkpoint)
@@ -103,7 +109,7 @@ def plan(evaluator, checkpoint: str | Path | dict | None = None, episodes: int |
         if checkpoint is not None:
             policy = _load_policy(checkpoint, m)
         else:
-            policy = build_policy(m, size, seed, settings.initial_dp_bias)
+            policy = build_policy(m, size, seed, settings.initial_dp_bias, split_actions=splits)
         task = GraphTask.from_evaluator(evaluator, layout=policy.feature_layout)
         trainer = Trainer(policy, [task], settings, writer=writer, run_dir=run_dir, ray_address=ray_address)
         try:
@@ -121,24 +127,25 @@ def plan(evaluator, checkpoint: str | Path | dict | None = None, episodes: int |
 
 
 def start_checkpoint(checkpoint: str | Path | dict | None, n_devices: int,
-                     required: bool = False) -> str | Path | dict | None:
+                     required: bool = False, splits: bool = False) -> str | Path | dict | None:
     """The checkpoint ``plan`` starts from on a cluster of ``n_devices``: ``checkpoint`` itself, None for
-    ``SCRATCH``, and for None the shipped ``PRETRAINED`` checkpoint when its policy fits the cluster (else
-    None, from scratch, with a warning). ``required`` (zero-shot): a checkpoint must result; otherwise
-    the error names why there is none."""
+    ``SCRATCH``, and for None the shipped ``PRETRAINED`` checkpoint (``PRETRAINED_SPLITS`` with ``splits``)
+    when its policy fits the cluster (else None, from scratch, with a warning). ``required`` (zero-shot):
+    a checkpoint must result; otherwise the error names why there is none."""
     if isinstance(checkpoint, (str, Path)) and str(checkpoint) == SCRATCH:
         if required:
             raise HeterogError("budget_s 0 (zero-shot) plans with a pretrained policy, not from scratch")
         return None
     if checkpoint is not None:
         return checkpoint
-    if not PRETRAINED.is_file():
-        why = f"the shipped checkpoint {str(PRETRAINED)!r} is missing from this installation"
+    shipped = PRETRAINED_SPLITS if splits else PRETRAINED
+    if not shipped.is_file():
+        why = f"the shipped checkpoint {str(shipped)!r} is missing from this installation"
     else:
         try:
-            check_fits(load_checkpoint(PRETRAINED), n_devices, None, DEVICE_FEATURE_DIM,
+            check_fits(load_checkpoint(shipped), n_devices, None, DEVICE_FEATURE_DIM,
                        source="the shipped checkpoint")
-            return PRETRAINED
+            return shipped
         except HeterogError as exc:
             why = str(exc)
     if required:
@@ -157,15 +164,15 @@ def _load_policy(checkpoint: str | Path | dict, n_devices: int, state: dict | No
 
 
 def zero_shot(evaluator, checkpoint: str | Path | dict) -> Strategy:
-    """The pretrained policy's plan for ``evaluator``'s graph and cluster without any update: its greedy
-    plan (each group's most likely decision, ``agents.networks.most_likely_actions``, and its more likely
-    recompute bit, and the most likely number of micro-batches; each coupled block its leader's, when the
-    policy was trained with ``tie_blocks``), compared with the four data-parallel plans (every group under
-    one DP action, one micro-batch, no recomputation); the fastest is returned (a plan out of memory counts
-    ``oom_factor`` times slower, as in training). Meta: ``policy_plan_s`` and ``policy_plan_oom`` (the
-    greedy plan, before the comparison), ``zero_shot`` True, ``kept`` ("policy" or the DP plan's name),
-    ``best_iteration_time_s``, ``oom``, ``episodes`` 0, ``rounds`` 0, ``micro_batches`` and
-    ``recomputed_groups``."""
+    """The pretrained policy's plan for ``evaluator``'s graph and cluster without any update: its greedy plan (each
+    group's most likely decision, ``agents.networks.most_likely_actions``, and its more likely recompute bit, and
+    the most likely number of micro-batches; each coupled block its leader's, when the policy was trained with
+    ``tie_blocks``), compared with the four data-parallel plans (every group under one DP action, one micro-batch,
+    no recomputation) and, for a policy with split actions, the two cluster-wide splits (every group under
+    ``tp-even``, or ``tp-prop``); the fastest is returned (a plan out of memory counts ``oom_factor`` times slower,
+    as in training). Meta: ``policy_plan_s`` and ``policy_plan_oom`` (the greedy plan, before the comparison),
+    ``zero_shot`` True, ``kept`` ("policy" or the uniform plan's name), ``best_iteration_time_s``, ``oom``,
+    ``episodes`` 0, ``rounds`` 0, ``micro_batches`` and ``recomputed_groups``."""
     import numpy as np
 
     from heterog.evaluate import reward
@@ -184,8 +191,9 @@ def zero_shot(evaluator, checkpoint: str | Path | dict) -> Strategy:
         greedy = greedy[plan_columns(blocks.tie(evaluator.n_groups), evaluator.n_groups)]
     greedy = greedy.numpy()
     candidates = {"policy": greedy.astype(np.int64)}
+    uniform = ("ev-ps", "ev-ar", "cp-ps", "cp-ar") + (SPLIT_ACTION_NAMES if policy.split_actions else ())
     candidates.update({name: full_plan(np.full(evaluator.n_groups, m + k, dtype=np.int64), evaluator.n_groups)
-                       for k, name in enumerate(("ev-ps", "ev-ar", "cp-ps", "cp-ar"))})
+                       for k, name in enumerate(uniform)})
     scored = {name: evaluator.iteration_time(plan_strategy(evaluator, a)) for name, a in candidates.items()}
     kept = max(scored, key=lambda name: (reward(*scored[name]), name == "policy"))
     strategy = plan_strategy(evaluator, candidates[kept], "agent")

@@ -9,11 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from agents.networks import N_DP_SCHEMES
+from agents.networks import n_outputs
 from agents.settings import TrainerView
 from agents.tasks import GraphTask
 from envs.actions import MICRO_CHOICES, full_plan, micro_batches
-from heterog.strategy import action_name
+from heterog.strategy import split_action_name
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class TrainingLog:
         w.add_scalar("perf/round_s", stats["round_s"], step)
         if step % self.log_every == 0 or step == 1:
             w.add_histogram("actions/sampled", stats["actions"], step,
-                            bins=np.arange(trainer.policy.n_actions + 1) - 0.5)
+                            bins=np.arange(n_outputs(trainer.policy.n_devices, trainer.policy.split_actions) + 1) - 0.5)
             if "micro_choices" in stats:
                 w.add_histogram("actions/micro_batch_choice", stats["micro_choices"], step,
                                 bins=np.arange(len(MICRO_CHOICES) + 1) - 0.5)
@@ -129,12 +129,10 @@ def action_breakdown(task: GraphTask, actions: np.ndarray) -> list[dict[str, Any
     op_time = ev.cost.full_batch_times(ev.graph).mean(axis=1)
     total_time = max(float(op_time.sum()), 1e-30)
     rows = []
-    for a in range(m + N_DP_SCHEMES):
+    for a in np.unique(actions).tolist():
         groups = int((np.asarray(actions) == a).sum())
-        if groups == 0:
-            continue
         on = op_action == a
-        rows.append({"action": action_name(a, m), "groups": groups, "op_share": float(on.mean()),
+        rows.append({"action": split_action_name(a, m), "groups": groups, "op_share": float(on.mean()),
                      "compute_share": float(op_time[on].sum() / total_time)})
     return rows
 

@@ -110,7 +110,9 @@ class TrainerSettings:
     seed_uniform_plans: bool = True
     """Before a graph's first round, simulate the M + 4 plans that give every group the same action (the
     whole graph on one device, or one data-parallel scheme everywhere: the DP baselines ev-ps, ev-ar,
-    cp-ps, cp-ar), and cp-ar-ps-small (CP-AR with the groups of small gradients on CP-PS, MCMC's start:
+    cp-ps, cp-ar; with split actions also the 2 M + 2 plans that split every group the same way, among
+    them the homogeneous tensor-parallel plan), and cp-ar-ps-small (CP-AR with the groups of small
+    gradients on CP-PS, MCMC's start:
     ``heterog.baselines.mcmc.start_actions``), and record them like samples: they enter the replay pool
     and the best one is where the mutation samples start. Without them the search can settle on a plan
     worse than plain data parallelism."""

@@ -3,9 +3,14 @@
 For ``G`` group slots (the env's ``max_groups``; the trainer's real group count) a plan action is one
 flat integer vector of length ``2 G + 1``:
 
-- ``[0, G)``: each group's parallel config, one of ``M + 4`` (``heterog.strategy.decode_action``);
+- ``[0, G)``: each group's parallel config, one of ``M + 4`` (``heterog.strategy.decode_action``), or
+  with splits beyond the batch one of ``3 M + 6`` (``heterog.strategy.n_actions(M, splits=True)``: then
+  ``M + 4`` and ``M + 5`` divide the group's parameters over all devices, evenly or in proportion to
+  device speed, ``M + 6 + d`` evenly over device d's server and ``2 M + 6 + d`` in proportion over it;
+  ``heterog.strategy.decode_split_action``);
 - ``[G, 2 G)``: each group's recompute bit, ``0`` keep its forward activations, ``1`` free them after the
-  forward and recompute them before its backward (``Strategy.recompute``);
+  forward and recompute them before its backward (``Strategy.recompute``); a group under a split action
+  keeps its activations (the bit is ignored: split groups are not recomputed);
 - ``2 G``: the index of the number of micro-batches in :data:`MICRO_CHOICES`, the same for the whole
   plan (even micro-batches, 1F1B schedule; ``Strategy.with_micro_batches``). A choice above the batch
   size is clipped to the largest number the batch allows (``min(batch, MAX_MICRO_BATCHES)``), so every
@@ -40,11 +45,11 @@ def plan_length(n_groups: int) -> int:
     return 2 * int(n_groups) + 1
 
 
-def plan_nvec(n_devices: int, n_groups: int) -> np.ndarray:
+def plan_nvec(n_devices: int, n_groups: int, splits: bool = False) -> np.ndarray:
     """The choices of every entry of a plan action (a ``MultiDiscrete``'s ``nvec``):
-    ``[M + 4] * G + [2] * G + [len(MICRO_CHOICES)]``."""
+    ``[A] * G + [2] * G + [len(MICRO_CHOICES)]``, ``A = n_actions(M, splits)``."""
     g = int(n_groups)
-    return np.concatenate([np.full(g, n_actions(n_devices)), np.full(g, 2),
+    return np.concatenate([np.full(g, n_actions(n_devices, splits)), np.full(g, 2),
                            [len(MICRO_CHOICES)]]).astype(np.int64)
 
 
@@ -88,20 +93,22 @@ def full_plan(action: npt.ArrayLike, n_groups: int) -> np.ndarray:
     return a
 
 
-def split_plan(action: npt.ArrayLike, n_real: int, n_slots: int, n_devices: int) -> PlanAction:
+def split_plan(action: npt.ArrayLike, n_real: int, n_slots: int, n_devices: int,
+               splits: bool = False) -> PlanAction:
     """The parts of one plan action over ``n_slots`` group slots (length ``n_slots`` or
     ``2 n_slots + 1``) for its first ``n_real`` groups; StrategyError for a wrong shape or an entry out of
-    range."""
+    range (``splits``: the split actions are in range)."""
     a = np.asarray(action)
     if a.shape not in ((n_slots,), (plan_length(n_slots),)):
         raise StrategyError(f"action must have shape ({plan_length(n_slots)},) (configs, recompute bits, "
                             f"micro-batch choice) or ({n_slots},) (configs alone), got {a.shape}")
     a = full_plan(a.astype(np.int64), n_slots)
     groups, bits = a[:n_real], a[n_slots:n_slots + n_real]
-    bad = np.flatnonzero((groups < 0) | (groups >= n_actions(n_devices)))
+    n = n_actions(n_devices, splits)
+    bad = np.flatnonzero((groups < 0) | (groups >= n))
     if len(bad):
         raise StrategyError(f"action {int(groups[bad[0]])} of group {int(bad[0])} is out of range "
-                            f"0..{n_actions(n_devices) - 1} for {n_devices} devices")
+                            f"0..{n - 1} for {n_devices} devices{' with splits' if splits else ''}")
     bad = np.flatnonzero((bits != KEEP) & (bits != RECOMPUTE))
     if len(bad):
         raise StrategyError(f"recompute bit {int(bits[bad[0]])} of group {int(bad[0])} is neither "
@@ -113,16 +120,19 @@ def split_plan(action: npt.ArrayLike, n_real: int, n_slots: int, n_devices: int)
 def plan_strategy(evaluator: Evaluator, action: npt.ArrayLike, method: str = "",
                   n_slots: int | None = None) -> Strategy:
     """Decode a plan action for ``evaluator``'s graph into a Strategy: its group configs
-    (``Evaluator.strategy``), then its recomputed groups and micro-batches (1F1B). ``n_slots``: the group
+    (``Evaluator.strategy``; split actions where the graph has split options), then its recomputed
+    groups and micro-batches (1F1B). ``n_slots``: the group
     slots of the action (None: the graph's group count). ``meta["actions"]`` is the plan over the real
     groups (length ``2 G + 1``), and ``meta`` gains ``micro_batches`` (the number) and
     ``recomputed_groups`` (how many)."""
     n_groups = evaluator.n_groups
-    plan = split_plan(action, n_groups, n_groups if n_slots is None else n_slots, evaluator.cluster.n_devices)
+    plan = split_plan(action, n_groups, n_groups if n_slots is None else n_slots, evaluator.cluster.n_devices,
+                      splits=True)
     strategy = evaluator.strategy(plan.groups, method)
     k = micro_batches(plan.micro_index, strategy.batch_size)
-    if plan.recomputed:
-        strategy = strategy.with_recompute(plan.recomputed)
+    recomputed = [g for g in plan.recomputed if strategy.configs[g].split is None]
+    if recomputed:
+        strategy = strategy.with_recompute(recomputed)
     if k > 1:
         strategy = strategy.with_micro_batches(k, SCHEDULE)
     strategy.meta.update(plan_meta(strategy))

@@ -14,7 +14,7 @@ from gymnasium import spaces
 from heterog.cluster.topology import Cluster
 from heterog.cost.model import CostModel
 from heterog.graph.opgraph import KINDS, PHASES, OpGraph
-from heterog.strategy import N_DP_ACTIONS, even_shares, proportional_shares
+from heterog.strategy import even_shares, proportional_shares
 
 FEATURE_CLIP = 10.0
 
@@ -276,8 +276,3 @@ def pad_observation(features: GraphFeatures, max_ops: int, max_edges: int, max_g
         "group_mask": (np.arange(max_groups) < g).astype(np.int8),
         **devices,
     }
-
-
-def n_actions(n_devices: int) -> int:
-    """M + 4 choices per group."""
-    return int(n_devices) + N_DP_ACTIONS

@@ -11,13 +11,13 @@ import numpy.typing as npt
 from gymnasium import spaces
 
 from envs.actions import PlanAction, plan_length, plan_nvec, plan_strategy, split_plan
-from envs.features import GraphFeatures, graph_features, n_actions, observation_space, pad_observation
+from envs.features import GraphFeatures, graph_features, observation_space, pad_observation
 from heterog.cluster.topology import Cluster
 from heterog.errors import HeterogError
 from heterog.evaluate import Evaluator, reward
 from heterog.graph.opgraph import OpGraph
 from heterog.scheduler import DEFAULT_ORDER
-from heterog.strategy import action_name
+from heterog.strategy import n_actions, split_action_name
 
 DEFAULT_GRAPH = "tiny_transformer"
 DEFAULT_CLUSTER = "paper-8gpu"
@@ -44,16 +44,21 @@ def resolve_cluster(cluster: Cluster | str) -> Cluster:
 
 
 class PlacementEnv(gym.Env[dict[str, Any], np.ndarray]):
-    """Choose, for every op group of a training graph, model parallelism on one device or one of four
-    data-parallel schemes and whether to recompute its activations, and for the whole plan the number
-    of micro-batches; the simulator scores the plan.
+    """Choose, for every op group of a training graph, model parallelism on one device, one of four
+    data-parallel schemes or (with ``splits``) a split of its parameters over devices, and whether to
+    recompute its activations, and for the whole plan the number of micro-batches; the simulator scores
+    the plan.
 
     ## Action Space
-    ``MultiDiscrete([M + 4] * max_groups + [2] * max_groups + [len(MICRO_CHOICES)])``, a flat vector of
-    length ``2 * max_groups + 1`` (``envs.actions``):
+    ``MultiDiscrete([A] * max_groups + [2] * max_groups + [len(MICRO_CHOICES)])``, a flat vector of
+    length ``2 * max_groups + 1`` (``envs.actions``), ``A = M + 4``, or ``3 M + 6`` with ``splits``:
 
     - ``[0, max_groups)``: one config per group. ``0..M-1`` model parallelism on that device, ``M``
-      DP-even-PS, ``M+1`` DP-even-AR, ``M+2`` DP-proportional-PS, ``M+3`` DP-proportional-AR.
+      DP-even-PS, ``M+1`` DP-even-AR, ``M+2`` DP-proportional-PS, ``M+3`` DP-proportional-AR. With
+      ``splits`` (splits beyond the batch, ``heterog.strategy.decode_split_action``): ``M+4`` the group's
+      parameters divided evenly over all devices (every device runs the whole batch on its part),
+      ``M+5`` in proportion to device speed, ``M+6+d`` evenly over the devices of device d's server,
+      ``2M+6+d`` in proportion over them (a server of one device: model parallelism on it).
     - ``[max_groups, 2 * max_groups)``: one recompute bit per group, ``0`` keep its forward activations,
       ``1`` free them after the forward and recompute them before the group's backward.
     - ``2 * max_groups``: the number of micro-batches, an index into ``MICRO_CHOICES = (1, 2, 4, 8, 16)``
@@ -81,7 +86,8 @@ class PlacementEnv(gym.Env[dict[str, Any], np.ndarray]):
     With ``max_devices`` set (for the device-token policy, ``agent.head=tokens``) the space no longer
     depends on the cluster: ``op_x`` summarises its per-device columns by their mean, min and max over
     devices, ``dev_x`` has ``max_devices`` rows (the device tokens, real devices first) and
-    ``dev_mask (max_devices,)`` marks the real ones. The action space stays ``M + 4`` per group.
+    ``dev_mask (max_devices,)`` marks the real ones. The action space stays ``A`` per group for the
+    cluster at hand.
 
     ## Rewards
     ``-sqrt(iteration_time_s)`` of the simulated training iteration, multiplied by ``oom_factor``
@@ -113,6 +119,7 @@ class PlacementEnv(gym.Env[dict[str, Any], np.ndarray]):
     - ``oom_factor``: reward multiplier on OOM (default 10).
     - ``order``: task order of the scheduler (``heterog.scheduler.ORDERS``); ``"best"`` (default) keeps,
       per plan, the faster of rank-contention and FIFO.
+    - ``splits``: offer the split actions (default False); every graph needs its per-op split options.
     - ``render_mode``: None or ``"ansi"`` (a text summary of the last plan).
     """
 
@@ -122,7 +129,7 @@ class PlacementEnv(gym.Env[dict[str, Any], np.ndarray]):
                  cluster: Cluster | str = DEFAULT_CLUSTER, *, batch_size: int | None = None, optimizer: str = "sgd",
                  max_groups: int | None = None, max_ops: int | None = None, max_edges: int | None = None,
                  max_devices: int | None = None, oom_factor: float = 10.0, order: str = DEFAULT_ORDER,
-                 render_mode: str | None = None) -> None:
+                 splits: bool = False, render_mode: str | None = None) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise HeterogError(f"render_mode {render_mode!r} is not supported (use None or 'ansi')")
         if max_groups is not None and max_groups < 1:
@@ -132,6 +139,10 @@ class PlacementEnv(gym.Env[dict[str, Any], np.ndarray]):
             raise HeterogError("PlacementEnv needs at least one graph")
         self.cluster = resolve_cluster(cluster)
         self.graphs = [resolve_graph(g, batch_size, optimizer) for g in graphs]
+        unsplittable = [g.name for g in self.graphs if g.splits is None] if splits else []
+        if unsplittable:
+            raise HeterogError(f"splits=True needs the per-op split options, which these graphs lack: {unsplittable}")
+        self.splits = bool(splits)
         self.evaluators = [Evaluator(g, self.cluster, order=order, max_groups=max_groups or 2000)
                            for g in self.graphs]
         if max_devices is not None and not 1 <= self.cluster.n_devices <= max_devices:
@@ -151,7 +162,7 @@ class PlacementEnv(gym.Env[dict[str, Any], np.ndarray]):
         self.n_devices = self.cluster.n_devices
         self.observation_space = observation_space(self.n_devices, self.max_ops, self.max_edges, self.max_groups,
                                                    max_devices)
-        self.action_space = spaces.MultiDiscrete(plan_nvec(self.n_devices, self.max_groups))
+        self.action_space = spaces.MultiDiscrete(plan_nvec(self.n_devices, self.max_groups, self.splits))
         self.graph_index = 0
         self._needs_reset = True
         self._last: dict[str, Any] | None = None
@@ -193,8 +204,8 @@ class PlacementEnv(gym.Env[dict[str, Any], np.ndarray]):
         name = self.graphs[self.graph_index].name
         if self._last is None:
             return f"{name} on {self.cluster.name}: {self.features[self.graph_index].n_groups} groups, no plan yet\n"
-        counts = np.bincount(self._last["actions"], minlength=n_actions(self.n_devices))
-        parts = ", ".join(f"{action_name(a, self.n_devices)}={c}" for a, c in enumerate(counts) if c)
+        counts = np.bincount(self._last["actions"], minlength=n_actions(self.n_devices, self.splits))
+        parts = ", ".join(f"{split_action_name(a, self.n_devices)}={c}" for a, c in enumerate(counts) if c)
         return (f"{name} on {self.cluster.name}: iteration {self._last['iteration_time_s'] * 1e3:.2f} ms"
                 f"{' (OOM)' if self._last['oom'] else ''}; groups: {parts}; "
                 f"{self._last['micro_batches']} micro-batches, {self._last['recomputed_groups']} of "
@@ -213,7 +224,8 @@ class PlacementEnv(gym.Env[dict[str, Any], np.ndarray]):
 
         Raises StrategyError for a wrong shape or an entry out of range.
         """
-        return split_plan(action, self.features[self.graph_index].n_groups, self.max_groups, self.n_devices)
+        return split_plan(action, self.features[self.graph_index].n_groups, self.max_groups, self.n_devices,
+                          self.splits)
 
     def group_actions(self, action: npt.ArrayLike) -> np.ndarray:
         """The real groups' config actions of an action (either length, see :meth:`plan_action`)."""

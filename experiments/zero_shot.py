@@ -4,7 +4,7 @@ baseline, each in ms per iteration under the default order (docs/results.md, "On
 cluster").
 
     python -m experiments.zero_shot [--checkpoint CKPT] [--graphs bert_large:48,vgg19:192,gpt2:8]
-        [--clusters paper-8gpu,paper-12gpu,gen-8,gen-9,gen-65,mixed-a100-v100-t4] [--json]
+        [--clusters paper-8gpu,paper-12gpu,gen-8,gen-9,gen-65,mixed-a100-v100-t4] [--optimizer sgd] [--json]
 """
 from __future__ import annotations
 
@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint", default=None, help="a tokens-head checkpoint (default: the shipped one)")
     ap.add_argument("--graphs", type=argparse_type(model_batch_list), default=GRAPHS, help="MODEL:BATCH,...")
     ap.add_argument("--clusters", default=CLUSTERS, help="cluster names or paths, comma-separated")
+    ap.add_argument("--optimizer", default="sgd", help="the optimizer the graphs are captured with")
     ap.add_argument("--json", action="store_true", help="print JSON instead of the Markdown table")
     args = ap.parse_args(argv)
     import torch
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rows = []
         for model, batch in args.graphs:
-            graph = capture_model(model, batch)
+            graph = capture_model(model, batch, args.optimizer)
             rows += [zero_shot_case(graph, load_cluster(c.strip()), args.checkpoint)
                      for c in args.clusters.split(",") if c.strip()]
     except HeterogError as exc:

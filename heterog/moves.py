@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from heterog.errors import HeterogError
-from heterog.strategy import Strategy, action_name, n_actions
+from heterog.strategy import Strategy, n_actions, split_action_name
 
 if TYPE_CHECKING:
     from heterog.evaluate import Evaluator
@@ -101,9 +101,10 @@ def moves_from_uniform(evaluator: Evaluator, plan: Strategy | Sequence[int] | np
                            f"(plans of the agent and MCMC carry them in their meta)")
     m = evaluator.cluster.n_devices
     actions = np.asarray(actions, dtype=np.int64)
-    if actions.min() < 0 or actions.max() >= n_actions(m):
+    n = n_actions(m, splits=bool(actions.max() >= n_actions(m)))      # the agent's split actions, if any
+    if actions.min() < 0 or actions.max() >= n:
         raise HeterogError(f"the plan's actions span {actions.min()}..{actions.max()}; "
-                           f"{evaluator.cluster.name} has {n_actions(m)} (0..{n_actions(m) - 1})")
+                           f"{evaluator.cluster.name} has {n} (0..{n - 1})")
     unit = block_units(coupled_blocks(evaluator.graph, group_of), n_groups)
-    moves, groups, a = nearest_starts(actions, n_actions(m), unit)[0]
-    return NearestUniform(a, action_name(a, m), moves, groups)
+    moves, groups, a = nearest_starts(actions, n, unit)[0]
+    return NearestUniform(a, split_action_name(a, m), moves, groups)

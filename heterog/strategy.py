@@ -1,10 +1,16 @@
-"""Parallelisation decisions: op grouping, ParallelConfig per group, Strategy, and the (M+4)-way action.
+"""Parallelisation decisions: op grouping, ParallelConfig per group, Strategy, and the per-group action.
 
 Action encoding (M = number of GPUs), one action per group:
-  0..M-1  model parallelism: the whole group on that device
-  M       DP-even-PS          M+1  DP-even-AR
-  M+2     DP-proportional-PS  M+3  DP-proportional-AR
-``decode_action`` is the one function that turns an action into a ParallelConfig.
+  0..M-1        model parallelism: the whole group on that device
+  M             DP-even-PS          M+1  DP-even-AR
+  M+2           DP-proportional-PS  M+3  DP-proportional-AR
+and, in the action space with splits beyond the batch (``n_actions(M, splits=True)``, 3 M + 6 actions):
+  M+4           tp-even: the group's parameters divided evenly over all devices
+  M+5           tp-prop: ... in proportion to device speed
+  M+6+d         tp-even over the devices of device d's server (d = 0..M-1)
+  2M+6+d        tp-prop over the devices of device d's server
+``decode_action`` turns an action of the first M + 4 into a ParallelConfig, ``decode_split_action`` one of
+the split actions; ``strategy_from_actions`` decodes a whole plan.
 """
 from __future__ import annotations
 
@@ -34,6 +40,9 @@ SPLIT_KINDS = ("parameter", "attribute")
 ALLREDUCE_ALGOS = ("auto", "ring", "hierarchical")
 N_DP_ACTIONS = 4
 DP_ACTION_NAMES = ("dp-even-ps", "dp-even-ar", "dp-prop-ps", "dp-prop-ar")
+# the split actions over the whole cluster (then one pointer per device for its server, even and proportional)
+N_CLUSTER_SPLIT_ACTIONS = 2
+SPLIT_ACTION_NAMES = ("tp-even", "tp-prop")
 
 Floats: TypeAlias = Sequence[float] | np.ndarray  # per-device values, as a list or a 1-D array
 
@@ -189,18 +198,37 @@ def micro_batch_shares(config_shares: Sequence[int], micro: Sequence[int]) -> li
 
 
 # ---------------------------------------------------------------------------- actions
-def n_actions(n_devices: int) -> int:
-    return int(n_devices) + N_DP_ACTIONS
+def n_actions(n_devices: int, splits: bool = False) -> int:
+    """Actions per group on ``n_devices`` devices: ``M + 4``, or with ``splits`` beyond the batch
+    ``3 M + 6`` (the two cluster-wide splits, then an even and a proportional split over each device's
+    server)."""
+    m = int(n_devices)
+    return m + N_DP_ACTIONS + ((N_CLUSTER_SPLIT_ACTIONS + 2 * m) if splits else 0)
 
 
 def action_name(action: int, n_devices: int) -> str:
-    """``mp:<device>``, a DP action's name, or ``split`` for the actions past them that local search
-    offers (``split_action_configs``)."""
+    """``mp:<device>``, a DP action's name, or ``split`` for any action past them (the split actions of
+    the agent's action space, ``decode_split_action``, and those local search offers,
+    ``split_action_configs``)."""
     if 0 <= action < n_devices:
         return f"mp:{action}"
     if action >= n_devices + N_DP_ACTIONS:
         return "split"
     return DP_ACTION_NAMES[action - n_devices]
+
+
+def split_action_name(action: int, n_devices: int) -> str:
+    """The name of an action of the action space with splits (``n_actions(M, splits=True)``): the names
+    of ``action_name`` for the first M + 4, then ``tp-even``, ``tp-prop``, ``tp-even:server-of-<d>`` and
+    ``tp-prop:server-of-<d>``."""
+    m = int(n_devices)
+    k = int(action) - m - N_DP_ACTIONS
+    if k < 0:
+        return action_name(action, m)
+    if k < N_CLUSTER_SPLIT_ACTIONS:
+        return SPLIT_ACTION_NAMES[k]
+    k -= N_CLUSTER_SPLIT_ACTIONS
+    return f"{SPLIT_ACTION_NAMES[k // m]}:server-of-{k % m}"
 
 
 def decode_action(action: int, n_devices: int, batch_size: int, power: Floats,
@@ -223,6 +251,31 @@ def decode_action(action: int, n_devices: int, batch_size: int, power: Floats,
     else:
         shares = proportional_shares(batch_size, weights if weights is not None else power)
     return ParallelConfig.of(list(zip(range(m), shares)), sync=sync)
+
+
+def decode_split_action(action: int, cluster: "Cluster", batch_size: int,
+                        weights: Floats | None = None) -> ParallelConfig:
+    """The decoding of a split action (``M + 4 <= action < 3 M + 6``, the module docstring's table) into a
+    ParallelConfig that divides the group's parameters among the devices of the whole cluster or of one
+    server (``ParallelConfig.split_over``). Even shares are equal weights; proportional ones follow
+    ``weights`` (one per device of the cluster, e.g. the group's own speed on each device) or else peak
+    FLOP/s (``split_weights``). A server of one device is model parallelism on it."""
+    m = cluster.n_devices
+    a = int(action)
+    k = a - m - N_DP_ACTIONS
+    if not 0 <= k < n_actions(m, splits=True) - m - N_DP_ACTIONS:
+        raise StrategyError(f"split action {a} is out of range for {m} devices "
+                            f"(valid: {m + N_DP_ACTIONS}..{n_actions(m, splits=True) - 1})")
+    if k < N_CLUSTER_SPLIT_ACTIONS:
+        devs, proportional = list(range(m)), k == 1
+    else:
+        k -= N_CLUSTER_SPLIT_ACTIONS
+        proportional, device = k >= m, k % m
+        devs = [int(d) for d in cluster.servers[int(cluster.server_of[device])].devices]
+    if len(devs) == 1:
+        return ParallelConfig.single(devs[0], batch_size)
+    speed = np.asarray(weights if weights is not None else cluster.power, dtype=np.float64)[devs]
+    return ParallelConfig.split_over(devs, split_weights(speed) if proportional else [1] * len(devs), batch_size)
 
 
 def split_action_configs(cluster: "Cluster", batch_size: int) -> list[tuple[str, ParallelConfig]]:
@@ -445,22 +498,32 @@ class Strategy:
 
 def strategy_from_actions(actions: Sequence[int] | np.ndarray, group_of: np.ndarray, graph: "OpGraph",
                           cluster: "Cluster", method: str = "", weights: np.ndarray | None = None) -> Strategy:
-    """Decode one action per group into a Strategy. ``weights`` (G, M) optionally gives per-group
-    device speeds for proportional shares (otherwise device peak FLOP/s)."""
+    """Decode one action per group (of the M + 4, or split actions where the graph has split options)
+    into a Strategy. ``weights`` (G, M) optionally gives per-group device speeds for proportional shares
+    (otherwise device peak FLOP/s)."""
     codes = np.asarray(actions, dtype=np.int64)
     n_groups = int(group_of.max()) + 1 if len(group_of) else 0
     if codes.shape != (n_groups,):
         raise StrategyError(f"need one action per group: got {codes.shape[0] if codes.ndim else 0} actions "
                             f"for {n_groups} groups")
     m = cluster.n_devices
+    if len(codes) and codes.max() >= m + N_DP_ACTIONS and graph.splits is None:
+        raise StrategyError(f"split action {int(codes.max())} on graph {graph.name!r}, which was captured without "
+                            f"the per-op split options (recapture it)")
+
+    def decode(a: int, w: Floats | None) -> ParallelConfig:
+        if a >= m + N_DP_ACTIONS:
+            return decode_split_action(a, cluster, graph.batch_size, w)
+        return decode_action(a, m, graph.batch_size, cluster.power, w)
+
     cache: dict[int, ParallelConfig] = {}
     configs = []
     for g, a in enumerate(codes.tolist()):
         if weights is None:
             if a not in cache:
-                cache[a] = decode_action(a, m, graph.batch_size, cluster.power)
+                cache[a] = decode(a, None)
             configs.append(cache[a])
         else:
-            configs.append(decode_action(a, m, graph.batch_size, cluster.power, weights[g]))
+            configs.append(decode(a, weights[g]))
     return Strategy(graph.fingerprint, cluster.name, m, graph.batch_size, group_of, configs, method,
                     meta={"actions": codes.tolist()})

@@ -53,5 +53,6 @@ def test_moves_from_uniform_rejects_plans_without_fitting_actions(ev):
         moves_from_uniform(ev, bare)
     with pytest.raises(HeterogError, match="carries no actions"):
         moves_from_uniform(ev, [0] * (ev.n_groups + 1))
-    with pytest.raises(HeterogError, match="has 12"):
-        moves_from_uniform(ev, [12] * ev.n_groups)
+    with pytest.raises(HeterogError, match=r"has 30 \(0..29\)"):       # M + 4 actions, then the split actions
+        moves_from_uniform(ev, [30] * ev.n_groups)
+    assert moves_from_uniform(ev, [12] * ev.n_groups).name == "tp-even"

@@ -7,6 +7,10 @@ from __future__ import annotations
 from heterog.errors import HeterogError
 
 N_DP_SCHEMES = 4  # actions M..M+3: DP-even-PS, DP-even-AR, DP-proportional-PS, DP-proportional-AR
+# with split actions (heterog.strategy.n_actions(M, splits=True), checked equal in tests/agents): M+4, M+5
+# divide a group's parameters over all devices (even, proportional), then one pointer per device for its
+# server, even (M+6+d) and proportional (2M+6+d)
+N_CLUSTER_SPLITS = 2
 # the plan-level choices: len(envs.actions.MICRO_CHOICES) numbers of micro-batches (stated here so that the
 # network does not import the env package; tests/agents/test_plan_decisions.py checks they agree) and the
 # recompute bit's "keep the activations" value (envs.actions.KEEP)
@@ -16,6 +20,22 @@ KEEP_ACTIVATIONS = 0
 
 class PolicyError(HeterogError, ValueError):
     """A policy-network setting or input does not fit (sizes, heads, masks, action space)."""
+
+
+def n_outputs(n_devices: int, splits: bool = False) -> int:
+    """The logits per group for ``n_devices`` devices: ``M + 4``, or ``3 M + 6`` with split actions."""
+    return n_devices + N_DP_SCHEMES + ((N_CLUSTER_SPLITS + 2 * n_devices) if splits else 0)
+
+
+def pointer_blocks(width: int, splits: bool = False) -> tuple[int, list[tuple[int, int]]]:
+    """The devices ``M`` of a row of ``width`` logits and its pointer blocks, the ``[start, end)`` column
+    ranges with one action per device: model parallelism, and with split actions the even and the
+    proportional split over each device's server."""
+    if not splits:
+        return width - N_DP_SCHEMES, [(0, width - N_DP_SCHEMES)]
+    m = (width - N_DP_SCHEMES - N_CLUSTER_SPLITS) // 3
+    first = m + N_DP_SCHEMES + N_CLUSTER_SPLITS
+    return m, [(0, m), (first, first + m), (first + m, first + 2 * m)]
 
 
 def require(condition: bool, message: str) -> None:

@@ -29,7 +29,8 @@ class PolicyConfig:
     device_feature_dim: int
     """Per-device feature size ``F_dev``."""
     n_actions: int
-    """``M + 4`` for a cluster of ``M`` devices (tokens head: for clusters of at most ``M`` devices)."""
+    """``M + 4`` for a cluster of ``M`` devices (tokens head: for clusters of at most ``M`` devices); with
+    ``split_actions`` the head gives ``3 M + 6`` logits (``agents.networks.common.n_outputs``)."""
     hidden: int = 64
     """Embedding size of ops, groups, device tokens and the Transformer-XL; even."""
     gat_layers: int = 2
@@ -58,6 +59,10 @@ class PolicyConfig:
     """The head, a name in ``HEADS``: ``"fixed"`` (the paper's linear head) or ``"tokens"`` (device tokens)."""
     device_layers: int = 1
     """Self-attention blocks among the device tokens (``head="tokens"`` only)."""
+    split_actions: bool = False
+    """The action space with splits beyond the batch: ``3 M + 6`` logits per group (``M + 4`` and ``M + 5``
+    divide the group's parameters over all devices, evenly or in proportion, then one even and one
+    proportional pointer per device for its server; ``heterog.strategy.decode_split_action``)."""
 
     def __post_init__(self) -> None:
         problems = [f"{name} must be at least 1, got {getattr(self, name)}"
@@ -93,11 +98,14 @@ class PolicyConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The plain dict checkpoints store (``policy_config``): every field, except that a fixed-head
-        config leaves out ``NOT_STORED_FOR_FIXED_HEAD``, as checkpoints made before other heads did."""
+        config leaves out ``NOT_STORED_FOR_FIXED_HEAD``, as checkpoints made before other heads did, and
+        ``split_actions`` is stored only when True."""
         settings = asdict(self)
         if self.head == FIXED_HEAD:
             for name in NOT_STORED_FOR_FIXED_HEAD:
                 del settings[name]
+        if not self.split_actions:          # as checkpoints made before the split actions existed
+            del settings["split_actions"]
         return settings
 
     @classmethod

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import Tensor, nn
 
-from agents.networks.common import PolicyError
+from agents.networks.common import PolicyError, n_outputs
 from agents.networks.distributions import draw_actions, draw_strategies
 from agents.networks.encoders import DeviceTokens
 from agents.networks.heads import PolicyHead
@@ -115,7 +115,8 @@ class IndependentDecoder(GroupDecoder):
                        n: int, *, generator: torch.Generator | None, offsets: Tensor | None, greedy: bool,
                        devices: DeviceTokens | None) -> Tensor:
         logits = group_logits(strategy, head, group_emb, group_mask, devices) if n else None
-        return draw_strategies(logits, group_mask, n, generator=generator, offsets=offsets, greedy=greedy)
+        return draw_strategies(logits, group_mask, n, generator=generator, offsets=offsets, greedy=greedy,
+                               splits=head.splits)
 
     def plan_logits(self, strategy: TransformerXL, head: PolicyHead, group_emb: Tensor, group_mask: Tensor,
                     plans: Tensor, devices: DeviceTokens | None) -> PlanLogits:
@@ -125,7 +126,8 @@ class IndependentDecoder(GroupDecoder):
                      n: int, *, generator: torch.Generator | None, offsets: Tensor | None, greedy: bool,
                      devices: DeviceTokens | None) -> Tensor:
         logits = plan_logits(strategy, head, group_emb, group_mask, devices) if n else None
-        return draw_plans(logits, group_mask, n, generator=generator, offsets=offsets, greedy=greedy)
+        return draw_plans(logits, group_mask, n, generator=generator, offsets=offsets, greedy=greedy,
+                          splits=head.splits)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -139,7 +141,7 @@ class AutoregressiveDecoder(GroupDecoder):
     positions at once (teacher forcing).
 
     Args:
-        n_actions: ``M + 4`` (the head's output size).
+        n_actions: the head's output size (``M + 4``, or ``3 M + 6`` with split actions).
         hidden: group embedding size.
     """
 
@@ -195,7 +197,7 @@ class AutoregressiveDecoder(GroupDecoder):
             step_logits = head(states[:, g], devices)
             if offsets is not None:
                 step_logits = step_logits + offsets
-            earlier = draw_actions(step_logits[:, None], None, generator, greedy)[:, 0]
+            earlier = draw_actions(step_logits[:, None], None, generator, greedy, head.splits)[:, 0]
             actions[:, g] = earlier
         return actions, states
 
@@ -217,4 +219,6 @@ class AutoregressiveDecoder(GroupDecoder):
 
 def decoder_for(config: PolicyConfig) -> GroupDecoder:
     """The decoder of a policy with these settings (``config.autoregressive``)."""
-    return AutoregressiveDecoder(config.n_actions, config.hidden) if config.autoregressive else IndependentDecoder()
+    if not config.autoregressive:
+        return IndependentDecoder()
+    return AutoregressiveDecoder(n_outputs(config.n_devices, config.split_actions), config.hidden)

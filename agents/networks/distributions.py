@@ -7,25 +7,34 @@ import torch
 from torch import Tensor
 from torch.distributions import Categorical
 
-from agents.networks.common import N_DP_SCHEMES, PolicyError, require
+from agents.networks.common import PolicyError, pointer_blocks, require
 
 
-def most_likely_actions(logits: Tensor) -> Tensor:
+def most_likely_actions(logits: Tensor, splits: bool = False) -> Tensor:
     """Each group's most likely decision: model parallelism (the probabilities of its ``M`` device
-    actions summed) or one of the four DP schemes, whichever is most likely (DP on a tie); for model
-    parallelism, its most likely device.
+    actions summed), one of the four DP schemes, or with ``splits`` (split actions) one of the two
+    cluster-wide splits or a split over some server (the even or the proportional pointers summed),
+    whichever is most likely (a single action on a tie); for a pointer decision, its most likely device.
 
-    Why not the argmax over the ``M + 4`` actions: a policy that is sure a group belongs on one device
-    but cannot tell equivalent devices apart (eight identical GPUs) gives each an eighth of that mass,
-    and the argmax never places it there. Drawing the decision, then the device, is the same
-    distribution as drawing an action, so only the greedy plan changes.
+    Why not the argmax over the actions: a policy that is sure a group belongs on one device but cannot
+    tell equivalent devices apart (eight identical GPUs) gives each an eighth of that mass, and the
+    argmax never places it there. Drawing the decision, then the device, is the same distribution as
+    drawing an action, so only the greedy plan changes.
 
-    Shapes: ``(..., M + 4)`` -> ``(...)``.
+    Shapes: ``(..., A)`` -> ``(...)``, ``A = M + 4`` (or ``3 M + 6`` with ``splits``).
     """
-    devices, dp = logits[..., :-N_DP_SCHEMES], logits[..., -N_DP_SCHEMES:]
-    best_dp = dp.max(dim=-1)
-    model_parallel = torch.logsumexp(devices, dim=-1) > best_dp.values
-    return torch.where(model_parallel, devices.argmax(dim=-1), devices.shape[-1] + best_dp.indices)
+    _, blocks = pointer_blocks(logits.shape[-1], splits)
+    in_block = torch.zeros(logits.shape[-1], dtype=torch.bool)
+    for start, end in blocks:
+        in_block[start:end] = True
+    singles = (~in_block).nonzero().squeeze(1).to(logits.device)
+    scores = torch.cat([logits[..., singles]] + [torch.logsumexp(logits[..., a:b], dim=-1, keepdim=True)
+                                                 for a, b in blocks], dim=-1)
+    decision = scores.argmax(dim=-1)                                  # the first maximum: a single on a tie
+    out = singles[decision.clamp(max=len(singles) - 1)]
+    for k, (start, end) in enumerate(blocks):
+        out = torch.where(decision == len(singles) + k, start + logits[..., start:end].argmax(dim=-1), out)
+    return out
 
 
 class MaskedCategorical(Categorical):
@@ -38,18 +47,19 @@ class MaskedCategorical(Categorical):
     Args:
         logits: unnormalised log probabilities.
         mask: True for real groups.
+        splits: the logits include the split actions (for :attr:`mode`, :func:`most_likely_actions`).
 
     Shapes:
         logits ``(G, A)``, mask ``(G,)``; ``sample(k)`` -> ``(k, G)``; ``log_prob`` of ``(..., G)``
         -> ``(...)``; ``entropy()`` -> ``()``; ``mode`` -> ``(G,)``.
     """
 
-    def __init__(self, logits: Tensor, mask: Tensor) -> None:
+    def __init__(self, logits: Tensor, mask: Tensor, splits: bool = False) -> None:
         require(logits.dim() == 2, f"logits must be (groups, actions), got shape {tuple(logits.shape)}")
         require(mask.shape == logits.shape[:1] and mask.dtype == torch.bool,
                  f"mask must be a bool tensor of shape ({logits.shape[0]},), "
                  f"got {mask.dtype} {tuple(mask.shape)}")
-        self.mask = mask
+        self.mask, self.splits = mask, splits
         super().__init__(logits=logits.masked_fill(~mask.unsqueeze(1), 0.0), validate_args=False)
 
     @property
@@ -94,21 +104,23 @@ class MaskedCategorical(Categorical):
     @property
     def mode(self) -> Tensor:
         """Each real group's most likely decision (:func:`most_likely_actions`); padding groups 0."""
-        return torch.where(self.mask, most_likely_actions(self.logits), torch.zeros_like(self.mask, dtype=torch.long))
+        return torch.where(self.mask, most_likely_actions(self.logits, self.splits),
+                           torch.zeros_like(self.mask, dtype=torch.long))
 
 
 
 
 def draw_actions(logits: Tensor, group_mask: Tensor | None, generator: torch.Generator | None,
-                 greedy: bool) -> Tensor:
+                 greedy: bool, splits: bool = False) -> Tensor:
     """One action per (strategy, group): drawn from the softmax of ``logits``, or (``greedy``) each group's
-    most likely decision (:func:`most_likely_actions`); padding groups (``group_mask`` False) get 0.
+    most likely decision (:func:`most_likely_actions`; ``splits``: the logits include the split actions);
+    padding groups (``group_mask`` False) get 0.
 
     Shapes: logits ``(n, G, A)``, group_mask ``(G,)`` or None (all real) -> ``(n, G)``.
     """
     n, n_groups, n_actions = logits.shape
     if greedy:
-        out = most_likely_actions(logits)
+        out = most_likely_actions(logits, splits)
     else:
         probs = logits.softmax(dim=-1).reshape(n * n_groups, n_actions)
         out = torch.multinomial(probs, 1, generator=generator).reshape(n, n_groups)
@@ -116,17 +128,17 @@ def draw_actions(logits: Tensor, group_mask: Tensor | None, generator: torch.Gen
 
 
 def draw_strategies(logits: Tensor | None, group_mask: Tensor, n: int, *, generator: torch.Generator | None = None,
-                    offsets: Tensor | None = None, greedy: bool = False) -> Tensor:
+                    offsets: Tensor | None = None, greedy: bool = False, splits: bool = False) -> Tensor:
     """``n`` strategies from one set of per-group logits (an independent policy's): each group's action
     drawn (or, ``greedy``, its most likely decision) from its logits plus the strategy's ``offsets`` (one
     offset per action shared by all groups of a strategy; None: none). Padding groups get action 0;
-    ``logits`` may be None when ``n`` is 0.
+    ``logits`` may be None when ``n`` is 0; ``splits``: the logits include the split actions.
 
     Shapes: logits ``(G, A)``, group_mask ``(G,)``, offsets ``(n, A)`` -> ``(n, G)``.
     """
     if n == 0:
         return torch.zeros(0, group_mask.shape[0], dtype=torch.long, device=group_mask.device)
     if offsets is None:
-        dist = MaskedCategorical(logits, group_mask)
+        dist = MaskedCategorical(logits, group_mask, splits)
         return dist.mode[None].expand(n, -1).clone() if greedy else dist.sample(n, generator=generator)
-    return draw_actions(logits[None] + offsets[:, None], group_mask, generator, greedy)
+    return draw_actions(logits[None] + offsets[:, None], group_mask, generator, greedy, splits)

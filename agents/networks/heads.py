@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from agents.networks.common import N_DP_SCHEMES, raise_problems, require
+from agents.networks.common import N_CLUSTER_SPLITS, N_DP_SCHEMES, n_outputs, raise_problems, require
 from agents.networks.encoders import DeviceTokenEncoder, DeviceTokens
 from agents.networks.plan import PlanHead
 
@@ -22,6 +22,7 @@ class HeadSettings(Protocol):
 
     hidden: int
     n_actions: int
+    split_actions: bool
     device_feature_dim: int
     device_layers: int
     txl_heads: int
@@ -37,15 +38,17 @@ def _size_problems(hidden: int, init_scale: float) -> list[str]:
 class PolicyHead(nn.Module, metaclass=ABCMeta):
     """Logits over one group's actions from its state: the interface :class:`StrategyPolicy` calls.
 
-    The actions of a cluster of ``M`` devices are ``0..M-1`` model parallel on that device and
-    ``M..M+3`` the four data-parallel schemes (DP-even-PS, DP-even-AR, DP-proportional-PS,
-    DP-proportional-AR). A head says, as class attributes, its name (``kind``: ``PolicyConfig.head``),
-    the op feature layout the policy reads with it (``feature_layout``, ``envs.features.op_feature_dim``)
-    and whether an autoregressive policy may use it (``autoregressive``). It builds itself from the
-    policy's config (:meth:`from_config`), names the device encoder it needs, if any
-    (:meth:`device_encoder`: its :class:`DeviceTokens` reach :meth:`forward` as ``devices``), checks the
-    config's settings that only it reads (:meth:`problems`) and the clusters it scores
-    (:meth:`device_problem`), and moves its data-parallel logits (:meth:`add_data_parallel_bias`).
+    The actions of a cluster of ``M`` devices are ``0..M-1`` model parallel on that device and ``M..M+3`` the four
+    data-parallel schemes (DP-even-PS, DP-even-AR, DP-proportional-PS, DP-proportional-AR); a head with split
+    actions (``splits``, ``PolicyConfig.split_actions``) adds ``M+4``, ``M+5`` (the group's parameters divided over
+    all devices, even or proportional) and ``M+6+d``, ``2M+6+d`` (divided over device d's server, even or
+    proportional). A head says, as class attributes, its name (``kind``: ``PolicyConfig.head``), the op feature
+    layout the policy reads with it (``feature_layout``, ``envs.features.op_feature_dim``) and whether an
+    autoregressive policy may use it (``autoregressive``). It builds itself from the policy's config
+    (:meth:`from_config`), names the device encoder it needs, if any (:meth:`device_encoder`: its
+    :class:`DeviceTokens` reach :meth:`forward` as ``devices``), checks the config's settings that only it reads
+    (:meth:`problems`) and the clusters it scores (:meth:`device_problem`), and moves its data-parallel logits
+    (:meth:`add_data_parallel_bias`).
 
     Every head also gives the plan-level decisions (:meth:`plan_logits`, its :class:`PlanHead` ``plan``):
     a 2-way recompute logit per group from the group's state and one logit per number of micro-batches
@@ -53,10 +56,11 @@ class PolicyHead(nn.Module, metaclass=ABCMeta):
 
     Shapes:
         states ``(..., G, hidden)``, devices :class:`DeviceTokens` of ``M`` real devices or None
-        (heads without a device encoder) -> ``(..., G, M + 4)``.
+        (heads without a device encoder) -> ``(..., G, M + 4)`` (``(..., G, 3 M + 6)`` with ``splits``).
     """
 
     kind: ClassVar[str]
+    splits: bool = False
     feature_layout: ClassVar[str] = "per-device"
     autoregressive: ClassVar[bool] = False
     plan: PlanHead
@@ -102,38 +106,39 @@ class PolicyHead(nn.Module, metaclass=ABCMeta):
 class FixedPolicyHead(PolicyHead):
     """The paper's head: a linear layer to the ``M + 4`` actions of one cluster size ``M``.
 
-    ``logits = W s_g + b``. :meth:`reset_parameters` (which the policy calls once it is built) sets ``W``
-    orthogonal with gain ``init_scale`` and ``b`` to zero; until then the layer holds torch's default
-    linear initialisation, drawn as a plain ``nn.Linear`` draws it (so a seeded policy's weights stay
-    what they were when its head was one).
+    ``logits = W s_g + b``, ``M + 4`` of them, or ``3 M + 6`` with ``splits``. :meth:`reset_parameters` (which the
+    policy calls once it is built) sets ``W`` orthogonal with gain ``init_scale`` and ``b`` to zero; until then the
+    layer holds torch's default linear initialisation, drawn as a plain ``nn.Linear`` draws it (so a seeded
+    policy's weights stay what they were when its head was one).
 
     Args:
         hidden: size of the group states.
         n_actions: ``M + 4``.
         init_scale: gain of the orthogonal initialisation of ``W``.
+        splits: add the split actions.
 
     Shapes:
-        states ``(..., G, hidden)``, devices ignored -> ``(..., G, n_actions)``.
+        states ``(..., G, hidden)``, devices ignored -> ``(..., G, M + 4)`` (``3 M + 6`` with ``splits``).
     """
 
     kind = "fixed"
     feature_layout = "per-device"
     autoregressive = True
 
-    def __init__(self, hidden: int, n_actions: int, init_scale: float = 0.01) -> None:
+    def __init__(self, hidden: int, n_actions: int, init_scale: float = 0.01, splits: bool = False) -> None:
         super().__init__()
         problems = _size_problems(hidden, init_scale)
         if n_actions <= N_DP_SCHEMES:
             problems.append(f"n_actions must be M + {N_DP_SCHEMES} for M >= 1 devices, got {n_actions}")
         raise_problems(problems)
-        self.hidden, self.n_actions, self.init_scale = hidden, n_actions, init_scale
-        linear = nn.Linear(hidden, n_actions)
+        self.hidden, self.n_actions, self.init_scale, self.splits = hidden, n_actions, init_scale, splits
+        linear = nn.Linear(hidden, n_outputs(n_actions - N_DP_SCHEMES, splits))
         self.weight, self.bias = linear.weight, linear.bias
         self.plan = PlanHead(hidden)
 
     @classmethod
     def from_config(cls, config: HeadSettings) -> FixedPolicyHead:
-        return cls(config.hidden, config.n_actions)
+        return cls(config.hidden, config.n_actions, splits=config.split_actions)
 
     def device_problem(self, n_real: int, n_rows: int) -> str | None:
         if n_real != n_rows:
@@ -148,7 +153,7 @@ class FixedPolicyHead(PolicyHead):
 
     def add_data_parallel_bias(self, bias: float) -> None:
         with torch.no_grad():
-            self.bias[self.n_actions - N_DP_SCHEMES:] += bias
+            self.bias[self.n_actions - N_DP_SCHEMES:self.n_actions] += bias
 
     def reset_parameters(self) -> None:
         nn.init.orthogonal_(self.weight, gain=self.init_scale)
@@ -156,7 +161,8 @@ class FixedPolicyHead(PolicyHead):
         self.plan.reset_parameters()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.hidden}->{self.n_actions}, linear over M + {N_DP_SCHEMES} actions)"
+        return (f"{type(self).__name__}({self.hidden}->{self.weight.shape[0]}, linear over M + {N_DP_SCHEMES} "
+                f"actions{' and the split actions' if self.splits else ''})")
 
 
 class TokenPolicyHead(PolicyHead):
@@ -166,7 +172,9 @@ class TokenPolicyHead(PolicyHead):
     group's state ``s_g`` to device token ``t_d`` (of :class:`DeviceTokenEncoder`). The four DP schemes
     are scored by an MLP of ``[s_g; c]`` with ``c`` the pooled cluster embedding. Padding devices get
     ``-inf`` (never any probability) and are dropped from the output, so column ``d < M`` is the
-    ``d``-th real device. The output layers start near zero (``init_scale``), so a fresh policy is
+    ``d``-th real device. With ``splits`` the two cluster-wide splits are scored by a second MLP of
+    ``[s_g; c]``, and the even and the proportional split over device d's server by two more pointers
+    (their own queries, the same keys). The output layers start near zero (``init_scale``), so a fresh policy is
     close to uniform. The op features it goes with must not depend on the cluster (layout
     ``"device-free"``), and it is not autoregressive.
 
@@ -174,32 +182,37 @@ class TokenPolicyHead(PolicyHead):
         hidden: size of group states and device tokens.
         init_scale: gain of the output layers' orthogonal initialisation.
         max_devices: the most real devices a cluster may have (None: no limit).
+        splits: add the split actions.
 
     Shapes:
         states ``(..., G, hidden)``, devices tokens ``(D, hidden)`` with ``M`` real ones
-        -> ``(..., G, M + 4)``.
+        -> ``(..., G, M + 4)`` (``(..., G, 3 M + 6)`` with ``splits``).
     """
 
     kind = "tokens"
     feature_layout = "device-free"
     autoregressive = False
 
-    def __init__(self, hidden: int, init_scale: float = 0.01, max_devices: int | None = None) -> None:
+    def __init__(self, hidden: int, init_scale: float = 0.01, max_devices: int | None = None,
+                 splits: bool = False) -> None:
         super().__init__()
         problems = _size_problems(hidden, init_scale)
         if max_devices is not None and max_devices < 1:
             problems.append(f"max_devices must be at least 1 or None, got {max_devices}")
         raise_problems(problems)
-        self.hidden, self.init_scale, self.max_devices = hidden, init_scale, max_devices
+        self.hidden, self.init_scale, self.max_devices, self.splits = hidden, init_scale, max_devices, splits
         self.query = nn.Linear(hidden, hidden)
         self.key = nn.Linear(hidden, hidden)
         self.dp = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.ELU(), nn.Linear(hidden, N_DP_SCHEMES))
+        if splits:
+            self.split = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.ELU(), nn.Linear(hidden, N_CLUSTER_SPLITS))
+            self.split_query = nn.Linear(hidden, 2 * hidden)         # the even and the proportional pointer
         self.plan = PlanHead(hidden)
         self.reset_parameters()
 
     @classmethod
     def from_config(cls, config: HeadSettings) -> TokenPolicyHead:
-        return cls(config.hidden, max_devices=config.n_actions - N_DP_SCHEMES)
+        return cls(config.hidden, max_devices=config.n_actions - N_DP_SCHEMES, splits=config.split_actions)
 
     @classmethod
     def device_encoder(cls, config: HeadSettings) -> DeviceTokenEncoder:
@@ -233,18 +246,32 @@ class TokenPolicyHead(PolicyHead):
         nn.init.zeros_(self.query.bias)
         nn.init.orthogonal_(self.dp[-1].weight, gain=self.init_scale)
         nn.init.zeros_(self.dp[-1].bias)
+        if self.splits:
+            self.split[0].reset_parameters()
+            for layer in (self.split[-1], self.split_query):
+                nn.init.orthogonal_(layer.weight, gain=self.init_scale)
+                nn.init.zeros_(layer.bias)
         self.plan.reset_parameters()
 
     def forward(self, states: Tensor, devices: DeviceTokens | None) -> Tensor:
         require(devices is not None, "the device-token head needs devices=policy.embed_devices(dev_x, dev_mask)")
-        scores = torch.einsum("...gh,dh->...gd", self.query(states), self.key(devices.tokens))
-        scores = (scores / math.sqrt(self.hidden)).masked_fill(~devices.mask, float("-inf"))
-        model_parallel = scores[..., devices.mask.nonzero().squeeze(1)]
-        cluster = devices.pooled.expand(*states.shape[:-1], self.hidden)
-        return torch.cat([model_parallel, self.dp(torch.cat([states, cluster], dim=-1))], dim=-1)
+        keys = self.key(devices.tokens)
+        real = devices.mask.nonzero().squeeze(1)
+
+        def pointer(query: Tensor) -> Tensor:
+            scores = torch.einsum("...gh,dh->...gd", query, keys) / math.sqrt(self.hidden)
+            return scores.masked_fill(~devices.mask, float("-inf"))[..., real]
+
+        cluster = torch.cat([states, devices.pooled.expand(*states.shape[:-1], self.hidden)], dim=-1)
+        parts = [pointer(self.query(states)), self.dp(cluster)]
+        if self.splits:
+            even, prop = self.split_query(states).chunk(2, dim=-1)
+            parts += [self.split(cluster), pointer(even), pointer(prop)]
+        return torch.cat(parts, dim=-1)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.hidden}, pointer over device tokens + {N_DP_SCHEMES} DP scores)"
+        splits = ", split scores and pointers" if self.splits else ""
+        return f"{type(self).__name__}({self.hidden}, pointer over device tokens + {N_DP_SCHEMES} DP scores{splits})"
 
 
 HEADS: dict[str, type[PolicyHead]] = {head.kind: head for head in (FixedPolicyHead, TokenPolicyHead)}

@@ -181,18 +181,20 @@ def draw_plan_decisions(recompute: Tensor, micro: Tensor, group_mask: Tensor, n:
 
 
 def draw_plans(logits: PlanLogits | None, group_mask: Tensor, n: int, *, generator: torch.Generator | None = None,
-               offsets: Tensor | None = None, greedy: bool = False) -> Tensor:
+               offsets: Tensor | None = None, greedy: bool = False, splits: bool = False) -> Tensor:
     """``n`` plans from one set of plan logits (an independent policy's): the configs as
     :func:`draw_strategies` draws them (``offsets`` apply to the config logits), then the recompute bits and
-    the micro-batch choice (:func:`draw_plan_decisions`). ``logits`` may be None when ``n`` is 0.
+    the micro-batch choice (:func:`draw_plan_decisions`). ``logits`` may be None when ``n`` is 0;
+    ``splits``: the config logits include the split actions.
 
-    Shapes: group_mask ``(G,)``, offsets ``(n, M + 4)`` -> ``(n, 2 G + 1)``.
+    Shapes: group_mask ``(G,)``, offsets ``(n, A)`` -> ``(n, 2 G + 1)``.
     """
     if n == 0:
         return torch.zeros(0, 2 * group_mask.shape[0] + 1, dtype=torch.long, device=group_mask.device)
     if logits is None:
         raise PolicyError(f"drawing {n} plans needs their logits")
-    configs = draw_strategies(logits.groups, group_mask, n, generator=generator, offsets=offsets, greedy=greedy)
+    configs = draw_strategies(logits.groups, group_mask, n, generator=generator, offsets=offsets, greedy=greedy,
+                              splits=splits)
     return torch.cat([configs, draw_plan_decisions(logits.recompute, logits.micro, group_mask, n, generator,
                                                    greedy)], dim=1)
 
@@ -207,9 +209,9 @@ class PlanDistribution:
     ``(K, 2 G + 1)`` -> ``(n, 2 G + 1)`` and ``(K,)``; ``mode`` -> ``(2 G + 1,)``.
     """
 
-    def __init__(self, logits: PlanLogits, mask: Tensor) -> None:
+    def __init__(self, logits: PlanLogits, mask: Tensor, splits: bool = False) -> None:
         require(logits.groups.dim() == 2, f"plan logits must be unbatched, got configs {tuple(logits.groups.shape)}")
-        self.logits, self.mask = logits, mask
+        self.logits, self.mask, self.splits = logits, mask, splits
 
     def log_prob(self, plans: Tensor) -> Tensor:
         return plan_log_prob(self.logits, plans, self.mask)
@@ -218,10 +220,10 @@ class PlanDistribution:
         return plan_entropy(self.logits, self.mask.nonzero().squeeze(1))
 
     def sample(self, n: int = 1, generator: torch.Generator | None = None) -> Tensor:
-        return draw_plans(self.logits, self.mask, n, generator=generator)
+        return draw_plans(self.logits, self.mask, n, generator=generator, splits=self.splits)
 
     @property
     def mode(self) -> Tensor:
         """The greedy plan: each group's most likely decision, its more likely recompute bit, the most likely
         micro-batch choice."""
-        return draw_plans(self.logits, self.mask, 1, greedy=True)[0]
+        return draw_plans(self.logits, self.mask, 1, greedy=True, splits=self.splits)[0]

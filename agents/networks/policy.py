@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from agents.networks.common import N_DP_SCHEMES, PolicyError, require
+from agents.networks.common import PolicyError, n_outputs, require
 from agents.networks.config import PolicyConfig
 from agents.networks.decoding import decoder_for, group_logits, plan_logits, strategy_states
 from agents.networks.distributions import MaskedCategorical, draw_strategies
@@ -57,7 +57,9 @@ class StrategyPolicy(nn.Module):
        the strategy network (the GAT is bidirectional over the graph).
     4. A head (:class:`PolicyHead`, by name ``settings.head``) gives ``M + 4`` logits per group: ``0..M-1``
        model parallel on that device, ``M..M+3`` DP-even-PS, DP-even-AR, DP-proportional-PS,
-       DP-proportional-AR. It starts near zero, so the first policy is close to uniform. Padding groups
+       DP-proportional-AR (with ``settings.split_actions`` also the splits beyond the batch: ``3 M + 6``
+       logits, ``heterog.strategy.decode_split_action``). It starts near zero, so the first policy is
+       close to uniform. Padding groups
        get all-zero logits. The fixed head (:class:`FixedPolicyHead`, the paper's) is linear, for one
        cluster size. The tokens head (:class:`TokenPolicyHead`) points at the device tokens of
        :class:`DeviceTokenEncoder`: one policy scores clusters of any size up to ``n_actions - 4``
@@ -269,9 +271,15 @@ class StrategyPolicy(nn.Module):
         self.check_devices(dev_x, dev_mask)
         return self.devices(dev_x, dev_mask)
 
+    @property
+    def split_actions(self) -> bool:
+        """Whether the action space includes the splits beyond the batch (``PolicyConfig.split_actions``)."""
+        return self._settings.split_actions
+
     def n_actions_for(self, devices: DeviceTokens | None) -> int:
-        """``M + 4`` for the cluster at hand (``devices``: :meth:`embed_devices`; None: the fixed head's)."""
-        return self.n_actions if devices is None else devices.n_devices + N_DP_SCHEMES
+        """The logits per group for the cluster at hand, ``M + 4`` (``3 M + 6`` with split actions)
+        (``devices``: :meth:`embed_devices`; None: the fixed head's cluster)."""
+        return n_outputs(self.n_devices if devices is None else devices.n_devices, self.split_actions)
 
     def encode_strategy(self, group_emb: Tensor, group_mask: Tensor) -> Tensor:
         """Transformer-XL states of the real groups in id order, scattered back (padding rows zero).
@@ -300,7 +308,7 @@ class StrategyPolicy(nn.Module):
                      dev_mask: Tensor | None = None) -> MaskedCategorical:
         """The per-group action distribution with padding groups masked (see :class:`MaskedCategorical`)."""
         logits = self(op_x, op_mask, edge_index, edge_mask, group_of, group_mask, dev_x, dev_mask)
-        return MaskedCategorical(logits, group_mask)
+        return MaskedCategorical(logits, group_mask, self.split_actions)
 
     # ---- strategies (both kinds of policy)
     def action_logits(self, group_emb: Tensor, group_mask: Tensor, actions: Tensor,
@@ -339,7 +347,8 @@ class StrategyPolicy(nn.Module):
         Shapes: logits ``(G, M + 4)``, group_mask ``(G,)``, offsets ``(n, M + 4)`` -> ``(n, G)``.
         """
         self.decoder.check_independent("draw")
-        return draw_strategies(logits, group_mask, n, generator=generator, offsets=offsets, greedy=greedy)
+        return draw_strategies(logits, group_mask, n, generator=generator, offsets=offsets, greedy=greedy,
+                               splits=self.split_actions)
 
     # ---- plans: configs, recompute bits and the micro-batch choice
     def plan_logits_from_group_embeddings(self, group_emb: Tensor, group_mask: Tensor,
@@ -374,7 +383,8 @@ class StrategyPolicy(nn.Module):
         """``n`` plans from an independent policy's plan logits (:meth:`plan_logits_from_group_embeddings`),
         drawn as :meth:`sample_plans` draws them. Shapes: -> ``(n, 2 G + 1)``."""
         self.decoder.check_independent("draw_plans")
-        return draw_plans(logits, group_mask, n, generator=generator, offsets=offsets, greedy=greedy)
+        return draw_plans(logits, group_mask, n, generator=generator, offsets=offsets, greedy=greedy,
+                          splits=self.split_actions)
 
     def plan_distribution(self, op_x: Tensor, op_mask: Tensor, edge_index: Tensor, edge_mask: Tensor,
                           group_of: Tensor, group_mask: Tensor, dev_x: Tensor,
@@ -383,7 +393,7 @@ class StrategyPolicy(nn.Module):
         ``log_prob`` and ``entropy`` include the recompute bits and the micro-batch choice."""
         group_emb = self.embed_groups(op_x, op_mask, edge_index, edge_mask, group_of, group_mask, dev_x, dev_mask)
         logits = self.plan_logits_from_group_embeddings(group_emb, group_mask, self.embed_devices(dev_x, dev_mask))
-        return PlanDistribution(logits, group_mask)
+        return PlanDistribution(logits, group_mask, self.split_actions)
 
     def __repr__(self) -> str:
         c = self._settings
@@ -393,5 +403,5 @@ class StrategyPolicy(nn.Module):
                 f"gat={c.gat_layers}x{c.gat_heads} heads ({c.gat_conv}), "
                 f"txl={c.txl_layers}x{c.txl_heads} heads (segment {c.segment_len}, "
                 f"memory {c.mem_len}), group={c.group_activation}, dropout={c.dropout}, "
-                f"autoregressive={c.autoregressive}, head={c.head}, "
+                f"autoregressive={c.autoregressive}, head={c.head}, split_actions={c.split_actions}, "
                 f"params={n_params:,})")
