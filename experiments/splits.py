@@ -3,7 +3,7 @@ without splits at the same budget, proportional against even shards of the same 
 run for real against data parallelism.
 
     python -m experiments.splits planners --graphs big_embedding:16 --cluster mixed-h100-a100-l4
-        [--planners mcmc,pipeline,os-dpos] [--budget-s 60] [--optimizer adam] [--json]
+        [--planners mcmc,pipeline,os-dpos,agent] [--budget-s 60] [--optimizer adam] [--json]
     python -m experiments.splits uneven --graphs bert_large:48,gpt2:8 --cluster CLUSTER.yaml
         [--devices 0,1] [--json]
     python -m experiments.splits runtime --graphs tiny_transformer:8 --cluster local-cpu-2:slowdown=1,3
@@ -55,13 +55,14 @@ def split_strategies(graph, cluster, devices: tuple[int, ...]) -> dict:
 
 def planner_case(graph, cluster, planner: str, budget_s: float) -> dict:
     """One planner's plan with and without splits at ``budget_s`` seconds each."""
-    from heterog import baselines
     from heterog.evaluate import Evaluator
+    from heterog.planners import get, plan
 
     row: dict = {"graph": f"{graph.name}-b{graph.batch_size}", "cluster": cluster.name, "planner": planner}
+    quiet = {"progress": False} if "progress" in get(planner).options else {}
     for splits in (False, True):
         ev = Evaluator(graph, cluster)
-        s = baselines.run(planner, graph, cluster, evaluator=ev, budget_s=budget_s, splits=splits)
+        s = plan(planner, evaluator=ev, budget_s=budget_s, splits=splits, **quiet)
         r = ev.evaluate(s)
         key = "with" if splits else "without"
         row[key] = {"iteration_time_s": r.iteration_time_s, "oom": bool(r.oom),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,18 +21,26 @@ if TYPE_CHECKING:  # pragma: no cover
     from heterog.evaluator_protocol import PlanEvaluator
 
 DEFAULT_STARTS = ("single", "ev-ps", "ev-ar", "cp-ps", "cp-ar", "cp-ar-ps-small", "random")
-SPLIT_STARTS = ("tp-even", "tp-prop")    # added to the default starts with ``splits`` (where the graph has options)
+# added to the default starts with ``splits`` (where the graph has options); "tp-server" on clusters of several
+# servers only
+SPLIT_STARTS = ("tp-even", "tp-prop", "tp-server")
 SMALL_GRADIENT_BYTES = 100_000
 CHAIN_SEGMENTS = 8     # pieces of a chain's proposal budget that Ray workers take one at a time
 SEARCH_ORDER = "fifo"   # the task order inside the loop: one simulation per proposal (see ``mcmc``)
 
 
-def start_actions(ev: PlanEvaluator, name: str, rng: np.random.Generator) -> np.ndarray:
+def start_actions(ev: PlanEvaluator, name: str, rng: np.random.Generator,
+                  score: Callable[[np.ndarray], float] | None = None) -> np.ndarray:
     """The action vector of a starting plan: single (most powerful device), ev-ps, ev-ar, cp-ps, cp-ar, random,
     or cp-ar-ps-small: CP-AR with the groups whose gradients total under ``SMALL_GRADIENT_BYTES`` on CP-PS
     (the compiler spreads their PS over the cluster). A ring AllReduce pays 2(n-1) link latencies per
     tensor; a bias or a layer norm's gradient costs little else, and a PS push only one latency per worker
-    (docs/results.md, "Bounds and the 10% target", has the measured effect)."""
+    (docs/results.md, "Bounds and the 10% target", has the measured effect). With split options (actions
+    numbered as ``ActionSearch`` with ``splits`` numbers them): tp-even and tp-prop (every group divided
+    over every device), and tp-server, every group divided evenly over one server's devices, the server
+    whose plan ``score`` (the search's cost) finds fastest: on a cluster of one fast island and slower
+    rest (mixed-h100-a100-l4) it is the plan that keeps the slow links idle, which one-group moves from
+    the other starts do not reach (each step between them converts layouts)."""
     m, g = ev.cluster.n_devices, ev.n_groups
     if name == "cp-ar-ps-small":
         from heterog.compiler.index import graph_index
@@ -48,9 +57,15 @@ def start_actions(ev: PlanEvaluator, name: str, rng: np.random.Generator) -> np.
         from heterog.strategy import split_action_configs
 
         names = [n for n, _ in split_action_configs(ev.cluster, ev.graph.batch_size)]
-        if ev.graph.splits is None or name not in names:
+        if ev.graph.splits is None:
             raise HeterogError(f"MCMC start {name!r} splits beyond the batch, which graph {ev.graph.name!r} "
                                f"cannot (it has no split options)")
+        if name == "tp-server":
+            plans = [np.full(g, m + 4 + i, dtype=np.int64) for i, n in enumerate(names) if n.startswith("tp-even:")]
+            if not plans or score is None:
+                raise HeterogError("MCMC start 'tp-server' needs a cluster of several servers of several devices "
+                                   "and a score for its plans")
+            return min(plans, key=score)
         return np.full(g, m + 4 + names.index(name), dtype=np.int64)
     dp = {"ev-ps": 0, "ev-ar": 1, "cp-ps": 2, "cp-ar": 3}
     if name == "single":
@@ -121,8 +136,9 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
     total = float(max_evals) if max_evals is not None else float(budget_s)
 
     if splits and tuple(starts) == DEFAULT_STARTS and ev.graph.splits is not None:
-        starts = DEFAULT_STARTS + SPLIT_STARTS
-    cands = {name: start_actions(ev, name, rng) for name in dict.fromkeys(starts)}
+        servers = [n for n in search.split_names if n.startswith("tp-even:")]
+        starts = DEFAULT_STARTS + tuple(n for n in SPLIT_STARTS if n != "tp-server" or servers)
+    cands = {name: start_actions(ev, name, rng, search.cost) for name in dict.fromkeys(starts)}
     start_cost = {name: search.cost(a) for name, a in cands.items()}
     best_name = min(start_cost, key=lambda k: (start_cost[k], list(start_cost).index(k)))
     beta = 1.0 / (temperature * start_cost[best_name])

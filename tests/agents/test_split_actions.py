@@ -12,7 +12,7 @@ import torch
 
 from agents.networks import N_DP_SCHEMES, PolicyConfig, StrategyPolicy, most_likely_actions, n_outputs
 from agents.planner import build_policy, plan
-from envs import PlacementEnv, plan_strategy
+from envs import DEVICE_FEATURE_DIM, PlacementEnv, plan_strategy
 from heterog.cluster.loader import cluster_from_dict
 from heterog.errors import StrategyError
 from heterog.evaluate import Evaluator
@@ -168,3 +168,31 @@ def test_the_agent_plans_with_split_actions_and_keeps_the_best_seed(mlp, cluster
     assert strategy.meta["best_iteration_time_s"] <= min(tensor_parallel, even_dp) + 1e-15
     assert strategy.meta["best_iteration_time_s"] == pytest.approx(ev.iteration_time(strategy)[0], rel=1e-9)
     assert len(strategy.meta["actions"]) == 2 * ev.n_groups + 1
+
+
+def test_the_shipped_policy_with_split_actions_places_the_model_no_gpu_holds():
+    """The shipped checkpoint with split actions: where ``plan(splits=True)`` starts on any cluster of at most
+    16 devices; its own zero-shot plan of big_embedding (a 26 GB embedding with Adam) on paper-8gpu (16 GB
+    GPUs, where no plan that keeps a parameter whole fits) divides the groups and fits."""
+    from agents.checkpoint import check_fits, checkpoint_head, load_checkpoint
+    from agents.planner import PRETRAINED, PRETRAINED_SPLITS, start_checkpoint
+    from heterog.cluster import load_cluster
+
+    state = load_checkpoint(PRETRAINED_SPLITS)      # loads with today's features (a layout change needs a retrain)
+    assert checkpoint_head(state) == "tokens" and state["policy_config"]["split_actions"] is True
+    assert "big_embedding-b8@paper-8gpu" in state["provenance"]["tasks"]
+    for n in (2, 8, 16):
+        check_fits(state, n, None, DEVICE_FEATURE_DIM)
+        assert start_checkpoint(None, n, splits=True) == PRETRAINED_SPLITS
+        assert start_checkpoint(None, n) == PRETRAINED
+    graph = capture_model("big_embedding", 8, "adam")
+    paper8 = load_cluster("paper-8gpu")
+    ev = Evaluator(graph, paper8)
+    strategy = plan(ev, budget_s=0, progress=False, splits=True)
+    meta = strategy.meta
+    assert meta["checkpoint"] == str(PRETRAINED_SPLITS) and meta["kept"] == "policy"
+    assert not meta["policy_plan_oom"] and not meta["oom"]
+    assert sum(c.split is not None for c in strategy.configs) > strategy.n_groups // 2
+    assert ev.iteration_time(strategy) == (pytest.approx(meta["best_iteration_time_s"], rel=1e-9), False)
+    for dp in range(4):                          # every data-parallel plan is out of memory there
+        assert ev.iteration_time(ev.strategy(np.full(ev.n_groups, 8 + dp)))[1]

@@ -33,8 +33,8 @@ def config(overrides: list[str]):
         return compose(config_name="config", overrides=overrides)
 
 
-def test_experiment_files_are_the_three_of_the_design():
-    assert EXPERIMENTS == ["evaluate", "finetune", "pretrain", "pretrain_tokens"]
+def test_experiment_files_are_those_of_the_design():
+    assert EXPERIMENTS == ["evaluate", "finetune", "pretrain", "pretrain_tokens", "pretrain_tokens_splits"]
 
 
 @pytest.mark.parametrize("agent", ["small", "paper"])
@@ -113,6 +113,31 @@ def test_pretrain_tokens_trains_the_shipped_kind_of_checkpoint_and_ships_it(tmp_
     fixed = run(config([f"output_dir={tmp_path}", "graph=tiny_mlp", *SHRINK]))
     assert ship_main([str(Path(fixed["checkpoint"]).parent), "--out", str(tmp_path / "fixed.pt")]) == 2
     assert not (tmp_path / "fixed.pt").exists()                          # a fixed head is not shipped
+
+
+def test_pretrain_tokens_splits_trains_a_policy_with_split_actions(tmp_path):
+    """experiment=pretrain_tokens_splits: pretrain_tokens with the split actions and big_embedding (Adam)
+    among the graphs; its shipped policy plans with split actions."""
+    from agents.planner import plan
+    from experiments.ship import main as ship_main
+    from heterog.cluster import load_cluster
+    from heterog.evaluate import Evaluator
+    from heterog.graph.cache import capture_model
+
+    cfg = config(["experiment=pretrain_tokens_splits"])
+    assert cfg.agent.split_actions and cfg.agent.head == "tokens" and cfg.run.holdout is None
+    assert {"model": "big_embedding", "batch_size": 8, "optimizer": "adam"} in [dict(g) for g in cfg.run.graphs]
+    torch.set_num_threads(1)
+    pre = run(config(["experiment=pretrain_tokens_splits", TINY_SET, "run.clusters=[local-cpu-2]",
+                      "run.generated_clusters=0", "run.distill_epochs=1", *SHRINK, f"output_dir={tmp_path}"]))
+    shipped = tmp_path / "splits.pt"
+    assert ship_main([pre["run_dir"], "--out", str(shipped)]) == 0
+    assert load_checkpoint(shipped)["policy_config"]["split_actions"] is True
+    graph = capture_model("tiny_mlp", 16)
+    ev = Evaluator(graph, load_cluster("paper-8gpu"))
+    strategy = plan(ev, checkpoint=shipped, episodes=8, progress=False)
+    assert len(strategy.meta["actions"]) == 2 * ev.n_groups + 1
+    assert max(strategy.meta["actions"][:ev.n_groups]) < 3 * 8 + 6
 
 
 def test_scratch_with_ppo_then_resume(tmp_path):
