@@ -27,15 +27,15 @@ def n_outputs(n_devices: int, splits: bool = False) -> int:
     return n_devices + N_DP_SCHEMES + ((N_CLUSTER_SPLITS + 2 * n_devices) if splits else 0)
 
 
-def pointer_blocks(width: int, splits: bool = False) -> tuple[int, list[tuple[int, int]]]:
-    """The devices ``M`` of a row of ``width`` logits and its pointer blocks, the ``[start, end)`` column
-    ranges with one action per device: model parallelism, and with split actions the even and the
-    proportional split over each device's server."""
+def pointer_blocks(width: int, splits: bool = False) -> list[tuple[int, int]]:
+    """The pointer blocks of a row of ``width`` logits: the ``[start, end)`` column ranges with one action
+    per device, model parallelism and, with split actions, the even and the proportional split over each
+    device's server."""
     if not splits:
-        return width - N_DP_SCHEMES, [(0, width - N_DP_SCHEMES)]
+        return [(0, width - N_DP_SCHEMES)]
     m = (width - N_DP_SCHEMES - N_CLUSTER_SPLITS) // 3
     first = m + N_DP_SCHEMES + N_CLUSTER_SPLITS
-    return m, [(0, m), (first, first + m), (first + m, first + 2 * m)]
+    return [(0, m), (first, first + m), (first + m, first + 2 * m)]
 
 
 def require(condition: bool, message: str) -> None:

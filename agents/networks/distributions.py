@@ -23,7 +23,7 @@ def most_likely_actions(logits: Tensor, splits: bool = False) -> Tensor:
 
     Shapes: ``(..., A)`` -> ``(...)``, ``A = M + 4`` (or ``3 M + 6`` with ``splits``).
     """
-    _, blocks = pointer_blocks(logits.shape[-1], splits)
+    blocks = pointer_blocks(logits.shape[-1], splits)
     in_block = torch.zeros(logits.shape[-1], dtype=torch.bool)
     for start, end in blocks:
         in_block[start:end] = True
