@@ -5,12 +5,12 @@ plan-level choices."""
 from __future__ import annotations
 
 from heterog.errors import HeterogError
+from heterog.strategy import N_CLUSTER_SPLIT_ACTIONS, n_actions
 
 N_DP_SCHEMES = 4  # actions M..M+3: DP-even-PS, DP-even-AR, DP-proportional-PS, DP-proportional-AR
-# with split actions (heterog.strategy.n_actions(M, splits=True), checked equal in tests/agents): M+4, M+5
-# divide a group's parameters over all devices (even, proportional), then one pointer per device for its
-# server, even (M+6+d) and proportional (2M+6+d)
-N_CLUSTER_SPLITS = 2
+# with split actions (heterog.strategy's action table): M+4, M+5 divide a group's parameters over all devices
+# (even, proportional), then one pointer per device for its server, even (M+6+d) and proportional (2M+6+d)
+N_CLUSTER_SPLITS = N_CLUSTER_SPLIT_ACTIONS
 # the plan-level choices: len(envs.actions.MICRO_CHOICES) numbers of micro-batches (stated here so that the
 # network does not import the env package; tests/agents/test_plan_decisions.py checks they agree) and the
 # recompute bit's "keep the activations" value (envs.actions.KEEP)
@@ -23,8 +23,9 @@ class PolicyError(HeterogError, ValueError):
 
 
 def n_outputs(n_devices: int, splits: bool = False) -> int:
-    """The logits per group for ``n_devices`` devices: ``M + 4``, or ``3 M + 6`` with split actions."""
-    return n_devices + N_DP_SCHEMES + ((N_CLUSTER_SPLITS + 2 * n_devices) if splits else 0)
+    """The logits per group for ``n_devices`` devices: ``M + 4``, or ``3 M + 6`` with split actions
+    (``heterog.strategy.n_actions``)."""
+    return n_actions(n_devices, splits)
 
 
 def pointer_blocks(width: int, splits: bool = False) -> list[tuple[int, int]]:
