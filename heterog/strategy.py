@@ -32,7 +32,8 @@ SYNC_METHODS = ("ps", "allreduce")
 # before its backwards; 1F1B keeps at most S - s micro-batches in flight on a device at pipeline position s
 SCHEDULES = ("gpipe", "1f1b")
 MAX_MICRO_BATCHES = 64
-STRATEGY_VERSION = 4         # 2: micro-batches and their schedule; 3: groups recomputed; 4: splits beyond the batch
+STRATEGY_VERSION = 5         # 2: micro-batches and their schedule; 3: groups recomputed; 4: splits beyond the batch;
+#                              5: splits over a grid (batch x beyond the batch)
 # a config's split beyond the batch (docs/design.md, "Splits beyond the batch"): "parameter" divides the
 # parameters of its ops (and what computes with them) among the devices, "attribute" divides only what
 # carries no parameter (sequence, spatial, heads of activations), parameters stay whole on every device
@@ -53,7 +54,9 @@ class ParallelConfig:
 
     A single-device config is model parallelism on that device. Shares are integer sample counts;
     replicas named twice on one device are merged into one replica with the combined share.
-    ``ps_device=None`` lets the compiler pick the PS that finishes aggregation first.
+    ``ps_device=None`` lets the compiler pick the PS that finishes aggregation first. ``split`` divides the
+    ops beyond the batch among the devices (``split_over``), ``grid`` > 1 among each of that many groups of
+    them, the batch over the groups (``split_grid``).
     """
 
     devices: tuple[int, ...]
@@ -63,10 +66,14 @@ class ParallelConfig:
     allreduce: str = "auto"
     split: str | None = None
     split_shares: tuple[int, ...] = ()
+    grid: int = 1
 
     def __post_init__(self) -> None:
         if self.split is not None:
             self._check_split()
+        elif int(self.grid) != 1:
+            raise StrategyError(f"grid={self.grid} needs a split config (split='parameter' or "
+                                f"'attribute')")
         if len(self.devices) != len(self.shares) or not self.devices:
             raise StrategyError(f"ParallelConfig needs one share per device, got devices {list(self.devices)} "
                                 f"and shares {list(self.shares)}")
@@ -87,9 +94,18 @@ class ParallelConfig:
         if len(self.split_shares) != len(self.devices) or any(int(w) <= 0 for w in self.split_shares):
             raise StrategyError(f"a split config needs one positive split share per device, got devices "
                                 f"{list(self.devices)} and split shares {list(self.split_shares)}")
-        if len(set(self.shares)) != 1:
-            raise StrategyError(f"a split config runs the whole batch on every device: shares must be equal, "
-                                f"got {list(self.shares)}")
+        g = int(self.grid)
+        if g < 1 or len(self.devices) % g:
+            raise StrategyError(f"a split config's {len(self.devices)} devices do not form {g} groups of equal size")
+        size = len(self.devices) // g
+        for r in range(g):
+            rows = self.shares[r * size:(r + 1) * size]
+            if len(set(rows)) != 1:
+                raise StrategyError(f"every device of a split group runs that group's whole batch share: shares "
+                                    f"must be equal within a group, got {list(rows)}")
+            if tuple(self.split_shares[r * size:(r + 1) * size]) != tuple(self.split_shares[:size]):
+                raise StrategyError(f"the groups of a split grid divide alike: split shares "
+                                    f"{list(self.split_shares)} differ between groups of {size} devices")
 
     @classmethod
     def split_over(cls, devices: Sequence[int], weights: Sequence[int], batch_size: int,
@@ -98,6 +114,36 @@ class ParallelConfig:
         split dimension in integer shares proportional to ``weights`` (``split_shares_of``)."""
         devs = tuple(int(d) for d in devices)
         return cls(devs, (int(batch_size),) * len(devs), split=kind, split_shares=tuple(int(w) for w in weights))
+
+    @classmethod
+    def split_grid(cls, groups: Sequence[Sequence[int]], weights: Sequence[int], batch_shares: Sequence[int],
+                   kind: str = "parameter") -> "ParallelConfig":
+        """A 2-D split: the batch divided over ``groups`` (``batch_shares`` samples each, like data-parallel
+        replicas) and, inside each group, the ops divided beyond the batch among its devices in proportion to
+        ``weights`` (one per position in a group, the same in every group: the k-th devices of the groups
+        hold the same shards, and their partial results are summed over the groups)."""
+        rows = [tuple(int(d) for d in g) for g in groups]
+        if not rows or len({len(r) for r in rows}) != 1 or len(weights) != len(rows[0]):
+            raise StrategyError(f"a split grid needs groups of equal size and one weight per position, got groups "
+                                f"{[list(r) for r in rows]} and weights {list(weights)}")
+        if len(batch_shares) != len(rows):
+            raise StrategyError(f"a split grid needs one batch share per group, got {list(batch_shares)} for "
+                                f"{len(rows)} groups")
+        devs = tuple(d for r in rows for d in r)
+        shares = tuple(int(b) for b, r in zip(batch_shares, rows) for _ in r)
+        return cls(devs, shares, split=kind, split_shares=tuple(int(w) for _ in rows for w in weights),
+                   grid=len(rows))
+
+    @property
+    def group_size(self) -> int:
+        """Devices per group of a split config (all of them unless it is a grid)."""
+        return len(self.devices) // int(self.grid)
+
+    @property
+    def groups(self) -> tuple[tuple[int, ...], ...]:
+        """A split config's groups of devices (one group unless it is a grid)."""
+        k = self.group_size
+        return tuple(self.devices[i:i + k] for i in range(0, len(self.devices), k))
 
     @classmethod
     def of(cls, pairs: Sequence[tuple[int, int]], sync: str = "allreduce", ps_device: int | None = None,
@@ -122,20 +168,24 @@ class ParallelConfig:
 
     @property
     def batch_size(self) -> int:
-        return int(self.shares[0]) if self.split is not None else int(sum(self.shares))
+        if self.split is not None:
+            return int(sum(self.shares[::self.group_size]))
+        return int(sum(self.shares))
 
     def to_dict(self) -> dict:
         d = {"devices": list(self.devices), "shares": list(self.shares), "sync": self.sync,
              "ps_device": self.ps_device, "allreduce": self.allreduce}
         if self.split is not None:
             d["split"], d["split_shares"] = self.split, list(self.split_shares)
+            if self.grid > 1:
+                d["grid"] = int(self.grid)
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "ParallelConfig":
         return cls(tuple(int(x) for x in d["devices"]), tuple(int(x) for x in d["shares"]),
                    d.get("sync", "allreduce"), d.get("ps_device"), d.get("allreduce", "auto"),
-                   d.get("split"), tuple(int(x) for x in d.get("split_shares", ())))
+                   d.get("split"), tuple(int(x) for x in d.get("split_shares", ())), int(d.get("grid", 1)))
 
 
 def split_weights(speeds: Floats) -> list[int]:
@@ -197,6 +247,24 @@ def micro_batch_shares(config_shares: Sequence[int], micro: Sequence[int]) -> li
     return [proportional_shares(int(b), config_shares) for b in micro]
 
 
+def grid_micro_shares(group_shares: Sequence[int], micro: Sequence[int]) -> list[list[int]]:
+    """Each group's share of each micro-batch of a grid (``ParallelConfig.split_grid``), ``[m][r]``: in
+    proportion to the groups' batch shares, every group at least one sample (``split_shares_of``); a
+    micro-batch smaller than the groups is refused."""
+    if min(micro) < len(group_shares):
+        raise StrategyError(f"a grid of {len(group_shares)} groups needs at least one sample of every micro-batch "
+                            f"for each group; micro-batches {list(micro)} are too small")
+    if len(micro) == 1:
+        return [list(int(s) for s in group_shares)]
+    return [split_shares_of(int(b), group_shares) for b in micro]
+
+
+def most_micro_batches(strategy: "Strategy") -> int:
+    """The most micro-batches ``strategy`` can run: its batch, or fewer where a grid's every group must get a
+    sample of each (``grid_micro_shares``)."""
+    return min([strategy.batch_size] + [strategy.batch_size // c.grid for c in strategy.configs if c.grid > 1])
+
+
 # ---------------------------------------------------------------------------- actions
 def n_actions(n_devices: int, splits: bool = False) -> int:
     """Actions per group on ``n_devices`` devices: ``M + 4``, or with ``splits`` beyond the batch
@@ -209,7 +277,7 @@ def n_actions(n_devices: int, splits: bool = False) -> int:
 def action_name(action: int, n_devices: int) -> str:
     """``mp:<device>``, a DP action's name, or ``split`` for any action past them (the split actions of
     the agent's action space, ``decode_split_action``, and those local search offers,
-    ``split_action_configs``)."""
+    ``heterog.baselines.chains.split_action_configs``)."""
     if 0 <= action < n_devices:
         return f"mp:{action}"
     if action >= n_devices + N_DP_ACTIONS:
@@ -276,24 +344,6 @@ def decode_split_action(action: int, cluster: "Cluster", batch_size: int,
         return ParallelConfig.single(devs[0], batch_size)
     speed = np.asarray(weights if weights is not None else cluster.power, dtype=np.float64)[devs]
     return ParallelConfig.split_over(devs, split_weights(speed) if proportional else [1] * len(devs), batch_size)
-
-
-def split_action_configs(cluster: "Cluster", batch_size: int) -> list[tuple[str, ParallelConfig]]:
-    """The splits beyond the batch that local search offers after the (M+4) actions, as (name, config):
-    a group's parameters divided over every device (``tp-even``, ``tp-prop``: even shares, or in proportion
-    to peak FLOP/s), and, on a cluster of several servers, over each server of several devices
-    (``tp-even:<server>``, ``tp-prop:<server>``)."""
-    spans = [("", tuple(range(cluster.n_devices)))]
-    if len(cluster.servers) > 1:
-        spans += [(f":{s.name}", tuple(int(d) for d in s.devices)) for s in cluster.servers]
-    out: list[tuple[str, ParallelConfig]] = []
-    for suffix, devs in spans:
-        if len(devs) < 2:
-            continue
-        out.append((f"tp-even{suffix}", ParallelConfig.split_over(devs, [1] * len(devs), batch_size)))
-        prop = split_weights(np.asarray(cluster.power)[list(devs)])
-        out.append((f"tp-prop{suffix}", ParallelConfig.split_over(devs, prop, batch_size)))
-    return out
 
 
 # ---------------------------------------------------------------------------- grouping

@@ -10,15 +10,56 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from heterog.strategy import ParallelConfig, Strategy, decode_action, n_actions, split_action_configs
+from heterog.strategy import ParallelConfig, Strategy, decode_action, n_actions, proportional_shares, split_weights
 
 if TYPE_CHECKING:  # pragma: no cover
+    from heterog.cluster import Cluster
     from heterog.evaluator_protocol import PlanEvaluator
     from heterog.graph.opgraph import OpGraph
 
 BLOCK_FRACTIONS = (0.5, 0.25)      # heavy edges: at least this share of the graph's largest edge's bytes
 BLOCK_MAX_FLOPS_SHARE = 0.3        # a block is a small part of the work, not the model
 BLOCK_MOVES = 0.1                  # share of a chain's proposals that move a block
+
+
+def split_action_configs(cluster: "Cluster", batch_size: int) -> list[tuple[str, ParallelConfig]]:
+    """The splits beyond the batch that local search offers after the (M+4) actions, as (name, config):
+    a group's parameters divided over every device (``tp-even``, ``tp-prop``: even shares, or in proportion
+    to peak FLOP/s), and, on a cluster of several servers, over each server of several devices
+    (``tp-even:<server>``, ``tp-prop:<server>``); on a cluster of several servers of the same number of devices
+    (at least two), the grid of them (``tp-grid-even``, ``tp-grid-prop``, ``grid_configs``)."""
+    spans = [("", tuple(range(cluster.n_devices)))]
+    if len(cluster.servers) > 1:
+        spans += [(f":{s.name}", tuple(int(d) for d in s.devices)) for s in cluster.servers]
+    out: list[tuple[str, ParallelConfig]] = []
+    for suffix, devs in spans:
+        if len(devs) < 2:
+            continue
+        out.append((f"tp-even{suffix}", ParallelConfig.split_over(devs, [1] * len(devs), batch_size)))
+        prop = split_weights(np.asarray(cluster.power)[list(devs)])
+        out.append((f"tp-prop{suffix}", ParallelConfig.split_over(devs, prop, batch_size)))
+    return out + grid_configs(cluster, batch_size)
+
+
+def grid_configs(cluster: "Cluster", batch_size: int) -> list[tuple[str, ParallelConfig]]:
+    """2-D splits over a cluster of several servers of the same number (at least two) of devices, as
+    Megatron lays out tensor and data parallelism: each server a group dividing the ops beyond the batch
+    among its devices, the batch divided over the servers in proportion to their speed. ``tp-grid-even``:
+    even shares inside a group, a group's speed that of its slowest device times its devices;
+    ``tp-grid-prop``: shares in proportion to the mean peak FLOP/s of the groups' devices at each position,
+    a group's speed the sum of its devices'. Empty on other clusters (or a batch smaller than the servers)."""
+    groups = [tuple(int(d) for d in s.devices) for s in cluster.servers]
+    if len(groups) < 2 or len({len(g) for g in groups}) != 1 or len(groups[0]) < 2 or batch_size < len(groups):
+        return []
+    power = np.asarray(cluster.power, dtype=np.float64)
+    at = power[np.array(groups)]                                        # (groups, positions)
+    out = []
+    for name, weights, speed in (("tp-grid-even", [1] * at.shape[1], at.min(axis=1) * at.shape[1]),
+                                 ("tp-grid-prop", split_weights(at.mean(axis=0)), at.sum(axis=1))):
+        shares = [max(1, s) for s in proportional_shares(batch_size, speed)]
+        shares[int(np.argmax(shares))] -= sum(shares) - batch_size
+        out.append((name, ParallelConfig.split_grid(groups, weights, shares)))
+    return out
 
 
 class Block(NamedTuple):

@@ -1,6 +1,6 @@
 """FlexFlow-style Markov chain Monte Carlo search over per-group (M+4)-way actions, and where the graph has split
-options the splits beyond the batch of ``heterog.strategy.split_action_configs`` (FlexFlow's SOAP moves), scored by
-the simulator
+options the splits beyond the batch of ``heterog.baselines.chains.split_action_configs`` (FlexFlow's SOAP moves),
+scored by the simulator
 (Metropolis-Hastings from several starting plans, global best kept, time or proposal budget), with its
 chains run one after another here or side by side on Ray workers (``heterog.parallel``)."""
 from __future__ import annotations
@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
 DEFAULT_STARTS = ("single", "ev-ps", "ev-ar", "cp-ps", "cp-ar", "cp-ar-ps-small", "random")
 # added to the default starts with ``splits`` (where the graph has options); "tp-server" on clusters of several
 # servers only
-SPLIT_STARTS = ("tp-even", "tp-prop", "tp-server")
+SPLIT_STARTS = ("tp-even", "tp-prop", "tp-server", "tp-grid")
 SMALL_GRADIENT_BYTES = 100_000
 CHAIN_SEGMENTS = 8     # pieces of a chain's proposal budget that Ray workers take one at a time
 SEARCH_ORDER = "fifo"   # the task order inside the loop: one simulation per proposal (see ``mcmc``)
@@ -40,7 +40,9 @@ def start_actions(ev: PlanEvaluator, name: str, rng: np.random.Generator,
     over every device), and tp-server, every group divided evenly over one server's devices, the server
     whose plan ``score`` (the search's cost) finds fastest: on a cluster of one fast island and slower
     rest (mixed-h100-a100-l4) it is the plan that keeps the slow links idle, which one-group moves from
-    the other starts do not reach (each step between them converts layouts)."""
+    the other starts do not reach (each step between them converts layouts); tp-grid, every group on the
+    faster of the two grids of ``heterog.baselines.chains.grid_configs`` (each server a group, the batch over the
+    servers)."""
     m, g = ev.cluster.n_devices, ev.n_groups
     if name == "cp-ar-ps-small":
         from heterog.compiler.index import graph_index
@@ -54,7 +56,7 @@ def start_actions(ev: PlanEvaluator, name: str, rng: np.random.Generator,
         out[(n > 0) & (nbytes < SMALL_GRADIENT_BYTES)] = m + 2
         return out
     if name in SPLIT_STARTS:
-        from heterog.strategy import split_action_configs
+        from heterog.baselines.chains import split_action_configs
 
         names = [n for n, _ in split_action_configs(ev.cluster, ev.graph.batch_size)]
         if ev.graph.splits is None:
@@ -66,6 +68,12 @@ def start_actions(ev: PlanEvaluator, name: str, rng: np.random.Generator,
                 raise HeterogError("MCMC start 'tp-server' needs a cluster of several servers of several devices "
                                    "and a score for its plans")
             return min(plans, key=score)
+        if name == "tp-grid":
+            if "tp-grid-even" not in names or score is None:
+                raise HeterogError("MCMC start 'tp-grid' needs a cluster of several servers of the same number "
+                                   "(at least two) of devices and a score for its plans")
+            return min((np.full(g, m + 4 + names.index(n), dtype=np.int64) for n in ("tp-grid-even", "tp-grid-prop")),
+                       key=score)
         return np.full(g, m + 4 + names.index(name), dtype=np.int64)
     dp = {"ev-ps": 0, "ev-ar": 1, "cp-ps": 2, "cp-ar": 3}
     if name == "single":
@@ -137,7 +145,8 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
 
     if splits and tuple(starts) == DEFAULT_STARTS and ev.graph.splits is not None:
         servers = [n for n in search.split_names if n.startswith("tp-even:")]
-        starts = DEFAULT_STARTS + tuple(n for n in SPLIT_STARTS if n != "tp-server" or servers)
+        starts = DEFAULT_STARTS + tuple(n for n in SPLIT_STARTS if (n != "tp-server" or servers) and
+                                        (n != "tp-grid" or "tp-grid-even" in search.split_names))
     cands = {name: start_actions(ev, name, rng, search.cost) for name in dict.fromkeys(starts)}
     start_cost = {name: search.cost(a) for name, a in cands.items()}
     best_name = min(start_cost, key=lambda k: (start_cost[k], list(start_cost).index(k)))

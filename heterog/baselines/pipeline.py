@@ -32,7 +32,7 @@ import numpy as np
 
 from heterog.baselines.expert import balanced_partition, group_strategy, op_layers, op_memory_bytes
 from heterog.errors import HeterogError
-from heterog.strategy import SCHEDULES, ParallelConfig, Strategy, even_shares, proportional_shares
+from heterog.strategy import SCHEDULES, ParallelConfig, Strategy, even_shares, most_micro_batches, proportional_shares
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.evaluator_protocol import PlanEvaluator
@@ -122,14 +122,13 @@ def fitting(ev: PlanEvaluator, strategy: Strategy) -> tuple[Strategy, float, boo
 def with_best_micro_batches(ev: PlanEvaluator, strategy: Strategy, max_micro_batches: int,
                             oom_factor: float = 10.0) -> Strategy:
     """``strategy`` over the number of micro-batches (1, 2, 4, ... up to ``max_micro_batches`` and the batch,
-    even sizes, each schedule) that simulates fastest, out-of-memory plans costing ``oom_factor`` times
-    their time, each recomputing the fewest leading groups that fit where only that fits (``fitting``);
-    ``strategy`` itself when none beats it."""
-    B = ev.graph.batch_size
+    or what its grids allow, ``most_micro_batches``; even sizes, each schedule) that simulates fastest,
+    out-of-memory plans costing ``oom_factor`` times their time, each recomputing the fewest leading groups
+    that fit where only that fits (``fitting``); ``strategy`` itself when none beats it."""
     best, t, oom = fitting(ev, strategy)
     best_cost = t * (oom_factor if oom else 1.0)
     k = 2
-    while k <= min(B, max_micro_batches):
+    while k <= min(most_micro_batches(strategy), max_micro_batches):
         for schedule in SCHEDULES:
             s, t, oom = fitting(ev, strategy.with_micro_batches(k, schedule))
             c = t * (oom_factor if oom else 1.0)

@@ -58,7 +58,7 @@ class CompiledPlan:
                                                # beyond the batch (``Placement.op_shard``), -1: none; None: no op is
     op_option: np.ndarray | None = None        # (n_ops,) the option each divided op runs (index into its
                                                # ``OpGraph.splits`` options), -1: whole on every device
-    split_configs: list = field(default_factory=list)   # op_split index -> (devices, split weights)
+    split_configs: list = field(default_factory=list)   # op_split index -> (devices, split weights, groups)
 
     @property
     def n_tasks(self) -> int:
@@ -198,7 +198,8 @@ def assemble(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray 
                         task_micro=tasks.micro, layout_micro=list(layouts.micro), n_micro=place.n_micro,
                         schedule=schedule or place.schedule, task_slot=slot, op_recompute=place.recompute,
                         op_group=place.grouping.op_group, op_split=place.op_shard,
-                        op_option=_op_options(place), split_configs=[(c.devices, c.weights) for c in place.shards])
+                        op_option=_op_options(place),
+                        split_configs=[(c.devices, c.weights, c.groups) for c in place.shards])
     return PlanState(plan, tasks, dep_task, dep_on, dep_owner, place, prov, algo, aggregated)
 
 

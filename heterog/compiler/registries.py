@@ -14,7 +14,7 @@ import numpy as np
 
 from heterog.compiler.context import CompileContext
 from heterog.compiler.index import GraphIndex
-from heterog.strategy import micro_batch_shares
+from heterog.strategy import grid_micro_shares, micro_batch_shares
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.strategy import ParallelConfig
@@ -146,13 +146,14 @@ class ConfigTable:
             micro = None
         cid = self._id.get((config, micro))
         if cid is None:
-            cid = self._id[(config, micro)] = len(self.configs)
-            self.configs.append(config)
             B = self.layouts.batch_size
             if micro is None:
                 split = self.layouts.add(config.devices, config.shares)
-            elif config.split is not None:     # split beyond the batch: every device runs each micro-batch whole
-                split = self.layouts.add(*zip(*[(d, b, m) for m, b in enumerate(micro) for d in config.devices]))
+            elif config.split is not None:     # split beyond the batch: every device of a group runs its share
+                groups = config.groups         # of each micro-batch (one group: the whole micro-batch)
+                per = grid_micro_shares(config.shares[::config.group_size], micro)       # (refuses before
+                split = self.layouts.add(*zip(*[(d, s, m) for m, shares in enumerate(per)  # registering)
+                                                for g, s in zip(groups, shares) for d in g]))
             else:
                 entries = [(d, s, m) for m, shares in enumerate(micro_batch_shares(config.shares, micro))
                            for d, s in zip(config.devices, shares) if s > 0]
@@ -160,6 +161,8 @@ class ConfigTable:
             # replicas: the devices with samples (with micro-batches, a replica of a small share may get none)
             # a split config runs one whole-batch replica divided among its devices: nothing to aggregate
             n = 1 if config.split is not None else len(self.layouts.unique_devices(split))
+            cid = self._id[(config, micro)] = len(self.configs)
+            self.configs.append(config)
             self._rows.append((n, config.sync == "ps" and n > 1,
                                -1 if config.ps_device is None else int(config.ps_device), split,
                                self.layouts.add(config.devices, (B,) * config.n_replicas)))

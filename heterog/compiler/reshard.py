@@ -183,6 +183,47 @@ def _source_key(gi: GraphIndex, u: int, v: int, micro: int) -> Hashable:
     return micro if gi.has_batch[v] else "last"
 
 
+def _entry_rows(layouts: LayoutTable, lay: int, groups: tuple[tuple[int, ...], ...]) -> list[tuple[int, int]]:
+    """(first, end) sample, within its micro-batch, of each entry of layout ``lay``: consecutive entries of a
+    micro-batch take consecutive samples, except that the devices of one group of a split config (``groups``)
+    run the same samples (one group: the whole micro-batch on every device)."""
+    block = {d: k for k, g in enumerate(groups) for d in g}
+    rows: dict[tuple[int, object], tuple[int, int]] = {}
+    top: dict[int, int] = {}
+    out = []
+    for j, (d, s, m) in enumerate(zip(layouts.devices[lay], layouts.shares[lay], layouts.micro[lay])):
+        b = (m, block.get(d, ("entry", j)))
+        if b not in rows:
+            lo = top.get(m, 0)
+            rows[b] = (lo, lo + int(s))
+            top[m] = lo + int(s)
+        out.append(rows[b])
+    return out
+
+
+def _sum_over_groups(ctx: CompileContext, em: _Emitter, t: int, u: int, groups: tuple[tuple[int, ...], ...],
+                     have: int, sources: dict[int, int], f_u: dict[int, float], prio: int) -> dict[int, int]:
+    """A split grid's partial result ``t`` summed over its groups: the devices at the same position of every
+    group all-reduce what they hold (a shard, a whole copy or partial sums, which stay partial sums in the
+    group). In place, like a gradient AllReduce. Returns each device's result."""
+    gi = ctx.index
+    nbytes = float(gi.t_bytes[t])
+    sets = [tuple(g[i] for g in groups) for i in range(len(groups[0]))]
+    out: dict[int, int] = {}
+    for devs in sets:
+        part = nbytes * (f_u[devs[0]] if have == 1 else 1.0)
+        key = ("time", ALLREDUCE, devs, part, None)
+        dur = ctx.split_cache.get(key)
+        if dur is None:
+            dur = ctx.split_cache[key] = float(ctx.cost.allreduce_times(devs, np.array([part]))[0][0])
+        ar = em.task(dur=dur, kind=TaskKind.COLLECTIVE, op=u, dev=-1, alloc=0.0, cat=TaskCategory.COLLECTIVE,
+                     prio_op=prio, stage="split", tensor=t, res=em.ring(devs))
+        for d in devs:
+            em.dep(ar, sources[d], gi.n_ops + t)
+            out[d] = ar
+    return out
+
+
 def _from_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int, es: list[int], place: Placement,
                 prov: Providers) -> None:
     gi = ctx.index
@@ -192,37 +233,49 @@ def _from_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int,
     choice = place.shards[region]
     lay_u = int(place.op_lay[u])
     devs, ent = _entries(layouts, lay_u)
-    n = len(devs)
-    f_u = np.asarray(layouts.split[lay_u])[ent["last"]]
+    pos = {d: i for i, d in enumerate(devs)}
+    groups = choice.groups or (devs,)
+    f_u = dict(zip(devs, np.asarray(layouts.split[lay_u])[ent["last"]].tolist()))
     prio = min(int(gi.e_dst[e]) for e in es)
     owner = gi.n_ops + t
     carries_batch = bool(gi.e_batch[es[0]])
+    have = max(int(choice.have[e]) for e in es)
 
     start_u = int(prov.inst_start[u])
-    insts: dict[Hashable, list[int]] = {}
+    insts: dict[Hashable, dict[int, int]] = {}
+    reduced = None
+    if len(groups) > 1 and gi.t_needs_agg[t]:          # a grid's partial result: summed over its groups first
+        reduced = _sum_over_groups(ctx, em, t, u, groups, have, {d: start_u + int(ent["last"][pos[d]])
+                                                                 for d in devs}, f_u, prio)
 
-    def inst(key: Hashable) -> list[int]:
+    def inst(key: Hashable) -> dict[int, int]:
         hit = insts.get(key)
         if hit is None:
-            hit = insts[key] = [start_u + j for j in ent[key]]
+            hit = insts[key] = reduced if key == "last" and reduced is not None else \
+                {d: start_u + int(ent[key][pos[d]]) for d in devs}
         return hit
 
-    def nbytes(key: Hashable) -> float:                 # the tensor of one micro-batch, or whole
-        share = layouts.shares[lay_u][ent[key][0]]
+    def nbytes(key: Hashable, g: tuple[int, ...]) -> float:   # the tensor of one group's micro-batch, or whole
+        share = layouts.shares[lay_u][ent[key][pos[g[0]]]]
         return float(gi.t_bytes[t]) * (share / ctx.batch_size if carries_batch else 1.0)
 
-    whole: dict[Hashable, list[int]] = {}
+    whole: dict[Hashable, dict[int, int]] = {}
 
-    def made_whole(key: Hashable) -> list[int]:
+    def made_whole(key: Hashable) -> dict[int, int]:
         if key not in whole:
-            have = max(int(choice.have[e]) for e in es)
-            whole[key] = inst(key) if have == 0 else _collective(
-                ctx, em, ALLGATHER if have == 1 else ALLREDUCE, t, u, devs, nbytes(key), f_u, np.ones(n), inst(key),
-                prio)
+            if have == 0:
+                whole[key] = inst(key)
+            else:
+                whole[key] = {}
+                for g in groups:
+                    whole[key].update(zip(g, _collective(
+                        ctx, em, ALLGATHER if have == 1 else ALLREDUCE, t, u, g, nbytes(key, g),
+                        np.array([f_u[d] for d in g]), np.ones(len(g)), [inst(key)[d] for d in g], prio)))
         return whole[key]
 
-    scattered: dict[tuple[Hashable, int, tuple[float, ...]], list[int]] = {}
-    moved: dict[tuple[Hashable, int, float], int] = {}
+    rows_u: list[tuple[int, int]] | None = None
+    scattered: dict[tuple[Hashable, int, tuple[float, ...], tuple[int, ...]], dict[int, int]] = {}
+    moved: dict[tuple, int] = {}
     for e in es:
         v = int(gi.e_dst[e])
         lay_v = int(place.op_lay[v])
@@ -230,30 +283,50 @@ def _from_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int,
         same = int(place.op_shard[v]) == region
         c = int(choice.conv[e]) if same else LOCAL
         split_v = int(place.op_shard[v]) >= 0
-        need_shard = split_v and int(place.shards[int(place.op_shard[v])].need[e]) == 1
-        f_v = tuple(layouts.split[lay_v][j] for j in layouts.last_entries(lay_v).tolist()) \
-            if c in (REDUCESCATTER, ALLTOALL) else ()
+        choice_v = place.shards[int(place.op_shard[v])] if split_v else None
+        need_shard = choice_v is not None and int(choice_v.need[e]) == 1
+        f_v = dict(zip(layouts.unique_devices(lay_v), (layouts.split[lay_v][j] for j in
+                                                        layouts.last_entries(lay_v).tolist())))
+        rows_v = None
         for j, (d, m) in enumerate(zip(layouts.devices[lay_v], layouts.micro[lay_v])):
             key = _source_key(gi, u, v, m)
             if gi.e_value_free[e]:                 # a shape read: the first instance, nothing moves
-                em.dep(start_v + j, inst(0)[0], owner)
+                em.dep(start_v + j, start_u + int(ent[0][0]), owner)
             elif same and c == LOCAL:                          # same config, the option reads its own shard
-                em.dep(start_v + j, inst(key)[devs.index(d)], owner)
+                em.dep(start_v + j, inst(key)[d], owner)
             elif same and c in (REDUCESCATTER, ALLTOALL):
-                if (key, c, f_v) not in scattered:
-                    scattered[(key, c, f_v)] = _collective(ctx, em, c, t, u, devs, nbytes(key), f_u, np.asarray(f_v),
-                                                           inst(key), prio)
-                em.dep(start_v + j, scattered[(key, c, f_v)][devs.index(d)], owner)
-            elif d in devs:                                    # read whole where it was made whole
-                em.dep(start_v + j, made_whole(key)[devs.index(d)], owner)
+                g = choice.group_of(d)
+                fg = tuple(f_v[x] for x in g)
+                if (key, c, fg, g) not in scattered:
+                    scattered[(key, c, fg, g)] = dict(zip(g, _collective(
+                        ctx, em, c, t, u, g, nbytes(key, g), np.array([f_u[x] for x in g]), np.asarray(fg),
+                        [inst(key)[x] for x in g], prio)))
+                em.dep(start_v + j, scattered[(key, c, fg, g)][d], owner)
+            elif same or (d in devs and (not carries_batch or len(groups) == 1)):
+                em.dep(start_v + j, made_whole(key)[d], owner)      # read whole where it was made whole
             else:          # moved whole, its batch share or the shard it reads, from the best-connected holder
-                part = (layouts.shares[lay_v][j] / ctx.batch_size if carries_batch else 1.0) * \
-                    (layouts.split[lay_v][j] if need_shard else 1.0)
-                if (key, d, part) not in moved:
-                    s = ctx.cluster.best_source(devs, d)
-                    moved[(key, d, part)] = _move(ctx, em, made_whole(key)[devs.index(s)], s, d,
-                                                  float(gi.t_bytes[t]) * part, u, prio, t)
-                em.dep(start_v + j, moved[(key, d, part)], owner)
+                split = layouts.split[lay_v][j] if need_shard else 1.0
+                if not carries_batch:
+                    pieces = [(devs, 1.0)]
+                else:
+                    rows_u = rows_u or _entry_rows(layouts, lay_u, groups)
+                    rows_v = rows_v or _entry_rows(layouts, lay_v, choice_v.groups if choice_v else ())
+                    lo, hi = rows_v[j] if gi.has_batch[v] else (0, ctx.batch_size)
+                    pieces = []
+                    for g in groups:
+                        glo, ghi = rows_u[int(ent[key][pos[g[0]]])]
+                        if min(hi, ghi) > max(lo, glo):
+                            pieces.append((g, (min(hi, ghi) - max(lo, glo)) / ctx.batch_size))
+                for g, part in pieces:
+                    if d in g:
+                        em.dep(start_v + j, made_whole(key)[d], owner)
+                        continue
+                    mkey = (key, d, part * split, g)
+                    if mkey not in moved:
+                        src = ctx.cluster.best_source(g, d)
+                        moved[mkey] = _move(ctx, em, made_whole(key)[src], src, d,
+                                            float(gi.t_bytes[t]) * part * split, u, prio, t)
+                    em.dep(start_v + j, moved[mkey], owner)
 
 
 def _into_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int, es: list[int], place: Placement,
@@ -269,37 +342,43 @@ def _into_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int,
     pieces = bool(gi.e_batch[es[0]]) and int(prov.layout[t]) == lay_u and \
         any(s < ctx.batch_size for s in layouts.shares[lay_u])
     holders = np.nonzero(prov.at[t] >= 0)[0].tolist()
-    moved: dict[tuple[int, int, float], int] = {}
+    rows_u = _entry_rows(layouts, lay_u, ()) if pieces else []
+    moved: dict[tuple[int, int, float, int], int] = {}
     for e in es:
         v = int(gi.e_dst[e])
         lay_v = int(place.op_lay[v])
         start_v = int(prov.inst_start[v])
         choice = place.shards[int(place.op_shard[v])]
         need = int(choice.need[e])
+        grid = len(choice.groups) > 1 and gi.has_batch[v] and bool(gi.e_batch[e])   # a group reads its rows
+        rows_v = _entry_rows(layouts, lay_v, choice.groups) if grid else []
         for j, (d, m) in enumerate(zip(layouts.devices[lay_v], layouts.micro[lay_v])):
             if need == 3 or gi.e_value_free[e]:           # a shape read: the first instance, nothing moves
                 em.dep(start_v + j, int(prov.inst_start[u]), owner)
                 continue
             scale = layouts.split[lay_v][j] if need == 1 else 1.0
-            if pieces:                                 # the pieces of its micro-batch
-                for k, (s, share, mk) in enumerate(zip(layouts.devices[lay_u], layouts.shares[lay_u],
-                                                       layouts.micro[lay_u])):
-                    if mk != m:
+            lo, hi = rows_v[j] if grid else (0, ctx.batch_size)
+            if pieces:                                 # the pieces of its micro-batch (of its group's rows)
+                for k, (s, mk) in enumerate(zip(layouts.devices[lay_u], layouts.micro[lay_u])):
+                    rows = min(hi, rows_u[k][1]) - max(lo, rows_u[k][0])
+                    if mk != m or rows <= 0:
                         continue
                     src_task = int(prov.inst_start[u]) + k
                     if s == d:
                         em.dep(start_v + j, src_task, owner)
                         continue
-                    key = (k, d, float(scale))
+                    key = (k, d, float(scale), lo)
                     if key not in moved:
-                        moved[key] = _move(ctx, em, src_task, s, d, nbytes * share / ctx.batch_size * scale, u,
+                        moved[key] = _move(ctx, em, src_task, s, d, nbytes * rows / ctx.batch_size * scale, u,
                                            prio, t)
                     em.dep(start_v + j, moved[key], owner)
             elif d in holders:
                 em.dep(start_v + j, int(prov.at[t, d]), owner)
             else:
-                key = (-1, d, float(scale))
+                rows = hi - lo if grid else ctx.batch_size
+                key = (-1, d, float(scale), lo if grid else -1)
                 if key not in moved:
                     s = ctx.cluster.best_source(holders, d)
-                    moved[key] = _move(ctx, em, int(prov.at[t, s]), s, d, nbytes * scale, u, prio, t)
+                    moved[key] = _move(ctx, em, int(prov.at[t, s]), s, d, nbytes * scale * rows / ctx.batch_size,
+                                       u, prio, t)
                 em.dep(start_v + j, moved[key], owner)

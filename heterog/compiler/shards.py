@@ -127,6 +127,11 @@ class ShardChoice:
     devices: tuple[int, ...] = ()
     weights: tuple[int, ...] = ()
     original: np.ndarray | None = None
+    groups: tuple[tuple[int, ...], ...] = ()
+
+    def group_of(self, device: int) -> tuple[int, ...]:
+        """The devices of ``device``'s group (a grid's row; all of them for a one-dimensional split)."""
+        return next(g for g in self.groups if device in g)
 
 
 def _cls(p: str) -> int:
@@ -138,13 +143,17 @@ class _Chooser:
 
     def __init__(self, ctx: CompileContext, table: SplitTable, config: ParallelConfig) -> None:
         self.ctx, self.table = ctx, table
-        devs = list(config.devices)
-        self.weights = tuple(config.split_shares)
-        self.n = n = len(devs)
-        ring = [(devs[i], devs[(i + 1) % n]) for i in range(n)] if n > 1 else [(devs[0], devs[0])]
-        self.bw = min(float(ctx.bandwidth_Bps[a, b]) for a, b in ring if a != b) if n > 1 else np.inf
-        self.lat = max(float(ctx.latency_s[a, b]) for a, b in ring) if n > 1 else 0.0
-        self.full = ctx.cost.full_batch_times(ctx.graph)[:, devs]           # (n_ops, n)
+        groups = config.groups              # a grid's groups divide alike: one group's positions decide
+        self.weights = tuple(config.split_shares[:config.group_size])
+        self.n = n = config.group_size
+        rings = [(g[i], g[(i + 1) % n]) for g in groups for i in range(n)] if n > 1 else []
+        self.bw = min(float(ctx.bandwidth_Bps[a, b]) for a, b in rings) if n > 1 else np.inf
+        self.lat = max(float(ctx.latency_s[a, b]) for a, b in rings) if n > 1 else 0.0
+        full = ctx.cost.full_batch_times(ctx.graph)
+        B = float(config.batch_size)
+        scale = [np.where(ctx.index.has_batch, int(config.shares[config.devices.index(g[0])]) / B, 1.0)[:, None]
+                 for g in groups]                   # a group runs its batch share of each batch op
+        self.full = np.max([full[:, list(g)] * f for g, f in zip(groups, scale)], axis=0)    # (n_ops, n)
         allowed = ALLOWED[str(config.split)]
         self.allowed = [[REPLICATE] + [k for k, o in enumerate(opts)     # no device without a unit of the dim
                                        if o.kind in allowed and (o.extent is None or o.extent >= n)]
@@ -279,7 +288,8 @@ _CONV_WEIGHT = {LOCAL: 0.0, ALLGATHER: 1.0, REDUCESCATTER: 1.0, ALLREDUCE: 2.0, 
 def choose_shards(ctx: CompileContext, config: ParallelConfig) -> ShardChoice:
     """Each op's option under ``config`` (a split config), cached in the context per (devices, split
     shares, kind)."""
-    key = ("choice", tuple(config.devices), tuple(config.split_shares), config.split)
+    key = ("choice", tuple(config.devices), tuple(config.split_shares), config.split, tuple(config.shares),
+           config.grid)
     hit = ctx.split_cache.get(key)
     if hit is not None:
         return hit
@@ -289,6 +299,7 @@ def choose_shards(ctx: CompileContext, config: ParallelConfig) -> ShardChoice:
     gi = ctx.index
     frac = np.stack([ch.option_frac(o, int(k)) for o, k in enumerate(option.tolist())]) if gi.n_ops \
         else np.ones((0, ch.n))
+    frac = np.tile(frac, (1, int(config.grid)))          # each group's k-th device alike
     out_split = np.zeros(gi.n_ops)
     for o, k in enumerate(option.tolist()):
         if k != REPLICATE:
@@ -313,7 +324,7 @@ def choose_shards(ctx: CompileContext, config: ParallelConfig) -> ShardChoice:
     original = np.array([table.original[o][k] if k != REPLICATE else REPLICATE
                          for o, k in enumerate(option.tolist())], dtype=np.int64)
     out = ctx.split_cache[key] = ShardChoice(option, frac, out_split, conv, have, need, tuple(config.devices),
-                                             tuple(config.split_shares), original)
+                                             tuple(config.split_shares), original, config.groups)
     return out
 
 

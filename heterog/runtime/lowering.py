@@ -247,8 +247,8 @@ class _Builder:
             stride = self.exps.positional.get(leaf_id, 0)
             divided = leaf.op in self.split
             prod = self.lay_ranges(self.op_lay(leaf.op))
-            if divided:                    # put together whole on the consumer's device, per micro-batch
-                prod = list({mi: (dj, p0, p1, mi) for dj, p0, p1, mi in prod}.values())
+            if divided:            # put together whole on the consumer's device, per micro-batch (and group)
+                prod = list({(mi, p0): (dj, p0, p1, mi) for dj, p0, p1, mi in prod}.values())
             for dj, c0, c1, mj in self.lay_ranges(lay_v):
                 stash_key = ("r", leaf.node, lay_v) if mj == 0 else ("r", leaf.node, lay_v, mj)
                 pieces, before = [], []
@@ -261,8 +261,10 @@ class _Builder:
                     scale = float(((c1 - c0) / (p1 - p0)) ** e) if e else 1.0
                     shift = (p0 - c0) * stride          # positional values: from the producer's origin to ours
                     if divided:
-                        src = self.split.whole(leaf_id, dj, mi, END)
-                        before.append(self.memo.get(("whole", leaf_id, dj, mi)))
+                        src = self.split.whole(leaf_id, dj, mi, END, of=di)
+                        group = self.split.ops[leaf.op].group(di)
+                        before.append(self.memo.get(self.split.whole_key(
+                            leaf_id, dj, mi, group if self.split.ops[leaf.op].grid and dj not in group else None)))
                         di = dj
                     else:
                         src = self.producer_source(leaf, di, mi)
@@ -499,7 +501,7 @@ class _Builder:
                     part = self.split.held_part(op, d)
                     if part is not None:
                         self.ranks[d].persist_parts[name] = part
-                        self.parts[name] = (part.placement, self.lay_devs(lay))
+                        self.parts[name] = (part.placement, self.split.holders(op))
             elif not prog.op_has_batch[op]:                    # an input without the batch: whole everywhere
                 for d in self.lay_devs(lay):
                     self.ranks[d].inputs.append(InputSlice(name, i - n_p - n_b - len(prog.state_names), 0, None))
@@ -539,8 +541,8 @@ class _Builder:
         e = self.exps[leaf_id]
         if prog.op_has_batch[u]:
             for d, lo, hi, m in self.lay_ranges(self.op_lay(u)):
-                if u in self.split and d != self.lay_devs(self.op_lay(u))[0]:
-                    continue                               # a divided loss: every device holds it whole
+                if u in self.split and d != self.split.ops[u].group(d)[0]:
+                    continue                  # a divided loss: every device of a group holds the group's whole
                 self.export(u, d, m, loss)
                 self.ranks[d].loss_terms.append((Env(env_name(loss, m)), float(((hi - lo) / self.B) ** (1 - e))))
         else:

@@ -21,6 +21,14 @@ Values (placements as in ``heterog.graph.sharding``):
 Every device puts a value together in the same order (device order), so replicas of a whole value agree
 exactly. The final parameters are the holders' parts put back together (``Lowered.parts``).
 
+Grids (``ParallelConfig.split_grid``): each group of the config runs its samples (``ranges``) as a data-parallel
+replica does (batch values at its share, ``heterog.runtime.scaling``), each device of it on its part; values
+are put together inside a group over the group's samples. A partial result of the step (a non-batch output
+of a batch op: a weight gradient, the loss) is summed over the groups before it is read: the devices at the
+same position of every group add their parts, weighted by their groups' shares (``group_sum``). A consumer
+whose samples differ from the producer's group (another grid, or no grid) reads the value re-laid out along
+the batch first, from every group its samples overlap.
+
 Micro-batches: a divided op runs once per micro-batch on each device; its partial results of the whole
 step (weight gradients) accumulate on each device over the micro-batches (``held``); a value of the whole
 step read by a micro-batch's instance is scaled as ``heterog.runtime.scaling`` says; a split factor that
@@ -42,6 +50,7 @@ from heterog.graph.sharding import SplitOption, splits_from_json
 from heterog.graph.split_rules import Shard, parse_placement
 from heterog.runtime.instructions import (
     END,
+    Aggregate,
     Combine,
     Compute,
     Derive,
@@ -50,6 +59,7 @@ from heterog.runtime.instructions import (
     Local,
     Lowered,
     Part,
+    Piece,
     Recv,
     Source,
     Stash,
@@ -83,6 +93,19 @@ class SplitOp:
     inputs: dict[Key, str]
     exits: dict[Key, str]
     outputs: tuple[str, ...]
+    groups: tuple[tuple[int, ...], ...] = ()
+
+    def group(self, dev: int) -> tuple[int, ...]:
+        """The devices of ``dev``'s group (a grid's row of the batch; all the devices of a 1-D split)."""
+        return next((g for g in self.groups if dev in g), self.groups[0] if self.groups else self.devices)
+
+    def rank(self, dev: int) -> int:
+        """``dev``'s position in its group: which part of a divided dimension it holds."""
+        return self.group(dev).index(dev)
+
+    @property
+    def grid(self) -> bool:
+        return len(self.groups) > 1
 
     @property
     def extent(self) -> int | None:
@@ -111,7 +134,8 @@ class SplitOp:
                      offset, o.extent)
 
     def same_units(self, other: SplitOp) -> bool:
-        return self.devices == other.devices and (self.extent, self.shares) == (other.extent, other.shares)
+        return (self.devices, self.groups, self.extent, self.shares) == (other.devices, other.groups, other.extent,
+                                                                          other.shares)
 
 
 def _at(placement: str, whole: tuple[int, ...], local: tuple[int, ...]) -> str:
@@ -199,7 +223,8 @@ class SplitLowering:
             raise HeterogError(f"graph {graph.name!r} carries no split options; it cannot run a divided plan")
         splits = splits_from_json(graph.splits)
         for o in np.nonzero(plan.op_split >= 0)[0].tolist():
-            devs, weights = plan.split_configs[int(plan.op_split[o])]
+            devs, weights, groups = plan.split_configs[int(plan.op_split[o])]
+            weights = weights[:len(groups[0])]            # a grid's groups divide alike
             k = int(plan.op_option[o])
             opt = splits[o].options[k] if k >= 0 else None
             whole = opt is None or prog.op_kind[o] == "input"      # graph inputs are held whole everywhere
@@ -210,42 +235,70 @@ class SplitLowering:
                 tuple(int(d) for d in devs), opt, shares,
                 {(r.node, r.index): ("R" if whole else opt.inputs[j]) for j, r in enumerate(s.inputs)} if opt else {},
                 {(r.node, r.index): ("R" if whole else opt.exits[j]) for j, r in enumerate(s.exits)} if opt else {},
-                tuple("R" if whole else p for p in opt.outputs) if opt else ())
+                tuple("R" if whole else p for p in opt.outputs) if opt else (),
+                tuple(tuple(int(d) for d in g) for g in groups))
         self.layouts = {int(plan.op_layout[o]) for o in self.ops} if plan.op_layout is not None else set()
+        self.lay_groups = {int(plan.op_layout[o]): so.groups for o, so in self.ops.items()} \
+            if plan.op_layout is not None else {}
 
     def __contains__(self, op: int) -> bool:
         return op in self.ops
 
     def ranges(self, lay: int) -> list[tuple[int, int, int, int]]:
         """(device, first sample, end sample, micro-batch) of each entry of a divided op's layout: every
-        device over each micro-batch's samples."""
+        device of a group over the group's samples of each micro-batch (one group: all of them)."""
         plan = self.b.plan
         devs, shares = plan.layout_devices[lay], plan.layout_shares[lay]
         micro = plan.layout_micro[lay] if plan.layout_micro else (0,) * len(devs)
-        size = dict(zip((int(m) for m in micro), (int(s) for s in shares)))
+        block = {d: k for k, g in enumerate(self.lay_groups.get(lay, ())) for d in g}
+        rows: dict[tuple[int, int], tuple[int, int]] = {}
+        top: dict[int, int] = {}
+        for d, sh, m in zip(devs, shares, micro):
+            at = (int(m), block.get(int(d), 0))
+            if at not in rows:
+                lo = top.get(int(m), 0)
+                rows[at] = (lo, lo + int(sh))
+                top[int(m)] = lo + int(sh)
         start, lo = {}, 0
-        for m in sorted(size):
+        for m in sorted(top):
             start[m] = lo
-            lo += size[m]
-        return [(int(d), start[int(m)], start[int(m)] + int(s), int(m)) for d, s, m in zip(devs, shares, micro)]
+            lo += top[m]
+        out = []
+        for d, m in zip(devs, micro):
+            r0, r1 = rows[(int(m), block.get(int(d), 0))]
+            out.append((int(d), start[int(m)] + r0, start[int(m)] + r1, int(m)))
+        return out
+
+    def holders(self, op: int) -> tuple[int, ...]:
+        """The devices whose parts of divided op ``op``'s placeholder put it together (one group of a grid)."""
+        so = self.ops[op]
+        return so.groups[0] if so.grid else so.devices
 
     # ------------------------------------------------------------------ values
-    def whole(self, leaf_id: tuple[int, int], dev: int, micro: int, key: tuple) -> Source:
-        """A divided op's output put together whole on ``dev`` (its own copy where it holds it whole)."""
+    @staticmethod
+    def whole_key(leaf_id: tuple[int, int], dev: int, micro: int, group: tuple[int, ...] | None = None) -> tuple:
+        """The memo key of ``whole``'s result (``group``: another group's samples than ``dev``'s own)."""
+        return ("whole", leaf_id, dev, micro) if group is None else ("whole", leaf_id, dev, micro, group)
+
+    def whole(self, leaf_id: tuple[int, int], dev: int, micro: int, key: tuple, of: int | None = None) -> Source:
+        """A divided op's output put together whole on ``dev`` (its own copy where it holds it whole): the
+        samples of the group of device ``of`` (default: ``dev``'s group, or the only one)."""
         b = self.b
         u = leaf_id[0]
         su, leaf = self.ops[u], b.leaf(leaf_id)
         if leaf.node in b.prog.consts:
             return b.producer_source(leaf, dev, micro)
         micro = 0 if self.accumulated(leaf_id) else micro
+        group = su.group(dev if of is None else of)
+        other = group if (su.grid and dev not in group) else None
         p = su.output(leaf.k)
-        if p == "R" and dev in su.devices:
+        if p == "R" and dev in group:
             return self.held(leaf_id, dev, micro)[0]
-        memo_key = ("whole", leaf_id, dev, micro)
+        memo_key = self.whole_key(leaf_id, dev, micro, other)
         item = b.memo.get(memo_key)
         if item is None:
-            holders = su.devices if p != "R" else (b.cluster.best_source(su.devices, dev),)
-            shape = leaf.local_shape(self.samples(u, micro)) if leaf.batch_dim is not None else leaf.shape
+            holders = group if p != "R" else (b.cluster.best_source(group, dev),)
+            shape = leaf.local_shape(self.samples(u, micro, group[0])) if leaf.batch_dim is not None else leaf.shape
             p = _at(p, leaf.shape, shape)
             parts: list[Source] = []
             for h in holders:
@@ -253,35 +306,82 @@ class SplitLowering:
                 if h == dev:
                     parts.append(src)
                     continue
-                rank = su.devices.index(h)
-                msg = b.send(h, dev, after, src, None, 1.0, part_shape(shape, p, su.extent, su.shares, rank),
+                msg = b.send(h, dev, after, src, None, 1.0, part_shape(shape, p, su.extent, su.shares, su.rank(h)),
                              leaf.dtype)
                 parts.append(Recv(msg))
-            item = b.emit(dev, key + (-1,), Combine(("w", leaf.read_node, micro), tuple(parts), p, leaf.memory_order))
+            stash = ("w", leaf.read_node, micro) if other is None else ("w", leaf.read_node, micro, other)
+            item = b.emit(dev, key + (-1,), Combine(stash, tuple(parts), p, leaf.memory_order))
             b.memo[memo_key] = item
         b.pull(item, key + (-1,))
         return Stash(item[2].key)
 
-    def samples(self, op: int, micro: int) -> int:
-        return next(hi - lo for _, lo, hi, m in self.ranges(int(self.b.op_layout[op])) if m == micro)
+    def rows(self, op: int, dev: int, micro: int) -> tuple[int, int] | None:
+        """The samples (first, end) divided op ``op`` runs on ``dev`` for micro-batch ``micro`` (None: none)."""
+        return next(((lo, hi) for d, lo, hi, m in self.ranges(int(self.b.op_layout[op])) if d == dev and m == micro),
+                    None)
 
-    def accumulated(self, leaf_id: tuple[int, int]) -> bool:
-        """A divided op's partial result summed over several micro-batches: a non-batch output of a batch op
-        (a weight gradient, not a statistic of each micro-batch's samples)."""
+    def samples(self, op: int, micro: int, dev: int | None = None) -> int:
+        """Samples of micro-batch ``micro`` that divided op ``op`` runs on ``dev`` (default: its first device)."""
+        return next(hi - lo for d, lo, hi, m in self.ranges(int(self.b.op_layout[op]))
+                    if m == micro and (dev is None or d == dev))
+
+    def over_groups(self, leaf_id: tuple[int, int]) -> bool:
+        """A grid's partial result (a non-batch output of a batch op, not a statistic of each group's samples):
+        summed over its groups before it is read."""
         b = self.b
-        return (b.plan.n_micro > 1 and b.prog.op_has_batch[leaf_id[0]] and b.leaf(leaf_id).batch_dim is None
+        u = leaf_id[0]
+        return (self.ops[u].grid and b.prog.op_has_batch[u] and b.leaf(leaf_id).batch_dim is None
                 and leaf_id not in b.exps.statistics)
 
-    def held(self, leaf_id: tuple[int, int], dev: int, micro: int) -> tuple[Source, tuple]:
-        """A divided op's value of a leaf on ``dev`` (for micro-batch ``micro``; summed over them where
-        ``accumulated``) and the key after which it exists."""
+    def accumulated(self, leaf_id: tuple[int, int]) -> bool:
+        """A divided op's partial result summed over several micro-batches or a grid's groups: a non-batch
+        output of a batch op (a weight gradient, not a statistic of each micro-batch's samples)."""
         b = self.b
+        return self.over_groups(leaf_id) or (
+            b.plan.n_micro > 1 and b.prog.op_has_batch[leaf_id[0]] and b.leaf(leaf_id).batch_dim is None
+            and leaf_id not in b.exps.statistics)
+
+    def held(self, leaf_id: tuple[int, int], dev: int, micro: int) -> tuple[Source, tuple]:
+        """A divided op's value of a leaf on ``dev`` (for micro-batch ``micro``; summed over them, and over a
+        grid's groups, where ``accumulated``) and the key after which it exists."""
+        b = self.b
+        if self.over_groups(leaf_id):
+            return self.group_sum(leaf_id, dev)
         if self.accumulated(leaf_id):
             for d, src, w, after in b.device_sums(leaf_id):
                 if d == dev:
                     assert w == 1.0, "a partial result of several micro-batches is accumulated with their weights"
                     return src, after
         return b.producer_source(b.leaf(leaf_id), dev, micro), b.inst_key(leaf_id[0], dev, micro) + (1,)
+
+    def group_sum(self, leaf_id: tuple[int, int], dev: int) -> tuple[Source, tuple]:
+        """A grid's partial result on ``dev`` summed over the groups, each group's weighted by its share as
+        data-parallel replicas' are (``heterog.runtime.scaling``): the devices at ``dev``'s position in every
+        group add their parts (shards, whole copies or partial sums, which stay what they were in the group),
+        in device order, so every copy is the same."""
+        b = self.b
+        memo_key = ("group-sum", leaf_id, dev)
+        got = b.memo.get(memo_key)
+        if got is None:
+            su, leaf = self.ops[leaf_id[0]], b.leaf(leaf_id)
+            p = su.output(leaf.k)
+            members = tuple(g[su.rank(dev)] for g in su.groups)
+            sums = {d: (src, w, after) for d, src, w, after in b.device_sums(leaf_id)}
+            src, w, _ = sums[dev]
+            after = max(sums[d][2] for d in members)             # once every part exists
+            pieces = []
+            for d in members:
+                if d == dev:
+                    pieces.append(Piece(src, None, w, 0))
+                    continue
+                s_d, w_d, after_d = sums[d]
+                shape = part_shape(leaf.shape, p, su.extent, su.shares, su.rank(d))
+                pieces.append(Piece(Recv(b.send(d, dev, after_d, s_d, None, w_d, shape, leaf.dtype)), None, 1.0, 0))
+            stash = ("gs", leaf.node)
+            item = b.emit(dev, after + (1,), Aggregate(stash, tuple(pieces), leaf.memory_order))
+            got = b.memo[memo_key] = (Stash(stash), after + (2,), item)
+        b.pull(got[2], got[1])
+        return got[0], got[1]
 
     def shape_of(self, r: Read, batch: int) -> tuple[int, ...]:
         """The shape of what ``r`` reads at ``batch`` samples (its leaf's view chain run on the meta device)."""
@@ -312,7 +412,7 @@ class SplitLowering:
         """``Derive`` on ``dev`` before ``key`` (one per value, part and rank: shared by its readers);
         ``after``: the instruction that makes ``source`` here, if any."""
         b = self.b
-        stash_key = ("d", name, micro, part, local is not None, pad, scale)
+        stash_key = ("d", name, micro, part, local is not None, pad, scale, source)
         memo_key = ("derive", dev, stash_key)
         item = b.memo.get(memo_key)
         if item is None:
@@ -340,7 +440,7 @@ class SplitLowering:
             return Input(r.node, self.derive(dev, key, Env(env_name(node, micro)), node, (), batch, None, part, scale,
                                              r.node, micro, None, pad), None, (), 1.0, r.tuple_index)
         src = self.held(r.leaf, dev, micro)[0]    # a placeholder's or a partial result's: its view chain runs here
-        local = su.local(su.devices.index(dev))
+        local = su.local(su.rank(dev))
         if part is None and pad is None and (local is None or not r.chain):
             return Input(r.node, src, leaf.node, r.chain, scale, r.tuple_index)
         if pad is not None and r.chain:                    # padded where the consumer reads it, after the views
@@ -355,14 +455,15 @@ class SplitLowering:
         """What divided op ``op``'s instance on ``dev`` reads for ``r`` (module docstring)."""
         b = self.b
         so = self.ops[op]
-        rank = so.devices.index(dev)
+        rank = so.rank(dev)
         need = so.need(r)
         u = r.leaf[0]
         mu = micro if b.prog.op_has_batch[u] else 0
         su = self.ops.get(u)
         leaf = b.leaf(r.leaf)
         if b.prog.op_target[op] in VALUE_FREE_TARGETS:      # a shape read: zeros of the whole value, its part
-            batch_u = self.samples(u, mu) if su is not None else batch
+            batch_u = self.samples(u, mu) if su is not None and not (
+                (su.grid or so.grid) and b.prog.op_has_batch[op]) else batch    # a grid: this instance's samples
             zeros = Zeros(leaf.local_shape(batch_u), leaf.dtype, leaf.memory_order)
             return Input(r.node, self.derive(dev, key, zeros, leaf.read_node, r.chain, batch, None,
                                              self.part_at(so.part(need, rank), r, batch), 1.0, r.node + ":shape", micro,
@@ -371,7 +472,9 @@ class SplitLowering:
         scale = 1.0        # a whole-step value read by a micro-batch's instance (``heterog.runtime.scaling``)
         if leaf.batch_dim is None and b.prog.op_has_batch[op] and batch != b.B and r.leaf not in b.exps.statistics:
             scale = float((batch / b.B) ** b.exps[r.leaf])
-        if su is not None and su.devices == so.devices:
+        same_rows = su is None or leaf.batch_dim is None or not (su.grid or so.grid) \
+            or self.rows(u, dev, mu) == self.rows(op, dev, micro)
+        if su is not None and su.devices == so.devices and su.groups == so.groups and same_rows:
             have = su.holds(r.node, r.tuple_index)
             if have == need and (have[0] != "S" or su.same_units(so)):
                 return self._local(u, r, dev, mu, batch, None, key, scale)
@@ -380,13 +483,14 @@ class SplitLowering:
             if have[0] == "S" and need == "P":          # a shard is a partial sum: zeros elsewhere
                 return self._local(u, r, dev, mu, batch, None, key, scale, pad=su.part(have, rank))
         part = self.part_at(so.part(need, rank), r, batch)
-        if su is not None:
+        whole = su is not None and same_rows
+        if whole:                       # put together here (a grid's batch value: if this group's samples)
             src, chain = self.whole(r.leaf, dev, mu, key), r.chain
-        else:
+        else:                           # re-laid out along the batch first
             src, chain, scale = b.read_source(op, r, dev, micro, batch, key)
         if part is None:
             return Input(r.node, src, leaf.node, chain, scale, r.tuple_index)
-        after = b.memo.get(("whole", r.leaf, dev, 0 if self.accumulated(r.leaf) else mu)) if su is not None else None
+        after = b.memo.get(("whole", r.leaf, dev, 0 if self.accumulated(r.leaf) else mu)) if whole else None
         return Input(r.node, self.derive(dev, key, src, leaf.read_node, chain, batch, None, part, scale, r.node, micro,
                                          after, index=r.tuple_index), None, (), 1.0, r.tuple_index)
 
@@ -400,12 +504,12 @@ class SplitLowering:
         b.ranks[dev].batches.add(batch)
         if b.prog.op_draws(op):
             b.ranks[dev].batches.update(block_batches(b.B))
-        b.emit(dev, key + (0,), Compute(op, batch, inputs, (), first, micro, False, so.local(so.devices.index(dev))))
+        b.emit(dev, key + (0,), Compute(op, batch, inputs, (), first, micro, False, so.local(so.rank(dev))))
 
     def held_part(self, op: int, dev: int) -> Part | None:
         """The part of a placeholder of divided op ``op`` that ``dev`` holds (None: all of it)."""
         so = self.ops.get(op)
-        return so.part(so.output(0), so.devices.index(dev)) if so is not None else None
+        return so.part(so.output(0), so.rank(dev)) if so is not None else None
 
     def update(self, ph: str, out: str, leaf_id: tuple[int, int], dev: int, whole: Source) -> Source:
         """The next value of placeholder ``ph`` on ``dev`` from step output ``out`` (leaf ``leaf_id``):

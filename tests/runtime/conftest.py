@@ -39,3 +39,9 @@ def pool3():
 def pool2():
     with WorkerPool(2, "gloo", hang_timeout_s=60.0) as pool:
         yield pool
+
+
+@pytest.fixture(scope="session")
+def pool4():
+    with WorkerPool(4, "gloo", hang_timeout_s=60.0) as pool:
+        yield pool
