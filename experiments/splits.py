@@ -8,6 +8,8 @@ run for real against data parallelism.
         [--devices 0,1] [--json]
     python -m experiments.splits runtime --graphs tiny_transformer:8 --cluster local-cpu-2:slowdown=1,3
         [--steps 8] [--warmup 3] [--json]
+    python -m experiments.splits grids --graphs gpt2_xl:8 --optimizer adam --cluster mixed-h100-a100-l4 [--json]
+    python -m experiments.splits bounds --graphs gpt2_xl:8 --optimizer adam --cluster paper-8gpu [--json]
 
 ``--cluster`` may be given several times.
 
@@ -17,10 +19,18 @@ marked) and the share of the plan's groups that are split. ``uneven``: every gro
 (``split_weights(cluster.power)``), along parameters and along attributes, simulated. ``runtime``: the
 two even-shares data-parallel plans and those four split plans on the runtime: simulated and measured
 iteration time (median after the warm-up steps), messages per step, and equivalence with single-process
-training.
+training. ``grids``: every group on one grid (``ParallelConfig.split_grid``: one group per server, even
+weights, batch shares in proportion to the servers' peak FLOP/s) over every set of two or more servers of
+the same size, and every group divided over each server alone, each at its best micro-batches
+(``pipeline.with_best_micro_batches``). ``bounds``: each server's compute time for the whole step divided
+over its own devices (a one-server split, its busiest device), and from these rates two lower bounds
+without any communication: every server working on every layer at once (rates added), and pipelines
+whose stages are servers (balanced stages, at most one micro-batch per sample: ``(k + S - 1) / k`` times
+the stage).
 """
 from __future__ import annotations
 
+import itertools
 import sys
 
 import numpy as np
@@ -106,9 +116,73 @@ def runtime_case(model: str, batch: int, cluster, steps: int, warmup: int) -> li
     return rows
 
 
+def _whole_graph(graph, cluster, cfg):
+    from heterog.strategy import Strategy
+
+    return Strategy(graph.fingerprint, cluster.name, cluster.n_devices, graph.batch_size,
+                    np.zeros(graph.n_ops, dtype=np.int64), [cfg])
+
+
+def grid_cases(graph, cluster) -> list[dict]:
+    """Every group on a grid of any two or more servers of equal size, or divided over one server, each at its
+    best micro-batches."""
+    from heterog.baselines.pipeline import with_best_micro_batches
+    from heterog.evaluate import Evaluator
+    from heterog.strategy import ParallelConfig, proportional_shares
+
+    ev = Evaluator(graph, cluster)
+    power = np.asarray(cluster.power, dtype=np.float64)
+    servers = [tuple(int(d) for d in s.devices) for s in cluster.servers]
+    cands = [(cluster.servers[i].name, ParallelConfig.split_over(servers[i], [1] * len(servers[i]),
+                                                                  graph.batch_size))
+             for i in range(len(servers)) if len(servers[i]) > 1]
+    for pick in (sub for k in range(2, len(servers) + 1) for sub in itertools.combinations(range(len(servers)), k)):
+        groups = [servers[i] for i in pick]
+        shares = proportional_shares(graph.batch_size, [power[list(g)].sum() for g in groups])
+        if len({len(g) for g in groups}) == 1 and min(shares) > 0:
+            cands.append(("grid " + "+".join(cluster.servers[i].name for i in pick),
+                          ParallelConfig.split_grid(groups, [1] * len(groups[0]), shares)))
+    rows = []
+    for name, cfg in cands:
+        best = with_best_micro_batches(ev, _whole_graph(graph, cluster, cfg), graph.batch_size)
+        t, oom = ev.iteration_time(best)
+        rows.append({"graph": graph.name, "cluster": cluster.name, "plan": name,
+                     "batch_shares": list(cfg.shares[::cfg.group_size]), "micro_batches": best.micro_batches,
+                     "iteration_time_s": float(t), "oom": bool(oom)})
+    return rows
+
+
+def bound_case(graph, cluster) -> dict:
+    """Each server's compute time for the whole step divided over its devices, and the two bounds of the
+    module docstring."""
+    from heterog.compiler import TaskKind
+    from heterog.evaluate import Evaluator
+    from heterog.strategy import ParallelConfig
+
+    ev = Evaluator(graph, cluster)
+    t_server = []
+    for s in cluster.servers:
+        devs = tuple(int(d) for d in s.devices)
+        cfg = ParallelConfig.split_over(devs, [1] * len(devs), graph.batch_size) if len(devs) > 1 else \
+            ParallelConfig.single(devs[0], graph.batch_size)
+        plan = ev.evaluate(_whole_graph(graph, cluster, cfg)).plan
+        comp = plan.task_kind == TaskKind.COMPUTE
+        busy = np.bincount(plan.task_device[comp], weights=plan.tg.duration[comp], minlength=cluster.n_devices)
+        t_server.append(float(busy[list(devs)].max()))
+    rate = 1.0 / np.array(t_server)
+    k = graph.batch_size
+    pipes = [((k + n - 1) / k / rate[list(sub)].sum(), sub) for n in range(2, len(t_server) + 1)
+             for sub in itertools.combinations(range(len(t_server)), n)]
+    pipe, sub = min(pipes) if pipes else (float("inf"), ())
+    return {"graph": graph.name, "cluster": cluster.name,
+            "server_compute_s": dict(zip((s.name for s in cluster.servers), t_server)),
+            "all_servers_s": float(1.0 / rate.sum()), "pipeline_s": float(pipe),
+            "pipeline_stages": [cluster.servers[i].name for i in sub]}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = parser("experiments.splits", __doc__)
-    p.add_argument("what", choices=("planners", "uneven", "runtime"))
+    p.add_argument("what", choices=("planners", "uneven", "runtime", "grids", "bounds"))
     p.add_argument("--graphs", type=argparse_type(model_batch_list), required=True, help="MODEL:BATCH,...")
     p.add_argument("--cluster", action="append", required=True, help="a cluster name or YAML path (repeatable)")
     p.add_argument("--planners", default=",".join(PLANNERS))
@@ -133,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
                 if args.what == "planners":
                     rows += [planner_case(graph, cluster, pl.strip(), args.budget_s)
                              for pl in args.planners.split(",") if pl.strip()]
+                elif args.what == "grids":
+                    rows += grid_cases(graph, cluster)
+                elif args.what == "bounds":
+                    rows.append(bound_case(graph, cluster))
                 else:
                     devs = tuple(int(d) for d in args.devices.split(",")) if args.devices else \
                         tuple(range(cluster.n_devices))
@@ -162,6 +240,19 @@ def _table(what: str, rows: list[dict]) -> Table:
             table.add(r["graph"], r["cluster"], f"{ms(t['even/parameter'])} / {ms(t['even/attribute'])}",
                       f"{ms(t['proportional/parameter'])} / {ms(t['proportional/attribute'])}",
                       f"{sp['parameter']:.2f}x / {sp['attribute']:.2f}x")
+    elif what == "grids":
+        table = Table([Column("graph", align="left"), Column("cluster", align="left"), Column("plan", align="left"),
+                       Column("batch shares", align="left"), Column("micro-batches", align="left"), Column("step")])
+        for r in rows:
+            table.add(r["graph"], r["cluster"], r["plan"], str(r["batch_shares"]), str(r["micro_batches"]),
+                      ms(r["iteration_time_s"], r["oom"]))
+    elif what == "bounds":
+        table = Table([Column("graph", align="left"), Column("cluster", align="left"),
+                       Column("server compute", align="left"), Column("all servers"), Column("pipeline"),
+                       Column("its stages", align="left")])
+        for r in rows:
+            table.add(r["graph"], r["cluster"], ", ".join(f"{n} {ms(t)}" for n, t in r["server_compute_s"].items()),
+                      ms(r["all_servers_s"]), ms(r["pipeline_s"]), "+".join(r["pipeline_stages"]))
     else:
         table = Table([Column("graph", align="left"), Column("cluster", align="left"), Column("plan", align="left"),
                        Column("simulated"), Column("measured"), Column("messages"),
