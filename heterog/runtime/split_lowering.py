@@ -28,6 +28,7 @@ counts batch rows scales with the micro-batch (``_at``).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
@@ -42,11 +43,14 @@ from heterog.graph.sharding import SplitOption, splits_from_json
 from heterog.graph.split_rules import Shard, parse_placement
 from heterog.runtime.instructions import (
     END,
+    AllGather,
+    AllReduce,
     Combine,
     Compute,
     Derive,
     Env,
     Input,
+    Instruction,
     Local,
     Lowered,
     Part,
@@ -64,8 +68,9 @@ from heterog.strategy import split_shares_of
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.cluster import Cluster
     from heterog.compiler import CompiledPlan
+    from heterog.cost import CostModel
     from heterog.graph.opgraph import OpGraph
-    from heterog.runtime.instructions import Instruction, RankProgram
+    from heterog.runtime.instructions import RankProgram
     from heterog.runtime.scaling import Exponents
     from heterog.runtime.stepprog import LeafInfo, Read, StepProgram
 
@@ -170,6 +175,9 @@ class Builder(Protocol):
     ranks: list[RankProgram]
     memo: dict[Any, Any]
     deps: dict[int, list[list]]
+    groups: list[tuple[int, ...]]
+    nominal: CostModel
+    emulate: bool
     B: int
 
     def leaf(self, leaf: tuple[int, int]) -> LeafInfo: ...
@@ -231,7 +239,9 @@ class SplitLowering:
 
     # ------------------------------------------------------------------ values
     def whole(self, leaf_id: tuple[int, int], dev: int, micro: int, key: tuple) -> Source:
-        """A divided op's output put together whole on ``dev`` (its own copy where it holds it whole)."""
+        """A divided op's output put together whole on ``dev`` (its own copy where it holds it whole): by one
+        collective over the op's devices (``collective``) where ``dev`` is one of them, else received from
+        the best-connected of them."""
         b = self.b
         u = leaf_id[0]
         su, leaf = self.ops[u], b.leaf(leaf_id)
@@ -242,25 +252,61 @@ class SplitLowering:
         if p == "R" and dev in su.devices:
             return self.held(leaf_id, dev, micro)[0]
         memo_key = ("whole", leaf_id, dev, micro)
+        if p != "R":
+            stash_key, after = self.collective(leaf_id, micro)
         item = b.memo.get(memo_key)
-        if item is None:
-            holders = su.devices if p != "R" else (b.cluster.best_source(su.devices, dev),)
+        if item is None:            # outside the op's devices: a copy from the best-connected one
+            h = b.cluster.best_source(su.devices, dev)
+            src, after = self.held(leaf_id, h, micro) if p == "R" else (Stash(stash_key), after)
             shape = leaf.local_shape(self.samples(u, micro)) if leaf.batch_dim is not None else leaf.shape
-            p = _at(p, leaf.shape, shape)
-            parts: list[Source] = []
-            for h in holders:
-                src, after = self.held(leaf_id, h, micro)
-                if h == dev:
-                    parts.append(src)
-                    continue
-                rank = su.devices.index(h)
-                msg = b.send(h, dev, after, src, None, 1.0, part_shape(shape, p, su.extent, su.shares, rank),
-                             leaf.dtype)
-                parts.append(Recv(msg))
-            item = b.emit(dev, key + (-1,), Combine(("w", leaf.read_node, micro), tuple(parts), p, leaf.memory_order))
+            msg = b.send(h, dev, after, src, None, 1.0, shape, leaf.dtype)
+            item = b.emit(dev, key + (-1,), Combine(("w", leaf.read_node, micro), (Recv(msg),), "R",
+                                                    leaf.memory_order))
             b.memo[memo_key] = item
         b.pull(item, key + (-1,))
         return Stash(item[2].key)
+
+    def collective(self, leaf_id: tuple[int, int], micro: int) -> tuple[tuple, tuple]:
+        """A divided op's output of shards or partial sums made whole on every device of the op by one
+        collective over them (once per value: ``AllGather`` of the shards, ``AllReduce`` of the partial sums),
+        issued by every member at one key, after its last member holds its part (so every member issues the
+        collectives of a subgroup in the same order, as the gradient AllReduce). Returns the result's stash
+        key and the key after the collective."""
+        b = self.b
+        memo_key = ("collective", leaf_id, micro)
+        got = b.memo.get(memo_key)
+        if got is not None:
+            return got
+        u = leaf_id[0]
+        su, leaf = self.ops[u], b.leaf(leaf_id)
+        shape = leaf.local_shape(self.samples(u, micro)) if leaf.batch_dim is not None else leaf.shape
+        p = _at(su.output(leaf.k), leaf.shape, shape)
+        held = [self.held(leaf_id, h, micro) for h in su.devices]
+        at = max(after for _, after in held)
+        group = tuple(sorted(su.devices))
+        if group not in b.groups:
+            b.groups.append(group)
+        g = b.groups.index(group)
+        stash_key = ("w", leaf.read_node, micro)
+        instrs: list[Instruction]
+        def nbytes(shape: tuple[int, ...]) -> float:
+            return float(math.prod(shape) * leaf.dtype.itemsize)
+
+        if p == "P":
+            emu = float(b.nominal.allreduce_times(su.devices, np.array([nbytes(shape)]))[0][0]) if b.emulate else 0.0
+            instrs = [AllReduce(stash_key, g, src, 1.0, emu, leaf.memory_order) for src, _ in held]
+        else:
+            shapes = [part_shape(shape, p, su.extent, su.shares, i) for i in range(len(su.devices))]
+            emu = float(b.nominal.sharded_ring_times(su.devices, np.array([[nbytes(s) for s in shapes]]))[0]) \
+                if b.emulate else 0.0
+            parts = tuple(zip(su.devices, shapes))
+            instrs = [AllGather(stash_key, g, src, p, parts, emu, leaf.memory_order) for src, _ in held]
+        items = [b.emit(h, at, ins) for h, ins in zip(su.devices, instrs)]
+        for h, item in zip(su.devices, items):
+            b.memo[("whole", leaf_id, h, micro)] = item
+            b.deps[id(item)] = [other for other in items if other is not item]    # moved together (``pull``)
+        got = b.memo[memo_key] = (stash_key, at + (1,))
+        return got
 
     def samples(self, op: int, micro: int) -> int:
         return next(hi - lo for _, lo, hi, m in self.ranges(int(self.b.op_layout[op])) if m == micro)
