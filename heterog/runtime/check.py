@@ -4,9 +4,10 @@ traced with), in the global order of the instruction keys.
 
 What fails here would fail in a worker: an op that cannot run at a replica's local batch (a size written
 into the model, a view the delivered strides do not allow), a message whose shape is not what its
-receiver expects, an AllReduce whose members contribute different shapes, a value read before the rank
-that sends it has produced it (the order would deadlock), or a new parameter of the wrong shape. The
-plan is then refused with a ``StrategyError`` naming the rank, the instruction and the reason.
+receiver expects, an AllReduce whose members contribute different shapes (an all-gather: not the shards it
+expects), a value read before the rank that sends it has produced it (the order would deadlock), or a new
+parameter of the wrong shape. The plan is then refused with a ``StrategyError`` naming the rank, the
+instruction and the reason.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from torch._subclasses.fake_tensor import (
 )
 
 from heterog.errors import StrategyError
+from heterog.graph.shard_exec import combine
 from heterog.runtime.executor import Job, RankExecutor, initial_values
 from heterog.runtime.split_lowering import whole_values
 from heterog.runtime.stepprog import StepProgram
@@ -78,14 +80,15 @@ class CheckedRun(Protocol):
 
 @dataclass
 class _Mail:
-    """Messages and AllReduce contributions in flight between the ranks of the dry run."""
+    """Messages and collectives' contributions in flight between the ranks of the dry run."""
 
     messages: dict[int, tuple[int, torch.Tensor]] = field(default_factory=dict)
     contributions: dict[tuple, dict[int, torch.Tensor]] = field(default_factory=dict)
 
 
 class _LocalTransport:
-    """The executor's transport interface (post, send, take, allreduce, finish, flush) within one process."""
+    """The executor's transport interface (post, send, take, allreduce, allgather, finish, flush) within one
+    process."""
 
     def __init__(self, rank: int, mail: _Mail) -> None:
         self.rank, self.mail, self.idle_s = rank, mail, 0.0
@@ -117,12 +120,24 @@ class _LocalTransport:
         self.mail.contributions.setdefault((key, seq), {})[me] = t
         return Pending(None, t, t.shape, t.dtype, None, members, me, key, stamp=float(seq))
 
+    def allgather(self, t: torch.Tensor, gid: int, group: Any, members: Sequence[int], me: int,
+                  parts: Sequence[tuple[int, tuple[int, ...]]], placement: str, emulated_s: float) -> Pending:
+        p = self.allreduce(t, gid, group, members, me, emulated_s)
+        p.parts, p.placement = tuple(parts), placement
+        return p
+
     def finish(self, p: Pending) -> torch.Tensor:
         parts = self.mail.contributions[(p.key, int(p.stamp))]
+        what = "an AllReduce" if p.placement is None else "an all-gather"
         missing = sorted(set(p.members) - set(parts))
         if missing:
-            raise StrategyError(f"an AllReduce over ranks {list(p.members)} is read before ranks {missing} join it")
+            raise StrategyError(f"{what} over ranks {list(p.members)} is read before ranks {missing} join it")
         shapes = {m: tuple(parts[m].shape) for m in p.members}
+        if p.placement is not None:
+            want = dict(p.parts)
+            if shapes != {m: tuple(want[m]) for m in p.members}:
+                raise StrategyError(f"an all-gather over ranks {list(p.members)} expects shards {want}, gets {shapes}")
+            return combine([parts[m] for m, _ in p.parts], p.placement)
         if len(set(shapes.values())) != 1:
             raise StrategyError(f"an AllReduce over ranks {list(p.members)} sums different shapes {shapes}")
         acc = parts[p.members[0]]

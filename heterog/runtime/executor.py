@@ -1,19 +1,20 @@
 """Worker side of the runtime: one process per device runs its RankProgram step after step with
 torch.distributed (gloo on CPU, NCCL on GPUs), emulating device slowdown and link speed on local-cpu.
 
-The instructions (``heterog.runtime.instructions``: compute, send, assemble, aggregate, allreduce, post)
+The instructions (``heterog.runtime.instructions``: compute, send, assemble, aggregate, allreduce, allgather,
+post, combine, derive)
 are built by ``heterog.runtime.lowering`` and matched here by type; messages and collectives go through
 ``heterog.runtime.transport``, held bytes are metered by ``heterog.runtime.memory``.
 
 Emulation (local-cpu clusters): after each op the worker owes ``(slowdown - 1) x`` its measured time and
 sleeps it off before anything leaves the device (sends, collectives) or when it exceeds a small quantum;
 a message carries the time at which it may be consumed, ``max(now, link free) + latency + bytes /
-bandwidth`` of its link (one transfer at a time per link), and the receiver sleeps until then; an
-AllReduce's messages carry each member's entry time and it completes no earlier than the last entry (and
+bandwidth`` of its link (one transfer at a time per link), and the receiver sleeps until then; a
+collective's messages carry each member's entry time and it completes no earlier than the last entry (and
 the end of the group's previous collective: a group's collectives share its ring) plus the nominal ring time.
 
-AllReduce on CPU is a direct exchange of point-to-point messages (``Transport.allreduce`` says why), on GPUs
-NCCL's collective. On CPU every direction between two ranks has a gloo process group of its own
+AllReduce and AllGather on CPU are a direct exchange of point-to-point messages (``Transport.allreduce`` says
+why), on GPUs NCCL's collectives. On CPU every direction between two ranks has a gloo process group of its own
 (``heterog.runtime.transport.p2p_channels`` says why).
 """
 from __future__ import annotations
@@ -32,6 +33,7 @@ from heterog.errors import HeterogError
 from heterog.graph.shard_exec import combine, padded, part_of
 from heterog.runtime.instructions import (
     Aggregate,
+    AllGather,
     AllReduce,
     Assemble,
     Combine,
@@ -257,7 +259,7 @@ class RankExecutor:
                     f"{', '.join(prog.op_nodes[ins.op][:4])}) at local batch {ins.local_batch}")
         if isinstance(ins, Send):
             return f"instruction {i}: send message {ins.tag} to rank {ins.dst}"
-        if isinstance(ins, (Assemble, Aggregate, AllReduce, Combine, Derive)):
+        if isinstance(ins, (Assemble, Aggregate, AllReduce, AllGather, Combine, Derive)):
             return f"instruction {i}: {ins.kind} {ins.key}"
         return f"instruction {i}: {ins.kind}"
 
@@ -320,6 +322,13 @@ class RankExecutor:
             v = scaled(self._fetch(ins.source, env, stash), ins.scale)
             g = ins.group
             stash[ins.key] = pending = tr.allreduce(v, g, self.groups[g], self.members[g], self.rank,
+                                                    ins.emulated_s)
+            pending.order = ins.order
+        elif isinstance(ins, AllGather):
+            self._pay()
+            g = ins.group
+            stash[ins.key] = pending = tr.allgather(self._fetch(ins.source, env, stash), g, self.groups[g],
+                                                    self.members[g], self.rank, ins.parts, ins.placement,
                                                     ins.emulated_s)
             pending.order = ins.order
         elif isinstance(ins, Combine):

@@ -225,6 +225,25 @@ class AllReduce:
 
 
 @dataclass(frozen=True, slots=True)
+class AllGather:
+    """Stash ``key`` = the whole value from the shards that the members of subgroup ``group`` hold of it
+    (``source`` on each), joined under ``placement`` (``"S<d>[:<f>]"``) in part order: ``parts`` lists the
+    members in that order with the shape of each one's shard (uneven shards are padded to the largest for
+    NCCL's all-gather and trimmed). Asynchronous: waited for where first read; ``emulated_s``: the nominal
+    ring time the emulation enforces."""
+
+    key: tuple
+    group: int
+    source: Source
+    placement: str
+    parts: tuple[tuple[int, tuple[int, ...]], ...]
+    emulated_s: float
+    order: tuple[int, ...] | None
+
+    kind = "allgather"
+
+
+@dataclass(frozen=True, slots=True)
 class Post:
     """Post the receive of message ``tag`` (NCCL: receives are posted in global message order)."""
 
@@ -233,7 +252,7 @@ class Post:
     kind = "post"
 
 
-Instruction = Compute | Send | Assemble | Aggregate | AllReduce | Post | Combine | Derive
+Instruction = Compute | Send | Assemble | Aggregate | AllReduce | AllGather | Post | Combine | Derive
 
 
 class Receive(NamedTuple):
@@ -259,7 +278,7 @@ def sources(ins: Instruction) -> list[Source]:
     """The sources ``ins`` reads."""
     if isinstance(ins, Compute):
         return [i.source for i in ins.inputs]
-    if isinstance(ins, (Send, AllReduce, Derive)):
+    if isinstance(ins, (Send, AllReduce, AllGather, Derive)):
         return [ins.source]
     if isinstance(ins, Combine):
         return list(ins.parts)

@@ -541,8 +541,9 @@ class _Builder:
         e = self.exps[leaf_id]
         if prog.op_has_batch[u]:
             for d, lo, hi, m in self.lay_ranges(self.op_lay(u)):
-                if u in self.split and d != self.split.ops[u].group(d)[0]:
-                    continue                  # a divided loss: every device of a group holds the group's whole
+                if u in self.split and d != self.split.ops[u].group(d)[0] and \
+                        self.split.ops[u].output(leaf_id[1]) != "P":
+                    continue      # a divided loss held whole on a group's devices: one copy (partial sums: all)
                 self.export(u, d, m, loss)
                 self.ranks[d].loss_terms.append((Env(env_name(loss, m)), float(((hi - lo) / self.B) ** (1 - e))))
         else:

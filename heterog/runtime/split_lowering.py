@@ -14,18 +14,22 @@ Values (placements as in ``heterog.graph.sharding``):
   - a divided consumer reads its input where it is: locally when the producer is divided over the same
     devices and holds what it needs (the same placement in the same units), or takes its part of a whole
     copy held here, or pads its shard with zeros where it needs partial sums (``Derive``); otherwise the
-    whole value is first put together on the device from every holder's part (``Combine``, point-to-point
-    messages: an all-gather, or the sum of partial sums) and the consumer takes its part of it;
-  - an op that is not divided reads a divided producer's output put together whole on its device (and
-    re-laid out along the batch as usual); an op that reads only a value's shape reads zeros of it.
-Every device puts a value together in the same order (device order), so replicas of a whole value agree
-exactly. The final parameters are the holders' parts put back together (``Lowered.parts``).
+    whole value is first made whole (``whole``) and the consumer takes its part of it;
+  - an op that is not divided reads a divided producer's output made whole on its device (and re-laid out
+    along the batch as usual); an op that reads only a value's shape reads zeros of it.
+A value is made whole on the producer's devices by one collective over them (``collective``): the shards
+all-gathered (``AllGather``, uneven shards padded for NCCL), the partial sums all-reduced (``AllReduce``),
+issued by every member at one key so that a subgroup's collectives run in the same order on each; a device
+outside them receives it from the best-connected one. Shards join in device order and every member sums in
+the same order, so the copies of a whole value agree exactly. The final parameters are the holders' parts
+put back together (``Lowered.parts``).
 
 Grids (``ParallelConfig.split_grid``): each group of the config runs its samples (``ranges``) as a data-parallel
 replica does (batch values at its share, ``heterog.runtime.scaling``), each device of it on its part; values
-are put together inside a group over the group's samples. A partial result of the step (a non-batch output
-of a batch op: a weight gradient, the loss) is summed over the groups before it is read: the devices at the
-same position of every group add their parts, weighted by their groups' shares (``group_sum``). A consumer
+are made whole inside a group, by a collective over the group's devices, over the group's samples. A
+partial result of the step (a non-batch output of a batch op: a weight gradient, the loss) is summed over
+the groups before it is read: the devices at the same position of every group all-reduce their parts,
+weighted by their groups' shares (``group_sum``). A consumer
 whose samples differ from the producer's group (another grid, or no grid) reads the value re-laid out along
 the batch first, from every group its samples overlap.
 
@@ -36,6 +40,7 @@ counts batch rows scales with the micro-batch (``_at``).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
@@ -50,16 +55,17 @@ from heterog.graph.sharding import SplitOption, splits_from_json
 from heterog.graph.split_rules import Shard, parse_placement
 from heterog.runtime.instructions import (
     END,
-    Aggregate,
+    AllGather,
+    AllReduce,
     Combine,
     Compute,
     Derive,
     Env,
     Input,
+    Instruction,
     Local,
     Lowered,
     Part,
-    Piece,
     Recv,
     Source,
     Stash,
@@ -74,8 +80,9 @@ from heterog.strategy import split_shares_of
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.cluster import Cluster
     from heterog.compiler import CompiledPlan
+    from heterog.cost import CostModel
     from heterog.graph.opgraph import OpGraph
-    from heterog.runtime.instructions import Instruction, RankProgram
+    from heterog.runtime.instructions import RankProgram
     from heterog.runtime.scaling import Exponents
     from heterog.runtime.stepprog import LeafInfo, Read, StepProgram
 
@@ -194,6 +201,9 @@ class Builder(Protocol):
     ranks: list[RankProgram]
     memo: dict[Any, Any]
     deps: dict[int, list[list]]
+    groups: list[tuple[int, ...]]
+    nominal: CostModel
+    emulate: bool
     B: int
 
     def leaf(self, leaf: tuple[int, int]) -> LeafInfo: ...
@@ -281,8 +291,10 @@ class SplitLowering:
         return ("whole", leaf_id, dev, micro) if group is None else ("whole", leaf_id, dev, micro, group)
 
     def whole(self, leaf_id: tuple[int, int], dev: int, micro: int, key: tuple, of: int | None = None) -> Source:
-        """A divided op's output put together whole on ``dev`` (its own copy where it holds it whole): the
-        samples of the group of device ``of`` (default: ``dev``'s group, or the only one)."""
+        """A divided op's output put together whole on ``dev`` (its own copy where it holds it whole), over the
+        samples of the group of device ``of`` (default: ``dev``'s group, or the only one): by one collective
+        over the group's devices (``collective``) where ``dev`` is one of them, else received from the
+        best-connected of them."""
         b = self.b
         u = leaf_id[0]
         su, leaf = self.ops[u], b.leaf(leaf_id)
@@ -295,25 +307,67 @@ class SplitLowering:
         if p == "R" and dev in group:
             return self.held(leaf_id, dev, micro)[0]
         memo_key = self.whole_key(leaf_id, dev, micro, other)
+        if p != "R":
+            stash_key, after = self.collective(leaf_id, micro, group)
         item = b.memo.get(memo_key)
-        if item is None:
-            holders = group if p != "R" else (b.cluster.best_source(group, dev),)
+        if item is None:            # outside the group: a copy from its best-connected device
+            h = b.cluster.best_source(group, dev)
+            src, after = self.held(leaf_id, h, micro) if p == "R" else (Stash(stash_key), after)
             shape = leaf.local_shape(self.samples(u, micro, group[0])) if leaf.batch_dim is not None else leaf.shape
-            p = _at(p, leaf.shape, shape)
-            parts: list[Source] = []
-            for h in holders:
-                src, after = self.held(leaf_id, h, micro)
-                if h == dev:
-                    parts.append(src)
-                    continue
-                msg = b.send(h, dev, after, src, None, 1.0, part_shape(shape, p, su.extent, su.shares, su.rank(h)),
-                             leaf.dtype)
-                parts.append(Recv(msg))
+            msg = b.send(h, dev, after, src, None, 1.0, shape, leaf.dtype)
             stash = ("w", leaf.read_node, micro) if other is None else ("w", leaf.read_node, micro, other)
-            item = b.emit(dev, key + (-1,), Combine(stash, tuple(parts), p, leaf.memory_order))
+            item = b.emit(dev, key + (-1,), Combine(stash, (Recv(msg),), "R", leaf.memory_order))
             b.memo[memo_key] = item
         b.pull(item, key + (-1,))
         return Stash(item[2].key)
+
+    def subgroup(self, devices: tuple[int, ...]) -> int:
+        """The index of the process subgroup of ``devices`` (registered if new)."""
+        b = self.b
+        group = tuple(sorted(devices))
+        if group not in b.groups:
+            b.groups.append(group)
+        return b.groups.index(group)
+
+    def collective(self, leaf_id: tuple[int, int], micro: int, group: tuple[int, ...]) -> tuple[tuple, tuple]:
+        """A divided op's output of shards or partial sums made whole on every device of ``group`` (of the op's
+        config) by one collective over them (once per value: ``AllGather`` of the shards, ``AllReduce`` of the
+        partial sums), issued by every member at one key, after its last member holds its part (so every
+        member issues the collectives of a subgroup in the same order, as the gradient AllReduce). Returns the
+        result's stash key and the key after the collective."""
+        b = self.b
+        memo_key = ("collective", leaf_id, micro, group)
+        got = b.memo.get(memo_key)
+        if got is not None:
+            return got
+        u = leaf_id[0]
+        su, leaf = self.ops[u], b.leaf(leaf_id)
+        shape = leaf.local_shape(self.samples(u, micro, group[0])) if leaf.batch_dim is not None else leaf.shape
+        p = _at(su.output(leaf.k), leaf.shape, shape)
+        held = [self.held(leaf_id, h, micro) for h in group]
+        at = max(after for _, after in held)
+        g = self.subgroup(group)
+        stash_key = ("w", leaf.read_node, micro)
+        instrs: list[Instruction]
+
+        def nbytes(shape: tuple[int, ...]) -> float:
+            return float(math.prod(shape) * leaf.dtype.itemsize)
+
+        if p == "P":
+            emu = float(b.nominal.allreduce_times(group, np.array([nbytes(shape)]))[0][0]) if b.emulate else 0.0
+            instrs = [AllReduce(stash_key, g, src, 1.0, emu, leaf.memory_order) for src, _ in held]
+        else:
+            shapes = [part_shape(shape, p, su.extent, su.shares, i) for i in range(len(group))]
+            emu = float(b.nominal.sharded_ring_times(group, np.array([[nbytes(s) for s in shapes]]))[0]) \
+                if b.emulate else 0.0
+            parts = tuple(zip(group, shapes))
+            instrs = [AllGather(stash_key, g, src, p, parts, emu, leaf.memory_order) for src, _ in held]
+        items = [b.emit(h, at, ins) for h, ins in zip(group, instrs)]
+        for h, item in zip(group, items):
+            b.memo[("whole", leaf_id, h, micro)] = item
+            b.deps[id(item)] = [other for other in items if other is not item]    # moved together (``pull``)
+        got = b.memo[memo_key] = (stash_key, at + (1,))
+        return got
 
     def rows(self, op: int, dev: int, micro: int) -> tuple[int, int] | None:
         """The samples (first, end) divided op ``op`` runs on ``dev`` for micro-batch ``micro`` (None: none)."""
@@ -356,30 +410,28 @@ class SplitLowering:
 
     def group_sum(self, leaf_id: tuple[int, int], dev: int) -> tuple[Source, tuple]:
         """A grid's partial result on ``dev`` summed over the groups, each group's weighted by its share as
-        data-parallel replicas' are (``heterog.runtime.scaling``): the devices at ``dev``'s position in every
-        group add their parts (shards, whole copies or partial sums, which stay what they were in the group),
-        in device order, so every copy is the same."""
+        data-parallel replicas' are (``heterog.runtime.scaling``): one ``AllReduce`` over the devices at
+        ``dev``'s position in every group, of their parts (shards, whole copies or partial sums, which stay
+        what they were in the group), issued by each at one key as ``collective``'s are."""
         b = self.b
         memo_key = ("group-sum", leaf_id, dev)
         got = b.memo.get(memo_key)
         if got is None:
             su, leaf = self.ops[leaf_id[0]], b.leaf(leaf_id)
-            p = su.output(leaf.k)
             members = tuple(g[su.rank(dev)] for g in su.groups)
             sums = {d: (src, w, after) for d, src, w, after in b.device_sums(leaf_id)}
-            src, w, _ = sums[dev]
-            after = max(sums[d][2] for d in members)             # once every part exists
-            pieces = []
-            for d in members:
-                if d == dev:
-                    pieces.append(Piece(src, None, w, 0))
-                    continue
-                s_d, w_d, after_d = sums[d]
-                shape = part_shape(leaf.shape, p, su.extent, su.shares, su.rank(d))
-                pieces.append(Piece(Recv(b.send(d, dev, after_d, s_d, None, w_d, shape, leaf.dtype)), None, 1.0, 0))
+            at = max(sums[d][2] for d in members)             # once every part exists
+            g = self.subgroup(members)
+            shape = part_shape(leaf.shape, su.output(leaf.k), su.extent, su.shares, su.rank(dev))
+            emu = float(b.nominal.allreduce_times(members, np.array([float(math.prod(shape) * leaf.dtype.itemsize)])
+                                                  )[0][0]) if b.emulate else 0.0
             stash = ("gs", leaf.node)
-            item = b.emit(dev, after + (1,), Aggregate(stash, tuple(pieces), leaf.memory_order))
-            got = b.memo[memo_key] = (Stash(stash), after + (2,), item)
+            items = [b.emit(d, at, AllReduce(stash, g, sums[d][0], sums[d][1], emu, leaf.memory_order))
+                     for d in members]
+            for d, item in zip(members, items):
+                b.memo[("group-sum", leaf_id, d)] = (Stash(stash), at + (1,), item)
+                b.deps[id(item)] = [other for other in items if other is not item]
+            got = b.memo[memo_key]
         b.pull(got[2], got[1])
         return got[0], got[1]
 

@@ -1,6 +1,7 @@
 """How ranks exchange values: point-to-point messages (framed with their emulated arrival time on
-local-cpu clusters), AllReduce (a direct exchange of messages on CPU, NCCL's collective on GPUs), one gloo
-process group per direction between two ranks, and the progress each rank reports to its parent."""
+local-cpu clusters), AllReduce and the all-gather of uneven shards (a direct exchange of messages on CPU,
+NCCL's collectives on GPUs), one gloo process group per direction between two ranks, and the progress each
+rank reports to its parent."""
 from __future__ import annotations
 
 import math
@@ -13,7 +14,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-# CPU AllReduce messages: tag = base + subgroup index x span + sequence number in the subgroup (mod span);
+from heterog.graph.shard_exec import combine
+
+# CPU collectives' messages: tag = base + subgroup index x span + sequence number in the subgroup (mod span);
 # above every plan message tag, and below 2**32 (gloo's slot)
 _AR_TAG_BASE, _AR_SEQ_SPAN, _AR_MAX_GROUPS = 1 << 30, 1 << 16, 1 << 14
 _F64 = torch.float64
@@ -111,6 +114,9 @@ class TransportLike(Protocol):
     def allreduce(self, t: torch.Tensor, gid: int, group: Any, members: Sequence[int], me: int,
                   emulated_s: float) -> Pending: ...
 
+    def allgather(self, t: torch.Tensor, gid: int, group: Any, members: Sequence[int], me: int,
+                  parts: Sequence[tuple[int, tuple[int, ...]]], placement: str, emulated_s: float) -> Pending: ...
+
     def finish(self, p: Pending) -> torch.Tensor: ...
 
     def flush(self) -> None: ...
@@ -141,7 +147,7 @@ def p2p_channels(device: torch.device) -> dict[tuple[int, int], Any]:
 
 
 class Transport:
-    """Point-to-point messages and AllReduce with optional link emulation (see the module docstring).
+    """Point-to-point messages, AllReduce and all-gather with optional link emulation (see the module docstring).
     ``rank``: this process's rank; messages travel on ``p2p_channels``."""
 
     def __init__(self, device: torch.device, emulate: bool, status: StatusLike, rank: int) -> None:
@@ -198,44 +204,73 @@ class Transport:
         gets the same bits. gloo hands each collective to a worker thread, which on a few busy cores costs
         several times a message exchange on a few busy cores (measured in docs/journal.md).
         """
-        key = tuple(members)
         if self.device.type == "cuda":
-            p = Pending(dist.all_reduce(t, group=group, async_op=True), t, t.shape, t.dtype, None, members, me,
-                         key)
-        else:
-            if not 0 <= gid < _AR_MAX_GROUPS:
-                raise ValueError(f"subgroup index {gid} out of range for AllReduce message tags")
-            seq = self.ar_seq.get(key, 0)
-            self.ar_seq[key] = seq + 1
-            tag = _AR_TAG_BASE + gid * _AR_SEQ_SPAN + seq % _AR_SEQ_SPAN
             t = t.contiguous()
-            stamp = time.perf_counter()
-            if self.emulate:                # [entry time (float64) | payload bytes], as ``send`` frames it
-                msg = _frame(stamp, t)
-            else:
-                msg = t
-            recvs = {}
-            for m in members:
-                if m != me:
-                    buf = torch.empty_like(msg)
-                    recvs[m] = (dist.irecv(buf, src=m, tag=tag, group=self.channels.get((m, me))), buf)
-            for m in members:
-                if m != me:
-                    self.sends.append((dist.isend(msg, dst=m, tag=tag, group=self.channels.get((me, m))), msg))
-            p = Pending(recvs, t, t.shape, t.dtype, emulated_s if self.emulate else None, members, me, key,
-                         stamp=stamp)
-        self.in_flight.setdefault(key, []).append(p)
+            p = Pending(dist.all_reduce(t, group=group, async_op=True), t, t.shape, t.dtype, None, members, me,
+                        tuple(members))
+        else:
+            p = self._exchange(t, gid, members, me, {m: tuple(t.shape) for m in members}, emulated_s)
+        self.in_flight.setdefault(p.key, []).append(p)
         return p
 
+    def allgather(self, t: torch.Tensor, gid: int, group: Any, members: Sequence[int], me: int,
+                  parts: Sequence[tuple[int, tuple[int, ...]]], placement: str, emulated_s: float) -> Pending:
+        """Start putting a value together on every member of subgroup ``gid`` from the members' shards of it
+        (``t``: this member's; ``parts``: (member, shard shape) in part order, joined under ``placement`` by
+        ``heterog.graph.shard_exec.combine``); ``finish`` waits for the whole value.
+
+        On GPUs this is NCCL's all-gather of the shards flattened and padded to the largest
+        (``start_uneven_gather``), trimmed when it is done. On CPU it is a direct exchange of point-to-point
+        messages as ``allreduce``'s (in the same sequence of the subgroup's collectives). Every member
+        joins the same shards in the same order: the same bits everywhere.
+        """
+        shapes = dict(parts)
+        if self.device.type == "cuda":
+            ranks = tuple(dist.get_process_group_ranks(group))         # the order of the gathered list
+            work, bufs = start_uneven_gather(t, [shapes[m] for m in ranks], group)
+            p = Pending(work, t, t.shape, t.dtype, None, members, me, tuple(members), gathered=(ranks, bufs))
+        else:
+            p = self._exchange(t, gid, members, me, shapes, emulated_s)
+        p.parts, p.placement = tuple(parts), placement
+        self.in_flight.setdefault(p.key, []).append(p)
+        return p
+
+    def _exchange(self, t: torch.Tensor, gid: int, members: Sequence[int], me: int,
+                  shapes: dict[int, tuple[int, ...]], emulated_s: float) -> Pending:
+        """A CPU collective started: ``t`` sent to every other member of subgroup ``gid`` and a receive
+        posted for each other member's contribution (of shape ``shapes[member]``)."""
+        key = tuple(members)
+        if not 0 <= gid < _AR_MAX_GROUPS:
+            raise ValueError(f"subgroup index {gid} out of range for collective message tags")
+        seq = self.ar_seq.get(key, 0)
+        self.ar_seq[key] = seq + 1
+        tag = _AR_TAG_BASE + gid * _AR_SEQ_SPAN + seq % _AR_SEQ_SPAN
+        t = t.contiguous()
+        stamp = time.perf_counter()
+        msg = _frame(stamp, t) if self.emulate else t      # [entry time (float64) | payload bytes], as ``send``
+        recvs = {}
+        for m in members:
+            if m != me:
+                n = math.prod(shapes[m]) * t.element_size()
+                buf = torch.empty(n + _HEADER_BYTES, dtype=torch.uint8) if self.emulate else \
+                    torch.empty(shapes[m], dtype=t.dtype)
+                recvs[m] = (dist.irecv(buf, src=m, tag=tag, group=self.channels.get((m, me))), buf)
+        for m in members:
+            if m != me:
+                self.sends.append((dist.isend(msg, dst=m, tag=tag, group=self.channels.get((me, m))), msg))
+        return Pending(recvs, t, t.shape, t.dtype, emulated_s if self.emulate else None, members, me, key,
+                       stamp=stamp)
+
     def finish(self, p: Pending) -> torch.Tensor:
-        """The sum of ``p``. A group runs its collectives in the order they were started, so the earlier
-        ones of ``p``'s group are finished first (which also lets the emulation serialize them)."""
+        """The result of ``p`` (a sum or a value put together). A group runs its collectives in the order
+        they were started, so the earlier ones of ``p``'s group are finished first (which also lets the
+        emulation serialize them)."""
         queue = self.in_flight.get(p.key, [])
         while p.result is None and queue:
             q = queue.pop(0)
             q.result = self._complete(q)
         if p.result is None:
-            raise RuntimeError(f"AllReduce over ranks {list(p.members)} was not started by this rank's transport")
+            raise RuntimeError(f"a collective over ranks {list(p.members)} was not started by this rank's transport")
         return p.result
 
     def _complete(self, p: Pending) -> torch.Tensor:
@@ -245,12 +280,17 @@ class Transport:
             p.work.wait()
             self.status.waiting(-1)
             self.idle_s += time.perf_counter() - t0
-            return p.buf
+            if p.gathered is None or p.placement is None:
+                return p.buf
+            ranks, bufs = p.gathered
+            got = dict(zip(ranks, uneven_parts(bufs, [dict(p.parts)[r] for r in ranks])))
+            return combine([got[m] for m, _ in p.parts], p.placement)
+        shapes = dict(p.parts)
         parts, entered = {p.me: p.buf}, [p.stamp]
         for m, (work, buf) in p.work.items():
             work.wait()
             if self.emulate:
-                stamp, buf = _unframe(buf, p.shape, p.dtype)
+                stamp, buf = _unframe(buf, shapes.get(m, tuple(p.shape)), p.dtype)
                 entered.append(stamp)
             parts[m] = buf
         self.status.waiting(-1)
@@ -265,6 +305,8 @@ class Transport:
             if wait > 0:
                 time.sleep(wait)
         self.idle_s += time.perf_counter() - t0
+        if p.placement is not None:
+            return combine([parts[m] for m, _ in p.parts], p.placement)
         acc = parts[p.members[0]]
         for m in p.members[1:]:
             acc = acc + parts[m]
@@ -288,7 +330,38 @@ class Pending:
     key: tuple[int, ...]
     stamp: float = 0.0                 # when this member entered (emulation)
     result: torch.Tensor | None = None
-    order: tuple[int, ...] | None = None   # memory order of the sum's dims for the reader (executor)
+    order: tuple[int, ...] | None = None   # memory order of the result's dims for the reader (executor)
+    # an all-gather: (member, shard shape) in part order and the placement joining them; NCCL: the ranks of
+    # the subgroup in its rank order and the padded buffers gathered in that order
+    parts: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    placement: str | None = None
+    gathered: tuple[tuple[int, ...], list[torch.Tensor]] | None = None
+
+
+def start_uneven_gather(t: torch.Tensor, shapes: Sequence[tuple[int, ...]], group: Any
+                        ) -> tuple[Any, list[torch.Tensor]]:
+    """Start ``dist.all_gather`` over ``group`` (any backend) of shards of uneven shapes: this member's
+    shard ``t`` flattened and padded with zeros to the largest shard's number of elements. ``shapes``:
+    every member's shard shape, in the group's rank order. Returns the work and the buffers it fills (in
+    rank order), which ``uneven_parts`` trims.
+
+    Shapes:
+        t: this member's entry of ``shapes``; buffers: ``(max numel,)`` each.
+    """
+    n = max((math.prod(s) for s in shapes), default=0)
+    flat = torch.zeros(n, dtype=t.dtype, device=t.device)
+    flat[:t.numel()] = t.reshape(-1)
+    bufs = [torch.empty(n, dtype=t.dtype, device=t.device) for _ in shapes]
+    return dist.all_gather(bufs, flat, group=group, async_op=True), bufs
+
+
+def uneven_parts(bufs: Sequence[torch.Tensor], shapes: Sequence[tuple[int, ...]]) -> list[torch.Tensor]:
+    """The shards of a finished ``start_uneven_gather``: each buffer trimmed to its shard and shaped so.
+
+    Shapes:
+        bufs: ``(max numel,)`` each; returns ``shapes[i]`` each.
+    """
+    return [b[:math.prod(s)].view(s) for b, s in zip(bufs, shapes)]
 
 
 # ---------------------------------------------------------------------------- memory held by a rank

@@ -7,9 +7,11 @@ import pytest
 
 from heterog.evaluate import Evaluator
 from heterog.runtime import prepare
-from heterog.runtime.instructions import AllReduce, Compute, Post, Recv, Send, Stash, sources
+from heterog.runtime.instructions import AllGather, AllReduce, Compute, Post, Recv, Send, Stash, sources
 from tests.runtime.conftest import model
 from tests.runtime.test_equivalence import make_strategy
+
+COLLECTIVES = (AllReduce, AllGather)
 
 
 def _programs(name: str, plan: str, cluster, backend: str = "gloo"):
@@ -19,20 +21,16 @@ def _programs(name: str, plan: str, cluster, backend: str = "gloo"):
 
 
 def _abstract_run(ranks, post_early: bool) -> bool:
-    """Step the ranks in any order: a receive blocks until its send ran (and, for NCCL, until posted), an
-    allreduce result blocks until every member started it. True when every rank finishes."""
+    """Step the ranks in any order: a receive blocks until its send ran (and, for NCCL, until posted), a
+    collective's result (allreduce, allgather) blocks until every member started it. True when every rank
+    finishes."""
     sent, arrived = set(), {}
     posted: set[int] = set()
     pc = [0] * len(ranks)
-    group_of = {}
-    for rp in ranks:
-        for ins in rp.instrs:
-            if isinstance(ins, AllReduce):
-                group_of[ins.key] = ins.group
     members = {}
     for rp in ranks:
         for ins in rp.instrs:
-            if isinstance(ins, AllReduce):
+            if isinstance(ins, COLLECTIVES):
                 members.setdefault(ins.key, set()).add(rp.rank)
 
     def ready(r, ins) -> bool:
@@ -40,7 +38,7 @@ def _abstract_run(ranks, post_early: bool) -> bool:
             if isinstance(src, Recv) and (src.tag not in sent or (post_early and src.tag not in posted)):
                 return False
             if (isinstance(src, Stash) and src.key in members and arrived.get(src.key, set()) != members[src.key]
-                    and any(isinstance(i, AllReduce) and i.key == src.key for i in ranks[r].instrs)):
+                    and any(isinstance(i, COLLECTIVES) and i.key == src.key for i in ranks[r].instrs)):
                 return False
         return True
 
@@ -54,7 +52,7 @@ def _abstract_run(ranks, post_early: bool) -> bool:
                     sent.add(ins.tag)
                 elif isinstance(ins, Post):
                     posted.add(ins.tag)
-                elif isinstance(ins, AllReduce):
+                elif isinstance(ins, COLLECTIVES):
                     arrived.setdefault(ins.key, set()).add(r)
                 pc[r] += 1
                 progress = True
@@ -89,7 +87,7 @@ def test_programs_follow_the_simulated_order_and_cannot_deadlock(name, plan, bac
         assert (tag, sends[tag][0]) in {(t, s) for t, s, *_ in low.ranks[r].recvs}
     # collectives: same order on every member
     for g, devs in enumerate(low.groups):
-        seqs = [[ins.key for ins in low.ranks[d].instrs if isinstance(ins, AllReduce) and ins.group == g]
+        seqs = [[ins.key for ins in low.ranks[d].instrs if isinstance(ins, COLLECTIVES) and ins.group == g]
                 for d in devs]
         assert all(s == seqs[0] for s in seqs)
     assert _abstract_run(low.ranks, post_early=backend == "nccl")

@@ -2,7 +2,8 @@
 the equivalence suite trains under random plans whose groups are divided along parameter or attribute
 dimensions (uneven shares, over all or some devices, mixed with data-parallel and single-device groups, with
 and without micro-batches) exactly as in one process, on local-cpu-2 and local-cpu-3; the programs lowered
-for NCCL compute the same step in one process; divided parameters are held as shards."""
+for NCCL compute the same step in one process; divided parameters are held as shards, and values are put
+together on the split's devices by collectives."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from heterog.evaluate import Evaluator
 from heterog.graph.shard_exec import combine, padded, part_of, shard_of
 from heterog.runtime import compare_values, prepare, run_prepared, train_single_process
-from heterog.runtime.instructions import Combine, Post
+from heterog.runtime.instructions import AllGather, AllReduce, Combine, Post
 from heterog.runtime.split_lowering import _at, part_shape
 from heterog.strategy import ParallelConfig, Strategy
 from tests.runtime import conformance_models as cm
@@ -121,7 +122,10 @@ def test_a_parameter_split_holds_each_weight_once_in_shares(request) -> None:
     result = run_prepared(prepared, [m.example_inputs], STEPS, pool=request.getfixturevalue("pool2"))
     ok, diff, bad = compare_values(m, result.values, reference(name)[1], rtol=RTOL, atol=ATOL)
     assert ok, f"{bad[:4]} differ (max |diff| {diff:.3g})"
-    assert any(isinstance(ins, Combine) for rp in prepared.lowered.ranks for ins in rp.instrs)
+    # values put together whole on the two devices of the split: by collectives, never by a Combine of messages
+    instrs = [ins for rp in prepared.lowered.ranks for ins in rp.instrs]
+    assert any(isinstance(ins, (AllGather, AllReduce)) and ins.key[0] == "w" for ins in instrs)
+    assert not any(isinstance(ins, Combine) for ins in instrs)
 
 
 def _part_args(rp, ph):
