@@ -14,12 +14,15 @@ Values (placements as in ``heterog.graph.sharding``):
   - a divided consumer reads its input where it is: locally when the producer is divided over the same
     devices and holds what it needs (the same placement in the same units), or takes its part of a whole
     copy held here, or pads its shard with zeros where it needs partial sums (``Derive``); otherwise the
-    whole value is first put together on the device from every holder's part (``Combine``, point-to-point
-    messages: an all-gather, or the sum of partial sums) and the consumer takes its part of it;
-  - an op that is not divided reads a divided producer's output put together whole on its device (and
-    re-laid out along the batch as usual); an op that reads only a value's shape reads zeros of it.
-Every device puts a value together in the same order (device order), so replicas of a whole value agree
-exactly. The final parameters are the holders' parts put back together (``Lowered.parts``).
+    whole value is first made whole (``whole``) and the consumer takes its part of it;
+  - an op that is not divided reads a divided producer's output made whole on its device (and re-laid out
+    along the batch as usual); an op that reads only a value's shape reads zeros of it.
+A value is made whole on the producer's devices by one collective over them (``collective``): the shards
+all-gathered (``AllGather``, uneven shards padded for NCCL), the partial sums all-reduced (``AllReduce``),
+issued by every member at one key so that a subgroup's collectives run in the same order on each; a device
+outside them receives it from the best-connected one. Shards join in device order and every member sums in
+the same order, so the copies of a whole value agree exactly. The final parameters are the holders' parts
+put back together (``Lowered.parts``).
 
 Micro-batches: a divided op runs once per micro-batch on each device; its partial results of the whole
 step (weight gradients) accumulate on each device over the micro-batches (``held``); a value of the whole
