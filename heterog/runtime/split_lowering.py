@@ -291,10 +291,11 @@ class SplitLowering:
             b.groups.append(group)
         g = b.groups.index(group)
         stash_key = ("w", leaf.read_node, micro)
-        instrs: list[Instruction]
+
         def nbytes(shape: tuple[int, ...]) -> float:
             return float(math.prod(shape) * leaf.dtype.itemsize)
 
+        instrs: list[Instruction]
         if p == "P":
             emu = float(b.nominal.allreduce_times(su.devices, np.array([nbytes(shape)]))[0][0]) if b.emulate else 0.0
             instrs = [AllReduce(stash_key, g, src, 1.0, emu, leaf.memory_order) for src, _ in held]
