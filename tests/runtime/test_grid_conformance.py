@@ -14,10 +14,11 @@ import pytest
 from heterog.cluster import load_cluster
 from heterog.errors import StrategyError
 from heterog.evaluate import Evaluator
-from heterog.runtime import compare_values, prepare, run_prepared, train_single_process
+from heterog.runtime import compare_values, prepare, run_prepared
 from heterog.strategy import ParallelConfig, Strategy
 from tests.runtime import conformance_models as cm
 from tests.runtime.test_conformance import ATOL, RTOL, STEPS, captured, plan, reference, with_micro_batches
+from tests.runtime.test_split_conformance import assert_one_step_like_one_process
 
 MODELS = list(cm.EQUIVALENCE_MODELS)
 CLUSTER = "local-cpu-4:slowdown=1,2,3,4"
@@ -73,15 +74,8 @@ def test_random_grid_plans_train_like_one_process(name, micro, pool4) -> None:
 
 @pytest.mark.parametrize("name", MODELS)
 def test_grid_programs_lowered_for_nccl_compute_one_step_like_one_process(name) -> None:
-    from heterog.runtime.check import check_prepared
-
-    m = captured(name)
-    dry = check_prepared(prepare(m, cluster4(), grid_plan(name, 2, False), backend="nccl", check=False))
-    assert dry is not None
-    losses, want = train_single_process(m, [m.example_inputs], 1)
-    ok, diff, bad = compare_values(m, dry.values, want, rtol=RTOL, atol=ATOL)
-    assert ok, f"{name}: {bad[:4]} differ (max |diff| {diff:.3g})"
-    assert dry.loss == pytest.approx(losses[0], rel=RTOL)
+    prepared = prepare(captured(name), cluster4(), grid_plan(name, 2, False), backend="nccl", check=False)
+    assert_one_step_like_one_process(name, prepared)
 
 
 def test_a_grid_holds_each_divided_weight_once_per_group(pool4) -> None:

@@ -85,11 +85,18 @@ def test_random_split_plans_train_like_one_process(name, cluster_name, micro, re
 def test_split_programs_lowered_for_nccl_compute_one_step_like_one_process(name) -> None:
     """NCCL's programs (receives posted in message order) of a random split plan on local-cpu-3, run in one
     process (``heterog.runtime.check``), give one step of single-process training."""
-    from heterog.runtime.check import check_prepared
-
     m, cluster = captured(name), cluster_of("local-cpu-3")
     prepared = prepare(m, cluster, split_plan(name, "local-cpu-3", 2, False), backend="nccl", check=False)
     assert any(isinstance(ins, Post) for rp in prepared.lowered.ranks for ins in rp.instrs)
+    assert_one_step_like_one_process(name, prepared)
+
+
+def assert_one_step_like_one_process(name: str, prepared) -> None:
+    """``prepared``'s programs, run in one process (``heterog.runtime.check``), give one step of
+    single-process training of model ``name``: parameters and loss."""
+    from heterog.runtime.check import check_prepared
+
+    m = captured(name)
     dry = check_prepared(prepared)
     assert dry is not None
     losses, want = train_single_process(m, [m.example_inputs], 1)
