@@ -6,7 +6,7 @@ them; a Compiler that drops its tables drops whatever holds their ids with them.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -122,6 +122,25 @@ class LayoutTable:
 
     def __repr__(self) -> str:
         return f"LayoutTable({len(self)} layouts over {self.n_devices} devices, batch {self.batch_size})"
+
+
+def entry_rows(devices: Sequence[int], shares: Sequence[int], micro: Sequence[int],
+               groups: Sequence[Sequence[int]] = ()) -> list[tuple[int, int]]:
+    """(first, end) sample, within its micro-batch, of each entry (device, share, micro-batch) of a layout:
+    consecutive entries of a micro-batch take consecutive samples, except that the devices of one group of a
+    split config (``groups``) run the same samples (one group: the whole micro-batch on every device)."""
+    block = {int(d): k for k, g in enumerate(groups) for d in g}
+    rows: dict[tuple[int, object], tuple[int, int]] = {}
+    top: dict[int, int] = {}
+    out = []
+    for j, (d, s, m) in enumerate(zip(devices, shares, micro)):
+        b = (int(m), block.get(int(d), ("entry", j)))
+        if b not in rows:
+            lo = top.get(int(m), 0)
+            rows[b] = (lo, lo + int(s))
+            top[int(m)] = lo + int(s)
+        out.append(rows[b])
+    return out
 
 
 class ConfigTable:

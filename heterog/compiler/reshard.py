@@ -31,7 +31,7 @@ import numpy as np
 from heterog.compiler.context import CompileContext
 from heterog.compiler.index import GraphIndex
 from heterog.compiler.place import Placement
-from heterog.compiler.registries import LayoutTable
+from heterog.compiler.registries import LayoutTable, entry_rows
 from heterog.compiler.shards import ALLGATHER, ALLREDUCE, ALLTOALL, LOCAL, REDUCESCATTER
 from heterog.compiler.tasks import Providers, TaskBatch, TaskCategory, TaskKind
 
@@ -184,21 +184,8 @@ def _source_key(gi: GraphIndex, u: int, v: int, micro: int) -> Hashable:
 
 
 def _entry_rows(layouts: LayoutTable, lay: int, groups: tuple[tuple[int, ...], ...]) -> list[tuple[int, int]]:
-    """(first, end) sample, within its micro-batch, of each entry of layout ``lay``: consecutive entries of a
-    micro-batch take consecutive samples, except that the devices of one group of a split config (``groups``)
-    run the same samples (one group: the whole micro-batch on every device)."""
-    block = {d: k for k, g in enumerate(groups) for d in g}
-    rows: dict[tuple[int, object], tuple[int, int]] = {}
-    top: dict[int, int] = {}
-    out = []
-    for j, (d, s, m) in enumerate(zip(layouts.devices[lay], layouts.shares[lay], layouts.micro[lay])):
-        b = (m, block.get(d, ("entry", j)))
-        if b not in rows:
-            lo = top.get(m, 0)
-            rows[b] = (lo, lo + int(s))
-            top[m] = lo + int(s)
-        out.append(rows[b])
-    return out
+    """``entry_rows`` of layout ``lay``."""
+    return entry_rows(layouts.devices[lay], layouts.shares[lay], layouts.micro[lay], groups)
 
 
 def _sum_over_groups(ctx: CompileContext, em: _Emitter, t: int, u: int, groups: tuple[tuple[int, ...], ...],

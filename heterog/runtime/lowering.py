@@ -178,6 +178,14 @@ class _Builder:
                                f"(micro-batch {micro})")
         return (float(self.start[t]), int(t))
 
+    def subgroup(self, devices: tuple[int, ...]) -> int:
+        """The index of the process subgroup of ``devices`` (registered if new): gradient AllReduces and the
+        collectives of divided values share them."""
+        group = tuple(sorted(devices))
+        if group not in self.groups:
+            self.groups.append(group)
+        return self.groups.index(group)
+
     def emit(self, rank: int, key: tuple, instr: Instruction) -> list:
         item = [key, self.seq, instr]
         self.seq += 1
@@ -357,9 +365,7 @@ class _Builder:
             self.n_agg += 1
         else:
             devs = tuple(sorted(d for d, _, _, _ in sums))
-            if devs not in self.groups:
-                self.groups.append(devs)
-            g = self.groups.index(devs)
+            g = self.subgroup(devs)
             emu = float(self.nominal.allreduce_times(devs, np.array([float(leaf.nbytes_global)]))[0][0]) \
                 if self.emulate else 0.0
             for d, src, w, _ in sums:

@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 from heterog.compiler.compile import VALUE_FREE_TARGETS
+from heterog.compiler.registries import entry_rows
 from heterog.errors import HeterogError
 from heterog.graph.shard_exec import combine, part_of
 from heterog.graph.sharding import SplitOption, splits_from_json
@@ -145,6 +146,10 @@ class SplitOp:
                                                                           other.shares)
 
 
+def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> float:
+    return float(math.prod(shape) * dtype.itemsize)
+
+
 def _at(placement: str, whole: tuple[int, ...], local: tuple[int, ...]) -> str:
     """``placement`` (of a value of shape ``whole`` at the graph's batch) for the value's shape ``local`` at
     a micro-batch: a split factor counts the outer rows of its dimension (batch rows among them, e.g. heads
@@ -201,12 +206,12 @@ class Builder(Protocol):
     ranks: list[RankProgram]
     memo: dict[Any, Any]
     deps: dict[int, list[list]]
-    groups: list[tuple[int, ...]]
     nominal: CostModel
     emulate: bool
     B: int
 
     def leaf(self, leaf: tuple[int, int]) -> LeafInfo: ...
+    def subgroup(self, devices: tuple[int, ...]) -> int: ...
     def producer_source(self, leaf: LeafInfo, dev: int, micro: int = 0) -> Source: ...
     def inst_key(self, op: int, dev: int, micro: int = 0, recompute: bool = False) -> tuple: ...
     def emit(self, rank: int, key: tuple, instr: Instruction) -> list: ...
@@ -260,24 +265,15 @@ class SplitLowering:
         plan = self.b.plan
         devs, shares = plan.layout_devices[lay], plan.layout_shares[lay]
         micro = plan.layout_micro[lay] if plan.layout_micro else (0,) * len(devs)
-        block = {d: k for k, g in enumerate(self.lay_groups.get(lay, ())) for d in g}
-        rows: dict[tuple[int, int], tuple[int, int]] = {}
-        top: dict[int, int] = {}
-        for d, sh, m in zip(devs, shares, micro):
-            at = (int(m), block.get(int(d), 0))
-            if at not in rows:
-                lo = top.get(int(m), 0)
-                rows[at] = (lo, lo + int(sh))
-                top[int(m)] = lo + int(sh)
+        rows = entry_rows(devs, shares, micro, self.lay_groups[lay])
+        size: dict[int, int] = {}
+        for (_, hi), m in zip(rows, micro):
+            size[int(m)] = max(size.get(int(m), 0), hi)
         start, lo = {}, 0
-        for m in sorted(top):
+        for m in sorted(size):
             start[m] = lo
-            lo += top[m]
-        out = []
-        for d, m in zip(devs, micro):
-            r0, r1 = rows[(int(m), block.get(int(d), 0))]
-            out.append((int(d), start[int(m)] + r0, start[int(m)] + r1, int(m)))
-        return out
+            lo += size[m]
+        return [(int(d), start[int(m)] + r0, start[int(m)] + r1, int(m)) for d, (r0, r1), m in zip(devs, rows, micro)]
 
     def holders(self, op: int) -> tuple[int, ...]:
         """The devices whose parts of divided op ``op``'s placeholder put it together (one group of a grid)."""
@@ -321,14 +317,6 @@ class SplitLowering:
         b.pull(item, key + (-1,))
         return Stash(item[2].key)
 
-    def subgroup(self, devices: tuple[int, ...]) -> int:
-        """The index of the process subgroup of ``devices`` (registered if new)."""
-        b = self.b
-        group = tuple(sorted(devices))
-        if group not in b.groups:
-            b.groups.append(group)
-        return b.groups.index(group)
-
     def collective(self, leaf_id: tuple[int, int], micro: int, group: tuple[int, ...]) -> tuple[tuple, tuple]:
         """A divided op's output of shards or partial sums made whole on every device of ``group`` (of the op's
         config) by one collective over them (once per value: ``AllGather`` of the shards, ``AllReduce`` of the
@@ -346,12 +334,12 @@ class SplitLowering:
         p = _at(su.output(leaf.k), leaf.shape, shape)
         held = [self.held(leaf_id, h, micro) for h in group]
         at = max(after for _, after in held)
-        g = self.subgroup(group)
+        g = b.subgroup(group)
         stash_key = ("w", leaf.read_node, micro)
         instrs: list[Instruction]
 
         def nbytes(shape: tuple[int, ...]) -> float:
-            return float(math.prod(shape) * leaf.dtype.itemsize)
+            return _nbytes(shape, leaf.dtype)
 
         if p == "P":
             emu = float(b.nominal.allreduce_times(group, np.array([nbytes(shape)]))[0][0]) if b.emulate else 0.0
@@ -421,9 +409,9 @@ class SplitLowering:
             members = tuple(g[su.rank(dev)] for g in su.groups)
             sums = {d: (src, w, after) for d, src, w, after in b.device_sums(leaf_id)}
             at = max(sums[d][2] for d in members)             # once every part exists
-            g = self.subgroup(members)
+            g = b.subgroup(members)
             shape = part_shape(leaf.shape, su.output(leaf.k), su.extent, su.shares, su.rank(dev))
-            emu = float(b.nominal.allreduce_times(members, np.array([float(math.prod(shape) * leaf.dtype.itemsize)])
+            emu = float(b.nominal.allreduce_times(members, np.array([_nbytes(shape, leaf.dtype)])
                                                   )[0][0]) if b.emulate else 0.0
             stash = ("gs", leaf.node)
             items = [b.emit(d, at, AllReduce(stash, g, sums[d][0], sums[d][1], emu, leaf.memory_order))
