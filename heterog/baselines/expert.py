@@ -3,11 +3,12 @@ by cost over the devices; plus the helpers the placement planners (DPOS, Pesto) 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from heterog.errors import HeterogError
 from heterog.strategy import ParallelConfig, Strategy, _attach_params_to_grads
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -100,6 +101,36 @@ def layer_key(module_path: str) -> str:
     return parts[0]
 
 
+def _unit_keys(graph: OpGraph, key_of: Callable[[str], str]) -> list[str]:
+    """``key_of(module_path)`` per op; ops without a module path take the key of the nearest op they are
+    connected to (predecessors first, in topological order; then successors); parameters, their state
+    and updates take their gradient's key."""
+    keys = [key_of(op.module_path) for op in graph.ops]
+    order = graph.topo_order()
+    for neighbours, seq in ((graph.pred, order), (graph.succ, order[::-1])):
+        for i in seq.tolist():
+            if not keys[i]:
+                keys[i] = next((keys[j] for j in neighbours[i] if keys[j]), "")
+    keys = [k or "(graph)" for k in keys]
+    units = param_units(graph)
+    for i in range(graph.n_ops):                      # a parameter's unit lives with its gradient's layer
+        if units[i] != i:
+            keys[i] = keys[int(units[i])]
+    return keys
+
+
+def _first_forward(graph: OpGraph, keys: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """Per key, (0 if a forward compute op has it else 1, topological position of its first such op)."""
+    pos = np.empty(graph.n_ops, dtype=np.int64)
+    pos[graph.topo_order()] = np.arange(graph.n_ops)
+    first: dict[str, tuple[int, int]] = {}
+    for i, k in enumerate(keys):
+        rank = (0 if graph.ops[i].phase == "forward" and graph.ops[i].kind == "compute" else 1, int(pos[i]))
+        if k not in first or rank < first[k]:
+            first[k] = rank
+    return first
+
+
 def op_layers(graph: OpGraph) -> tuple[np.ndarray, list[str]]:
     """Layer index per op, layers numbered in forward order (first forward op of the layer).
 
@@ -107,29 +138,54 @@ def op_layers(graph: OpGraph) -> tuple[np.ndarray, list[str]]:
     first, in topological order; then successors); parameters, their state and updates follow their
     gradient's unit. Returns ``(layer_of (n_ops,), layer names)``.
     """
-    n = graph.n_ops
-    keys = [layer_key(op.module_path) for op in graph.ops]
-    order = graph.topo_order()
-    # ops without a module path: from a predecessor (topological order), else from a successor
-    for neighbours, seq in ((graph.pred, order), (graph.succ, order[::-1])):
-        for i in seq.tolist():
-            if not keys[i]:
-                keys[i] = next((keys[j] for j in neighbours[i] if keys[j]), "")
-    keys = [k or "(graph)" for k in keys]
-    units = param_units(graph)
-    for i in range(n):                                # a parameter's unit lives with its gradient's layer
-        if units[i] != i:
-            keys[i] = keys[int(units[i])]
-    pos = np.empty(n, dtype=np.int64)
-    pos[order] = np.arange(n)
-    first: dict[str, tuple[int, int]] = {}
-    for i, k in enumerate(keys):
-        rank = (0 if graph.ops[i].phase == "forward" and graph.ops[i].kind == "compute" else 1, int(pos[i]))
-        if k not in first or rank < first[k]:
-            first[k] = rank
+    keys = _unit_keys(graph, layer_key)
+    first = _first_forward(graph, keys)
     names = sorted(first, key=lambda k: first[k])
     index = {k: j for j, k in enumerate(names)}
     return np.array([index[k] for k in keys], dtype=np.int64), names
+
+
+def block_prefix(graph: OpGraph) -> str:
+    """The module list of the model's repeated blocks: the path ``P`` whose children ``P.0, P.1, ...`` are
+    the most numerous (``"model.decoder.layers"`` in a Hugging Face OPT, ``"transformer.h"`` in GPT-Neo);
+    ``""`` when no module path has an index."""
+    counts: dict[str, set[str]] = {}
+    for op in graph.ops:
+        parts = op.module_path.split(".") if op.module_path else []
+        for k, part in enumerate(parts):
+            if _INDEX.match(part):
+                counts.setdefault(".".join(parts[:k]), set()).add(part)
+    return max(counts, key=lambda p: (len(counts[p]), -len(p)), default="")
+
+
+def block_layers(graph: OpGraph) -> tuple[np.ndarray, int]:
+    """Layer per op in the numbering of per-layer planners and profiles (Metis, Sailor, Megatron's
+    pipeline stages): 0 is everything the forward pass runs before the first repeated block (the
+    embeddings), ``1 .. L`` the blocks in index order, ``L + 1`` everything after the last (final norm,
+    head, loss). Backward and update ops take their forward layer (``op_layers``' rules for ops without a
+    module path). Returns ``(layer_of (n_ops,), L)``; a graph without repeated blocks is refused.
+    """
+    prefix = block_prefix(graph)
+    if not prefix:
+        raise HeterogError(f"graph {graph.name!r} has no repeated blocks (no module path with an index), so it "
+                           f"has no per-layer numbering")
+    depth = len(prefix.split("."))
+
+    def key_of(path: str) -> str:
+        if not path:
+            return ""
+        parts = path.split(".")
+        if ".".join(parts[:depth]) == prefix and len(parts) > depth:
+            return f"#{int(parts[depth])}"
+        return path
+
+    keys = _unit_keys(graph, key_of)
+    blocks = sorted({int(k[1:]) for k in keys if k.startswith("#")})
+    index = {b: j + 1 for j, b in enumerate(blocks)}
+    first = _first_forward(graph, keys)
+    start = min(first[f"#{b}"] for b in blocks)
+    layer = [index[int(k[1:])] if k.startswith("#") else (0 if first[k] < start else len(blocks) + 1) for k in keys]
+    return np.array(layer, dtype=np.int64), len(blocks)
 
 
 def balanced_partition(layer_cost: np.ndarray, layer_mem: np.ndarray, capacity: np.ndarray) -> np.ndarray:
