@@ -46,13 +46,21 @@ def _describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def _device_for(rank: int, backend: str) -> torch.device:
+def _device_for(rank: int, backend: str, world: int = 1) -> torch.device:
+    """The device of ``rank``: GPU ``rank % n`` under NCCL. More ranks than GPUs share them (a test of a
+    plan's NCCL programs on one GPU): NCCL refuses two ranks of one communicator on one GPU unless
+    ``NCCL_MULTI_RANK_GPU_ENABLE`` is set (recent NCCL), or unless the ranks pose as distinct hosts
+    (``HETEROG_NCCL_DISTINCT_HOSTS=1`` sets a ``NCCL_HOSTID`` per rank; NCCL then talks over sockets)."""
     import torch
 
     if backend == "nccl":
         n = torch.cuda.device_count()
         if n == 0:
             raise HeterogError("backend nccl needs CUDA GPUs; none is visible (use --backend gloo on CPU)")
+        if world > n:
+            os.environ.setdefault("NCCL_MULTI_RANK_GPU_ENABLE", "1")
+            if os.environ.get("HETEROG_NCCL_DISTINCT_HOSTS") == "1":
+                os.environ["NCCL_HOSTID"] = f"heterog-rank-{rank}"
         dev = torch.device("cuda", rank % n)
         torch.cuda.set_device(dev)
         return dev
@@ -117,7 +125,7 @@ def _worker_main(rank: int, world: int, init_method: str, backend: str, job_q: Q
 
     torch.set_num_threads(threads)
     try:
-        device = _device_for(rank, backend)
+        device = _device_for(rank, backend, world)
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=timeout_s))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which names this rank

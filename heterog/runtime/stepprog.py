@@ -213,8 +213,10 @@ class StepProgram:
 def _size_hint(s: Any) -> int:
     """A concrete size or stride from a captured (possibly symbolic) one, at the capture's batch."""
     if isinstance(s, torch.SymInt):
-        from torch.fx.experimental.symbolic_shapes import optimization_hint
-
+        try:
+            from torch.fx.experimental.symbolic_shapes import optimization_hint
+        except ImportError:                  # torch before 2.12: the hint lives on the node
+            return int(s.node.hint)
         return int(optimization_hint(s))
     return int(s)
 
