@@ -21,6 +21,11 @@ The efficiencies keep that separation and place it inside the paper's range:
 Other types follow the same reasoning: power-limited cards (T4 at 70 W, L4 at 72 W) and consumer
 Ampere/Ada cards (whose fp32 peak counts dual-issue FMA that GEMMs rarely sustain) get lower compute
 efficiency. These are priors; the profiler's measured tables override them per op (heterog.cost).
+Turing cards (T4, RTX-2080, RTX-2080Ti, Titan-RTX) share one prior, the T4's, and the GH200's Hopper
+GPU the H100's; none is fitted to measured iteration times.
+
+Other systems name the same parts differently; ``ALIASES`` maps their names (Sailor's and Metis'
+plan and profile files: "GH-96", "A100-40", ...) to catalog names, and ``device_type`` accepts both.
 """
 from __future__ import annotations
 
@@ -105,6 +110,14 @@ _TYPES = (
     _t("L4",          30.3,    121.0,     300.0,  24, 0.55, 0.80, 5.0),   # 72 W
     _t("RTX-3090",    35.6,    71.0,      936.0,  24, 0.55, 0.80, 5.0),   # fp32 peak counts dual-issue
     _t("RTX-4090",    82.6,    165.2,     1008.0, 24, 0.55, 0.80, 5.0),   # fp16 tensor with fp32 accumulate
+    # GH200 Grace Hopper superchip, 96 GB HBM3 (NVIDIA GH200 datasheet, 2023): its Hopper GPU has the
+    # H100 SXM5's peaks (67 TFLOP/s fp32, 989 TFLOP/s dense bf16) and 4.0 TB/s of HBM3; H100 priors
+    _t("GH200-96GB",  67.0,    989.0,     4000.0, 96, 0.70, 0.85, 4.0),
+    # Turing GeForce/Titan (NVIDIA Turing architecture whitepaper, 2018, appendix A, reference clocks):
+    # fp16 tensor with fp32 accumulate (half rate on GeForce, full rate on Titan RTX); T4's priors
+    _t("RTX-2080",    10.07,   40.3,      448.0,  8,  0.60, 0.75, 5.0),
+    _t("RTX-2080Ti",  13.45,   53.8,      616.0,  11, 0.60, 0.75, 5.0),
+    _t("Titan-RTX",   16.3,    130.5,     672.0,  24, 0.60, 0.75, 5.0),
     # a CPU worker process of local-cpu-N (emulation): a few cores of fp32 SIMD, DRAM share,
     # ATen dispatch overhead per op; gloo moves and sums bytes on the same cores
     _t("cpu",         0.05,    None,      20.0,   8,  0.50, 0.60, 20.0, host_driven_comm=True),
@@ -112,10 +125,33 @@ _TYPES = (
 
 CATALOG: dict[str, DeviceType] = {t.name: t for t in _TYPES}
 
+# other systems' names -> catalog names: Sailor's and Metis' plan, profile and bandwidth files
+# (eth-easl/sailor cf2c8e3: sailor/Planner/simulations/validation/**/plan_config_*.json,
+# sailor/Planner/baselines/Metis/profiles/<model>/<gpu>/, sailor/providers/*.json)
+ALIASES: dict[str, str] = {
+    "GH-96": "GH200-96GB",
+    "A100-40": "A100-40GB",
+    "A100-80": "A100-80GB",
+    "V100-16": "V100-16GB",
+    "RTX-2080": "RTX-2080",
+    "RTX-3090": "RTX-3090",
+    "Titan-RTX": "Titan-RTX",
+}
+
+
+def resolve_type(name: str) -> str:
+    """The catalog name of ``name``: itself if it is one, else its ``ALIASES`` entry; ClusterError naming
+    it (and the known names) if it is neither."""
+    if isinstance(name, str) and name in CATALOG:
+        return name
+    try:
+        return ALIASES[name]
+    except (KeyError, TypeError):
+        raise ClusterError(f"unknown device type {name!r}; known: {', '.join(CATALOG)}; "
+                           f"aliases: {', '.join(a for a in ALIASES if a not in CATALOG)}") from None
+
 
 def device_type(name: str) -> DeviceType:
-    """The catalog entry for ``name``; ClusterError naming it (and the known types) if absent."""
-    try:
-        return CATALOG[name]
-    except (KeyError, TypeError):
-        raise ClusterError(f"unknown device type {name!r}; known: {', '.join(CATALOG)}") from None
+    """The catalog entry for ``name`` (a catalog name or an alias); ClusterError naming it (and the known
+    types) if absent."""
+    return CATALOG[resolve_type(name)]

@@ -18,7 +18,9 @@ from heterog.errors import ClusterError
 
 __all__ = ["GPU_TYPES", "ClusterSpace", "generate_cluster", "generate_cluster_dict", "generate_clusters"]
 
-GPU_TYPES: tuple[str, ...] = tuple(name for name in CATALOG if name != "cpu")
+# the types drawn from, fixed so that a seed keeps giving the same cluster as the catalog grows
+GPU_TYPES: tuple[str, ...] = ("V100-16GB", "V100-32GB", "GTX-1080Ti", "P100-12GB", "T4", "A100-40GB", "A100-80GB",
+                              "H100", "L4", "RTX-3090", "RTX-4090")
 NVLINK_TYPES = frozenset({"V100-16GB", "V100-32GB", "A100-40GB", "A100-80GB", "H100"})  # SXM boards
 NVLINK_GBps = {"V100-16GB": 45.0, "V100-32GB": 45.0, "A100-40GB": 240.0, "A100-80GB": 240.0, "H100": 360.0}
 PCIE_GBps = (12.0, 24.0)             # PCIe 3.0 and 4.0 x16, effective

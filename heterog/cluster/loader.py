@@ -434,7 +434,8 @@ def load_cluster(name_or_path: str | Path) -> Cluster:
         content = _builtin_dir().joinpath(f"{text}.yaml").read_text()
         return _parse_yaml(content, f"built-in cluster {text!r}", text)
     raise ClusterError(f"unknown cluster {text!r}: not a file and not a built-in; built-ins: "
-                       f"{', '.join(names)}, {LOCAL_CPU_SYNTAX}, gen-SEED")
+                       f"{', '.join(names)}, {LOCAL_CPU_SYNTAX}, gen-SEED, clariden, mit, gcp-a100-v100 "
+                       f"(heterog.cluster.published)")
 
 
 __all__ = [

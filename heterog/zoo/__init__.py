@@ -4,6 +4,7 @@ has the table."""
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -14,6 +15,7 @@ from heterog.zoo.bert import build_bert_large
 from heterog.zoo.big_embedding import build_big_embedding
 from heterog.zoo.common import InputFactory, Inputs, ModelSpec, count_parameters
 from heterog.zoo.gpt2 import build_gpt2, build_gpt2_xl
+from heterog.zoo.hf_lm import build_gpt_neo_2_7b, build_opt_350m
 from heterog.zoo.inception import build_inception_v3
 from heterog.zoo.mobilenet import build_mobilenet_v2
 from heterog.zoo.nasnet import build_nasnet
@@ -59,7 +61,10 @@ KNOB_DOCS = {
     "label_smoothing": "label smoothing of the cross-entropy",
     "in_features": "input features",
     "channels": "channels of the first convolution",
+    "embed_proj": "width of the token embedding, projected to and from the hidden size (OPT's word_embed_proj_dim)",
 }
+SAILOR = ("Sailor's validation runs (eth-easl/sailor cf2c8e3, sailor/Planner/simulations/validation/clariden/) "
+          "train at global batch 32 to 1024 in micro-batches of 1 to 8; 8 chosen here")
 
 IMAGE_INPUTS = (("images", "(B, 3, S, S) float"), ("labels", "(B,) int64"))
 LM_INPUTS = (("input_ids", "(B, T) int64"), ("labels", "(B, T) int64, input shifted by one"))
@@ -284,6 +289,42 @@ _SPECS = (
               "1.6 GB at the default batch. " + NO_DROPOUT,
     ),
     ModelSpec(
+        name="opt_350m",
+        description="OPT-350M (Zhang et al. 2022; HF facebook/opt-350m config): 24 post-LN layers, hidden 1024, "
+                    "16 heads, ffn 4096, ReLU, 512-wide embedding projected in and out, vocab 50272, seq 2048",
+        builder=build_opt_350m,
+        default_batch_size=8,
+        batch_size_source=SAILOR,
+        params=331_196_416,
+        published_params=331_196_416,
+        published_source="HF facebook/opt-350m OPTForCausalLM, output tied to the token embedding (equal)",
+        inputs=(("input_ids", "(B, T) int64"), ("labels", "(B, T) int64, equal to input_ids")),
+        small_overrides={"layers": 2, "hidden": 32, "heads": 4, "ffn": 64, "embed_proj": 16, "vocab": 100,
+                         "seq_len": 16},
+        notes="transformers.OPTForCausalLM from its configuration with random weights, called with keyword "
+              "inputs {input_ids, labels}; it returns an output whose .loss is the mean next-token CE. Dropout 0, "
+              "as in Sailor's Megatron-DeepSpeed OPT (heterog/zoo/hf_lm.py). Sailor's OPT-350 differs from the "
+              "HF layout: pre-LN, 1024-wide embeddings without projections, vocabulary padded to 50304.",
+    ),
+    ModelSpec(
+        name="gpt_neo_2_7b",
+        description="GPT-Neo-2.7B (Black et al. 2021; HF EleutherAI/gpt-neo-2.7B config): 32 pre-LN layers "
+                    "alternating global and local (256) attention, hidden 2560, 20 heads, vocab 50257, seq 2048",
+        builder=build_gpt_neo_2_7b,
+        default_batch_size=8,
+        batch_size_source=SAILOR,
+        params=2_651_307_520,
+        published_params=2_651_307_520,
+        published_source="HF EleutherAI/gpt-neo-2.7B GPTNeoForCausalLM, output tied to the token embedding "
+                         "(equal)",
+        inputs=(("input_ids", "(B, T) int64"), ("labels", "(B, T) int64, equal to input_ids")),
+        small_overrides={"layers": 2, "hidden": 32, "heads": 4, "vocab": 100, "seq_len": 16},
+        notes="transformers.GPTNeoForCausalLM from its configuration with random weights, called with keyword "
+              "inputs {input_ids, labels}; .loss is the mean next-token CE. Dropout 0.1 on the embeddings and "
+              "residual branches, none on attention probabilities, as in Sailor's Megatron-DeepSpeed GPT-Neo "
+              "(heterog/zoo/hf_lm.py). " + ADAM,
+    ),
+    ModelSpec(
         name="tiny_mlp",
         description="Tiny MLP 32-64-64-10 for tests",
         builder=build_tiny_mlp,
@@ -369,7 +410,7 @@ def build(
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
     **overrides: Any,
-) -> tuple[nn.Module, Inputs]:
+) -> tuple[nn.Module, Inputs | dict[str, torch.Tensor]]:
     """Build zoo model `name` in training mode with example inputs for `batch_size` samples.
 
     Args:
@@ -380,7 +421,8 @@ def build(
         overrides: the model's knobs (see info(name)["knobs"]) to shrink or reshape it.
 
     Returns:
-        (module, inputs) with module(*inputs) the scalar mean loss and the batch on dim 0 of every input.
+        (module, inputs) with module(*inputs) the scalar mean loss, or for the Hugging Face models a dict of
+        keyword inputs and module(**inputs).loss the loss; the batch is on dim 0 of every input.
     """
     model = spec(name)
     batch_size = model.default_batch_size if batch_size is None else batch_size
@@ -403,5 +445,9 @@ def build(
             torch.manual_seed(seed)
             module, inputs = model.builder(batch_size, factory, **overrides)
     module = module.to(device=device, dtype=dtype).train()
-    inputs = tuple(t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype) for t in inputs)
-    return module, inputs
+    def move(t: torch.Tensor) -> torch.Tensor:
+        return t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+
+    if isinstance(inputs, Mapping):
+        return module, {key: move(t) for key, t in inputs.items()}
+    return module, tuple(move(t) for t in inputs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -14,7 +15,7 @@ from heterog.errors import HeterogError
 
 Inputs = tuple[torch.Tensor, ...]
 # A builder makes the module (under the caller's device/RNG context) and its example inputs.
-Builder = Callable[..., tuple[nn.Module, Inputs]]
+Builder = Callable[..., tuple[nn.Module, Any]]
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class ModelSpec:
     description: str
     """One line: architecture and reference."""
     builder: Builder
-    """builder(batch_size, factory, **knobs) -> (module, inputs)."""
+    """builder(batch_size, factory, **knobs) -> (module, inputs): a tuple, or a dict of keyword inputs."""
     default_batch_size: int
     """Samples per iteration (images, or sequences for NLP models)."""
     batch_size_source: str

@@ -33,7 +33,7 @@ def small(name: str, batch_size: int = 4, **kwargs):
 @pytest.mark.parametrize("name", ALL)
 def test_forward_gives_a_finite_scalar_and_backward_reaches_every_parameter(name):
     module, inputs = small(name, 2 if name == "inception_v3" else 4)
-    loss = module(*inputs)
+    loss = module(**inputs).loss if isinstance(inputs, dict) else module(*inputs)
     assert loss.shape == () and torch.isfinite(loss)
     loss.backward()
     for param_name, param in module.named_parameters():

@@ -1,0 +1,97 @@
+"""The language models of Sailor's validation runs (OPT-350M, GPT-Neo-2.7B) as Hugging Face ``transformers``
+models built from their published configurations with random weights (nothing is downloaded, no tokenizer).
+
+Dropout follows Sailor's training (third_party/Megatron-DeepSpeed of eth-easl/sailor cf2c8e3, launched by
+ae_scripts/clariden_scripts/run_opt.slurm, which sets no dropout flag, so Megatron's defaults of 0.1 apply
+where a dropout is applied): its OPT model applies none (megatron/model/opt_model.py: the residual dropouts
+are commented out, the attention probabilities and embeddings are not dropped), its GPT-Neo model drops the
+embeddings (hidden_dropout 0.1) and each residual branch (residual_dropout 0.1) but not the attention
+probabilities (megatron/model/gpt_neo_model.py defines attn_dropout and never applies it).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from heterog.errors import HeterogError
+from heterog.zoo.common import InputFactory, check_positive
+
+SEQ_LEN = 2048
+OPT_VOCAB = 50272        # facebook/opt-350m config.json
+GPT_NEO_VOCAB = 50257    # EleutherAI/gpt-neo-2.7B config.json
+MEGATRON_DROPOUT = 0.1   # Megatron-DeepSpeed megatron/arguments.py: --hidden-dropout, --residual-dropout
+
+
+def _check(name: str, *, hidden: int, heads: int, seq_len: int, max_positions: int, dropout: float,
+           **sizes: int) -> None:
+    check_positive(name, hidden=hidden, heads=heads, seq_len=seq_len, **sizes)
+    if hidden % heads:
+        raise HeterogError(f"zoo model '{name}': hidden size {hidden} is not divisible by {heads} heads")
+    if seq_len > max_positions:
+        raise HeterogError(f"zoo model '{name}': seq_len {seq_len} exceeds max_positions {max_positions}")
+    if not 0.0 <= dropout < 1.0:
+        raise HeterogError(f"zoo model '{name}': dropout must be in [0, 1), got {dropout}")
+
+
+def _lm_inputs(factory: InputFactory, vocab: int, batch_size: int, seq_len: int) -> dict[str, Any]:
+    """{"input_ids", "labels"} of shape (B, T); the model shifts the labels itself, so they equal the ids."""
+    ids = factory.integers(vocab, batch_size, seq_len)
+    return {"input_ids": ids, "labels": ids}
+
+
+def build_opt_350m(
+    batch_size: int,
+    factory: InputFactory,
+    *,
+    layers: int = 24,
+    hidden: int = 1024,
+    heads: int = 16,
+    ffn: int = 4096,
+    embed_proj: int = 512,
+    vocab: int = OPT_VOCAB,
+    seq_len: int = SEQ_LEN,
+    dropout: float = 0.0,
+) -> tuple[nn.Module, dict[str, Any]]:
+    """OPT-350M (facebook/opt-350m): post-LN blocks, ReLU, 512-wide token embedding projected to the hidden
+    size and back, learned positions (2048 + 2 rows), output tied to the token embedding."""
+    import transformers
+
+    _check("opt_350m", layers=layers, hidden=hidden, heads=heads, ffn=ffn, embed_proj=embed_proj, vocab=vocab,
+           seq_len=seq_len, max_positions=SEQ_LEN, dropout=dropout)
+    config = transformers.OPTConfig(
+        vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, ffn_dim=ffn, num_attention_heads=heads,
+        max_position_embeddings=SEQ_LEN, word_embed_proj_dim=embed_proj, do_layer_norm_before=False,
+        activation_function="relu", dropout=dropout, attention_dropout=dropout,
+        layerdrop=0.0, pad_token_id=min(1, vocab - 1), bos_token_id=min(2, vocab - 1), eos_token_id=min(2, vocab - 1),
+        use_cache=False)
+    return transformers.OPTForCausalLM(config), _lm_inputs(factory, vocab, batch_size, seq_len)
+
+
+def build_gpt_neo_2_7b(
+    batch_size: int,
+    factory: InputFactory,
+    *,
+    layers: int = 32,
+    hidden: int = 2560,
+    heads: int = 20,
+    vocab: int = GPT_NEO_VOCAB,
+    seq_len: int = SEQ_LEN,
+    dropout: float = MEGATRON_DROPOUT,
+) -> tuple[nn.Module, dict[str, Any]]:
+    """GPT-Neo-2.7B (EleutherAI/gpt-neo-2.7B): pre-LN blocks alternating global and local (window 256)
+    attention, GELU, learned positions, output tied to the token embedding; ``dropout`` applies to the
+    embeddings and the residual branches, not to the attention probabilities (as in Sailor's training)."""
+    import transformers
+
+    _check("gpt_neo_2_7b", layers=layers, hidden=hidden, heads=heads, vocab=vocab, seq_len=seq_len,
+           max_positions=SEQ_LEN, dropout=dropout)
+    attention_types: list[list[Any]] = [[["global", "local"], layers // 2]] if layers >= 2 else []
+    if layers % 2:
+        attention_types.append([["global"], 1])
+    config = transformers.GPTNeoConfig(
+        vocab_size=vocab, max_position_embeddings=SEQ_LEN, hidden_size=hidden, num_layers=layers,
+        attention_types=attention_types, num_heads=heads, window_size=256, activation_function="gelu_new",
+        embed_dropout=dropout, resid_dropout=dropout, attention_dropout=0.0, bos_token_id=min(50256, vocab - 1),
+        eos_token_id=min(50256, vocab - 1), use_cache=False)
+    return transformers.GPTNeoForCausalLM(config), _lm_inputs(factory, vocab, batch_size, seq_len)
