@@ -170,11 +170,11 @@ def to_strategy(plan: ForeignPlan, graph: OpGraph, cluster: Cluster) -> Strategy
     layer_of, L = block_layers(graph)
     n_layers = L + 2
     B, P, k = int(plan.global_batch), len(plan.pipelines), int(plan.micro_batches)
+    if k > MAX_MICRO_BATCHES:
+        raise PlanImportError(f"the plan needs {k} micro-batches; at most {MAX_MICRO_BATCHES} are supported")
     if B != graph.batch_size:
         raise PlanImportError(f"the plan's global batch is {B}, graph {graph.name!r} has batch {graph.batch_size}: "
                               f"capture the graph at batch {B}")
-    if k > MAX_MICRO_BATCHES:
-        raise PlanImportError(f"the plan needs {k} micro-batches; at most {MAX_MICRO_BATCHES} are supported")
     for p, pipe in enumerate(plan.pipelines):
         check_layers(pipe, n_layers, f"pipeline {p}")
     placer = Placer(cluster)
