@@ -39,7 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("import-plan", help="turn a Sailor or Metis plan into a strategy file",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("file", type=Path, help="the plan file (Sailor: plan_config_*.json; Metis: see heterog.interop.metis)")
+    p.add_argument("file", type=Path,
+                   help="the plan file (Sailor: plan_config_*.json; Metis: see heterog.interop.metis)")
     p.add_argument("--format", required=True, choices=list(FORMATS), help="the plan's format")
     add_graph_args(p)
     p.add_argument("-o", "--output", required=True, type=Path, help="strategy JSON to write")

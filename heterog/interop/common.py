@@ -216,7 +216,7 @@ def to_strategy(plan: ForeignPlan, graph: OpGraph, cluster: Cluster) -> Strategy
                     micro_batches=None if k == 1 else tuple(even_shares(B, k)), schedule="1f1b")
 
 
-def need(cond: bool, message: str) -> None:
+def need(cond: object, message: str) -> None:
     """Raise a PlanImportError with ``message`` unless ``cond``."""
     if not cond:
         raise PlanImportError(message)
