@@ -1,4 +1,5 @@
-"""The ``heterog`` command line (also ``python -m heterog``): capture, simulate, compare, plan, run, fidelity, bench.
+"""The ``heterog`` command line (also ``python -m heterog``): capture, simulate, compare, plan, import-plan, run,
+fidelity, bench.
 
 Every subcommand has ``--help``; ``--json`` prints one JSON document on stdout. Bad input exits non-zero with
 a one-line message naming what is wrong.
@@ -12,10 +13,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from heterog.cli import bench, capture, compare, fidelity, main_job, plan, run, simulate
+from heterog.cli import bench, capture, compare, fidelity, import_plan, main_job, plan, run, simulate
 from heterog.errors import HeterogError
 
-COMMANDS = (capture, simulate, bench, main_job, compare, plan, run, fidelity)     # in --help's order
+COMMANDS = (capture, simulate, bench, main_job, compare, plan, import_plan, run, fidelity)     # in --help's order
 
 
 def build_parser() -> argparse.ArgumentParser:
