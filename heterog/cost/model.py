@@ -206,7 +206,7 @@ class CostModel:
         ops of its layers on its device types take their share of the measured time (module docstring).
         """
         t = self._own_times(graph, ops, devices, fractions, splits)
-        if self.layer_profile is None or t.size == 0:
+        if self.layer_profile is None or t.size == 0 or not (self._profiled_gpu >= 0).any():
             return t
         return self._layer_profile_times(graph, ops, devices, fractions, splits, t)
 
@@ -307,7 +307,7 @@ class CostModel:
     def time_sources(self, graph: OpGraph) -> np.ndarray:
         """(n_ops, M) bool: which op on which device takes its time from the layer profile (the others
         keep the roofline, or their op profile entry)."""
-        if self.layer_profile is None:
+        if self.layer_profile is None or not (self._profiled_gpu >= 0).any():
             return np.zeros((graph.n_ops, self.cluster.n_devices), dtype=bool)
         return (self._units(graph).unit_of >= 0)[:, None] & (self._profiled_gpu >= 0)[None, :]
 
