@@ -20,7 +20,7 @@ from heterog.strategy import Strategy, group_ops, strategy_from_actions
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.cluster import Cluster
-    from heterog.cost import CostModel
+    from heterog.cost import CostModel, LayerProfile
     from heterog.graph.opgraph import OpGraph
 
 SHARE_MODES = ("power", "speed", "graph-speed")
@@ -91,6 +91,9 @@ def reward(iteration_time_s: float, oom: bool, oom_factor: float = 10.0) -> floa
 class Evaluator:
     """Scores strategies for one (graph, cluster): compile, prioritise, simulate.
 
+    ``layer_profile``: a per-layer profile (``heterog.cost.LayerProfile``) the cost model takes the times of
+    profiled layers from (``cost_model``); ``time_sources`` reports which ops took them.
+
     ``order`` is the task order (``heterog.scheduler.ORDERS``). The default, ``best``, simulates each order
     of ``PORTFOLIO`` (and ``plan``, the strategy's own op order, when it has one) and keeps the faster;
     ``simulate_kept`` says which was kept, and the runtime executes that one.
@@ -98,11 +101,11 @@ class Evaluator:
 
     def __init__(self, graph: OpGraph, cluster: Cluster, cost: CostModel | None = None, *,
                  order: str = DEFAULT_ORDER, serialize_collectives: bool = False, max_groups: int = 2000,
-                 shares: str = "power", delta: bool = True) -> None:
-        from heterog.cost import CostModel
-
+                 shares: str = "power", delta: bool = True, layer_profile: LayerProfile | None = None) -> None:
         self.graph, self.cluster = graph, cluster
-        self.cost = cost if cost is not None else CostModel(cluster)
+        if cost is not None and layer_profile is not None:
+            raise HeterogError("give the layer profile to the CostModel passed as cost, or pass no cost")
+        self.cost = cost if cost is not None else cost_model(cluster, layer_profile)
         self.compiler = Compiler(graph, cluster, self.cost, serialize_collectives=serialize_collectives,
                                  max_bases=4 if delta else 0)
         self.order = check_order(order)
@@ -152,6 +155,16 @@ class Evaluator:
             ok = np.all(g_time > 0, axis=1)
             self._group_speed = np.where(ok[:, None], 1.0 / np.where(g_time > 0, g_time, 1.0), power)
         return self._group_speed
+
+    def time_sources(self, plan: CompiledPlan) -> dict[str, dict[str, dict[str, float]]]:
+        """Where the plan's compute times come from: per device type, per source ("profile": the layer
+        profile, "roofline": the roofline or an op profile entry), its distinct ops, compute tasks and their
+        seconds (task durations, gradient accumulation included)."""
+        from heterog.cost import source_summary
+
+        comp = np.isin(plan.task_kind, [int(k) for k in COMPUTE_KINDS])
+        return source_summary([d.type.name for d in self.cluster.devices], self.cost.time_sources(self.graph),
+                              plan.task_op[comp], plan.task_device[comp], np.asarray(plan.tg.duration)[comp])
 
     def compile(self, strategy: Strategy) -> CompiledPlan:
         """The strategy's CompiledPlan; a strategy close to one compiled recently patches that plan
@@ -236,12 +249,27 @@ class Evaluator:
                           comm_time_s=comm_len, overlap_ratio=overlap, n_tasks=plan.n_tasks, sim=res, plan=plan)
 
 
+def cost_model(cluster: Cluster, layer_profile: LayerProfile | None = None) -> CostModel:
+    """The roofline CostModel of ``cluster``; with ``layer_profile``, its measured layer times where it has
+    them (layers numbered by ``heterog.baselines.expert.block_layers``)."""
+    from heterog.cost import CostModel
+
+    if layer_profile is None:
+        return CostModel(cluster)
+    from heterog.baselines.expert import block_layers
+
+    return CostModel(cluster, layer_profile=layer_profile, layer_numbering=block_layers)
+
+
 def simulate(graph: OpGraph, cluster: Cluster, strategy: Strategy, order: str = DEFAULT_ORDER,
-             cost: CostModel | None = None, *, serialize_collectives: bool = False) -> PlanResult:
+             cost: CostModel | None = None, *, serialize_collectives: bool = False,
+             layer_profile: LayerProfile | None = None) -> PlanResult:
     """Compile ``strategy`` for ``graph`` on ``cluster``, schedule it (by default the faster of
     rank-contention and FIFO; ``.order`` says which) and simulate one training iteration. The result
-    carries the SimResult (``.sim``) and the plan (``.plan``)."""
-    ev = Evaluator(graph, cluster, cost, order=order, serialize_collectives=serialize_collectives)
+    carries the SimResult (``.sim``) and the plan (``.plan``). ``layer_profile``: measured layer times
+    (``Evaluator``)."""
+    ev = Evaluator(graph, cluster, cost, order=order, serialize_collectives=serialize_collectives,
+                   layer_profile=layer_profile)
     out = ev.evaluate(strategy)
     out.search_time_s = float(strategy.meta.get("search_time_s", 0.0))
     return out

@@ -19,6 +19,20 @@ piecewise-linear function through the op's measured points (``ProfileTable.op_po
 points or with ``op_points=False``, its line ``a + b * samples`` (entries are measured at slowdown 1,
 so the slowdown still applies). Graph inputs (params, buffers, optimizer state, model inputs) take 0.
 
+A per-layer profile (``LayerProfile``, Metis' format; ``heterog.cost.layer_profile``) overrides both on
+the device types it profiles. Units: a layer (its forward and backward compute ops, numbered by
+``layer_numbering``, e.g. ``heterog.baselines.expert.block_layers``) or a parameter (its update compute
+ops). An instance of op i of unit u on device d at fraction f and split s takes
+
+    t_i = T_u * slowdown_d * own_i(d, f, s) / sum over ops j of u of own_j(d, f, s)
+
+where own is the time above (roofline or op entry) and T_u the measured time: for a layer, its forward
++ backward at ``f * batch_size`` samples per micro-batch and tensor-parallel degree ``1 / s``; for a
+parameter, the optimizer step at degree ``1 / s`` times the parameter's share of the updated parameter
+bytes. So each unit sums to its measurement when its ops run at the same (d, f, s), and the split between
+them (forward : backward included: the files give none) is the roofline's. Ops outside the units (update
+ops without a parameter) and devices of other types keep ``own``. ``time_sources`` says which is which.
+
 Transfers: ``sum of alpha + bytes * max of beta`` over the links of the path, where a link's
 (alpha, beta) is its profiled fit (looked up by link name, then by link kind) or else
 (latency, 1 / bandwidth), NIC links capped by the switch. Without a profile this is exactly
@@ -61,6 +75,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from heterog.cluster.topology import Cluster
+from heterog.cost.layer_profile import LayerNumbering, LayerProfile, LayerProfileError, LayerUnits, layer_units
 from heterog.cost.profile import ProfileTable, op_signature
 from heterog.errors import StrategyError
 from heterog.graph.opgraph import DRAW_BLOCK_SAMPLES, OpGraph
@@ -87,6 +102,7 @@ class _GraphTables:
     profile_b_s: np.ndarray | None        # (n_ops, M, S) profiled slope per sample, per segment
     profile_breaks: np.ndarray | None     # (n_ops, M, S-1) samples where segment k+1 starts; +inf padding
     full_batch_s: np.ndarray | None = None
+    units: LayerUnits | None = None       # the graph's units under the layer profile
 
 
 @dataclass(frozen=True)
@@ -120,11 +136,23 @@ class CostModel:
     ``allreduce_times`` (K,) bytes -> (K,) seconds and (K,) algorithm names.
     """
 
-    def __init__(self, cluster: Cluster, profile: ProfileTable | None = None, *, op_points: bool = True) -> None:
+    def __init__(self, cluster: Cluster, profile: ProfileTable | None = None, *, op_points: bool = True,
+                 layer_profile: LayerProfile | None = None, layer_numbering: LayerNumbering | None = None) -> None:
         self.cluster = cluster
         self.profile = profile.copy() if profile is not None else ProfileTable()
         self.op_points = bool(op_points)
+        if layer_profile is not None and layer_numbering is None:
+            raise LayerProfileError("a layer profile needs the graph's layer numbering (layer_numbering, e.g. "
+                                    "heterog.baselines.expert.block_layers)")
+        self.layer_profile, self.layer_numbering = layer_profile, layer_numbering
         types = [d.type for d in cluster.devices]
+        # (M,) index into layer_profile.gpus of each device's type, -1 where it is not profiled
+        self._profiled_gpu = np.full(len(types), -1, dtype=np.int64)
+        for j, t in enumerate(types if layer_profile is not None else ()):
+            assert layer_profile is not None
+            gpu = layer_profile.gpu_for(t.name)
+            if gpu is not None:
+                self._profiled_gpu[j] = layer_profile.gpus.index(gpu)
         self._fp32_flops = np.array([t.effective_flops for t in types])
         self._half_flops = np.array([t.effective_tensor_flops for t in types])
         self._memory_Bps = np.array([t.effective_memory_Bps for t in types])
@@ -135,7 +163,8 @@ class CostModel:
         self._allreduce_plans: dict[tuple[int, ...], _AllreducePlan] = {}
 
     def __repr__(self) -> str:
-        return f"CostModel({self.cluster.name!r}, profile entries={len(self.profile)})"
+        layers = f", layer profile {self.layer_profile.model!r}" if self.layer_profile is not None else ""
+        return f"CostModel({self.cluster.name!r}, profile entries={len(self.profile)}{layers})"
 
     # ------------------------------------------------------------------ compute
     def _tables(self, graph: OpGraph) -> _GraphTables:
@@ -173,11 +202,20 @@ class CostModel:
 
         ``splits[i]``: the op runs on that share of a dimension divided beyond the batch (its shard's shape:
         FLOPs and bytes scale with it, a launch does not; a measured time scales less its launch).
-        Arrays broadcast against each other; the result has their common shape.
+        Arrays broadcast against each other; the result has their common shape. With a layer profile,
+        ops of its layers on its device types take their share of the measured time (module docstring).
         """
+        t = self._own_times(graph, ops, devices, fractions, splits)
+        if self.layer_profile is None or t.size == 0 or not (self._profiled_gpu >= 0).any():
+            return t
+        return self._layer_profile_times(graph, ops, devices, fractions, splits, t)
+
+    def _own_times(self, graph: OpGraph, ops: np.ndarray, devices: np.ndarray, fractions: np.ndarray,
+                   splits: np.ndarray | None = None) -> np.ndarray:
+        """``op_times`` without the layer profile: the roofline, or the op's profile entry."""
         if splits is not None:
             s = np.asarray(splits, dtype=np.float64)
-            whole = self.op_times(graph, ops, devices, fractions)
+            whole = self._own_times(graph, ops, devices, fractions)
             launch = np.where(graph.is_compute[np.asarray(ops, dtype=np.int64)],
                               self._launch_s[np.asarray(devices, dtype=np.int64)] *
                               self._slowdown[np.asarray(devices, dtype=np.int64)], 0.0)
@@ -222,6 +260,56 @@ class CostModel:
                 t = np.where(measured, np.maximum(a[..., 0] + b[..., 0] * x, 0.0), t)
         t = t * self._slowdown[devices]
         return np.where(graph.is_compute[ops], t, 0.0)
+
+    def _units(self, graph: OpGraph) -> LayerUnits:
+        tables = self._tables(graph)
+        if tables.units is None:
+            assert self.layer_profile is not None and self.layer_numbering is not None
+            tables.units = layer_units(graph, self.layer_numbering, self.layer_profile)
+        return tables.units
+
+    def _layer_profile_times(self, graph: OpGraph, ops: np.ndarray, devices: np.ndarray, fractions: np.ndarray,
+                             splits: np.ndarray | None, own: np.ndarray) -> np.ndarray:
+        """``own`` with the instances of profiled units on profiled devices scaled so that a unit's ops,
+        all at the instance's (device, fraction, split), sum to the unit's measured time there."""
+        assert self.layer_profile is not None
+        units = self._units(graph)
+        ops, devices, fractions, split = np.broadcast_arrays(
+            np.asarray(ops, dtype=np.int64), np.asarray(devices, dtype=np.int64),
+            np.asarray(fractions, dtype=np.float64), np.asarray(1.0 if splits is None else splits, dtype=np.float64))
+        unit = units.unit_of[ops]
+        sel = np.nonzero(((unit >= 0) & (self._profiled_gpu[devices] >= 0)).ravel())[0]
+        if len(sel) == 0:
+            return own
+        keys = np.stack([unit.ravel()[sel], devices.ravel()[sel], fractions.ravel()[sel], split.ravel()[sel]], 1)
+        uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+        k_unit, k_dev = uniq[:, 0].astype(np.int64), uniq[:, 1].astype(np.int64)
+        k_frac, k_split = uniq[:, 2], uniq[:, 3]
+        counts = units.unit_ptr[k_unit + 1] - units.unit_ptr[k_unit]
+        rows = np.repeat(np.arange(len(uniq)), counts)
+        local = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+        members = units.unit_ops[units.unit_ptr[k_unit][rows] + local]
+        member_s = self._own_times(graph, members, k_dev[rows], k_frac[rows], k_split[rows])
+        unit_own = np.bincount(rows, weights=member_s, minlength=len(uniq))
+        measured = np.empty(len(uniq))
+        lp, batch = self.layer_profile, graph.batch_size
+        for k in range(len(uniq)):
+            gpu = lp.gpus[self._profiled_gpu[k_dev[k]]]
+            if k_unit[k] < units.n_layers:
+                measured[k] = lp.layer_times_s(gpu, k_frac[k] * batch, 1.0 / k_split[k])[k_unit[k]]
+            else:
+                measured[k] = lp.optimizer_time_s(gpu, 1.0 / k_split[k]) * units.param_share[k_unit[k] - units.n_layers]
+        factor = np.where(unit_own > 0, measured * self._slowdown[k_dev] / np.where(unit_own > 0, unit_own, 1.0), 1.0)
+        out = own.copy().ravel()
+        out[sel] = out[sel] * factor[inverse.ravel()]
+        return out.reshape(own.shape)
+
+    def time_sources(self, graph: OpGraph) -> np.ndarray:
+        """(n_ops, M) bool: which op on which device takes its time from the layer profile (the others
+        keep the roofline, or their op profile entry)."""
+        if self.layer_profile is None or not (self._profiled_gpu >= 0).any():
+            return np.zeros((graph.n_ops, self.cluster.n_devices), dtype=bool)
+        return (self._units(graph).unit_of >= 0)[:, None] & (self._profiled_gpu >= 0)[None, :]
 
     def full_batch_times(self, graph: OpGraph) -> np.ndarray:
         """(n_ops, M) seconds of every op on every device at the global batch (read-only, cached)."""
