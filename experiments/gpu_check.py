@@ -36,7 +36,8 @@ def build_opt_350m(batch_size: int | None = None) -> tuple[Any, dict[str, Any]]:
     from transformers import OPTConfig, OPTForCausalLM
 
     torch.manual_seed(0)
-    model = OPTForCausalLM(OPTConfig(**OPT_350M, attn_implementation="eager"))   # CPU capture, GPU run: no SDPA kernel of one device
+    # eager attention: capture on the CPU would record the CPU's own SDPA kernel, which a GPU cannot run
+    model = OPTForCausalLM(OPTConfig(**OPT_350M, attn_implementation="eager"))
     # transformers before 5.2x draws a layer-drop coin per layer even at layerdrop 0 (a comparison with a
     # random tensor, which capture refuses as value-dependent control flow): a threshold that every draw
     # passes takes the branch away without changing the model
