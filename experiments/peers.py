@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import subprocess
@@ -47,6 +48,22 @@ def _shim_torch() -> None:
         sys.modules["torch"] = types.ModuleType("torch")
 
 
+@contextlib.contextmanager
+def _quiet() -> Any:
+    """Silence Sailor's prints, its C++ planner's included (file descriptor 1, not only sys.stdout)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    try:
+        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(null)
+        os.close(saved)
+
+
 def _validation_plans(repo: Path) -> list[Path]:
     return sorted((repo / VALIDATION_DIR).rglob("plan_config_*.json"))
 
@@ -74,7 +91,7 @@ def _driver_simulate(repo: Path, layout: Path) -> dict[str, Any]:
         pipe = plan["pipeline_list"][0]
         sim_plan = {"pipeline_list": [{k: pipe[k] for k in ("num_stages", "layers_per_stage", "tmp_per_stage",
                                                                 "dp")}], "mbs": plan["mbs"]}
-        with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
+        with _quiet():
             # validate.py passes fp16=False and builds one Simulator per plan; so do we
             simulator = Simulator(str(layout), training, llm_info, False, profiles, plan["zone"])
             time_s, _, _ = simulator.simulate_iteration_time(sim_plan)
@@ -98,10 +115,13 @@ def _sailor_cpp_planner(repo: Path, build: Path) -> Path:
     import pybind11
 
     src = repo / "sailor/Planner/sailor_planner/cpp_src"
+    sources = [src / "utils/read_json.cpp", src / "training.cpp", src / "planner_utils.cpp",
+               src / "utils/network_utils.cpp", src / "planner.cpp"]
+    digest = hashlib.sha1(b"".join(f.read_bytes() for f in sorted(src.rglob("*.[ch]pp")))).hexdigest()[:12]
+    build = build / digest  # one build per version of their sources
+    build.mkdir(parents=True, exist_ok=True)
     target = build / f"libplanner{sysconfig.get_config_var('EXT_SUFFIX')}"
     if not target.exists():
-        sources = [src / "utils/read_json.cpp", src / "training.cpp", src / "planner_utils.cpp",
-                   src / "utils/network_utils.cpp", src / "planner.cpp"]
         cmd = ["g++", "-O3", "-fPIC", "-shared", f"-I{pybind11.get_include()}",
                f"-I{sysconfig.get_paths()['include']}", *map(str, sources), "-ljsoncpp", "-o", str(target)]
         subprocess.run(cmd, check=True, stdout=sys.stderr)
@@ -113,11 +133,13 @@ def _jsonable(value: Any) -> Any:
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
-    if hasattr(value, "name") and not isinstance(value, (str, int, float)):
-        return value.name  # Metis DeviceType enums
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
     if hasattr(value, "item"):
         return value.item()  # numpy scalars
-    return value
+    if hasattr(value, "name"):
+        return value.name  # Metis DeviceType enums
+    return [_jsonable(v) for v in value]  # pybind11 vectors of Sailor's C++ planner
 
 
 def _first_fitting(plans: list[dict[str, Any]], simulator: Any) -> tuple[int, dict[str, Any] | None]:
@@ -129,7 +151,7 @@ def _first_fitting(plans: list[dict[str, Any]], simulator: Any) -> tuple[int, di
 
 
 def _driver_plan(repo: Path, layout: Path, scenarios: list[tuple[int, int]], planners: list[str],
-                 build: Path) -> dict[str, Any]:
+                 build: Path, partial: Path) -> dict[str, Any]:
     """Sailor's simulations/simulator.py loop for one-step traces: each planner's best fitting plan."""
     from sailor.Planner.simulations.runtime_simulator import Simulator
 
@@ -144,7 +166,7 @@ def _driver_plan(repo: Path, layout: Path, scenarios: list[tuple[int, int]], pla
         name = f"opt350_a100x{n_a100}_v100x{n_v100}"
         out[name] = {}
         for planner_name in planners:
-            with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
+            with _quiet():
                 simulator = Simulator(str(layout), dict(training), llm_info, False, profiles, basic["zone"])
                 start = time.time()
                 if planner_name == "metis":
@@ -159,6 +181,7 @@ def _driver_plan(repo: Path, layout: Path, scenarios: list[tuple[int, int]], pla
                     result["sailor_simulated_s"] = float(sim_time_s)
             result["sorted_plans"] = result["sorted_plans"][:20]
             out[name][planner_name] = _jsonable(result)
+            partial.write_text(json.dumps(out, indent=1))  # keep finished scenarios if a later one fails
             print(f"{name} {planner_name}: {result['n_plans']} plans in {result['search_s']:.1f}s", file=sys.stderr)
     return out
 
@@ -228,6 +251,7 @@ def _driver(argv: list[str]) -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--scenarios", default="")
     p.add_argument("--planners", default="metis,sailor")
+    p.add_argument("--build", type=Path, required=True)
     a = p.parse_args(argv)
     _shim_torch()
     os.environ["SAILOR_PATH"] = str(a.layout)
@@ -235,7 +259,7 @@ def _driver(argv: list[str]) -> None:
         result = _driver_simulate(a.repo, a.layout)
     else:
         scen = [tuple(int(x) for x in s.split("+")) for s in a.scenarios.split(",")]
-        result = _driver_plan(a.repo, a.layout, scen, a.planners.split(","), a.layout / "build")  # type: ignore[arg-type]
+        result = _driver_plan(a.repo, a.layout, scen, a.planners.split(","), a.build, a.out)  # type: ignore[arg-type]
     a.out.write_text(json.dumps(result, indent=1))
 
 
@@ -252,9 +276,9 @@ def _run_driver(args: argparse.Namespace, what: str, extra: list[str]) -> dict[s
     with tempfile.TemporaryDirectory(prefix="sailor-peers-") as tmp:
         layout = _sailor_layout(repo, Path(tmp) / "root")
         raw = Path(tmp) / "raw.json"
-        env = dict(os.environ, PYTHONPATH=str(repo), SAILOR_PATH=str(layout))
-        cmd = [args.python, str(Path(__file__).resolve()), "_driver", what, "--repo", str(repo),
-               "--layout", str(layout), "--out", str(raw), *extra]
+        env = dict(os.environ, PYTHONPATH=str(repo), SAILOR_PATH=str(layout), PYTHONHASHSEED="0")  # Metis iterates sets
+        cmd = [args.python, str(Path(__file__).resolve()), "_driver", what, "--repo", str(repo), "--layout",
+               str(layout), "--out", str(raw), "--build", str(Path(args.build_dir).resolve()), *extra]
         proc = subprocess.run(cmd, env=env, cwd=tmp)
         if proc.returncode != 0:
             raise HeterogError(f"Sailor's code exited with status {proc.returncode}: {' '.join(cmd)}")
@@ -361,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scenarios", default=",".join(f"{a}+{v}" for a, v in DEFAULT_SCENARIOS),
                    help="A100+V100 GPU counts, comma-separated (plan)")
     p.add_argument("--planners", default="metis,sailor", help="metis and/or sailor (plan)")
+    p.add_argument("--build-dir", default=str(Path(tempfile.gettempdir()) / "sailor-planner-build"),
+                   help="where Sailor's C++ planner is compiled once and reused (plan)")
     args = p.parse_args(argv)
     try:
         path = simulate(args) if args.what == "simulate" else plan(args)
