@@ -34,6 +34,8 @@ TRAINING_CONFIGS = {"OPT-350": "training_config_opt_350.json", "GPT-NEO": "train
 # Heterogeneous GCP scenarios of Sailor's planner evaluation: (A100-40 GPUs, V100-16 GPUs), one zone.
 DEFAULT_SCENARIOS = ((4, 4), (8, 8), (16, 16))
 ZONE = "us-central1-a"
+# Unit of each planner's ``iter_time``: Metis' cost model works in milliseconds, Sailor's in seconds.
+PLANNER_TIME_UNIT_S = {"metis": 1e-3, "sailor": 1.0}
 
 
 # ----------------------------------------------------------------------------------------- driver side
@@ -312,7 +314,7 @@ def plan(args: argparse.Namespace) -> Path:
                    "model": "OPT-350", "global_batch_size": 1024, "zone": ZONE,
                    "search_s": result["search_s"], "n_plans": result["n_plans"],
                    "best_rank": result["best_rank"],
-                   "planner_predicted_s": best["iter_time"] if best else None,
+                   "planner_predicted_s": best["iter_time"] * PLANNER_TIME_UNIT_S[planner_name] if best else None,
                    "sailor_simulated_s": result.get("sailor_simulated_s"),
                    "plan_config": to_plan_config(best, 1024) if best else None,
                    "planner_output": {k: v for k, v in result.items()
