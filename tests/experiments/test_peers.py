@@ -1,0 +1,81 @@
+"""experiments.peers: the committed outputs of Sailor's simulator and planners parse, cover every
+validation plan of eth-easl/sailor cf2c8e3, and agree with their own summary; tau and MAPE by hand."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments.peers import kendall_tau, summarise, to_plan_config
+
+DATA = Path(__file__).resolve().parents[2] / "experiments" / "data" / "sailor"
+VALIDATION = "sailor/Planner/simulations/validation/"
+# Every plan_config_*.json under sailor/Planner/simulations/validation at eth-easl/sailor cf2c8e3.
+PLAN_FILES = sorted(
+    [f"clariden/GPT-NEO/N{n}/plan_config_N{n}_D{d}.json"
+     for n, d in [(2, 1), (4, 1), (4, 2), (4, 4), (8, 2), (8, 4), (16, 4), (16, 8), (32, 8), (32, 16),
+                  (64, 8), (64, 16)]]
+    + ["clariden/OPT-350/N1/plan_config_N1_D1_M4_G1.json", "clariden/OPT-350/N1/plan_config_N1_D1_M4_G32.json"]
+    + [f"clariden/OPT-350/N{n}/plan_config_N{n}_D{d}.json"
+       for n, d in [(2, 1), (2, 2), (4, 1), (4, 2), (4, 4), (8, 2), (8, 4), (16, 4), (16, 8), (16, 16),
+                    (32, 8), (32, 16), (32, 32)]]
+    + [f"mit/N{n}/plan_config_N{n}_D{d}.json" for n, d in [(2, 1), (2, 2), (3, 1), (4, 1), (4, 2), (4, 4),
+                                                             (6, 2), (6, 3), (6, 6)]])
+OPT350_LAYERS = 26  # embeddings, 24 blocks, head: Sailor's numbering of OPT-350
+
+
+def test_kendall_tau_by_hand():
+    assert kendall_tau([1, 2, 3], [10, 20, 30]) == 1.0
+    assert kendall_tau([1, 2, 3], [30, 20, 10]) == -1.0
+    # pairs (1,2) concordant, (1,3) concordant, (2,3) discordant -> (2 - 1) / 3
+    assert kendall_tau([1, 2, 3], [1, 3, 2]) == pytest.approx(1 / 3)
+
+
+def test_summarise_by_hand():
+    rows = [{"cluster": "c", "model": "m", "predicted_s": 1.1, "measured_s": 1.0,
+             "predicted_peak_bytes": 50.0, "measured_peak_bytes": 100.0},
+            {"cluster": "c", "model": "m", "predicted_s": 1.8, "measured_s": 2.0,
+             "predicted_peak_bytes": 100.0, "measured_peak_bytes": 100.0}]
+    s = summarise(rows)["c"]
+    assert s["n_plans"] == 2
+    assert s["time_mape_pct"] == pytest.approx(10.0)        # (10% + 10%) / 2
+    assert s["memory_mape_pct"] == pytest.approx(25.0)      # (50% + 0%) / 2
+    assert s["time_kendall_tau"] == 1.0
+
+
+def test_simulator_predictions_cover_every_validation_plan():
+    doc = json.loads((DATA / "simulator_predictions.json").read_text())
+    assert doc["source"] == {"repository": "eth-easl/sailor", "commit": "cf2c8e3"}
+    files = sorted(row["file"].removeprefix(VALIDATION) for row in doc["plans"])
+    assert files == PLAN_FILES
+    for row in doc["plans"]:
+        assert row["cluster"] == row["file"].removeprefix(VALIDATION).split("/")[0]
+        assert row["model"] in ("OPT-350", "GPT-Neo-2.7")
+        assert row["predicted_s"] > 0 and row["measured_s"] > 0
+        assert row["predicted_peak_bytes"] > 0 and row["measured_peak_bytes"] > 0
+    assert doc["summary"] == summarise(doc["plans"])
+
+
+def _check_plan_config(cfg: dict) -> None:
+    pipe = cfg["pipeline_list"][0]
+    layers = sorted(layer for stage in pipe["layers_per_stage"] for layer in stage)
+    assert layers == list(range(OPT350_LAYERS))
+    assert len(pipe["layers_per_stage"]) == pipe["num_stages"] == len(pipe["tmp_per_stage"]) == len(pipe["dp"])
+    for dp, stage in zip(pipe["dp"], pipe["tmp_per_stage"]):
+        assert len(stage) == dp
+        for vms, tp in stage:
+            assert tp >= 1 and all(vm[0] in ("A100-40", "V100-16") for vm in vms)
+    assert cfg["gbs"] == 1024 and cfg["mbs"] >= 1
+
+
+def test_peer_plans_parse_and_are_complete_pipelines():
+    scenarios = sorted(p.name for p in (DATA / "peer_plans").iterdir() if p.is_dir())
+    assert "opt350_a100x4_v100x4" in scenarios
+    for scenario in scenarios:
+        for planner in ("metis", "sailor"):
+            doc = json.loads((DATA / "peer_plans" / scenario / f"{planner}.json").read_text())
+            assert doc["scenario"] == scenario and doc["planner"] == planner
+            assert doc["planner_predicted_s"] > 0 and doc["sailor_simulated_s"] > 0
+            _check_plan_config(doc["plan_config"])
+            assert to_plan_config(doc["planner_output"]["best"], 1024) == doc["plan_config"]
