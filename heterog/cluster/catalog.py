@@ -125,30 +125,50 @@ _TYPES = (
 
 CATALOG: dict[str, DeviceType] = {t.name: t for t in _TYPES}
 
-# other systems' names -> catalog names: Sailor's and Metis' plan, profile and bandwidth files
+# Sailor's and Metis' GPU names -> catalog names, as their plan, profile and bandwidth files write them
 # (eth-easl/sailor cf2c8e3: sailor/Planner/simulations/validation/**/plan_config_*.json,
-# sailor/Planner/baselines/Metis/profiles/<model>/<gpu>/, sailor/providers/*.json)
-ALIASES: dict[str, str] = {
+# sailor/Planner/baselines/Metis/profiles/<model>/<gpu>/, sailor/providers/*.json). Sailor's "RTX-2080" is
+# an 11 GiB card (GPU_MEMORY_GB in sailor/Planner/simulations/constants.py and
+# sailor/Planner/simulations/configs/basic_cluster_config.json): an RTX 2080 Ti's memory, not the 8 GB RTX
+# 2080's, so in their files the name means the catalog's RTX-2080Ti
+SAILOR_NAMES: dict[str, str] = {
     "GH-96": "GH200-96GB",
+    "H100-80": "H100",
     "A100-40": "A100-40GB",
     "A100-80": "A100-80GB",
     "V100-16": "V100-16GB",
-    "RTX-2080": "RTX-2080",
+    "V100-32": "V100-32GB",
+    "T4-16": "T4",
+    "RTX-2080": "RTX-2080Ti",
     "RTX-3090": "RTX-3090",
     "Titan-RTX": "Titan-RTX",
 }
+# names that are not catalog names and mean one catalog type wherever they are written
+ALIASES: dict[str, str] = {k: v for k, v in SAILOR_NAMES.items() if k not in CATALOG}
+
+
+def _unknown(name: object) -> ClusterError:
+    return ClusterError(f"unknown device type {name!r}; known: {', '.join(CATALOG)}; aliases: {', '.join(ALIASES)}")
 
 
 def resolve_type(name: str) -> str:
-    """The catalog name of ``name``: itself if it is one, else its ``ALIASES`` entry; ClusterError naming
-    it (and the known names) if it is neither."""
+    """The catalog name of ``name``: itself if it is one, else its ``ALIASES`` entry (either compared without
+    case); ClusterError naming it (and the known names) if it is neither."""
     if isinstance(name, str) and name in CATALOG:
         return name
-    try:
-        return ALIASES[name]
-    except (KeyError, TypeError):
-        raise ClusterError(f"unknown device type {name!r}; known: {', '.join(CATALOG)}; "
-                           f"aliases: {', '.join(a for a in ALIASES if a not in CATALOG)}") from None
+    folded = {k.lower(): v for k, v in {**{t: t for t in CATALOG}, **ALIASES}.items()}
+    if not isinstance(name, str) or name.lower() not in folded:
+        raise _unknown(name)
+    return folded[name.lower()]
+
+
+def sailor_type(name: str) -> str:
+    """The catalog name of a GPU as Sailor's and Metis' files name it (``SAILOR_NAMES``, compared without
+    case; other names as ``resolve_type``)."""
+    folded = {k.lower(): v for k, v in SAILOR_NAMES.items()}
+    if isinstance(name, str) and name.lower() in folded:
+        return folded[name.lower()]
+    return resolve_type(name)
 
 
 def device_type(name: str) -> DeviceType:

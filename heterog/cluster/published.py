@@ -24,6 +24,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from heterog.cluster.catalog import sailor_type
 from heterog.cluster.loader import DEFAULT_LATENCY_US, cluster_from_dict
 from heterog.cluster.topology import Cluster
 from heterog.errors import ClusterError
@@ -114,19 +115,17 @@ def clariden(nodes: int = 4) -> dict[str, Any]:
             "servers": _nodes("gh", nodes, "GH200-96GB", "GH-96", 4, "nvlink")}
 
 
-def mit(rtx3090: int = 1, titan_rtx: int = 2, rtx2080: int = 3, rtx2080ti: int = 0) -> dict[str, Any]:
+def mit(rtx3090: int = 1, titan_rtx: int = 2, rtx2080: int = 3) -> dict[str, Any]:
     """The MIT cluster of Sailor's validation: servers of 8 GPUs on PCIe, one GPU type each (defaults: the
     testbed, k1 = RTX-3090, n2-n3 = Titan-RTX, r4-r6 = RTX-2080 in sailor/Planner/baselines/Aceso/
     scripts_mit/run_mit.sh). Sailor measured 6.1 GB/s per GPU pair inside the RTX-2080 and Titan-RTX nodes
     and 1.3 GB/s inside the RTX-3090 node with all 8 GPUs busy, 22.9 Gbit/s NICs on the RTX-2080 and
-    Titan-RTX nodes and 0.92 Gbit/s on the RTX-3090 node. Sailor sizes its "RTX-2080" at 11 GiB
-    (sailor/Planner/simulations/configs/basic_cluster_config.json), an RTX 2080 Ti's memory: ``rtx2080ti``
-    nodes are RTX-2080Ti GPUs on the RTX-2080 nodes' measured links."""
-    servers = (_nodes("rtx3090-", rtx3090, "RTX-3090", "RTX-3090", 8, "pcie")
-               + _nodes("titan-rtx-", titan_rtx, "Titan-RTX", "Titan-RTX", 8, "pcie")
-               + _nodes("rtx2080-", rtx2080, "RTX-2080", "RTX-2080", 8, "pcie")
-               + _nodes("rtx2080ti-", rtx2080ti, "RTX-2080Ti", "RTX-2080", 8, "pcie"))
-    counts = {"rtx3090": rtx3090, "titan-rtx": titan_rtx, "rtx2080": rtx2080, "rtx2080ti": rtx2080ti}
+    Titan-RTX nodes and 0.92 Gbit/s on the RTX-3090 node. Sailor's "RTX-2080" has 11 GiB: the catalog's
+    RTX-2080Ti (``heterog.cluster.catalog.SAILOR_NAMES``)."""
+    servers = (_nodes("rtx3090-", rtx3090, sailor_type("RTX-3090"), "RTX-3090", 8, "pcie")
+               + _nodes("titan-rtx-", titan_rtx, sailor_type("Titan-RTX"), "Titan-RTX", 8, "pcie")
+               + _nodes("rtx2080-", rtx2080, sailor_type("RTX-2080"), "RTX-2080", 8, "pcie"))
+    counts = {"rtx3090": rtx3090, "titan-rtx": titan_rtx, "rtx2080": rtx2080}
     return {"name": "mit:" + ",".join(f"{k}={v}" for k, v in counts.items() if v), "servers": servers}
 
 
@@ -147,10 +146,10 @@ def gcp_a100_v100(a100: int = 1, v100: int = 1, gpus_per_node: int = 4) -> dict[
 # name -> (builder, option name -> builder keyword)
 PUBLISHED: dict[str, tuple[Callable[..., dict[str, Any]], dict[str, str]]] = {
     "clariden": (clariden, {"nodes": "nodes"}),
-    "mit": (mit, {"rtx3090": "rtx3090", "titan-rtx": "titan_rtx", "rtx2080": "rtx2080", "rtx2080ti": "rtx2080ti"}),
+    "mit": (mit, {"rtx3090": "rtx3090", "titan-rtx": "titan_rtx", "rtx2080": "rtx2080"}),
     "gcp-a100-v100": (gcp_a100_v100, {"a100": "a100", "v100": "v100", "gpus_per_node": "gpus_per_node"}),
 }
-SYNTAX = ("clariden[:nodes=N], mit[:rtx3090=A,titan-rtx=B,rtx2080=C,rtx2080ti=D], "
+SYNTAX = ("clariden[:nodes=N], mit[:rtx3090=A,titan-rtx=B,rtx2080=C], "
           "gcp-a100-v100[:a100=A,v100=B,gpus_per_node=1|2|4]")
 
 

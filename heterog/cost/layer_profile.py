@@ -35,7 +35,7 @@ micro-batch and tensor-parallel degree ``tp`` (any positive reals):
      q = a + c / tp through them, beyond them the curve through the two nearest; with a single degree,
      q(t) * t / tp. Results are clipped at 0. The optimizer time skips step 1 (its mean over sizes).
 
-GPU names are Metis' ("A100-40"); ``METIS_GPU_ALIASES`` maps them to the cluster catalog's type names.
+GPU names are Metis' ("A100-40"); ``heterog.cluster.catalog.sailor_type`` maps them to the catalog's type names.
 """
 from __future__ import annotations
 
@@ -53,18 +53,19 @@ from heterog.errors import HeterogError
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.graph.opgraph import OpGraph
 
-# Metis GPU directory -> the catalog's device type name (kept here until the catalog carries the aliases)
-METIS_GPU_ALIASES: dict[str, str] = {
-    "A100-40": "A100-40GB",
-    "A100-80": "A100-80GB",
-    "V100-16": "V100-16GB",
-    "GH-96": "GH200",
-    "RTX-2080": "RTX-2080",
-    "RTX-3090": "RTX-3090",
-    "Titan-RTX": "Titan-RTX",
-}
 _FILE = re.compile(r"^mbs(\d+)_tmp(\d+)\.json$")
 _MiB = float(1 << 20)
+
+
+def _catalog_name(gpu: str) -> str | None:
+    """The catalog type of a Metis GPU directory name, or None if the catalog has none."""
+    from heterog.cluster.catalog import sailor_type
+    from heterog.errors import ClusterError
+
+    try:
+        return sailor_type(gpu)
+    except ClusterError:
+        return None
 
 
 class LayerProfileError(HeterogError):
@@ -127,7 +128,7 @@ class LayerProfile:
     """Per-layer times of one model on several GPU types (module docstring).
 
     Args: ``model`` (its name in the files); ``entries`` (GPU, mbs, tp) -> LayerEntry, all with the same
-    number of layers; ``aliases`` Metis GPU name -> catalog type name (default ``METIS_GPU_ALIASES``).
+    number of layers; ``aliases`` Metis GPU name -> catalog type name (default ``sailor_type`` of each).
     """
 
     def __init__(self, model: str, entries: Mapping[tuple[str, int, int], LayerEntry],
@@ -141,7 +142,8 @@ class LayerProfile:
         self.model = model
         self.entries = dict(entries)
         self.num_layers = sizes.pop()
-        self.aliases = dict(METIS_GPU_ALIASES if aliases is None else aliases)
+        self.aliases: dict[str, str | None] = (dict(aliases) if aliases is not None else
+                                               {g: _catalog_name(g) for g, _, _ in entries})
         self._cache: dict[tuple[str, str, float, float], np.ndarray] = {}
 
     @classmethod
@@ -178,7 +180,7 @@ class LayerProfile:
     def gpu_for(self, type_name: str) -> str | None:
         """The profiled GPU a catalog device type stands for (its own name or an alias's), or None."""
         for gpu in self.gpus:
-            if type_name in (gpu, self.aliases.get(gpu)):
+            if type_name == self.aliases.get(gpu, gpu):
                 return gpu
         return None
 

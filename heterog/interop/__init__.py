@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from heterog.interop.common import GPU_ALIASES, ForeignPlan, PlanImportError, Stage, to_strategy
+from heterog.interop.common import ForeignPlan, PlanImportError, Stage, to_strategy
 from heterog.interop.metis import read_metis
 from heterog.interop.sailor import read_sailor, write_sailor
 
@@ -46,5 +46,5 @@ def import_plan(fmt: str, path: str | Path, graph: OpGraph, cluster: Cluster) ->
     return strategy
 
 
-__all__ = ["FORMATS", "GPU_ALIASES", "ForeignPlan", "PlanImportError", "Stage", "import_plan", "read_metis",
+__all__ = ["FORMATS", "ForeignPlan", "PlanImportError", "Stage", "import_plan", "read_metis",
            "read_plan", "read_sailor", "to_strategy", "write_sailor"]

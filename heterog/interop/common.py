@@ -23,21 +23,13 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from heterog.errors import HeterogError
+from heterog.cluster.catalog import SAILOR_NAMES, sailor_type
+from heterog.errors import ClusterError, HeterogError
 from heterog.strategy import MAX_MICRO_BATCHES, ParallelConfig, Strategy, even_shares
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.cluster.topology import Cluster
     from heterog.graph.opgraph import OpGraph
-
-# Sailor's and Metis' GPU names -> the device types of heterog's catalog. Kept here until the catalog
-# resolves these names itself; a name that already is a cluster's type name needs no entry.
-GPU_ALIASES = {
-    "GH-96": "GH200", "A100-40": "A100-40GB", "A100-80": "A100-80GB", "V100-16": "V100-16GB",
-    "V100-32": "V100-32GB", "P100-16": "P100-12GB", "T4-16": "T4", "H100-80": "H100",
-    "RTX-2080": "RTX-2080", "RTX-3090": "RTX-3090", "Titan-RTX": "Titan-RTX",
-}
-
 
 class PlanImportError(HeterogError):
     """A foreign plan file is malformed, inconsistent, or does not fit the graph or cluster."""
@@ -49,7 +41,7 @@ def plan_gpu_name(name: Any) -> str:
     if not isinstance(name, str) or not name:
         raise PlanImportError(f"GPU type {name!r} is not a name")
     text = name.split(".")[-1].replace("_", "-")
-    for known in GPU_ALIASES:
+    for known in SAILOR_NAMES:
         if known.lower() == text.lower():
             return known
     return text
@@ -111,16 +103,16 @@ class Placer:
                 self.free.setdefault(name, []).append(devs)
 
     def type_of(self, plan_name: str) -> str:
-        """The cluster's device type for a plan's GPU name (itself, or through ``GPU_ALIASES``)."""
-        wanted = {plan_name.lower(), GPU_ALIASES.get(plan_name, plan_name).lower()}
-        for name in self.free:
-            if name.lower() in wanted:
-                return name
-        if plan_name not in GPU_ALIASES:
-            raise PlanImportError(f"unknown GPU type {plan_name!r} (known: {', '.join(GPU_ALIASES)}, or a device "
-                                  f"type of cluster {self.cluster.name!r}: {', '.join(self.free)})")
-        raise PlanImportError(f"the plan needs GPUs of type {plan_name!r} ({GPU_ALIASES[plan_name]}); cluster "
-                              f"{self.cluster.name!r} has none (it has {', '.join(self.free)})")
+        """The cluster's device type for a plan's GPU name (``heterog.cluster.catalog.sailor_type``)."""
+        try:
+            wanted = sailor_type(plan_name)
+        except ClusterError:
+            raise PlanImportError(f"unknown GPU type {plan_name!r} (known: {', '.join(SAILOR_NAMES)}, or a catalog "
+                                  f"type; cluster {self.cluster.name!r} has {', '.join(self.free)})") from None
+        if wanted not in self.free:
+            raise PlanImportError(f"the plan needs GPUs of type {plan_name!r} ({wanted}); cluster "
+                                  f"{self.cluster.name!r} has none (it has {', '.join(self.free)})")
+        return wanted
 
     def check_counts(self, plan: ForeignPlan) -> None:
         """Refuse a plan that needs more GPUs of a type than the cluster has, naming both counts."""

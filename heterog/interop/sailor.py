@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from heterog.interop.common import GPU_ALIASES, ForeignPlan, PlanImportError, Stage, need, plan_gpu_name, positive_int
+from heterog.cluster.catalog import SAILOR_NAMES
+from heterog.interop.common import ForeignPlan, PlanImportError, Stage, need, plan_gpu_name, positive_int
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.cluster.topology import Cluster
@@ -96,7 +97,7 @@ def read_sailor(d: Any, source: str = "<sailor plan>") -> ForeignPlan:
 
 
 def _sailor_name(type_name: str) -> str:
-    back = {v: k for k, v in GPU_ALIASES.items()}
+    back = {v: k for k, v in SAILOR_NAMES.items()}
     return back.get(type_name, type_name)
 
 

@@ -15,7 +15,7 @@ from heterog.zoo.bert import build_bert_large
 from heterog.zoo.big_embedding import build_big_embedding
 from heterog.zoo.common import InputFactory, Inputs, ModelSpec, count_parameters
 from heterog.zoo.gpt2 import build_gpt2, build_gpt2_xl
-from heterog.zoo.hf_lm import build_gpt_neo_2_7b, build_opt_350m
+from heterog.zoo.hf_lm import build_gpt_neo_2_7b, build_opt_350m, build_opt_350m_megatron
 from heterog.zoo.inception import build_inception_v3
 from heterog.zoo.mobilenet import build_mobilenet_v2
 from heterog.zoo.nasnet import build_nasnet
@@ -62,6 +62,8 @@ KNOB_DOCS = {
     "in_features": "input features",
     "channels": "channels of the first convolution",
     "embed_proj": "width of the token embedding, projected to and from the hidden size (OPT's word_embed_proj_dim)",
+    "pre_ln": "normalise before each sublayer (pre-LN) instead of after",
+    "tie_head": "the output layer shares the token embedding's weight",
 }
 SAILOR = ("Sailor's validation runs (eth-easl/sailor cf2c8e3, sailor/Planner/simulations/validation/clariden/) "
           "train at global batch 32 to 1024 in micro-batches of 1 to 8; 8 chosen here")
@@ -305,6 +307,23 @@ _SPECS = (
               "inputs {input_ids, labels}; it returns an output whose .loss is the mean next-token CE. Dropout 0, "
               "as in Sailor's Megatron-DeepSpeed OPT (heterog/zoo/hf_lm.py). Sailor's OPT-350 differs from the "
               "HF layout: pre-LN, 1024-wide embeddings without projections, vocabulary padded to 50304.",
+    ),
+    ModelSpec(
+        name="opt_350m_megatron",
+        description="OPT-350M as Sailor trained it (Megatron-DeepSpeed): 24 pre-LN layers, hidden 1024, 16 heads, "
+                    "ffn 4096, ReLU, 1024-wide embeddings, vocab padded to 50304, untied output, seq 2048",
+        builder=build_opt_350m_megatron,
+        default_batch_size=8,
+        batch_size_source=SAILOR,
+        params=407_433_216,
+        published_params=407_431_168,
+        published_source="Metis' profiles of Sailor's OPT-350 (eth-easl/sailor cf2c8e3, sailor/Planner/baselines/"
+                         "Metis/profiles/OPT-350/GH-96/mbs1_tmp1.json, total_parameters_bytes / 4); HF's position "
+                         "table has 2 offset rows more (2,048 parameters)",
+        inputs=(("input_ids", "(B, T) int64"), ("labels", "(B, T) int64, equal to input_ids")),
+        small_overrides={"layers": 2, "hidden": 32, "heads": 4, "ffn": 64, "vocab": 100, "seq_len": 16},
+        notes="The model behind Sailor's measured OPT-350 runs, as a transformers.OPTForCausalLM configuration "
+              "(heterog/zoo/hf_lm.py); what Sailor and Metis plans of OPT-350 import onto. Dropout 0. " + ADAM,
     ),
     ModelSpec(
         name="gpt_neo_2_7b",

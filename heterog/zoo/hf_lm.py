@@ -20,6 +20,7 @@ from heterog.zoo.common import InputFactory, check_positive
 SEQ_LEN = 2048
 OPT_VOCAB = 50272        # facebook/opt-350m config.json
 GPT_NEO_VOCAB = 50257    # EleutherAI/gpt-neo-2.7B config.json
+MEGATRON_VOCAB = 50304   # GPT-2's 50257 padded to a multiple of 128 (Megatron's --make-vocab-size-divisible-by)
 MEGATRON_DROPOUT = 0.1   # Megatron-DeepSpeed megatron/arguments.py: --hidden-dropout, --residual-dropout
 
 
@@ -52,6 +53,8 @@ def build_opt_350m(
     vocab: int = OPT_VOCAB,
     seq_len: int = SEQ_LEN,
     dropout: float = 0.0,
+    pre_ln: bool = False,
+    tie_head: bool = True,
 ) -> tuple[nn.Module, dict[str, Any]]:
     """OPT-350M (facebook/opt-350m): post-LN blocks, ReLU, 512-wide token embedding projected to the hidden
     size and back, learned positions (2048 + 2 rows), output tied to the token embedding."""
@@ -61,11 +64,33 @@ def build_opt_350m(
            seq_len=seq_len, max_positions=SEQ_LEN, dropout=dropout)
     config = transformers.OPTConfig(
         vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, ffn_dim=ffn, num_attention_heads=heads,
-        max_position_embeddings=SEQ_LEN, word_embed_proj_dim=embed_proj, do_layer_norm_before=False,
+        max_position_embeddings=SEQ_LEN, word_embed_proj_dim=embed_proj, do_layer_norm_before=bool(pre_ln),
+        tie_word_embeddings=bool(tie_head),
         activation_function="relu", dropout=dropout, attention_dropout=dropout,
         layerdrop=0.0, pad_token_id=min(1, vocab - 1), bos_token_id=min(2, vocab - 1), eos_token_id=min(2, vocab - 1),
         use_cache=False)
     return transformers.OPTForCausalLM(config), _lm_inputs(factory, vocab, batch_size, seq_len)
+
+
+def build_opt_350m_megatron(
+    batch_size: int,
+    factory: InputFactory,
+    *,
+    layers: int = 24,
+    hidden: int = 1024,
+    heads: int = 16,
+    ffn: int = 4096,
+    vocab: int = MEGATRON_VOCAB,
+    seq_len: int = SEQ_LEN,
+    pre_ln: bool = True,
+    tie_head: bool = False,
+) -> tuple[nn.Module, dict[str, Any]]:
+    """OPT-350M as Sailor's runs trained it (Megatron-DeepSpeed's OPT): the blocks of ``opt_350m`` with the
+    norm first, 1024-wide token embeddings (no projections), the vocabulary padded to 50304 and an output
+    layer of its own, so that each layer holds the parameters Metis' profiles list (a block 12,596,224, the
+    head and final norm 51,513,344, layer 0 53,608,448 plus the 2 offset rows of HF's position table)."""
+    return build_opt_350m(batch_size, factory, layers=layers, hidden=hidden, heads=heads, ffn=ffn, embed_proj=hidden,
+                          vocab=vocab, seq_len=seq_len, pre_ln=pre_ln, tie_head=tie_head)
 
 
 def build_gpt_neo_2_7b(

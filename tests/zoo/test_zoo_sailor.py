@@ -2,6 +2,7 @@
 training has it, the Metis/Sailor layer numbering of their captured graphs and parameter bytes per block."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -58,3 +59,14 @@ def test_parameter_bytes_per_block_match_the_metis_profile():
     # 12 h^2 + 10 h with h = 2560 (q, k, v without bias; out h, fc 4h, proj h biases; two LayerNorms 4h); the
     # Metis profile of GPT-Neo-2.7 has 12 h^2 + 13 h per block: Megatron gives q, k and v biases
     assert {sum(p.numel() for p in block.parameters()) for block in neo.transformer.h} == {12 * 2560**2 + 10 * 2560}
+
+
+def test_megatron_opt_layers_hold_the_parameters_of_the_metis_profile():
+    # parameters_per_layer_bytes of Metis' OPT-350 profile (eth-easl/sailor cf2c8e3, sailor/Planner/baselines/
+    # Metis/profiles/OPT-350/GH-96/mbs1_tmp1.json): layer 0 (token and position embeddings), 24 blocks, the
+    # final norm with the untied output layer; fp32. HF's position table has 2 offset rows (2 x 1024 x 4 bytes).
+    module, inputs = zoo.build("opt_350m_megatron", 2, device="meta", layers=2)
+    graph = heterog.capture(module, inputs)
+    layer_of, n_blocks = block_layers(graph)
+    held = np.bincount(layer_of, weights=[op.param_bytes for op in graph.ops], minlength=n_blocks + 2)
+    assert held.tolist() == [214_433_792 + 2 * 1024 * 4, 50_384_896, 50_384_896, 206_053_376]
