@@ -31,7 +31,7 @@ SYNC_METHODS = ("ps", "allreduce")
 # the order of micro-batch tasks (docs/design.md, "Micro-batches"): GPipe runs every forward of a device
 # before its backwards; 1F1B keeps at most S - s micro-batches in flight on a device at pipeline position s
 SCHEDULES = ("gpipe", "1f1b")
-MAX_MICRO_BATCHES = 64
+MAX_MICRO_BATCHES = 256     # Megatron-style plans of large global batches run 128 (Sailor's validation plans)
 STRATEGY_VERSION = 5         # 2: micro-batches and their schedule; 3: groups recomputed; 4: splits beyond the batch;
 #                              5: splits over a grid (batch x beyond the batch)
 # a config's split beyond the batch (docs/design.md, "Splits beyond the batch"): "parameter" divides the

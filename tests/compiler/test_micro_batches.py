@@ -13,7 +13,7 @@ from heterog.compiler import TaskKind
 from heterog.compiler.micro import _successors, in_flight_window, slots_kernel, slots_reference
 from heterog.errors import StrategyError
 from heterog.evaluate import Evaluator
-from heterog.strategy import STRATEGY_VERSION, ParallelConfig, Strategy, micro_batch_shares
+from heterog.strategy import MAX_MICRO_BATCHES, STRATEGY_VERSION, ParallelConfig, Strategy, micro_batch_shares
 from tests.compiler.helpers import linear_graph, pipeline_graph
 from tests.compiler.test_compile import FakeCost, strategy_for, two_gpu
 
@@ -188,12 +188,13 @@ def test_strategy_file_round_trip_and_version_one_files_load_as_one_micro_batch(
     assert old.micro == (8,) and old.n_micro == 1
 
 
-@pytest.mark.parametrize("micro, match", [((4, 3), "sum to the batch"), ((8, 0), "positive"),
-                                          ((1,) * 65, "at most 64")])
+@pytest.mark.parametrize("micro, match", [((4, 3), "sum to the batch"), ((8, 0, 249), "positive"),
+                                          ((1,) * (MAX_MICRO_BATCHES + 1), f"at most {MAX_MICRO_BATCHES}")])
 def test_bad_micro_batches_are_refused(micro, match):
-    g, c = linear_graph(batch=65), two_gpu()
+    batch = MAX_MICRO_BATCHES + 1
+    g, c = linear_graph(batch=batch), two_gpu()
     with pytest.raises(StrategyError, match=match):
-        dataclasses.replace(strategy_for(g, c, [ParallelConfig.single(0, 65)]), micro_batches=micro)
+        dataclasses.replace(strategy_for(g, c, [ParallelConfig.single(0, batch)]), micro_batches=micro)
 
 
 def test_unknown_schedule_is_refused():
