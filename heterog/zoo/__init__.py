@@ -15,7 +15,7 @@ from heterog.zoo.bert import build_bert_large
 from heterog.zoo.big_embedding import build_big_embedding
 from heterog.zoo.common import InputFactory, Inputs, ModelSpec, count_parameters
 from heterog.zoo.gpt2 import build_gpt2, build_gpt2_xl
-from heterog.zoo.hf_lm import build_gpt_neo_2_7b, build_opt_350m, build_opt_350m_megatron
+from heterog.zoo.hf_lm import build_gpt_neo_2_7b, build_gpt_neo_2_7b_megatron, build_opt_350m, build_opt_350m_megatron
 from heterog.zoo.inception import build_inception_v3
 from heterog.zoo.mobilenet import build_mobilenet_v2
 from heterog.zoo.nasnet import build_nasnet
@@ -342,6 +342,23 @@ _SPECS = (
               "inputs {input_ids, labels}; .loss is the mean next-token CE. Dropout 0.1 on the embeddings and "
               "residual branches, none on attention probabilities, as in Sailor's Megatron-DeepSpeed GPT-Neo "
               "(heterog/zoo/hf_lm.py). " + ADAM,
+    ),
+    ModelSpec(
+        name="gpt_neo_2_7b_megatron",
+        description="GPT-Neo-2.7B as Sailor trained it (Megatron-DeepSpeed): gpt_neo_2_7b with the vocabulary "
+                    "padded to 50304",
+        builder=build_gpt_neo_2_7b_megatron,
+        default_batch_size=8,
+        batch_size_source=SAILOR,
+        params=2_651_427_840,
+        published_params=2_651_673_600,
+        published_source="Metis' profiles of Sailor's GPT-Neo-2.7 (eth-easl/sailor cf2c8e3, sailor/Planner/"
+                         "baselines/Metis/profiles/GPT-Neo-2.7/GH-96/mbs1_tmp1.json, total_parameters_bytes / 4); "
+                         "Megatron's q, k, v biases (7,680 per block) are not in the HF layout",
+        inputs=(("input_ids", "(B, T) int64"), ("labels", "(B, T) int64, equal to input_ids")),
+        small_overrides={"layers": 2, "hidden": 32, "heads": 4, "vocab": 100, "seq_len": 16},
+        notes="The model behind Sailor's measured GPT-Neo runs, as a transformers.GPTNeoForCausalLM "
+              "configuration (heterog/zoo/hf_lm.py); what Sailor's GPT-Neo plans import onto. " + ADAM,
     ),
     ModelSpec(
         name="tiny_mlp",

@@ -120,3 +120,21 @@ def build_gpt_neo_2_7b(
         embed_dropout=dropout, resid_dropout=dropout, attention_dropout=0.0, bos_token_id=min(50256, vocab - 1),
         eos_token_id=min(50256, vocab - 1), use_cache=False)
     return transformers.GPTNeoForCausalLM(config), _lm_inputs(factory, vocab, batch_size, seq_len)
+
+
+def build_gpt_neo_2_7b_megatron(
+    batch_size: int,
+    factory: InputFactory,
+    *,
+    layers: int = 32,
+    hidden: int = 2560,
+    heads: int = 20,
+    vocab: int = MEGATRON_VOCAB,
+    seq_len: int = SEQ_LEN,
+    dropout: float = MEGATRON_DROPOUT,
+) -> tuple[nn.Module, dict[str, Any]]:
+    """GPT-Neo-2.7B as Sailor's runs trained it (Megatron-DeepSpeed's GPT-Neo): ``gpt_neo_2_7b`` with the
+    vocabulary padded to 50304, as Metis' profiles count its embedding (134,021,120 parameters); Megatron's
+    q, k and v biases (7,680 parameters per block) are left out."""
+    return build_gpt_neo_2_7b(batch_size, factory, layers=layers, hidden=hidden, heads=heads, vocab=vocab,
+                              seq_len=seq_len, dropout=dropout)
