@@ -11,7 +11,7 @@ from heterog.errors import HeterogError
 BENCHMARKS = ["vgg19", "resnet50", "resnet101", "resnet200", "inception_v3", "mobilenet_v2", "nasnet",
               "transformer", "bert_large", "xlnet_large", "gpt2"]
 BEYOND_ONE_GPU = ["gpt2_xl", "big_embedding"]     # sized so that training state outgrows one 16 GB GPU
-SAILOR = ["opt_350m", "opt_350m_megatron", "gpt_neo_2_7b", "gpt_neo_2_7b_megatron"]           # Hugging Face models, keyword inputs
+SAILOR = ["opt_350m", "opt_350m_megatron", "gpt_neo_2_7b", "gpt_neo_2_7b_megatron"]   # HF models, keyword inputs
 TINY = ["tiny_mlp", "tiny_cnn", "tiny_transformer"]
 ALL = BENCHMARKS + BEYOND_ONE_GPU + SAILOR + TINY
 
