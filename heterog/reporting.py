@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from heterog.cost import CostModel
     from heterog.evaluate import PlanResult
     from heterog.graph.opgraph import OpGraph
+    from heterog.interop.published import PublishedReport
     from heterog.runtime.fidelity import FidelityReport
 
 DP_BASELINES = ("ev-ps", "ev-ar", "cp-ps", "cp-ar")
@@ -288,6 +289,28 @@ def fidelity_text(rep: FidelityReport, rec: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def published_text(rep: PublishedReport) -> str:
+    """A ``heterog.interop.published`` report: per run measured / simulated / Sailor's prediction of the
+    iteration time and peak memory, then the per-cluster summary."""
+    runs = Table([Column("run", 44, "left"), Column("GPUs", 5), Column("meas s", 9), Column("ours s", 9),
+                  Column("err", 7), Column("Sailor s", 9), Column("meas GB", 8), Column("ours GB", 8),
+                  Column("err", 7), Column("Sailor GB", 9), Column("note", 30, "left")])
+    for r in rep.records:
+        note = r.error or (f"excluded: {r.excluded}" if r.excluded else ("OOM" if r.oom else ""))
+        runs.add(r.name, str(r.n_gpus), f"{r.measured_s:.3f}", f"{r.simulated_s:.3f}", f"{100 * r.time_error:+.1f}%",
+                 f"{r.sailor_s:.3f}", f"{r.measured_peak_bytes / 1e9:.2f}", f"{r.simulated_peak_bytes / 1e9:.2f}",
+                 f"{100 * r.memory_error:+.1f}%", f"{r.sailor_peak_bytes / 1e9:.2f}", note[:120])
+    summary = Table([Column("cluster", 9, "left"), Column("runs", 5), Column("time MAPE", 10),
+                     Column("tau", 6), Column("mem MAPE", 9), Column("mem max", 8), Column("Sailor time", 12),
+                     Column("Sailor tau", 11), Column("Sailor mem", 11)])
+    for kind, s in rep.summary.items():
+        summary.add(kind, str(int(s["runs"])), f"{s['time_mape_pct']:.1f}%", f"{s['kendall_tau']:.2f}",
+                    f"{s['memory_mape_pct']:.1f}%", f"{s['memory_max_error_pct']:.1f}%",
+                    f"{s['sailor_time_mape_pct']:.1f}%", f"{s['sailor_kendall_tau']:.2f}",
+                    f"{s['sailor_memory_mape_pct']:.1f}%")
+    return f"cost source: {rep.source}\n{runs.text()}\n\n{summary.text()}"
+
+
 __all__ = ["Column", "ComparisonLike", "MethodOutcome", "Table", "action_columns", "comparison_table",
-           "comparison_text", "cost_table", "csv_text", "fidelity_text", "format_table", "key_values", "records_table",
-           "table1_markdown", "table2_markdown"]
+           "comparison_text", "cost_table", "csv_text", "fidelity_text", "format_table", "key_values",
+           "published_text", "records_table", "table1_markdown", "table2_markdown"]

@@ -89,8 +89,9 @@ def build_opt_350m_megatron(
     norm first, 1024-wide token embeddings (no projections), the vocabulary padded to 50304 and an output
     layer of its own, so that each layer holds the parameters Metis' profiles list (a block 12,596,224, the
     head and final norm 51,513,344, layer 0 53,608,448 plus the 2 offset rows of HF's position table)."""
-    return build_opt_350m(batch_size, factory, layers=layers, hidden=hidden, heads=heads, ffn=ffn, embed_proj=hidden,
-                          vocab=vocab, seq_len=seq_len, pre_ln=pre_ln, tie_head=tie_head)
+    module, inputs = build_opt_350m(batch_size, factory, layers=layers, hidden=hidden, heads=heads, ffn=ffn,
+                                    embed_proj=hidden, vocab=vocab, seq_len=seq_len, pre_ln=pre_ln, tie_head=tie_head)
+    return _megatron_attention(module), inputs
 
 
 def build_gpt_neo_2_7b(
@@ -136,5 +137,14 @@ def build_gpt_neo_2_7b_megatron(
     """GPT-Neo-2.7B as Sailor's runs trained it (Megatron-DeepSpeed's GPT-Neo): ``gpt_neo_2_7b`` with the
     vocabulary padded to 50304, as Metis' profiles count its embedding (134,021,120 parameters); Megatron's
     q, k and v biases (7,680 parameters per block) are left out."""
-    return build_gpt_neo_2_7b(batch_size, factory, layers=layers, hidden=hidden, heads=heads, vocab=vocab,
-                              seq_len=seq_len, dropout=dropout)
+    module, inputs = build_gpt_neo_2_7b(batch_size, factory, layers=layers, hidden=hidden, heads=heads, vocab=vocab,
+                                        seq_len=seq_len, dropout=dropout)
+    return _megatron_attention(module), inputs
+
+
+def _megatron_attention(module: nn.Module) -> nn.Module:
+    """Attention as Megatron-DeepSpeed computes it in Sailor's runs: the scores and their softmax held as
+    tensors (its FusedScaleMaskSoftmax over ``Q K^T``; no flash attention is enabled), which Hugging Face's
+    "eager" implementation does too, rather than a fused kernel that keeps neither."""
+    module.config._attn_implementation = "eager"
+    return module
