@@ -146,5 +146,6 @@ def _megatron_attention(module: nn.Module) -> nn.Module:
     """Attention as Megatron-DeepSpeed computes it in Sailor's runs: the scores and their softmax held as
     tensors (its FusedScaleMaskSoftmax over ``Q K^T``; no flash attention is enabled), which Hugging Face's
     "eager" implementation does too, rather than a fused kernel that keeps neither."""
-    module.config._attn_implementation = "eager"
+    config: Any = getattr(module, "config")
+    config._attn_implementation = "eager"
     return module

@@ -12,8 +12,14 @@ import pytest
 
 import heterog
 from heterog import zoo
-from heterog.interop.published import (RunRecord, cluster_summary, find_runs, inconsistencies,
-                                       load_sailor_predictions, published_report)
+from heterog.interop.published import (
+    RunRecord,
+    cluster_summary,
+    find_runs,
+    inconsistencies,
+    load_sailor_predictions,
+    published_report,
+)
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "sailor"
 PREDICTIONS = Path(__file__).resolve().parents[2] / "experiments" / "data" / "sailor" / "simulator_predictions.json"
