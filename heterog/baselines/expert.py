@@ -131,14 +131,37 @@ def _first_forward(graph: OpGraph, keys: Sequence[str]) -> dict[str, tuple[int, 
     return first
 
 
+def _sibling_keys(prefix: str) -> Callable[[str], str]:
+    """``layer_key``, except that a module beside the repeated blocks keeps its own name: with blocks under
+    ``model.decoder.layers``, ``model.decoder.embed_tokens`` and ``model.decoder.final_layer_norm`` are two
+    layers, not one ``model`` (a Hugging Face model nests every module under its backbone's)."""
+    parent = prefix.rpartition(".")[0]
+    if not parent:
+        return layer_key
+    depth = len(parent.split(".")) + 1
+
+    def key_of(path: str) -> str:
+        parts = path.split(".")
+        if any(_INDEX.match(p) for p in parts):
+            return layer_key(path)
+        if path.startswith(parent + "."):
+            return ".".join(parts[:depth])
+        if path and (parent + ".").startswith(path + "."):      # the backbone's own ops (masks, positions)
+            return path
+        return layer_key(path)
+
+    return key_of
+
+
 def op_layers(graph: OpGraph) -> tuple[np.ndarray, list[str]]:
-    """Layer index per op, layers numbered in forward order (first forward op of the layer).
+    """Layer index per op, layers numbered in forward order (first forward op of the layer); modules beside
+    the repeated blocks are layers of their own (``_sibling_keys``).
 
     Ops without a module path take the layer of the nearest op they are connected to (predecessors
     first, in topological order; then successors); parameters, their state and updates follow their
     gradient's unit. Returns ``(layer_of (n_ops,), layer names)``.
     """
-    keys = _unit_keys(graph, layer_key)
+    keys = _unit_keys(graph, _sibling_keys(block_prefix(graph)))
     first = _first_forward(graph, keys)
     names = sorted(first, key=lambda k: first[k])
     index = {k: j for j, k in enumerate(names)}

@@ -32,7 +32,15 @@ import numpy as np
 
 from heterog.baselines.expert import balanced_partition, group_strategy, op_layers, op_memory_bytes
 from heterog.errors import HeterogError
-from heterog.strategy import SCHEDULES, ParallelConfig, Strategy, even_shares, most_micro_batches, proportional_shares
+from heterog.strategy import (
+    MAX_MICRO_BATCHES,
+    SCHEDULES,
+    ParallelConfig,
+    Strategy,
+    even_shares,
+    most_micro_batches,
+    proportional_shares,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.evaluator_protocol import PlanEvaluator
@@ -148,9 +156,11 @@ def equal_stages(n_layers: int, n_devices: int) -> np.ndarray:
 def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | None = None,
              max_micro_batches: int = 32, balance: str = "cost", splits: bool = False) -> Strategy:
     """The fastest simulated pipeline plan that fits (the fastest of all when none fits) within
-    ``budget_s`` seconds of search (default 30); ``schedule`` orders the micro-batches (None: each of
-    ``SCHEDULES`` is tried). ``balance="equal"`` is the homogeneous baseline: one stage per device with
-    equal numbers of layers (``equal_stages``), only the micro-batches searched. ``splits``: where no
+    ``budget_s`` seconds of search (default 30); micro-batch counts up to ``max_micro_batches`` are searched,
+    and more (doubling, up to the batch and ``MAX_MICRO_BATCHES``) while no candidate fits; ``schedule``
+    orders the micro-batches (None: each of ``SCHEDULES`` is tried). ``balance="equal"`` is the homogeneous
+    baseline: one stage per device with equal numbers of layers (``equal_stages``), only the micro-batches
+    searched. ``splits``: where no
     candidate of a stage grouping with data parallelism inside its stages fits (at that k, recomputation
     tried), the grouping is also tried dividing each stage's layers' parameters among its devices (tensor
     parallelism inside a stage, ``stage_plan``): on the clusters measured, divided stages pay only where
@@ -170,11 +180,15 @@ def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | N
     servers = [np.nonzero(cluster.server_of == j)[0].tolist() for j in np.unique(cluster.server_of).tolist()]
     B = graph.batch_size
     micro = [k for k in MICRO_ORDER if k <= min(B, max_micro_batches)]
+    # beyond the cap only while nothing fits: smaller micro-batches hold fewer activations
+    beyond = [k for k in (2 ** j for j in range(1, 12)) if max(micro) < k <= min(B, MAX_MICRO_BATCHES)]
     best: tuple | None = None
     tried = 0
     groupings = stage_groups(cluster.n_devices, servers) if balance == "cost" else \
         [[[d] for d in range(cluster.n_devices)]]
-    for k in micro:
+    for k in micro + beyond:
+        if k in beyond and best is not None and not best[0][0]:
+            break
         for stages in groupings:
             modes = [(p, tp) for tp in ((False, True) if splits and max(map(len, stages)) > 1 else (False,))
                      for p in ((True, False) if balance == "cost" else (False,))]

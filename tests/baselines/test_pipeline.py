@@ -72,6 +72,19 @@ def test_bad_options_are_refused(opts, match):
         baselines.run("pipeline", graph, cluster, **opts)
 
 
+def test_micro_batches_go_past_the_cap_only_while_nothing_fits():
+    # 8 layers of 64 MiB weights and 4 MiB activations per sample on 4 GPUs of 336 MiB: one micro-batch of
+    # the 8 samples does not fit on any stage grouping, smaller ones do
+    graph, cluster = layered_graph(8, 64 << 20, batch=8, width=1 << 20), gpu_cluster(4, memory="336 MiB")
+    ev = Evaluator(graph, cluster)
+    s = baselines.run("pipeline", graph, cluster, evaluator=ev, budget_s=20.0, max_micro_batches=1)
+    assert s.n_micro > 1 and not ev.evaluate(s).oom
+    assert ev.evaluate(s.with_micro_batches(1)).oom
+    # where the capped search fits, the cap holds
+    small = layered_graph(4, 4096, batch=8)
+    assert baselines.run("pipeline", small, gpu_cluster(2), budget_s=5.0, max_micro_batches=1).n_micro == 1
+
+
 def test_micro_batches_follow_max_micro_batches():
     graph, cluster = layered_graph(4, 4096, batch=8), gpu_cluster(2)
     s = baselines.run("pipeline", graph, cluster, budget_s=5.0, max_micro_batches=1)

@@ -79,6 +79,20 @@ def test_expert_layers_follow_forward_order_and_keep_parameters_with_their_layer
     assert by_name["x"] == 0                       # no module path: joins its consumer's layer
 
 
+def test_modules_beside_the_blocks_of_a_nested_model_are_layers_of_their_own():
+    # a Hugging Face OPT nests everything under model.decoder: its embeddings and its final norm are two
+    # layers, before and after the blocks, not one "model" layer
+    import heterog
+    from heterog import zoo
+
+    module, inputs = zoo.build("opt_350m_megatron", 2, device="meta", layers=2, hidden=16, heads=2, ffn=32,
+                               vocab=64, seq_len=8)
+    _, names = op_layers(heterog.capture(module, inputs))
+    assert names.index("model.decoder.embed_tokens") < names.index("model.decoder.layers.0") \
+        < names.index("model.decoder.layers.1") < names.index("model.decoder.final_layer_norm") \
+        < names.index("lm_head")
+
+
 def test_balanced_partition_is_contiguous_optimal_and_gives_fast_devices_more():
     # 6 equal layers; device 0 twice as fast as device 1: 4 layers (4 s) vs 2 layers (4 s)
     cost = np.array([[1.0, 2.0]] * 6)
