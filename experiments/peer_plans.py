@@ -300,17 +300,23 @@ def run_scenario(name: str, graph: OpGraph, budget_s: float, planners: list[str]
         rows.append(row)
         print(f"{name} {label}: {row['iteration_time_s']:.3f} s oom={row['oom']} ({row['search_s']:.0f} s)",
               file=sys.stderr)
-    ours = [r for r in rows if not r["peer"] and "iteration_time_s" in r and not r["oom"]]
-    best = min(ours, key=lambda r: r["iteration_time_s"]) if ours else None
-    ratios = {r["planner"]: best["iteration_time_s"] / r["iteration_time_s"]
-              for r in rows if best and r["peer"] and "iteration_time_s" in r}
     if out_dir is not None:
         folder = Path(out_dir) / name
         folder.mkdir(parents=True, exist_ok=True)
         for label, strategy in saved.items():
             strategy.save(folder / f"{label.replace('+', '-')}.strategy.json")
     return {"scenario": name, "cluster": cluster.name, "graph": f"{graph.name}-b{graph.batch_size}",
-            "rows": rows, "best_ours": best["planner"] if best else None, "ours_over_peer": ratios}
+            "rows": rows, **summarise(rows)}
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``best_ours``: our fastest planner whose plan fits (None if none does); ``ours_over_peer``: its time
+    over each simulated peer plan's."""
+    ours = [r for r in rows if not r["peer"] and "iteration_time_s" in r and not r["oom"]]
+    best = min(ours, key=lambda r: r["iteration_time_s"]) if ours else None
+    ratios = {r["planner"]: best["iteration_time_s"] / r["iteration_time_s"]
+              for r in rows if best and r["peer"] and "iteration_time_s" in r}
+    return {"best_ours": best["planner"] if best else None, "ours_over_peer": ratios}
 
 
 def table(results: list[dict[str, Any]]) -> str:
