@@ -12,7 +12,8 @@ search (``InterStagePlan.gbs``):
   batches          micro-batches per iteration (each replica runs gbs / batches / dp samples of each)
   layer_partition  stage boundaries over layers 0..L+1 (stage s holds layer_partition[s] .. [s+1] - 1)
   rank_map         per stage, the GPU type of each of its ranks (``_get_device_placement``)
-  cost             Metis' estimated iteration time (s); num_repartition: load-balancer retries (meta)
+  cost             Metis' estimated iteration time (ms, as its cost model keeps it); num_repartition: load-
+                   balancer retries (both meta)
 """
 from __future__ import annotations
 
