@@ -296,7 +296,7 @@ def published_text(rep: PublishedReport) -> str:
                   Column("err", 7), Column("Sailor s", 9), Column("meas GB", 8), Column("ours GB", 8),
                   Column("err", 7), Column("Sailor GB", 9), Column("note", 30, "left")])
     for r in rep.records:
-        note = r.error or (f"excluded: {r.excluded}" if r.excluded else ("OOM" if r.oom else ""))
+        note = r.error or (f"excluded: {r.excluded}" if r.excluded else ("OOM " if r.oom else "") + r.note)
         runs.add(r.name, str(r.n_gpus), f"{r.measured_s:.3f}", f"{r.simulated_s:.3f}", f"{100 * r.time_error:+.1f}%",
                  f"{r.sailor_s:.3f}", f"{r.measured_peak_bytes / 1e9:.2f}", f"{r.simulated_peak_bytes / 1e9:.2f}",
                  f"{100 * r.memory_error:+.1f}%", f"{r.sailor_peak_bytes / 1e9:.2f}", note[:120])

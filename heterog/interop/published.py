@@ -6,7 +6,8 @@ same plans side by side. ``heterog fidelity --published DIR`` prints the report.
 
 Runs whose published figures look inconsistent are listed with the reason and kept out of the means
 (``inconsistencies``): two different plans with identical measured time and memory, a plan whose layers
-are not the model's.
+are not the model's. A layer list with one evident typo (a layer written for another, the stages
+otherwise contiguous) is repaired and the repair noted (``repair_layer_lists``).
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ class PublishedRun:
     plan: ForeignPlan
     measured_s: float
     measured_peak_bytes: float
+    note: str = ""              # what was repaired in the file (``repair_layer_lists``)
 
     @property
     def global_batch(self) -> int:
@@ -76,13 +78,39 @@ class PublishedRun:
         return "mit:" + ",".join(f"{MIT_NODES[g]}={nodes.get(g, 0)}" for g in MIT_NODES)
 
 
-def _kind_and_model(rel: Path) -> tuple[str, str]:
-    parts = rel.parts
-    kind = next((p for p in parts if p in GPUS_PER_NODE), None)
-    if kind is None:
-        raise HeterogError(f"{rel}: not under a clariden/ or mit/ folder")
-    model = next((MODELS[p][0] for p in parts if p in MODELS), MODELS["OPT-350"][0])   # mit/ ran OPT-350 alone
-    return kind, model
+def _kind_and_model(path: Path) -> tuple[str, str, str]:
+    """(cluster kind, zoo model, the run's name: its path from the cluster's folder on)."""
+    parts = path.resolve().parts
+    at = max((i for i, p in enumerate(parts) if p in GPUS_PER_NODE), default=None)
+    if at is None:
+        raise HeterogError(f"{path}: not under a clariden/ or mit/ folder")
+    model = next((MODELS[p][0] for p in parts[at:] if p in MODELS), MODELS["OPT-350"][0])   # mit/ ran OPT-350
+    return parts[at], model, "/".join(parts[at:])
+
+
+def repair_layer_lists(d: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """A plan file whose stages list one layer twice and miss another, where putting the missing layer in
+    place of the copy that breaks a stage's run makes every stage contiguous again (Sailor's four-stage
+    GPT-Neo plans list ``[16, 17, 18, 29, 20, ...]``): that plan, repaired, and a note saying what was
+    changed; any other file unchanged, with no note."""
+    import copy
+
+    out, notes = copy.deepcopy(d), []
+    for p, pipe in enumerate(out.get("pipeline_list", [])):
+        stages = pipe.get("layers_per_stage", [])
+        flat = [x for st in stages for x in st]
+        missing = sorted(set(range(len(flat))) - set(flat))
+        twice = sorted({x for x in flat if flat.count(x) > 1})
+        if len(missing) != 1 or len(twice) != 1:
+            continue
+        for s_i, st in enumerate(stages):
+            for i, x in enumerate(st):
+                trial = [*st[:i], missing[0], *st[i + 1:]]
+                if x == twice[0] and trial == list(range(trial[0], trial[0] + len(trial))):
+                    st[i] = missing[0]
+                    notes.append(f"pipeline {p} stage {s_i} lists layer {x} for {missing[0]} (repaired)")
+                    break
+    return out, "; ".join(notes)
 
 
 def find_runs(directory: str | Path) -> list[PublishedRun]:
@@ -96,12 +124,11 @@ def find_runs(directory: str | Path) -> list[PublishedRun]:
         raise HeterogError(f"published runs folder {str(root)!r} does not exist")
     runs = []
     for path in sorted(root.rglob("plan_config_*.json")):
-        rel = path.relative_to(root)
-        kind, model = _kind_and_model(path.relative_to(root.parent))
-        d = read_json(path)
+        kind, model, name = _kind_and_model(path)
+        d, note = repair_layer_lists(read_json(path))
         plan = read_sailor(d, source=str(path))
         profile_model = next(m[1] for m in MODELS.values() if m[0] == model)
-        runs.append(PublishedRun(str(rel), kind, model, profile_model, plan, float(d["real"]), float(d["max_mem"])))
+        runs.append(PublishedRun(name, kind, model, profile_model, plan, float(d["real"]), float(d["max_mem"]), note))
     if not runs:
         raise HeterogError(f"no plan_config_*.json under {str(root)!r}")
     return runs
@@ -144,11 +171,12 @@ class RunRecord:
     measured_s: float
     measured_peak_bytes: float
     simulated_s: float = math.nan
-    simulated_peak_bytes: float = math.nan
+    simulated_peak_bytes: float = math.nan      # the simulator's peak of the fullest GPU (its tensors)
     oom: bool = False
     sailor_s: float = math.nan
     sailor_peak_bytes: float = math.nan
     excluded: str = ""          # why the run stays out of the means ("" = counted)
+    note: str = ""              # what was repaired in the published file
     error: str = ""             # why it could not be simulated
     wall_s: float = 0.0
 
@@ -267,7 +295,7 @@ def published_report(directory: str | Path, *, layer_profiles: str | Path | None
     records = []
     for run in runs:
         rec = RunRecord(run.name, run.cluster_kind, run.model, run.global_batch, sum(run.gpus().values()),
-                        run.measured_s, run.measured_peak_bytes, excluded=bad.get(run.name, ""))
+                        run.measured_s, run.measured_peak_bytes, excluded=bad.get(run.name, ""), note=run.note)
         rec.sailor_s, rec.sailor_peak_bytes = predictions.get(run.name, (math.nan, math.nan))
         t0 = time.perf_counter()
         try:

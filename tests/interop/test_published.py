@@ -19,6 +19,7 @@ from heterog.interop.published import (
     inconsistencies,
     load_sailor_predictions,
     published_report,
+    repair_layer_lists,
 )
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "sailor"
@@ -54,7 +55,7 @@ def test_runs_are_found_with_their_model_and_cluster(validation):
     assert mit.cluster_spec() == ("mit:rtx3090={},titan-rtx={},rtx2080={}".format(
         gpus.get("RTX-3090", 0) // 8, gpus.get("Titan-RTX", 0) // 8, gpus.get("RTX-2080", 0) // 8))
     # a run of the validation folder itself, or of one cluster's folder, is found the same way
-    assert [r.name for r in find_runs(validation / "mit")] == ["N6/plan_config_N6_D3.json"]
+    assert [r.name for r in find_runs(validation / "mit")] == ["mit/N6/plan_config_N6_D3.json"]
 
 
 def test_identical_figures_of_different_plans_and_foreign_layer_counts_are_listed(validation):
@@ -118,3 +119,15 @@ def test_one_published_run_simulated_end_to_end(validation):
     assert rec.sailor_s == pytest.approx(load_sailor_predictions(PREDICTIONS)[rec.name][0])
     assert rep.summary["clariden"]["runs"] == 1 and rep.source == "roofline"
     assert rep.record()["runs"][0]["name"] == rec.name
+
+
+def test_a_layer_written_for_another_is_repaired_and_noted():
+    d = {"pipeline_list": [{"layers_per_stage": [[0, 1, 2], [3, 4, 5, 8, 7], [8, 9]]}]}
+    fixed, note = repair_layer_lists(d)
+    assert fixed["pipeline_list"][0]["layers_per_stage"] == [[0, 1, 2], [3, 4, 5, 6, 7], [8, 9]]
+    assert note == "pipeline 0 stage 1 lists layer 8 for 6 (repaired)"
+    assert d["pipeline_list"][0]["layers_per_stage"][1] == [3, 4, 5, 8, 7]          # the input is left alone
+    # two layers missing, or a list that is already whole: unchanged, no note
+    for stages in ([[0, 1], [5, 5]], [[0, 1], [2, 3]]):
+        same, note = repair_layer_lists({"pipeline_list": [{"layers_per_stage": stages}]})
+        assert same["pipeline_list"][0]["layers_per_stage"] == stages and note == ""
