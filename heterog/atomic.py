@@ -43,3 +43,15 @@ def read_json(path: str | os.PathLike) -> Any:
     if data[:2] == b"\x1f\x8b":
         data = gzip.decompress(data)
     return json.loads(data)
+
+
+def read_json_file(path: str | os.PathLike, what: str, error: type[Exception]) -> Any:
+    """The JSON in ``path``, or ``error`` naming ``what`` the file is and why it cannot be read (missing,
+    not JSON)."""
+    p = Path(path)
+    if not p.is_file():
+        raise error(f"{what} {str(p)!r} does not exist")
+    try:
+        return read_json(p)
+    except Exception as exc:  # noqa: BLE001 - any decoding problem is a bad file
+        raise error(f"{what} {str(p)!r} is not valid JSON ({type(exc).__name__})") from None

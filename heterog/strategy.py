@@ -534,16 +534,9 @@ class Strategy:
 
     @classmethod
     def load(cls, path: str | Path) -> "Strategy":
-        from heterog.atomic import read_json
+        from heterog.atomic import read_json_file
 
-        p = Path(path)
-        if not p.exists():
-            raise StrategyError(f"strategy file {str(p)!r} does not exist")
-        try:
-            d = read_json(p)
-        except Exception as exc:  # noqa: BLE001 - any decoding problem is a bad file
-            raise StrategyError(f"strategy file {str(p)!r} is not valid JSON ({type(exc).__name__})") from None
-        return cls.from_dict(d, source=repr(str(p)))
+        return cls.from_dict(read_json_file(path, "strategy file", StrategyError), source=repr(str(path)))
 
 
 def strategy_from_actions(actions: Sequence[int] | np.ndarray, group_of: np.ndarray, graph: "OpGraph",

@@ -25,18 +25,11 @@ FORMATS = tuple(READERS)
 
 def read_plan(fmt: str, path: str | Path) -> ForeignPlan:
     """The plan in file ``path`` written in format ``fmt`` (``FORMATS``)."""
-    from heterog.atomic import read_json
+    from heterog.atomic import read_json_file
 
     if fmt not in READERS:
         raise PlanImportError(f"unknown plan format {fmt!r} (choose from {', '.join(FORMATS)})")
-    p = Path(path)
-    if not p.is_file():
-        raise PlanImportError(f"plan file {str(p)!r} does not exist")
-    try:
-        d = read_json(p)
-    except Exception as exc:  # noqa: BLE001 - any decoding problem is a bad file
-        raise PlanImportError(f"plan file {str(p)!r} is not valid JSON ({type(exc).__name__})") from None
-    return READERS[fmt](d, source=str(p))
+    return READERS[fmt](read_json_file(path, "plan file", PlanImportError), source=str(path))
 
 
 def import_plan(fmt: str, path: str | Path, graph: OpGraph, cluster: Cluster) -> Strategy:

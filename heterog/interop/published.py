@@ -116,7 +116,7 @@ def repair_layer_lists(d: dict[str, Any]) -> tuple[dict[str, Any], str]:
 def find_runs(directory: str | Path) -> list[PublishedRun]:
     """Every ``plan_config_*.json`` under ``directory`` (Sailor's validation folder, or one of its
     clariden/ mit/ folders, or a copy), in path order."""
-    from heterog.atomic import read_json
+    from heterog.atomic import read_json_file
     from heterog.interop.sailor import read_sailor
 
     root = Path(directory)
@@ -125,7 +125,7 @@ def find_runs(directory: str | Path) -> list[PublishedRun]:
     runs = []
     for path in sorted(root.rglob("plan_config_*.json")):
         kind, model, name = _kind_and_model(path)
-        d, note = repair_layer_lists(read_json(path))
+        d, note = repair_layer_lists(read_json_file(path, "plan file", HeterogError))
         plan = read_sailor(d, source=str(path))
         profile_model = next(m[1] for m in MODELS.values() if m[0] == model)
         runs.append(PublishedRun(name, kind, model, profile_model, plan, float(d["real"]), float(d["max_mem"]), note))
@@ -239,9 +239,9 @@ class PublishedReport:
 def load_sailor_predictions(path: str | Path) -> dict[str, tuple[float, float]]:
     """Sailor's simulator's (time s, peak bytes) per run, keyed by the path under the validation folder,
     from ``experiments/peers.py simulate``'s JSON."""
-    from heterog.atomic import read_json
+    from heterog.atomic import read_json_file
 
-    d = read_json(Path(path))
+    d = read_json_file(path, "Sailor's predictions file", HeterogError)
     out = {}
     for p in d["plans"]:
         key = p["file"].split("validation/", 1)[-1]
@@ -282,11 +282,20 @@ def published_report(directory: str | Path, *, layer_profiles: str | Path | None
 
     from heterog.baselines.expert import block_layers
 
+    graphs: dict[tuple[str, int], OpGraph] = {}
+
+    def graph(model: str, batch: int) -> OpGraph:
+        assert graph_of is not None
+        if (model, batch) not in graphs:
+            graphs[model, batch] = graph_of(model, batch)
+        return graphs[model, batch]
+
     layers: dict[str, int] = {}
 
-    def n_layers(model: str) -> int:
+    def n_layers(model: str) -> int:             # from the model's graph at a batch one of its runs needs
         if model not in layers:
-            layers[model] = block_layers(graph_of(model, 1))[1] + 2
+            batch = min(r.global_batch for r in runs if r.model == model)
+            layers[model] = block_layers(graph(model, batch))[1] + 2
         return layers[model]
 
     bad = inconsistencies(runs, n_layers)
@@ -306,7 +315,7 @@ def published_report(directory: str | Path, *, layer_profiles: str | Path | None
                                                                     model=run.profile_model)
                 lp = profiles[run.profile_model]
             rec.simulated_s, rec.simulated_peak_bytes, rec.oom = simulate_run(
-                run, graph_of(run.model, run.global_batch), lp)
+                run, graph(run.model, run.global_batch), lp)
         except HeterogError as exc:
             rec.error = str(exc).splitlines()[0]
         rec.wall_s = time.perf_counter() - t0
