@@ -199,5 +199,5 @@ def published_cluster(spec: str) -> Cluster:
     return cluster_from_dict(d, source=f"cluster {spec!r}", default_name=head)
 
 
-__all__ = ["CLARIDEN_HOST", "PUBLISHED", "SAILOR_FITS", "alpha_beta", "clariden", "gcp_a100_v100", "is_published", "mit",
-           "published_cluster"]
+__all__ = ["CLARIDEN_HOST", "PUBLISHED", "SAILOR_FITS", "alpha_beta", "clariden", "gcp_a100_v100", "is_published",
+           "mit", "published_cluster"]
