@@ -30,7 +30,7 @@ plan and profile files: "GH-96", "A100-40", ...) to catalog names, and ``device_
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from heterog.errors import ClusterError
 
@@ -197,7 +197,7 @@ class HostCPUType:
     flops_per_cycle: int                # fp32 FLOP per cycle per core
     memory_bandwidth_Bps: float         # per socket, peak
     max_memory_bytes: int               # the most memory one socket addresses (vendor)
-    source: str                         # where the figures come from
+    source: str = field(repr=False)     # where the figures come from
     compute_efficiency: float = 0.5
     memory_efficiency: float = 0.75
 
