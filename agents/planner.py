@@ -21,9 +21,10 @@ from agents.networks import StrategyPolicy
 from agents.trainer import GraphTask, Trainer, TrainerSettings, bias_towards_data_parallel, plan_columns
 from envs.actions import full_plan, plan_strategy
 from envs.features import DEVICE_FEATURE_DIM, MAX_DEVICES, op_feature_dim
+from heterog.actions import SPLIT_ACTION_NAMES, n_actions
 from heterog.errors import HeterogError
 from heterog.planners import Planner
-from heterog.strategy import SPLIT_ACTION_NAMES, Strategy, n_actions
+from heterog.strategy import Strategy
 
 DEFAULT_EPISODES = 2000
 # The pretrained device-token policy shipped with the package: what ``plan`` starts from when no checkpoint

@@ -9,11 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from agents.networks import n_outputs
 from agents.settings import TrainerView
 from agents.tasks import GraphTask
 from envs.actions import MICRO_CHOICES, full_plan, micro_batches
-from heterog.strategy import split_action_name
+from heterog.actions import n_actions, split_action_name
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +55,7 @@ class TrainingLog:
         w.add_scalar("perf/round_s", stats["round_s"], step)
         if step % self.log_every == 0 or step == 1:
             w.add_histogram("actions/sampled", stats["actions"], step,
-                            bins=np.arange(n_outputs(trainer.policy.n_devices, trainer.policy.split_actions) + 1) - 0.5)
+                            bins=np.arange(n_actions(trainer.policy.n_devices, trainer.policy.split_actions) + 1) - 0.5)
             if "micro_choices" in stats:
                 w.add_histogram("actions/micro_batch_choice", stats["micro_choices"], step,
                                 bins=np.arange(len(MICRO_CHOICES) + 1) - 0.5)

@@ -27,12 +27,13 @@ from torch import Tensor
 
 from agents.candidates import BlockMoves, CandidateSearch, Scorer, uniform_plans
 from agents.checkpoint import load_trainer_state, save_checkpoint, trainer_state
-from agents.networks import N_DP_SCHEMES, StrategyPolicy, n_outputs
+from agents.networks import StrategyPolicy
 from agents.networks.plan import PlanLogits, plan_entropy, plan_log_prob_parts
 from agents.reporting import TrainingLog, action_breakdown, time_to_quality
 from agents.settings import ALGORITHMS, TrainerSettings
 from agents.tasks import GraphTask, TaskState, make_task
 from envs.actions import full_plan, plan_strategy
+from heterog.actions import N_DP_ACTIONS, n_actions
 from heterog.errors import CheckpointError, HeterogError
 from heterog.strategy import Strategy
 
@@ -159,7 +160,7 @@ class Trainer:
                     f"policy has {policy.n_actions} actions ({policy.n_devices} devices"
                     f"{', at most' if policy.head_kind == 'tokens' else ''}) but graph {task.name} "
                     f"is planned for {task.evaluator.cluster.name!r} with {task.inputs.n_devices} devices "
-                    f"({task.inputs.n_devices + N_DP_SCHEMES} actions)")
+                    f"({task.inputs.n_devices + N_DP_ACTIONS} actions)")
             if policy.split_actions and task.evaluator.graph.splits is None:
                 raise HeterogError(f"the policy has split actions but graph {task.name} was captured without the "
                                    f"per-op split options (recapture it)")
@@ -173,7 +174,7 @@ class Trainer:
         random.seed(settings.seed)
         torch.manual_seed(settings.seed)
         self.states = {t.key: TaskState() for t in tasks}
-        self.search = CandidateSearch(settings, n_outputs(policy.n_devices, policy.split_actions), self.generator,
+        self.search = CandidateSearch(settings, n_actions(policy.n_devices, policy.split_actions), self.generator,
                                       self.rng)
         self._blocks: dict[str, BlockMoves] = {}                 # task key -> its coupled blocks
         self._imitation_weights: dict[str, Tensor] = {}          # task key -> its groups' imitation weights
@@ -383,7 +384,7 @@ class Trainer:
         (one micro-batch, no recomputation)."""
         from heterog.baselines.mcmc import start_actions
 
-        actions = uniform_plans(n_outputs(task.inputs.n_devices, self.policy.split_actions), task.n_groups)  # (A, G)
+        actions = uniform_plans(n_actions(task.inputs.n_devices, self.policy.split_actions), task.n_groups)  # (A, G)
         hybrid = start_actions(task.evaluator, "cp-ar-ps-small", self.rng)
         if not (actions == hybrid).all(axis=1).any():
             actions = np.concatenate([actions, hybrid[None]])
