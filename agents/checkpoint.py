@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import logging
 import random
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -186,7 +187,7 @@ def _as_plans(state: TaskState, n_groups: int) -> TaskState:
     return state
 
 
-def _plain(obj):
+def _plain(obj: Any) -> Any:
     """Tuples to lists, recursively (checkpoints hold plain containers)."""
     if isinstance(obj, (tuple, list)):
         return [_plain(x) for x in obj]
@@ -195,7 +196,7 @@ def _plain(obj):
     return obj
 
 
-def _python_state(state):
+def _python_state(state: Sequence[Any]) -> tuple[Any, ...]:
     """random.setstate wants (version, tuple of ints, gauss_next)."""
     version, internal, gauss = state
     return int(version), tuple(int(x) for x in internal), gauss

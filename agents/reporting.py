@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -13,6 +13,10 @@ from agents.settings import TrainerView
 from agents.tasks import GraphTask
 from envs.actions import MICRO_CHOICES, full_plan, micro_batches
 from heterog.actions import n_actions, split_action_name
+from heterog.errors import HeterogError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch.utils.tensorboard import SummaryWriter
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +31,8 @@ class TrainingLog:
         log_every: rounds between the heavier records (action histogram, breakdown text).
     """
 
-    def __init__(self, writer=None, run_dir: str | Path | None = None, log_every: int = 20) -> None:
+    def __init__(self, writer: SummaryWriter | None = None, run_dir: str | Path | None = None,
+                 log_every: int = 20) -> None:
         self.writer, self.log_every = writer, log_every
         self.run_dir = Path(run_dir) if run_dir is not None else None
 
@@ -144,6 +149,8 @@ def gantt(trainer: TrainerView, task: GraphTask, path: str | Path) -> Path:
     st = trainer.states[task.key]
     title = (f"{task.name} on {task.evaluator.cluster.name}: agent's best plan, "
              f"{st.best_iteration_time_s * 1e3:.2f} ms after {st.episodes} episodes")
+    if result.plan is None or result.sim is None:
+        raise HeterogError(f"the evaluation of {task.name}'s best plan kept no compiled plan or simulation")
     return simulator.plot_gantt(result.plan.tg, result.sim, path, title)
 
 

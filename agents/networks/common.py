@@ -4,8 +4,15 @@ choices (the per-group action's offsets live in ``heterog.actions``)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Generic, TypeVar, cast
+
+from torch import nn
+
 from heterog.actions import device_action_blocks, devices_of
 from heterog.errors import HeterogError
+
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 # the plan-level choices: len(envs.actions.MICRO_CHOICES) numbers of micro-batches (stated here so that the
 # network does not import the env package; tests/agents/test_plan_decisions.py checks they agree) and the
@@ -16,6 +23,23 @@ KEEP_ACTIVATIONS = 0
 
 class PolicyError(HeterogError, ValueError):
     """A policy-network setting or input does not fit (sizes, heads, masks, action space)."""
+
+
+class Modules(nn.ModuleList, Generic[ModuleT]):
+    """An ``nn.ModuleList`` of one kind of module whose iteration is typed as that kind (its state-dict keys
+    are a ModuleList's)."""
+
+    def __iter__(self) -> Iterator[ModuleT]:
+        return cast(Iterator[ModuleT], super().__iter__())
+
+
+def layer(sequence: nn.Sequential, index: int, kind: type[ModuleT]) -> ModuleT:
+    """Layer ``index`` of ``sequence``, checked to be a ``kind`` (the type the caller relies on)."""
+    module = sequence[index]
+    if not isinstance(module, kind):
+        raise PolicyError(f"layer {index} of {type(sequence).__name__} is a {type(module).__name__}, "
+                          f"not a {kind.__name__}")
+    return module
 
 
 def pointer_blocks(width: int, splits: bool = False) -> list[tuple[int, int]]:

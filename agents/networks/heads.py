@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from agents.networks.common import raise_problems, require
+from agents.networks.common import PolicyError, layer, raise_problems
 from agents.networks.encoders import DeviceTokenEncoder, DeviceTokens
 from agents.networks.plan import PlanHead
 from heterog import actions as action_space
@@ -22,12 +22,18 @@ from heterog.actions import N_CLUSTER_SPLIT_ACTIONS, N_DP_ACTIONS
 class HeadSettings(Protocol):
     """What a head reads of the policy's settings (``agents.networks.config.PolicyConfig`` has them)."""
 
-    hidden: int
-    n_actions: int
-    split_actions: bool
-    device_feature_dim: int
-    device_layers: int
-    txl_heads: int
+    @property
+    def hidden(self) -> int: ...
+    @property
+    def n_actions(self) -> int: ...
+    @property
+    def split_actions(self) -> bool: ...
+    @property
+    def device_feature_dim(self) -> int: ...
+    @property
+    def device_layers(self) -> int: ...
+    @property
+    def txl_heads(self) -> int: ...
 
 
 def _size_problems(hidden: int, init_scale: float) -> list[str]:
@@ -229,7 +235,7 @@ class TokenPolicyHead(PolicyHead):
     @property
     def dp_bias(self) -> Tensor:
         """The bias of the four data-parallel logits."""
-        return self.dp[-1].bias
+        return layer(self.dp, -1, nn.Linear).bias
 
     def device_problem(self, n_real: int, n_rows: int) -> str | None:
         limit = n_rows if self.max_devices is None else self.max_devices
@@ -244,20 +250,21 @@ class TokenPolicyHead(PolicyHead):
 
     def reset_parameters(self) -> None:
         self.key.reset_parameters()
-        self.dp[0].reset_parameters()
+        layer(self.dp, 0, nn.Linear).reset_parameters()
         nn.init.orthogonal_(self.query.weight, gain=self.init_scale)
         nn.init.zeros_(self.query.bias)
-        nn.init.orthogonal_(self.dp[-1].weight, gain=self.init_scale)
-        nn.init.zeros_(self.dp[-1].bias)
+        nn.init.orthogonal_(layer(self.dp, -1, nn.Linear).weight, gain=self.init_scale)
+        nn.init.zeros_(layer(self.dp, -1, nn.Linear).bias)
         if self.splits:
-            self.split[0].reset_parameters()
-            for layer in (self.split[-1], self.split_query):
-                nn.init.orthogonal_(layer.weight, gain=self.init_scale)
-                nn.init.zeros_(layer.bias)
+            layer(self.split, 0, nn.Linear).reset_parameters()
+            for out in (layer(self.split, -1, nn.Linear), self.split_query):
+                nn.init.orthogonal_(out.weight, gain=self.init_scale)
+                nn.init.zeros_(out.bias)
         self.plan.reset_parameters()
 
     def forward(self, states: Tensor, devices: DeviceTokens | None) -> Tensor:
-        require(devices is not None, "the device-token head needs devices=policy.embed_devices(dev_x, dev_mask)")
+        if devices is None:
+            raise PolicyError("the device-token head needs devices=policy.embed_devices(dev_x, dev_mask)")
         keys = self.key(devices.tokens)
         real = devices.mask.nonzero().squeeze(1)
 
