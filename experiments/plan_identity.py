@@ -45,9 +45,9 @@ REFERENCE = DATA_DIR / "reference.json.gz"
 GRAPHS = {
     "tiny_mlp": ("tiny_mlp", 12, "sgd", False),
     "tiny_cnn": ("tiny_cnn", 8, "sgd", False),
-    "tiny_transformer": ("tiny_transformer", 8, "adam", False),
+    "tiny_transformer": ("tiny_transformer", 8, "sgd", False),
     "resnet50_small": ("resnet50", 8, "sgd", True),          # batch norm
-    "transformer_small": ("transformer", 6, "adam", True),   # encoder-decoder
+    "transformer_small": ("transformer", 6, "adam", True),   # encoder-decoder, Adam state
 }
 CLUSTERS = ("paper-8gpu", "local-cpu-4", "mixed-a100-v100-t4")
 KINDS = ("single", "dp", "mixed", "split", "grid", "micro", "pipeline", "recompute", "combo")
@@ -324,7 +324,8 @@ class PlanMaker:
             elif self.rng.random() < 0.2:
                 configs.append(ParallelConfig.split_over(devs, [1] * len(devs), self.B))
             else:
-                shares = self.prop(self.B, self.power[devs]) if self.rng.random() < 0.5 else self.even(self.B, len(devs))
+                even = self.rng.random() < 0.5
+                shares = self.even(self.B, len(devs)) if even else self.prop(self.B, self.power[devs])
                 configs.append(ParallelConfig.of(list(zip(devs, shares))))
         bounds = np.sort(self.rng.choice(np.arange(1, L), size=S - 1, replace=False))
         stage_of_layer = np.searchsorted(bounds, np.arange(L), side="right")
@@ -332,7 +333,16 @@ class PlanMaker:
                           method="pipeline")
         return self.with_micro(s) if self.rng.random() < 0.85 else s
 
-    def make(self, kind: str) -> Strategy:
+    def make(self, kind: str, layers: bool = False) -> Strategy:
+        """A plan of ``kind``; ``layers``: over one group per layer (``op_layers``) instead of the default
+        grouping, so a group holds its layer's forward and backward ops and recomputing it has effect."""
+        if layers:
+            kept = self.group_of, self.G
+            self.group_of, self.G = self.layer_of, int(self.layer_of.max()) + 1
+            try:
+                return self.make(kind)
+            finally:
+                self.group_of, self.G = kept
         rng, G = self.rng, self.G
         if kind == "dp":
             return self.strategy([self.dp()] * G, method=kind)
@@ -354,12 +364,14 @@ class PlanMaker:
         if kind == "pipeline":
             return self.pipeline()
         if kind == "recompute":
-            base = self.make(str(rng.choice(["dp", "mixed", "pipeline", "micro"])))
+            base = self.make(str(rng.choice(["dp", "mixed", "pipeline", "micro"])), layers=rng.random() < 0.8)
             return self.with_recompute(base)
-        if kind == "combo":
+        if kind in ("combo", "combo_layers"):
             makers = [self.single, self.dp, self.split, self.grid]
+            if kind == "combo" and rng.random() < 0.5:
+                return self.make("combo_layers", layers=True)
             s = self.pipeline() if rng.random() < 0.25 else \
-                self.strategy(self.walk(makers, G, float(rng.choice([0.05, 0.2]))), method=kind)
+                self.strategy(self.walk(makers, G, float(rng.choice([0.05, 0.2]))), method="combo")
             if rng.random() < 0.7:
                 s = self.with_micro(s)
             if rng.random() < 0.6:
@@ -577,7 +589,8 @@ def explain(rec: dict, ref_path: Path, graphs: dict[str, Any], graph_source: str
             return (f"    first differing task {t} ({', '.join(fields)}):\n      before {_row(a, fields)}\n"
                     f"      after  {_row(b, fields)}")
     if len(base["rows"]) != len(rows):
-        return f"    the first {min(len(rows), len(base['rows']))} tasks agree; {len(base['rows'])} -> {len(rows)} tasks"
+        n = min(len(rows), len(base["rows"]))
+        return f"    the first {n} tasks agree; {len(base['rows'])} -> {len(rows)} tasks"
     return "    every task agrees field by field (what differs is outside the per-task records)"
 
 
@@ -606,8 +619,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the plans drawn (--generate)")
     ap.add_argument("--kinds", help=f"comma-separated kinds to check (of {', '.join(KINDS)})")
     ap.add_argument("--limit", type=int, help="check the first N plans of each kind")
-    ap.add_argument("--mode", choices=("scratch", "patched", "both"), default="both",
-                    help="compile each plan from scratch, by a patching Compiler, or both (default)")
+    ap.add_argument("--mode", choices=("scratch", "patched", "both"), default="scratch",
+                    help="compile each plan from scratch (default), by a patching Compiler, or both")
     ap.add_argument("--graphs", choices=("stored", "capture"), default="stored",
                     help="the graphs stored beside the reference, or captured again from the zoo")
     ap.add_argument("--ignore", default="", help="digest components not compared (e.g. names,categories)")
