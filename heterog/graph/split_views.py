@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from heterog.graph.split_rules import Placement, Shard, TensorInfo
+from heterog.graph.split_rules import TensorInfo
+from heterog.placement import Placement, Shard
 
 
 # ---------------------------------------------------------------------------- views

@@ -53,7 +53,7 @@ from heterog.compiler.registries import entry_rows
 from heterog.errors import HeterogError
 from heterog.graph.shard_exec import combine, part_of
 from heterog.graph.sharding import SplitOption, splits_from_json
-from heterog.graph.split_rules import Shard, parse_placement
+from heterog.placement import Conversion, Partial, Placement, R, Shard, conversion, parse, same_units, text
 from heterog.runtime.instructions import (
     END,
     AllGather,
@@ -98,9 +98,9 @@ class SplitOp:
     devices: tuple[int, ...]
     option: SplitOption | None
     shares: tuple[int, ...]
-    inputs: dict[Key, str]
-    exits: dict[Key, str]
-    outputs: tuple[str, ...]
+    inputs: dict[Key, Placement | None]
+    exits: dict[Key, Placement]
+    outputs: tuple[Placement | None, ...]
     groups: tuple[tuple[int, ...], ...] = ()
 
     def group(self, dev: int) -> tuple[int, ...]:
@@ -119,19 +119,20 @@ class SplitOp:
     def extent(self) -> int | None:
         return self.option.extent if self.option is not None else None
 
-    def need(self, r: Read) -> str:
-        """The placement the op needs of what ``r`` reads ("-", nothing but its shape, reads it whole)."""
-        p = self.inputs.get((r.node, r.tuple_index), self.inputs.get((r.node, None), "R"))
-        return "R" if p == "-" else p
+    def need(self, r: Read) -> Placement:
+        """The placement the op needs of what ``r`` reads (no tensor, nothing but its shape: reads it whole)."""
+        p = self.inputs.get((r.node, r.tuple_index), self.inputs.get((r.node, None), R))
+        return R if p is None else p
 
-    def holds(self, node: str, index: int | None) -> str:
-        return self.exits.get((node, index), self.exits.get((node, None), "R"))
+    def holds(self, node: str, index: int | None) -> Placement:
+        return self.exits.get((node, index), self.exits.get((node, None), R))
 
-    def output(self, k: int) -> str:
-        return self.outputs[k] if k < len(self.outputs) else "R"
+    def output(self, k: int) -> Placement | None:
+        return self.outputs[k] if k < len(self.outputs) else R
 
-    def part(self, placement: str, rank: int) -> Part | None:
-        return None if placement == "R" else Part(placement, self.extent, self.shares, rank)
+    def part(self, placement: Placement | None, rank: int) -> Part | None:
+        """Device ``rank``'s part of a value under ``placement`` (None: the whole of it)."""
+        return None if placement is None or placement == R else Part(str(placement), self.extent, self.shares, rank)
 
     def local(self, rank: int) -> Local | None:
         o = self.option
@@ -142,31 +143,30 @@ class SplitOp:
                      offset, o.extent)
 
     def same_units(self, other: SplitOp) -> bool:
-        return (self.devices, self.groups, self.extent, self.shares) == (other.devices, other.groups, other.extent,
-                                                                          other.shares)
+        return (self.devices, self.groups) == (other.devices, other.groups) and same_units(
+            self.extent, other.extent, self.shares, other.shares)
 
 
 def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> float:
     return float(math.prod(shape) * dtype.itemsize)
 
 
-def _at(placement: str, whole: tuple[int, ...], local: tuple[int, ...]) -> str:
+def _at(p: Placement | None, whole: tuple[int, ...], local: tuple[int, ...]) -> Placement | None:
     """``placement`` (of a value of shape ``whole`` at the graph's batch) for the value's shape ``local`` at
     a micro-batch: a split factor counts the outer rows of its dimension (batch rows among them, e.g. heads
     inside ``batch * heads``), so it scales with that dimension's size."""
-    p = parse_placement(placement)
     if not isinstance(p, Shard) or p.sf == 1 or whole[p.dim] == local[p.dim]:
-        return placement
+        return p
     if (p.sf * local[p.dim]) % whole[p.dim]:
-        raise HeterogError(f"placement {placement} of a dimension of {whole[p.dim]} does not carry over to "
+        raise HeterogError(f"placement {p} of a dimension of {whole[p.dim]} does not carry over to "
                            f"{local[p.dim]} (a micro-batch): its units are not independent of the batch")
-    return f"S{p.dim}:{p.sf * local[p.dim] // whole[p.dim]}"
+    return Shard(p.dim, p.sf * local[p.dim] // whole[p.dim])
 
 
-def part_shape(shape: tuple[int, ...], placement: str, extent: int | None, shares: tuple[int, ...], rank: int
-               ) -> tuple[int, ...]:
+def part_shape(shape: tuple[int, ...], placement: Placement | str | None, extent: int | None,
+               shares: tuple[int, ...], rank: int) -> tuple[int, ...]:
     """The shape of device ``rank``'s part of a value of ``shape`` (``heterog.graph.shard_exec.shard_of``)."""
-    p = parse_placement(placement)
+    p = parse(placement) if isinstance(placement, str) else placement
     if not isinstance(p, Shard):
         return shape
     assert extent is not None
@@ -246,11 +246,15 @@ class SplitLowering:
             shares = tuple(split_shares_of(opt.extent, weights)) if opt is not None and opt.extent is not None \
                 else ()
             s = splits[o]
+
+            def placed(texts: Sequence[str]) -> list[Placement | None]:
+                return [R if whole else parse(t) for t in texts]
+
             self.ops[o] = SplitOp(
                 tuple(int(d) for d in devs), opt, shares,
-                {(r.node, r.index): ("R" if whole else opt.inputs[j]) for j, r in enumerate(s.inputs)} if opt else {},
-                {(r.node, r.index): ("R" if whole else opt.exits[j]) for j, r in enumerate(s.exits)} if opt else {},
-                tuple("R" if whole else p for p in opt.outputs) if opt else (),
+                dict(zip(((r.node, r.index) for r in s.inputs), placed(opt.inputs))) if opt else {},
+                {(r.node, r.index): p or R for r, p in zip(s.exits, placed(opt.exits))} if opt else {},
+                tuple(placed(opt.outputs)) if opt else (),
                 tuple(tuple(int(d) for d in g) for g in groups))
         self.layouts = {int(plan.op_layout[o]) for o in self.ops} if plan.op_layout is not None else set()
         self.lay_groups = {int(plan.op_layout[o]): so.groups for o, so in self.ops.items()} \
@@ -300,19 +304,19 @@ class SplitLowering:
         group = su.group(dev if of is None else of)
         other = group if (su.grid and dev not in group) else None
         p = su.output(leaf.k)
-        if p == "R" and dev in group:
+        if p == R and dev in group:
             return self.held(leaf_id, dev, micro)[0]
         memo_key = self.whole_key(leaf_id, dev, micro, other)
-        if p != "R":
+        if p != R:
             stash_key, after = self.collective(leaf_id, micro, group)
         item = b.memo.get(memo_key)
         if item is None:            # outside the group: a copy from its best-connected device
             h = b.cluster.best_source(group, dev)
-            src, after = self.held(leaf_id, h, micro) if p == "R" else (Stash(stash_key), after)
+            src, after = self.held(leaf_id, h, micro) if p == R else (Stash(stash_key), after)
             shape = leaf.local_shape(self.samples(u, micro, group[0])) if leaf.batch_dim is not None else leaf.shape
             msg = b.send(h, dev, after, src, None, 1.0, shape, leaf.dtype)
             stash = ("w", leaf.read_node, micro) if other is None else ("w", leaf.read_node, micro, other)
-            item = b.emit(dev, key + (-1,), Combine(stash, (Recv(msg),), "R", leaf.memory_order))
+            item = b.emit(dev, key + (-1,), Combine(stash, (Recv(msg),), str(R), leaf.memory_order))
             b.memo[memo_key] = item
         b.pull(item, key + (-1,))
         return Stash(item[2].key)
@@ -341,7 +345,7 @@ class SplitLowering:
         def nbytes(shape: tuple[int, ...]) -> float:
             return _nbytes(shape, leaf.dtype)
 
-        if p == "P":
+        if isinstance(p, Partial):
             emu = float(b.nominal.allreduce_times(group, np.array([nbytes(shape)]))[0][0]) if b.emulate else 0.0
             instrs = [AllReduce(stash_key, g, src, 1.0, emu, leaf.memory_order) for src, _ in held]
         else:
@@ -349,7 +353,7 @@ class SplitLowering:
             emu = float(b.nominal.sharded_ring_times(group, np.array([[nbytes(s) for s in shapes]]))[0]) \
                 if b.emulate else 0.0
             parts = tuple(zip(group, shapes))
-            instrs = [AllGather(stash_key, g, src, p, parts, emu, leaf.memory_order) for src, _ in held]
+            instrs = [AllGather(stash_key, g, src, text(p), parts, emu, leaf.memory_order) for src, _ in held]
         items = [b.emit(h, at, ins) for h, ins in zip(group, instrs)]
         for h, item in zip(group, items):
             b.memo[("whole", leaf_id, h, micro)] = item
@@ -444,7 +448,8 @@ class SplitLowering:
         (``_at``)."""
         if part is None or batch == self.b.B or ":" not in part.placement:
             return part
-        return replace(part, placement=_at(part.placement, self.shape_of(r, self.b.B), self.shape_of(r, batch)))
+        at = _at(parse(part.placement), self.shape_of(r, self.b.B), self.shape_of(r, batch))
+        return replace(part, placement=text(at))
 
     def derive(self, dev: int, key: tuple, source: Source, leaf: str, chain: tuple[str, ...], batch: int,
                local: Local | None, part: Part | None, scale: float, name: str, micro: int,
@@ -516,12 +521,14 @@ class SplitLowering:
             or self.rows(u, dev, mu) == self.rows(op, dev, micro)
         if su is not None and su.devices == so.devices and su.groups == so.groups and same_rows:
             have = su.holds(r.node, r.tuple_index)
-            if have == need and (have[0] != "S" or su.same_units(so)):
+            c = conversion(have, need, su.same_units(so))
+            if c == Conversion.LOCAL:
                 return self._local(u, r, dev, mu, batch, None, key, scale)
-            if have == "R":
+            if c == Conversion.SLICE:
                 return self._local(u, r, dev, mu, batch, so.part(need, rank), key, scale)
-            if have[0] == "S" and need == "P":          # a shard is a partial sum: zeros elsewhere
+            if c == Conversion.PAD:                     # a shard is a partial sum: zeros elsewhere
                 return self._local(u, r, dev, mu, batch, None, key, scale, pad=su.part(have, rank))
+        # a collective (or another config's value): made whole, then this device's part of it taken
         part = self.part_at(so.part(need, rank), r, batch)
         whole = su is not None and same_rows
         if whole:                       # put together here (a grid's batch value: if this group's samples)
@@ -561,8 +568,8 @@ class SplitLowering:
         if su is not None:
             sp = self.ops.get(ph_op)
             have = su.output(leaf_id[1])
-            want = part.placement if part is not None else "R"
-            if dev in su.devices and have == want and (have[0] != "S" or (sp is not None and su.same_units(sp))):
+            want = parse(part.placement) if part is not None else R
+            if dev in su.devices and conversion(have, want, sp is not None and su.same_units(sp)) == Conversion.LOCAL:
                 return b.producer_source(b.leaf(leaf_id), dev, 0)
             whole = self.whole(leaf_id, dev, 0, END)
         if part is None:
