@@ -102,7 +102,7 @@ class ShardChoice:
     """Every op's option under one split config (as if the whole graph ran under it).
 
     ``option`` (n_ops,) option index into ``SplitTable.options[o]``, ``REPLICATE`` for the whole op on every
-    device; ``frac`` (n_ops, n) the share of its divided dimension on each of the config's devices (1 where
+    device; ``frac`` (n_ops, n) the share of its split dimension on each of the config's devices (1 where
     it runs whole, also for partial-sum options); ``out_split`` (n_ops,) the fraction of its output bytes held
     in shards; ``conv`` (E,) the conversion of each edge between its ends' choices (a ``Conversion``, LOCAL for
     those that move nothing: slice and pad too); ``have`` (E,) the

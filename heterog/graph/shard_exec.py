@@ -28,7 +28,7 @@ def shard_of(value: torch.Tensor, placement: Placement | str, extent: int | None
     if p == R:
         return value
     if not isinstance(p, Shard) or extent is None:
-        raise ValueError(f"shard_of needs a divided placement, got {placement!r}")
+        raise ValueError(f"shard_of needs a shard placement, got {placement!r}")
     size = value.shape[p.dim] // p.sf
     unit = size // extent
     blocks = value.unflatten(p.dim, (p.sf, size))
@@ -65,7 +65,7 @@ def padded(part: torch.Tensor, placement: Placement | str, extent: int | None, s
     the partial sums of the whole value)."""
     p = as_placement(placement)
     if not isinstance(p, Shard) or extent is None:
-        raise ValueError(f"padded needs a divided placement, got {placement!r}")
+        raise ValueError(f"padded needs a shard placement, got {placement!r}")
     shape = list(part.shape)
     shape[p.dim] = part.shape[p.dim] * extent // shares[rank]
     whole = part.new_zeros(shape)
@@ -76,7 +76,7 @@ def padded(part: torch.Tensor, placement: Placement | str, extent: int | None, s
 
 
 def combine(values: Sequence[torch.Tensor], placement: Placement | str) -> torch.Tensor:
-    """The whole tensor from the devices' parts: concatenation along the divided dimension (within each
+    """The whole tensor from the devices' parts: concatenation along the split dimension (within each
     outer block for a split factor), the sum of partial sums, or the (equal) replicas' first."""
     p = as_placement(placement)
     if p == R:

@@ -14,7 +14,7 @@ dimension d is split into shards, ``"S<d>:<f>"`` dimension d is read as f outer 
 (heads inside a ``(batch * heads)`` dimension: ``"S0:<batch>"``), ``"-"`` no tensor.
 A divided option has an ``extent``: the number of indivisible units shared out. Shares are integers
 summing to the extent (uneven allowed); a device with share s holds ``size * s // extent`` of each
-divided dimension (``size`` the global size; a dimension may hold several elements per unit: divided over
+split dimension (``size`` the global size; a dimension may hold several elements per unit: divided over
 heads, a ``(B, S, heads * head_dim)`` tensor gives head_dim elements of dim 2 per unit), i.e. the
 fraction s/extent of every divided tensor's bytes. Options whose inputs and outputs are only R and P
 (``kind="partial"``: a linear op passing partial sums on) have no extent and run on every device.
@@ -26,11 +26,11 @@ else (sequence, spatial, the heads or features of an op without parameters, e.g.
 column-split Linear), ``"partial"`` as above.
 
 Shape arguments: ``SplitOption.size_args`` lists the arguments of the op's fx nodes that hold the size
-of a divided dimension (view, expand, new_zeros, slice_backward sizes, convolution ``groups``,
+of a split dimension (view, expand, new_zeros, slice_backward sizes, convolution ``groups``,
 embedding ``num_weights``); a device passes ``value * share // extent`` there (-1 stays -1).
 ``transform`` names a local computation other than the node's own call (``"embedding_rows"``: indices
 shifted by the device's first row, rows outside its share give zeros; ``"partial_mean"``: a mean over a
-divided dimension scaled by share/extent, a partial sum). ``heterog.graph.shard_exec`` runs an op on
+split dimension scaled by share/extent, a partial sum). ``heterog.graph.shard_exec`` runs an op on
 one device's shard this way; a shard must keep the traced memory order of its dimensions (``dense_like``),
 since the fx graph's views assume the traced strides.
 
@@ -89,7 +89,7 @@ class ExitRef:
 @dataclass(frozen=True)
 class SizeArg:
     """Argument ``arg`` (element ``index`` of a list argument, None for a scalar) of fx node ``node``:
-    a size of a divided dimension, passed as ``value * share // extent``."""
+    a size of a split dimension, passed as ``value * share // extent``."""
 
     node: str
     arg: int
@@ -418,7 +418,7 @@ class _Splitter:
 
     def _split_factors(self, rule: NodeRule, g: _Group) -> list[int]:
         """1, and the split factors the producers' exits give on the dimensions this rule divides (all of
-        the rule's divided dimensions the same size, a multiple of the factor)."""
+        the rule's split dimensions the same size, a multiple of the factor)."""
         factors = {1}
         if rule.fixed_layout:
             return [1]

@@ -16,7 +16,7 @@ argument takes each candidate placement in turn, the others Replicate (``_dtenso
 ``op_to_rules`` (convolution only, also a single-dim strategy) and the decomposition fallback are not used.
 
 What is kept of a DTensor rule: Replicate, Shard (a ``_ShardingPlaceholder`` or ``Shard``, taken as any
-layout of the divided dimension, split factors included) and ``Partial("sum")``. Dropped:
+layout of the split dimension, split factors included) and ``Partial("sum")``. Dropped:
 ``Partial("avg")`` (the plain mean of unequal shards' means is not the mean), ``Partial("max"/"min"/
 "product")`` (not a sum), ``_MaskPartial`` (embedding rows, written here with its local index shift),
 ``_StridedShard``, and partial sums of integer or bool tensors.

@@ -1,6 +1,6 @@
 """Split rules through zero-cost views (view, reshape, permute, transpose, expand, ...): where a placement of
 a view's input lands on its output, written here for uneven shards (DTensor's view rule refuses to flatten an
-unevenly divided dimension). Used by ``heterog.graph.sharding`` to compose the rules of a fused op."""
+unevenly split dimension). Used by ``heterog.graph.sharding`` to compose the rules of a fused op."""
 from __future__ import annotations
 
 import math

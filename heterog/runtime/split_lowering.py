@@ -1,21 +1,23 @@
-"""Lowering the ops of groups divided beyond the batch (docs/design.md, "Splits beyond the batch").
+"""Lowering the ops of groups split beyond the batch (docs/design.md, "Splits beyond the batch").
 
-A divided op runs on every device of its split config over the whole batch (or micro-batch), each device
-on its part of the op's divided dimension: ``Compute.local`` gives the kernel its local size arguments and
+A split op runs on every device of its split config over the whole batch (or micro-batch), each device
+on its part of the op's split dimension: ``Compute.local`` gives the kernel its local size arguments and
 transform (``heterog.graph.shard_exec``). The compiler's ``CompiledPlan.op_option`` says which of the
 op's options (``OpGraph.splits``) runs, and ``split_configs`` its devices and split weights; each device's
 integer share of the option's extent is ``split_shares_of(extent, weights)``.
 
-Values (placements as in ``heterog.graph.sharding``):
-  - a divided op's output, or the view of it another op reads, is held per device as its option says:
-    a shard ("S"), a partial sum ("P") or the whole value ("R"); parameters, buffers and optimizer state
-    of a divided op are held as the shard of their option from the start (``RankProgram.persist_parts``),
-    graph inputs whole;
-  - a divided consumer reads its input where it is: locally when the producer is divided over the same
-    devices and holds what it needs (the same placement in the same units), or takes its part of a whole
-    copy held here, or pads its shard with zeros where it needs partial sums (``Derive``); otherwise the
-    whole value is first made whole (``whole``) and the consumer takes its part of it;
-  - an op that is not divided reads a divided producer's output made whole on its device (and re-laid out
+Values (placements: ``heterog.placement``, parsed once from the graph's options into ``SplitOp``):
+  - a split op's output, or the view of it another op reads, is held per device as its option says:
+    a shard (``Shard``), a partial sum (``Partial``) or the whole value (``Replicate``); parameters, buffers
+    and optimizer state of a split op are held as the shard of their option from the start
+    (``RankProgram.persist_parts``), graph inputs whole;
+  - a split consumer whose producer runs over the same devices (and groups, and samples) reads its input as
+    ``heterog.placement.conversion`` says: LOCAL where it is, SLICE its part of a whole copy held here, PAD
+    its shard in zeros where it needs partial sums (``Derive``); a collective (all-gather, all-reduce, and
+    all-to-all and reduce-scatter too) is lowered as the value made whole (``whole``: all-gather of shards,
+    all-reduce of partial sums) and the consumer's part of it taken; a consumer over other devices reads it
+    that way too; a placement needed of no tensor (a shape read by a non-shape op) is read whole;
+  - an op that is not split reads a split producer's output made whole on its device (and re-laid out
     along the batch as usual); an op that reads only a value's shape reads zeros of it.
 A value is made whole on the producer's devices by one collective over them (``collective``): the shards
 all-gathered (``AllGather``, uneven shards padded for NCCL), the partial sums all-reduced (``AllReduce``),
@@ -33,7 +35,7 @@ weighted by their groups' shares (``group_sum``). A consumer
 whose samples differ from the producer's group (another grid, or no grid) reads the value re-laid out along
 the batch first, from every group its samples overlap.
 
-Micro-batches: a divided op runs once per micro-batch on each device; its partial results of the whole
+Micro-batches: a split op runs once per micro-batch on each device; its partial results of the whole
 step (weight gradients) accumulate on each device over the micro-batches (``held``); a value of the whole
 step read by a micro-batch's instance is scaled as ``heterog.runtime.scaling`` says; a split factor that
 counts batch rows scales with the micro-batch (``_at``).
@@ -92,7 +94,7 @@ Key = tuple[str, int | None]
 
 @dataclass(frozen=True)
 class SplitOp:
-    """One divided op as the runtime runs it: its devices, its option (None: whole on every device) and
+    """One split op as the runtime runs it: its devices, its option (None: whole on every device) and
     each device's integer share of the option's extent (empty when nothing is divided in units)."""
 
     devices: tuple[int, ...]
@@ -108,7 +110,7 @@ class SplitOp:
         return next((g for g in self.groups if dev in g), self.groups[0] if self.groups else self.devices)
 
     def rank(self, dev: int) -> int:
-        """``dev``'s position in its group: which part of a divided dimension it holds."""
+        """``dev``'s position in its group: which part of a split dimension it holds."""
         return self.group(dev).index(dev)
 
     @property
@@ -225,7 +227,7 @@ class Builder(Protocol):
 
 
 class SplitLowering:
-    """The divided ops of one plan, lowered into the builder's rank programs (module docstring)."""
+    """The split ops of one plan, lowered into the builder's rank programs (module docstring)."""
 
     def __init__(self, b: Builder) -> None:
         self.b = b
@@ -235,7 +237,7 @@ class SplitLowering:
             self.layouts: set[int] = set()
             return
         if graph.splits is None or plan.op_option is None:
-            raise HeterogError(f"graph {graph.name!r} carries no split options; it cannot run a divided plan")
+            raise HeterogError(f"graph {graph.name!r} carries no split options; it cannot run a split plan")
         splits = splits_from_json(graph.splits)
         for o in np.nonzero(plan.op_split >= 0)[0].tolist():
             devs, weights, groups = plan.split_configs[int(plan.op_split[o])]
@@ -264,7 +266,7 @@ class SplitLowering:
         return op in self.ops
 
     def ranges(self, lay: int) -> list[tuple[int, int, int, int]]:
-        """(device, first sample, end sample, micro-batch) of each entry of a divided op's layout: every
+        """(device, first sample, end sample, micro-batch) of each entry of a split op's layout: every
         device of a group over the group's samples of each micro-batch (one group: all of them)."""
         plan = self.b.plan
         devs, shares = plan.layout_devices[lay], plan.layout_shares[lay]
@@ -280,7 +282,7 @@ class SplitLowering:
         return [(int(d), start[int(m)] + r0, start[int(m)] + r1, int(m)) for d, (r0, r1), m in zip(devs, rows, micro)]
 
     def holders(self, op: int) -> tuple[int, ...]:
-        """The devices whose parts of divided op ``op``'s placeholder put it together (one group of a grid)."""
+        """The devices whose parts of split op ``op``'s placeholder put it together (one group of a grid)."""
         so = self.ops[op]
         return so.groups[0] if so.grid else so.devices
 
@@ -291,7 +293,7 @@ class SplitLowering:
         return ("whole", leaf_id, dev, micro) if group is None else ("whole", leaf_id, dev, micro, group)
 
     def whole(self, leaf_id: tuple[int, int], dev: int, micro: int, key: tuple, of: int | None = None) -> Source:
-        """A divided op's output put together whole on ``dev`` (its own copy where it holds it whole), over the
+        """A split op's output put together whole on ``dev`` (its own copy where it holds it whole), over the
         samples of the group of device ``of`` (default: ``dev``'s group, or the only one): by one collective
         over the group's devices (``collective``) where ``dev`` is one of them, else received from the
         best-connected of them."""
@@ -322,7 +324,7 @@ class SplitLowering:
         return Stash(item[2].key)
 
     def collective(self, leaf_id: tuple[int, int], micro: int, group: tuple[int, ...]) -> tuple[tuple, tuple]:
-        """A divided op's output of shards or partial sums made whole on every device of ``group`` (of the op's
+        """A split op's output of shards or partial sums made whole on every device of ``group`` (of the op's
         config) by one collective over them (once per value: ``AllGather`` of the shards, ``AllReduce`` of the
         partial sums), issued by every member at one key, after its last member holds its part (so every
         member issues the collectives of a subgroup in the same order, as the gradient AllReduce). Returns the
@@ -362,12 +364,12 @@ class SplitLowering:
         return got
 
     def rows(self, op: int, dev: int, micro: int) -> tuple[int, int] | None:
-        """The samples (first, end) divided op ``op`` runs on ``dev`` for micro-batch ``micro`` (None: none)."""
+        """The samples (first, end) split op ``op`` runs on ``dev`` for micro-batch ``micro`` (None: none)."""
         return next(((lo, hi) for d, lo, hi, m in self.ranges(int(self.b.op_layout[op])) if d == dev and m == micro),
                     None)
 
     def samples(self, op: int, micro: int, dev: int | None = None) -> int:
-        """Samples of micro-batch ``micro`` that divided op ``op`` runs on ``dev`` (default: its first device)."""
+        """Samples of micro-batch ``micro`` that split op ``op`` runs on ``dev`` (default: its first device)."""
         return next(hi - lo for d, lo, hi, m in self.ranges(int(self.b.op_layout[op]))
                     if m == micro and (dev is None or d == dev))
 
@@ -380,7 +382,7 @@ class SplitLowering:
                 and leaf_id not in b.exps.statistics)
 
     def accumulated(self, leaf_id: tuple[int, int]) -> bool:
-        """A divided op's partial result summed over several micro-batches or a grid's groups: a non-batch
+        """A split op's partial result summed over several micro-batches or a grid's groups: a non-batch
         output of a batch op (a weight gradient, not a statistic of each micro-batch's samples)."""
         b = self.b
         return self.over_groups(leaf_id) or (
@@ -388,7 +390,7 @@ class SplitLowering:
             and leaf_id not in b.exps.statistics)
 
     def held(self, leaf_id: tuple[int, int], dev: int, micro: int) -> tuple[Source, tuple]:
-        """A divided op's value of a leaf on ``dev`` (for micro-batch ``micro``; summed over them, and over a
+        """A split op's value of a leaf on ``dev`` (for micro-batch ``micro``; summed over them, and over a
         grid's groups, where ``accumulated``) and the key after which it exists."""
         b = self.b
         if self.over_groups(leaf_id):
@@ -471,7 +473,7 @@ class SplitLowering:
 
     def _local(self, u: int, r: Read, dev: int, micro: int, batch: int, part: Part | None, key: tuple,
                scale: float, pad: Part | None = None) -> Input:
-        """What divided op ``u`` holds of ``r``'s node on ``dev`` (its part of it: ``part``; put in zeros of
+        """What split op ``u`` holds of ``r``'s node on ``dev`` (its part of it: ``part``; put in zeros of
         the whole shape: ``pad``)."""
         b = self.b
         su, leaf = self.ops[u], b.leaf(r.leaf)
@@ -497,7 +499,7 @@ class SplitLowering:
 
     # ------------------------------------------------------------------ ops
     def read(self, op: int, r: Read, dev: int, micro: int, batch: int, key: tuple) -> Input:
-        """What divided op ``op``'s instance on ``dev`` reads for ``r`` (module docstring)."""
+        """What split op ``op``'s instance on ``dev`` reads for ``r`` (module docstring)."""
         b = self.b
         so = self.ops[op]
         rank = so.rank(dev)
@@ -542,7 +544,7 @@ class SplitLowering:
                                          after, index=r.tuple_index), None, (), 1.0, r.tuple_index)
 
     def compute(self, op: int, dev: int, first: int, end: int, micro: int) -> None:
-        """Divided op ``op``'s instance on ``dev`` over samples ``first .. end`` (micro-batch ``micro``)."""
+        """Split op ``op``'s instance on ``dev`` over samples ``first .. end`` (micro-batch ``micro``)."""
         b = self.b
         so = self.ops[op]
         batch = end - first
@@ -554,7 +556,7 @@ class SplitLowering:
         b.emit(dev, key + (0,), Compute(op, batch, inputs, (), first, micro, False, so.local(so.rank(dev))))
 
     def held_part(self, op: int, dev: int) -> Part | None:
-        """The part of a placeholder of divided op ``op`` that ``dev`` holds (None: all of it)."""
+        """The part of a placeholder of split op ``op`` that ``dev`` holds (None: all of it)."""
         so = self.ops.get(op)
         return so.part(so.output(0), so.rank(dev)) if so is not None else None
 
