@@ -365,7 +365,7 @@ def _connect_relayout(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatc
     s_i = f_si[S_ptr[r_pat[s_r]] + s_k]
     s_dev = lay.dev_flat[fu[s_r] + s_i]
     s_bytes = r_bytes[s_r] * (lay.shares_flat[lay.ptr[r_lu[s_r]] + s_i] / B)
-    split_ids = batch.add(dur=ctx.cost.copy_times(s_dev, s_bytes), kind=TaskKind.SPLIT, op=r_u[s_r], dev=s_dev,
+    split_ids = batch.add(dur=ctx.cost.copy_times(s_dev, s_bytes), kind=TaskKind.RELAYOUT, op=r_u[s_r], dev=s_dev,
                           alloc=s_bytes, cat=TaskCategory.SPLIT_CONCAT, prio_op=first_consumer[s_r], stage="split",
                           cls=1, tensor=r_tensor[s_r], sub=s_k, owner=r_owner[s_r], res_len=1, res_idx=s_dev)
     batch.deps(split_ids, src_inst[s_r] + s_i, r_owner[s_r])

@@ -40,6 +40,7 @@ import torch
 from heterog.compiler import TaskKind
 from heterog.compiler.compile import VALUE_FREE_TARGETS, graph_index
 from heterog.errors import HeterogError
+from heterog.placement import P
 from heterog.runtime.instructions import (
     END,
     Aggregate,
@@ -548,7 +549,7 @@ class _Builder:
         if prog.op_has_batch[u]:
             for d, lo, hi, m in self.lay_ranges(self.op_lay(u)):
                 if u in self.split and d != self.split.ops[u].group(d)[0] and \
-                        self.split.ops[u].output(leaf_id[1]) != "P":
+                        self.split.ops[u].output(leaf_id[1]) != P:
                     continue      # a divided loss held whole on a group's devices: one copy (partial sums: all)
                 self.export(u, d, m, loss)
                 self.ranks[d].loss_terms.append((Env(env_name(loss, m)), float(((hi - lo) / self.B) ** (1 - e))))

@@ -125,7 +125,7 @@ def test_relayout_inserts_split_transfer_concat():
     k = res.plan.counts()
     # mm's output (B=8 on dev 0) -> loss replicas (4 on dev0, 4 on dev1): one split on dev 0, one transfer;
     # x (dev 0) -> gW replicas: split + transfer. W is needed on device 1 (mm on dev 0 has it locally).
-    assert k["split"] == 2 and k["concat"] == 0
+    assert k["relayout"] == 2 and k["concat"] == 0
     assert k["transfer"] == 2
     tr = res.plan.task_kind == TaskKind.TRANSFER
     assert sorted(res.plan.tg.duration[tr].tolist()) == pytest.approx([4 * 2 * 4 * 1e-9, 4 * 4 * 4 * 1e-9])
@@ -225,7 +225,7 @@ def test_communication_holds_links_and_compute_holds_its_gpu():
         for t in range(tg.n_tasks):
             r = tg.task_resources(t).tolist()
             kind = TaskKind(plan.task_kind[t])
-            if kind in (TaskKind.COMPUTE, TaskKind.SPLIT, TaskKind.CONCAT, TaskKind.AGGREGATE):
+            if kind in (TaskKind.COMPUTE, TaskKind.RELAYOUT, TaskKind.CONCAT, TaskKind.AGGREGATE):
                 assert r == [plan.task_device[t]]
             elif kind in (TaskKind.TRANSFER, TaskKind.PUSH, TaskKind.ALLREDUCE):
                 assert r and all(x >= c.n_devices for x in r)

@@ -14,7 +14,7 @@ from tests.compiler.helpers import linear_graph
 from tests.compiler.test_compile import FakeCost, strategy_for, two_gpu
 from tests.compiler.test_delta import assert_same_plan
 
-CATEGORY_OF_KIND = {TaskKind.PLACEHOLDER: "input", TaskKind.TRANSFER: "transfer", TaskKind.SPLIT: "split/concat",
+CATEGORY_OF_KIND = {TaskKind.PLACEHOLDER: "input", TaskKind.TRANSFER: "transfer", TaskKind.RELAYOUT: "split/concat",
                     TaskKind.CONCAT: "split/concat", TaskKind.PUSH: "ps", TaskKind.AGGREGATE: "ps",
                     TaskKind.ALLREDUCE: "allreduce"}
 
