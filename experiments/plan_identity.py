@@ -202,7 +202,7 @@ class PlanMaker:
 
     def __init__(self, graph: Any, cluster: Any, rng: np.random.Generator) -> None:
         from heterog.baselines.expert import op_layers
-        from heterog.strategy import even_shares, proportional_shares, split_weights
+        from heterog.shares import even_shares, proportional_shares, split_weights
 
         self.graph, self.cluster, self.rng = graph, cluster, rng
         self.M, self.B = cluster.n_devices, graph.batch_size
