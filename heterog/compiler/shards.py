@@ -33,7 +33,7 @@ import numpy as np
 from heterog.caches import DerivedCache
 from heterog.compiler.context import CompileContext
 from heterog.compiler.index import output_bytes
-from heterog.strategy import split_shares_of
+from heterog.shares import split_shares_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.graph.opgraph import OpGraph
