@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from heterog.caches import DerivedCache
 from heterog.errors import HeterogError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -229,7 +230,7 @@ def _action_loads(evaluator: PlanEvaluator, pull_mask: np.ndarray | None = None,
     aggregated tensors only; with ``pull_mask`` a third array is returned: the pulls of the masked
     tensors alone."""
     from heterog.compiler.index import graph_index, path_table
-    from heterog.compiler.ps import _aggregate_coefs, _cluster_tables
+    from heterog.compiler.ps import aggregate_coefs, link_lines
     from heterog.shares import even_shares, proportional_shares
 
     graph, cluster, cost = evaluator.graph, evaluator.cluster, evaluator.cost
@@ -246,7 +247,7 @@ def _action_loads(evaluator: PlanEvaluator, pull_mask: np.ndarray | None = None,
     for d in range(m):                                                     # MP
         np.add.at(loads[:, d, d], group_of, comp[:, d])
     t_group = group_of[gi.t_op]
-    alpha, beta, path_ptr, path_res = _cluster_tables(cost, paths)
+    alpha, beta, path_ptr, path_res = link_lines(cost, paths)
     devs = tuple(range(m))
 
     def amounts(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -275,7 +276,7 @@ def _action_loads(evaluator: PlanEvaluator, pull_mask: np.ndarray | None = None,
     batch = gi.has_batch & gi.is_compute
     ps_only = gi.is_compute & ~gi.has_batch & gi.post_agg                   # updates: on the PS only
     dup = gi.is_compute & ~gi.has_batch & ~gi.post_agg
-    agg_coef = _aggregate_coefs(m, devs, cost)
+    agg_coef = aggregate_coefs(m, devs, cost)
 
     def link_time(src: int, dst: int, amount: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         res = path_res[path_ptr[src * m + dst]:path_ptr[src * m + dst + 1]]
@@ -312,11 +313,17 @@ def _action_loads(evaluator: PlanEvaluator, pull_mask: np.ndarray | None = None,
 
 
 # ----------------------------------------------------------------------------- release times
+_CLOSURES: DerivedCache[OpGraph, list[int]] = DerivedCache("replica closures of each graph")
+
+
 def _replica_closures(graph: OpGraph) -> list[int]:
-    """``ANY(v)`` of ``release_sets`` for every op, as bit sets (bit u set: u in the set); cached."""
-    cached = graph.__dict__.get("_bounds_any")
-    if cached is not None:
-        return cached
+    """``ANY(v)`` of ``release_sets`` for every op, as bit sets (bit u set: u in the set); built once per
+    graph object."""
+    return _CLOSURES.get(graph, lambda: _build_closures(graph))
+
+
+def _build_closures(graph: OpGraph) -> list[int]:
+    """``_replica_closures`` computed."""
     from heterog.compiler.index import graph_index
 
     gi = graph_index(graph)
@@ -341,7 +348,6 @@ def _replica_closures(graph: OpGraph) -> list[int]:
                 a |= any_[u]
                 b |= any_[u]
         any_[v], all_[v] = a, b | a
-    graph.__dict__["_bounds_any"] = any_
     return any_
 
 

@@ -54,19 +54,6 @@ class EvaluatorSpec:
                          serialize_collectives=self.serialize_collectives, max_groups=self.max_groups,
                          shares=self.shares)
 
-    def __getstate__(self) -> dict[str, Any]:
-        # the graph and cluster travel without what the compiler cached on them
-        state = dict(self.__dict__)
-        for name in ("graph", "cluster"):
-            obj = state[name]
-            clean = obj.__class__.__new__(obj.__class__)
-            clean.__dict__.update({k: v for k, v in obj.__dict__.items() if not k.startswith("_compile")})
-            state[name] = clean
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
 
 class Worker:
     """What runs on a worker: Evaluators by key, built once, kept for later jobs. A subclass adds job kinds

@@ -74,15 +74,15 @@ def emit_instances(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, 
 
 # ----------------------------------------------------------------------------------- aggregation
 def emit_aggregation(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, tensors: np.ndarray,
-                     place: Placement, prov: Providers) -> dict[int, str]:
+                     place: Placement, prov: Providers) -> None:
     """Aggregate the partial results ``tensors`` (ascending; all their producers' partial results):
     under PS, pushes to the group's PS and an aggregation there; under AllReduce, one collective per
-    tensor. Returns the AllReduce algorithm of each op aggregated that way."""
+    tensor (``heterog.compiler.plan.aggregation_of`` records which)."""
     if not len(tensors):
-        return {}
+        return
     is_ps = place.op_ps[ctx.index.t_op[tensors]]
     _aggregate_ps(ctx, layouts, batch, tensors[is_ps], place, prov)
-    return _aggregate_ar(ctx, layouts, batch, tensors[~is_ps], place, prov)
+    _aggregate_ar(ctx, layouts, batch, tensors[~is_ps], place, prov)
 
 
 def _aggregate_ps(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, tensors: np.ndarray,
@@ -126,12 +126,11 @@ def _aggregate_ps(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, t
 
 
 def _aggregate_ar(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, tensors: np.ndarray,
-                  place: Placement, prov: Providers) -> dict[int, str]:
+                  place: Placement, prov: Providers) -> None:
     """One AllReduce per partial tensor over its replicas; it holds the links of its algorithm (and the
     members that drive their own communication)."""
-    algo_of: dict[int, str] = {}
     if not len(tensors):
-        return algo_of
+        return
     gi = ctx.index
     ops = gi.t_op[tensors]
     lays = place.op_lay[ops]
@@ -153,8 +152,6 @@ def _aggregate_ar(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, t
         batch.deps(np.repeat(ar, k), (prov.inst_start[sel_op][:, None] + last[None, :]).ravel(),
                    np.repeat(sel_op, k))
         prov.at[np.repeat(sel, k), np.tile(np.array(devs), len(sel))] = np.repeat(ar, k)
-        algo_of.update(zip(sel_op.tolist(), (costs.names[a] for a in code.tolist())))
-    return algo_of
 
 
 # ----------------------------------------------------------------------------------- connections

@@ -25,15 +25,31 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
+from heterog.caches import DerivedCache
 from heterog.compiler.context import CompileContext
 from heterog.compiler.index import GraphIndex
 from heterog.compiler.place import Placement
 from heterog.compiler.registries import LayoutTable, entry_rows
 from heterog.compiler.tasks import Providers, TaskBatch, TaskCategory, TaskKind
 from heterog.placement import Conversion
+
+
+class CollectiveKey(NamedTuple):
+    """A collective of a split tensor as priced: its kind (``heterog.placement.Conversion``), devices, bytes and
+    each device's shard of them (None for an all-reduce)."""
+
+    kind: Conversion
+    devices: tuple[int, ...]
+    nbytes: float
+    shards: tuple[float, ...] | None
+
+
+_COLLECTIVE_S: DerivedCache[CompileContext, dict[CollectiveKey, float]] = DerivedCache(
+    "seconds of each collective of divided tensors, per compile context")
 
 
 class _Emitter:
@@ -143,8 +159,9 @@ def _collective(ctx: CompileContext, em: _Emitter, kind: Conversion, t: int, u: 
     allocating ``f_out[i]`` of it there. Returns the landing tasks, in device order."""
     shards = f_u if kind in (Conversion.ALL_GATHER, Conversion.ALL_TO_ALL) else \
         f_out if kind == Conversion.REDUCE_SCATTER else None
-    key = ("time", int(kind), devs, nbytes, None if shards is None else tuple(shards.tolist()))
-    dur = ctx.split_cache.get(key)
+    times = _COLLECTIVE_S.get(ctx, dict)
+    key = CollectiveKey(kind, devs, nbytes, None if shards is None else tuple(shards.tolist()))
+    dur = times.get(key)
     if dur is None:
         if kind == Conversion.ALL_REDUCE:
             dur = float(ctx.cost.allreduce_times(devs, np.array([nbytes]))[0][0])
@@ -152,7 +169,7 @@ def _collective(ctx: CompileContext, em: _Emitter, kind: Conversion, t: int, u: 
             assert shards is not None
             part = nbytes * shards / (len(devs) if kind == Conversion.ALL_TO_ALL else 1)
             dur = float(ctx.cost.sharded_ring_times(devs, part[None, :])[0])
-        ctx.split_cache[key] = dur
+        times[key] = dur
     owner = ctx.index.n_ops + t
     coll = em.task(dur=dur, kind=TaskKind.COLLECTIVE, op=u, dev=-1, alloc=0.0, cat=TaskCategory.COLLECTIVE,
                    prio_op=prio, stage="split", tensor=t, res=em.ring(devs))
@@ -200,10 +217,11 @@ def _sum_over_groups(ctx: CompileContext, em: _Emitter, t: int, u: int, groups: 
     out: dict[int, int] = {}
     for devs in sets:
         part = nbytes * (f_u[devs[0]] if have == 1 else 1.0)
-        key = ("time", int(Conversion.ALL_REDUCE), devs, part, None)
-        dur = ctx.split_cache.get(key)
+        times = _COLLECTIVE_S.get(ctx, dict)
+        key = CollectiveKey(Conversion.ALL_REDUCE, devs, part, None)
+        dur = times.get(key)
         if dur is None:
-            dur = ctx.split_cache[key] = float(ctx.cost.allreduce_times(devs, np.array([part]))[0][0])
+            dur = times[key] = float(ctx.cost.allreduce_times(devs, np.array([part]))[0][0])
         ar = em.task(dur=dur, kind=TaskKind.COLLECTIVE, op=u, dev=-1, alloc=0.0, cat=TaskCategory.COLLECTIVE,
                      prio_op=prio, stage="split", tensor=t, res=em.ring(devs))
         for d in devs:

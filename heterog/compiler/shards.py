@@ -23,16 +23,18 @@ edge costs its costliest view's, slice and pad moving nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from heterog.caches import DerivedCache
 from heterog.compiler.context import CompileContext
 from heterog.compiler.index import output_bytes
 from heterog.placement import Conversion, Placement, R, Shard, conversion, is_shard, parse, same_units
 from heterog.shares import split_shares_of
 
 if TYPE_CHECKING:  # pragma: no cover
+    from heterog.graph.opgraph import OpGraph
     from heterog.strategy import ParallelConfig
 
 REPLICATE = -1                                     # option index: the whole op on every device
@@ -91,10 +93,8 @@ class SplitTable:
 
 
 def split_table(ctx: CompileContext) -> SplitTable:
-    cached = ctx.graph.__dict__.get("_compile_split_table")
-    if cached is None:
-        cached = ctx.graph.__dict__["_compile_split_table"] = SplitTable(ctx)
-    return cached
+    """The ``SplitTable`` of the context's graph (built once per graph object)."""
+    return _SPLIT_TABLES.get(ctx.graph, lambda: SplitTable(ctx))
 
 
 @dataclass(frozen=True)
@@ -276,6 +276,20 @@ class _Chooser:
         return choice
 
 
+class ChoiceKey(NamedTuple):
+    """What a ``ShardChoice`` depends on of its split config."""
+
+    devices: tuple[int, ...]
+    split_shares: tuple[int, ...]
+    split: str | None
+    shares: tuple[int, ...]
+    grid: int
+
+
+_SPLIT_TABLES: DerivedCache[OpGraph, SplitTable] = DerivedCache("SplitTable of each graph")
+_CHOICES: DerivedCache[CompileContext, dict[ChoiceKey, ShardChoice]] = DerivedCache(
+    "ShardChoice of each split config, per compile context")
+
 # relative bytes each conversion moves per device (of the tensor's, times (n - 1) / n)
 _CONV_WEIGHT = {Conversion.LOCAL: 0.0, Conversion.SLICE: 0.0, Conversion.PAD: 0.0, Conversion.ALL_GATHER: 1.0,
                 Conversion.REDUCE_SCATTER: 1.0, Conversion.ALL_REDUCE: 2.0, Conversion.ALL_TO_ALL: 0.25}
@@ -284,9 +298,10 @@ _CONV_WEIGHT = {Conversion.LOCAL: 0.0, Conversion.SLICE: 0.0, Conversion.PAD: 0.
 def choose_shards(ctx: CompileContext, config: ParallelConfig) -> ShardChoice:
     """Each op's option under ``config`` (a split config), cached in the context per (devices, split
     shares, kind)."""
-    key = ("choice", tuple(config.devices), tuple(config.split_shares), config.split, tuple(config.shares),
-           config.grid)
-    hit = ctx.split_cache.get(key)
+    choices = _CHOICES.get(ctx, dict)
+    key = ChoiceKey(tuple(config.devices), tuple(config.split_shares), config.split, tuple(config.shares),
+                    config.grid)
+    hit = choices.get(key)
     if hit is not None:
         return hit
     table = split_table(ctx)
@@ -319,7 +334,7 @@ def choose_shards(ctx: CompileContext, config: ParallelConfig) -> ShardChoice:
         need[e] = 0 if 0 in ns else 1 if 1 in ns else 2 if 2 in ns else 3
     original = np.array([table.original[o][k] if k != REPLICATE else REPLICATE
                          for o, k in enumerate(option.tolist())], dtype=np.int64)
-    out = ctx.split_cache[key] = ShardChoice(option, frac, out_split, conv, have, need, tuple(config.devices),
+    out = choices[key] = ShardChoice(option, frac, out_split, conv, have, need, tuple(config.devices),
                                              tuple(config.split_shares), original, config.groups)
     return out
 

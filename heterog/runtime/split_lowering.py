@@ -2,8 +2,8 @@
 
 A split op runs on every device of its split config over the whole batch (or micro-batch), each device
 on its part of the op's split dimension: ``Compute.local`` gives the kernel its local size arguments and
-transform (``heterog.graph.shard_exec``). The compiler's ``CompiledPlan.op_option`` says which of the
-op's options (``OpGraph.splits``) runs, and ``split_configs`` its devices and split weights; each device's
+transform (``heterog.graph.shard_exec``). The compiler's ``OpPlacements.op_option`` says which of the
+op's options (``OpGraph.splits``) runs, and ``splits`` its devices and split weights; each device's
 integer share of the option's extent is ``split_shares_of(extent, weights)``.
 
 Values (placements: ``heterog.placement``, parsed once from the graph's options into ``SplitOp``):
@@ -232,35 +232,35 @@ class SplitLowering:
     def __init__(self, b: Builder) -> None:
         self.b = b
         self.ops: dict[int, SplitOp] = {}
-        plan, graph, prog = b.plan, b.graph, b.prog
-        if plan.op_split is None or not np.any(plan.op_split >= 0):
+        placed, graph, prog = b.plan.placements, b.graph, b.prog
+        if placed.op_split is None or not np.any(placed.op_split >= 0):
             self.layouts: set[int] = set()
             return
-        if graph.splits is None or plan.op_option is None:
+        if graph.splits is None or placed.op_option is None:
             raise HeterogError(f"graph {graph.name!r} carries no split options; it cannot run a split plan")
         splits = splits_from_json(graph.splits)
-        for o in np.nonzero(plan.op_split >= 0)[0].tolist():
-            devs, weights, groups = plan.split_configs[int(plan.op_split[o])]
+        for o in np.nonzero(placed.op_split >= 0)[0].tolist():
+            config = placed.splits[int(placed.op_split[o])]
+            devs, weights, groups = config.devices, config.weights, config.groups
             weights = weights[:len(groups[0])]            # a grid's groups divide alike
-            k = int(plan.op_option[o])
+            k = int(placed.op_option[o])
             opt = splits[o].options[k] if k >= 0 else None
             whole = opt is None or prog.op_kind[o] == "input"      # graph inputs are held whole everywhere
             shares = tuple(split_shares_of(opt.extent, weights)) if opt is not None and opt.extent is not None \
                 else ()
             s = splits[o]
 
-            def placed(texts: Sequence[str]) -> list[Placement | None]:
+            def typed(texts: Sequence[str], whole: bool = whole) -> list[Placement | None]:
                 return [R if whole else parse(t) for t in texts]
 
             self.ops[o] = SplitOp(
                 tuple(int(d) for d in devs), opt, shares,
-                dict(zip(((r.node, r.index) for r in s.inputs), placed(opt.inputs))) if opt else {},
-                {(r.node, r.index): p or R for r, p in zip(s.exits, placed(opt.exits))} if opt else {},
-                tuple(placed(opt.outputs)) if opt else (),
+                dict(zip(((r.node, r.index) for r in s.inputs), typed(opt.inputs))) if opt else {},
+                {(r.node, r.index): p or R for r, p in zip(s.exits, typed(opt.exits))} if opt else {},
+                tuple(typed(opt.outputs)) if opt else (),
                 tuple(tuple(int(d) for d in g) for g in groups))
-        self.layouts = {int(plan.op_layout[o]) for o in self.ops} if plan.op_layout is not None else set()
-        self.lay_groups = {int(plan.op_layout[o]): so.groups for o, so in self.ops.items()} \
-            if plan.op_layout is not None else {}
+        self.layouts = {int(placed.op_layout[o]) for o in self.ops}
+        self.lay_groups = {int(placed.op_layout[o]): so.groups for o, so in self.ops.items()}
 
     def __contains__(self, op: int) -> bool:
         return op in self.ops
@@ -268,9 +268,8 @@ class SplitLowering:
     def ranges(self, lay: int) -> list[tuple[int, int, int, int]]:
         """(device, first sample, end sample, micro-batch) of each entry of a split op's layout: every
         device of a group over the group's samples of each micro-batch (one group: all of them)."""
-        plan = self.b.plan
-        devs, shares = plan.layout_devices[lay], plan.layout_shares[lay]
-        micro = plan.layout_micro[lay] if plan.layout_micro else (0,) * len(devs)
+        layout = self.b.plan.placements.layouts[lay]
+        devs, shares, micro = layout.devices, layout.shares, layout.micro
         rows = entry_rows(devs, shares, micro, self.lay_groups[lay])
         size: dict[int, int] = {}
         for (_, hi), m in zip(rows, micro):

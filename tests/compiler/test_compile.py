@@ -8,6 +8,7 @@ from heterog.actions import decode_action
 from heterog.cluster import load_cluster
 from heterog.cluster.loader import cluster_from_dict
 from heterog.compiler import TaskKind
+from heterog.compiler.index import graph_index
 from heterog.cost import CostModel
 from heterog.evaluate import Evaluator
 from heterog.strategy import ParallelConfig, Strategy
@@ -96,7 +97,7 @@ def test_even_ps_timeline():
     # pushes its partial gradient (32e-9), the PS aggregates 2 inputs (2 * 32 * 1e-10) and updates (16).
     expected = 32e-9 + 145 + 32e-9 + 64e-10 + 16
     assert res.iteration_time_s == pytest.approx(expected, rel=1e-12)
-    assert res.plan.ps_device == {0: 0}
+    assert res.plan.placements.ps_device == {0: 0}
     kinds = res.plan.task_kind
     assert np.sum(kinds == TaskKind.PUSH) == 1 and np.sum(kinds == TaskKind.AGGREGATE) == 1
     upd = [i for i, op in enumerate(g.ops) if op.name == "upd"][0]
@@ -185,10 +186,13 @@ def test_allreduce_picks_the_cheaper_algorithm():
     ev = Evaluator(g, c, cost)
     res = ev.evaluate(ev.strategy(np.full(ev.n_groups, c.n_devices + 1)))
     devs = tuple(range(c.n_devices))
-    for op, algo in res.plan.allreduce_algo.items():
-        nb = g.ops[op].bytes_written
+    gi = graph_index(g)
+    assert res.plan.placements.aggregation
+    for t, how in res.plan.placements.aggregation.items():
+        nb = g.ops[int(gi.t_op[t])].bytes_written
         ring, hier = cost.allreduce(devs, nb, "ring").time_s, cost.allreduce(devs, nb, "hierarchical").time_s
-        assert algo == ("ring" if ring <= hier else "hierarchical")
+        assert how.kind == "allreduce" and how.devices == devs
+        assert how.algorithm == ("ring" if ring <= hier else "hierarchical")
     ar = res.plan.task_kind == TaskKind.ALLREDUCE
     nb = g.ops[int(res.plan.task_op[ar][0])].bytes_written
     assert res.plan.tg.duration[ar][0] == pytest.approx(min(cost.allreduce(devs, nb, "ring").time_s,
@@ -282,10 +286,10 @@ def test_random_strategies_cover_every_op_and_split_the_whole_batch(actions, bat
     for op in range(g.n_ops):
         if not g.ops[op].kind == "compute":
             continue
-        lay = plan.op_layout[op]
-        assert np.sum(comp & (plan.task_op == op)) == len(plan.layout_devices[lay])
+        layout = plan.placements.layouts[plan.placements.op_layout[op]]
+        assert np.sum(comp & (plan.task_op == op)) == len(layout.devices)
         if g.has_batch[op]:
-            assert sum(plan.layout_shares[lay]) == batch      # split ops cover the whole batch
+            assert sum(layout.shares) == batch      # split ops cover the whole batch
     dep_ptr, dep_idx = plan.tg.dependencies()
     for t in range(plan.n_tasks):
         deps = dep_idx[dep_ptr[t]:dep_ptr[t + 1]]

@@ -60,7 +60,7 @@ def split_plan(name: str, cluster_name: str, seed: int, micro: bool) -> Strategy
     for k in range(10):
         s = with_splits(plan(m, cluster, "random", seed + 100 * k), cluster.n_devices, seed + 100 * k)
         s = with_micro_batches(s, seed) if micro else s
-        option = Evaluator(m.graph, cluster).compile(s).op_option
+        option = Evaluator(m.graph, cluster).compile(s).placements.op_option
         if option is not None and np.any(option[compute] >= 0):
             return s
     raise AssertionError(f"{name}: no random split plan divides a compute op")
