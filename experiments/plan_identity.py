@@ -108,8 +108,34 @@ def _tg_component(tg: Any, name: str) -> Any:
     raise KeyError(name)
 
 
-def digest(plan: Any) -> dict[str, str]:
-    """Component name -> 16-hex digest of one compiled plan (``MISSING`` where the code lacks it)."""
+# fields the reference names that later code keeps elsewhere: (plan, graph) -> the value as it was
+def _allreduce_algo(plan: Any, graph: Any) -> dict[int, str]:
+    """Op -> AllReduce algorithm, from the per-tensor aggregation records (the last tensor of an op wins,
+    as the per-op table did)."""
+    from heterog.compiler.index import graph_index
+    t_op = graph_index(graph).t_op
+    return {int(t_op[t]): a.algorithm for t, a in sorted(plan.placements.aggregation.items())
+            if a.kind == "allreduce"}
+
+
+MOVED_FIELDS: dict[str, Callable[[Any, Any], Any]] = {
+    "ps_device": lambda plan, graph: plan.placements.ps_device,
+    "allreduce_algo": _allreduce_algo,
+}
+RENAMED_KINDS = {"relayout": "split"}     # task kinds by the name the reference was written with
+
+
+def _field(plan: Any, name: str, graph: Any) -> Any:
+    if hasattr(plan, name):
+        return getattr(plan, name)
+    if name in MOVED_FIELDS and hasattr(plan, "placements") and graph is not None:
+        return MOVED_FIELDS[name](plan, graph)
+    raise AttributeError(name)
+
+
+def digest(plan: Any, graph: Any = None) -> dict[str, str]:
+    """Component name -> 16-hex digest of one compiled plan (``MISSING`` where the code lacks it);
+    ``graph``: the plan's graph, to read fields that moved (``MOVED_FIELDS``)."""
     out: dict[str, str] = {}
     tg = getattr(plan, "tg", None)
     for name in TG_COMPONENTS:
@@ -118,7 +144,10 @@ def digest(plan: Any) -> dict[str, str]:
         except (AttributeError, KeyError, TypeError):
             out["tg." + name] = MISSING
     for name in PLAN_FIELDS:
-        out["plan." + name] = _h(getattr(plan, name)) if hasattr(plan, name) else MISSING
+        try:
+            out["plan." + name] = _h(_field(plan, name, graph))
+        except AttributeError:
+            out["plan." + name] = MISSING
     return out
 
 
@@ -131,7 +160,8 @@ def kind_counts(plan: Any) -> dict[str, int]:
     except ImportError:
         name = {}
     codes, n = np.unique(kinds, return_counts=True)
-    return {name.get(int(c), str(int(c))): int(k) for c, k in zip(codes, n)}
+    named = (name.get(int(c), str(int(c))) for c in codes)
+    return {RENAMED_KINDS.get(k, k): int(m) for k, m in zip(named, n)}
 
 
 def task_rows(plan: Any) -> list[dict]:
@@ -421,7 +451,8 @@ def generate(seed: int, out: Path) -> None:
                 d = s.to_dict()
                 d.pop("graph_fingerprint")
                 plans.append({"id": len(plans), "graph": key, "cluster": cname, "kind": kind, "strategy": d,
-                              "n_tasks": int(plan.tg.n_tasks), "counts": kind_counts(plan), "digest": digest(plan)})
+                              "n_tasks": int(plan.tg.n_tasks), "counts": kind_counts(plan),
+                              "digest": digest(plan, graph)})
             print(f"{key} on {cname}: {len(plans)} plans so far ({time.perf_counter() - t0:.0f} s)", flush=True)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
                             text=True).stdout.strip()
@@ -461,10 +492,10 @@ def select(ref: dict, kinds: list[str] | None, limit: int | None) -> list[dict]:
     return plans
 
 
-def compare(record: dict, plan: Any, ignore: set[str]) -> list[str]:
+def compare(record: dict, plan: Any, ignore: set[str], graph: Any = None) -> list[str]:
     """What differs between a stored plan and this compilation of it (empty: identical)."""
     problems = []
-    now = digest(plan)
+    now = digest(plan, graph)
     for comp, want in record["digest"].items():
         if comp in ignore or comp.split(".", 1)[-1] in ignore:
             continue
@@ -503,7 +534,7 @@ def check(ref: dict, plans: list[dict], graphs: dict[str, Any], mode: str,
                     stats[rec["kind"]]["checked"] += 1
                     try:
                         plan = compile_plan(graph, cluster, cost, strategy_of(rec, graph), compiler)
-                        problems = compare(rec, plan, ignore)
+                        problems = compare(rec, plan, ignore, graph)
                     except Exception as exc:     # noqa: BLE001 - a plan the code no longer compiles is a mismatch
                         problems = [f"compile failed: {type(exc).__name__}: {exc}"]
                     if problems:

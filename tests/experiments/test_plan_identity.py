@@ -51,7 +51,7 @@ def test_a_sample_of_every_kind_compiles_to_the_stored_digests(reference: dict, 
     for rec in sample:
         graph, cluster = graphs[rec["graph"]], heterog.load_cluster(rec["cluster"])
         plan = pi.compile_plan(graph, cluster, CostModel(cluster), pi.strategy_of(rec, graph))
-        assert pi.compare(rec, plan, set()) == [], (rec["id"], rec["kind"])
+        assert pi.compare(rec, plan, set(), graph) == [], (rec["id"], rec["kind"])
         assert pi.kind_counts(plan) == rec["counts"]
 
 
@@ -62,7 +62,7 @@ def test_a_patching_compiler_gives_the_stored_digests(reference: dict, graphs: d
     compiler = pi.patching_compiler(graph, cluster, cost)
     for rec in recs:
         plan = pi.compile_plan(graph, cluster, cost, pi.strategy_of(rec, graph), compiler)
-        assert pi.compare(rec, plan, set()) == [], rec["id"]
+        assert pi.compare(rec, plan, set(), graph) == [], rec["id"]
 
 
 def test_a_plan_moved_to_another_device_has_another_digest(reference: dict, graphs: dict) -> None:
@@ -72,7 +72,7 @@ def test_a_plan_moved_to_another_device_has_another_digest(reference: dict, grap
     moved_to = (s.configs[0].devices[0] + 1) % cluster.n_devices
     moved = replace(s, configs=[ParallelConfig.single(moved_to, s.batch_size)] * s.n_groups)
     plan = pi.compile_plan(graph, cluster, CostModel(cluster), moved)
-    problems = pi.compare(rec, plan, set())
+    problems = pi.compare(rec, plan, set(), graph)
     assert "plan.task_device differs" in problems
     assert "tg.resources differs" in problems                 # the parameters are resident elsewhere
     assert problems[-1].endswith("count deltas by kind: none")    # the same tasks, on another device
@@ -83,10 +83,10 @@ def test_a_field_the_code_lacks_is_reported_missing(reference: dict, graphs: dic
     graph, cluster = graphs[rec["graph"]], heterog.load_cluster(rec["cluster"])
     plan = pi.compile_plan(graph, cluster, CostModel(cluster), pi.strategy_of(rec, graph))
     renamed = SimpleNamespace(**{k: v for k, v in vars(plan).items() if k != "task_slot"})
-    problems = pi.compare(rec, renamed, set())
+    problems = pi.compare(rec, renamed, set(), graph)
     assert problems[0].startswith("plan.task_slot: this code has no such field")
     assert len(problems) == 2                                 # that, and the task counts (equal)
-    assert pi.compare(rec, renamed, {"task_slot"}) == []
+    assert pi.compare(rec, renamed, {"task_slot"}, graph) == []
 
 
 def test_the_digest_ignores_integer_width_but_not_values() -> None:
