@@ -14,6 +14,7 @@ from heterog.compiler.index import GraphIndex
 from heterog.compiler.micro import add_schedule, micro_order, window_exempt
 from heterog.compiler.place import Placement
 from heterog.compiler.registries import LayoutTable
+from heterog.compiler.sharded_state import resident_saved
 from heterog.compiler.tasks import Deps, Providers, TaskBatch, TaskKind, Tasks, ragged
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -178,6 +179,8 @@ def assemble(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray 
     np.cumsum(has_mem, out=mem_ptr[1:])
     resident = np.zeros(ctx.resources.n_resources)
     resident[:ctx.n_devices] = resident_bytes(ctx, layouts, place.op_lay, place.out_split)
+    if place.state is not None:       # sharded optimizer state, gradients, parameters
+        resident[:ctx.n_devices] -= resident_saved(ctx, layouts, place.op_lay, place.state)
     tg = ctx.resources.empty_copy(resident_bytes=resident)
     frees = None
     sync = tasks.kind == TaskKind.SYNC
