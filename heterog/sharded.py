@@ -65,3 +65,14 @@ def state_weights(by: str, devices: Sequence[int], cluster: Cluster | None = Non
         raise StrategyError(f"shards sized by {by} need the cluster")
     values = cluster.memory_bytes if by == "memory" else cluster.power
     return tuple(split_weights(np.asarray(values, dtype=np.float64)[devs]))
+
+
+class SimulatorOnlyError(StrategyError):
+    """A plan that the simulator prices but the runtime does not run yet."""
+
+
+def refuse_in_runtime(configs: Sequence[object]) -> None:
+    """Raise ``SimulatorOnlyError`` if any of ``configs`` (a strategy's ParallelConfigs) keeps sharded state."""
+    stages = sorted({int(s.stage) for c in configs if (s := getattr(c, "sharded", None)) is not None})
+    if stages:
+        raise SimulatorOnlyError(f"sharded state (stage {', '.join(map(str, stages))}) runs in the simulator only")

@@ -188,7 +188,7 @@ class ParallelConfig:
         return int(sum(self.shares))
 
     def to_dict(self) -> dict:
-        d = {"devices": list(self.devices), "shares": list(self.shares), "sync": self.sync,
+        d: dict = {"devices": list(self.devices), "shares": list(self.shares), "sync": self.sync,
              "ps_device": self.ps_device, "allreduce": self.allreduce}
         if self.split is not None:
             d["split"], d["split_shares"] = self.split, list(self.split_shares)

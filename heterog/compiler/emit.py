@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from heterog.compiler import sharded_state
 from heterog.compiler.context import CompileContext
 from heterog.compiler.place import Placement
 from heterog.compiler.registries import LayoutTable
-from heterog.compiler import sharded_state
 from heterog.compiler.reshard import connect_split
 from heterog.compiler.tasks import Providers, TaskBatch, TaskCategory, TaskKind, ragged
 

@@ -6,11 +6,13 @@ w_i / sum(w) of every sharded tensor of its group. Stage >= 1: the optimizer sta
 each replica's update ops that work on whole tensors (not the scalar step counters) take f_i of their
 time and allocation, and the updated parameter is all-gathered (one COLLECTIVE per parameter, after the
 op that writes it) unless stage 3 keeps it sharded. Stage >= 2: a gradient is reduce-scattered instead of
-all-reduced (each replica keeps its shard; the full local gradient is allocated by the op that makes it
-and freed once the reduce-scatter has read it). Stage 3: the parameter is held in shards; before its
-first reader in forward and again before its first reader in backward it is all-gathered (a COLLECTIVE
-that lands on each device as a zero-time task allocating the whole parameter, freed after that phase's
-readers on the device; a reader on a device outside the config receives it by a transfer). A gather
+all-reduced (each replica keeps its shard; the op that makes the full local gradient allocates it but for
+the shard, which lies in the resident shard: collectives in place, as NCCL's are; freed once the
+reduce-scatter has read it). Stage 3: the parameter is held in shards; before its first reader in forward
+and again before its first reader in backward it is all-gathered (a COLLECTIVE that lands on each device
+as a zero-time task allocating the whole parameter but for the device's own shard, in place; freed after
+that phase's readers on the device; a reader on a device outside the config receives it whole by a
+transfer). A gather
 waits for a zero-time SYNC trigger: the ops two hops (batch edges of the same phase) before the phase's
 first reader have run, so the gather overlaps the op before the reader (FSDP's prefetch of the next
 layer) and holds the parameter only around its use. Uneven shards are priced hop by hop
@@ -127,15 +129,15 @@ def place_state(ctx: CompileContext, configs: ConfigTable, op_cfg: np.ndarray) -
 def scale_instances(ctx: CompileContext, state: StatePlacement, inst_op: np.ndarray, inst_dev: np.ndarray,
                     dur: np.ndarray, alloc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Instances' (dur, alloc) under sharded state: update ops over whole tensors at the device's part;
-    at stage >= 2 the op making a gradient allocates the full local gradient (freed after the
-    reduce-scatter reads it)."""
+    at stage >= 2 the op making a gradient allocates the full local gradient but for the device's shard,
+    which the reduce-scatter writes in place into the resident shard (freed after it has read it)."""
     si, gi = state_index(ctx), ctx.index
     stage = state.op_stage[inst_op]
     f = np.where(state.op_row[inst_op] >= 0, state.frac[np.maximum(state.op_row[inst_op], 0), inst_dev], 1.0)
     upd = (stage > 0) & si.scaled_update[inst_op]
     dur = np.where(upd, dur * f, dur)
     alloc = np.where(upd, alloc * f, alloc)
-    alloc = np.where((stage >= 2) & gi.is_grad[inst_op], alloc + gi.partial_bytes[inst_op], alloc)
+    alloc = np.where((stage >= 2) & gi.is_grad[inst_op], alloc + gi.partial_bytes[inst_op] * (1.0 - f), alloc)
     return dur, alloc
 
 
@@ -268,7 +270,8 @@ def connect_gathered(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch
         land_at = np.full(ctx.n_devices, -1, dtype=np.int64)
         d_in = need[inside]
         if len(d_in):
-            land_at[d_in] = batch.add(dur=np.zeros(len(d_in)), kind=TaskKind.CONCAT, op=p, dev=d_in, alloc=nbytes,
+            land_at[d_in] = batch.add(dur=np.zeros(len(d_in)), kind=TaskKind.CONCAT, op=p, dev=d_in,
+                                      alloc=nbytes * (1.0 - state.frac[state.op_row[p], d_in]),
                                       cat=TaskCategory.COLLECTIVE, prio_op=first, stage="transfer", cls=1, tensor=t,
                                       sub=ph * ctx.n_devices + d_in, owner=owner, res_len=0,
                                       res_idx=np.zeros(0, dtype=np.int64))
