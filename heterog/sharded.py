@@ -53,9 +53,8 @@ class ShardedState:
 
 def state_weights(by: str, devices: Sequence[int], cluster: Cluster | None = None) -> tuple[int, ...]:
     """Shard weights of ``devices``: ``even`` (all 1), ``memory`` (in proportion to each device's memory)
-    or ``speed`` (to its peak FLOP/s), as split weights are (thousandths, each at least 1)."""
-    from heterog.strategy import split_weights
-
+    or ``speed`` (to its peak FLOP/s), as ``heterog.strategy.split_weights`` gives split weights
+    (thousandths by the largest remainder, each at least 1)."""
     if by not in SHARD_BY:
         raise StrategyError(f"unknown shard sizing {by!r} (choose from {SHARD_BY})")
     devs = [int(d) for d in devices]
@@ -63,8 +62,11 @@ def state_weights(by: str, devices: Sequence[int], cluster: Cluster | None = Non
         return (1,) * len(devs)
     if cluster is None:
         raise StrategyError(f"shards sized by {by} need the cluster")
-    values = cluster.memory_bytes if by == "memory" else cluster.power
-    return tuple(split_weights(np.asarray(values, dtype=np.float64)[devs]))
+    values = np.asarray(cluster.memory_bytes if by == "memory" else cluster.power, dtype=np.float64)[devs]
+    exact = 1000 * values / values.sum()
+    out = np.floor(exact).astype(np.int64)
+    out[np.lexsort((np.arange(len(devs)), -(exact - out)))[:1000 - int(out.sum())]] += 1
+    return tuple(max(1, int(w)) for w in out)
 
 
 class SimulatorOnlyError(StrategyError):
