@@ -186,7 +186,8 @@ def _heaviest_groups(sync: np.ndarray, n_devices: int, k: int) -> np.ndarray:
 def dp_action_configs(evaluator: PlanEvaluator) -> list[ParallelConfig]:
     """The ParallelConfig of each of the ``3M + 2`` LP actions (``_action_loads``) past the M model-parallel
     ones: DP-even-AR, DP-prop-AR, DP-even-PS on PS 0..M-1, DP-prop-PS on PS 0..M-1."""
-    from heterog.strategy import ParallelConfig, even_shares, proportional_shares
+    from heterog.shares import even_shares, proportional_shares
+    from heterog.strategy import ParallelConfig
 
     cluster, m, B = evaluator.cluster, evaluator.cluster.n_devices, evaluator.graph.batch_size
     layouts = [list(zip(range(m), even_shares(B, m))), list(zip(range(m), proportional_shares(B, cluster.power)))]
@@ -229,7 +230,7 @@ def _action_loads(evaluator: PlanEvaluator, pull_mask: np.ndarray | None = None,
     tensors alone."""
     from heterog.compiler.index import graph_index, path_table
     from heterog.compiler.ps import _aggregate_coefs, _cluster_tables
-    from heterog.strategy import even_shares, proportional_shares
+    from heterog.shares import even_shares, proportional_shares
 
     graph, cluster, cost = evaluator.graph, evaluator.cluster, evaluator.cost
     gi, paths = graph_index(graph), path_table(cluster)
@@ -421,7 +422,7 @@ def min_replica_times(evaluator: PlanEvaluator) -> np.ndarray:
     """(n_ops,) seconds the shortest replica of each compute op takes under any action of any group: its
     share on any device under the even or the proportional layout, or the whole batch on one device
     (ops without a batch dimension run whole); 0 for non-compute ops."""
-    from heterog.strategy import even_shares, proportional_shares
+    from heterog.shares import even_shares, proportional_shares
 
     graph, cluster, cost = evaluator.graph, evaluator.cluster, evaluator.cost
     m, B = cluster.n_devices, graph.batch_size
@@ -543,7 +544,7 @@ def _action_loads_of_ops(evaluator: PlanEvaluator, ops_mask: np.ndarray) -> np.n
     """(G, 3M + 2, M) seconds each action of each group keeps each device busy with the masked ops (actions
     as in ``_action_loads``; ops without a batch dimension run on every replica, PS updates on the PS)."""
     from heterog.compiler.index import graph_index
-    from heterog.strategy import even_shares, proportional_shares
+    from heterog.shares import even_shares, proportional_shares
 
     graph, cluster, cost = evaluator.graph, evaluator.cluster, evaluator.cost
     gi = graph_index(graph)

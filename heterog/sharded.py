@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from heterog.errors import StrategyError
+from heterog.shares import split_weights
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.cluster import Cluster
@@ -53,7 +54,7 @@ class ShardedState:
 
 def state_weights(by: str, devices: Sequence[int], cluster: Cluster | None = None) -> tuple[int, ...]:
     """Shard weights of ``devices``: ``even`` (all 1), ``memory`` (in proportion to each device's memory)
-    or ``speed`` (to its peak FLOP/s), as ``heterog.strategy.split_weights`` gives split weights
+    or ``speed`` (to its peak FLOP/s), as ``heterog.shares.split_weights`` gives split weights
     (thousandths by the largest remainder, each at least 1)."""
     if by not in SHARD_BY:
         raise StrategyError(f"unknown shard sizing {by!r} (choose from {SHARD_BY})")
@@ -63,10 +64,7 @@ def state_weights(by: str, devices: Sequence[int], cluster: Cluster | None = Non
     if cluster is None:
         raise StrategyError(f"shards sized by {by} need the cluster")
     values = np.asarray(cluster.memory_bytes if by == "memory" else cluster.power, dtype=np.float64)[devs]
-    exact = 1000 * values / values.sum()
-    out = np.floor(exact).astype(np.int64)
-    out[np.lexsort((np.arange(len(devs)), -(exact - out)))[:1000 - int(out.sum())]] += 1
-    return tuple(max(1, int(w)) for w in out)
+    return tuple(split_weights(values))
 
 
 class SimulatorOnlyError(StrategyError):

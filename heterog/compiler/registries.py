@@ -14,7 +14,7 @@ import numpy as np
 
 from heterog.compiler.context import CompileContext
 from heterog.compiler.index import GraphIndex
-from heterog.strategy import grid_micro_shares, micro_batch_shares
+from heterog.shares import grid_micro_shares, micro_batch_shares
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.strategy import ParallelConfig

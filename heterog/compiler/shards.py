@@ -32,7 +32,7 @@ import numpy as np
 
 from heterog.compiler.context import CompileContext
 from heterog.compiler.index import output_bytes
-from heterog.strategy import split_shares_of
+from heterog.shares import split_shares_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.strategy import ParallelConfig

@@ -76,7 +76,7 @@ from heterog.runtime.instructions import (
 from heterog.runtime.kernel import Kernel
 from heterog.runtime.layout import in_memory_order
 from heterog.runtime.rng import block_batches
-from heterog.strategy import split_shares_of
+from heterog.shares import split_shares_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.cluster import Cluster

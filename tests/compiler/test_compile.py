@@ -4,12 +4,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from heterog.actions import decode_action
 from heterog.cluster import load_cluster
 from heterog.cluster.loader import cluster_from_dict
 from heterog.compiler import TaskKind
 from heterog.cost import CostModel
 from heterog.evaluate import Evaluator
-from heterog.strategy import ParallelConfig, Strategy, decode_action
+from heterog.strategy import ParallelConfig, Strategy
 from tests.compiler.helpers import chain_graph, linear_graph
 
 

@@ -13,7 +13,8 @@ from heterog.compiler import TaskKind
 from heterog.compiler.micro import _successors, in_flight_window, slots_kernel, slots_reference
 from heterog.errors import StrategyError
 from heterog.evaluate import Evaluator
-from heterog.strategy import MAX_MICRO_BATCHES, STRATEGY_VERSION, ParallelConfig, Strategy, micro_batch_shares
+from heterog.shares import micro_batch_shares
+from heterog.strategy import MAX_MICRO_BATCHES, STRATEGY_VERSION, ParallelConfig, Strategy
 from tests.compiler.helpers import linear_graph, pipeline_graph
 from tests.compiler.test_compile import FakeCost, strategy_for, two_gpu
 
