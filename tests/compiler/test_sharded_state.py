@@ -205,7 +205,7 @@ def test_strategy_files_carry_the_stage_and_old_files_load():
 def test_random_plans_hold_less_per_device_as_the_stage_grows(cuts, stage_groups, by_memory):
     cluster = two_gpus(("16 GiB", "8 GiB"))
     group_of = np.array([min(o * 4 // GRAPH.n_ops, 3) for o in range(GRAPH.n_ops)], dtype=np.int64)
-    from heterog.strategy import _attach_params_to_grads
+    from heterog.graph.grouping import attach_params_to_grads as _attach_params_to_grads
     group_of = _attach_params_to_grads(GRAPH, group_of)
     _, group_of = np.unique(group_of, return_inverse=True)
     n = int(group_of.max()) + 1
