@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from heterog.errors import StrategyError
+from heterog.sharded import ShardedState
 from heterog.shares import even_shares
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -25,8 +26,8 @@ SYNC_METHODS = ("ps", "allreduce")
 # before its backwards; 1F1B keeps at most S - s micro-batches in flight on a device at pipeline position s
 SCHEDULES = ("gpipe", "1f1b")
 MAX_MICRO_BATCHES = 256     # Megatron-style plans of large global batches run 128 (Sailor's validation plans)
-STRATEGY_VERSION = 5         # 2: micro-batches and their schedule; 3: groups recomputed; 4: splits beyond the batch;
-#                              5: splits over a grid (batch x beyond the batch)
+STRATEGY_VERSION = 6         # 2: micro-batches and their schedule; 3: groups recomputed; 4: splits beyond the batch;
+#                              5: splits over a grid (batch x beyond the batch); 6: sharded state (ZeRO stages)
 # a config's split beyond the batch (docs/design.md, "Splits beyond the batch"): "parameter" divides the
 # parameters of its ops (and what computes with them) among the devices, "attribute" divides only what
 # carries no parameter (sequence, spatial, heads of activations), parameters stay whole on every device
@@ -42,7 +43,8 @@ class ParallelConfig:
     replicas named twice on one device are merged into one replica with the combined share.
     ``ps_device=None`` lets the compiler pick the PS that finishes aggregation first. ``split`` divides the
     ops beyond the batch among the devices (``split_over``), ``grid`` > 1 among each of that many groups of
-    them, the batch over the groups (``split_grid``).
+    them, the batch over the groups (``split_grid``). ``sharded`` keeps an AllReduce data-parallel group's
+    optimizer state (and gradients, and parameters) as shards over its replicas (``heterog.sharded``).
     """
 
     devices: tuple[int, ...]
@@ -53,6 +55,7 @@ class ParallelConfig:
     split: str | None = None
     split_shares: tuple[int, ...] = ()
     grid: int = 1
+    sharded: ShardedState | None = None
 
     def __post_init__(self) -> None:
         if self.split is not None:
@@ -73,6 +76,18 @@ class ParallelConfig:
             raise StrategyError(f"unknown allreduce algorithm {self.allreduce!r} (choose from {ALLREDUCE_ALGOS})")
         if self.ps_device is not None and self.ps_device not in self.devices:
             raise StrategyError(f"PS device {self.ps_device} is not one of the replica devices {list(self.devices)}")
+        if self.sharded is not None:
+            self._check_sharded()
+
+    def _check_sharded(self) -> None:
+        assert self.sharded is not None
+        if self.sync != "allreduce" or self.split is not None or len(self.devices) < 2:
+            raise StrategyError(f"sharded state (stage {self.sharded.stage}) needs an AllReduce data-parallel config "
+                                f"of 2+ replicas, got sync={self.sync!r}, split={self.split!r}, devices "
+                                f"{list(self.devices)}")
+        if len(self.sharded.weights) != len(self.devices):
+            raise StrategyError(f"sharded state needs one shard weight per replica: devices {list(self.devices)}, "
+                                f"weights {list(self.sharded.weights)}")
 
     def _check_split(self) -> None:
         if self.split not in SPLIT_KINDS:
@@ -159,19 +174,22 @@ class ParallelConfig:
         return int(sum(self.shares))
 
     def to_dict(self) -> dict:
-        d = {"devices": list(self.devices), "shares": list(self.shares), "sync": self.sync,
+        d: dict = {"devices": list(self.devices), "shares": list(self.shares), "sync": self.sync,
              "ps_device": self.ps_device, "allreduce": self.allreduce}
         if self.split is not None:
             d["split"], d["split_shares"] = self.split, list(self.split_shares)
             if self.grid > 1:
                 d["grid"] = int(self.grid)
+        if self.sharded is not None:
+            d["sharded"] = self.sharded.to_dict()
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "ParallelConfig":
         return cls(tuple(int(x) for x in d["devices"]), tuple(int(x) for x in d["shares"]),
                    d.get("sync", "allreduce"), d.get("ps_device"), d.get("allreduce", "auto"),
-                   d.get("split"), tuple(int(x) for x in d.get("split_shares", ())), int(d.get("grid", 1)))
+                   d.get("split"), tuple(int(x) for x in d.get("split_shares", ())), int(d.get("grid", 1)),
+                   None if d.get("sharded") is None else ShardedState.from_dict(d["sharded"]))
 
 
 def check_micro_batches(sizes: Sequence[int], batch_size: int) -> tuple[int, ...]:

@@ -45,6 +45,9 @@ def dirty_units(index: GraphIndex, base: Placement, new: Placement) -> Dirty | N
     ops = groups[new.grouping.op_group]
     tensors = ops[index.t_op].copy()
     tensors[index.e_tensor[ops[index.e_dst]]] = True
+    for state in (base.state, new.state):         # stage-3 gathers wait for ops of other groups
+        if state is not None:
+            tensors[state.trig_tensor[ops[state.trig_op]]] = True
     return Dirty(groups, ops, tensors, np.concatenate([ops, tensors]))
 
 

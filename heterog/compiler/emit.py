@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from heterog.compiler import sharded_state
 from heterog.compiler.context import CompileContext
 from heterog.compiler.place import Placement
 from heterog.compiler.registries import LayoutTable
@@ -46,6 +47,8 @@ def emit_instances(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, 
         dur = ctx.cost.op_times(ctx.graph, inst_op, inst_dev, inst_frac, inst_split)
         w = place.out_split[inst_op]
         alloc = np.where(w > 0, alloc * (1.0 - w + w * inst_split), alloc)
+    if place.state is not None:    # sharded state: update ops at each replica's part, full local gradients
+        dur, alloc = sharded_state.scale_instances(ctx, place.state, inst_op, inst_dev, dur, alloc)
     prev = lay.prev_flat[flat]
     accumulates = (prev >= 0) & gi.has_partial[inst_op]
     if accumulates.any():
@@ -58,6 +61,8 @@ def emit_instances(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, 
                     micro=np.where(gi.has_batch[inst_op], lay.micro_flat[flat], -1))
     start = ids[np.concatenate([[0], np.cumsum(counts)])[:-1]] if len(ops) else ids
     prov.inst_start[ops] = start
+    if place.state is not None:    # stages 1-2: the updated parameters all-gathered
+        sharded_state.emit_update_gathers(ctx, layouts, batch, ops, place.op_lay, place.state, prov)
     if accumulates.any():
         acc = np.nonzero(accumulates)[0]
         batch.deps(ids[acc], start[rows[acc]] + (prev[acc] - lay.ptr[op_lay[rows[acc]]]), inst_op[acc])
@@ -131,6 +136,11 @@ def _aggregate_ar(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, t
     members that drive their own communication)."""
     if not len(tensors):
         return
+    rs = sharded_state.reduce_scattered(ctx, place.state, tensors)
+    if rs.any():                   # sharded gradients (stage >= 2): reduce-scatter instead
+        assert place.state is not None
+        sharded_state.emit_reduce_scatter(ctx, layouts, batch, tensors[rs], place.op_lay, place.state, prov)
+        tensors = tensors[~rs]
     gi = ctx.index
     ops = gi.t_op[tensors]
     lays = place.op_lay[ops]
@@ -169,6 +179,13 @@ def emit_connections(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch
         touch = (place.op_shard[gi.e_src[edges]] >= 0) | (place.op_shard[gi.e_dst[edges]] >= 0)
         connect_split(ctx, layouts, batch, edges[touch], place, prov)
         edges = edges[~touch]
+        if not len(edges):
+            return
+    gathered = sharded_state.gathered_edges(ctx, place.state, edges)
+    if gathered.any():                             # stage-3 parameters read in forward or backward
+        assert place.state is not None
+        sharded_state.connect_gathered(ctx, layouts, batch, edges[gathered], place.op_lay, place.state, prov)
+        edges = edges[~gathered]
         if not len(edges):
             return
     src, dst = gi.e_src[edges], gi.e_dst[edges]

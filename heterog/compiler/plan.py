@@ -18,6 +18,7 @@ from heterog.compiler.context import CompileContext
 from heterog.compiler.micro import add_schedule, micro_order, window_exempt
 from heterog.compiler.place import Placement
 from heterog.compiler.registries import Layout, LayoutTable
+from heterog.compiler.sharded_state import StatePlacement, reduce_scattered, resident_saved
 from heterog.compiler.tasks import Deps, Providers, TaskBatch, TaskKind, Tasks, ragged
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -38,8 +39,9 @@ class SplitConfig:
 @dataclass(frozen=True)
 class Aggregation:
     """How a partial result (a tensor whose replicas' values are summed) is aggregated: ``kind`` "ps" (pushed
-    to the PS ``devices[0]``, summed and kept there) or "allreduce" (all-reduced over ``devices`` with the
-    ``algorithm`` the cost model found faster: "ring" or "hierarchical"; "" under PS)."""
+    to the PS ``devices[0]``, summed and kept there), "allreduce" (all-reduced over ``devices`` with the
+    ``algorithm`` the cost model found faster: "ring" or "hierarchical"; "" otherwise) or "reduce-scatter"
+    (a gradient of sharded state, stage 2 or 3: each of ``devices`` keeps the sum of its shard)."""
 
     kind: str
     devices: tuple[int, ...]
@@ -72,6 +74,8 @@ class OpPlacements:
     splits: tuple[SplitConfig, ...]        # the plan's split configs
     aggregation: Mapping[int, Aggregation]  # aggregated tensor -> how its partial results are summed
     ps_device: Mapping[int, int]           # PS group -> its chosen PS device
+    state: StatePlacement | None = None    # sharded optimizer state, gradients, parameters of data-parallel
+                                           # groups (``heterog.compiler.sharded_state``); None: no group's
 
 
 @dataclass(frozen=True)
@@ -187,8 +191,12 @@ def aggregation_of(ctx: CompileContext, layouts: LayoutTable, place: Placement,
     out: dict[int, Aggregation] = {}
     for p in np.unique(ps[is_ps]).tolist():
         out.update(dict.fromkeys(tensors[is_ps & (ps == p)].tolist(), Aggregation("ps", (p,))))
-    for k in np.unique(lay[~is_ps]).tolist():
-        sel = tensors[~is_ps & (lay == k)]
+    scattered = reduce_scattered(ctx, place.state, tensors)
+    for k in np.unique(lay[scattered]).tolist():
+        out.update(dict.fromkeys(tensors[scattered & (lay == k)].tolist(),
+                                 Aggregation("reduce-scatter", layouts.unique_devices(k))))
+    for k in np.unique(lay[~is_ps & ~scattered]).tolist():
+        sel = tensors[~is_ps & ~scattered & (lay == k)]
         devices = layouts.unique_devices(k)
         costs = ctx.allreduce(devices)                     # the table the AllReduce tasks were priced with
         records = [Aggregation("allreduce", devices, name) for name in costs.names]
@@ -225,6 +233,8 @@ def assemble(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray 
     np.cumsum(has_mem, out=mem_ptr[1:])
     resident = np.zeros(ctx.resources.n_resources)
     resident[:ctx.n_devices] = resident_bytes(ctx, layouts, place.op_lay, place.out_split)
+    if place.state is not None:       # sharded optimizer state, gradients, parameters
+        resident[:ctx.n_devices] -= resident_saved(ctx, layouts, place.op_lay, place.state)
     tg = ctx.resources.empty_copy(resident_bytes=resident)
     frees = None
     sync = tasks.kind == TaskKind.SYNC
@@ -252,7 +262,8 @@ def op_placements(layouts: LayoutTable, place: Placement, prov: Providers,
                         op_option=_op_options(place),
                         splits=tuple(SplitConfig(c.devices, c.weights, c.groups) for c in place.shards),
                         aggregation=aggregation,
-                        ps_device=dict(zip(ps_groups.tolist(), place.group_ps[ps_groups].tolist())))
+                        ps_device=dict(zip(ps_groups.tolist(), place.group_ps[ps_groups].tolist())),
+                        state=place.state)
 
 
 def _op_options(place: Placement) -> np.ndarray | None:
