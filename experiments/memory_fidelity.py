@@ -12,7 +12,6 @@ import argparse
 import dataclasses
 import json
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -181,7 +180,12 @@ def _print_diff(rec: dict[str, Any], top: int = 14) -> None:
         print(f"  device {d}: simulated {sim} measured {meas}  (by op, simulated - measured)")
         for op, (a, b, ks, ms) in sorted(ops.items(), key=lambda kv: -abs(kv[1][0] - kv[1][1]))[:top]:
             if a != b:
-                print(f"    {a - b:>+9} {op:28} sim {a:>9} {','.join(sorted(ks)):22} meas {b:>9} {','.join(sorted(ms))}")
+                print(f"    {a - b:>+9} {op:28} sim {a:>9} {','.join(sorted(ks)):22} "
+                      f"meas {b:>9} {','.join(sorted(ms))}")
+
+
+def fmt(xs: list[int]) -> str:
+    return " / ".join(f"{x / 1e6:.3f}" for x in xs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,7 +212,6 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 rec.update(model=mname, cluster=cname)
                 records.append(rec)
-                fmt: Callable[[list[int]], str] = lambda xs: " / ".join(f"{x / 1e6:.3f}" for x in xs)
                 print(f"{mname:12} {cname:12} {p:10} {fmt(rec['simulated']):>28} {fmt(rec['measured']):>28} "
                       + " ".join(f"{100 * e:+.1f}" for e in rec["error"]))
                 if args.diff:
