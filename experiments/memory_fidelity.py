@@ -102,21 +102,24 @@ def simulated_at_peak(ev: Evaluator, strategy: Strategy) -> list[dict[str, int]]
     out = []
     for d in range(ev.cluster.n_devices):
         on = mem_res == d
-        tasks, nbytes = owner[on], mem_bytes[on]
-        events = sorted([(float(res.start[t]), 1, int(t), int(b)) for t, b in zip(tasks, nbytes)]
-                        + [(float(res.release_time[t]), 0, int(t), -int(b)) for t, b in zip(tasks, nbytes)
-                           if np.isfinite(res.release_time[t])])
+        entries, tasks, nbytes = np.nonzero(on)[0], owner[on], mem_bytes[on]
+        release = res.entry_release_time()[on]
+        events = sorted([(float(res.start[t]), 1, int(j), int(b)) for j, t, b in zip(entries, tasks, nbytes)]
+                        + [(float(r), 0, int(j), -int(b)) for j, r, b in zip(entries, release, nbytes)
+                           if np.isfinite(r)])
         live: dict[int, int] = {}
         level = best = int(res._resident_bytes[d])
         snap: dict[int, int] = {}
-        for _, _, t, b in events:
+        for _, _, j, b in events:
             if b > 0:
-                live[t] = b
+                live[j] = b
             else:
-                live.pop(t, None)
+                live.pop(j, None)
             level += b
             if level > best:
-                best, snap = level, dict(live)
+                best, snap = level, {}
+                for k, v in live.items():
+                    snap[int(owner[k])] = snap.get(int(owner[k]), 0) + v
         held = {"resident (params, grads, state)": int(res._resident_bytes[d])}
         for t, b in snap.items():
             kind = TaskKind(int(plan.task_kind[t])).name
