@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from heterog.caches import DerivedCache
 from heterog.compiler.index import output_bytes
 from heterog.compiler.tasks import TaskKind, Tasks, ragged
 
@@ -44,12 +45,12 @@ class OutputTable:
         self.batch_total = np.bincount(owner, self.batch, len(counts))
 
 
+_OUTPUTS: DerivedCache[OpGraph, OutputTable] = DerivedCache("OutputTable of each graph")
+
+
 def output_table(graph: OpGraph, t_op: np.ndarray) -> OutputTable:
     """The graph's ``OutputTable`` (cached on the graph)."""
-    cached = graph.__dict__.get("_compile_outputs")
-    if cached is None:
-        cached = graph.__dict__["_compile_outputs"] = OutputTable(graph, t_op)
-    return cached
+    return _OUTPUTS.get(graph, lambda: OutputTable(graph, t_op))
 
 
 def memory_entries(graph: OpGraph, t_op: np.ndarray, tasks: Tasks,
