@@ -147,10 +147,10 @@ def _collective(ctx: CompileContext, em: _Emitter, kind: int, t: int, u: int, de
     if dur is None:
         if kind == ALLREDUCE:
             dur = float(ctx.cost.allreduce_times(devs, np.array([nbytes]))[0][0])
-        else:                   # all-gather: the producer's shards; reduce-scatter: the results; all-to-all: 1/n
+        else:                   # all-gather, all-to-all: the producer's shards; reduce-scatter: the results
             assert shards is not None
-            part = nbytes * shards / (len(devs) if kind == ALLTOALL else 1)
-            dur = float(ctx.cost.sharded_ring_times(devs, part[None, :])[0])
+            times = ctx.cost.alltoall_times if kind == ALLTOALL else ctx.cost.sharded_ring_times
+            dur = float(times(devs, nbytes * shards[None, :])[0])
         ctx.split_cache[key] = dur
     owner = ctx.index.n_ops + t
     coll = em.task(dur=dur, kind=TaskKind.COLLECTIVE, op=u, dev=-1, alloc=0.0, cat=TaskCategory.COLLECTIVE,

@@ -139,7 +139,7 @@ class _LocalTransport:
                                     f"{ {m: tuple(v.shape) for m, v in got.items()} }")
             return in_memory_order(sum_in_order([rs_pieces(got[m], need)[i] for m in members]), memory_order(t))
 
-        p.join = join
+        p.join, p.order = join, memory_order(t)
         return p
 
     def all_to_all(self, t: torch.Tensor, gid: int, group: Any, members: Sequence[int], me: int,
@@ -156,7 +156,7 @@ class _LocalTransport:
             pieces = [a2a_piece(got[m], shape, have, need, j, i) for j, m in enumerate(order)]
             return a2a_assemble(pieces, shape, have, need, i, memory_order(t))
 
-        p.join = join
+        p.join, p.order = join, memory_order(t)
         return p
 
     def finish(self, p: Pending) -> torch.Tensor:

@@ -68,7 +68,8 @@ def _overlap(shape: Sequence[int], have: Sharding, need: Sharding, src: int, dst
     out = []
     for d in sorted({have.shard.dim, need.shard.dim}):
         a, b = positions(have, src, d, shape[d]), positions(need, dst, d, shape[d])
-        common = a if b is None else b if a is None else np.intersect1d(a, b)
+        common = np.intersect1d(a, b) if a is not None and b is not None else a if b is None else b
+        assert common is not None                   # ``d`` is divided by one of them
         at_a = common if a is None else np.searchsorted(a, common)
         at_b = common if b is None else np.searchsorted(b, common)
         out.append((d, torch.from_numpy(at_a.astype(np.int64)), torch.from_numpy(at_b.astype(np.int64))))

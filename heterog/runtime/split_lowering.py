@@ -13,8 +13,10 @@ Values (placements as in ``heterog.graph.sharding``):
     graph inputs whole;
   - a divided consumer reads its input where it is: locally when the producer is divided over the same
     devices and holds what it needs (the same placement in the same units), or takes its part of a whole
-    copy held here, or pads its shard with zeros where it needs partial sums (``Derive``); otherwise the
-    whole value is first made whole (``whole``) and the consumer takes its part of it;
+    copy held here, or pads its shard with zeros where it needs partial sums (``Derive``), or takes its
+    shard of partial sums or of other shards by a reduce-scatter or all-to-all over them
+    (``heterog.runtime.split_collectives``); otherwise the whole value is first made whole (``whole``) and
+    the consumer takes its part of it;
   - an op that is not divided reads a divided producer's output made whole on its device (and re-laid out
     along the batch as usual); an op that reads only a value's shape reads zeros of it.
 A value is made whole on the producer's devices by one collective over them (``collective``): the shards
@@ -76,6 +78,7 @@ from heterog.runtime.instructions import (
 from heterog.runtime.kernel import Kernel
 from heterog.runtime.layout import in_memory_order
 from heterog.runtime.rng import block_batches
+from heterog.runtime.split_collectives import rescatter
 from heterog.strategy import split_shares_of
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -522,6 +525,8 @@ class SplitLowering:
                 return self._local(u, r, dev, mu, batch, so.part(need, rank), key, scale)
             if have[0] == "S" and need == "P":          # a shard is a partial sum: zeros elsewhere
                 return self._local(u, r, dev, mu, batch, None, key, scale, pad=su.part(have, rank))
+            if need[0] == "S" and have[0] in "PS":      # reduce-scatter, or all-to-all of other shards
+                return rescatter(self, op, r, dev, micro, batch, scale)
         part = self.part_at(so.part(need, rank), r, batch)
         whole = su is not None and same_rows
         if whole:                       # put together here (a grid's batch value: if this group's samples)

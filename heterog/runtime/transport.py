@@ -283,6 +283,7 @@ class Transport:
             p = self._exchange(pieces[me], pieces, gid, members, me, {m: shape for m in members}, emulated_s)
             p.parts = tuple((m, shape) for m in members)
             p.join = lambda got: in_memory_order(sum_in_order([got[m] for m in members]), keep)
+        p.order = keep                                   # the executor keeps the result so
         self.in_flight.setdefault(p.key, []).append(p)
         return p
 
@@ -315,6 +316,7 @@ class Transport:
             p = self._exchange(pieces[me], pieces, gid, members, me, shapes, emulated_s)
             p.parts = tuple(shapes.items())
             p.join = join
+        p.order = keep
         self.in_flight.setdefault(p.key, []).append(p)
         return p
 
