@@ -10,7 +10,8 @@ micro-batch reads a whole-step value) and gets its shard in that part's memory o
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -19,6 +20,8 @@ from heterog.runtime.instructions import (
     Env,
     Input,
     Instruction,
+    Local,
+    Part,
     ReduceScatter,
     Source,
     Stash,
@@ -27,11 +30,29 @@ from heterog.runtime.instructions import (
 from heterog.runtime.resharding import Sharding
 
 if TYPE_CHECKING:  # pragma: no cover
-    from heterog.runtime.split_lowering import SplitLowering
     from heterog.runtime.stepprog import Read
 
 
-def rescatter(sl: SplitLowering, op: int, r: Read, dev: int, micro: int, batch: int, scale: float) -> Input:
+class SplitHost(Protocol):
+    """What the reads of shards use of ``heterog.runtime.split_lowering.SplitLowering`` (its builder and
+    divided ops, typed there, are read as it reads them)."""
+
+    @property
+    def b(self) -> Any: ...
+
+    @property
+    def ops(self) -> Mapping[int, Any]: ...
+
+    def accumulated(self, leaf_id: tuple[int, int]) -> bool: ...
+    def part_at(self, part: Part | None, r: Read, batch: int) -> Part | None: ...
+    def held(self, leaf_id: tuple[int, int], dev: int, micro: int) -> tuple[Source, tuple]: ...
+    def shape_of(self, r: Read, batch: int) -> tuple[int, ...]: ...
+    def derive(self, dev: int, key: tuple, source: Source, leaf: str, chain: tuple[str, ...], batch: int,
+               local: Local | None, part: Part | None, scale: float, name: str, micro: int, after: list | None,
+               pad: Part | None = None, index: int | None = None) -> Stash: ...
+
+
+def rescatter(sl: SplitHost, op: int, r: Read, dev: int, micro: int, batch: int, scale: float) -> Input:
     """What divided op ``op``'s instance on ``dev`` (micro-batch ``micro``, ``batch`` samples) reads for ``r``:
     its shard of the value, by a ``ReduceScatter`` of the producer's partial sums or an ``AllToAll`` of its
     shards over ``dev``'s group (module docstring)."""
@@ -76,7 +97,7 @@ def rescatter(sl: SplitLowering, op: int, r: Read, dev: int, micro: int, batch: 
     return Input(r.node, Stash(stash_key), None, (), 1.0, r.tuple_index)
 
 
-def _part_here(sl: SplitLowering, u: int, r: Read, h: int, mu: int, batch: int, at: tuple, scale: float
+def _part_here(sl: SplitHost, u: int, r: Read, h: int, mu: int, batch: int, at: tuple, scale: float
                ) -> tuple[Source, list | None]:
     """What divided op ``u`` holds on ``h`` of ``r``'s node (its part: the view chain run on its part, scaled)
     before key ``at``, and the instruction that derives it there (None: none)."""

@@ -168,7 +168,8 @@ def p2p_channels(device: torch.device) -> dict[tuple[int, int], Any]:
 
 
 class Transport:
-    """Point-to-point messages, AllReduce and all-gather with optional link emulation (see the module docstring).
+    """Point-to-point messages, AllReduce, all-gather, reduce-scatter and all-to-all with optional link emulation
+    (see the module docstring).
     ``rank``: this process's rank; messages travel on ``p2p_channels``."""
 
     def __init__(self, device: torch.device, emulate: bool, status: StatusLike, rank: int) -> None:
