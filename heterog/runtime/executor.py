@@ -337,13 +337,17 @@ class RankExecutor:
             self._pay()
             g = ins.group
             v = self._fetch(ins.source, env, stash)
-            stash[ins.key] = tr.reduce_scatter(v if ins.scale == 1.0 else scaled(v, ins.scale), g, self.groups[g],
-                                               self.members[g], self.rank, ins.members, ins.need, ins.emulated_s)
+            stash[ins.key] = pending = tr.reduce_scatter(v if ins.scale == 1.0 else scaled(v, ins.scale), g,
+                                                         self.groups[g], self.members[g], self.rank, ins.members,
+                                                         ins.need, ins.emulated_s)
+            pending.order = ins.order
         elif isinstance(ins, AllToAll):
             self._pay()
             g = ins.group
-            stash[ins.key] = tr.all_to_all(self._fetch(ins.source, env, stash), g, self.groups[g], self.members[g],
-                                           self.rank, ins.members, ins.shape, ins.have, ins.need, ins.emulated_s)
+            stash[ins.key] = pending = tr.all_to_all(self._fetch(ins.source, env, stash), g, self.groups[g],
+                                                     self.members[g], self.rank, ins.members, ins.shape, ins.have,
+                                                     ins.need, ins.emulated_s)
+            pending.order = ins.order
         elif isinstance(ins, Combine):
             t_op, idle0 = time.perf_counter(), tr.idle_s
             stash[ins.key] = in_memory_order(combine([self._fetch(p, env, stash) for p in ins.parts], ins.placement),

@@ -253,7 +253,7 @@ class ReduceScatter:
     members in that order. On CPU each member sends every other one its part and sums the parts it gets in
     member order; on GPUs NCCL's reduce-scatter of the shards padded to the largest, trimmed.
     Asynchronous: waited for where first read; ``emulated_s``: the nominal ring time the emulation
-    enforces. The result keeps ``source``'s memory order."""
+    enforces. The result is laid out in memory ``order`` (the whole value's, as a shard cut from it is)."""
 
     key: tuple
     group: int
@@ -262,6 +262,7 @@ class ReduceScatter:
     members: tuple[int, ...]
     need: Sharding
     emulated_s: float
+    order: tuple[int, ...] | None
 
     kind = "reducescatter"
 
@@ -273,7 +274,7 @@ class AllToAll:
     a shard along another dimension, or of other units. Each member sends every other one the entries of
     its shard that the other's new shard holds (uneven pieces; only copies, exact on every backend).
     Asynchronous: waited for where first read; ``emulated_s``: the nominal time the emulation enforces.
-    The result keeps ``source``'s memory order."""
+    The result is laid out in memory ``order``."""
 
     key: tuple
     group: int
@@ -283,6 +284,7 @@ class AllToAll:
     have: Sharding
     need: Sharding
     emulated_s: float
+    order: tuple[int, ...] | None
 
     kind = "alltoall"
 

@@ -5,7 +5,8 @@ same samples) hold as partial sums reads it by one reduce-scatter, and of a valu
 The collective runs over the consumer's group once per value, placement and micro-batch, issued by every
 member at one key after the last member holds its part, as ``SplitLowering.collective``'s are; each member
 contributes its part of what the reader reads (the producer's view chain run on its part, scaled where a
-micro-batch reads a whole-step value) and gets its shard in that part's memory order.
+micro-batch reads a whole-step value) and gets its shard laid out in memory as a shard cut from the whole
+value would be.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+import torch
 
 from heterog.runtime.instructions import (
     AllToAll,
@@ -27,7 +29,9 @@ from heterog.runtime.instructions import (
     Stash,
     env_name,
 )
-from heterog.runtime.resharding import Sharding
+from heterog.runtime.kernel import Kernel
+from heterog.runtime.layout import in_memory_order
+from heterog.runtime.resharding import Sharding, memory_order
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.runtime.stepprog import Read
@@ -73,6 +77,7 @@ def rescatter(sl: SplitHost, op: int, r: Read, dev: int, micro: int, batch: int,
         at = max(sl.held(r.leaf, h, mu)[1] for h in group)
         srcs = [_part_here(sl, u, r, h, mu, batch, at, scale) for h in group]
         shape = sl.shape_of(r, batch)
+        order = _order_of(sl, r, batch)
         itemsize = b.leaf(r.leaf).dtype.itemsize
         to = Sharding(need.placement, so.extent, so.shares)
         have = sl.part_at(su.part(su.holds(r.node, r.tuple_index), 0), r, batch)
@@ -81,13 +86,13 @@ def rescatter(sl: SplitHost, op: int, r: Read, dev: int, micro: int, batch: int,
         if have is None or have.placement == "P":
             sizes = [float(math.prod(to.shape(shape, i)) * itemsize) for i in range(len(group))]
             emu = float(b.nominal.sharded_ring_times(group, np.array([sizes]))[0]) if b.emulate else 0.0
-            instrs = [ReduceScatter(stash_key, g, src, 1.0, group, to, emu) for src, _ in srcs]
+            instrs = [ReduceScatter(stash_key, g, src, 1.0, group, to, emu, order) for src, _ in srcs]
         else:
             assert su.extent is not None
             fro = Sharding(have.placement, su.extent, su.shares)
             sizes = [float(math.prod(fro.shape(shape, i)) * itemsize) for i in range(len(group))]
             emu = float(b.nominal.alltoall_times(group, np.array([sizes]))[0]) if b.emulate else 0.0
-            instrs = [AllToAll(stash_key, g, src, group, shape, fro, to, emu) for src, _ in srcs]
+            instrs = [AllToAll(stash_key, g, src, group, shape, fro, to, emu, order) for src, _ in srcs]
         items = [b.emit(h, at + (0,), ins) for h, ins in zip(group, instrs)]     # after the parts (``derive``)
         for h, item, (_, made) in zip(group, items, srcs):
             b.memo[memo(h)] = item
@@ -95,6 +100,22 @@ def rescatter(sl: SplitHost, op: int, r: Read, dev: int, micro: int, batch: int,
         got = b.memo[memo(dev)]
     b.pull(got, b.inst_key(op, dev, micro) + (-1,))
     return Input(r.node, Stash(stash_key), None, (), 1.0, r.tuple_index)
+
+
+def _order_of(sl: SplitHost, r: Read, batch: int) -> tuple[int, ...]:
+    """The memory order of what ``r`` reads, whole at ``batch`` samples (its leaf's view chain run on the
+    meta device), that a shard cut from it keeps (``heterog.graph.shard_exec.dense_like``)."""
+    b = sl.b
+    memo_key = ("order", r.node, r.leaf, batch)
+    got: tuple[int, ...] | None = b.memo.get(memo_key)
+    if got is None:
+        leaf = b.leaf(r.leaf)
+        base = leaf.local_shape(batch) if leaf.batch_dim is not None else leaf.shape
+        env = {leaf.read_node: in_memory_order(torch.empty(base, dtype=leaf.dtype, device="meta"), leaf.memory_order)}
+        if r.chain:
+            Kernel([b.prog.view_calls[c] for c in r.chain])(env, b.prog.sizes_at(batch))
+        got = b.memo[memo_key] = memory_order(env[r.chain[-1] if r.chain else leaf.read_node])
+    return got
 
 
 def _part_here(sl: SplitHost, u: int, r: Read, h: int, mu: int, batch: int, at: tuple, scale: float

@@ -15,7 +15,6 @@ import torch
 import torch.distributed as dist
 
 from heterog.graph.shard_exec import combine
-from heterog.runtime.layout import in_memory_order
 from heterog.runtime.resharding import (
     Sharding,
     a2a_assemble,
@@ -262,7 +261,7 @@ class Transport:
                        order: Sequence[int], need: Sharding, emulated_s: float) -> Pending:
         """Start this member's shard under ``need`` of the sum over the members of subgroup ``gid`` of their
         partial sums ``t`` of the whole value (``order``: the members in part order, the shards of
-        ``need``'s shares); ``finish`` waits for it, laid out in memory as ``t``.
+        ``need``'s shares); ``finish`` waits for it (``Pending.order``: ``t``'s memory order).
 
         On GPUs this is NCCL's reduce-scatter of the shards flattened and padded to the largest
         (``heterog.runtime.resharding.pack_padded``), trimmed when it is done. On CPU it is a direct
@@ -279,12 +278,12 @@ class Transport:
             work = dist.reduce_scatter_single(out, pack_padded([pieces[r] for r in ranks]), group=group,
                                               async_op=True)
             p = Pending(work, out, t.shape, t.dtype, None, members, me, tuple(members),
-                        join=lambda _: in_memory_order(unpack_padded(out, [shape])[0], keep))
+                        join=lambda _: unpack_padded(out, [shape])[0])
         else:
             p = self._exchange(pieces[me], pieces, gid, members, me, {m: shape for m in members}, emulated_s)
             p.parts = tuple((m, shape) for m in members)
-            p.join = lambda got: in_memory_order(sum_in_order([got[m] for m in members]), keep)
-        p.order = keep                                   # the executor keeps the result so
+            p.join = lambda got: sum_in_order([got[m] for m in members])
+        p.order = keep                  # how the reader gets it (``RankExecutor``: the instruction's order)
         self.in_flight.setdefault(p.key, []).append(p)
         return p
 
@@ -293,7 +292,7 @@ class Transport:
                    emulated_s: float) -> Pending:
         """Start this member's shard under ``need`` of a value of ``shape`` that the members of subgroup
         ``gid`` hold in shards under ``have`` (``t``: this member's; ``order``: the members in part order,
-        of both); ``finish`` waits for it, laid out in memory as ``t``. Each member sends every other one
+        of both); ``finish`` waits for it (``Pending.order``: ``t``'s memory order). Each member sends every other one
         the entries it holds of the other's new shard (``heterog.runtime.resharding.a2a_piece``): NCCL's
         all-to-all of uneven pieces on GPUs, a direct exchange of messages on CPU. Only copies: exact.
         """
@@ -303,7 +302,7 @@ class Transport:
         keep = memory_order(t)
 
         def join(got: dict[int, torch.Tensor]) -> torch.Tensor:
-            return a2a_assemble([got[m] for m in order], shape, have, need, i, keep)
+            return a2a_assemble([got[m] for m in order], shape, have, need, i, None)
 
         if self.device.type == "cuda":
             ranks = tuple(dist.get_process_group_ranks(group))
@@ -317,7 +316,7 @@ class Transport:
             p = self._exchange(pieces[me], pieces, gid, members, me, shapes, emulated_s)
             p.parts = tuple(shapes.items())
             p.join = join
-        p.order = keep
+        p.order = keep                  # as ``reduce_scatter``'s
         self.in_flight.setdefault(p.key, []).append(p)
         return p
 
