@@ -36,7 +36,7 @@ conformance: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check heterog simulator envs agents experiments tests
-	$(BIN)/mypy heterog simulator envs
+	$(BIN)/mypy heterog simulator envs agents
 
 bench: $(STAMP)
 	$(BIN)/heterog bench

@@ -2,6 +2,8 @@
 with its candidate search and reporting, checkpoints, and the planner entry used by
 ``heterog plan --method agent``."""
 
+from typing import Any
+
 from agents.networks import (
     DeviceTokenEncoder,
     DeviceTokens,
@@ -39,7 +41,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     """Trainer, checkpoints, inputs and planner load on first use (they pull in envs and the simulator)."""
     lazy = {"GraphTask": "agents.tasks", "Trainer": "agents.trainer", "TrainerSettings": "agents.trainer",
             "make_task": "agents.tasks", "PolicyInputs": "agents.features", "load_checkpoint": "agents.checkpoint",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -21,6 +22,10 @@ from agents.settings import TrainerSettings
 from agents.tasks import GraphTask, TaskState
 from envs.actions import MICRO_CHOICES, SCHEDULE, full_plan, micro_batches, plan_length, plan_strategy, split_plan
 from heterog.evaluate import reward
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.evaluator_protocol import PlanEvaluator
+    from heterog.parallel import Pool
 
 
 def uniform_plans(n_actions: int, n_groups: int) -> np.ndarray:
@@ -40,7 +45,7 @@ class BlockMoves:
     leaders: list[int]
 
     @classmethod
-    def of(cls, evaluator) -> BlockMoves:
+    def of(cls, evaluator: PlanEvaluator) -> BlockMoves:
         from heterog.baselines.chains import block_weights, coupled_blocks
 
         found = coupled_blocks(evaluator.graph, np.asarray(evaluator.group_of))
@@ -103,7 +108,7 @@ class CandidateSearch:
         rows = torch.arange(n)[:, None]
         new = (out[rows, groups] + shift) % n_actions
         n_guided = 0 if guide is None else round(self.settings.mutate_guided * n)
-        if n_guided:
+        if guide is not None and n_guided:
             others = guide.clone()
             others[torch.arange(n_groups), base] = 0.0                            # never the same action
             weight = others.sum(dim=1) + 1e-12
@@ -193,7 +198,7 @@ class Scorer:
         self.oom_factor, self.cache_size, self.workers, self.ray_address = oom_factor, cache_size, workers, ray_address
         self.n_sims = 0                                       # simulations actually run (cache misses)
         self._cache: dict[str, OrderedDict] = {t.key: OrderedDict() for t in tasks}
-        self._pool = None                                     # simulation workers, started on first use
+        self._pool: Pool | None = None                        # simulation workers, started on first use
         self._pool_keys: dict[str, str] = {}
 
     def score(self, task: GraphTask, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

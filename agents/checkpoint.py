@@ -12,19 +12,21 @@ from __future__ import annotations
 import io
 import logging
 import random
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from agents.networks import N_DP_SCHEMES, StrategyPolicy
+from agents.networks import StrategyPolicy
 from agents.networks.policy import missing_new_parameters
 from agents.settings import TrainerView
 from agents.tasks import TaskState
 from envs.actions import full_plan
 from envs.features import DEVICE_FEATURE_DIM
 from envs.features import op_feature_dim as envs_op_feature_dim
+from heterog.actions import N_DP_ACTIONS
 from heterog.atomic import atomic_write_bytes
 from heterog.errors import CheckpointError
 
@@ -85,17 +87,17 @@ def check_fits(state: dict[str, Any], n_devices: int, op_feature_dim: int | None
     cluster of at most its device count. ``op_feature_dim``: what the current features have (None: the
     size of the checkpoint's head's layout for ``n_devices``)."""
     config = state["policy_config"]
-    want = n_devices + N_DP_SCHEMES
+    want = n_devices + N_DP_ACTIONS
     have = int(config["n_actions"])
     head = checkpoint_head(state)
     if op_feature_dim is None or head == "tokens":
         op_feature_dim = envs_op_feature_dim(n_devices, "per-device" if head == "fixed" else "device-free")
     if head == "tokens":
-        if not 1 <= n_devices <= have - N_DP_SCHEMES:
+        if not 1 <= n_devices <= have - N_DP_ACTIONS:
             raise CheckpointError(f"{source} is a device-token policy for clusters of at most "
-                                  f"{have - N_DP_SCHEMES} devices; this cluster has {n_devices} devices")
+                                  f"{have - N_DP_ACTIONS} devices; this cluster has {n_devices} devices")
     elif have != want:
-        raise CheckpointError(f"{source} is for an action space of {have} actions ({have - N_DP_SCHEMES} devices); "
+        raise CheckpointError(f"{source} is for an action space of {have} actions ({have - N_DP_ACTIONS} devices); "
                               f"this cluster needs {want} actions ({n_devices} devices) (a fixed-head policy "
                               f"fits one cluster size; agent.head=tokens fits any)")
     for name, expected in (("op_feature_dim", op_feature_dim), ("device_feature_dim", device_feature_dim)):
@@ -185,7 +187,7 @@ def _as_plans(state: TaskState, n_groups: int) -> TaskState:
     return state
 
 
-def _plain(obj):
+def _plain(obj: Any) -> Any:
     """Tuples to lists, recursively (checkpoints hold plain containers)."""
     if isinstance(obj, (tuple, list)):
         return [_plain(x) for x in obj]
@@ -194,7 +196,7 @@ def _plain(obj):
     return obj
 
 
-def _python_state(state):
+def _python_state(state: Sequence[Any]) -> tuple[Any, ...]:
     """random.setstate wants (version, tuple of ints, gauss_next)."""
     version, internal, gauss = state
     return int(version), tuple(int(x) for x in internal), gauss

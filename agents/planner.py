@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -21,9 +21,16 @@ from agents.networks import StrategyPolicy
 from agents.trainer import GraphTask, Trainer, TrainerSettings, bias_towards_data_parallel, plan_columns
 from envs.actions import full_plan, plan_strategy
 from envs.features import DEVICE_FEATURE_DIM, MAX_DEVICES, op_feature_dim
+from heterog.actions import SPLIT_ACTION_NAMES, n_actions
 from heterog.errors import HeterogError
+from heterog.evaluate import Evaluator
 from heterog.planners import Planner
-from heterog.strategy import SPLIT_ACTION_NAMES, Strategy, n_actions
+from heterog.strategy import Strategy
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch.utils.tensorboard import SummaryWriter
+
+    from heterog.evaluator_protocol import PlanEvaluator
 
 DEFAULT_EPISODES = 2000
 # The pretrained device-token policy shipped with the package: what ``plan`` starts from when no checkpoint
@@ -57,10 +64,11 @@ def build_policy(n_devices: int, size: str = "small", seed: int = 0, dp_bias: fl
     return policy
 
 
-def plan(evaluator, checkpoint: str | Path | dict | None = None, episodes: int | None = None,
+def plan(evaluator: PlanEvaluator, checkpoint: str | Path | dict | None = None, episodes: int | None = None,
          budget_s: float | None = None, seed: int = 0, progress: bool = True, *,
          settings: TrainerSettings | None = None, size: str = "small", run_dir: str | Path | None = None,
-         writer=None, workers: int = 1, ray_address: str | None = None, splits: bool = False) -> Strategy:
+         writer: SummaryWriter | None = None, workers: int = 1, ray_address: str | None = None,
+         splits: bool = False) -> Strategy:
     """Search a strategy for ``evaluator.graph`` on ``evaluator.cluster`` with the learning agent.
 
     Args:
@@ -88,10 +96,15 @@ def plan(evaluator, checkpoint: str | Path | dict | None = None, episodes: int |
     ``micro_batches`` (the number) and ``recomputed_groups`` (how many).
     """
     t0 = time.perf_counter()
+    if not isinstance(evaluator, Evaluator):
+        raise HeterogError(f"the agent plans with a heterog.evaluate.Evaluator (its grouping, cost model and "
+                           f"detailed results), got a {type(evaluator).__name__}")
     zero = budget_s == 0 and episodes is None
     checkpoint = start_checkpoint(checkpoint, evaluator.cluster.n_devices, required=zero, splits=splits)
     source = None if checkpoint is None or isinstance(checkpoint, dict) else str(checkpoint)
     if zero:
+        if checkpoint is None:
+            raise HeterogError("zero-shot planning (budget 0, no episodes) needs a checkpoint")
         strategy = zero_shot(evaluator, checkpoint)
         strategy.meta.update({"search_time_s": time.perf_counter() - t0, "seed": seed, "checkpoint": source})
         return strategy
@@ -163,7 +176,7 @@ def _load_policy(checkpoint: str | Path | dict, n_devices: int, state: dict | No
     return policy_from_checkpoint(state)
 
 
-def zero_shot(evaluator, checkpoint: str | Path | dict) -> Strategy:
+def zero_shot(evaluator: Evaluator, checkpoint: str | Path | dict) -> Strategy:
     """The pretrained policy's plan for ``evaluator``'s graph and cluster without any update: its greedy plan (each
     group's most likely decision, ``agents.networks.most_likely_actions``, and its more likely recompute bit, and
     the most likely number of micro-batches; each coupled block its leader's, when the policy was trained with
@@ -189,8 +202,7 @@ def zero_shot(evaluator, checkpoint: str | Path | dict) -> Strategy:
     blocks = BlockMoves.of(evaluator) if ties_blocks(state) else None
     if blocks is not None and blocks.groups:
         greedy = greedy[plan_columns(blocks.tie(evaluator.n_groups), evaluator.n_groups)]
-    greedy = greedy.numpy()
-    candidates = {"policy": greedy.astype(np.int64)}
+    candidates = {"policy": greedy.numpy().astype(np.int64)}
     uniform = ("ev-ps", "ev-ar", "cp-ps", "cp-ar") + (SPLIT_ACTION_NAMES if policy.split_actions else ())
     candidates.update({name: full_plan(np.full(evaluator.n_groups, m + k, dtype=np.int64), evaluator.n_groups)
                        for k, name in enumerate(uniform)})
@@ -212,7 +224,7 @@ class _Progress:
         self.total = budget_s if self.by_time else episodes
         self.t0 = time.perf_counter()
 
-    def __enter__(self):
+    def __enter__(self) -> _Progress:
         if self.enabled:
             from rich.console import Console
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -230,9 +242,10 @@ class _Progress:
         state = next(iter(trainer.states.values()))
         done = time.perf_counter() - self.t0 if self.by_time else state.episodes
         best = f"best {state.best_iteration_time_s * 1e3:.2f} ms{' (OOM)' if state.best_oom else ''}"
-        self.bar.update(self.task_id, completed=min(done, self.total), best=f"{best}, {state.episodes} episodes")
+        completed = done if self.total is None else min(done, self.total)
+        self.bar.update(self.task_id, completed=completed, best=f"{best}, {state.episodes} episodes")
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.enabled:
             self.bar.stop()
 

@@ -5,15 +5,18 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from agents.networks import n_outputs
 from agents.settings import TrainerView
 from agents.tasks import GraphTask
 from envs.actions import MICRO_CHOICES, full_plan, micro_batches
-from heterog.strategy import split_action_name
+from heterog.actions import n_actions, split_action_name
+from heterog.errors import HeterogError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch.utils.tensorboard import SummaryWriter
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +31,8 @@ class TrainingLog:
         log_every: rounds between the heavier records (action histogram, breakdown text).
     """
 
-    def __init__(self, writer=None, run_dir: str | Path | None = None, log_every: int = 20) -> None:
+    def __init__(self, writer: SummaryWriter | None = None, run_dir: str | Path | None = None,
+                 log_every: int = 20) -> None:
         self.writer, self.log_every = writer, log_every
         self.run_dir = Path(run_dir) if run_dir is not None else None
 
@@ -56,7 +60,7 @@ class TrainingLog:
         w.add_scalar("perf/round_s", stats["round_s"], step)
         if step % self.log_every == 0 or step == 1:
             w.add_histogram("actions/sampled", stats["actions"], step,
-                            bins=np.arange(n_outputs(trainer.policy.n_devices, trainer.policy.split_actions) + 1) - 0.5)
+                            bins=np.arange(n_actions(trainer.policy.n_devices, trainer.policy.split_actions) + 1) - 0.5)
             if "micro_choices" in stats:
                 w.add_histogram("actions/micro_batch_choice", stats["micro_choices"], step,
                                 bins=np.arange(len(MICRO_CHOICES) + 1) - 0.5)
@@ -145,6 +149,8 @@ def gantt(trainer: TrainerView, task: GraphTask, path: str | Path) -> Path:
     st = trainer.states[task.key]
     title = (f"{task.name} on {task.evaluator.cluster.name}: agent's best plan, "
              f"{st.best_iteration_time_s * 1e3:.2f} ms after {st.episodes} episodes")
+    if result.plan is None or result.sim is None:
+        raise HeterogError(f"the evaluation of {task.name}'s best plan kept no compiled plan or simulation")
     return simulator.plot_gantt(result.plan.tg, result.sim, path, title)
 
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 
 from heterog.errors import HeterogError
 from heterog.strategy import Strategy
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agents.networks import StrategyPolicy
 
 ALGORITHMS = ("reinforce", "ppo")
 
@@ -181,8 +184,10 @@ class TrainerView(Protocol):
     """What checkpoints (``agents.checkpoint``) and reports (``agents.reporting``) read of a trainer
     (``agents.trainer.Trainer``)."""
 
-    policy: torch.nn.Module
-    optimizer: torch.optim.Optimizer
+    @property
+    def policy(self) -> StrategyPolicy: ...
+    @property
+    def optimizer(self) -> torch.optim.Optimizer: ...
     settings: TrainerSettings
     tasks: list[Any]                   # GraphTask
     states: dict[str, Any]             # task key -> TaskState

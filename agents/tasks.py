@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from agents.features import PolicyInputs
 from envs.features import graph_features
+from heterog.errors import HeterogError
 from heterog.evaluate import Evaluator
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.cluster import Cluster
+    from heterog.graph.opgraph import OpGraph
 
 
 @dataclass
@@ -39,7 +45,7 @@ class GraphTask:
         return self.inputs.n_groups
 
 
-def make_task(graph, cluster, *, max_groups: int = 2000, name: str | None = None,
+def make_task(graph: OpGraph, cluster: Cluster, *, max_groups: int = 2000, name: str | None = None,
               layout: str = "per-device") -> GraphTask:
     """A GraphTask for ``graph`` on ``cluster`` (HeteroG grouping into at most ``max_groups`` groups; op
     features in ``layout``, see :meth:`GraphTask.from_evaluator`)."""
@@ -82,6 +88,12 @@ class TaskState:
             self.best_actions = actions[i].tolist()
             self.history.append((wall_s, cpu_s, self.episodes, self.best_iteration_time_s))
 
+    def best_plan(self) -> list[int]:
+        """The best plan found so far; an error before any plan was recorded."""
+        if self.best_actions is None:
+            raise HeterogError("no plan of this graph has been recorded yet")
+        return self.best_actions
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -89,5 +101,5 @@ class TaskState:
     def from_dict(cls, d: dict) -> TaskState:
         state = cls(**d)
         state.pool = [(float(r), list(a)) for r, a in state.pool]
-        state.history = [tuple(h) for h in state.history]
+        state.history = [(float(w), float(c), int(e), float(t)) for w, c, e, t in state.history]
         return state

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -27,14 +27,18 @@ from torch import Tensor
 
 from agents.candidates import BlockMoves, CandidateSearch, Scorer, uniform_plans
 from agents.checkpoint import load_trainer_state, save_checkpoint, trainer_state
-from agents.networks import N_DP_SCHEMES, StrategyPolicy, n_outputs
+from agents.networks import StrategyPolicy
 from agents.networks.plan import PlanLogits, plan_entropy, plan_log_prob_parts
 from agents.reporting import TrainingLog, action_breakdown, time_to_quality
 from agents.settings import ALGORITHMS, TrainerSettings
 from agents.tasks import GraphTask, TaskState, make_task
 from envs.actions import full_plan, plan_strategy
+from heterog.actions import N_DP_ACTIONS, n_actions
 from heterog.errors import CheckpointError, HeterogError
 from heterog.strategy import Strategy
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch.utils.tensorboard import SummaryWriter
 
 __all__ = ["ALGORITHMS", "GraphTask", "TaskState", "Trainer", "TrainerSettings", "action_breakdown",
            "bias_towards_data_parallel", "make_task", "mean_entropy", "per_group_log_prob", "plan_columns",
@@ -111,7 +115,7 @@ class _Sample:
     actions: Tensor          # (K + R, 2G + 1) plans sampled then replayed
     advantages: Tensor       # (K + R,)
     log_p_old: Tensor        # (K + R, 2G + 1) per decision
-    logits: PlanLogits | None  # along the plans, with their graph (used by the first epoch)
+    logits: PlanLogits       # along the plans, with their graph (used by the first epoch)
     rewards: np.ndarray      # (K,) rewards of the sampled strategies
     sampled: np.ndarray      # (K, 2G + 1) the sampled plans (for the action histogram)
     decisions: Tensor | None = None     # (D,) groups whose choice is a decision (``tie_blocks``); None: all
@@ -150,7 +154,8 @@ class Trainer:
     """
 
     def __init__(self, policy: StrategyPolicy, tasks: list[GraphTask], settings: TrainerSettings, *,
-                 writer=None, run_dir: str | Path | None = None, ray_address: str | None = None) -> None:
+                 writer: SummaryWriter | None = None, run_dir: str | Path | None = None,
+                 ray_address: str | None = None) -> None:
         if not tasks:
             raise HeterogError("the trainer needs at least one graph")
         for task in tasks:
@@ -159,7 +164,7 @@ class Trainer:
                     f"policy has {policy.n_actions} actions ({policy.n_devices} devices"
                     f"{', at most' if policy.head_kind == 'tokens' else ''}) but graph {task.name} "
                     f"is planned for {task.evaluator.cluster.name!r} with {task.inputs.n_devices} devices "
-                    f"({task.inputs.n_devices + N_DP_SCHEMES} actions)")
+                    f"({task.inputs.n_devices + N_DP_ACTIONS} actions)")
             if policy.split_actions and task.evaluator.graph.splits is None:
                 raise HeterogError(f"the policy has split actions but graph {task.name} was captured without the "
                                    f"per-op split options (recapture it)")
@@ -173,7 +178,7 @@ class Trainer:
         random.seed(settings.seed)
         torch.manual_seed(settings.seed)
         self.states = {t.key: TaskState() for t in tasks}
-        self.search = CandidateSearch(settings, n_outputs(policy.n_devices, policy.split_actions), self.generator,
+        self.search = CandidateSearch(settings, n_actions(policy.n_devices, policy.split_actions), self.generator,
                                       self.rng)
         self._blocks: dict[str, BlockMoves] = {}                 # task key -> its coupled blocks
         self._imitation_weights: dict[str, Tensor] = {}          # task key -> its groups' imitation weights
@@ -184,6 +189,8 @@ class Trainer:
         self.episodes = 0          # strategies sampled, all graphs
         self.wall_s = 0.0          # training wall time, over resumes
         self.cpu_s = 0.0           # training process CPU time, over resumes
+        self._t0: float | None = None   # wall and CPU clocks at the start of the current train() call
+        self._c0: float | None = None
 
     @property
     def n_sims(self) -> int:
@@ -195,7 +202,7 @@ class Trainer:
         self.scorer.n_sims = value
 
     # -------------------------------------------------------------------------------- one round
-    def update(self) -> dict[str, float]:
+    def update(self) -> dict[str, float | np.ndarray]:
         """One round: a rollout per graph (:meth:`rollout`), then one (REINFORCE) or ``ppo_epochs`` (PPO)
         gradient steps on the mean policy-gradient loss minus the entropy bonus, plus the imitation term
         (``imitation_coef``). Returns the round's statistics."""
@@ -209,7 +216,7 @@ class Trainer:
             loss_pg, entropy, loss_im = torch.zeros(()), torch.zeros(()), torch.zeros(())
             for sample in samples:
                 if sample.target is not None:
-                    target_logits = (sample.target_logits if epoch == 0
+                    target_logits = (sample.target_logits if epoch == 0 and sample.target_logits is not None
                                      else self.strategy_logits(sample.task, sample.target))
                     loss_im = loss_im + imitation_loss(target_logits, sample.target,
                                                        self.imitation_weights(sample.task)) / len(samples)
@@ -267,7 +274,7 @@ class Trainer:
         once = None if self.policy.autoregressive else \
             self.policy.plan_logits_from_group_embeddings(group_emb, inputs.group_mask, devices)
         with torch.inference_mode():
-            def sample(n: int, **how) -> Tensor:
+            def sample(n: int, **how: Any) -> Tensor:
                 if once is None:
                     return self.policy.sample_plans(group_emb.detach(), inputs.group_mask, n, devices=devices, **how)
                 return self.policy.draw_plans(once.detach(), inputs.group_mask, n, **how)
@@ -296,7 +303,7 @@ class Trainer:
                   else once.expand(len(all_actions)))                                           # along k + R plans
         target = target_logits = None
         if s.imitation_coef > 0:          # the best strategy found, this round's samples included
-            target = torch.as_tensor(full_plan(state.best_actions, n_groups), dtype=torch.long)[None]
+            target = torch.as_tensor(full_plan(state.best_plan(), n_groups), dtype=torch.long)[None]
             target_logits = (self.policy.plan_logits(group_emb, inputs.group_mask, target, devices) if once is None
                              else once.expand(1))
         return _Sample(task, all_actions, torch.as_tensor(adv, dtype=torch.float32),
@@ -383,7 +390,7 @@ class Trainer:
         (one micro-batch, no recomputation)."""
         from heterog.baselines.mcmc import start_actions
 
-        actions = uniform_plans(n_outputs(task.inputs.n_devices, self.policy.split_actions), task.n_groups)  # (A, G)
+        actions = uniform_plans(n_actions(task.inputs.n_devices, self.policy.split_actions), task.n_groups)  # (A, G)
         hybrid = start_actions(task.evaluator, "cp-ar-ps-small", self.rng)
         if not (actions == hybrid).all(axis=1).any():
             actions = np.concatenate([actions, hybrid[None]])
@@ -451,7 +458,7 @@ class Trainer:
             total = 0.0
             for i in self.rng.permutation(len(tasks)):
                 task = tasks[i]
-                target = torch.as_tensor(full_plan(self.states[task.key].best_actions, task.n_groups),
+                target = torch.as_tensor(full_plan(self.states[task.key].best_plan(), task.n_groups),
                                          dtype=torch.long)[None]
                 loss = imitation_loss(self.strategy_logits(task, target), target, self.imitation_weights(task))
                 self.optimizer.zero_grad(set_to_none=True)
@@ -476,11 +483,11 @@ class Trainer:
             for task in self.tasks:
                 group_emb, mask = self.policy.embed_groups(*task.inputs.args()), task.inputs.group_mask
                 devices = self.policy.embed_devices(task.inputs.dev_x, task.inputs.dev_mask)
-                actions = torch.cat([self.policy.sample_plans(group_emb, mask, 1, greedy=True, devices=devices),
-                                     self.policy.sample_plans(group_emb, mask, samples, generator=self.generator,
-                                                              devices=devices)])
+                drawn = torch.cat([self.policy.sample_plans(group_emb, mask, 1, greedy=True, devices=devices),
+                                   self.policy.sample_plans(group_emb, mask, samples, generator=self.generator,
+                                                            devices=devices)])
                 tie = self.tie(task)
-                actions = (actions if tie is None else actions[:, plan_columns(tie, task.n_groups)]).numpy()
+                actions = (drawn if tie is None else drawn[:, plan_columns(tie, task.n_groups)]).numpy()
                 rewards, times, ooms = self.evaluate(task, actions)
                 state = self.states[task.key]
                 self.record(task, state, actions, rewards, times, ooms)
@@ -490,10 +497,10 @@ class Trainer:
         return out
 
     def _elapsed(self) -> float:
-        return time.perf_counter() - self._t0 if getattr(self, "_t0", None) is not None else 0.0
+        return time.perf_counter() - self._t0 if self._t0 is not None else 0.0
 
     def _cpu_elapsed(self) -> float:
-        return time.process_time() - self._c0 if getattr(self, "_c0", None) is not None else 0.0
+        return time.process_time() - self._c0 if self._c0 is not None else 0.0
 
     # ----------------------------------------------------------------------------- results
     def best_strategy(self, task: GraphTask | str | None = None) -> Strategy:
@@ -515,7 +522,7 @@ class Trainer:
                                     "history": [list(h) for h in self.states[t.key].history]}
                            for t in self.tasks}}
 
-    def _task(self, task) -> GraphTask:
+    def _task(self, task: GraphTask | str | None) -> GraphTask:
         if isinstance(task, GraphTask):
             return task
         if task is None:

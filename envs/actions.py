@@ -3,11 +3,11 @@
 For ``G`` group slots (the env's ``max_groups``; the trainer's real group count) a plan action is one
 flat integer vector of length ``2 G + 1``:
 
-- ``[0, G)``: each group's parallel config, one of ``M + 4`` (``heterog.strategy.decode_action``), or
-  with splits beyond the batch one of ``3 M + 6`` (``heterog.strategy.n_actions(M, splits=True)``: then
+- ``[0, G)``: each group's parallel config, one of ``M + 4`` (``heterog.actions.decode_action``), or
+  with splits beyond the batch one of ``3 M + 6`` (``heterog.actions.n_actions(M, splits=True)``: then
   ``M + 4`` and ``M + 5`` divide the group's parameters over all devices, evenly or in proportion to
   device speed, ``M + 6 + d`` evenly over device d's server and ``2 M + 6 + d`` in proportion over it;
-  ``heterog.strategy.decode_split_action``);
+  ``heterog.actions.decode_split_action``);
 - ``[G, 2 G)``: each group's recompute bit, ``0`` keep its forward activations, ``1`` free them after the
   forward and recompute them before its backward (``Strategy.recompute``); a group under a split action
   keeps its activations (the bit is ignored: split groups are not recomputed);
@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from heterog.actions import n_actions
 from heterog.errors import StrategyError
-from heterog.strategy import MAX_MICRO_BATCHES, Strategy, n_actions
+from heterog.strategy import MAX_MICRO_BATCHES, Strategy
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.evaluate import Evaluator

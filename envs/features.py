@@ -14,7 +14,7 @@ from gymnasium import spaces
 from heterog.cluster.topology import Cluster
 from heterog.cost.model import CostModel
 from heterog.graph.opgraph import KINDS, PHASES, OpGraph
-from heterog.strategy import even_shares, proportional_shares
+from heterog.shares import even_shares, proportional_shares
 
 FEATURE_CLIP = 10.0
 

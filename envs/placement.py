@@ -12,12 +12,12 @@ from gymnasium import spaces
 
 from envs.actions import PlanAction, plan_length, plan_nvec, plan_strategy, split_plan
 from envs.features import GraphFeatures, graph_features, observation_space, pad_observation
+from heterog.actions import n_actions, split_action_name
 from heterog.cluster.topology import Cluster
 from heterog.errors import HeterogError
 from heterog.evaluate import Evaluator, reward
 from heterog.graph.opgraph import OpGraph
 from heterog.scheduler import DEFAULT_ORDER
-from heterog.strategy import n_actions, split_action_name
 
 DEFAULT_GRAPH = "tiny_transformer"
 DEFAULT_CLUSTER = "paper-8gpu"
@@ -55,7 +55,7 @@ class PlacementEnv(gym.Env[dict[str, Any], np.ndarray]):
 
     - ``[0, max_groups)``: one config per group. ``0..M-1`` model parallelism on that device, ``M``
       DP-even-PS, ``M+1`` DP-even-AR, ``M+2`` DP-proportional-PS, ``M+3`` DP-proportional-AR. With
-      ``splits`` (splits beyond the batch, ``heterog.strategy.decode_split_action``): ``M+4`` the group's
+      ``splits`` (splits beyond the batch, ``heterog.actions.decode_split_action``): ``M+4`` the group's
       parameters divided evenly over all devices (every device runs the whole batch on its part),
       ``M+5`` in proportion to device speed, ``M+6+d`` evenly over the devices of device d's server,
       ``2M+6+d`` in proportion over them (a server of one device: model parallelism on it).

@@ -143,7 +143,8 @@ def data_parallel_variant(plan: ForeignPlan, graph: OpGraph, cluster: Cluster, m
     parallel with AllReduce, ``micro_batches`` even micro-batches under 1F1B."""
     from heterog.baselines.expert import block_layers
     from heterog.interop.common import Placer, PlanImportError, check_layers
-    from heterog.strategy import Strategy, even_shares
+    from heterog.shares import even_shares
+    from heterog.strategy import Strategy
 
     if len(plan.pipelines) != 1:
         raise PlanImportError(f"{plan.source}: {len(plan.pipelines)} pipelines; the data-parallel variant takes one")

@@ -51,7 +51,8 @@ def _graph(model: str, batch: int, optimizer: str):
 def split_strategies(graph, cluster, devices: tuple[int, ...]) -> dict:
     """Every group divided over ``devices``: ``{(weights label, kind): Strategy}``, even and proportional
     to peak FLOP/s, along parameters and along attributes."""
-    from heterog.strategy import ParallelConfig, Strategy, split_weights
+    from heterog.shares import split_weights
+    from heterog.strategy import ParallelConfig, Strategy
 
     out = {}
     for label, weights in (("even", [1] * len(devices)),
@@ -128,7 +129,8 @@ def grid_cases(graph, cluster) -> list[dict]:
     best micro-batches."""
     from heterog.baselines.pipeline import with_best_micro_batches
     from heterog.evaluate import Evaluator
-    from heterog.strategy import ParallelConfig, proportional_shares
+    from heterog.shares import proportional_shares
+    from heterog.strategy import ParallelConfig
 
     ev = Evaluator(graph, cluster)
     power = np.asarray(cluster.power, dtype=np.float64)

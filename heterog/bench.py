@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from heterog.strategy import ParallelConfig, Strategy, even_shares
+from heterog.shares import even_shares
+from heterog.strategy import ParallelConfig, Strategy
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.evaluate import Evaluator

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from heterog.caches import DerivedCache
 from heterog.errors import HeterogError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -186,7 +187,8 @@ def _heaviest_groups(sync: np.ndarray, n_devices: int, k: int) -> np.ndarray:
 def dp_action_configs(evaluator: PlanEvaluator) -> list[ParallelConfig]:
     """The ParallelConfig of each of the ``3M + 2`` LP actions (``_action_loads``) past the M model-parallel
     ones: DP-even-AR, DP-prop-AR, DP-even-PS on PS 0..M-1, DP-prop-PS on PS 0..M-1."""
-    from heterog.strategy import ParallelConfig, even_shares, proportional_shares
+    from heterog.shares import even_shares, proportional_shares
+    from heterog.strategy import ParallelConfig
 
     cluster, m, B = evaluator.cluster, evaluator.cluster.n_devices, evaluator.graph.batch_size
     layouts = [list(zip(range(m), even_shares(B, m))), list(zip(range(m), proportional_shares(B, cluster.power)))]
@@ -228,8 +230,8 @@ def _action_loads(evaluator: PlanEvaluator, pull_mask: np.ndarray | None = None,
     aggregated tensors only; with ``pull_mask`` a third array is returned: the pulls of the masked
     tensors alone."""
     from heterog.compiler.index import graph_index, path_table
-    from heterog.compiler.ps import _aggregate_coefs, _cluster_tables
-    from heterog.strategy import even_shares, proportional_shares
+    from heterog.compiler.ps import aggregate_coefs, link_lines
+    from heterog.shares import even_shares, proportional_shares
 
     graph, cluster, cost = evaluator.graph, evaluator.cluster, evaluator.cost
     gi, paths = graph_index(graph), path_table(cluster)
@@ -245,7 +247,7 @@ def _action_loads(evaluator: PlanEvaluator, pull_mask: np.ndarray | None = None,
     for d in range(m):                                                     # MP
         np.add.at(loads[:, d, d], group_of, comp[:, d])
     t_group = group_of[gi.t_op]
-    alpha, beta, path_ptr, path_res = _cluster_tables(cost, paths)
+    alpha, beta, path_ptr, path_res = link_lines(cost, paths)
     devs = tuple(range(m))
 
     def amounts(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -274,7 +276,7 @@ def _action_loads(evaluator: PlanEvaluator, pull_mask: np.ndarray | None = None,
     batch = gi.has_batch & gi.is_compute
     ps_only = gi.is_compute & ~gi.has_batch & gi.post_agg                   # updates: on the PS only
     dup = gi.is_compute & ~gi.has_batch & ~gi.post_agg
-    agg_coef = _aggregate_coefs(m, devs, cost)
+    agg_coef = aggregate_coefs(m, devs, cost)
 
     def link_time(src: int, dst: int, amount: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         res = path_res[path_ptr[src * m + dst]:path_ptr[src * m + dst + 1]]
@@ -311,11 +313,17 @@ def _action_loads(evaluator: PlanEvaluator, pull_mask: np.ndarray | None = None,
 
 
 # ----------------------------------------------------------------------------- release times
+_CLOSURES: DerivedCache[OpGraph, list[int]] = DerivedCache("replica closures of each graph")
+
+
 def _replica_closures(graph: OpGraph) -> list[int]:
-    """``ANY(v)`` of ``release_sets`` for every op, as bit sets (bit u set: u in the set); cached."""
-    cached = graph.__dict__.get("_bounds_any")
-    if cached is not None:
-        return cached
+    """``ANY(v)`` of ``release_sets`` for every op, as bit sets (bit u set: u in the set); built once per
+    graph object."""
+    return _CLOSURES.get(graph, lambda: _build_closures(graph))
+
+
+def _build_closures(graph: OpGraph) -> list[int]:
+    """``_replica_closures`` computed."""
     from heterog.compiler.index import graph_index
 
     gi = graph_index(graph)
@@ -340,7 +348,6 @@ def _replica_closures(graph: OpGraph) -> list[int]:
                 a |= any_[u]
                 b |= any_[u]
         any_[v], all_[v] = a, b | a
-    graph.__dict__["_bounds_any"] = any_
     return any_
 
 
@@ -421,7 +428,7 @@ def min_replica_times(evaluator: PlanEvaluator) -> np.ndarray:
     """(n_ops,) seconds the shortest replica of each compute op takes under any action of any group: its
     share on any device under the even or the proportional layout, or the whole batch on one device
     (ops without a batch dimension run whole); 0 for non-compute ops."""
-    from heterog.strategy import even_shares, proportional_shares
+    from heterog.shares import even_shares, proportional_shares
 
     graph, cluster, cost = evaluator.graph, evaluator.cluster, evaluator.cost
     m, B = cluster.n_devices, graph.batch_size
@@ -543,7 +550,7 @@ def _action_loads_of_ops(evaluator: PlanEvaluator, ops_mask: np.ndarray) -> np.n
     """(G, 3M + 2, M) seconds each action of each group keeps each device busy with the masked ops (actions
     as in ``_action_loads``; ops without a batch dimension run on every replica, PS updates on the PS)."""
     from heterog.compiler.index import graph_index
-    from heterog.strategy import even_shares, proportional_shares
+    from heterog.shares import even_shares, proportional_shares
 
     graph, cluster, cost = evaluator.graph, evaluator.cluster, evaluator.cost
     gi = graph_index(graph)

@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from heterog.actions import action_name
 from heterog.errors import HeterogError
 from heterog.planners import default_methods, names, parse_methods, plan
 from heterog.reporting import action_columns, csv_text, table1_markdown, table2_markdown
-from heterog.strategy import ParallelConfig, Strategy, action_name, even_shares, proportional_shares
+from heterog.shares import even_shares, proportional_shares
+from heterog.strategy import ParallelConfig, Strategy
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.cluster import Cluster

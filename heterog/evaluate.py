@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 import simulator
+from heterog.actions import strategy_from_actions
 from heterog.compiler import CompiledPlan, Compiler
 from heterog.compiler.compile import COMM_KINDS, COMPUTE_KINDS
 from heterog.errors import HeterogError
+from heterog.graph.grouping import group_ops
 from heterog.scheduler import DEFAULT_ORDER, PORTFOLIO, check_order, is_dynamic, priorities
-from heterog.strategy import Strategy, group_ops, strategy_from_actions
+from heterog.strategy import Strategy
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.cluster import Cluster

@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from heterog.actions import n_actions, split_action_name
 from heterog.errors import HeterogError
-from heterog.strategy import Strategy, n_actions, split_action_name
+from heterog.strategy import Strategy
 
 if TYPE_CHECKING:
     from heterog.evaluate import Evaluator

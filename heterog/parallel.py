@@ -1,14 +1,16 @@
-"""Evaluations and search chains fanned out to worker processes on Ray (one machine or a cluster), or run
-in this process.
+"""Evaluations fanned out to worker processes on Ray (one machine or a cluster), or run in this process:
+the generic pool that search code (``heterog.baselines.ray_search``: MCMC's chains) and the agent's
+rollouts use.
 
-``make_pool(workers, ray_address)``: with one worker and no address everything runs here and ray is
+``make_pool(workers, ray_address, worker)``: with one worker and no address everything runs here and ray is
 never imported. Otherwise it joins the Ray cluster at ``ray_address`` (``ray start --head`` on one
 machine, ``ray start --address=HEAD:6379`` on the others, every machine with this package installed)
 or starts a local one with this machine's CPU count, quietly and without a dashboard, and runs
-``workers`` actors of one CPU each. An actor builds its own Evaluator from an ``EvaluatorSpec`` (the
-graph, cluster and cost model travel once) and keeps it, with its recent plans for delta compilation,
-between jobs; a job carries action vectors or a chain description, and results come back in job order,
-so what a search finds does not depend on where its jobs ran.
+``workers`` actors of one CPU each, each an instance of ``worker`` (a ``Worker`` or a subclass that adds
+job kinds). An actor builds its own Evaluator from an ``EvaluatorSpec`` (the graph, cluster and cost
+model travel once) and keeps it, with its recent plans for delta compilation, between jobs; a job carries
+action vectors (or what a subclass's jobs carry), and results come back in job order, so what a search
+finds does not depend on where its jobs ran.
 """
 from __future__ import annotations
 
@@ -22,7 +24,6 @@ import numpy as np
 from heterog.errors import HeterogError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from heterog.baselines.chains import ActionSearch, ChainResult
     from heterog.cluster import Cluster
     from heterog.cost import CostModel
     from heterog.evaluate import Evaluator
@@ -53,35 +54,19 @@ class EvaluatorSpec:
                          serialize_collectives=self.serialize_collectives, max_groups=self.max_groups,
                          shares=self.shares)
 
-    def __getstate__(self) -> dict[str, Any]:
-        # the graph and cluster travel without what the compiler cached on them
-        state = dict(self.__dict__)
-        for name in ("graph", "cluster"):
-            obj = state[name]
-            clean = obj.__class__.__new__(obj.__class__)
-            clean.__dict__.update({k: v for k, v in obj.__dict__.items() if not k.startswith("_compile")})
-            state[name] = clean
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
 
 class Worker:
-    """What runs on a worker: Evaluators (and MCMC searches over them) by key, built once, kept for later jobs."""
+    """What runs on a worker: Evaluators by key, built once, kept for later jobs. A subclass adds job kinds
+    (methods taking ``(key, job)``) and what ``setup``'s options build beside the evaluator."""
 
     def __init__(self) -> None:
         self.evaluators: dict[str, Evaluator] = {}
-        self.searches: dict[str, ActionSearch] = {}
 
-    def setup(self, key: str, spec: EvaluatorSpec, oom_factor: float = 10.0, order: str | None = None,
-              splits: bool = False) -> None:
-        from heterog.baselines.chains import ActionSearch
-
+    def setup(self, key: str, spec: EvaluatorSpec) -> None:
+        """Build ``spec``'s evaluator under ``key`` (once)."""
         if key not in self.evaluators:
             ev = self.evaluators[key] = spec.build()
             ev.iteration_time(ev.strategy(np.zeros(ev.n_groups, dtype=np.int64)))   # load the compiled kernels
-        self.searches[key] = ActionSearch(self.evaluators[key], oom_factor, order, splits)
 
     def iteration_times(self, key: str, actions: np.ndarray, order: str | None = None) -> list[tuple[float, bool]]:
         """(iteration time, OOM) of the strategies ``actions`` (K, G), decoded by the evaluator."""
@@ -97,23 +82,18 @@ class Worker:
         return [ev.iteration_time(ev.strategy(a).with_recompute(r).with_micro_batches(k, schedule))
                 for a, (k, schedule, r) in zip(np.asarray(actions), plans)]
 
-    def run_chain(self, key: str, job: tuple[Any, ...]) -> ChainResult:
-        """``job``: (chain, state or None, segment or None), ``heterog.baselines.chains.run_chain``'s arguments."""
-        from heterog.baselines.chains import run_chain
-
-        return run_chain(self.searches[key], *job)
-
 
 class Pool:
     """Workers that run ``Worker`` methods: ``register`` an evaluator on every worker, then ``map`` jobs
     over the workers (results in job order); remote pools also ``submit`` one job and ``wait_any``.
-    This base runs everything here, on one ``Worker``."""
+    This base runs everything here, on one ``worker``."""
 
     remote = False
 
-    def __init__(self) -> None:
+    def __init__(self, worker: type[Worker] = Worker) -> None:
         self.n_workers = 1
-        self._local = Worker()
+        self.worker = worker
+        self._local = worker()
         self._keys: dict[int, str] = {}
 
     def __enter__(self) -> Pool:
@@ -126,7 +106,8 @@ class Pool:
         pass
 
     def register(self, spec: EvaluatorSpec, **options: Any) -> str:
-        """A key naming ``spec``'s evaluator on the workers (built there on first use)."""
+        """A key naming ``spec``'s evaluator on the workers (built there on first use); ``options`` go to
+        the worker's ``setup``."""
         key = self._keys.get(id(spec.graph))
         if key is None:
             key = self._keys[id(spec.graph)] = f"{spec.graph.fingerprint[:16]}@{spec.cluster.name}#{len(self._keys)}"
@@ -141,21 +122,20 @@ class Pool:
         return [getattr(self._local, method)(key, job) for job in jobs]
 
 
-
 class RayPool(Pool):
-    """``n_workers`` Ray actors (one CPU each) on the cluster at ``address``, or on a local Ray started
-    here with ``os.cpu_count()`` CPUs."""
+    """``n_workers`` Ray actors (one CPU each, instances of ``worker``) on the cluster at ``address``, or
+    on a local Ray started here with ``os.cpu_count()`` CPUs."""
 
     remote = True
 
-    def __init__(self, n_workers: int, address: str | None = None) -> None:
-        super().__init__()
+    def __init__(self, n_workers: int, address: str | None = None, worker: type[Worker] = Worker) -> None:
+        super().__init__(worker)
         ray = import_ray()
         if not ray.is_initialized():
             init_ray(address)
         self.ray = ray
         self.n_workers = int(n_workers)
-        actor = ray.remote(num_cpus=1)(Worker)
+        actor = ray.remote(num_cpus=1)(worker)
         self.actors = [actor.remote() for _ in range(self.n_workers)]
         self._busy: dict[Any, int] = {}              # submitted job -> the worker running it
 
@@ -211,10 +191,11 @@ def init_ray(address: str | None = None) -> None:
         raise HeterogError(f"could not {where}: {type(exc).__name__}: {exc}") from None
 
 
-def make_pool(workers: int = 1, ray_address: str | None = None) -> Pool:
-    """The pool of ``workers`` workers: in this process for one worker and no address, else on Ray."""
+def make_pool(workers: int = 1, ray_address: str | None = None, worker: type[Worker] = Worker) -> Pool:
+    """The pool of ``workers`` workers of class ``worker``: in this process for one worker and no address,
+    else on Ray."""
     if int(workers) < 1:
         raise HeterogError(f"workers must be at least 1, got {workers}")
     if int(workers) == 1 and not ray_address:
-        return Pool()
-    return RayPool(int(workers), ray_address)
+        return Pool(worker)
+    return RayPool(int(workers), ray_address, worker)

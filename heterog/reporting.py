@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
 
-from heterog.strategy import DP_ACTION_NAMES
+from heterog.actions import DP_ACTION_NAMES
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.table import Table as RichTable

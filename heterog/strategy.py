@@ -1,27 +1,21 @@
-"""Parallelisation decisions: op grouping, ParallelConfig per group, Strategy, and the per-group action.
+"""The plan model: a ParallelConfig per group of ops (replicas, shares, sync, splits beyond the batch) and the
+Strategy that holds them for one graph and cluster (micro-batches, schedule, recomputation), checked when
+built and (de)serialised as a versioned JSON file.
 
-Action encoding (M = number of GPUs), one action per group:
-  0..M-1        model parallelism: the whole group on that device
-  M             DP-even-PS          M+1  DP-even-AR
-  M+2           DP-proportional-PS  M+3  DP-proportional-AR
-and, in the action space with splits beyond the batch (``n_actions(M, splits=True)``, 3 M + 6 actions):
-  M+4           tp-even: the group's parameters divided evenly over all devices
-  M+5           tp-prop: ... in proportion to device speed
-  M+6+d         tp-even over the devices of device d's server (d = 0..M-1)
-  2M+6+d        tp-prop over the devices of device d's server
-``decode_action`` turns an action of the first M + 4 into a ParallelConfig, ``decode_split_action`` one of
-the split actions; ``strategy_from_actions`` decodes a whole plan.
+Where the rest lives: share arithmetic in ``heterog.shares``, the per-group action and its decoding in
+``heterog.actions``, op grouping in ``heterog.graph.grouping``.
 """
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence, TypeAlias
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from heterog.errors import StrategyError
+from heterog.sharded import ShardedState
+from heterog.shares import even_shares
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.cluster import Cluster
@@ -32,20 +26,13 @@ SYNC_METHODS = ("ps", "allreduce")
 # before its backwards; 1F1B keeps at most S - s micro-batches in flight on a device at pipeline position s
 SCHEDULES = ("gpipe", "1f1b")
 MAX_MICRO_BATCHES = 256     # Megatron-style plans of large global batches run 128 (Sailor's validation plans)
-STRATEGY_VERSION = 5         # 2: micro-batches and their schedule; 3: groups recomputed; 4: splits beyond the batch;
-#                              5: splits over a grid (batch x beyond the batch)
+STRATEGY_VERSION = 6         # 2: micro-batches and their schedule; 3: groups recomputed; 4: splits beyond the batch;
+#                              5: splits over a grid (batch x beyond the batch); 6: sharded state (ZeRO stages)
 # a config's split beyond the batch (docs/design.md, "Splits beyond the batch"): "parameter" divides the
 # parameters of its ops (and what computes with them) among the devices, "attribute" divides only what
 # carries no parameter (sequence, spatial, heads of activations), parameters stay whole on every device
 SPLIT_KINDS = ("parameter", "attribute")
 ALLREDUCE_ALGOS = ("auto", "ring", "hierarchical")
-N_DP_ACTIONS = 4
-DP_ACTION_NAMES = ("dp-even-ps", "dp-even-ar", "dp-prop-ps", "dp-prop-ar")
-# the split actions over the whole cluster (then one pointer per device for its server, even and proportional)
-N_CLUSTER_SPLIT_ACTIONS = 2
-SPLIT_ACTION_NAMES = ("tp-even", "tp-prop")
-
-Floats: TypeAlias = Sequence[float] | np.ndarray  # per-device values, as a list or a 1-D array
 
 
 @dataclass(frozen=True)
@@ -56,7 +43,8 @@ class ParallelConfig:
     replicas named twice on one device are merged into one replica with the combined share.
     ``ps_device=None`` lets the compiler pick the PS that finishes aggregation first. ``split`` divides the
     ops beyond the batch among the devices (``split_over``), ``grid`` > 1 among each of that many groups of
-    them, the batch over the groups (``split_grid``).
+    them, the batch over the groups (``split_grid``). ``sharded`` keeps an AllReduce data-parallel group's
+    optimizer state (and gradients, and parameters) as shards over its replicas (``heterog.sharded``).
     """
 
     devices: tuple[int, ...]
@@ -67,6 +55,7 @@ class ParallelConfig:
     split: str | None = None
     split_shares: tuple[int, ...] = ()
     grid: int = 1
+    sharded: ShardedState | None = None
 
     def __post_init__(self) -> None:
         if self.split is not None:
@@ -87,6 +76,18 @@ class ParallelConfig:
             raise StrategyError(f"unknown allreduce algorithm {self.allreduce!r} (choose from {ALLREDUCE_ALGOS})")
         if self.ps_device is not None and self.ps_device not in self.devices:
             raise StrategyError(f"PS device {self.ps_device} is not one of the replica devices {list(self.devices)}")
+        if self.sharded is not None:
+            self._check_sharded()
+
+    def _check_sharded(self) -> None:
+        assert self.sharded is not None
+        if self.sync != "allreduce" or self.split is not None or len(self.devices) < 2:
+            raise StrategyError(f"sharded state (stage {self.sharded.stage}) needs an AllReduce data-parallel config "
+                                f"of 2+ replicas, got sync={self.sync!r}, split={self.split!r}, devices "
+                                f"{list(self.devices)}")
+        if len(self.sharded.weights) != len(self.devices):
+            raise StrategyError(f"sharded state needs one shard weight per replica: devices {list(self.devices)}, "
+                                f"weights {list(self.sharded.weights)}")
 
     def _check_split(self) -> None:
         if self.split not in SPLIT_KINDS:
@@ -111,7 +112,7 @@ class ParallelConfig:
     def split_over(cls, devices: Sequence[int], weights: Sequence[int], batch_size: int,
                    kind: str = "parameter") -> "ParallelConfig":
         """The group's ops divided beyond the batch among ``devices`` (each runs the whole batch): each op's
-        split dimension in integer shares proportional to ``weights`` (``split_shares_of``)."""
+        split dimension in integer shares proportional to ``weights`` (``heterog.shares.split_shares_of``)."""
         devs = tuple(int(d) for d in devices)
         return cls(devs, (int(batch_size),) * len(devs), split=kind, split_shares=tuple(int(w) for w in weights))
 
@@ -173,58 +174,22 @@ class ParallelConfig:
         return int(sum(self.shares))
 
     def to_dict(self) -> dict:
-        d = {"devices": list(self.devices), "shares": list(self.shares), "sync": self.sync,
+        d: dict = {"devices": list(self.devices), "shares": list(self.shares), "sync": self.sync,
              "ps_device": self.ps_device, "allreduce": self.allreduce}
         if self.split is not None:
             d["split"], d["split_shares"] = self.split, list(self.split_shares)
             if self.grid > 1:
                 d["grid"] = int(self.grid)
+        if self.sharded is not None:
+            d["sharded"] = self.sharded.to_dict()
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "ParallelConfig":
         return cls(tuple(int(x) for x in d["devices"]), tuple(int(x) for x in d["shares"]),
                    d.get("sync", "allreduce"), d.get("ps_device"), d.get("allreduce", "auto"),
-                   d.get("split"), tuple(int(x) for x in d.get("split_shares", ())), int(d.get("grid", 1)))
-
-
-def split_weights(speeds: Floats) -> list[int]:
-    """Integer split shares (``ParallelConfig.split_shares``) in proportion to ``speeds``, in thousandths,
-    each at least 1."""
-    return [max(1, w) for w in proportional_shares(1000, speeds)]
-
-
-def split_shares_of(extent: int, weights: Sequence[int]) -> list[int]:
-    """Integer shares of a split dimension of ``extent`` units in proportion to ``weights`` (largest
-    remainder), every device at least one unit where the extent allows (taken from the largest share);
-    a device gets none only when the extent is smaller than the devices (the compiler does not divide
-    such a dimension among them)."""
-    shares = proportional_shares(int(extent), weights)
-    if extent >= len(shares):
-        for i in [i for i, s in enumerate(shares) if s == 0]:
-            shares[int(np.argmax(shares))] -= 1
-            shares[i] = 1
-    return shares
-
-
-# ---------------------------------------------------------------------------- shares
-def even_shares(batch_size: int, n: int) -> list[int]:
-    """Split ``batch_size`` samples over ``n`` replicas as evenly as possible (first ones take the rest)."""
-    base, rest = divmod(int(batch_size), int(n))
-    return [base + (1 if i < rest else 0) for i in range(n)]
-
-
-def proportional_shares(batch_size: int, weights: Floats) -> list[int]:
-    """Integer shares proportional to ``weights`` summing to ``batch_size`` (largest remainder method)."""
-    w = np.asarray(weights, dtype=np.float64)
-    if np.any(w <= 0) or not np.all(np.isfinite(w)):
-        raise StrategyError(f"proportional shares need positive finite weights, got {w.tolist()}")
-    exact = batch_size * w / w.sum()
-    shares = np.floor(exact).astype(np.int64)
-    rest = int(batch_size - shares.sum())
-    order = np.lexsort((np.arange(len(w)), -(exact - shares)))  # largest remainder, ties by index
-    shares[order[:rest]] += 1
-    return shares.tolist()
+                   d.get("split"), tuple(int(x) for x in d.get("split_shares", ())), int(d.get("grid", 1)),
+                   None if d.get("sharded") is None else ShardedState.from_dict(d["sharded"]))
 
 
 def check_micro_batches(sizes: Sequence[int], batch_size: int) -> tuple[int, ...]:
@@ -237,171 +202,13 @@ def check_micro_batches(sizes: Sequence[int], batch_size: int) -> tuple[int, ...
     return out
 
 
-def micro_batch_shares(config_shares: Sequence[int], micro: Sequence[int]) -> list[list[int]]:
-    """Each replica's share of each micro-batch, ``[m][r]``: micro-batch m's ``micro[m]`` samples split
-    over the replicas in proportion to ``config_shares`` (largest remainder; a replica may get none)."""
-    if int(sum(micro)) != int(sum(config_shares)):
-        raise StrategyError(f"micro-batch sizes {list(micro)} do not sum to the batch {int(sum(config_shares))}")
-    if len(micro) == 1:
-        return [list(int(s) for s in config_shares)]
-    return [proportional_shares(int(b), config_shares) for b in micro]
-
-
-def grid_micro_shares(group_shares: Sequence[int], micro: Sequence[int]) -> list[list[int]]:
-    """Each group's share of each micro-batch of a grid (``ParallelConfig.split_grid``), ``[m][r]``: in
-    proportion to the groups' batch shares, every group at least one sample (``split_shares_of``); a
-    micro-batch smaller than the groups is refused."""
-    if min(micro) < len(group_shares):
-        raise StrategyError(f"a grid of {len(group_shares)} groups needs at least one sample of every micro-batch "
-                            f"for each group; micro-batches {list(micro)} are too small")
-    if len(micro) == 1:
-        return [list(int(s) for s in group_shares)]
-    return [split_shares_of(int(b), group_shares) for b in micro]
-
-
 def most_micro_batches(strategy: "Strategy") -> int:
     """The most micro-batches ``strategy`` can run: its batch, or fewer where a grid's every group must get a
-    sample of each (``grid_micro_shares``)."""
+    sample of each (``heterog.shares.grid_micro_shares``)."""
     return min([strategy.batch_size] + [strategy.batch_size // c.grid for c in strategy.configs if c.grid > 1])
 
 
-# ---------------------------------------------------------------------------- actions
-def n_actions(n_devices: int, splits: bool = False) -> int:
-    """Actions per group on ``n_devices`` devices: ``M + 4``, or with ``splits`` beyond the batch
-    ``3 M + 6`` (the two cluster-wide splits, then an even and a proportional split over each device's
-    server)."""
-    m = int(n_devices)
-    return m + N_DP_ACTIONS + ((N_CLUSTER_SPLIT_ACTIONS + 2 * m) if splits else 0)
 
-
-def action_name(action: int, n_devices: int) -> str:
-    """``mp:<device>``, a DP action's name, or ``split`` for any action past them (the split actions of
-    the agent's action space, ``decode_split_action``, and those local search offers,
-    ``heterog.baselines.chains.split_action_configs``)."""
-    if 0 <= action < n_devices:
-        return f"mp:{action}"
-    if action >= n_devices + N_DP_ACTIONS:
-        return "split"
-    return DP_ACTION_NAMES[action - n_devices]
-
-
-def split_action_name(action: int, n_devices: int) -> str:
-    """The name of an action of the action space with splits (``n_actions(M, splits=True)``): the names
-    of ``action_name`` for the first M + 4, then ``tp-even``, ``tp-prop``, ``tp-even:server-of-<d>`` and
-    ``tp-prop:server-of-<d>``."""
-    m = int(n_devices)
-    k = int(action) - m - N_DP_ACTIONS
-    if k < 0:
-        return action_name(action, m)
-    if k < N_CLUSTER_SPLIT_ACTIONS:
-        return SPLIT_ACTION_NAMES[k]
-    k -= N_CLUSTER_SPLIT_ACTIONS
-    return f"{SPLIT_ACTION_NAMES[k // m]}:server-of-{k % m}"
-
-
-def decode_action(action: int, n_devices: int, batch_size: int, power: Floats,
-                  weights: Floats | None = None) -> ParallelConfig:
-    """The one decoding of an (M+4)-way action into a ParallelConfig.
-
-    ``power`` is each device's peak FLOP/s (proportional shares follow it); ``weights`` overrides it,
-    e.g. the group's own speed on each device when shares follow each op's speed.
-    """
-    a = int(action)
-    m = int(n_devices)
-    if not 0 <= a < m + N_DP_ACTIONS:
-        raise StrategyError(f"action {a} is out of range for {m} devices (valid: 0..{m + N_DP_ACTIONS - 1})")
-    if a < m:
-        return ParallelConfig.single(a, batch_size)
-    k = a - m
-    sync = "ps" if k in (0, 2) else "allreduce"
-    if k < 2:
-        shares = even_shares(batch_size, m)
-    else:
-        shares = proportional_shares(batch_size, weights if weights is not None else power)
-    return ParallelConfig.of(list(zip(range(m), shares)), sync=sync)
-
-
-def decode_split_action(action: int, cluster: "Cluster", batch_size: int,
-                        weights: Floats | None = None) -> ParallelConfig:
-    """The decoding of a split action (``M + 4 <= action < 3 M + 6``, the module docstring's table) into a
-    ParallelConfig that divides the group's parameters among the devices of the whole cluster or of one
-    server (``ParallelConfig.split_over``). Even shares are equal weights; proportional ones follow
-    ``weights`` (one per device of the cluster, e.g. the group's own speed on each device) or else peak
-    FLOP/s (``split_weights``). A server of one device is model parallelism on it."""
-    m = cluster.n_devices
-    a = int(action)
-    k = a - m - N_DP_ACTIONS
-    if not 0 <= k < n_actions(m, splits=True) - m - N_DP_ACTIONS:
-        raise StrategyError(f"split action {a} is out of range for {m} devices "
-                            f"(valid: {m + N_DP_ACTIONS}..{n_actions(m, splits=True) - 1})")
-    if k < N_CLUSTER_SPLIT_ACTIONS:
-        devs, proportional = list(range(m)), k == 1
-    else:
-        k -= N_CLUSTER_SPLIT_ACTIONS
-        proportional, device = k >= m, k % m
-        devs = [int(d) for d in cluster.servers[int(cluster.server_of[device])].devices]
-    if len(devs) == 1:
-        return ParallelConfig.single(devs[0], batch_size)
-    speed = np.asarray(weights if weights is not None else cluster.power, dtype=np.float64)[devs]
-    return ParallelConfig.split_over(devs, split_weights(speed) if proportional else [1] * len(devs), batch_size)
-
-
-# ---------------------------------------------------------------------------- grouping
-def group_ops(graph: "OpGraph", op_cost: np.ndarray, max_groups: int = 2000) -> np.ndarray:
-    """Group ops as HeteroG does: if there are more than ``max_groups`` ops, the ``max_groups``
-    costliest ops (by ``op_cost``, e.g. mean time over devices) are centres and every other op joins
-    the centre fewest hops away (undirected BFS, ties to the lower centre); ops no centre reaches join
-    the cheapest centre's group. Afterwards every
-    optimizer-update op and every parameter/state placeholder joins the group of the gradient it
-    consumes or serves, so parameters, their gradients and their updates stay together.
-
-    Returns ``group_of`` (n_ops,) with groups numbered 0..G-1 in order of first appearance.
-    """
-    n = graph.n_ops
-    op_cost = np.asarray(op_cost, dtype=np.float64)
-    if op_cost.shape != (n,):
-        raise StrategyError(f"op_cost has shape {op_cost.shape}, expected ({n},)")
-    if max_groups <= 0:
-        raise StrategyError(f"max_groups must be positive, got {max_groups}")
-    if n <= max_groups:
-        group = np.arange(n, dtype=np.int64)
-    else:
-        # costliest first; ties by index so grouping is deterministic
-        centres = np.lexsort((np.arange(n), -op_cost))[:max_groups]
-        group = np.full(n, -1, dtype=np.int64)
-        group[centres] = centres
-        nbrs = [a + b for a, b in zip(graph.succ, graph.pred)]
-        q = deque(sorted(int(c) for c in centres))
-        while q:  # multi-source BFS: first centre to reach an op owns it (sources in index order)
-            u = q.popleft()
-            for v in nbrs[u]:
-                if group[v] < 0:
-                    group[v] = group[u]
-                    q.append(v)
-        # ops in weakly connected components without a centre (e.g. in-place buffer updates) touch nothing
-        # else: they join the cheapest centre's group, so there are never more than max_groups groups
-        group[group < 0] = centres[-1]
-    group = _attach_params_to_grads(graph, group)
-    # renumber in order of first appearance
-    _, first = np.unique(group, return_index=True)
-    remap = {g: k for k, g in enumerate(group[np.sort(first)])}
-    return np.array([remap[g] for g in group], dtype=np.int64)
-
-
-def _attach_params_to_grads(graph: "OpGraph", group: np.ndarray) -> np.ndarray:
-    """Update ops, param and state placeholders join the group of their parameter's gradient producer."""
-    grad_group: dict[str, int] = {}
-    for i, op in enumerate(graph.ops):
-        if op.is_grad and op.param is not None:
-            grad_group.setdefault(op.param, int(group[i]))
-    group = group.copy()
-    for i, op in enumerate(graph.ops):
-        if op.param is not None and op.param in grad_group and (op.phase == "update" or op.kind in ("param", "state")):
-            group[i] = grad_group[op.param]
-    return group
-
-
-# ---------------------------------------------------------------------------- strategy
 @dataclass
 class Strategy:
     """One ParallelConfig per group of a graph, for one cluster.
@@ -537,36 +344,3 @@ class Strategy:
         from heterog.atomic import read_json_file
 
         return cls.from_dict(read_json_file(path, "strategy file", StrategyError), source=repr(str(path)))
-
-
-def strategy_from_actions(actions: Sequence[int] | np.ndarray, group_of: np.ndarray, graph: "OpGraph",
-                          cluster: "Cluster", method: str = "", weights: np.ndarray | None = None) -> Strategy:
-    """Decode one action per group (of the M + 4, or split actions where the graph has split options)
-    into a Strategy. ``weights`` (G, M) optionally gives per-group device speeds for proportional shares
-    (otherwise device peak FLOP/s)."""
-    codes = np.asarray(actions, dtype=np.int64)
-    n_groups = int(group_of.max()) + 1 if len(group_of) else 0
-    if codes.shape != (n_groups,):
-        raise StrategyError(f"need one action per group: got {codes.shape[0] if codes.ndim else 0} actions "
-                            f"for {n_groups} groups")
-    m = cluster.n_devices
-    if len(codes) and codes.max() >= m + N_DP_ACTIONS and graph.splits is None:
-        raise StrategyError(f"split action {int(codes.max())} on graph {graph.name!r}, which was captured without "
-                            f"the per-op split options (recapture it)")
-
-    def decode(a: int, w: Floats | None) -> ParallelConfig:
-        if a >= m + N_DP_ACTIONS:
-            return decode_split_action(a, cluster, graph.batch_size, w)
-        return decode_action(a, m, graph.batch_size, cluster.power, w)
-
-    cache: dict[int, ParallelConfig] = {}
-    configs = []
-    for g, a in enumerate(codes.tolist()):
-        if weights is None:
-            if a not in cache:
-                cache[a] = decode(a, None)
-            configs.append(cache[a])
-        else:
-            configs.append(decode(a, weights[g]))
-    return Strategy(graph.fingerprint, cluster.name, m, graph.batch_size, group_of, configs, method,
-                    meta={"actions": codes.tolist()})

@@ -126,8 +126,8 @@ def test_no_data_parallel_plan_beats_the_integral_bound(tiny_dp_lp, seed):
 
 
 def test_dp_action_configs_match_the_action_encoding(tiny_bounds):
+    from heterog.actions import decode_action
     from heterog.bounds import dp_action_configs
-    from heterog.strategy import decode_action
 
     ev = tiny_bounds[0]
     m, B, power = ev.cluster.n_devices, ev.graph.batch_size, ev.cluster.power

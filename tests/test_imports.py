@@ -168,3 +168,55 @@ def test_a_cycle_through_a_type_import_is_found():
     assert find_cycle(graph) == ["p.a", "p.b", "p.a"]
     runtime = {name: module_imports(ast.parse(text), name, False, modules) for name, text in src.items()}
     assert find_cycle(runtime) is None
+
+
+# what the baselines build on: none of it reaches up into heterog.baselines, not even for a type
+BELOW_BASELINES = ("heterog.parallel", "heterog.strategy", "heterog.shares", "heterog.actions", "heterog.errors",
+                   "heterog.atomic", "heterog.graph", "heterog.cluster", "heterog.cost", "heterog.compiler",
+                   "heterog.scheduler")
+# the search chains' machinery: run by heterog.baselines (mcmc, and ray_search on pool workers) alone;
+# others may use chains.py's analyses of a graph (coupled_blocks, block_weights, group_loads)
+CHAIN_RUNNERS = {"ActionSearch", "Chain", "ChainResult", "ChainState", "run_chain"}
+
+
+def _below_baselines(module: str) -> bool:
+    return any(module == m or module.startswith(m + ".") for m in BELOW_BASELINES)
+
+
+def test_what_the_baselines_build_on_imports_no_baseline():
+    graph = import_graph(type_imports=True)
+    upward = [f"{a} imports {b} (line {line})" for a, deps in sorted(graph.items()) if _below_baselines(a)
+              for b, line in sorted(deps.items()) if b == "heterog.baselines" or b.startswith("heterog.baselines.")]
+    assert not upward, "modules below heterog.baselines import it:\n" + "\n".join(upward)
+
+
+def chain_runner_imports(tree: ast.AST) -> list[tuple[str, int]]:
+    """(name, line) of every import of the search chains' machinery in ``tree``: a chain runner taken from
+    ``heterog.baselines.chains``, or ``heterog.baselines.ray_search`` itself."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "heterog.baselines.chains":
+            found += [(alias.name, node.lineno) for alias in node.names if alias.name in CHAIN_RUNNERS]
+        elif isinstance(node, ast.ImportFrom) and node.module == "heterog.baselines":
+            found += [(alias.name, node.lineno) for alias in node.names if alias.name == "ray_search"]
+        elif isinstance(node, ast.ImportFrom) and node.module == "heterog.baselines.ray_search":
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names
+                      if alias.name in ("heterog.baselines.chains", "heterog.baselines.ray_search")]
+    return found
+
+
+def test_only_the_baselines_run_search_chains():
+    offenders = [f"{name} imports {what} (line {line})" for name, path in sorted(project_modules().items())
+                 if not name.startswith("heterog.baselines")
+                 for what, line in chain_runner_imports(ast.parse(path.read_text(), filename=str(path)))]
+    assert not offenders, "search chains run outside heterog.baselines:\n" + "\n".join(offenders)
+
+
+def test_chain_runner_imports_are_found():
+    src = ("from heterog.baselines.chains import coupled_blocks, run_chain\n"
+           "def f():\n    from heterog.baselines.ray_search import SearchWorker\n"
+           "import heterog.baselines.chains\nfrom heterog.baselines import ray_search\n")
+    assert sorted(chain_runner_imports(ast.parse(src)), key=lambda hit: hit[1]) == [
+        ("run_chain", 1), ("SearchWorker", 3), ("heterog.baselines.chains", 4), ("ray_search", 5)]

@@ -7,7 +7,7 @@ tokens), ``transformer_xl``, ``heads`` (:class:`PolicyHead` and the heads by nam
 categorical, greedy decisions, drawing strategies), ``plan`` (the plan-level decisions: a recompute bit
 per group and the number of micro-batches) and ``policy`` (:class:`StrategyPolicy`)."""
 
-from agents.networks.common import N_DP_SCHEMES, N_MICRO_CHOICES, PolicyError, n_outputs
+from agents.networks.common import N_MICRO_CHOICES, PolicyError
 from agents.networks.config import PolicyConfig
 from agents.networks.decoding import AutoregressiveDecoder, GroupDecoder, IndependentDecoder
 from agents.networks.distributions import MaskedCategorical, draw_actions, draw_strategies, most_likely_actions
@@ -34,7 +34,6 @@ __all__ = [
     "GAT_CONVS",
     "GROUP_ACTIVATIONS",
     "HEADS",
-    "N_DP_SCHEMES",
     "N_MICRO_CHOICES",
     "AutoregressiveDecoder",
     "DeviceTokenEncoder",
@@ -60,7 +59,6 @@ __all__ = [
     "draw_strategies",
     "masked_mean",
     "most_likely_actions",
-    "n_outputs",
     "plan_log_prob",
     "plan_log_prob_parts",
     "sinusoid_embedding",

@@ -1,16 +1,19 @@
 """What every part of the policy network shares: its error type, the setting checks that list problems
-instead of raising at the first, and the sizes of the data-parallel part of the action space and of the
-plan-level choices."""
+instead of raising at the first, the pointer blocks of a row of logits and the sizes of the plan-level
+choices (the per-group action's offsets live in ``heterog.actions``)."""
 
 from __future__ import annotations
 
-from heterog.errors import HeterogError
-from heterog.strategy import N_CLUSTER_SPLIT_ACTIONS, n_actions
+from collections.abc import Iterator
+from typing import Generic, TypeVar, cast
 
-N_DP_SCHEMES = 4  # actions M..M+3: DP-even-PS, DP-even-AR, DP-proportional-PS, DP-proportional-AR
-# with split actions (heterog.strategy's action table): M+4, M+5 divide a group's parameters over all devices
-# (even, proportional), then one pointer per device for its server, even (M+6+d) and proportional (2M+6+d)
-N_CLUSTER_SPLITS = N_CLUSTER_SPLIT_ACTIONS
+from torch import nn
+
+from heterog.actions import device_action_blocks, devices_of
+from heterog.errors import HeterogError
+
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+
 # the plan-level choices: len(envs.actions.MICRO_CHOICES) numbers of micro-batches (stated here so that the
 # network does not import the env package; tests/agents/test_plan_decisions.py checks they agree) and the
 # recompute bit's "keep the activations" value (envs.actions.KEEP)
@@ -22,21 +25,28 @@ class PolicyError(HeterogError, ValueError):
     """A policy-network setting or input does not fit (sizes, heads, masks, action space)."""
 
 
-def n_outputs(n_devices: int, splits: bool = False) -> int:
-    """The logits per group for ``n_devices`` devices: ``M + 4``, or ``3 M + 6`` with split actions
-    (``heterog.strategy.n_actions``)."""
-    return n_actions(n_devices, splits)
+class Modules(nn.ModuleList, Generic[ModuleT]):
+    """An ``nn.ModuleList`` of one kind of module whose iteration is typed as that kind (its state-dict keys
+    are a ModuleList's)."""
+
+    def __iter__(self) -> Iterator[ModuleT]:
+        return cast(Iterator[ModuleT], super().__iter__())
+
+
+def layer(sequence: nn.Sequential, index: int, kind: type[ModuleT]) -> ModuleT:
+    """Layer ``index`` of ``sequence``, checked to be a ``kind`` (the type the caller relies on)."""
+    module = sequence[index]
+    if not isinstance(module, kind):
+        raise PolicyError(f"layer {index} of {type(sequence).__name__} is a {type(module).__name__}, "
+                          f"not a {kind.__name__}")
+    return module
 
 
 def pointer_blocks(width: int, splits: bool = False) -> list[tuple[int, int]]:
     """The pointer blocks of a row of ``width`` logits: the ``[start, end)`` column ranges with one action
     per device, model parallelism and, with split actions, the even and the proportional split over each
-    device's server."""
-    if not splits:
-        return [(0, width - N_DP_SCHEMES)]
-    m = (width - N_DP_SCHEMES - N_CLUSTER_SPLITS) // 3
-    first = m + N_DP_SCHEMES + N_CLUSTER_SPLITS
-    return [(0, m), (first, first + m), (first + m, first + 2 * m)]
+    device's server (``heterog.actions.device_action_blocks``)."""
+    return device_action_blocks(devices_of(width, splits), splits)
 
 
 def require(condition: bool, message: str) -> None:

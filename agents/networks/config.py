@@ -7,10 +7,11 @@ import dataclasses
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
 
-from agents.networks.common import N_DP_SCHEMES, raise_problems
+from agents.networks.common import raise_problems
 from agents.networks.encoders import GATEncoder, GroupPooling
 from agents.networks.heads import HEADS
 from agents.networks.transformer_xl import TransformerXL
+from heterog.actions import N_DP_ACTIONS
 
 FIXED_HEAD = "fixed"
 # Left out of a fixed-head config's dict: checkpoints made before there were other heads have neither, and
@@ -30,7 +31,7 @@ class PolicyConfig:
     """Per-device feature size ``F_dev``."""
     n_actions: int
     """``M + 4`` for a cluster of ``M`` devices (tokens head: for clusters of at most ``M`` devices); with
-    ``split_actions`` the head gives ``3 M + 6`` logits (``agents.networks.common.n_outputs``)."""
+    ``split_actions`` the head gives ``3 M + 6`` logits (``heterog.actions.n_actions``)."""
     hidden: int = 64
     """Embedding size of ops, groups, device tokens and the Transformer-XL; even."""
     gat_layers: int = 2
@@ -62,13 +63,13 @@ class PolicyConfig:
     split_actions: bool = False
     """The action space with splits beyond the batch: ``3 M + 6`` logits per group (``M + 4`` and ``M + 5``
     divide the group's parameters over all devices, evenly or in proportion, then one even and one
-    proportional pointer per device for its server; ``heterog.strategy.decode_split_action``)."""
+    proportional pointer per device for its server; ``heterog.actions.decode_split_action``)."""
 
     def __post_init__(self) -> None:
         problems = [f"{name} must be at least 1, got {getattr(self, name)}"
                     for name in ("op_feature_dim", "device_feature_dim") if getattr(self, name) < 1]
-        if self.n_actions < N_DP_SCHEMES + 1:
-            problems.append(f"n_actions must be M + {N_DP_SCHEMES} for M >= 1 devices, got {self.n_actions}")
+        if self.n_actions < N_DP_ACTIONS + 1:
+            problems.append(f"n_actions must be M + {N_DP_ACTIONS} for M >= 1 devices, got {self.n_actions}")
         if self.hidden < 2:
             problems.append(f"hidden size must be at least 2, got {self.hidden}")
         if not 0.0 <= self.dropout < 1.0:
@@ -90,7 +91,7 @@ class PolicyConfig:
     @property
     def n_devices(self) -> int:
         """``M``, the devices the action space is built for (tokens head: the most devices)."""
-        return self.n_actions - N_DP_SCHEMES
+        return self.n_actions - N_DP_ACTIONS
 
     def replace(self, **changes: Any) -> PolicyConfig:
         """A copy with ``changes`` (checked again)."""

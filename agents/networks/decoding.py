@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import Tensor, nn
 
-from agents.networks.common import PolicyError, n_outputs
+from agents.networks.common import PolicyError
 from agents.networks.distributions import draw_actions, draw_strategies
 from agents.networks.encoders import DeviceTokens
 from agents.networks.heads import PolicyHead
 from agents.networks.plan import PlanLogits, draw_plan_decisions, draw_plans
 from agents.networks.transformer_xl import TransformerXL
+from heterog.actions import n_actions
 
 if TYPE_CHECKING:
     from agents.networks.config import PolicyConfig
@@ -221,4 +222,4 @@ def decoder_for(config: PolicyConfig) -> GroupDecoder:
     """The decoder of a policy with these settings (``config.autoregressive``)."""
     if not config.autoregressive:
         return IndependentDecoder()
-    return AutoregressiveDecoder(n_outputs(config.n_devices, config.split_actions), config.hidden)
+    return AutoregressiveDecoder(n_actions(config.n_devices, config.split_actions), config.hidden)

@@ -67,7 +67,7 @@ class MaskedCategorical(Categorical):
         """Number of real (non-padding) groups."""
         return int(self.mask.sum())
 
-    def sample(self, sample_shape: int | torch.Size | tuple[int, ...] = (),
+    def sample(self, sample_shape: int | torch.Size | list[int] | tuple[int, ...] = (),
                generator: torch.Generator | None = None) -> Tensor:
         """Draw actions for every group; padding groups get action 0.
 
@@ -138,6 +138,8 @@ def draw_strategies(logits: Tensor | None, group_mask: Tensor, n: int, *, genera
     """
     if n == 0:
         return torch.zeros(0, group_mask.shape[0], dtype=torch.long, device=group_mask.device)
+    if logits is None:
+        raise PolicyError(f"{n} strategies need logits; got None")
     if offsets is None:
         dist = MaskedCategorical(logits, group_mask, splits)
         return dist.mode[None].expand(n, -1).clone() if greedy else dist.sample(n, generator=generator)

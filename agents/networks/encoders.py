@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch_geometric.nn import GATConv, GATv2Conv
+from torch_geometric.nn import GATConv, GATv2Conv, MessagePassing
 from torch_geometric.utils import scatter, to_undirected
 
-from agents.networks.common import head_count_problems, raise_problems
+from agents.networks.common import Modules, head_count_problems, raise_problems
 
 GAT_CONVS = {"gat": GATConv, "gatv2": GATv2Conv}
 GROUP_ACTIVATIONS = {"sigmoid": torch.sigmoid, "tanh": torch.tanh}
@@ -63,10 +63,10 @@ class GATEncoder(nn.Module):
                                      nn.Linear(hidden, hidden))
         self.in_norm = nn.LayerNorm(hidden)
         conv_cls = GAT_CONVS[conv]
-        self.convs = nn.ModuleList(
+        self.convs: Modules[MessagePassing] = Modules(
             conv_cls(hidden, hidden // heads, heads=heads, concat=True, dropout=dropout, add_self_loops=True)
             for _ in range(layers))
-        self.norms = nn.ModuleList(nn.LayerNorm(hidden) for _ in range(layers))
+        self.norms: Modules[nn.LayerNorm] = Modules(nn.LayerNorm(hidden) for _ in range(layers))
 
     @staticmethod
     def problems(hidden: int, layers: int, heads: int, conv: str) -> list[str]:
@@ -193,8 +193,9 @@ class DeviceTokenEncoder(nn.Module):
         raise_problems(self.problems(device_feature_dim, hidden, heads, layers))
         self.device_feature_dim, self.hidden, self.heads, self.layers = device_feature_dim, hidden, heads, layers
         self.embed = nn.Sequential(nn.Linear(device_feature_dim, hidden), nn.ELU(), nn.Linear(hidden, hidden))
-        self.norms = nn.ModuleList(nn.LayerNorm(hidden) for _ in range(layers))
-        self.attns = nn.ModuleList(nn.MultiheadAttention(hidden, heads, batch_first=True) for _ in range(layers))
+        self.norms: Modules[nn.LayerNorm] = Modules(nn.LayerNorm(hidden) for _ in range(layers))
+        self.attns: Modules[nn.MultiheadAttention] = Modules(nn.MultiheadAttention(hidden, heads, batch_first=True)
+                                                             for _ in range(layers))
         self.out_norm = nn.LayerNorm(hidden)
 
     @staticmethod

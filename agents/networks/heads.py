@@ -12,20 +12,28 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from agents.networks.common import N_CLUSTER_SPLITS, N_DP_SCHEMES, n_outputs, raise_problems, require
+from agents.networks.common import PolicyError, layer, raise_problems
 from agents.networks.encoders import DeviceTokenEncoder, DeviceTokens
 from agents.networks.plan import PlanHead
+from heterog import actions as action_space
+from heterog.actions import N_CLUSTER_SPLIT_ACTIONS, N_DP_ACTIONS
 
 
 class HeadSettings(Protocol):
     """What a head reads of the policy's settings (``agents.networks.config.PolicyConfig`` has them)."""
 
-    hidden: int
-    n_actions: int
-    split_actions: bool
-    device_feature_dim: int
-    device_layers: int
-    txl_heads: int
+    @property
+    def hidden(self) -> int: ...
+    @property
+    def n_actions(self) -> int: ...
+    @property
+    def split_actions(self) -> bool: ...
+    @property
+    def device_feature_dim(self) -> int: ...
+    @property
+    def device_layers(self) -> int: ...
+    @property
+    def txl_heads(self) -> int: ...
 
 
 def _size_problems(hidden: int, init_scale: float) -> list[str]:
@@ -128,11 +136,11 @@ class FixedPolicyHead(PolicyHead):
     def __init__(self, hidden: int, n_actions: int, init_scale: float = 0.01, splits: bool = False) -> None:
         super().__init__()
         problems = _size_problems(hidden, init_scale)
-        if n_actions <= N_DP_SCHEMES:
-            problems.append(f"n_actions must be M + {N_DP_SCHEMES} for M >= 1 devices, got {n_actions}")
+        if n_actions <= N_DP_ACTIONS:
+            problems.append(f"n_actions must be M + {N_DP_ACTIONS} for M >= 1 devices, got {n_actions}")
         raise_problems(problems)
         self.hidden, self.n_actions, self.init_scale, self.splits = hidden, n_actions, init_scale, splits
-        linear = nn.Linear(hidden, n_outputs(n_actions - N_DP_SCHEMES, splits))
+        linear = nn.Linear(hidden, action_space.n_actions(n_actions - N_DP_ACTIONS, splits))
         self.weight, self.bias = linear.weight, linear.bias
         self.plan = PlanHead(hidden)
 
@@ -143,9 +151,9 @@ class FixedPolicyHead(PolicyHead):
     def device_problem(self, n_real: int, n_rows: int) -> str | None:
         if n_real != n_rows:
             return f"the fixed head takes no padded devices, got dev_mask with {n_real} of {n_rows} real"
-        if n_real + N_DP_SCHEMES != self.n_actions:
-            return (f"dev_x has {n_real} devices, so {n_real + N_DP_SCHEMES} actions; this policy has "
-                    f"{self.n_actions} (built for {self.n_actions - N_DP_SCHEMES} devices)")
+        if n_real + N_DP_ACTIONS != self.n_actions:
+            return (f"dev_x has {n_real} devices, so {n_real + N_DP_ACTIONS} actions; this policy has "
+                    f"{self.n_actions} (built for {self.n_actions - N_DP_ACTIONS} devices)")
         return None
 
     def forward(self, states: Tensor, devices: DeviceTokens | None = None) -> Tensor:
@@ -153,7 +161,7 @@ class FixedPolicyHead(PolicyHead):
 
     def add_data_parallel_bias(self, bias: float) -> None:
         with torch.no_grad():
-            self.bias[self.n_actions - N_DP_SCHEMES:self.n_actions] += bias
+            self.bias[self.n_actions - N_DP_ACTIONS:self.n_actions] += bias
 
     def reset_parameters(self) -> None:
         nn.init.orthogonal_(self.weight, gain=self.init_scale)
@@ -161,7 +169,7 @@ class FixedPolicyHead(PolicyHead):
         self.plan.reset_parameters()
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}({self.hidden}->{self.weight.shape[0]}, linear over M + {N_DP_SCHEMES} "
+        return (f"{type(self).__name__}({self.hidden}->{self.weight.shape[0]}, linear over M + {N_DP_ACTIONS} "
                 f"actions{' and the split actions' if self.splits else ''})")
 
 
@@ -203,16 +211,17 @@ class TokenPolicyHead(PolicyHead):
         self.hidden, self.init_scale, self.max_devices, self.splits = hidden, init_scale, max_devices, splits
         self.query = nn.Linear(hidden, hidden)
         self.key = nn.Linear(hidden, hidden)
-        self.dp = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.ELU(), nn.Linear(hidden, N_DP_SCHEMES))
+        self.dp = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.ELU(), nn.Linear(hidden, N_DP_ACTIONS))
         if splits:
-            self.split = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.ELU(), nn.Linear(hidden, N_CLUSTER_SPLITS))
+            self.split = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.ELU(),
+                                       nn.Linear(hidden, N_CLUSTER_SPLIT_ACTIONS))
             self.split_query = nn.Linear(hidden, 2 * hidden)         # the even and the proportional pointer
         self.plan = PlanHead(hidden)
         self.reset_parameters()
 
     @classmethod
     def from_config(cls, config: HeadSettings) -> TokenPolicyHead:
-        return cls(config.hidden, max_devices=config.n_actions - N_DP_SCHEMES, splits=config.split_actions)
+        return cls(config.hidden, max_devices=config.n_actions - N_DP_ACTIONS, splits=config.split_actions)
 
     @classmethod
     def device_encoder(cls, config: HeadSettings) -> DeviceTokenEncoder:
@@ -226,7 +235,7 @@ class TokenPolicyHead(PolicyHead):
     @property
     def dp_bias(self) -> Tensor:
         """The bias of the four data-parallel logits."""
-        return self.dp[-1].bias
+        return layer(self.dp, -1, nn.Linear).bias
 
     def device_problem(self, n_real: int, n_rows: int) -> str | None:
         limit = n_rows if self.max_devices is None else self.max_devices
@@ -241,20 +250,21 @@ class TokenPolicyHead(PolicyHead):
 
     def reset_parameters(self) -> None:
         self.key.reset_parameters()
-        self.dp[0].reset_parameters()
+        layer(self.dp, 0, nn.Linear).reset_parameters()
         nn.init.orthogonal_(self.query.weight, gain=self.init_scale)
         nn.init.zeros_(self.query.bias)
-        nn.init.orthogonal_(self.dp[-1].weight, gain=self.init_scale)
-        nn.init.zeros_(self.dp[-1].bias)
+        nn.init.orthogonal_(layer(self.dp, -1, nn.Linear).weight, gain=self.init_scale)
+        nn.init.zeros_(layer(self.dp, -1, nn.Linear).bias)
         if self.splits:
-            self.split[0].reset_parameters()
-            for layer in (self.split[-1], self.split_query):
-                nn.init.orthogonal_(layer.weight, gain=self.init_scale)
-                nn.init.zeros_(layer.bias)
+            layer(self.split, 0, nn.Linear).reset_parameters()
+            for out in (layer(self.split, -1, nn.Linear), self.split_query):
+                nn.init.orthogonal_(out.weight, gain=self.init_scale)
+                nn.init.zeros_(out.bias)
         self.plan.reset_parameters()
 
     def forward(self, states: Tensor, devices: DeviceTokens | None) -> Tensor:
-        require(devices is not None, "the device-token head needs devices=policy.embed_devices(dev_x, dev_mask)")
+        if devices is None:
+            raise PolicyError("the device-token head needs devices=policy.embed_devices(dev_x, dev_mask)")
         keys = self.key(devices.tokens)
         real = devices.mask.nonzero().squeeze(1)
 
@@ -271,7 +281,7 @@ class TokenPolicyHead(PolicyHead):
 
     def __repr__(self) -> str:
         splits = ", split scores and pointers" if self.splits else ""
-        return f"{type(self).__name__}({self.hidden}, pointer over device tokens + {N_DP_SCHEMES} DP scores{splits})"
+        return f"{type(self).__name__}({self.hidden}, pointer over device tokens + {N_DP_ACTIONS} DP scores{splits})"
 
 
 HEADS: dict[str, type[PolicyHead]] = {head.kind: head for head in (FixedPolicyHead, TokenPolicyHead)}

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from agents.networks.common import PolicyError, n_outputs, require
+from agents.networks.common import PolicyError, require
 from agents.networks.config import PolicyConfig
 from agents.networks.decoding import decoder_for, group_logits, plan_logits, strategy_states
 from agents.networks.distributions import MaskedCategorical, draw_strategies
@@ -17,6 +17,7 @@ from agents.networks.encoders import DeviceTokens, GATEncoder, GroupPooling
 from agents.networks.heads import HEADS
 from agents.networks.plan import PlanDistribution, PlanLogits, draw_plans
 from agents.networks.transformer_xl import TransformerXL
+from heterog.actions import n_actions
 
 log = logging.getLogger(__name__)
 # state-dict keys of earlier layouts -> where those weights live now
@@ -58,7 +59,7 @@ class StrategyPolicy(nn.Module):
     4. A head (:class:`PolicyHead`, by name ``settings.head``) gives ``M + 4`` logits per group: ``0..M-1``
        model parallel on that device, ``M..M+3`` DP-even-PS, DP-even-AR, DP-proportional-PS,
        DP-proportional-AR (with ``settings.split_actions`` also the splits beyond the batch: ``3 M + 6``
-       logits, ``heterog.strategy.decode_split_action``). It starts near zero, so the first policy is
+       logits, ``heterog.actions.decode_split_action``). It starts near zero, so the first policy is
        close to uniform. Padding groups
        get all-zero logits. The fixed head (:class:`FixedPolicyHead`, the paper's) is linear, for one
        cluster size. The tokens head (:class:`TokenPolicyHead`) points at the device tokens of
@@ -279,7 +280,7 @@ class StrategyPolicy(nn.Module):
     def n_actions_for(self, devices: DeviceTokens | None) -> int:
         """The logits per group for the cluster at hand, ``M + 4`` (``3 M + 6`` with split actions)
         (``devices``: :meth:`embed_devices`; None: the fixed head's cluster)."""
-        return n_outputs(self.n_devices if devices is None else devices.n_devices, self.split_actions)
+        return n_actions(self.n_devices if devices is None else devices.n_devices, self.split_actions)
 
     def encode_strategy(self, group_emb: Tensor, group_mask: Tensor) -> Tensor:
         """Transformer-XL states of the real groups in id order, scattered back (padding rows zero).

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from agents.networks.common import head_count_problems, raise_problems, require
+from agents.networks.common import Modules, head_count_problems, raise_problems, require
 
 
 def sinusoid_embedding(positions: Tensor, dim: int) -> Tensor:
@@ -205,7 +205,8 @@ class TransformerXL(nn.Module):
         self.hidden, self.layers, self.heads = hidden, layers, heads
         self.segment_len, self.mem_len = segment_len, mem_len
         self.dropout, self.detach_mem = dropout, detach_mem
-        self.blocks = nn.ModuleList(TransformerXLLayer(hidden, heads, dropout) for _ in range(layers))
+        self.blocks: Modules[TransformerXLLayer] = Modules(TransformerXLLayer(hidden, heads, dropout)
+                                                           for _ in range(layers))
         self.out_norm = nn.LayerNorm(hidden)
 
     @staticmethod

@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from heterog.strategy import ParallelConfig, Strategy, decode_action, n_actions, proportional_shares, split_weights
+from heterog.actions import decode_action, n_actions
+from heterog.shares import proportional_shares, split_weights
+from heterog.strategy import ParallelConfig, Strategy
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.cluster import Cluster

@@ -12,7 +12,8 @@ import numpy as np
 
 from heterog.baselines.expert import group_strategy, op_memory_bytes, order_priorities, param_units
 from heterog.errors import HeterogError
-from heterog.strategy import ParallelConfig, Strategy, even_shares, proportional_shares, split_weights
+from heterog.shares import even_shares, proportional_shares, split_weights
+from heterog.strategy import ParallelConfig, Strategy
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.cost.model import CostModel

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from heterog.errors import HeterogError
-from heterog.strategy import ParallelConfig, Strategy, _attach_params_to_grads
+from heterog.graph.grouping import attach_params_to_grads
+from heterog.strategy import ParallelConfig, Strategy
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.evaluator_protocol import PlanEvaluator
@@ -23,7 +24,7 @@ def param_units(graph: OpGraph) -> np.ndarray:
     """(n_ops,) unit id per op: every op is its own unit, except that parameter and optimizer-state
     placeholders and update ops join the unit of their parameter's gradient producer (they must share a
     device). Ids are op indices of a representative (not contiguous)."""
-    return _attach_params_to_grads(graph, np.arange(graph.n_ops, dtype=np.int64))
+    return attach_params_to_grads(graph, np.arange(graph.n_ops, dtype=np.int64))
 
 
 def op_memory_bytes(graph: OpGraph, fraction: float | np.ndarray = 1.0) -> tuple[np.ndarray, np.ndarray]:

@@ -126,8 +126,9 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
     worst first (``run_chain``). With a time budget each chain gets an equal share of the time left per worker
     when it starts (time a chain leaves goes to the next ones); with ``max_evals`` (a budget in proposals,
     cached or not) each gets an equal share and the search is deterministic for a seed, whatever the number of
-    workers. ``workers`` > 1 or ``ray_address`` run the chains on Ray workers (``heterog.parallel``); the chains
-    draw from their own seeded generators, so where they run does not change what they find. A proposal budget
+    workers. ``workers`` > 1 or ``ray_address`` run the chains on Ray workers
+    (``heterog.baselines.ray_search``); the chains draw from their own seeded generators, so where they run
+    does not change what they find. A proposal budget
     goes to the workers in ``CHAIN_SEGMENTS`` segments per chain, taken by whichever worker is free. Each
     chain returns its ``keep`` best plans; when ``order`` is not the evaluator's, those are scored again under
     the evaluator's order and the best is returned (never worse than the best start under that order), after
@@ -135,6 +136,7 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
     their schedule and the groups recomputed (where only recomputation fits) are chosen for it
     (``pipeline.with_best_micro_batches``).
     """
+    from heterog.baselines.ray_search import SearchWorker
     from heterog.parallel import EvaluatorSpec, RayPool, make_pool
 
     t0 = time.perf_counter()
@@ -155,7 +157,7 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
     chains = [Chain(i, name, cands[name], start_cost[name], start_cost[best_name], beta, 0.0, by_proposals,
                     seed, keep, block_moves) for i, name in enumerate(names)]
     results: list[ChainResult] = []
-    with make_pool(workers, ray_address) as pool:
+    with make_pool(workers, ray_address, SearchWorker) as pool:
         ray_pool = pool if isinstance(pool, RayPool) else None        # chains run on Ray workers, else here
         remote = ray_pool is not None
         key = pool.register(EvaluatorSpec.of(ev), oom_factor=oom_factor, order=order, splits=splits) if remote else ""

@@ -32,15 +32,8 @@ import numpy as np
 
 from heterog.baselines.expert import balanced_partition, group_strategy, op_layers, op_memory_bytes
 from heterog.errors import HeterogError
-from heterog.strategy import (
-    MAX_MICRO_BATCHES,
-    SCHEDULES,
-    ParallelConfig,
-    Strategy,
-    even_shares,
-    most_micro_batches,
-    proportional_shares,
-)
+from heterog.shares import even_shares, proportional_shares
+from heterog.strategy import MAX_MICRO_BATCHES, SCHEDULES, ParallelConfig, Strategy, most_micro_batches
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.evaluator_protocol import PlanEvaluator

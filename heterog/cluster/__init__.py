@@ -1,15 +1,16 @@
-"""GPU clusters: the device catalog, the topology (servers, directed links, path tables) and the
-YAML loader with the built-in clusters, including the HeteroG paper testbeds, local-cpu-N and the clusters
-of Sailor's published runs (clariden, mit, gcp-a100-v100), and generated clusters (gen-SEED)."""
+"""GPU clusters: the device catalog (GPUs and host CPUs), the topology (servers with their hosts, directed
+links, path tables) and the YAML loader with the built-in clusters, including the HeteroG paper testbeds,
+local-cpu-N and the clusters of Sailor's published runs (clariden, mit, gcp-a100-v100), and generated
+clusters (gen-SEED)."""
 import re
 from pathlib import Path
 
 from heterog.cluster import loader
-from heterog.cluster.catalog import CATALOG, DeviceType
+from heterog.cluster.catalog import CATALOG, HOST_CATALOG, DeviceType, HostCPUType
 from heterog.cluster.generate import generate_cluster
 from heterog.cluster.loader import builtin_names
 from heterog.cluster.published import is_published, published_cluster
-from heterog.cluster.topology import Cluster, Device, Link, Server
+from heterog.cluster.topology import Cluster, Device, Host, Link, Server
 
 
 def load_cluster(name_or_path: str | Path) -> Cluster:
@@ -26,4 +27,5 @@ def load_cluster(name_or_path: str | Path) -> Cluster:
     return loader.load_cluster(name_or_path)
 
 
-__all__ = ["CATALOG", "Cluster", "Device", "DeviceType", "Link", "Server", "builtin_names", "load_cluster"]
+__all__ = ["CATALOG", "HOST_CATALOG", "Cluster", "Device", "DeviceType", "Host", "HostCPUType", "Link", "Server",
+           "builtin_names", "load_cluster"]

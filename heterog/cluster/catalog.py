@@ -1,5 +1,6 @@
 """Device catalog: datasheet peaks and roofline efficiencies of the GPU types (and a CPU worker)
-that clusters are built from; the cost model reads compute and memory speed from here.
+that clusters are built from, and of the host CPUs of their servers (``HOST_CATALOG``: where offloaded
+optimizer state lives and is updated); the cost model reads compute and memory speed from here.
 
 Numbers are the vendors' published peaks: fp32 FLOP/s (``peak_flops``), dense fp16/bf16
 tensor-core FLOP/s (``tensor_flops``, None where the chip has no tensor cores), DRAM bandwidth and
@@ -29,7 +30,7 @@ plan and profile files: "GH-96", "A100-40", ...) to catalog names, and ``device_
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from heterog.errors import ClusterError
 
@@ -175,3 +176,104 @@ def device_type(name: str) -> DeviceType:
     """The catalog entry for ``name`` (a catalog name or an alias); ClusterError naming it (and the known
     types) if absent."""
     return CATALOG[resolve_type(name)]
+
+
+# ---------------------------------------------------------------------- host CPUs
+@dataclass(frozen=True)
+class HostCPUType:
+    """One socket of a server's host CPU, as an offloaded optimizer step and its memory traffic see it.
+
+    ``peak_flops`` = cores x base clock x fp32 FLOP per cycle and core (vector lanes x 2 for a fused
+    multiply-add x FMA pipes); ``memory_bandwidth_Bps`` = memory channels x transfers/s x 8 bytes per
+    channel (DDR4/DDR5), or the vendor's figure where the memory is not channels of DIMMs (Grace's
+    LPDDR5X). Both are per socket; a server multiplies them by its sockets. The efficiencies are priors
+    (the fraction of peak a streaming kernel, resp. a vectorised update with square roots and divisions,
+    reaches), not fitted to any measured step time.
+    """
+
+    name: str
+    cores: int
+    clock_Hz: float                     # base clock (the vendor's all-core guarantee)
+    flops_per_cycle: int                # fp32 FLOP per cycle per core
+    memory_bandwidth_Bps: float         # per socket, peak
+    max_memory_bytes: int               # the most memory one socket addresses (vendor)
+    source: str = field(repr=False)     # where the figures come from
+    compute_efficiency: float = 0.5
+    memory_efficiency: float = 0.75
+
+    def __post_init__(self) -> None:
+        for field_name, value in (("cores", self.cores), ("clock_Hz", self.clock_Hz),
+                                  ("flops_per_cycle", self.flops_per_cycle),
+                                  ("memory_bandwidth_Bps", self.memory_bandwidth_Bps),
+                                  ("max_memory_bytes", self.max_memory_bytes)):
+            if not value > 0:
+                raise ClusterError(f"host CPU type {self.name!r}: {field_name} must be positive, got {value}")
+        for field_name, value in (("compute_efficiency", self.compute_efficiency),
+                                  ("memory_efficiency", self.memory_efficiency)):
+            if not 0 < value <= 1:
+                raise ClusterError(f"host CPU type {self.name!r}: {field_name} must be in (0, 1], got {value}")
+
+    @property
+    def peak_flops(self) -> float:
+        """fp32 FLOP/s of one socket: cores x clock x FLOP per cycle."""
+        return self.cores * self.clock_Hz * self.flops_per_cycle
+
+    @property
+    def effective_flops(self) -> float:
+        """fp32 FLOP/s an optimizer step reaches on one socket (peak x compute efficiency)."""
+        return self.peak_flops * self.compute_efficiency
+
+    @property
+    def effective_memory_Bps(self) -> float:
+        """Bytes/s a streaming kernel reaches on one socket (peak x memory efficiency)."""
+        return self.memory_bandwidth_Bps * self.memory_efficiency
+
+
+def ddr_bandwidth_Bps(channels: int, mega_transfers_per_s: float) -> float:
+    """Peak DRAM bandwidth of ``channels`` 64-bit DDR channels at ``mega_transfers_per_s`` MT/s (8 bytes a
+    transfer): DDR4-2666 x 6 channels -> 127.968 GB/s."""
+    return channels * mega_transfers_per_s * 1e6 * 8
+
+
+# FLOP per cycle per core in fp32: AVX-512 with two FMA units (Xeon Gold 6xxx / Platinum 8xxx):
+# 16 lanes x 2 x 2 = 64; Zen 2/Zen 3 (two 256-bit FMA pipes): 8 x 2 x 2 = 32; Neoverse V2 (four 128-bit
+# SVE2 FMA pipes): 4 x 2 x 4 = 32. The base clock is used: AVX-512 code runs below it on Skylake-SP and
+# Cascade Lake (its licence frequency), which the compute efficiency absorbs.
+_ARK = "ark.intel.com"
+_AMD = "amd.com EPYC product page"
+HOST_CPU_TYPES: tuple[HostCPUType, ...] = (
+    HostCPUType("Xeon-Gold-6148", 20, 2.4e9, 64, ddr_bandwidth_Bps(6, 2666), 768 * GiB,
+                f"{_ARK} (Skylake-SP, 2017): 20 cores, 2.4 GHz base, 2 AVX-512 FMA units, 6 ch DDR4-2666"),
+    HostCPUType("Xeon-Platinum-8168", 24, 2.7e9, 64, ddr_bandwidth_Bps(6, 2666), 768 * GiB,
+                f"{_ARK} (Skylake-SP, 2017): 24 cores, 2.7 GHz base, 2 AVX-512 FMA units, 6 ch DDR4-2666; "
+                f"the NVIDIA DGX-2's CPU (DGX-2 datasheet: 2 sockets, 1.5 TB)"),
+    HostCPUType("Xeon-Gold-6248", 20, 2.5e9, 64, ddr_bandwidth_Bps(6, 2933), 1024 * GiB,
+                f"{_ARK} (Cascade Lake, 2019): 20 cores, 2.5 GHz base, 2 AVX-512 FMA units, 6 ch DDR4-2933"),
+    HostCPUType("Xeon-Platinum-8380", 40, 2.3e9, 64, ddr_bandwidth_Bps(8, 3200), 6144 * GiB,
+                f"{_ARK} (Ice Lake-SP, 2021): 40 cores, 2.3 GHz base, 2 AVX-512 FMA units, 8 ch DDR4-3200"),
+    HostCPUType("Xeon-Platinum-8480+", 56, 2.0e9, 64, ddr_bandwidth_Bps(8, 4800), 4096 * GiB,
+                f"{_ARK} (Sapphire Rapids, 2023): 56 cores, 2.0 GHz base, 2 AVX-512 FMA units, 8 ch DDR5-4800; "
+                f"the NVIDIA DGX H100's CPU (8480C)"),
+    HostCPUType("EPYC-7742", 64, 2.25e9, 32, ddr_bandwidth_Bps(8, 3200), 4096 * GiB,
+                f"{_AMD} (Rome, 2019): 64 cores, 2.25 GHz base, 2x256-bit FMA (Zen 2), 8 ch DDR4-3200; "
+                f"the NVIDIA DGX A100's CPU"),
+    HostCPUType("EPYC-7763", 64, 2.45e9, 32, ddr_bandwidth_Bps(8, 3200), 4096 * GiB,
+                f"{_AMD} (Milan, 2021): 64 cores, 2.45 GHz base, 2x256-bit FMA (Zen 3), 8 ch DDR4-3200"),
+    # Grace's LPDDR5X is soldered next to the die; NVIDIA gives its bandwidth, not channels: the Grace
+    # CPU Superchip datasheet's 1 TB/s for two Grace dies is 500 GB/s each (the GH200 datasheet's
+    # "up to 500 GB/s"); capacity up to 480 GB per Grace
+    HostCPUType("Grace", 72, 3.1e9, 32, 500e9, 480 * 10**9,
+                "NVIDIA Grace CPU / GH200 Grace Hopper Superchip datasheets (2023): 72 Neoverse V2 cores, "
+                "3.1 GHz base, 4x128-bit SVE2 FMA pipes, LPDDR5X up to 480 GB at up to 500 GB/s"),
+)
+
+HOST_CATALOG: dict[str, HostCPUType] = {t.name: t for t in HOST_CPU_TYPES}
+
+
+def host_cpu_type(name: str) -> HostCPUType:
+    """The host CPU catalog entry ``name`` (compared without case); ClusterError naming it and the known
+    types if absent."""
+    folded = {k.lower(): v for k, v in HOST_CATALOG.items()}
+    if not isinstance(name, str) or name.lower() not in folded:
+        raise ClusterError(f"unknown host CPU type {name!r}; known: {', '.join(HOST_CATALOG)}")
+    return folded[name.lower()]

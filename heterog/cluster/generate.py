@@ -1,5 +1,6 @@
 """Seeded random heterogeneous clusters to learn from: plausible servers of catalog GPUs (NVLink or PCIe
-inside a server, 10-200 Gbit/s NICs between servers), built through the YAML loader's validation.
+inside a server, 10-200 Gbit/s NICs between servers) with the host of a server of their generation,
+built through the YAML loader's validation.
 
 ``generate_cluster(seed)`` always gives the same cluster for the same seed and settings; a policy that
 trains on many of them (``agent.head=tokens``) sees clusters of every size and mix.
@@ -11,12 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from heterog.cluster.catalog import CATALOG
+from heterog.cluster.catalog import CATALOG, device_type
 from heterog.cluster.loader import cluster_from_dict
 from heterog.cluster.topology import Cluster
 from heterog.errors import ClusterError
 
-__all__ = ["GPU_TYPES", "ClusterSpace", "generate_cluster", "generate_cluster_dict", "generate_clusters"]
+__all__ = ["GPU_TYPES", "HOST_OF_GPU", "ClusterSpace", "generate_cluster", "generate_cluster_dict",
+           "generate_clusters", "server_host"]
 
 # the types drawn from, fixed so that a seed keeps giving the same cluster as the catalog grows
 GPU_TYPES: tuple[str, ...] = ("V100-16GB", "V100-32GB", "GTX-1080Ti", "P100-12GB", "T4", "A100-40GB", "A100-80GB",
@@ -25,6 +27,18 @@ NVLINK_TYPES = frozenset({"V100-16GB", "V100-32GB", "A100-40GB", "A100-80GB", "H
 NVLINK_GBps = {"V100-16GB": 45.0, "V100-32GB": 45.0, "A100-40GB": 240.0, "A100-80GB": 240.0, "H100": 360.0}
 PCIE_GBps = (12.0, 24.0)             # PCIe 3.0 and 4.0 x16, effective
 NIC_Gbps = (10, 25, 40, 50, 100, 200)
+# the host of a server by its GPUs' generation: (host CPU type, its PCIe generation's effective x16 GB/s
+# per direction: 3.0 ~12, 4.0 ~24, 5.0 ~48 of 15.75 / 31.5 / 63 nominal). A V100-era server is a
+# dual-socket Skylake-SP, an A100-era one a dual EPYC Rome (as the DGX A100), Ada/L4 a dual EPYC Milan,
+# H100 a dual Sapphire Rapids (as the DGX H100)
+HOST_OF_GPU: dict[str, tuple[str, float]] = {
+    "V100-16GB": ("Xeon-Gold-6148", 12.0), "V100-32GB": ("Xeon-Gold-6148", 12.0),
+    "GTX-1080Ti": ("Xeon-Gold-6148", 12.0), "P100-12GB": ("Xeon-Gold-6148", 12.0), "T4": ("Xeon-Gold-6148", 12.0),
+    "A100-40GB": ("EPYC-7742", 24.0), "A100-80GB": ("EPYC-7742", 24.0), "RTX-3090": ("EPYC-7742", 24.0),
+    "RTX-4090": ("EPYC-7763", 24.0), "L4": ("EPYC-7763", 24.0), "H100": ("Xeon-Platinum-8480+", 48.0),
+}
+HOST_SOCKETS = 2
+HOST_MEMORY_GB = (192, 384, 512, 768, 1024, 1536, 2048)   # DIMM-population sizes of a dual-socket server
 
 
 @dataclass(frozen=True)
@@ -116,6 +130,23 @@ def _server(rng: np.random.Generator, space: ClusterSpace, index: int, n_gpus: i
     return spec
 
 
+def server_host(gpus: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The ``host`` entry of a server of ``gpus`` (``[{type, count}]``), drawn from no random numbers:
+    ``HOST_SOCKETS`` sockets of the CPU of its newest GPU type's generation (the type latest in
+    ``HOST_OF_GPU``, which lists generations oldest first), PCIe of its oldest (a link runs at the older
+    end's generation), and the smallest of ``HOST_MEMORY_GB`` that holds twice its GPUs' memory (DGX
+    servers carry 2-4x). None (no host: no offloading) when no type of the server is in ``HOST_OF_GPU``."""
+    known = [g["type"] for g in gpus if g["type"] in HOST_OF_GPU]
+    if not known:
+        return None
+    newest = max(known, key=list(HOST_OF_GPU).index)
+    pcie_GBps = min(HOST_OF_GPU[t][1] for t in known)
+    gpu_bytes = sum(device_type(g["type"]).memory_bytes * int(g.get("count", 1)) for g in gpus)
+    memory_GB = next((m for m in HOST_MEMORY_GB if m * 1e9 >= 2 * gpu_bytes), HOST_MEMORY_GB[-1])
+    return {"cpu": HOST_OF_GPU[newest][0], "sockets": HOST_SOCKETS, "memory": f"{memory_GB} GB",
+            "pcie": {"bandwidth": f"{pcie_GBps:g} GB/s"}}
+
+
 def generate_cluster_dict(seed: int, space: ClusterSpace | None = None) -> dict[str, Any]:
     """The YAML form (``heterog.cluster.loader``) of the cluster of ``seed``: a palette of 2 to
     ``max_types`` GPU types, a GPU count in ``[min_gpus, max_gpus]`` split over 1 to ``max_servers``
@@ -139,6 +170,10 @@ def generate_cluster_dict(seed: int, space: ClusterSpace | None = None) -> dict[
             servers[-1] = _server(rng, other, n_servers - 1, sizes[-1], mixed=False)
         else:
             servers[0] = _server(rng, space, 0, n_gpus, mixed=True)
+    for spec in servers:
+        host = server_host(spec["gpus"])
+        if host is not None:
+            spec["host"] = host
     d: dict[str, Any] = {"name": f"gen-{seed}", "servers": servers}
     if n_servers > 1:
         nics = [int(rng.choice(space.nics)) for _ in servers]

@@ -10,6 +10,8 @@ YAML format::
         gpus: [V100-16GB, V100-16GB]             # catalog names, or entries (below)
         intra: {kind: pcie, bandwidth: 12 GB/s, latency_us: 5}   # needed with 2+ GPUs
         nic: {bandwidth: 100 Gbit/s, latency_us: 10}             # needed with 2+ servers
+        host: {cpu: Xeon-Gold-6148, sockets: 2, memory: 384 GB,   # optional; absent = no offloading
+               pcie: {bandwidth: 12 GB/s, latency_us: 5}}
 
 A GPU entry is a catalog name, ``{type: T, count: n, slowdown: x}`` (catalog type; any DeviceType
 field given next to it overrides the catalog value), or an explicit type ``{name: N, peak_tflops: 15,
@@ -18,6 +20,12 @@ memory_efficiency, launch_overhead_us, count, slowdown). Bandwidths carry a unit
 GB/s, TB/s, KiB/s, MiB/s, GiB/s, kbit/s, Mbit/s, Gbit/s, Tbit/s, Kb/s, Mb/s, Gb/s, Tb/s, Mbps, Gbps);
 memory carries one too (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB). Latencies are ``latency_us``
 (or ``latency_s``); when absent: nvlink 2 us, pcie 5 us, loopback 20 us, NIC 10 us.
+
+``host`` describes the server's host side (``topology.Host``): ``cpu`` a host CPU type of
+``catalog.HOST_CATALOG``, ``sockets`` (default 1), ``memory`` the host memory with a unit, and ``pcie``
+the link of each GPU to the host (``bandwidth`` per direction, each GPU its own; ``latency_us``, default
+5). A server without ``host`` has no host record: nothing can be offloaded to it (its host memory counts
+as 0 bytes), so offloading is possible only where a cluster file says what the host is.
 
 ``local-cpu-N`` (any N >= 1) is generated, not a file: N devices of type ``cpu`` on one server
 ``localhost`` joined by loopback links (2 GB/s, 20 us). Options follow as ``:key=value``::
@@ -40,8 +48,8 @@ from typing import Any
 
 import yaml
 
-from heterog.cluster.catalog import CATALOG, DeviceType, device_type
-from heterog.cluster.topology import INTRA_KINDS, Cluster, Device, Server
+from heterog.cluster.catalog import CATALOG, DeviceType, device_type, host_cpu_type
+from heterog.cluster.topology import INTRA_KINDS, Cluster, Device, Host, Server
 from heterog.errors import ClusterError
 
 BANDWIDTH_UNITS_Bps: dict[str, float] = {
@@ -212,6 +220,35 @@ def _gpu_entry(entry: Any, where: str) -> tuple[DeviceType, int, float]:
     return _checked(lambda: DeviceType(name=str(entry["name"]), **over), where), count, slowdown
 
 
+def _host_entry(spec: Any, where: str) -> Host:
+    """The ``host`` entry of a server (module docstring); ``where`` names the server."""
+    where = f"{where}.host"
+    if not isinstance(spec, dict):
+        raise ClusterError(f"{where}: must be a mapping with cpu, memory and pcie, got {spec!r}")
+    _check_keys(spec, {"cpu", "sockets", "memory", "pcie"}, where)
+    for key in ("cpu", "memory", "pcie"):
+        if key not in spec:
+            raise ClusterError(f"{where}: {key!r} is missing")
+    try:
+        cpu = host_cpu_type(spec["cpu"])
+    except ClusterError as exc:
+        raise ClusterError(f"{where}.cpu: {exc}") from None
+    sockets = spec.get("sockets", 1)
+    if isinstance(sockets, bool) or not isinstance(sockets, int) or sockets < 1:
+        raise ClusterError(f"{where}.sockets: must be a positive integer, got {sockets!r}")
+    memory_bytes = parse_memory_bytes(spec["memory"], f"{where}.memory")
+    pcie = spec["pcie"]
+    if not isinstance(pcie, dict) or "bandwidth" not in pcie:
+        raise ClusterError(f"{where}.pcie: must be a mapping with 'bandwidth', got {pcie!r}")
+    _check_keys(pcie, {"bandwidth", "latency_us", "latency_s"}, f"{where}.pcie")
+    pcie_Bps = parse_bandwidth_Bps(pcie["bandwidth"], f"{where}.pcie.bandwidth")
+    pcie_latency_s = _latency(pcie, f"{where}.pcie", DEFAULT_LATENCY_US["pcie"])
+    try:
+        return Host(cpu, sockets, memory_bytes, pcie_Bps, pcie_latency_s)
+    except ClusterError as exc:
+        raise ClusterError(f"{where}.{exc}") from None
+
+
 def cluster_from_dict(d: Any, source: str = "<dict>", default_name: str = "cluster") -> Cluster:
     """Build a Cluster from the YAML form. Every error names ``source`` and the offending field."""
     if not isinstance(d, dict):
@@ -235,7 +272,7 @@ def cluster_from_dict(d: Any, source: str = "<dict>", default_name: str = "clust
         where = f"{source}: servers[{j}]"
         if not isinstance(spec, dict):
             raise ClusterError(f"{where}: a server is a mapping, got {spec!r}")
-        _check_keys(spec, {"name", "gpus", "intra", "nic"}, where)
+        _check_keys(spec, {"name", "gpus", "intra", "nic", "host"}, where)
         sname = str(spec.get("name", f"s{j}"))
         gpus = spec.get("gpus")
         if not isinstance(gpus, list) or not gpus:
@@ -274,7 +311,8 @@ def cluster_from_dict(d: Any, source: str = "<dict>", default_name: str = "clust
             _check_keys(nic, {"bandwidth", "latency_us", "latency_s"}, f"{where}.nic")
             nic_Bps = parse_bandwidth_Bps(nic["bandwidth"], f"{where}.nic.bandwidth")
             nic_lat_s = _latency(nic, f"{where}.nic", DEFAULT_LATENCY_US["nic"])
-        servers.append(Server(j, sname, members, kind, intra_Bps, intra_lat_s, nic_Bps, nic_lat_s))
+        host = None if spec.get("host") is None else _host_entry(spec["host"], where)
+        servers.append(Server(j, sname, members, kind, intra_Bps, intra_lat_s, nic_Bps, nic_lat_s, host))
     try:
         return Cluster(name, devices, [], servers, switch_Bps)
     except ClusterError as exc:
@@ -340,6 +378,13 @@ def cluster_to_dict(cluster: Cluster) -> dict[str, Any]:
             entry["nic"] = {"bandwidth": _format_quantity(s.nic_bandwidth_Bps, ("Gbit/s", "GB/s"),
                                                           BANDWIDTH_UNITS_Bps, "B/s"),
                             **_latency_entry(s.nic_latency_s)}
+        if s.host is not None:
+            entry["host"] = {"cpu": s.host.cpu.name, "sockets": s.host.sockets,
+                             "memory": _format_quantity(float(s.host.memory_bytes), ("GB", "GiB"),
+                                                        MEMORY_UNITS_bytes, "B"),
+                             "pcie": {"bandwidth": _format_quantity(s.host.pcie_bandwidth_Bps, ("GB/s", "Gbit/s"),
+                                                                    BANDWIDTH_UNITS_Bps, "B/s"),
+                                      **_latency_entry(s.host.pcie_latency_s)}}
         servers.append(entry)
     out["servers"] = servers
     return out

@@ -16,7 +16,8 @@ bandwidth measured. A measurement with k GPUs runs k/2 send/recv pairs at once (
   above B/2 at the smallest measured message, the data only bound the latency from above (2^16 B / B) and
   the loader's default for the link kind is used instead (``DEFAULT_LATENCY_US``).
 
-Host memory per server is not part of the cluster format and is not recorded here.
+Hosts: clariden's nodes carry theirs (``CLARIDEN_HOST``); the hosts of mit's and gcp-a100-v100's servers are
+not described by Sailor, so those servers have none (nothing can be offloaded to them).
 """
 from __future__ import annotations
 
@@ -97,11 +98,25 @@ def _link(file: str, gpu: str, gpus_per_node: int, kind: str) -> dict[str, Any]:
     return out
 
 
+# One Alps GH200 node: four GH200 modules, each a Grace CPU (72 Neoverse V2 cores) with its own LPDDR5X
+# (CSCS Alps hardware documentation, docs.cscs.ch: four Grace-Hopper modules per node). NVIDIA's GH200
+# datasheet lists 120 GB of LPDDR5X in the configuration with 96 GB HBM3 (128 GB physical, ECC and
+# firmware reserve the rest), so 4 x 120 GB = 480 GB, taken as the smaller, conservative figure. Each
+# Hopper GPU reaches its Grace over NVLink-C2C, 900 GB/s bidirectional = 450 GB/s per direction (NVIDIA
+# GH200 datasheet, nominal; no effective figure is taken here). The C2C latency is not published: the
+# loader's default for a host link (5 us) applies.
+CLARIDEN_HOST: dict[str, Any] = {"cpu": "Grace", "sockets": 4, "memory": "480 GB",
+                                 "pcie": {"bandwidth": "450 GB/s"}}
+
+
 def _nodes(prefix: str, count: int, gpu_type: str, sailor_gpu: str, gpus_per_node: int,
-           intra_kind: str) -> list[dict[str, Any]]:
-    """``count`` servers of ``gpus_per_node`` GPUs with Sailor's measured intra-node and NIC links."""
+           intra_kind: str, host: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """``count`` servers of ``gpus_per_node`` GPUs with Sailor's measured intra-node and NIC links (and
+    ``host`` as their host entry, if given)."""
     server: dict[str, Any] = {"gpus": [{"type": gpu_type, "count": gpus_per_node}],
                               "nic": _link(INTER_FILE, sailor_gpu, gpus_per_node, "nic")}
+    if host is not None:
+        server["host"] = host
     if gpus_per_node > 1:
         server["intra"] = _link(INTRA_FILE, sailor_gpu, gpus_per_node, intra_kind)
     return [{"name": f"{prefix}{i}", **server} for i in range(count)]
@@ -110,9 +125,9 @@ def _nodes(prefix: str, count: int, gpu_type: str, sailor_gpu: str, gpus_per_nod
 def clariden(nodes: int = 4) -> dict[str, Any]:
     """CSCS Alps Clariden: nodes of 4 GH200 (96 GB), NVLink 4 inside a node, HPE Slingshot-11 between nodes
     (4 x 200 Gbit/s Cassini NICs per node, CSCS documentation), measured by Sailor: 125 GB/s per GPU pair
-    with all four GPUs busy, 92.6 GB/s per node between nodes."""
+    with all four GPUs busy, 92.6 GB/s per node between nodes. Host: ``CLARIDEN_HOST``."""
     return {"name": f"clariden:nodes={nodes}",
-            "servers": _nodes("gh", nodes, "GH200-96GB", "GH-96", 4, "nvlink")}
+            "servers": _nodes("gh", nodes, "GH200-96GB", "GH-96", 4, "nvlink", CLARIDEN_HOST)}
 
 
 def mit(rtx3090: int = 1, titan_rtx: int = 2, rtx2080: int = 3) -> dict[str, Any]:
@@ -184,5 +199,5 @@ def published_cluster(spec: str) -> Cluster:
     return cluster_from_dict(d, source=f"cluster {spec!r}", default_name=head)
 
 
-__all__ = ["PUBLISHED", "SAILOR_FITS", "alpha_beta", "clariden", "gcp_a100_v100", "is_published", "mit",
-           "published_cluster"]
+__all__ = ["CLARIDEN_HOST", "PUBLISHED", "SAILOR_FITS", "alpha_beta", "clariden", "gcp_a100_v100", "is_published",
+           "mit", "published_cluster"]

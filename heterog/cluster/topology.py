@@ -12,7 +12,10 @@ Link model (every link is a directed resource: full duplex means a->b and b->a d
   the two NIC latencies. Transfers that leave the same server contend on its nic-out.
 - A device to itself: empty path, infinite bandwidth, zero latency.
 
-A server whose NIC bandwidth is 0 has no NIC; with several servers that makes the cluster
+Host side (``Server.host``, optional): the server's CPU sockets and memory, and the link of each GPU
+to it (PCIe, or NVLink-C2C on a GH200). It is not a link of the table above: offloading prices it
+directly (``heterog.cost.host``). A server without a host record cannot offload (its host memory
+counts as 0 bytes). A server whose NIC bandwidth is 0 has no NIC; with several servers that makes the cluster
 disconnected, which is an error. Paths, bandwidths and latencies are tabulated once at build time.
 """
 from __future__ import annotations
@@ -24,7 +27,7 @@ from functools import cached_property
 
 import numpy as np
 
-from heterog.cluster.catalog import DeviceType
+from heterog.cluster.catalog import DeviceType, HostCPUType
 from heterog.errors import ClusterError
 
 LINK_KINDS = ("nvlink", "pcie", "nic-out", "nic-in", "loopback")
@@ -54,8 +57,55 @@ class Link:
 
 
 @dataclass(frozen=True)
+class Host:
+    """A server's host side: ``sockets`` CPUs of one type, ``memory_bytes`` of host memory, and the link
+    of each GPU to it (``pcie_bandwidth_Bps`` per direction, each GPU its own; ``pcie_latency_s``)."""
+
+    cpu: HostCPUType
+    sockets: int
+    memory_bytes: int
+    pcie_bandwidth_Bps: float
+    pcie_latency_s: float
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sockets, bool) or not isinstance(self.sockets, int) or self.sockets < 1:
+            raise ClusterError(f"sockets: must be a positive integer, got {self.sockets!r}")
+        if not self.memory_bytes > 0:
+            raise ClusterError(f"memory: must be positive, got {self.memory_bytes} B")
+        most = self.sockets * self.cpu.max_memory_bytes
+        if self.memory_bytes > most:
+            raise ClusterError(f"memory: {self.memory_bytes / 1e9:g} GB is more than {self.sockets} "
+                               f"{self.cpu.name} socket(s) address ({most / 1e9:g} GB)")
+        if not 0 < self.pcie_bandwidth_Bps < math.inf:
+            raise ClusterError(f"pcie.bandwidth: must be positive and finite, got {self.pcie_bandwidth_Bps} B/s")
+        if not 0 <= self.pcie_latency_s < math.inf:
+            raise ClusterError(f"pcie.latency: must be >= 0, got {self.pcie_latency_s} s")
+
+    @property
+    def peak_flops(self) -> float:
+        """fp32 FLOP/s of all sockets."""
+        return self.sockets * self.cpu.peak_flops
+
+    @property
+    def memory_bandwidth_Bps(self) -> float:
+        """Peak host memory bandwidth of all sockets."""
+        return self.sockets * self.cpu.memory_bandwidth_Bps
+
+    @property
+    def effective_flops(self) -> float:
+        """fp32 FLOP/s an optimizer step reaches on all sockets."""
+        return self.sockets * self.cpu.effective_flops
+
+    @property
+    def effective_memory_Bps(self) -> float:
+        """Host memory bandwidth a streaming kernel reaches on all sockets."""
+        return self.sockets * self.cpu.effective_memory_Bps
+
+
+@dataclass(frozen=True)
 class Server:
-    """A machine: its devices (global indices), intra-server interconnect and NIC (0 bandwidth = none)."""
+    """A machine: its devices (global indices), intra-server interconnect, NIC (0 bandwidth = none) and
+    host side (None = not described: nothing can be offloaded to it)."""
 
     index: int
     name: str
@@ -65,6 +115,7 @@ class Server:
     intra_latency_s: float
     nic_bandwidth_Bps: float = 0.0
     nic_latency_s: float = 0.0
+    host: Host | None = None
 
     @property
     def has_nic(self) -> bool:
@@ -249,6 +300,25 @@ class Cluster:
     @property
     def link_names(self) -> list[str]:
         return [link.name for link in self.links]
+
+    def host_of(self, device: int) -> Host:
+        """The host of ``device``'s server; ClusterError naming the device and server if it has none."""
+        if not 0 <= int(device) < self.n_devices:
+            raise ClusterError(f"cluster {self.name!r}: no device {device}; devices are 0..{self.n_devices - 1}")
+        server = self.servers[self.devices[int(device)].server]
+        if server.host is None:
+            raise ClusterError(f"cluster {self.name!r}: server {server.name!r} of device "
+                               f"{self.devices[int(device)].name!r} has no 'host:' entry; nothing can be "
+                               f"offloaded to it")
+        return server.host
+
+    def host_memory_bytes(self, server: int) -> int:
+        """Host memory of server ``server`` in bytes; 0 for a server without a host record (offloading to
+        it is not possible)."""
+        if not 0 <= int(server) < len(self.servers):
+            raise ClusterError(f"cluster {self.name!r}: no server {server}; servers are 0..{len(self.servers) - 1}")
+        host = self.servers[int(server)].host
+        return 0 if host is None else host.memory_bytes
 
     def best_source(self, holders: Sequence[int], dst: int) -> int:
         """Of the devices ``holders``, the one a value is best moved from to ``dst``: the highest path

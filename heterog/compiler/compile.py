@@ -28,7 +28,8 @@ The modules, bottom up (each imports only those above it in this list):
   emit             phases 4-6 -> tasks: emit_instances, emit_aggregation, emit_connections
   recompute        the recomputed instances of a plan's recomputed groups and their triggers
   micro            a plan's micro-batch schedule (SYNC tasks) and the topological order of its tasks
-  plan             phase 7: assemble -> ``CompiledPlan``, ``PlanState``; ``PatchCache``
+  plan             phase 7: assemble -> ``CompiledPlan`` (the schedule and one ``OpPlacements``), ``PlanState``;
+                   ``PatchCache``
   delta            patch_plan: re-emit what a strategy change touches, merge with the base plan
   compile          ``Compiler``: the context, the registries and the patch cache, and the phases in order
 """
@@ -44,9 +45,18 @@ from heterog.compiler.delta import dirty_units, patch_plan
 from heterog.compiler.emit import Providers, emit_aggregation, emit_connections, emit_instances
 from heterog.compiler.index import VALUE_FREE_TARGETS, GraphIndex, graph_index
 from heterog.compiler.place import Placement, place
-from heterog.compiler.plan import CompiledPlan, PatchCache, PlanState, aggregated_of, finish
+from heterog.compiler.plan import (
+    Aggregation,
+    CompiledPlan,
+    OpPlacements,
+    PatchCache,
+    PlanState,
+    SplitConfig,
+    aggregation_of,
+    finish,
+)
 from heterog.compiler.recompute import add_recompute
-from heterog.compiler.registries import ConfigTable, Grouping, LayoutTable, PSDemand
+from heterog.compiler.registries import ConfigTable, Grouping, Layout, LayoutTable, PSDemand
 from heterog.compiler.tasks import CATEGORIES, COMM_KINDS, COMPUTE_KINDS, TaskBatch, TaskCategory, TaskKind
 from heterog.strategy import Strategy
 
@@ -55,9 +65,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from heterog.cost.model import CostModel
     from heterog.graph.opgraph import OpGraph
 
-__all__ = ["AllReduceCosts", "CATEGORIES", "COMM_KINDS", "COMPUTE_KINDS", "CompileContext", "CompiledPlan", "Compiler",
-           "GraphIndex", "PatchCache", "Placement", "PlanState", "TaskCategory", "TaskKind", "VALUE_FREE_TARGETS",
-           "compile_strategy", "graph_index"]
+__all__ = ["Aggregation", "AllReduceCosts", "CATEGORIES", "COMM_KINDS", "COMPUTE_KINDS", "CompileContext",
+           "CompiledPlan", "Compiler", "GraphIndex", "Layout", "OpPlacements", "PatchCache", "Placement", "PlanState",
+           "SplitConfig", "TaskCategory", "TaskKind", "VALUE_FREE_TARGETS", "compile_strategy", "graph_index"]
 
 
 def op_priority_of(strategy: Strategy) -> np.ndarray | None:
@@ -65,25 +75,23 @@ def op_priority_of(strategy: Strategy) -> np.ndarray | None:
     return None if strategy.priorities is None else np.asarray(strategy.priorities)
 
 
-def emit_all(ctx: CompileContext, layouts: LayoutTable,
-             place: Placement) -> tuple[TaskBatch, Providers, dict[int, str]]:
-    """Phases 4-6 over the whole graph: the tasks in emission order, their providers, the AllReduce
-    algorithm of each op aggregated that way."""
+def emit_all(ctx: CompileContext, layouts: LayoutTable, place: Placement) -> tuple[TaskBatch, Providers]:
+    """Phases 4-6 over the whole graph: the tasks in emission order and their providers."""
     gi = ctx.index
     prov = Providers(np.zeros(gi.n_ops, dtype=np.int64), np.full((gi.n_tensors, ctx.n_devices), -1, dtype=np.int64),
                      np.zeros(gi.n_tensors, dtype=np.int64))
     batch = TaskBatch(0, ctx.order_key)
     emit_instances(ctx, layouts, batch, np.arange(gi.n_ops), place, prov)
-    algo = emit_aggregation(ctx, layouts, batch, np.nonzero(place.aggregate)[0], place, prov)
+    emit_aggregation(ctx, layouts, batch, np.nonzero(place.aggregate)[0], place, prov)
     emit_connections(ctx, layouts, batch, np.arange(len(gi.e_src)), place, prov)
-    return batch, prov, algo
+    return batch, prov
 
 
 def compile_all(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray | None,
                 place: Placement) -> PlanState:
     """Phases 4-7 from scratch: emit every task (and the recomputed ones), put them in canonical order,
     finish (the micro-batch schedule) and assemble."""
-    batch, prov, algo = emit_all(ctx, layouts, place)
+    batch, prov = emit_all(ctx, layouts, place)
     add_recompute(ctx, batch, place, prov)
     tasks = batch.tasks()
     task, on, owner = batch.dependencies()
@@ -94,8 +102,8 @@ def compile_all(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarr
     task, on = new_of[task], new_of[on]
     s = np.lexsort((on, task))
     prov = Providers(new_of[prov.inst_start], new_of[prov.at], prov.layout)
-    return finish(ctx, layouts, op_priority, tasks.take(perm), (task[s], on[s], owner[s]), place, prov, algo,
-                  aggregated_of(ctx.index, layouts, place, np.nonzero(place.aggregate)[0]))
+    return finish(ctx, layouts, op_priority, tasks.take(perm), (task[s], on[s], owner[s]), place, prov,
+                  aggregation_of(ctx, layouts, place, np.nonzero(place.aggregate)[0]))
 
 
 class Compiler:

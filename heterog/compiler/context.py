@@ -63,7 +63,9 @@ class AllReduceTable:
 
 @dataclass(frozen=True)
 class CompileContext:
-    """Everything the compiler reads that no strategy changes. Build it with ``CompileContext.of``.
+    """Everything the compiler reads that no strategy changes. Build it with ``CompileContext.of``. What
+    is derived from it on demand is kept while it lives: the AllReduce costs here (``allreduce``), each split
+    config's options and the prices of collectives by the modules that derive them (``heterog.caches``).
 
     Shapes: ``bandwidth_Bps`` (M, M) bottleneck bandwidth and ``latency_s`` (M, M) summed latency of the
     path between two devices;
@@ -86,8 +88,6 @@ class CompileContext:
     category_codes: np.ndarray      # TaskCategory -> category code in ``resources``
     resident_ops: np.ndarray        # parameter, state and buffer placeholders
     allreduce: AllReduceTable       # AllReduce costs per device set, cached
-    split_cache: dict               # each split config's op options (``heterog.compiler.shards``) and the
-                                    # times of collectives of divided tensors (``heterog.compiler.reshard``)
 
     @classmethod
     def of(cls, graph: OpGraph, cluster: Cluster, cost: CostModel, *,
@@ -111,4 +111,4 @@ class CompileContext:
                    order_key=OrderKey(max(index.n_tensors, 1), 2 * n_devices * MAX_MICRO_BATCHES + 2), resources=tg,
                    category_codes=np.array([tg.category(x) for x in CATEGORIES], dtype=np.int64),
                    resident_ops=np.nonzero(index.placeholder_resident)[0],
-                   allreduce=AllReduceTable(cost, index.t_bytes, n_devices, paths), split_cache={})
+                   allreduce=AllReduceTable(cost, index.t_bytes, n_devices, paths))

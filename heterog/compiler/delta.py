@@ -20,7 +20,7 @@ from heterog.compiler.context import CompileContext
 from heterog.compiler.emit import emit_aggregation, emit_connections, emit_instances
 from heterog.compiler.index import GraphIndex
 from heterog.compiler.place import Placement
-from heterog.compiler.plan import PlanState, aggregated_of, finish
+from heterog.compiler.plan import PlanState, aggregation_of, finish
 from heterog.compiler.registries import LayoutTable
 from heterog.compiler.tasks import Deps, TaskBatch, Tasks, ragged_gather
 
@@ -45,6 +45,9 @@ def dirty_units(index: GraphIndex, base: Placement, new: Placement) -> Dirty | N
     ops = groups[new.grouping.op_group]
     tensors = ops[index.t_op].copy()
     tensors[index.e_tensor[ops[index.e_dst]]] = True
+    for state in (base.state, new.state):         # stage-3 gathers wait for ops of other groups
+        if state is not None:
+            tensors[state.trig_tensor[ops[state.trig_op]]] = True
     return Dirty(groups, ops, tensors, np.concatenate([ops, tensors]))
 
 
@@ -58,7 +61,7 @@ def patch_plan(ctx: CompileContext, layouts: LayoutTable, base: PlanState, op_pr
     ops = np.nonzero(dirty.ops)[0]
     emit_instances(ctx, layouts, batch, ops, place, prov)
     agg = np.nonzero(place.aggregate & dirty.ops[gi.t_op])[0]
-    algo_new = emit_aggregation(ctx, layouts, batch, agg, place, prov)
+    emit_aggregation(ctx, layouts, batch, agg, place, prov)
     emit_connections(ctx, layouts, batch, np.nonzero(dirty.tensors[gi.e_tensor])[0], place, prov)
 
     new = batch.tasks()
@@ -66,20 +69,16 @@ def patch_plan(ctx: CompileContext, layouts: LayoutTable, base: PlanState, op_pr
                      batch.dependencies())
     prov.inst_start = m.new_of[prov.inst_start]
     prov.at = m.new_of[prov.at]
-    algo = dict(base.allreduce_algo)
-    aggregated = dict(base.aggregated)
-    for o in ops.tolist():
-        algo.pop(o, None)
+    aggregation = dict(base.plan.placements.aggregation)
     for t in np.nonzero(dirty.ops[gi.t_op] & base.placement.aggregate)[0].tolist():
-        aggregated.pop(t, None)
-    algo.update(algo_new)
-    aggregated.update(aggregated_of(gi, layouts, place, agg))
+        aggregation.pop(t, None)
+    aggregation.update(aggregation_of(ctx, layouts, place, agg))
     # the TaskGraph's own checks ran on the kept tasks when they were first compiled; the new ones get
     # the checks that the compiler's construction does not guarantee
     if not np.all((new.dur >= 0) & (new.dur < np.inf) & (new.lag >= 0) & (new.lag < np.inf)):
         raise ValueError("compiler produced a task with a negative or infinite duration or lag")
-    return finish(ctx, layouts, op_priority, m.tasks, (m.dep_task, m.dep_on, m.dep_owner), place, prov, algo,
-                  aggregated, validate=False, csr=(m.dep_ptr, m.dep_idx))
+    return finish(ctx, layouts, op_priority, m.tasks, (m.dep_task, m.dep_on, m.dep_owner), place, prov,
+                  aggregation, validate=False, csr=(m.dep_ptr, m.dep_idx))
 
 
 # ----------------------------------------------------------------------------------- the merge

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from heterog.compiler import sharded_state
 from heterog.compiler.context import CompileContext
 from heterog.compiler.place import Placement
 from heterog.compiler.registries import LayoutTable
@@ -46,6 +47,8 @@ def emit_instances(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, 
         dur = ctx.cost.op_times(ctx.graph, inst_op, inst_dev, inst_frac, inst_split)
         w = place.out_split[inst_op]
         alloc = np.where(w > 0, alloc * (1.0 - w + w * inst_split), alloc)
+    if place.state is not None:    # sharded state: update ops at each replica's part, full local gradients
+        dur, alloc = sharded_state.scale_instances(ctx, place.state, inst_op, inst_dev, dur, alloc)
     prev = lay.prev_flat[flat]
     accumulates = (prev >= 0) & gi.has_partial[inst_op]
     if accumulates.any():
@@ -58,6 +61,8 @@ def emit_instances(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, 
                     micro=np.where(gi.has_batch[inst_op], lay.micro_flat[flat], -1))
     start = ids[np.concatenate([[0], np.cumsum(counts)])[:-1]] if len(ops) else ids
     prov.inst_start[ops] = start
+    if place.state is not None:    # stages 1-2: the updated parameters all-gathered
+        sharded_state.emit_update_gathers(ctx, layouts, batch, ops, place.op_lay, place.state, prov)
     if accumulates.any():
         acc = np.nonzero(accumulates)[0]
         batch.deps(ids[acc], start[rows[acc]] + (prev[acc] - lay.ptr[op_lay[rows[acc]]]), inst_op[acc])
@@ -74,15 +79,15 @@ def emit_instances(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, 
 
 # ----------------------------------------------------------------------------------- aggregation
 def emit_aggregation(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, tensors: np.ndarray,
-                     place: Placement, prov: Providers) -> dict[int, str]:
+                     place: Placement, prov: Providers) -> None:
     """Aggregate the partial results ``tensors`` (ascending; all their producers' partial results):
     under PS, pushes to the group's PS and an aggregation there; under AllReduce, one collective per
-    tensor. Returns the AllReduce algorithm of each op aggregated that way."""
+    tensor (``heterog.compiler.plan.aggregation_of`` records which)."""
     if not len(tensors):
-        return {}
+        return
     is_ps = place.op_ps[ctx.index.t_op[tensors]]
     _aggregate_ps(ctx, layouts, batch, tensors[is_ps], place, prov)
-    return _aggregate_ar(ctx, layouts, batch, tensors[~is_ps], place, prov)
+    _aggregate_ar(ctx, layouts, batch, tensors[~is_ps], place, prov)
 
 
 def _aggregate_ps(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, tensors: np.ndarray,
@@ -126,12 +131,16 @@ def _aggregate_ps(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, t
 
 
 def _aggregate_ar(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, tensors: np.ndarray,
-                  place: Placement, prov: Providers) -> dict[int, str]:
+                  place: Placement, prov: Providers) -> None:
     """One AllReduce per partial tensor over its replicas; it holds the links of its algorithm (and the
     members that drive their own communication)."""
-    algo_of: dict[int, str] = {}
     if not len(tensors):
-        return algo_of
+        return
+    rs = sharded_state.reduce_scattered(ctx, place.state, tensors)
+    if rs.any():                   # sharded gradients (stage >= 2): reduce-scatter instead
+        assert place.state is not None
+        sharded_state.emit_reduce_scatter(ctx, layouts, batch, tensors[rs], place.op_lay, place.state, prov)
+        tensors = tensors[~rs]
     gi = ctx.index
     ops = gi.t_op[tensors]
     lays = place.op_lay[ops]
@@ -153,8 +162,6 @@ def _aggregate_ar(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, t
         batch.deps(np.repeat(ar, k), (prov.inst_start[sel_op][:, None] + last[None, :]).ravel(),
                    np.repeat(sel_op, k))
         prov.at[np.repeat(sel, k), np.tile(np.array(devs), len(sel))] = np.repeat(ar, k)
-        algo_of.update(zip(sel_op.tolist(), (costs.names[a] for a in code.tolist())))
-    return algo_of
 
 
 # ----------------------------------------------------------------------------------- connections
@@ -172,6 +179,13 @@ def emit_connections(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch
         touch = (place.op_shard[gi.e_src[edges]] >= 0) | (place.op_shard[gi.e_dst[edges]] >= 0)
         connect_split(ctx, layouts, batch, edges[touch], place, prov)
         edges = edges[~touch]
+        if not len(edges):
+            return
+    gathered = sharded_state.gathered_edges(ctx, place.state, edges)
+    if gathered.any():                             # stage-3 parameters read in forward or backward
+        assert place.state is not None
+        sharded_state.connect_gathered(ctx, layouts, batch, edges[gathered], place.op_lay, place.state, prov)
+        edges = edges[~gathered]
         if not len(edges):
             return
     src, dst = gi.e_src[edges], gi.e_dst[edges]
@@ -365,7 +379,7 @@ def _connect_relayout(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatc
     s_i = f_si[S_ptr[r_pat[s_r]] + s_k]
     s_dev = lay.dev_flat[fu[s_r] + s_i]
     s_bytes = r_bytes[s_r] * (lay.shares_flat[lay.ptr[r_lu[s_r]] + s_i] / B)
-    split_ids = batch.add(dur=ctx.cost.copy_times(s_dev, s_bytes), kind=TaskKind.SPLIT, op=r_u[s_r], dev=s_dev,
+    split_ids = batch.add(dur=ctx.cost.copy_times(s_dev, s_bytes), kind=TaskKind.RELAYOUT, op=r_u[s_r], dev=s_dev,
                           alloc=s_bytes, cat=TaskCategory.SPLIT_CONCAT, prio_op=first_consumer[s_r], stage="split",
                           cls=1, tensor=r_tensor[s_r], sub=s_k, owner=r_owner[s_r], res_len=1, res_idx=s_dev)
     batch.deps(split_ids, src_inst[s_r] + s_i, r_owner[s_r])

@@ -1,5 +1,8 @@
 """What the compiler reads from a graph and a cluster whatever the strategy: the graph's tensors and
-their aggregation needs (``GraphIndex``) and the cluster's routes as resources (``Paths``); both cached."""
+their aggregation needs (``GraphIndex``) and the cluster's routes as resources (``Paths``); both cached.
+
+Each is derived once per graph (cluster) object and kept while it lives (``heterog.caches``).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from heterog.caches import DerivedCache
 from heterog.compiler.tasks import TaskCategory
 from heterog.errors import StrategyError
 
@@ -82,11 +86,17 @@ class GraphIndex:
         return len(self.t_op)
 
 
+_INDEXES: DerivedCache[OpGraph, GraphIndex] = DerivedCache("GraphIndex of each graph")
+_PATHS: DerivedCache[Cluster, Paths] = DerivedCache("Paths of each cluster")
+
+
 def graph_index(graph: OpGraph) -> GraphIndex:
-    """The graph's ``GraphIndex`` (cached on the graph)."""
-    cached = graph.__dict__.get("_compile_index")
-    if cached is not None:
-        return cached
+    """The graph's ``GraphIndex`` (built once per graph object)."""
+    return _INDEXES.get(graph, lambda: _build_index(graph))
+
+
+def _build_index(graph: OpGraph) -> GraphIndex:
+    """``graph_index`` computed."""
     n = graph.n_ops
     ops = graph.ops
     out_fixed = np.zeros(n)
@@ -140,7 +150,6 @@ def graph_index(graph: OpGraph) -> GraphIndex:
                      np.bincount(t_op[t_needs_agg], weights=t_bytes[t_needs_agg], minlength=n),
                      np.bincount(t_op[t_needs_agg], minlength=n) > 0,
                      t_partial & np.array([ops[o].target in STATISTICS_TARGETS for o in t_op.tolist()], dtype=bool))
-    graph.__dict__["_compile_index"] = idx
     return idx
 
 
@@ -167,10 +176,12 @@ class Paths:
 
 
 def path_table(cluster: Cluster) -> Paths:
-    """The cluster's ``Paths`` (cached on the cluster)."""
-    cached = cluster.__dict__.get("_compile_paths")
-    if cached is not None:
-        return cached
+    """The cluster's ``Paths`` (built once per cluster object)."""
+    return _PATHS.get(cluster, lambda: _build_paths(cluster))
+
+
+def _build_paths(cluster: Cluster) -> Paths:
+    """``path_table`` computed."""
     m = cluster.n_devices
     paths = [[tuple(cluster.path(a, b)) for b in range(m)] for a in range(m)]
     lmax = max(1, max(len(p) for row in paths for p in row))
@@ -182,6 +193,4 @@ def path_table(cluster: Cluster) -> Paths:
             plen[a, b] = len(p)
             tab[a, b, :len(p)] = np.asarray(p, dtype=np.int64) + m
     host = np.array([bool(d.type.host_driven_comm) for d in cluster.devices], dtype=bool)
-    out = Paths(tab, plen, host)
-    cluster.__dict__["_compile_paths"] = out
-    return out
+    return Paths(tab, plen, host)

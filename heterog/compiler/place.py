@@ -13,6 +13,7 @@ from heterog.compiler.context import CompileContext
 from heterog.compiler.index import GraphIndex
 from heterog.compiler.ps import choose_ps_devices, problem_from_configs
 from heterog.compiler.registries import ConfigTable, Grouping, LayoutTable, PSDemand
+from heterog.compiler.sharded_state import StatePlacement, place_state
 from heterog.compiler.shards import ShardChoice, choose_shards
 from heterog.errors import StrategyError
 from heterog.strategy import Strategy
@@ -28,7 +29,8 @@ class Placement:
     instances are recomputed before their backward (``recomputed_ops``), None when none is; ``shards`` the
     ``ShardChoice`` of each split config of the plan, ``op_shard`` (n_ops,) the index in ``shards`` of each
     op's (-1: its group is not split beyond the batch) and ``out_split`` (n_ops,) the part of each op's
-    output bytes divided among its devices; both None when no group is split."""
+    output bytes divided among its devices; both None when no group is split. ``state`` the sharded state
+    of the plan's groups (``heterog.compiler.sharded_state``), None when no group shards it."""
 
     group_cfg: np.ndarray
     op_cfg: np.ndarray
@@ -43,6 +45,7 @@ class Placement:
     shards: tuple[ShardChoice, ...] = ()
     op_shard: np.ndarray | None = None
     out_split: np.ndarray | None = None
+    state: StatePlacement | None = None
 
 
 def assign_configs(configs: ConfigTable, strategy: Strategy) -> np.ndarray:
@@ -184,4 +187,4 @@ def place(ctx: CompileContext, configs: ConfigTable, demand: PSDemand, strategy:
     shards, op_shard, out_split = lay_out_splits(ctx, configs, op_cfg, op_lay)
     return Placement(group_cfg, op_cfg, configs.is_ps[op_cfg], aggregate, group_ps, op_lay, grouping,
                      strategy.n_micro, strategy.schedule, recomputed_ops(ctx, grouping.op_group, strategy.recompute),
-                     shards, op_shard, out_split)
+                     shards, op_shard, out_split, place_state(ctx, configs, op_cfg))

@@ -1,28 +1,86 @@
 """Phase 7 of a compilation and what it yields: tasks in canonical order become a TaskGraph and a
 ``CompiledPlan``; a ``PlanState`` keeps what patching the plan needs, a ``PatchCache`` the recent ones.
+
+A ``CompiledPlan`` is the schedule (the TaskGraph and what each task stands for) plus one ``OpPlacements``
+record: where each op runs (``Layout``, ``SplitConfig``) and how its partial results are summed
+(``Aggregation``).
 """
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from heterog.compiler.context import CompileContext
-from heterog.compiler.index import GraphIndex
 from heterog.compiler.micro import add_schedule, micro_order, window_exempt
 from heterog.compiler.place import Placement
-from heterog.compiler.registries import LayoutTable
+from heterog.compiler.registries import Layout, LayoutTable
+from heterog.compiler.sharded_state import StatePlacement, reduce_scattered, resident_saved
 from heterog.compiler.tasks import Deps, Providers, TaskBatch, TaskKind, Tasks, ragged
 
 if TYPE_CHECKING:  # pragma: no cover
     from simulator.taskgraph import TaskGraph
 
 
-@dataclass
+@dataclass(frozen=True)
+class SplitConfig:
+    """A split config of a plan (``ParallelConfig.split``): its ``devices`` in config order, each one's split
+    share ``weights`` (a grid's groups divide alike, by the first ``len(groups[0])``) and the ``groups`` of a
+    grid's devices (one group of all of them without a grid)."""
+
+    devices: tuple[int, ...]
+    weights: tuple[int, ...]
+    groups: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """How a partial result (a tensor whose replicas' values are summed) is aggregated: ``kind`` "ps" (pushed
+    to the PS ``devices[0]``, summed and kept there), "allreduce" (all-reduced over ``devices`` with the
+    ``algorithm`` the cost model found faster: "ring" or "hierarchical"; "" otherwise) or "reduce-scatter"
+    (a gradient of sharded state, stage 2 or 3: each of ``devices`` keeps the sum of its shard)."""
+
+    kind: str
+    devices: tuple[int, ...]
+    algorithm: str = ""
+
+
+@dataclass(frozen=True)
+class OpPlacements:
+    """Where each op of a compiled plan runs and how its partial results are kept: what the runtime
+    reproduces and reports read. Read-only (the arrays may be the compiler's own).
+
+    Layout and split-config ids are the compiler's: ``layouts`` holds every layout it had met when the plan
+    was compiled. A new way of placing ops or their state (optimizer state sharded over a group, state
+    offloaded to the host) is a new field of this record.
+
+    Shapes: ``op_layout``, ``op_group`` (n_ops,); ``op_recompute``, ``op_split``, ``op_option`` (n_ops,) or
+    None; ``tensor_layout`` (n_tensors,).
+    """
+
+    op_layout: np.ndarray                  # layout id of each op's instances (index into ``layouts``)
+    layouts: tuple[Layout, ...]            # layout id -> its entries (devices, batch shares, micro-batches)
+    tensor_layout: np.ndarray              # layout whose devices hold each tensor's value
+    op_group: np.ndarray                   # each op's group (which reads of a recomputed op are recomputed:
+                                           # ``heterog.compiler.place.recompute_edges``)
+    op_recompute: np.ndarray | None        # ops recomputed before their backward; None: none is
+    op_split: np.ndarray | None            # index into ``splits`` of the split config each op is divided under
+                                           # beyond the batch, -1: none; None: no op is
+    op_option: np.ndarray | None           # the option each divided op runs (index into its ``OpGraph.splits``
+                                           # options), -1: whole on every device
+    splits: tuple[SplitConfig, ...]        # the plan's split configs
+    aggregation: Mapping[int, Aggregation]  # aggregated tensor -> how its partial results are summed
+    ps_device: Mapping[int, int]           # PS group -> its chosen PS device
+    state: StatePlacement | None = None    # sharded optimizer state, gradients, parameters of data-parallel
+                                           # groups (``heterog.compiler.sharded_state``); None: no group's
+
+
+@dataclass(frozen=True)
 class CompiledPlan:
-    """A TaskGraph plus what each task stands for (kind, op, device) and the resource layout.
+    """A TaskGraph, what each task stands for (kind, op, device, micro-batch, slot) and where each op runs.
 
     Shapes: task arrays (n_tasks,); ``dep_ptr`` (n_tasks + 1,), ``dep_idx`` (dep_ptr[-1],): the tasks
     each task waits for, as CSR.
@@ -38,27 +96,11 @@ class CompiledPlan:
     n_links: int
     dep_ptr: np.ndarray
     dep_idx: np.ndarray
-    ps_device: dict = field(default_factory=dict)        # group -> chosen PS device
-    allreduce_algo: dict = field(default_factory=dict)   # aggregated op -> "ring" | "hierarchical"
-    # the layout decisions, for the runtime (which must reproduce them) and for reports
-    op_layout: np.ndarray | None = None        # (n_ops,) layout id of each op's instances
-    layout_devices: list = field(default_factory=list)   # layout id -> tuple of devices
-    layout_shares: list = field(default_factory=list)    # layout id -> tuple of batch shares (DUP: B each)
-    tensor_layout: np.ndarray | None = None    # (n_tensors,) layout whose devices hold each tensor's value
-    aggregated: dict = field(default_factory=dict)       # tensor id -> ("ps", ps device) | ("allreduce", devices)
-    task_micro: np.ndarray | None = None       # (n_tasks,) micro-batch of an op instance's samples, -1 for others
-    layout_micro: list = field(default_factory=list)     # layout id -> each entry's micro-batch
-    n_micro: int = 1                           # micro-batches of the plan
-    schedule: str = "1f1b"                     # the order of its micro-batches applied (heterog.compiler.micro)
-    task_slot: np.ndarray | None = None        # (n_tasks,) each task's slot in that order; None: one micro-batch
-    op_recompute: np.ndarray | None = None     # (n_ops,) ops recomputed before their backward; None: none is
-    op_group: np.ndarray | None = None         # (n_ops,) each op's group (which reads of a recomputed op are
-                                               # recomputed: ``heterog.compiler.place.recompute_edges``)
-    op_split: np.ndarray | None = None         # (n_ops,) index of the split config each op is divided under
-                                               # beyond the batch (``Placement.op_shard``), -1: none; None: no op is
-    op_option: np.ndarray | None = None        # (n_ops,) the option each divided op runs (index into its
-                                               # ``OpGraph.splits`` options), -1: whole on every device
-    split_configs: list = field(default_factory=list)   # op_split index -> (devices, split weights, groups)
+    task_micro: np.ndarray          # micro-batch of an op instance's samples, -1 for other tasks
+    task_slot: np.ndarray | None    # each task's slot in the micro-batch order; None: one micro-batch
+    n_micro: int                    # micro-batches of the plan
+    schedule: str                   # the order of its micro-batches applied (heterog.compiler.micro)
+    placements: OpPlacements        # where each op runs, its partial results' aggregation
 
     @property
     def n_tasks(self) -> int:
@@ -83,8 +125,6 @@ class PlanState:
     dep_owner: np.ndarray
     placement: Placement
     providers: Providers
-    allreduce_algo: dict[int, str]
-    aggregated: dict[int, tuple]
 
 
 class PatchCache:
@@ -140,18 +180,33 @@ def resident_bytes(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray
     return np.bincount(layouts.dev_flat[flat], weights=weights, minlength=ctx.n_devices)
 
 
-def aggregated_of(index: GraphIndex, layouts: LayoutTable, place: Placement, tensors: np.ndarray) -> dict[int, tuple]:
-    """How each of ``tensors`` (aggregated ones) is aggregated: ("ps", device) or ("allreduce", devices)."""
-    ops = index.t_op[tensors]
+def aggregation_of(ctx: CompileContext, layouts: LayoutTable, place: Placement,
+                   tensors: np.ndarray) -> dict[int, Aggregation]:
+    """How each of ``tensors`` (aggregated ones) is aggregated (``Aggregation``; one record shared by the
+    tensors aggregated alike)."""
+    ops = ctx.index.t_op[tensors]
+    is_ps = place.op_ps[ops]
     ps = place.group_ps[place.grouping.op_group[ops]]
     lay = place.op_lay[ops]
-    return {t: ("ps", p) if is_ps else ("allreduce", layouts.unique_devices(k))
-            for t, p, is_ps, k in zip(tensors.tolist(), ps.tolist(), place.op_ps[ops].tolist(), lay.tolist())}
+    out: dict[int, Aggregation] = {}
+    for p in np.unique(ps[is_ps]).tolist():
+        out.update(dict.fromkeys(tensors[is_ps & (ps == p)].tolist(), Aggregation("ps", (p,))))
+    scattered = reduce_scattered(ctx, place.state, tensors)
+    for k in np.unique(lay[scattered]).tolist():
+        out.update(dict.fromkeys(tensors[scattered & (lay == k)].tolist(),
+                                 Aggregation("reduce-scatter", layouts.unique_devices(k))))
+    for k in np.unique(lay[~is_ps & ~scattered]).tolist():
+        sel = tensors[~is_ps & ~scattered & (lay == k)]
+        devices = layouts.unique_devices(k)
+        costs = ctx.allreduce(devices)                     # the table the AllReduce tasks were priced with
+        records = [Aggregation("allreduce", devices, name) for name in costs.names]
+        out.update(zip(sel.tolist(), (records[a] for a in costs.algo[sel].tolist())))
+    return out
 
 
 def assemble(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray | None, tasks: Tasks,
              deps: tuple[np.ndarray, np.ndarray, np.ndarray], place: Placement, prov: Providers,
-             algo: dict[int, str], aggregated: dict[int, tuple], *, validate: bool = True,
+             aggregation: Mapping[int, Aggregation], *, validate: bool = True,
              csr: tuple[np.ndarray, np.ndarray] | None = None, schedule: str | None = None,
              slot: np.ndarray | None = None) -> PlanState:
     """Phase 7: the TaskGraph of ``tasks``, already in canonical order, and of ``deps`` (task, on, owner),
@@ -178,6 +233,8 @@ def assemble(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray 
     np.cumsum(has_mem, out=mem_ptr[1:])
     resident = np.zeros(ctx.resources.n_resources)
     resident[:ctx.n_devices] = resident_bytes(ctx, layouts, place.op_lay, place.out_split)
+    if place.state is not None:       # sharded optimizer state, gradients, parameters
+        resident[:ctx.n_devices] -= resident_saved(ctx, layouts, place.op_lay, place.state)
     tg = ctx.resources.empty_copy(resident_bytes=resident)
     frees = None
     sync = tasks.kind == TaskKind.SYNC
@@ -188,23 +245,29 @@ def assemble(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray 
     tg.adopt_tasks(tasks.dur, tasks.lag, ctx.category_codes[tasks.cat], tasks.res_ptr, tasks.res_idx, dep_ptr, dep_o,
                    mem_ptr, tasks.dev[has_mem], np.rint(tasks.alloc[has_mem]).astype(np.int64), validate=validate,
                    frees=frees)
-    ps_groups = np.nonzero(place.group_ps >= 0)[0]
     plan = CompiledPlan(tg=tg, task_kind=tasks.kind, task_op=tasks.op, task_device=tasks.dev,
                         op_priority=op_priority, task_prio_op=tasks.prio_op, n_devices=ctx.n_devices,
-                        n_links=ctx.n_links, dep_ptr=dep_ptr, dep_idx=dep_o,
-                        ps_device=dict(zip(ps_groups.tolist(), place.group_ps[ps_groups].tolist())),
-                        allreduce_algo=algo, op_layout=place.op_lay, layout_devices=list(layouts.devices),
-                        layout_shares=list(layouts.shares), tensor_layout=prov.layout, aggregated=aggregated,
-                        task_micro=tasks.micro, layout_micro=list(layouts.micro), n_micro=place.n_micro,
-                        schedule=schedule or place.schedule, task_slot=slot, op_recompute=place.recompute,
-                        op_group=place.grouping.op_group, op_split=place.op_shard,
+                        n_links=ctx.n_links, dep_ptr=dep_ptr, dep_idx=dep_o, task_micro=tasks.micro, task_slot=slot,
+                        n_micro=place.n_micro, schedule=schedule or place.schedule,
+                        placements=op_placements(layouts, place, prov, aggregation))
+    return PlanState(plan, tasks, dep_task, dep_on, dep_owner, place, prov)
+
+
+def op_placements(layouts: LayoutTable, place: Placement, prov: Providers,
+                  aggregation: Mapping[int, Aggregation]) -> OpPlacements:
+    """The ``OpPlacements`` of a plan placed as ``place`` whose tensors' values are held as ``prov`` says."""
+    ps_groups = np.nonzero(place.group_ps >= 0)[0]
+    return OpPlacements(op_layout=place.op_lay, layouts=layouts.records(), tensor_layout=prov.layout,
+                        op_group=place.grouping.op_group, op_recompute=place.recompute, op_split=place.op_shard,
                         op_option=_op_options(place),
-                        split_configs=[(c.devices, c.weights, c.groups) for c in place.shards])
-    return PlanState(plan, tasks, dep_task, dep_on, dep_owner, place, prov, algo, aggregated)
+                        splits=tuple(SplitConfig(c.devices, c.weights, c.groups) for c in place.shards),
+                        aggregation=aggregation,
+                        ps_device=dict(zip(ps_groups.tolist(), place.group_ps[ps_groups].tolist())),
+                        state=place.state)
 
 
 def _op_options(place: Placement) -> np.ndarray | None:
-    """(n_ops,) each divided op's option in its ``OpGraph.splits`` list (``CompiledPlan.op_option``)."""
+    """(n_ops,) each divided op's option in its ``OpGraph.splits`` list (``OpPlacements.op_option``)."""
     if place.op_shard is None:
         return None
     out = np.full(len(place.op_shard), -1, dtype=np.int64)
@@ -216,14 +279,14 @@ def _op_options(place: Placement) -> np.ndarray | None:
 
 
 def finish(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray | None, tasks: Tasks, deps: Deps,
-           place: Placement, prov: Providers, algo: dict[int, str], aggregated: dict[int, tuple], *,
+           place: Placement, prov: Providers, aggregation: Mapping[int, Aggregation], *,
            validate: bool = True, csr: tuple[np.ndarray, np.ndarray] | None = None) -> PlanState:
     """Phase 7 for ``tasks`` in canonical order and ``deps`` (sorted by (task, on)): with one micro-batch,
     ``assemble`` them; with several, add the schedule's SYNC tasks, put every task in slot order
     (``heterog.compiler.micro``) and assemble that, the PlanState keeping the canonical tasks, dependencies
     and providers that a patch starts from. ``validate`` and ``csr`` as for ``assemble`` (one micro-batch)."""
     if place.n_micro == 1:
-        return assemble(ctx, layouts, op_priority, tasks, deps, place, prov, algo, aggregated, validate=validate,
+        return assemble(ctx, layouts, op_priority, tasks, deps, place, prov, aggregation, validate=validate,
                         csr=csr)
     exempt = window_exempt(ctx, place.op_lay)
     batch = TaskBatch.of(tasks, deps, ctx.order_key)
@@ -237,6 +300,6 @@ def finish(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray | 
     task, on = new_of[task], new_of[on]
     s = np.lexsort((on, task))
     state = assemble(ctx, layouts, op_priority, every.take(perm), (task[s], on[s], owner[s]), place,
-                     Providers(new_of[prov.inst_start], new_of[prov.at], prov.layout), algo, aggregated,
+                     Providers(new_of[prov.inst_start], new_of[prov.at], prov.layout), aggregation,
                      validate=validate, schedule=schedule, slot=slot[perm])
     return replace(state, tasks=tasks, dep_task=deps[0], dep_on=deps[1], dep_owner=deps[2], providers=prov)

@@ -30,12 +30,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 from numba import njit
 
+from heterog.caches import DerivedCache
 from heterog.compiler.index import Paths
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -221,25 +222,42 @@ def choose_ps_reference(order: np.ndarray, need: np.ndarray, amount: np.ndarray,
 
 
 # ----------------------------------------------------------------------------- building the problem
-def _cluster_tables(cost: CostModel, paths: Paths) -> tuple:
-    """alpha, beta (M, M) and the path CSR without self-transfers (cached on the cost model)."""
-    cached = cost.__dict__.get("_ps_tables")
-    if cached is None:
+class LinkLines(NamedTuple):
+    """A cluster's transfers as lines in the bytes, read off a cost model: ``alpha`` (M, M) seconds per
+    transfer and ``beta`` (M, M) seconds per byte from a device to another, and the path of each such
+    transfer, without self-transfers, as CSR: ``path_ptr`` (M * M + 1,), ``path_res`` (path_ptr[-1],)."""
+
+    alpha: np.ndarray
+    beta: np.ndarray
+    path_ptr: np.ndarray
+    path_res: np.ndarray
+
+
+AggregateKey = tuple[int, tuple[int, ...]]        # (replicas, PS candidates)
+_LINK_LINES: DerivedCache[CostModel, LinkLines] = DerivedCache("LinkLines of each cost model")
+_AGGREGATE_COEFS: DerivedCache[CostModel, dict[AggregateKey, np.ndarray]] = DerivedCache(
+    "aggregation lines of each cost model per (replicas, PS candidates)")
+
+
+def link_lines(cost: CostModel, paths: Paths) -> LinkLines:
+    """The ``LinkLines`` of ``cost`` over the routes ``paths`` of its cluster (built once per cost model)."""
+
+    def build() -> LinkLines:
         m = len(paths.host)
         src, dst = np.repeat(np.arange(m), m), np.tile(np.arange(m), m)
         a, b = _line(lambda x: cost.transfer_times(src, dst, np.full(m * m, x)))
         rlen, ridx = paths.resources(src, dst)
         keep = np.repeat(src != dst, rlen)                      # no transfer from a device to itself
         rlen = np.where(src != dst, rlen, 0)
-        cached = (np.ascontiguousarray(a.reshape(m, m)), np.ascontiguousarray(b.reshape(m, m)),
-                  np.concatenate([[0], np.cumsum(rlen)]).astype(np.int64), ridx[keep].astype(np.int64))
-        cost.__dict__["_ps_tables"] = cached
-    return cached
+        return LinkLines(np.ascontiguousarray(a.reshape(m, m)), np.ascontiguousarray(b.reshape(m, m)),
+                         np.concatenate([[0], np.cumsum(rlen)]).astype(np.int64), ridx[keep].astype(np.int64))
+
+    return _LINK_LINES.get(cost, build)
 
 
-def _aggregate_coefs(n_replicas: int, candidates: tuple[int, ...], cost: CostModel) -> np.ndarray:
-    """(len(candidates), 2) aggregation time per tensor and per byte (cached per cost model)."""
-    cache = cost.__dict__.setdefault("_ps_aggregate", {})
+def aggregate_coefs(n_replicas: int, candidates: tuple[int, ...], cost: CostModel) -> np.ndarray:
+    """(len(candidates), 2) aggregation time per tensor and per byte (kept per cost model)."""
+    cache = _AGGREGATE_COEFS.get(cost, dict)
     key = (n_replicas, candidates)
 
     def aggregate_s(device: int, nbytes: float) -> float:
@@ -258,7 +276,7 @@ def build_problem(ps_groups: np.ndarray, replicas: list[tuple[int, ...]], fixed:
     """The ``PSProblem`` of the plan's PS groups (``ps_groups[i]`` over ``replicas[i]``; ``fixed``: group ->
     PS device the strategy gives, still placed so that it loads what it uses), their ``amount`` (G, 4) and
     ``need`` (G, M), and the plan's AllReduces (duration, resources)."""
-    alpha, beta, path_ptr, path_res = _cluster_tables(cost, paths)
+    alpha, beta, path_ptr, path_res = link_lines(cost, paths)
     cands = [(fixed[g],) if g in fixed else tuple(reps) for g, reps in zip(ps_groups.tolist(), replicas)]
     size = amount[:, 1] + amount[:, 3]
     return PSProblem(
@@ -269,7 +287,7 @@ def build_problem(ps_groups: np.ndarray, replicas: list[tuple[int, ...]], fixed:
         rep_dev=np.array([d for r in replicas for d in r], dtype=np.int64),
         cand_ptr=np.concatenate([[0], np.cumsum([len(c) for c in cands])]).astype(np.int64),
         cand_dev=np.array([d for c in cands for d in c], dtype=np.int64),
-        agg_coef=np.ascontiguousarray(np.concatenate([_aggregate_coefs(len(r), c, cost)
+        agg_coef=np.ascontiguousarray(np.concatenate([aggregate_coefs(len(r), c, cost)
                                                       for r, c in zip(replicas, cands)]).reshape(-1, 2)),
         alpha=alpha, beta=beta, path_ptr=path_ptr, path_res=path_res,
         ar_dur=np.array([a[0] for a in allreduces], dtype=np.float64),
@@ -284,11 +302,11 @@ def problem_from_configs(ps_groups: np.ndarray, group_cfg: np.ndarray, cfg_devic
     """``build_problem`` for groups given by config: ``group_cfg[i]`` is the config id of ``ps_groups[i]``,
     ``cfg_devices`` its replica devices, ``fixed_ps`` (per config id) the PS device it names or -1. Built
     per config and gathered per group (the same arrays as ``build_problem``, without a loop over groups)."""
-    alpha, beta, path_ptr, path_res = _cluster_tables(cost, paths)
+    alpha, beta, path_ptr, path_res = link_lines(cost, paths)
     used, inv = np.unique(group_cfg, return_inverse=True)
     reps = [tuple(cfg_devices[k]) for k in used.tolist()]
     cands = [(int(fixed_ps[k]),) if fixed_ps[k] >= 0 else r for k, r in zip(used.tolist(), reps)]
-    coefs = [_aggregate_coefs(len(r), c, cost) for r, c in zip(reps, cands)]
+    coefs = [aggregate_coefs(len(r), c, cost) for r, c in zip(reps, cands)]
 
     def gather(rows: list, width: int) -> tuple[np.ndarray, np.ndarray]:
         """(ptr, flat values) of each group's row, rows per used config."""

@@ -14,10 +14,22 @@ import numpy as np
 
 from heterog.compiler.context import CompileContext
 from heterog.compiler.index import GraphIndex
-from heterog.strategy import grid_micro_shares, micro_batch_shares
+from heterog.shares import grid_micro_shares, micro_batch_shares
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.strategy import ParallelConfig
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One layout's entries (its op instances): entry i runs on ``devices[i]`` over ``shares[i]`` samples of
+    micro-batch ``micro[i]`` (an op without a batch tensor: on each device once, over the whole batch), with
+    the share ``split[i]`` of the op's dimension divided beyond the batch (1.0: whole)."""
+
+    devices: tuple[int, ...]
+    shares: tuple[int, ...]
+    micro: tuple[int, ...]
+    split: tuple[float, ...]
 
 
 class LayoutTable:
@@ -45,6 +57,7 @@ class LayoutTable:
         self.split: list[tuple[float, ...]] = []
         self._id: dict[tuple, int] = {}
         self._micro_entries: dict[int, dict[int, tuple[int, ...]]] = {}
+        self._records: tuple[Layout, ...] = ()
         self._built = -1
         for d in range(n_devices):
             self.add((d,), (batch_size,))
@@ -90,6 +103,13 @@ class LayoutTable:
 
     def __len__(self) -> int:
         return len(self.devices)
+
+    def records(self) -> tuple[Layout, ...]:
+        """Every layout as a ``Layout``, by id (the same tuple until a layout is added)."""
+        n = len(self._records)
+        if n != len(self.devices):
+            self._records += tuple(map(Layout, self.devices[n:], self.shares[n:], self.micro[n:], self.split[n:]))
+        return self._records
 
     def refresh(self) -> LayoutTable:
         """Rebuild the flat views if layouts were added since."""

@@ -25,15 +25,31 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
+from heterog.caches import DerivedCache
 from heterog.compiler.context import CompileContext
 from heterog.compiler.index import GraphIndex
 from heterog.compiler.place import Placement
 from heterog.compiler.registries import LayoutTable, entry_rows
-from heterog.compiler.shards import ALLGATHER, ALLREDUCE, ALLTOALL, LOCAL, REDUCESCATTER
 from heterog.compiler.tasks import Providers, TaskBatch, TaskCategory, TaskKind
+from heterog.placement import Conversion
+
+
+class CollectiveKey(NamedTuple):
+    """A collective of a split tensor as priced: its kind (``heterog.placement.Conversion``), devices, bytes and
+    each device's shard of them (None for an all-reduce)."""
+
+    kind: Conversion
+    devices: tuple[int, ...]
+    nbytes: float
+    shards: tuple[float, ...] | None
+
+
+_COLLECTIVE_S: DerivedCache[CompileContext, dict[CollectiveKey, float]] = DerivedCache(
+    "seconds of each collective of divided tensors, per compile context")
 
 
 class _Emitter:
@@ -136,22 +152,24 @@ def _move(ctx: CompileContext, em: _Emitter, src_task: int, s: int, d: int, nbyt
     return tr
 
 
-def _collective(ctx: CompileContext, em: _Emitter, kind: int, t: int, u: int, devs: tuple[int, ...],
+def _collective(ctx: CompileContext, em: _Emitter, kind: Conversion, t: int, u: int, devs: tuple[int, ...],
                 nbytes: float, f_u: np.ndarray, f_out: np.ndarray, sources: list[int], prio: int) -> list[int]:
     """One collective of ``nbytes`` (the whole value of tensor ``t``, one micro-batch's of a batch tensor) over
     ``devs`` after ``sources`` (the producer's instances); its result lands on each device as a task
     allocating ``f_out[i]`` of it there. Returns the landing tasks, in device order."""
-    shards = f_u if kind in (ALLGATHER, ALLTOALL) else f_out if kind == REDUCESCATTER else None
-    key = ("time", kind, devs, nbytes, None if shards is None else tuple(shards.tolist()))
-    dur = ctx.split_cache.get(key)
+    shards = f_u if kind in (Conversion.ALL_GATHER, Conversion.ALL_TO_ALL) else \
+        f_out if kind == Conversion.REDUCE_SCATTER else None
+    times = _COLLECTIVE_S.get(ctx, dict)
+    key = CollectiveKey(kind, devs, nbytes, None if shards is None else tuple(shards.tolist()))
+    dur = times.get(key)
     if dur is None:
-        if kind == ALLREDUCE:
+        if kind == Conversion.ALL_REDUCE:
             dur = float(ctx.cost.allreduce_times(devs, np.array([nbytes]))[0][0])
         else:                   # all-gather, all-to-all: the producer's shards; reduce-scatter: the results
             assert shards is not None
-            times = ctx.cost.alltoall_times if kind == ALLTOALL else ctx.cost.sharded_ring_times
-            dur = float(times(devs, nbytes * shards[None, :])[0])
-        ctx.split_cache[key] = dur
+            cost_s = ctx.cost.alltoall_times if kind == Conversion.ALL_TO_ALL else ctx.cost.sharded_ring_times
+            dur = float(cost_s(devs, nbytes * shards[None, :])[0])
+        times[key] = dur
     owner = ctx.index.n_ops + t
     coll = em.task(dur=dur, kind=TaskKind.COLLECTIVE, op=u, dev=-1, alloc=0.0, cat=TaskCategory.COLLECTIVE,
                    prio_op=prio, stage="split", tensor=t, res=em.ring(devs))
@@ -199,10 +217,11 @@ def _sum_over_groups(ctx: CompileContext, em: _Emitter, t: int, u: int, groups: 
     out: dict[int, int] = {}
     for devs in sets:
         part = nbytes * (f_u[devs[0]] if have == 1 else 1.0)
-        key = ("time", ALLREDUCE, devs, part, None)
-        dur = ctx.split_cache.get(key)
+        times = _COLLECTIVE_S.get(ctx, dict)
+        key = CollectiveKey(Conversion.ALL_REDUCE, devs, part, None)
+        dur = times.get(key)
         if dur is None:
-            dur = ctx.split_cache[key] = float(ctx.cost.allreduce_times(devs, np.array([part]))[0][0])
+            dur = times[key] = float(ctx.cost.allreduce_times(devs, np.array([part]))[0][0])
         ar = em.task(dur=dur, kind=TaskKind.COLLECTIVE, op=u, dev=-1, alloc=0.0, cat=TaskCategory.COLLECTIVE,
                      prio_op=prio, stage="split", tensor=t, res=em.ring(devs))
         for d in devs:
@@ -256,7 +275,7 @@ def _from_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int,
                 whole[key] = {}
                 for g in groups:
                     whole[key].update(zip(g, _collective(
-                        ctx, em, ALLGATHER if have == 1 else ALLREDUCE, t, u, g, nbytes(key, g),
+                        ctx, em, Conversion.ALL_GATHER if have == 1 else Conversion.ALL_REDUCE, t, u, g, nbytes(key, g),
                         np.array([f_u[d] for d in g]), np.ones(len(g)), [inst(key)[d] for d in g], prio)))
         return whole[key]
 
@@ -268,7 +287,7 @@ def _from_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int,
         lay_v = int(place.op_lay[v])
         start_v = int(prov.inst_start[v])
         same = int(place.op_shard[v]) == region
-        c = int(choice.conv[e]) if same else LOCAL
+        c = Conversion(int(choice.conv[e])) if same else Conversion.LOCAL
         split_v = int(place.op_shard[v]) >= 0
         choice_v = place.shards[int(place.op_shard[v])] if split_v else None
         need_shard = choice_v is not None and int(choice_v.need[e]) == 1
@@ -279,9 +298,9 @@ def _from_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int,
             key = _source_key(gi, u, v, m)
             if gi.e_value_free[e]:                 # a shape read: the first instance, nothing moves
                 em.dep(start_v + j, start_u + int(ent[0][0]), owner)
-            elif same and c == LOCAL:                          # same config, the option reads its own shard
+            elif same and not c.collective:                    # same config, the option reads its own shard
                 em.dep(start_v + j, inst(key)[d], owner)
-            elif same and c in (REDUCESCATTER, ALLTOALL):
+            elif same and c in (Conversion.REDUCE_SCATTER, Conversion.ALL_TO_ALL):
                 g = choice.group_of(d)
                 fg = tuple(f_v[x] for x in g)
                 if (key, c, fg, g) not in scattered:

@@ -2,7 +2,7 @@
 
 A split config (``ParallelConfig.split``) divides its ops beyond the batch among its devices. Each op has
 split options (``OpGraph.splits``, from ``heterog.graph.sharding``): a dimension divided, what it needs of
-each input and gives on each output, as placements ("S<d>" divided, "R" whole, "P" partial sums). Which
+each input and gives on each output, as placements (``heterog.placement``: shards, whole, partial sums). Which
 option an op takes is chosen here, once per (graph, devices, split shares, kind) for the *whole graph*, as
 if every group ran under that config: adjacent groups under the same config then agree on their
 placements, and only the edges into and out of the split region convert (``heterog.compiler.reshard``).
@@ -17,50 +17,46 @@ time of the conversions on its edges, given its neighbours' choices (iterated co
   3. up to two sweeps of the same by inputs and outputs, until nothing changes.
 An op without a usable option runs whole on every device (``REPLICATE``: its inputs gathered whole, its
 outputs whole): ops that draw random values, and the loss, for example. Conversions between a producer's
-placement ``h`` and what its consumer needs ``n`` (same view of the tensor):
-
-  h = n (same units)      local       h = R, any n     local (each device takes its slice)
-  h = S, n = R            all-gather  h = S, n = P     local (a shard is a partial sum, zeros elsewhere)
-  h = S, n = S'           all-to-all  h = P, n = R     all-reduce       h = P, n = S     reduce-scatter
+placement and what its consumer needs (same view of the tensor) are ``heterog.placement.conversion``'s; an
+edge costs its costliest view's, slice and pad moving nothing.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from heterog.caches import DerivedCache
 from heterog.compiler.context import CompileContext
 from heterog.compiler.index import output_bytes
-from heterog.strategy import split_shares_of
+from heterog.placement import Conversion, Placement, R, Shard, conversion, is_shard, parse, same_units
+from heterog.shares import split_shares_of
 
 if TYPE_CHECKING:  # pragma: no cover
+    from heterog.graph.opgraph import OpGraph
     from heterog.strategy import ParallelConfig
 
 REPLICATE = -1                                     # option index: the whole op on every device
-LOCAL, ALLGATHER, REDUCESCATTER, ALLREDUCE, ALLTOALL = range(5)
-CONVERSIONS = ("local", "all-gather", "reduce-scatter", "all-reduce", "all-to-all")
 ALLOWED = {"parameter": ("parameter", "attribute", "partial"), "attribute": ("attribute", "partial")}
 _SWEEPS = 2
 
 
-def conversion(have: str, need: str, same_units: bool) -> int:
-    """The conversion from placement ``have`` to ``need`` of one tensor (module docstring); ``same_units``:
-    both divide it into the same units (their extents agree)."""
-    if need == "-" or have == "-" or have == "R" or (have == need and (same_units or have[0] != "S")):
-        return LOCAL
-    if have[0] == "S":
-        return ALLGATHER if need == "R" else LOCAL if need == "P" else ALLTOALL
-    return ALLREDUCE if need == "R" else REDUCESCATTER       # have == "P"
-
-
 @dataclass(frozen=True)
 class _Option:
+    """A split option as the compiler reads it: placements parsed once from the graph's text form (None: no
+    tensor there)."""
+
     kind: str
     extent: int | None
-    inputs: tuple[str, ...]        # per input ref of the op
-    exits: tuple[str, ...]         # per exit of the op
-    outputs: tuple[str, ...]       # per output of the op
+    inputs: tuple[Placement | None, ...]        # per input ref of the op
+    exits: tuple[Placement | None, ...]         # per exit of the op
+    outputs: tuple[Placement | None, ...]       # per output of the op
+
+    @classmethod
+    def from_json(cls, o: dict) -> _Option:
+        return cls(o["kind"], o["extent"], tuple(parse(p) for p in o["inputs"]), tuple(parse(p) for p in o["exits"]),
+                   tuple(parse(p) for p in o["outputs"]))
 
 
 class SplitTable:
@@ -83,8 +79,7 @@ class SplitTable:
                 refs.append([])
                 exits.append({})
                 continue
-            self.options.append([_Option(o["kind"], o["extent"], tuple(o["inputs"]), tuple(o["exits"]),
-                                         tuple(o["outputs"])) for o in s["options"] if o["kind"] != "batch"])
+            self.options.append([_Option.from_json(o) for o in s["options"] if o["kind"] != "batch"])
             self.original.append([k for k, o in enumerate(s["options"]) if o["kind"] != "batch"])
             refs.append([(n, i, int(src), int(k)) for n, i, src, k in s["inputs"]])
             exits.append({(n, i): j for j, (n, i, _) in enumerate(s["exits"])})
@@ -98,10 +93,8 @@ class SplitTable:
 
 
 def split_table(ctx: CompileContext) -> SplitTable:
-    cached = ctx.graph.__dict__.get("_compile_split_table")
-    if cached is None:
-        cached = ctx.graph.__dict__["_compile_split_table"] = SplitTable(ctx)
-    return cached
+    """The ``SplitTable`` of the context's graph (built once per graph object)."""
+    return _SPLIT_TABLES.get(ctx.graph, lambda: SplitTable(ctx))
 
 
 @dataclass(frozen=True)
@@ -109,9 +102,10 @@ class ShardChoice:
     """Every op's option under one split config (as if the whole graph ran under it).
 
     ``option`` (n_ops,) option index into ``SplitTable.options[o]``, ``REPLICATE`` for the whole op on every
-    device; ``frac`` (n_ops, n) the share of its divided dimension on each of the config's devices (1 where
-    it runs whole, also for partial-sum options); ``out_split`` (n_ops,) the part of its output bytes that is
-    divided; ``conv`` (E,) the conversion of each edge between its ends' choices; ``have`` (E,) the
+    device; ``frac`` (n_ops, n) the share of its split dimension on each of the config's devices (1 where
+    it runs whole, also for partial-sum options); ``out_split`` (n_ops,) the fraction of its output bytes held
+    in shards; ``conv`` (E,) the conversion of each edge between its ends' choices (a ``Conversion``, LOCAL for
+    those that move nothing: slice and pad too); ``have`` (E,) the
     producer's placement class of the edge's tensor and ``need`` (E,) the consumer's (0 whole, 1 divided,
     2 partial sums, 3 nothing: a shape read), for edges whose other end is not under this config;
     ``devices`` and ``weights`` the config's devices and split shares; ``original`` (n_ops,) each op's option
@@ -134,8 +128,8 @@ class ShardChoice:
         return next(g for g in self.groups if device in g)
 
 
-def _cls(p: str) -> int:
-    return 3 if p == "-" else 0 if p == "R" else 2 if p == "P" else 1
+def _cls(p: Placement | None) -> int:
+    return 3 if p is None else 0 if p == R else 1 if isinstance(p, Shard) else 2
 
 
 class _Chooser:
@@ -163,7 +157,7 @@ class _Chooser:
                 divided = [k for k in self.allowed[o] if k != REPLICATE and table.options[o][k].kind == "parameter"]
                 self.allowed[o] = divided or self.allowed[o]
         self._fracs: dict[int | None, np.ndarray] = {None: np.ones(n)}
-        self._conv: dict[tuple[int, int, int], int] = {}
+        self._conv: dict[tuple[int, int, int], Conversion] = {}
         self._compute: dict[tuple[int, int], float] = {}
         gi = ctx.index
         self.e_bytes = gi.e_bytes
@@ -189,24 +183,25 @@ class _Chooser:
         opt = self.table.options[o][k]
         return self.frac(opt.extent) if opt.kind != "partial" else self._fracs[None]
 
-    def placements(self, e: int, u_opt: int, v_opt: int) -> tuple[list[tuple[str, str]], bool]:
+    def placements(self, e: int, u_opt: int, v_opt: int
+                   ) -> tuple[list[tuple[Placement | None, Placement | None]], bool]:
         """(have, need) per view of edge ``e``'s tensor, and whether both ends divide it in the same units."""
         t = self.table
         u, v = int(self.ctx.index.e_src[e]), int(self.ctx.index.e_dst[e])
         ou = t.options[u][u_opt] if u_opt != REPLICATE else None
         ov = t.options[v][v_opt] if v_opt != REPLICATE else None
-        pairs = [((ou.exits[i] if ou is not None else "R"), (ov.inputs[j] if ov is not None else "R"))
+        pairs = [((ou.exits[i] if ou is not None else R), (ov.inputs[j] if ov is not None else R))
                  for j, i in t.pairs[e]]
-        same = ou is not None and ov is not None and ou.extent == ov.extent
+        same = ou is not None and ov is not None and same_units(ou.extent, ov.extent)
         return pairs, same
 
-    def edge_conv(self, e: int, u_opt: int, v_opt: int) -> int:
+    def edge_conv(self, e: int, u_opt: int, v_opt: int) -> Conversion:
         key = (e, u_opt, v_opt)
         hit = self._conv.get(key)
         if hit is not None:
             return hit
         pairs, same = self.placements(e, u_opt, v_opt)
-        worst = LOCAL
+        worst = Conversion.LOCAL
         for h, n in pairs:
             c = conversion(h, n, same)
             if _CONV_WEIGHT[c] > _CONV_WEIGHT[worst]:
@@ -214,8 +209,8 @@ class _Chooser:
         self._conv[key] = worst
         return worst
 
-    def conv_cost(self, c: int, nbytes: float) -> float:
-        if c == LOCAL or self.n < 2:
+    def conv_cost(self, c: Conversion, nbytes: float) -> float:
+        if not c.collective or self.n < 2:
             return 0.0
         n = self.n
         moved = nbytes * (n - 1) / n * _CONV_WEIGHT[c]
@@ -247,8 +242,8 @@ class _Chooser:
                 cost += self.conv_cost(self.edge_conv(e, k, int(choice[self.ctx.index.e_dst[e]])), self.e_bytes[e])
         return cost
 
-    def out_placement(self, o: int, k: int) -> str:
-        return "R" if k == REPLICATE else (self.table.options[o][k].outputs or ("R",))[0]
+    def out_placement(self, o: int, k: int) -> Placement | None:
+        return R if k == REPLICATE else (self.table.options[o][k].outputs or (R,))[0]
 
     def best(self, o: int, choice: np.ndarray, use_in: bool, use_out: bool) -> int:
         cands = self.allowed[o]
@@ -281,16 +276,32 @@ class _Chooser:
         return choice
 
 
+class ChoiceKey(NamedTuple):
+    """What a ``ShardChoice`` depends on of its split config."""
+
+    devices: tuple[int, ...]
+    split_shares: tuple[int, ...]
+    split: str | None
+    shares: tuple[int, ...]
+    grid: int
+
+
+_SPLIT_TABLES: DerivedCache[OpGraph, SplitTable] = DerivedCache("SplitTable of each graph")
+_CHOICES: DerivedCache[CompileContext, dict[ChoiceKey, ShardChoice]] = DerivedCache(
+    "ShardChoice of each split config, per compile context")
+
 # relative bytes each conversion moves per device (of the tensor's, times (n - 1) / n)
-_CONV_WEIGHT = {LOCAL: 0.0, ALLGATHER: 1.0, REDUCESCATTER: 1.0, ALLREDUCE: 2.0, ALLTOALL: 0.25}
+_CONV_WEIGHT = {Conversion.LOCAL: 0.0, Conversion.SLICE: 0.0, Conversion.PAD: 0.0, Conversion.ALL_GATHER: 1.0,
+                Conversion.REDUCE_SCATTER: 1.0, Conversion.ALL_REDUCE: 2.0, Conversion.ALL_TO_ALL: 0.25}
 
 
 def choose_shards(ctx: CompileContext, config: ParallelConfig) -> ShardChoice:
     """Each op's option under ``config`` (a split config), cached in the context per (devices, split
     shares, kind)."""
-    key = ("choice", tuple(config.devices), tuple(config.split_shares), config.split, tuple(config.shares),
-           config.grid)
-    hit = ctx.split_cache.get(key)
+    choices = _CHOICES.get(ctx, dict)
+    key = ChoiceKey(tuple(config.devices), tuple(config.split_shares), config.split, tuple(config.shares),
+                    config.grid)
+    hit = choices.get(key)
     if hit is not None:
         return hit
     table = split_table(ctx)
@@ -306,8 +317,8 @@ def choose_shards(ctx: CompileContext, config: ParallelConfig) -> ShardChoice:
             outs = table.options[o][k].outputs
             sizes = np.array(output_bytes(ctx.graph.ops[o]))
             if len(sizes) == len(outs) and sizes.sum() > 0:
-                out_split[o] = float(sizes[[p.startswith("S") for p in outs]].sum() / sizes.sum())
-            elif table.options[o][k].kind != "partial" and outs and outs[0].startswith("S"):
+                out_split[o] = float(sizes[[is_shard(p) for p in outs]].sum() / sizes.sum())
+            elif table.options[o][k].kind != "partial" and outs and is_shard(outs[0]):
                 out_split[o] = 1.0
     E = len(gi.e_src)
     conv = np.zeros(E, dtype=np.int64)
@@ -323,7 +334,7 @@ def choose_shards(ctx: CompileContext, config: ParallelConfig) -> ShardChoice:
         need[e] = 0 if 0 in ns else 1 if 1 in ns else 2 if 2 in ns else 3
     original = np.array([table.original[o][k] if k != REPLICATE else REPLICATE
                          for o, k in enumerate(option.tolist())], dtype=np.int64)
-    out = ctx.split_cache[key] = ShardChoice(option, frac, out_split, conv, have, need, tuple(config.devices),
+    out = choices[key] = ShardChoice(option, frac, out_split, conv, have, need, tuple(config.devices),
                                              tuple(config.split_shares), original, config.groups)
     return out
 

@@ -33,7 +33,7 @@ class TaskKind(IntEnum):
     COMPUTE = 0
     PLACEHOLDER = 1
     TRANSFER = 2
-    SPLIT = 3
+    RELAYOUT = 3      # a value's batch pieces cut for another layout's entries (``heterog.compiler.emit``)
     CONCAT = 4
     PUSH = 5
     AGGREGATE = 6

@@ -28,8 +28,10 @@ def _digest_files(paths: list[Path]) -> str:
 
 def capture_sources() -> list[Path]:
     """The code a captured graph depends on: every module of the graph package (tracing, fusion, the
-    normalisers, FLOP formulas, the optimizer step, ...), so that a change to any of them captures again."""
-    return sorted(Path(__file__).parent.glob("*.py"))
+    normalisers, FLOP formulas, the optimizer step, ...) and the placement vocabulary its split options are
+    written in (``heterog.placement``), so that a change to any of them captures again."""
+    here = Path(__file__).parent
+    return sorted([*here.glob("*.py"), here.parent / "placement.py"])
 
 
 def cache_key(ref: str, batch_size: int | None, optimizer: str, fuse: bool, lr: float = 0.01) -> str:

@@ -10,13 +10,13 @@ import torch
 from torch.fx import Node
 
 from heterog.graph.sharding import OpSplits, SplitOption
-from heterog.graph.split_rules import P, R, Shard, parse_placement
 from heterog.graph.tracing import CapturedStep, Sizes
+from heterog.placement import P, Placement, R, Shard, as_placement
 
 Key = tuple[str, int | None]
 
 
-def shard_of(value: torch.Tensor, placement: str, extent: int | None, shares: Sequence[int], rank: int
+def shard_of(value: torch.Tensor, placement: Placement | str, extent: int | None, shares: Sequence[int], rank: int
              ) -> torch.Tensor:
     """Device ``rank``'s part of ``value`` under ``placement`` with integer ``shares`` of ``extent`` units
     ("R": the whole tensor; "P": not defined here, the caller chooses the summands).
@@ -24,11 +24,11 @@ def shard_of(value: torch.Tensor, placement: str, extent: int | None, shares: Se
     Shapes: a dimension of size D divided as ``S<d>:<f>`` is read as ``(f, D // f)`` and the device keeps
     ``D // f * share // extent`` of the second part from offset ``D // f * sum(shares[:rank]) // extent``.
     """
-    p = parse_placement(placement)
+    p = as_placement(placement)
     if p == R:
         return value
     if not isinstance(p, Shard) or extent is None:
-        raise ValueError(f"shard_of needs a divided placement, got {placement!r}")
+        raise ValueError(f"shard_of needs a shard placement, got {placement!r}")
     size = value.shape[p.dim] // p.sf
     unit = size // extent
     blocks = value.unflatten(p.dim, (p.sf, size))
@@ -46,12 +46,12 @@ def dense_like(part: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
     return part.permute(order).clone(memory_format=torch.contiguous_format).permute(inverse)
 
 
-def part_of(value: torch.Tensor, placement: str, extent: int | None, shares: Sequence[int], rank: int
+def part_of(value: torch.Tensor, placement: Placement | str, extent: int | None, shares: Sequence[int], rank: int
             ) -> torch.Tensor:
     """Device ``rank``'s part of the whole ``value`` as a consumer needing ``placement`` reads it: its shard
     (a dense copy in ``value``'s memory order, ``dense_like``), the whole value ("R"), or as partial sums the
     whole value on rank 0 and zeros elsewhere ("P")."""
-    p = parse_placement(placement)
+    p = as_placement(placement)
     if p == R:
         return value
     if p == P:
@@ -59,13 +59,13 @@ def part_of(value: torch.Tensor, placement: str, extent: int | None, shares: Seq
     return dense_like(shard_of(value, placement, extent, shares, rank), value)
 
 
-def padded(part: torch.Tensor, placement: str, extent: int | None, shares: Sequence[int], rank: int
+def padded(part: torch.Tensor, placement: Placement | str, extent: int | None, shares: Sequence[int], rank: int
            ) -> torch.Tensor:
     """Device ``rank``'s shard ``part`` under ``placement`` put in a whole tensor of zeros (a shard is one of
     the partial sums of the whole value)."""
-    p = parse_placement(placement)
+    p = as_placement(placement)
     if not isinstance(p, Shard) or extent is None:
-        raise ValueError(f"padded needs a divided placement, got {placement!r}")
+        raise ValueError(f"padded needs a shard placement, got {placement!r}")
     shape = list(part.shape)
     shape[p.dim] = part.shape[p.dim] * extent // shares[rank]
     whole = part.new_zeros(shape)
@@ -75,10 +75,10 @@ def padded(part: torch.Tensor, placement: str, extent: int | None, shares: Seque
     return whole
 
 
-def combine(values: Sequence[torch.Tensor], placement: str) -> torch.Tensor:
-    """The whole tensor from the devices' parts: concatenation along the divided dimension (within each
+def combine(values: Sequence[torch.Tensor], placement: Placement | str) -> torch.Tensor:
+    """The whole tensor from the devices' parts: concatenation along the split dimension (within each
     outer block for a split factor), the sum of partial sums, or the (equal) replicas' first."""
-    p = parse_placement(placement)
+    p = as_placement(placement)
     if p == R:
         return values[0]
     if p == P:

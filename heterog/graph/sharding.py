@@ -8,12 +8,13 @@ DTensor's where they hold for uneven shards, else written there) with the views:
 through each view, and a rule whose placement no view can carry (a device cannot take its view of a shard
 without the whole tensor) is dropped, since that would need a redistribution inside the op.
 
-Placements (strings): ``"R"`` every device holds the whole tensor, ``"P"`` the tensor is the sum of the
-devices' tensors, ``"S<d>"`` dimension d is divided, ``"S<d>:<f>"`` dimension d is read as f outer blocks
-each divided alike (heads inside a ``(batch * heads)`` dimension: ``"S0:<batch>"``), ``"-"`` no tensor.
+Placements (``heterog.placement``; a ``SplitOption`` stores their text form, as graphs on disk do): ``"R"``
+every device holds the whole tensor, ``"P"`` the tensor is the sum of the devices' tensors, ``"S<d>"``
+dimension d is split into shards, ``"S<d>:<f>"`` dimension d is read as f outer blocks each split alike
+(heads inside a ``(batch * heads)`` dimension: ``"S0:<batch>"``), ``"-"`` no tensor.
 A divided option has an ``extent``: the number of indivisible units shared out. Shares are integers
 summing to the extent (uneven allowed); a device with share s holds ``size * s // extent`` of each
-divided dimension (``size`` the global size; a dimension may hold several elements per unit: divided over
+split dimension (``size`` the global size; a dimension may hold several elements per unit: divided over
 heads, a ``(B, S, heads * head_dim)`` tensor gives head_dim elements of dim 2 per unit), i.e. the
 fraction s/extent of every divided tensor's bytes. Options whose inputs and outputs are only R and P
 (``kind="partial"``: a linear op passing partial sums on) have no extent and run on every device.
@@ -25,11 +26,11 @@ else (sequence, spatial, the heads or features of an op without parameters, e.g.
 column-split Linear), ``"partial"`` as above.
 
 Shape arguments: ``SplitOption.size_args`` lists the arguments of the op's fx nodes that hold the size
-of a divided dimension (view, expand, new_zeros, slice_backward sizes, convolution ``groups``,
+of a split dimension (view, expand, new_zeros, slice_backward sizes, convolution ``groups``,
 embedding ``num_weights``); a device passes ``value * share // extent`` there (-1 stays -1).
 ``transform`` names a local computation other than the node's own call (``"embedding_rows"``: indices
 shifted by the device's first row, rows outside its share give zeros; ``"partial_mean"``: a mean over a
-divided dimension scaled by share/extent, a partial sum). ``heterog.graph.shard_exec`` runs an op on
+split dimension scaled by share/extent, a partial sum). ``heterog.graph.shard_exec`` runs an op on
 one device's shard this way; a shard must keep the traced memory order of its dimensions (``dense_like``),
 since the fx graph's views assume the traced strides.
 
@@ -53,19 +54,10 @@ from torch.fx import Node
 
 from heterog.graph.fusion import VIEW_OPS
 from heterog.graph.opgraph import OpGraph
-from heterog.graph.split_rules import (
-    NodeRule,
-    P,
-    Placement,
-    R,
-    Shard,
-    TensorInfo,
-    node_rules,
-    parse_placement,
-    placement_str,
-)
+from heterog.graph.split_rules import NodeRule, TensorInfo, node_rules
 from heterog.graph.split_views import propagate_view
 from heterog.graph.tracing import CapturedStep, Sizes, tensor_leaves
+from heterog.placement import P, Placement, R, Shard, parse, text
 
 KINDS = ("batch", "parameter", "attribute", "partial")
 RESIDENT_KINDS = ("param", "state", "buffer")      # op kinds whose tensors live with a module
@@ -97,7 +89,7 @@ class ExitRef:
 @dataclass(frozen=True)
 class SizeArg:
     """Argument ``arg`` (element ``index`` of a list argument, None for a scalar) of fx node ``node``:
-    a size of a divided dimension, passed as ``value * share // extent``."""
+    a size of a split dimension, passed as ``value * share // extent``."""
 
     node: str
     arg: int
@@ -418,15 +410,15 @@ class _Splitter:
         splits = OpSplits(target=op.target, inputs=tuple(g.inputs), exits=tuple(g.exits),
                           options=tuple(options.values()), source=source)
         for opt in splits.options:
-            for ref, text in zip(splits.exits, opt.exits):
-                p = parse_placement(text)
+            for ref, placed in zip(splits.exits, opt.exits):
+                p = parse(placed)
                 if isinstance(p, Shard):
                     self.layouts.setdefault((ref.node, ref.index), set()).add(p)
         return splits
 
     def _split_factors(self, rule: NodeRule, g: _Group) -> list[int]:
         """1, and the split factors the producers' exits give on the dimensions this rule divides (all of
-        the rule's divided dimensions the same size, a multiple of the factor)."""
+        the rule's split dimensions the same size, a multiple of the factor)."""
         factors = {1}
         if rule.fixed_layout:
             return [1]
@@ -515,11 +507,10 @@ class _Splitter:
             return None
         has_shard = any(isinstance(p, Shard) for p in [*inputs, *outputs, *exits])
         kind = self._kind(op_index, g, inputs, outputs, exits) if has_shard else "partial"
-        out_texts = tuple(placement_str(p) for p in outputs)
-        in_texts = tuple(placement_str(p) for p in inputs)
-        split = next((t for t in (*out_texts, *in_texts) if t not in (R, "-")), R)
-        return SplitOption(kind=kind, split=split, extent=extent if has_shard else None, inputs=in_texts,
-                           outputs=out_texts, exits=tuple(placement_str(p) for p in exits),
+        split = next((p for p in (*outputs, *inputs) if p is not None and p != R), R)
+        return SplitOption(kind=kind, split=str(split), extent=extent if has_shard else None,
+                           inputs=tuple(text(p) for p in inputs), outputs=tuple(text(p) for p in outputs),
+                           exits=tuple(text(p) for p in exits),
                            size_args=tuple(size_args) if has_shard else (),
                            transform=rule.transform, transform_node=g.main.name if rule.transform else None,
                            source=rule.source)

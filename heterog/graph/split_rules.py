@@ -16,7 +16,7 @@ argument takes each candidate placement in turn, the others Replicate (``_dtenso
 ``op_to_rules`` (convolution only, also a single-dim strategy) and the decomposition fallback are not used.
 
 What is kept of a DTensor rule: Replicate, Shard (a ``_ShardingPlaceholder`` or ``Shard``, taken as any
-layout of the divided dimension, split factors included) and ``Partial("sum")``. Dropped:
+layout of the split dimension, split factors included) and ``Partial("sum")``. Dropped:
 ``Partial("avg")`` (the plain mean of unequal shards' means is not the mean), ``Partial("max"/"min"/
 "product")`` (not a sum), ``_MaskPartial`` (embedding rows, written here with its local index shift),
 ``_StridedShard``, and partial sums of integer or bool tensors.
@@ -49,40 +49,7 @@ from typing import Any, Union
 
 import torch
 
-R = "R"     # replicate: every device holds the whole tensor
-P = "P"     # partial sum: the tensor is the sum of the devices' tensors
-
-
-@dataclass(frozen=True, order=True)
-class Shard:
-    """Dimension ``dim`` divided among devices. With ``sf`` > 1 the dimension is read as ``sf`` outer
-    blocks, each divided the same way (DTensor's ``_StridedShard``; heads inside a ``(batch * heads)``
-    dimension are ``Shard(0, sf=batch)``)."""
-
-    dim: int
-    sf: int = 1
-
-    def __str__(self) -> str:
-        return f"S{self.dim}" if self.sf == 1 else f"S{self.dim}:{self.sf}"
-
-
-Placement = Union[str, Shard]
-
-
-def placement_str(p: Placement | None) -> str:
-    """"R", "P", "S1", "S0:4" (dim 0 in 4 outer blocks) or "-" (no tensor there)."""
-    return "-" if p is None else str(p)
-
-
-def parse_placement(text: str) -> Placement | None:
-    if text == "-":
-        return None
-    if text in (R, P):
-        return text
-    if not text.startswith("S"):
-        raise ValueError(f"not a placement: {text!r} (R, P, S<dim> or S<dim>:<split factor>)")
-    dim, _, sf = text[1:].partition(":")
-    return Shard(int(dim), int(sf) if sf else 1)
+from heterog.placement import P, Placement, R, Shard
 
 
 @dataclass(frozen=True)

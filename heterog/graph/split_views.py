@@ -1,6 +1,6 @@
 """Split rules through zero-cost views (view, reshape, permute, transpose, expand, ...): where a placement of
 a view's input lands on its output, written here for uneven shards (DTensor's view rule refuses to flatten an
-unevenly divided dimension). Used by ``heterog.graph.sharding`` to compose the rules of a fused op."""
+unevenly split dimension). Used by ``heterog.graph.sharding`` to compose the rules of a fused op."""
 from __future__ import annotations
 
 import math
@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from heterog.graph.split_rules import Placement, Shard, TensorInfo
+from heterog.graph.split_rules import TensorInfo
+from heterog.placement import Placement, Shard
 
 
 # ---------------------------------------------------------------------------- views

@@ -25,7 +25,8 @@ import numpy as np
 
 from heterog.cluster.catalog import SAILOR_NAMES, sailor_type
 from heterog.errors import ClusterError, HeterogError
-from heterog.strategy import MAX_MICRO_BATCHES, ParallelConfig, Strategy, even_shares
+from heterog.shares import even_shares
+from heterog.strategy import MAX_MICRO_BATCHES, ParallelConfig, Strategy
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.cluster.topology import Cluster

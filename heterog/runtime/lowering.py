@@ -1,7 +1,7 @@
 """Lower a compiled plan to one instruction list per device (rank): what the runtime executes.
 
-The layout decisions are the compiler's (``CompiledPlan.op_layout``, ``layout_devices``/``layout_shares``,
-``aggregated``, ``ps_device``); this module turns them into concrete work on leaves (see
+The layout decisions are the compiler's (``CompiledPlan.placements``: each op's layout, the layouts'
+entries, each partial result's aggregation); this module turns them into concrete work on leaves (see
 ``heterog.runtime.stepprog``), with the batch-scaling rules of ``heterog.runtime.scaling``:
 
   compute    an op instance: its fx nodes at the replica's local batch of one micro-batch (ops without a
@@ -40,6 +40,7 @@ import torch
 from heterog.compiler import TaskKind
 from heterog.compiler.compile import VALUE_FREE_TARGETS, graph_index
 from heterog.errors import HeterogError
+from heterog.placement import P
 from heterog.runtime.instructions import (
     END,
     Aggregate,
@@ -91,9 +92,8 @@ def batch_slice(dim: int, lo: int, hi: int, per_sample: int, block: int) -> Slic
 class _Builder:
     def __init__(self, prog: StepProgram, graph: OpGraph, cluster: Cluster, plan: CompiledPlan, start: np.ndarray,
                  exps: Exponents, *, emulate: bool, post_early: bool) -> None:
-        if plan.op_layout is None:
-            raise HeterogError("the compiled plan carries no layouts; the runtime needs CompiledPlan.op_layout")
-        self.op_layout: np.ndarray = plan.op_layout
+        self.placed = plan.placements
+        self.op_layout: np.ndarray = self.placed.op_layout
         self.prog, self.graph, self.cluster, self.plan, self.exps = prog, graph, cluster, plan, exps
         self.start = np.asarray(start, dtype=np.float64)
         self.emulate, self.post_early = emulate, post_early
@@ -112,14 +112,15 @@ class _Builder:
         self.seq = 0
         # tasks of the simulated plan
         kinds, ops, devs = plan.task_kind, plan.task_op, plan.task_device
-        micro = plan.task_micro if plan.task_micro is not None else np.zeros(len(kinds), dtype=np.int64)
+        micro = plan.task_micro
         self.inst_task: dict[tuple[int, int, int], int] = {}       # (op, device, micro-batch) -> task
         for t in np.nonzero((kinds == TaskKind.COMPUTE) | (kinds == TaskKind.PLACEHOLDER))[0].tolist():
             self.inst_task[(int(ops[t]), int(devs[t]), max(int(micro[t]), 0))] = t
         self.recompute_task: dict[tuple[int, int, int], int] = {}  # the same, of recomputed instances
         for t in np.nonzero(kinds == TaskKind.RECOMPUTE)[0].tolist():
             self.recompute_task[(int(ops[t]), int(devs[t]), max(int(micro[t]), 0))] = t
-        self.recomputed = plan.op_recompute if plan.op_recompute is not None else np.zeros(graph.n_ops, dtype=bool)
+        self.recomputed = self.placed.op_recompute if self.placed.op_recompute is not None \
+            else np.zeros(graph.n_ops, dtype=bool)
         self.phase = graph.phase_index
         self.agg_tasks: dict[int, list[int]] = {}
         for t in np.nonzero((kinds == TaskKind.AGGREGATE) | (kinds == TaskKind.ALLREDUCE))[0].tolist():
@@ -130,7 +131,7 @@ class _Builder:
             self.tensor_of[(int(gi.e_src[e]), int(graph.edges[e].src_output))] = int(t)
         self.agg_rank: dict[int, int] = {}   # tensor -> index among its op's aggregated tensors
         by_op: dict[int, list[int]] = {}
-        for t in sorted(plan.aggregated):
+        for t in sorted(self.placed.aggregation):
             by_op.setdefault(int(gi.t_op[t]), []).append(t)
         for tl in by_op.values():
             for i, t in enumerate(tl):
@@ -143,15 +144,15 @@ class _Builder:
     # ------------------------------------------------------------------ layouts
     def lay_devs(self, lay: int) -> tuple[int, ...]:
         """The devices of a layout, each once, in order of first entry."""
-        return tuple(dict.fromkeys(int(d) for d in self.plan.layout_devices[lay]))
+        return tuple(dict.fromkeys(int(d) for d in self.placed.layouts[lay].devices))
 
     def lay_ranges(self, lay: int) -> list[tuple[int, int, int, int]]:
         """(device, first sample, end sample, micro-batch) of each entry of a split layout (of a layout of
         ops divided beyond the batch: every device over each micro-batch, ``SplitLowering.ranges``)."""
         if lay in self.split.layouts:
             return self.split.ranges(lay)
-        devs, shares = self.plan.layout_devices[lay], self.plan.layout_shares[lay]
-        micro = self.plan.layout_micro[lay] if self.plan.layout_micro else (0,) * len(devs)
+        layout = self.placed.layouts[lay]
+        devs, shares, micro = layout.devices, layout.shares, layout.micro
         out, lo = [], 0
         for d, s, m in zip(devs, shares, micro):
             out.append((int(d), lo, lo + int(s), int(m)))
@@ -206,9 +207,8 @@ class _Builder:
     def reads_recomputed(self, u: int, op: int, recompute: bool) -> bool:
         """Whether ``op`` (its recomputed instance: ``recompute``) reads op ``u``'s recomputed copy: ``u`` is
         recomputed and ``op`` is a backward op or a recomputed op of its group (``recompute_edges``)."""
-        plan = self.plan
-        return bool(self.recomputed[u] and plan.op_group is not None and plan.op_group[u] == plan.op_group[op]
-                    and (self.phase[op] > 0 or recompute))
+        group = self.placed.op_group
+        return bool(self.recomputed[u] and group[u] == group[op] and (self.phase[op] > 0 or recompute))
 
     def leaf(self, leaf: tuple[int, int]) -> LeafInfo:
         return self.prog.leaves[leaf]
@@ -323,7 +323,7 @@ class _Builder:
         accumulated over the micro-batches of its producer's one device."""
         t = self.tensor_of.get(leaf_id)
         u = leaf_id[0]
-        return (t is not None and t in self.plan.aggregated) or (        # one device, several instances
+        return (t is not None and t in self.placed.aggregation) or (        # one device, several instances
             self.prog.op_has_batch[u] and len(self.lay_devs(self.op_lay(u))) == 1 < len(self.entries(u)))
 
     def aggregated(self, leaf_id: tuple[int, int]) -> tuple[tuple[int, ...], Source, tuple]:
@@ -336,7 +336,7 @@ class _Builder:
         leaf = self.leaf(leaf_id)
         t = self.tensor_of[leaf_id]
         sums = self.device_sums(leaf_id)
-        how = self.plan.aggregated.get(t)
+        how = self.placed.aggregation.get(t)
         if how is None:                              # one device: its accumulated sum
             (d, src, w, after), = sums
             if w != 1.0:
@@ -351,8 +351,8 @@ class _Builder:
         akey = (float(self.start[tasks[i]]), int(tasks[i]))
         stash_key = ("g", leaf.node)
         holders: tuple[int, ...]
-        if how[0] == "ps":
-            ps = int(how[1])
+        if how.kind == "ps":
+            ps = how.devices[0]
             parts = []
             for d, src, w, after in sums:
                 if d == ps:
@@ -548,7 +548,7 @@ class _Builder:
         if prog.op_has_batch[u]:
             for d, lo, hi, m in self.lay_ranges(self.op_lay(u)):
                 if u in self.split and d != self.split.ops[u].group(d)[0] and \
-                        self.split.ops[u].output(leaf_id[1]) != "P":
+                        self.split.ops[u].output(leaf_id[1]) != P:
                     continue      # a divided loss held whole on a group's devices: one copy (partial sums: all)
                 self.export(u, d, m, loss)
                 self.ranks[d].loss_terms.append((Env(env_name(loss, m)), float(((hi - lo) / self.B) ** (1 - e))))

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from heterog.graph.shard_exec import shard_of
-from heterog.graph.split_rules import Shard, parse_placement
+from heterog.placement import Shard, parse
 from heterog.runtime.layout import in_memory_order
 
 
@@ -30,7 +30,7 @@ class Sharding(NamedTuple):
 
     @property
     def shard(self) -> Shard:
-        p = parse_placement(self.placement)
+        p = parse(self.placement)
         if not isinstance(p, Shard):
             raise ValueError(f"a collective's shards need a divided placement, got {self.placement!r}")
         return p

@@ -1,23 +1,24 @@
-"""Lowering the ops of groups divided beyond the batch (docs/design.md, "Splits beyond the batch").
+"""Lowering the ops of groups split beyond the batch (docs/design.md, "Splits beyond the batch").
 
-A divided op runs on every device of its split config over the whole batch (or micro-batch), each device
-on its part of the op's divided dimension: ``Compute.local`` gives the kernel its local size arguments and
-transform (``heterog.graph.shard_exec``). The compiler's ``CompiledPlan.op_option`` says which of the
-op's options (``OpGraph.splits``) runs, and ``split_configs`` its devices and split weights; each device's
+A split op runs on every device of its split config over the whole batch (or micro-batch), each device
+on its part of the op's split dimension: ``Compute.local`` gives the kernel its local size arguments and
+transform (``heterog.graph.shard_exec``). The compiler's ``OpPlacements.op_option`` says which of the
+op's options (``OpGraph.splits``) runs, and ``splits`` its devices and split weights; each device's
 integer share of the option's extent is ``split_shares_of(extent, weights)``.
 
-Values (placements as in ``heterog.graph.sharding``):
-  - a divided op's output, or the view of it another op reads, is held per device as its option says:
-    a shard ("S"), a partial sum ("P") or the whole value ("R"); parameters, buffers and optimizer state
-    of a divided op are held as the shard of their option from the start (``RankProgram.persist_parts``),
-    graph inputs whole;
-  - a divided consumer reads its input where it is: locally when the producer is divided over the same
-    devices and holds what it needs (the same placement in the same units), or takes its part of a whole
-    copy held here, or pads its shard with zeros where it needs partial sums (``Derive``), or takes its
-    shard of partial sums or of other shards by a reduce-scatter or all-to-all over them
-    (``heterog.runtime.split_collectives``); otherwise the whole value is first made whole (``whole``) and
-    the consumer takes its part of it;
-  - an op that is not divided reads a divided producer's output made whole on its device (and re-laid out
+Values (placements: ``heterog.placement``, parsed once from the graph's options into ``SplitOp``):
+  - a split op's output, or the view of it another op reads, is held per device as its option says:
+    a shard (``Shard``), a partial sum (``Partial``) or the whole value (``Replicate``); parameters, buffers
+    and optimizer state of a split op are held as the shard of their option from the start
+    (``RankProgram.persist_parts``), graph inputs whole;
+  - a split consumer whose producer runs over the same devices (and groups, and samples) reads its input as
+    ``heterog.placement.conversion`` says: LOCAL where it is, SLICE its part of a whole copy held here, PAD
+    its shard in zeros where it needs partial sums (``Derive``), REDUCE_SCATTER and ALL_TO_ALL its shard by
+    that collective over its group (``heterog.runtime.split_collectives``); ALL_GATHER and ALL_REDUCE are
+    lowered as the value made whole (``whole``: all-gather of shards, all-reduce of partial sums) and the
+    consumer's part of it taken; a consumer over other devices reads it that way too; a placement needed of
+    no tensor (a shape read by a non-shape op) is read whole;
+  - an op that is not split reads a split producer's output made whole on its device (and re-laid out
     along the batch as usual); an op that reads only a value's shape reads zeros of it.
 A value is made whole on the producer's devices by one collective over them (``collective``): the shards
 all-gathered (``AllGather``, uneven shards padded for NCCL), the partial sums all-reduced (``AllReduce``),
@@ -35,7 +36,7 @@ weighted by their groups' shares (``group_sum``). A consumer
 whose samples differ from the producer's group (another grid, or no grid) reads the value re-laid out along
 the batch first, from every group its samples overlap.
 
-Micro-batches: a divided op runs once per micro-batch on each device; its partial results of the whole
+Micro-batches: a split op runs once per micro-batch on each device; its partial results of the whole
 step (weight gradients) accumulate on each device over the micro-batches (``held``); a value of the whole
 step read by a micro-batch's instance is scaled as ``heterog.runtime.scaling`` says; a split factor that
 counts batch rows scales with the micro-batch (``_at``).
@@ -55,7 +56,7 @@ from heterog.compiler.registries import entry_rows
 from heterog.errors import HeterogError
 from heterog.graph.shard_exec import combine, part_of
 from heterog.graph.sharding import SplitOption, splits_from_json
-from heterog.graph.split_rules import Shard, parse_placement
+from heterog.placement import Conversion, Partial, Placement, R, Shard, conversion, parse, same_units, text
 from heterog.runtime.instructions import (
     END,
     AllGather,
@@ -79,7 +80,7 @@ from heterog.runtime.kernel import Kernel
 from heterog.runtime.layout import in_memory_order
 from heterog.runtime.rng import block_batches
 from heterog.runtime.split_collectives import rescatter
-from heterog.strategy import split_shares_of
+from heterog.shares import split_shares_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.cluster import Cluster
@@ -95,15 +96,15 @@ Key = tuple[str, int | None]
 
 @dataclass(frozen=True)
 class SplitOp:
-    """One divided op as the runtime runs it: its devices, its option (None: whole on every device) and
+    """One split op as the runtime runs it: its devices, its option (None: whole on every device) and
     each device's integer share of the option's extent (empty when nothing is divided in units)."""
 
     devices: tuple[int, ...]
     option: SplitOption | None
     shares: tuple[int, ...]
-    inputs: dict[Key, str]
-    exits: dict[Key, str]
-    outputs: tuple[str, ...]
+    inputs: dict[Key, Placement | None]
+    exits: dict[Key, Placement]
+    outputs: tuple[Placement | None, ...]
     groups: tuple[tuple[int, ...], ...] = ()
 
     def group(self, dev: int) -> tuple[int, ...]:
@@ -111,7 +112,7 @@ class SplitOp:
         return next((g for g in self.groups if dev in g), self.groups[0] if self.groups else self.devices)
 
     def rank(self, dev: int) -> int:
-        """``dev``'s position in its group: which part of a divided dimension it holds."""
+        """``dev``'s position in its group: which part of a split dimension it holds."""
         return self.group(dev).index(dev)
 
     @property
@@ -122,19 +123,20 @@ class SplitOp:
     def extent(self) -> int | None:
         return self.option.extent if self.option is not None else None
 
-    def need(self, r: Read) -> str:
-        """The placement the op needs of what ``r`` reads ("-", nothing but its shape, reads it whole)."""
-        p = self.inputs.get((r.node, r.tuple_index), self.inputs.get((r.node, None), "R"))
-        return "R" if p == "-" else p
+    def need(self, r: Read) -> Placement:
+        """The placement the op needs of what ``r`` reads (no tensor, nothing but its shape: reads it whole)."""
+        p = self.inputs.get((r.node, r.tuple_index), self.inputs.get((r.node, None), R))
+        return R if p is None else p
 
-    def holds(self, node: str, index: int | None) -> str:
-        return self.exits.get((node, index), self.exits.get((node, None), "R"))
+    def holds(self, node: str, index: int | None) -> Placement:
+        return self.exits.get((node, index), self.exits.get((node, None), R))
 
-    def output(self, k: int) -> str:
-        return self.outputs[k] if k < len(self.outputs) else "R"
+    def output(self, k: int) -> Placement | None:
+        return self.outputs[k] if k < len(self.outputs) else R
 
-    def part(self, placement: str, rank: int) -> Part | None:
-        return None if placement == "R" else Part(placement, self.extent, self.shares, rank)
+    def part(self, placement: Placement | None, rank: int) -> Part | None:
+        """Device ``rank``'s part of a value under ``placement`` (None: the whole of it)."""
+        return None if placement is None or placement == R else Part(str(placement), self.extent, self.shares, rank)
 
     def local(self, rank: int) -> Local | None:
         o = self.option
@@ -145,31 +147,30 @@ class SplitOp:
                      offset, o.extent)
 
     def same_units(self, other: SplitOp) -> bool:
-        return (self.devices, self.groups, self.extent, self.shares) == (other.devices, other.groups, other.extent,
-                                                                          other.shares)
+        return (self.devices, self.groups) == (other.devices, other.groups) and same_units(
+            self.extent, other.extent, self.shares, other.shares)
 
 
 def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> float:
     return float(math.prod(shape) * dtype.itemsize)
 
 
-def _at(placement: str, whole: tuple[int, ...], local: tuple[int, ...]) -> str:
+def _at(p: Placement | None, whole: tuple[int, ...], local: tuple[int, ...]) -> Placement | None:
     """``placement`` (of a value of shape ``whole`` at the graph's batch) for the value's shape ``local`` at
     a micro-batch: a split factor counts the outer rows of its dimension (batch rows among them, e.g. heads
     inside ``batch * heads``), so it scales with that dimension's size."""
-    p = parse_placement(placement)
     if not isinstance(p, Shard) or p.sf == 1 or whole[p.dim] == local[p.dim]:
-        return placement
+        return p
     if (p.sf * local[p.dim]) % whole[p.dim]:
-        raise HeterogError(f"placement {placement} of a dimension of {whole[p.dim]} does not carry over to "
+        raise HeterogError(f"placement {p} of a dimension of {whole[p.dim]} does not carry over to "
                            f"{local[p.dim]} (a micro-batch): its units are not independent of the batch")
-    return f"S{p.dim}:{p.sf * local[p.dim] // whole[p.dim]}"
+    return Shard(p.dim, p.sf * local[p.dim] // whole[p.dim])
 
 
-def part_shape(shape: tuple[int, ...], placement: str, extent: int | None, shares: tuple[int, ...], rank: int
-               ) -> tuple[int, ...]:
+def part_shape(shape: tuple[int, ...], placement: Placement | str | None, extent: int | None,
+               shares: tuple[int, ...], rank: int) -> tuple[int, ...]:
     """The shape of device ``rank``'s part of a value of ``shape`` (``heterog.graph.shard_exec.shard_of``)."""
-    p = parse_placement(placement)
+    p = parse(placement) if isinstance(placement, str) else placement
     if not isinstance(p, Shard):
         return shape
     assert extent is not None
@@ -228,46 +229,49 @@ class Builder(Protocol):
 
 
 class SplitLowering:
-    """The divided ops of one plan, lowered into the builder's rank programs (module docstring)."""
+    """The split ops of one plan, lowered into the builder's rank programs (module docstring)."""
 
     def __init__(self, b: Builder) -> None:
         self.b = b
         self.ops: dict[int, SplitOp] = {}
-        plan, graph, prog = b.plan, b.graph, b.prog
-        if plan.op_split is None or not np.any(plan.op_split >= 0):
+        placed, graph, prog = b.plan.placements, b.graph, b.prog
+        if placed.op_split is None or not np.any(placed.op_split >= 0):
             self.layouts: set[int] = set()
             return
-        if graph.splits is None or plan.op_option is None:
-            raise HeterogError(f"graph {graph.name!r} carries no split options; it cannot run a divided plan")
+        if graph.splits is None or placed.op_option is None:
+            raise HeterogError(f"graph {graph.name!r} carries no split options; it cannot run a split plan")
         splits = splits_from_json(graph.splits)
-        for o in np.nonzero(plan.op_split >= 0)[0].tolist():
-            devs, weights, groups = plan.split_configs[int(plan.op_split[o])]
+        for o in np.nonzero(placed.op_split >= 0)[0].tolist():
+            config = placed.splits[int(placed.op_split[o])]
+            devs, weights, groups = config.devices, config.weights, config.groups
             weights = weights[:len(groups[0])]            # a grid's groups divide alike
-            k = int(plan.op_option[o])
+            k = int(placed.op_option[o])
             opt = splits[o].options[k] if k >= 0 else None
             whole = opt is None or prog.op_kind[o] == "input"      # graph inputs are held whole everywhere
             shares = tuple(split_shares_of(opt.extent, weights)) if opt is not None and opt.extent is not None \
                 else ()
             s = splits[o]
+
+            def typed(texts: Sequence[str], whole: bool = whole) -> list[Placement | None]:
+                return [R if whole else parse(t) for t in texts]
+
             self.ops[o] = SplitOp(
                 tuple(int(d) for d in devs), opt, shares,
-                {(r.node, r.index): ("R" if whole else opt.inputs[j]) for j, r in enumerate(s.inputs)} if opt else {},
-                {(r.node, r.index): ("R" if whole else opt.exits[j]) for j, r in enumerate(s.exits)} if opt else {},
-                tuple("R" if whole else p for p in opt.outputs) if opt else (),
+                dict(zip(((r.node, r.index) for r in s.inputs), typed(opt.inputs))) if opt else {},
+                {(r.node, r.index): p or R for r, p in zip(s.exits, typed(opt.exits))} if opt else {},
+                tuple(typed(opt.outputs)) if opt else (),
                 tuple(tuple(int(d) for d in g) for g in groups))
-        self.layouts = {int(plan.op_layout[o]) for o in self.ops} if plan.op_layout is not None else set()
-        self.lay_groups = {int(plan.op_layout[o]): so.groups for o, so in self.ops.items()} \
-            if plan.op_layout is not None else {}
+        self.layouts = {int(placed.op_layout[o]) for o in self.ops}
+        self.lay_groups = {int(placed.op_layout[o]): so.groups for o, so in self.ops.items()}
 
     def __contains__(self, op: int) -> bool:
         return op in self.ops
 
     def ranges(self, lay: int) -> list[tuple[int, int, int, int]]:
-        """(device, first sample, end sample, micro-batch) of each entry of a divided op's layout: every
+        """(device, first sample, end sample, micro-batch) of each entry of a split op's layout: every
         device of a group over the group's samples of each micro-batch (one group: all of them)."""
-        plan = self.b.plan
-        devs, shares = plan.layout_devices[lay], plan.layout_shares[lay]
-        micro = plan.layout_micro[lay] if plan.layout_micro else (0,) * len(devs)
+        layout = self.b.plan.placements.layouts[lay]
+        devs, shares, micro = layout.devices, layout.shares, layout.micro
         rows = entry_rows(devs, shares, micro, self.lay_groups[lay])
         size: dict[int, int] = {}
         for (_, hi), m in zip(rows, micro):
@@ -279,7 +283,7 @@ class SplitLowering:
         return [(int(d), start[int(m)] + r0, start[int(m)] + r1, int(m)) for d, (r0, r1), m in zip(devs, rows, micro)]
 
     def holders(self, op: int) -> tuple[int, ...]:
-        """The devices whose parts of divided op ``op``'s placeholder put it together (one group of a grid)."""
+        """The devices whose parts of split op ``op``'s placeholder put it together (one group of a grid)."""
         so = self.ops[op]
         return so.groups[0] if so.grid else so.devices
 
@@ -290,7 +294,7 @@ class SplitLowering:
         return ("whole", leaf_id, dev, micro) if group is None else ("whole", leaf_id, dev, micro, group)
 
     def whole(self, leaf_id: tuple[int, int], dev: int, micro: int, key: tuple, of: int | None = None) -> Source:
-        """A divided op's output put together whole on ``dev`` (its own copy where it holds it whole), over the
+        """A split op's output put together whole on ``dev`` (its own copy where it holds it whole), over the
         samples of the group of device ``of`` (default: ``dev``'s group, or the only one): by one collective
         over the group's devices (``collective``) where ``dev`` is one of them, else received from the
         best-connected of them."""
@@ -303,25 +307,25 @@ class SplitLowering:
         group = su.group(dev if of is None else of)
         other = group if (su.grid and dev not in group) else None
         p = su.output(leaf.k)
-        if p == "R" and dev in group:
+        if p == R and dev in group:
             return self.held(leaf_id, dev, micro)[0]
         memo_key = self.whole_key(leaf_id, dev, micro, other)
-        if p != "R":
+        if p != R:
             stash_key, after = self.collective(leaf_id, micro, group)
         item = b.memo.get(memo_key)
         if item is None:            # outside the group: a copy from its best-connected device
             h = b.cluster.best_source(group, dev)
-            src, after = self.held(leaf_id, h, micro) if p == "R" else (Stash(stash_key), after)
+            src, after = self.held(leaf_id, h, micro) if p == R else (Stash(stash_key), after)
             shape = leaf.local_shape(self.samples(u, micro, group[0])) if leaf.batch_dim is not None else leaf.shape
             msg = b.send(h, dev, after, src, None, 1.0, shape, leaf.dtype)
             stash = ("w", leaf.read_node, micro) if other is None else ("w", leaf.read_node, micro, other)
-            item = b.emit(dev, key + (-1,), Combine(stash, (Recv(msg),), "R", leaf.memory_order))
+            item = b.emit(dev, key + (-1,), Combine(stash, (Recv(msg),), str(R), leaf.memory_order))
             b.memo[memo_key] = item
         b.pull(item, key + (-1,))
         return Stash(item[2].key)
 
     def collective(self, leaf_id: tuple[int, int], micro: int, group: tuple[int, ...]) -> tuple[tuple, tuple]:
-        """A divided op's output of shards or partial sums made whole on every device of ``group`` (of the op's
+        """A split op's output of shards or partial sums made whole on every device of ``group`` (of the op's
         config) by one collective over them (once per value: ``AllGather`` of the shards, ``AllReduce`` of the
         partial sums), issued by every member at one key, after its last member holds its part (so every
         member issues the collectives of a subgroup in the same order, as the gradient AllReduce). Returns the
@@ -344,7 +348,7 @@ class SplitLowering:
         def nbytes(shape: tuple[int, ...]) -> float:
             return _nbytes(shape, leaf.dtype)
 
-        if p == "P":
+        if isinstance(p, Partial):
             emu = float(b.nominal.allreduce_times(group, np.array([nbytes(shape)]))[0][0]) if b.emulate else 0.0
             instrs = [AllReduce(stash_key, g, src, 1.0, emu, leaf.memory_order) for src, _ in held]
         else:
@@ -352,7 +356,7 @@ class SplitLowering:
             emu = float(b.nominal.sharded_ring_times(group, np.array([[nbytes(s) for s in shapes]]))[0]) \
                 if b.emulate else 0.0
             parts = tuple(zip(group, shapes))
-            instrs = [AllGather(stash_key, g, src, p, parts, emu, leaf.memory_order) for src, _ in held]
+            instrs = [AllGather(stash_key, g, src, text(p), parts, emu, leaf.memory_order) for src, _ in held]
         items = [b.emit(h, at, ins) for h, ins in zip(group, instrs)]
         for h, item in zip(group, items):
             b.memo[("whole", leaf_id, h, micro)] = item
@@ -361,12 +365,12 @@ class SplitLowering:
         return got
 
     def rows(self, op: int, dev: int, micro: int) -> tuple[int, int] | None:
-        """The samples (first, end) divided op ``op`` runs on ``dev`` for micro-batch ``micro`` (None: none)."""
+        """The samples (first, end) split op ``op`` runs on ``dev`` for micro-batch ``micro`` (None: none)."""
         return next(((lo, hi) for d, lo, hi, m in self.ranges(int(self.b.op_layout[op])) if d == dev and m == micro),
                     None)
 
     def samples(self, op: int, micro: int, dev: int | None = None) -> int:
-        """Samples of micro-batch ``micro`` that divided op ``op`` runs on ``dev`` (default: its first device)."""
+        """Samples of micro-batch ``micro`` that split op ``op`` runs on ``dev`` (default: its first device)."""
         return next(hi - lo for d, lo, hi, m in self.ranges(int(self.b.op_layout[op]))
                     if m == micro and (dev is None or d == dev))
 
@@ -379,7 +383,7 @@ class SplitLowering:
                 and leaf_id not in b.exps.statistics)
 
     def accumulated(self, leaf_id: tuple[int, int]) -> bool:
-        """A divided op's partial result summed over several micro-batches or a grid's groups: a non-batch
+        """A split op's partial result summed over several micro-batches or a grid's groups: a non-batch
         output of a batch op (a weight gradient, not a statistic of each micro-batch's samples)."""
         b = self.b
         return self.over_groups(leaf_id) or (
@@ -387,7 +391,7 @@ class SplitLowering:
             and leaf_id not in b.exps.statistics)
 
     def held(self, leaf_id: tuple[int, int], dev: int, micro: int) -> tuple[Source, tuple]:
-        """A divided op's value of a leaf on ``dev`` (for micro-batch ``micro``; summed over them, and over a
+        """A split op's value of a leaf on ``dev`` (for micro-batch ``micro``; summed over them, and over a
         grid's groups, where ``accumulated``) and the key after which it exists."""
         b = self.b
         if self.over_groups(leaf_id):
@@ -447,7 +451,8 @@ class SplitLowering:
         (``_at``)."""
         if part is None or batch == self.b.B or ":" not in part.placement:
             return part
-        return replace(part, placement=_at(part.placement, self.shape_of(r, self.b.B), self.shape_of(r, batch)))
+        at = _at(parse(part.placement), self.shape_of(r, self.b.B), self.shape_of(r, batch))
+        return replace(part, placement=text(at))
 
     def derive(self, dev: int, key: tuple, source: Source, leaf: str, chain: tuple[str, ...], batch: int,
                local: Local | None, part: Part | None, scale: float, name: str, micro: int,
@@ -469,7 +474,7 @@ class SplitLowering:
 
     def _local(self, u: int, r: Read, dev: int, micro: int, batch: int, part: Part | None, key: tuple,
                scale: float, pad: Part | None = None) -> Input:
-        """What divided op ``u`` holds of ``r``'s node on ``dev`` (its part of it: ``part``; put in zeros of
+        """What split op ``u`` holds of ``r``'s node on ``dev`` (its part of it: ``part``; put in zeros of
         the whole shape: ``pad``)."""
         b = self.b
         su, leaf = self.ops[u], b.leaf(r.leaf)
@@ -495,7 +500,7 @@ class SplitLowering:
 
     # ------------------------------------------------------------------ ops
     def read(self, op: int, r: Read, dev: int, micro: int, batch: int, key: tuple) -> Input:
-        """What divided op ``op``'s instance on ``dev`` reads for ``r`` (module docstring)."""
+        """What split op ``op``'s instance on ``dev`` reads for ``r`` (module docstring)."""
         b = self.b
         so = self.ops[op]
         rank = so.rank(dev)
@@ -519,14 +524,16 @@ class SplitLowering:
             or self.rows(u, dev, mu) == self.rows(op, dev, micro)
         if su is not None and su.devices == so.devices and su.groups == so.groups and same_rows:
             have = su.holds(r.node, r.tuple_index)
-            if have == need and (have[0] != "S" or su.same_units(so)):
+            c = conversion(have, need, su.same_units(so))
+            if c == Conversion.LOCAL:
                 return self._local(u, r, dev, mu, batch, None, key, scale)
-            if have == "R":
+            if c == Conversion.SLICE:
                 return self._local(u, r, dev, mu, batch, so.part(need, rank), key, scale)
-            if have[0] == "S" and need == "P":          # a shard is a partial sum: zeros elsewhere
+            if c == Conversion.PAD:                     # a shard is a partial sum: zeros elsewhere
                 return self._local(u, r, dev, mu, batch, None, key, scale, pad=su.part(have, rank))
-            if need[0] == "S" and have[0] in "PS":      # reduce-scatter, or all-to-all of other shards
+            if c in (Conversion.REDUCE_SCATTER, Conversion.ALL_TO_ALL):     # a shard from partial sums or shards
                 return rescatter(self, op, r, dev, micro, batch, scale)
+        # another collective (or another config's value): made whole, then this device's part of it taken
         part = self.part_at(so.part(need, rank), r, batch)
         whole = su is not None and same_rows
         if whole:                       # put together here (a grid's batch value: if this group's samples)
@@ -540,7 +547,7 @@ class SplitLowering:
                                          after, index=r.tuple_index), None, (), 1.0, r.tuple_index)
 
     def compute(self, op: int, dev: int, first: int, end: int, micro: int) -> None:
-        """Divided op ``op``'s instance on ``dev`` over samples ``first .. end`` (micro-batch ``micro``)."""
+        """Split op ``op``'s instance on ``dev`` over samples ``first .. end`` (micro-batch ``micro``)."""
         b = self.b
         so = self.ops[op]
         batch = end - first
@@ -552,7 +559,7 @@ class SplitLowering:
         b.emit(dev, key + (0,), Compute(op, batch, inputs, (), first, micro, False, so.local(so.rank(dev))))
 
     def held_part(self, op: int, dev: int) -> Part | None:
-        """The part of a placeholder of divided op ``op`` that ``dev`` holds (None: all of it)."""
+        """The part of a placeholder of split op ``op`` that ``dev`` holds (None: all of it)."""
         so = self.ops.get(op)
         return so.part(so.output(0), so.rank(dev)) if so is not None else None
 
@@ -566,8 +573,8 @@ class SplitLowering:
         if su is not None:
             sp = self.ops.get(ph_op)
             have = su.output(leaf_id[1])
-            want = part.placement if part is not None else "R"
-            if dev in su.devices and have == want and (have[0] != "S" or (sp is not None and su.same_units(sp))):
+            want = parse(part.placement) if part is not None else R
+            if dev in su.devices and conversion(have, want, sp is not None and su.same_units(sp)) == Conversion.LOCAL:
                 return b.producer_source(b.leaf(leaf_id), dev, 0)
             whole = self.whole(leaf_id, dev, 0, END)
         if part is None:

@@ -10,7 +10,6 @@ from torch import Tensor, nn
 
 from agents.networks import (
     HEADS,
-    N_DP_SCHEMES,
     AutoregressiveDecoder,
     DeviceTokens,
     FixedPolicyHead,
@@ -22,6 +21,7 @@ from agents.networks import (
     TokenPolicyHead,
     most_likely_actions,
 )
+from heterog.actions import N_DP_ACTIONS
 
 F_OP, F_DEV, M = 6, 3, 3
 SMALL = {"hidden": 16, "gat_layers": 1, "gat_heads": 2, "txl_layers": 1, "txl_heads": 2, "segment_len": 3,
@@ -54,7 +54,7 @@ class SharedDataParallelHead(PolicyHead):
         return None if n_real == n_rows == self.n_devices else f"the shared-dp head takes {self.n_devices} devices"
 
     def forward(self, states: Tensor, devices: DeviceTokens | None) -> Tensor:
-        dp = self.dp_logit.expand(*states.shape[:-1], N_DP_SCHEMES)
+        dp = self.dp_logit.expand(*states.shape[:-1], N_DP_ACTIONS)
         return torch.cat([self.device_scores(states), dp], dim=-1)
 
     def add_data_parallel_bias(self, bias: float) -> None:
@@ -85,7 +85,7 @@ def graph(n_ops: int = 14, n_groups: int = 5, seed: int = 0) -> dict[str, Tensor
 # ------------------------------------------------------------------------------------------ a new head
 def test_a_new_head_plugs_in_by_name(shared_dp) -> None:
     torch.manual_seed(0)
-    config = PolicyConfig(F_OP, F_DEV, M + N_DP_SCHEMES, head="shared-dp", **SMALL)
+    config = PolicyConfig(F_OP, F_DEV, M + N_DP_ACTIONS, head="shared-dp", **SMALL)
     assert config.to_dict()["head"] == "shared-dp" and PolicyConfig.from_dict(config.to_dict()) == config
     policy = StrategyPolicy(config).eval()
     assert isinstance(policy.head, shared_dp) and policy.head_kind == "shared-dp"
@@ -96,7 +96,7 @@ def test_a_new_head_plugs_in_by_name(shared_dp) -> None:
     with torch.no_grad():
         logits = policy(**obs)
         states = policy.encode_strategy(policy.embed_groups(**obs), obs["group_mask"])
-        expected = torch.cat([policy.head.device_scores(states), torch.full((5, N_DP_SCHEMES), 2.0)], dim=-1)
+        expected = torch.cat([policy.head.device_scores(states), torch.full((5, N_DP_ACTIONS), 2.0)], dim=-1)
     assert torch.equal(logits, expected)
     with pytest.raises(PolicyError, match="the shared-dp head takes 3 devices"):
         policy(**{**obs, "dev_x": torch.randn(M + 1, F_DEV)})
@@ -106,7 +106,7 @@ def test_a_new_head_plugs_in_by_name(shared_dp) -> None:
 
 def test_a_new_autoregressive_head_decodes_and_others_say_which_heads_can(shared_dp) -> None:
     torch.manual_seed(0)
-    policy = StrategyPolicy(PolicyConfig(F_OP, F_DEV, M + N_DP_SCHEMES, head="shared-dp", autoregressive=True,
+    policy = StrategyPolicy(PolicyConfig(F_OP, F_DEV, M + N_DP_ACTIONS, head="shared-dp", autoregressive=True,
                                          **SMALL)).eval()
     assert isinstance(policy.decoder, AutoregressiveDecoder) and policy.autoregressive
     obs = graph()
@@ -130,14 +130,14 @@ def test_the_registered_heads_are_fixed_and_tokens() -> None:
 
 def test_the_fixed_head_scores_one_cluster_size_and_starts_near_zero() -> None:
     torch.manual_seed(0)
-    head = FixedPolicyHead(16, M + N_DP_SCHEMES)
+    head = FixedPolicyHead(16, M + N_DP_ACTIONS)
     assert head.device_problem(M, M) is None
     assert head.device_problem(M, 5) == "the fixed head takes no padded devices, got dev_mask with 3 of 5 real"
     assert head.device_problem(5, 5) == "dev_x has 5 devices, so 9 actions; this policy has 7 (built for 3 devices)"
     head.reset_parameters()
-    torch.testing.assert_close(head.weight @ head.weight.T, 1e-4 * torch.eye(M + N_DP_SCHEMES))
+    torch.testing.assert_close(head.weight @ head.weight.T, 1e-4 * torch.eye(M + N_DP_ACTIONS))
     head.add_data_parallel_bias(1.5)
-    assert head.bias.tolist() == [0.0] * M + [1.5] * N_DP_SCHEMES
+    assert head.bias.tolist() == [0.0] * M + [1.5] * N_DP_ACTIONS
     states = torch.randn(2, 5, 16)
     assert torch.equal(head(states, None), states @ head.weight.T + head.bias)
 
@@ -157,13 +157,13 @@ def test_the_token_head_scores_any_cluster_up_to_its_size() -> None:
 # ------------------------------------------------------------------------------------------ decoders
 def test_the_decoder_follows_the_config() -> None:
     torch.manual_seed(0)
-    independent = StrategyPolicy(PolicyConfig(F_OP, F_DEV, M + N_DP_SCHEMES, **SMALL))
-    autoregressive = StrategyPolicy(PolicyConfig(F_OP, F_DEV, M + N_DP_SCHEMES, autoregressive=True, **SMALL))
+    independent = StrategyPolicy(PolicyConfig(F_OP, F_DEV, M + N_DP_ACTIONS, **SMALL))
+    autoregressive = StrategyPolicy(PolicyConfig(F_OP, F_DEV, M + N_DP_ACTIONS, autoregressive=True, **SMALL))
     assert isinstance(independent.decoder, IndependentDecoder) and not independent.autoregressive
     assert not any(k.startswith("decoder.") for k in independent.state_dict())
     assert [k for k in autoregressive.state_dict() if k.startswith("decoder.")] == ["decoder.action_emb.weight"]
-    assert autoregressive.decoder.action_emb.weight.shape == (M + N_DP_SCHEMES + 1, 16)
-    logits = torch.zeros(5, M + N_DP_SCHEMES)
+    assert autoregressive.decoder.action_emb.weight.shape == (M + N_DP_ACTIONS + 1, 16)
+    logits = torch.zeros(5, M + N_DP_ACTIONS)
     mask = torch.ones(5, dtype=torch.bool)
     assert independent.draw(logits, mask, 3, greedy=True).shape == (3, 5)
     with pytest.raises(PolicyError, match="draw gives action-independent logits"):

@@ -10,14 +10,26 @@ import numpy as np
 import pytest
 import torch
 
-from agents.networks import N_DP_SCHEMES, PolicyConfig, StrategyPolicy, most_likely_actions, n_outputs
+from agents.networks import PolicyConfig, StrategyPolicy, most_likely_actions
+from agents.networks.common import pointer_blocks
 from agents.planner import build_policy, plan
 from envs import DEVICE_FEATURE_DIM, PlacementEnv, plan_strategy
+from heterog.actions import (
+    N_DP_ACTIONS,
+    cluster_split_action,
+    decode_split_action,
+    device_action_blocks,
+    devices_of,
+    n_actions,
+    server_split_action,
+    split_action_name,
+    strategy_from_actions,
+)
 from heterog.cluster.loader import cluster_from_dict
 from heterog.errors import StrategyError
 from heterog.evaluate import Evaluator
 from heterog.graph.cache import capture_model
-from heterog.strategy import ParallelConfig, decode_split_action, n_actions, split_action_name, strategy_from_actions
+from heterog.strategy import ParallelConfig
 
 torch.set_num_threads(1)
 
@@ -41,10 +53,15 @@ def mlp():
     return capture_model("tiny_mlp", 16)
 
 
-def test_the_action_count_is_three_devices_plus_six_in_both_packages():
+def test_the_action_count_and_offsets_are_stated_once():
     for m in (1, 2, 6, 16):
-        assert n_actions(m) == n_outputs(m) == m + 4
-        assert n_actions(m, splits=True) == n_outputs(m, splits=True) == 3 * m + 6
+        assert n_actions(m) == m + 4 and n_actions(m, splits=True) == 3 * m + 6
+        assert devices_of(n_actions(m)) == m and devices_of(n_actions(m, splits=True), splits=True) == m
+        assert cluster_split_action(m) == m + 4 and cluster_split_action(m, proportional=True) == m + 5
+        assert server_split_action(m, 1) == m + 7 and server_split_action(m, 1, proportional=True) == 2 * m + 7
+        assert device_action_blocks(m) == [(0, m)]
+        assert device_action_blocks(m, splits=True) == [(0, m), (m + 6, 2 * m + 6), (2 * m + 6, 3 * m + 6)]
+        assert pointer_blocks(n_actions(m, splits=True), splits=True) == device_action_blocks(m, splits=True)
 
 
 def test_split_actions_decode_to_the_cluster_or_the_pointed_devices_server(cluster):
@@ -88,7 +105,7 @@ def test_a_plan_of_split_actions_decodes_on_graphs_with_split_options_only(mlp, 
 
 def test_the_greedy_decision_sums_each_pointer_block():
     m = 4                                                        # 18 logits: 4 mp, 4 dp, 2 tp, 4 + 4 pointers
-    logits = torch.zeros(3, n_outputs(m, splits=True))
+    logits = torch.zeros(3, n_actions(m, splits=True))
     logits[0, 10:14] = torch.tensor([0.0, 0.5, 0.0, 0.0])      # tp-even pointers: 4 x ~e^0 beat dp's e^1
     logits[0, 5] = 1.0
     logits[1, 9] = 2.0                                           # tp-prop over the cluster, a single action
@@ -97,7 +114,7 @@ def test_the_greedy_decision_sums_each_pointer_block():
 
     assert most_likely_actions(logits, splits=True).tolist() == [11, 9, 0]
     # without split actions the layout is M + 4: the last four columns are the DP schemes
-    plain = torch.zeros(2, n_outputs(8))
+    plain = torch.zeros(2, n_actions(8))
     plain[:, 8 + 1] = torch.tensor([3.0, 2.0])                   # e^3 = 20 beats the mp block's 8; e^2 does not
     assert most_likely_actions(plain).tolist() == [9, 0]
 
@@ -108,7 +125,7 @@ def test_both_heads_score_every_split_action(mlp, cluster, head):
 
     policy = build_policy(6, head=head, split_actions=True, hidden=16, gat_layers=1, gat_heads=2, txl_layers=1,
                           txl_heads=2, segment_len=8, mem_len=8)
-    assert policy.split_actions and policy.settings.n_actions == (16 if head == "tokens" else 6) + N_DP_SCHEMES
+    assert policy.split_actions and policy.settings.n_actions == (16 if head == "tokens" else 6) + N_DP_ACTIONS
     task = make_task(mlp, cluster, layout=policy.feature_layout)
     with torch.no_grad():
         emb = policy.embed_groups(*task.inputs.args())

@@ -4,12 +4,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from heterog.actions import decode_action
 from heterog.cluster import load_cluster
 from heterog.cluster.loader import cluster_from_dict
 from heterog.compiler import TaskKind
+from heterog.compiler.index import graph_index
 from heterog.cost import CostModel
 from heterog.evaluate import Evaluator
-from heterog.strategy import ParallelConfig, Strategy, decode_action
+from heterog.strategy import ParallelConfig, Strategy
 from tests.compiler.helpers import chain_graph, linear_graph
 
 
@@ -95,7 +97,7 @@ def test_even_ps_timeline():
     # pushes its partial gradient (32e-9), the PS aggregates 2 inputs (2 * 32 * 1e-10) and updates (16).
     expected = 32e-9 + 145 + 32e-9 + 64e-10 + 16
     assert res.iteration_time_s == pytest.approx(expected, rel=1e-12)
-    assert res.plan.ps_device == {0: 0}
+    assert res.plan.placements.ps_device == {0: 0}
     kinds = res.plan.task_kind
     assert np.sum(kinds == TaskKind.PUSH) == 1 and np.sum(kinds == TaskKind.AGGREGATE) == 1
     upd = [i for i, op in enumerate(g.ops) if op.name == "upd"][0]
@@ -124,7 +126,7 @@ def test_relayout_inserts_split_transfer_concat():
     k = res.plan.counts()
     # mm's output (B=8 on dev 0) -> loss replicas (4 on dev0, 4 on dev1): one split on dev 0, one transfer;
     # x (dev 0) -> gW replicas: split + transfer. W is needed on device 1 (mm on dev 0 has it locally).
-    assert k["split"] == 2 and k["concat"] == 0
+    assert k["relayout"] == 2 and k["concat"] == 0
     assert k["transfer"] == 2
     tr = res.plan.task_kind == TaskKind.TRANSFER
     assert sorted(res.plan.tg.duration[tr].tolist()) == pytest.approx([4 * 2 * 4 * 1e-9, 4 * 4 * 4 * 1e-9])
@@ -184,10 +186,13 @@ def test_allreduce_picks_the_cheaper_algorithm():
     ev = Evaluator(g, c, cost)
     res = ev.evaluate(ev.strategy(np.full(ev.n_groups, c.n_devices + 1)))
     devs = tuple(range(c.n_devices))
-    for op, algo in res.plan.allreduce_algo.items():
-        nb = g.ops[op].bytes_written
+    gi = graph_index(g)
+    assert res.plan.placements.aggregation
+    for t, how in res.plan.placements.aggregation.items():
+        nb = g.ops[int(gi.t_op[t])].bytes_written
         ring, hier = cost.allreduce(devs, nb, "ring").time_s, cost.allreduce(devs, nb, "hierarchical").time_s
-        assert algo == ("ring" if ring <= hier else "hierarchical")
+        assert how.kind == "allreduce" and how.devices == devs
+        assert how.algorithm == ("ring" if ring <= hier else "hierarchical")
     ar = res.plan.task_kind == TaskKind.ALLREDUCE
     nb = g.ops[int(res.plan.task_op[ar][0])].bytes_written
     assert res.plan.tg.duration[ar][0] == pytest.approx(min(cost.allreduce(devs, nb, "ring").time_s,
@@ -224,7 +229,7 @@ def test_communication_holds_links_and_compute_holds_its_gpu():
         for t in range(tg.n_tasks):
             r = tg.task_resources(t).tolist()
             kind = TaskKind(plan.task_kind[t])
-            if kind in (TaskKind.COMPUTE, TaskKind.SPLIT, TaskKind.CONCAT, TaskKind.AGGREGATE):
+            if kind in (TaskKind.COMPUTE, TaskKind.RELAYOUT, TaskKind.CONCAT, TaskKind.AGGREGATE):
                 assert r == [plan.task_device[t]]
             elif kind in (TaskKind.TRANSFER, TaskKind.PUSH, TaskKind.ALLREDUCE):
                 assert r and all(x >= c.n_devices for x in r)
@@ -281,10 +286,10 @@ def test_random_strategies_cover_every_op_and_split_the_whole_batch(actions, bat
     for op in range(g.n_ops):
         if not g.ops[op].kind == "compute":
             continue
-        lay = plan.op_layout[op]
-        assert np.sum(comp & (plan.task_op == op)) == len(plan.layout_devices[lay])
+        layout = plan.placements.layouts[plan.placements.op_layout[op]]
+        assert np.sum(comp & (plan.task_op == op)) == len(layout.devices)
         if g.has_batch[op]:
-            assert sum(plan.layout_shares[lay]) == batch      # split ops cover the whole batch
+            assert sum(layout.shares) == batch      # split ops cover the whole batch
     dep_ptr, dep_idx = plan.tg.dependencies()
     for t in range(plan.n_tasks):
         deps = dep_idx[dep_ptr[t]:dep_ptr[t + 1]]

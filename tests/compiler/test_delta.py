@@ -27,15 +27,15 @@ def assert_same_plan(patched, scratch) -> None:
                  (patched.task_kind, scratch.task_kind), (patched.task_op, scratch.task_op),
                  (patched.task_device, scratch.task_device), (patched.task_prio_op, scratch.task_prio_op)]:
         np.testing.assert_array_equal(x, y)
-    assert patched.ps_device == scratch.ps_device
-    assert patched.allreduce_algo == scratch.allreduce_algo
-    assert patched.aggregated == scratch.aggregated
+    p, s = patched.placements, scratch.placements
+    assert p.ps_device == s.ps_device
+    assert p.aggregation == s.aggregation
 
-    def layouts(p, ids):
-        return [(p.layout_devices[i], p.layout_shares[i]) for i in np.asarray(ids).tolist()]
+    def layouts(placed, ids):
+        return [placed.layouts[i] for i in np.asarray(ids).tolist()]
 
-    assert layouts(patched, patched.op_layout) == layouts(scratch, scratch.op_layout)
-    assert layouts(patched, patched.tensor_layout) == layouts(scratch, scratch.tensor_layout)
+    assert layouts(p, p.op_layout) == layouts(s, s.op_layout)
+    assert layouts(p, p.tensor_layout) == layouts(s, s.tensor_layout)
 
 
 def config_pool(ev: Evaluator, rng: np.random.Generator, size: int = 10) -> list[ParallelConfig]:
@@ -149,7 +149,7 @@ def test_changing_one_group_moves_other_groups_ps_and_the_patch_follows():
     cost = LinkCost(cluster)
     base = ev_ps(graph, cluster, 4)
     compiler = Compiler(graph, cluster, cost, delta_fraction=1.0)      # patch whatever the change
-    before = compiler.compile(base).ps_device
+    before = compiler.compile(base).placements.ps_device
     moved = 0
     for new in (ParallelConfig.of([(d, 2) for d in range(4)], sync="allreduce"),
                 ParallelConfig.single(3, graph.batch_size), ParallelConfig.of([(0, 4), (3, 4)], sync="ps")):
@@ -158,7 +158,7 @@ def test_changing_one_group_moves_other_groups_ps_and_the_patch_follows():
         strategy = Strategy(graph.fingerprint, cluster.name, 4, graph.batch_size, base.group_of, configs)
         patched = compiler.compile(strategy)
         assert_same_plan(patched, compile_strategy(graph, cluster, strategy, cost))
-        moved += sum(patched.ps_device.get(gr) != before[gr] for gr in (1, 2, 3))
+        moved += sum(patched.placements.ps_device.get(gr) != before[gr] for gr in (1, 2, 3))
         compiler.bases.clear()
         compiler.compile(base)                           # start the next change from the base plan
     assert moved >= 1

@@ -42,7 +42,7 @@ def setup():
 
 
 def _moves_of(plan, op):
-    kinds = [int(TaskKind.TRANSFER), int(TaskKind.SPLIT), int(TaskKind.CONCAT)]
+    kinds = [int(TaskKind.TRANSFER), int(TaskKind.RELAYOUT), int(TaskKind.CONCAT)]
     return int(np.sum(np.isin(plan.task_kind, kinds) & (plan.task_op == op)))
 
 

@@ -13,7 +13,8 @@ from heterog.compiler import TaskKind
 from heterog.compiler.micro import _successors, in_flight_window, slots_kernel, slots_reference
 from heterog.errors import StrategyError
 from heterog.evaluate import Evaluator
-from heterog.strategy import MAX_MICRO_BATCHES, STRATEGY_VERSION, ParallelConfig, Strategy, micro_batch_shares
+from heterog.shares import micro_batch_shares
+from heterog.strategy import MAX_MICRO_BATCHES, STRATEGY_VERSION, ParallelConfig, Strategy
 from tests.compiler.helpers import linear_graph, pipeline_graph
 from tests.compiler.test_compile import FakeCost, strategy_for, two_gpu
 
@@ -233,8 +234,8 @@ def test_random_micro_batched_plans_are_topological_and_cover_every_sample(data)
     assert np.isfinite(res.iteration_time_s)
     # every forward op's instances cover the batch once per micro-batch: shares sum to each micro-batch
     f0 = [i for i, op in enumerate(g.ops) if op.name == "f0"][0]
-    lay = int(plan.op_layout[f0])
-    sizes = np.bincount(plan.layout_micro[lay], weights=plan.layout_shares[lay], minlength=k)
+    layout = plan.placements.layouts[int(plan.placements.op_layout[f0])]
+    sizes = np.bincount(layout.micro, weights=layout.shares, minlength=k)
     assert sizes.tolist() == micro
 
 
@@ -271,7 +272,7 @@ def test_batch_statistics_are_read_per_instance_and_do_not_couple_micro_batches(
     bn = [i for i, op in enumerate(g.ops) if op.target == "aten._native_batch_norm_legit.default"]
     bwd = [i for i, op in enumerate(g.ops) if op.target == "aten.native_batch_norm_backward.default"]
     assert bn and bwd
-    assert not window_exempt(ev.compiler.context, plan.op_layout)[bn].any()
+    assert not window_exempt(ev.compiler.context, plan.placements.op_layout)[bn].any()
     ptr, idx = plan.dep_ptr, plan.dep_idx
     for t in np.nonzero(np.isin(plan.task_op, bwd) & (plan.task_kind == TaskKind.COMPUTE))[0].tolist():
         waits = idx[ptr[t]:ptr[t + 1]]

@@ -1,5 +1,5 @@
-"""What a compilation yields (heterog.compiler.plan): task categories in the TaskGraph, the cache of plans
-kept for patching, and a Compiler whose tables start afresh compiling the same plans."""
+"""What a compilation yields (heterog.compiler.plan): task categories in the TaskGraph, the placements record,
+the cache of plans kept for patching, and a Compiler whose tables start afresh compiling the same plans."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 
 from heterog.compiler import Compiler, TaskKind, compile_strategy
-from heterog.compiler.plan import PatchCache
+from heterog.compiler.plan import Aggregation, PatchCache
+from heterog.compiler.registries import Layout
 from heterog.strategy import ParallelConfig
 from tests.compiler.helpers import linear_graph
 from tests.compiler.test_compile import FakeCost, strategy_for, two_gpu
 from tests.compiler.test_delta import assert_same_plan
 
-CATEGORY_OF_KIND = {TaskKind.PLACEHOLDER: "input", TaskKind.TRANSFER: "transfer", TaskKind.SPLIT: "split/concat",
+CATEGORY_OF_KIND = {TaskKind.PLACEHOLDER: "input", TaskKind.TRANSFER: "transfer", TaskKind.RELAYOUT: "split/concat",
                     TaskKind.CONCAT: "split/concat", TaskKind.PUSH: "ps", TaskKind.AGGREGATE: "ps",
                     TaskKind.ALLREDUCE: "allreduce"}
 
@@ -88,3 +89,22 @@ def test_a_compiler_whose_tables_start_afresh_compiles_the_same_plans():
         seen = max(seen, len(compiler.configs))
         assert len(compiler.configs) <= 3
     assert seen == 3 and compiler.n_full + compiler.n_patched == len(configs)
+
+
+def test_placements_state_where_each_op_runs_and_how_each_partial_result_is_summed():
+    g, c = linear_graph(), two_gpu()
+    compiler = Compiler(g, c, FakeCost(c), max_bases=0)
+    ps = compiler.compile(strategy_for(g, c, [ParallelConfig.of([(0, 5), (1, 3)], sync="ps", ps_device=1)]))
+    placed = ps.placements
+    assert placed.ps_device == {0: 1} and placed.op_split is None and placed.splits == ()
+    assert placed.aggregation and all(a == Aggregation("ps", (1,)) for a in placed.aggregation.values())
+    for o, op in enumerate(g.ops):
+        layout = placed.layouts[placed.op_layout[o]]
+        assert isinstance(layout, Layout) and len(layout.devices) == len(layout.shares) == len(layout.micro)
+        if op.kind == "compute" and g.has_batch[o]:
+            assert layout.devices == (0, 1) and layout.shares == (5, 3)
+    ar = compiler.compile(strategy_for(g, c, [ParallelConfig.of([(0, 5), (1, 3)], sync="allreduce")]))
+    assert ar.placements.ps_device == {}
+    assert {(a.kind, a.devices) for a in ar.placements.aggregation.values()} == {("allreduce", (0, 1))}
+    # no layout was added by the second plan: both read the same snapshot of the compiler's layouts
+    assert ar.placements.layouts is placed.layouts

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from heterog.cluster.loader import cluster_from_dict
 from heterog.compiler import TaskKind
+from heterog.compiler.index import graph_index
 from heterog.compiler.ps import PSProblem, choose_ps_kernel, choose_ps_reference
 from heterog.cost import CostModel
 from heterog.evaluate import Evaluator
@@ -61,7 +62,7 @@ def test_equal_tensors_spread_evenly_and_sync_takes_bytes_per_nic_direction_over
     g, c = branches_graph(k, b, batch=8), servers([2, 2])
     ev = Evaluator(g, c, LinkCost(c))
     res = ev.evaluate(ev_ps(g, c, k))
-    per_server = np.bincount([d // 2 for d in res.plan.ps_device.values()], minlength=2)
+    per_server = np.bincount([d // 2 for d in res.plan.placements.ps_device.values()], minlength=2)
     assert per_server.tolist() == [2, 2]
     assert res.iteration_time_s == pytest.approx(8 * b / (1 * GB), rel=1e-9)
     nic = {link.name: i + c.n_devices for i, link in enumerate(c.links) if "nic" in link.name}
@@ -91,7 +92,7 @@ def test_a_device_that_aggregates_faster_hosts_more():
     k = 10
     g = branches_graph(k, 4_000_000, batch=8)
     plan = Evaluator(g, c, CostModel(c)).compile(ev_ps(g, c, k))
-    on_fast = sum(d == 1 for d in plan.ps_device.values())
+    on_fast = sum(d == 1 for d in plan.placements.ps_device.values())
     assert on_fast >= 8
 
 
@@ -99,16 +100,18 @@ def test_an_explicit_ps_device_wins():
     b, k = 1_000_000, 4
     g, c = branches_graph(k, b, batch=8), servers([2, 2])
     plan = Evaluator(g, c, LinkCost(c)).compile(ev_ps(g, c, k, ps_device=3))
-    assert set(plan.ps_device.values()) == {3}
+    assert set(plan.placements.ps_device.values()) == {3}
 
 
 def test_the_runtime_layout_follows_the_chosen_ps():
     b, k = 1_000_000, 4
     g, c = branches_graph(k, b, batch=8), servers([2, 2])
     plan = Evaluator(g, c, LinkCost(c)).compile(ev_ps(g, c, k))
-    for t, (how, dev) in plan.aggregated.items():
-        assert how == "ps"
-        assert plan.layout_devices[plan.tensor_layout[t]] == (dev,)  # the aggregated value lives on its PS
+    placed = plan.placements
+    assert placed.aggregation
+    for t, how in placed.aggregation.items():
+        assert how.kind == "ps" and how.devices == (placed.ps_device[int(placed.op_group[graph_index(g).t_op[t]])],)
+        assert placed.layouts[placed.tensor_layout[t]].devices == how.devices  # the aggregated value lives on its PS
 
 
 # ------------------------------------------------------------------------------- kernel vs reference

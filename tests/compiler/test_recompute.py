@@ -97,7 +97,7 @@ def test_a_group_of_one_layer_recomputes_nothing():
     g, c = pipeline_graph(S), two_gpu(n=1)
     layers = strategy_for(g, c, [ParallelConfig.single(0, 8)] * S, stages_of(g))
     plan = Evaluator(g, c, NoComm(c)).compile(layers.with_recompute([0, 1, 2]))
-    assert not np.any(plan.task_kind == TaskKind.RECOMPUTE) and plan.op_recompute is None
+    assert not np.any(plan.task_kind == TaskKind.RECOMPUTE) and plan.placements.op_recompute is None
 
 
 # ------------------------------------------------------------------------------- strategy files
@@ -145,7 +145,7 @@ def test_random_recomputed_plans_run_each_recomputed_instance_after_its_forward(
         x = fwd[(int(plan.task_op[r]), int(plan.task_device[r]), int(plan.task_micro[r]))]
         assert plan.tg.duration[r] == plan.tg.duration[x]
         assert sim.start[r] >= sim.finish[x]
-        assert plan.op_recompute[plan.task_op[r]]
+        assert plan.placements.op_recompute[plan.task_op[r]]
 
 
 def test_planners_recompute_the_fewest_leading_groups_that_fit():

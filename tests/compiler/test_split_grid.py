@@ -15,7 +15,8 @@ from heterog.compiler.plan import resident_bytes
 from heterog.errors import StrategyError
 from heterog.evaluate import Evaluator
 from heterog.graph.capture import capture
-from heterog.strategy import ParallelConfig, Strategy, grid_micro_shares, most_micro_batches
+from heterog.shares import grid_micro_shares
+from heterog.strategy import ParallelConfig, Strategy, most_micro_batches
 from tests.compiler.test_compile import two_gpu
 from tests.compiler.test_splits import B, Block, D, SplitCost, mlp_groups, op_id, strategy
 

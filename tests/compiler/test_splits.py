@@ -10,7 +10,6 @@ from torch import nn
 
 from heterog.compiler import TaskKind
 from heterog.compiler.plan import resident_bytes
-from heterog.compiler.shards import ALLGATHER, ALLREDUCE, ALLTOALL, LOCAL, REDUCESCATTER, conversion
 from heterog.errors import StrategyError
 from heterog.evaluate import Evaluator
 from heterog.graph.capture import capture
@@ -72,14 +71,6 @@ def mlp_groups(graph):
 
 def strategy(graph, cluster, configs, group_of):
     return Strategy(graph.fingerprint, cluster.name, cluster.n_devices, B, group_of, configs)
-
-
-def test_conversion_table():
-    assert conversion("R", "S1", True) == LOCAL and conversion("S1", "S1", True) == LOCAL
-    assert conversion("S1", "R", True) == ALLGATHER and conversion("P", "R", True) == ALLREDUCE
-    assert conversion("P", "S0", True) == REDUCESCATTER and conversion("S0", "S1", True) == ALLTOALL
-    assert conversion("S1", "S1", False) == ALLTOALL and conversion("S1", "P", True) == LOCAL
-    assert conversion("P", "-", True) == LOCAL
 
 
 def test_megatron_mlp_one_allreduce_each_way_and_half_the_weights(block):

@@ -25,9 +25,10 @@ from heterog.graph.sharding import (
     splits_from_json,
     splits_to_json,
 )
-from heterog.graph.split_rules import Shard, TensorInfo, parse_placement, placement_str
+from heterog.graph.split_rules import TensorInfo
 from heterog.graph.split_views import propagate_view
 from heterog.graph.tracing import CapturedStep
+from heterog.placement import Shard, parse, text
 from tests.runtime import transformers_models as tm
 
 B = 4                   # batch; batch splits over 3 devices take shares (1, 1, 2)
@@ -381,8 +382,8 @@ def test_views_carry_shards_with_hand_computed_extents() -> None:
 def test_shard_and_combine_are_inverse_for_uneven_and_strided_shards() -> None:
     whole = torch.arange(4 * 6 * 3.0).reshape(4 * 6, 3)
     for placement in ("S0", "S0:4", "S1"):
-        p = parse_placement(placement)
-        assert isinstance(p, Shard) and placement_str(p) == placement
+        p = parse(placement)
+        assert isinstance(p, Shard) and text(p) == placement
         extent = whole.shape[p.dim] // p.sf
         shares = uneven_shares(extent)
         parts = [shard_of(whole, placement, extent, shares, r) for r in range(len(shares))]

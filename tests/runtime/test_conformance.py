@@ -36,7 +36,7 @@ from heterog.runtime import capture_model_for_runtime, compare_values, prepare, 
 from heterog.runtime.instructions import Post
 from heterog.runtime.layout import cat_batch, in_memory_order, narrow_batch
 from heterog.runtime.scaling import positional_step
-from heterog.strategy import micro_batch_shares
+from heterog.shares import micro_batch_shares
 from tests.runtime import conformance_models as cm
 
 STEPS = 2

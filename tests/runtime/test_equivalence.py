@@ -111,7 +111,7 @@ def test_phase_mixed_plan_puts_loss_backward_and_gradients_on_different_layouts(
     s = make_strategy("phase-mixed", m, hetero3)
     plan = compile_strategy(m.graph, hetero3, s, CostModel(hetero3))
     def lay(pred):
-        return {int(plan.op_layout[i]) for i, op in enumerate(m.graph.ops) if pred(op)}
+        return {int(plan.placements.op_layout[i]) for i, op in enumerate(m.graph.ops) if pred(op)}
     loss = lay(lambda op: "nll_loss_forward" in op.target)
     grads = lay(lambda op: op.is_grad)
     bwd = lay(lambda op: op.phase == "backward" and not op.is_grad and op.kind == "compute"

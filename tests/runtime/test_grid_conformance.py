@@ -50,7 +50,7 @@ def grid_plan(name: str, seed: int, micro: bool) -> Strategy:
         s = dataclasses.replace(s, configs=configs)
         s = with_micro_batches(s, seed + 100 * k) if micro else s
         try:
-            option = Evaluator(m.graph, cluster).compile(s).op_option
+            option = Evaluator(m.graph, cluster).compile(s).placements.op_option
         except StrategyError as exc:       # a micro-batch smaller than the groups: the next seed
             if "too small" in str(exc):
                 continue

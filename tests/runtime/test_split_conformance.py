@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from heterog.evaluate import Evaluator
 from heterog.graph.shard_exec import combine, padded, part_of, shard_of
+from heterog.placement import Shard
 from heterog.runtime import compare_values, prepare, run_prepared, train_single_process
 from heterog.runtime.instructions import AllGather, AllReduce, Combine, Post
 from heterog.runtime.split_lowering import _at, part_shape
@@ -59,7 +60,7 @@ def split_plan(name: str, cluster_name: str, seed: int, micro: bool) -> Strategy
     for k in range(10):
         s = with_splits(plan(m, cluster, "random", seed + 100 * k), cluster.n_devices, seed + 100 * k)
         s = with_micro_batches(s, seed) if micro else s
-        option = Evaluator(m.graph, cluster).compile(s).op_option
+        option = Evaluator(m.graph, cluster).compile(s).placements.op_option
         if option is not None and np.any(option[compute] >= 0):
             return s
     raise AssertionError(f"{name}: no random split plan divides a compute op")
@@ -171,10 +172,10 @@ def test_parts_shards_and_padding_put_the_whole_value_back(data) -> None:
 def test_a_split_factor_counting_batch_rows_scales_with_the_micro_batch() -> None:
     """Heads inside a (batch * heads) dim: S0:6 at batch 6 is S0:2 for a micro-batch of 2 samples; a
     placement whose units would change with the batch is refused."""
-    assert _at("S0:6", (48, 5), (16, 5)) == "S0:2"
-    assert _at("S1", (6, 8), (2, 8)) == "S1"
-    assert _at("S1:4", (6, 8), (2, 8)) == "S1:4"
+    assert _at(Shard(0, 6), (48, 5), (16, 5)) == Shard(0, 2)
+    assert _at(Shard(1), (6, 8), (2, 8)) == Shard(1)
+    assert _at(Shard(1, 4), (6, 8), (2, 8)) == Shard(1, 4)
     from heterog.errors import HeterogError
 
     with pytest.raises(HeterogError, match="does not carry over"):
-        _at("S0:8", (48,), (8,))
+        _at(Shard(0, 8), (48,), (8,))

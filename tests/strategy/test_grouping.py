@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from heterog.graph.grouping import group_ops
 from heterog.graph.opgraph import Edge, Op, OpGraph
-from heterog.strategy import group_ops
 from tests.compiler.helpers import linear_graph
 
 

@@ -1,0 +1,300 @@
+"""The tasks and memory of sharded data-parallel state (ZeRO stages, FSDP; ``heterog.sharded``): which
+ops a group's stage touches, their shares, and the reduce-scatters and all-gathers it adds.
+
+Semantics: docs/design.md, "Sharded state". Replica i of a sharded config holds the fraction f_i =
+w_i / sum(w) of every sharded tensor of its group. Stage >= 1: the optimizer state is held in shards,
+each replica's update ops that work on whole tensors (not the scalar step counters) take f_i of their
+time and allocation, and the updated parameter is all-gathered (one COLLECTIVE per parameter, after the
+op that writes it) unless stage 3 keeps it sharded. Stage >= 2: a gradient is reduce-scattered instead of
+all-reduced (each replica keeps its shard; the op that makes the full local gradient allocates it but for
+the shard, which lies in the resident shard: collectives in place, as NCCL's are; freed once the
+reduce-scatter has read it). Stage 3: the parameter is held in shards; before its first reader in forward
+and again before its first reader in backward it is all-gathered (a COLLECTIVE that lands on each device
+as a zero-time task allocating the whole parameter but for the device's own shard, in place; freed after
+that phase's readers on the device; a reader on a device outside the config receives it whole by a
+transfer). A gather
+waits for a zero-time SYNC trigger: the ops two hops (batch edges of the same phase) before the phase's
+first reader have run, so the gather overlaps the op before the reader (FSDP's prefetch of the next
+layer) and holds the parameter only around its use. Uneven shards are priced hop by hop
+(``CostModel.sharded_ring_times``) and hold a ring's links.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from heterog.caches import DerivedCache
+from heterog.compiler.context import CompileContext
+from heterog.compiler.registries import ConfigTable, LayoutTable
+from heterog.compiler.tasks import Providers, TaskBatch, TaskCategory, TaskKind
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.graph.opgraph import OpGraph
+
+
+@dataclass(frozen=True)
+class StatePlacement:
+    """The sharded state of a plan: ``op_stage`` (n_ops,) the stage of each op's group (0: none);
+    ``op_row`` (n_ops,) the row of its config in ``frac`` (-1: none), ``frac`` (K, M) each device's part
+    of the sharded tensors of the K sharded configs (0 off the config), ``devices`` (K,) their devices;
+    ``trig_tensor``, ``trig_op`` (T,) the stage-3 parameters' tensors and the ops their gathers wait for
+    (a change of such an op's group re-emits the tensor's edges, ``heterog.compiler.delta``)."""
+
+    op_stage: np.ndarray
+    op_row: np.ndarray
+    frac: np.ndarray
+    devices: tuple[tuple[int, ...], ...]
+    trig_tensor: np.ndarray
+    trig_op: np.ndarray
+
+
+@dataclass(frozen=True)
+class StateIndex:
+    """What the graph fixes for sharded state (cached on the context): ``scaled_update`` (n_ops,) update
+    ops over whole tensors; ``new_param`` (n_ops,) the param placeholder whose next value an update op
+    writes (-1: none); ``param_tensor`` (n_ops,) a param placeholder's output tensor (-1: none);
+    ``param_bytes``, ``grad_bytes``, ``state_bytes`` (n_ops,) resident parts; ``trigger[phase][p]`` the
+    ops a stage-3 gather of parameter p before ``phase`` (0 forward, 1 backward) waits for."""
+
+    scaled_update: np.ndarray
+    new_param: np.ndarray
+    param_tensor: np.ndarray
+    param_bytes: np.ndarray
+    grad_bytes: np.ndarray
+    state_bytes: np.ndarray
+    trigger: tuple[dict[int, tuple[int, ...]], dict[int, tuple[int, ...]]]
+
+
+_STATE_INDEX: DerivedCache[OpGraph, StateIndex] = DerivedCache("StateIndex of each graph")
+
+
+def state_index(ctx: CompileContext) -> StateIndex:
+    """The graph's ``StateIndex`` (kept per graph)."""
+    return _STATE_INDEX.get(ctx.graph, lambda: _build_state_index(ctx))
+
+
+def _build_state_index(ctx: CompileContext) -> StateIndex:
+    gi, ops = ctx.index, ctx.graph.ops
+    phase = ctx.graph.phase_index
+    n = gi.n_ops
+    is_param = np.array([op.kind == "param" for op in ops], dtype=bool)
+    whole = np.array([bool(op.output_shapes) and int(np.prod(op.output_shapes[0])) > 1 for op in ops], dtype=bool)
+    scaled = gi.is_compute & (phase == 2) & whole & np.array([op.param is not None for op in ops], dtype=bool)
+    new_param = np.full(n, -1, dtype=np.int64)
+    src, dst = gi.e_src, gi.e_dst
+    writes = is_param[src] & (phase[dst] == 2) & gi.is_compute[dst]
+    new_param[dst[writes]] = src[writes]
+    param_tensor = np.full(n, -1, dtype=np.int64)
+    param_tensor[gi.t_op[is_param[gi.t_op]]] = np.nonzero(is_param[gi.t_op])[0]
+    pred: dict[int, set[int]] = {}
+    for u, v in zip(src[gi.e_batch].tolist(), dst[gi.e_batch].tolist()):
+        if gi.is_compute[u] and phase[u] == phase[v]:
+            pred.setdefault(v, set()).add(u)
+    trigger: tuple[dict[int, tuple[int, ...]], dict[int, tuple[int, ...]]] = ({}, {})
+    for ph in (0, 1):
+        read = is_param[src] & (phase[dst] == ph) & gi.is_compute[dst]
+        first = np.full(n, np.iinfo(np.int64).max)
+        np.minimum.at(first, src[read], dst[read])
+        for p in np.nonzero(first < n)[0].tolist():
+            hop1 = pred.get(int(first[p]), set())
+            hop2 = set().union(*(pred.get(u, set()) for u in hop1)) if hop1 else set()
+            trigger[ph][p] = tuple(sorted(hop2 or hop1))
+    out = StateIndex(scaled, new_param, param_tensor,
+                     np.array([op.param_bytes for op in ops], dtype=np.float64),
+                     np.array([op.grad_bytes for op in ops], dtype=np.float64),
+                     np.array([op.state_bytes for op in ops], dtype=np.float64), trigger)
+    return out
+
+
+def place_state(ctx: CompileContext, configs: ConfigTable, op_cfg: np.ndarray) -> StatePlacement | None:
+    """The plan's ``StatePlacement`` (None when no group keeps sharded state)."""
+    used = [k for k in np.unique(op_cfg).tolist() if configs.configs[k].sharded is not None]
+    if not used:
+        return None
+    si = state_index(ctx)
+    n = len(op_cfg)
+    op_stage = np.zeros(n, dtype=np.int64)
+    op_row = np.full(n, -1, dtype=np.int64)
+    frac = np.zeros((len(used), ctx.n_devices))
+    devices = []
+    for row, k in enumerate(used):
+        cfg = configs.configs[k]
+        assert cfg.sharded is not None
+        sel = op_cfg == k
+        op_stage[sel], op_row[sel] = int(cfg.sharded.stage), row
+        frac[row, list(cfg.devices)] = cfg.sharded.fractions
+        devices.append(tuple(cfg.devices))
+    pairs = [(int(si.param_tensor[p]), q) for ph in (0, 1) for p, qs in si.trigger[ph].items()
+             if op_stage[p] == 3 for q in qs]
+    tt = np.array([a for a, _ in pairs], dtype=np.int64)
+    to = np.array([b for _, b in pairs], dtype=np.int64)
+    return StatePlacement(op_stage, op_row, frac, tuple(devices), tt, to)
+
+
+# ----------------------------------------------------------------------------------- instances and memory
+def scale_instances(ctx: CompileContext, state: StatePlacement, inst_op: np.ndarray, inst_dev: np.ndarray,
+                    dur: np.ndarray, alloc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Instances' (dur, alloc) under sharded state: update ops over whole tensors at the device's part;
+    at stage >= 2 the op making a gradient allocates the full local gradient but for the device's shard,
+    which the reduce-scatter writes in place into the resident shard (freed after it has read it)."""
+    si, gi = state_index(ctx), ctx.index
+    stage = state.op_stage[inst_op]
+    f = np.where(state.op_row[inst_op] >= 0, state.frac[np.maximum(state.op_row[inst_op], 0), inst_dev], 1.0)
+    upd = (stage > 0) & si.scaled_update[inst_op]
+    dur = np.where(upd, dur * f, dur)
+    alloc = np.where(upd, alloc * f, alloc)
+    alloc = np.where((stage >= 2) & gi.is_grad[inst_op], alloc + gi.partial_bytes[inst_op] * (1.0 - f), alloc)
+    return dur, alloc
+
+
+def resident_saved(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray,
+                   state: StatePlacement) -> np.ndarray:
+    """(M,) resident bytes each device does not hold because they are sharded: of each parameter of a
+    sharded group, (1 - f) of its optimizer state, of its gradient from stage 2 and of itself at stage 3."""
+    si = state_index(ctx)
+    ops = np.nonzero((state.op_stage > 0) & (si.param_tensor >= 0))[0]
+    out = np.zeros(ctx.n_devices)
+    for o in ops.tolist():
+        st = int(state.op_stage[o])
+        sharded = si.state_bytes[o] + (si.grad_bytes[o] if st >= 2 else 0.0) + (si.param_bytes[o] if st >= 3 else 0.0)
+        devs = np.array(layouts.unique_devices(int(op_lay[o])), dtype=np.int64)
+        out[devs] += sharded * (1.0 - state.frac[state.op_row[o], devs])
+    return out
+
+
+# ----------------------------------------------------------------------------------- collectives
+def _ring(ctx: CompileContext, devs: tuple[int, ...]) -> list[int]:
+    """The resources a ring collective over ``devs`` holds (as ``heterog.compiler.reshard`` rings do)."""
+    links = [ctx.n_devices + x for x in ctx.cost.allreduce_links(devs, "ring")]
+    nccl = [ctx.nccl_resource] if ctx.nccl_resource >= 0 else []
+    return links + nccl + [d for d in devs if ctx.paths.host[d]]
+
+
+def _ring_time(ctx: CompileContext, devs: tuple[int, ...], frac: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+    """(K,) all-gather / reduce-scatter of tensors of ``nbytes`` (K,) in shards ``frac`` over ``devs``."""
+    return ctx.cost.sharded_ring_times(devs, np.asarray(nbytes, dtype=np.float64)[:, None] * frac[None, :])
+
+
+def reduce_scattered(ctx: CompileContext, state: StatePlacement | None, tensors: np.ndarray) -> np.ndarray:
+    """(len(tensors),) the partial results among ``tensors`` that stage >= 2 reduce-scatters: gradients."""
+    if state is None:
+        return np.zeros(len(tensors), dtype=bool)
+    ops = ctx.index.t_op[tensors]
+    return (state.op_stage[ops] >= 2) & ctx.index.is_grad[ops]
+
+
+def emit_reduce_scatter(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, tensors: np.ndarray,
+                        op_lay: np.ndarray, state: StatePlacement, prov: Providers) -> None:
+    """One reduce-scatter per gradient among ``tensors`` over its replicas, after each device's last
+    (accumulated) instance; each device then reads its shard from it."""
+    gi = ctx.index
+    ops = gi.t_op[tensors]
+    lays = op_lay[ops]
+    for lay in np.unique(lays).tolist():
+        pick = lays == lay
+        sel, sel_op = tensors[pick], ops[pick]
+        devs = layouts.unique_devices(lay)
+        last = layouts.last_entries(lay)
+        frac = state.frac[state.op_row[sel_op[0]], list(devs)]
+        res = _ring(ctx, devs)
+        rs = batch.add(dur=_ring_time(ctx, devs, frac, gi.t_bytes[sel]), kind=TaskKind.COLLECTIVE, op=sel_op, dev=-1,
+                       alloc=0.0, cat=TaskCategory.COLLECTIVE, prio_op=sel_op, stage="aggregate", cls=0, tensor=sel,
+                       sub=0, owner=sel_op, res_len=len(res), res_idx=np.tile(np.array(res, dtype=np.int64), len(sel)))
+        k = len(devs)
+        batch.deps(np.repeat(rs, k), (prov.inst_start[sel_op][:, None] + last[None, :]).ravel(), np.repeat(sel_op, k))
+        prov.at[np.repeat(sel, k), np.tile(np.array(devs), len(sel))] = np.repeat(rs, k)
+
+
+def emit_update_gathers(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, ops: np.ndarray,
+                        op_lay: np.ndarray, state: StatePlacement, prov: Providers) -> None:
+    """Stages 1 and 2: after the update op among ``ops`` that writes a parameter's next value, one
+    all-gather of the parameter over its config's replicas (into the resident parameter: no allocation)."""
+    si = state_index(ctx)
+    writer = ops[(si.new_param[ops] >= 0) & np.isin(state.op_stage[ops], (1, 2))]
+    for o in writer.tolist():
+        p = int(si.new_param[o])
+        lay = int(op_lay[o])
+        devs = layouts.unique_devices(lay)
+        if len(devs) < 2:
+            continue
+        frac = state.frac[state.op_row[o], list(devs)]
+        res = _ring(ctx, devs)
+        t = int(si.param_tensor[p])
+        ag = batch.add(dur=_ring_time(ctx, devs, frac, np.array([si.param_bytes[p]])), kind=TaskKind.COLLECTIVE, op=o,
+                       dev=-1, alloc=0.0, cat=TaskCategory.COLLECTIVE, prio_op=o, stage="aggregate", cls=0, tensor=t,
+                       sub=0, owner=o, res_len=len(res), res_idx=np.array(res, dtype=np.int64))
+        last = layouts.last_entries(lay)
+        batch.deps(np.repeat(ag, len(last)), prov.inst_start[o] + last, o)
+
+
+def gathered_edges(ctx: CompileContext, state: StatePlacement | None, edges: np.ndarray) -> np.ndarray:
+    """(len(edges),) the edges from a stage-3 parameter to a forward or backward reader."""
+    if state is None:
+        return np.zeros(len(edges), dtype=bool)
+    gi = ctx.index
+    src = gi.e_src[edges]
+    return (state.op_stage[src] == 3) & (state_index(ctx).param_tensor[src] >= 0) & \
+        (ctx.graph.phase_index[gi.e_dst[edges]] < 2)
+
+
+def connect_gathered(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, edges: np.ndarray,
+                     op_lay: np.ndarray, state: StatePlacement, prov: Providers) -> None:
+    """Stage 3: per parameter and phase (forward, backward) of ``edges``' readers, a SYNC trigger, an
+    all-gather of the shards, and the whole parameter landing on each reader device; each reader instance
+    waits for its device's landing (module docstring)."""
+    gi, si = ctx.index, state_index(ctx)
+    n_ops = gi.n_ops
+    phase = ctx.graph.phase_index
+    groups: dict[tuple[int, int], list[int]] = {}
+    for e in edges.tolist():
+        groups.setdefault((int(gi.e_src[e]), int(phase[gi.e_dst[e]])), []).append(e)
+    for (p, ph), es in sorted(groups.items()):
+        t = int(si.param_tensor[p])
+        owner = n_ops + t
+        devs = layouts.unique_devices(int(op_lay[p]))
+        frac = state.frac[state.op_row[p], list(devs)]
+        nbytes = float(si.param_bytes[p])
+        readers = np.array(sorted({int(gi.e_dst[e]) for e in es}), dtype=np.int64)
+        first = int(readers[0])
+        sub = 2 * ph                                    # phase 0: subs 0-1, phase 1: 2-3 (distinct order keys)
+        trig = si.trigger[ph].get(p, ())
+        sync = batch.add(dur=np.zeros(1), kind=TaskKind.SYNC, op=p, dev=-1, alloc=0.0, cat=TaskCategory.SYNC,
+                         prio_op=first, stage="split", cls=1, tensor=t, sub=sub, owner=owner, res_len=0,
+                         res_idx=np.zeros(0, dtype=np.int64))
+        if trig:
+            batch.deps(np.repeat(sync, len(trig)), prov.inst_start[np.array(trig, dtype=np.int64)], owner)
+        res = _ring(ctx, devs)
+        ag = batch.add(dur=_ring_time(ctx, devs, frac, np.array([nbytes])), kind=TaskKind.COLLECTIVE, op=p, dev=-1,
+                       alloc=0.0, cat=TaskCategory.COLLECTIVE, prio_op=first, stage="split", cls=1, tensor=t,
+                       sub=sub + 1, owner=owner, res_len=len(res), res_idx=np.array(res, dtype=np.int64))
+        shards = prov.inst_start[p] + layouts.last_entries(int(op_lay[p]))
+        batch.deps(np.repeat(ag, len(shards) + 1), np.concatenate([sync, shards]), owner)
+        # where the readers run: landings on the config's devices, transfers to the others
+        lay_r = op_lay[readers]
+        need = np.unique(np.concatenate([layouts.dev_flat[layouts.ptr[k]:layouts.ptr[k + 1]] for k in lay_r.tolist()]))
+        inside = np.isin(need, np.array(devs))
+        land_at = np.full(ctx.n_devices, -1, dtype=np.int64)
+        d_in = need[inside]
+        if len(d_in):
+            land_at[d_in] = batch.add(dur=np.zeros(len(d_in)), kind=TaskKind.CONCAT, op=p, dev=d_in,
+                                      alloc=nbytes * (1.0 - state.frac[state.op_row[p], d_in]),
+                                      cat=TaskCategory.COLLECTIVE, prio_op=first, stage="transfer", cls=1, tensor=t,
+                                      sub=ph * ctx.n_devices + d_in, owner=owner, res_len=0,
+                                      res_idx=np.zeros(0, dtype=np.int64))
+            batch.deps(land_at[d_in], np.repeat(ag, len(d_in)), owner)
+        d_out = need[~inside]
+        if len(d_out):
+            s = np.full(len(d_out), devs[0], dtype=np.int64)
+            nb = np.full(len(d_out), nbytes)
+            rlen, ridx = ctx.paths.resources(s, d_out)
+            land_at[d_out] = batch.add(dur=ctx.cost.transfer_times(s, d_out, nb), kind=TaskKind.TRANSFER, op=p,
+                                       dev=d_out, alloc=nb, cat=TaskCategory.TRANSFER, prio_op=first,
+                                       stage="transfer", cls=1, tensor=t, sub=ph * ctx.n_devices + d_out, owner=owner,
+                                       res_len=rlen, res_idx=ridx, lag=ctx.cost.transfer_latencies(s, d_out, nb))
+            batch.deps(land_at[d_out], np.repeat(ag, len(d_out)), owner)
+        for v in readers.tolist():
+            k = int(op_lay[v])
+            dv = layouts.dev_flat[layouts.ptr[k]:layouts.ptr[k + 1]]
+            batch.deps(prov.inst_start[v] + np.arange(len(dv)), land_at[dv], owner)

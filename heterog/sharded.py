@@ -1,0 +1,78 @@
+"""Sharded data-parallel state (ZeRO stages 1-3, FSDP) as a plan choice: ``ShardedState``, the record a
+data-parallel ``ParallelConfig`` carries, and ``state_weights``, the shard weights of its replicas.
+
+Semantics: docs/design.md, "Sharded state". Stage 1 shards the optimizer state over the group's
+replicas, stage 2 the gradients too (reduce-scatter instead of AllReduce), stage 3 the parameters too
+(all-gathered before their use in forward and again in backward). Replica i holds ``weights[i] /
+sum(weights)`` of every sharded tensor of the group.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from heterog.errors import StrategyError
+from heterog.shares import split_weights
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.cluster import Cluster
+
+STAGES = (1, 2, 3)
+SHARD_BY = ("even", "memory", "speed")
+
+
+@dataclass(frozen=True)
+class ShardedState:
+    """ZeRO ``stage`` (1: optimizer state, 2: and gradients, 3: and parameters) with integer shard
+    ``weights``, one per replica of the config that carries it, in its device order."""
+
+    stage: int
+    weights: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if int(self.stage) not in STAGES:
+            raise StrategyError(f"sharded state stage {self.stage} is not one of {list(STAGES)}")
+        if not self.weights or any(int(w) <= 0 for w in self.weights):
+            raise StrategyError(f"sharded state needs a positive weight per replica, got {list(self.weights)}")
+
+    @property
+    def fractions(self) -> np.ndarray:
+        """(n,) each replica's part of every sharded tensor (the weights over their sum)."""
+        w = np.asarray(self.weights, dtype=np.float64)
+        return w / w.sum()
+
+    def to_dict(self) -> dict:
+        return {"stage": int(self.stage), "weights": [int(w) for w in self.weights]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ShardedState:
+        return cls(int(d["stage"]), tuple(int(w) for w in d["weights"]))
+
+
+def state_weights(by: str, devices: Sequence[int], cluster: Cluster | None = None) -> tuple[int, ...]:
+    """Shard weights of ``devices``: ``even`` (all 1), ``memory`` (in proportion to each device's memory)
+    or ``speed`` (to its peak FLOP/s), as ``heterog.shares.split_weights`` gives split weights
+    (thousandths by the largest remainder, each at least 1)."""
+    if by not in SHARD_BY:
+        raise StrategyError(f"unknown shard sizing {by!r} (choose from {SHARD_BY})")
+    devs = [int(d) for d in devices]
+    if by == "even":
+        return (1,) * len(devs)
+    if cluster is None:
+        raise StrategyError(f"shards sized by {by} need the cluster")
+    values = np.asarray(cluster.memory_bytes if by == "memory" else cluster.power, dtype=np.float64)[devs]
+    return tuple(split_weights(values))
+
+
+class SimulatorOnlyError(StrategyError):
+    """A plan that the simulator prices but the runtime does not run yet."""
+
+
+def refuse_in_runtime(configs: Sequence[object]) -> None:
+    """Raise ``SimulatorOnlyError`` if any of ``configs`` (a strategy's ParallelConfigs) keeps sharded state."""
+    stages = sorted({int(s.stage) for c in configs if (s := getattr(c, "sharded", None)) is not None})
+    if stages:
+        raise SimulatorOnlyError(f"sharded state (stage {', '.join(map(str, stages))}) runs in the simulator only")
