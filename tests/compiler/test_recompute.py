@@ -168,3 +168,25 @@ def test_planners_recompute_the_fewest_leading_groups_that_fit():
     assert activations(ev.evaluate(chosen)) == 5 * U + GRAD
     roomy = Evaluator(g, two_gpu(n=1), NoComm(two_gpu(n=1)), order="fifo")
     assert fitting(roomy, dataclasses.replace(plain, cluster_name=roomy.cluster.name))[0].recompute == ()
+
+
+def test_recomputation_is_the_same_under_sgd_and_adam():
+    """The optimizer's state placeholders (captured among the forward ops) do not end the forward: a
+    transformer captured with Adam recomputes exactly the ops it recomputes when captured with SGD."""
+    import heterog
+    from heterog.baselines.expert import op_layers
+    from heterog.compiler.context import CompileContext
+    from heterog.compiler.place import recomputed_ops
+    from heterog.graph.grouping import attach_params_to_grads
+
+    recomputed = {}
+    for opt in ("sgd", "adam"):
+        module, inputs = heterog.zoo.build("tiny_transformer", 4)
+        g = heterog.capture(module, inputs, optimizer=opt)
+        c = two_gpu(n=1)
+        layer = attach_params_to_grads(g, np.asarray(op_layers(g)[0], dtype=np.int64))
+        out = recomputed_ops(CompileContext.of(g, c, FakeCost(c)), layer, tuple(range(int(layer.max()) + 1)))
+        assert out is not None
+        recomputed[opt] = sorted(g.ops[i].name for i in np.nonzero(out)[0])
+    assert len(recomputed["sgd"]) > 10
+    assert recomputed["adam"] == recomputed["sgd"]
