@@ -269,14 +269,10 @@ def fidelity_text(rep: FidelityReport, rec: dict[str, Any]) -> str:
             f"with op lines instead of points: MAPE {rec['op_lines']['mape']:.1f}%, "
             f"tau {rec['op_lines']['kendall_tau']:.2f}")
     pairs = Table([Column("plan", 14, "left"), Column("measured ms", 12), Column("simulated ms", 13),
-                   Column("error", 8), Column("peak memory MB per device: measured / simulated (error)", 60, "left")])
+                   Column("error", 8)])
     for p in rep.pairs:
-        errors = p.memory_errors()
-        memory = ", ".join(f"{d} {m / 1e6:.3f} / {p.simulated_peak_memory_bytes.get(d, 0) / 1e6:.3f}"
-                           + (f" ({100 * errors[d]:+.1f}%)" if d in errors else "")
-                           for d, m in p.measured_peak_memory_bytes.items())
-        pairs.add(p.plan, f"{p.measured_s * 1e3:.3f}", f"{p.simulated_s * 1e3:.3f}", f"{p.error * 100:.1f}%", memory)
-    out = [head + f"; peak memory MAPE {rec['memory_mape']:.1f}%", pairs.text()]
+        pairs.add(p.plan, f"{p.measured_s * 1e3:.3f}", f"{p.simulated_s * 1e3:.3f}", f"{p.error * 100:.1f}%")
+    out = [head, pairs.text()]
     if rep.breakdown:
         parts = Table([Column("plan", 14, "left"), Column("device", 24, "left")]
                       + [Column(h, 15) for h in ("compute", "fed compute", "other compute", "communication",

@@ -6,10 +6,9 @@ w_i / sum(w) of every sharded tensor of its group. Stage >= 1: the optimizer sta
 each replica's update ops that work on whole tensors (not the scalar step counters) take f_i of their
 time and allocation, and the updated parameter is all-gathered (one COLLECTIVE per parameter, after the
 op that writes it) unless stage 3 keeps it sharded. Stage >= 2: a gradient is reduce-scattered instead of
-all-reduced: the op that makes the full local gradient allocates it (freed once the reduce-scatter has read
-it) and the reduce-scatter lands each replica's shard as a zero-time task on its device allocating the
-shard (freed after the update has read it), as FSDP and DeepSpeed allocate the reduced shard in the backward
-and release it after the optimizer step. Stage 3: the parameter is held in shards; before its first reader in forward
+all-reduced (each replica keeps its shard; the op that makes the full local gradient allocates it but for
+the shard, which lies in the resident shard: collectives in place, as NCCL's are; freed once the
+reduce-scatter has read it). Stage 3: the parameter is held in shards; before its first reader in forward
 and again before its first reader in backward it is all-gathered (a COLLECTIVE that lands on each device
 as a zero-time task allocating the whole parameter but for the device's own shard, in place; freed after
 that phase's readers on the device; a reader on a device outside the config receives it whole by a
@@ -146,28 +145,29 @@ def place_state(ctx: CompileContext, configs: ConfigTable, op_cfg: np.ndarray) -
 # ----------------------------------------------------------------------------------- instances and memory
 def scale_instances(ctx: CompileContext, state: StatePlacement, inst_op: np.ndarray, inst_dev: np.ndarray,
                     dur: np.ndarray, alloc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Instances' (dur, alloc) under sharded state: update ops over whole tensors at the device's part
-    (a gradient's maker allocates the full local gradient at every stage)."""
-    si = state_index(ctx)
+    """Instances' (dur, alloc) under sharded state: update ops over whole tensors at the device's part;
+    at stage >= 2 the op making a gradient allocates the full local gradient but for the device's shard,
+    which the reduce-scatter writes in place into the resident shard (freed after it has read it)."""
+    si, gi = state_index(ctx), ctx.index
     stage = state.op_stage[inst_op]
     f = np.where(state.op_row[inst_op] >= 0, state.frac[np.maximum(state.op_row[inst_op], 0), inst_dev], 1.0)
     upd = (stage > 0) & si.scaled_update[inst_op]
     dur = np.where(upd, dur * f, dur)
     alloc = np.where(upd, alloc * f, alloc)
+    alloc = np.where((stage >= 2) & gi.is_grad[inst_op], alloc + gi.partial_bytes[inst_op] * (1.0 - f), alloc)
     return dur, alloc
 
 
 def resident_saved(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray,
                    state: StatePlacement) -> np.ndarray:
     """(M,) resident bytes each device does not hold because they are sharded: of each parameter of a
-    sharded group, (1 - f) of its optimizer state and at stage 3 of itself (gradients are not resident:
-    allocated when made, their shards when reduce-scattered)."""
+    sharded group, (1 - f) of its optimizer state, of its gradient from stage 2 and of itself at stage 3."""
     si = state_index(ctx)
     ops = np.nonzero((state.op_stage > 0) & (si.param_tensor >= 0))[0]
     out = np.zeros(ctx.n_devices)
     for o in ops.tolist():
         st = int(state.op_stage[o])
-        sharded = si.state_bytes[o] + (si.param_bytes[o] if st >= 3 else 0.0)
+        sharded = si.state_bytes[o] + (si.grad_bytes[o] if st >= 2 else 0.0) + (si.param_bytes[o] if st >= 3 else 0.0)
         devs = np.array(layouts.unique_devices(int(op_lay[o])), dtype=np.int64)
         out[devs] += sharded * (1.0 - state.frac[state.op_row[o], devs])
     return out
@@ -197,8 +197,7 @@ def reduce_scattered(ctx: CompileContext, state: StatePlacement | None, tensors:
 def emit_reduce_scatter(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, tensors: np.ndarray,
                         op_lay: np.ndarray, state: StatePlacement, prov: Providers) -> None:
     """One reduce-scatter per gradient among ``tensors`` over its replicas, after each device's last
-    (accumulated) instance, and per replica a zero-time landing allocating its shard, which the device then
-    reads (module docstring)."""
+    (accumulated) instance; each device then reads its shard from it."""
     gi = ctx.index
     ops = gi.t_op[tensors]
     lays = op_lay[ops]
@@ -214,14 +213,7 @@ def emit_reduce_scatter(ctx: CompileContext, layouts: LayoutTable, batch: TaskBa
                        sub=0, owner=sel_op, res_len=len(res), res_idx=np.tile(np.array(res, dtype=np.int64), len(sel)))
         k = len(devs)
         batch.deps(np.repeat(rs, k), (prov.inst_start[sel_op][:, None] + last[None, :]).ravel(), np.repeat(sel_op, k))
-        d = np.tile(np.array(devs, dtype=np.int64), len(sel))
-        t_rep, op_rep = np.repeat(sel, k), np.repeat(sel_op, k)
-        land = batch.add(dur=np.zeros(len(d)), kind=TaskKind.CONCAT, op=op_rep, dev=d,
-                         alloc=gi.t_bytes[t_rep] * np.tile(frac, len(sel)), cat=TaskCategory.COLLECTIVE,
-                         prio_op=op_rep, stage="aggregate", cls=0, tensor=t_rep, sub=1 + d, owner=op_rep, res_len=0,
-                         res_idx=np.zeros(0, dtype=np.int64))
-        batch.deps(land, np.repeat(rs, k), op_rep)
-        prov.at[t_rep, d] = land
+        prov.at[np.repeat(sel, k), np.tile(np.array(devs), len(sel))] = np.repeat(rs, k)
 
 
 def emit_update_gathers(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, ops: np.ndarray,

@@ -28,9 +28,7 @@ from torch._subclasses.fake_tensor import (
 from heterog.errors import StrategyError
 from heterog.graph.shard_exec import combine
 from heterog.runtime.executor import Job, RankExecutor, initial_values
-from heterog.runtime.instructions import Env
 from heterog.runtime.layout import in_memory_order
-from heterog.runtime.memory import LiveBytes
 from heterog.runtime.resharding import Sharding, a2a_assemble, a2a_piece, memory_order, rs_pieces, sum_in_order
 from heterog.runtime.split_lowering import whole_values
 from heterog.runtime.stepprog import StepProgram
@@ -273,37 +271,3 @@ def _reason(exc: BaseException) -> str:
     notes = "; ".join(getattr(exc, "__notes__", ()))
     text = str(exc).splitlines()[0] if str(exc) else ""
     return f"{type(exc).__name__}: {text}" + (f" ({notes})" if notes else "")
-
-
-def metered_dry_run(prepared: CheckedRun, snapshot: bool = True) -> list[LiveBytes]:
-    """One step of every rank's program in this process on CPU tensors, each rank metered as its worker
-    meters its first step (``LiveBytes``; ``snapshot``: with what it holds at its peak). The bytes a rank
-    holds depend only on its own program's order, so they are what its worker measures."""
-    model = prepared.model
-    jobs = prepared.jobs([model.example_inputs], 1, return_state=False)
-    mail = _Mail()
-    cpu = torch.device("cpu")
-    ranks, envs = [], []
-    for r, job in enumerate(jobs):
-        ex = RankExecutor(job, r, cpu, transport=_LocalTransport(r, mail))
-        ex.slow = 1.0
-        ex.memory = LiveBytes([t for batch in job.inputs for t in batch], snapshot=snapshot)
-        ex._mem = mem = ex.memory
-        env: dict[str, Any] = dict(ex.persist)
-        for ph, v in ex.persist.items():
-            mem.put(("persist", ph), v)
-        for name, i, lo, hi in job.rank.inputs:
-            env[name] = job.inputs[0][i][lo:hi]
-            mem.put(Env(name), env[name])
-        for rcv in job.rank.recvs:
-            ex.transport.post(rcv.tag, rcv.src, rcv.shape, rcv.dtype)
-        ranks.append(ex)
-        envs.append(env)
-    stashes: list[dict[Any, Any]] = [{} for _ in ranks]
-    order = sorted((key, r, i) for r, ex in enumerate(ranks) for i, key in enumerate(ex.rp.keys))
-    with torch.no_grad():
-        for _, r, i in order:
-            ranks[r].execute(i, envs[r], stashes[r])
-        for r, ex in enumerate(ranks):
-            ex._step_end(envs[r], stashes[r], 0.0)
-    return [ex.memory for ex in ranks]

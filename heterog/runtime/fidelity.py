@@ -76,11 +76,7 @@ class PlanPair:
                 "simulated_all_s": self.simulated_all_s,
                 "measured_peak_memory_bytes": self.measured_peak_memory_bytes,
                 "simulated_peak_memory_bytes": self.simulated_peak_memory_bytes,
-                "peak_memory_error": self.memory_errors(),
-                "peak_memory": [{"device": d, "measured_bytes": m,
-                                 "simulated_bytes": self.simulated_peak_memory_bytes.get(d, 0),
-                                 "error": self.memory_errors().get(d)}
-                                for d, m in self.measured_peak_memory_bytes.items()]}
+                "peak_memory_error": self.memory_errors()}
 
     def memory_errors(self) -> dict[str, float]:
         """Per device that holds anything: (simulated - measured) / measured peak memory."""

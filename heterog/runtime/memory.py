@@ -57,15 +57,10 @@ class LiveBytes:
     iteration time leaves out as warm-up): every step runs the same program on tensors of the same
     sizes, so they hold the same bytes, and metering costs about 1.5 us per value, which would otherwise
     add to the measured time of every step.
-
-    ``snapshot=True`` (diagnostics) also keeps ``at_peak``: table entry -> bytes it alone adds, of what
-    is held at the high-water mark (a storage shared by several entries is charged to the first).
     """
 
-    def __init__(self, sliced: Sequence[torch.Tensor] = (), snapshot: bool = False) -> None:
+    def __init__(self, sliced: Sequence[torch.Tensor] = ()) -> None:
         self.sliced = {t.untyped_storage().data_ptr() for t in sliced if t.numel()}
-        self.snapshot = snapshot
-        self.at_peak: dict[Hashable, int] = {}
         self.held: dict[Hashable, list[int]] = {}            # table entry -> storage keys it holds
         self.storages: dict[int, list[int]] = {}          # storage key -> [references, low byte, high byte]
         self.live = 0
@@ -105,17 +100,6 @@ class LiveBytes:
         self.held[entry] = keys
         if self.live > self.peak:
             self.peak = self.live
-            if self.snapshot:
-                self.at_peak = self._held_bytes()
-
-    def _held_bytes(self) -> dict[Hashable, int]:
-        seen: set[int] = set()
-        out: dict[Hashable, int] = {}
-        for entry, keys in self.held.items():
-            new = [k for k in keys if k not in seen]
-            seen.update(new)
-            out[entry] = sum(self.storages[k][2] - self.storages[k][1] for k in new)
-        return out
 
     def drop(self, entry: Hashable) -> None:
         """Table entry ``entry`` freed (no-op if it holds nothing counted)."""

@@ -97,34 +97,27 @@ def test_micro_batches_in_flight_per_stage(schedule):
 
 
 U = 2 * 16 * 4                  # one micro-batch's activation: 2 samples x 16 floats
-RESIDENT = 16 * 16 * 4          # a stage's weight
-GRAD = 16 * 16 * 4              # a weight gradient (allocated when made, freed after the update)
+RESIDENT = 2 * 16 * 16 * 4      # a stage's weight and its gradient
 
 
 @pytest.mark.parametrize("order", ["rank", "fifo"])
 def test_pipeline_memory_peaks(order):
-    """Each stage peaks when micro-batch 1's weight gradient is made while micro-batch 0's, which it is
-    accumulated onto, is live (2 GRAD = 16 U, more than any micro-batches' activations), plus what is in
-    flight then. Loss of micro-batches 1..3 (4 B each) is read by nobody (the seed reads micro-batch 0's)
-    and is held to the step's end once it has run; the seed (4 B) until the last loss gradient."""
-    expected = {  # (schedule, order): (stage 0, last stage), bytes above the resident weight
-        # stage 0: x of micro-batches 1..3 (loaded at the start), bx0 (nobody reads it) of 0 and 1, the
-        # received input gradients bx1 of 1 and 2; last: received h2 of 1..3, h3 of 2 and 3, micro-batch
-        # 1's loss gradient and bx3 (about to be sent), losses 1..3, the seed
-        ("gpipe", "rank"): (2 * GRAD + 3 * U + 2 * U + 2 * U, 2 * GRAD + 3 * U + 2 * U + 2 * U + 3 * 4 + 4),
-        # stage 0: x of 1..3, bx0 of 0, bx1 of 1; last: h2 of 1..3, loss gradients of 1..3, losses 1..3
-        ("gpipe", "fifo"): (2 * GRAD + 3 * U + U + U, 2 * GRAD + 3 * U + 3 * U + 3 * 4),
-        # stage 0: x of 1..3, bx0 of 0 and 1, bx1 of 1; last (two micro-batches in flight): h2 of 2 and 3,
-        # micro-batch 2's h3, loss gradient and bx3, loss 1, the seed
-        ("1f1b", "rank"): (2 * GRAD + 3 * U + 2 * U + U, 2 * GRAD + 2 * U + 3 * U + 4 + 4),
-        # stage 0: x of 1..3, bx0 of 0, bx1 of 1; last (one in flight): h2 of 3, micro-batch 2's loss
-        # gradient, losses 1 and 2, the seed
-        ("1f1b", "fifo"): (2 * GRAD + 3 * U + U + U, 2 * GRAD + U + U + 2 * 4 + 4),
-    }
-    for schedule in ("gpipe", "1f1b"):
-        _, res = pipeline(schedule, order=order)
-        peaks = [res.peak_memory_bytes[f"s0/gpu{d}"] - RESIDENT for d in range(S)]
-        assert (peaks[0], peaks[-1]) == expected[schedule, order], schedule
+    """Stage 0 keeps its input x of every micro-batch in flight (4 under both schedules: S - 0 = K), sends
+    h0 on and receives the gradient g0 back: 4 + h0 + g0 = 6 U. The last stage keeps, per micro-batch in
+    flight, its received input h2 and its output h3 (both read by the backward), plus the loss's 4-byte
+    partial; at the first backward it also holds the loss gradient: GPipe 4 x 2 U + U + 4 x 4 B."""
+    _, gp = pipeline("gpipe", order=order)
+    peaks = [gp.peak_memory_bytes[f"s0/gpu{d}"] - RESIDENT for d in range(S)]
+    assert peaks[0] == 6 * U and peaks[-1] == 9 * U + 16
+    _, fb = pipeline("1f1b", order=order)
+    peaks = [fb.peak_memory_bytes[f"s0/gpu{d}"] - RESIDENT for d in range(S)]
+    assert peaks[0] == 6 * U
+    if order == "fifo":
+        # one micro-batch in flight on the last stage: h2, h3, the loss gradient and g2 (sent on) = 4 U
+        assert peaks[-1] == 4 * U + 4
+    else:
+        # rank also receives the next micro-batch's h2 while the current one is in flight
+        assert peaks[-1] == 5 * U + 8
 
 
 def test_gradient_accumulation_on_one_device():
@@ -138,16 +131,11 @@ def test_gradient_accumulation_on_one_device():
     assert in_flight(g, r8, 0) == 1
     act1 = r1.peak_memory_bytes["s0/gpu0"] - S * RESIDENT
     act8 = r8.peak_memory_bytes["s0/gpu0"] - S * RESIDENT
-    # whole batch (activations 512 B): each weight gradient (GRAD) is allocated when made and held to its
-    # update; at bx0 the four gradients, x, bx1 and bx0 are live (h0..h3 and the loss gradient already freed)
-    assert act1 == 4 * GRAD + 3 * 512
-    # 8 micro-batches of one sample (64 B): rank runs the FLOP-free weight gradients after a micro-batch's
-    # input gradients, so at micro-batch 6's first one (bw3) are live: the four gradients accumulated over
-    # micro-batches 0..5 and bw3's new partial (5 GRAD); micro-batch 6's x, h0..h3, loss gradient and four
-    # input gradients, read by the pending weight gradients (10 x 64); micro-batch 7's input, loaded at the
-    # step's start (64); bx0 of micro-batches 0..5, which nobody reads (6 x 64); the loss of micro-batches
-    # 1..5, which nobody reads (the seed reads micro-batch 0's; 5 x 4 B); the seed (4 B)
-    assert act8 == 5 * GRAD + 10 * 64 + 64 + 6 * 64 + 5 * 4 + 4
+    # one micro-batch's working set is 8 activations (x, h0..h3 kept, the loss gradient, two input
+    # gradients in flight): 8 x 512 B at the whole batch; with 8 micro-batches of 1 sample, 8 x 64 B, plus
+    # the other 7 micro-batches' inputs (the batch is loaded at the start of the step) and the loss's 4 B
+    assert act1 == 8 * 512
+    assert act8 == 8 * 64 + 7 * 64 + 4
     # every weight gradient: 8 partial results accumulated on the device, no aggregation task
     k = r8.plan.counts()
     assert k["aggregate"] == 0 and k["allreduce"] == 0 and k["push"] == 0

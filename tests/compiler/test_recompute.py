@@ -16,19 +16,18 @@ from heterog.evaluate import Evaluator
 from heterog.strategy import STRATEGY_VERSION, ParallelConfig, Strategy
 from tests.compiler.helpers import pipeline_graph
 from tests.compiler.test_compile import FakeCost, strategy_for, two_gpu
-from tests.compiler.test_micro_batches import GRAD, RESIDENT, NoComm, stages_of
+from tests.compiler.test_micro_batches import RESIDENT, NoComm, stages_of
 
 S = 4                           # layers of the pipeline graph
-B = 64                          # samples: activations outweigh the 16 x 16 weights and their gradients
-U = B * 16 * 4                  # one activation of the whole batch: B samples x 16 floats (4 GRAD)
+U = 8 * 16 * 4                  # one activation of the whole batch: 8 samples x 16 floats
 
 
 def two_blocks():
     """The 4-layer pipeline graph on one device in two groups of two layers (0-1 and 2-3, the loss with
     the last): layer i's backward reads its input h_{i-1}, so a group's first layer's output is read by
     its own group's backward, and the last layer's output by the loss gradient (also in the last group)."""
-    g, c = pipeline_graph(S, batch=B), two_gpu(n=1)
-    return g, c, strategy_for(g, c, [ParallelConfig.single(0, B)] * 2, stages_of(g) // 2)
+    g, c = pipeline_graph(S), two_gpu(n=1)
+    return g, c, strategy_for(g, c, [ParallelConfig.single(0, 8)] * 2, stages_of(g) // 2)
 
 
 def run(strategy, graph, cluster, order: str = "fifo"):
@@ -67,25 +66,21 @@ def test_recomputing_both_groups_runs_their_inner_forwards_again_when_the_backwa
     first = {g.ops[rc.plan.task_op[t]].name for t in range(rc.plan.n_tasks)
              if rc.plan.task_kind[t] == TaskKind.COMPUTE and f0 in deps[t]}
     assert readers == {"bx1", "bw1"} and first == {"f1"}
-    # FIFO peaks, at bx3. Without: x, h0, h1, h2 (h3 freed after the loss gradient), the loss gradient g3,
-    # bx3 and W3's gradient (made by bw3 just before, held to its update): 6 U + GRAD. With: h0, h2, h3 go
-    # after their forward readers (the forward holds x, h1, h2, h3 at most: 4 U); the backward rebuilds h2
-    # next to x, h1, then g3, bw3's gradient and bx3: 5 U + GRAD
-    assert activations(base) == 6 * U + GRAD and activations(rc) == 5 * U + GRAD
+    # FIFO peaks. Without: x, h0..h3 kept to the loss (5 U + its 4 B), then the loss gradient g3: 6 U + 4 B.
+    # With: h0, h2, h3 go after their forward readers, so the forward holds x, h1, h2, h3 at most (4 U); the
+    # backward rebuilds h2, h3 next to x, h1 and adds g3: 5 U + 4 B
+    assert activations(base) == 6 * U + 4 and activations(rc) == 5 * U + 4
 
 
 def test_gradient_accumulation_with_recomputation():
-    # 4 micro-batches of B / 4 samples (u = U / 4 = GRAD per activation) under 1F1B, one forward then its
-    # backward. Both peak at micro-batch 3's loss gradient g3: the four gradients accumulated over micro-
-    # batches 0..2 (4 GRAD), bx0 of micro-batches 0..2 (read by nobody, held to the step's end: 3 u), the
-    # losses of micro-batches 1..3 (read by nobody: the seed reads micro-batch 0's; 3 x 4 B) and the seed
-    # (4 B), with micro-batch 3's x, h0..h3 and g3 (6 u): 4 GRAD + 9 u + 16 B. Recomputed: h0 is not kept
-    # and h2, h3 are rebuilt next to the kept h1: x, h1, h2, h3, g3 (5 u): 4 GRAD + 8 u + 16 B
+    # 4 micro-batches of 2 samples (u = U / 4 per activation) under 1F1B, one forward then its backward:
+    # the batch's inputs are loaded at the start (4 u); micro-batch 0's backward rebuilds h2, h3 next to its
+    # kept h1 and adds g3: 4 u + 4 u + the loss's 4 B. Without recomputation 4 u + h0..h3 + g3 = 9 u + 4 B
     g, c, plain = two_blocks()
     acc = plain.with_micro_batches(4)
     base, rc = run(acc, g, c), run(acc.with_recompute([0, 1]), g, c)
     u = U // 4
-    assert activations(base) == 4 * GRAD + 9 * u + 16 and activations(rc) == 4 * GRAD + 8 * u + 16
+    assert activations(base) == 9 * u + 4 and activations(rc) == 8 * u + 4
     assert base.iteration_time_s == pytest.approx(32.0) and rc.iteration_time_s == pytest.approx(44.0)
     assert np.sum(rc.plan.task_kind == TaskKind.RECOMPUTE) == 3 * 4
 
@@ -154,18 +149,18 @@ def test_random_recomputed_plans_run_each_recomputed_instance_after_its_forward(
 
 
 def test_planners_recompute_the_fewest_leading_groups_that_fit():
-    # the step peaks at 6 U + GRAD above the 4 layers' weights without recomputation (FIFO, above): a
-    # device of 4 RESIDENT + 5.5 U is too small (GRAD = U / 4). Recomputing group 0 alone frees h0 after
-    # f1, so at bx3 x, h1, h2, g3, bx3 and W3's gradient are live: 5 U + GRAD, which fits, at 32 s + 4 s
-    # for f0 again (both groups: 44 s)
-    g = pipeline_graph(S, batch=B)
+    # activations peak at 6 U + 4 B without recomputation (FIFO, above), next to the 4 layers' weights and
+    # gradients: a device of 4 RESIDENT + 5.5 U is too small. Recomputing group 0 alone frees h0 after f1,
+    # so the forward holds x, h1, h2, h3 and the loss gradient g3 comes on top: 5 U + 4 B, which fits, at
+    # 32 s + 4 s for f0 again (both groups: 44 s)
+    g = pipeline_graph(S)
     c = two_gpu(memory=f"{4 * RESIDENT + 11 * U // 2} B", n=1)
-    plain = strategy_for(g, c, [ParallelConfig.single(0, B)] * 2, stages_of(g) // 2)
+    plain = strategy_for(g, c, [ParallelConfig.single(0, 8)] * 2, stages_of(g) // 2)
     ev = Evaluator(g, c, NoComm(c), order="fifo")
     assert ev.iteration_time(plain)[1]
     chosen, t, oom = fitting(ev, plain)
     assert chosen.recompute == (0,) and not oom and t == pytest.approx(36.0)
-    assert activations(ev.evaluate(chosen)) == 5 * U + GRAD
+    assert activations(ev.evaluate(chosen)) == 5 * U + 4
     roomy = Evaluator(g, two_gpu(n=1), NoComm(two_gpu(n=1)), order="fifo")
     assert fitting(roomy, dataclasses.replace(plain, cluster_name=roomy.cluster.name))[0].recompute == ()
 
