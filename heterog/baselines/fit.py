@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from heterog.evaluator_protocol import PlanEvaluator
 
 # the sharded-state choices the planners offer, as ``ShardedState`` arguments beside the weights
-STATE_CHOICES: tuple[dict[str, Any], ...] = tuple({"stage": s} for s in STAGES)
+STATE_CHOICES: tuple[dict[str, Any], ...] = tuple({"stage": s} for s in STAGES if s > 0)   # stage 0 only offloads
 FITS, NONE = "fits", "none"
 
 
