@@ -9,10 +9,11 @@ compute bound and the offloading bounds.
 For each graph (captured with Adam, cached under .heterog-cache/graphs): the state arithmetic (parameter,
 gradient and optimizer-state bytes of the graph against the cluster's GPU and host memory), then every
 planner of ``--planners`` at ``--budget-s`` (``heterog.planners.plan``; one that fails is recorded with its
-error), and unless ``--no-zero`` the fully sharded data-parallel plans (every group one AllReduce config over
-all devices, batch shares by peak FLOP/s, state sharded at stage 3 with shards by memory, and the same with
-the optimizer state offloaded where ``ShardedState`` has an ``offload`` field), each recomputing the fewest
-leading groups that fit (``heterog.baselines.pipeline.fitting``). The fastest candidate that fits is kept;
+error), and unless ``--no-zero`` the fully sharded data-parallel plans (a group per layer, each one AllReduce
+config over all devices, batch shares by peak FLOP/s, state sharded at stage 3 with shards by memory, and the
+same with the optimizer state offloaded where ``ShardedState`` has an ``offload`` field), each recomputing the fewest
+leading groups that fit (``heterog.baselines.pipeline.fitting``; where even recomputing every group does not
+fit, that plan is reported too). The fastest candidate that fits is kept;
 where none fits, the one of least peak memory over capacity and its binding device are reported.
 
 Bounds: ``compute_bound_s`` (``heterog.bounds.compute_bound``: no plan computes faster, communication and
@@ -84,8 +85,10 @@ def offload_bounds(graph: Any, cluster: Any, arithmetic: dict) -> dict:
 
 # ----------------------------------------------------------------------------- candidates
 def sharded_dp(ev: Any, offload: str = "none") -> Any:
-    """Every group one AllReduce data-parallel config over all devices (batch shares by peak FLOP/s), its
-    state sharded at stage 3 with shards by memory, and offloaded (``offload``) where ShardedState can."""
+    """A group per layer (``block_layers``: embeddings, each block, the head), each one AllReduce
+    data-parallel config over all devices (batch shares by peak FLOP/s), its state sharded at stage 3 with
+    shards by memory, and offloaded (``offload``) where ShardedState can."""
+    from heterog.baselines.expert import block_layers
     from heterog.sharded import ShardedState, state_weights
     from heterog.shares import proportional_shares
     from heterog.strategy import ParallelConfig, Strategy
@@ -100,9 +103,9 @@ def sharded_dp(ev: Any, offload: str = "none") -> Any:
     if len(kept) < len(devices):
         state = ShardedState(3, tuple(weights[d] for d, _ in kept), **extra)
     cfg = ParallelConfig(tuple(d for d, _ in kept), tuple(s for _, s in kept), sharded=state)
-    return Strategy(graph.fingerprint, cluster.name, cluster.n_devices, graph.batch_size,
-                    np.asarray(ev.group_of), [cfg] * ev.n_groups,
-                    method="zero3-dp" + ("" if offload == "none" else f"-offload-{offload}"))
+    layer_of, n_blocks = block_layers(graph)          # a group per layer, so that recomputation checkpoints
+    return Strategy(graph.fingerprint, cluster.name, cluster.n_devices, graph.batch_size, layer_of,
+                    [cfg] * (n_blocks + 2), method="zero3-dp" + ("" if offload == "none" else f"-offload-{offload}"))
 
 
 def candidates(ev: Any, planners: list[str], budget_s: float, seed: int, zero: bool) -> list[tuple[str, Any]]:
@@ -129,8 +132,12 @@ def candidates(ev: Any, planners: list[str], budget_s: float, seed: int, zero: b
             except HeterogError as exc:
                 out.append((f"zero3-dp-{offload}", f"{type(exc).__name__}: {exc}"))
                 continue
-            s, _, _ = fitting(ev, s)
-            out.append((s.method, s))
+            fitted, _, oom = fitting(ev, s)
+            out.append((fitted.method, fitted))
+            if oom and not fitted.recompute:      # recomputing every group does not fit either: still its peak
+                every = s.with_recompute([g for g, c in enumerate(s.configs) if c.split is None])
+                every.method = f"{s.method}+recompute"
+                out.append((every.method, every))
     return out
 
 

@@ -152,7 +152,8 @@ def recomputed_ops(ctx: CompileContext, op_group: np.ndarray, groups: tuple[int,
     chosen = np.zeros(int(op_group.max()) + 1, dtype=bool)
     chosen[np.asarray(groups, dtype=np.int64)] = True
     cand = chosen[op_group] & (phase == 0) & gi.is_compute & gi.has_batch & ~gi.has_partial
-    cand[int(np.argmax(phase > 0)) if np.any(phase > 0) else gi.n_ops:] = False     # forward ops before any backward
+    later = (phase > 0) & gi.is_compute        # placeholders (an optimizer's state) come first, in phase update
+    cand[int(np.argmax(later)) if np.any(later) else gi.n_ops:] = False     # forward ops before any backward op
     src, dst = gi.e_src, gi.e_dst
     same = gi.e_batch & cand[src] & (op_group[src] == op_group[dst])
     out = np.zeros(gi.n_ops, dtype=bool)

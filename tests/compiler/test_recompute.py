@@ -163,3 +163,20 @@ def test_planners_recompute_the_fewest_leading_groups_that_fit():
     assert activations(ev.evaluate(chosen)) == 5 * U + 4
     roomy = Evaluator(g, two_gpu(n=1), NoComm(two_gpu(n=1)), order="fifo")
     assert fitting(roomy, dataclasses.replace(plain, cluster_name=roomy.cluster.name))[0].recompute == ()
+
+
+def test_a_graph_with_optimizer_state_recomputes_its_forward():
+    # Adam's state placeholders come first in the op list, in phase update: they do not end the forward
+    import heterog
+    from heterog import zoo
+    from heterog.cluster import load_cluster
+
+    module, inputs = zoo.build("tiny_mlp", 8, device="meta")
+    g = heterog.capture(module, inputs, optimizer="adam")
+    assert g.ops[int(np.argmax(g.phase_index > 0))].kind == "state"
+    c = load_cluster("paper-8gpu")
+    s = Strategy(g.fingerprint, c.name, c.n_devices, 8, np.zeros(g.n_ops, dtype=np.int64),
+                 [ParallelConfig.single(0, 8)], recompute=(0,))
+    plan = Evaluator(g, c).compile(s)
+    redone = plan.task_op[plan.task_kind == TaskKind.RECOMPUTE]
+    assert len(redone) and all(g.ops[o].phase == "forward" and g.ops[o].kind == "compute" for o in redone)
