@@ -382,8 +382,8 @@ _SPECS = (
         small_overrides={"layers": 2, "hidden": 32, "heads": 4, "ffn": 64, "vocab": 100, "seq_len": 16},
         notes="transformers.GPTJForCausalLM from its configuration with random weights, keyword inputs "
               "{input_ids, labels}. Its rotary table is a 2048 x 64 buffer, not a parameter. " + ADAM + " About "
-              "96.8 GB (90.2 GiB) with Adam, against paper-8gpu's 100 GiB of GPU memory: only sharded state fits. "
-              + NO_DROPOUT,
+              "96.8 GB (90.2 GiB) with Adam, against paper-8gpu's 100 GiB of GPU memory: no plan without sharded "
+              "state fits. " + NO_DROPOUT,
     ),
     ModelSpec(
         name="opt_13b",
