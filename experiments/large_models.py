@@ -23,7 +23,7 @@ and master weights (12 of the 16 bytes) live on the host, so that 16 (P - P_off)
 their gradients go down and parameters come up over PCIe (8 bytes per parameter, spread over every GPU's
 link, two GPUs of a server sharing its host memory bandwidth) and are stepped on the host CPUs (heterog.cost
 .host, spread over every server). With a plan that offloads, the simulated busy time of its PCIe and host
-resources is reported too.
+resources is reported too, and the same costs computed from its configs (``plan_offload``).
 """
 from __future__ import annotations
 
@@ -81,6 +81,30 @@ def offload_bounds(graph: Any, cluster: Any, arithmetic: dict) -> dict:
                                    for j in range(n_servers) if per_server[j])
     out["host_memory_need_bytes"] = p_off * ADAM_BYTES_PER_PARAM
     return out
+
+
+def plan_offload(graph: Any, cluster: Any, strategy: Any) -> dict:
+    """What a plan's offloading costs, from its configs: parameters each device offloads (its shard of every
+    parameter of a group whose ``sharded.offload`` is not "none"), the PCIe seconds of moving their
+    gradients down and parameters up (8 bytes each, the offloading GPUs of a server at once) and the host
+    Adam step of each server (``heterog.cost.host``); the busiest of each."""
+    from heterog.cost.host import host_optimizer_step_s, pcie_time_s
+
+    per_device = np.zeros(cluster.n_devices)
+    for i, op in enumerate(graph.ops):
+        cfg = strategy.configs[int(strategy.group_of[i])]
+        st = cfg.sharded
+        if op.kind != "param" or st is None or getattr(st, "offload", "none") == "none":
+            continue
+        per_device[list(cfg.devices)] += float(np.prod(op.output_shapes[0])) * st.fractions
+    on = per_device > 0
+    sharing = np.bincount(cluster.server_of[on], minlength=len(cluster.servers))
+    pcie = [pcie_time_s(cluster, d, 8.0 * per_device[d], int(sharing[cluster.server_of[d]]))
+            for d in np.nonzero(on)[0]]
+    step = [host_optimizer_step_s(cluster, j, float(per_device[cluster.server_of == j].max()), "adam",
+                                  int(sharing[j])) for j in np.nonzero(sharing)[0]]
+    return {"offloaded_params": per_device.tolist(), "pcie_s": max(pcie, default=0.0),
+            "host_step_s": max(step, default=0.0)}
 
 
 # ----------------------------------------------------------------------------- candidates
@@ -194,6 +218,7 @@ def measure(ev: Any, label: str, strategy: Any) -> dict:
             "host_capacity_bytes": {s.name: float(cluster.host_memory_bytes(j)) for j, s in enumerate(cluster.servers)},
             "busiest_pcie_s": max(pcie.values()) if pcie else 0.0,
             "busiest_host_s": max(host_busy.values()) if host_busy else 0.0,
+            "offload": plan_offload(ev.graph, cluster, strategy),
             "compute_time_s": float(res.compute_time_s), "comm_time_s": float(res.comm_time_s),
             "search_time_s": float(strategy.meta.get("search_time_s", 0.0)), "uses": uses(strategy)}
 
@@ -275,6 +300,12 @@ def summary(rec: dict) -> str:
         r = by_label[rec["best"]]
         lines.append(f"  kept: {r['label']}, {r['iteration_time_s']:.2f} s per iteration, "
                      f"{r['iteration_time_s'] / rec['compute_bound_s']:.2f}x the compute bound.")
+        po = r["offload"]
+        if po["pcie_s"] > 0:
+            lines.append(f"  its offloading: {sum(po['offloaded_params']) / 1e9:.2f} B parameters, PCIe "
+                         f"{po['pcie_s']:.2f} s and host Adam step {po['host_step_s']:.2f} s on the busiest link "
+                         f"and host (simulated busy: PCIe {r['busiest_pcie_s']:.2f} s, host "
+                         f"{r['busiest_host_s']:.2f} s).")
     elif rec["least_memory"]:
         r = by_label[rec["least_memory"]]
         d = r["binding_device"]

@@ -75,3 +75,22 @@ def test_smoke_run_keeps_a_fitting_plan_and_writes_json(tiny_adam, tmp_path, mon
     best = next(r for r in rec["candidates"] if r["label"] == rec["best"])
     assert not best["oom"] and best["iteration_time_s"] >= rec["compute_bound_s"] > 0
     assert "(kept)" in capsys.readouterr().out
+
+
+def test_offloading_of_a_plan_is_its_shard_of_every_offloaded_parameter(tiny_adam):
+    from types import SimpleNamespace
+
+    _, graph = tiny_adam
+    cluster = load_cluster("paper-8gpu")
+    host = cluster.servers[0].host
+    offloaded = SimpleNamespace(devices=(0, 1), sharded=SimpleNamespace(offload="optimizer",
+                                                                        fractions=np.array([0.25, 0.75])))
+    plan = SimpleNamespace(configs=[offloaded], group_of=np.zeros(graph.n_ops, dtype=np.int64))
+    o = large_models.plan_offload(graph, cluster, plan)
+    assert o["offloaded_params"] == pytest.approx([0.25 * 7_744, 0.75 * 7_744] + [0.0] * 6)
+    # the busier GPU moves 8 bytes per parameter; both GPUs of server s0 share its host
+    assert o["pcie_s"] == pytest.approx(5e-6 + 8 * 0.75 * 7_744 / min(12e9, host.effective_memory_Bps / 2))
+    assert o["host_step_s"] == pytest.approx(max(2 * 0.75 * 7_744 * 28 / host.effective_memory_Bps,
+                                                 2 * 0.75 * 7_744 * 14 / host.effective_flops))
+    plan.configs = [SimpleNamespace(devices=(0, 1), sharded=None)]
+    assert large_models.plan_offload(graph, cluster, plan)["pcie_s"] == 0.0
