@@ -15,6 +15,7 @@ import simulator
 from heterog.actions import strategy_from_actions
 from heterog.compiler import CompiledPlan, Compiler
 from heterog.compiler.compile import COMM_KINDS, COMPUTE_KINDS
+from heterog.compiler.offload import host_peaks
 from heterog.errors import HeterogError
 from heterog.graph.grouping import group_ops
 from heterog.scheduler import DEFAULT_ORDER, PORTFOLIO, check_order, is_dynamic, priorities
@@ -74,6 +75,8 @@ class PlanResult:
     order_requested: str = ""          # the order asked for (``best``: the faster of ``PORTFOLIO``)
     sim: simulator.SimResult | None = field(default=None, repr=False)
     plan: CompiledPlan | None = field(default=None, repr=False)
+    host_memory_bytes: dict = field(default_factory=dict)   # server name -> peak bytes in its host memory
+                                                            # (plans that offload state; empty otherwise)
 
     def record(self) -> dict:
         """The JSON record of ``heterog simulate --json`` (docs/design.md section 5)."""
@@ -81,7 +84,8 @@ class PlanResult:
                 "peak_memory_bytes": self.peak_memory_bytes, "memory_capacity_bytes": self.memory_capacity_bytes,
                 "compute_time_s": self.compute_time_s, "comm_time_s": self.comm_time_s,
                 "overlap_ratio": self.overlap_ratio, "search_time_s": self.search_time_s, "n_tasks": self.n_tasks,
-                "order": self.order, "order_requested": self.order_requested}
+                "order": self.order, "order_requested": self.order_requested,
+                "host_memory_bytes": self.host_memory_bytes}
 
 
 def reward(iteration_time_s: float, oom: bool, oom_factor: float = 10.0) -> float:
@@ -248,7 +252,9 @@ class Evaluator:
             overlap = _intersection_length(cs, cf, ps_, pf_) / comm_len
         return PlanResult(method=method, iteration_time_s=float(res.makespan), oom=bool(res.oom),
                           peak_memory_bytes=peak, memory_capacity_bytes=cap, compute_time_s=compute_time,
-                          comm_time_s=comm_len, overlap_ratio=overlap, n_tasks=plan.n_tasks, sim=res, plan=plan)
+                          comm_time_s=comm_len, overlap_ratio=overlap, n_tasks=plan.n_tasks, sim=res, plan=plan,
+                          host_memory_bytes=host_peaks(self.compiler.context, plan.placements.state,
+                                                        res.peak_memory))
 
 
 def cost_model(cluster: Cluster, layer_profile: LayerProfile | None = None) -> CostModel:

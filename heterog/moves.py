@@ -75,21 +75,27 @@ def min_moves(actions: np.ndarray, start: np.ndarray, unit: np.ndarray) -> int:
     return len({(int(unit[g]), int(actions[g])) for g in differ})
 
 
-def nearest_starts(actions: np.ndarray, n_choices: int, unit: np.ndarray) -> list[tuple[int, int, int]]:
+def nearest_starts(actions: np.ndarray, n_choices: int, unit: np.ndarray,
+                   sharded: np.ndarray | None = None) -> list[tuple[int, int, int]]:
     """Every uniform plan (every group with action ``a``, for ``a`` < ``n_choices``), nearest first, as
-    (moves, groups that differ, a).
+    (moves, groups that differ, a). ``sharded``: the groups that keep sharded state (MCMC's shard moves,
+    ``heterog.baselines.chains``): each took a move of its own (a shard move sets one group), and they
+    differ from every uniform plan (which keeps none).
 
-    Shapes: ``actions``, ``unit`` ``(G,)``."""
+    Shapes: ``actions``, ``unit``, ``sharded`` ``(G,)``."""
     actions = np.asarray(actions)
-    out = [(min_moves(actions, np.full_like(actions, a), unit), int((actions != a).sum()), a)
-           for a in range(n_choices)]
+    own = np.zeros(len(actions), dtype=bool) if sharded is None else np.asarray(sharded, dtype=bool)
+    rest = ~own
+    out = [(min_moves(actions[rest], np.full(int(rest.sum()), a), unit[rest]) + int(own.sum()),
+            int(((actions != a) | own).sum()), a) for a in range(n_choices)]
     return sorted(out)
 
 
 def moves_from_uniform(evaluator: Evaluator, plan: Strategy | Sequence[int] | np.ndarray) -> NearestUniform:
     """The uniform plan nearest to ``plan`` in local-search moves, on ``evaluator``'s graph, grouping and
     cluster. ``plan``: one action per group, or a Strategy that carries them in ``meta["actions"]`` (the
-    plans of the agent and of MCMC do); a HeterogError otherwise.
+    plans of the agent and of MCMC do; MCMC's also the groups' sharded state in ``meta["sharded"]``, a
+    move each); a HeterogError otherwise.
 
     Shapes: ``plan`` as actions ``(G,)``."""
     from heterog.baselines.chains import coupled_blocks
@@ -107,5 +113,7 @@ def moves_from_uniform(evaluator: Evaluator, plan: Strategy | Sequence[int] | np
         raise HeterogError(f"the plan's actions span {actions.min()}..{actions.max()}; "
                            f"{evaluator.cluster.name} has {n} (0..{n - 1})")
     unit = block_units(coupled_blocks(evaluator.graph, group_of), n_groups)
-    moves, groups, a = nearest_starts(actions, n, unit)[0]
+    sharded = plan.meta.get("sharded") if isinstance(plan, Strategy) else None
+    own = None if sharded is None else np.array([s is not None for s in sharded], dtype=bool)
+    moves, groups, a = nearest_starts(actions, n, unit, own)[0]
     return NearestUniform(a, split_action_name(a, m), moves, groups)

@@ -28,8 +28,9 @@ over the same devices; ``same_units``: both divide it into the same units (``sam
 
 and LOCAL where either side holds no tensor (``None``, "-": a shape read). The compiler prices the four
 collectives (``heterog.compiler.shards``, ``heterog.compiler.reshard``); the runtime lowers LOCAL, SLICE and
-PAD on the consumer's device and the collectives by making the value whole (all-gather of shards, all-reduce
-of partial sums) and taking the consumer's slice of it (``heterog.runtime.split_lowering``).
+PAD on the consumer's device, REDUCE_SCATTER and ALL_TO_ALL as those collectives
+(``heterog.runtime.split_collectives``), and ALL_GATHER and ALL_REDUCE by making the value whole and taking
+the consumer's slice of it (``heterog.runtime.split_lowering``).
 """
 from __future__ import annotations
 

@@ -26,8 +26,9 @@ SYNC_METHODS = ("ps", "allreduce")
 # before its backwards; 1F1B keeps at most S - s micro-batches in flight on a device at pipeline position s
 SCHEDULES = ("gpipe", "1f1b")
 MAX_MICRO_BATCHES = 256     # Megatron-style plans of large global batches run 128 (Sailor's validation plans)
-STRATEGY_VERSION = 6         # 2: micro-batches and their schedule; 3: groups recomputed; 4: splits beyond the batch;
-#                              5: splits over a grid (batch x beyond the batch); 6: sharded state (ZeRO stages)
+STRATEGY_VERSION = 7         # 2: micro-batches and their schedule; 3: groups recomputed; 4: splits beyond the batch;
+#                              5: splits over a grid (batch x beyond the batch); 6: sharded state (ZeRO stages);
+#                              7: state offloaded to the host (``"offload"`` in ``"sharded"``)
 # a config's split beyond the batch (docs/design.md, "Splits beyond the batch"): "parameter" divides the
 # parameters of its ops (and what computes with them) among the devices, "attribute" divides only what
 # carries no parameter (sequence, spatial, heads of activations), parameters stay whole on every device
@@ -44,7 +45,8 @@ class ParallelConfig:
     ``ps_device=None`` lets the compiler pick the PS that finishes aggregation first. ``split`` divides the
     ops beyond the batch among the devices (``split_over``), ``grid`` > 1 among each of that many groups of
     them, the batch over the groups (``split_grid``). ``sharded`` keeps an AllReduce data-parallel group's
-    optimizer state (and gradients, and parameters) as shards over its replicas (``heterog.sharded``).
+    optimizer state (and gradients, and parameters) as shards over its replicas, and may offload it to the
+    host, a one-device group's too (``heterog.sharded``).
     """
 
     devices: tuple[int, ...]
@@ -81,8 +83,15 @@ class ParallelConfig:
 
     def _check_sharded(self) -> None:
         assert self.sharded is not None
-        if self.sync != "allreduce" or self.split is not None or len(self.devices) < 2:
-            raise StrategyError(f"sharded state (stage {self.sharded.stage}) needs an AllReduce data-parallel config "
+        st = self.sharded
+        one = len(self.devices) == 1 and self.split is None      # offloading alone: one device's whole state
+        if one and st.offloads and int(st.stage) <= 2:
+            pass
+        elif one and st.offloads:
+            raise StrategyError(f"stage {st.stage} on one device shards nothing: offloading ({st.offload}) from "
+                                f"device {self.devices[0]} takes stage 0, 1 or 2")
+        elif self.sync != "allreduce" or self.split is not None or len(self.devices) < 2:
+            raise StrategyError(f"sharded state (stage {st.stage}) needs an AllReduce data-parallel config "
                                 f"of 2+ replicas, got sync={self.sync!r}, split={self.split!r}, devices "
                                 f"{list(self.devices)}")
         if len(self.sharded.weights) != len(self.devices):

@@ -73,7 +73,9 @@ def test_built_in_planners_take_the_shared_options_among_their_parameters():
                      "pipeline": {"budget_s"}, "mcmc": {"budget_s", "seed", "workers", "ray_address"},
                      "random": {"seed"}, "lp-round": set()}
     assert planners.get("mcmc").own_options == {"starts", "temperature", "oom_factor", "max_evals", "order", "keep",
-                                                "block_moves", "max_micro_batches", "splits"}
+                                                "block_moves", "max_micro_batches", "splits", "sharded",
+                                                "shard_moves"}
+    assert {"sharded", "splits"} <= planners.get("pipeline").own_options
     assert planners.get("best-dp").own_options == frozenset()
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from heterog.actions import decode_action, n_actions
+from heterog.baselines.fit import sharded_variants
 from heterog.shares import proportional_shares, split_weights
 from heterog.strategy import ParallelConfig, Strategy
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
 BLOCK_FRACTIONS = (0.5, 0.25)      # heavy edges: at least this share of the graph's largest edge's bytes
 BLOCK_MAX_FLOPS_SHARE = 0.3        # a block is a small part of the work, not the model
 BLOCK_MOVES = 0.1                  # share of a chain's proposals that move a block
+SHARD_MOVES = 0.2                  # share of a chain's proposals that set or clear a group's sharded state
 
 
 def split_action_configs(cluster: "Cluster", batch_size: int) -> list[tuple[str, ParallelConfig]]:
@@ -144,18 +146,30 @@ class ActionSearch:
     scores of action vectors already seen are remembered, so a proposal that revisits a plan costs
     nothing. ``n_evals`` counts simulations. ``blocks``: the groups block moves set together
     (``coupled_blocks``), drawn with probabilities ``block_p`` (``block_weights``).
+
+    With ``sharded``, the AllReduce data-parallel actions (M+1, M+3) have variants keeping sharded state
+    (``heterog.baselines.fit.sharded_variants``: each stage, shards even, by memory or by speed), numbered
+    after the other actions: ``n_base`` actions are the plain ones, ``base_of`` maps each action to its
+    plain one and ``family[a]`` lists the plain AR action ``a`` and its variants (what a shard move picks
+    among). Plans carry their plain actions in ``meta["actions"]`` and, where a group keeps sharded state,
+    each group's (None or ``ShardedState.to_dict()``) in ``meta["sharded"]``.
     """
 
     ev: PlanEvaluator
     oom_factor: float = 10.0
     order: str | None = None
     splits: bool = False
+    sharded: bool = False
     n_evals: int = 0
     eval_time_s: float = 0.0
     _configs: list[ParallelConfig] = field(default_factory=list, repr=False)
     _seen: dict[bytes, float] = field(default_factory=dict, repr=False)
     blocks: list[np.ndarray] = field(default_factory=list, repr=False)
     block_p: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
+    n_base: int = field(default=0, init=False, repr=False)
+    base_of: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), init=False, repr=False)
+    family: dict[int, list[int]] = field(default_factory=dict, init=False, repr=False)
+    sharded_actions: list[int] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         c = self.ev.cluster
@@ -169,16 +183,41 @@ class ActionSearch:
             if self.splits and self.ev.graph.splits is not None else []
         self.split_names = [name for name, _ in splits]
         self._configs += [cfg for _, cfg in splits]
+        self.n_base = len(self._configs)
+        base_of = list(range(self.n_base))
+        self.family = {}
+        for a in (c.n_devices + 1, c.n_devices + 3) if self.sharded else ():
+            self.family[a] = [a]
+            for cfg in sharded_variants(self._configs[a], c):
+                self.family[a].append(len(self._configs))
+                base_of.append(a)
+                self._configs.append(cfg)
+        self.base_of = np.asarray(base_of, dtype=np.int64)
+        self.sharded_actions = [v for fam in self.family.values() for v in fam[1:]]
 
     @property
     def n_actions(self) -> int:
-        """Actions per group: the (M+4) of ``heterog.strategy`` and the splits (``split_names``)."""
+        """Actions per group: the (M+4) of ``heterog.strategy``, the splits (``split_names``) and the
+        sharded-state variants."""
         return len(self._configs)
 
     def strategy(self, actions: np.ndarray) -> Strategy:
         g, c = self.ev.graph, self.ev.cluster
-        return Strategy(g.fingerprint, c.name, c.n_devices, g.batch_size, self.ev.group_of,
-                        [self._configs[a] for a in actions.tolist()], meta={"actions": actions.tolist()})
+        configs = [self._configs[a] for a in actions.tolist()]
+        meta: dict[str, Any] = {"actions": self.base_of[actions].tolist()}
+        if any(cfg.sharded is not None for cfg in configs):
+            meta["sharded"] = [None if cfg.sharded is None else cfg.sharded.to_dict() for cfg in configs]
+        return Strategy(g.fingerprint, c.name, c.n_devices, g.batch_size, self.ev.group_of, configs, meta=meta)
+
+    def shard_move(self, action: int, rng: np.random.Generator) -> int:
+        """The action a shard move gives a group that has ``action``: another of its family (another
+        stage or shard weights, or none) where it is an AllReduce data-parallel action, else a random
+        sharded variant (data parallelism keeping sharded state)."""
+        fam = self.family.get(int(self.base_of[action]), [])
+        if len(fam) > 1:
+            others = [a for a in fam if a != action]
+            return int(others[int(rng.integers(len(others)))])
+        return int(self.sharded_actions[int(rng.integers(len(self.sharded_actions)))])
 
     def cost(self, actions: np.ndarray) -> float:
         """Iteration time of the plan, times ``oom_factor`` if a device runs out of memory."""
@@ -204,7 +243,9 @@ class Chain:
     or seconds, drawing from ``np.random.default_rng([seed, index])``; it stops early when half its
     budget passes without beating ``target`` (the best starting cost) or its own best. ``beta``: inverse
     temperature of the acceptance rule; ``keep``: best distinct plans to return; ``block_moves``: share
-    of proposals that set a whole block of coupled groups (``coupled_blocks``) to one action."""
+    of proposals that set a whole block of coupled groups (``coupled_blocks``) to one action;
+    ``shard_moves``: share of proposals that set or clear one group's sharded state (``ActionSearch.shard_move``;
+    where the search offers it)."""
 
     index: int
     name: str
@@ -217,6 +258,7 @@ class Chain:
     seed: int
     keep: int = 4
     block_moves: float = BLOCK_MOVES
+    shard_moves: float = SHARD_MOVES
 
 
 @dataclass
@@ -260,7 +302,9 @@ class ChainResult:
 def run_chain(search: ActionSearch, chain: Chain, state: ChainState | None = None,
               segment: float | None = None) -> ChainResult:
     """Metropolis-Hastings from ``chain.start``: a proposal changes one random group's action to another
-    random action, or (a share ``chain.block_moves`` of proposals, where the graph has blocks) sets every
+    random plain action (``ActionSearch.n_base``), or (a share ``chain.shard_moves`` of proposals, where the
+    search offers sharded state) one random group's sharded state, or (a share ``chain.block_moves`` of
+    proposals, where the graph has blocks) sets every
     group of a block (drawn by ``search.block_p``) to one random action not all of them have; it is
     accepted with probability min(1, exp(beta * (cost - cost'))).
 
@@ -270,7 +314,7 @@ def run_chain(search: ActionSearch, chain: Chain, state: ChainState | None = Non
     hand its chains' segments to whichever worker is free)."""
     t0 = time.perf_counter()
     evals0, eval_s0 = search.n_evals, search.eval_time_s
-    g_count, a_count = len(chain.start), search.n_actions
+    g_count, a_count = len(chain.start), search.n_base
     if state is None:
         rng = np.random.default_rng([chain.seed, chain.index])
         cur = chain.start.copy()
@@ -292,7 +336,10 @@ def run_chain(search: ActionSearch, chain: Chain, state: ChainState | None = Non
     stop = math.inf if segment is None else clock() + segment
     while running() and clock() < stop:
         cand = cur.copy()
-        if search.blocks and rng.random() < chain.block_moves:
+        if search.sharded_actions and rng.random() < chain.shard_moves:
+            g = int(rng.integers(g_count))
+            cand[g] = search.shard_move(int(cur[g]), rng)
+        elif search.blocks and rng.random() < chain.block_moves:
             members = search.blocks[int(rng.choice(len(search.blocks), p=search.block_p))]
             held = np.unique(cur[members])
             a = int(rng.integers(a_count - 1)) if len(held) == 1 else int(rng.integers(a_count))
@@ -301,7 +348,7 @@ def run_chain(search: ActionSearch, chain: Chain, state: ChainState | None = Non
         else:
             g = int(rng.integers(g_count))
             a = int(rng.integers(a_count - 1))
-            a += a >= cur[g]
+            a += a >= search.base_of[cur[g]]
             cand[g] = a
         c = search.cost(cand)
         proposals += 1

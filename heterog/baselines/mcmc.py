@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from heterog.baselines.chains import BLOCK_MOVES, ActionSearch, Chain, ChainResult, ChainState, run_chain
+from heterog.baselines.chains import BLOCK_MOVES, SHARD_MOVES, ActionSearch, Chain, ChainResult, ChainState, run_chain
 from heterog.baselines.pipeline import with_best_micro_batches
 from heterog.errors import HeterogError
 from heterog.strategy import Strategy
@@ -112,11 +112,16 @@ def repick_block_devices(search: ActionSearch, actions: np.ndarray, cost: float)
 def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple[str, ...] | list[str] = DEFAULT_STARTS,
          temperature: float = 0.005, oom_factor: float = 10.0, max_evals: int | None = None,
          order: str | None = SEARCH_ORDER, workers: int = 1, ray_address: str | None = None, keep: int = 4,
-         block_moves: float = BLOCK_MOVES, max_micro_batches: int = 16, splits: bool = False) -> Strategy:
+         block_moves: float = BLOCK_MOVES, max_micro_batches: int = 16, splits: bool = False,
+         sharded: bool = False, shard_moves: float = SHARD_MOVES) -> Strategy:
     """Metropolis-Hastings over one (M+4)-way action per group (FlexFlow's search), or with ``splits`` also one
     of the splits beyond the batch (``ActionSearch.split_names``; the chains then also start from
     ``SPLIT_STARTS``). Splits are off by default: they cost search time and rarely pay on the clusters measured
-    (docs/results.md, "Splits beyond the batch").
+    (docs/results.md, "Splits beyond the batch"). With ``sharded`` the AllReduce data-parallel actions also keep
+    sharded state (stage 1, 2 or 3; shards even, by memory or by speed; ``ActionSearch``): a share
+    ``shard_moves`` of the proposals sets or clears one group's, and the last step may fit the plan by sharded
+    state as well as by recomputation (``heterog.baselines.fit.fit``). Off by default: the runtime does not run
+    sharded state yet.
 
     Cost = simulated iteration time under task order ``order`` (``SEARCH_ORDER``, FIFO: one simulation per
     proposal where the evaluator's ``best`` runs three; None: the evaluator's), x ``oom_factor`` if out of
@@ -141,7 +146,7 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
 
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
-    search = ActionSearch(ev, oom_factor, order, splits)
+    search = ActionSearch(ev, oom_factor, order, splits, sharded)
     by_proposals = max_evals is not None
     total = float(max_evals) if max_evals is not None else float(budget_s)
 
@@ -155,12 +160,13 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
     beta = 1.0 / (temperature * start_cost[best_name])
     names = sorted(cands, key=lambda k: (-start_cost[k], list(cands).index(k)))
     chains = [Chain(i, name, cands[name], start_cost[name], start_cost[best_name], beta, 0.0, by_proposals,
-                    seed, keep, block_moves) for i, name in enumerate(names)]
+                    seed, keep, block_moves, shard_moves) for i, name in enumerate(names)]
     results: list[ChainResult] = []
     with make_pool(workers, ray_address, SearchWorker) as pool:
         ray_pool = pool if isinstance(pool, RayPool) else None        # chains run on Ray workers, else here
         remote = ray_pool is not None
-        key = pool.register(EvaluatorSpec.of(ev), oom_factor=oom_factor, order=order, splits=splits) if remote else ""
+        key = pool.register(EvaluatorSpec.of(ev), oom_factor=oom_factor, order=order, splits=splits,
+                            sharded=sharded) if remote else ""
         t_chains, evals_before = time.perf_counter(), search.n_evals
         pending: dict[Any, Chain] = {}                                 # submitted job -> its chain
         todo: list[tuple[Chain, ChainState | None]] = [(c, None) for c in chains]
@@ -199,7 +205,7 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
             plans.setdefault(a.tobytes(), (c, a))
     final = search
     if order not in (None, ev.order):
-        final = ActionSearch(ev, oom_factor, splits=splits)
+        final = ActionSearch(ev, oom_factor, splits=splits, sharded=sharded)
         kept = sorted(plans.values(), key=lambda v: v[0])[:keep * max(len(results), 1)]
         kept += [(0.0, a) for a in cands.values()]
         plans = {a.tobytes(): (final.cost(a), a) for _, a in kept}
@@ -214,7 +220,8 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
     eval_s = search.eval_time_s + (sum(r.eval_time_s for r in results) if remote else 0.0)
     strategy = search.strategy(best)
     if max_micro_batches > 1:
-        strategy = with_best_micro_batches(ev, strategy, max_micro_batches, oom_factor)
+        strategy = with_best_micro_batches(ev, strategy, max_micro_batches, oom_factor,
+                                           ("sharded", "recompute") if sharded else ("recompute",))
     strategy.meta.update({
         "evals_per_s": n_evals / elapsed if elapsed > 0 else 0.0,
         "sim_evals_per_s": n_evals / eval_s if eval_s > 0 else 0.0,
@@ -223,6 +230,7 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
         "accepted": sum(r.accepted for r in results), "blocks": len(search.blocks),
         "block_repick_evals": repick_evals, "workers": pool.n_workers,
         "order": order or ev.order, "micro_batches": strategy.n_micro, "recomputed_groups": len(strategy.recompute),
+        "sharded_groups": sum(c.sharded is not None for c in strategy.configs),
         "best_cost_s": best_cost, "best_start": best_name, "best_start_cost_s": final_start[best_name],
         "chains": [{"start": r.name, "start_cost_s": start_cost[r.name], "best_cost_s": r.best_cost,
                     "proposals": r.proposals, "wall_s": r.wall_s} for r in results]})

@@ -15,7 +15,8 @@ The search is a pruned enumeration, time-boxed by ``budget_s``:
   shares         even, or proportional to each device's time for the stage's layers;
   micro-batches  k in 1, 2, 4, ... up to the batch (even sizes), under each schedule (or ``schedule``);
   recomputation  a candidate out of memory is tried again recomputing the fewest leading layers that
-                 fit (each layer is a group; ``fitting``).
+                 fit (each layer is a group; ``fitting``), or, with ``sharded``, keeping sharded state
+                 in its data-parallel stages, whichever is faster (``heterog.baselines.fit``).
 
 ``balance="equal"`` is the homogeneous baseline of pipeline planners: one stage per device, equal layer
 counts, even micro-batches (only k and the schedule searched).
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from heterog.baselines.expert import balanced_partition, group_strategy, op_layers, op_memory_bytes
+from heterog.baselines.fit import fit
 from heterog.errors import HeterogError
 from heterog.shares import even_shares, proportional_shares
 from heterog.strategy import MAX_MICRO_BATCHES, SCHEDULES, ParallelConfig, Strategy, most_micro_batches
@@ -94,44 +96,28 @@ def stage_plan(ev: PlanEvaluator, stages: list[list[int]], proportional: bool,
     return balanced_partition(cost, held, cap), configs
 
 
-def fitting(ev: PlanEvaluator, strategy: Strategy) -> tuple[Strategy, float, bool]:
-    """(plan, time, OOM) of ``strategy``; when it is out of memory and recomputes nothing, of ``strategy``
-    recomputing the fewest leading groups that fit instead, if recomputing every group fits. The
-    activations of the first groups live longest (until the backward comes back to them), so the
-    recomputed groups are a prefix, its length found by bisection (about log2 G evaluations)."""
-    t, oom = ev.iteration_time(strategy)
-    # groups split beyond the batch are not recomputed (``Strategy``)
-    groups = [g for g, cfg in enumerate(strategy.configs) if cfg.split is None]
-    if not oom or strategy.recompute or not groups:
-        return strategy, float(t), bool(oom)
-    best = strategy.with_recompute(groups)
-    t_best, oom_all = ev.iteration_time(best)
-    if oom_all:
-        return strategy, float(t), True
-    lo, hi = 0, len(groups)                         # a prefix of lo groups is out of memory, of hi fits
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        s = strategy.with_recompute(groups[:mid])
-        t_mid, oom_mid = ev.iteration_time(s)
-        if oom_mid:
-            lo = mid
-        else:
-            hi, best, t_best = mid, s, t_mid
-    return best, float(t_best), False
+def fitting(ev: PlanEvaluator, strategy: Strategy, ways: tuple[str, ...] = ("recompute",),
+            improve: bool = False) -> tuple[Strategy, float, bool]:
+    """(plan, time, OOM) of ``strategy`` made to fit by ``heterog.baselines.fit.fit`` with ``ways`` (by
+    default recomputing the fewest leading groups that fit, where it recomputes nothing yet; with
+    "sharded" also sharded state, and ``improve``: kept where it is faster even though the plan fits);
+    the plan records the way in ``meta["fit"]``."""
+    found = fit(ev, strategy, ways, improve)
+    return found.strategy, found.time_s, found.oom
 
 
 def with_best_micro_batches(ev: PlanEvaluator, strategy: Strategy, max_micro_batches: int,
-                            oom_factor: float = 10.0) -> Strategy:
+                            oom_factor: float = 10.0, ways: tuple[str, ...] = ("recompute",)) -> Strategy:
     """``strategy`` over the number of micro-batches (1, 2, 4, ... up to ``max_micro_batches`` and the batch,
     or what its grids allow, ``most_micro_batches``; even sizes, each schedule) that simulates fastest,
     out-of-memory plans costing ``oom_factor`` times their time, each recomputing the fewest leading groups
-    that fit where only that fits (``fitting``); ``strategy`` itself when none beats it."""
-    best, t, oom = fitting(ev, strategy)
+    that fit where only that fits (``fitting`` with ``ways``); ``strategy`` itself when none beats it."""
+    best, t, oom = fitting(ev, strategy, ways)
     best_cost = t * (oom_factor if oom else 1.0)
     k = 2
     while k <= min(most_micro_batches(strategy), max_micro_batches):
         for schedule in SCHEDULES:
-            s, t, oom = fitting(ev, strategy.with_micro_batches(k, schedule))
+            s, t, oom = fitting(ev, strategy.with_micro_batches(k, schedule), ways)
             c = t * (oom_factor if oom else 1.0)
             if c < best_cost:
                 best, best_cost = s, c
@@ -147,7 +133,8 @@ def equal_stages(n_layers: int, n_devices: int) -> np.ndarray:
 
 
 def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | None = None,
-             max_micro_batches: int = 32, balance: str = "cost", splits: bool = False) -> Strategy:
+             max_micro_batches: int = 32, balance: str = "cost", splits: bool = False,
+             sharded: bool = False) -> Strategy:
     """The fastest simulated pipeline plan that fits (the fastest of all when none fits) within
     ``budget_s`` seconds of search (default 30); micro-batch counts up to ``max_micro_batches`` are searched,
     and more (doubling, up to the batch and ``MAX_MICRO_BATCHES``) while no candidate fits; ``schedule``
@@ -158,7 +145,11 @@ def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | N
     tried), the grouping is also tried dividing each stage's layers' parameters among its devices (tensor
     parallelism inside a stage, ``stage_plan``): on the clusters measured, divided stages pay only where
     memory forces them (docs/results.md, "Splits beyond the batch"), and the budget goes to the other
-    candidates. Off by default."""
+    candidates. Off by default. ``sharded``: a stage whose replicas are data parallel may keep sharded state
+    (``heterog.sharded``; stage 1, 2 or 3, shards even, by memory or by speed): a candidate out of memory
+    is made to fit by the fastest of sharded state and recomputation (``heterog.baselines.fit.fit``), and
+    one that fits is also tried with its data-parallel stages sharded, kept where faster. Off by default:
+    the runtime does not run sharded state yet."""
     if balance not in ("cost", "equal"):
         raise HeterogError(f"unknown balance {balance!r} for the pipeline planner (choose from cost, equal)")
     if schedule is not None and schedule not in SCHEDULES:
@@ -177,6 +168,7 @@ def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | N
     beyond = [k for k in (2 ** j for j in range(1, 12)) if max(micro) < k <= min(B, MAX_MICRO_BATCHES)]
     best: tuple | None = None
     tried = 0
+    ways = ("sharded", "recompute") if sharded else ("recompute",)
     groupings = stage_groups(cluster.n_devices, servers) if balance == "cost" else \
         [[[d] for d in range(cluster.n_devices)]]
     for k in micro + beyond:
@@ -206,7 +198,7 @@ def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | N
                     s.with_micro_batches(k, sched)
                     for sched in ((schedule,) if schedule else SCHEDULES)]
                 for v in variants:
-                    v, t, oom = fitting(ev, v)
+                    v, t, oom = fitting(ev, v, ways, improve=sharded)
                     tried += 1
                     replicated_fits |= not split and not oom
                     key = (bool(oom), float(t))
@@ -214,5 +206,6 @@ def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | N
                         best = (key, v)
     assert best is not None
     out = best[1]
-    out.meta.update({"candidates": tried, "layers": len(names), "recomputed_groups": len(out.recompute)})
+    out.meta.update({"candidates": tried, "layers": len(names), "recomputed_groups": len(out.recompute),
+                     "sharded_groups": sum(c.sharded is not None for c in out.configs)})
     return out

@@ -13,16 +13,16 @@ if TYPE_CHECKING:  # pragma: no cover
 
 class SearchWorker(Worker):
     """A pool worker that also runs MCMC chains: ``setup`` builds an ``ActionSearch`` over the key's
-    evaluator (with the search's ``oom_factor``, task ``order`` and ``splits``); ``run_chain`` runs one."""
+    evaluator (with the search's ``oom_factor``, task ``order``, ``splits`` and ``sharded``); ``run_chain`` runs one."""
 
     def __init__(self) -> None:
         super().__init__()
         self.searches: dict[str, ActionSearch] = {}
 
     def setup(self, key: str, spec: EvaluatorSpec, oom_factor: float = 10.0, order: str | None = None,
-              splits: bool = False) -> None:
+              splits: bool = False, sharded: bool = False) -> None:
         super().setup(key, spec)
-        self.searches[key] = ActionSearch(self.evaluators[key], oom_factor, order, splits)
+        self.searches[key] = ActionSearch(self.evaluators[key], oom_factor, order, splits, sharded)
 
     def run_chain(self, key: str, job: tuple[Any, ...]) -> ChainResult:
         """``job``: (chain, state or None, segment or None), ``heterog.baselines.chains.run_chain``'s arguments."""

@@ -23,6 +23,8 @@ The modules, bottom up (each imports only those above it in this list):
   tasks, index     task columns, kinds and categories, the canonical order; the graph's and cluster's tables
   context          ``CompileContext``: what one (graph, cluster, cost model) fixes, frozen
   registries       ``LayoutTable``, ``ConfigTable``, ``Grouping``, ``PSDemand``: what a compiler grows
+  sharded_state    sharded state's tasks and memory (ZeRO stages)
+  offload          offloaded state's tasks, memory and host resources (ZeRO-Offload)
   ps               the load-aware parameter-server choice
   place            phases 1-3 -> ``Placement``: assign_configs, choose_ps, lay_out
   emit             phases 4-6 -> tasks: emit_instances, emit_aggregation, emit_connections

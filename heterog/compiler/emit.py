@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from heterog.compiler import sharded_state
+from heterog.compiler import offload, sharded_state
 from heterog.compiler.context import CompileContext
 from heterog.compiler.place import Placement
 from heterog.compiler.registries import LayoutTable
@@ -47,8 +47,11 @@ def emit_instances(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, 
         dur = ctx.cost.op_times(ctx.graph, inst_op, inst_dev, inst_frac, inst_split)
         w = place.out_split[inst_op]
         alloc = np.where(w > 0, alloc * (1.0 - w + w * inst_split), alloc)
+    res = inst_dev
     if place.state is not None:    # sharded state: update ops at each replica's part, full local gradients
         dur, alloc = sharded_state.scale_instances(ctx, place.state, inst_op, inst_dev, dur, alloc)
+        if offload.offloads(place.state):      # offloaded state: its update ops on the host CPU
+            dur, alloc, res = offload.host_instances(ctx, place.state, inst_op, inst_dev, dur, alloc)
     prev = lay.prev_flat[flat]
     accumulates = (prev >= 0) & gi.has_partial[inst_op]
     if accumulates.any():
@@ -57,12 +60,14 @@ def emit_instances(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, 
     ids = batch.add(dur=dur, kind=np.where(comp, int(TaskKind.COMPUTE), int(TaskKind.PLACEHOLDER)), op=inst_op,
                     dev=inst_dev, alloc=alloc,
                     cat=gi.category[inst_op], prio_op=inst_op, stage="compute", cls=0, tensor=0, sub=local,
-                    owner=inst_op, res_len=comp.astype(np.int64), res_idx=inst_dev[comp],
+                    owner=inst_op, res_len=comp.astype(np.int64), res_idx=res[comp],
                     micro=np.where(gi.has_batch[inst_op], lay.micro_flat[flat], -1))
     start = ids[np.concatenate([[0], np.cumsum(counts)])[:-1]] if len(ops) else ids
     prov.inst_start[ops] = start
-    if place.state is not None:    # stages 1-2: the updated parameters all-gathered
-        sharded_state.emit_update_gathers(ctx, layouts, batch, ops, place.op_lay, place.state, prov)
+    if place.state is not None:    # stages 1-2: the updated parameters (copied up from the host) all-gathered
+        ups = offload.emit_uploads(ctx, layouts, batch, ops, place.op_lay, place.state, prov) \
+            if offload.offloads(place.state) else None
+        sharded_state.emit_update_gathers(ctx, layouts, batch, ops, place.op_lay, place.state, prov, ups)
     if accumulates.any():
         acc = np.nonzero(accumulates)[0]
         batch.deps(ids[acc], start[rows[acc]] + (prev[acc] - lay.ptr[op_lay[rows[acc]]]), inst_op[acc])
@@ -175,6 +180,11 @@ def emit_connections(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch
     gi = ctx.index
     if not len(edges):
         return
+    if offload.offloads(place.state):              # tensors read by the host step: copied down, then as any edge
+        assert place.state is not None
+        down = offload.host_read_edges(ctx, place.state, edges)
+        if down.any():
+            offload.connect_host_reads(ctx, layouts, batch, edges[down], place.op_lay, place.state, prov)
     if place.op_shard is not None:                 # edges touching an op split beyond the batch
         touch = (place.op_shard[gi.e_src[edges]] >= 0) | (place.op_shard[gi.e_dst[edges]] >= 0)
         connect_split(ctx, layouts, batch, edges[touch], place, prov)

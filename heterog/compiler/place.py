@@ -11,6 +11,7 @@ import numpy as np
 
 from heterog.compiler.context import CompileContext
 from heterog.compiler.index import GraphIndex
+from heterog.compiler.offload import check_offloading, offloads
 from heterog.compiler.ps import choose_ps_devices, problem_from_configs
 from heterog.compiler.registries import ConfigTable, Grouping, LayoutTable, PSDemand
 from heterog.compiler.sharded_state import StatePlacement, place_state
@@ -152,8 +153,8 @@ def recomputed_ops(ctx: CompileContext, op_group: np.ndarray, groups: tuple[int,
     chosen = np.zeros(int(op_group.max()) + 1, dtype=bool)
     chosen[np.asarray(groups, dtype=np.int64)] = True
     cand = chosen[op_group] & (phase == 0) & gi.is_compute & gi.has_batch & ~gi.has_partial
-    later = (phase > 0) & gi.is_compute        # placeholders (an optimizer's state) come first, in phase update
-    cand[int(np.argmax(later)) if np.any(later) else gi.n_ops:] = False     # forward ops before any backward op
+    backward = (phase > 0) & gi.is_compute        # optimizer-state placeholders sit among the forward ops
+    cand[int(np.argmax(backward)) if np.any(backward) else gi.n_ops:] = False     # forward ops before any backward
     src, dst = gi.e_src, gi.e_dst
     same = gi.e_batch & cand[src] & (op_group[src] == op_group[dst])
     out = np.zeros(gi.n_ops, dtype=bool)
@@ -186,6 +187,9 @@ def place(ctx: CompileContext, configs: ConfigTable, demand: PSDemand, strategy:
     configs.layouts.refresh()
     op_lay = lay_out(gi, configs, grouping, group_cfg, group_ps)
     shards, op_shard, out_split = lay_out_splits(ctx, configs, op_cfg, op_lay)
+    state = place_state(ctx, configs, op_cfg)
+    if offloads(state):                 # state offloaded to hosts the cluster describes
+        check_offloading(ctx.cluster, strategy.configs)
     return Placement(group_cfg, op_cfg, configs.is_ps[op_cfg], aggregate, group_ps, op_lay, grouping,
                      strategy.n_micro, strategy.schedule, recomputed_ops(ctx, grouping.op_group, strategy.recompute),
-                     shards, op_shard, out_split, place_state(ctx, configs, op_cfg))
+                     shards, op_shard, out_split, state)

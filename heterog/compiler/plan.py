@@ -16,6 +16,7 @@ import numpy as np
 
 from heterog.compiler.context import CompileContext
 from heterog.compiler.micro import add_schedule, micro_order, window_exempt
+from heterog.compiler.offload import host_resources, offloaded_memory, offloads
 from heterog.compiler.place import Placement
 from heterog.compiler.registries import Layout, LayoutTable
 from heterog.compiler.sharded_state import StatePlacement, reduce_scattered, resident_saved
@@ -235,7 +236,13 @@ def assemble(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray 
     resident[:ctx.n_devices] = resident_bytes(ctx, layouts, place.op_lay, place.out_split)
     if place.state is not None:       # sharded optimizer state, gradients, parameters
         resident[:ctx.n_devices] -= resident_saved(ctx, layouts, place.op_lay, place.state)
-    tg = ctx.resources.empty_copy(resident_bytes=resident)
+    if offloads(place.state):         # state in host memory: host resources, their memory resident
+        assert place.state is not None
+        saved, host_bytes = offloaded_memory(ctx, layouts, place.op_lay, place.state)
+        resident[:ctx.n_devices] -= saved
+        tg = host_resources(ctx, resident, host_bytes)
+    else:
+        tg = ctx.resources.empty_copy(resident_bytes=resident)
     frees = None
     sync = tasks.kind == TaskKind.SYNC
     if sync.any():                    # a schedule's barrier orders tasks; it holds none of their memory

@@ -165,10 +165,10 @@ def _collective(ctx: CompileContext, em: _Emitter, kind: Conversion, t: int, u: 
     if dur is None:
         if kind == Conversion.ALL_REDUCE:
             dur = float(ctx.cost.allreduce_times(devs, np.array([nbytes]))[0][0])
-        else:                   # all-gather: the producer's shards; reduce-scatter: the results; all-to-all: 1/n
+        else:                   # all-gather, all-to-all: the producer's shards; reduce-scatter: the results
             assert shards is not None
-            part = nbytes * shards / (len(devs) if kind == Conversion.ALL_TO_ALL else 1)
-            dur = float(ctx.cost.sharded_ring_times(devs, part[None, :])[0])
+            cost_s = ctx.cost.alltoall_times if kind == Conversion.ALL_TO_ALL else ctx.cost.sharded_ring_times
+            dur = float(cost_s(devs, nbytes * shards[None, :])[0])
         times[key] = dur
     owner = ctx.index.n_ops + t
     coll = em.task(dur=dur, kind=TaskKind.COLLECTIVE, op=u, dev=-1, alloc=0.0, cat=TaskCategory.COLLECTIVE,

@@ -34,13 +34,19 @@ if TYPE_CHECKING:  # pragma: no cover
     from heterog.graph.opgraph import OpGraph
 
 
+# where a group's state lives (``ShardedState.offload``) as ``StatePlacement.op_offload`` codes
+OFFLOAD_CODES = {"none": 0, "optimizer": 1, "parameters": 2}
+
+
 @dataclass(frozen=True)
 class StatePlacement:
     """The sharded state of a plan: ``op_stage`` (n_ops,) the stage of each op's group (0: none);
     ``op_row`` (n_ops,) the row of its config in ``frac`` (-1: none), ``frac`` (K, M) each device's part
     of the sharded tensors of the K sharded configs (0 off the config), ``devices`` (K,) their devices;
     ``trig_tensor``, ``trig_op`` (T,) the stage-3 parameters' tensors and the ops their gathers wait for
-    (a change of such an op's group re-emits the tensor's edges, ``heterog.compiler.delta``)."""
+    (a change of such an op's group re-emits the tensor's edges, ``heterog.compiler.delta``);
+    ``op_offload`` (n_ops,) where its group's state lives: 0 the GPU, 1 the optimizer state on the host, 2
+    and the parameters (``heterog.compiler.offload``). Stage 0 rows (offloading only) have ``frac`` 1."""
 
     op_stage: np.ndarray
     op_row: np.ndarray
@@ -48,6 +54,7 @@ class StatePlacement:
     devices: tuple[tuple[int, ...], ...]
     trig_tensor: np.ndarray
     trig_op: np.ndarray
+    op_offload: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -109,7 +116,7 @@ def _build_state_index(ctx: CompileContext) -> StateIndex:
 
 
 def place_state(ctx: CompileContext, configs: ConfigTable, op_cfg: np.ndarray) -> StatePlacement | None:
-    """The plan's ``StatePlacement`` (None when no group keeps sharded state)."""
+    """The plan's ``StatePlacement`` (None when no group keeps sharded or offloaded state)."""
     used = [k for k in np.unique(op_cfg).tolist() if configs.configs[k].sharded is not None]
     if not used:
         return None
@@ -117,6 +124,7 @@ def place_state(ctx: CompileContext, configs: ConfigTable, op_cfg: np.ndarray) -
     n = len(op_cfg)
     op_stage = np.zeros(n, dtype=np.int64)
     op_row = np.full(n, -1, dtype=np.int64)
+    op_offload = np.zeros(n, dtype=np.int64)
     frac = np.zeros((len(used), ctx.n_devices))
     devices = []
     for row, k in enumerate(used):
@@ -124,13 +132,14 @@ def place_state(ctx: CompileContext, configs: ConfigTable, op_cfg: np.ndarray) -
         assert cfg.sharded is not None
         sel = op_cfg == k
         op_stage[sel], op_row[sel] = int(cfg.sharded.stage), row
-        frac[row, list(cfg.devices)] = cfg.sharded.fractions
+        op_offload[sel] = OFFLOAD_CODES[cfg.sharded.offload]
+        frac[row, list(cfg.devices)] = cfg.sharded.fractions if int(cfg.sharded.stage) else 1.0
         devices.append(tuple(cfg.devices))
     pairs = [(int(si.param_tensor[p]), q) for ph in (0, 1) for p, qs in si.trigger[ph].items()
              if op_stage[p] == 3 for q in qs]
     tt = np.array([a for a, _ in pairs], dtype=np.int64)
     to = np.array([b for _, b in pairs], dtype=np.int64)
-    return StatePlacement(op_stage, op_row, frac, tuple(devices), tt, to)
+    return StatePlacement(op_stage, op_row, frac, tuple(devices), tt, to, op_offload)
 
 
 # ----------------------------------------------------------------------------------- instances and memory
@@ -208,9 +217,12 @@ def emit_reduce_scatter(ctx: CompileContext, layouts: LayoutTable, batch: TaskBa
 
 
 def emit_update_gathers(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, ops: np.ndarray,
-                        op_lay: np.ndarray, state: StatePlacement, prov: Providers) -> None:
+                        op_lay: np.ndarray, state: StatePlacement, prov: Providers,
+                        ready: dict[int, np.ndarray] | None = None) -> None:
     """Stages 1 and 2: after the update op among ``ops`` that writes a parameter's next value, one
-    all-gather of the parameter over its config's replicas (into the resident parameter: no allocation)."""
+    all-gather of the parameter over its config's replicas (into the resident parameter: no allocation);
+    ``ready``: writer op -> the tasks, one per device (its last entries), that the gather waits for
+    instead of the writer's instances (the copies up of offloaded state)."""
     si = state_index(ctx)
     writer = ops[(si.new_param[ops] >= 0) & np.isin(state.op_stage[ops], (1, 2))]
     for o in writer.tolist():
@@ -226,7 +238,8 @@ def emit_update_gathers(ctx: CompileContext, layouts: LayoutTable, batch: TaskBa
                        dev=-1, alloc=0.0, cat=TaskCategory.COLLECTIVE, prio_op=o, stage="aggregate", cls=0, tensor=t,
                        sub=0, owner=o, res_len=len(res), res_idx=np.array(res, dtype=np.int64))
         last = layouts.last_entries(lay)
-        batch.deps(np.repeat(ag, len(last)), prov.inst_start[o] + last, o)
+        after = ready[o] if ready is not None and o in ready else prov.inst_start[o] + last
+        batch.deps(np.repeat(ag, len(after)), after, o)
 
 
 def gathered_edges(ctx: CompileContext, state: StatePlacement | None, edges: np.ndarray) -> np.ndarray:

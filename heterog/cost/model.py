@@ -487,6 +487,13 @@ class CostModel:
             total += np.max(alpha[None, :] + passed * beta[None, :], axis=1)
         return total
 
+    def alltoall_times(self, devices: Sequence[int], shard_bytes: np.ndarray) -> np.ndarray:
+        """(K,) seconds of an all-to-all that re-divides tensors split over ``devices`` (in ring order) in
+        uneven shards, ``shard_bytes`` (K, n) as ``sharded_ring_times``'s: each device sends about 1/n of its
+        shard to each other one, priced as the ring passing shards of 1/n the size."""
+        x = np.atleast_2d(np.asarray(shard_bytes, dtype=np.float64))
+        return self.sharded_ring_times(devices, x / max(len(devices), 1))
+
     # ------------------------------------------------------------------ memory-bound helpers
     def _memory_bound_times(self, devices: np.ndarray, bytes_moved: np.ndarray) -> np.ndarray:
         """(bytes_moved / effective bandwidth + launch) * slowdown; 0 where nothing moves."""

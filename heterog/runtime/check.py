@@ -28,6 +28,8 @@ from torch._subclasses.fake_tensor import (
 from heterog.errors import StrategyError
 from heterog.graph.shard_exec import combine
 from heterog.runtime.executor import Job, RankExecutor, initial_values
+from heterog.runtime.layout import in_memory_order
+from heterog.runtime.resharding import Sharding, a2a_assemble, a2a_piece, memory_order, rs_pieces, sum_in_order
 from heterog.runtime.split_lowering import whole_values
 from heterog.runtime.stepprog import StepProgram
 from heterog.runtime.transport import Pending
@@ -87,8 +89,8 @@ class _Mail:
 
 
 class _LocalTransport:
-    """The executor's transport interface (post, send, take, allreduce, allgather, finish, flush) within one
-    process."""
+    """The executor's transport interface (post, send, take, allreduce, allgather, reduce_scatter, all_to_all,
+    finish, flush) within one process."""
 
     def __init__(self, rank: int, mail: _Mail) -> None:
         self.rank, self.mail, self.idle_s = rank, mail, 0.0
@@ -126,12 +128,45 @@ class _LocalTransport:
         p.parts, p.placement = tuple(parts), placement
         return p
 
+    def reduce_scatter(self, t: torch.Tensor, gid: int, group: Any, members: Sequence[int], me: int,
+                       order: Sequence[int], need: Sharding, emulated_s: float) -> Pending:
+        p = self.allreduce(t, gid, group, members, me, emulated_s)
+        shape, i = tuple(t.shape), list(order).index(me)
+
+        def join(got: dict[int, torch.Tensor]) -> torch.Tensor:
+            if {tuple(v.shape) for v in got.values()} != {shape}:
+                raise StrategyError(f"a reduce-scatter over ranks {list(members)} sums different shapes "
+                                    f"{ {m: tuple(v.shape) for m, v in got.items()} }")
+            return in_memory_order(sum_in_order([rs_pieces(got[m], need)[i] for m in members]), memory_order(t))
+
+        p.join, p.order = join, memory_order(t)
+        return p
+
+    def all_to_all(self, t: torch.Tensor, gid: int, group: Any, members: Sequence[int], me: int,
+                   order: Sequence[int], shape: tuple[int, ...], have: Sharding, need: Sharding,
+                   emulated_s: float) -> Pending:
+        p = self.allreduce(t, gid, group, members, me, emulated_s)
+        i = list(order).index(me)
+
+        def join(got: dict[int, torch.Tensor]) -> torch.Tensor:
+            want = {m: have.shape(shape, j) for j, m in enumerate(order)}
+            if {m: tuple(v.shape) for m, v in got.items()} != want:
+                raise StrategyError(f"an all-to-all over ranks {list(members)} expects shards {want}, gets "
+                                    f"{ {m: tuple(v.shape) for m, v in got.items()} }")
+            pieces = [a2a_piece(got[m], shape, have, need, j, i) for j, m in enumerate(order)]
+            return a2a_assemble(pieces, shape, have, need, i, memory_order(t))
+
+        p.join, p.order = join, memory_order(t)
+        return p
+
     def finish(self, p: Pending) -> torch.Tensor:
         parts = self.mail.contributions[(p.key, int(p.stamp))]
         what = "an AllReduce" if p.placement is None else "an all-gather"
         missing = sorted(set(p.members) - set(parts))
         if missing:
             raise StrategyError(f"{what} over ranks {list(p.members)} is read before ranks {missing} join it")
+        if p.join is not None:
+            return p.join(parts)
         shapes = {m: tuple(parts[m].shape) for m in p.members}
         if p.placement is not None:
             want = dict(p.parts)

@@ -2,7 +2,7 @@
 torch.distributed (gloo on CPU, NCCL on GPUs), emulating device slowdown and link speed on local-cpu.
 
 The instructions (``heterog.runtime.instructions``: compute, send, assemble, aggregate, allreduce, allgather,
-post, combine, derive)
+reducescatter, alltoall, post, combine, derive)
 are built by ``heterog.runtime.lowering`` and matched here by type; messages and collectives go through
 ``heterog.runtime.transport``, held bytes are metered by ``heterog.runtime.memory``.
 
@@ -13,9 +13,9 @@ bandwidth`` of its link (one transfer at a time per link), and the receiver slee
 collective's messages carry each member's entry time and it completes no earlier than the last entry (and
 the end of the group's previous collective: a group's collectives share its ring) plus the nominal ring time.
 
-AllReduce and AllGather on CPU are a direct exchange of point-to-point messages (``Transport.allreduce`` says
-why), on GPUs NCCL's collectives. On CPU every direction between two ranks has a gloo process group of its own
-(``heterog.runtime.transport.p2p_channels`` says why).
+AllReduce, AllGather, ReduceScatter and AllToAll on CPU are a direct exchange of point-to-point messages
+(``Transport.allreduce`` says why), on GPUs NCCL's collectives. On CPU every direction between two ranks has a
+gloo process group of its own (``heterog.runtime.transport.p2p_channels`` says why).
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ from heterog.runtime.instructions import (
     Aggregate,
     AllGather,
     AllReduce,
+    AllToAll,
     Assemble,
     Combine,
     Compute,
@@ -44,6 +45,7 @@ from heterog.runtime.instructions import (
     Post,
     RankProgram,
     Recv,
+    ReduceScatter,
     Send,
     Slice,
     Source,
@@ -259,7 +261,7 @@ class RankExecutor:
                     f"{', '.join(prog.op_nodes[ins.op][:4])}) at local batch {ins.local_batch}")
         if isinstance(ins, Send):
             return f"instruction {i}: send message {ins.tag} to rank {ins.dst}"
-        if isinstance(ins, (Assemble, Aggregate, AllReduce, AllGather, Combine, Derive)):
+        if isinstance(ins, (Assemble, Aggregate, AllReduce, AllGather, ReduceScatter, AllToAll, Combine, Derive)):
             return f"instruction {i}: {ins.kind} {ins.key}"
         return f"instruction {i}: {ins.kind}"
 
@@ -330,6 +332,21 @@ class RankExecutor:
             stash[ins.key] = pending = tr.allgather(self._fetch(ins.source, env, stash), g, self.groups[g],
                                                     self.members[g], self.rank, ins.parts, ins.placement,
                                                     ins.emulated_s)
+            pending.order = ins.order
+        elif isinstance(ins, ReduceScatter):
+            self._pay()
+            g = ins.group
+            v = self._fetch(ins.source, env, stash)
+            stash[ins.key] = pending = tr.reduce_scatter(v if ins.scale == 1.0 else scaled(v, ins.scale), g,
+                                                         self.groups[g], self.members[g], self.rank, ins.members,
+                                                         ins.need, ins.emulated_s)
+            pending.order = ins.order
+        elif isinstance(ins, AllToAll):
+            self._pay()
+            g = ins.group
+            stash[ins.key] = pending = tr.all_to_all(self._fetch(ins.source, env, stash), g, self.groups[g],
+                                                     self.members[g], self.rank, ins.members, ins.shape, ins.have,
+                                                     ins.need, ins.emulated_s)
             pending.order = ins.order
         elif isinstance(ins, Combine):
             t_op, idle0 = time.perf_counter(), tr.idle_s

@@ -16,6 +16,8 @@ from typing import NamedTuple
 
 import torch
 
+from heterog.runtime.resharding import Sharding
+
 
 # ---------------------------------------------------------------------------- sources
 @dataclass(frozen=True, slots=True)
@@ -244,6 +246,50 @@ class AllGather:
 
 
 @dataclass(frozen=True, slots=True)
+class ReduceScatter:
+    """Stash ``key`` = this member's shard under ``need`` of the sum over the members of subgroup ``group`` of
+    ``source`` x ``scale`` (each member's partial sum of the whole value): ``need`` divides the value in
+    shards of uneven sizes (``"S<d>[:<f>]"``, ``extent`` units shared in part order), ``members`` lists the
+    members in that order. On CPU each member sends every other one its part and sums the parts it gets in
+    member order; on GPUs NCCL's reduce-scatter of the shards padded to the largest, trimmed.
+    Asynchronous: waited for where first read; ``emulated_s``: the nominal ring time the emulation
+    enforces. The result is laid out in memory ``order`` (the whole value's, as a shard cut from it is)."""
+
+    key: tuple
+    group: int
+    source: Source
+    scale: float
+    members: tuple[int, ...]
+    need: Sharding
+    emulated_s: float
+    order: tuple[int, ...] | None
+
+    kind = "reducescatter"
+
+
+@dataclass(frozen=True, slots=True)
+class AllToAll:
+    """Stash ``key`` = this member's shard under ``need`` of a value of ``shape`` that the members of subgroup
+    ``group`` hold as shards under ``have`` (``source`` on each; both in the part order of ``members``):
+    a shard along another dimension, or of other units. Each member sends every other one the entries of
+    its shard that the other's new shard holds (uneven pieces; only copies, exact on every backend).
+    Asynchronous: waited for where first read; ``emulated_s``: the nominal time the emulation enforces.
+    The result is laid out in memory ``order``."""
+
+    key: tuple
+    group: int
+    source: Source
+    members: tuple[int, ...]
+    shape: tuple[int, ...]
+    have: Sharding
+    need: Sharding
+    emulated_s: float
+    order: tuple[int, ...] | None
+
+    kind = "alltoall"
+
+
+@dataclass(frozen=True, slots=True)
 class Post:
     """Post the receive of message ``tag`` (NCCL: receives are posted in global message order)."""
 
@@ -252,7 +298,8 @@ class Post:
     kind = "post"
 
 
-Instruction = Compute | Send | Assemble | Aggregate | AllReduce | AllGather | Post | Combine | Derive
+Instruction = (Compute | Send | Assemble | Aggregate | AllReduce | AllGather | ReduceScatter | AllToAll | Post | Combine
+               | Derive)
 
 
 class Receive(NamedTuple):
@@ -278,7 +325,7 @@ def sources(ins: Instruction) -> list[Source]:
     """The sources ``ins`` reads."""
     if isinstance(ins, Compute):
         return [i.source for i in ins.inputs]
-    if isinstance(ins, (Send, AllReduce, AllGather, Derive)):
+    if isinstance(ins, (Send, AllReduce, AllGather, ReduceScatter, AllToAll, Derive)):
         return [ins.source]
     if isinstance(ins, Combine):
         return list(ins.parts)

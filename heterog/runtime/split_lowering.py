@@ -13,10 +13,11 @@ Values (placements: ``heterog.placement``, parsed once from the graph's options 
     (``RankProgram.persist_parts``), graph inputs whole;
   - a split consumer whose producer runs over the same devices (and groups, and samples) reads its input as
     ``heterog.placement.conversion`` says: LOCAL where it is, SLICE its part of a whole copy held here, PAD
-    its shard in zeros where it needs partial sums (``Derive``); a collective (all-gather, all-reduce, and
-    all-to-all and reduce-scatter too) is lowered as the value made whole (``whole``: all-gather of shards,
-    all-reduce of partial sums) and the consumer's part of it taken; a consumer over other devices reads it
-    that way too; a placement needed of no tensor (a shape read by a non-shape op) is read whole;
+    its shard in zeros where it needs partial sums (``Derive``), REDUCE_SCATTER and ALL_TO_ALL its shard by
+    that collective over its group (``heterog.runtime.split_collectives``); ALL_GATHER and ALL_REDUCE are
+    lowered as the value made whole (``whole``: all-gather of shards, all-reduce of partial sums) and the
+    consumer's part of it taken; a consumer over other devices reads it that way too; a placement needed of
+    no tensor (a shape read by a non-shape op) is read whole;
   - an op that is not split reads a split producer's output made whole on its device (and re-laid out
     along the batch as usual); an op that reads only a value's shape reads zeros of it.
 A value is made whole on the producer's devices by one collective over them (``collective``): the shards
@@ -78,6 +79,7 @@ from heterog.runtime.instructions import (
 from heterog.runtime.kernel import Kernel
 from heterog.runtime.layout import in_memory_order
 from heterog.runtime.rng import block_batches
+from heterog.runtime.split_collectives import rescatter
 from heterog.shares import split_shares_of
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -529,7 +531,9 @@ class SplitLowering:
                 return self._local(u, r, dev, mu, batch, so.part(need, rank), key, scale)
             if c == Conversion.PAD:                     # a shard is a partial sum: zeros elsewhere
                 return self._local(u, r, dev, mu, batch, None, key, scale, pad=su.part(have, rank))
-        # a collective (or another config's value): made whole, then this device's part of it taken
+            if c in (Conversion.REDUCE_SCATTER, Conversion.ALL_TO_ALL):     # a shard from partial sums or shards
+                return rescatter(self, op, r, dev, micro, batch, scale)
+        # another collective (or another config's value): made whole, then this device's part of it taken
         part = self.part_at(so.part(need, rank), r, batch)
         whole = su is not None and same_rows
         if whole:                       # put together here (a grid's batch value: if this group's samples)

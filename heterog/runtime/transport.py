@@ -1,12 +1,12 @@
 """How ranks exchange values: point-to-point messages (framed with their emulated arrival time on
-local-cpu clusters), AllReduce and the all-gather of uneven shards (a direct exchange of messages on CPU,
-NCCL's collectives on GPUs), one gloo process group per direction between two ranks, and the progress each
-rank reports to its parent."""
+local-cpu clusters), AllReduce, and the all-gather, reduce-scatter and all-to-all of uneven shards (a direct
+exchange of messages on CPU, NCCL's collectives on GPUs), one gloo process group per direction between two
+ranks, and the progress each rank reports to its parent."""
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -15,6 +15,19 @@ import torch
 import torch.distributed as dist
 
 from heterog.graph.shard_exec import combine
+from heterog.runtime.resharding import (
+    Sharding,
+    a2a_assemble,
+    a2a_piece,
+    a2a_piece_shape,
+    memory_order,
+    pack_padded,
+    pack_split,
+    rs_pieces,
+    sum_in_order,
+    unpack_padded,
+    unpack_split,
+)
 
 # CPU collectives' messages: tag = base + subgroup index x span + sequence number in the subgroup (mod span);
 # above every plan message tag, and below 2**32 (gloo's slot)
@@ -117,6 +130,13 @@ class TransportLike(Protocol):
     def allgather(self, t: torch.Tensor, gid: int, group: Any, members: Sequence[int], me: int,
                   parts: Sequence[tuple[int, tuple[int, ...]]], placement: str, emulated_s: float) -> Pending: ...
 
+    def reduce_scatter(self, t: torch.Tensor, gid: int, group: Any, members: Sequence[int], me: int,
+                       order: Sequence[int], need: Sharding, emulated_s: float) -> Pending: ...
+
+    def all_to_all(self, t: torch.Tensor, gid: int, group: Any, members: Sequence[int], me: int,
+                   order: Sequence[int], shape: tuple[int, ...], have: Sharding, need: Sharding,
+                   emulated_s: float) -> Pending: ...
+
     def finish(self, p: Pending) -> torch.Tensor: ...
 
     def flush(self) -> None: ...
@@ -147,7 +167,8 @@ def p2p_channels(device: torch.device) -> dict[tuple[int, int], Any]:
 
 
 class Transport:
-    """Point-to-point messages, AllReduce and all-gather with optional link emulation (see the module docstring).
+    """Point-to-point messages, AllReduce, all-gather, reduce-scatter and all-to-all with optional link emulation
+    (see the module docstring).
     ``rank``: this process's rank; messages travel on ``p2p_channels``."""
 
     def __init__(self, device: torch.device, emulate: bool, status: StatusLike, rank: int) -> None:
@@ -209,7 +230,8 @@ class Transport:
             p = Pending(dist.all_reduce(t, group=group, async_op=True), t, t.shape, t.dtype, None, members, me,
                         tuple(members))
         else:
-            p = self._exchange(t, gid, members, me, {m: tuple(t.shape) for m in members}, emulated_s)
+            p = self._exchange(t, {m: t for m in members}, gid, members, me, {m: tuple(t.shape) for m in members},
+                               emulated_s)
         self.in_flight.setdefault(p.key, []).append(p)
         return p
 
@@ -230,35 +252,103 @@ class Transport:
             work, bufs = start_uneven_gather(t, [shapes[m] for m in ranks], group)
             p = Pending(work, t, t.shape, t.dtype, None, members, me, tuple(members), gathered=(ranks, bufs))
         else:
-            p = self._exchange(t, gid, members, me, shapes, emulated_s)
+            p = self._exchange(t, {m: t for m in members}, gid, members, me, shapes, emulated_s)
         p.parts, p.placement = tuple(parts), placement
         self.in_flight.setdefault(p.key, []).append(p)
         return p
 
-    def _exchange(self, t: torch.Tensor, gid: int, members: Sequence[int], me: int,
+    def reduce_scatter(self, t: torch.Tensor, gid: int, group: Any, members: Sequence[int], me: int,
+                       order: Sequence[int], need: Sharding, emulated_s: float) -> Pending:
+        """Start this member's shard under ``need`` of the sum over the members of subgroup ``gid`` of their
+        partial sums ``t`` of the whole value (``order``: the members in part order, the shards of
+        ``need``'s shares); ``finish`` waits for it (``Pending.order``: ``t``'s memory order).
+
+        On GPUs this is NCCL's reduce-scatter of the shards flattened and padded to the largest
+        (``heterog.runtime.resharding.pack_padded``), trimmed when it is done. On CPU it is a direct
+        exchange of point-to-point messages as ``allreduce``'s: each member sends every other member its
+        part of ``t`` and adds the parts it receives in member order (the same bits as the sum of the whole
+        values in member order, cut).
+        """
+        pieces = dict(zip(order, rs_pieces(t, need)))
+        shape = need.shape(tuple(t.shape), list(order).index(me))
+        keep = memory_order(t)
+        if self.device.type == "cuda":
+            ranks = tuple(dist.get_process_group_ranks(group))
+            out = torch.empty(max(p.numel() for p in pieces.values()), dtype=t.dtype, device=t.device)
+            work = dist.reduce_scatter_single(out, pack_padded([pieces[r] for r in ranks]), group=group,
+                                              async_op=True)
+            p = Pending(work, out, t.shape, t.dtype, None, members, me, tuple(members),
+                        join=lambda _: unpack_padded(out, [shape])[0])
+        else:
+            p = self._exchange(pieces[me], pieces, gid, members, me, {m: shape for m in members}, emulated_s)
+            p.parts = tuple((m, shape) for m in members)
+            p.join = lambda got: sum_in_order([got[m] for m in members])
+        p.order = keep                  # how the reader gets it (``RankExecutor``: the instruction's order)
+        self.in_flight.setdefault(p.key, []).append(p)
+        return p
+
+    def all_to_all(self, t: torch.Tensor, gid: int, group: Any, members: Sequence[int], me: int,
+                   order: Sequence[int], shape: tuple[int, ...], have: Sharding, need: Sharding,
+                   emulated_s: float) -> Pending:
+        """Start this member's shard under ``need`` of a value of ``shape`` that the members of subgroup
+        ``gid`` hold in shards under ``have`` (``t``: this member's; ``order``: the members in part order,
+        of both); ``finish`` waits for it (``Pending.order``: ``t``'s memory order). Each member sends every other one
+        the entries it holds of the other's new shard (``heterog.runtime.resharding.a2a_piece``): NCCL's
+        all-to-all of uneven pieces on GPUs, a direct exchange of messages on CPU. Only copies: exact.
+        """
+        i = list(order).index(me)
+        pieces = {m: a2a_piece(t, shape, have, need, i, j) for j, m in enumerate(order)}
+        shapes = {m: a2a_piece_shape(shape, have, need, j, i) for j, m in enumerate(order)}
+        keep = memory_order(t)
+
+        def join(got: dict[int, torch.Tensor]) -> torch.Tensor:
+            return a2a_assemble([got[m] for m in order], shape, have, need, i, None)
+
+        if self.device.type == "cuda":
+            ranks = tuple(dist.get_process_group_ranks(group))
+            flat, sizes = pack_split([pieces[r] for r in ranks])
+            out = torch.empty(sum(math.prod(shapes[r]) for r in ranks), dtype=t.dtype, device=t.device)
+            work = dist.all_to_all_single(out, flat, [math.prod(shapes[r]) for r in ranks], sizes, group=group,
+                                          async_op=True)
+            p = Pending(work, out, t.shape, t.dtype, None, members, me, tuple(members),
+                        join=lambda _: join(dict(zip(ranks, unpack_split(out, [shapes[r] for r in ranks])))))
+        else:
+            p = self._exchange(pieces[me], pieces, gid, members, me, shapes, emulated_s)
+            p.parts = tuple(shapes.items())
+            p.join = join
+        p.order = keep                  # as ``reduce_scatter``'s
+        self.in_flight.setdefault(p.key, []).append(p)
+        return p
+
+    def _exchange(self, own: torch.Tensor, msgs: dict[int, torch.Tensor], gid: int, members: Sequence[int], me: int,
                   shapes: dict[int, tuple[int, ...]], emulated_s: float) -> Pending:
-        """A CPU collective started: ``t`` sent to every other member of subgroup ``gid`` and a receive
-        posted for each other member's contribution (of shape ``shapes[member]``)."""
+        """A CPU collective started: ``msgs[m]`` sent to every other member ``m`` of subgroup ``gid`` and a
+        receive posted for each other member's message to this one (of shape ``shapes[member]``); ``own``:
+        this member's own input to the result."""
         key = tuple(members)
         if not 0 <= gid < _AR_MAX_GROUPS:
             raise ValueError(f"subgroup index {gid} out of range for collective message tags")
         seq = self.ar_seq.get(key, 0)
         self.ar_seq[key] = seq + 1
         tag = _AR_TAG_BASE + gid * _AR_SEQ_SPAN + seq % _AR_SEQ_SPAN
-        t = t.contiguous()
+        own = own.contiguous()
         stamp = time.perf_counter()
-        msg = _frame(stamp, t) if self.emulate else t      # [entry time (float64) | payload bytes], as ``send``
         recvs = {}
         for m in members:
             if m != me:
-                n = math.prod(shapes[m]) * t.element_size()
+                n = math.prod(shapes[m]) * own.element_size()
                 buf = torch.empty(n + _HEADER_BYTES, dtype=torch.uint8) if self.emulate else \
-                    torch.empty(shapes[m], dtype=t.dtype)
+                    torch.empty(shapes[m], dtype=own.dtype)
                 recvs[m] = (dist.irecv(buf, src=m, tag=tag, group=self.channels.get((m, me))), buf)
+        framed: dict[int, torch.Tensor] = {}      # one message per distinct tensor (an AllReduce's: one in all)
         for m in members:
             if m != me:
+                if id(msgs[m]) not in framed:     # [entry time (float64) | payload bytes], as ``send``
+                    t = msgs[m].contiguous()
+                    framed[id(msgs[m])] = _frame(stamp, t) if self.emulate else t
+                msg = framed[id(msgs[m])]
                 self.sends.append((dist.isend(msg, dst=m, tag=tag, group=self.channels.get((me, m))), msg))
-        return Pending(recvs, t, t.shape, t.dtype, emulated_s if self.emulate else None, members, me, key,
+        return Pending(recvs, own, own.shape, own.dtype, emulated_s if self.emulate else None, members, me, key,
                        stamp=stamp)
 
     def finish(self, p: Pending) -> torch.Tensor:
@@ -280,6 +370,8 @@ class Transport:
             p.work.wait()
             self.status.waiting(-1)
             self.idle_s += time.perf_counter() - t0
+            if p.join is not None:
+                return p.join({})
             if p.gathered is None or p.placement is None:
                 return p.buf
             ranks, bufs = p.gathered
@@ -305,12 +397,11 @@ class Transport:
             if wait > 0:
                 time.sleep(wait)
         self.idle_s += time.perf_counter() - t0
+        if p.join is not None:
+            return p.join(parts)
         if p.placement is not None:
             return combine([parts[m] for m, _ in p.parts], p.placement)
-        acc = parts[p.members[0]]
-        for m in p.members[1:]:
-            acc = acc + parts[m]
-        return acc
+        return sum_in_order([parts[m] for m in p.members])
 
     def flush(self) -> None:
         for work, _ in self.sends:
@@ -332,10 +423,14 @@ class Pending:
     result: torch.Tensor | None = None
     order: tuple[int, ...] | None = None   # memory order of the result's dims for the reader (executor)
     # an all-gather: (member, shard shape) in part order and the placement joining them; NCCL: the ranks of
-    # the subgroup in its rank order and the padded buffers gathered in that order
+    # the subgroup in its rank order and the padded buffers gathered in that order; a reduce-scatter or
+    # all-to-all on CPU: (member, shape of its message to this one)
     parts: tuple[tuple[int, tuple[int, ...]], ...] = ()
     placement: str | None = None
     gathered: tuple[tuple[int, ...], list[torch.Tensor]] | None = None
+    # a reduce-scatter or all-to-all: the result from the parts received per member (NCCL: from nothing,
+    # the output buffer it captures)
+    join: Callable[[dict[int, torch.Tensor]], torch.Tensor] | None = None
 
 
 def start_uneven_gather(t: torch.Tensor, shapes: Sequence[tuple[int, ...]], group: Any

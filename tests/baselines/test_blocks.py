@@ -61,6 +61,9 @@ class ValleySearch:
     eval_time_s: float = 0.0
     seen: list = field(default_factory=list)
     n_actions: int = 6
+    n_base: int = 6
+    base_of: np.ndarray = field(default_factory=lambda: np.arange(6))
+    sharded_actions: list = field(default_factory=list)
 
     def cost(self, a: np.ndarray) -> float:
         self.n_evals += 1

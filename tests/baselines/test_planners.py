@@ -118,8 +118,8 @@ def test_a_misspelled_option_is_an_error_naming_the_options():
     with pytest.raises(HeterogError) as info:
         baselines.run("mcmc", graph, gpu_cluster(2), budget=30)
     assert str(info.value) == ("planner 'mcmc' takes no option 'budget' (its options: block_moves, budget_s, keep, "
-                               "max_evals, max_micro_batches, oom_factor, order, ray_address, seed, splits, starts, "
-                               "temperature, workers)")
+                               "max_evals, max_micro_batches, oom_factor, order, ray_address, seed, shard_moves, "
+                               "sharded, splits, starts, temperature, workers)")
     with pytest.raises(HeterogError, match=r"^planner 'single' takes no option 'max_evals' \(its options: device\)$"):
         baselines.run("single", graph, gpu_cluster(2), max_evals=40)
 

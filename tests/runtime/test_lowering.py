@@ -7,11 +7,22 @@ import pytest
 
 from heterog.evaluate import Evaluator
 from heterog.runtime import prepare
-from heterog.runtime.instructions import AllGather, AllReduce, Compute, Post, Recv, Send, Stash, sources
+from heterog.runtime.instructions import (
+    AllGather,
+    AllReduce,
+    AllToAll,
+    Compute,
+    Post,
+    Recv,
+    ReduceScatter,
+    Send,
+    Stash,
+    sources,
+)
 from tests.runtime.conftest import model
 from tests.runtime.test_equivalence import make_strategy
 
-COLLECTIVES = (AllReduce, AllGather)
+COLLECTIVES = (AllReduce, AllGather, ReduceScatter, AllToAll)
 
 
 def _programs(name: str, plan: str, cluster, backend: str = "gloo"):

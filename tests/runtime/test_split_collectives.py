@@ -1,7 +1,8 @@
 """Collectives of groups divided beyond the batch (``heterog.runtime.split_lowering``): a Megatron MLP block
-divided 3:1 over two devices puts its values together by one all-reduce (the row-parallel layer's partial
-sums) and one all-gather (uneven shards) issued by both devices at the same key, with no point-to-point
-message between them, one per collective task of the simulated plan, and trains like one process; random
+divided 3:1 over two devices reads the row-parallel layer's partial sums as its shards by one reduce-scatter
+and puts the output gradient together by one all-gather (uneven shards), issued by both devices at the same
+key, with no point-to-point message between them, one per collective task of the simulated plan, and trains
+like one process; random
 split plans issue their collectives in one order on every member and cannot deadlock; the transport's
 all-gather of uneven shards (3:1) gives both ranks the exact tensor over gloo."""
 from __future__ import annotations
@@ -21,7 +22,7 @@ from heterog.evaluate import Evaluator
 from heterog.graph.shard_exec import shard_of
 from heterog.runtime import compare_values, prepare, run_prepared, train_single_process
 from heterog.runtime.api import capture_model_for_runtime
-from heterog.runtime.instructions import AllGather, AllReduce, Combine, Send
+from heterog.runtime.instructions import AllGather, AllReduce, AllToAll, Combine, ReduceScatter, Send
 from heterog.strategy import ParallelConfig, Strategy
 from tests.runtime.test_conformance import ATOL, RTOL, STEPS, captured, cluster_of
 from tests.runtime.test_lowering import COLLECTIVES, _abstract_run
@@ -59,7 +60,7 @@ def _divided_block():
 
 def _collectives(rp) -> list[tuple]:
     return [(ins.kind, ins.key, ins.group, k) for ins, k in zip(rp.instrs, rp.keys)
-            if isinstance(ins, (AllReduce, AllGather))]
+            if isinstance(ins, (AllReduce, AllGather, ReduceScatter, AllToAll))]
 
 
 def test_a_divided_mlp_puts_values_together_by_collectives_only(request) -> None:
@@ -69,10 +70,10 @@ def test_a_divided_mlp_puts_values_together_by_collectives_only(request) -> None
     assert low.messages == [] and low.groups == [(0, 1)]
     for rp in low.ranks:
         assert not any(isinstance(ins, (Send, Combine)) for ins in rp.instrs)
-    # the row-parallel fc2's partial sums all-reduced, the output gradient's shards all-gathered for fc2's
-    # backward; both devices issue them in the same order at the same keys
+    # the row-parallel fc2's partial sums reduce-scattered into the 6:2 shards the loss's ops read, the output
+    # gradient's shards all-gathered for fc2's backward; both devices issue them in the same order at the same keys
     seq = _collectives(low.ranks[0])
-    assert [(kind, key) for kind, key, _, _ in seq] == [("allreduce", ("w", "mm_1", 0)),
+    assert [(kind, key) for kind, key, _, _ in seq] == [("reducescatter", ("c", "mm_1", None, 0, "S1", 8, (6, 2), 1.0)),
                                                         ("allgather", ("w", "mul_1", 0))]
     assert _collectives(low.ranks[1]) == seq
     # one collective per collective task of the simulated plan

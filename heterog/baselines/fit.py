@@ -1,0 +1,273 @@
+"""The one routine by which planners make a plan fit in memory: ``fit`` tries each way to fit (sharded
+state, recomputation, more micro-batches), simulates every candidate and keeps the fastest that fits.
+
+Ways (``WAYS``), each a search over its own candidates of one plan:
+
+  sharded        every data-parallel AllReduce group keeps its state in shards (each choice of
+                 ``STATE_CHOICES`` x shard weights of ``SHARD_BY``), then, for the fastest of those that
+                 fits, the fewest groups holding the most state that fit, by bisection;
+  recompute      the fewest leading groups recomputed that fit (the first groups' activations live
+                 longest), by bisection;
+  micro-batches  the fewest micro-batches (doubling, up to a cap) that fit, under the plan's schedule.
+
+When no way fits alone, each way is tried on the plan that another way frees the most memory in (the
+strongest sharded state, every group recomputed, the most micro-batches): "sharded+recompute" and so
+on. The way chosen is reported in the plan's ``meta["fit"]`` ("fits" where the plan fitted as given,
+"none" where nothing fits). A further way (offloading state, say) is one more entry of ``WAYS`` or, as a
+kind of sharded state, of ``STATE_CHOICES``.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from functools import reduce
+from itertools import product
+from math import gcd
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from heterog.errors import HeterogError
+from heterog.sharded import SHARD_BY, STAGES, ShardedState, state_weights
+from heterog.strategy import ParallelConfig, Strategy, most_micro_batches
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.cluster import Cluster
+    from heterog.evaluator_protocol import PlanEvaluator
+
+# the sharded-state choices the planners offer, as ``ShardedState`` arguments beside the weights
+STATE_CHOICES: tuple[dict[str, Any], ...] = tuple({"stage": s} for s in STAGES if s > 0)   # stage 0 only offloads
+FITS, NONE = "fits", "none"
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """A plan, its simulated iteration time, whether it is out of memory and the way that made it fit
+    (``FITS``: it fitted as given; ``NONE``: no way fits, the plan is the one given)."""
+
+    strategy: Strategy
+    time_s: float
+    oom: bool
+    way: str
+
+
+# ----------------------------------------------------------------------------- sharded state
+def shardable(cfg: ParallelConfig) -> bool:
+    """Whether ``cfg`` may keep sharded state: an AllReduce data-parallel config of 2+ replicas, none yet."""
+    return cfg.sync == "allreduce" and cfg.split is None and len(cfg.devices) > 1 and cfg.sharded is None
+
+
+def sharded_variants(cfg: ParallelConfig, cluster: Cluster, choices: Sequence[dict[str, Any]] = STATE_CHOICES,
+                     by: Sequence[str] = SHARD_BY) -> list[ParallelConfig]:
+    """``cfg`` keeping sharded state, one config per (choice, weights) of ``choices`` x ``by``, weights in
+    lowest terms and equal ones once (on alike devices, memory and speed shards are even), in that order;
+    empty where ``cfg`` cannot (``shardable``)."""
+    if not shardable(cfg):
+        return []
+    weights = list(dict.fromkeys(_lowest_terms(state_weights(b, cfg.devices, cluster)) for b in by))
+    return [replace(cfg, sharded=ShardedState(weights=w, **choice)) for choice in choices for w in weights]
+
+
+def _lowest_terms(weights: tuple[int, ...]) -> tuple[int, ...]:
+    d = reduce(gcd, weights)
+    return tuple(w // d for w in weights)
+
+
+def with_sharded(strategy: Strategy, groups: Sequence[int], variant: Callable[[ParallelConfig], ParallelConfig]
+                 ) -> Strategy:
+    """``strategy`` with the configs of ``groups`` replaced by ``variant(config)``; groups that shared one
+    config object share its variant (the compiler sees few distinct configs)."""
+    made: dict[int, ParallelConfig] = {}
+    configs = list(strategy.configs)
+    for g in groups:
+        cfg = configs[g]
+        if id(cfg) not in made:
+            made[id(cfg)] = variant(cfg)
+        configs[g] = made[id(cfg)]
+    return replace(strategy, configs=configs, meta=dict(strategy.meta))
+
+
+def state_order(ev: PlanEvaluator, strategy: Strategy) -> list[int]:
+    """The groups that may keep sharded state, those holding the most resident bytes (parameters,
+    gradients, optimizer state) first (ties: lower id first)."""
+    held = np.bincount(strategy.group_of, weights=ev.graph.resident_bytes, minlength=strategy.n_groups)
+    groups = [g for g, cfg in enumerate(strategy.configs) if shardable(cfg) and held[g] > 0]
+    return sorted(groups, key=lambda g: (-held[g], g))
+
+
+def _sharded_all(ev: PlanEvaluator, strategy: Strategy, groups: list[int]) -> list[Strategy]:
+    """``strategy`` with every one of ``groups`` keeping each (choice, weights) of sharded state, equal
+    plans once."""
+    out: dict[tuple, Strategy] = {}
+    for choice, by in product(STATE_CHOICES, SHARD_BY):
+        def variant(cfg: ParallelConfig, choice: dict[str, Any] = choice, by: str = by) -> ParallelConfig:
+            return sharded_variants(cfg, ev.cluster, (choice,), (by,))[0]
+
+        s = with_sharded(strategy, groups, variant)
+        out.setdefault(tuple(s.configs[g].sharded for g in groups), s)
+    return list(out.values())
+
+
+def sharded_way(ev: PlanEvaluator, strategy: Strategy, bisect: bool = True) -> Fitted | None:
+    """The fastest plan that fits with sharded state (``sharded_variants`` on every group of
+    ``state_order``); with ``bisect``, also the fewest of those groups, most state first, that fit under
+    the fastest fitting choice, kept if faster. None where no group can or none fits."""
+    groups = state_order(ev, strategy)
+    if not groups:
+        return None
+    best: Fitted | None = None
+    for s in _sharded_all(ev, strategy, groups):
+        t, oom = ev.iteration_time(s)
+        if not oom and (best is None or t < best.time_s):
+            best = Fitted(s, float(t), False, "sharded")
+    if best is None or not bisect or len(groups) == 1:
+        return best
+    chosen = {id(strategy.configs[g]): best.strategy.configs[g] for g in groups}
+    found = _fewest_that_fit(ev, len(groups), lambda k: with_sharded(strategy, groups[:k], lambda c: chosen[id(c)]))
+    if found is not None and found.time_s < best.time_s:
+        return replace(found, way="sharded")
+    return best
+
+
+def strongest_sharded(ev: PlanEvaluator, strategy: Strategy) -> Strategy | None:
+    """Every group that can keeping the last of ``STATE_CHOICES`` (the most it shards), weights by memory."""
+    groups = state_order(ev, strategy)
+    if not groups:
+        return None
+    return with_sharded(strategy, groups, lambda c: sharded_variants(c, ev.cluster, STATE_CHOICES[-1:], ("memory",))[0])
+
+
+# ----------------------------------------------------------------------------- recomputation
+def _fewest_that_fit(ev: PlanEvaluator, n: int, make: Callable[[int], Strategy]) -> Fitted | None:
+    """The plan ``make(k)`` of the smallest k in 1..n that fits, by bisection (fitting assumed to hold
+    from some k on), where ``make(n)`` fits; None where it does not."""
+    top = make(n)
+    t_top, oom = ev.iteration_time(top)
+    if oom:
+        return None
+    best = Fitted(top, float(t_top), False, "")
+    lo, hi = 0, n                       # k = lo is out of memory, k = hi fits
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        s = make(mid)
+        t, oom = ev.iteration_time(s)
+        if oom:
+            lo = mid
+        else:
+            hi, best = mid, Fitted(s, float(t), False, "")
+    return best
+
+
+def recompute_way(ev: PlanEvaluator, strategy: Strategy) -> Fitted | None:
+    """``strategy`` recomputing the fewest leading groups that fit (groups split beyond the batch are not
+    recomputed), if recomputing all of them fits; None otherwise or where it already recomputes. The
+    activations of the first groups live longest (until the backward comes back to them), so the
+    recomputed groups are a prefix, its length found by bisection (about log2 G evaluations)."""
+    groups = [g for g, cfg in enumerate(strategy.configs) if cfg.split is None]
+    if strategy.recompute or not groups:
+        return None
+    found = _fewest_that_fit(ev, len(groups), lambda k: strategy.with_recompute(groups[:k]))
+    return None if found is None else replace(found, way="recompute")
+
+
+def strongest_recompute(ev: PlanEvaluator, strategy: Strategy) -> Strategy | None:
+    """``strategy`` recomputing every group it may (None where it already recomputes or none may)."""
+    groups = [g for g, cfg in enumerate(strategy.configs) if cfg.split is None]
+    return None if strategy.recompute or not groups else strategy.with_recompute(groups)
+
+
+# ----------------------------------------------------------------------------- micro-batches
+MAX_FIT_MICRO_BATCHES = 64
+
+
+def _micro_counts(strategy: Strategy, most: int) -> list[int]:
+    cap = min(most_micro_batches(strategy), most)
+    out, k = [], 2 * strategy.n_micro
+    while k <= cap:
+        out.append(k)
+        k *= 2
+    return out
+
+
+def micro_batch_way(ev: PlanEvaluator, strategy: Strategy, most: int = MAX_FIT_MICRO_BATCHES) -> Fitted | None:
+    """``strategy`` over the fewest micro-batches (twice its own, doubling, up to ``most`` and what the plan
+    allows) that fit, under its schedule; None where none does."""
+    for k in _micro_counts(strategy, most):
+        s = strategy.with_micro_batches(k)
+        t, oom = ev.iteration_time(s)
+        if not oom:
+            return Fitted(s, float(t), False, "micro-batches")
+    return None
+
+
+def strongest_micro(ev: PlanEvaluator, strategy: Strategy) -> Strategy | None:
+    """``strategy`` over the most micro-batches ``micro_batch_way`` tries (None where it tries none)."""
+    counts = _micro_counts(strategy, MAX_FIT_MICRO_BATCHES)
+    return strategy.with_micro_batches(counts[-1]) if counts else None
+
+
+# ----------------------------------------------------------------------------- the routine
+# a way: (its search for the fastest plan that fits, its plan that frees the most memory)
+Way = tuple[Callable[["PlanEvaluator", Strategy], "Fitted | None"],
+            Callable[["PlanEvaluator", Strategy], "Strategy | None"]]
+WAYS: dict[str, Way] = {
+    "sharded": (sharded_way, strongest_sharded),
+    "recompute": (recompute_way, strongest_recompute),
+    "micro-batches": (micro_batch_way, strongest_micro),
+}
+DEFAULT_WAYS = tuple(WAYS)
+
+
+def check_ways(ways: Sequence[str]) -> tuple[str, ...]:
+    """``ways`` as a tuple; a HeterogError naming the known ways for any other."""
+    bad = [w for w in ways if w not in WAYS]
+    if bad:
+        raise HeterogError(f"unknown way{'s' if len(bad) > 1 else ''} to fit {', '.join(map(repr, bad))}; "
+                           f"known: {', '.join(WAYS)}")
+    return tuple(ways)
+
+
+def fit(ev: PlanEvaluator, strategy: Strategy, ways: Sequence[str] = DEFAULT_WAYS, improve: bool = False) -> Fitted:
+    """``strategy`` made to fit: as given where it fits; else the fastest plan that fits among each way's
+    (``WAYS``, those named by ``ways``, in order; ties: the earlier way); where none fits alone, among
+    each way applied after another way's strongest plan ("sharded+recompute", ...). ``improve``: a plan
+    that fits is also tried with sharded state on all its data-parallel groups (where "sharded" is among
+    ``ways``), kept if faster (a reduce-scatter and an all-gather cost what the AllReduce does, and each
+    replica updates only its shard). The plan returned records the way in ``meta["fit"]``."""
+    ways = check_ways(ways)
+    t, oom = ev.iteration_time(strategy)
+    if not oom:
+        found = Fitted(replace(strategy, meta=dict(strategy.meta)), float(t), False, FITS)
+        if improve and "sharded" in ways:
+            faster = sharded_way(ev, strategy, bisect=False)
+            if faster is not None and faster.time_s < found.time_s:
+                found = faster
+        return _record(found)
+    tried = [f for w in ways if (f := WAYS[w][0](ev, strategy)) is not None]
+    if not tried:
+        for first in ways:
+            base = WAYS[first][1](ev, strategy)
+            if base is None:
+                continue
+            for then in ways:
+                if then != first and (f := WAYS[then][0](ev, base)) is not None:
+                    tried.append(replace(f, way=f"{first}+{then}"))
+    if not tried:
+        return _record(Fitted(replace(strategy, meta=dict(strategy.meta)), float(t), True, NONE))
+    return _record(min(tried, key=lambda f: f.time_s))
+
+
+def _record(found: Fitted) -> Fitted:
+    """``found`` with its way in its plan's ``meta["fit"]`` and, where a group keeps sharded state, each
+    group's (None or ``ShardedState.to_dict()``) in ``meta["sharded"]``."""
+    meta, configs = found.strategy.meta, found.strategy.configs
+    meta["fit"] = found.way
+    meta.pop("sharded", None)
+    if any(c.sharded is not None for c in configs):
+        meta["sharded"] = [None if c.sharded is None else c.sharded.to_dict() for c in configs]
+    return found
+
+
+__all__ = ["DEFAULT_WAYS", "FITS", "Fitted", "NONE", "STATE_CHOICES", "WAYS", "check_ways", "fit",
+           "micro_batch_way", "recompute_way", "shardable", "sharded_variants", "sharded_way", "state_order",
+           "with_sharded"]
