@@ -8,10 +8,11 @@ compute bound and the offloading bounds.
 
 For each graph (captured with Adam, cached under .heterog-cache/graphs): the state arithmetic (parameter,
 gradient and optimizer-state bytes of the graph against the cluster's GPU and host memory), then every
-planner of ``--planners`` at ``--budget-s`` (``heterog.planners.plan``; one that fails is recorded with its
-error), and unless ``--no-zero`` the fully sharded data-parallel plans (a group per layer, each one AllReduce
-config over all devices, batch shares by peak FLOP/s, state sharded at stage 3 with shards by memory, and the
-same with the optimizer state offloaded where ``ShardedState`` has an ``offload`` field), each recomputing the fewest
+planner of ``--planners`` at ``--budget-s`` (``heterog.planners.plan``, with ``sharded=True`` where the
+planner takes it; one that fails is recorded with its error), and unless ``--no-zero`` the fully sharded
+data-parallel plans (a group per layer, each one AllReduce config over all devices, batch shares by peak
+FLOP/s, state sharded at stage 3 with shards by memory, and the same with the optimizer state offloaded
+where ``ShardedState`` has an ``offload`` field), each recomputing the fewest
 leading groups that fit (``heterog.baselines.pipeline.fitting``; where even recomputing every group does not
 fit, that plan is reported too). The fastest candidate that fits is kept;
 where none fits, the one of least peak memory over capacity and its binding device are reported.
@@ -140,6 +141,8 @@ def candidates(ev: Any, planners: list[str], budget_s: float, seed: int, zero: b
     out: list[tuple[str, Any]] = []
     for name in planners:
         quiet = {"progress": False} if "progress" in get(name).options else {}
+        if "sharded" in get(name).own_options:       # planners that may keep sharded state are let to
+            quiet["sharded"] = True
         t0 = time.perf_counter()
         try:
             s = plan(name, evaluator=ev, budget_s=budget_s, seed=seed, **quiet)
