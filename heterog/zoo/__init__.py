@@ -15,7 +15,14 @@ from heterog.zoo.bert import build_bert_large
 from heterog.zoo.big_embedding import build_big_embedding
 from heterog.zoo.common import InputFactory, Inputs, ModelSpec, count_parameters
 from heterog.zoo.gpt2 import build_gpt2, build_gpt2_xl
-from heterog.zoo.hf_lm import build_gpt_neo_2_7b, build_gpt_neo_2_7b_megatron, build_opt_350m, build_opt_350m_megatron
+from heterog.zoo.hf_lm import (
+    build_gpt_neo_2_7b,
+    build_gpt_neo_2_7b_megatron,
+    build_gptj_6b,
+    build_opt_13b,
+    build_opt_350m,
+    build_opt_350m_megatron,
+)
 from heterog.zoo.inception import build_inception_v3
 from heterog.zoo.mobilenet import build_mobilenet_v2
 from heterog.zoo.nasnet import build_nasnet
@@ -359,6 +366,40 @@ _SPECS = (
         small_overrides={"layers": 2, "hidden": 32, "heads": 4, "vocab": 100, "seq_len": 16},
         notes="The model behind Sailor's measured GPT-Neo runs, as a transformers.GPTNeoForCausalLM "
               "configuration (heterog/zoo/hf_lm.py); what Sailor's GPT-Neo plans import onto. " + ADAM,
+    ),
+    ModelSpec(
+        name="gptj_6b",
+        description="GPT-J-6B (Wang & Komatsuzaki 2021; HF EleutherAI/gpt-j-6b config): 28 blocks with parallel "
+                    "attention and feed-forward, hidden 4096, 16 heads, rotary 64, ffn 16384, vocab 50400, seq 2048",
+        builder=build_gptj_6b,
+        default_batch_size=8,
+        batch_size_source="chosen here (larger than any GPU of paper-8gpu); 8 x 2048 tokens",
+        params=6_050_882_784,
+        published_params=6_053_381_344,
+        published_source="EleutherAI/gpt-j-6b model card (counted on the mesh-transformer-jax checkpoint); the HF "
+                         "GPTJForCausalLM layout built here has 6,050,882,784 (output layer with bias, untied)",
+        inputs=(("input_ids", "(B, T) int64"), ("labels", "(B, T) int64, equal to input_ids")),
+        small_overrides={"layers": 2, "hidden": 32, "heads": 4, "ffn": 64, "vocab": 100, "seq_len": 16},
+        notes="transformers.GPTJForCausalLM from its configuration with random weights, keyword inputs "
+              "{input_ids, labels}. Its rotary table is a 2048 x 64 buffer, not a parameter. " + ADAM + " About "
+              "96.8 GB (90.2 GiB) with Adam, against paper-8gpu's 100 GiB of GPU memory: no plan without sharded "
+              "state fits. " + NO_DROPOUT,
+    ),
+    ModelSpec(
+        name="opt_13b",
+        description="OPT-13B (Zhang et al. 2022; HF facebook/opt-13b config): 40 pre-LN layers, hidden 5120, "
+                    "40 heads, ffn 20480, ReLU, vocab 50272, seq 2048, tied embeddings",
+        builder=build_opt_13b,
+        default_batch_size=8,
+        batch_size_source="chosen here (larger than paper-8gpu's GPU memory); 8 x 2048 tokens",
+        params=12_853_473_280,
+        published_params=12_853_473_280,
+        published_source="HF facebook/opt-13b OPTForCausalLM, output tied to the token embedding (equal)",
+        inputs=(("input_ids", "(B, T) int64"), ("labels", "(B, T) int64, equal to input_ids")),
+        small_overrides={"layers": 2, "hidden": 32, "heads": 4, "ffn": 64, "vocab": 100, "seq_len": 16},
+        notes="opt_350m's code (heterog/zoo/hf_lm.py) with the 13B configuration: pre-LN, embeddings as wide as "
+              "the blocks. " + ADAM + " About 205.7 GB (191.6 GiB) with Adam, more than paper-8gpu's 100 GiB of "
+              "GPU memory: a plan needs the servers' host memory (offloading). " + NO_DROPOUT,
     ),
     ModelSpec(
         name="tiny_mlp",

@@ -149,3 +149,54 @@ def _megatron_attention(module: nn.Module) -> nn.Module:
     config: Any = getattr(module, "config")
     config._attn_implementation = "eager"
     return module
+
+
+GPTJ_VOCAB = 50400       # EleutherAI/gpt-j-6b config.json (50257 tokens padded to 50400)
+
+
+def build_gptj_6b(
+    batch_size: int,
+    factory: InputFactory,
+    *,
+    layers: int = 28,
+    hidden: int = 4096,
+    heads: int = 16,
+    ffn: int = 16384,
+    vocab: int = GPTJ_VOCAB,
+    seq_len: int = SEQ_LEN,
+    dropout: float = 0.0,
+) -> tuple[nn.Module, dict[str, Any]]:
+    """GPT-J-6B (EleutherAI/gpt-j-6b): 28 blocks with attention and feed-forward in parallel off one
+    LayerNorm, rotary positions on the first 64 dimensions of each head, GELU, no position table, an output
+    layer of its own (with bias). Published dropout is 0 (embd, resid and attn pdrop)."""
+    import transformers
+
+    _check("gptj_6b", layers=layers, hidden=hidden, heads=heads, ffn=ffn, vocab=vocab, seq_len=seq_len,
+           max_positions=SEQ_LEN, dropout=dropout)
+    rotary_dim = min(64, hidden // heads)
+    config = transformers.GPTJConfig(
+        vocab_size=vocab, n_positions=SEQ_LEN, n_embd=hidden, n_layer=layers, n_head=heads, n_inner=ffn,
+        rotary_dim=rotary_dim, activation_function="gelu_new", resid_pdrop=dropout, embd_pdrop=dropout,
+        attn_pdrop=dropout, tie_word_embeddings=False, bos_token_id=min(50256, vocab - 1),
+        eos_token_id=min(50256, vocab - 1), use_cache=False)
+    return transformers.GPTJForCausalLM(config), _lm_inputs(factory, vocab, batch_size, seq_len)
+
+
+def build_opt_13b(
+    batch_size: int,
+    factory: InputFactory,
+    *,
+    layers: int = 40,
+    hidden: int = 5120,
+    heads: int = 40,
+    ffn: int = 20480,
+    vocab: int = OPT_VOCAB,
+    seq_len: int = SEQ_LEN,
+    dropout: float = 0.0,
+) -> tuple[nn.Module, dict[str, Any]]:
+    """OPT-13B (facebook/opt-13b): 40 pre-LN blocks, hidden 5120, 40 heads, ffn 20480, ReLU, learned
+    positions (2048 + 2 rows), output tied to the token embedding; ``opt_350m``'s code with the 13B
+    configuration (its embeddings are as wide as the blocks, so there are no projections)."""
+    return build_opt_350m(batch_size, factory, layers=layers, hidden=hidden, heads=heads, ffn=ffn,
+                          embed_proj=hidden, vocab=vocab, seq_len=seq_len, dropout=dropout, pre_ln=True,
+                          tie_head=True)
