@@ -220,3 +220,29 @@ def test_chain_runner_imports_are_found():
            "import heterog.baselines.chains\nfrom heterog.baselines import ray_search\n")
     assert sorted(chain_runner_imports(ast.parse(src)), key=lambda hit: hit[1]) == [
         ("run_chain", 1), ("SearchWorker", 3), ("heterog.baselines.chains", 4), ("ray_search", 5)]
+
+
+MAX_MODULE_LINES = 600
+PACKAGES = ("heterog", "simulator", "envs", "agents", "experiments")
+
+
+def long_modules(root: Path, limit: int = MAX_MODULE_LINES) -> dict[str, int]:
+    """Modules of the project's packages under ``root`` longer than ``limit`` lines, with their lengths."""
+    out = {}
+    for pkg in PACKAGES:
+        for path in sorted((root / pkg).rglob("*.py")):
+            n = len(path.read_text().splitlines())
+            if n > limit:
+                out[str(path.relative_to(root))] = n
+    return out
+
+
+def test_no_module_is_over_600_lines():
+    assert long_modules(ROOT) == {}
+
+
+def test_a_long_module_is_found(tmp_path):
+    (tmp_path / "heterog").mkdir()
+    (tmp_path / "heterog" / "big.py").write_text("x = 1\n" * 601)
+    (tmp_path / "heterog" / "small.py").write_text("x = 1\n" * 600)
+    assert long_modules(tmp_path) == {"heterog/big.py": 601}
