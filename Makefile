@@ -21,7 +21,7 @@ run: $(STAMP)
 	$(BIN)/heterog main
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(JOBS) --timeout 600 -m "not timing" tests
+	$(BIN)/python -m pytest -q -n $(JOBS) --timeout 600 --durations=25 -m "not timing" tests
 
 # checks of real timings (emulated links, profiled costs): the machine must be otherwise idle
 timing: $(STAMP)
