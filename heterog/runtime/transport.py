@@ -249,8 +249,8 @@ class Transport:
         shapes = dict(parts)
         if self.device.type == "cuda":
             ranks = tuple(dist.get_process_group_ranks(group))         # the order of the gathered list
-            work, bufs = start_uneven_gather(t, [shapes[m] for m in ranks], group)
-            p = Pending(work, t, t.shape, t.dtype, None, members, me, tuple(members), gathered=(ranks, bufs))
+            work, out = start_uneven_gather(t, [shapes[m] for m in ranks], group)
+            p = Pending(work, t, t.shape, t.dtype, None, members, me, tuple(members), gathered=(ranks, out))
         else:
             p = self._exchange(t, {m: t for m in members}, gid, members, me, shapes, emulated_s)
         p.parts, p.placement = tuple(parts), placement
@@ -374,8 +374,8 @@ class Transport:
                 return p.join({})
             if p.gathered is None or p.placement is None:
                 return p.buf
-            ranks, bufs = p.gathered
-            got = dict(zip(ranks, uneven_parts(bufs, [dict(p.parts)[r] for r in ranks])))
+            ranks, out = p.gathered
+            got = dict(zip(ranks, unpack_padded(out, [dict(p.parts)[r] for r in ranks])))
             return combine([got[m] for m, _ in p.parts], p.placement)
         shapes = dict(p.parts)
         parts, entered = {p.me: p.buf}, [p.stamp]
@@ -423,40 +423,31 @@ class Pending:
     result: torch.Tensor | None = None
     order: tuple[int, ...] | None = None   # memory order of the result's dims for the reader (executor)
     # an all-gather: (member, shard shape) in part order and the placement joining them; NCCL: the ranks of
-    # the subgroup in its rank order and the padded buffers gathered in that order; a reduce-scatter or
+    # the subgroup in its rank order and the buffer of padded slots gathered in that order; a reduce-scatter or
     # all-to-all on CPU: (member, shape of its message to this one)
     parts: tuple[tuple[int, tuple[int, ...]], ...] = ()
     placement: str | None = None
-    gathered: tuple[tuple[int, ...], list[torch.Tensor]] | None = None
+    gathered: tuple[tuple[int, ...], torch.Tensor] | None = None
     # a reduce-scatter or all-to-all: the result from the parts received per member (NCCL: from nothing,
     # the output buffer it captures)
     join: Callable[[dict[int, torch.Tensor]], torch.Tensor] | None = None
 
 
 def start_uneven_gather(t: torch.Tensor, shapes: Sequence[tuple[int, ...]], group: Any
-                        ) -> tuple[Any, list[torch.Tensor]]:
+                        ) -> tuple[Any, torch.Tensor]:
     """Start ``dist.all_gather`` over ``group`` (any backend) of shards of uneven shapes: this member's
     shard ``t`` flattened and padded with zeros to the largest shard's number of elements. ``shapes``:
-    every member's shard shape, in the group's rank order. Returns the work and the buffers it fills (in
-    rank order), which ``uneven_parts`` trims.
+    every member's shard shape, in the group's rank order. Returns the work and the buffer it fills, one
+    padded slot per member in rank order (``resharding.pack_padded``'s layout: ``unpack_padded`` trims it).
 
     Shapes:
-        t: this member's entry of ``shapes``; buffers: ``(max numel,)`` each.
+        t: this member's entry of ``shapes``; buffer: ``(len(shapes) * max numel,)``.
     """
     n = max((math.prod(s) for s in shapes), default=0)
     flat = torch.zeros(n, dtype=t.dtype, device=t.device)
     flat[:t.numel()] = t.reshape(-1)
-    bufs = [torch.empty(n, dtype=t.dtype, device=t.device) for _ in shapes]
-    return dist.all_gather(bufs, flat, group=group, async_op=True), bufs
-
-
-def uneven_parts(bufs: Sequence[torch.Tensor], shapes: Sequence[tuple[int, ...]]) -> list[torch.Tensor]:
-    """The shards of a finished ``start_uneven_gather``: each buffer trimmed to its shard and shaped so.
-
-    Shapes:
-        bufs: ``(max numel,)`` each; returns ``shapes[i]`` each.
-    """
-    return [b[:math.prod(s)].view(s) for b, s in zip(bufs, shapes)]
+    out = torch.empty(len(shapes) * n, dtype=t.dtype, device=t.device)
+    return dist.all_gather(list(out.view(len(shapes), n)), flat, group=group, async_op=True), out
 
 
 # ---------------------------------------------------------------------------- memory held by a rank

@@ -134,13 +134,14 @@ class _GatherJob:
 
     def __call__(self, rank: int, device) -> dict:
         from heterog.graph.shard_exec import combine
-        from heterog.runtime.transport import NullStatus, Transport, start_uneven_gather, uneven_parts
+        from heterog.runtime.resharding import unpack_padded
+        from heterog.runtime.transport import NullStatus, Transport, start_uneven_gather
 
         shards = [shard_of(_whole(), "S1", 4, SHARES, r) for r in range(2)]
         shapes = [tuple(t.shape) for t in shards]
-        work, bufs = start_uneven_gather(shards[rank], shapes, None)
+        work, out = start_uneven_gather(shards[rank], shapes, None)
         work.wait()
-        padded = combine(uneven_parts(bufs, shapes), "S1")
+        padded = combine(unpack_padded(out, shapes), "S1")
         group = dist.new_group([0, 1])
         tr = Transport(device, self.emulate, NullStatus(), rank)
         try:
