@@ -14,7 +14,9 @@ micro-batches on a device is the schedule, added here as zero-time SYNC tasks an
           forward ops a value summed over the whole batch is computed from (``window_exempt``: a loss
           normaliser, a batch statistic) are not held back: the backwards reading it wait for it on
           every micro-batch. A graph whose batch ops read a sum that backward ops make
-          (``backward_coupled``) runs 1F1B as GPipe: its backwards wait for one another
+          (``backward_coupled``), or with ops that couple samples (run once over the whole batch after
+          every micro-batch's forward, ``heterog.compiler.coupled``), runs 1F1B as GPipe: its backwards
+          wait for one another
 
 Task ids must be topological. With one micro-batch the canonical order key is (``heterog.compiler.tasks``);
 with several, a task's *slot* comes first: the micro-batch of an op instance (under GPipe, backward
@@ -70,7 +72,7 @@ def add_schedule(ctx: CompileContext, batch: TaskBatch, schedule: str, n_micro: 
     """Add the SYNC tasks and dependencies of ``schedule`` over ``n_micro`` micro-batches to ``batch``,
     which holds every other task of the plan (ids from ``batch.first_id``). Returns the schedule applied:
     GPipe for 1F1B on a ``backward_coupled`` graph."""
-    if schedule == "1f1b" and backward_coupled(ctx):
+    if schedule == "1f1b" and (backward_coupled(ctx) or bool(ctx.graph.coupled.any())):
         schedule = "gpipe"
     tasks = batch.tasks()
     ids = batch.first_id + np.arange(tasks.n, dtype=np.int64)

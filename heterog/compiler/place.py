@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from heterog.compiler.context import CompileContext
+from heterog.compiler.coupled import place_coupled
 from heterog.compiler.index import GraphIndex
 from heterog.compiler.offload import check_offloading, offloads
 from heterog.compiler.ps import choose_ps_devices, problem_from_configs
@@ -152,7 +153,7 @@ def recomputed_ops(ctx: CompileContext, op_group: np.ndarray, groups: tuple[int,
     gi, phase = ctx.index, ctx.graph.phase_index
     chosen = np.zeros(int(op_group.max()) + 1, dtype=bool)
     chosen[np.asarray(groups, dtype=np.int64)] = True
-    cand = chosen[op_group] & (phase == 0) & gi.is_compute & gi.has_batch & ~gi.has_partial
+    cand = chosen[op_group] & (phase == 0) & gi.is_compute & gi.has_batch & ~gi.has_partial & ~ctx.graph.coupled
     backward = (phase > 0) & gi.is_compute        # optimizer-state placeholders sit among the forward ops
     cand[int(np.argmax(backward)) if np.any(backward) else gi.n_ops:] = False     # forward ops before any backward
     src, dst = gi.e_src, gi.e_dst
@@ -168,11 +169,12 @@ def recomputed_ops(ctx: CompileContext, op_group: np.ndarray, groups: tuple[int,
 
 def recompute_edges(ctx: CompileContext, op_group: np.ndarray, recompute: np.ndarray) -> np.ndarray:
     """(E,) the edges that read a recomputed value: from a recomputed op to a backward op or a recomputed op
-    of its own group (both batch ops of one layout)."""
+    of its own group (both batch ops of one layout), not an op that couples samples (it reads the kept value
+    over the whole batch, ``heterog.compiler.coupled``)."""
     gi = ctx.index
     src, dst = gi.e_src, gi.e_dst
     return gi.e_batch & recompute[src] & (op_group[src] == op_group[dst]) & \
-        ((ctx.graph.phase_index[dst] > 0) | recompute[dst])
+        ((ctx.graph.phase_index[dst] > 0) | recompute[dst]) & ~ctx.graph.coupled[dst]
 
 
 def place(ctx: CompileContext, configs: ConfigTable, demand: PSDemand, strategy: Strategy) -> Placement:
@@ -181,12 +183,13 @@ def place(ctx: CompileContext, configs: ConfigTable, demand: PSDemand, strategy:
     gi, grouping = ctx.index, demand.grouping
     group_cfg = assign_configs(configs, strategy)
     op_cfg = group_cfg[grouping.op_group]
-    replicated = configs.n_replicas[op_cfg] > 1
+    replicated = (configs.n_replicas[op_cfg] > 1) & ~ctx.graph.coupled     # a coupled op: one instance
     aggregate = gi.t_needs_agg & replicated[gi.t_op]
     group_ps = choose_ps(ctx, configs, demand, group_cfg, aggregate)
     configs.layouts.refresh()
     op_lay = lay_out(gi, configs, grouping, group_cfg, group_ps)
     shards, op_shard, out_split = lay_out_splits(ctx, configs, op_cfg, op_lay)
+    place_coupled(ctx, configs, op_cfg, op_lay, strategy.n_micro, op_shard, out_split)
     state = place_state(ctx, configs, op_cfg)
     if offloads(state):                 # state offloaded to hosts the cluster describes
         check_offloading(ctx.cluster, strategy.configs)

@@ -295,44 +295,46 @@ def _from_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int,
                                                         layouts.last_entries(lay_v).tolist())))
         rows_v = None
         for j, (d, m) in enumerate(zip(layouts.devices[lay_v], layouts.micro[lay_v])):
-            key = _source_key(gi, u, v, m)
-            if gi.e_value_free[e]:                 # a shape read: the first instance, nothing moves
-                em.dep(start_v + j, start_u + int(ent[0][0]), owner)
-            elif same and not c.collective:                    # same config, the option reads its own shard
-                em.dep(start_v + j, inst(key)[d], owner)
-            elif same and c in (Conversion.REDUCE_SCATTER, Conversion.ALL_TO_ALL):
-                g = choice.group_of(d)
-                fg = tuple(f_v[x] for x in g)
-                if (key, c, fg, g) not in scattered:
-                    scattered[(key, c, fg, g)] = dict(zip(g, _collective(
-                        ctx, em, c, t, u, g, nbytes(key, g), np.array([f_u[x] for x in g]), np.asarray(fg),
-                        [inst(key)[x] for x in g], prio)))
-                em.dep(start_v + j, scattered[(key, c, fg, g)][d], owner)
-            elif same or (d in devs and (not carries_batch or len(groups) == 1)):
-                em.dep(start_v + j, made_whole(key)[d], owner)      # read whole where it was made whole
-            else:          # moved whole, its batch share or the shard it reads, from the best-connected holder
-                split = layouts.split[lay_v][j] if need_shard else 1.0
-                if not carries_batch:
-                    pieces = [(devs, 1.0)]
-                else:
-                    rows_u = rows_u or _entry_rows(layouts, lay_u, groups)
-                    rows_v = rows_v or _entry_rows(layouts, lay_v, choice_v.groups if choice_v else ())
-                    lo, hi = rows_v[j] if gi.has_batch[v] else (0, ctx.batch_size)
-                    pieces = []
-                    for g in groups:
-                        glo, ghi = rows_u[int(ent[key][pos[g[0]]])]
-                        if min(hi, ghi) > max(lo, glo):
-                            pieces.append((g, (min(hi, ghi) - max(lo, glo)) / ctx.batch_size))
-                for g, part in pieces:
-                    if d in g:
-                        em.dep(start_v + j, made_whole(key)[d], owner)
-                        continue
-                    mkey = (key, d, part * split, g)
-                    if mkey not in moved:
-                        src = ctx.cluster.best_source(g, d)
-                        moved[mkey] = _move(ctx, em, made_whole(key)[src], src, d,
-                                            float(gi.t_bytes[t]) * part * split, u, prio, t)
-                    em.dep(start_v + j, moved[mkey], owner)
+            # a consumer over the whole step (a coupled op, heterog.compiler.coupled) reads every micro-batch
+            whole_step = place.n_micro > 1 and gi.has_batch[u] and layouts.shares[lay_v][j] == ctx.batch_size
+            for key in ([k for k in ent if k != "last"] if whole_step else [_source_key(gi, u, v, m)]):
+                if gi.e_value_free[e]:                 # a shape read: the first instance, nothing moves
+                    em.dep(start_v + j, start_u + int(ent[0][0]), owner)
+                elif same and not c.collective:                    # same config, the option reads its own shard
+                    em.dep(start_v + j, inst(key)[d], owner)
+                elif same and c in (Conversion.REDUCE_SCATTER, Conversion.ALL_TO_ALL):
+                    g = choice.group_of(d)
+                    fg = tuple(f_v[x] for x in g)
+                    if (key, c, fg, g) not in scattered:
+                        scattered[(key, c, fg, g)] = dict(zip(g, _collective(
+                            ctx, em, c, t, u, g, nbytes(key, g), np.array([f_u[x] for x in g]), np.asarray(fg),
+                            [inst(key)[x] for x in g], prio)))
+                    em.dep(start_v + j, scattered[(key, c, fg, g)][d], owner)
+                elif same or (d in devs and (not carries_batch or len(groups) == 1)):
+                    em.dep(start_v + j, made_whole(key)[d], owner)      # read whole where it was made whole
+                else:          # moved whole, its batch share or the shard it reads, from the best-connected holder
+                    split = layouts.split[lay_v][j] if need_shard else 1.0
+                    if not carries_batch:
+                        pieces = [(devs, 1.0)]
+                    else:
+                        rows_u = rows_u or _entry_rows(layouts, lay_u, groups)
+                        rows_v = rows_v or _entry_rows(layouts, lay_v, choice_v.groups if choice_v else ())
+                        lo, hi = rows_v[j] if gi.has_batch[v] else (0, ctx.batch_size)
+                        pieces = []
+                        for g in groups:
+                            glo, ghi = rows_u[int(ent[key][pos[g[0]]])]
+                            if min(hi, ghi) > max(lo, glo):
+                                pieces.append((g, (min(hi, ghi) - max(lo, glo)) / ctx.batch_size))
+                    for g, part in pieces:
+                        if d in g:
+                            em.dep(start_v + j, made_whole(key)[d], owner)
+                            continue
+                        mkey = (key, d, part * split, g)
+                        if mkey not in moved:
+                            src = ctx.cluster.best_source(g, d)
+                            moved[mkey] = _move(ctx, em, made_whole(key)[src], src, d,
+                                                float(gi.t_bytes[t]) * part * split, u, prio, t)
+                        em.dep(start_v + j, moved[mkey], owner)
 
 
 def _into_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int, es: list[int], place: Placement,

@@ -206,9 +206,10 @@ class _Builder:
 
     def reads_recomputed(self, u: int, op: int, recompute: bool) -> bool:
         """Whether ``op`` (its recomputed instance: ``recompute``) reads op ``u``'s recomputed copy: ``u`` is
-        recomputed and ``op`` is a backward op or a recomputed op of its group (``recompute_edges``)."""
+        recomputed, ``op`` a backward op or a recomputed op of its group, not coupled (``recompute_edges``)."""
         group = self.placed.op_group
-        return bool(self.recomputed[u] and group[u] == group[op] and (self.phase[op] > 0 or recompute))
+        return bool(self.recomputed[u] and group[u] == group[op] and (self.phase[op] > 0 or recompute)
+                    and not self.graph.ops[op].coupled)
 
     def leaf(self, leaf: tuple[int, int]) -> LeafInfo:
         return self.prog.leaves[leaf]

@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from heterog.runtime.coupled_scaling import coupled_exponent, run_doubled
 from heterog.runtime.stepprog import StepProgram
 
 MAX_EXPONENT = 3
@@ -148,7 +149,7 @@ def probe_exponents(prog: StepProgram, params: Sequence[torch.Tensor], buffers: 
     doubled = [_duplicate(x, k) if prog.input_batched(i) else x for i, x in enumerate(inputs)]
     with torch.no_grad():
         env1 = prog.run_all(params, [b.clone() for b in buffers], state, small)
-        env2 = prog.run_all(params, [b.clone() for b in buffers], state, doubled, samples=[*range(k), *range(k)])
+        env2 = run_doubled(prog, env1, params, [b.clone() for b in buffers], state, doubled, [*range(k), *range(k)])
     # leaves whose exponent matters: outputs of batch ops, and non-batch values that batch ops read
     read_by_batch = {r.leaf for i, rs in enumerate(prog.reads) if prog.op_has_batch[i] for r in rs}
     probed = []
@@ -166,6 +167,11 @@ def probe_exponents(prog: StepProgram, params: Sequence[torch.Tensor], buffers: 
     magnitude = mags[len(mags) // 2] if mags else 0.0
     out = Exponents()
     for leaf, info, v1, v2 in probed:
+        if prog.op_coupled and prog.op_coupled[info.op]:       # heterog.runtime.coupled_scaling
+            c = coupled_exponent(prog, info.op) if info.batch_dim is not None else 0
+            if c:
+                out.of[leaf] = c
+            continue
         e = measured_exponent(v1, v2, info.batch_dim, zero_below=1e-6 * magnitude)
         if e is None and info.batch_dim is not None and info.per_sample > 1:
             e = measured_exponent(v1, v2, info.batch_dim, zero_below=1e-6 * magnitude, minor_per=info.per_sample)

@@ -122,6 +122,10 @@ class StepProgram:
     view_calls: dict[str, NodeCall]          # chain nodes (also in calls)
     input_spec: InputSpec | None = None      # how the model is called on the inputs (keywords, batch or not)
     random: dict[str, RandomNode] = field(default_factory=dict)   # nodes that draw random values
+    op_phase: list[str] = field(default_factory=list)        # per op: forward | backward | update
+    op_coupled: list[bool] = field(default_factory=list)     # per op: couples samples (heterog.graph.coupling)
+    coupled_dims: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)   # per node of a coupled op,
+                                                             # per tensor of its value: the dims holding the batch
     rng_seed: int = 0                        # the run's seed of random draws (``heterog.runtime.rng``)
     _sym_exprs: dict[str, Any] = field(default_factory=dict, repr=False)    # planning side only
     _batch_symbols: tuple = field(default_factory=tuple, repr=False)
@@ -359,10 +363,29 @@ def build_step_program(step: CapturedStep, graph: OpGraph) -> StepProgram:
         op_nodes=op_nodes, op_kind=[op.kind for op in graph.ops], op_target=[op.target for op in graph.ops],
         op_has_batch=[bool(x) for x in graph.has_batch], leaves=leaves, reads=reads, node_op=node_op,
         node_leaf=node_leaf, view_calls=view_calls, input_spec=step.input_spec,
-        random=_random_nodes(gm, step.batch_symbols, graph.batch_size, out_of_place))
+        random=_random_nodes(gm, step.batch_symbols, graph.batch_size, out_of_place),
+        op_phase=[op.phase for op in graph.ops], op_coupled=[op.coupled for op in graph.ops],
+        coupled_dims=_coupled_dims(graph, nodes, step.batch_symbols))
     prog._sym_exprs = sym_exprs
     prog._batch_symbols = tuple(step.batch_symbols)
     return prog
+
+
+def _coupled_dims(graph: OpGraph, nodes: dict[str, Node], batch_symbols: Sequence[Any]
+                  ) -> dict[str, list[tuple[int, ...]]]:
+    """Per fx node of a coupled op, per tensor of its value, the dims whose size holds the batch."""
+    symbols = frozenset(batch_symbols)
+    out: dict[str, list[tuple[int, ...]]] = {}
+    for op in graph.ops:
+        if not op.coupled:
+            continue
+        for name in op.fx_nodes:
+            val = nodes[name].meta.get("val") if name in nodes else None
+            values = list(val) if isinstance(val, (tuple, list)) else [val]
+            out[name] = [tuple(d for d, size in enumerate(v.shape) if isinstance(size, torch.SymInt)
+                               and size.node.expr.free_symbols & symbols) if isinstance(v, torch.Tensor) else ()
+                         for v in values]
+    return out
 
 
 def _random_nodes(gm: GraphModule, batch_symbols: Sequence[Any], batch_size: int, out_of_place: dict[Node, Any]
