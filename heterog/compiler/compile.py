@@ -167,7 +167,8 @@ class Compiler:
         placement = place(ctx, self.configs, demand, strategy)
         op_priority = op_priority_of(strategy)
         state = None
-        patch = patch and placement.recompute is None          # plans with recomputation: from scratch
+        # plans with recomputation or synced batch statistics: from scratch
+        patch = patch and placement.recompute is None and placement.synced is None
         closest = self.bases.closest(placement) if patch else None
         if closest is not None:
             key, base = closest
@@ -183,7 +184,7 @@ class Compiler:
         if state is None:
             state = compile_all(ctx, self.layouts, op_priority, placement)
             self.n_full += 1
-        if placement.recompute is None:
+        if placement.recompute is None and placement.synced is None:
             self.bases[id(state)] = state
         return state
 

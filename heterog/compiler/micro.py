@@ -15,8 +15,8 @@ micro-batches on a device is the schedule, added here as zero-time SYNC tasks an
           normaliser, a batch statistic) are not held back: the backwards reading it wait for it on
           every micro-batch. A graph whose batch ops read a sum that backward ops make
           (``backward_coupled``), or with ops that couple samples (run once over the whole batch after
-          every micro-batch's forward, ``heterog.compiler.coupled``), runs 1F1B as GPipe: its backwards
-          wait for one another
+          every micro-batch's forward, ``heterog.compiler.coupled``), or synchronized batch statistics
+          (``heterog.compiler.sync_stats``), runs 1F1B as GPipe: its backwards wait for one another
 
 Task ids must be topological. With one micro-batch the canonical order key is (``heterog.compiler.tasks``);
 with several, a task's *slot* comes first: the micro-batch of an op instance (under GPipe, backward
@@ -72,9 +72,10 @@ def add_schedule(ctx: CompileContext, batch: TaskBatch, schedule: str, n_micro: 
     """Add the SYNC tasks and dependencies of ``schedule`` over ``n_micro`` micro-batches to ``batch``,
     which holds every other task of the plan (ids from ``batch.first_id``). Returns the schedule applied:
     GPipe for 1F1B on a ``backward_coupled`` graph."""
-    if schedule == "1f1b" and (backward_coupled(ctx) or bool(ctx.graph.coupled.any())):
-        schedule = "gpipe"
     tasks = batch.tasks()
+    if schedule == "1f1b" and (backward_coupled(ctx) or bool(ctx.graph.coupled.any())
+                               or bool(np.any(tasks.kind == TaskKind.STATISTICS))):
+        schedule = "gpipe"
     ids = batch.first_id + np.arange(tasks.n, dtype=np.int64)
     inst = (tasks.kind == TaskKind.COMPUTE) & (tasks.micro >= 0)
     fwd = np.nonzero(inst & (tasks.cat == TaskCategory.FORWARD))[0]

@@ -17,6 +17,7 @@ from heterog.compiler.ps import choose_ps_devices, problem_from_configs
 from heterog.compiler.registries import ConfigTable, Grouping, LayoutTable, PSDemand
 from heterog.compiler.sharded_state import StatePlacement, place_state
 from heterog.compiler.shards import ShardChoice, choose_shards
+from heterog.compiler.sync_stats import place_synced
 from heterog.errors import StrategyError
 from heterog.strategy import Strategy
 
@@ -32,7 +33,9 @@ class Placement:
     ``ShardChoice`` of each split config of the plan, ``op_shard`` (n_ops,) the index in ``shards`` of each
     op's (-1: its group is not split beyond the batch) and ``out_split`` (n_ops,) the part of each op's
     output bytes divided among its devices; both None when no group is split. ``state`` the sharded state
-    of the plan's groups (``heterog.compiler.sharded_state``), None when no group shards it."""
+    of the plan's groups (``heterog.compiler.sharded_state``), None when no group shards it. ``synced``
+    (n_ops,) the batch norms whose statistics are synchronized (``heterog.compiler.sync_stats``), None when
+    none is."""
 
     group_cfg: np.ndarray
     op_cfg: np.ndarray
@@ -48,6 +51,7 @@ class Placement:
     op_shard: np.ndarray | None = None
     out_split: np.ndarray | None = None
     state: StatePlacement | None = None
+    synced: np.ndarray | None = None
 
 
 def assign_configs(configs: ConfigTable, strategy: Strategy) -> np.ndarray:
@@ -190,9 +194,13 @@ def place(ctx: CompileContext, configs: ConfigTable, demand: PSDemand, strategy:
     op_lay = lay_out(gi, configs, grouping, group_cfg, group_ps)
     shards, op_shard, out_split = lay_out_splits(ctx, configs, op_cfg, op_lay)
     place_coupled(ctx, configs, op_cfg, op_lay, strategy.n_micro, op_shard, out_split)
+    synced, moved = place_synced(ctx, configs, strategy, op_cfg, op_lay, op_shard, out_split)
+    if moved.any():                    # batch norms moved out of a grid: their partial results are summed
+        spread = configs.layouts.dev_mask[op_lay].sum(axis=1) > 1
+        aggregate = aggregate | (gi.t_needs_agg & (moved & spread)[gi.t_op])
     state = place_state(ctx, configs, op_cfg)
     if offloads(state):                 # state offloaded to hosts the cluster describes
         check_offloading(ctx.cluster, strategy.configs)
     return Placement(group_cfg, op_cfg, configs.is_ps[op_cfg], aggregate, group_ps, op_lay, grouping,
                      strategy.n_micro, strategy.schedule, recomputed_ops(ctx, grouping.op_group, strategy.recompute),
-                     shards, op_shard, out_split, state)
+                     shards, op_shard, out_split, state, synced)

@@ -123,7 +123,9 @@ class Local:
 class Compute:
     """Op ``op``'s fx nodes at ``local_batch`` samples (``first_sample`` .. of the batch) of micro-batch
     ``micro``; ``exports``: the node values kept for later instructions; ``local``: this device's way of
-    running an op divided beyond the batch (None: the whole op)."""
+    running an op divided beyond the batch (None: the whole op); ``stats``: the whole batch's sums of a synced
+    batch norm (``heterog.runtime.sync_stats``; its batch-norm node reads them, at the instance's gradient
+    convention ``stats_scale``)."""
 
     op: int
     local_batch: int
@@ -133,8 +135,24 @@ class Compute:
     micro: int = 0             # the micro-batch: exports are kept as ``env_name(node, micro, recompute)``
     recompute: bool = False    # the op's forward run again before its backward (its recomputed copy)
     local: Local | None = None
+    stats: Stash | None = None
+    stats_scale: float = 1.0
 
     kind = "compute"
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStats:
+    """Stash ``key`` = the count and per-channel sums of batch-norm node ``node`` over the instances ``parts``
+    (their inputs fetched as they fetch them), each instance's sums times its ``weights`` entry
+    (``heterog.runtime.sync_stats.local_sums``)."""
+
+    key: tuple
+    node: str
+    parts: tuple[Compute, ...]
+    weights: tuple[float, ...]
+
+    kind = "batchstats"
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,7 +317,7 @@ class Post:
 
 
 Instruction = (Compute | Send | Assemble | Aggregate | AllReduce | AllGather | ReduceScatter | AllToAll | Post | Combine
-               | Derive)
+               | Derive | BatchStats)
 
 
 class Receive(NamedTuple):
@@ -324,7 +342,9 @@ class InputSlice(NamedTuple):
 def sources(ins: Instruction) -> list[Source]:
     """The sources ``ins`` reads."""
     if isinstance(ins, Compute):
-        return [i.source for i in ins.inputs]
+        return [i.source for i in ins.inputs] + ([ins.stats] if ins.stats is not None else [])
+    if isinstance(ins, BatchStats):
+        return [i.source for part in ins.parts for i in part.inputs]
     if isinstance(ins, (Send, AllReduce, AllGather, ReduceScatter, AllToAll, Derive)):
         return [ins.source]
     if isinstance(ins, Combine):
