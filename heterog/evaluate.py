@@ -102,18 +102,22 @@ class Evaluator:
 
     ``order`` is the task order (``heterog.scheduler.ORDERS``). The default, ``best``, simulates each order
     of ``PORTFOLIO`` (and ``plan``, the strategy's own op order, when it has one) and keeps the faster;
-    ``simulate_kept`` says which was kept, and the runtime executes that one.
+    ``simulate_kept`` says which was kept, and the runtime executes that one. ``sync_batch_stats``: every
+    strategy is compiled with synchronized batch statistics (``heterog.compiler.sync_stats``), as a plan
+    carrying ``Strategy.sync_batch_stats`` is.
     """
 
     def __init__(self, graph: OpGraph, cluster: Cluster, cost: CostModel | None = None, *,
                  order: str = DEFAULT_ORDER, serialize_collectives: bool = False, max_groups: int = 2000,
-                 shares: str = "power", delta: bool = True, layer_profile: LayerProfile | None = None) -> None:
+                 shares: str = "power", delta: bool = True, layer_profile: LayerProfile | None = None,
+                 sync_batch_stats: bool = False) -> None:
         self.graph, self.cluster = graph, cluster
         if cost is not None and layer_profile is not None:
             raise HeterogError("give the layer profile to the CostModel passed as cost, or pass no cost")
         self.cost = cost if cost is not None else cost_model(cluster, layer_profile)
         self.compiler = Compiler(graph, cluster, self.cost, serialize_collectives=serialize_collectives,
-                                 max_bases=4 if delta else 0)
+                                 max_bases=4 if delta else 0, sync_batch_stats=sync_batch_stats)
+        self.sync_batch_stats = bool(sync_batch_stats)
         self.order = check_order(order)
         if shares not in SHARE_MODES:
             raise HeterogError(f"unknown share mode {shares!r} (choose from {', '.join(SHARE_MODES)})")

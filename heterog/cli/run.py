@@ -3,6 +3,7 @@ torchrun, this process is one rank of an env:// job)."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from heterog.cli.args import add_model_args
@@ -23,6 +24,8 @@ def _prepare_from_args(args: argparse.Namespace) -> tuple[Model, Cluster, Prepar
     model = load_model(args.model, args.batch_size, optimizer=args.optimizer, lr=args.lr)
     strategy = resolve_strategy(model, cluster, strategy=args.strategy, method=args.method, seed=args.seed,
                                 budget_s=args.plan_budget_s)
+    if args.sync_batch_stats:
+        strategy = replace(strategy, sync_batch_stats=True, meta=dict(strategy.meta))
     return model, cluster, prepare(model, cluster, strategy, backend=args.backend)
 
 
@@ -56,7 +59,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         ref_losses, ref_values = train_single_process(model, [model.example_inputs], args.steps)
         ok, diff, bad = compare_values(model, result.values, ref_values)
         rec.update({"equivalent": ok, "max_abs_param_diff": diff, "params_differing": bad,
-                    "reference_losses": ref_losses, "inexact_causes": model.inexact_causes()})
+                    "reference_losses": ref_losses, "inexact_causes": model.inexact_causes(prepared.strategy)})
     text = (f"{args.model} (batch {model.batch_size}) on {cluster.name} with {rec['method']} ({args.backend}): "
             f"{result.iteration_time_s * 1e3:.2f} ms/iteration measured (median of {args.steps - result.warmup_steps} "
             f"steps after {result.warmup_steps} warm-up), {result.simulated_iteration_time_s * 1e3:.2f} ms simulated; "
@@ -87,6 +90,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=0, help="seed of randomised planners")
     p.add_argument("--plan-budget-s", type=float, default=None, help="planning budget (agent, searches)")
+    p.add_argument("--sync-batch-stats", action="store_true",
+                   help="batch norms use the statistics of the whole batch (all-reduced over the replicas and "
+                        "micro-batches of the step), whatever the strategy says")
     p.add_argument("--check-equivalence", action="store_true",
                    help="also train the same steps in one process and compare the parameters")
     p.add_argument("--hang-timeout-s", type=float, default=60.0, help="fail when no worker progresses this long")

@@ -181,9 +181,10 @@ def recompute_edges(ctx: CompileContext, op_group: np.ndarray, recompute: np.nda
         ((ctx.graph.phase_index[dst] > 0) | recompute[dst]) & ~ctx.graph.coupled[dst]
 
 
-def place(ctx: CompileContext, configs: ConfigTable, demand: PSDemand, strategy: Strategy) -> Placement:
+def place(ctx: CompileContext, configs: ConfigTable, demand: PSDemand, strategy: Strategy, *,
+          sync: bool = False) -> Placement:
     """Phases 1-3 for ``strategy``, whose groups are ``demand.grouping``; registers its configs and
-    layouts in ``configs``."""
+    layouts in ``configs`` (``sync``: every group's batch statistics synchronized)."""
     gi, grouping = ctx.index, demand.grouping
     group_cfg = assign_configs(configs, strategy)
     op_cfg = group_cfg[grouping.op_group]
@@ -194,7 +195,7 @@ def place(ctx: CompileContext, configs: ConfigTable, demand: PSDemand, strategy:
     op_lay = lay_out(gi, configs, grouping, group_cfg, group_ps)
     shards, op_shard, out_split = lay_out_splits(ctx, configs, op_cfg, op_lay)
     place_coupled(ctx, configs, op_cfg, op_lay, strategy.n_micro, op_shard, out_split)
-    synced, moved = place_synced(ctx, configs, strategy, op_cfg, op_lay, op_shard, out_split)
+    synced, moved = place_synced(ctx, configs, strategy, op_cfg, op_lay, op_shard, out_split, everywhere=sync)
     if moved.any():                    # batch norms moved out of a grid: their partial results are summed
         spread = configs.layouts.dev_mask[op_lay].sum(axis=1) > 1
         aggregate = aggregate | (gi.t_needs_agg & (moved & spread)[gi.t_op])

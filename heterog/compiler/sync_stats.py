@@ -1,6 +1,9 @@
-"""Synchronized batch statistics: a plan option (``Strategy.sync_batch_stats`` for every group,
-``ParallelConfig.sync_batch_stats`` for one) under which a batch norm's statistics are those of the whole
-batch, as single-device training computes them, not of each replica's (or micro-batch's) samples.
+"""Synchronized batch statistics: which batch norms of a plan use the statistics of the whole batch, their
+all-reduce's tasks and the waits on them.
+
+The plan option (``Strategy.sync_batch_stats`` for every group, ``ParallelConfig.sync_batch_stats`` for one)
+makes a batch norm's statistics those of the whole batch, as single-device training computes them, not of
+each replica's (or micro-batch's) samples.
 
 Semantics (docs/design.md, "Synchronized batch statistics"). A batch norm op of a synced group whose
 layout has several instances (replicas, micro-batches) is *synced*:
@@ -49,13 +52,14 @@ def batch_norm_ops(ctx: CompileContext) -> np.ndarray:
 
 
 def place_synced(ctx: CompileContext, configs: ConfigTable, strategy: Strategy, op_cfg: np.ndarray,
-                 op_lay: np.ndarray, op_shard: np.ndarray | None, out_split: np.ndarray | None
-                 ) -> tuple[np.ndarray | None, np.ndarray]:
+                 op_lay: np.ndarray, op_shard: np.ndarray | None, out_split: np.ndarray | None, *,
+                 everywhere: bool = False) -> tuple[np.ndarray | None, np.ndarray]:
     """(the synced batch norm ops of ``strategy`` (module docstring), None when none is; the ops moved out of
     their split layouts), both (n_ops,). Moves those of grids and of micro-batched split groups to the first
-    device of each of their config's groups (edits ``op_lay``, ``op_shard``, ``out_split``)."""
+    device of each of their config's groups (edits ``op_lay``, ``op_shard``, ``out_split``). ``everywhere``:
+    every group synchronized, whatever the strategy says."""
     moved = np.zeros(len(op_lay), dtype=bool)
-    flags = group_flags(strategy)
+    flags = group_flags(strategy) | bool(everywhere)
     if not flags.any():
         return None, moved
     cand = batch_norm_ops(ctx) & flags[strategy.group_of]

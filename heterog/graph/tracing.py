@@ -45,9 +45,10 @@ class CapturedStep:
     (``(param, slot)`` for each param in order, slots ``STATE_SLOTS[optimizer]``; ``init_state`` builds
     zeros), ``inputs`` are the model inputs. Buffers the model updates (batch-norm running statistics) are
     not written in place: their new values are outputs of the step (``buffer_outputs``: buffer name -> the
-    output node), so that every device holding a buffer gets its new value. A parameter that gets no gradient is returned
-    unchanged (its state too), as ``torch.optim`` skips it. With ``tracing_mode="symbolic"`` the graph runs
-    at any batch size (dim 0 of every input); with ``"fake"`` only at the traced one.
+    output node), so that every device holding a buffer gets its new value. A parameter that gets no
+    gradient is returned unchanged (its state too), as ``torch.optim`` skips it. With
+    ``tracing_mode="symbolic"`` the graph runs at any batch size (dim 0 of every input); with ``"fake"`` only
+    at the traced one.
 
     Node-level view: ``node_phase``/``node_module_path`` give each fx node's phase and module path,
     ``grad_nodes[param]`` names the node whose output is that parameter's gradient (None: no gradient),

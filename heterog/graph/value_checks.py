@@ -112,7 +112,7 @@ def validation_at(frame: Any) -> Validation | None:
     tree = _tree(code.co_filename)
     if tree is None:
         return None
-    best: tuple[int, ast.stmt] | None = None
+    best: tuple[int, ast.If | ast.Assert] | None = None
     for node in ast.walk(tree):
         if isinstance(node, (ast.If, ast.Assert)) and _contains(node.test, line, col):
             span = (node.test.end_lineno or node.lineno) - node.test.lineno
@@ -153,13 +153,13 @@ class ValueChecks:
     @contextmanager
     def installed(self) -> Iterator[None]:
         original = torch.Tensor.__bool__
-        torch.Tensor.__bool__ = self._bool_of(original)   # type: ignore[method-assign]
+        torch.Tensor.__bool__ = self._bool_of(original)   # type: ignore[method-assign,assignment]
         try:
             yield
         finally:
             torch.Tensor.__bool__ = original               # type: ignore[method-assign]
 
-    def _bool_of(self, original: Callable[[torch.Tensor], bool]) -> Callable[[torch.Tensor], bool]:
+    def _bool_of(self, original: Callable[[Any], bool]) -> Callable[[torch.Tensor], bool]:
         def bool_(t: torch.Tensor) -> bool:
             from torch.fx.experimental.proxy_tensor import get_proxy_mode
 

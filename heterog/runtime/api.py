@@ -16,6 +16,7 @@ from torch import nn
 
 from heterog.errors import HeterogError, ModelError
 from heterog.graph.inputs import ExampleInputs
+from heterog.graph.value_checks import ValueCheck, check_inputs
 from heterog.planners import BEST_DP_CANDIDATES
 from heterog.runtime.executor import Job
 from heterog.runtime.instructions import Lowered
@@ -52,6 +53,7 @@ class Model:
     state: list[torch.Tensor]
     example_inputs: tuple[torch.Tensor, ...]
     module: nn.Module | None = field(default=None, repr=False)
+    checks: list[ValueCheck] = field(default_factory=list)     # assumptions on every step's inputs
     _exponents: Exponents | None = field(default=None, repr=False)
 
     def exponents(self) -> Exponents:
@@ -64,11 +66,14 @@ class Model:
     def batch_size(self) -> int:
         return self.graph.batch_size
 
-    def inexact_causes(self) -> list[str]:
-        """What keeps plans of this model from training exactly like one device, one line each: random ops
-        a replica cannot draw as one device does, and batch statistics (kept per replica)."""
+    def inexact_causes(self, strategy: Strategy | None = None) -> list[str]:
+        """What keeps plans of this model (``strategy``'s, if given) from training exactly like one device,
+        one line each: random ops a replica cannot draw as one device does, and batch statistics (kept per
+        replica, unless the plan synchronizes them in every group)."""
         causes = [f"random op {line}" for line in self.prog.inexact_random_ops()]
         stats = sorted({self.prog.leaves[leaf].node or "" for leaf in self.exponents().statistics})
+        if strategy is not None and (strategy.sync_batch_stats or all(c.sync_batch_stats for c in strategy.configs)):
+            stats = []
         if stats:
             causes.append(f"batch statistics (per replica, as in data parallelism): {', '.join(stats[:6])}"
                           + (f" and {len(stats) - 6} more" if len(stats) > 6 else ""))
@@ -120,7 +125,8 @@ def capture_model_for_runtime(module: nn.Module, example_inputs: ExampleInputs, 
     params = [named[n].detach().clone() for n in prog.param_names]
     buffers = [(named_buffers[n] if n in named_buffers else named[n]).detach().clone() for n in prog.buffer_names]
     state = step.init_state(params)
-    return Model(graph.name, prog, graph, params, buffers, state, tuple(t.detach() for t in inputs), module)
+    return Model(graph.name, prog, graph, params, buffers, state, tuple(t.detach() for t in inputs), module,
+                 step.checks)
 
 
 def load_model(ref: str, batch_size: int | None = None, *, optimizer: str = "sgd", lr: float = 0.01) -> Model:
@@ -135,7 +141,10 @@ def load_model(ref: str, batch_size: int | None = None, *, optimizer: str = "sgd
 def train_single_process(model: Model, batches: Sequence[Sequence[torch.Tensor]], steps: int
                          ) -> tuple[list[float], dict[str, torch.Tensor]]:
     """``steps`` training steps of the captured step on one process (batch s uses batches[s % len]):
-    per-step losses and the final placeholder values (parameters, buffers, state)."""
+    per-step losses and the final placeholder values (parameters, buffers, state). Each step's inputs are
+    checked against the model's value checks first (``heterog.graph.value_checks``)."""
+    for s in range(steps):
+        check_inputs(model.checks, batches[s % len(batches)], s)
     params = [p.clone() for p in model.params]
     buffers = [b.clone() for b in model.buffers]
     state = [s.clone() for s in model.state]
@@ -283,6 +292,8 @@ def run_prepared(prepared: PreparedRun, batches: Sequence[Sequence[torch.Tensor]
     """Execute ``steps`` steps on ``pool`` (or a new pool of one process per device, closed afterwards)."""
     if steps < 1:
         raise HeterogError(f"steps must be at least 1, got {steps}")
+    for s in range(steps):                       # the model's own checks, on each step's inputs
+        check_inputs(prepared.model.checks, batches[s % len(batches)], s)
     jobs = prepared.jobs(batches, steps, return_state=return_state)
     own = pool is None
     if pool is None:

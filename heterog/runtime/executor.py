@@ -382,7 +382,7 @@ class RankExecutor:
 
     def _batch_stats(self, ins: BatchStats, env: dict[str, Any], stash: dict[Any, Any]) -> torch.Tensor:
         """A synced batch norm's count and sums over this device's instances (``heterog.runtime.sync_stats``)."""
-        from heterog.runtime.sync_stats import local_sums
+        from heterog.runtime.batch_stats import local_sums
 
         prog = self.job.prog
         call = prog.calls[ins.node]
@@ -401,7 +401,7 @@ class RankExecutor:
         sizes = self.job.sizes
         local = self._inputs(ins, env, stash)
         if ins.stats is not None:
-            from heterog.runtime.sync_stats import STATS_NODE
+            from heterog.runtime.batch_stats import STATS_NODE
 
             local[STATS_NODE] = self._fetch(ins.stats, env, stash)
         kernel = self.kernels[(ins.op, ins.local, _stats_scale(ins))]

@@ -173,7 +173,7 @@ class StepProgram:
         (``heterog.runtime.sync_stats``) at that gradient convention."""
         calls = [self.calls[n] for n in self.op_nodes[op]]
         if stats_scale is not None:
-            from heterog.runtime.sync_stats import synced_call
+            from heterog.runtime.batch_stats import synced_call
 
             calls[0] = synced_call(calls[0], stats_scale)
         return Kernel(calls, device, self.random, local)

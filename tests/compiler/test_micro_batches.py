@@ -269,7 +269,7 @@ def test_batch_statistics_are_read_per_instance_and_do_not_couple_micro_batches(
                  [ParallelConfig.of([(0, 3), (1, 3)])], micro_batches=(3, 3))
     ev = Evaluator(g, c)
     plan = ev.evaluate(s).plan
-    bn = [i for i, op in enumerate(g.ops) if op.target == "aten._native_batch_norm_legit.default"]
+    bn = [i for i, op in enumerate(g.ops) if op.target == "aten._native_batch_norm_legit_functional.default"]
     bwd = [i for i, op in enumerate(g.ops) if op.target == "aten.native_batch_norm_backward.default"]
     assert bn and bwd
     assert not window_exempt(ev.compiler.context, plan.placements.op_layout)[bn].any()
