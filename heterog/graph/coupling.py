@@ -51,16 +51,24 @@ class BatchDegree:
 
 def mark_batch_made_values(ops: list[Op], edges: list[Edge]) -> None:
     """Mark coupled the batch ops made from the batch size alone (no model input upstream: ``arange(B)``,
-    ``eye(B)`` and what is computed from them) whose every reader is coupled (ops in topological order)."""
-    succ: list[list[int]] = [[] for _ in ops]
+    ``eye(B)``, what is computed from them, a loss's count of the labels so made) connected to a coupled op
+    through such ops: computed once over the whole batch, they are exact wherever they are read."""
+    n = len(ops)
     from_inputs = [op.kind == "input" for op in ops]
-    for e in edges:
-        succ[e.src].append(e.dst)
+    batch = [any(d is not None for d in op.batch_dims) for op in ops]
     for e in sorted(edges, key=lambda e: e.dst):
         from_inputs[e.dst] = from_inputs[e.dst] or from_inputs[e.src]
-    for i in range(len(ops) - 1, -1, -1):
-        op = ops[i]
-        if op.kind != "compute" or op.coupled or from_inputs[i] or not succ[i]:
-            continue
-        if any(d is not None for d in op.batch_dims) and all(ops[j].coupled for j in succ[i]):
-            op.coupled = True
+        batch[e.dst] = batch[e.dst] or e.batch_dim is not None
+    made = [ops[i].kind == "compute" and batch[i] and not from_inputs[i] for i in range(n)]
+    near: list[list[int]] = [[] for _ in ops]
+    for e in edges:
+        if made[e.src] or made[e.dst]:
+            near[e.src].append(e.dst)
+            near[e.dst].append(e.src)
+    todo = [i for i in range(n) if ops[i].coupled]
+    while todo:
+        i = todo.pop()
+        for j in near[i]:
+            if made[j] and not ops[j].coupled:
+                ops[j].coupled = True
+                todo.append(j)

@@ -11,7 +11,10 @@ global values (exponent 0).
 The exponents of everything downstream are then measured as usual (run on ``k`` samples and on those
 samples twice over), with one change: in the doubled run each coupled op does not compute on the doubled
 batch (every sample would meet its copy) but gives the single run's values doubled along every dimension
-that holds the batch, times ``2 ** e``, as the convention above says its readers see them.
+that holds the batch, times ``2 ** e``, as the convention above says its readers see them. Rows that hold
+several entries per sample (``2 B`` rows of two views) are doubled as the values the coupled ops read hold
+them: within their blocks where those are sample-minor (``coupled_minor_blocks``), and the coupled ops'
+outputs of that many entries per sample are then sample-minor too.
 """
 from __future__ import annotations
 
@@ -29,26 +32,55 @@ def coupled_exponent(prog: StepProgram, op: int) -> int:
     return -1 if prog.op_phase[op] == "backward" else 0
 
 
-def tiled(v: Any, dims: Sequence[tuple[int, ...]], scale: float) -> Any:
-    """A node's value of a run on k samples as the doubled run's readers see it: doubled along ``dims`` (one
-    tuple per tensor of the value), a floating-point value with batch dims times ``scale``."""
+def tiled(v: Any, dims: Sequence[tuple[int, ...]], scale: float, blocks: int = 0, k: int = 0) -> Any:
+    """A node's value of a run on ``k`` samples as the doubled run's readers see it: doubled along ``dims`` (one
+    tuple per tensor of the value; a dim of ``blocks * k`` entries within each of its ``blocks`` blocks), a
+    floating-point value with batch dims times ``scale``."""
     if isinstance(v, (tuple, list)):
-        return type(v)(tiled(x, [d], scale) for x, d in zip(v, dims))
+        return type(v)(tiled(x, [d], scale, blocks, k) for x, d in zip(v, dims))
     if not isinstance(v, torch.Tensor) or not dims or not dims[0]:
         return v
     for d in dims[0]:
-        v = torch.cat([v, v], dim=d)
+        if blocks > 1 and v.shape[d] == blocks * k:
+            folded = v.unflatten(d, (blocks, k))
+            v = torch.cat([folded, folded], dim=d + 1).flatten(d, d + 1)
+        else:
+            v = torch.cat([v, v], dim=d)
     return v * scale if v.is_floating_point() and scale != 1.0 else v
+
+
+def coupled_minor_blocks(prog: StepProgram, single: dict[str, Any], doubled: dict[str, Any], k: int) -> dict[int, int]:
+    """Coupled op -> the entries per sample of its outputs that are sample-minor: those of the values the
+    coupled ops read from other ops that the doubled run repeats within blocks (``single``, ``doubled``: the
+    runs on ``k`` samples and on them twice over)."""
+    from heterog.runtime.scaling import duplicated
+
+    minor: set[int] = set()
+    for op, coupled in enumerate(prog.op_coupled):
+        for r in prog.reads[op] if coupled else ():
+            info = prog.leaves[r.leaf]
+            if prog.op_coupled[r.leaf[0]] or info.batch_dim is None or info.per_sample < 2 or info.node is None:
+                continue
+            v1, v2 = single.get(info.node), doubled.get(info.node)
+            if isinstance(v1, torch.Tensor) and isinstance(v2, torch.Tensor):
+                u = duplicated(v1, info.batch_dim, info.per_sample)
+                if u.shape == v2.shape and torch.allclose(u.double(), v2.double(), rtol=1e-4, atol=1e-6) and \
+                        not torch.allclose(duplicated(v1, info.batch_dim).double(), v2.double(), rtol=1e-4, atol=1e-6):
+                    minor.add(info.per_sample)
+    return {op: per for op, coupled in enumerate(prog.op_coupled) if coupled
+            for per in {prog.leaves[leaf].per_sample for leaf in prog.leaves if leaf[0] == op} & minor}
 
 
 def run_doubled(prog: StepProgram, single: dict[str, Any], params: Sequence[torch.Tensor],
                 buffers: Sequence[torch.Tensor], state: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor],
-                samples: Sequence[int]) -> dict[str, Any]:
+                samples: Sequence[int], minor: dict[int, int] | None = None) -> dict[str, Any]:
     """``prog.run_all`` on ``inputs`` (the samples of the run ``single`` twice over), coupled ops giving the
-    single run's values doubled (module docstring)."""
+    single run's values doubled (module docstring; ``minor``: coupled op -> entries per sample of its
+    sample-minor rows)."""
     if not any(prog.op_coupled):
         return prog.run_all(params, buffers, state, inputs, samples=samples)
     batch = prog.batch_of(inputs)
+    minor = minor or {}
     env: dict[str, Any] = dict(zip(prog.placeholders, [*params, *buffers, *state, *inputs]))
     env.update(prog.consts)
     sym = prog.sizes_at(batch)
@@ -60,7 +92,7 @@ def run_doubled(prog: StepProgram, single: dict[str, Any], params: Sequence[torc
             scale = 2.0 ** coupled_exponent(prog, op)
             for n in nodes:
                 if n in single:
-                    env[n] = tiled(single[n], prog.coupled_dims.get(n, ()), scale)
+                    env[n] = tiled(single[n], prog.coupled_dims.get(n, ()), scale, minor.get(op, 0), batch // 2)
         else:
             Kernel([prog.calls[n] for n in nodes], random=prog.random)(env, sym, draw)
     return env

@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from heterog.runtime.coupled_scaling import coupled_exponent, run_doubled
+from heterog.runtime.coupled_scaling import coupled_exponent, coupled_minor_blocks, run_doubled
 from heterog.runtime.stepprog import StepProgram
 
 MAX_EXPONENT = 3
@@ -150,6 +150,10 @@ def probe_exponents(prog: StepProgram, params: Sequence[torch.Tensor], buffers: 
     with torch.no_grad():
         env1 = prog.run_all(params, [b.clone() for b in buffers], state, small)
         env2 = run_doubled(prog, env1, params, [b.clone() for b in buffers], state, doubled, [*range(k), *range(k)])
+        minor = coupled_minor_blocks(prog, env1, env2, k) if any(prog.op_coupled) else {}
+        if minor:                      # rows of several entries per sample, sample-minor: doubled within blocks
+            env2 = run_doubled(prog, env1, params, [b.clone() for b in buffers], state, doubled,
+                               [*range(k), *range(k)], minor)
     # leaves whose exponent matters: outputs of batch ops, and non-batch values that batch ops read
     read_by_batch = {r.leaf for i, rs in enumerate(prog.reads) if prog.op_has_batch[i] for r in rs}
     probed = []
@@ -171,6 +175,8 @@ def probe_exponents(prog: StepProgram, params: Sequence[torch.Tensor], buffers: 
             c = coupled_exponent(prog, info.op) if info.batch_dim is not None else 0
             if c:
                 out.of[leaf] = c
+            if info.batch_dim is not None and minor.get(info.op) == info.per_sample:
+                out.sample_minor.add(leaf)
             continue
         e = measured_exponent(v1, v2, info.batch_dim, zero_below=1e-6 * magnitude)
         if e is None and info.batch_dim is not None and info.per_sample > 1:
