@@ -83,10 +83,20 @@ def _only_raises(body: list[ast.stmt]) -> bool:
             s.value, ast.Constant)) for s in body[:-1])
 
 
-def _contains(node: ast.expr, line: int, col: int) -> bool:
+def _contains(node: ast.AST, line: int, col: int) -> bool:
     end_line = node.end_lineno or node.lineno
     end_col = node.end_col_offset if node.end_col_offset is not None else sys.maxsize
     return (node.lineno, node.col_offset) <= (line, col) and (line, col) < (end_line, end_col)
+
+
+def _segment(filename: str, line: int, end_line: int, col: int, end_col: int | None) -> str:
+    """The source text from (line, col) to (end_line, end_col): the operand whose truth the trace asks for."""
+    lines = linecache.getlines(filename)[line - 1:end_line]
+    if not lines or end_col is None:
+        return ""
+    if len(lines) == 1:
+        return lines[0][col:end_col]
+    return "".join([lines[0][col:], *lines[1:-1], lines[-1][:end_col]])
 
 
 @dataclass(frozen=True)
@@ -108,20 +118,23 @@ def validation_at(frame: Any) -> Validation | None:
     i = frame.f_lasti // 2
     if not 0 <= i < len(positions) or positions[i][0] is None:
         return None
-    line, col = positions[i][0], positions[i][2] or 0
+    line, end_line, col, end_col = positions[i]
+    col = col or 0
     tree = _tree(code.co_filename)
     if tree is None:
         return None
     best: tuple[int, ast.If | ast.Assert] | None = None
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.If, ast.Assert)) and _contains(node.test, line, col):
+    for node in ast.walk(tree):         # an assert's jump spans the statement, an if's its test's operand
+        if isinstance(node, (ast.If, ast.Assert)) and _contains(node.test if isinstance(node, ast.If) else node,
+                                                                 line, col):
             span = (node.test.end_lineno or node.lineno) - node.test.lineno
             if best is None or span <= best[0]:
                 best = (span, node)
     if best is None:
         return None
     stmt = best[1]
-    text = ast.get_source_segment("".join(linecache.getlines(code.co_filename)), stmt.test) or ""
+    text = "" if isinstance(stmt, ast.Assert) else _segment(code.co_filename, line, end_line or line, col, end_col)
+    text = text or ast.get_source_segment("".join(linecache.getlines(code.co_filename)), stmt.test) or ""
     side: list[ast.stmt] | None = None
     if isinstance(stmt, ast.Assert):
         return Validation(code.co_filename, stmt.lineno, " ".join(text.split()), (stmt.lineno, stmt.end_lineno or 0))
