@@ -14,8 +14,8 @@ layout has several instances (replicas, micro-batches) is *synced*:
   - backward: the two per-channel reductions of the batch norm's backward (the sum of the incoming
     gradient and of its product with the normalised input) are summed the same way before each instance
     computes its input gradient; the weight and bias gradients stay partial results, aggregated as any.
-Priced as one STATISTICS task per synced op: an AllReduce of ``2 C + 1`` (forward) or ``2 C`` (backward)
-float64 values over the layout's devices (no time on one device), after every instance of the op; every
+Priced as one STATISTICS task per synced op: an AllReduce of ``2 C + 1`` float64 values (the count and the
+two sums per channel) over the layout's devices (no time on one device), after every instance of the op; every
 task that reads an instance's outputs waits for it. A plan with synced ops runs 1F1B as GPipe (the
 statistics of a layer need every micro-batch's forward, its backward sums every micro-batch's backward).
 
@@ -87,10 +87,10 @@ def place_synced(ctx: CompileContext, configs: ConfigTable, strategy: Strategy, 
 
 
 def statistics_bytes(ctx: CompileContext, op: int) -> float:
-    """Bytes a synced op's statistics all-reduce moves: ``2 C + 1`` values forward, ``2 C`` backward."""
+    """Bytes a synced op's statistics all-reduce moves: the count and two sums per channel (``2 C + 1``)."""
     o = ctx.graph.ops[op]
     channels = int(o.output_shapes[0][1]) if len(o.output_shapes[0]) > 1 else 1
-    return float(STAT_BYTES * (2 * channels + (o.target in FORWARD_TARGETS)))
+    return float(STAT_BYTES * (2 * channels + 1))
 
 
 def emit_statistics(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, ops: np.ndarray,
