@@ -216,3 +216,91 @@ FAMILIES = {
     "reformer": build_reformer,
 }
 SYNCED = {"segformer"}          # families planned with synchronized batch statistics
+
+
+# ---------------------------------------------------------------------------- held out (make conformance)
+def build_clip_wide(batch_size: int = 8):
+    """CLIP with three layers per tower, more heads and a wider projection: another configuration."""
+    torch.manual_seed(1)
+    config = tf.CLIPConfig(
+        text_config={"vocab_size": VOCAB, "hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 3,
+                     "num_attention_heads": 4, "max_position_embeddings": 16, "bos_token_id": 1, "eos_token_id": 2},
+        vision_config={"hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4,
+                       "image_size": 16, "patch_size": 4}, projection_dim=24)
+    return tf.CLIPModel(config), {"input_ids": torch.randint(3, VOCAB, (batch_size, 10), generator=_gen(21)),
+                                  "pixel_values": torch.randn(batch_size, 3, 16, 16, generator=_gen(22)),
+                                  "return_loss": True}
+
+
+def build_mobilenet_v2(batch_size: int = 8):
+    """MobileNetV2's inverted residuals, batch norm after every convolution."""
+    torch.manual_seed(0)
+    config = tf.MobileNetV2Config(num_channels=3, image_size=16, depth_multiplier=0.25, num_labels=3)
+    return tf.MobileNetV2ForImageClassification(config), {
+        "pixel_values": torch.randn(batch_size, 3, 16, 16, generator=_gen(23)),
+        "labels": torch.randint(0, 3, (batch_size,), generator=_gen(24))}
+
+
+def build_hubert_ctc(batch_size: int = 8):
+    """HubertForCTC (another speech encoder with the same label check), its CTC loss in ops of fixed shapes."""
+    torch.manual_seed(0)
+    c = wav2vec2_config()
+    config = tf.HubertConfig(**{k: getattr(c, k) for k in (
+        "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "conv_dim",
+        "conv_stride", "conv_kernel", "num_conv_pos_embeddings", "num_conv_pos_embedding_groups", "mask_time_prob",
+        "layerdrop", "ctc_loss_reduction", "pad_token_id")})
+    model = tf.HubertForCTC(config)
+    model.loss_function = padded_ctc_loss
+    return model, {"input_values": torch.randn(batch_size, 400, generator=_gen(25)), "labels": ctc_labels(batch_size, 26)}
+
+
+HELD_OUT = {
+    "clip_wide": build_clip_wide,
+    "mobilenet_v2": build_mobilenet_v2,
+    "hubert_ctc": build_hubert_ctc,
+}
+HELD_OUT_SYNCED = {"mobilenet_v2"}
+
+
+# ---------------------------------------------------------------------------- refused in one line
+def build_wav2vec2_spec_augment(batch_size: int = 8):
+    """SpecAugment on: its masks are drawn with numpy inside forward."""
+    torch.manual_seed(0)
+    model = tf.Wav2Vec2ForCTC(wav2vec2_config(spec_augment=True))
+    model.loss_function = padded_ctc_loss
+    return model, {"input_values": torch.randn(batch_size, 400, generator=_gen(9)), "labels": ctc_labels(batch_size, 10)}
+
+
+def build_switch_bf16_router(batch_size: int = 8):
+    """A router kept in bfloat16 in a float32 model: it casts its classifier inside forward."""
+    torch.manual_seed(0)
+    model = tf.SwitchTransformersForConditionalGeneration(switch_config("bfloat16"))
+    return model, {"input_ids": torch.randint(3, VOCAB, (batch_size, 12), generator=_gen(11)),
+                   "labels": torch.randint(3, VOCAB, (batch_size, 12), generator=_gen(12))}
+
+
+def build_reformer_dropout(batch_size: int = 8):
+    """Reformer with dropout: it re-seeds torch's generator so that its backward redraws the forward's masks."""
+    torch.manual_seed(0)
+    ids = torch.randint(3, VOCAB, (batch_size, 16), generator=_gen(13))
+    return tf.ReformerModelWithLMHead(reformer_config(dropout=0.1)), {"input_ids": ids, "labels": ids}
+
+
+def build_hubert_library_ctc(batch_size: int = 8):
+    """HubertForCTC with the library's CTC loss (``masked_select`` of the labels, ``aten._ctc_loss``)."""
+    model, inputs = build_hubert_ctc(batch_size)
+    del model._loss_function                  # what the loss_function setter stored: the library's loss again
+    return model, inputs
+
+
+# name -> (build, what the one-line refusal names)
+REFUSED = {
+    "wav2vec2_spec_augment": (build_wav2vec2_spec_augment, r"numpy\.random\.rand at .*modeling_wav2vec2\.py:\d+"),
+    "switch_bf16_router": (build_switch_bf16_router, r"module '.*router\.classifier' \(Linear\) casts itself to "
+                                                     r"bfloat16 inside forward"),
+    "reformer_dropout": (build_reformer_dropout, r"re-seeds torch's random generator inside forward at "
+                                                 r".*modeling_reformer\.py:\d+"),
+    "hubert_library_ctc": (build_hubert_library_ctc, r"aten\._ctc_loss\.\w+ has an output shape that depends on "
+                                                     r"tensor values at .*loss_ctc\.py:\d+"),
+}
+QUICK_REFUSALS = ("wav2vec2_spec_augment", "switch_bf16_router", "reformer_dropout")   # refused within seconds
