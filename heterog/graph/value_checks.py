@@ -1,6 +1,7 @@
 """Value checks: a branch on tensor values whose one side only raises (a validation of labels, shapes or
 ranges: ``if labels.max() >= vocab_size: raise ValueError(...)``, ``assert (x >= 0).all()``) is captured on the
-side the example inputs take, and recorded as an assumption that every step's inputs are checked against.
+side the example inputs take (inputs without values, on the meta device: the side that does not raise), and
+recorded as an assumption that every step's inputs are checked against.
 
 While a step is traced the tensors are fake, so ``bool()`` of one has no value. Where the model's own code
 asks for it in the test of an ``if`` whose body (or ``else``) is only a ``raise``, or of an ``assert``, the
@@ -101,13 +102,31 @@ def _segment(filename: str, line: int, end_line: int, col: int, end_col: int | N
 
 @dataclass(frozen=True)
 class Validation:
-    """A validation statement of the model's code: its test ``code`` at ``filename:line`` and the lines of its
-    raising side (``raise_lines``)."""
+    """A validation statement of the model's code: its test ``code`` at ``filename:line``, the lines of its
+    raising side (``raise_lines``) and the truth of the asked operand that does not raise (``passes``)."""
 
     filename: str
     line: int
     code: str
     raise_lines: tuple[int, int]
+    passes: bool = False
+
+
+def _passing_value(test: ast.expr, raises_when: bool, line: int, col: int) -> bool:
+    """The truth of the operand of ``test`` at (line, col) that keeps the statement from raising (``raises_when``:
+    the test's value that raises): the opposite, flipped by every ``not`` between the test and the operand."""
+    flips, node = 0, test
+    while True:
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            flips, node = flips + 1, node.operand
+        elif isinstance(node, ast.BoolOp):
+            inner = [v for v in node.values if _contains(v, line, col)]
+            if not inner:
+                break
+            node = inner[0]
+        else:
+            break
+    return (not raises_when) ^ bool(flips % 2)
 
 
 def validation_at(frame: Any) -> Validation | None:
@@ -137,7 +156,8 @@ def validation_at(frame: Any) -> Validation | None:
     text = text or ast.get_source_segment("".join(linecache.getlines(code.co_filename)), stmt.test) or ""
     side: list[ast.stmt] | None = None
     if isinstance(stmt, ast.Assert):
-        return Validation(code.co_filename, stmt.lineno, " ".join(text.split()), (stmt.lineno, stmt.end_lineno or 0))
+        return Validation(code.co_filename, stmt.lineno, " ".join(text.split()), (stmt.lineno, stmt.end_lineno or 0),
+                          _passing_value(stmt.test, False, line, col))
     assert isinstance(stmt, ast.If)
     if _only_raises(stmt.body):
         side = stmt.body
@@ -146,7 +166,8 @@ def validation_at(frame: Any) -> Validation | None:
     if side is None:
         return None
     return Validation(code.co_filename, stmt.lineno, " ".join(text.split()),
-                      (side[0].lineno, side[-1].end_lineno or side[-1].lineno))
+                      (side[0].lineno, side[-1].end_lineno or side[-1].lineno),
+                      _passing_value(stmt.test, side is stmt.body, line, col))
 
 
 # ---------------------------------------------------------------------------- capture
@@ -210,8 +231,12 @@ class ValueChecks:
                 "activations or random values, not only its inputs; a captured step can assume only what the "
                 "inputs say: compute the check from the inputs, or branch with torch.where")
         program, indices = self._program(graph, tracer.root, needed, node, placeholders)
-        with _disable_current_modes():
-            holds = bool(program(*[self.inputs[i] for i in indices]))
+        values = [self.inputs[i] for i in indices]
+        if any(v.device.type == "meta" for v in values):        # no values (captured on meta): the passing side
+            holds = found.passes
+        else:
+            with _disable_current_modes(), torch._C.DisableTorchFunction(), torch._C._DisablePythonDispatcher():
+                holds = bool(program(*values).detach().numpy())     # real values, outside the trace
         self._seen.append(found)
         self.checks.append(ValueCheck(where, found.code, holds, program, indices))
         self.dead_nodes.extend(n.name for n in needed if n.op == "call_function")
