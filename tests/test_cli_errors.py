@@ -90,7 +90,8 @@ def files(tmp_path_factory) -> dict[str, Path]:
     truncated = d / "truncated.json"
     truncated.write_text(graph.read_text()[:100])
     strategy = d / "s.json"
-    assert main(["plan", "--graph", str(other), "--cluster", "paper-8gpu", "--method", "ev-ar", "-o", str(strategy)]) == 0
+    assert main(["plan", "--graph", str(other), "--cluster", "paper-8gpu", "--method", "ev-ar", "-o",
+                 str(strategy)]) == 0
     (d / "not-json.json").write_text("{ this is not json")
     (d / "cluster.yaml").write_text("name: x\nservers:\n  - gpus: [NoSuchGPU]\n")
     (d / "sailor.json").write_text(json.dumps({"pipeline_list": "nonsense"}))

@@ -84,7 +84,7 @@ def _only_raises(body: list[ast.stmt]) -> bool:
             s.value, ast.Constant)) for s in body[:-1])
 
 
-def _contains(node: ast.AST, line: int, col: int) -> bool:
+def _contains(node: ast.expr | ast.stmt, line: int, col: int) -> bool:
     end_line = node.end_lineno or node.lineno
     end_col = node.end_col_offset if node.end_col_offset is not None else sys.maxsize
     return (node.lineno, node.col_offset) <= (line, col) and (line, col) < (end_line, end_col)

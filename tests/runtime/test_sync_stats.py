@@ -31,7 +31,8 @@ def test_batch_norm_from_summed_instances_equals_torch_over_the_whole_batch(cuts
     g = torch.Generator().manual_seed(seed)
     B = sum(cuts)
     x = torch.randn(B, channels, spatial, spatial, generator=g, dtype=torch.float64) * 3 + 1
-    w, b = torch.randn(channels, generator=g, dtype=torch.float64), torch.randn(channels, generator=g, dtype=torch.float64)
+    w = torch.randn(channels, generator=g, dtype=torch.float64)
+    b = torch.randn(channels, generator=g, dtype=torch.float64)
     rm, rv = torch.randn(channels, dtype=torch.float64), torch.rand(channels, dtype=torch.float64) + 0.5
     dy = torch.randn_like(x)
     xr = x.clone().requires_grad_(True)

@@ -29,7 +29,6 @@ from torch.nn import functional as F
 
 import heterog
 from heterog.errors import HeterogError
-
 from heterog.runtime import capture_model_for_runtime, compare_values, prepare, run_prepared, train_single_process
 from tests.runtime import transformers_families as fam
 from tests.runtime import transformers_models as tm

@@ -110,8 +110,8 @@ def padded_ctc_loss(logits: torch.Tensor, labels: torch.Tensor, logit_lengths: t
     ext = torch.cat([torch.stack([blanks, lab], dim=2).flatten(1), blanks[:, :1]], dim=1)     # (B, S)
     s = ext.shape[1]
     emit = log_probs.gather(2, ext[:, None, :].expand(b, t_max, s))                  # (B, T, S)
-    skip = torch.cat([torch.zeros(b, 2, dtype=torch.bool), (ext[:, 2:] != blank_token_id) & (ext[:, 2:] != ext[:, :-2])],
-                     dim=1)
+    skip = torch.cat([torch.zeros(b, 2, dtype=torch.bool),
+                      (ext[:, 2:] != blank_token_id) & (ext[:, 2:] != ext[:, :-2])], dim=1)
     neg = torch.full((b, s), NEG)
     start = torch.arange(s) < 2
     alpha = torch.where(start, emit[:, 0], neg)
@@ -155,7 +155,8 @@ def build_wav2vec2_ctc(batch_size: int = 8):
     torch.manual_seed(0)
     model = tf.Wav2Vec2ForCTC(wav2vec2_config())
     model.loss_function = padded_ctc_loss
-    return model, {"input_values": torch.randn(batch_size, 400, generator=_gen(9)), "labels": ctc_labels(batch_size, 10)}
+    return model, {"input_values": torch.randn(batch_size, 400, generator=_gen(9)),
+                   "labels": ctc_labels(batch_size, 10)}
 
 
 # ---------------------------------------------------------------------------- a router that casts itself
@@ -251,7 +252,8 @@ def build_hubert_ctc(batch_size: int = 8):
         "layerdrop", "ctc_loss_reduction", "pad_token_id")})
     model = tf.HubertForCTC(config)
     model.loss_function = padded_ctc_loss
-    return model, {"input_values": torch.randn(batch_size, 400, generator=_gen(25)), "labels": ctc_labels(batch_size, 26)}
+    return model, {"input_values": torch.randn(batch_size, 400, generator=_gen(25)),
+                   "labels": ctc_labels(batch_size, 26)}
 
 
 HELD_OUT = {
@@ -268,7 +270,8 @@ def build_wav2vec2_spec_augment(batch_size: int = 8):
     torch.manual_seed(0)
     model = tf.Wav2Vec2ForCTC(wav2vec2_config(spec_augment=True))
     model.loss_function = padded_ctc_loss
-    return model, {"input_values": torch.randn(batch_size, 400, generator=_gen(9)), "labels": ctc_labels(batch_size, 10)}
+    return model, {"input_values": torch.randn(batch_size, 400, generator=_gen(9)),
+                   "labels": ctc_labels(batch_size, 10)}
 
 
 def build_switch_bf16_router(batch_size: int = 8):
