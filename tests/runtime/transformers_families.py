@@ -233,11 +233,12 @@ def build_clip_wide(batch_size: int = 8):
                                   "return_loss": True}
 
 
-def build_mobilenet_v2(batch_size: int = 8):
-    """MobileNetV2's inverted residuals, batch norm after every convolution."""
+def build_regnet(batch_size: int = 8):
+    """RegNet's grouped-convolution stages, batch norm after every convolution."""
     torch.manual_seed(0)
-    config = tf.MobileNetV2Config(num_channels=3, image_size=16, depth_multiplier=0.25, num_labels=3)
-    return tf.MobileNetV2ForImageClassification(config), {
+    config = tf.RegNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], groups_width=8,
+                             num_labels=3)
+    return tf.RegNetForImageClassification(config), {
         "pixel_values": torch.randn(batch_size, 3, 16, 16, generator=_gen(23)),
         "labels": torch.randint(0, 3, (batch_size,), generator=_gen(24))}
 
@@ -258,10 +259,10 @@ def build_hubert_ctc(batch_size: int = 8):
 
 HELD_OUT = {
     "clip_wide": build_clip_wide,
-    "mobilenet_v2": build_mobilenet_v2,
+    "regnet": build_regnet,
     "hubert_ctc": build_hubert_ctc,
 }
-HELD_OUT_SYNCED = {"mobilenet_v2"}
+HELD_OUT_SYNCED = {"regnet"}
 
 
 # ---------------------------------------------------------------------------- refused in one line
