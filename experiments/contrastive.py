@@ -109,8 +109,8 @@ def table(records: list[dict[str, Any]]) -> Table:
         return f"{x * 1e3:.2f}"
 
     out = Table([Column(h, align="left" if h == "method" else "right") for h in (
-        "method", "iteration (ms)", "x best-dp", "gather (ms)", "on critical path", "scatter (ms)",
-        "on critical path ", "coupled ops (ms)", "coupled on", "oom")],
+        "method", "iteration (ms)", "x best-dp", "gather (ms)", "gather on path (ms)", "scatter (ms)",
+        "scatter on path (ms)", "coupled ops (ms)", "coupled on", "oom")],
         title="CLIP ViT-B/16: the contrastive loss in each plan")
     for r in records:
         out.add(r["method"], ms(r["iteration_time_s"]),
