@@ -62,8 +62,7 @@ def add_recompute(ctx: CompileContext, batch: TaskBatch, place: Placement, prov:
     trig_of[prov.inst_start[trig_op] + trig_local] = trig
     is_x = np.zeros(tasks.n, dtype=bool)
     is_x[x] = True
-    # (not its own earlier instance: a partial result accumulated over micro-batches)
-    waits = (trig_of[dep_task] >= 0) & ~is_x[dep_on] & (tasks.op[dep_on] != tasks.op[dep_task])
+    waits = (trig_of[dep_task] >= 0) & ~is_x[dep_on]
     batch.deps(trig_of[dep_task[waits]], dep_on[waits], tasks.op[dep_task[waits]])
     batch.deps(trig[x_pair], x, x_op)                 # and for the forward instances it recomputes
 

@@ -296,7 +296,8 @@ def _from_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int,
         rows_v = None
         for j, (d, m) in enumerate(zip(layouts.devices[lay_v], layouts.micro[lay_v])):
             # a consumer over the whole step (a coupled op, heterog.compiler.coupled) reads every micro-batch
-            whole_step = place.n_micro > 1 and gi.has_batch[u] and layouts.shares[lay_v][j] == ctx.batch_size
+            whole_step = place.n_micro > 1 and carries_batch and gi.has_batch[v] and \
+                layouts.shares[lay_v][j] == ctx.batch_size
             for key in ([k for k in ent if k != "last"] if whole_step else [_source_key(gi, u, v, m)]):
                 if gi.e_value_free[e]:                 # a shape read: the first instance, nothing moves
                     em.dep(start_v + j, start_u + int(ent[0][0]), owner)

@@ -115,16 +115,24 @@ def emit_statistics(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch,
 
 def wait_for_statistics(tasks: Tasks, deps: Deps, synced: np.ndarray) -> Deps:
     """``deps`` (sorted by (task, on)) with every task that waits for an instance of a synced op waiting for
-    that op's STATISTICS task too (but the STATISTICS task itself and the op's own instances), sorted."""
+    that op's STATISTICS task too (but the STATISTICS task itself, the op's own instances and the zero-time
+    SYNC tasks that only order others: a recomputation's trigger), sorted. A trigger no longer waits for an
+    earlier instance of its own op (a partial result accumulated over micro-batches): every instance that
+    reads a synced op waits for its statistics, which puts them in one slot of the micro-batch order
+    (``heterog.compiler.micro``), where the trigger, ordered before its op's instances, could not follow one."""
     task, on, owner = deps
+    trigger = (tasks.kind[task] == TaskKind.SYNC) & (tasks.kind[on] == TaskKind.COMPUTE) & \
+        (tasks.op[on] == tasks.op[task])
+    if trigger.any():
+        task, on, owner = task[~trigger], on[~trigger], owner[~trigger]
     stat_of = np.full(len(synced), -1, dtype=np.int64)
     stats = np.nonzero(tasks.kind == TaskKind.STATISTICS)[0]
     stat_of[tasks.op[stats]] = stats
     inst = (tasks.kind == TaskKind.COMPUTE) & synced[tasks.op]
-    hit = inst[on] & (tasks.kind[task] != TaskKind.STATISTICS) & \
+    hit = inst[on] & (tasks.kind[task] != TaskKind.STATISTICS) & (tasks.kind[task] != TaskKind.SYNC) & \
         ~(inst[task] & (tasks.op[task] == tasks.op[on]))
     if not hit.any():
-        return deps
+        return task, on, owner
     new_task = np.concatenate([task, task[hit]])
     new_on = np.concatenate([on, stat_of[tasks.op[on[hit]]]])
     new_owner = np.concatenate([owner, owner[hit]])
