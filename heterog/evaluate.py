@@ -257,16 +257,20 @@ class Evaluator:
                                                         res.peak_memory))
 
 
-def cost_model(cluster: Cluster, layer_profile: LayerProfile | None = None) -> CostModel:
+def cost_model(cluster: Cluster, layer_profile: LayerProfile | None = None, *,
+               allreduce_bucket_bytes: float = 0.0, comm_blocks_compute: bool = False) -> CostModel:
     """The roofline CostModel of ``cluster``; with ``layer_profile``, its measured layer times where it has
-    them (layers numbered by ``heterog.baselines.expert.block_layers``)."""
+    them (layers numbered by ``heterog.baselines.expert.block_layers``); the training runtime's habits
+    (``allreduce_bucket_bytes``, ``comm_blocks_compute``) as ``CostModel`` takes them."""
     from heterog.cost import CostModel
 
     if layer_profile is None:
-        return CostModel(cluster)
+        return CostModel(cluster, allreduce_bucket_bytes=allreduce_bucket_bytes,
+                         comm_blocks_compute=comm_blocks_compute)
     from heterog.baselines.expert import block_layers
 
-    return CostModel(cluster, layer_profile=layer_profile, layer_numbering=block_layers)
+    return CostModel(cluster, layer_profile=layer_profile, layer_numbering=block_layers,
+                     allreduce_bucket_bytes=allreduce_bucket_bytes, comm_blocks_compute=comm_blocks_compute)
 
 
 def simulate(graph: OpGraph, cluster: Cluster, strategy: Strategy, order: str = DEFAULT_ORDER,

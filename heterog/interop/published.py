@@ -35,6 +35,12 @@ GPUS_PER_NODE = {"clariden": 4, "mit": 8}
 # the MIT cluster's node options (heterog.cluster.published.mit) by Sailor's GPU name
 MIT_NODES = {"RTX-3090": "rtx3090", "Titan-RTX": "titan-rtx", "RTX-2080": "rtx2080"}
 OPTIMIZER = "adam"          # Sailor's runs train with DeepSpeed's AdamW (ae_scripts/clariden_scripts/run_opt.slurm)
+# DeepSpeed (no ZeRO, as those runs configure it) all-reduces gradients in buffers of MEMORY_OPT_ALLREDUCE_SIZE
+# = 5e8 elements (deepspeed/runtime/engine.py and pipe/engine.py: allreduce_gradients), fp32 gradients here
+DEEPSPEED_ALLREDUCE_BUCKET_BYTES = 500_000_000 * 4
+# and its PipelineEngine runs its send, receive and reduce instructions in line with its compute (the cost
+# model's ``comm_blocks_compute``)
+DEEPSPEED_BLOCKING_COMM = True
 DUPLICATE_RTOL = 1e-9
 
 
@@ -254,12 +260,14 @@ def simulate_run(run: PublishedRun, graph: OpGraph, layer_profile: LayerProfile 
     """(simulated seconds per iteration, peak bytes of the fullest GPU, out of memory) of ``run``'s plan on
     ``graph`` (the model at the run's global batch) and the cluster it ran on."""
     from heterog.cluster import load_cluster
-    from heterog.evaluate import Evaluator
+    from heterog.evaluate import Evaluator, cost_model
     from heterog.interop.common import to_strategy
 
     cluster = load_cluster(run.cluster_spec())
     strategy = to_strategy(run.plan, graph, cluster)
-    res = Evaluator(graph, cluster, layer_profile=layer_profile).evaluate(strategy, method="sailor")
+    cost = cost_model(cluster, layer_profile, allreduce_bucket_bytes=DEEPSPEED_ALLREDUCE_BUCKET_BYTES,
+                      comm_blocks_compute=DEEPSPEED_BLOCKING_COMM)
+    res = Evaluator(graph, cluster, cost).evaluate(strategy, method="sailor")
     return res.iteration_time_s, float(max(res.peak_memory_bytes.values())), bool(res.oom)
 
 
