@@ -9,7 +9,8 @@ the budget, fastest first, keeping the best simulated plan (``AUTO_PLANNERS``):
      policy fits the cluster;
   3. the searches, each given a share of what is left of the budget (pipeline, then MCMC with the rest).
 
-A planner starts only while budget is left; one that fails is recorded with its reason and skipped. The
+A planner starts only while budget is left (the first always does); one that fails is recorded with its
+reason and skipped. The
 agent as a chosen method plans zero-shot. The candidates come back ordered by simulated time (plans that
 run out of memory last), so that a caller can fall back to the next when the first cannot run.
 """
@@ -101,8 +102,8 @@ def replan(graph: OpGraph, cluster: Cluster, method: str = "auto", budget_s: flo
         out.tried.append(entry)
 
     if method == "auto":
-        for name in FAST_PLANNERS:
-            if time.perf_counter() < deadline:
+        for k, name in enumerate(FAST_PLANNERS):
+            if k == 0 or time.perf_counter() < deadline:        # the first always: a run needs a plan
                 attempt(name)
         if time.perf_counter() < deadline and ZERO_SHOT in planners.names():
             attempt(ZERO_SHOT, budget_s=0)

@@ -469,10 +469,11 @@ def load_checkpoint(path: str | Path, prog: StepProgram, like: Mapping[str, torc
             warnings.simplefilter("ignore", UserWarning)
             dcp.load(state, storage_reader=dcp.FileSystemReader(ck), no_dist=True)
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - a damaged checkpoint, in one line
+        cause: BaseException = exc
         if isinstance(exc, CheckpointException) and exc.failures:
-            exc = next(iter(exc.failures.values()))[0]
-        reason = " ".join(str(exc).split())[:300] or "no message"
-        raise CheckpointError(f"{where} cannot be read ({type(exc).__name__}: {reason})") from None
+            cause = next(iter(exc.failures.values()))[0]
+        reason = " ".join(str(cause).split())[:300] or "no message"
+        raise CheckpointError(f"{where} cannot be read ({type(cause).__name__}: {reason})") from None
     step, position, seed = (int(state[k]) for k in POSITION_KEYS)
     if (step, position, seed) != (marker["step"], marker["data_position"], marker["rng_seed"]):
         raise CheckpointError(f"{where}: its data (step {step}, position {position}, seed {seed}) and its "

@@ -376,6 +376,21 @@ def env_rank() -> tuple[int, int, int] | None:
     return None
 
 
+def _attempt_store(world: int, timeout: timedelta) -> Any:
+    """The store of this attempt's process group under torchrun: the agent's store under a prefix of its
+    own. The agent's store outlives the workers it restarts, and the addresses that a killed attempt's
+    ranks left in it would otherwise be read by the next attempt's ranks that come up first (gloo then
+    connects to a dead port). The attempt is told apart by torchrun's restart count, the world size and the
+    order of arrival: every process adds one to a counter of its (restart, world) on arrival."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                          timeout=timeout)
+    key = f"heterog/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{world}"
+    arrival = int(store.add(f"{key}/arrivals", 1))
+    return dist.PrefixStore(f"{key}/{(arrival - 1) // world}", store)
+
+
 def run_env_job(make_jobs: Callable[[list[str | None]], list[Any]], backend: str, timeout_s: float = 600.0,
                 device: str | None = None) -> list[dict[str, Any]] | None:
     """Run one job in an env:// process group (each process is one rank, e.g. under torchrun).
@@ -393,7 +408,12 @@ def run_env_job(make_jobs: Callable[[list[str | None]], list[Any]], backend: str
         device_ = torch.device("cuda", local % max(torch.cuda.device_count(), 1))
     else:
         device_ = torch.device("cpu")
-    dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
+    timeout = timedelta(seconds=timeout_s)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        dist.init_process_group(backend, store=_attempt_store(world, timeout), rank=rank, world_size=world,
+                                timeout=timeout)
+    else:
+        dist.init_process_group(backend, init_method="env://", timeout=timeout)
     try:
         names: list[str | None] = [None] * world
         dist.all_gather_object(names, device)
