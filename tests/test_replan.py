@@ -61,3 +61,15 @@ def test_an_unknown_method_or_no_budget_is_refused(graph, left) -> None:
         replan(graph, left, "fastest", 1.0)
     with pytest.raises(HeterogError, match="budget must be positive"):
         replan(graph, left, "auto", 0.0)
+
+
+def test_auto_runs_the_policy_when_its_measured_time_fits(graph, left, monkeypatch) -> None:
+    import heterog.replan as rp
+
+    monkeypatch.setattr(rp, "ZERO_SHOT_SECONDS", {})
+    assert rp.warm_up("cp-ar", graph, left) is None and not rp.ZERO_SHOT_SECONDS     # no agent needed
+    assert rp.warm_up("auto", graph, left) == rp.ZERO_SHOT_SECONDS[graph.fingerprint] > 0
+    rp.ZERO_SHOT_SECONDS[graph.fingerprint] = 0.0                  # as if it took no time: it fits any budget
+    assert "agent" in [e["method"] for e in replan(graph, left, "auto", 0.5).tried]
+    rp.ZERO_SHOT_SECONDS[graph.fingerprint] = 1e9                  # a zero-shot plan slower than the budget
+    assert "agent" not in [e["method"] for e in replan(graph, left, "auto", 1.0).tried]

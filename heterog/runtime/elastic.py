@@ -122,7 +122,7 @@ class SurvivingRun:
         current, strategy, resumed = self.cluster, self.strategy, self.resume
         lost: dict[str, float] = {}
         if self.elastic.max_restarts:
-            warm_up(self.elastic.replan_method)
+            warm_up(self.elastic.replan_method, self.model.graph, self.cluster)
         prepared = prepare(self.model, current, strategy, backend=self.backend, cost=self.cost)
         while True:
             try:
@@ -169,11 +169,15 @@ class SurvivingRun:
         return max(int(pool.status[3 * r]) for r in range(pool.world))
 
     def _newest(self) -> Resumed | None:
-        """The newest complete checkpoint of this run's directory, read back (None: there is none)."""
+        """The newest complete checkpoint of this run's directory, read back (None: there is none); what the
+        failed attempt left half-written there is removed."""
         from heterog.runtime.api import resume_state
-        from heterog.runtime.checkpoint import complete_checkpoints
+        from heterog.runtime.checkpoint import complete_checkpoints, remove_incomplete
 
-        if self.checkpoint is None or not complete_checkpoints(self.checkpoint.directory):
+        if self.checkpoint is None:
+            return None
+        remove_incomplete(self.checkpoint.directory)
+        if not complete_checkpoints(self.checkpoint.directory):
             return None
         return resume_state(self.model, self.checkpoint.directory)
 
