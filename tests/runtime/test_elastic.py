@@ -82,7 +82,8 @@ def assert_survives_a_killed_worker(m, method: str, seed: int, tmp_path: Path, *
     left = [d for d in cluster.device_names if d != lost]
     assert restart["lost"] == [lost] and restart["devices"] == left and result.cluster.endswith(f"[{','.join(left)}]")
     assert restart["reached_step"] >= killed[0][1]
-    assert restart["resumed_from"] == EVERY * (restart["reached_step"] // EVERY)     # the newest checkpoint
+    # the newest complete checkpoint: work lost is at most the steps since it (one being written may be lost)
+    assert restart["resumed_from"] % EVERY == 0 and 0 <= restart["reached_step"] - restart["resumed_from"] <= EVERY
     assert restart["replan"]["budget_s"] == 5.0 and restart["method"] in AUTO_PLANNERS
     assert result.first_step == restart["resumed_from"]
     ok, diff, bad = compare_values(m, result.values, want, rtol=RTOL, atol=ATOL)
