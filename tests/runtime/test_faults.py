@@ -70,7 +70,7 @@ def test_hung_worker_is_named_and_everything_is_stopped() -> None:
     th.join(timeout=30)
     assert isinstance(box.get("error"), WorkerFailure)
     assert "made no progress for 2 s" in str(box["error"]) and "localhost/cpu1 (rank 1)" in str(box["error"])
-    assert box["error"].lost == (1,)
+    assert 1 in box["error"].lost                   # the stuck rank (and any it left standing at the same place)
     assert _all_gone(pool)
 
 
