@@ -77,6 +77,9 @@ class PlanResult:
     plan: CompiledPlan | None = field(default=None, repr=False)
     host_memory_bytes: dict = field(default_factory=dict)   # server name -> peak bytes in its host memory
                                                             # (plans that offload state; empty otherwise)
+    checkpoint_time_s: float = 0.0     # one checkpoint's writing (``Evaluator(checkpoint_every_steps=K)``;
+                                       # iteration_time_s then includes 1/K of it), 0 without the term
+    checkpoint_bytes: dict = field(default_factory=dict)    # device name -> bytes it writes to a checkpoint
 
     def record(self) -> dict:
         """The JSON record of ``heterog simulate --json`` (docs/design.md section 5)."""
@@ -85,7 +88,8 @@ class PlanResult:
                 "compute_time_s": self.compute_time_s, "comm_time_s": self.comm_time_s,
                 "overlap_ratio": self.overlap_ratio, "search_time_s": self.search_time_s, "n_tasks": self.n_tasks,
                 "order": self.order, "order_requested": self.order_requested,
-                "host_memory_bytes": self.host_memory_bytes}
+                "host_memory_bytes": self.host_memory_bytes, "checkpoint_time_s": self.checkpoint_time_s,
+                "checkpoint_bytes": self.checkpoint_bytes}
 
 
 def reward(iteration_time_s: float, oom: bool, oom_factor: float = 10.0) -> float:
@@ -103,12 +107,20 @@ class Evaluator:
     ``order`` is the task order (``heterog.scheduler.ORDERS``). The default, ``best``, simulates each order
     of ``PORTFOLIO`` (and ``plan``, the strategy's own op order, when it has one) and keeps the faster;
     ``simulate_kept`` says which was kept, and the runtime executes that one.
+
+    ``checkpoint_every_steps``: K adds the optional checkpoint term, 1/K of the time one checkpoint takes
+    (``heterog.checkpoint_cost``), to every iteration time it reports, so that planners weigh what a plan's
+    layout of the state costs to save; None (the default) leaves it out.
     """
 
     def __init__(self, graph: OpGraph, cluster: Cluster, cost: CostModel | None = None, *,
                  order: str = DEFAULT_ORDER, serialize_collectives: bool = False, max_groups: int = 2000,
-                 shares: str = "power", delta: bool = True, layer_profile: LayerProfile | None = None) -> None:
+                 shares: str = "power", delta: bool = True, layer_profile: LayerProfile | None = None,
+                 checkpoint_every_steps: int | None = None) -> None:
         self.graph, self.cluster = graph, cluster
+        if checkpoint_every_steps is not None and int(checkpoint_every_steps) < 1:
+            raise HeterogError(f"checkpoint_every_steps must be at least 1, got {checkpoint_every_steps}")
+        self.checkpoint_every_steps = checkpoint_every_steps
         if cost is not None and layer_profile is not None:
             raise HeterogError("give the layer profile to the CostModel passed as cost, or pass no cost")
         self.cost = cost if cost is not None else cost_model(cluster, layer_profile)
@@ -232,7 +244,17 @@ class Evaluator:
         plan = self.compile(strategy)
         res = self.simulate_plan(plan, order)
         self.n_evaluations += 1
-        return float(res.makespan), bool(res.oom)
+        return float(res.makespan) + self.checkpoint_share_s(plan), bool(res.oom)
+
+    def checkpoint_share_s(self, plan: CompiledPlan) -> float:
+        """The checkpoint term of ``plan``'s iteration time: one checkpoint's time over the interval (0 without
+        ``checkpoint_every_steps``)."""
+        if self.checkpoint_every_steps is None:
+            return 0.0
+        from heterog.checkpoint_cost import checkpoint_bytes, checkpoint_time_s
+
+        t = checkpoint_time_s(self.cluster, checkpoint_bytes(self.graph, self.cluster, plan))
+        return t / self.checkpoint_every_steps
 
     def summarise(self, plan: CompiledPlan, res: simulator.SimResult, method: str, detail: bool = True) -> PlanResult:
         m = plan.n_devices
@@ -250,11 +272,19 @@ class Evaluator:
         if detail and comm_len > 0:
             _, ps_, pf_ = _union_length(start[compute_mask], finish[compute_mask])
             overlap = _intersection_length(cs, cf, ps_, pf_) / comm_len
-        return PlanResult(method=method, iteration_time_s=float(res.makespan), oom=bool(res.oom),
+        ck_s, ck_bytes = 0.0, {}
+        if self.checkpoint_every_steps is not None:
+            from heterog.checkpoint_cost import checkpoint_bytes, checkpoint_time_s
+
+            written = checkpoint_bytes(self.graph, self.cluster, plan)
+            ck_s, ck_bytes = checkpoint_time_s(self.cluster, written), dict(zip(names, written.tolist()))
+        share = ck_s / self.checkpoint_every_steps if self.checkpoint_every_steps else 0.0
+        return PlanResult(method=method, iteration_time_s=float(res.makespan) + share, oom=bool(res.oom),
                           peak_memory_bytes=peak, memory_capacity_bytes=cap, compute_time_s=compute_time,
                           comm_time_s=comm_len, overlap_ratio=overlap, n_tasks=plan.n_tasks, sim=res, plan=plan,
                           host_memory_bytes=host_peaks(self.compiler.context, plan.placements.state,
-                                                        res.peak_memory))
+                                                        res.peak_memory),
+                          checkpoint_time_s=ck_s, checkpoint_bytes=ck_bytes)
 
 
 def cost_model(cluster: Cluster, layer_profile: LayerProfile | None = None, *,

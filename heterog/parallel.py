@@ -42,17 +42,19 @@ class EvaluatorSpec:
     serialize_collectives: bool
     max_groups: int
     shares: str
+    checkpoint_every_steps: int | None = None
 
     @classmethod
     def of(cls, ev: PlanEvaluator) -> EvaluatorSpec:
-        return cls(ev.graph, ev.cluster, ev.cost, ev.order, ev.serialize_collectives, ev.max_groups, ev.shares)
+        return cls(ev.graph, ev.cluster, ev.cost, ev.order, ev.serialize_collectives, ev.max_groups, ev.shares,
+                   ev.checkpoint_every_steps)
 
     def build(self) -> Evaluator:
         from heterog.evaluate import Evaluator
 
         return Evaluator(self.graph, self.cluster, self.cost, order=self.order,
                          serialize_collectives=self.serialize_collectives, max_groups=self.max_groups,
-                         shares=self.shares)
+                         shares=self.shares, checkpoint_every_steps=self.checkpoint_every_steps)
 
 
 class Worker:

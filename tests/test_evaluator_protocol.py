@@ -13,8 +13,8 @@ from heterog.evaluator_protocol import PlanEvaluator
 from heterog.parallel import EvaluatorSpec
 from tests.baselines.helpers import gpu_cluster, layered_graph
 
-MEMBERS = {"graph", "cluster", "cost", "order", "shares", "serialize_collectives", "max_groups", "group_of",
-           "n_groups", "strategy", "iteration_time"}
+MEMBERS = {"graph", "cluster", "cost", "order", "shares", "serialize_collectives", "max_groups",
+           "checkpoint_every_steps", "group_of", "n_groups", "strategy", "iteration_time"}
 OPTIONS = {"os-dpos": {"budget_s": 30.0}, "mcmc": {"max_evals": 40, "seed": 0},
            "pesto-ilp": {"budget_s": 30.0, "solver_workers": 1}, "random": {"seed": 3}}
 

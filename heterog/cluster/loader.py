@@ -12,6 +12,7 @@ YAML format::
         nic: {bandwidth: 100 Gbit/s, latency_us: 10}             # needed with 2+ servers
         host: {cpu: Xeon-Gold-6148, sockets: 2, memory: 384 GB,   # optional; absent = no offloading
                pcie: {bandwidth: 12 GB/s, latency_us: 5}}
+        storage: {bandwidth: 1.8 GB/s}           # optional; the rate checkpoints are written at
 
 A GPU entry is a catalog name, ``{type: T, count: n, slowdown: x}`` (catalog type; any DeviceType
 field given next to it overrides the catalog value), or an explicit type ``{name: N, peak_tflops: 15,
@@ -26,6 +27,10 @@ memory carries one too (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB). Latencies are ``
 the link of each GPU to the host (``bandwidth`` per direction, each GPU its own; ``latency_us``, default
 5). A server without ``host`` has no host record: nothing can be offloaded to it (its host memory counts
 as 0 bytes), so offloading is possible only where a cluster file says what the host is.
+
+``storage`` gives the rate at which the server's devices together write a checkpoint (``bandwidth``, what
+the simulator's checkpoint term divides the bytes by); absent, ``topology.DEFAULT_STORAGE_BANDWIDTH_Bps``
+(one data-centre NVMe drive's sequential write rate; the source is named there).
 
 ``local-cpu-N`` (any N >= 1) is generated, not a file: N devices of type ``cpu`` on one server
 ``localhost`` joined by loopback links (2 GB/s, 20 us). Options follow as ``:key=value``::
@@ -49,7 +54,7 @@ from typing import Any
 import yaml
 
 from heterog.cluster.catalog import CATALOG, DeviceType, device_type, host_cpu_type
-from heterog.cluster.topology import INTRA_KINDS, Cluster, Device, Host, Server
+from heterog.cluster.topology import INTRA_KINDS, Cluster, DEFAULT_STORAGE_BANDWIDTH_Bps, Device, Host, Server
 from heterog.errors import ClusterError
 
 BANDWIDTH_UNITS_Bps: dict[str, float] = {
@@ -272,7 +277,7 @@ def cluster_from_dict(d: Any, source: str = "<dict>", default_name: str = "clust
         where = f"{source}: servers[{j}]"
         if not isinstance(spec, dict):
             raise ClusterError(f"{where}: a server is a mapping, got {spec!r}")
-        _check_keys(spec, {"name", "gpus", "intra", "nic", "host"}, where)
+        _check_keys(spec, {"name", "gpus", "intra", "nic", "host", "storage"}, where)
         sname = str(spec.get("name", f"s{j}"))
         gpus = spec.get("gpus")
         if not isinstance(gpus, list) or not gpus:
@@ -312,7 +317,15 @@ def cluster_from_dict(d: Any, source: str = "<dict>", default_name: str = "clust
             nic_Bps = parse_bandwidth_Bps(nic["bandwidth"], f"{where}.nic.bandwidth")
             nic_lat_s = _latency(nic, f"{where}.nic", DEFAULT_LATENCY_US["nic"])
         host = None if spec.get("host") is None else _host_entry(spec["host"], where)
-        servers.append(Server(j, sname, members, kind, intra_Bps, intra_lat_s, nic_Bps, nic_lat_s, host))
+        storage_Bps = DEFAULT_STORAGE_BANDWIDTH_Bps
+        if spec.get("storage") is not None:
+            storage = spec["storage"]
+            if not isinstance(storage, dict) or "bandwidth" not in storage:
+                raise ClusterError(f"{where}.storage: must be a mapping with 'bandwidth'")
+            _check_keys(storage, {"bandwidth"}, f"{where}.storage")
+            storage_Bps = parse_bandwidth_Bps(storage["bandwidth"], f"{where}.storage.bandwidth")
+        servers.append(Server(j, sname, members, kind, intra_Bps, intra_lat_s, nic_Bps, nic_lat_s, host,
+                              storage_Bps))
     try:
         return Cluster(name, devices, [], servers, switch_Bps)
     except ClusterError as exc:
@@ -385,6 +398,9 @@ def cluster_to_dict(cluster: Cluster) -> dict[str, Any]:
                              "pcie": {"bandwidth": _format_quantity(s.host.pcie_bandwidth_Bps, ("GB/s", "Gbit/s"),
                                                                     BANDWIDTH_UNITS_Bps, "B/s"),
                                       **_latency_entry(s.host.pcie_latency_s)}}
+        if s.storage_bandwidth_Bps != DEFAULT_STORAGE_BANDWIDTH_Bps:
+            entry["storage"] = {"bandwidth": _format_quantity(s.storage_bandwidth_Bps, ("GB/s", "Gbit/s"),
+                                                              BANDWIDTH_UNITS_Bps, "B/s")}
         servers.append(entry)
     out["servers"] = servers
     return out

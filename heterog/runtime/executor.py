@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -59,6 +59,9 @@ from heterog.runtime.rng import Draw, block_batches
 from heterog.runtime.stepprog import StepProgram
 from heterog.runtime.transport import NullStatus, Pending, StatusLike, Transport, TransportLike, waited_for
 
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.runtime.checkpoint import RankCheckpoint
+
 SLEEP_QUANTUM_S = 50e-6
 
 
@@ -77,6 +80,8 @@ class Job:
     return_state: bool = True
     trace: bool = False              # record (kind, start, end, waited) of each instruction, each step
     memory_steps: int = 1            # steps whose held bytes are metered (LiveBytes; the first is warm-up)
+    first_step: int = 0              # the training step the job starts at (a resumed run: its checkpoint's)
+    checkpoint: RankCheckpoint | None = None    # writes this rank's parts when a checkpoint is due
 
 
 def initial_values(rp: RankProgram) -> dict[str, torch.Tensor]:
@@ -440,15 +445,27 @@ class RankExecutor:
         return elapsed, loss
 
     def run(self) -> dict[str, Any]:
-        times, losses = [], []
-        for s in range(self.job.steps):
+        """Steps ``first_step ..`` of the job (step s reads batch ``s % len(inputs)`` and draws step s's
+        random values), writing checkpoints when they are due."""
+        times, losses, written = [], [], []
+        ck = self.job.checkpoint
+        if ck is not None:
+            ck.ready()
+        for s in range(self.job.first_step, self.job.first_step + self.job.steps):
             batch = self.job.inputs[s % len(self.job.inputs)]
             elapsed, loss = self.step(s, batch)
             times.append(elapsed)
             losses.append(loss)
+            if ck is not None:
+                self.status.waiting(-4)
+                took = ck.after_step(s + 1, self.persist, loss if self.rp.loss_terms else 0.0, self.rank,
+                                     self.world, self.device)
+                self.status.waiting(-1)
+                if took is not None:
+                    written.append((s + 1, took))
         out: dict[str, Any] = {"rank": self.rank, "times_s": times, "loss_terms": losses,
                                "has_loss": bool(self.rp.loss_terms), "values": {},
-                               "peak_memory_bytes": int(self.memory.peak)}
+                               "peak_memory_bytes": int(self.memory.peak), "checkpoints": written}
         if self.job.trace:
             out["traces"] = self.traces
         if self.job.return_state:
