@@ -125,8 +125,11 @@ class StateHost(Protocol):
     ranks: list[RankProgram]
     inst_task: dict[tuple[int, int, int], int]
     tensor_of: dict[tuple[int, int], int]
+    agg_tasks: dict[int, list[int]]
 
     def leaf(self, leaf: Leaf) -> LeafInfo: ...
+    def lay_devs(self, lay: int) -> tuple[int, ...]: ...
+    def op_lay(self, op: int) -> int: ...
     def inst_key(self, op: int, dev: int, micro: int = 0, recompute: bool = False) -> tuple: ...
     def emit(self, rank: int, key: tuple, instr: Instruction) -> list: ...
     def pull(self, item: list, key: tuple) -> None: ...
@@ -149,6 +152,7 @@ class StateLowering:
         self.params: dict[int, HeldState] = {}        # param placeholder op -> its state
         self.of_op: dict[int, HeldState] = {}         # rows op, state placeholder or param op -> the same
         self.grads: dict[Leaf, HeldState] = {}        # reduce-scattered gradient leaf -> its parameter's
+        self.update_of: dict[int, HeldState] = {}    # every update op of those parameters -> the same
         st = b.plan.placements.state
         if st is None:
             return
@@ -180,20 +184,50 @@ class StateLowering:
             self.params[p] = hs
             for o in (p, *rows_ops, *state_ops):
                 self.of_op[o] = hs
-        inverse = {t: leaf for leaf, t in b.tensor_of.items()}
-        for t, how in b.plan.placements.aggregation.items():
-            if how.kind != "reduce-scatter":
-                continue
-            leaf = inverse[int(t)]
-            hs_or_none = self.params.get(by_name.get(graph.ops[leaf[0]].param, -1))
-            if hs_or_none is None:
-                raise HeterogError(f"the gradient {graph.ops[leaf[0]].name} is reduce-scattered but its parameter "
-                                   f"keeps no sharded state: a parameter's gradient and state need one group")
-            self.grads[leaf] = hs_or_none
+            self.update_of.update(dict.fromkeys((o for o in mine if phase[o] == 2), hs))
+        self.grad_ops: dict[int, HeldState] = {}     # ops that pick a reduce-scattered gradient: run on rows
+        readers: dict[Leaf, list[int]] = {}
+        for v, reads in enumerate(prog.reads):
+            for r in reads:
+                readers.setdefault(r.leaf, []).append(v)
         kinds, ops = b.plan.task_kind, b.plan.task_op
         self.tasks: dict[tuple[int, int], list[int]] = {}      # (kind, op) -> tasks, of the kinds looked up
         for t in np.nonzero(np.isin(kinds, (TaskKind.COLLECTIVE, TaskKind.TRANSFER, TaskKind.CONCAT)))[0].tolist():
             self.tasks.setdefault((int(kinds[t]), int(ops[t])), []).append(t)
+        inverse = {t: leaf for leaf, t in b.tensor_of.items()}
+        for t, how in b.plan.placements.aggregation.items():
+            if how.kind == "reduce-scatter":
+                self._scattered(inverse[int(t)], how.devices, readers)
+
+    def _scattered(self, leaf: Leaf, devices: tuple[int, ...], readers: dict[Leaf, list[int]]) -> None:
+        """Reduce-scattered gradient ``leaf`` over ``devices``: reduce-scattered where every reader leads to the
+        update of one parameter of the same devices, directly or through an op that picks it (an element of a
+        multi-output backward's tuple, an op of its own: run on the rows too); else all-reduced whole at the
+        reduce-scatter's key (the builder's aggregation: a reader in another group, such as the bias of a
+        layer norm whose weight's group holds the backward, needs the whole sum)."""
+        b = self.b
+        picks: dict[int, HeldState | None] = {}
+        lead: set[HeldState | None] = set()
+        for v in readers.get(leaf, []):
+            hs = self.update_of.get(v)
+            if hs is None and b.graph.phase_index[v] < 2 and b.leaf((v, 0)).batch_dim is None:
+                got = {self.update_of.get(w) for w in readers.get((v, 0), [])}
+                hs = got.pop() if len(got) == 1 else None
+                if hs is not None and (b.leaf((v, 0)).shape != b.leaf((hs.param, 0)).shape
+                                       or set(b.lay_devs(b.op_lay(v))) != set(hs.devices)):
+                    hs = None
+                picks[v] = hs
+            lead.add(hs)
+        hs = lead.pop() if len(lead) == 1 else None
+        if hs is None or set(hs.devices) != set(devices):
+            u = leaf[0]                       # all-reduced at the key of the compiler's reduce-scatter
+            b.agg_tasks[u] = sorted(t for t in self.tasks.get((int(TaskKind.COLLECTIVE), u), [])
+                                    if all(int(b.plan.task_op[d]) == u and int(b.plan.task_kind[d]) == TaskKind.COMPUTE
+                                           for d in self._deps(t)))
+            return
+        self.grads[leaf] = hs
+        for v in picks:
+            self.grad_ops[v] = self.of_op[v] = hs
 
     def _whole(self, o: int, shape: tuple[int, ...]) -> bool:
         """Whether op ``o``'s value is a whole tensor of its parameter (its shape; more than one element);
@@ -209,9 +243,10 @@ class StateLowering:
         return True
 
     def __contains__(self, op: int) -> bool:
-        """Op ``op`` is an update op over whole tensors of a parameter with sharded or offloaded state."""
+        """Op ``op`` runs on rows: an update op over whole tensors of a parameter with sharded or offloaded
+        state, or an op picking its reduce-scattered gradient."""
         hs = self.of_op.get(op)
-        return hs is not None and op in hs.rows_ops
+        return hs is not None and (op in hs.rows_ops or op in self.grad_ops)
 
     # ------------------------------------------------------------------ the compiler's tasks
     def _key(self, t: int) -> tuple:
@@ -278,6 +313,8 @@ class StateLowering:
             return None
         b = self.b
         hs = self.of_op.get(r.leaf[0])
+        if r.leaf in self.grads and not self.grads[r.leaf].sharded and self.update_of.get(op) is self.grads[r.leaf]:
+            return self.scattered(r, op, dev), (), 1.0        # a parameter held whole: its gradient summed whole
         if r.leaf in self.grads or (hs is not None and r.leaf[0] != hs.param and (hs.sharded or hs.offload)):
             raise HeterogError(f"{b.graph.ops[op].name} reads {b.graph.ops[r.leaf[0]].name}, held in shards or on "
                                f"the host for the update of parameter {b.graph.ops[r.leaf[0]].param!r} alone")
@@ -298,31 +335,36 @@ class StateLowering:
         task = self._gather_task(hs, op, dev, recompute)
         leaf = b.leaf((hs.param, 0))
         stash = ("zg", leaf.read_node, task)
-        items = b.memo.get(("zg", task))
+        at = self._key(task) if task is not None else key + (-2,)
+        items = b.memo.get(("zg", hs.param, task))
         if items is None:
             g = b.subgroup(tuple(sorted(hs.devices)))
             parts = tuple((d, hs.shard_shape(leaf.shape, i)) for i, d in enumerate(hs.devices))
             emu = self._ring_s(hs, leaf.shape, leaf.dtype)
-            items = {d: b.emit(d, self._key(task) + (0,), AllGather(stash, g, b.producer_source(leaf, d), "S0", parts,
-                                                                     emu, leaf.memory_order)) for d in hs.devices}
+            items = {d: b.emit(d, at + (0,), AllGather(stash, g, b.producer_source(leaf, d), "S0", parts, emu,
+                                                       leaf.memory_order)) for d in hs.devices}
             for item in items.values():
                 b.deps[id(item)] = [other for other in items.values() if other is not item]
-            b.memo[("zg", task)] = items
+            b.memo[("zg", hs.param, task)] = items
         if dev in items:
             b.pull(items[dev], key + (-1,))
             return Stash(stash)
-        got = b.memo.get(("zx", task, dev))                # a reader elsewhere: sent whole
+        got = b.memo.get(("zx", hs.param, task, dev))          # a reader elsewhere: sent whole
         if got is None:
             h = b.cluster.best_source(hs.devices, dev)
-            msg = b.send(h, dev, self._key(task) + (1,), Stash(stash), None, 1.0, leaf.shape, leaf.dtype)
+            msg = b.send(h, dev, at + (1,), Stash(stash), None, 1.0, leaf.shape, leaf.dtype)
             got = b.emit(dev, key + (-1,), Assemble(("zx", leaf.read_node, task), None,
                                                     (Piece(Recv(msg), None, 1.0, 0),), leaf.memory_order))
-            b.memo[("zx", task, dev)] = got
+            b.memo[("zx", hs.param, task, dev)] = got
             b.deps[id(got)] = [items[h]]
         b.pull(got, key + (-1,))
         return Stash(got[2].key)
 
-    def _gather_task(self, hs: HeldState, op: int, dev: int, recompute: bool) -> int:
+    def _gather_task(self, hs: HeldState, op: int, dev: int, recompute: bool) -> int | None:
+        """The compiler's all-gather of stage-3 parameter ``hs`` that op ``op``'s instance on ``dev`` waits for
+        (through its landing); for a recomputed instance the backward one; for a reader the compiler moves the
+        parameter to without a gather (an op divided beyond the batch) any of them, else None (the runtime
+        gathers it before that reader: not priced)."""
         b = self.b
         kinds = (TaskKind.COLLECTIVE,)
         if not recompute:
@@ -333,11 +375,8 @@ class StateLowering:
             got = [g for x in land for g in self._upstream(x, hs.param, kinds)]
             if got:
                 return got[0]
-        # a recomputed reader (or one the compiler gave no landing): the gather of the latest phase read
         gathers = sorted(self.tasks.get((int(TaskKind.COLLECTIVE), hs.param), []))
-        if not gathers:
-            raise HeterogError(f"plan has no all-gather of parameter {b.graph.ops[hs.param].param!r} (stage 3)")
-        return gathers[-1] if recompute else gathers[0]
+        return None if not gathers else gathers[-1] if recompute else gathers[0]
 
     def _ring_s(self, hs: HeldState, shape: tuple[int, ...], dtype: torch.dtype) -> float:
         """The nominal time of an all-gather or reduce-scatter of a value of ``shape`` in ``hs``'s rows (the
@@ -349,16 +388,18 @@ class StateLowering:
 
     # ------------------------------------------------------------------ the update
     def compute(self, op: int, dev: int, first: int, end: int, micro: int) -> None:
-        """Update op ``op``'s instance on ``dev``: on the rows ``dev`` holds, on the host when offloaded."""
+        """Op ``op``'s instance on ``dev`` (an update op, or an op picking a sharded gradient): on the rows ``dev``
+        holds, an update op on the host when offloaded."""
         b = self.b
         hs = self.of_op[op]
         key = b.inst_key(op, dev, micro)
-        inputs = tuple(self._input(hs, op, r, dev, key) for r in b.prog.reads[op])
+        host = hs.offload and op in hs.rows_ops
+        inputs = tuple(self._input(hs, op, r, dev, key, host) for r in b.prog.reads[op])
         b.ranks[dev].batches.add(end - first)
-        b.emit(dev, key + (0,), Compute(op, end - first, inputs, (), first, micro, False, None, hs.offload))
+        b.emit(dev, key + (0,), Compute(op, end - first, inputs, (), first, micro, False, None, host))
 
-    def _input(self, hs: HeldState, op: int, r: Read, dev: int, key: tuple) -> Input:
-        """What update op ``op`` reads for ``r`` on ``dev`` (module docstring)."""
+    def _input(self, hs: HeldState, op: int, r: Read, dev: int, key: tuple, host: bool) -> Input:
+        """What op ``op`` (run on rows, on the host: ``host``) reads for ``r`` on ``dev`` (module docstring)."""
         b = self.b
         u = r.leaf[0]
         leaf = b.leaf(r.leaf)
@@ -366,37 +407,42 @@ class StateLowering:
             return Input(r.node, Env(master_name(leaf.read_node)), leaf.node, r.chain, 1.0, r.tuple_index)
         if u in hs.state_ops or (u == hs.param and (hs.stage == 3 or not hs.sharded)):
             return Input(r.node, b.producer_source(leaf, dev), leaf.node, r.chain, 1.0, r.tuple_index)
-        if u in hs.rows_ops:
+        if u in hs.rows_ops or u in self.grad_ops:
             b.export(u, dev, 0, r.node)
-            return Input(r.node, Env(r.node), leaf.node, (), 1.0, r.tuple_index)
+            got: Source = Env(r.node)
+            if host and u in self.grad_ops:         # a gradient's rows picked on the device
+                got = self.copy_down(got, dev, ("zp", r.node), self._down_key(op, u, dev, key))
+            return Input(r.node, got, leaf.node, (), 1.0, r.tuple_index)
         if r.leaf in self.grads:
             src: Source = self.scattered(r, op, dev)
-            if hs.offload:
+            if host:
                 src = self.copy_down(src, dev, ("zs", r.node), self._down_key(op, u, dev, key))
             return Input(r.node, src, None, (), 1.0, r.tuple_index)
         src, chain, scale = b.read_source(op, r, dev, 0, b.B, key)
         shape = self.shape_of(r)
         cut = hs.sharded and len(shape) == len(b.leaf((hs.param, 0)).shape) and shape[0] == sum(hs.shares)
-        if not cut and not hs.offload:
+        if not cut and not host:
             return Input(r.node, src, leaf.node, chain, scale, r.tuple_index)
-        at = self._down_key(op, u, dev, key) if hs.offload else key
+        at = self._down_key(op, u, dev, key) if host else key
         if cut or chain or scale != 1.0:
             src = self.derive(dev, at, src, leaf.read_node, chain, scale, hs.part(dev) if cut else None, r.node,
                               r.tuple_index)
-        if hs.offload:                  # a value on the device: copied down (the gradient as priced)
+        if host:                  # a value on the device: copied down (the gradient as priced)
             src = self.copy_down(src, dev, ("zd", r.node), at)
         return Input(r.node, src, None, (), 1.0, r.tuple_index)
 
     def derive(self, dev: int, at: tuple, source: Source, leaf: str, chain: tuple[str, ...], scale: float,
                part: Part | None, name: str, index: int | None) -> Stash:
-        """``Derive`` on ``dev`` before key ``at`` (one per value, part and scale)."""
+        """``Derive`` on ``dev`` before key ``at`` (one per value, part and scale), after what the default read
+        puts there before its reader (``at + (-1,)``: a value received whole)."""
         b = self.b
         stash_key = ("zr", name, part, scale, source)
         item = b.memo.get(("zr", dev, stash_key))
         if item is None:
-            item = b.emit(dev, at + (-2,), Derive(stash_key, source, scale, leaf, chain, b.B, None, part, None, index))
+            item = b.emit(dev, at + (-1, 1), Derive(stash_key, source, scale, leaf, chain, b.B, None, part, None,
+                                                    index))
             b.memo[("zr", dev, stash_key)] = item
-        b.pull(item, at + (-2,))
+        b.pull(item, at + (-1, 1))
         return Stash(stash_key)
 
     def copy_down(self, source: Source, dev: int, name: tuple, at: tuple) -> Stash:
@@ -405,8 +451,8 @@ class StateLowering:
         stash_key = ("zh", *name)
         item = b.memo.get(("zh", dev, stash_key))
         if item is None:
-            item = b.memo[("zh", dev, stash_key)] = b.emit(dev, at + (-1,), Copy(stash_key, source, True))
-        b.pull(item, at + (-1,))
+            item = b.memo[("zh", dev, stash_key)] = b.emit(dev, at + (-1, 2), Copy(stash_key, source, True))
+        b.pull(item, at + (-1, 2))
         return Stash(stash_key)
 
     def _down_key(self, op: int, u: int, dev: int, key: tuple) -> tuple:
