@@ -330,13 +330,15 @@ class StateLowering:
 
     def gathered(self, hs: HeldState, op: int, dev: int, key: tuple, recompute: bool) -> Source:
         """A stage-3 parameter whole on ``dev`` for op ``op``'s instance at ``key``: the all-gather its landing
-        waits for (a recomputed instance: the backward one, else the forward one), pulled before it."""
+        waits for (a recomputed instance: the backward one, else the forward one), pulled before it (before what
+        the reader's own path puts at ``key + (-1,)``); a device outside the shards' receives it whole from the
+        best-connected one right after the gather."""
         b = self.b
         task = self._gather_task(hs, op, dev, recompute)
         leaf = b.leaf((hs.param, 0))
         stash = ("zg", leaf.read_node, task)
         at = self._key(task) if task is not None else key + (-2,)
-        items = b.memo.get(("zg", hs.param, task))
+        items: dict[int, list] | None = b.memo.get(("zg", hs.param, task))
         if items is None:
             g = b.subgroup(tuple(sorted(hs.devices)))
             parts = tuple((d, hs.shard_shape(leaf.shape, i)) for i, d in enumerate(hs.devices))
@@ -346,13 +348,13 @@ class StateLowering:
             for item in items.values():
                 b.deps[id(item)] = [other for other in items.values() if other is not item]
             b.memo[("zg", hs.param, task)] = items
+        h = dev if dev in items else b.cluster.best_source(hs.devices, dev)
+        b.pull(items[h], key + (-2,))                        # every member's with it (``deps``)
         if dev in items:
-            b.pull(items[dev], key + (-1,))
             return Stash(stash)
         got = b.memo.get(("zx", hs.param, task, dev))          # a reader elsewhere: sent whole
         if got is None:
-            h = b.cluster.best_source(hs.devices, dev)
-            msg = b.send(h, dev, at + (1,), Stash(stash), None, 1.0, leaf.shape, leaf.dtype)
+            msg = b.send(h, dev, items[h][0] + (1,), Stash(stash), None, 1.0, leaf.shape, leaf.dtype)
             got = b.emit(dev, key + (-1,), Assemble(("zx", leaf.read_node, task), None,
                                                     (Piece(Recv(msg), None, 1.0, 0),), leaf.memory_order))
             b.memo[("zx", hs.param, task, dev)] = got
