@@ -27,12 +27,13 @@ test: $(STAMP)
 timing: $(STAMP)
 	$(BIN)/python -m pytest -q --timeout 600 -m timing tests
 
-# the runtime conformance suites: 16 random seeds per model and cluster (make test runs 4), and ten more
-# transformers families
+# the runtime conformance suites: 16 random seeds per model and cluster (make test runs 4), ten more
+# transformers families, and sharded state under every mix on both clusters (make test runs one case a model)
 conformance: $(STAMP)
 	HETEROG_CONFORMANCE_SEEDS=16 $(BIN)/python -m pytest -q -n $(JOBS) --timeout 600 tests/runtime/test_conformance.py
 	HETEROG_TRANSFORMERS_MORE=1 $(BIN)/python -m pytest -q -n $(JOBS) --timeout 600 \
 		tests/runtime/test_transformers_conformance.py
+	HETEROG_SHARDED_SWEEP=1 $(BIN)/python -m pytest -q -n $(JOBS) --timeout 600 tests/runtime/test_sharded_conformance.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check heterog simulator envs agents experiments tests
