@@ -223,7 +223,6 @@ def check_prepared(prepared: CheckedRun) -> DryRun | None:
         envs.append(env)
         stashes.append({})
     order = sorted((key, r, i) for r, ex in enumerate(ranks) for i, key in enumerate(ex.rp.keys))
-    shapes_before = [{ph: tuple(v.shape) for ph, v in ex.persist.items()} for ex in ranks]
     names = prepared.cluster.device_names
     with torch.no_grad(), mode:
         for _, r, i in order:
@@ -241,7 +240,7 @@ def check_prepared(prepared: CheckedRun) -> DryRun | None:
     loss = 0.0
     with torch.no_grad(), mode:
         for r, ex in enumerate(ranks):
-            shapes = shapes_before[r]
+            shapes = {ph: tuple(v.shape) for ph, v in ex.persist.items()}
             try:
                 if not real:
                     for ph, src in ex.rp.updates:

@@ -385,9 +385,6 @@ class RankExecutor:
         for src in rp.frees[i]:
             if isinstance(src, Env):
                 env.pop(src.node, None)
-                if self.persist.pop(src.node, None) is not None:       # replaced by the step (``last_uses``)
-                    mem.drop(("persist", src.node))
-                    self._host_mem.drop(("persist", src.node))
             else:
                 stash.pop(src.key, None)
             mem.drop(src)

@@ -423,11 +423,8 @@ def with_tags(instr: Instruction, tag_of: list[int]) -> Instruction:
 
 def last_uses(rp: RankProgram) -> list[tuple[Env | Stash, ...]]:
     """Per instruction, the env names and stash keys whose last use it is (values needed at the step
-    end, by updates and the loss, are kept). A parameter, buffer or state value that the step replaces is
-    freed after its last reader too (updated in place: the old and the new value are not both held, as an
-    optimizer's in-place step holds one); one the step keeps is held throughout."""
+    end, by updates and the loss, are kept)."""
     keep = {src for _, src in rp.updates} | {src for src, _ in rp.loss_terms}
-    replaced = {ph for ph, src in rp.updates if src != Env(ph)}
     last: dict[Env | Stash, int] = {}
     for i, instr in enumerate(rp.instrs):
         for src in sources(instr):
@@ -435,6 +432,6 @@ def last_uses(rp: RankProgram) -> list[tuple[Env | Stash, ...]]:
                 last[src] = i
     frees: list[list[Env | Stash]] = [[] for _ in rp.instrs]
     for src, i in last.items():
-        if src not in keep and not (isinstance(src, Env) and src.node in rp.persist and src.node not in replaced):
+        if src not in keep and not (isinstance(src, Env) and src.node in rp.persist):
             frees[i].append(src)
     return [tuple(f) for f in frees]
