@@ -159,13 +159,17 @@ class StateLowering:
         graph, prog = b.graph, b.prog
         phase = graph.phase_index
         by_name = {op.param: i for i, op in enumerate(graph.ops) if op.kind == "param"}
+        of_param: dict[str, list[int]] = {}
+        for o, op in enumerate(graph.ops):
+            if op.param is not None and op.kind != "param":
+                of_param.setdefault(op.param, []).append(o)
         for p in by_name.values():
             row = int(st.op_row[p])
             if row < 0:
                 continue
             shape = b.leaf((p, 0)).shape
             name = graph.ops[p].param
-            mine = [o for o, op in enumerate(graph.ops) if op.param == name and o != p]
+            mine = of_param.get(name, [])
             rows_ops = frozenset(o for o in mine if phase[o] == 2 and prog.op_kind[o] == "compute"
                                  and self._whole(o, shape))
             state_ops = frozenset(o for o in mine if prog.op_kind[o] == "state" and self._whole(o, shape))

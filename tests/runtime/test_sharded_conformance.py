@@ -8,7 +8,8 @@ order of data parallelism leaves unchanged (``ADAM_MODELS``: not the attention m
 gradient of rounding noise that Adam scales to a full step, under plain data parallelism too) train the same.
 ``make test`` runs one seeded case of each of the nine models quickest to capture (every mix on both clusters),
 three with Adam and the NCCL programs of three; ``make conformance`` (``HETEROG_SHARDED_SWEEP=1``) every model under
-every mix on both clusters from two seeds, every Adam model under every mix, and every NCCL program.
+every mix on both clusters from two seeds, every Adam model under every mix, five Hugging Face models of
+``transformers_models.py`` (dropout on, global batch 12) under every mix, and every NCCL program.
 """
 from __future__ import annotations
 
@@ -40,9 +41,12 @@ MIXES = ("plain", "splits", "micro", "recompute", "offload")
 MODELS = list(cm.EQUIVALENCE_MODELS)
 ADAM_MODELS = ["wide_embeddings", "embedding_bag", "lstm_tagger", "gru_classifier", "residual_glu", "view_chains",
                "made_inside", "dropout_net", "keyword_tagger"]
+HF_MODELS = ["bert", "gpt2", "llama", "t5", "vit"]      # of transformers_models.py, at its batch of 12
+HF_BATCH = 12
 SWEEP = bool(os.environ.get("HETEROG_SHARDED_SWEEP"))
 if SWEEP:
     CASES = [(n, c, mix, seed) for n in MODELS for c in CLUSTERS for mix in MIXES for seed in (0, 1)]
+    CASES += [(n, c, mix, 0) for n in HF_MODELS for c in CLUSTERS for mix in MIXES]
     ADAM_CASES = [(n, c, mix, 3) for n in ADAM_MODELS for c in CLUSTERS for mix in MIXES]
     NCCL_MODELS = MODELS
 else:     # the models quick to capture and plan, each once, covering every mix on both clusters
@@ -60,7 +64,12 @@ else:     # the models quick to capture and plan, each once, covering every mix 
 @functools.cache
 def captured(name: str, optimizer: str = OPTIMIZER):
     logging.getLogger("heterog.graph.capture").setLevel(logging.ERROR)
-    module, inputs = cm.EQUIVALENCE_MODELS[name](BATCH)
+    if name in cm.EQUIVALENCE_MODELS:
+        module, inputs = cm.EQUIVALENCE_MODELS[name](BATCH)
+    else:                                       # imported here: transformers takes seconds to import
+        from tests.runtime import transformers_models as tm
+
+        module, inputs = tm.EQUIVALENCE_MODELS[name](HF_BATCH)
     return capture_model_for_runtime(module, inputs, optimizer=optimizer, lr=LR, name=name)
 
 
