@@ -168,7 +168,7 @@ class StateLowering:
             if row < 0:
                 continue
             shape = b.leaf((p, 0)).shape
-            name = graph.ops[p].param
+            name = str(graph.ops[p].param)
             mine = of_param.get(name, [])
             rows_ops = frozenset(o for o in mine if phase[o] == 2 and prog.op_kind[o] == "compute"
                                  and self._whole(o, shape))
