@@ -39,7 +39,9 @@ the simulator's checkpoint term divides the bytes by); absent, ``topology.DEFAUL
 
 ``slowdown`` is one factor for all workers or one per worker (stored on Device.slowdown; the
 runtime emulates it), ``bandwidth`` and ``latency_us`` set the loopback links (the runtime throttles
-transfers to match).
+transfers to match). ``host=<host CPU type>`` describes the machine's host side, so that plans may offload
+state to it (one socket, ``host_memory`` (default 16 GB) of memory, the loopback link's speed as each worker's
+link to it): a worker's host memory and its own are one, which the runtime keeps apart as copies.
 """
 from __future__ import annotations
 
@@ -71,7 +73,9 @@ DEFAULT_LATENCY_US = {"nvlink": 2.0, "pcie": 5.0, "loopback": 20.0, "nic": 10.0}
 LOOPBACK_BANDWIDTH_Bps = 2e9
 LOOPBACK_LATENCY_S = 20e-6
 LOCAL_CPU_PREFIX = "local-cpu"
-LOCAL_CPU_SYNTAX = "local-cpu-N[:slowdown=X|X1,...,XN][:bandwidth=<value><unit>][:latency_us=U]"
+LOCAL_CPU_SYNTAX = ("local-cpu-N[:slowdown=X|X1,...,XN][:bandwidth=<value><unit>][:latency_us=U]"
+                    "[:host=<host CPU type>[:host_memory=<value><unit>]]")
+LOCAL_CPU_HOST_MEMORY = "16 GB"
 
 _QUANTITY = re.compile(r"^\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*([A-Za-z/]*)\s*$")
 # numeric GPU-entry keys: key -> (DeviceType field, conversion to the field's unit, must be > 0 (else >= 0))
@@ -425,6 +429,7 @@ def local_cpu_cluster(spec: str) -> Cluster:
     n = int(m.group(1))
     slowdowns = [1.0] * n
     bandwidth_Bps, latency_s = LOOPBACK_BANDWIDTH_Bps, LOOPBACK_LATENCY_S
+    host: dict[str, Any] = {}
     seen: set[str] = set()
     for opt in options:
         key, sep, value = opt.partition("=")
@@ -450,11 +455,18 @@ def local_cpu_cluster(spec: str) -> Cluster:
                 latency_s = _number(float(value), where, minimum=0.0) / 1e6
             except ValueError:
                 raise ClusterError(f"{where}: {value!r} is not a number") from None
+        elif key in ("host", "host_memory"):
+            host["cpu" if key == "host" else "memory"] = value
         else:
             raise ClusterError(f"cluster {spec!r}: unknown option {key!r}; syntax: {LOCAL_CPU_SYNTAX}")
+    if "memory" in host and "cpu" not in host:
+        raise ClusterError(f"cluster {spec!r}: host_memory needs host=<host CPU type>")
+    host_side = None if not host else _host_entry(
+        {"cpu": host["cpu"], "memory": host.get("memory", LOCAL_CPU_HOST_MEMORY),
+         "pcie": {"bandwidth": f"{bandwidth_Bps} B/s", "latency_s": latency_s}}, f"cluster {spec!r}: localhost")
     cpu = device_type("cpu")
     devices = [Device(i, f"localhost/cpu{i}", cpu, 0, slowdowns[i]) for i in range(n)]
-    server = Server(0, "localhost", list(range(n)), "loopback", bandwidth_Bps, latency_s)
+    server = Server(0, "localhost", list(range(n)), "loopback", bandwidth_Bps, latency_s, host=host_side)
     return Cluster(spec.strip(), devices, [], [server])
 
 

@@ -228,7 +228,8 @@ class PreparedRun:
         out = []
         sizes_all = {b: self.model.prog.sizes_at(b) for rp in self.lowered.ranks for b in rp.batches}
         for rp, writer in zip(self.lowered.ranks, writers):
-            rp.persist = {name: held_part(init[name], rp.persist_parts.get(name)) for name in rp.persist}
+            rp.persist = {name: held_part(init[rp.host.get(name, name)], rp.persist_parts.get(name))
+                          for name in rp.persist}
             sizes = {b: sizes_all[b] for b in rp.batches}
             out.append(Job(prog, rp, list(self.lowered.groups), sizes, steps - first,
                            [tuple(t.detach() for t in batch) for batch in batches], self.emulate,

@@ -2,7 +2,7 @@
 torch.distributed (gloo on CPU, NCCL on GPUs), emulating device slowdown and link speed on local-cpu.
 
 The instructions (``heterog.runtime.instructions``: compute, send, assemble, aggregate, allreduce, allgather,
-reducescatter, alltoall, post, combine, derive)
+reducescatter, alltoall, post, combine, derive, copy)
 are built by ``heterog.runtime.lowering`` and matched here by type; messages and collectives go through
 ``heterog.runtime.transport``, held bytes are metered by ``heterog.runtime.memory``.
 
@@ -40,6 +40,7 @@ from heterog.runtime.instructions import (
     Combine,
     Compute,
     Const,
+    Copy,
     Derive,
     Env,
     Post,
@@ -131,8 +132,9 @@ class RankExecutor:
         self.status: StatusLike = status or NullStatus()
         prog = job.prog
         computes = [ins for ins in self.rp.instrs if isinstance(ins, Compute)]
-        self.kernels = {(op, local): prog.kernel(op, device, local)
-                        for op, local in {(ins.op, ins.local) for ins in computes}}
+        self.host = torch.device("cpu")          # where offloaded state lives and its update runs
+        self.kernels = {(op, local, host): prog.kernel(op, self.host if host else device, local)
+                        for op, local, host in {(ins.op, ins.local, ins.host) for ins in computes}}
         self.chains: dict[tuple, Kernel] = {}
         for ins in self.rp.instrs:
             chains = [(inp.chain, None) for inp in ins.inputs] if isinstance(ins, Compute) else \
@@ -150,7 +152,8 @@ class RankExecutor:
             self.groups, self.transport = [None] * len(job.groups), transport
         self.members = [list(g) for g in job.groups]
         self.consts = {k: v.to(device) for k, v in prog.consts.items()}
-        self.persist = {k: v.to(device) for k, v in initial_values(self.rp).items()}
+        self.persist = {k: self.to_host(v) if k in self.rp.host else v.to(device)
+                        for k, v in initial_values(self.rp).items()}
         self.debt_s = 0.0
         self.slow = self.rp.slowdown if job.emulate else 1.0
         self.post_in_order = any(isinstance(ins, Post) for ins in self.rp.instrs)
@@ -161,8 +164,10 @@ class RankExecutor:
         # per step, per instruction: [kind, start s, end s, s waiting] (job.trace)
         self.traces: list[list[list[Any]]] = []
         self.memory = LiveBytes([t for batch in job.inputs for t in batch])
+        self.host_memory = LiveBytes()     # the bytes of offloaded state and its update, in host memory
         self._taken: list[Recv] = []       # messages taken by the current instruction
         self._mem: Meter = NoMeter()     # the meter of the current step
+        self._host_mem: Meter = NoMeter()
 
     # ------------------------------------------------------------------ helpers
     def _fetch(self, src: Source, env: dict[str, Any], stash: dict[Any, Any]) -> Any:
@@ -173,6 +178,9 @@ class RankExecutor:
             if type(v) is Pending:
                 v = stash[src.key] = in_memory_order(self.transport.finish(v), v.order)
                 self._mem.put(src, v)
+            elif type(v) is Landing:
+                v.event.synchronize()
+                v = stash[src.key] = v.tensor
             return v
         if isinstance(src, Recv):
             self._pay()
@@ -218,11 +226,14 @@ class RankExecutor:
         rp, tr = self.rp, self.transport
         env: dict[str, Any] = dict(self.persist)
         self._step = index
-        mem: Meter = self.memory if index < self.job.memory_steps else NoMeter()
+        metered = index < self.job.memory_steps
+        mem: Meter = self.memory if metered else NoMeter()
         self._mem = mem
+        self._host_mem = self.host_memory if metered else NoMeter()
         mem.reset()
+        self._host_mem.reset()
         for ph, v in self.persist.items():
-            mem.put(("persist", ph), v)
+            (self._host_mem if ph in self.rp.host else mem).put(("persist", ph), v)
         for name, i, lo, hi in rp.inputs:
             env[name] = inputs[i][lo:hi].to(self.device)
             mem.put(Env(name), env[name])
@@ -266,7 +277,7 @@ class RankExecutor:
                     f"{', '.join(prog.op_nodes[ins.op][:4])}) at local batch {ins.local_batch}")
         if isinstance(ins, Send):
             return f"instruction {i}: send message {ins.tag} to rank {ins.dst}"
-        if isinstance(ins, (Assemble, Aggregate, AllReduce, AllGather, ReduceScatter, AllToAll, Combine, Derive)):
+        if isinstance(ins, (Assemble, Aggregate, AllReduce, AllGather, ReduceScatter, AllToAll, Combine, Derive, Copy)):
             return f"instruction {i}: {ins.kind} {ins.key}"
         return f"instruction {i}: {ins.kind}"
 
@@ -301,10 +312,12 @@ class RankExecutor:
         if isinstance(ins, Compute):
             t_op, idle0 = time.perf_counter(), tr.idle_s
             self._compute(ins, env, stash)
-            self._owe(t_op, idle0)
+            if not ins.host:               # the host CPU runs at its own speed, not the device's slowdown
+                self._owe(t_op, idle0)
+            where = self._host_mem if ins.host else mem
             for name in ins.exports:
                 key = env_name(name, ins.micro, ins.recompute)
-                mem.put(Env(key), env[key])
+                where.put(Env(key), env[key])
         elif isinstance(ins, Send):
             self._pay()
             tr.send(self._piece(ins.source, ins.slice, ins.scale, env, stash), ins.dst, ins.tag, *ins.link)
@@ -364,6 +377,13 @@ class RankExecutor:
             stash[ins.key] = self._derive(ins, env, stash)
             self._owe(t_op, idle0)
             mem.put(Stash(ins.key), stash[ins.key])
+        elif isinstance(ins, Copy):
+            t_op, idle0 = time.perf_counter(), tr.idle_s
+            v = self._fetch(ins.source, env, stash)
+            stash[ins.key] = self.to_host(v, wait=False) if ins.to_host else self.to_device(v)
+            self._owe(t_op, idle0)
+            got = stash[ins.key]
+            (self._host_mem if ins.to_host else mem).put(Stash(ins.key), got.tensor if type(got) is Landing else got)
         elif isinstance(ins, Post):
             r = self.recv_spec[ins.tag]
             tr.post(r.tag, r.src, r.shape, r.dtype)
@@ -373,6 +393,7 @@ class RankExecutor:
             else:
                 stash.pop(src.key, None)
             mem.drop(src)
+            self._host_mem.drop(src)
         for taken in self._taken:
             mem.drop(taken)
         self._taken.clear()
@@ -394,7 +415,7 @@ class RankExecutor:
                 local[inp.node] = v
             if inp.tuple_index is not None and not isinstance(local[inp.node], (tuple, list)):
                 local[inp.node] = [None] * inp.tuple_index + [local[inp.node]]
-        kernel = self.kernels[(ins.op, ins.local)]
+        kernel = self.kernels[(ins.op, ins.local, ins.host)]
         draw = None
         if kernel.random:
             prog = self.job.prog
@@ -404,6 +425,27 @@ class RankExecutor:
         kernel(local, sizes[ins.local_batch], draw)
         for name in ins.exports:
             env[env_name(name, ins.micro, ins.recompute)] = local[name]
+
+    def to_host(self, v: torch.Tensor, wait: bool = True) -> Any:
+        """A copy of ``v`` in host memory: on a GPU into pinned memory, asynchronous (``wait``: finished here;
+        else a ``Landing``, finished where first read); on a CPU worker a copy all the same."""
+        if self.device.type != "cuda" or v.device.type != "cuda":
+            return v.clone()
+        out = torch.empty_like(v, device=self.host, pin_memory=True)
+        out.copy_(v, non_blocking=True)
+        landing = Landing(out, torch.cuda.Event())
+        landing.event.record()
+        if wait:
+            landing.event.synchronize()
+            return out
+        return landing
+
+    def to_device(self, v: torch.Tensor) -> torch.Tensor:
+        """A copy of host value ``v`` in the device's memory: on a GPU from pinned memory (``v`` staged there
+        first unless it is pinned), asynchronous on the current stream, which orders its readers after it."""
+        if self.device.type != "cuda":
+            return v.clone()
+        return (v if v.is_pinned() else v.pin_memory()).to(self.device, non_blocking=True)
 
     def _derive(self, ins: Derive, env: dict[str, Any], stash: dict[Any, Any]) -> torch.Tensor:
         """A value's view chain run on it (on a device's part: with its local sizes), then the part of it
@@ -465,12 +507,21 @@ class RankExecutor:
                     written.append((s + 1, took))
         out: dict[str, Any] = {"rank": self.rank, "times_s": times, "loss_terms": losses,
                                "has_loss": bool(self.rp.loss_terms), "values": {},
-                               "peak_memory_bytes": int(self.memory.peak), "checkpoints": written}
+                               "peak_memory_bytes": int(self.memory.peak), "checkpoints": written,
+                               "host_peak_memory_bytes": int(self.host_memory.peak)}
         if self.job.trace:
             out["traces"] = self.traces
         if self.job.return_state:
             out["values"] = {ph: (kind, self.persist[ph].detach().to("cpu").clone()) for kind, ph in self.rp.report}
         return out
+
+
+@dataclass
+class Landing:
+    """A copy to pinned host memory in flight on a GPU: ``tensor`` holds it once ``event`` has completed."""
+
+    tensor: torch.Tensor
+    event: Any
 
 
 def watch_parent(parent_pid: int, interval_s: float = 0.5) -> None:

@@ -123,7 +123,8 @@ class Local:
 class Compute:
     """Op ``op``'s fx nodes at ``local_batch`` samples (``first_sample`` .. of the batch) of micro-batch
     ``micro``; ``exports``: the node values kept for later instructions; ``local``: this device's way of
-    running an op divided beyond the batch (None: the whole op)."""
+    running an op divided beyond the batch (None: the whole op); ``host``: run on the host CPU on values
+    in host memory (an update of offloaded state, ``heterog.runtime.state_lowering``)."""
 
     op: int
     local_batch: int
@@ -133,6 +134,7 @@ class Compute:
     micro: int = 0             # the micro-batch: exports are kept as ``env_name(node, micro, recompute)``
     recompute: bool = False    # the op's forward run again before its backward (its recomputed copy)
     local: Local | None = None
+    host: bool = False
 
     kind = "compute"
 
@@ -290,6 +292,20 @@ class AllToAll:
 
 
 @dataclass(frozen=True, slots=True)
+class Copy:
+    """Stash ``key`` = a copy of ``source`` in host memory (``to_host``) or in the device's (offloaded state,
+    ``heterog.runtime.state_lowering``). On GPUs through pinned host memory, asynchronous (a copy to the host is
+    waited for where first read); on CPU workers, whose host and device memory are one, a copy all the same
+    (the two sides are held, metered and freed apart)."""
+
+    key: tuple
+    source: Source
+    to_host: bool
+
+    kind = "copy"
+
+
+@dataclass(frozen=True, slots=True)
 class Post:
     """Post the receive of message ``tag`` (NCCL: receives are posted in global message order)."""
 
@@ -299,7 +315,7 @@ class Post:
 
 
 Instruction = (Compute | Send | Assemble | Aggregate | AllReduce | AllGather | ReduceScatter | AllToAll | Post | Combine
-               | Derive)
+               | Derive | Copy)
 
 
 class Receive(NamedTuple):
@@ -325,7 +341,7 @@ def sources(ins: Instruction) -> list[Source]:
     """The sources ``ins`` reads."""
     if isinstance(ins, Compute):
         return [i.source for i in ins.inputs]
-    if isinstance(ins, (Send, AllReduce, AllGather, ReduceScatter, AllToAll, Derive)):
+    if isinstance(ins, (Send, AllReduce, AllGather, ReduceScatter, AllToAll, Derive, Copy)):
         return [ins.source]
     if isinstance(ins, Combine):
         return list(ins.parts)
@@ -371,6 +387,8 @@ class RankProgram:
     loss_terms: list[tuple[Source, float]] = field(default_factory=list)
     report: list[tuple[str, str]] = field(default_factory=list)        # (kind param|state|buffer, placeholder)
     persist_parts: dict[str, Part] = field(default_factory=dict)       # placeholders held as a part of the value
+    host: dict[str, str] = field(default_factory=dict)    # persist values in host memory -> the placeholder whose
+                                                          # initial value they start from (offloaded state)
     batches: set[int] = field(default_factory=set)
 
 
