@@ -29,7 +29,8 @@ timing: $(STAMP)
 
 # the runtime conformance suites: 16 random seeds per model and cluster (make test runs 4), ten more
 # transformers families, runs that survive (a transformers model resumed across plans, a device that
-# comes back, torchrun's processes and restarts), and sharded state under every mix on both clusters
+# comes back, torchrun's processes, its restarts and a node that joins through its rendezvous), and sharded
+# state under every mix on both clusters
 conformance: $(STAMP)
 	HETEROG_CONFORMANCE_SEEDS=16 $(BIN)/python -m pytest -q -n $(JOBS) --timeout 600 tests/runtime/test_conformance.py
 	HETEROG_TRANSFORMERS_MORE=1 $(BIN)/python -m pytest -q -n $(JOBS) --timeout 600 \

@@ -4,6 +4,7 @@ lost workers (``heterog.runtime.checkpoint``, ``heterog.runtime.elastic``)."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from heterog.runtime.checkpoint import CheckpointSettings, Resumed
     from heterog.runtime.elastic import ElasticSettings
     from heterog.runtime.executor import Job
+
+log = logging.getLogger(__name__)
 
 
 def _settings(args: argparse.Namespace) -> tuple[CheckpointSettings | None, ElasticSettings]:
@@ -85,11 +88,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _run_env(args: argparse.Namespace, ck: CheckpointSettings | None, elastic: ElasticSettings) -> int:
     """One rank of an env:// job: rank 0 gathers the devices the ranks name, plans for them (the given plan
     on the cluster's own devices, a re-plan on any other set), resumes from this job's newest checkpoint
-    when torchrun restarted it, and hands each rank its program."""
+    when torchrun restarted it or its rendezvous changed the nodes, and hands each rank its program. Rank 0
+    warns when torchrun's agents would stall on a node that joins (``heterog.runtime.launcher.joins_stall``)."""
     from heterog.runtime.api import collect
-    from heterog.runtime.launcher import env_rank, run_env_job
+    from heterog.runtime.launcher import agent_argv, env_rank, joins_stall, run_env_job
 
-    _, _, local = env_rank() or (0, 1, 0)
+    rank, _, local = env_rank() or (0, 1, 0)
+    stall = joins_stall(agent_argv(), os.environ) if rank == 0 else None
+    if stall:
+        log.warning("%s", stall)
     mine = None
     if args.node_devices:
         names = [n.strip() for n in args.node_devices.split(",") if n.strip()]
@@ -99,24 +106,26 @@ def _run_env(args: argparse.Namespace, ck: CheckpointSettings | None, elastic: E
     box: dict[str, Any] = {}
 
     def make_jobs(names: list[str | None]) -> list[Job]:
-        box["model"], box["prepared"], box["resumed"] = _env_plan(args, ck, elastic, names)
+        box["model"], box["prepared"], box["resumed"], box["replan"] = _env_plan(args, ck, elastic, names)
         return box["prepared"].jobs([box["model"].example_inputs], args.steps, resumed=box["resumed"],
                                     checkpoint=ck)
 
     gathered = run_env_job(make_jobs, args.backend, timeout_s=args.hang_timeout_s, device=mine)
     if gathered is None:
         return 0
-    return _report(args, box["model"], collect(box["prepared"], gathered, args.warmup, box["resumed"]))
+    result = collect(box["prepared"], gathered, args.warmup, box["resumed"])
+    return _report(args, box["model"], result, replan=box["replan"])
 
 
 def _env_plan(args: argparse.Namespace, ck: CheckpointSettings | None, elastic: ElasticSettings,
-              names: list[str | None]) -> tuple[Model, PreparedRun, Resumed | None]:
+              names: list[str | None]) -> tuple[Model, PreparedRun, Resumed | None, dict[str, Any] | None]:
     """Rank 0's part of ``_run_env``: the model, the plan prepared for the ranks' devices (device i is rank
-    i's), and where training starts."""
+    i's), where training starts, and the re-plan's record (None: the given plan, on the cluster's own
+    devices)."""
     from heterog.cluster.topology import subset
-    from heterog.replan import replan
     from heterog.runtime.api import prepare, resolve_strategy, resume_state
     from heterog.runtime.checkpoint import newest_of_job, remove_incomplete
+    from heterog.runtime.elastic import replan_prepared
 
     model, full = _model(args)
     if any(n is None for n in names):
@@ -132,19 +141,20 @@ def _env_plan(args: argparse.Namespace, ck: CheckpointSettings | None, elastic: 
         newest = newest_of_job(ck.directory, ck.job) if ck.job else None
         resumed = resume_state(model, newest) if newest is not None else resumed
         remove_incomplete(ck.directory)
-    if cluster.name == full.name:
-        strategy = resolve_strategy(model, cluster, strategy=args.strategy, method=args.method, seed=args.seed,
-                                    budget_s=args.plan_budget_s)
-    else:
-        strategy = replan(model.graph, cluster, elastic.replan_method, elastic.replan_budget_s, seed=args.seed).best
-    return model, prepare(model, cluster, strategy, backend=args.backend), resumed
+    if cluster.name != full.name:
+        prepared, record = replan_prepared(model, cluster, elastic, backend=args.backend)
+        return model, prepared, resumed, {**record, "devices": cluster.device_names}
+    strategy = resolve_strategy(model, cluster, strategy=args.strategy, method=args.method, seed=args.seed,
+                                budget_s=args.plan_budget_s)
+    return model, prepare(model, cluster, strategy, backend=args.backend), resumed, None
 
 
-def _report(args: argparse.Namespace, model: Model, result: RunResult) -> int:
+def _report(args: argparse.Namespace, model: Model, result: RunResult, replan: dict[str, Any] | None = None) -> int:
+    """Print the run's record (``replan``: under torchrun, the re-plan this start made)."""
     from heterog.runtime.api import compare_values, train_single_process
 
     rec = {"model": args.model, "cluster": result.cluster, "batch_size": model.batch_size, "backend": args.backend,
-           "optimizer": args.optimizer, "steps": args.steps, **result.record(),
+           "optimizer": args.optimizer, "steps": args.steps, **result.record(), "replan": replan,
            "equivalent": None, "max_abs_param_diff": None}
     if args.check_equivalence:
         ref_losses, ref_values = train_single_process(model, [model.example_inputs], args.steps)
@@ -156,6 +166,9 @@ def _report(args: argparse.Namespace, model: Model, result: RunResult) -> int:
             f"{result.iteration_time_s * 1e3:.2f} ms/iteration measured (median of {ran - result.warmup_steps} "
             f"steps after {result.warmup_steps} warm-up), {result.simulated_iteration_time_s * 1e3:.2f} ms "
             f"simulated; final loss {result.losses[-1]:.4f}")
+    if replan is not None:
+        text += (f"\nre-planned for {', '.join(replan['devices'])} in {replan['seconds']:.2f} s (budget "
+                 f"{replan['budget_s']:g} s): {replan['chosen']}")
     if result.first_step:
         text += f"\nresumed at step {result.first_step}"
     for r in result.restarts:
