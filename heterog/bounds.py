@@ -259,7 +259,7 @@ def _action_loads(evaluator: PlanEvaluator, pull_mask: np.ndarray | None = None,
         out = np.zeros((n_groups, n_res))
         if not mask.any():
             return out
-        times, algos = cost.allreduce_times(devs, gi.t_bytes[mask])
+        times, algos = cost.gradient_allreduce_times(devs, gi.t_bytes[mask])
         algos = np.asarray(algos)
         for a in set(algos.tolist()):
             res = [m + x for x in cost.allreduce_links(devs, a)] + [d for d in devs if paths.host[d]]

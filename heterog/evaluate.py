@@ -77,6 +77,9 @@ class PlanResult:
     plan: CompiledPlan | None = field(default=None, repr=False)
     host_memory_bytes: dict = field(default_factory=dict)   # server name -> peak bytes in its host memory
                                                             # (plans that offload state; empty otherwise)
+    checkpoint_time_s: float = 0.0     # one checkpoint's writing (``Evaluator(checkpoint_every_steps=K)``;
+                                       # iteration_time_s then includes 1/K of it), 0 without the term
+    checkpoint_bytes: dict = field(default_factory=dict)    # device name -> bytes it writes to a checkpoint
 
     def record(self) -> dict:
         """The JSON record of ``heterog simulate --json`` (docs/design.md section 5)."""
@@ -85,7 +88,8 @@ class PlanResult:
                 "compute_time_s": self.compute_time_s, "comm_time_s": self.comm_time_s,
                 "overlap_ratio": self.overlap_ratio, "search_time_s": self.search_time_s, "n_tasks": self.n_tasks,
                 "order": self.order, "order_requested": self.order_requested,
-                "host_memory_bytes": self.host_memory_bytes}
+                "host_memory_bytes": self.host_memory_bytes, "checkpoint_time_s": self.checkpoint_time_s,
+                "checkpoint_bytes": self.checkpoint_bytes}
 
 
 def reward(iteration_time_s: float, oom: bool, oom_factor: float = 10.0) -> float:
@@ -105,13 +109,20 @@ class Evaluator:
     ``simulate_kept`` says which was kept, and the runtime executes that one. ``sync_batch_stats``: every
     strategy is compiled with synchronized batch statistics (``heterog.compiler.sync_stats``), as a plan
     carrying ``Strategy.sync_batch_stats`` is.
+
+    ``checkpoint_every_steps``: K adds the optional checkpoint term, 1/K of the time one checkpoint takes
+    (``heterog.checkpoint_cost``), to every iteration time it reports, so that planners weigh what a plan's
+    layout of the state costs to save; None (the default) leaves it out.
     """
 
     def __init__(self, graph: OpGraph, cluster: Cluster, cost: CostModel | None = None, *,
                  order: str = DEFAULT_ORDER, serialize_collectives: bool = False, max_groups: int = 2000,
                  shares: str = "power", delta: bool = True, layer_profile: LayerProfile | None = None,
-                 sync_batch_stats: bool = False) -> None:
+                 sync_batch_stats: bool = False, checkpoint_every_steps: int | None = None) -> None:
         self.graph, self.cluster = graph, cluster
+        if checkpoint_every_steps is not None and int(checkpoint_every_steps) < 1:
+            raise HeterogError(f"checkpoint_every_steps must be at least 1, got {checkpoint_every_steps}")
+        self.checkpoint_every_steps = checkpoint_every_steps
         if cost is not None and layer_profile is not None:
             raise HeterogError("give the layer profile to the CostModel passed as cost, or pass no cost")
         self.cost = cost if cost is not None else cost_model(cluster, layer_profile)
@@ -236,7 +247,17 @@ class Evaluator:
         plan = self.compile(strategy)
         res = self.simulate_plan(plan, order)
         self.n_evaluations += 1
-        return float(res.makespan), bool(res.oom)
+        return float(res.makespan) + self.checkpoint_share_s(plan), bool(res.oom)
+
+    def checkpoint_share_s(self, plan: CompiledPlan) -> float:
+        """The checkpoint term of ``plan``'s iteration time: one checkpoint's time over the interval (0 without
+        ``checkpoint_every_steps``)."""
+        if self.checkpoint_every_steps is None:
+            return 0.0
+        from heterog.checkpoint_cost import checkpoint_bytes, checkpoint_time_s
+
+        t = checkpoint_time_s(self.cluster, checkpoint_bytes(self.graph, self.cluster, plan))
+        return t / self.checkpoint_every_steps
 
     def summarise(self, plan: CompiledPlan, res: simulator.SimResult, method: str, detail: bool = True) -> PlanResult:
         m = plan.n_devices
@@ -254,23 +275,35 @@ class Evaluator:
         if detail and comm_len > 0:
             _, ps_, pf_ = _union_length(start[compute_mask], finish[compute_mask])
             overlap = _intersection_length(cs, cf, ps_, pf_) / comm_len
-        return PlanResult(method=method, iteration_time_s=float(res.makespan), oom=bool(res.oom),
+        ck_s, ck_bytes = 0.0, {}
+        if self.checkpoint_every_steps is not None:
+            from heterog.checkpoint_cost import checkpoint_bytes, checkpoint_time_s
+
+            written = checkpoint_bytes(self.graph, self.cluster, plan)
+            ck_s, ck_bytes = checkpoint_time_s(self.cluster, written), dict(zip(names, written.tolist()))
+        share = ck_s / self.checkpoint_every_steps if self.checkpoint_every_steps else 0.0
+        return PlanResult(method=method, iteration_time_s=float(res.makespan) + share, oom=bool(res.oom),
                           peak_memory_bytes=peak, memory_capacity_bytes=cap, compute_time_s=compute_time,
                           comm_time_s=comm_len, overlap_ratio=overlap, n_tasks=plan.n_tasks, sim=res, plan=plan,
                           host_memory_bytes=host_peaks(self.compiler.context, plan.placements.state,
-                                                        res.peak_memory))
+                                                        res.peak_memory),
+                          checkpoint_time_s=ck_s, checkpoint_bytes=ck_bytes)
 
 
-def cost_model(cluster: Cluster, layer_profile: LayerProfile | None = None) -> CostModel:
+def cost_model(cluster: Cluster, layer_profile: LayerProfile | None = None, *,
+               allreduce_bucket_bytes: float = 0.0, comm_blocks_compute: bool = False) -> CostModel:
     """The roofline CostModel of ``cluster``; with ``layer_profile``, its measured layer times where it has
-    them (layers numbered by ``heterog.baselines.expert.block_layers``)."""
+    them (layers numbered by ``heterog.baselines.expert.block_layers``); the training runtime's habits
+    (``allreduce_bucket_bytes``, ``comm_blocks_compute``) as ``CostModel`` takes them."""
     from heterog.cost import CostModel
 
     if layer_profile is None:
-        return CostModel(cluster)
+        return CostModel(cluster, allreduce_bucket_bytes=allreduce_bucket_bytes,
+                         comm_blocks_compute=comm_blocks_compute)
     from heterog.baselines.expert import block_layers
 
-    return CostModel(cluster, layer_profile=layer_profile, layer_numbering=block_layers)
+    return CostModel(cluster, layer_profile=layer_profile, layer_numbering=block_layers,
+                     allreduce_bucket_bytes=allreduce_bucket_bytes, comm_blocks_compute=comm_blocks_compute)
 
 
 def simulate(graph: OpGraph, cluster: Cluster, strategy: Strategy, order: str = DEFAULT_ORDER,

@@ -60,6 +60,10 @@ class PlanEvaluator(Protocol):
         """The most op groups the grouping makes."""
 
     @property
+    def checkpoint_every_steps(self) -> int | None:
+        """The checkpoint interval whose share of a checkpoint's time iteration times include (None: none)."""
+
+    @property
     def group_of(self) -> np.ndarray:
         """(n_ops,) the group of each op; actions are given one per group."""
 

@@ -109,9 +109,18 @@ def is_shard(p: Placement | None) -> TypeGuard[Shard]:
 
 def same_units(extent_a: int | None, extent_b: int | None, shares_a: Sequence[int] = (),
                shares_b: Sequence[int] = ()) -> bool:
-    """Two splits over the same devices divide a tensor into the same units: equal extents and equal integer
-    shares of them (shares may be left out where one config's split weights give both: the extent fixes them)."""
-    return extent_a == extent_b and tuple(shares_a) == tuple(shares_b)
+    """Two splits over the same devices give each device the same piece of a tensor: equal extents and equal
+    integer shares of them (shares may be left out where one config's split weights give both: the extent
+    fixes them), or units that nest, each of the coarser split's ``m`` times as large as the finer's, with
+    every share of the finer ``m`` times the coarser's (1024 columns in shares of 256 are 16 heads of 64
+    columns in shares of 4)."""
+    if extent_a == extent_b:
+        return tuple(shares_a) == tuple(shares_b)
+    if extent_a is None or extent_b is None or not shares_a or not shares_b:
+        return False
+    (coarse, coarse_shares), (fine, fine_shares) = sorted(((extent_a, tuple(shares_a)),
+                                                           (extent_b, tuple(shares_b))))
+    return fine % coarse == 0 and fine_shares == tuple(fine // coarse * s for s in coarse_shares)
 
 
 class Conversion(IntEnum):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
@@ -298,17 +299,21 @@ def published_text(rep: PublishedReport) -> str:
     for r in rep.records:
         note = r.error or (f"excluded: {r.excluded}" if r.excluded else ("OOM " if r.oom else "") + r.note)
         runs.add(r.name, str(r.n_gpus), f"{r.measured_s:.3f}", f"{r.simulated_s:.3f}", f"{100 * r.time_error:+.1f}%",
-                 f"{r.sailor_s:.3f}", f"{r.measured_peak_bytes / 1e9:.2f}", f"{r.simulated_peak_bytes / 1e9:.2f}",
+                 f"{r.sailor_s:.3f}", f"{r.measured_peak_bytes / 1e9:.2f}",
+                 f"{(r.simulated_peak_bytes if math.isnan(r.in_use_peak_bytes) else r.in_use_peak_bytes) / 1e9:.2f}",
                  f"{100 * r.memory_error:+.1f}%", f"{r.sailor_peak_bytes / 1e9:.2f}", note[:120])
     summary = Table([Column("cluster", 9, "left"), Column("runs", 5), Column("time MAPE", 10),
-                     Column("tau", 6), Column("mem MAPE", 9), Column("mem max", 8), Column("Sailor time", 12),
-                     Column("Sailor tau", 11), Column("Sailor mem", 11)])
+                     Column("tau", 6), Column("mem MAPE", 9), Column("mem max", 8), Column("tensors", 8),
+                     Column("Sailor time", 12), Column("Sailor tau", 11), Column("Sailor mem", 11)])
     for kind, s in rep.summary.items():
         summary.add(kind, str(int(s["runs"])), f"{s['time_mape_pct']:.1f}%", f"{s['kendall_tau']:.2f}",
                     f"{s['memory_mape_pct']:.1f}%", f"{s['memory_max_error_pct']:.1f}%",
-                    f"{s['sailor_time_mape_pct']:.1f}%", f"{s['sailor_kendall_tau']:.2f}",
-                    f"{s['sailor_memory_mape_pct']:.1f}%")
-    return f"cost source: {rep.source}\n{runs.text()}\n\n{summary.text()}"
+                    f"{s['tensor_memory_mape_pct']:.1f}%", f"{s['sailor_time_mape_pct']:.1f}%",
+                    f"{s['sailor_kendall_tau']:.2f}", f"{s['sailor_memory_mape_pct']:.1f}%")
+    oh = rep.memory_overhead
+    memory = ("memory in use = tensors' peak" if oh is None else
+              f"memory in use = (1 + {oh.reserve:.3f}) x tensors' peak + {oh.fixed_bytes / 1e9:.2f} GB ({oh.source})")
+    return f"cost source: {rep.source}\n{runs.text()}\n\n{summary.text()}\n{memory}; 'tensors': MAPE of the peak alone"
 
 
 __all__ = ["Column", "ComparisonLike", "MethodOutcome", "Table", "action_columns", "comparison_table",

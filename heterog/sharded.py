@@ -8,7 +8,7 @@ too (all-gathered before their use in forward and again in backward). Replica i 
 sum(weights)`` of every sharded tensor of the group. ``offload="optimizer"`` keeps each replica's part of
 the optimizer state in its server's host memory and steps it on the host CPU; stage 0 (nothing sharded:
 each replica offloads the whole state) and a config of one device (ZeRO-Offload on one GPU) exist only
-with it.
+with it. The runtime runs every stage and offloaded optimizer state (``heterog.runtime.state_lowering``).
 """
 from __future__ import annotations
 
@@ -94,16 +94,14 @@ def state_weights(by: str, devices: Sequence[int], cluster: Cluster | None = Non
 
 
 class SimulatorOnlyError(StrategyError):
-    """A plan that the simulator prices but the runtime does not run yet."""
+    """A plan that the runtime does not run."""
 
 
 def refuse_in_runtime(configs: Sequence[object]) -> None:
-    """Raise ``SimulatorOnlyError`` if any of ``configs`` (a strategy's ParallelConfigs) keeps sharded or
-    offloaded state."""
+    """Raise ``SimulatorOnlyError`` if any of ``configs`` (a strategy's ParallelConfigs) offloads its
+    parameters (priced by neither the simulator nor the runtime yet); the runtime runs every stage and
+    offloaded optimizer state (``heterog.runtime.state_lowering``)."""
     held = [s for c in configs if (s := getattr(c, "sharded", None)) is not None]
-    offloads = sorted({s.offload for s in held if s.offloads})
-    if offloads:
-        raise SimulatorOnlyError(f"offloaded state ({', '.join(offloads)}) runs in the simulator only")
-    stages = sorted({int(s.stage) for s in held})
-    if stages:
-        raise SimulatorOnlyError(f"sharded state (stage {', '.join(map(str, stages))}) runs in the simulator only")
+    if any(s.offload == "parameters" for s in held):
+        raise SimulatorOnlyError("offloaded parameters (offload='parameters') do not run yet: offload the "
+                                 "optimizer state (offload='optimizer')")

@@ -32,8 +32,10 @@ STRATEGY_VERSION = 8         # 2: micro-batches and their schedule; 3: groups re
 #                              batch statistics (``"sync_batch_stats"``, of the plan or of a config)
 # a config's split beyond the batch (docs/design.md, "Splits beyond the batch"): "parameter" divides the
 # parameters of its ops (and what computes with them) among the devices, "attribute" divides only what
-# carries no parameter (sequence, spatial, heads of activations), parameters stay whole on every device
-SPLIT_KINDS = ("parameter", "attribute")
+# carries no parameter (sequence, spatial, heads of activations), parameters stay whole on every device;
+# "tensor" is Megatron's tensor parallelism: a parameter is held divided or whole and always read as held
+# (never gathered), the activations between its readers divided or partial as their ops need
+SPLIT_KINDS = ("parameter", "attribute", "tensor")
 ALLREDUCE_ALGOS = ("auto", "ring", "hierarchical")
 
 

@@ -202,7 +202,7 @@ def replicated_problem(ev: PlanEvaluator, replicas: int | None = None, shares: s
     collective_s = np.zeros(N)
     is_collective = np.zeros(N, dtype=bool)
     if len(agg_t):
-        collective_s[R * n:] = cost.allreduce_times(home, gi.t_bytes[agg_t])[0]
+        collective_s[R * n:] = cost.gradient_allreduce_times(home, gi.t_bytes[agg_t])[0]
         is_collective[R * n:] = True
 
     # edges: replica-local, or through the AllReduce of a partial tensor (value-free reads stay local)

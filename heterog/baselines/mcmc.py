@@ -120,8 +120,8 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
     (docs/results.md, "Splits beyond the batch"). With ``sharded`` the AllReduce data-parallel actions also keep
     sharded state (stage 1, 2 or 3; shards even, by memory or by speed; ``ActionSearch``): a share
     ``shard_moves`` of the proposals sets or clears one group's, and the last step may fit the plan by sharded
-    state as well as by recomputation (``heterog.baselines.fit.fit``). Off by default: the runtime does not run
-    sharded state yet.
+    state as well as by recomputation (``heterog.baselines.fit.fit``). Off by default: at the same budget it
+    rarely pays on the clusters measured (docs/results.md, "Sharded state in the planners").
 
     Cost = simulated iteration time under task order ``order`` (``SEARCH_ORDER``, FIFO: one simulation per
     proposal where the evaluator's ``best`` runs three; None: the evaluator's), x ``oom_factor`` if out of

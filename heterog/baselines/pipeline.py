@@ -148,8 +148,8 @@ def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | N
     candidates. Off by default. ``sharded``: a stage whose replicas are data parallel may keep sharded state
     (``heterog.sharded``; stage 1, 2 or 3, shards even, by memory or by speed): a candidate out of memory
     is made to fit by the fastest of sharded state and recomputation (``heterog.baselines.fit.fit``), and
-    one that fits is also tried with its data-parallel stages sharded, kept where faster. Off by default:
-    the runtime does not run sharded state yet."""
+    one that fits is also tried with its data-parallel stages sharded, kept where faster. Off by default: at
+    the same budget it rarely pays on the clusters measured (docs/results.md, "Sharded state in the planners")."""
     if balance not in ("cost", "equal"):
         raise HeterogError(f"unknown balance {balance!r} for the pipeline planner (choose from cost, equal)")
     if schedule is not None and schedule not in SCHEDULES:

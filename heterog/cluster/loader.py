@@ -12,6 +12,7 @@ YAML format::
         nic: {bandwidth: 100 Gbit/s, latency_us: 10}             # needed with 2+ servers
         host: {cpu: Xeon-Gold-6148, sockets: 2, memory: 384 GB,   # optional; absent = no offloading
                pcie: {bandwidth: 12 GB/s, latency_us: 5}}
+        storage: {bandwidth: 1.8 GB/s}           # optional; the rate checkpoints are written at
 
 A GPU entry is a catalog name, ``{type: T, count: n, slowdown: x}`` (catalog type; any DeviceType
 field given next to it overrides the catalog value), or an explicit type ``{name: N, peak_tflops: 15,
@@ -27,6 +28,10 @@ the link of each GPU to the host (``bandwidth`` per direction, each GPU its own;
 5). A server without ``host`` has no host record: nothing can be offloaded to it (its host memory counts
 as 0 bytes), so offloading is possible only where a cluster file says what the host is.
 
+``storage`` gives the rate at which the server's devices together write a checkpoint (``bandwidth``, what
+the simulator's checkpoint term divides the bytes by); absent, ``topology.DEFAULT_STORAGE_BANDWIDTH_Bps``
+(one data-centre NVMe drive's sequential write rate; the source is named there).
+
 ``local-cpu-N`` (any N >= 1) is generated, not a file: N devices of type ``cpu`` on one server
 ``localhost`` joined by loopback links (2 GB/s, 20 us). Options follow as ``:key=value``::
 
@@ -34,7 +39,9 @@ as 0 bytes), so offloading is possible only where a cluster file says what the h
 
 ``slowdown`` is one factor for all workers or one per worker (stored on Device.slowdown; the
 runtime emulates it), ``bandwidth`` and ``latency_us`` set the loopback links (the runtime throttles
-transfers to match).
+transfers to match). ``host=<host CPU type>`` describes the machine's host side, so that plans may offload
+state to it (one socket, ``host_memory`` (default 16 GB) of memory, the loopback link's speed as each worker's
+link to it): a worker's host memory and its own are one, which the runtime keeps apart as copies.
 """
 from __future__ import annotations
 
@@ -49,7 +56,7 @@ from typing import Any
 import yaml
 
 from heterog.cluster.catalog import CATALOG, DeviceType, device_type, host_cpu_type
-from heterog.cluster.topology import INTRA_KINDS, Cluster, Device, Host, Server
+from heterog.cluster.topology import INTRA_KINDS, Cluster, DEFAULT_STORAGE_BANDWIDTH_Bps, Device, Host, Server
 from heterog.errors import ClusterError
 
 BANDWIDTH_UNITS_Bps: dict[str, float] = {
@@ -66,7 +73,9 @@ DEFAULT_LATENCY_US = {"nvlink": 2.0, "pcie": 5.0, "loopback": 20.0, "nic": 10.0}
 LOOPBACK_BANDWIDTH_Bps = 2e9
 LOOPBACK_LATENCY_S = 20e-6
 LOCAL_CPU_PREFIX = "local-cpu"
-LOCAL_CPU_SYNTAX = "local-cpu-N[:slowdown=X|X1,...,XN][:bandwidth=<value><unit>][:latency_us=U]"
+LOCAL_CPU_SYNTAX = ("local-cpu-N[:slowdown=X|X1,...,XN][:bandwidth=<value><unit>][:latency_us=U]"
+                    "[:host=<host CPU type>[:host_memory=<value><unit>]]")
+LOCAL_CPU_HOST_MEMORY = "16 GB"
 
 _QUANTITY = re.compile(r"^\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*([A-Za-z/]*)\s*$")
 # numeric GPU-entry keys: key -> (DeviceType field, conversion to the field's unit, must be > 0 (else >= 0))
@@ -272,7 +281,7 @@ def cluster_from_dict(d: Any, source: str = "<dict>", default_name: str = "clust
         where = f"{source}: servers[{j}]"
         if not isinstance(spec, dict):
             raise ClusterError(f"{where}: a server is a mapping, got {spec!r}")
-        _check_keys(spec, {"name", "gpus", "intra", "nic", "host"}, where)
+        _check_keys(spec, {"name", "gpus", "intra", "nic", "host", "storage"}, where)
         sname = str(spec.get("name", f"s{j}"))
         gpus = spec.get("gpus")
         if not isinstance(gpus, list) or not gpus:
@@ -312,7 +321,15 @@ def cluster_from_dict(d: Any, source: str = "<dict>", default_name: str = "clust
             nic_Bps = parse_bandwidth_Bps(nic["bandwidth"], f"{where}.nic.bandwidth")
             nic_lat_s = _latency(nic, f"{where}.nic", DEFAULT_LATENCY_US["nic"])
         host = None if spec.get("host") is None else _host_entry(spec["host"], where)
-        servers.append(Server(j, sname, members, kind, intra_Bps, intra_lat_s, nic_Bps, nic_lat_s, host))
+        storage_Bps = DEFAULT_STORAGE_BANDWIDTH_Bps
+        if spec.get("storage") is not None:
+            storage = spec["storage"]
+            if not isinstance(storage, dict) or "bandwidth" not in storage:
+                raise ClusterError(f"{where}.storage: must be a mapping with 'bandwidth'")
+            _check_keys(storage, {"bandwidth"}, f"{where}.storage")
+            storage_Bps = parse_bandwidth_Bps(storage["bandwidth"], f"{where}.storage.bandwidth")
+        servers.append(Server(j, sname, members, kind, intra_Bps, intra_lat_s, nic_Bps, nic_lat_s, host,
+                              storage_Bps))
     try:
         return Cluster(name, devices, [], servers, switch_Bps)
     except ClusterError as exc:
@@ -385,6 +402,9 @@ def cluster_to_dict(cluster: Cluster) -> dict[str, Any]:
                              "pcie": {"bandwidth": _format_quantity(s.host.pcie_bandwidth_Bps, ("GB/s", "Gbit/s"),
                                                                     BANDWIDTH_UNITS_Bps, "B/s"),
                                       **_latency_entry(s.host.pcie_latency_s)}}
+        if s.storage_bandwidth_Bps != DEFAULT_STORAGE_BANDWIDTH_Bps:
+            entry["storage"] = {"bandwidth": _format_quantity(s.storage_bandwidth_Bps, ("GB/s", "Gbit/s"),
+                                                              BANDWIDTH_UNITS_Bps, "B/s")}
         servers.append(entry)
     out["servers"] = servers
     return out
@@ -409,6 +429,7 @@ def local_cpu_cluster(spec: str) -> Cluster:
     n = int(m.group(1))
     slowdowns = [1.0] * n
     bandwidth_Bps, latency_s = LOOPBACK_BANDWIDTH_Bps, LOOPBACK_LATENCY_S
+    host: dict[str, Any] = {}
     seen: set[str] = set()
     for opt in options:
         key, sep, value = opt.partition("=")
@@ -434,11 +455,18 @@ def local_cpu_cluster(spec: str) -> Cluster:
                 latency_s = _number(float(value), where, minimum=0.0) / 1e6
             except ValueError:
                 raise ClusterError(f"{where}: {value!r} is not a number") from None
+        elif key in ("host", "host_memory"):
+            host["cpu" if key == "host" else "memory"] = value
         else:
             raise ClusterError(f"cluster {spec!r}: unknown option {key!r}; syntax: {LOCAL_CPU_SYNTAX}")
+    if "memory" in host and "cpu" not in host:
+        raise ClusterError(f"cluster {spec!r}: host_memory needs host=<host CPU type>")
+    host_side = None if not host else _host_entry(
+        {"cpu": host["cpu"], "memory": host.get("memory", LOCAL_CPU_HOST_MEMORY),
+         "pcie": {"bandwidth": f"{bandwidth_Bps} B/s", "latency_s": latency_s}}, f"cluster {spec!r}: localhost")
     cpu = device_type("cpu")
     devices = [Device(i, f"localhost/cpu{i}", cpu, 0, slowdowns[i]) for i in range(n)]
-    server = Server(0, "localhost", list(range(n)), "loopback", bandwidth_Bps, latency_s)
+    server = Server(0, "localhost", list(range(n)), "loopback", bandwidth_Bps, latency_s, host=host_side)
     return Cluster(spec.strip(), devices, [], [server])
 
 

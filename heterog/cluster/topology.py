@@ -15,14 +15,17 @@ Link model (every link is a directed resource: full duplex means a->b and b->a d
 Host side (``Server.host``, optional): the server's CPU sockets and memory, and the link of each GPU
 to it (PCIe, or NVLink-C2C on a GH200). It is not a link of the table above: offloading prices it
 directly (``heterog.cost.host``). A server without a host record cannot offload (its host memory
-counts as 0 bytes). A server whose NIC bandwidth is 0 has no NIC; with several servers that makes the cluster
-disconnected, which is an error. Paths, bandwidths and latencies are tabulated once at build time.
+counts as 0 bytes). Storage (``Server.storage_bandwidth_Bps``): the rate at which the server's devices
+together write a checkpoint to its storage; a cluster file may state it, the default is
+``DEFAULT_STORAGE_BANDWIDTH_Bps``. A server whose NIC bandwidth is 0 has no NIC; with several servers that
+makes the cluster disconnected, which is an error. Paths, bandwidths and latencies are tabulated once at
+build time.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
@@ -31,6 +34,10 @@ from heterog.cluster.catalog import DeviceType, HostCPUType
 from heterog.errors import ClusterError
 
 LINK_KINDS = ("nvlink", "pcie", "nic-out", "nic-in", "loopback")
+# a server's storage write rate when its cluster file states none: the sequential write rate of one Intel SSD
+# DC P4500 4 TB NVMe drive, 1.8 GB/s (Lenovo Press product guide "Intel P4500 Entry NVMe PCIe 3.0 SSDs",
+# technical specifications, Table 2), a common data-centre drive of the paper's GPU generation
+DEFAULT_STORAGE_BANDWIDTH_Bps = 1.8e9
 INTRA_KINDS = ("nvlink", "pcie", "loopback")
 
 
@@ -104,8 +111,8 @@ class Host:
 
 @dataclass(frozen=True)
 class Server:
-    """A machine: its devices (global indices), intra-server interconnect, NIC (0 bandwidth = none) and
-    host side (None = not described: nothing can be offloaded to it)."""
+    """A machine: its devices (global indices), intra-server interconnect, NIC (0 bandwidth = none), host
+    side (None = not described: nothing can be offloaded to it) and storage write rate (checkpoints)."""
 
     index: int
     name: str
@@ -116,6 +123,7 @@ class Server:
     nic_bandwidth_Bps: float = 0.0
     nic_latency_s: float = 0.0
     host: Host | None = None
+    storage_bandwidth_Bps: float = DEFAULT_STORAGE_BANDWIDTH_Bps
 
     @property
     def has_nic(self) -> bool:
@@ -215,6 +223,9 @@ class Cluster:
             if not s.nic_latency_s >= 0:
                 raise ClusterError(f"cluster {self.name!r}: server {s.name!r} has negative NIC latency "
                                    f"{s.nic_latency_s} s")
+            if not 0 < s.storage_bandwidth_Bps < math.inf:
+                raise ClusterError(f"cluster {self.name!r}: server {s.name!r} has storage bandwidth "
+                                   f"{s.storage_bandwidth_Bps} B/s; it must be positive and finite")
         if len(self.servers) > 1:
             isolated = [s.name for s in self.servers if not s.has_nic]
             if isolated:
@@ -355,3 +366,36 @@ class Cluster:
             types[d.type.name] = types.get(d.type.name, 0) + 1
         mix = ", ".join(f"{n}x {t}" for t, n in types.items())
         return f"Cluster({self.name!r}: {mix}; {len(self.servers)} servers, {len(self.links)} links)"
+
+
+def subset(cluster: Cluster, keep: Sequence[str], name: str | None = None, *, ordered: bool = False) -> Cluster:
+    """The cluster of ``cluster``'s devices named in ``keep``, with their servers' links, hosts and storage
+    (servers left without devices are dropped): in ``cluster``'s order, or with ``ordered`` in ``keep``'s
+    (device i of the result is ``keep[i]``, as process rank i of a job names it). ``name`` defaults to
+    ``cluster.name`` when the devices are all of ``cluster``'s in its order, else ``<name>[<devices>]``.
+    ClusterError naming an unknown or repeated device, or when none is kept."""
+    names = cluster.device_names
+    unknown = sorted(set(keep) - set(names))
+    repeated = sorted({d for d in keep if list(keep).count(d) > 1})
+    if unknown or repeated:
+        raise ClusterError(f"cluster {cluster.name!r} has no device {', '.join(map(repr, unknown))}; its devices: "
+                           f"{', '.join(names)}" if unknown else f"devices named twice: {', '.join(repeated)}")
+    by_name = {d.name: d for d in cluster.devices}
+    kept = [by_name[n] for n in keep] if ordered else [d for d in cluster.devices if d.name in set(keep)]
+    if not kept:
+        raise ClusterError(f"cluster {cluster.name!r}: no device is left")
+    if name is None:
+        same = [d.name for d in kept] == names
+        name = cluster.name if same else f"{cluster.name}[{','.join(d.name for d in kept)}]"
+    server_ids = list(dict.fromkeys(d.server for d in kept))
+    devices = [Device(i, d.name, d.type, server_ids.index(d.server), d.slowdown) for i, d in enumerate(kept)]
+    servers = []
+    for j, sid in enumerate(server_ids):
+        s = cluster.servers[sid]
+        servers.append(Server(j, s.name, [d.index for d in devices if d.server == j], s.intra, s.intra_bandwidth_Bps,
+                              s.intra_latency_s, s.nic_bandwidth_Bps, s.nic_latency_s, s.host,
+                              s.storage_bandwidth_Bps))
+    links = {link.name: link for link in cluster.links}
+    return Cluster(name, devices, [replace(link, bandwidth_Bps=links[link.name].bandwidth_Bps,
+                                           latency_s=links[link.name].latency_s)
+                                   for link in build_links(servers, devices)], servers, cluster.switch_bandwidth_Bps)

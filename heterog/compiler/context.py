@@ -6,7 +6,7 @@ context without an import cycle (``tests/compiler/test_context.py`` holds the pa
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -36,8 +36,9 @@ class AllReduceCosts:
 
 
 class AllReduceTable:
-    """``AllReduceCosts`` of a graph's tensors per device set, computed on first use (at most about 1024
-    sets are kept; then the table starts afresh)."""
+    """``AllReduceCosts`` of a graph's tensors per device set, priced as gradients
+    (``CostModel.gradient_allreduce_times``), computed on first use (at most about 1024 sets are kept; then
+    the table starts afresh)."""
 
     MAX_SETS = 1024
 
@@ -51,7 +52,7 @@ class AllReduceTable:
         if hit is None:
             if len(self._costs) > self.MAX_SETS:
                 self._costs.clear()
-            times, algos = self._cost.allreduce_times(devices, self._t_bytes)
+            times, algos = self._cost.gradient_allreduce_times(devices, self._t_bytes)
             names, code = np.unique(np.asarray(algos), return_inverse=True)
             links = tuple(tuple(self._n_devices + x for x in self._cost.allreduce_links(devices, a))
                           for a in names.tolist())
@@ -97,6 +98,8 @@ class CompileContext:
         import simulator  # here, not at the top: importing the compiler need not load the simulator
 
         index, paths = graph_index(graph), path_table(cluster)
+        if cost.comm_blocks_compute:            # every device's communication holds it
+            paths = replace(paths, host=np.ones(cluster.n_devices, dtype=bool))
         n_devices, n_links = cluster.n_devices, len(cluster.links)
         tg = simulator.TaskGraph()
         for d, device in enumerate(cluster.devices):

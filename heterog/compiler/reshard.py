@@ -8,7 +8,9 @@ Per tensor made by an op of a split config (its instances on the config's device
     reduce-scatter or all-to-all (once per tensor and consumer shares);
   - any other consumer reads it whole: made whole on the config's devices as above, then each consumer
     instance reads it there, or moved to its device from the best-connected one (its batch share of it for
-    a batch op, the shard it needs for an op of another split config).
+    a batch op, the shard it needs for an op of another split config); where every device of another split
+    config's group reads the same whole value, it may instead move partitioned over the group and be
+    all-gathered there (``_partitioned``, when the cost model says that is faster).
 A tensor made by an op of no split config and read by an op of one: each consumer instance gets, from
 every producer instance (each batch piece) or from the best-connected holder of a whole value, what it
 reads: all of it, or for a divided input its share of it.
@@ -19,12 +21,13 @@ order (``heterog.compiler.tasks``) a tensor's collectives take the stage "split"
 transfers "transfer" (numbered as emitted, so a transfer of a landed value comes after its landing), all
 before the first consumer they serve. Prices: all-gather
 and reduce-scatter of uneven shards hop by hop (``CostModel.sharded_ring_times``), all-reduce as the
-gradient AllReduce (``CompileContext.allreduce``), all-to-all as a ring passing a 1/n of each shard.
+gradient AllReduce (``CompileContext.allreduce``), all-to-all as a ring passing a 1/n of each shard; a
+collective of a value made in a layer whose measured time includes it (``CostModel.profiled_layers``) at 0.
 """
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -50,6 +53,15 @@ class CollectiveKey(NamedTuple):
 
 _COLLECTIVE_S: DerivedCache[CompileContext, dict[CollectiveKey, float]] = DerivedCache(
     "seconds of each collective of divided tensors, per compile context")
+
+
+_COVERED: DerivedCache[CompileContext, np.ndarray] = DerivedCache(
+    "ops whose collectives a layer profile's measured time covers, per compile context")
+
+
+def _covered(ctx: CompileContext) -> np.ndarray:
+    """(n_ops, M) ``CostModel.profiled_layers`` of the context's graph."""
+    return _COVERED.get(ctx, lambda: ctx.cost.profiled_layers(ctx.graph))
 
 
 class _Emitter:
@@ -153,10 +165,13 @@ def _move(ctx: CompileContext, em: _Emitter, src_task: int, s: int, d: int, nbyt
 
 
 def _collective(ctx: CompileContext, em: _Emitter, kind: Conversion, t: int, u: int, devs: tuple[int, ...],
-                nbytes: float, f_u: np.ndarray, f_out: np.ndarray, sources: list[int], prio: int) -> list[int]:
+                nbytes: float, f_u: np.ndarray, f_out: np.ndarray, sources: list[int], prio: int,
+                in_layer: bool = True) -> list[int]:
     """One collective of ``nbytes`` (the whole value of tensor ``t``, one micro-batch's of a batch tensor) over
     ``devs`` after ``sources`` (the producer's instances); its result lands on each device as a task
-    allocating ``f_out[i]`` of it there. Returns the landing tasks, in device order."""
+    allocating ``f_out[i]`` of it there. Returns the landing tasks, in device order. ``in_layer``: it is one
+    of the producer's layer's own collectives (a profiled layer's time may cover it); else it gathers what
+    transfers brought (ordered with them, after them)."""
     shards = f_u if kind in (Conversion.ALL_GATHER, Conversion.ALL_TO_ALL) else \
         f_out if kind == Conversion.REDUCE_SCATTER else None
     times = _COLLECTIVE_S.get(ctx, dict)
@@ -170,9 +185,11 @@ def _collective(ctx: CompileContext, em: _Emitter, kind: Conversion, t: int, u: 
             cost_s = ctx.cost.alltoall_times if kind == Conversion.ALL_TO_ALL else ctx.cost.sharded_ring_times
             dur = float(cost_s(devs, nbytes * shards[None, :])[0])
         times[key] = dur
+    if in_layer and _covered(ctx)[u, list(devs)].all():      # a profiled layer's measured time includes it
+        dur = 0.0
     owner = ctx.index.n_ops + t
     coll = em.task(dur=dur, kind=TaskKind.COLLECTIVE, op=u, dev=-1, alloc=0.0, cat=TaskCategory.COLLECTIVE,
-                   prio_op=prio, stage="split", tensor=t, res=em.ring(devs))
+                   prio_op=prio, stage="split" if in_layer else "transfer", tensor=t, res=em.ring(devs))
     for s in sources:
         em.dep(coll, s, owner)
     lands = []
@@ -221,7 +238,7 @@ def _sum_over_groups(ctx: CompileContext, em: _Emitter, t: int, u: int, groups: 
         key = CollectiveKey(Conversion.ALL_REDUCE, devs, part, None)
         dur = times.get(key)
         if dur is None:
-            dur = times[key] = float(ctx.cost.allreduce_times(devs, np.array([part]))[0][0])
+            dur = times[key] = float(ctx.cost.gradient_allreduce_times(devs, np.array([part]))[0][0])
         ar = em.task(dur=dur, kind=TaskKind.COLLECTIVE, op=u, dev=-1, alloc=0.0, cat=TaskCategory.COLLECTIVE,
                      prio_op=prio, stage="split", tensor=t, res=em.ring(devs))
         for d in devs:
@@ -282,6 +299,7 @@ def _from_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int,
     rows_u: list[tuple[int, int]] | None = None
     scattered: dict[tuple[Hashable, int, tuple[float, ...], tuple[int, ...]], dict[int, int]] = {}
     moved: dict[tuple, int] = {}
+    gathered: dict[tuple, dict[int, int] | None] = {}
     for e in es:
         v = int(gi.e_dst[e])
         lay_v = int(place.op_lay[v])
@@ -326,16 +344,47 @@ def _from_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int,
                             glo, ghi = rows_u[int(ent[key][pos[g[0]]])]
                             if min(hi, ghi) > max(lo, glo):
                                 pieces.append((g, (min(hi, ghi) - max(lo, glo)) / ctx.batch_size))
+                    g_v = choice_v.group_of(d) if choice_v is not None and not need_shard else (d,)
                     for g, part in pieces:
                         if d in g:
                             em.dep(start_v + j, made_whole(key)[d], owner)
                             continue
+                        piece = float(gi.t_bytes[t]) * part * split
+                        gkey = (key, part, g, g_v)
+                        if gkey not in gathered and len(g_v) > 1 and not set(g_v) & set(g):
+                            held = made_whole(key)
+                            gathered[gkey] = _partitioned(ctx, em, t, u, g, g_v, piece, held.__getitem__, prio)
+                        landed = gathered.get(gkey)
+                        if landed is not None:
+                            em.dep(start_v + j, landed[d], owner)
+                            continue
                         mkey = (key, d, part * split, g)
                         if mkey not in moved:
                             src = ctx.cluster.best_source(g, d)
-                            moved[mkey] = _move(ctx, em, made_whole(key)[src], src, d,
-                                                float(gi.t_bytes[t]) * part * split, u, prio, t)
+                            moved[mkey] = _move(ctx, em, made_whole(key)[src], src, d, piece, u, prio, t)
                         em.dep(start_v + j, moved[mkey], owner)
+
+
+def _partitioned(ctx: CompileContext, em: _Emitter, t: int, u: int, holders: tuple[int, ...], group: tuple[int, ...],
+                 nbytes: float, task_at: Callable[[int], int], prio: int) -> dict[int, int] | None:
+    """A whole value that every device of a split ``group`` reads, held whole by each of ``holders`` (none in
+    the group), moved partitioned when that is faster: each member gets an even piece from the holders in turn,
+    then the group all-gathers (DeepSpeed's pipeline sends between tensor-parallel stages,
+    ``PipelineEngine.is_pipe_partitioned``), instead of a whole copy per member. Returns each member's landing
+    task, or None where whole copies are at least as fast (both priced as one link would carry them, in
+    turn). ``task_at(h)``: the task after which holder ``h`` has the value."""
+    k = len(group)
+    srcs = [holders[i % len(holders)] for i in range(k)]
+    a, b = np.array([ctx.cluster.best_source(holders, d) for d in group]), np.array(group)
+    whole_s = float(ctx.cost.transfer_times(a, b, np.full(k, nbytes)).sum())
+    piece = np.full(k, nbytes / k)
+    gather_s = float(ctx.cost.sharded_ring_times(group, piece[None, :])[0])
+    if float(ctx.cost.transfer_times(np.array(srcs), b, piece).sum()) + gather_s >= whole_s:
+        return None
+    moves = [_move(ctx, em, task_at(s), s, d, nbytes / k, u, prio, t) for s, d in zip(srcs, group)]
+    lands = _collective(ctx, em, Conversion.ALL_GATHER, t, u, group, nbytes, np.full(k, 1.0 / k), np.ones(k), moves,
+                        prio, in_layer=False)
+    return dict(zip(group, lands))
 
 
 def _into_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int, es: list[int], place: Placement,

@@ -46,7 +46,9 @@ class StatePlacement:
     ``trig_tensor``, ``trig_op`` (T,) the stage-3 parameters' tensors and the ops their gathers wait for
     (a change of such an op's group re-emits the tensor's edges, ``heterog.compiler.delta``);
     ``op_offload`` (n_ops,) where its group's state lives: 0 the GPU, 1 the optimizer state on the host, 2
-    and the parameters (``heterog.compiler.offload``). Stage 0 rows (offloading only) have ``frac`` 1."""
+    and the parameters (``heterog.compiler.offload``). Stage 0 rows (offloading only) have ``frac`` 1.
+    ``weights`` (K,) each config's integer shard weights (``ShardedState.weights``), from which the runtime
+    cuts whole rows (``heterog.runtime.state_lowering``)."""
 
     op_stage: np.ndarray
     op_row: np.ndarray
@@ -55,6 +57,7 @@ class StatePlacement:
     trig_tensor: np.ndarray
     trig_op: np.ndarray
     op_offload: np.ndarray
+    weights: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -126,7 +129,7 @@ def place_state(ctx: CompileContext, configs: ConfigTable, op_cfg: np.ndarray) -
     op_row = np.full(n, -1, dtype=np.int64)
     op_offload = np.zeros(n, dtype=np.int64)
     frac = np.zeros((len(used), ctx.n_devices))
-    devices = []
+    devices, weights = [], []
     for row, k in enumerate(used):
         cfg = configs.configs[k]
         assert cfg.sharded is not None
@@ -135,11 +138,12 @@ def place_state(ctx: CompileContext, configs: ConfigTable, op_cfg: np.ndarray) -
         op_offload[sel] = OFFLOAD_CODES[cfg.sharded.offload]
         frac[row, list(cfg.devices)] = cfg.sharded.fractions if int(cfg.sharded.stage) else 1.0
         devices.append(tuple(cfg.devices))
+        weights.append(tuple(int(w) for w in cfg.sharded.weights))
     pairs = [(int(si.param_tensor[p]), q) for ph in (0, 1) for p, qs in si.trigger[ph].items()
              if op_stage[p] == 3 for q in qs]
     tt = np.array([a for a, _ in pairs], dtype=np.int64)
     to = np.array([b for _, b in pairs], dtype=np.int64)
-    return StatePlacement(op_stage, op_row, frac, tuple(devices), tt, to, op_offload)
+    return StatePlacement(op_stage, op_row, frac, tuple(devices), tt, to, op_offload, tuple(weights))
 
 
 # ----------------------------------------------------------------------------------- instances and memory

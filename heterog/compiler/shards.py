@@ -30,6 +30,7 @@ import numpy as np
 from heterog.caches import DerivedCache
 from heterog.compiler.context import CompileContext
 from heterog.compiler.index import output_bytes
+from heterog.compiler.shard_search import FORBIDDEN, solve
 from heterog.placement import Conversion, Placement, R, Shard, conversion, is_shard, parse, same_units
 from heterog.shares import split_shares_of
 
@@ -38,8 +39,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from heterog.strategy import ParallelConfig
 
 REPLICATE = -1                                     # option index: the whole op on every device
-ALLOWED = {"parameter": ("parameter", "attribute", "partial"), "attribute": ("attribute", "partial")}
-_SWEEPS = 2
+ALLOWED = {"parameter": ("parameter", "attribute", "partial"), "attribute": ("attribute", "partial"),
+           "tensor": ("parameter", "attribute", "partial")}
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,9 @@ class _Chooser:
         rings = [(g[i], g[(i + 1) % n]) for g in groups for i in range(n)] if n > 1 else []
         self.bw = min(float(ctx.bandwidth_Bps[a, b]) for a, b in rings) if n > 1 else np.inf
         self.lat = max(float(ctx.latency_s[a, b]) for a, b in rings) if n > 1 else 0.0
+        # a grid sums each partial result of the step over its groups (one AllReduce per position of what the
+        # position holds, all positions of a server sharing its links): priced per byte held
+        self.sum_s_per_byte, self.sum_fixed_s = self._group_sum_rate(ctx, groups) if len(groups) > 1 else (0.0, 0.0)
         full = ctx.cost.full_batch_times(ctx.graph)
         B = float(config.batch_size)
         scale = [np.where(ctx.index.has_batch, int(config.shares[config.devices.index(g[0])]) / B, 1.0)[:, None]
@@ -152,23 +156,42 @@ class _Chooser:
         self.allowed = [[REPLICATE] + [k for k, o in enumerate(opts)     # no device without a unit of the dim
                                        if o.kind in allowed and (o.extent is None or o.extent >= n)]
                         for opts in table.options]
+        self.anchor = _anchors(ctx)
+        self.param = ctx.index.placeholder_resident & (ctx.index.resident_bytes > 0) & (self.anchor < 0)
+        self.fixed_params = config.split == "tensor"
         if config.split == "parameter":         # a parameter with a divided layout is held divided
-            for o in np.nonzero(ctx.index.placeholder_resident & (ctx.index.resident_bytes > 0))[0].tolist():
+            for o in np.nonzero(self.param)[0].tolist():
                 divided = [k for k in self.allowed[o] if k != REPLICATE and table.options[o][k].kind == "parameter"]
                 self.allowed[o] = divided or self.allowed[o]
         self._fracs: dict[int | None, np.ndarray] = {None: np.ones(n)}
         self._conv: dict[tuple[int, int, int], Conversion] = {}
         self._compute: dict[tuple[int, int], float] = {}
-        gi = ctx.index
-        self.e_bytes = gi.e_bytes
-        self.ins: list[list[int]] = [[] for _ in range(gi.n_ops)]
-        self.outs: list[list[int]] = [[] for _ in range(gi.n_ops)]
-        for e, (u, v) in enumerate(zip(gi.e_src.tolist(), gi.e_dst.tolist())):
-            self.ins[v].append(e)
-            self.outs[u].append(e)
-        self.resident = gi.resident_bytes
-        self.anchor = _anchors(ctx)
-        self.flexible = gi.placeholder_resident & (self.anchor < 0)
+        self.e_bytes = ctx.index.e_bytes
+        if self.fixed_params:       # held in shards where a reader computes with them so, else whole; read as held
+            readers: dict[int, list[int]] = {}
+            for e, (u, v) in enumerate(zip(ctx.index.e_src.tolist(), ctx.index.e_dst.tolist())):
+                if ctx.graph.ops[v].phase != "update":
+                    readers.setdefault(u, []).append(e)
+            for o in np.nonzero(self.param)[0].tolist():
+                self.allowed[o] = [k for k in self.allowed[o] if k != REPLICATE
+                                   and table.options[o][k].kind == "parameter"
+                                   and any(self.edge_conv(e, k, kv) == Conversion.LOCAL
+                                           for e in readers.get(o, ()) for kv in self.allowed[
+                                               int(ctx.index.e_dst[e])] if kv != REPLICATE)] or [REPLICATE]
+        self.resident = ctx.index.resident_bytes
+
+    @staticmethod
+    def _group_sum_rate(ctx: CompileContext, groups: tuple[tuple[int, ...], ...]) -> tuple[float, float]:
+        """(seconds per byte a position holds, fixed seconds) of a ring AllReduce over the groups' first
+        devices, its bandwidth shared by the positions of a group that share a server."""
+        firsts = [g[0] for g in groups]
+        hops = list(zip(firsts, firsts[1:] + firsts[:1]))
+        bw = min(float(ctx.bandwidth_Bps[a, b]) for a, b in hops)
+        lat = max(float(ctx.latency_s[a, b]) for a, b in hops)
+        server = ctx.cluster.server_of
+        sharing = max(sum(server[d] == server[g[0]] for d in g) for g in groups)
+        k = len(groups)
+        return 2.0 * (k - 1) / k * sharing / bw, 2.0 * (k - 1) * lat
 
     def frac(self, extent: int | None) -> np.ndarray:
         hit = self._fracs.get(extent)
@@ -176,6 +199,9 @@ class _Chooser:
             assert extent is not None
             hit = self._fracs[extent] = np.asarray(split_shares_of(extent, self.weights), dtype=np.float64) / extent
         return hit
+
+    def shares(self, extent: int | None) -> tuple[int, ...]:
+        return () if extent is None else tuple(split_shares_of(extent, self.weights))
 
     def option_frac(self, o: int, k: int) -> np.ndarray:
         if k == REPLICATE:
@@ -192,7 +218,8 @@ class _Chooser:
         ov = t.options[v][v_opt] if v_opt != REPLICATE else None
         pairs = [((ou.exits[i] if ou is not None else R), (ov.inputs[j] if ov is not None else R))
                  for j, i in t.pairs[e]]
-        same = ou is not None and ov is not None and same_units(ou.extent, ov.extent)
+        same = ou is not None and ov is not None and same_units(ou.extent, ov.extent, self.shares(ou.extent),
+                                                                self.shares(ov.extent))
         return pairs, same
 
     def edge_conv(self, e: int, u_opt: int, v_opt: int) -> Conversion:
@@ -218,62 +245,56 @@ class _Chooser:
 
     def compute_cost(self, o: int, k: int) -> float:
         """The slowest device's share of op ``o`` under option ``k`` (and a tie-break: hold less of a
-        resident tensor)."""
+        resident tensor); on a grid, plus the sum over its groups of the partial results it makes (a weight
+        gradient held in shards moves its shards, held whole or as partial sums, all of it)."""
         hit = self._compute.get((o, k))
         if hit is None:
             f = self.option_frac(o, k)
             hit = float(np.max(self.full[o] * f)) + 1e-18 * float(self.resident[o]) * float(f.max())
+            partial = float(self.ctx.index.partial_bytes[o])
+            if self.sum_s_per_byte and partial > 0:
+                held = float(f.max()) if is_shard(self.out_placement(o, k)) else 1.0
+                hit += partial * held * self.sum_s_per_byte + self.sum_fixed_s
             self._compute[(o, k)] = hit
         return hit
 
-    def local_cost(self, o: int, k: int, choice: np.ndarray, use_in: bool, use_out: bool) -> float:
-        cost = self.compute_cost(o, k)
-        if use_in:
-            for e in self.ins[o]:
-                u = int(self.ctx.index.e_src[e])
-                if self.flexible[u]:           # a parameter follows its readers: the layout that suits this one
-                    cost += min(self.conv_cost(self.edge_conv(e, ku, k), self.e_bytes[e]) for ku in self.allowed[u])
-                else:
-                    cost += self.conv_cost(self.edge_conv(e, int(choice[u]), k), self.e_bytes[e])
-        if use_out:
-            for e in self.outs[o]:
-                if self.anchor[self.ctx.index.e_dst[e]] == o:      # it follows this parameter's layout
-                    continue
-                cost += self.conv_cost(self.edge_conv(e, k, int(choice[self.ctx.index.e_dst[e]])), self.e_bytes[e])
-        return cost
+    def edge_cost(self, e: int, ku: int, kv: int) -> float:
+        """Edge ``e``'s conversion time between its producer's option ``ku`` and its consumer's ``kv``;
+        ``FORBIDDEN`` where a parameter held in shards would move (a "tensor" split reads it where it lies)."""
+        c = self.edge_conv(e, ku, kv)
+        if c.collective and self.fixed_params and self.param[int(self.ctx.index.e_src[e])]:
+            return FORBIDDEN
+        return self.conv_cost(c, self.e_bytes[e])
 
     def out_placement(self, o: int, k: int) -> Placement | None:
         return R if k == REPLICATE else (self.table.options[o][k].outputs or (R,))[0]
 
-    def best(self, o: int, choice: np.ndarray, use_in: bool, use_out: bool) -> int:
-        cands = self.allowed[o]
-        a = int(self.anchor[o])
-        if a >= 0:                  # laid out as its parameter is (the next step reads it there)
-            want = self.out_placement(a, int(choice[a]))
-            cands = [k for k in cands if self.out_placement(o, k) == want] or [REPLICATE]
-        if len(cands) == 1:
-            return cands[0]
-        costs = [self.local_cost(o, k, choice, use_in, use_out) for k in cands]
-        return cands[int(np.argmin(costs))]
-
     def choose(self) -> np.ndarray:
+        """Every op's option: the labelling ``heterog.compiler.shard_search.solve`` finds over the graph's edges
+        and, for each op laid out as its parameter (``_anchors``), an edge from the parameter that allows only
+        the options giving the parameter's placement (the whole op where none does)."""
         gi = self.ctx.index
-        choice = np.full(gi.n_ops, REPLICATE, dtype=np.int64)
-        anchored = self.anchor >= 0
-        compute = np.nonzero(gi.is_compute & ~anchored)[0].tolist()
-        placeholders = np.nonzero(~gi.is_compute & ~anchored)[0].tolist()
-        follow = np.nonzero(anchored)[0].tolist()
-        for sweep in range(_SWEEPS + 1):
-            before = choice.copy()
-            for o in compute:
-                choice[o] = self.best(o, choice, True, sweep > 0)
-            for o in placeholders:
-                choice[o] = self.best(o, choice, False, True)
-            for o in follow:
-                choice[o] = self.best(o, choice, True, True)
-            if sweep and np.array_equal(before, choice):
-                break
-        return choice
+        cands = self.allowed
+        unary = [np.array([self.compute_cost(o, k) for k in cands[o]]) for o in range(gi.n_ops)]
+        src, dst, pair = [], [], []
+        for e, (u, v) in enumerate(zip(gi.e_src.tolist(), gi.e_dst.tolist())):
+            if self.anchor[v] == u:
+                continue                    # the anchor edge below says all there is
+            src.append(u)
+            dst.append(v)
+            pair.append(np.array([[self.edge_cost(e, ku, kv) for kv in cands[v]] for ku in cands[u]]))
+        for o in np.nonzero(self.anchor >= 0)[0].tolist():
+            a = int(self.anchor[o])
+            m = np.full((len(cands[a]), len(cands[o])), FORBIDDEN)
+            for i, ka in enumerate(cands[a]):
+                want = self.out_placement(a, ka)
+                ok = [j for j, k in enumerate(cands[o]) if self.out_placement(o, k) == want]
+                m[i, ok or [cands[o].index(REPLICATE)]] = 0.0
+            src.append(a)
+            dst.append(o)
+            pair.append(m)
+        labels = solve(unary, src, dst, pair)
+        return np.array([cands[o][int(k)] for o, k in enumerate(labels.tolist())], dtype=np.int64)
 
 
 class ChoiceKey(NamedTuple):

@@ -30,8 +30,11 @@ where own is the time above (roofline or op entry) and T_u the measured time: fo
 + backward at ``f * batch_size`` samples per micro-batch and tensor-parallel degree ``1 / s``; for a
 parameter, the optimizer step at degree ``1 / s`` times the parameter's share of the updated parameter
 bytes. So each unit sums to its measurement when its ops run at the same (d, f, s), and the split between
-them (forward : backward included: the files give none) is the roofline's. Ops outside the units (update
-ops without a parameter) and devices of other types keep ``own``. ``time_sources`` says which is which.
+them (forward : backward included: the files give none) is the roofline's. A layer's measurement at degree
+t > 1 includes its tensor-parallel collectives, so the collectives of values its ops make over profiled
+devices take no time of their own (``profiled_layers``; they keep their place in the order). Ops outside
+the units (update ops without a parameter) and devices of other types keep ``own``. ``time_sources`` says
+which is which.
 
 Transfers: ``sum of alpha + bytes * max of beta`` over the links of the path, where a link's
 (alpha, beta) is its profiled fit (looked up by link name, then by link kind) or else
@@ -129,7 +132,12 @@ class _AllreducePlan:
 class CostModel:
     """Times for the compiler. Args: ``cluster``; ``profile`` (measured overrides, optional);
     ``op_points``: interpolate between an op's measured points where the profile has them (default),
-    else use its fitted line.
+    else use its fitted line. Two habits of the training runtime the times assume: gradients all-reduced
+    in buckets of ``allreduce_bucket_bytes`` (``gradient_allreduce_times``; 0: one by one, as heterog's
+    runtime does), and ``comm_blocks_compute``: a device computes nothing while it sends, receives or
+    takes part in a collective (DeepSpeed's PipelineEngine runs its send, receive and reduce
+    instructions in line with its compute; heterog's runtime overlaps them), which the compiler
+    expresses by having every communication task hold its endpoint devices.
 
     Shapes: ``op_times`` takes equal-length (K,) arrays and returns (K,) seconds;
     ``full_batch_times`` returns (n_ops, M); ``transfer_times`` (K,) -> (K,);
@@ -137,8 +145,13 @@ class CostModel:
     """
 
     def __init__(self, cluster: Cluster, profile: ProfileTable | None = None, *, op_points: bool = True,
-                 layer_profile: LayerProfile | None = None, layer_numbering: LayerNumbering | None = None) -> None:
+                 layer_profile: LayerProfile | None = None, layer_numbering: LayerNumbering | None = None,
+                 allreduce_bucket_bytes: float = 0.0, comm_blocks_compute: bool = False) -> None:
         self.cluster = cluster
+        self.comm_blocks_compute = bool(comm_blocks_compute)
+        if not allreduce_bucket_bytes >= 0:
+            raise StrategyError(f"allreduce_bucket_bytes must be >= 0, got {allreduce_bucket_bytes}")
+        self.allreduce_bucket_bytes = float(allreduce_bucket_bytes)
         self.profile = profile.copy() if profile is not None else ProfileTable()
         self.op_points = bool(op_points)
         if layer_profile is not None and layer_numbering is None:
@@ -304,6 +317,15 @@ class CostModel:
         out[sel] = out[sel] * factor[inverse.ravel()]
         return out.reshape(own.shape)
 
+    def profiled_layers(self, graph: OpGraph) -> np.ndarray:
+        """(n_ops, M) bool: which op on which device takes its time from a profiled *layer* (not an optimizer
+        unit). A profiled layer's time covers its tensor-parallel collectives (Metis measures them with the
+        layer), so the compiler prices a collective of a value such an op makes over such devices at 0."""
+        if self.layer_profile is None or not (self._profiled_gpu >= 0).any():
+            return np.zeros((graph.n_ops, self.cluster.n_devices), dtype=bool)
+        units = self._units(graph)
+        return ((units.unit_of >= 0) & (units.unit_of < units.n_layers))[:, None] & (self._profiled_gpu >= 0)[None, :]
+
     def time_sources(self, graph: OpGraph) -> np.ndarray:
         """(n_ops, M) bool: which op on which device takes its time from the layer profile (the others
         keep the roofline, or their op profile entry)."""
@@ -446,6 +468,29 @@ class CostModel:
             return hier_s, np.full(x.shape, "hierarchical", dtype="<U12")
         use_ring = ring_s <= hier_s
         return np.where(use_ring, ring_s, hier_s), np.where(use_ring, "ring", "hierarchical").astype("<U12")
+
+    def gradient_allreduce_times(self, devices: Sequence[int], nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``allreduce_times`` of gradients, which the training runtime may fuse into buckets of
+        ``allreduce_bucket_bytes`` (PyTorch DDP's ``bucket_cap_mb``, DeepSpeed's ``reduce_bucket_size``): a
+        bucket pays its algorithm's fixed time (the time at 0 bytes: the latencies of its steps) once, so a
+        gradient of b bytes is priced at its bandwidth time plus ``min(1, b / bucket)`` of that fixed time
+        (a bucket's gradients together pay it once). Without buckets (0, the default) each pays it whole."""
+        if self.allreduce_bucket_bytes <= 0:
+            return self.allreduce_times(devices, nbytes)
+        x = np.atleast_1d(np.asarray(nbytes, dtype=np.float64))
+        share = np.minimum(x / self.allreduce_bucket_bytes, 1.0)
+        best: tuple[np.ndarray, np.ndarray] | None = None
+        for algo in ("ring", "hierarchical"):
+            t, names = self.allreduce_times(devices, x, algo)
+            fixed = self.allreduce_times(devices, np.zeros(1), algo)[0][0]
+            t = t - fixed * (1.0 - share)
+            if best is None:
+                best = (t, names)
+            else:
+                keep = best[0] <= t
+                best = (np.where(keep, best[0], t), np.where(keep, best[1], names))
+        assert best is not None
+        return best
 
     def allreduce_links(self, devices: Sequence[int], algo: str) -> tuple[int, ...]:
         """Link ids the ``algo`` ("ring" or "hierarchical") AllReduce over ``devices`` holds."""

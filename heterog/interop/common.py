@@ -11,7 +11,7 @@ divided evenly over the pipelines and, inside a pipeline, evenly over a stage's 
 Mapping onto a Strategy: a group per run of layers that every pipeline keeps in one stage; its config
 lists every pipeline's replicas of that stage: one device alone (dp = tp = 1), data parallelism with
 AllReduce (tp = 1), or a grid of the replicas by tp devices (``ParallelConfig.split_grid``, kind
-"parameter": Megatron's column/row pattern). Replicas are placed stage by stage, replica by replica, on the
+"tensor": Megatron's column/row pattern). Replicas are placed stage by stage, replica by replica, on the
 cluster's devices of their GPU type in cluster order: tp GPUs of one type inside one server where some
 server has that many free, else over whole servers in order.
 """
@@ -153,7 +153,7 @@ def stage_config(replicas: Sequence[Sequence[int]], share: Sequence[int]) -> Par
         if len(replicas) == 1:
             return ParallelConfig.single(replicas[0][0], share[0])
         return ParallelConfig(tuple(r[0] for r in replicas), tuple(share), sync="allreduce")
-    return ParallelConfig.split_grid(replicas, [1] * tp, share, kind="parameter")
+    return ParallelConfig.split_grid(replicas, [1] * tp, share, kind="tensor")
 
 
 def to_strategy(plan: ForeignPlan, graph: OpGraph, cluster: Cluster) -> Strategy:

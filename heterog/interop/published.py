@@ -4,6 +4,10 @@ ran on, simulated with the roofline catalog or with Metis' layer profiles, and c
 iteration time (``"real"``) and peak memory (``"max_mem"``); Sailor's own simulator's predictions of the
 same plans side by side. ``heterog fidelity --published DIR`` prints the report.
 
+Memory: the measured figure is memory in use; the simulator tracks tensors. What lies beyond them (a fixed
+amount per process and the allocator's reserve, ``MemoryOverhead``) is fitted on the clariden/ runs only and
+applied to every run; the mit/ runs are the held-out check and nothing is fitted on them.
+
 Runs whose published figures look inconsistent are listed with the reason and kept out of the means
 (``inconsistencies``): two different plans with identical measured time and memory, a plan whose layers
 are not the model's. A layer list with one evident typo (a layer written for another, the stages
@@ -35,6 +39,12 @@ GPUS_PER_NODE = {"clariden": 4, "mit": 8}
 # the MIT cluster's node options (heterog.cluster.published.mit) by Sailor's GPU name
 MIT_NODES = {"RTX-3090": "rtx3090", "Titan-RTX": "titan-rtx", "RTX-2080": "rtx2080"}
 OPTIMIZER = "adam"          # Sailor's runs train with DeepSpeed's AdamW (ae_scripts/clariden_scripts/run_opt.slurm)
+# DeepSpeed (no ZeRO, as those runs configure it) all-reduces gradients in buffers of MEMORY_OPT_ALLREDUCE_SIZE
+# = 5e8 elements (deepspeed/runtime/engine.py and pipe/engine.py: allreduce_gradients), fp32 gradients here
+DEEPSPEED_ALLREDUCE_BUCKET_BYTES = 500_000_000 * 4
+# and its PipelineEngine runs its send, receive and reduce instructions in line with its compute (the cost
+# model's ``comm_blocks_compute``)
+DEEPSPEED_BLOCKING_COMM = True
 DUPLICATE_RTOL = 1e-9
 
 
@@ -159,6 +169,46 @@ def inconsistencies(runs: Sequence[PublishedRun], n_layers: Callable[[str], int]
     return out
 
 
+@dataclass(frozen=True)
+class MemoryOverhead:
+    """What a GPU's memory in use holds beyond the tensors the simulator tracks (the measured figure is NVML's
+    memory in use, DeepSpeed's ``get_total_used_mem``): ``fixed_bytes`` per process (the CUDA context, NCCL's
+    buffers, library workspaces) and the caching allocator's reserve, a ``reserve`` fraction of the tensors'
+    peak. Fitted on runs of one cluster (``fit_memory_overhead``), named by ``source``."""
+
+    fixed_bytes: float
+    reserve: float
+    source: str
+
+    def in_use(self, tensor_peak_bytes: float) -> float:
+        """The memory in use a tensor peak stands for."""
+        return (1.0 + self.reserve) * tensor_peak_bytes + self.fixed_bytes
+
+
+CALIBRATION_CLUSTER = "clariden"       # what may be fitted on: the mit/ runs are the held-out check
+
+
+def fit_memory_overhead(records: Sequence[RunRecord], cluster: str = CALIBRATION_CLUSTER) -> MemoryOverhead | None:
+    """The ``MemoryOverhead`` that brings the counted, simulated runs of ``cluster`` closest to their measured
+    peaks (least squares of the log ratio; both terms >= 0); None without such runs."""
+    rs = [r for r in records if r.cluster == cluster and not r.excluded and not r.error
+          and math.isfinite(r.simulated_peak_bytes) and r.simulated_peak_bytes > 0]
+    if not rs:
+        return None
+    from scipy.optimize import least_squares
+
+    sim = np.array([r.simulated_peak_bytes for r in rs])
+    meas = np.array([r.measured_peak_bytes for r in rs])
+    scale = 1e9                               # fit in GB
+
+    def residual(x: np.ndarray) -> np.ndarray:
+        return np.log(((1.0 + x[1]) * sim + x[0] * scale) / meas)
+
+    fit = least_squares(residual, np.array([1.0, 0.05]), bounds=([0.0, 0.0], [np.inf, np.inf]))
+    return MemoryOverhead(float(fit.x[0] * scale), float(fit.x[1]),
+                          f"fitted on the {len(rs)} counted {cluster}/ runs of this report")
+
+
 @dataclass
 class RunRecord:
     """One run: measured, simulated by us, predicted by Sailor's simulator (NaN where absent)."""
@@ -172,6 +222,7 @@ class RunRecord:
     measured_peak_bytes: float
     simulated_s: float = math.nan
     simulated_peak_bytes: float = math.nan      # the simulator's peak of the fullest GPU (its tensors)
+    in_use_peak_bytes: float = math.nan         # that peak as memory in use (``MemoryOverhead``), where fitted
     oom: bool = False
     sailor_s: float = math.nan
     sailor_peak_bytes: float = math.nan
@@ -186,6 +237,12 @@ class RunRecord:
 
     @property
     def memory_error(self) -> float:
+        """Of the memory in use where a ``MemoryOverhead`` is fitted, else of the tensors' peak."""
+        peak = self.simulated_peak_bytes if math.isnan(self.in_use_peak_bytes) else self.in_use_peak_bytes
+        return peak / self.measured_peak_bytes - 1.0
+
+    @property
+    def tensor_memory_error(self) -> float:
         return self.simulated_peak_bytes / self.measured_peak_bytes - 1.0
 
 
@@ -215,6 +272,7 @@ def cluster_summary(records: Sequence[RunRecord]) -> dict[str, dict[str, float]]
             "time_mape_pct": _mape([r.time_error for r in rs]),
             "memory_mape_pct": _mape([r.memory_error for r in rs]),
             "memory_max_error_pct": max((100 * abs(r.memory_error) for r in rs), default=math.nan),
+            "tensor_memory_mape_pct": _mape([r.tensor_memory_error for r in rs]),
             "kendall_tau": _tau([r.measured_s for r in rs], [r.simulated_s for r in rs]),
             "sailor_runs": len(sailor),
             "sailor_time_mape_pct": _mape([r.sailor_s / r.measured_s - 1 for r in sailor]),
@@ -231,9 +289,11 @@ class PublishedReport:
     source: str                                   # "roofline" | "profiles:<dir>"
     records: list[RunRecord]
     summary: dict[str, dict[str, float]] = field(default_factory=dict)
+    memory_overhead: MemoryOverhead | None = None
 
     def record(self) -> dict[str, Any]:
-        return {"cost_source": self.source, "summary": self.summary, "runs": [asdict(r) for r in self.records]}
+        return {"cost_source": self.source, "summary": self.summary, "runs": [asdict(r) for r in self.records],
+                "memory_overhead": None if self.memory_overhead is None else asdict(self.memory_overhead)}
 
 
 def load_sailor_predictions(path: str | Path) -> dict[str, tuple[float, float]]:
@@ -254,12 +314,14 @@ def simulate_run(run: PublishedRun, graph: OpGraph, layer_profile: LayerProfile 
     """(simulated seconds per iteration, peak bytes of the fullest GPU, out of memory) of ``run``'s plan on
     ``graph`` (the model at the run's global batch) and the cluster it ran on."""
     from heterog.cluster import load_cluster
-    from heterog.evaluate import Evaluator
+    from heterog.evaluate import Evaluator, cost_model
     from heterog.interop.common import to_strategy
 
     cluster = load_cluster(run.cluster_spec())
     strategy = to_strategy(run.plan, graph, cluster)
-    res = Evaluator(graph, cluster, layer_profile=layer_profile).evaluate(strategy, method="sailor")
+    cost = cost_model(cluster, layer_profile, allreduce_bucket_bytes=DEEPSPEED_ALLREDUCE_BUCKET_BYTES,
+                      comm_blocks_compute=DEEPSPEED_BLOCKING_COMM)
+    res = Evaluator(graph, cluster, cost).evaluate(strategy, method="sailor")
     return res.iteration_time_s, float(max(res.peak_memory_bytes.values())), bool(res.oom)
 
 
@@ -323,7 +385,11 @@ def published_report(directory: str | Path, *, layer_profiles: str | Path | None
         if progress is not None:
             progress(rec)
     source = "roofline" if layer_profiles is None else f"profiles:{layer_profiles}"
-    return PublishedReport(source, records, cluster_summary(records))
+    overhead = fit_memory_overhead(records)
+    if overhead is not None:
+        for rec in records:
+            rec.in_use_peak_bytes = overhead.in_use(rec.simulated_peak_bytes)
+    return PublishedReport(source, records, cluster_summary(records), overhead)
 
 
 def scatter_plot(reports: Sequence[PublishedReport], path: str | Path) -> Path:

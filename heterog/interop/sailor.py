@@ -147,7 +147,7 @@ def write_sailor(strategy: Strategy, graph: OpGraph, cluster: Cluster, zone: str
         reps = _replicas(cfg)
         shares = [cfg.shares[i * len(reps[0])] for i in range(len(reps))]
         need(len(set(shares)) == 1, f"stage {s}: uneven batch shares {shares}; Sailor divides the batch evenly")
-        need(cfg.split in (None, "parameter") and len(set(cfg.split_shares)) <= 1,
+        need(cfg.split in (None, "parameter", "tensor") and len(set(cfg.split_shares)) <= 1,
              f"stage {s}: a split {cfg.split!r} with shares {list(cfg.split_shares)} is not Megatron's even "
              f"tensor parallelism")
         tmp.append([[_vms(r, cluster, zone), len(r)] for r in reps])

@@ -4,7 +4,9 @@ clusters, a profiler that fills the cost model's profile tables, and the ``get_r
 
 Pieces: ``stepprog`` (the captured step as the runtime runs it), ``scaling`` (why unequal batch shares
 still give single-device results), ``lowering`` (plan -> per-rank instructions in simulated order),
-``executor`` (worker side), ``launcher`` (processes, faults), ``profiler``, ``fidelity``, ``api``.
+``executor`` (worker side), ``launcher`` (processes, faults), ``checkpoint`` (checkpoints in
+torch.distributed.checkpoint's format, resuming under any plan), ``elastic`` (runs that survive lost
+workers), ``profiler``, ``fidelity``, ``api``.
 """
 from __future__ import annotations
 

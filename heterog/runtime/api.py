@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
@@ -32,6 +32,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from heterog.graph.inputs import InputSpec
     from heterog.graph.opgraph import OpGraph
     from heterog.graph.tracing import CapturedStep
+    from heterog.runtime.checkpoint import CheckpointSettings, RankCheckpoint, Resumed
+    from heterog.runtime.instructions import Part
     from heterog.strategy import Strategy
 
 EQUIVALENCE_RTOL = 1e-5
@@ -138,23 +140,68 @@ def load_model(ref: str, batch_size: int | None = None, *, optimizer: str = "sgd
 
 
 # ---------------------------------------------------------------------------- single-process reference
-def train_single_process(model: Model, batches: Sequence[Sequence[torch.Tensor]], steps: int
+def resume_state(model: Model, path: str | Path) -> Resumed:
+    """The checkpoint at ``path`` (a checkpoint, or a directory of them: the newest complete one) read back
+    for ``model`` (``heterog.runtime.checkpoint``); CheckpointError, in one line, if it cannot be."""
+    from heterog.runtime.checkpoint import load_checkpoint
+
+    return load_checkpoint(path, model.prog, model.initial_values(), model.name)
+
+
+def _run_steps(model: Model, steps: int, resumed: Resumed | None) -> tuple[int, StepProgram]:
+    """The first step of a run to ``steps`` steps and its step program (drawing from the checkpoint's
+    random streams when resumed)."""
+    if resumed is None:
+        return 0, model.prog
+    if resumed.step >= steps:
+        raise HeterogError(f"checkpoint {str(resumed.path)!r} is at step {resumed.step}; a run resumed from it "
+                           f"needs more steps than that (got {steps})")
+    prog = model.prog if resumed.rng_seed == model.prog.rng_seed else replace(model.prog, rng_seed=resumed.rng_seed)
+    return resumed.step, prog
+
+
+def train_single_process(model: Model, batches: Sequence[Sequence[torch.Tensor]], steps: int, *,
+                         resume: str | Path | Resumed | None = None, checkpoint: CheckpointSettings | None = None
                          ) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """``steps`` training steps of the captured step on one process (batch s uses batches[s % len]):
-    per-step losses and the final placeholder values (parameters, buffers, state). Each step's inputs are
-    checked against the model's value checks first (``heterog.graph.value_checks``)."""
-    for s in range(steps):
+    """Training steps up to step ``steps`` of the captured step on one process (step s uses batches[s % len]
+    and draws step s's random values): per-step losses and the final placeholder values (parameters,
+    buffers, state). Each step's inputs are checked against the model's value checks first
+    (``heterog.graph.value_checks``). ``resume``: start from a checkpoint (its recorded losses head the list);
+    ``checkpoint``: write checkpoints as a run under a plan does."""
+    resumed = resume_state(model, resume) if isinstance(resume, (str, Path)) else resume
+    first, prog = _run_steps(model, steps, resumed)
+    for s in range(first, steps):
         check_inputs(model.checks, batches[s % len(batches)], s)
-    params = [p.clone() for p in model.params]
-    buffers = [b.clone() for b in model.buffers]
-    state = [s.clone() for s in model.state]
-    losses = []
+    init = model.initial_values() if resumed is None else resumed.values
+    n_p, n_b = len(model.params), len(model.buffers)
+    vals = [init[ph] for ph in prog.placeholders[:n_p + n_b + len(model.state)]]
+    params, buffers, state = [v.clone() for v in vals[:n_p]], [v.clone() for v in vals[n_p:n_p + n_b]], \
+        [v.clone() for v in vals[n_p + n_b:]]
+    losses = list(resumed.losses) if resumed is not None else []
+    ck = None
+    if checkpoint is not None:
+        ck = _writers(model, [[(ph, None) for ph in init]], checkpoint, first, steps, losses, len(batches),
+                      prog.rng_seed, {"method": "single process", "cluster": "one process", "devices": []})[0]
     with torch.no_grad():
-        for s in range(steps):
-            loss, params, state = model.prog.step(params, buffers, state, batches[s % len(batches)], step=s)
+        for s in range(first, steps):
+            loss, params, state = prog.step(params, buffers, state, batches[s % len(batches)], step=s)
             losses.append(float(loss))
+            if ck is not None:
+                persist = dict(zip(prog.placeholders, [*params, *buffers, *state]))
+                ck.after_step(s + 1, persist, float(loss), 0, 1, torch.device("cpu"))
     vals = [*params, *buffers, *state]
     return losses, dict(zip(model.prog.placeholders[:len(vals)], vals))
+
+
+def _writers(model: Model, held: Sequence[Sequence[tuple[str, Part | None]]], settings: CheckpointSettings,
+             first: int, steps: int, losses: Sequence[float], n_batches: int, seed: int, plan: dict[str, Any]
+             ) -> list[RankCheckpoint]:
+    from heterog.runtime.checkpoint import rank_writers
+
+    about = {"model": model.name, "graph_fingerprint": model.graph.fingerprint, "optimizer": model.prog.optimizer,
+             "lr": model.prog.lr, "batch_size": model.batch_size, "plan": plan}
+    return rank_writers(model.prog, model.initial_values(), held, settings, first=first, steps=steps, losses=losses,
+                        n_batches=n_batches, seed=seed, about=about)
 
 
 # ---------------------------------------------------------------------------- a plan ready to run
@@ -172,16 +219,31 @@ class PreparedRun:
     emulate: bool
     simulated_peak_memory_bytes: dict[str, int] = field(default_factory=dict)   # device name -> bytes
 
-    def jobs(self, batches: Sequence[Sequence[torch.Tensor]], steps: int, *, return_state: bool = True) -> list[Job]:
-        init = self.model.initial_values()
+    def jobs(self, batches: Sequence[Sequence[torch.Tensor]], steps: int, *, return_state: bool = True,
+             resumed: Resumed | None = None, checkpoint: CheckpointSettings | None = None) -> list[Job]:
+        """One job per rank training up to step ``steps``: from the model's initial values, or from
+        ``resumed`` (its values cut into the parts each rank holds, its step, its random streams);
+        ``checkpoint``: each rank writes its parts when a checkpoint is due."""
+        first, prog = _run_steps(self.model, steps, resumed)
+        init = self.model.initial_values() if resumed is None else resumed.values
+        writers: list[RankCheckpoint | None] = [None] * len(self.lowered.ranks)
+        if checkpoint is not None:
+            plan = {"method": self.strategy.method, "cluster": self.cluster.name,
+                    "devices": self.cluster.device_names}
+            held = [[(ph, rp.persist_parts.get(ph) if ph in self.lowered.parts else None) for _, ph in rp.report]
+                    for rp in self.lowered.ranks]
+            writers = list(_writers(self.model, held, checkpoint, first, steps, resumed.losses if resumed else [],
+                                    len(batches), prog.rng_seed, plan))
         out = []
         sizes_all = {b: self.model.prog.sizes_at(b) for rp in self.lowered.ranks for b in rp.batches}
-        for rp in self.lowered.ranks:
-            rp.persist = {name: held_part(init[name], rp.persist_parts.get(name)) for name in rp.persist}
+        for rp, writer in zip(self.lowered.ranks, writers):
+            rp.persist = {name: held_part(init[rp.host.get(name, name)], rp.persist_parts.get(name))
+                          for name in rp.persist}
             sizes = {b: sizes_all[b] for b in rp.batches}
-            out.append(Job(self.model.prog, rp, list(self.lowered.groups), sizes, steps,
+            out.append(Job(prog, rp, list(self.lowered.groups), sizes, steps - first,
                            [tuple(t.detach() for t in batch) for batch in batches], self.emulate,
-                           name=f"{self.model.name}/{self.strategy.method}", return_state=return_state))
+                           name=f"{self.model.name}/{self.strategy.method}", return_state=return_state,
+                           first_step=first, checkpoint=writer))
         return out
 
 
@@ -248,6 +310,10 @@ class RunResult:
     n_ps_aggregations: int = 0
     measured_peak_memory_bytes: dict[str, int] = field(default_factory=dict)
     simulated_peak_memory_bytes: dict[str, int] = field(default_factory=dict)
+    first_step: int = 0                    # a resumed run: the checkpoint's step (``losses`` covers every step)
+    checkpoints: list[tuple[int, float]] = field(default_factory=list)   # (step, seconds writing: slowest rank)
+    restarts: list[dict[str, Any]] = field(default_factory=list)   # an elastic run's (heterog.runtime.elastic)
+    cluster: str = ""                      # the cluster the run ended on (an elastic run's may be smaller)
 
     def params(self, model: Model) -> dict[str, torch.Tensor]:
         """Final parameters by parameter name."""
@@ -260,7 +326,9 @@ class RunResult:
                 "n_messages": self.n_messages, "n_allreduce": self.n_allreduce,
                 "n_ps_aggregations": self.n_ps_aggregations,
                 "measured_peak_memory_bytes": self.measured_peak_memory_bytes,
-                "simulated_peak_memory_bytes": self.simulated_peak_memory_bytes}
+                "simulated_peak_memory_bytes": self.simulated_peak_memory_bytes, "first_step": self.first_step,
+                "checkpoints": [{"step": st, "seconds": sec} for st, sec in self.checkpoints],
+                "restarts": self.restarts}
 
 
 def median_after_warmup(times: Sequence[float], warmup: int) -> tuple[float, int]:
@@ -269,32 +337,43 @@ def median_after_warmup(times: Sequence[float], warmup: int) -> tuple[float, int
     return float(statistics.median(times[w:])), w
 
 
-def collect(prepared: PreparedRun, results: list[dict[str, Any]], warmup: int) -> RunResult:
+def collect(prepared: PreparedRun, results: list[dict[str, Any]], warmup: int, resumed: Resumed | None = None
+            ) -> RunResult:
     """Merge the ranks' results: a step lasts as long as its slowest rank; the loss is the sum of the
-    ranks' share-weighted terms."""
+    ranks' share-weighted terms (after those of the steps before ``resumed``'s checkpoint)."""
     steps = len(results[0]["times_s"])
     times = [max(r["times_s"][s] for r in results) for s in range(steps)]
     losses = [sum(r["loss_terms"][s] for r in results if r["has_loss"]) for s in range(steps)]
+    before = list(resumed.losses) if resumed is not None else []
+    written: dict[int, float] = {}
+    for r in results:
+        for step, took in r.get("checkpoints", ()):
+            written[step] = max(written.get(step, 0.0), took)
     by_rank = sorted(results, key=lambda r: r.get("rank", 0))
     values = whole_values(prepared.lowered, [{ph: v for ph, (_, v) in r["values"].items()} for r in by_rank])
     it, w = median_after_warmup(times, warmup)
     low = prepared.lowered
     names = prepared.cluster.device_names
     measured = {names[r.get("rank", k)]: int(r.get("peak_memory_bytes", 0)) for k, r in enumerate(results)}
-    return RunResult(prepared.strategy.method or "strategy", times, it, losses, values,
+    return RunResult(prepared.strategy.method or "strategy", times, it, before + losses, values,
                      prepared.simulated_iteration_time_s, w, len(low.messages), low.n_allreduce, low.n_aggregate,
-                     measured, dict(prepared.simulated_peak_memory_bytes))
+                     measured, dict(prepared.simulated_peak_memory_bytes), len(before), sorted(written.items()),
+                     cluster=prepared.cluster.name)
 
 
 def run_prepared(prepared: PreparedRun, batches: Sequence[Sequence[torch.Tensor]], steps: int, *,
                  warmup: int = 1, pool: WorkerPool | None = None, hang_timeout_s: float = 60.0,
-                 return_state: bool = True) -> RunResult:
-    """Execute ``steps`` steps on ``pool`` (or a new pool of one process per device, closed afterwards)."""
+                 return_state: bool = True, resume: str | Path | Resumed | None = None,
+                 checkpoint: CheckpointSettings | None = None) -> RunResult:
+    """Train up to step ``steps`` on ``pool`` (or a new pool of one process per device, closed afterwards):
+    from the start, or from checkpoint ``resume`` (then ``losses`` covers every step); with ``checkpoint``,
+    the ranks write checkpoints as they fall due (``heterog.runtime.checkpoint``)."""
     if steps < 1:
         raise HeterogError(f"steps must be at least 1, got {steps}")
-    for s in range(steps):                       # the model's own checks, on each step's inputs
+    resumed = resume_state(prepared.model, resume) if isinstance(resume, (str, Path)) else resume
+    for s in range(resumed.step if resumed is not None else 0, steps):   # the model's own checks, each step
         check_inputs(prepared.model.checks, batches[s % len(batches)], s)
-    jobs = prepared.jobs(batches, steps, return_state=return_state)
+    jobs = prepared.jobs(batches, steps, return_state=return_state, resumed=resumed, checkpoint=checkpoint)
     own = pool is None
     if pool is None:
         pool = WorkerPool(prepared.cluster.n_devices, prepared.backend, device_names=prepared.cluster.device_names,
@@ -307,7 +386,7 @@ def run_prepared(prepared: PreparedRun, batches: Sequence[Sequence[torch.Tensor]
     finally:
         if own:
             pool.close()
-    return collect(prepared, results, warmup)
+    return collect(prepared, results, warmup, resumed)
 
 
 def compare_values(model: Model, got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], *,

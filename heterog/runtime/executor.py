@@ -2,7 +2,7 @@
 torch.distributed (gloo on CPU, NCCL on GPUs), emulating device slowdown and link speed on local-cpu.
 
 The instructions (``heterog.runtime.instructions``: compute, send, assemble, aggregate, allreduce, allgather,
-reducescatter, alltoall, post, combine, derive)
+reducescatter, alltoall, post, combine, derive, copy, batchstats)
 are built by ``heterog.runtime.lowering`` and matched here by type; messages and collectives go through
 ``heterog.runtime.transport``, held bytes are metered by ``heterog.runtime.memory``.
 
@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -41,6 +41,7 @@ from heterog.runtime.instructions import (
     Combine,
     Compute,
     Const,
+    Copy,
     Derive,
     Env,
     Post,
@@ -60,6 +61,9 @@ from heterog.runtime.rng import Draw, block_batches
 from heterog.runtime.stepprog import StepProgram
 from heterog.runtime.transport import NullStatus, Pending, StatusLike, Transport, TransportLike, waited_for
 
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.runtime.checkpoint import RankCheckpoint
+
 SLEEP_QUANTUM_S = 50e-6
 
 
@@ -78,6 +82,8 @@ class Job:
     return_state: bool = True
     trace: bool = False              # record (kind, start, end, waited) of each instruction, each step
     memory_steps: int = 1            # steps whose held bytes are metered (LiveBytes; the first is warm-up)
+    first_step: int = 0              # the training step the job starts at (a resumed run: its checkpoint's)
+    checkpoint: RankCheckpoint | None = None    # writes this rank's parts when a checkpoint is due
 
 
 def initial_values(rp: RankProgram) -> dict[str, torch.Tensor]:
@@ -127,8 +133,10 @@ class RankExecutor:
         self.status: StatusLike = status or NullStatus()
         prog = job.prog
         computes = [ins for ins in self.rp.instrs if isinstance(ins, Compute)]
-        self.kernels = {(op, local, scale): prog.kernel(op, device, local, scale)
-                        for op, local, scale in {(ins.op, ins.local, _stats_scale(ins)) for ins in computes}}
+        self.host = torch.device("cpu")          # where offloaded state lives and its update runs
+        self.kernels = {(op, local, scale, host): prog.kernel(op, self.host if host else device, local, scale)
+                        for op, local, scale, host in {(ins.op, ins.local, _stats_scale(ins), ins.host)
+                                                       for ins in computes}}
         self.chains: dict[tuple, Kernel] = {}
         for ins in self.rp.instrs:
             chains = [(inp.chain, None) for inp in ins.inputs] if isinstance(ins, Compute) else \
@@ -147,7 +155,8 @@ class RankExecutor:
             self.groups, self.transport = [None] * len(job.groups), transport
         self.members = [list(g) for g in job.groups]
         self.consts = {k: v.to(device) for k, v in prog.consts.items()}
-        self.persist = {k: v.to(device) for k, v in initial_values(self.rp).items()}
+        self.persist = {k: self.to_host(v) if k in self.rp.host else v.to(device)
+                        for k, v in initial_values(self.rp).items()}
         self.debt_s = 0.0
         self.slow = self.rp.slowdown if job.emulate else 1.0
         self.post_in_order = any(isinstance(ins, Post) for ins in self.rp.instrs)
@@ -158,8 +167,10 @@ class RankExecutor:
         # per step, per instruction: [kind, start s, end s, s waiting] (job.trace)
         self.traces: list[list[list[Any]]] = []
         self.memory = LiveBytes([t for batch in job.inputs for t in batch])
+        self.host_memory = LiveBytes()     # the bytes of offloaded state and its update, in host memory
         self._taken: list[Recv] = []       # messages taken by the current instruction
         self._mem: Meter = NoMeter()     # the meter of the current step
+        self._host_mem: Meter = NoMeter()
 
     # ------------------------------------------------------------------ helpers
     def _fetch(self, src: Source, env: dict[str, Any], stash: dict[Any, Any]) -> Any:
@@ -170,6 +181,9 @@ class RankExecutor:
             if type(v) is Pending:
                 v = stash[src.key] = in_memory_order(self.transport.finish(v), v.order)
                 self._mem.put(src, v)
+            elif type(v) is Landing:
+                v.event.synchronize()
+                v = stash[src.key] = v.tensor
             return v
         if isinstance(src, Recv):
             self._pay()
@@ -215,11 +229,14 @@ class RankExecutor:
         rp, tr = self.rp, self.transport
         env: dict[str, Any] = dict(self.persist)
         self._step = index
-        mem: Meter = self.memory if index < self.job.memory_steps else NoMeter()
+        metered = index < self.job.memory_steps
+        mem: Meter = self.memory if metered else NoMeter()
         self._mem = mem
+        self._host_mem = self.host_memory if metered else NoMeter()
         mem.reset()
+        self._host_mem.reset()
         for ph, v in self.persist.items():
-            mem.put(("persist", ph), v)
+            (self._host_mem if ph in self.rp.host else mem).put(("persist", ph), v)
         for name, i, lo, hi in rp.inputs:
             env[name] = inputs[i][lo:hi].to(self.device)
             mem.put(Env(name), env[name])
@@ -264,7 +281,7 @@ class RankExecutor:
         if isinstance(ins, Send):
             return f"instruction {i}: send message {ins.tag} to rank {ins.dst}"
         if isinstance(ins, (Assemble, Aggregate, AllReduce, AllGather, ReduceScatter, AllToAll, Combine, Derive,
-                            BatchStats)):
+                            BatchStats, Copy)):
             return f"instruction {i}: {ins.kind} {ins.key}"
         return f"instruction {i}: {ins.kind}"
 
@@ -299,10 +316,12 @@ class RankExecutor:
         if isinstance(ins, Compute):
             t_op, idle0 = time.perf_counter(), tr.idle_s
             self._compute(ins, env, stash)
-            self._owe(t_op, idle0)
+            if not ins.host:               # the host CPU runs at its own speed, not the device's slowdown
+                self._owe(t_op, idle0)
+            where = self._host_mem if ins.host else mem
             for name in ins.exports:
                 key = env_name(name, ins.micro, ins.recompute)
-                mem.put(Env(key), env[key])
+                where.put(Env(key), env[key])
         elif isinstance(ins, Send):
             self._pay()
             tr.send(self._piece(ins.source, ins.slice, ins.scale, env, stash), ins.dst, ins.tag, *ins.link)
@@ -362,6 +381,13 @@ class RankExecutor:
             stash[ins.key] = self._derive(ins, env, stash)
             self._owe(t_op, idle0)
             mem.put(Stash(ins.key), stash[ins.key])
+        elif isinstance(ins, Copy):
+            t_op, idle0 = time.perf_counter(), tr.idle_s
+            v = self._fetch(ins.source, env, stash)
+            stash[ins.key] = self.to_host(v, wait=False) if ins.to_host else self.to_device(v)
+            self._owe(t_op, idle0)
+            got = stash[ins.key]
+            (self._host_mem if ins.to_host else mem).put(Stash(ins.key), got.tensor if type(got) is Landing else got)
         elif isinstance(ins, Post):
             r = self.recv_spec[ins.tag]
             tr.post(r.tag, r.src, r.shape, r.dtype)
@@ -376,6 +402,7 @@ class RankExecutor:
             else:
                 stash.pop(src.key, None)
             mem.drop(src)
+            self._host_mem.drop(src)
         for taken in self._taken:
             mem.drop(taken)
         self._taken.clear()
@@ -404,7 +431,7 @@ class RankExecutor:
             from heterog.runtime.batch_stats import STATS_NODE
 
             local[STATS_NODE] = self._fetch(ins.stats, env, stash)
-        kernel = self.kernels[(ins.op, ins.local, _stats_scale(ins))]
+        kernel = self.kernels[(ins.op, ins.local, _stats_scale(ins), ins.host)]
         draw = None
         if kernel.random:
             prog = self.job.prog
@@ -432,6 +459,27 @@ class RankExecutor:
             if inp.tuple_index is not None and not isinstance(local[inp.node], (tuple, list)):
                 local[inp.node] = [None] * inp.tuple_index + [local[inp.node]]
         return local
+
+    def to_host(self, v: torch.Tensor, wait: bool = True) -> Any:
+        """A copy of ``v`` in host memory: on a GPU into pinned memory, asynchronous (``wait``: finished here;
+        else a ``Landing``, finished where first read); on a CPU worker a copy all the same."""
+        if self.device.type != "cuda" or v.device.type != "cuda":
+            return v.clone()
+        out = torch.empty_like(v, device=self.host, pin_memory=True)
+        out.copy_(v, non_blocking=True)
+        landing = Landing(out, torch.cuda.Event())
+        landing.event.record()
+        if wait:
+            landing.event.synchronize()
+            return out
+        return landing
+
+    def to_device(self, v: torch.Tensor) -> torch.Tensor:
+        """A copy of host value ``v`` in the device's memory: on a GPU from pinned memory (``v`` staged there
+        first unless it is pinned), asynchronous on the current stream, which orders its readers after it."""
+        if self.device.type != "cuda":
+            return v.clone()
+        return (v if v.is_pinned() else v.pin_memory()).to(self.device, non_blocking=True)
 
     def _derive(self, ins: Derive, env: dict[str, Any], stash: dict[Any, Any]) -> torch.Tensor:
         """A value's view chain run on it (on a device's part: with its local sizes), then the part of it
@@ -473,15 +521,28 @@ class RankExecutor:
         return elapsed, loss
 
     def run(self) -> dict[str, Any]:
-        times, losses = [], []
-        for s in range(self.job.steps):
+        """Steps ``first_step ..`` of the job (step s reads batch ``s % len(inputs)`` and draws step s's
+        random values), writing checkpoints when they are due."""
+        times, losses, written = [], [], []
+        ck = self.job.checkpoint
+        if ck is not None:
+            ck.ready()
+        for s in range(self.job.first_step, self.job.first_step + self.job.steps):
             batch = self.job.inputs[s % len(self.job.inputs)]
             elapsed, loss = self.step(s, batch)
             times.append(elapsed)
             losses.append(loss)
+            if ck is not None:
+                self.status.waiting(-4)
+                took = ck.after_step(s + 1, self.persist, loss if self.rp.loss_terms else 0.0, self.rank,
+                                     self.world, self.device)
+                self.status.waiting(-1)
+                if took is not None:
+                    written.append((s + 1, took))
         out: dict[str, Any] = {"rank": self.rank, "times_s": times, "loss_terms": losses,
                                "has_loss": bool(self.rp.loss_terms), "values": {},
-                               "peak_memory_bytes": int(self.memory.peak)}
+                               "peak_memory_bytes": int(self.memory.peak), "checkpoints": written,
+                               "host_peak_memory_bytes": int(self.host_memory.peak)}
         if self.job.trace:
             out["traces"] = self.traces
         if self.job.return_state:
@@ -492,6 +553,14 @@ class RankExecutor:
 def _stats_scale(ins: Compute) -> float | None:
     """The kernel variant of a compute instruction: None, or a synced batch norm's gradient convention."""
     return None if ins.stats is None else ins.stats_scale
+
+
+@dataclass
+class Landing:
+    """A copy to pinned host memory in flight on a GPU: ``tensor`` holds it once ``event`` has completed."""
+
+    tensor: torch.Tensor
+    event: Any
 
 
 def watch_parent(parent_pid: int, interval_s: float = 0.5) -> None:

@@ -125,7 +125,8 @@ class Compute:
     ``micro``; ``exports``: the node values kept for later instructions; ``local``: this device's way of
     running an op divided beyond the batch (None: the whole op); ``stats``: the whole batch's sums of a synced
     batch norm (``heterog.runtime.sync_stats``; its batch-norm node reads them, at the instance's gradient
-    convention ``stats_scale``)."""
+    convention ``stats_scale``); ``host``: run on the host CPU on values in host memory (an update of
+    offloaded state, ``heterog.runtime.state_lowering``)."""
 
     op: int
     local_batch: int
@@ -137,6 +138,7 @@ class Compute:
     local: Local | None = None
     stats: Stash | None = None
     stats_scale: float = 1.0
+    host: bool = False
 
     kind = "compute"
 
@@ -308,6 +310,20 @@ class AllToAll:
 
 
 @dataclass(frozen=True, slots=True)
+class Copy:
+    """Stash ``key`` = a copy of ``source`` in host memory (``to_host``) or in the device's (offloaded state,
+    ``heterog.runtime.state_lowering``). On GPUs through pinned host memory, asynchronous (a copy to the host is
+    waited for where first read); on CPU workers, whose host and device memory are one, a copy all the same
+    (the two sides are held, metered and freed apart)."""
+
+    key: tuple
+    source: Source
+    to_host: bool
+
+    kind = "copy"
+
+
+@dataclass(frozen=True, slots=True)
 class Post:
     """Post the receive of message ``tag`` (NCCL: receives are posted in global message order)."""
 
@@ -317,7 +333,7 @@ class Post:
 
 
 Instruction = (Compute | Send | Assemble | Aggregate | AllReduce | AllGather | ReduceScatter | AllToAll | Post | Combine
-               | Derive | BatchStats)
+               | Derive | BatchStats | Copy)
 
 
 class Receive(NamedTuple):
@@ -345,7 +361,7 @@ def sources(ins: Instruction) -> list[Source]:
         return [i.source for i in ins.inputs] + ([ins.stats] if ins.stats is not None else [])
     if isinstance(ins, BatchStats):
         return [i.source for part in ins.parts for i in part.inputs]
-    if isinstance(ins, (Send, AllReduce, AllGather, ReduceScatter, AllToAll, Derive)):
+    if isinstance(ins, (Send, AllReduce, AllGather, ReduceScatter, AllToAll, Derive, Copy)):
         return [ins.source]
     if isinstance(ins, Combine):
         return list(ins.parts)
@@ -391,6 +407,8 @@ class RankProgram:
     loss_terms: list[tuple[Source, float]] = field(default_factory=list)
     report: list[tuple[str, str]] = field(default_factory=list)        # (kind param|state|buffer, placeholder)
     persist_parts: dict[str, Part] = field(default_factory=dict)       # placeholders held as a part of the value
+    host: dict[str, str] = field(default_factory=dict)    # persist values in host memory -> the placeholder whose
+                                                          # initial value they start from (offloaded state)
     batches: set[int] = field(default_factory=set)
 
 

@@ -15,8 +15,9 @@ import queue
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
 from heterog.errors import HeterogError
@@ -32,7 +33,13 @@ BACKENDS = ("gloo", "nccl")
 
 
 class WorkerFailure(HeterogError):
-    """A worker process died, hung or raised; the message names the rank."""
+    """A worker process died, hung or raised; the message names the rank. ``lost``: the ranks whose worker
+    is gone or stuck (died without reporting an error, or made no progress): their devices are lost to the
+    run; empty when a worker raised (a fault of the plan or the model, not of a device)."""
+
+    def __init__(self, message: str, lost: Sequence[int] = ()) -> None:
+        super().__init__(message)
+        self.lost = tuple(sorted(int(r) for r in lost))
 
 
 def _describe_exit(code: int | None) -> str:
@@ -245,7 +252,7 @@ class WorkerPool:
             if dead:
                 r = dead[0]
                 self._fail(f"worker {self.names[r]} (rank {r}) died while starting "
-                           f"({_describe_exit(self.procs[r].exitcode)})")
+                           f"({_describe_exit(self.procs[r].exitcode)})", [r])
             if time.monotonic() > deadline:
                 missing = sorted(set(range(self.world)) - ready)
                 self._fail(f"workers {missing} did not start within {self.start_timeout_s:.0f} s")
@@ -286,14 +293,14 @@ class WorkerPool:
         except queue.Empty:
             return None
 
-    def _fail(self, message: str) -> None:
+    def _fail(self, message: str, lost: Sequence[int] = ()) -> None:
         self.closed = True
         self._kill()
         try:
             self._tmp.cleanup()
         except OSError:
             pass
-        raise WorkerFailure(message + "; all workers were stopped")
+        raise WorkerFailure(message + "; all workers were stopped", lost)
 
     def _progress(self) -> tuple[int, ...]:
         return tuple(self.status[i] for i in range(3 * self.world))
@@ -346,7 +353,8 @@ class WorkerPool:
             if p.exitcode is not None:
                 dead[r] = p.exitcode
         self._fail(first_failure(errors, dead, self.names, [max(int(self.status[3 * r]), 0)
-                                                            for r in range(self.world)]))
+                                                            for r in range(self.world)]),
+                   [r for r in dead if r not in errors])
 
     def _report_hang(self, status: tuple[int, ...], results: dict[int, Any]) -> None:
         busy = [r for r in range(self.world) if r not in results and status[3 * r + 2] == -1]   # not waiting
@@ -357,7 +365,7 @@ class WorkerPool:
         culprits = busy or waited or laggards
         where = ", ".join(f"rank {r} at step {status[3 * r]} instruction {status[3 * r + 1]}" for r in culprits)
         self._fail(f"worker(s) {', '.join(self.names[r] + f' (rank {r})' for r in culprits)} made no progress "
-                   f"for {self.hang_timeout_s:.0f} s ({where}); the others were waiting")
+                   f"for {self.hang_timeout_s:.0f} s ({where}); the others were waiting", culprits)
 
 
 # ---------------------------------------------------------------------------- env:// (torchrun)
@@ -369,12 +377,80 @@ def env_rank() -> tuple[int, int, int] | None:
     return None
 
 
-def run_env_job(make_jobs: Callable[[], list[Any]], backend: str, timeout_s: float = 600.0
-                ) -> list[dict[str, Any]] | None:
+SHARED_STORE_SWITCH = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
+def nnodes_of(agent_argv: Sequence[str], environ: Mapping[str, str]) -> tuple[int, int] | None:
+    """(fewest, most) nodes of the torchrun agent started with ``agent_argv`` (``--nnodes N`` or ``MIN:MAX``,
+    else torchrun's ``PET_NNODES``); None when neither says, or says something torchrun would refuse."""
+    value = environ.get("PET_NNODES")
+    for i, arg in enumerate(agent_argv):
+        if arg == "--nnodes" and i + 1 < len(agent_argv):
+            value = agent_argv[i + 1]
+        elif arg.startswith("--nnodes="):
+            value = arg.split("=", 1)[1]
+    if value is None:
+        return None
+    try:
+        low, _, high = value.partition(":")
+        return int(low), int(high or low)
+    except ValueError:
+        return None
+
+
+def joins_stall(agent_argv: Sequence[str], environ: Mapping[str, str]) -> str | None:
+    """Under torchrun: why a node that joins this job would stall torchrun's agents, or None.
+
+    A job whose agents share their TCP store with the workers (torchrun's default, which the workers see as
+    ``TORCHELASTIC_USE_AGENT_STORE=True``) publishes the store's address once: rank 0's agent writes it
+    under the first rendezvous round's keys and keeps it. A node that joins in a later round reads it under
+    that round's keys, which no agent writes, while rank 0's agent waits there for the newcomer's role: both
+    wait until the store's read timeout and the agents fail (a newcomer that the rendezvous ranks first
+    would start a store of its own instead, which the other nodes' workers never learn of). With
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` on every agent, rank 0's agent publishes a fresh address under
+    each round's keys, the workers meet at a store of their own (rank 0's, env://), and the job grows."""
+    if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    nodes = nnodes_of(agent_argv, environ)
+    if nodes is None or nodes[0] == nodes[1]:
+        return None
+    return (f"torchrun's agents share their store (--nnodes {nodes[0]}:{nodes[1]}): a node that joins would stall "
+            f"their next rendezvous round until it times out; start every torchrun with {SHARED_STORE_SWITCH}=1 "
+            "for a job that grows")
+
+
+def agent_argv() -> list[str]:
+    """The command line of this process's parent (torchrun's agent, for a rank it started); empty where it
+    cannot be read (Linux's /proc)."""
+    try:
+        raw = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def _attempt_store(world: int, timeout: timedelta) -> Any:
+    """The store of this attempt's process group under torchrun: the agent's store under a prefix of its
+    own. The agent's store outlives the workers it restarts, and the addresses that a killed attempt's
+    ranks left in it would otherwise be read by the next attempt's ranks that come up first (gloo then
+    connects to a dead port). The attempt is told apart by torchrun's restart count, the world size and the
+    order of arrival: every process adds one to a counter of its (restart, world) on arrival."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                          timeout=timeout)
+    key = f"heterog/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{world}"
+    arrival = int(store.add(f"{key}/arrivals", 1))
+    return dist.PrefixStore(f"{key}/{(arrival - 1) // world}", store)
+
+
+def run_env_job(make_jobs: Callable[[list[str | None]], list[Any]], backend: str, timeout_s: float = 600.0,
+                device: str | None = None) -> list[dict[str, Any]] | None:
     """Run one job in an env:// process group (each process is one rank, e.g. under torchrun).
 
-    Rank 0 calls ``make_jobs()`` (planning happens once) and scatters one job to each rank; every rank
-    runs its own; rank 0 returns all results, the others None.
+    Every rank names its ``device`` (None: not named); rank 0 calls ``make_jobs(names)`` with the names of
+    all ranks in rank order (planning happens once) and scatters one job to each rank; every rank runs its
+    own; rank 0 returns all results, the others None.
     """
     import torch
     import torch.distributed as dist
@@ -382,17 +458,31 @@ def run_env_job(make_jobs: Callable[[], list[Any]], backend: str, timeout_s: flo
     rank, world, local = env_rank() or (0, 1, 0)
     if backend == "nccl":
         torch.cuda.set_device(local % max(torch.cuda.device_count(), 1))
-        device = torch.device("cuda", local % max(torch.cuda.device_count(), 1))
+        device_ = torch.device("cuda", local % max(torch.cuda.device_count(), 1))
     else:
-        device = torch.device("cpu")
-    dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
+        device_ = torch.device("cpu")
+    timeout = timedelta(seconds=timeout_s)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        dist.init_process_group(backend, store=_attempt_store(world, timeout), rank=rank, world_size=world,
+                                timeout=timeout)
+    else:
+        dist.init_process_group(backend, init_method="env://", timeout=timeout)
     try:
-        jobs = make_jobs() if rank == 0 else None
-        if jobs is not None and len(jobs) != world:
-            raise HeterogError(f"the plan has {len(jobs)} devices but the job has {world} processes")
+        names: list[str | None] = [None] * world
+        dist.all_gather_object(names, device)
+        jobs: list[Any] | None = None
+        if rank == 0:
+            try:
+                jobs = make_jobs(names)
+                if len(jobs) != world:
+                    raise HeterogError(f"the plan has {len(jobs)} devices but the job has {world} processes")
+            except HeterogError as exc:         # every rank stops with rank 0's reason
+                jobs = [exc] * world
         box: list[Any] = [None]
         dist.scatter_object_list(box, jobs, src=0)
-        out = execute_job(box[0], rank, device)
+        if isinstance(box[0], HeterogError):
+            raise box[0]
+        out = execute_job(box[0], rank, device_)
         gathered: list[Any] | None = [None] * world if rank == 0 else None
         dist.gather_object(out, gathered, dst=0)
         return gathered

@@ -7,6 +7,16 @@ from collections.abc import Sequence
 import torch
 
 
+def batch_slice(dim: int, lo: int, hi: int, per_sample: int, block: int) -> tuple[int, int, int, int]:
+    """The executor's slice of samples ``lo:hi`` of a batch tensor: ``(dim, start, end, 0)`` narrows entries
+    ``start:end`` of ``dim`` (samples one after the other, ``per_sample`` entries each); ``(dim, lo, hi,
+    block)`` narrows samples ``lo:hi`` within each of the ``block`` blocks that ``dim`` holds (sample-minor
+    rows, see ``heterog.runtime.scaling``)."""
+    if block:
+        return (dim, lo, hi, block)
+    return (dim, lo * per_sample, hi * per_sample, 0)
+
+
 def narrow_batch(t: torch.Tensor, sl: tuple[int, int, int, int]) -> torch.Tensor:
     """The part of ``t`` that slice ``(dim, start, end, block)`` names: entries ``start:end`` of ``dim``
     (block 0), or entries ``start:end`` within each of the ``block`` blocks of ``dim`` (sample-minor rows)."""

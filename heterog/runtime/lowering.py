@@ -65,9 +65,11 @@ from heterog.runtime.instructions import (
     last_uses,
     with_tags,
 )
+from heterog.runtime.layout import batch_slice
 from heterog.runtime.rng import block_batches
 from heterog.runtime.scaling import Exponents
 from heterog.runtime.split_lowering import SplitLowering
+from heterog.runtime.state_lowering import StateLowering
 from heterog.runtime.stepprog import LeafInfo, Read, StepProgram
 from heterog.runtime.sync_stats import SyncLowering
 
@@ -75,16 +77,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from heterog.cluster import Cluster
     from heterog.compiler import CompiledPlan
     from heterog.graph.opgraph import OpGraph
-
-
-def batch_slice(dim: int, lo: int, hi: int, per_sample: int, block: int) -> Slice:
-    """The executor's slice of samples ``lo:hi`` of a batch tensor: ``(dim, start, end, 0)`` narrows entries
-    ``start:end`` of ``dim`` (samples one after the other, ``per_sample`` entries each); ``(dim, lo, hi,
-    block)`` narrows samples ``lo:hi`` within each of the ``block`` blocks that ``dim`` holds (sample-minor
-    rows, see ``heterog.runtime.scaling``)."""
-    if block:
-        return (dim, lo, hi, block)
-    return (dim, lo * per_sample, hi * per_sample, 0)
 
 
 class _Builder:
@@ -138,6 +130,7 @@ class _Builder:
 
         self.nominal = CostModel(cluster)            # emulated link speeds: the cluster's nominal ones
         self.split, self.sync = SplitLowering(self), SyncLowering(self)
+        self.state = StateLowering(self)          # sharded and offloaded state (after the split ops)
 
     # ------------------------------------------------------------------ layouts
     def lay_devs(self, lay: int) -> tuple[int, ...]:
@@ -413,8 +406,8 @@ class _Builder:
     def compute(self, op: int, dev: int, first: int, end: int, micro: int, recompute: bool = False) -> None:
         """Op ``op``'s instance on ``dev`` over samples ``first .. end`` of micro-batch ``micro`` (its
         recomputed copy: ``recompute``)."""
-        if op in self.split:
-            self.split.compute(op, dev, first, end, micro)
+        if op in self.split or op in self.state:
+            (self.split if op in self.split else self.state).compute(op, dev, first, end, micro)
             return
         prog = self.prog
         b = end - first
@@ -433,6 +426,8 @@ class _Builder:
                     ) -> tuple[Source, tuple[str, ...], float]:
         """(source, view chain, scale) of what ``op``'s instance on ``dev`` (``b`` samples of micro-batch
         ``micro``, running at ``key``) reads for ``r``."""
+        if (held := self.state.read(op, r, dev, key, recompute)) is not None:
+            return held                                 # a parameter of stage 3, gathered
         prog = self.prog
         lay = self.op_lay(op)
         value_free = prog.op_target[op] in VALUE_FREE_TARGETS
@@ -505,10 +500,12 @@ class _Builder:
             if i < n_p + n_b + len(prog.state_names):
                 for d in self.lay_devs(lay):
                     self.ranks[d].persist[name] = None          # filled by the caller with initial values
-                    part = self.split.held_part(op, d)
+                    part = self.split.held_part(op, d) or self.state.held_part(op, d)
                     if part is not None:
                         self.ranks[d].persist_parts[name] = part
-                        self.parts[name] = (part.placement, self.split.holders(op))
+                        host = self.split if op in self.split else self.state
+                        self.parts[name] = (part.placement, host.holders(op))
+                    self.state.place(name, op, self.ranks[d])
             elif not prog.op_has_batch[op]:                    # an input without the batch: whole everywhere
                 for d in self.lay_devs(lay):
                     self.ranks[d].inputs.append(InputSlice(name, i - n_p - n_b - len(prog.state_names), 0, None))
@@ -529,6 +526,9 @@ class _Builder:
             if leaf_id is None:
                 raise HeterogError(f"step output {out} is not an op output; cannot place it")
             for d in self.lay_devs(self.op_lay(prog.node_op[ph])):
+                if (held := self.state.updates(ph, out, d)) is not None:     # sharded or offloaded state
+                    self.ranks[d].updates.extend(held)
+                    continue
                 src: Source
                 if u in self.split:
                     src = self.split.update(ph, out, leaf_id, d, Env(out))

@@ -82,7 +82,7 @@ class StatusLike(Protocol):
 
 class Status:
     """Per-rank progress in shared memory: step, instruction index, peer waited for (-1 none (computing),
-    -2 a collective, -3 the barrier between steps)."""
+    -2 a collective, -3 the barrier between steps, -4 a checkpoint being written)."""
 
     def __init__(self, array: SharedInts, rank: int) -> None:
         self.a, self.base = array, 3 * rank
@@ -108,7 +108,8 @@ class NullStatus:
 
 
 def waited_for(peer: int) -> str:
-    return {-2: "a collective", -3: "the barrier between steps"}.get(peer, f"rank {peer}")
+    return {-2: "a collective", -3: "the barrier between steps", -4: "a checkpoint being written"}.get(
+        peer, f"rank {peer}")
 
 
 # ---------------------------------------------------------------------------- transport

@@ -142,12 +142,62 @@ def build_gpt_neo_2_7b_megatron(
     return _megatron_attention(module), inputs
 
 
+MEGATRON_ATTENTION = "heterog-megatron"
+
+
+def _megatron_softmax_attention(module: nn.Module, query: Any, key: Any, value: Any, attention_mask: Any,
+                                scaling: float, dropout: float = 0.0, **_: Any) -> tuple[Any, Any]:
+    """Attention as Megatron-DeepSpeed's ``CoreAttention`` computes it (megatron/model/transformer.py): the
+    scale applied inside the score GEMM (``baddbmm``'s alpha; here to the queries, the same product), the mask
+    and softmax one fused kernel (``FusedScaleMaskSoftmax``) that keeps only its output for the backward, the
+    probabilities dropped only where a dropout is set, then the product with the values. Hugging Face's
+    "eager" function scales the scores and drops out at p = 0 too, each a pass over and a copy of the
+    ``(batch, heads, seq, seq)`` scores that Megatron never makes."""
+    import torch
+
+    scores = torch.matmul(query * scaling, key.transpose(-1, -2))
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    else:                                   # causal, as the kernel masks it: no mask tensor per sample
+        q_len, k_len = scores.shape[-2], scores.shape[-1]
+        causal = torch.ones(q_len, k_len, dtype=torch.bool, device=scores.device).tril(k_len - q_len)
+        scores = scores.masked_fill(~causal, torch.finfo(scores.dtype).min)
+    probs = torch.softmax(scores, dim=-1)
+    if dropout > 0.0 and module.training:
+        probs = torch.nn.functional.dropout(probs, p=dropout, training=True)
+    return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
+
+
+def _megatron_mask(**kwargs: Any) -> Any:
+    """No mask tensor where there is no padding: the causal mask is applied inside the attention, as
+    Megatron's ``scaled_upper_triang_masked_softmax`` kernel does (Hugging Face's eager mask is a
+    ``(batch, 1, seq, seq)`` tensor made once and read by every layer, so it would cross every pipeline
+    stage); Hugging Face's eager mask where padding is given."""
+    if kwargs.get("attention_mask") is None:
+        return None
+    from transformers.masking_utils import eager_mask
+
+    return eager_mask(**kwargs)
+
+
 def _megatron_attention(module: nn.Module) -> nn.Module:
-    """Attention as Megatron-DeepSpeed computes it in Sailor's runs: the scores and their softmax held as
-    tensors (its FusedScaleMaskSoftmax over ``Q K^T``; no flash attention is enabled), which Hugging Face's
-    "eager" implementation does too, rather than a fused kernel that keeps neither."""
+    """Attention as Megatron-DeepSpeed computes it in Sailor's runs (no flash attention is enabled): the
+    softmax of the scores held as a tensor for the backward, and nothing more of the scores; the causal mask
+    made inside each attention (``_megatron_mask``). OPT's attention goes through
+    ``_megatron_softmax_attention``; GPT-Neo's (a method of its own, without scaling, its causal and local
+    windows from a buffer of its own) keeps Hugging Face's eager code with its attention dropout, which
+    Sailor's training never applies, removed."""
+    import transformers
+    from transformers.masking_utils import AttentionMaskInterface
+
+    transformers.AttentionInterface.register(MEGATRON_ATTENTION, _megatron_softmax_attention)
+    AttentionMaskInterface.register(MEGATRON_ATTENTION, _megatron_mask)
     config: Any = getattr(module, "config")
-    config._attn_implementation = "eager"
+    config._attn_implementation = MEGATRON_ATTENTION      # GPT-Neo's attention classes are built: it picks the mask
+    for sub in module.modules():
+        dropout = getattr(sub, "attn_dropout", None)
+        if isinstance(dropout, nn.Dropout) and dropout.p == 0.0:
+            sub.attn_dropout = nn.Identity()
     return module
 
 

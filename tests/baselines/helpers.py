@@ -26,6 +26,14 @@ class TableCost:
     def full_batch_times(self, graph):
         return np.where(graph.is_compute[:, None], self.times, 0.0)
 
+    comm_blocks_compute = False
+
+    def profiled_layers(self, graph):
+        return np.zeros((graph.n_ops, self.cluster.n_devices), dtype=bool)
+
+    def gradient_allreduce_times(self, devices, nbytes):
+        return self.allreduce_times(devices, nbytes)
+
     def transfer_times(self, src, dst, nbytes):
         src, dst, nbytes = np.broadcast_arrays(np.asarray(src), np.asarray(dst), np.asarray(nbytes, dtype=float))
         return np.where(src == dst, 0.0, nbytes * self.beta)

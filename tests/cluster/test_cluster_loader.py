@@ -88,12 +88,25 @@ def test_local_cpu_spec_parses():
     assert [d.slowdown for d in load_cluster("local-cpu-2:slowdown=3").devices] == [3.0, 3.0]
 
 
+def test_a_local_cpu_cluster_may_describe_its_host_side():
+    """``host=`` gives the machine a host of that CPU type (one socket, 16 GB unless ``host_memory`` says
+    otherwise, the loopback link's speed to each worker), so that plans may offload state to it."""
+    assert load_cluster("local-cpu-2").servers[0].host is None
+    h = load_cluster("local-cpu-2:bandwidth=1GB/s:host=Xeon-Gold-6148").servers[0].host
+    assert h is not None and (h.cpu.name, h.sockets, h.memory_bytes) == ("Xeon-Gold-6148", 1, 16 * 10**9)
+    assert (h.pcie_bandwidth_Bps, h.pcie_latency_s) == (1e9, pytest.approx(20e-6))
+    c = load_cluster("local-cpu-3:host=EPYC-7742:host_memory=4GB")
+    assert c.host_memory_bytes(0) == 4 * 10**9
+
+
 @pytest.mark.parametrize("spec, message", [
     ("local-cpu-0", r"'local-cpu-0': expected local-cpu-N"),
     ("local-cpu-3:slowdown=1,2", r"option 'slowdown': 2 factors for 3 workers"),
     ("local-cpu-2:slowdown=1,-1", r"option 'slowdown': factors must be positive"),
     ("local-cpu-2:bandwidth=5", r"option 'bandwidth'.*'5' has no unit"),
     ("local-cpu-2:speed=2", r"unknown option 'speed'"),
+    ("local-cpu-2:host=Pentium", r"unknown host CPU type 'Pentium'"),
+    ("local-cpu-2:host_memory=4GB", r"host_memory needs host="),
 ])
 def test_bad_local_cpu_specs(spec, message):
     with pytest.raises(ClusterError, match=message):

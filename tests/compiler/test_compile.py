@@ -31,6 +31,14 @@ class FakeCost:
     def full_batch_times(self, graph):
         return np.repeat(np.where(graph.is_compute, graph.flops, 0.0)[:, None], self.cluster.n_devices, 1)
 
+    comm_blocks_compute = False
+
+    def profiled_layers(self, graph):
+        return np.zeros((graph.n_ops, self.cluster.n_devices), dtype=bool)
+
+    def gradient_allreduce_times(self, devices, nbytes):
+        return self.allreduce_times(devices, nbytes)
+
     def transfer_times(self, src, dst, nbytes):
         return np.where(np.asarray(src) == np.asarray(dst), 0.0, np.asarray(nbytes, float) * 1e-9)
 
@@ -237,36 +245,33 @@ def test_communication_holds_links_and_compute_holds_its_gpu():
                 assert r == []
 
 
-def test_host_driven_devices_do_not_compute_while_they_communicate():
-    """CPU workers (``host_driven_comm``): a transfer also holds both endpoint devices and an AllReduce
-    every member, so communication no longer overlaps computation there."""
+@pytest.mark.parametrize("mode", ["overlapped", "host-driven", "blocking runtime"])
+def test_devices_that_hold_their_communication_do_not_compute_meanwhile(mode):
+    """CPU workers (``host_driven_comm``), and any device under a runtime that runs communication in line
+    with compute (``CostModel.comm_blocks_compute``, DeepSpeed's): a transfer also holds both endpoint
+    devices and an AllReduce every member, so communication no longer overlaps computation there."""
     g = linear_graph()
-    for host in (False, True):
-        c = two_gpu(host_driven_comm=host)
-        # the loss (and so the rest of the step) on device 1, the forward on device 0: x and mm's output move
-        s = strategy_for(g, c, [ParallelConfig.single(0, 8), ParallelConfig.single(1, 8)],
-                         np.array([0, 0, 0, 1, 1, 1, 1, 1]))
-        res = run(g, c, s)
-        plan = res.plan
-        for t in np.nonzero(plan.task_kind == TaskKind.TRANSFER)[0].tolist():
-            r = plan.tg.task_resources(t).tolist()
-            devices = sorted(x for x in r if x < c.n_devices)
-            assert devices == ([0, 1] if host else [])
-        ar = run(g, c, strategy_for(g, c, [ParallelConfig.of([(0, 4), (1, 4)], sync="allreduce")])).plan
-        t_ar = int(np.nonzero(ar.task_kind == TaskKind.ALLREDUCE)[0][0])
-        assert sorted(x for x in ar.tg.task_resources(t_ar).tolist() if x < c.n_devices) == ([0, 1] if host else [])
-    # timelines: x is ready at 0 and moves to device 1 while device 0 runs mm, unless device 0 drives it
+    holds = mode != "overlapped"
+    c = two_gpu(host_driven_comm=mode == "host-driven")
+    cost = FakeCost(c)
+    cost.comm_blocks_compute = mode == "blocking runtime"
+    # the loss (and so the rest of the step) on device 1, the forward on device 0: x and mm's output move
+    s = strategy_for(g, c, [ParallelConfig.single(0, 8), ParallelConfig.single(1, 8)],
+                     np.array([0, 0, 0, 1, 1, 1, 1, 1]))
+    res = run(g, c, s, cost)
+    plan, sim = res.plan, res.sim
+    for t in np.nonzero(plan.task_kind == TaskKind.TRANSFER)[0].tolist():
+        devices = sorted(x for x in plan.tg.task_resources(t).tolist() if x < c.n_devices)
+        assert devices == ([0, 1] if holds else [])
+    ar = run(g, c, strategy_for(g, c, [ParallelConfig.of([(0, 4), (1, 4)], sync="allreduce")]), cost).plan
+    t_ar = int(np.nonzero(ar.task_kind == TaskKind.ALLREDUCE)[0][0])
+    assert sorted(x for x in ar.tg.task_resources(t_ar).tolist() if x < c.n_devices) == ([0, 1] if holds else [])
+    # timelines: x is ready at 0 and moves to device 1 while device 0 runs mm, unless device 0 holds the move
     mm = [i for i, op in enumerate(g.ops) if op.name == "mm"][0]
-    for host in (False, True):
-        c = two_gpu(host_driven_comm=host)
-        s = strategy_for(g, c, [ParallelConfig.single(0, 8), ParallelConfig.single(1, 8)],
-                         np.array([0, 0, 0, 1, 1, 1, 1, 1]))
-        res = run(g, c, s)
-        plan, sim = res.plan, res.sim
-        t_mm = int(np.nonzero((plan.task_op == mm) & (plan.task_kind == TaskKind.COMPUTE))[0][0])
-        transfers = np.nonzero(plan.task_kind == TaskKind.TRANSFER)[0]
-        overlap = [t for t in transfers.tolist() if sim.start[t] < sim.finish[t_mm] and sim.start[t_mm] < sim.finish[t]]
-        assert bool(overlap) is not host
+    t_mm = int(np.nonzero((plan.task_op == mm) & (plan.task_kind == TaskKind.COMPUTE))[0][0])
+    transfers = np.nonzero(plan.task_kind == TaskKind.TRANSFER)[0]
+    overlap = [t for t in transfers.tolist() if sim.start[t] < sim.finish[t_mm] and sim.start[t_mm] < sim.finish[t]]
+    assert bool(overlap) is not holds
 
 
 # ------------------------------------------------------------------------------- random strategies

@@ -157,3 +157,24 @@ def test_sharded_ring_of_uneven_shards_by_hand():
     assert cm.sharded_ring_times([2], np.array([[5e6]])).tolist() == [0.0]
     with pytest.raises(StrategyError, match="one shard per device"):
         cm.sharded_ring_times([0, 1, 2], np.array([[1.0, 2.0]]))
+
+
+def test_gradients_in_buckets_pay_the_fixed_time_once_per_bucket():
+    """Four V100s on two servers, intra as slow as the NIC: the ring's fixed time is 6 steps x (1 + 1) us. In
+    buckets of 4 MB a 1 MB gradient pays a quarter of it, a 10 MB one all of it; four 1 MB gradients, one
+    bucket, together pay exactly what one 4 MB AllReduce does."""
+    x = np.array([1e6, 1e7])
+    plain = two_by_two(intra_Bps=10e9, intra_lat_s=1e-6, nic_Bps=10e9, nic_lat_s=1e-6)
+    cm = CostModel(plain.cluster, allreduce_bucket_bytes=4e6)
+    fixed = 6 * 2e-6
+    ring = 1.5 * x / 10e9
+    times, algos = cm.gradient_allreduce_times([0, 1, 2, 3], x)
+    assert times == pytest.approx([ring[0] + fixed / 4, ring[1] + fixed], rel=1e-12)
+    assert algos.tolist() == ["ring", "ring"]
+    four = cm.gradient_allreduce_times([0, 1, 2, 3], np.full(4, 1e6))[0].sum()
+    assert four == pytest.approx(plain.allreduce_times([0, 1, 2, 3], np.array([4e6]), "ring")[0][0], rel=1e-12)
+    # without buckets a gradient's AllReduce is priced alone (the default; heterog's runtime)
+    assert plain.gradient_allreduce_times([0, 1, 2, 3], x)[0] == pytest.approx(plain.allreduce_times(
+        [0, 1, 2, 3], x)[0], rel=1e-12)
+    with pytest.raises(StrategyError, match="allreduce_bucket_bytes"):
+        CostModel(plain.cluster, allreduce_bucket_bytes=-1.0)

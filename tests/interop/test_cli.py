@@ -22,7 +22,7 @@ def test_import_plan_command(tmp_path, capsys, opt_graph):
     assert main(argv) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["n_groups"] == 2 and doc["micro_batches"] == [4, 4] and doc["plan_real"] == 0.5
-    assert doc["stages"][0] == {"devices": [0, 1, 2, 3], "shares": [4, 4, 4, 4], "grid": 2, "split": "parameter"}
+    assert doc["stages"][0] == {"devices": [0, 1, 2, 3], "shares": [4, 4, 4, 4], "grid": 2, "split": "tensor"}
     assert doc["iteration_time_s"] > 0 and doc["oom"] is False
     saved = Strategy.load(out)
     assert saved.method == "import-sailor" and saved.n_micro == 2 and [c.grid for c in saved.configs] == [2, 2]

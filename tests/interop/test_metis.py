@@ -22,7 +22,7 @@ def test_sample_plan_hand_checked(opt_graph, mixed_cluster):
     assert plan.micro_batches == 2 and plan.global_batch == 8
     s = to_strategy(plan, opt_graph, mixed_cluster)
     # stage 0 (layers 0, 1): one replica, tp 2 over the two RTX-3090s; stage 1 (2, 3): two Titan RTX replicas
-    assert s.configs == [ParallelConfig.split_grid([[0, 1]], [1, 1], [8], kind="parameter"),
+    assert s.configs == [ParallelConfig.split_grid([[0, 1]], [1, 1], [8], kind="tensor"),
                          ParallelConfig((2, 3), (4, 4), sync="allreduce")]
     assert s.configs[0].grid == 1 and s.micro_batches == (4, 4) and s.method == "import-metis"
     assert s.meta["cost"] == pytest.approx(0.0123)

@@ -13,9 +13,11 @@ import pytest
 import heterog
 from heterog import zoo
 from heterog.interop.published import (
+    MemoryOverhead,
     RunRecord,
     cluster_summary,
     find_runs,
+    fit_memory_overhead,
     inconsistencies,
     load_sailor_predictions,
     published_report,
@@ -88,6 +90,25 @@ def test_summary_of_hand_made_records():
     assert s["sailor_time_mape_pct"] == pytest.approx(100 * (0.2 + 0.0) / 2)
     assert s["sailor_memory_mape_pct"] == pytest.approx(0.0)
     assert s["sailor_kendall_tau"] == pytest.approx(1.0)
+
+
+def test_memory_overhead_is_fitted_on_clariden_alone_and_recovers_a_known_one():
+    """Clariden runs whose memory in use is 1.08 x the tensors' peak + 2.5 GB: the fit finds both terms; mit
+    runs, however far off, change nothing (they are the held-out check); excluded runs are left out."""
+    true = MemoryOverhead(2.5e9, 0.08, "by hand")
+    peaks = [3e9, 8e9, 15e9, 22e9, 31e9]
+    recs = [RunRecord(f"c{i}", "clariden", "m", 8, 4, 1.0, true.in_use(p), simulated_s=1.0, simulated_peak_bytes=p)
+            for i, p in enumerate(peaks)]
+    recs += [RunRecord("m0", "mit", "m", 8, 4, 1.0, 4e9, simulated_s=1.0, simulated_peak_bytes=20e9),
+             RunRecord("dup", "clariden", "m", 8, 4, 1.0, 1e9, simulated_s=1.0, simulated_peak_bytes=30e9,
+                       excluded="same figures as another plan")]
+    fit = fit_memory_overhead(recs)
+    assert fit is not None and "5 counted clariden/" in fit.source
+    assert fit.fixed_bytes == pytest.approx(2.5e9, rel=1e-4) and fit.reserve == pytest.approx(0.08, rel=1e-3)
+    assert fit_memory_overhead([r for r in recs if r.cluster == "mit"]) is None
+    rec = recs[0]
+    rec.in_use_peak_bytes = fit.in_use(rec.simulated_peak_bytes)
+    assert rec.memory_error == pytest.approx(0.0, abs=1e-6) and rec.tensor_memory_error < -0.4
 
 
 def test_the_committed_predictions_of_sailors_simulator_are_keyed_like_the_runs(validation):

@@ -30,8 +30,8 @@ def plan_pp2_dp2_tp2() -> dict:
 def test_hand_checked_plan(opt_graph, a100_cluster):
     s = to_strategy(read_sailor(plan_pp2_dp2_tp2()), opt_graph, a100_cluster)
     # stage 0: replicas (0, 1) and (2, 3) on node n0; stage 1 on node n1; 8 / 2 replicas = 4 samples each
-    assert s.configs == [ParallelConfig.split_grid([[0, 1], [2, 3]], [1, 1], [4, 4], kind="parameter"),
-                         ParallelConfig.split_grid([[4, 5], [6, 7]], [1, 1], [4, 4], kind="parameter")]
+    assert s.configs == [ParallelConfig.split_grid([[0, 1], [2, 3]], [1, 1], [4, 4], kind="tensor"),
+                         ParallelConfig.split_grid([[4, 5], [6, 7]], [1, 1], [4, 4], kind="tensor")]
     assert s.configs[0].grid == 2 and s.configs[0].shares == (4, 4, 4, 4)
     # micro-batches = gbs / (mbs x dp) = 8 / (2 x 2) = 2, of mbs x dp = 4 samples each, 1F1B
     assert s.micro_batches == (4, 4) and s.schedule == "1f1b"

@@ -56,6 +56,7 @@ def test_killed_worker_fails_the_run_naming_the_rank_and_its_signal() -> None:
     assert isinstance(box.get("error"), WorkerFailure)
     msg = str(box["error"])
     assert "rank 1" in msg and "SIGKILL" in msg and "localhost/cpu1" in msg    # its death, not the 30 s timeout
+    assert box["error"].lost == (1,)                                           # its device is lost to the run
     assert _all_gone(pool)
     with pytest.raises(Exception, match="closed"):
         pool.run([None, None])
@@ -69,6 +70,7 @@ def test_hung_worker_is_named_and_everything_is_stopped() -> None:
     th.join(timeout=30)
     assert isinstance(box.get("error"), WorkerFailure)
     assert "made no progress for 2 s" in str(box["error"]) and "localhost/cpu1 (rank 1)" in str(box["error"])
+    assert 1 in box["error"].lost                   # the stuck rank (and any it left standing at the same place)
     assert _all_gone(pool)
 
 
@@ -111,6 +113,7 @@ def test_the_first_failure_is_reported_first_not_a_peers_closed_connection() -> 
     assert "in fx node" in msg                                   # the fx node that raised, with its inputs
     assert "Connection closed" not in head
     assert "(rank 0)" in msg.split("other ranks (consequences):")[1]       # the peer's error comes after
+    assert info.value.lost == ()                        # an error raised is no lost device: nothing to re-plan
     assert _all_gone(pool)
 
 

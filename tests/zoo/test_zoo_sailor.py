@@ -70,3 +70,27 @@ def test_megatron_opt_layers_hold_the_parameters_of_the_metis_profile():
     layer_of, n_blocks = block_layers(graph)
     held = np.bincount(layer_of, weights=[op.param_bytes for op in graph.ops], minlength=n_blocks + 2)
     assert held.tolist() == [214_433_792 + 2 * 1024 * 4, 50_384_896, 50_384_896, 206_053_376]
+
+
+@pytest.mark.parametrize("name, overrides", [("opt_350m_megatron", {k: v for k, v in OPT_SMALL.items()
+                                                                    if k != "embed_proj"}),
+                                             ("gpt_neo_2_7b_megatron", {**NEO_SMALL, "dropout": 0.0})])
+def test_megatron_attention_computes_what_eager_attention_does(name, overrides):
+    """The Megatron-layout models attend as Megatron's kernels do (scale inside the score product, only the
+    softmax kept, no dropout at p = 0): the same loss and gradients as Hugging Face's eager attention."""
+    torch.manual_seed(0)
+    module, inputs = zoo.build(name, 2, dtype=torch.float64, **overrides)
+    assert module.config._attn_implementation == "heterog-megatron"
+    assert not any(isinstance(m, torch.nn.Dropout) for n, m in module.named_modules() if n.endswith("attn_dropout"))
+
+    def loss_and_grads(implementation: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        module.config._attn_implementation = implementation
+        module.zero_grad()
+        loss = module(**inputs).loss
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in module.parameters()]
+
+    ours, eager = loss_and_grads(module.config._attn_implementation), loss_and_grads("eager")
+    torch.testing.assert_close(ours[0], eager[0], rtol=1e-12, atol=1e-12)
+    for a, b in zip(ours[1], eager[1]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)     # the loss is taken in fp32
