@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
@@ -18,6 +18,7 @@ from heterog.errors import HeterogError, ModelError
 from heterog.graph.inputs import ExampleInputs
 from heterog.graph.value_checks import ValueCheck, check_inputs
 from heterog.planners import BEST_DP_CANDIDATES
+from heterog.runtime.checkpoint import run_start
 from heterog.runtime.executor import Job
 from heterog.runtime.instructions import Lowered
 from heterog.runtime.launcher import WorkerPool
@@ -148,18 +149,6 @@ def resume_state(model: Model, path: str | Path) -> Resumed:
     return load_checkpoint(path, model.prog, model.initial_values(), model.name)
 
 
-def _run_steps(model: Model, steps: int, resumed: Resumed | None) -> tuple[int, StepProgram]:
-    """The first step of a run to ``steps`` steps and its step program (drawing from the checkpoint's
-    random streams when resumed)."""
-    if resumed is None:
-        return 0, model.prog
-    if resumed.step >= steps:
-        raise HeterogError(f"checkpoint {str(resumed.path)!r} is at step {resumed.step}; a run resumed from it "
-                           f"needs more steps than that (got {steps})")
-    prog = model.prog if resumed.rng_seed == model.prog.rng_seed else replace(model.prog, rng_seed=resumed.rng_seed)
-    return resumed.step, prog
-
-
 def train_single_process(model: Model, batches: Sequence[Sequence[torch.Tensor]], steps: int, *,
                          resume: str | Path | Resumed | None = None, checkpoint: CheckpointSettings | None = None
                          ) -> tuple[list[float], dict[str, torch.Tensor]]:
@@ -169,7 +158,7 @@ def train_single_process(model: Model, batches: Sequence[Sequence[torch.Tensor]]
     (``heterog.graph.value_checks``). ``resume``: start from a checkpoint (its recorded losses head the list);
     ``checkpoint``: write checkpoints as a run under a plan does."""
     resumed = resume_state(model, resume) if isinstance(resume, (str, Path)) else resume
-    first, prog = _run_steps(model, steps, resumed)
+    first, prog = run_start(model.prog, steps, resumed)
     for s in range(first, steps):
         check_inputs(model.checks, batches[s % len(batches)], s)
     init = model.initial_values() if resumed is None else resumed.values
@@ -224,7 +213,7 @@ class PreparedRun:
         """One job per rank training up to step ``steps``: from the model's initial values, or from
         ``resumed`` (its values cut into the parts each rank holds, its step, its random streams);
         ``checkpoint``: each rank writes its parts when a checkpoint is due."""
-        first, prog = _run_steps(self.model, steps, resumed)
+        first, prog = run_start(self.model.prog, steps, resumed)
         init = self.model.initial_values() if resumed is None else resumed.values
         writers: list[RankCheckpoint | None] = [None] * len(self.lowered.ranks)
         if checkpoint is not None:

@@ -27,6 +27,18 @@ from heterog.runtime.kernel import Kernel
 from heterog.runtime.stepprog import StepProgram
 
 
+def duplicated(v: torch.Tensor, batch_dim: int | None, minor_per: int = 0) -> torch.Tensor:
+    """``v`` of a run on k samples as the same run on those samples twice over computes it: repeated along
+    the batch dim (sample-major), or, when the batch dim holds ``(minor_per, k)`` (sample-minor), repeated
+    within each of its ``minor_per`` blocks."""
+    if batch_dim is None:
+        return v
+    if not minor_per:
+        return torch.cat([v, v], dim=batch_dim)
+    folded = v.unflatten(batch_dim, (minor_per, -1))
+    return torch.cat([folded, folded], dim=batch_dim + 1).flatten(batch_dim, batch_dim + 1)
+
+
 def coupled_exponent(prog: StepProgram, op: int) -> int:
     """The exponent of coupled op ``op``'s batch outputs: 0 in forward, -1 in backward."""
     return -1 if prog.op_phase[op] == "backward" else 0
@@ -53,8 +65,6 @@ def coupled_minor_blocks(prog: StepProgram, single: dict[str, Any], doubled: dic
     """Coupled op -> the entries per sample of its outputs that are sample-minor: those of the values the
     coupled ops read from other ops that the doubled run repeats within blocks (``single``, ``doubled``: the
     runs on ``k`` samples and on them twice over)."""
-    from heterog.runtime.scaling import duplicated
-
     minor: set[int] = set()
     for op, coupled in enumerate(prog.op_coupled):
         for r in prog.reads[op] if coupled else ():

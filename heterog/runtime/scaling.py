@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from heterog.runtime.coupled_scaling import coupled_exponent, coupled_minor_blocks, run_doubled
+from heterog.runtime.coupled_scaling import coupled_exponent, coupled_minor_blocks, duplicated, run_doubled
 from heterog.runtime.stepprog import StepProgram
 
 MAX_EXPONENT = 3
@@ -86,18 +86,6 @@ class Exponents:
 
 def _duplicate(x: torch.Tensor, k: int) -> torch.Tensor:
     return torch.cat([x[:k], x[:k]], dim=0)
-
-
-def duplicated(v: torch.Tensor, batch_dim: int | None, minor_per: int = 0) -> torch.Tensor:
-    """``v`` of a run on k samples as the same run on those samples twice over computes it: repeated along
-    the batch dim (sample-major), or, when the batch dim holds ``(minor_per, k)`` (sample-minor), repeated
-    within each of its ``minor_per`` blocks."""
-    if batch_dim is None:
-        return v
-    if not minor_per:
-        return torch.cat([v, v], dim=batch_dim)
-    folded = v.unflatten(batch_dim, (minor_per, -1))
-    return torch.cat([folded, folded], dim=batch_dim + 1).flatten(batch_dim, batch_dim + 1)
 
 
 def measured_exponent(v1: torch.Tensor, v2: torch.Tensor, batch_dim: int | None, zero_below: float = 0.0,
