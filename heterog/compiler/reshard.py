@@ -300,6 +300,7 @@ def _from_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int,
     scattered: dict[tuple[Hashable, int, tuple[float, ...], tuple[int, ...]], dict[int, int]] = {}
     moved: dict[tuple, int] = {}
     gathered: dict[tuple, dict[int, int] | None] = {}
+    whole_on = _read_whole_elsewhere(ctx, place, es, region, layouts, u)
     for e in es:
         v = int(gi.e_dst[e])
         lay_v = int(place.op_lay[v])
@@ -329,7 +330,8 @@ def _from_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int,
             elif same or (d in devs and (not carries_batch or len(groups) == 1)):
                 em.dep(start_v + j, made_whole(key)[d], owner)      # read whole where it was made whole
             else:          # moved whole, its batch share or the shard it reads, from the best-connected holder
-                split = layouts.split[lay_v][j] if need_shard else 1.0
+                whole_here = (key, d) in whole_on       # a shard reader slices the whole value another brings
+                split = layouts.split[lay_v][j] if need_shard and not whole_here else 1.0
                 if not carries_batch:
                     pieces = [(devs, 1.0)]
                 else:
@@ -341,7 +343,7 @@ def _from_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int,
                         glo, ghi = rows_u[int(ent[key][pos[g[0]]])]
                         if min(hi, ghi) > max(lo, glo):
                             pieces.append((g, (min(hi, ghi) - max(lo, glo)) / ctx.batch_size))
-                g_v = choice_v.group_of(d) if choice_v is not None and not need_shard else (d,)
+                g_v = choice_v.group_of(d) if choice_v is not None and (whole_here or not need_shard) else (d,)
                 for g, part in pieces:
                     if d in g:
                         em.dep(start_v + j, made_whole(key)[d], owner)
@@ -360,6 +362,22 @@ def _from_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int,
                         src = ctx.cluster.best_source(g, d)
                         moved[mkey] = _move(ctx, em, made_whole(key)[src], src, d, piece, u, prio, t)
                     em.dep(start_v + j, moved[mkey], owner)
+
+
+def _read_whole_elsewhere(ctx: CompileContext, place: Placement, es: list[int], region: int,
+                          layouts: LayoutTable, u: int) -> set[tuple[Hashable, int]]:
+    """(source key, device) of the instances of readers outside the producer's config that read the value
+    whole: a reader of a shard on such a device takes its shard from that whole copy."""
+    gi = ctx.index
+    out: set[tuple[Hashable, int]] = set()
+    for e in es:
+        v = int(gi.e_dst[e])
+        shard_v = int(place.op_shard[v])
+        if gi.e_value_free[e] or shard_v == region or (shard_v >= 0 and int(place.shards[shard_v].need[e]) == 1):
+            continue
+        lay_v = int(place.op_lay[v])
+        out.update((_source_key(gi, u, v, m), d) for d, m in zip(layouts.devices[lay_v], layouts.micro[lay_v]))
+    return out
 
 
 def _partitioned(ctx: CompileContext, em: _Emitter, t: int, u: int, holders: tuple[int, ...], group: tuple[int, ...],
