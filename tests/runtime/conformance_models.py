@@ -7,6 +7,8 @@ a second.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -433,3 +435,10 @@ EQUIVALENCE_MODELS = {
     "dropout_net": build_dropout_net,
     "keyword_tagger": build_keyword_tagger,
 }
+
+# Plans divided beyond the batch (splits, grids) of the recurrent models take minutes per plan on two cores
+# (their cells unroll into thousands of ops): `make test` divides the other models, `make conformance`
+# (HETEROG_DIVIDED_ALL=1) all of them; data-parallel and random plans of the recurrent ones run in both.
+RECURRENT = ("lstm_tagger", "gru_classifier")
+DIVIDED_MODELS = [name for name in EQUIVALENCE_MODELS
+                  if name not in RECURRENT or os.environ.get("HETEROG_DIVIDED_ALL") == "1"]

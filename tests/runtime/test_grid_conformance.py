@@ -20,7 +20,7 @@ from tests.runtime import conformance_models as cm
 from tests.runtime.test_conformance import ATOL, RTOL, STEPS, captured, plan, reference, with_micro_batches
 from tests.runtime.test_split_conformance import assert_one_step_like_one_process
 
-MODELS = list(cm.EQUIVALENCE_MODELS)
+MODELS = cm.DIVIDED_MODELS
 CLUSTER = "local-cpu-4:slowdown=1,2,3,4"
 
 

@@ -34,7 +34,7 @@ from tests.runtime.test_conformance import (
     with_micro_batches,
 )
 
-MODELS = list(cm.EQUIVALENCE_MODELS)
+MODELS = cm.DIVIDED_MODELS
 
 
 def with_splits(strategy: Strategy, n_devices: int, seed: int) -> Strategy:
