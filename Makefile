@@ -27,7 +27,7 @@ test: $(STAMP)
 timing: $(STAMP)
 	$(BIN)/python -m pytest -q --timeout 600 -m timing tests
 
-# the runtime conformance suites: 16 random seeds per model and cluster (make test runs 4), split and grid
+# the runtime conformance suites: 16 random seeds per model and cluster (make test runs 2), split and grid
 # plans of the recurrent models, ten more transformers families, runs that survive (a transformers model resumed across plans, a device that
 # comes back, torchrun's processes, its restarts and a node that joins through its rendezvous), and sharded
 # state under every mix on both clusters
