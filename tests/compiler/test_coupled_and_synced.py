@@ -93,6 +93,63 @@ def test_patched_plans_with_coupled_ops_are_the_plans_compiled_from_scratch(towe
         assert_same_plan(compiler.compile(base), compile_strategy(towers, cluster, base, ev.cost))
 
 
+class DeepTowers(nn.Module):
+    """Two towers, one with a hidden layer, and a per-sample square of CLIP's row loss: the coupled loss's
+    backward reads a value each micro-batch's backward makes, so everything after it shares the last slot."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a1, self.a2, self.b = nn.Linear(5, 8), nn.Linear(8, 4), nn.Linear(6, 4)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        za, zb = F.normalize(self.a2(F.gelu(self.a1(x))), dim=1), F.normalize(self.b(y), dim=1)
+        per = F.cross_entropy(za @ zb.t() * 10.0, torch.arange(len(x)), reduction="none")
+        return (per * per).mean()
+
+
+@pytest.mark.parametrize("micro", [(2, 2, 2), (1, 3, 2)])
+def test_recomputed_groups_after_a_coupled_op_over_micro_batches_compile_in_dependency_order(micro) -> None:
+    """The hidden layer's forward (a1, gelu) and its backward readers form a recomputed group whose first
+    backward op accumulates a weight gradient over micro-batches: its trigger for micro-batch m waits for
+    that op's instance of m - 1, which the order key puts after it; the order still follows the dependencies."""
+    logging.getLogger("heterog.graph.capture").setLevel(logging.ERROR)
+    g = torch.Generator().manual_seed(0)
+    graph = heterog.capture(DeepTowers(), (torch.randn(6, 5, generator=g), torch.randn(6, 6, generator=g)))
+    gi = graph_index(graph)
+    cluster = load_cluster("local-cpu-2")
+    names = [op.name for op in graph.ops]
+    hidden = [names.index("addmm"), names.index("gelu")]
+    group_of = np.zeros(len(names), dtype=np.int64)
+    group_of[hidden] = 1
+    readers = gi.e_dst[np.isin(gi.e_src, hidden) & (graph.phase_index[gi.e_dst] == 1)]
+    group_of[readers] = 1
+    cfg = ParallelConfig.of([(0, 3), (1, 3)])
+    s = Strategy(graph.fingerprint, cluster.name, cluster.n_devices, 6, group_of, [cfg, cfg],
+                 micro_batches=micro, recompute=(0, 1), schedule="gpipe")
+    plan = Evaluator(graph, cluster).compile(s)
+    n = len(plan.task_kind)
+    task = np.repeat(np.arange(n), np.diff(plan.dep_ptr))
+    assert np.all(plan.dep_idx < task)
+    gelu = names.index("gelu")
+    recomputed = (plan.task_kind == TaskKind.RECOMPUTE) & (plan.task_op == gelu)
+    assert sorted(set(plan.task_micro[recomputed].tolist())) == [0, 1, 2]
+    # the coupled similarity: one instance, after the hidden layer's forward of every micro-batch
+    assert graph.coupled[names.index("mm")]
+    sim = np.nonzero((plan.task_kind == TaskKind.COMPUTE) & (plan.task_op == names.index("mm")))[0]
+    assert len(sim) == 1
+    before = np.zeros(n, dtype=bool)
+    todo = [int(sim[0])]
+    while todo:
+        t = todo.pop()
+        for o in plan.dep_idx[plan.dep_ptr[t]:plan.dep_ptr[t + 1]].tolist():
+            if not before[o]:
+                before[o] = True
+                todo.append(o)
+    forward_gelu = before & (plan.task_kind == TaskKind.COMPUTE) & (plan.task_op == gelu)
+    assert sorted(set(plan.task_micro[forward_gelu].tolist())) == [0, 1, 2]
+    assert np.count_nonzero(forward_gelu) == np.count_nonzero(recomputed)
+
+
 # ---------------------------------------------------------------------------- synchronized statistics
 def test_synced_batch_norms_all_reduce_their_statistics_before_any_reader(bn_graph) -> None:
     _, plain = _plan(bn_graph, method="ev-ar")
