@@ -107,7 +107,7 @@ class DeepTowers(nn.Module):
         return (per * per).mean()
 
 
-@pytest.mark.parametrize("micro", [(2, 2, 2), (1, 3, 2)])
+@pytest.mark.parametrize("micro", [(1, 3, 2)])
 def test_recomputed_groups_after_a_coupled_op_over_micro_batches_compile_in_dependency_order(micro) -> None:
     """The hidden layer's forward (a1, gelu) and its backward readers form a recomputed group whose first
     backward op accumulates a weight gradient over micro-batches: its trigger for micro-batch m waits for
