@@ -60,8 +60,8 @@ def grid_plan(name: str, seed: int, micro: bool) -> Strategy:
     raise AssertionError(f"{name}: no random grid plan divides a compute op")
 
 
-@pytest.mark.parametrize("micro", [False, True], ids=["whole-batch", "micro-batches"])
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name,micro", cm.divided_cases((False, True)),
+                         ids=lambda v: {False: "whole-batch", True: "micro-batches"}.get(v, v))
 def test_random_grid_plans_train_like_one_process(name, micro, pool4) -> None:
     m = captured(name)
     strategy = grid_plan(name, 1 if micro else 0, micro)
