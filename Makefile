@@ -35,6 +35,7 @@ timing: $(STAMP)
 conformance: $(STAMP)
 	HETEROG_CONFORMANCE_SEEDS=16 $(BIN)/python -m pytest -q -n $(JOBS) --timeout 600 tests/runtime/test_conformance.py
 	HETEROG_DIVIDED_ALL=1 $(BIN)/python -m pytest -q -n $(JOBS) --timeout 900 tests/runtime/test_split_conformance.py \
+		tests/compiler/test_splits_models.py \
 		tests/runtime/test_grid_conformance.py
 	HETEROG_TRANSFORMERS_MORE=1 $(BIN)/python -m pytest -q -n $(JOBS) --timeout 600 \
 		tests/runtime/test_transformers_conformance.py
