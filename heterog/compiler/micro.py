@@ -240,6 +240,18 @@ def slots_reference(succ_ptr: np.ndarray, succ_idx: np.ndarray, hint: np.ndarray
 
 
 @njit(cache=True)
+def _heap_push(heap: np.ndarray, size: int, value: int) -> int:  # pragma: no cover - compiled
+    """Put ``value`` into the binary min-heap ``heap[:size]`` (sift up); the new size."""
+    heap[size] = value
+    i = size
+    while i > 0 and heap[(i - 1) // 2] > heap[i]:
+        p = (i - 1) // 2
+        heap[p], heap[i] = heap[i], heap[p]
+        i = p
+    return size + 1
+
+
+@njit(cache=True)
 def ranked_order_kernel(succ_ptr: np.ndarray, succ_idx: np.ndarray,  # pragma: no cover - compiled
                         rank: np.ndarray) -> np.ndarray:
     """The topological order of the tasks (successors ``succ_ptr``, ``succ_idx``; acyclic) that takes the
@@ -255,13 +267,7 @@ def ranked_order_kernel(succ_ptr: np.ndarray, succ_idx: np.ndarray,  # pragma: n
     out = np.empty(n, dtype=np.int64)
     for t in range(n):
         if indeg[t] == 0:
-            heap[size] = rank[t]
-            i = size
-            size += 1
-            while i > 0 and heap[(i - 1) // 2] > heap[i]:
-                p = (i - 1) // 2
-                heap[p], heap[i] = heap[i], heap[p]
-                i = p
+            size = _heap_push(heap, size, rank[t])
     for pos in range(n):
         t = task_of[heap[0]]
         out[pos] = t
@@ -282,13 +288,7 @@ def ranked_order_kernel(succ_ptr: np.ndarray, succ_idx: np.ndarray,  # pragma: n
             s = succ_idx[k]
             indeg[s] -= 1
             if indeg[s] == 0:
-                heap[size] = rank[s]
-                i = size
-                size += 1
-                while i > 0 and heap[(i - 1) // 2] > heap[i]:
-                    p = (i - 1) // 2
-                    heap[p], heap[i] = heap[i], heap[p]
-                    i = p
+                size = _heap_push(heap, size, rank[s])
     return out
 
 
