@@ -6,7 +6,7 @@ offloaded to the host, on local-cpu-2 and local-cpu-3, exactly as in one process
 NCCL compute the same step in one process. With Adam the models whose one-process training the summation
 order of data parallelism leaves unchanged (``ADAM_MODELS``: not the attention models, whose key bias has a
 gradient of rounding noise that Adam scales to a full step, under plain data parallelism too) train the same.
-``make test`` runs one seeded case of each of the nine models quickest to capture (every mix on both clusters),
+``make test`` runs one seeded case of each of the ten models quickest to capture (every mix on both clusters),
 three with Adam and the NCCL programs of three; ``make conformance`` (``HETEROG_SHARDED_SWEEP=1``) every model under
 every mix on both clusters from two seeds, every Adam model under every mix, five Hugging Face models of
 ``transformers_models.py`` (dropout on, global batch 12) under every mix, and every NCCL program.
@@ -54,7 +54,7 @@ else:     # the models quick to capture and plan, each once, covering every mix 
             "mha_classifier": ("local-cpu-3", "recompute"), "embedding_bag": ("local-cpu-3", "splits"),
             "residual_glu": ("local-cpu-2", "recompute"), "view_chains": ("local-cpu-3", "plain"),
             "made_inside": ("local-cpu-2", "offload"), "dropout_net": ("local-cpu-3", "micro"),
-            "keyword_tagger": ("local-cpu-2", "splits")}
+            "keyword_tagger": ("local-cpu-2", "splits"), "seq2seq": ("local-cpu-3", "micro")}
     CASES = [(n, *DEAL[n], i) for i, n in enumerate(DEAL)]
     ADAM_CASES = [("residual_glu", "local-cpu-3", "splits", 0), ("made_inside", "local-cpu-2", "micro", 1),
                   ("embedding_bag", "local-cpu-3", "offload", 2)]
