@@ -20,6 +20,7 @@ layer) and holds the parameter only around its use. Uneven shards are priced hop
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -33,9 +34,18 @@ from heterog.compiler.tasks import Providers, TaskBatch, TaskCategory, TaskKind
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.graph.opgraph import OpGraph
 
+# ``heterog.compiler.offload.shard_uploads``: (ctx, batch, state, parameter, phase, devices, after, prio_op, owner)
+# -> the copies up of the devices' shards, or None where the parameter is on the GPUs
+Uploads = Callable[[CompileContext, TaskBatch, "StatePlacement", int, int, tuple[int, ...], np.ndarray, int, int],
+                   "np.ndarray | None"]
+
 
 # where a group's state lives (``ShardedState.offload``) as ``StatePlacement.op_offload`` codes
 OFFLOAD_CODES = {"none": 0, "optimizer": 1, "parameters": 2}
+# a stage-3 gather's tasks within its tensor, per phase ph: the trigger (sub 2 ph) and the all-gather (2 ph + 1);
+# with offloaded parameters the copies up in between (UPLOAD_SUB + ph M + d), the all-gather after them
+# (UPLOAD_SUB + 2 M + ph)
+UPLOAD_SUB = 4
 
 
 @dataclass(frozen=True)
@@ -257,10 +267,13 @@ def gathered_edges(ctx: CompileContext, state: StatePlacement | None, edges: np.
 
 
 def connect_gathered(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, edges: np.ndarray,
-                     op_lay: np.ndarray, state: StatePlacement, prov: Providers) -> None:
+                     op_lay: np.ndarray, state: StatePlacement, prov: Providers,
+                     uploads: Uploads | None = None) -> None:
     """Stage 3: per parameter and phase (forward, backward) of ``edges``' readers, a SYNC trigger, an
     all-gather of the shards, and the whole parameter landing on each reader device; each reader instance
-    waits for its device's landing (module docstring)."""
+    waits for its device's landing (module docstring). ``uploads`` (``heterog.compiler.offload
+    .shard_uploads``): the copies up of shards held on the host, which the gather then waits for instead of
+    the resident shards, and the readers on each device too (the shard's buffer lives until they have run)."""
     gi, si = ctx.index, state_index(ctx)
     n_ops = gi.n_ops
     phase = ctx.graph.phase_index
@@ -282,11 +295,13 @@ def connect_gathered(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch
                          res_idx=np.zeros(0, dtype=np.int64))
         if trig:
             batch.deps(np.repeat(sync, len(trig)), prov.inst_start[np.array(trig, dtype=np.int64)], owner)
+        ups = uploads(ctx, batch, state, p, ph, devs, sync, first, owner) if uploads is not None else None
         res = _ring(ctx, devs)
         ag = batch.add(dur=_ring_time(ctx, devs, frac, np.array([nbytes])), kind=TaskKind.COLLECTIVE, op=p, dev=-1,
                        alloc=0.0, cat=TaskCategory.COLLECTIVE, prio_op=first, stage="split", cls=1, tensor=t,
-                       sub=sub + 1, owner=owner, res_len=len(res), res_idx=np.array(res, dtype=np.int64))
-        shards = prov.inst_start[p] + layouts.last_entries(int(op_lay[p]))
+                       sub=sub + 1 if ups is None else UPLOAD_SUB + 2 * ctx.n_devices + ph, owner=owner,
+                       res_len=len(res), res_idx=np.array(res, dtype=np.int64))
+        shards = prov.inst_start[p] + layouts.last_entries(int(op_lay[p])) if ups is None else ups
         batch.deps(np.repeat(ag, len(shards) + 1), np.concatenate([sync, shards]), owner)
         # where the readers run: landings on the config's devices, transfers to the others
         lay_r = op_lay[readers]
@@ -311,7 +326,13 @@ def connect_gathered(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch
                                        stage="transfer", cls=1, tensor=t, sub=ph * ctx.n_devices + d_out, owner=owner,
                                        res_len=rlen, res_idx=ridx, lag=ctx.cost.transfer_latencies(s, d_out, nb))
             batch.deps(land_at[d_out], np.repeat(ag, len(d_out)), owner)
+        up_at = np.full(ctx.n_devices, -1, dtype=np.int64)
+        if ups is not None:
+            up_at[list(devs)] = ups
         for v in readers.tolist():
             k = int(op_lay[v])
             dv = layouts.dev_flat[layouts.ptr[k]:layouts.ptr[k + 1]]
             batch.deps(prov.inst_start[v] + np.arange(len(dv)), land_at[dv], owner)
+            held = up_at[dv] >= 0
+            if held.any():
+                batch.deps(prov.inst_start[v] + np.nonzero(held)[0], up_at[dv[held]], owner)
