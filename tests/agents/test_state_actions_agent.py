@@ -95,3 +95,11 @@ def test_an_autoregressive_policy_with_state_actions_decodes_and_scores_its_plan
     # each drawn state action's logit is its AllReduce action's plus the prior, along the plan drawn
     first = n_actions(2)
     assert torch.allclose(logits.groups[..., first:first + N_STATE_CHOICES], logits.groups[..., 3:4] + STATE_PRIOR)
+
+
+def test_fine_tuning_the_shipped_checkpoint_with_state_actions_finds_a_plan_that_fits():
+    ev = Evaluator(adam_graph(), tight_cluster(24 * P))
+    settings = TrainerSettings(samples_per_graph=4, explore_samples=1, mutate_samples=1, seed=0)
+    found = plan(ev, episodes=8, seed=0, progress=False, settings=settings, sharded=True)
+    assert found.meta["checkpoint"] == str(PRETRAINED)
+    assert not found.meta["oom"] and found.meta["sharded"] and ev.iteration_time(found)[1] is False
