@@ -270,6 +270,14 @@ def test_shard_moves_offer_offloading_where_the_servers_have_hosts():
     variants = [search._configs[a].sharded for a in search.family[m + 1][1:]]
     assert [(v.stage, v.offload) for v in variants] == [(c["stage"], c.get("offload", "none")) for c in STATE_CHOICES]
     assert [v.offload for v in variants] == ["none"] * 3 + ["optimizer"] * 3
+    # each single-device action offloads too (a move between it and its offloading variant)
+    assert set(search.family) == {0, 1, m + 1, m + 3}
+    for d in (0, 1):
+        assert len(search.family[d]) == 2
+        one = search._configs[search.family[d][1]]
+        assert one.devices == (d,) and one.sharded == ShardedState(0, (1,), "optimizer")
+        rng = np.random.default_rng(d)
+        assert {search.shard_move(search.family[d][1], rng) for _ in range(10)} == {d}
 
 
 def test_least_state_bytes_counts_what_the_strongest_sharded_state_leaves_on_a_gpu():
