@@ -152,8 +152,9 @@ class ActionSearch:
     and with the optimizer state offloaded where the servers have hosts), and so do the single-device
     actions 0..M-1 whose server has a host (offloading alone), numbered after the other actions:
     ``n_base`` actions are the plain ones, ``base_of`` maps each action to its plain one and ``family[a]``
-    lists the plain action ``a`` and its variants (what a shard move picks among). Plans carry their plain actions in ``meta["actions"]`` and, where a group keeps sharded state,
-    each group's (None or ``ShardedState.to_dict()``) in ``meta["sharded"]``.
+    lists the plain action ``a`` and its variants (what a shard move picks among). Plans carry their plain
+    actions in ``meta["actions"]`` and, where a group keeps sharded state, each group's (None or
+    ``ShardedState.to_dict()``) in ``meta["sharded"]``.
     """
 
     ev: PlanEvaluator
