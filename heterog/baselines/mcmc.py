@@ -123,7 +123,8 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
     ``ActionSearch``): a share
     ``shard_moves`` of the proposals sets or clears one group's, and the last step may fit the plan by sharded
     state as well as by recomputation (``heterog.baselines.fit.fit``). Off by default: at the same budget it
-    rarely pays on the clusters measured (docs/results.md, "Sharded state in the planners").
+    pays where memory binds (plans that fit only with it) and costs proposals elsewhere (docs/results.md,
+    "Sharded state in the planners").
 
     Cost = simulated iteration time under task order ``order`` (``SEARCH_ORDER``, FIFO: one simulation per
     proposal where the evaluator's ``best`` runs three; None: the evaluator's), x ``oom_factor`` if out of
