@@ -4,20 +4,22 @@ clusters whose GPUs hold a few tens of P."""
 from __future__ import annotations
 
 import dataclasses
+from itertools import product
 
 import numpy as np
 import pytest
 
 from heterog.baselines.chains import ActionSearch
 from heterog.baselines.expert import group_strategy, op_layers
-from heterog.baselines.fit import fit, recompute_way, sharded_way, with_sharded
+from heterog.baselines.fit import STATE_CHOICES, fit, recompute_way, sharded_way, with_sharded
 from heterog.baselines.mcmc import mcmc
-from heterog.baselines.pipeline import pipeline
+from heterog.baselines.pipeline import least_state_bytes, pipeline
 from heterog.cluster.loader import cluster_from_dict
 from heterog.errors import HeterogError
 from heterog.evaluate import Evaluator
 from heterog.graph.opgraph import OpGraph
 from heterog.moves import moves_from_uniform
+from heterog.sharded import ShardedState
 from heterog.strategy import ParallelConfig
 from tests.baselines.helpers import layered_graph
 
@@ -155,3 +157,149 @@ def test_pipeline_with_sharded_state_fits_where_it_did_not():
     st = pipeline(ev, budget_s=2.0, max_micro_batches=2, sharded=True)
     assert not ev.iteration_time(st)[1] and st.meta["sharded_groups"] > 0
     assert st.meta["fit"] in ("sharded", "sharded+recompute")
+
+
+# ----------------------------------------------------------------------------- offloading
+XEON = {"cpu": "Xeon-Gold-6148", "sockets": 2, "memory": "384 GB", "pcie": {"bandwidth": "12 GB/s", "latency_us": 5}}
+
+
+def hosted(n_layers: int, memory_bytes: float, n: int, groups: int):
+    """``n_layers`` layers with Adam (4 P resident each; the host step priced as Adam's) on ``n`` GPUs of
+    one server with a host, in ``groups`` groups of consecutive layers, each data parallel over all GPUs
+    (AllReduce) or, on one GPU, the single-device config."""
+    graph = dataclasses.replace(with_adam_state(layered_graph(n_layers, P, batch=64, width=256)), optimizer="adam")
+    server: dict = {"name": "s0", "gpus": [{"name": "G", "peak_tflops": 10, "memory_bandwidth": "500 GB/s",
+                                            "memory": f"{int(memory_bytes)} B"}] * n, "host": XEON}
+    if n > 1:
+        server["intra"] = {"kind": "pcie", "bandwidth": "10 GB/s", "latency_us": 5}
+    ev = Evaluator(graph, cluster_from_dict({"name": f"hosted-{n}", "servers": [server]}))
+    layer_of, _ = op_layers(graph)
+    cfg = ParallelConfig.of([(d, 64 // n) for d in range(n)], sync="allreduce") if n > 1 else \
+        ParallelConfig.single(0, 64)
+    return ev, group_strategy(ev, layer_of * groups // n_layers, [cfg] * groups)
+
+
+def every_group(plan, stage: int, offload: str):
+    return with_sharded(plan, range(plan.n_groups), lambda c: dataclasses.replace(
+        c, sharded=ShardedState(stage, (1,) * len(c.devices), offload)))
+
+
+def test_offloading_is_the_only_way_where_each_gpu_cannot_hold_its_shards():
+    # 8 layers (32 P) over 2 GPUs of 16 P. Per GPU, stage 1 holds the weights, the gradients and half the
+    # moments (24 P), stage 2 half the gradients too (20 P), stage 3 half the weights too (16 P, nothing
+    # left for the weight it gathers): none fits, recomputed or not (the resident bytes alone fill the GPU).
+    # Offloading moves each GPU's half of the moments to the host, 8 P less at every stage (measured:
+    # stage 1 28.5 -> 20.5 P, stage 2 25 -> 17 P, stage 3 22 -> 14 P): only stage 3 offloaded fits.
+    ev, plain = hosted(8, 16 * P, 2, 4)
+    peaks = {}
+    for stage, offload in product((1, 2, 3), ("none", "optimizer")):
+        r = ev.evaluate(every_group(plain, stage, offload))
+        peaks[stage, offload] = r.peak_memory_bytes["s0/gpu0"] / P
+        assert r.oom == ((stage, offload) != (3, "optimizer"))
+    for stage in (1, 2, 3):
+        assert peaks[stage, "none"] - peaks[stage, "optimizer"] == pytest.approx(8.0)
+    assert ev.iteration_time(every_group(plain, 3, "none").with_recompute(range(4)))[1]
+    found = fit(ev, plain)
+    assert found.way == "offload" and not found.oom
+    assert found.strategy.meta["sharded"] == [{"stage": 3, "weights": [1, 1], "offload": "optimizer"}] * 4
+    # the host holds the fp32 master weight, gradient and moments of each GPU's half: 16 bytes per
+    # element, (8 layers x P / 4 elements) / 2 per GPU, both GPUs on one host: 32 P
+    host = ev.evaluate(found.strategy).sim
+    assert host is not None
+    assert host.peak_memory[list(host.resource_names).index("host:s0")] == pytest.approx(32 * P)
+
+
+def test_a_cheaper_way_than_offloading_is_chosen_where_it_fits():
+    # at 30 P stage 2 fits (25 P) and beats every offloading plan (each adds its copies and host steps
+    # to the same collectives): the way is "sharded". At 20 P only the offloading plans of stages 2 and 3
+    # fit (17 P, 14 P): stage 2's is faster (no gathers of the weights) and chosen.
+    ev, plain = hosted(8, 30 * P, 2, 4)
+    times = {(st, off): ev.iteration_time(every_group(plain, st, off)) for st, off in product((1, 2, 3),
+                                                                                           ("none", "optimizer"))}
+    found = fit(ev, plain)
+    assert found.way == "sharded" and stage_of(found.strategy) == {2}
+    assert found.strategy.meta["sharded"] == [{"stage": 2, "weights": [1, 1]}] * 4
+    assert found.time_s == times[2, "none"][0] < min(t for (_, off), (t, _) in times.items() if off != "none")
+    tight_ev, tight_plain = hosted(8, 20 * P, 2, 4)
+    found = fit(tight_ev, tight_plain)
+    assert found.way == "offload"
+    assert found.strategy.meta["sharded"] == [{"stage": 2, "weights": [1, 1], "offload": "optimizer"}] * 4
+    assert found.time_s == pytest.approx(times[2, "optimizer"][0])
+    assert times[2, "optimizer"][0] < times[3, "optimizer"][0]
+
+
+def test_one_gpu_offloads_the_fewest_groups_that_fit():
+    # 4 layers (16 P resident) on one GPU: no sharding, and the resident state alone outgrows 14 P, so
+    # neither recomputation nor micro-batches fit; offloading every group's moments does (13 P). At 16 P
+    # three of the four groups offloaded fit (bisection; equal state: the first groups first), and are kept:
+    # faster than offloading all four. The host holds 16 bytes per offloaded element: P / 4 elements per
+    # layer, 4 P per group.
+    for capacity, offloaded in ((14, 4), (16, 3)):
+        ev, plain = hosted(4, capacity * P, 1, 4)
+        assert ev.iteration_time(plain)[1] and ev.iteration_time(plain.with_recompute(range(4)))[1]
+        found = fit(ev, plain)
+        assert found.way == "offload" and not found.oom
+        assert [c.sharded for c in found.strategy.configs] == \
+            [ShardedState(0, (1,), "optimizer")] * offloaded + [None] * (4 - offloaded)
+        sim = ev.evaluate(found.strategy).sim
+        assert sim is not None
+        assert sim.peak_memory[list(sim.resource_names).index("host:s0")] == pytest.approx(4 * P * offloaded)
+        if offloaded < 4:
+            fewer = with_sharded(plain, range(offloaded - 1), lambda c: found.strategy.configs[0])
+            assert ev.iteration_time(fewer)[1]
+            assert found.time_s < ev.iteration_time(every_group(plain, 0, "optimizer"))[0]
+
+
+def test_no_search_where_even_every_way_at_its_strongest_does_not_fit():
+    # at 12 P stage 3 with the moments offloaded and every group recomputed is out of memory: fit
+    # simulates the plan and that one, and gives up
+    ev, plain = hosted(8, 12 * P, 2, 4)
+    calls = []
+    simulate = ev.iteration_time
+    ev.iteration_time = lambda s, *a: calls.append(s) or simulate(s, *a)      # type: ignore[method-assign]
+    found = fit(ev, plain, ("sharded", "recompute"))
+    assert found.way == "none" and found.oom and len(calls) == 2
+    assert calls[1].recompute == (0, 1, 2, 3)
+    assert {c.sharded for c in calls[1].configs} == {ShardedState(3, (1, 1), "optimizer")}
+
+
+def test_shard_moves_offer_offloading_where_the_servers_have_hosts():
+    ev, _ = hosted(4, 14 * P, 2, 4)
+    search = ActionSearch(ev, sharded=True)
+    m = ev.cluster.n_devices
+    variants = [search._configs[a].sharded for a in search.family[m + 1][1:]]
+    assert [(v.stage, v.offload) for v in variants] == [(c["stage"], c.get("offload", "none")) for c in STATE_CHOICES]
+    assert [v.offload for v in variants] == ["none"] * 3 + ["optimizer"] * 3
+    # each single-device action offloads too (a move between it and its offloading variant)
+    assert set(search.family) == {0, 1, m + 1, m + 3}
+    for d in (0, 1):
+        assert len(search.family[d]) == 2
+        one = search._configs[search.family[d][1]]
+        assert one.devices == (d,) and one.sharded == ShardedState(0, (1,), "optimizer")
+        rng = np.random.default_rng(d)
+        assert {search.shard_move(search.family[d][1], rng) for _ in range(10)} == {d}
+
+
+def test_least_state_bytes_counts_what_the_strongest_sharded_state_leaves_on_a_gpu():
+    # each layer: P of weight and P of gradient stay on the GPUs, 2 P of moments go to the host where the
+    # server has one; a stage of two alike GPUs holds half of each
+    ev, _ = hosted(4, 14 * P, 2, 4)
+    layer_of, _ = op_layers(ev.graph)
+    assert (least_state_bytes(ev.graph, ev.cluster, layer_of, [[0], [1]]) == 2 * P).all()
+    assert (least_state_bytes(ev.graph, ev.cluster, layer_of, [[0, 1]]) == P).all()
+    no_host = cluster(14 * P)
+    assert (least_state_bytes(ev.graph, no_host, layer_of, [[0], [1]]) == 4 * P).all()
+    assert (least_state_bytes(ev.graph, no_host, layer_of, [[0, 1]]) == 2 * P).all()
+
+
+def test_pipeline_offloads_where_nothing_else_fits():
+    # 4 layers of 4 P over two GPUs of 8 P: a stage of one GPU holds two layers' 8 P, replicated stages
+    # all four's 16 P, stage 3 over both 8 P: nothing fits on the GPUs. Two stages of two layers, each
+    # GPU's moments on the host (4 P left), fit
+    ev, _ = hosted(4, 8 * P, 2, 4)
+    plain = pipeline(ev, budget_s=2.0, max_micro_batches=2)
+    assert ev.iteration_time(plain)[1]
+    st = pipeline(ev, budget_s=2.0, max_micro_batches=2, sharded=True)
+    assert not ev.iteration_time(st)[1] and st.meta["fit"] == "offload"
+    assert st.meta["stages"] == [(0,), (1,)] and st.meta["layers_per_stage"] == [2, 2]
+    assert {c.sharded for c in st.configs} == {ShardedState(0, (1,), "optimizer")}
