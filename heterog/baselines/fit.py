@@ -5,7 +5,8 @@ Ways (``WAYS``), each a search over its own candidates of one plan:
 
   sharded        every group that may keeps its state in shards or offloads it (each choice of
                  ``STATE_CHOICES`` x shard weights of ``SHARD_BY``: stages 1-3 on the GPUs, then stages
-                 1-3 with the optimizer state on the host; a group of one device only offloads), then,
+                 1-3 with the optimizer state on the host, then stage 3 with the parameter shards there
+                 too; a group of one device only offloads its optimizer state), then,
                  for the fastest of those that fits, the fewest groups holding the most state that fit, by
                  bisection; the way is reported as "offload" where the plan kept offloads;
   recompute      the fewest leading groups recomputed that fit (the first groups' activations live
@@ -39,10 +40,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from heterog.evaluator_protocol import PlanEvaluator
 
 # the sharded-state choices the planners offer, as ``ShardedState`` arguments beside the weights: each stage
-# on the GPUs, then each stage with the optimizer state offloaded to the host (the last frees the most);
-# stage 0 only offloads, which a group of one device does (``sharded_variants``)
+# on the GPUs, then each stage with the optimizer state offloaded to the host, then stage 3 with the
+# parameter shards there too (the last frees the most); stage 0 only offloads the optimizer state, which a
+# group of one device does (``sharded_variants``)
 STATE_CHOICES: tuple[dict[str, Any], ...] = (tuple({"stage": s} for s in STAGES if s > 0)
-                                             + tuple({"stage": s, "offload": "optimizer"} for s in STAGES if s > 0))
+                                             + tuple({"stage": s, "offload": "optimizer"} for s in STAGES if s > 0)
+                                             + ({"stage": 3, "offload": "parameters"},))
 FITS, NONE, OFFLOAD = "fits", "none", "offload"
 
 
@@ -84,7 +87,7 @@ def sharded_variants(cfg: ParallelConfig, cluster: Cluster, choices: Sequence[di
     if not all(cluster.servers[int(cluster.server_of[d])].host is not None for d in cfg.devices):
         choices = [c for c in choices if c.get("offload", "none") == "none"]
     if offloadable(cfg):
-        kinds = dict.fromkeys(str(c["offload"]) for c in choices if c.get("offload", "none") != "none")
+        kinds = dict.fromkeys(str(c["offload"]) for c in choices if c.get("offload", "none") == "optimizer")
         return [replace(cfg, sharded=ShardedState(0, (1,), offload=k)) for k in kinds]
     if not shardable(cfg):
         return []

@@ -69,16 +69,17 @@ def least_state_bytes(graph: OpGraph, cluster: Cluster, layer_of: np.ndarray, st
     on the fullest device of each stage, with the strongest sharded state ``heterog.baselines.fit``
     offers: on a stage of several devices every part in shards (stage 3; weights by memory), on one of
     one device all of it; the optimizer state on the host (offloaded) where every server of the stage
-    has one."""
+    has one, and on a stage of several devices the parameter shards too."""
     L = int(layer_of.max()) + 1
-    param_grad = np.bincount(layer_of, weights=[o.param_bytes + o.grad_bytes for o in graph.ops], minlength=L)
+    param = np.bincount(layer_of, weights=[float(o.param_bytes) for o in graph.ops], minlength=L)
+    grad = np.bincount(layer_of, weights=[float(o.grad_bytes) for o in graph.ops], minlength=L)
     state = np.bincount(layer_of, weights=[float(o.state_bytes) for o in graph.ops], minlength=L)
     mem = np.asarray(cluster.memory_bytes, dtype=np.float64)
     out = np.zeros((L, len(stages)))
     for s, devs in enumerate(stages):
         hosted = all(cluster.servers[int(cluster.server_of[d])].host is not None for d in devs)
         frac = float(mem[devs].max() / mem[devs].sum())
-        out[:, s] = (param_grad + (0.0 if hosted else state)) * frac
+        out[:, s] = (grad + (0.0 if hosted and len(devs) > 1 else param) + (0.0 if hosted else state)) * frac
     return out
 
 
