@@ -16,8 +16,9 @@ and, in an action space with state actions (``n_actions(M, splits, states=True)`
   A + S + s     DP-proportional-AR keeping state choice s
 where choice s is ``STATE_CHOICES[s]`` = (stage, shard sizing, offload): offload "none" then "optimizer",
 within each stage 1, 2, 3, within each shards even, by memory, by speed (``heterog.sharded.SHARD_BY``), so
-s = 9 o + 3 (stage - 1) + by; then stage 3 with the parameters offloaded too, s = 18 + by. A config with fewer than two replicas keeps no sharded state (the state
-choice is dropped: the plain AllReduce config); one with a replica on a server without a host keeps its
+s = 9 o + 3 (stage - 1) + by; then stage 3 with the parameters offloaded too, s = 18 + by. A config with
+fewer than two replicas keeps no sharded state (the state choice is dropped: the plain AllReduce config);
+one with a replica on a server without a host keeps its
 optimizer state on the GPUs (the offload is dropped). ``state_action``, ``state_of``, ``decode_state_action``,
 ``with_state``, ``state_choice`` and ``encode_strategy`` (a plan's configs back to actions) read this table.
 The offsets are stated once here (``N_DP_ACTIONS``, ``N_CLUSTER_SPLIT_ACTIONS``, ``cluster_split_action``,
