@@ -55,6 +55,8 @@ class Op:
     is_grad: bool = False             # output is a parameter gradient (lives in the resident grad buffer)
     fx_nodes: list[str] = field(default_factory=list)  # fx node names executed for this op, in order
     draws: bool = False               # draws random values (dropout), in blocks of DRAW_BLOCK_SAMPLES samples
+    writes: str | None = None         # the placeholder (op name) whose next value this op's output is: the
+                                      # step's new parameter or optimizer state (None: none; older files)
 
     @property
     def output_bytes(self) -> int:

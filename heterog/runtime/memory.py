@@ -15,6 +15,17 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
+def exclusive(v: Any) -> bool:
+    """Whether tensor ``v`` is the only tensor on its storage (no view of it or other view of its base is
+    alive), so that writing into it changes no other value."""
+    if not isinstance(v, torch.Tensor) or v._base is not None:
+        return False
+    try:
+        return int(torch._C._storage_Use_Count(v.untyped_storage()._cdata)) <= 2   # v's and this call's
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return False
+
+
 class Meter(Protocol):
     """What the interpreter tells a memory meter: a table entry (any hashable key) took a value or was freed."""
 

@@ -121,6 +121,7 @@ class StepProgram:
     node_leaf: dict[str, tuple[int, int]]    # leaf node name -> leaf
     view_calls: dict[str, NodeCall]          # chain nodes (also in calls)
     input_spec: InputSpec | None = None      # how the model is called on the inputs (keywords, batch or not)
+    op_phase: list[str] = field(default_factory=list)   # per op: forward, backward or update
     random: dict[str, RandomNode] = field(default_factory=dict)   # nodes that draw random values
     rng_seed: int = 0                        # the run's seed of random draws (``heterog.runtime.rng``)
     _sym_exprs: dict[str, Any] = field(default_factory=dict, repr=False)    # planning side only
@@ -358,7 +359,7 @@ def build_step_program(step: CapturedStep, graph: OpGraph) -> StepProgram:
         placeholders=list(step.placeholders), outputs=list(step.outputs), calls=calls, order=order, consts=consts,
         op_nodes=op_nodes, op_kind=[op.kind for op in graph.ops], op_target=[op.target for op in graph.ops],
         op_has_batch=[bool(x) for x in graph.has_batch], leaves=leaves, reads=reads, node_op=node_op,
-        node_leaf=node_leaf, view_calls=view_calls, input_spec=step.input_spec,
+        node_leaf=node_leaf, view_calls=view_calls, input_spec=step.input_spec, op_phase=[op.phase for op in graph.ops],
         random=_random_nodes(gm, step.batch_symbols, graph.batch_size, out_of_place))
     prog._sym_exprs = sym_exprs
     prog._batch_symbols = tuple(step.batch_symbols)
