@@ -2,7 +2,7 @@
 torch.distributed (gloo on CPU, NCCL on GPUs), emulating device slowdown and link speed on local-cpu.
 
 The instructions (``heterog.runtime.instructions``: compute, send, assemble, aggregate, allreduce, allgather,
-reducescatter, alltoall, post, combine, derive, copy)
+reducescatter, alltoall, post, combine, derive, copy, batchstats)
 are built by ``heterog.runtime.lowering`` and matched here by type; messages and collectives go through
 ``heterog.runtime.transport``, held bytes are metered by ``heterog.runtime.memory``.
 
@@ -31,12 +31,14 @@ import torch.distributed as dist
 
 from heterog.errors import HeterogError
 from heterog.graph.shard_exec import combine, padded, part_of
+from heterog.runtime.in_place import cut, in_place_writers, owned, scaled, stats_scale
 from heterog.runtime.instructions import (
     Aggregate,
     AllGather,
     AllReduce,
     AllToAll,
     Assemble,
+    BatchStats,
     Combine,
     Compute,
     Const,
@@ -53,8 +55,8 @@ from heterog.runtime.instructions import (
     Stash,
     env_name,
 )
-from heterog.runtime.kernel import Kernel
-from heterog.runtime.layout import cat_batch, in_memory_order, narrow_batch
+from heterog.runtime.kernel import Kernel, call_arguments
+from heterog.runtime.layout import cat_batch, in_memory_order
 from heterog.runtime.memory import LiveBytes, Meter, NoMeter, exclusive
 from heterog.runtime.rng import Draw, block_batches
 from heterog.runtime.stepprog import StepProgram
@@ -111,58 +113,6 @@ def describe_failure(exc: BaseException, rank: int) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- executing a rank program
-def scaled(v: torch.Tensor, scale: float) -> torch.Tensor:
-    """``v * scale``; an integer value (an index, a count) whose scaled entries are whole numbers keeps its
-    dtype, as its readers and messages expect."""
-    out = v * scale
-    if out.dtype != v.dtype and bool(torch.equal(out, out.round())):
-        return out.to(v.dtype)
-    return out
-
-
-def cut(v: torch.Tensor, sl: Slice | None, scale: float, shift: int = 0) -> torch.Tensor:
-    """Samples ``sl`` of ``v`` (all: None), times ``scale``, plus ``shift``."""
-    if sl is not None:
-        v = narrow_batch(v, sl)
-    if scale != 1.0:
-        v = scaled(v, scale)
-    if shift:
-        v = v + shift
-    return v
-
-
-def owned(v: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``v`` on ``device`` in a tensor of this rank's own (a copy even where it is on ``device`` already)."""
-    w = v.to(device)
-    return v.clone() if w is v else w
-
-
-def in_place_writers(rp: RankProgram, prog: StepProgram, kernels: dict[tuple, Kernel]
-                     ) -> dict[int, tuple[str, tuple[str, ...]]]:
-    """Per compute instruction of ``rp`` that runs an op of the update, its first node and the inputs it may
-    write its output into: those it reads last (whole, unscaled), in argument order. The step then updates
-    in place, as an optimizer's step does: the new parameter or state goes into the old one's buffer, an
-    intermediate into its input's (``heterog.compiler.memory`` counts the same). Whether this rank alone holds
-    such an input, and whether it has the output's shape and dtype, is checked when it runs
-    (``Kernel``)."""
-    out: dict[int, tuple[str, tuple[str, ...]]] = {}
-    if not prog.op_phase:
-        return out
-    for i, ins in enumerate(rp.instrs):
-        if not isinstance(ins, Compute) or prog.op_phase[ins.op] != "update":
-            continue
-        dying = {inp.node for inp in ins.inputs if inp.source in rp.frees[i] and not inp.chain and inp.scale == 1.0
-                 and inp.tuple_index is None}
-        if not dying:
-            continue
-        kernel = kernels[(ins.op, ins.local, ins.host)]
-        node, args = kernel.arguments()[0]
-        victims = tuple(a for a in args if a in dying)
-        if victims:
-            out[i] = (node, victims)
-    return out
-
-
 class RankExecutor:
     """Runs one rank's program; ``run()`` returns per-step times and loss terms and the final values."""
 
@@ -176,12 +126,14 @@ class RankExecutor:
         prog = job.prog
         computes = [ins for ins in self.rp.instrs if isinstance(ins, Compute)]
         self.host = torch.device("cpu")          # where offloaded state lives and its update runs
-        self.kernels = {(op, local, host): prog.kernel(op, self.host if host else device, local)
-                        for op, local, host in {(ins.op, ins.local, ins.host) for ins in computes}}
+        self.kernels = {(op, local, scale, host): prog.kernel(op, self.host if host else device, local, scale)
+                        for op, local, scale, host in {(ins.op, ins.local, stats_scale(ins), ins.host)
+                                                       for ins in computes}}
         self.chains: dict[tuple, Kernel] = {}
         for ins in self.rp.instrs:
             chains = [(inp.chain, None) for inp in ins.inputs] if isinstance(ins, Compute) else \
-                [(ins.chain, ins.local)] if isinstance(ins, Derive) else []
+                [(ins.chain, ins.local)] if isinstance(ins, Derive) else \
+                [(inp.chain, None) for part in ins.parts for inp in part.inputs] if isinstance(ins, BatchStats) else []
             for chain, local in chains:
                 if chain and (chain, local) not in self.chains:
                     self.chains[(chain, local)] = Kernel([prog.view_calls[c] for c in chain], device, local=local)
@@ -319,7 +271,8 @@ class RankExecutor:
                     f"{', '.join(prog.op_nodes[ins.op][:4])}) at local batch {ins.local_batch}")
         if isinstance(ins, Send):
             return f"instruction {i}: send message {ins.tag} to rank {ins.dst}"
-        if isinstance(ins, (Assemble, Aggregate, AllReduce, AllGather, ReduceScatter, AllToAll, Combine, Derive, Copy)):
+        if isinstance(ins, (Assemble, Aggregate, AllReduce, AllGather, ReduceScatter, AllToAll, Combine, Derive,
+                            BatchStats, Copy)):
             return f"instruction {i}: {ins.kind} {ins.key}"
         return f"instruction {i}: {ins.kind}"
 
@@ -428,6 +381,11 @@ class RankExecutor:
         elif isinstance(ins, Post):
             r = self.recv_spec[ins.tag]
             mem.put(Recv(r.tag), tr.post(r.tag, r.src, r.shape, r.dtype))
+        elif isinstance(ins, BatchStats):
+            t_op, idle0 = time.perf_counter(), tr.idle_s
+            stash[ins.key] = self._batch_stats(ins, env, stash)
+            self._owe(t_op, idle0)
+            mem.put(Stash(ins.key), stash[ins.key])
         for src in rp.frees[i]:
             if isinstance(src, Env):
                 env.pop(src.node, None)
@@ -442,11 +400,45 @@ class RankExecutor:
             mem.drop(taken)
         self._taken.clear()
 
+    def _batch_stats(self, ins: BatchStats, env: dict[str, Any], stash: dict[Any, Any]) -> torch.Tensor:
+        """A synced batch norm's count and sums over this device's instances (``heterog.runtime.sync_stats``)."""
+        from heterog.runtime.batch_stats import local_sums
+
+        prog = self.job.prog
+        call = prog.calls[ins.node]
+        total = None
+        for part, weight in zip(ins.parts, ins.weights):
+            local = self._inputs(part, env, stash)
+            args, _ = call_arguments(call, local, self.job.sizes[part.local_batch])
+            sums = local_sums(prog.op_target[part.op], args, weight)
+            total = sums if total is None else total + sums
+        assert total is not None
+        return total
+
     def _compute(self, ins: Compute, env: dict[str, Any], stash: dict[Any, Any],
                  in_place: tuple[str, tuple[str, ...]] | None = None) -> None:
         """An op instance: its inputs fetched (scaled, their view chains run at the local batch), its
         kernel run (random nodes drawing for its samples; ``in_place``: a node and the inputs it may write
         its output into, ``in_place_writers``), its exports kept in ``env``."""
+        sizes = self.job.sizes
+        local = self._inputs(ins, env, stash)
+        if ins.stats is not None:
+            from heterog.runtime.batch_stats import STATS_NODE
+
+            local[STATS_NODE] = self._fetch(ins.stats, env, stash)
+        kernel = self.kernels[(ins.op, ins.local, stats_scale(ins), ins.host)]
+        draw = None
+        if kernel.random:
+            prog = self.job.prog
+            draw = Draw(prog.rng_seed, self._step, prog.batch_size,
+                        range(ins.first_sample, ins.first_sample + ins.local_batch),
+                        {n: sizes[n] for n in block_batches(prog.batch_size)})
+        kernel(local, sizes[ins.local_batch], draw, in_place)
+        for name in ins.exports:
+            env[env_name(name, ins.micro, ins.recompute)] = local[name]
+
+    def _inputs(self, ins: Compute, env: dict[str, Any], stash: dict[Any, Any]) -> dict[str, Any]:
+        """What an op instance reads: each input fetched, scaled, its view chain run at the local batch."""
         sizes = self.job.sizes
         local: dict[str, Any] = {}
         for inp in ins.inputs:
@@ -461,16 +453,7 @@ class RankExecutor:
                 local[inp.node] = v
             if inp.tuple_index is not None and not isinstance(local[inp.node], (tuple, list)):
                 local[inp.node] = [None] * inp.tuple_index + [local[inp.node]]
-        kernel = self.kernels[(ins.op, ins.local, ins.host)]
-        draw = None
-        if kernel.random:
-            prog = self.job.prog
-            draw = Draw(prog.rng_seed, self._step, prog.batch_size,
-                        range(ins.first_sample, ins.first_sample + ins.local_batch),
-                        {n: sizes[n] for n in block_batches(prog.batch_size)})
-        kernel(local, sizes[ins.local_batch], draw, in_place)
-        for name in ins.exports:
-            env[env_name(name, ins.micro, ins.recompute)] = local[name]
+        return local
 
     def _sum(self, i: int, ins: Aggregate, env: dict[str, Any], stash: dict[Any, Any]) -> torch.Tensor:
         """The sum of an aggregate's parts, added into the first one where this is its last reader and this rank
