@@ -60,11 +60,13 @@ class MemoryEntries:
 @dataclass(frozen=True)
 class UpdateVictims:
     """Per op (n_ops,): the input tensor an op of the update writes its output into (-1: none) and whether
-    that is a parameter or optimizer-state placeholder (else an intermediate of the update); per tensor
+    that is a parameter or optimizer-state placeholder (else an intermediate of the update) and whether a
+    parameter placeholder; per tensor
     (n_tensors,): whether it carries the batch dimension."""
 
     tensor: np.ndarray
     placeholder: np.ndarray
+    param: np.ndarray
     t_batch: np.ndarray
 
 
@@ -84,9 +86,10 @@ def victims(ctx: CompileContext) -> UpdateVictims:
         tensor = np.full(n, -1, dtype=np.int64)
         placeholder = np.zeros(n, dtype=bool)
         names = {op.name: i for i, op in enumerate(graph.ops)}
+        is_param = np.array([op.kind == "param" for op in graph.ops], dtype=bool)
         written = [names[op.writes] for op in graph.ops if op.writes is not None and op.writes in names]
         if not written:
-            return UpdateVictims(tensor, placeholder, t_batch)
+            return UpdateVictims(tensor, placeholder, placeholder.copy(), t_batch)
         replaced = np.zeros(n, dtype=bool)
         replaced[written] = True
         new_value = np.array([op.writes is not None for op in graph.ops], dtype=bool)
@@ -111,7 +114,8 @@ def victims(ctx: CompileContext) -> UpdateVictims:
         pick = pick[first]
         tensor[u[pick]] = t[pick]
         placeholder[u[pick]] = ph[pick]
-        return UpdateVictims(tensor, placeholder, t_batch)
+        param = placeholder & is_param[gi.t_op[np.maximum(tensor, 0)]]
+        return UpdateVictims(tensor, placeholder, param, t_batch)
     return _VICTIMS.get(ctx, build)
 
 
@@ -141,30 +145,42 @@ def partial_part(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray, 
 
 def memory_entries(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray, out_split: np.ndarray | None,
                    tasks: Tasks, deps: tuple[np.ndarray, np.ndarray, np.ndarray],
-                   state_held: np.ndarray | None = None) -> MemoryEntries:
+                   state_held: np.ndarray | None = None, shard: np.ndarray | None = None) -> MemoryEntries:
     """The entries and frees of ``tasks`` (canonical or slot order) whose dependencies are ``deps`` (task, on,
     owner) in the same ids (module docstring). ``state_held`` (n_ops,): ops whose group's state is sharded or
     offloaded (None: none is), whose update reads the parameter's rows, not the parameter, and does not
-    overwrite it."""
+    overwrite the parameter (it does overwrite its optimizer state: a device's shard of it is a tensor of its
+    own). ``shard`` (n_ops, n_devices): for an op whose gradient is reduce-scattered, each device's share of
+    it (None: none is); its instances hold the rest of their gradient in an entry of its own, which the
+    reduce-scatter releases when it ends (the device's shard stays until the update has read it)."""
     gi, n = ctx.index, tasks.n
     kind, op, dev = tasks.kind, tasks.op, tasks.dev
     vic = victims(ctx)
     opc = np.maximum(op, 0)
     upd = (kind == TaskKind.COMPUTE) & (dev >= 0) & (vic.tensor[opc] >= 0)
     if state_held is not None:
-        upd &= ~(vic.placeholder[opc] & state_held[opc])
+        upd &= ~(vic.param[opc] & state_held[opc])
     alloc = np.where((dev >= 0) & ~upd, np.rint(tasks.alloc), 0.0)
     partial = np.minimum(np.rint(partial_part(ctx, layouts, op_lay, out_split, tasks)), alloc)
     rest = alloc - partial
-    # entries: [rest, partial] where both are held
-    has_rest, has_part = rest > 0, partial > 0
-    counts = has_rest.astype(np.int64) + has_part
+    spill = np.zeros(n)
+    if shard is not None:             # a reduce-scattered gradient: the device's shard, and the rest of it
+        inst = (partial > 0) & (kind == TaskKind.COMPUTE)
+        kept = np.rint(partial[inst] * shard[opc[inst], dev[inst]])
+        spill[inst] = np.where(kept > 0, partial[inst] - kept, 0.0)
+        partial -= spill
+    # entries: [rest, partial, spill] where held
+    has_rest, has_part, has_spill = rest > 0, partial > 0, spill > 0
+    counts = has_rest.astype(np.int64) + has_part + has_spill
     mem_ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(counts, out=mem_ptr[1:])
     rows, pos = ragged(counts)
-    mem_bytes = np.where(has_rest[rows] & (pos == 0), rest[rows], partial[rows]).astype(np.int64)
     pos_part = np.where(has_part, has_rest.astype(np.int64), -1)
     pos_rest = np.where(has_rest, 0, -1)
+    pos_spill = np.where(has_spill, has_rest.astype(np.int64) + has_part, -1)
+    mem_bytes = np.where(pos == pos_rest[rows], rest[rows], np.where(pos == pos_part[rows], partial[rows],
+                                                                      spill[rows])).astype(np.int64)
+    has_part = has_part | has_spill
 
     # frees: every dependency (a schedule's barrier orders tasks; it holds none of their memory)
     df, dx, dw = deps
@@ -189,6 +205,9 @@ def memory_entries(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray
     if inplace.any():
         writes = np.stack([f[inplace], x[inplace], entry[inplace]])
         frees = _hand_over(kind, dev, np.stack([df[live], dx[live]]), frees, writes, counts)
+    spilled = (entry >= 0) & (entry == pos_part[x]) & has_spill[x]
+    if spilled.any():                 # what reads a gradient's shard reads the rest of it too
+        frees = np.concatenate([frees, np.stack([f[spilled], x[spilled], pos_spill[x[spilled]]])], axis=1)
     order = np.lexsort((frees[2], frees[1], frees[0]))
     frees = frees[:, order]
     keep = np.ones(frees.shape[1], dtype=bool)

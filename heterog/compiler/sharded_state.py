@@ -197,6 +197,19 @@ def reduce_scattered(ctx: CompileContext, state: StatePlacement | None, tensors:
     return (state.op_stage[ops] >= 2) & ctx.index.is_grad[ops]
 
 
+def reduce_scatter_shares(ctx: CompileContext, state: StatePlacement | None) -> np.ndarray | None:
+    """(n_ops, n_devices) each device's share of the gradient an op makes where stage >= 2 reduce-scatters
+    it (1 elsewhere; ``heterog.compiler.memory``), None where no gradient is reduce-scattered."""
+    if state is None:
+        return None
+    rs = (state.op_stage >= 2) & ctx.index.is_grad
+    if not rs.any():
+        return None
+    out = np.ones((ctx.index.n_ops, ctx.n_devices))
+    out[rs] = state.frac[state.op_row[rs]]
+    return out
+
+
 def emit_reduce_scatter(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, tensors: np.ndarray,
                         op_lay: np.ndarray, state: StatePlacement, prov: Providers) -> None:
     """One reduce-scatter per gradient among ``tensors`` over its replicas, after each device's last

@@ -368,7 +368,7 @@ class RankExecutor:
             mem.put(Stash(ins.key), stash[ins.key])
         elif isinstance(ins, Derive):
             t_op, idle0 = time.perf_counter(), tr.idle_s
-            stash[ins.key] = self._derive(ins, env, stash)
+            stash[ins.key] = self._derive(i, ins, env, stash)
             self._owe(t_op, idle0)
             mem.put(Stash(ins.key), stash[ins.key])
         elif isinstance(ins, Copy):
@@ -507,15 +507,17 @@ class RankExecutor:
             return v.clone()
         return (v if v.is_pinned() else v.pin_memory()).to(self.device, non_blocking=True)
 
-    def _derive(self, ins: Derive, env: dict[str, Any], stash: dict[Any, Any]) -> torch.Tensor:
+    def _derive(self, i: int, ins: Derive, env: dict[str, Any], stash: dict[Any, Any]) -> torch.Tensor:
         """A value's view chain run on it (on a device's part: with its local sizes), then the part of it
-        this device reads."""
+        this device reads; scaled in place where instruction ``i`` is the value's last reader and this rank
+        alone holds it (a gradient on its way to a reduce-scatter: the collective works in its buffer)."""
         v = self._fetch(ins.source, env, stash)
         if isinstance(v, (tuple, list)):
             assert ins.index is not None
             v = v[ins.index]
         if ins.scale != 1.0:
-            v = scaled(v, ins.scale)
+            whole = isinstance(v, torch.Tensor) and ins.index is None and v.is_floating_point()
+            v = v.mul_(ins.scale) if whole and self._dying(i, ins.source) and exclusive(v) else scaled(v, ins.scale)
         if ins.pad is not None:
             p = ins.pad
             v = padded(v, p.placement, p.extent, p.shares, p.rank)
