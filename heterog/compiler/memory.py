@@ -35,7 +35,7 @@ from heterog.caches import DerivedCache
 from heterog.compiler.context import CompileContext
 from heterog.compiler.index import output_bytes
 from heterog.compiler.registries import LayoutTable
-from heterog.compiler.tasks import TaskCategory, TaskKind, Tasks, ragged
+from heterog.compiler.tasks import COMPUTE_KINDS, TaskCategory, TaskKind, Tasks, ragged
 
 # tasks whose reads of an op's instance read its partial results (aggregation) when the op owns the dependency
 _AGGREGATING = np.zeros(len(TaskKind), dtype=bool)
@@ -119,6 +119,51 @@ def victims(ctx: CompileContext) -> UpdateVictims:
     return _VICTIMS.get(ctx, build)
 
 
+@dataclass(frozen=True)
+class BatchOutputs:
+    """Per op (n_ops,): how many outputs carrying the batch it has (``n``) and, CSR by ``ptr`` (n_ops + 1,),
+    each one's share of their bytes (``frac``) and whether any op reads it (``read``); per tensor
+    (n_tensors,): its position among its op's batch outputs (``slot``, -1: not a batch output)."""
+
+    n: np.ndarray
+    ptr: np.ndarray
+    frac: np.ndarray
+    read: np.ndarray
+    slot: np.ndarray
+
+
+_OUTPUTS: DerivedCache[CompileContext, BatchOutputs] = DerivedCache("each op's batch outputs")
+
+
+def batch_outputs(ctx: CompileContext) -> BatchOutputs:
+    """Each op's outputs that carry the batch (cached per context): an instance holds each in an entry of its
+    own, released by that output's readers (the runtime frees an output after its last reader, not once all
+    of the op's outputs are read: a dropout's output goes before its mask)."""
+    def build() -> BatchOutputs:
+        gi, graph = ctx.index, ctx.graph
+        where: dict[tuple[int, int], int] = {}
+        n = np.zeros(gi.n_ops, dtype=np.int64)
+        frac: list[float] = []
+        for i, op in enumerate(graph.ops):
+            sizes = [(k, b) for k, (b, bd) in enumerate(zip(output_bytes(op), op.batch_dims)) if bd is not None]
+            total = sum(b for _, b in sizes)
+            for k, b in sizes:
+                where[(i, k)] = len(frac)
+                frac.append(b / total if total > 0 else 1.0 / len(sizes))
+            n[i] = len(sizes)
+        ptr = np.zeros(gi.n_ops + 1, dtype=np.int64)
+        np.cumsum(n, out=ptr[1:])
+        read = np.zeros(len(frac), dtype=bool)
+        slot = np.full(len(gi.t_op), -1, dtype=np.int64)
+        for e, edge in enumerate(graph.edges):
+            flat = where.get((edge.src, edge.src_output))
+            if flat is not None:
+                read[flat] = True
+                slot[gi.e_tensor[e]] = flat - ptr[edge.src]
+        return BatchOutputs(n, ptr, np.array(frac, dtype=np.float64), read, slot)
+    return _OUTPUTS.get(ctx, build)
+
+
 def partial_part(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray, out_split: np.ndarray | None,
                  tasks: Tasks) -> np.ndarray:
     """(n,) bytes of each task's allocation that are partial results (non-batch outputs of a batch op's
@@ -169,17 +214,30 @@ def memory_entries(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray
         kept = np.rint(partial[inst] * shard[opc[inst], dev[inst]])
         spill[inst] = np.where(kept > 0, partial[inst] - kept, 0.0)
         partial -= spill
-    # entries: [rest, partial, spill] where held
+    # entries: [rest (one per batch output of an op instance with several), partial, spill] where held
+    outs = batch_outputs(ctx)
     has_rest, has_part, has_spill = rest > 0, partial > 0, spill > 0
-    counts = has_rest.astype(np.int64) + has_part + has_spill
+    split = has_rest & np.isin(kind, COMPUTE_KINDS) & (dev >= 0) & (outs.n[opc] >= 2)
+    n_rest = np.where(split, outs.n[opc], has_rest.astype(np.int64))
+    counts = n_rest + has_part + has_spill
     mem_ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(counts, out=mem_ptr[1:])
     rows, pos = ragged(counts)
-    pos_part = np.where(has_part, has_rest.astype(np.int64), -1)
+    pos_part = np.where(has_part, n_rest, -1)
     pos_rest = np.where(has_rest, 0, -1)
-    pos_spill = np.where(has_spill, has_rest.astype(np.int64) + has_part, -1)
-    mem_bytes = np.where(pos == pos_rest[rows], rest[rows], np.where(pos == pos_part[rows], partial[rows],
-                                                                      spill[rows])).astype(np.int64)
+    pos_spill = np.where(has_spill, n_rest + has_part, -1)
+    mem_bytes = np.where(pos == pos_part[rows], partial[rows], spill[rows])
+    in_rest = pos < n_rest[rows]
+    mem_bytes[in_rest] = rest[rows[in_rest]]
+    cut = in_rest & split[rows]
+    if cut.any():                     # each batch output its share, rounded so that they sum to the whole
+        first = outs.ptr[opc[rows[cut]]]
+        flat = first + pos[cut]
+        upto = np.cumsum(outs.frac) - outs.frac          # the shares of an op's outputs before each one
+        before = upto[flat] - upto[first]
+        total = rest[rows[cut]]
+        mem_bytes[cut] = np.rint(total * (before + outs.frac[flat])) - np.rint(total * before)
+    mem_bytes = mem_bytes.astype(np.int64)
     has_part = has_part | has_spill
 
     # frees: every dependency (a schedule's barrier orders tasks; it holds none of their memory)
@@ -197,6 +255,10 @@ def memory_entries(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray
         reads_rest = ~by_op & ~reads_partial
         entry[named] = np.where(reads_partial, pos_part[xi], np.where(reads_rest, pos_rest[xi], -1))
         entry[named[reads_rest & (pos_rest[xi] < 0)]] = -2          # a batch read of an instance without one
+    by_tensor = split[x] & (w >= gi.n_ops)
+    slot = np.where(by_tensor, outs.slot[np.maximum(w - gi.n_ops, 0)], -1)
+    own = by_tensor & (slot >= 0) & ((entry == -1) | (entry == pos_rest[x]))
+    entry[own] = slot[own]
     # in-place writes: (writer, buffer it writes into, that buffer's entry)
     inplace = _collective_writes(kind, op, f, x, w, entry, pos_part) | \
         _update_writes(ctx, kind, op, upd, f, x, w)
@@ -205,6 +267,11 @@ def memory_entries(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray
     if inplace.any():
         writes = np.stack([f[inplace], x[inplace], entry[inplace]])
         frees = _hand_over(kind, dev, np.stack([df[live], dx[live]]), frees, writes, counts)
+    unread = np.nonzero(split)[0]
+    if len(unread):                   # a batch output nobody reads goes when its instance ends
+        r, k = ragged(outs.n[opc[unread]])
+        gone = ~outs.read[outs.ptr[opc[unread[r]]] + k]
+        frees = np.concatenate([frees, np.stack([unread[r[gone]], unread[r[gone]], k[gone]])], axis=1)
     spilled = (entry >= 0) & (entry == pos_part[x]) & has_spill[x]
     if spilled.any():                 # what reads a gradient's shard reads the rest of it too
         frees = np.concatenate([frees, np.stack([f[spilled], x[spilled], pos_spill[x[spilled]]])], axis=1)
