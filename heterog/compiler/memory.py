@@ -15,7 +15,8 @@ What a device holds (docs/design.md, "Resources, memory and time"):
   ends: a device holds one gradient, two while an instance makes the next);
 - a value written in place lives in the buffer of the value it overwrites, which its readers then release:
   an AllReduce, and the reduce-scatter of a sharded gradient, works in the gradient's buffer (the gradient
-  is released by the readers of the collective's result on its device, the update); an op of the update
+  is released by the readers of the collective's result on its device, the update); a PS's aggregation adds
+  the gradients into the first one it holds; an op of the update
   writes its output into an input it reads last and of the output's size, if there is one (``victims``):
   the old parameter or optimizer state it replaces (the new value then lives in the resident bytes), or an
   intermediate of the update, so that an optimizer step allocates only what an in-place step does (Adam:
@@ -205,7 +206,8 @@ def memory_entries(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray
     upd = (kind == TaskKind.COMPUTE) & (dev >= 0) & (vic.tensor[opc] >= 0)
     if state_held is not None:
         upd &= ~(vic.param[opc] & state_held[opc])
-    alloc = np.where((dev >= 0) & ~upd, np.rint(tasks.alloc), 0.0)
+    into = _sums_into(kind, op, dev, tasks.alloc, deps)
+    alloc = np.where((dev >= 0) & ~upd & (into < 0), np.rint(tasks.alloc), 0.0)
     partial = np.minimum(np.rint(partial_part(ctx, layouts, op_lay, out_split, tasks)), alloc)
     rest = alloc - partial
     spill = np.zeros(n)
@@ -261,7 +263,7 @@ def memory_entries(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray
     entry[own] = slot[own]
     # in-place writes: (writer, buffer it writes into, that buffer's entry)
     inplace = _collective_writes(kind, op, f, x, w, entry, pos_part) | \
-        _update_writes(ctx, kind, op, upd, f, x, w)
+        _update_writes(ctx, kind, op, upd, f, x, w) | (into[f] == x)
     frees = np.stack([f, x, entry])
     frees = frees[:, (entry != -2) & (counts[x] > 0)]
     if inplace.any():
@@ -284,6 +286,24 @@ def memory_entries(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray
     np.cumsum(np.bincount(frees[0], minlength=n), out=free_ptr[1:])
     return MemoryEntries(mem_ptr, dev[rows].astype(np.int64), mem_bytes, free_ptr, frees[1].astype(np.int64),
                          frees[2].astype(np.int64))
+
+
+def _sums_into(kind: np.ndarray, op: np.ndarray, dev: np.ndarray, alloc: np.ndarray,
+               deps: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+    """(n,) per aggregation on a device (a PS's sum of pushed gradients) the task whose buffer it adds the
+    others into, as the runtime's sum does (``RankExecutor._sum``): its first part held on that device, the
+    device's own gradient or a gradient pushed to it (-1: none, and for every other task)."""
+    df, dx, _ = deps
+    into = np.full(len(kind), -1, dtype=np.int64)
+    cand = (kind[df] == TaskKind.AGGREGATE) & (dev[df] >= 0) & (dev[dx] == dev[df]) & (alloc[dx] > 0) & \
+        ((kind[dx] == TaskKind.PUSH) | ((kind[dx] == TaskKind.COMPUTE) & (op[dx] == op[df])))
+    r = np.nonzero(cand)[0]
+    if len(r):
+        r = r[np.lexsort((dx[r], df[r]))]
+        first = np.ones(len(r), dtype=bool)
+        first[1:] = df[r][1:] != df[r][:-1]
+        into[df[r[first]]] = dx[r[first]]
+    return into
 
 
 def _collective_writes(kind: np.ndarray, op: np.ndarray, f: np.ndarray, x: np.ndarray, w: np.ndarray,

@@ -4,9 +4,11 @@ update), a rank's own copies of the values it holds, and the small value helpers
 ``heterog.compiler.memory`` counts the same in the simulator."""
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 
-from heterog.runtime.instructions import Compute, RankProgram, Slice
+from heterog.runtime.instructions import Compute, Env, RankProgram, Slice, Source, sources
 from heterog.runtime.kernel import Kernel
 from heterog.runtime.layout import narrow_batch
 from heterog.runtime.stepprog import StepProgram
@@ -49,11 +51,14 @@ def in_place_writers(rp: RankProgram, prog: StepProgram, kernels: dict[tuple, Ke
     out: dict[int, tuple[str, tuple[str, ...]]] = {}
     if not prog.op_phase:
         return out
+    reads: Counter[Source] = Counter(src for ins in rp.instrs for src in sources(ins))
     for i, ins in enumerate(rp.instrs):
         if not isinstance(ins, Compute) or prog.op_phase[ins.op] != "update":
             continue
+        # a parameter or state value it reads last, or an intermediate that no other instruction reads
         dying = {inp.node for inp in ins.inputs if inp.source in rp.frees[i] and not inp.chain and inp.scale == 1.0
-                 and inp.tuple_index is None}
+                 and inp.tuple_index is None and isinstance(inp.source, Env)
+                 and (inp.source.node in rp.persist or reads[inp.source] == 1)}
         if not dying:
             continue
         kernel = kernels[(ins.op, ins.local, stats_scale(ins), ins.host)]
