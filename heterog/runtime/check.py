@@ -102,7 +102,8 @@ class _LocalTransport:
         return torch.empty(shape, dtype=dtype)        # what a worker's receive buffer holds
 
     def send(self, t: torch.Tensor, dst: int, tag: int, latency_s: float, s_per_byte: float) -> None:
-        self.mail.messages[tag] = (self.rank, t.contiguous())
+        self.mail.messages[tag] = (self.rank, t.contiguous().clone())   # a copy, as a message is: the sender
+                                                                         # may overwrite its value afterwards
 
     def take(self, tag: int) -> torch.Tensor:
         src, shape, dtype = self.expected.pop(tag)
@@ -120,7 +121,7 @@ class _LocalTransport:
         key = tuple(members)
         seq = self.ar_seq.get(key, 0)
         self.ar_seq[key] = seq + 1
-        self.mail.contributions.setdefault((key, seq), {})[me] = t
+        self.mail.contributions.setdefault((key, seq), {})[me] = t.clone()
         return Pending(None, t, t.shape, t.dtype, None, members, me, key, stamp=float(seq))
 
     def allgather(self, t: torch.Tensor, gid: int, group: Any, members: Sequence[int], me: int,
