@@ -17,8 +17,8 @@ from tests.test_imports import import_graph
 
 PACKAGE = Path(__file__).resolve().parents[2] / "heterog" / "compiler"
 # bottom up: a module may import only modules before it in this list
-LAYERS = ("shard_search", "tasks", "index", "context", "registries", "sharded_state", "offload", "shards", "coupled",
-          "sync_stats", "ps", "place", "reshard",
+LAYERS = ("shard_search", "tasks", "index", "context", "registries", "memory", "sharded_state", "offload", "shards",
+          "coupled", "sync_stats", "ps", "place", "reshard",
           "emit", "recompute", "micro", "plan", "delta", "compile")
 
 
