@@ -31,10 +31,11 @@ import numpy as np
 
 from heterog.caches import DerivedCache
 from heterog.compiler.context import CompileContext
+from heterog.compiler.convert import Engine
 from heterog.compiler.registries import LayoutTable
 from heterog.compiler.sharded_state import StatePlacement, state_index
-from heterog.compiler.tasks import Providers, TaskBatch, TaskCategory, TaskKind, ragged
-from heterog.cost.host import host_memory_need_bytes, host_optimizer_step_s, optimizer_traffic, pcie_time_s
+from heterog.compiler.tasks import Providers, ragged
+from heterog.cost.host import host_memory_need_bytes, host_optimizer_step_s, optimizer_traffic
 from heterog.errors import StrategyError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -158,10 +159,6 @@ def _concurrent(ctx: CompileContext, state: StatePlacement, rows: np.ndarray, de
     return out
 
 
-def _pcie_s(ctx: CompileContext, dev: np.ndarray, nbytes: np.ndarray, k: np.ndarray) -> np.ndarray:
-    return np.array([pcie_time_s(ctx.cluster, d, x, c) for d, x, c in zip(dev.tolist(), nbytes.tolist(), k.tolist())])
-
-
 # ----------------------------------------------------------------------------------- the step
 def on_host(ctx: CompileContext, state: StatePlacement | None, ops: np.ndarray) -> np.ndarray:
     """(len(ops),) the update ops among ``ops`` that run on the host CPU."""
@@ -190,7 +187,7 @@ def host_instances(ctx: CompileContext, state: StatePlacement, inst_op: np.ndarr
     return dur, alloc, res
 
 
-def emit_uploads(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, ops: np.ndarray,
+def emit_uploads(ctx: CompileContext, layouts: LayoutTable, conv: Engine, ops: np.ndarray,
                  op_lay: np.ndarray, state: StatePlacement, prov: Providers) -> dict[int, np.ndarray]:
     """After each host-run op among ``ops`` that writes a parameter's next value, the copy of the device's
     part of the parameter to each device (its last entries); writer op -> those copies, in that order."""
@@ -202,13 +199,10 @@ def emit_uploads(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, op
         last = layouts.last_entries(lay)
         dev = layouts.dev_flat[layouts.ptr[lay] + last]
         row = int(state.op_row[o])
-        nbytes = si.param_bytes[p] * state.frac[row, dev]
-        dur = _pcie_s(ctx, dev, nbytes, _concurrent(ctx, state, np.full(len(dev), row), dev))
-        up = batch.add(dur=dur, kind=TaskKind.TRANSFER, op=o, dev=dev, alloc=0.0, cat=TaskCategory.TRANSFER,
-                       prio_op=o, stage="push", cls=0, tensor=int(si.param_tensor[p]), sub=dev, owner=o, res_len=1,
-                       res_idx=ht.first + ctx.n_devices + dev)
-        batch.deps(up, prov.inst_start[o] + last, o)
-        out[o] = up
+        out[o] = conv.host_copies(prov.inst_start[o] + last, dev, si.param_bytes[p] * state.frac[row, dev],
+                                  _concurrent(ctx, state, np.full(len(dev), row), dev), ht.first + ctx.n_devices + dev,
+                                  op=o, prio_op=o, stage="push", cls=0, tensor=int(si.param_tensor[p]), sub=dev,
+                                  owner=o)
     return out
 
 
@@ -223,7 +217,7 @@ def host_read_edges(ctx: CompileContext, state: StatePlacement | None, edges: np
     return on_host(ctx, state, dst) & ~on_host(ctx, state, src) & gi.is_compute[src] & offload_index(ctx).whole[src]
 
 
-def connect_host_reads(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, edges: np.ndarray,
+def connect_host_reads(ctx: CompileContext, layouts: LayoutTable, conv: Engine, edges: np.ndarray,
                        op_lay: np.ndarray, state: StatePlacement, prov: Providers) -> None:
     """One copy down per (tensor, device) of ``edges``' readers, f_d of its bytes, once the value is final on
     that device (or, where it is not, on the first device holding it); the readers there wait for it. The
@@ -233,24 +227,20 @@ def connect_host_reads(ctx: CompileContext, layouts: LayoutTable, batch: TaskBat
     er = edges[rows]
     v, t = gi.e_dst[er], gi.e_tensor[er]
     d = layouts.dev_flat[layouts.ptr[op_lay[v]] + loc]
-    key = t * m + d
-    uniq, first_idx, inv = np.unique(key, return_index=True, return_inverse=True)
+    uniq, first_idx, inv = np.unique(t * m + d, return_index=True, return_inverse=True)
     first_reader = np.full(len(uniq), np.iinfo(np.int64).max)
     np.minimum.at(first_reader, inv, v)
     tt, td, tv = t[first_idx], d[first_idx], v[first_idx]
     row = state.op_row[tv]
-    nbytes = gi.t_bytes[tt] * state.frac[row, td]
-    down = batch.add(dur=_pcie_s(ctx, td, nbytes, _concurrent(ctx, state, row, td)), kind=TaskKind.TRANSFER,
-                     op=gi.t_op[tt], dev=td, alloc=0.0, cat=TaskCategory.TRANSFER, prio_op=first_reader,
-                     stage="transfer", cls=1, tensor=tt, sub=td, owner=n_ops + tt, res_len=1, res_idx=ht.first + td)
     have = prov.at[tt, td]
     miss = have < 0
     if miss.any():
         holder = layouts.dev_flat[layouts.ptr[prov.layout[tt[miss]]]]
         have[miss] = prov.at[tt[miss], holder]
-    ok = have >= 0
-    batch.deps(down[ok], have[ok], n_ops + tt[ok])
-    batch.deps(prov.inst_start[v] + loc, down[inv], n_ops + t)
+    down = conv.host_copies(have, td, gi.t_bytes[tt] * state.frac[row, td], _concurrent(ctx, state, row, td),
+                            ht.first + td, op=gi.t_op[tt], prio_op=first_reader, stage="transfer", cls=1, tensor=tt,
+                            sub=td, owner=n_ops + tt)
+    conv.deps(prov.inst_start[v] + loc, down[inv], n_ops + t)
 
 
 # ----------------------------------------------------------------------------------- memory
