@@ -27,11 +27,16 @@ test: $(STAMP)
 timing: $(STAMP)
 	$(BIN)/python -m pytest -q --timeout 600 -m timing tests
 
-# the runtime conformance suites: 16 random seeds per model and cluster (make test runs 4), ten more
-# transformers families, runs that survive (a transformers model resumed across plans, a device that
-# comes back, torchrun's processes and restarts), and sharded state under every mix on both clusters
+# the runtime conformance suites: 16 random seeds per model and cluster (make test runs 2), split and grid
+# plans of every model under every combination of cluster and micro-batches (make test: half of them, no
+# recurrent models), ten more transformers families, runs that survive (a transformers model resumed
+# across plans, a device that comes back, torchrun's processes, its restarts and a node that joins through
+# its rendezvous), and sharded state under every mix on both clusters
 conformance: $(STAMP)
 	HETEROG_CONFORMANCE_SEEDS=16 $(BIN)/python -m pytest -q -n $(JOBS) --timeout 600 tests/runtime/test_conformance.py
+	HETEROG_DIVIDED_ALL=1 $(BIN)/python -m pytest -q -n $(JOBS) --timeout 900 tests/runtime/test_split_conformance.py \
+		tests/compiler/test_splits_models.py \
+		tests/runtime/test_grid_conformance.py
 	HETEROG_TRANSFORMERS_MORE=1 $(BIN)/python -m pytest -q -n $(JOBS) --timeout 600 \
 		tests/runtime/test_transformers_conformance.py
 	HETEROG_SURVIVE_MORE=1 $(BIN)/python -m pytest -q -n $(JOBS) --timeout 900 tests/runtime/test_checkpoint.py \

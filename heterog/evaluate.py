@@ -106,7 +106,9 @@ class Evaluator:
 
     ``order`` is the task order (``heterog.scheduler.ORDERS``). The default, ``best``, simulates each order
     of ``PORTFOLIO`` (and ``plan``, the strategy's own op order, when it has one) and keeps the faster;
-    ``simulate_kept`` says which was kept, and the runtime executes that one.
+    ``simulate_kept`` says which was kept, and the runtime executes that one. ``sync_batch_stats``: every
+    strategy is compiled with synchronized batch statistics (``heterog.compiler.sync_stats``), as a plan
+    carrying ``Strategy.sync_batch_stats`` is.
 
     ``checkpoint_every_steps``: K adds the optional checkpoint term, 1/K of the time one checkpoint takes
     (``heterog.checkpoint_cost``), to every iteration time it reports, so that planners weigh what a plan's
@@ -116,7 +118,7 @@ class Evaluator:
     def __init__(self, graph: OpGraph, cluster: Cluster, cost: CostModel | None = None, *,
                  order: str = DEFAULT_ORDER, serialize_collectives: bool = False, max_groups: int = 2000,
                  shares: str = "power", delta: bool = True, layer_profile: LayerProfile | None = None,
-                 checkpoint_every_steps: int | None = None) -> None:
+                 sync_batch_stats: bool = False, checkpoint_every_steps: int | None = None) -> None:
         self.graph, self.cluster = graph, cluster
         if checkpoint_every_steps is not None and int(checkpoint_every_steps) < 1:
             raise HeterogError(f"checkpoint_every_steps must be at least 1, got {checkpoint_every_steps}")
@@ -125,7 +127,8 @@ class Evaluator:
             raise HeterogError("give the layer profile to the CostModel passed as cost, or pass no cost")
         self.cost = cost if cost is not None else cost_model(cluster, layer_profile)
         self.compiler = Compiler(graph, cluster, self.cost, serialize_collectives=serialize_collectives,
-                                 max_bases=4 if delta else 0)
+                                 max_bases=4 if delta else 0, sync_batch_stats=sync_batch_stats)
+        self.sync_batch_stats = bool(sync_batch_stats)
         self.order = check_order(order)
         if shares not in SHARE_MODES:
             raise HeterogError(f"unknown share mode {shares!r} (choose from {', '.join(SHARE_MODES)})")

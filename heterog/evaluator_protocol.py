@@ -52,6 +52,10 @@ class PlanEvaluator(Protocol):
         """Whether collectives run one at a time."""
 
     @property
+    def sync_batch_stats(self) -> bool:
+        """Whether every plan's batch norms use the whole batch's statistics (``heterog.compiler.sync_stats``)."""
+
+    @property
     def max_groups(self) -> int:
         """The most op groups the grouping makes."""
 

@@ -42,19 +42,21 @@ class EvaluatorSpec:
     serialize_collectives: bool
     max_groups: int
     shares: str
+    sync_batch_stats: bool = False
     checkpoint_every_steps: int | None = None
 
     @classmethod
     def of(cls, ev: PlanEvaluator) -> EvaluatorSpec:
         return cls(ev.graph, ev.cluster, ev.cost, ev.order, ev.serialize_collectives, ev.max_groups, ev.shares,
-                   ev.checkpoint_every_steps)
+                   ev.sync_batch_stats, ev.checkpoint_every_steps)
 
     def build(self) -> Evaluator:
         from heterog.evaluate import Evaluator
 
         return Evaluator(self.graph, self.cluster, self.cost, order=self.order,
                          serialize_collectives=self.serialize_collectives, max_groups=self.max_groups,
-                         shares=self.shares, checkpoint_every_steps=self.checkpoint_every_steps)
+                         shares=self.shares, sync_batch_stats=self.sync_batch_stats,
+                         checkpoint_every_steps=self.checkpoint_every_steps)
 
 
 class Worker:

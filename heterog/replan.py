@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from heterog.errors import HeterogError
@@ -95,9 +95,10 @@ def warm_up(method: str, graph: OpGraph, cluster: Cluster) -> float | None:
 
 
 def replan(graph: OpGraph, cluster: Cluster, method: str = "auto", budget_s: float = 5.0, *, seed: int = 0,
-           runs: Callable[[Strategy], str | None] | None = None) -> Replan:
+           runs: Callable[[Strategy], str | None] | None = None, sync_batch_stats: bool = False) -> Replan:
     """Plans for ``graph`` on ``cluster`` within about ``budget_s`` seconds (module docstring). ``runs``: says
-    why a plan cannot run (None: it can); such plans are left out. HeterogError when no plan is found."""
+    why a plan cannot run (None: it can); such plans are left out. ``sync_batch_stats``: plans whose batch
+    norms use the whole batch's statistics, evaluated so. HeterogError when no plan is found."""
     from heterog import planners
     from heterog.evaluate import Evaluator
 
@@ -107,7 +108,7 @@ def replan(graph: OpGraph, cluster: Cluster, method: str = "auto", budget_s: flo
         planners.get(method)                        # an unknown method fails here, naming the known ones
     t0 = time.perf_counter()
     deadline = t0 + budget_s * (1.0 - MARGIN)
-    ev = Evaluator(graph, cluster)
+    ev = Evaluator(graph, cluster, sync_batch_stats=sync_batch_stats)
     out = Replan(method, float(budget_s), 0.0)
     found: list[tuple[tuple[bool, float], int, Strategy]] = []
 
@@ -116,6 +117,8 @@ def replan(graph: OpGraph, cluster: Cluster, method: str = "auto", budget_s: flo
         entry: dict[str, Any] = {"method": name}
         try:
             s = planners.plan(name, evaluator=ev, seed=seed, progress=False, **options)
+            if sync_batch_stats:
+                s = replace(s, sync_batch_stats=True, meta=dict(s.meta))
             reason = runs(s) if runs is not None else None
             it, oom = ev.iteration_time(s)
             entry.update(iteration_time_s=it, oom=oom)

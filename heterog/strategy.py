@@ -26,9 +26,10 @@ SYNC_METHODS = ("ps", "allreduce")
 # before its backwards; 1F1B keeps at most S - s micro-batches in flight on a device at pipeline position s
 SCHEDULES = ("gpipe", "1f1b")
 MAX_MICRO_BATCHES = 256     # Megatron-style plans of large global batches run 128 (Sailor's validation plans)
-STRATEGY_VERSION = 7         # 2: micro-batches and their schedule; 3: groups recomputed; 4: splits beyond the batch;
+STRATEGY_VERSION = 8         # 2: micro-batches and their schedule; 3: groups recomputed; 4: splits beyond the batch;
 #                              5: splits over a grid (batch x beyond the batch); 6: sharded state (ZeRO stages);
-#                              7: state offloaded to the host (``"offload"`` in ``"sharded"``)
+#                              7: state offloaded to the host (``"offload"`` in ``"sharded"``); 8: synchronized
+#                              batch statistics (``"sync_batch_stats"``, of the plan or of a config)
 # a config's split beyond the batch (docs/design.md, "Splits beyond the batch"): "parameter" divides the
 # parameters of its ops (and what computes with them) among the devices, "attribute" divides only what
 # carries no parameter (sequence, spatial, heads of activations), parameters stay whole on every device;
@@ -48,7 +49,8 @@ class ParallelConfig:
     ops beyond the batch among the devices (``split_over``), ``grid`` > 1 among each of that many groups of
     them, the batch over the groups (``split_grid``). ``sharded`` keeps an AllReduce data-parallel group's
     optimizer state (and gradients, and parameters) as shards over its replicas, and may offload it to the
-    host, a one-device group's too (``heterog.sharded``).
+    host, a one-device group's too (``heterog.sharded``). ``sync_batch_stats``: the group's batch norms use
+    the statistics of the whole batch (``heterog.compiler.sync_stats``), not each replica's.
     """
 
     devices: tuple[int, ...]
@@ -60,6 +62,7 @@ class ParallelConfig:
     split_shares: tuple[int, ...] = ()
     grid: int = 1
     sharded: ShardedState | None = None
+    sync_batch_stats: bool = False
 
     def __post_init__(self) -> None:
         if self.split is not None:
@@ -193,6 +196,8 @@ class ParallelConfig:
                 d["grid"] = int(self.grid)
         if self.sharded is not None:
             d["sharded"] = self.sharded.to_dict()
+        if self.sync_batch_stats:
+            d["sync_batch_stats"] = True
         return d
 
     @classmethod
@@ -200,7 +205,8 @@ class ParallelConfig:
         return cls(tuple(int(x) for x in d["devices"]), tuple(int(x) for x in d["shares"]),
                    d.get("sync", "allreduce"), d.get("ps_device"), d.get("allreduce", "auto"),
                    d.get("split"), tuple(int(x) for x in d.get("split_shares", ())), int(d.get("grid", 1)),
-                   None if d.get("sharded") is None else ShardedState.from_dict(d["sharded"]))
+                   None if d.get("sharded") is None else ShardedState.from_dict(d["sharded"]),
+                   bool(d.get("sync_batch_stats", False)))
 
 
 def check_micro_batches(sizes: Sequence[int], batch_size: int) -> tuple[int, ...]:
@@ -229,6 +235,8 @@ class Strategy:
     global batch is cut into, in sample order (None: one micro-batch); every group's batch shares apply
     within each, and ``schedule`` (``SCHEDULES``) orders their tasks. ``recompute`` are the groups whose
     forward activations are freed after the forward and recomputed before their backward (sorted ids).
+    ``sync_batch_stats``: every group's batch norms use the statistics of the whole batch
+    (``heterog.compiler.sync_stats``; a config may ask it for its own group).
     """
 
     graph_fingerprint: str
@@ -243,6 +251,7 @@ class Strategy:
     micro_batches: tuple[int, ...] | None = None
     schedule: str = "1f1b"
     recompute: tuple[int, ...] = ()
+    sync_batch_stats: bool = False
 
     def __post_init__(self) -> None:
         self.group_of = np.asarray(self.group_of, dtype=np.int64)
@@ -322,6 +331,7 @@ class Strategy:
             "meta": self.meta,
             "micro_batches": None if self.micro_batches is None else list(self.micro_batches),
             "schedule": self.schedule, "recompute": list(self.recompute),
+            **({"sync_batch_stats": True} if self.sync_batch_stats else {}),
         }
 
     @classmethod
@@ -341,7 +351,7 @@ class Strategy:
                        [ParallelConfig.from_dict(c) for c in d["configs"]], d.get("method", ""),
                        None if pr is None else np.asarray(pr, dtype=np.float64), d.get("meta", {}),
                        None if micro is None else tuple(int(x) for x in micro), d.get("schedule", "1f1b"),
-                       recompute)
+                       recompute, bool(d.get("sync_batch_stats", False)))
         except (KeyError, TypeError, ValueError) as exc:
             raise StrategyError(f"{source}: malformed strategy file ({type(exc).__name__}: {exc})") from None
 

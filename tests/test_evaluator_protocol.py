@@ -13,7 +13,7 @@ from heterog.evaluator_protocol import PlanEvaluator
 from heterog.parallel import EvaluatorSpec
 from tests.baselines.helpers import gpu_cluster, layered_graph
 
-MEMBERS = {"graph", "cluster", "cost", "order", "shares", "serialize_collectives", "max_groups",
+MEMBERS = {"graph", "cluster", "cost", "order", "shares", "serialize_collectives", "sync_batch_stats", "max_groups",
            "checkpoint_every_steps", "group_of", "n_groups", "strategy", "iteration_time"}
 OPTIONS = {"os-dpos": {"budget_s": 30.0}, "mcmc": {"max_evals": 40, "seed": 0},
            "pesto-ilp": {"budget_s": 30.0, "solver_workers": 1}, "random": {"seed": 3}}
@@ -69,7 +69,8 @@ def test_planner_reads_only_the_protocol(ev, method):
 def test_evaluator_spec_rebuilds_from_the_protocol(ev):
     rebuilt = EvaluatorSpec.of(ProtocolOnly(ev)).build()
     assert (rebuilt.graph, rebuilt.cluster, rebuilt.cost, rebuilt.order, rebuilt.shares, rebuilt.max_groups,
-            rebuilt.serialize_collectives) == (ev.graph, ev.cluster, ev.cost, ev.order, ev.shares, ev.max_groups,
-                                               ev.serialize_collectives)
+            rebuilt.serialize_collectives, rebuilt.sync_batch_stats) == (
+        ev.graph, ev.cluster, ev.cost, ev.order, ev.shares, ev.max_groups, ev.serialize_collectives,
+        ev.sync_batch_stats)
     actions = [0] * ev.n_groups
     assert rebuilt.iteration_time(rebuilt.strategy(actions)) == ev.iteration_time(ev.strategy(actions))

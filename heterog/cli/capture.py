@@ -18,7 +18,11 @@ def cmd_capture(args: argparse.Namespace) -> int:
         text += f"\ninputs without the batch (whole on every replica): {', '.join(g.meta['inputs_without_batch'])}"
     if g.meta.get("random_ops"):
         text += f"\nops drawing random values (dropout): {g.meta['random_ops']}"
-    emit(args, {**s, "output": str(args.output), "meta": g.meta}, text)
+    if g.meta.get("coupled_ops"):
+        text += f"\nops coupling samples (run once over the whole batch): {g.meta['coupled_ops']}"
+    for a in g.assumptions:
+        text += f"\nassumes on every step's inputs: {a['code']} is {a['holds']} (the model's check at {a['where']})"
+    emit(args, {**s, "output": str(args.output), "meta": g.meta, "assumptions": g.assumptions}, text)
     return 0
 
 

@@ -18,6 +18,9 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
         return _published(args)
     if not args.model or not args.cluster:
         raise HeterogError("heterog fidelity needs --model and --cluster (or --published DIR)")
+    for flag, value, least in (("--plans", args.plans, 1), ("--steps", args.steps, 1), ("--repeats", args.repeats, 1)):
+        if value < least:
+            raise HeterogError(f"{flag} must be at least {least}, got {value}")
     from heterog.reporting import fidelity_text
     from heterog.runtime.fidelity import run_fidelity
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +46,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     own = planner_options(args.option)
     planners.get(method).check_options(own)          # before the graph is captured
     graph, cluster = graph_and_cluster(args)
-    ev = Evaluator(graph, cluster)
+    ev = Evaluator(graph, cluster, sync_batch_stats=args.sync_batch_stats)
     strategy = planners.plan(method, evaluator=ev, budget_s=args.budget_s, seed=args.seed, checkpoint=args.agent,
                              episodes=args.episodes, workers=args.workers, ray_address=args.ray_address, **own)
+    if args.sync_batch_stats:                    # planned with them: the plan says so
+        strategy = replace(strategy, sync_batch_stats=True, meta=dict(strategy.meta))
     path = strategy.save(args.output)
     res = ev.evaluate(strategy, method=method)
     doc = {"method": method, "graph": graph.name, "cluster": cluster.name, "output": str(path),
@@ -55,7 +58,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
            "search_time_s": float(strategy.meta.get("search_time_s", 0.0)), "micro_batches": list(strategy.micro),
            "schedule": res.plan.schedule if strategy.n_micro > 1 and res.plan is not None else None,
            "recomputed_groups": list(strategy.recompute),
-           "split_groups": [g for g, cfg in enumerate(strategy.configs) if cfg.split is not None]}
+           "split_groups": [g for g, cfg in enumerate(strategy.configs) if cfg.split is not None],
+           "sync_batch_stats": strategy.sync_batch_stats}
     if "policy_plan_s" in strategy.meta:        # zero-shot: the policy's own plan, before the DP comparison
         doc.update({k: strategy.meta[k] for k in ("policy_plan_s", "policy_plan_oom", "kept")})
     micro = f", {strategy.n_micro} micro-batches ({doc['schedule']})" if strategy.n_micro > 1 else ""
@@ -64,6 +68,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     split_groups = [g for g, cfg in enumerate(strategy.configs) if cfg.split is not None]
     if split_groups:
         micro += f", {len(split_groups)} groups split beyond the batch"
+    if strategy.sync_batch_stats:
+        micro += ", batch statistics synchronized"
     emit(args, doc, f"{method}: {strategy.n_groups} groups{micro}, simulated {res.iteration_time_s * 1e3:.2f} ms "
                     f"per iteration{' (OOM)' if res.oom else ''}, searched {doc['search_time_s']:.1f} s -> {path}")
     return 0
@@ -84,6 +90,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                    help="an option of the method's own (repeatable), e.g. --option max_evals=2000 for mcmc")
+    p.add_argument("--sync-batch-stats", action="store_true",
+                   help="batch norms use the statistics of the whole batch (all-reduced over replicas and "
+                        "micro-batches, as torch.nn.SyncBatchNorm), planned and written so")
     p.add_argument("-o", "--output", required=True, type=Path, help="strategy JSON to write")
     add_parallel_args(p)
     add_json_flag(p)

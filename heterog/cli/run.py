@@ -4,7 +4,9 @@ lost workers (``heterog.runtime.checkpoint``, ``heterog.runtime.elastic``)."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +20,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from heterog.runtime.checkpoint import CheckpointSettings, Resumed
     from heterog.runtime.elastic import ElasticSettings
     from heterog.runtime.executor import Job
+    from heterog.strategy import Strategy
+
+log = logging.getLogger(__name__)
 
 
 def _settings(args: argparse.Namespace) -> tuple[CheckpointSettings | None, ElasticSettings]:
@@ -32,7 +37,8 @@ def _settings(args: argparse.Namespace) -> tuple[CheckpointSettings | None, Elas
     elif (args.checkpoint_every, args.checkpoint_every_s, args.keep) != (None, None, None):
         raise HeterogError("--checkpoint-every, --checkpoint-every-s and --keep need --checkpoint-dir")
     devices = Path(args.devices_file) if args.devices_file else None
-    elastic = ElasticSettings(args.max_restarts, args.replan_method, args.replan_budget_s, devices, args.seed)
+    elastic = ElasticSettings(args.max_restarts, args.replan_method, args.replan_budget_s, devices, args.seed,
+                              args.sync_batch_stats)
     return ck, elastic
 
 
@@ -44,6 +50,17 @@ def _model(args: argparse.Namespace) -> tuple[Model, Cluster]:
     return load_model(args.model, args.batch_size, optimizer=args.optimizer, lr=args.lr), cluster
 
 
+def _strategy(args: argparse.Namespace, model: Model, cluster: Cluster) -> Strategy:
+    """The plan the arguments name or search for, with synchronized batch statistics under --sync-batch-stats."""
+    from heterog.runtime.api import resolve_strategy
+
+    strategy = resolve_strategy(model, cluster, strategy=args.strategy, method=args.method, seed=args.seed,
+                                budget_s=args.plan_budget_s)
+    if args.sync_batch_stats:
+        strategy = replace(strategy, sync_batch_stats=True, meta=dict(strategy.meta))
+    return strategy
+
+
 def _resumed(args: argparse.Namespace, model: Model) -> Resumed | None:
     from heterog.runtime.api import resume_state
 
@@ -51,7 +68,7 @@ def _resumed(args: argparse.Namespace, model: Model) -> Resumed | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from heterog.runtime.api import prepare, resolve_strategy, run_prepared
+    from heterog.runtime.api import prepare, run_prepared
     from heterog.runtime.checkpoint import remove_incomplete
     from heterog.runtime.elastic import SurvivingRun
     from heterog.runtime.launcher import env_rank
@@ -67,8 +84,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise HeterogError("--node-devices names the devices of a torchrun node; it has no use without torchrun")
     model, cluster = _model(args)
     resumed = _resumed(args, model)                  # a bad checkpoint is refused before planning
-    strategy = resolve_strategy(model, cluster, strategy=args.strategy, method=args.method, seed=args.seed,
-                                budget_s=args.plan_budget_s)
+    strategy = _strategy(args, model, cluster)
     if ck is not None:
         remove_incomplete(ck.directory)
     batches = [model.example_inputs]
@@ -79,17 +95,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         result = run_prepared(prepare(model, cluster, strategy, backend=args.backend), batches, args.steps,
                               warmup=args.warmup, hang_timeout_s=args.hang_timeout_s, resume=resumed, checkpoint=ck)
-    return _report(args, model, result)
+    return _report(args, model, strategy, result)
 
 
 def _run_env(args: argparse.Namespace, ck: CheckpointSettings | None, elastic: ElasticSettings) -> int:
     """One rank of an env:// job: rank 0 gathers the devices the ranks name, plans for them (the given plan
     on the cluster's own devices, a re-plan on any other set), resumes from this job's newest checkpoint
-    when torchrun restarted it, and hands each rank its program."""
+    when torchrun restarted it or its rendezvous changed the nodes, and hands each rank its program. Rank 0
+    warns when torchrun's agents would stall on a node that joins (``heterog.runtime.launcher.joins_stall``)."""
     from heterog.runtime.api import collect
-    from heterog.runtime.launcher import env_rank, run_env_job
+    from heterog.runtime.launcher import agent_argv, env_rank, joins_stall, run_env_job
 
-    _, _, local = env_rank() or (0, 1, 0)
+    rank, _, local = env_rank() or (0, 1, 0)
+    stall = joins_stall(agent_argv(), os.environ) if rank == 0 else None
+    if stall:
+        log.warning("%s", stall)
     mine = None
     if args.node_devices:
         names = [n.strip() for n in args.node_devices.split(",") if n.strip()]
@@ -99,24 +119,26 @@ def _run_env(args: argparse.Namespace, ck: CheckpointSettings | None, elastic: E
     box: dict[str, Any] = {}
 
     def make_jobs(names: list[str | None]) -> list[Job]:
-        box["model"], box["prepared"], box["resumed"] = _env_plan(args, ck, elastic, names)
+        box["model"], box["prepared"], box["resumed"], box["replan"] = _env_plan(args, ck, elastic, names)
         return box["prepared"].jobs([box["model"].example_inputs], args.steps, resumed=box["resumed"],
                                     checkpoint=ck)
 
     gathered = run_env_job(make_jobs, args.backend, timeout_s=args.hang_timeout_s, device=mine)
     if gathered is None:
         return 0
-    return _report(args, box["model"], collect(box["prepared"], gathered, args.warmup, box["resumed"]))
+    result = collect(box["prepared"], gathered, args.warmup, box["resumed"])
+    return _report(args, box["model"], box["prepared"].strategy, result, replan=box["replan"])
 
 
 def _env_plan(args: argparse.Namespace, ck: CheckpointSettings | None, elastic: ElasticSettings,
-              names: list[str | None]) -> tuple[Model, PreparedRun, Resumed | None]:
+              names: list[str | None]) -> tuple[Model, PreparedRun, Resumed | None, dict[str, Any] | None]:
     """Rank 0's part of ``_run_env``: the model, the plan prepared for the ranks' devices (device i is rank
-    i's), and where training starts."""
+    i's), where training starts, and the re-plan's record (None: the given plan, on the cluster's own
+    devices)."""
     from heterog.cluster.topology import subset
-    from heterog.replan import replan
-    from heterog.runtime.api import prepare, resolve_strategy, resume_state
+    from heterog.runtime.api import prepare, resume_state
     from heterog.runtime.checkpoint import newest_of_job, remove_incomplete
+    from heterog.runtime.elastic import replan_prepared
 
     model, full = _model(args)
     if any(n is None for n in names):
@@ -132,30 +154,34 @@ def _env_plan(args: argparse.Namespace, ck: CheckpointSettings | None, elastic: 
         newest = newest_of_job(ck.directory, ck.job) if ck.job else None
         resumed = resume_state(model, newest) if newest is not None else resumed
         remove_incomplete(ck.directory)
-    if cluster.name == full.name:
-        strategy = resolve_strategy(model, cluster, strategy=args.strategy, method=args.method, seed=args.seed,
-                                    budget_s=args.plan_budget_s)
-    else:
-        strategy = replan(model.graph, cluster, elastic.replan_method, elastic.replan_budget_s, seed=args.seed).best
-    return model, prepare(model, cluster, strategy, backend=args.backend), resumed
+    if cluster.name != full.name:
+        prepared, record = replan_prepared(model, cluster, elastic, backend=args.backend)
+        return model, prepared, resumed, {**record, "devices": cluster.device_names}
+    return model, prepare(model, cluster, _strategy(args, model, cluster), backend=args.backend), resumed, None
 
 
-def _report(args: argparse.Namespace, model: Model, result: RunResult) -> int:
+def _report(args: argparse.Namespace, model: Model, strategy: Strategy, result: RunResult,
+            replan: dict[str, Any] | None = None) -> int:
+    """Print the run's record of ``model`` trained under ``strategy`` (``replan``: under torchrun, the re-plan
+    this start made)."""
     from heterog.runtime.api import compare_values, train_single_process
 
     rec = {"model": args.model, "cluster": result.cluster, "batch_size": model.batch_size, "backend": args.backend,
-           "optimizer": args.optimizer, "steps": args.steps, **result.record(),
+           "optimizer": args.optimizer, "steps": args.steps, **result.record(), "replan": replan,
            "equivalent": None, "max_abs_param_diff": None}
     if args.check_equivalence:
         ref_losses, ref_values = train_single_process(model, [model.example_inputs], args.steps)
         ok, diff, bad = compare_values(model, result.values, ref_values)
         rec.update({"equivalent": ok, "max_abs_param_diff": diff, "params_differing": bad,
-                    "reference_losses": ref_losses, "inexact_causes": model.inexact_causes()})
+                    "reference_losses": ref_losses, "inexact_causes": model.inexact_causes(strategy)})
     ran = args.steps - result.first_step
     text = (f"{args.model} (batch {model.batch_size}) on {result.cluster} with {rec['method']} ({args.backend}): "
             f"{result.iteration_time_s * 1e3:.2f} ms/iteration measured (median of {ran - result.warmup_steps} "
             f"steps after {result.warmup_steps} warm-up), {result.simulated_iteration_time_s * 1e3:.2f} ms "
             f"simulated; final loss {result.losses[-1]:.4f}")
+    if replan is not None:
+        text += (f"\nre-planned for {', '.join(replan['devices'])} in {replan['seconds']:.2f} s (budget "
+                 f"{replan['budget_s']:g} s): {replan['chosen']}")
     if result.first_step:
         text += f"\nresumed at step {result.first_step}"
     for r in result.restarts:
@@ -194,6 +220,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=0, help="seed of randomised planners")
     p.add_argument("--plan-budget-s", type=float, default=None, help="planning budget (agent, searches)")
+    p.add_argument("--sync-batch-stats", action="store_true",
+                   help="batch norms use the statistics of the whole batch (all-reduced over the replicas and "
+                        "micro-batches of the step), whatever the strategy says")
     p.add_argument("--check-equivalence", action="store_true",
                    help="also train the same steps in one process and compare the parameters")
     p.add_argument("--hang-timeout-s", type=float, default=60.0, help="fail when no worker progresses this long")

@@ -26,6 +26,8 @@ The modules, bottom up (each imports only those above it in this list):
   convert          the conversion engine: every task that converts a value between placements, priced
   sharded_state    sharded state's tasks and memory (ZeRO stages)
   offload          offloaded state's tasks, memory and host resources (ZeRO-Offload)
+  coupled          the ops that couple samples: once over the whole batch, on one device
+  sync_stats       synchronized batch statistics: the synced batch norms, their STATISTICS tasks
   ps               the load-aware parameter-server choice
   place            phases 1-3 -> ``Placement``: assign_configs, choose_ps, lay_out
   reshard          who needs what of values divided beyond the batch (splits, grids)
@@ -123,13 +125,15 @@ class Compiler:
         serialize_collectives: NCCL-style: all AllReduces share one stream and run one at a time.
         max_bases: plans kept to patch (0: every strategy is compiled from scratch).
         delta_fraction: patch only when the ops to re-emit are at most this share of the graph.
+        sync_batch_stats: every strategy's batch norms synchronized (``heterog.compiler.sync_stats``).
     """
 
     MAX_CONFIGS = 100_000
 
     def __init__(self, graph: OpGraph, cluster: Cluster, cost: CostModel, *, serialize_collectives: bool = False,
-                 max_bases: int = 4, delta_fraction: float = 0.5) -> None:
+                 max_bases: int = 4, delta_fraction: float = 0.5, sync_batch_stats: bool = False) -> None:
         self.context = CompileContext.of(graph, cluster, cost, serialize_collectives=serialize_collectives)
+        self.sync_batch_stats = bool(sync_batch_stats)
         self.delta_fraction = float(delta_fraction)
         self.bases = PatchCache(max_bases)
         self.n_full = self.n_patched = 0           # compilations from scratch / patches (statistics)
@@ -166,10 +170,11 @@ class Compiler:
         if len(self.configs) > self.MAX_CONFIGS:              # bounded tables: start afresh
             self._new_tables()
             demand = self._use_grouping(strategy.group_of)
-        placement = place(ctx, self.configs, demand, strategy)
+        placement = place(ctx, self.configs, demand, strategy, sync=self.sync_batch_stats)
         op_priority = op_priority_of(strategy)
         state = None
-        patch = patch and placement.recompute is None          # plans with recomputation: from scratch
+        # plans with recomputation or synced batch statistics: from scratch
+        patch = patch and placement.recompute is None and placement.synced is None
         closest = self.bases.closest(placement) if patch else None
         if closest is not None:
             key, base = closest
@@ -185,7 +190,7 @@ class Compiler:
         if state is None:
             state = compile_all(ctx, self.layouts, op_priority, placement)
             self.n_full += 1
-        if placement.recompute is None:
+        if placement.recompute is None and placement.synced is None:
             self.bases[id(state)] = state
         return state
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from heterog.compiler import offload, sharded_state
+from heterog.compiler import offload, sharded_state, sync_stats
 from heterog.compiler.context import CompileContext
 from heterog.compiler.convert import Engine
 from heterog.compiler.place import Placement
@@ -63,6 +63,8 @@ def emit_instances(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, 
                     micro=np.where(gi.has_batch[inst_op], lay.micro_flat[flat], -1))
     start = ids[np.concatenate([[0], np.cumsum(counts)])[:-1]] if len(ops) else ids
     prov.inst_start[ops] = start
+    if place.synced is not None:   # synced batch statistics: their all-reduce after the op's instances
+        sync_stats.emit_statistics(ctx, layouts, batch, ops, place.op_lay, place.synced, prov)
     if place.state is not None:    # stages 1-2: the updated parameters (copied up from the host) all-gathered
         conv = Engine(ctx, batch)
         ups = offload.emit_uploads(ctx, layouts, conv, ops, place.op_lay, place.state, prov) \

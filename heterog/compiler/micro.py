@@ -14,16 +14,26 @@ micro-batches on a device is the schedule, added here as zero-time SYNC tasks an
           forward ops a value summed over the whole batch is computed from (``window_exempt``: a loss
           normaliser, a batch statistic) are not held back: the backwards reading it wait for it on
           every micro-batch. A graph whose batch ops read a sum that backward ops make
-          (``backward_coupled``) runs 1F1B as GPipe: its backwards wait for one another
+          (``backward_coupled``), or with ops that couple samples (run once over the whole batch after
+          every micro-batch's forward, ``heterog.compiler.coupled``), or synchronized batch statistics
+          (``heterog.compiler.sync_stats``), runs 1F1B as GPipe: its backwards wait for one another
 
 Task ids must be topological. With one micro-batch the canonical order key is (``heterog.compiler.tasks``);
 with several, a task's *slot* comes first: the micro-batch of an op instance (under GPipe, backward
 instances after every forward: k + m), lifted to the largest slot of the tasks it waits for. A
-dependency then never points to a later slot, and within a slot the dependencies are those of one
-micro-batch, which the order key already sorts. ``slots_kernel`` is the compiled lifting,
-``slots_reference`` its plain-Python twin (a test asserts they agree).
+dependency then never points to a later slot, and within a slot the dependencies are mostly those of one
+micro-batch, which the order key already sorts. Not after an op that couples samples: its one instance
+reads every micro-batch's value, so every task after it shares its slot (the last), where a task of one
+micro-batch may wait for one of another that the key puts later (a recomputation trigger of micro-batch m,
+keyed before its first backward op, waits for that op's instance of micro-batch m - 1, whose result it
+accumulates). Within a slot the order is therefore the topological one that takes the smallest key first:
+the key order itself wherever that is topological. ``slots_kernel`` is the compiled lifting,
+``slots_reference`` its plain-Python twin, ``ranked_order_kernel`` the compiled smallest-key-first order,
+``ranked_order_reference`` its twin (tests assert each pair agrees).
 """
 from __future__ import annotations
+
+import heapq
 
 import numpy as np
 from numba import njit
@@ -70,9 +80,10 @@ def add_schedule(ctx: CompileContext, batch: TaskBatch, schedule: str, n_micro: 
     """Add the SYNC tasks and dependencies of ``schedule`` over ``n_micro`` micro-batches to ``batch``,
     which holds every other task of the plan (ids from ``batch.first_id``). Returns the schedule applied:
     GPipe for 1F1B on a ``backward_coupled`` graph."""
-    if schedule == "1f1b" and backward_coupled(ctx):
-        schedule = "gpipe"
     tasks = batch.tasks()
+    if schedule == "1f1b" and (backward_coupled(ctx) or bool(ctx.graph.coupled.any())
+                               or bool(np.any(tasks.kind == TaskKind.STATISTICS))):
+        schedule = "gpipe"
     ids = batch.first_id + np.arange(tasks.n, dtype=np.int64)
     inst = (tasks.kind == TaskKind.COMPUTE) & (tasks.micro >= 0)
     fwd = np.nonzero(inst & (tasks.cat == TaskCategory.FORWARD))[0]
@@ -132,7 +143,8 @@ def in_flight_window(dev: np.ndarray, op: np.ndarray, n_devices: int) -> np.ndar
 def micro_order(tasks: Tasks, dep_task: np.ndarray, dep_on: np.ndarray, schedule: str, n_micro: int,
                 exempt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The permutation that puts ``tasks`` (dependency ``dep_task[i]`` waits for ``dep_on[i]``, ids in
-    ``tasks``' order) in topological order: by slot, then by order key (module docstring); and each
+    ``tasks``' order) in topological order: by slot, then by order key where that is topological, smallest key
+    first otherwise (module docstring); and each
     task's slot. Instances of the ops ``exempt`` (n_ops,) flags (``window_exempt``: every micro-batch's
     backward reads what they make) take slot 0 whatever their micro-batch."""
     hint = np.where((tasks.micro >= 0) & ~exempt[tasks.op], tasks.micro, 0).astype(np.int64)
@@ -144,7 +156,12 @@ def micro_order(tasks: Tasks, dep_task: np.ndarray, dep_on: np.ndarray, schedule
     slot, seen = slots_kernel(succ_ptr, succ_idx, hint)
     if seen != tasks.n:
         raise AssertionError("the micro-batch schedule made the task graph cyclic")
-    return np.lexsort((tasks.order, slot)), slot
+    perm = np.lexsort((tasks.order, slot))
+    rank = np.empty(tasks.n, dtype=np.int64)
+    rank[perm] = np.arange(tasks.n)
+    if np.any(rank[dep_on] >= rank[dep_task]):     # a slot of several micro-batches (module docstring)
+        perm = ranked_order_kernel(succ_ptr, succ_idx, rank)
+    return perm, slot
 
 
 def _successors(n: int, dep_task: np.ndarray, dep_on: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -220,3 +237,73 @@ def slots_reference(succ_ptr: np.ndarray, succ_idx: np.ndarray, hint: np.ndarray
         if state[t] == 0 and visit(t) is None:
             return np.array([slot.get(i, int(hint[i])) for i in range(n)], dtype=np.int64), len(slot)
     return np.array([slot[i] for i in range(n)], dtype=np.int64), n
+
+
+@njit(cache=True)
+def _heap_push(heap: np.ndarray, size: int, value: int) -> int:  # pragma: no cover - compiled
+    """Put ``value`` into the binary min-heap ``heap[:size]`` (sift up); the new size."""
+    heap[size] = value
+    i = size
+    while i > 0 and heap[(i - 1) // 2] > heap[i]:
+        p = (i - 1) // 2
+        heap[p], heap[i] = heap[i], heap[p]
+        i = p
+    return size + 1
+
+
+@njit(cache=True)
+def ranked_order_kernel(succ_ptr: np.ndarray, succ_idx: np.ndarray,  # pragma: no cover - compiled
+                        rank: np.ndarray) -> np.ndarray:
+    """The topological order of the tasks (successors ``succ_ptr``, ``succ_idx``; acyclic) that takes the
+    ready task of smallest ``rank`` (distinct) first: Kahn's algorithm over a binary min-heap of ranks."""
+    n = rank.shape[0]
+    indeg = np.zeros(n, dtype=np.int64)
+    for k in range(succ_idx.shape[0]):
+        indeg[succ_idx[k]] += 1
+    task_of = np.empty(n, dtype=np.int64)
+    task_of[rank] = np.arange(n)
+    heap = np.empty(n, dtype=np.int64)             # ranks of the ready tasks
+    size = 0
+    out = np.empty(n, dtype=np.int64)
+    for t in range(n):
+        if indeg[t] == 0:
+            size = _heap_push(heap, size, rank[t])
+    for pos in range(n):
+        t = task_of[heap[0]]
+        out[pos] = t
+        size -= 1
+        heap[0] = heap[size]
+        i = 0
+        while True:                                # sift the last rank down from the root
+            c = 2 * i + 1
+            if c >= size:
+                break
+            if c + 1 < size and heap[c + 1] < heap[c]:
+                c += 1
+            if heap[i] <= heap[c]:
+                break
+            heap[i], heap[c] = heap[c], heap[i]
+            i = c
+        for k in range(succ_ptr[t], succ_ptr[t + 1]):
+            s = succ_idx[k]
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                size = _heap_push(heap, size, rank[s])
+    return out
+
+
+def ranked_order_reference(succ_ptr: np.ndarray, succ_idx: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """Plain-Python ``ranked_order_kernel``: Kahn's algorithm over ``heapq``."""
+    n = len(rank)
+    indeg = np.bincount(succ_idx, minlength=n).tolist()
+    ready = [(int(rank[t]), t) for t in range(n) if indeg[t] == 0]
+    heapq.heapify(ready)
+    out: list[int] = []
+    while ready:
+        _, t = heapq.heappop(ready)
+        out.append(t)
+        for s in succ_idx[succ_ptr[t]:succ_ptr[t + 1]].tolist():
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                heapq.heappush(ready, (int(rank[s]), s))
+    return np.array(out, dtype=np.int64)

@@ -10,12 +10,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from heterog.compiler.context import CompileContext
+from heterog.compiler.coupled import place_coupled
 from heterog.compiler.index import GraphIndex
 from heterog.compiler.offload import check_offloading, offloads
 from heterog.compiler.ps import choose_ps_devices, problem_from_configs
 from heterog.compiler.registries import ConfigTable, Grouping, LayoutTable, PSDemand
 from heterog.compiler.sharded_state import StatePlacement, place_state
 from heterog.compiler.shards import ShardChoice, choose_shards
+from heterog.compiler.sync_stats import place_synced
 from heterog.errors import StrategyError
 from heterog.strategy import Strategy
 
@@ -31,7 +33,9 @@ class Placement:
     ``ShardChoice`` of each split config of the plan, ``op_shard`` (n_ops,) the index in ``shards`` of each
     op's (-1: its group is not split beyond the batch) and ``out_split`` (n_ops,) the part of each op's
     output bytes divided among its devices; both None when no group is split. ``state`` the sharded state
-    of the plan's groups (``heterog.compiler.sharded_state``), None when no group shards it."""
+    of the plan's groups (``heterog.compiler.sharded_state``), None when no group shards it. ``synced``
+    (n_ops,) the batch norms whose statistics are synchronized (``heterog.compiler.sync_stats``), None when
+    none is."""
 
     group_cfg: np.ndarray
     op_cfg: np.ndarray
@@ -47,6 +51,7 @@ class Placement:
     op_shard: np.ndarray | None = None
     out_split: np.ndarray | None = None
     state: StatePlacement | None = None
+    synced: np.ndarray | None = None
 
 
 def assign_configs(configs: ConfigTable, strategy: Strategy) -> np.ndarray:
@@ -152,7 +157,7 @@ def recomputed_ops(ctx: CompileContext, op_group: np.ndarray, groups: tuple[int,
     gi, phase = ctx.index, ctx.graph.phase_index
     chosen = np.zeros(int(op_group.max()) + 1, dtype=bool)
     chosen[np.asarray(groups, dtype=np.int64)] = True
-    cand = chosen[op_group] & (phase == 0) & gi.is_compute & gi.has_batch & ~gi.has_partial
+    cand = chosen[op_group] & (phase == 0) & gi.is_compute & gi.has_batch & ~gi.has_partial & ~ctx.graph.coupled
     backward = (phase > 0) & gi.is_compute        # optimizer-state placeholders sit among the forward ops
     cand[int(np.argmax(backward)) if np.any(backward) else gi.n_ops:] = False     # forward ops before any backward
     src, dst = gi.e_src, gi.e_dst
@@ -168,28 +173,35 @@ def recomputed_ops(ctx: CompileContext, op_group: np.ndarray, groups: tuple[int,
 
 def recompute_edges(ctx: CompileContext, op_group: np.ndarray, recompute: np.ndarray) -> np.ndarray:
     """(E,) the edges that read a recomputed value: from a recomputed op to a backward op or a recomputed op
-    of its own group (both batch ops of one layout)."""
+    of its own group (both batch ops of one layout), not an op that couples samples (it reads the kept value
+    over the whole batch, ``heterog.compiler.coupled``)."""
     gi = ctx.index
     src, dst = gi.e_src, gi.e_dst
     return gi.e_batch & recompute[src] & (op_group[src] == op_group[dst]) & \
-        ((ctx.graph.phase_index[dst] > 0) | recompute[dst])
+        ((ctx.graph.phase_index[dst] > 0) | recompute[dst]) & ~ctx.graph.coupled[dst]
 
 
-def place(ctx: CompileContext, configs: ConfigTable, demand: PSDemand, strategy: Strategy) -> Placement:
+def place(ctx: CompileContext, configs: ConfigTable, demand: PSDemand, strategy: Strategy, *,
+          sync: bool = False) -> Placement:
     """Phases 1-3 for ``strategy``, whose groups are ``demand.grouping``; registers its configs and
-    layouts in ``configs``."""
+    layouts in ``configs`` (``sync``: every group's batch statistics synchronized)."""
     gi, grouping = ctx.index, demand.grouping
     group_cfg = assign_configs(configs, strategy)
     op_cfg = group_cfg[grouping.op_group]
-    replicated = configs.n_replicas[op_cfg] > 1
+    replicated = (configs.n_replicas[op_cfg] > 1) & ~ctx.graph.coupled     # a coupled op: one instance
     aggregate = gi.t_needs_agg & replicated[gi.t_op]
     group_ps = choose_ps(ctx, configs, demand, group_cfg, aggregate)
     configs.layouts.refresh()
     op_lay = lay_out(gi, configs, grouping, group_cfg, group_ps)
     shards, op_shard, out_split = lay_out_splits(ctx, configs, op_cfg, op_lay)
+    place_coupled(ctx, configs, op_cfg, op_lay, strategy.n_micro, op_shard, out_split)
+    synced, moved = place_synced(ctx, configs, strategy, op_cfg, op_lay, op_shard, out_split, everywhere=sync)
+    if moved.any():                    # batch norms moved out of a grid: their partial results are summed
+        spread = configs.layouts.dev_mask[op_lay].sum(axis=1) > 1
+        aggregate = aggregate | (gi.t_needs_agg & (moved & spread)[gi.t_op])
     state = place_state(ctx, configs, op_cfg)
     if offloads(state):                 # state offloaded to hosts the cluster describes
         check_offloading(ctx.cluster, strategy.configs)
     return Placement(group_cfg, op_cfg, configs.is_ps[op_cfg], aggregate, group_ps, op_lay, grouping,
                      strategy.n_micro, strategy.schedule, recomputed_ops(ctx, grouping.op_group, strategy.recompute),
-                     shards, op_shard, out_split, state)
+                     shards, op_shard, out_split, state, synced)

@@ -20,6 +20,7 @@ from heterog.compiler.offload import host_resources, offloaded_memory, offloads
 from heterog.compiler.place import Placement
 from heterog.compiler.registries import Layout, LayoutTable
 from heterog.compiler.sharded_state import StatePlacement, reduce_scattered, resident_saved
+from heterog.compiler.sync_stats import wait_for_statistics
 from heterog.compiler.tasks import Deps, Providers, TaskBatch, TaskKind, Tasks, ragged
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -77,6 +78,8 @@ class OpPlacements:
     ps_device: Mapping[int, int]           # PS group -> its chosen PS device
     state: StatePlacement | None = None    # sharded optimizer state, gradients, parameters of data-parallel
                                            # groups (``heterog.compiler.sharded_state``); None: no group's
+    op_synced: np.ndarray | None = None    # (n_ops,) batch norms with synchronized statistics
+                                           # (``heterog.compiler.sync_stats``); None: none
 
 
 @dataclass(frozen=True)
@@ -270,7 +273,7 @@ def op_placements(layouts: LayoutTable, place: Placement, prov: Providers,
                         splits=tuple(SplitConfig(c.devices, c.weights, c.groups) for c in place.shards),
                         aggregation=aggregation,
                         ps_device=dict(zip(ps_groups.tolist(), place.group_ps[ps_groups].tolist())),
-                        state=place.state)
+                        state=place.state, op_synced=place.synced)
 
 
 def _op_options(place: Placement) -> np.ndarray | None:
@@ -292,9 +295,13 @@ def finish(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray | 
     ``assemble`` them; with several, add the schedule's SYNC tasks, put every task in slot order
     (``heterog.compiler.micro``) and assemble that, the PlanState keeping the canonical tasks, dependencies
     and providers that a patch starts from. ``validate`` and ``csr`` as for ``assemble`` (one micro-batch)."""
+    kept = deps                       # what a patch starts from: the dependencies as emitted
+    if place.synced is not None:      # readers of synced batch norms wait for their statistics too
+        deps, csr = wait_for_statistics(tasks, deps, place.synced), None
     if place.n_micro == 1:
-        return assemble(ctx, layouts, op_priority, tasks, deps, place, prov, aggregation, validate=validate,
-                        csr=csr)
+        state = assemble(ctx, layouts, op_priority, tasks, deps, place, prov, aggregation, validate=validate,
+                         csr=csr)
+        return state if deps is kept else replace(state, dep_task=kept[0], dep_on=kept[1], dep_owner=kept[2])
     exempt = window_exempt(ctx, place.op_lay)
     batch = TaskBatch.of(tasks, deps, ctx.order_key)
     schedule = add_schedule(ctx, batch, place.schedule, place.n_micro, exempt)
@@ -309,4 +316,4 @@ def finish(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray | 
     state = assemble(ctx, layouts, op_priority, every.take(perm), (task[s], on[s], owner[s]), place,
                      Providers(new_of[prov.inst_start], new_of[prov.at], prov.layout), aggregation,
                      validate=validate, schedule=schedule, slot=slot[perm])
-    return replace(state, tasks=tasks, dep_task=deps[0], dep_on=deps[1], dep_owner=deps[2], providers=prov)
+    return replace(state, tasks=tasks, dep_task=kept[0], dep_on=kept[1], dep_owner=kept[2], providers=prov)

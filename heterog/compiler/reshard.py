@@ -26,7 +26,7 @@ consumer they serve.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
 import numpy as np
 
@@ -85,6 +85,18 @@ def _source_key(gi: GraphIndex, u: int, v: int, micro: int) -> Hashable:
     if not gi.has_batch[u]:
         return 0
     return micro if gi.has_batch[v] else "last"
+
+
+def _keys_read(ctx: CompileContext, place: Placement, layouts: LayoutTable, keys: Iterable[Hashable],
+               carries_batch: bool, u: int, v: int, j: int) -> list[Hashable]:
+    """The source keys (of ``keys``, the producer ``u``'s) that entry ``j`` of reader ``v``'s layout reads: its
+    micro-batch's (``_source_key``), or every micro-batch's for a consumer over the whole step (a coupled op,
+    ``heterog.compiler.coupled``, reading the whole batch of a micro-batched plan)."""
+    gi = ctx.index
+    lay_v = int(place.op_lay[v])
+    if place.n_micro > 1 and carries_batch and gi.has_batch[v] and layouts.shares[lay_v][j] == ctx.batch_size:
+        return [k for k in keys if k != "last"]
+    return [_source_key(gi, u, v, int(layouts.micro[lay_v][j]))]
 
 
 def _entry_rows(layouts: LayoutTable, lay: int, groups: tuple[tuple[int, ...], ...]) -> list[tuple[int, int]]:
@@ -162,6 +174,7 @@ def _from_split(ctx: CompileContext, layouts: LayoutTable, conv: Engine, t: int,
     scattered: dict[tuple[Hashable, int, tuple[float, ...], tuple[int, ...]], dict[int, int]] = {}
     moved: dict[tuple, int] = {}
     gathered: dict[tuple, dict[int, int] | None] = {}
+    whole_on = _read_whole_elsewhere(ctx, place, es, region, layouts, u)
     for e in es:
         v = int(gi.e_dst[e])
         lay_v = int(place.op_lay[v])
@@ -174,54 +187,76 @@ def _from_split(ctx: CompileContext, layouts: LayoutTable, conv: Engine, t: int,
         f_v = dict(zip(layouts.unique_devices(lay_v), (layouts.split[lay_v][j] for j in
                                                         layouts.last_entries(lay_v).tolist())))
         rows_v = None
-        for j, (d, m) in enumerate(zip(layouts.devices[lay_v], layouts.micro[lay_v])):
-            key = _source_key(gi, u, v, m)
-            if gi.e_value_free[e]:                 # a shape read: the first instance, nothing moves
-                conv.dep(start_v + j, start_u + int(ent[0][0]), owner)
-            elif same and not c.collective:                    # same config, the option reads its own shard
-                conv.dep(start_v + j, inst(key)[d], owner)
-            elif same and c in (Conversion.REDUCE_SCATTER, Conversion.ALL_TO_ALL):
-                g = choice.group_of(d)
-                fg = tuple(f_v[x] for x in g)
-                if (key, c, fg, g) not in scattered:
-                    scattered[(key, c, fg, g)] = dict(zip(g, _collective(
-                        conv, c, t, u, g, nbytes(key, g), np.array([f_u[x] for x in g]), np.asarray(fg),
-                        [inst(key)[x] for x in g], prio)))
-                conv.dep(start_v + j, scattered[(key, c, fg, g)][d], owner)
-            elif same or (d in devs and (not carries_batch or len(groups) == 1)):
-                conv.dep(start_v + j, made_whole(key)[d], owner)      # read whole where it was made whole
-            else:          # moved whole, its batch share or the shard it reads, from the best-connected holder
-                split = layouts.split[lay_v][j] if need_shard else 1.0
-                if not carries_batch:
-                    pieces = [(devs, 1.0)]
-                else:
-                    rows_u = rows_u or _entry_rows(layouts, lay_u, groups)
-                    rows_v = rows_v or _entry_rows(layouts, lay_v, choice_v.groups if choice_v else ())
-                    lo, hi = rows_v[j] if gi.has_batch[v] else (0, ctx.batch_size)
-                    pieces = []
-                    for g in groups:
-                        glo, ghi = rows_u[int(ent[key][pos[g[0]]])]
-                        if min(hi, ghi) > max(lo, glo):
-                            pieces.append((g, (min(hi, ghi) - max(lo, glo)) / ctx.batch_size))
-                g_v = choice_v.group_of(d) if choice_v is not None and not need_shard else (d,)
-                for g, part in pieces:
-                    if d in g:
-                        conv.dep(start_v + j, made_whole(key)[d], owner)
-                        continue
-                    piece = float(gi.t_bytes[t]) * part * split
-                    gkey = (key, part, g, g_v)
-                    if gkey not in gathered and len(g_v) > 1 and not set(g_v) & set(g):
-                        held = made_whole(key)
-                        gathered[gkey] = conv.partitioned(t, u, g, g_v, piece, held.__getitem__, prio)
-                    landed = gathered.get(gkey)
-                    if landed is not None:
-                        conv.dep(start_v + j, landed[d], owner)
-                        continue
-                    mkey = (key, d, part * split, g)
-                    if mkey not in moved:
-                        src = ctx.cluster.best_source(g, d)
-                        moved[mkey] = conv.move(made_whole(key)[src], src, d, piece, op=u, prio_op=prio, tensor=t)
-                    conv.dep(start_v + j, moved[mkey], owner)
+        for j, d in enumerate(layouts.devices[lay_v]):
+            for key in _keys_read(ctx, place, layouts, ent, carries_batch, u, v, j):   # several: a coupled op
+                if gi.e_value_free[e]:                 # a shape read: the first instance, nothing moves
+                    conv.dep(start_v + j, start_u + int(ent[0][0]), owner)
+                elif same and not c.collective:                    # same config, the option reads its own shard
+                    conv.dep(start_v + j, inst(key)[d], owner)
+                elif same and c in (Conversion.REDUCE_SCATTER, Conversion.ALL_TO_ALL):
+                    g = choice.group_of(d)
+                    fg = tuple(f_v[x] for x in g)
+                    if (key, c, fg, g) not in scattered:
+                        scattered[(key, c, fg, g)] = dict(zip(g, _collective(
+                            conv, c, t, u, g, nbytes(key, g), np.array([f_u[x] for x in g]), np.asarray(fg),
+                            [inst(key)[x] for x in g], prio)))
+                    conv.dep(start_v + j, scattered[(key, c, fg, g)][d], owner)
+                elif same or (d in devs and (not carries_batch or len(groups) == 1)):
+                    conv.dep(start_v + j, made_whole(key)[d], owner)      # read whole where it was made whole
+                else:          # moved whole, its batch share or the shard it reads, from the best-connected holder
+                    whole_here = (key, d) in whole_on       # a shard reader slices the whole value another brings
+                    split = layouts.split[lay_v][j] if need_shard and not whole_here else 1.0
+                    if not carries_batch:
+                        pieces = [(devs, 1.0)]
+                    else:
+                        rows_u = rows_u or _entry_rows(layouts, lay_u, groups)
+                        rows_v = rows_v or _entry_rows(layouts, lay_v, choice_v.groups if choice_v else ())
+                        lo, hi = rows_v[j] if gi.has_batch[v] else (0, ctx.batch_size)
+                        pieces = []
+                        for g in groups:
+                            glo, ghi = rows_u[int(ent[key][pos[g[0]]])]
+                            if min(hi, ghi) > max(lo, glo):
+                                pieces.append((g, (min(hi, ghi) - max(lo, glo)) / ctx.batch_size))
+                    g_v = choice_v.group_of(d) if choice_v is not None and (whole_here or not need_shard) else (d,)
+                    for g, part in pieces:
+                        if d in g:
+                            conv.dep(start_v + j, made_whole(key)[d], owner)
+                            continue
+                        piece = float(gi.t_bytes[t]) * part * split
+                        gkey = (key, part, g, g_v)
+                        if gkey not in gathered and len(g_v) > 1 and not set(g_v) & set(g):
+                            held = made_whole(key)
+                            gathered[gkey] = conv.partitioned(t, u, g, g_v, piece, held.__getitem__, prio)
+                        landed = gathered.get(gkey)
+                        if landed is not None:
+                            conv.dep(start_v + j, landed[d], owner)
+                            continue
+                        mkey = (key, d, part * split, g)
+                        if mkey not in moved:
+                            src = ctx.cluster.best_source(g, d)
+                            moved[mkey] = conv.move(made_whole(key)[src], src, d, piece, op=u, prio_op=prio,
+                                                   tensor=t)
+                        conv.dep(start_v + j, moved[mkey], owner)
+
+
+def _read_whole_elsewhere(ctx: CompileContext, place: Placement, es: list[int], region: int,
+                          layouts: LayoutTable, u: int) -> set[tuple[Hashable, int]]:
+    """(source key, device) of the instances of readers outside the producer's config that read the value
+    whole: a reader of a shard on such a device takes its shard from that whole copy."""
+    gi = ctx.index
+    assert place.op_shard is not None
+    keys = _entries(layouts, int(place.op_lay[u]))[1]
+    carries_batch = bool(gi.e_batch[es[0]])
+    out: set[tuple[Hashable, int]] = set()
+    for e in es:
+        v = int(gi.e_dst[e])
+        shard_v = int(place.op_shard[v])
+        if gi.e_value_free[e] or shard_v == region or (shard_v >= 0 and int(place.shards[shard_v].need[e]) == 1):
+            continue
+        lay_v = int(place.op_lay[v])
+        out.update((key, d) for j, d in enumerate(layouts.devices[lay_v])
+                   for key in _keys_read(ctx, place, layouts, keys, carries_batch, u, v, j))
+    return out
 
 
 def _into_split(ctx: CompileContext, layouts: LayoutTable, conv: Engine, t: int, es: list[int], place: Placement,

@@ -1,8 +1,10 @@
-"""The search behind each op's split option: a min-sum labelling of the op graph (each op a node, its options
-the labels; an op's own cost per label, a cost per pair of labels on each edge), solved for the whole graph
-at once, so that choices far apart agree (a Linear divided by columns feeding one divided by rows, with the
-activation between them left divided: Megatron's pattern) where choosing one op at a time given its
-neighbours (iterated conditional modes) stops at the first arrangement no single change improves.
+"""The search behind each op's split option: a min-sum labelling of the op graph, solved for the whole graph
+at once, so that choices far apart agree.
+
+Each op is a node, its options the labels; an op's own cost per label, a cost per pair of labels on each
+edge. Solving the whole graph makes choices far apart agree (a Linear divided by columns feeding one divided
+by rows, with the activation between them left divided: Megatron's pattern) where choosing one op at a time
+given its neighbours (iterated conditional modes) stops at the first arrangement no single change improves.
 
 Two tree passes, each decoded, then polished; the lower total cost is kept:
   * towards the sinks: for nodes in topological order, ``F[v][k] = unary[v][k] + sum over in-edges (u, v) of

@@ -43,9 +43,10 @@ class TaskKind(IntEnum):
     RECOMPUTE = 9     # an op instance's forward run again before its backward (``heterog.compiler.recompute``)
     COLLECTIVE = 10   # all-gather, reduce-scatter, all-reduce or all-to-all of a tensor divided beyond the batch
                       # among a split config's devices (``heterog.compiler.reshard``)
+    STATISTICS = 11   # the all-reduce of a synced batch norm's statistics (``heterog.compiler.sync_stats``)
 
 
-COMM_KINDS = (TaskKind.TRANSFER, TaskKind.PUSH, TaskKind.ALLREDUCE, TaskKind.COLLECTIVE)
+COMM_KINDS = (TaskKind.TRANSFER, TaskKind.PUSH, TaskKind.ALLREDUCE, TaskKind.COLLECTIVE, TaskKind.STATISTICS)
 COMPUTE_KINDS = (TaskKind.COMPUTE, TaskKind.RECOMPUTE)
 
 

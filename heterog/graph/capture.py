@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from heterog.errors import HeterogError
+from heterog.graph.coupling import BatchDegree, mark_batch_made_values
 from heterog.graph.flops import FlopCounter
 from heterog.graph.fusion import VIEW_OPS, fuse_trivial
 from heterog.graph.inputs import ExampleInputs
@@ -26,7 +27,7 @@ __all__ = ["CAPTURE_VERSION", "OPTIMIZERS", "STATE_SLOTS", "CapturedStep", "capt
 
 log = logging.getLogger(__name__)
 
-CAPTURE_VERSION = 5  # bump when the graph produced for the same model changes (cache key)
+CAPTURE_VERSION = 6  # bump when the graph produced for the same model changes (cache key)
 
 
 def _target_str(target: Any) -> str:
@@ -55,6 +56,8 @@ def graph_from_step(step: CapturedStep, *, fuse: bool = True, name: str | None =
     edges: list[Edge] = []
     placeholder_index = {n: i for i, n in enumerate(step.placeholders)}
     param_bytes_of: dict[str, int] = {}
+    degree = BatchDegree(step.batch_symbols)
+    degree_of: dict[str, int] = {}              # fx node name -> total degree of the batch in its sizes
 
     for node in gm.graph.nodes:
         val = node.meta.get("val")
@@ -65,6 +68,7 @@ def graph_from_step(step: CapturedStep, *, fuse: bool = True, name: str | None =
             continue
         out_pos[node.name] = {idx: k for k, (idx, _) in enumerate(leaves)}
         tensors = [t for _, t in leaves]
+        degree_of[node.name] = degree.of_tensors(tensors)
         shapes = [sizes.shape(t) for t in tensors]
         out_bytes = [math.prod(s) * t.dtype.itemsize for s, t in zip(shapes, tensors)]
         bdims = [sizes.batch_dim(t) for t in tensors]
@@ -114,6 +118,7 @@ def graph_from_step(step: CapturedStep, *, fuse: bool = True, name: str | None =
             out_numels = [math.prod(s) for s in shapes]
             op.flops, op.flops_estimated = flops_of(node, op.target, in_numels, out_numels)
             op.draws = draws(node.target, node.args, node.kwargs)
+            op.coupled = max([degree_of[node.name]] + [degree_of.get(i.name, 0) for i in node.all_input_nodes]) >= 2
             if view:
                 op.bytes_read = op.bytes_written = op.batch_bytes = 0
             else:
@@ -125,6 +130,7 @@ def graph_from_step(step: CapturedStep, *, fuse: bool = True, name: str | None =
         ops.append(op)
 
     _mark_grads_and_updates(step, ops, op_of, edges)
+    mark_batch_made_values(ops, edges)
     for op in ops:
         if op.kind == "param":
             assert op.param is not None  # named with its placeholder above
@@ -142,9 +148,10 @@ def graph_from_step(step: CapturedStep, *, fuse: bool = True, name: str | None =
         "estimated_flop_targets": sorted(flops_of.estimated_targets),
         "inputs_without_batch": step.input_spec.unbatched if step.input_spec is not None else [],
         "random_ops": sum(op.draws for op in ops),
+        "coupled_ops": sum(op.coupled for op in ops),
     }
     graph = OpGraph(name=graph_name, batch_size=step.batch_size, ops=ops, edges=edges,
-                    optimizer=step.optimizer, meta=meta)
+                    optimizer=step.optimizer, meta=meta, assumptions=[c.record() for c in step.checks])
     if fuse:
         graph = fuse_trivial(graph)
     graph.splits = _split_options(step, graph)

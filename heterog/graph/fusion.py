@@ -92,6 +92,7 @@ def fuse_trivial(graph: OpGraph) -> OpGraph:
             batch_bytes=int(sum(o.batch_bytes for o in group)),
             is_grad=base.is_grad or grad is not None,
             draws=any(o.draws for o in group),
+            coupled=any(o.coupled for o in group),
             param=base.param if base.param is not None or grad is None else grad.param,
             output_shapes=[list(s) for s in base.output_shapes],
             output_dtypes=list(base.output_dtypes),
@@ -115,4 +116,4 @@ def fuse_trivial(graph: OpGraph) -> OpGraph:
     edges = sorted(merged.values(), key=lambda e: (e.dst, e.src, e.src_output))
     meta = {**graph.meta, "ops_before_fusion": graph.meta.get("ops_before_fusion", n), "ops_after_fusion": len(ops)}
     return OpGraph(name=graph.name, batch_size=graph.batch_size, ops=ops, edges=edges,
-                   optimizer=graph.optimizer, meta=meta)
+                   optimizer=graph.optimizer, meta=meta, assumptions=list(graph.assumptions))

@@ -89,3 +89,39 @@ def functionalize(gm: GraphModule) -> tuple[GraphModule, dict[str, str]]:
     for n in gm.graph.nodes:
         n.meta["custom"].pop(ORIGIN_KEY, None)
     return new, origin
+
+
+def _root(node: Any) -> Any:
+    while getattr(node, "op", None) == "call_function" and is_view(node.target):
+        node = node.args[0]
+    return node
+
+
+def placeholder_writes(gm: GraphModule, nodes: list[Node]) -> bool:
+    """Whether an op of ``gm`` writes into one of the placeholders ``nodes`` (or a view of one): a buffer the
+    model updates in place (a batch norm's running statistics, its count of batches)."""
+    targets = set(nodes)
+    for n in gm.graph.nodes:
+        schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
+        if schema is None:
+            continue
+        for i, arg in enumerate(schema.arguments):
+            if arg.alias_info is not None and arg.alias_info.is_write:
+                value = n.args[i] if i < len(n.args) else n.kwargs.get(arg.name)
+                if _root(value) in targets:
+                    return True
+    return False
+
+
+def buffer_outputs(gm: GraphModule, buffers: list[Node]) -> dict[int, Node]:
+    """The writes of a functionalised step into the placeholders ``buffers`` (``copy_`` of the new value at the
+    end, ``functionalize``) removed: buffer index -> the node of its new value, which the caller makes an
+    output of the step, so that every device holding the buffer gets it."""
+    index = {b: i for i, b in enumerate(buffers)}
+    out: dict[int, Node] = {}
+    for n in list(gm.graph.nodes):
+        if n.op == "call_function" and n.target is torch.ops.aten.copy_.default and n.args[0] in index:
+            out[index[n.args[0]]] = n.args[1]
+            n.replace_all_uses_with(n.args[1])
+            gm.graph.erase_node(n)
+    return dict(sorted(out.items()))

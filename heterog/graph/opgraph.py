@@ -55,6 +55,8 @@ class Op:
     is_grad: bool = False             # output is a parameter gradient (lives in the resident grad buffer)
     fx_nodes: list[str] = field(default_factory=list)  # fx node names executed for this op, in order
     draws: bool = False               # draws random values (dropout), in blocks of DRAW_BLOCK_SAMPLES samples
+    coupled: bool = False             # couples the samples (a B x B similarity): runs once over the whole batch
+                                      # (heterog.graph.coupling)
 
     @property
     def output_bytes(self) -> int:
@@ -94,6 +96,9 @@ class OpGraph:
     # per op, its split options beyond the batch (``heterog.graph.sharding.splits_to_json``'s form), or None
     # when the graph was not captured from a module (then no group of it can be split)
     splits: list[dict] | None = None
+    # what the captured step assumes of every step's inputs (``heterog.graph.value_checks``): {"where", "code",
+    # "holds"} per check of the model's own code that the trace took one side of
+    assumptions: list[dict] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -184,6 +189,11 @@ class OpGraph:
         if len(self.edges):
             np.logical_or.at(hb, self.edge_dst[self.edge_has_batch], True)
         return hb
+
+    @cached_property
+    def coupled(self) -> np.ndarray:
+        """Op couples the samples (``Op.coupled``): it runs once over the whole batch."""
+        return np.array([op.coupled for op in self.ops], dtype=bool)
 
     @cached_property
     def draws_batch(self) -> np.ndarray:
@@ -284,6 +294,7 @@ class OpGraph:
             "ops": [asdict(op) for op in self.ops],
             "edges": [[e.src, e.dst, e.bytes, e.batch_dim, e.src_output] for e in self.edges],
             "splits": self.splits,
+            "assumptions": self.assumptions,
         }
 
     @classmethod
@@ -296,7 +307,8 @@ class OpGraph:
             ops = [Op(**o) for o in d["ops"]]
             edges = [Edge(int(s), int(t), int(b), bd, int(so)) for s, t, b, bd, so in d["edges"]]
             return cls(name=d["name"], batch_size=int(d["batch_size"]), ops=ops, edges=edges,
-                       optimizer=d.get("optimizer", "sgd"), meta=d.get("meta", {}), splits=d.get("splits"))
+                       optimizer=d.get("optimizer", "sgd"), meta=d.get("meta", {}), splits=d.get("splits"),
+                       assumptions=list(d.get("assumptions", [])))
         except (KeyError, TypeError, ValueError) as exc:
             raise GraphError(f"{source}: malformed graph file ({type(exc).__name__}: {exc})") from None
 

@@ -433,6 +433,9 @@ SIZE_ARG = {
 }
 # ops whose result depends on the position of an element along every dimension: no split
 POSITIONAL = frozenset({aten.arange.default, aten.arange.start, aten.arange.start_step, aten.scalar_tensor.default})
+# scans along a dimension (argument 1): a shard of it would scan its own entries only
+SCANS = frozenset({aten.cumsum.default, aten.cumprod.default, aten.logcumsumexp.default, aten.cummax.default,
+                   aten.cummin.default})
 
 
 _RULES: dict[Any, tuple[list[NodeRule], str]] = {}     # cache: (target, arguments, outputs) -> node_rules
@@ -483,6 +486,9 @@ def _node_rules(target: Any, args: Sequence[Any], kwargs: dict[str, Any],
         source = "dtensor+hand" if mode == "extend" and source != "none" else "hand"
     if target in SIZE_ARG:
         rules = [_with_output_size_arg(r, SIZE_ARG[target]) for r in rules]
+    if target in SCANS and ins:
+        dim = int(args[1]) % max(ins[0].ndim, 1)
+        rules = [r for r in rules if not any(isinstance(p, Shard) and p.dim == dim for p in (*r.inputs, *r.outputs))]
     return [r for r in rules if _valid(r, ins, outs)], source
 
 

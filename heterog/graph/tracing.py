@@ -9,7 +9,6 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -17,10 +16,13 @@ from torch import nn
 from torch.fx import GraphModule, Node
 
 from heterog.errors import DataDependentControlFlowError, HeterogError, ModelError
+from heterog.graph.forward_guards import ForwardGuards, shape_error_message, traceback_line
 from heterog.graph.inputs import ExampleInputs, InputSpec, input_spec
-from heterog.graph.mutations import functionalize, intermediate_mutations
+from heterog.graph.mutations import buffer_outputs, functionalize, intermediate_mutations, placeholder_writes
 from heterog.graph.normalisers import split_loss_normalisers
 from heterog.graph.optimizer import STATE_SLOTS, check_optimizer, init_state, optimizer_update
+from heterog.graph.random_ops import draws
+from heterog.graph.value_checks import ValueCheck, ValueChecks
 
 log = logging.getLogger(__name__)
 
@@ -36,14 +38,17 @@ class CapturedStep:
 
         outputs = gm(*params, *buffers, *state, *inputs)
         loss = outputs[0]; new_params = outputs[1:1+P]; new_state = outputs[1+P:1+P+S]
+        new values of the buffers the step writes (``buffer_outputs``) = outputs[1+P+S:]
 
     ``params`` follow ``param_names`` (trainable ``named_parameters()`` order), ``buffers`` follow
     ``buffer_names`` (``named_buffers()`` then frozen parameters), ``state`` follows ``state_names``
     (``(param, slot)`` for each param in order, slots ``STATE_SLOTS[optimizer]``; ``init_state`` builds
-    zeros), ``inputs`` are the model inputs. Buffers updated by the model (batch-norm running statistics)
-    are mutated in place by the graph, as in eager mode. A parameter that gets no gradient is returned
-    unchanged (its state too), as ``torch.optim`` skips it. With ``tracing_mode="symbolic"`` the graph runs
-    at any batch size (dim 0 of every input); with ``"fake"`` only at the traced one.
+    zeros), ``inputs`` are the model inputs. Buffers the model updates (batch-norm running statistics) are
+    not written in place: their new values are outputs of the step (``buffer_outputs``: buffer name -> the
+    output node), so that every device holding a buffer gets its new value. A parameter that gets no
+    gradient is returned unchanged (its state too), as ``torch.optim`` skips it. With
+    ``tracing_mode="symbolic"`` the graph runs at any batch size (dim 0 of every input); with ``"fake"`` only
+    at the traced one.
 
     Node-level view: ``node_phase``/``node_module_path`` give each fx node's phase and module path,
     ``grad_nodes[param]`` names the node whose output is that parameter's gradient (None: no gradient),
@@ -67,6 +72,8 @@ class CapturedStep:
     node_phase: dict[str, str]
     node_module_path: dict[str, str]
     shape_nodes: list[str]
+    buffer_outputs: dict[str, str] = field(default_factory=dict)   # buffer name -> node of its new value
+    checks: list[ValueCheck] = field(default_factory=list)   # assumptions on the inputs (heterog.graph.value_checks)
     trace_time_s: float = 0.0
     batch_symbols: tuple[Any, ...] = ()        # sympy symbols of the batch size (symbolic mode)
     input_spec: InputSpec | None = None        # how the model is called on the inputs (keywords, batch or not)
@@ -91,7 +98,8 @@ class CapturedStep:
     def __call__(self, params: Sequence[torch.Tensor], buffers: Sequence[torch.Tensor],
                  state: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]
                  ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-        """Run the whole step: returns (loss, new params, new state)."""
+        """Run the whole step: returns (loss, new params, new state); ``buffers`` (a list) gets the new values of
+        the buffers the step writes."""
         if (len(params), len(buffers), len(state), len(inputs)) != (
                 self.n_params, len(self.buffer_names), len(self.state_names), self.n_inputs):
             raise HeterogError(
@@ -99,8 +107,11 @@ class CapturedStep:
                 f"{len(self.state_names)} state tensors and {self.n_inputs} inputs; got {len(params)}, "
                 f"{len(buffers)}, {len(state)} and {len(inputs)}")
         out = self.gm(*params, *buffers, *state, *inputs)
-        p = self.n_params
-        return out[0], list(out[1:1 + p]), list(out[1 + p:])
+        p, n_state = self.n_params, len(self.state_names)
+        if isinstance(buffers, list):
+            for name, value in zip(self.buffer_outputs, out[1 + p + n_state:]):
+                buffers[self.buffer_names.index(name)] = value
+        return out[0], list(out[1:1 + p]), list(out[1 + p:1 + p + n_state])
 
     def run_nodes(self, names: Sequence[str], env: dict[str, Any]) -> None:
         """Execute fx nodes ``names`` (e.g. one op's ``fx_nodes``) in order, reading arguments from ``env``
@@ -281,19 +292,26 @@ def capture_fx(module: nn.Module, example_inputs: ExampleInputs, *,
     rec = _TraceRecorder(module)
     n_params, n_buffers, n_state = len(fake_params), len(fake_buffers), len(fake_state)
     model_name = type(module).__name__
+    guards = ForwardGuards(module, model_name)
+    checks = ValueChecks(model_name, n_params + n_buffers + n_state, inputs)
 
     def step(*flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        from torch.nn.utils.stateless import _reparametrize_module
+
         params = flat[:n_params]
         bufs = flat[n_params:n_params + n_buffers]
         state = flat[n_params + n_buffers:n_params + n_buffers + n_state]
         xs = flat[n_params + n_buffers + n_state:]
         tensors = {**dict(zip(param_names, params)), **dict(zip(buffer_names, bufs))}
-        rec.set_phase("forward")
-        loss = _forward(module, tensors, spec.call_args(xs), model_name, sizes)
-        rec.set_phase("backward")
-        rec.hook_backward(loss)
-        grads = torch.autograd.grad(loss, list(params), allow_unused=True)
-        rec.remove_hooks()
+        # the module's tensors stay substituted through the backward: a hand-written backward
+        # (torch.autograd.Function) may run the module again there
+        with _reparametrize_module(module, tensors, tie_weights=True):
+            rec.set_phase("forward")
+            loss = _forward(module, spec.call_args(xs), model_name, sizes, checks)
+            rec.set_phase("backward")
+            rec.hook_backward(loss)
+            grads = _backward(loss, params, model_name)
+            rec.remove_hooks()
         rec.set_phase("update")
         new_params: list[torch.Tensor] = []
         new_state: list[torch.Tensor] = []
@@ -313,16 +331,20 @@ def capture_fx(module: nn.Module, example_inputs: ExampleInputs, *,
     fwd_pre = nn.modules.module.register_module_forward_pre_hook(rec.pre_hook)
     fwd_post = nn.modules.module.register_module_forward_hook(rec.post_hook)
     try:
-        gm = make_fx(step, tracing_mode="symbolic" if symbolic else "fake")(
-            *fake_params, *fake_buffers, *fake_state, *fake_inputs)
+        with guards.installed(), checks.installed():
+            gm = make_fx(step, tracing_mode="symbolic" if symbolic else "fake")(
+                *fake_params, *fake_buffers, *fake_state, *fake_inputs)
     finally:
         fwd_pre.remove()
         fwd_post.remove()
         rec.remove_hooks()
+    guards.refuse_reseeding(any(n.op == "call_function" and draws(n.target, n.args, n.kwargs) for n in gm.graph.nodes))
+    checks.drop_dead_nodes(gm)
     if symbolic:
         _check_batch_not_specialised(shape_env, batch_symbols, model_name)
     node_phase, node_path = rec.node_phase, rec.node_path
-    if any(intermediate_mutations(gm).values()):
+    buffer_nodes = [n for n in placeholders(gm)[n_params:n_params + n_buffers]]
+    if any(intermediate_mutations(gm).values()) or placeholder_writes(gm, buffer_nodes):
         gm, origin = functionalize(gm)
         node_phase = {n: node_phase[o] for n, o in origin.items() if o in node_phase}
         node_path = {n: node_path[o] for n, o in origin.items() if o in node_path}
@@ -338,34 +360,35 @@ def capture_fx(module: nn.Module, example_inputs: ExampleInputs, *,
     grad_nodes: dict[str, str | None] = {}
     for name, p_node, p_out in zip(param_names, placeholders(gm)[:n_params], outs[1:1 + n_params]):
         grad_nodes[name] = None if p_out is p_node else next(grad_iter).name
-    out_node.args = (tuple(outs[:n_out]),)
+    written = buffer_outputs(gm, placeholders(gm)[n_params:n_params + n_buffers])   # index -> new value's node
+    for node in written.values():
+        node_phase.setdefault(node.name, "forward")
+    out_node.args = (tuple(outs[:n_out]) + tuple(written.values()),)
     gm.recompile()
 
     shape_nodes = [n.name for n in gm.graph.nodes if n.op == "call_function" and not _has_tensor(n)]
     return CapturedStep(
         gm=gm, tracing_mode=tracing_mode, optimizer=optimizer, lr=float(lr), param_names=param_names,
         buffer_names=buffer_names, state_names=state_names, n_inputs=len(inputs), batch_size=batch_size,
-        placeholders=[n.name for n in placeholders(gm)], outputs=[n.name for n in outs[:n_out]],
+        placeholders=[n.name for n in placeholders(gm)],
+        outputs=[n.name for n in outs[:n_out]] + [n.name for n in written.values()],
         grad_nodes=grad_nodes, node_phase=node_phase, node_module_path=node_path,
         shape_nodes=shape_nodes, trace_time_s=time.perf_counter() - t0, batch_symbols=batch_symbols,
-        model_name=model_name, input_spec=spec)
+        model_name=model_name, input_spec=spec, checks=checks.checks,
+        buffer_outputs={buffer_names[i]: node.name for i, node in written.items()})
 
 
-def _forward(module: nn.Module, tensors: dict[str, torch.Tensor], call: tuple[tuple[Any, ...], dict[str, Any]],
-             model_name: str, sizes: Sizes) -> torch.Tensor:
-    """The model call inside the trace and the loss taken from its output (``select_loss``); a failure
-    there is the model's (ModelError, cause kept; data-dependent control flow: DataDependentControlFlowError)."""
-    from torch.func import functional_call
-
+def _forward(module: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]], model_name: str, sizes: Sizes,
+             checks: ValueChecks) -> torch.Tensor:
+    """The model call inside the trace (its tensors substituted by the caller) and the loss taken from its
+    output (``select_loss``); a failure there is the model's (ModelError, cause kept; data-dependent control
+    flow: DataDependentControlFlowError; its own check failing on the example inputs: named)."""
     try:
-        out = functional_call(module, tensors, call[0], call[1])
+        out = module(*call[0], **call[1])
     except HeterogError:
         raise
     except Exception as exc:
-        if _is_data_dependent(exc):
-            raise DataDependentControlFlowError(_data_dependent_message(exc, model_name)) from exc
-        raise ModelError(f"model {model_name}: forward pass failed while tracing on fake tensors: "
-                         f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        raise _model_failure(exc, model_name, "forward", checks.explain(exc)) from exc
     loss, where = select_loss(out, model_name)
     if where != "output" and (model_name, where) not in _LOSS_NOTED:
         _LOSS_NOTED.add((model_name, where))
@@ -378,6 +401,40 @@ def _forward(module: nn.Module, tensors: dict[str, torch.Tensor], call: tuple[tu
     if not loss.requires_grad:
         raise ModelError(f"model {model_name}: the loss ({where}) does not depend on any trainable parameter")
     return loss
+
+
+def _backward(loss: torch.Tensor, params: Sequence[torch.Tensor], model_name: str) -> list[torch.Tensor | None]:
+    """The gradients of ``loss`` with respect to ``params``: what autograd returns plus what a hand-written
+    backward writes into ``param.grad`` (reversible layers accumulate their parameters' gradients there)."""
+    for p in params:
+        p.grad = None
+    try:
+        grads = torch.autograd.grad(loss, list(params), allow_unused=True)
+    except HeterogError:
+        raise
+    except Exception as exc:
+        raise _model_failure(exc, model_name, "backward") from exc
+    out: list[torch.Tensor | None] = []
+    for g, p in zip(grads, params):
+        written = p.grad
+        p.grad = None
+        out.append(written if g is None else g if written is None else g + written)
+    return out
+
+
+def _model_failure(exc: BaseException, model_name: str, phase: str, explained: str | None = None) -> ModelError:
+    """The one-line error for a model's own code failing in the ``phase`` pass of the trace."""
+    if explained is not None:
+        return ModelError(explained)
+    if _is_data_dependent(exc):
+        return DataDependentControlFlowError(_data_dependent_message(exc, model_name))
+    shape = shape_error_message(exc, model_name)
+    if shape is not None:
+        return ModelError(shape)
+    where = traceback_line(exc)
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return ModelError(f"model {model_name}: {phase} pass failed while tracing on fake tensors"
+                      f"{' at ' + where if where else ''}: {type(exc).__name__}: {first}")
 
 
 _LOSS_NOTED: set[tuple[str, str]] = set()   # (model, output taken) already reported (once per process)
@@ -426,22 +483,11 @@ def _is_data_dependent(exc: BaseException) -> bool:
 
 
 def _data_dependent_message(exc: BaseException, model_name: str) -> str:
-    """One line: the cause, the user's line (innermost traceback frame outside torch and heterog), the fix."""
-    import traceback
-
-    here = Path(__file__).resolve()
-    torch_dir = Path(torch.__file__).resolve().parent
-    line = ""
-    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        path = Path(frame.filename).resolve()
-        if path.is_relative_to(torch_dir) or path == here or frame.filename.startswith("<"):
-            continue
-        code = f" ({frame.line.strip()})" if frame.line else ""
-        line = f" at {frame.filename}:{frame.lineno} in {frame.name}(){code}"
-        break
-    return (f"model {model_name}: Python control flow depends on tensor values{line}; a training step is "
-            "captured once for all inputs, so branch on tensors with torch.where (or torch.cond) instead of "
-            "if/while on a tensor, bool() or .item()")
+    """One line: the cause, the user's line (innermost traceback frame of the model's code), the fix."""
+    where = traceback_line(exc)
+    return (f"model {model_name}: Python control flow depends on tensor values{' at ' + where if where else ''}; "
+            "a training step is captured once for all inputs, so branch on tensors with torch.where (or torch.cond) "
+            "instead of if/while on a tensor, bool() or .item()")
 
 
 def _fake_inputs(inputs: Sequence[torch.Tensor], batched: Sequence[bool], fake_mode: Any, symbolic: bool

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
@@ -16,7 +16,9 @@ from torch import nn
 
 from heterog.errors import HeterogError, ModelError
 from heterog.graph.inputs import ExampleInputs
+from heterog.graph.value_checks import ValueCheck, check_inputs
 from heterog.planners import BEST_DP_CANDIDATES
+from heterog.runtime.checkpoint import run_start
 from heterog.runtime.executor import Job
 from heterog.runtime.instructions import Lowered
 from heterog.runtime.launcher import WorkerPool
@@ -54,6 +56,7 @@ class Model:
     state: list[torch.Tensor]
     example_inputs: tuple[torch.Tensor, ...]
     module: nn.Module | None = field(default=None, repr=False)
+    checks: list[ValueCheck] = field(default_factory=list)     # assumptions on every step's inputs
     _exponents: Exponents | None = field(default=None, repr=False)
 
     def exponents(self) -> Exponents:
@@ -66,11 +69,14 @@ class Model:
     def batch_size(self) -> int:
         return self.graph.batch_size
 
-    def inexact_causes(self) -> list[str]:
-        """What keeps plans of this model from training exactly like one device, one line each: random ops
-        a replica cannot draw as one device does, and batch statistics (kept per replica)."""
+    def inexact_causes(self, strategy: Strategy | None = None) -> list[str]:
+        """What keeps plans of this model (``strategy``'s, if given) from training exactly like one device,
+        one line each: random ops a replica cannot draw as one device does, and batch statistics (kept per
+        replica, unless the plan synchronizes them in every group)."""
         causes = [f"random op {line}" for line in self.prog.inexact_random_ops()]
         stats = sorted({self.prog.leaves[leaf].node or "" for leaf in self.exponents().statistics})
+        if strategy is not None and (strategy.sync_batch_stats or all(c.sync_batch_stats for c in strategy.configs)):
+            stats = []
         if stats:
             causes.append(f"batch statistics (per replica, as in data parallelism): {', '.join(stats[:6])}"
                           + (f" and {len(stats) - 6} more" if len(stats) > 6 else ""))
@@ -122,7 +128,8 @@ def capture_model_for_runtime(module: nn.Module, example_inputs: ExampleInputs, 
     params = [named[n].detach().clone() for n in prog.param_names]
     buffers = [(named_buffers[n] if n in named_buffers else named[n]).detach().clone() for n in prog.buffer_names]
     state = step.init_state(params)
-    return Model(graph.name, prog, graph, params, buffers, state, tuple(t.detach() for t in inputs), module)
+    return Model(graph.name, prog, graph, params, buffers, state, tuple(t.detach() for t in inputs), module,
+                 step.checks)
 
 
 def load_model(ref: str, batch_size: int | None = None, *, optimizer: str = "sgd", lr: float = 0.01) -> Model:
@@ -142,27 +149,18 @@ def resume_state(model: Model, path: str | Path) -> Resumed:
     return load_checkpoint(path, model.prog, model.initial_values(), model.name)
 
 
-def _run_steps(model: Model, steps: int, resumed: Resumed | None) -> tuple[int, StepProgram]:
-    """The first step of a run to ``steps`` steps and its step program (drawing from the checkpoint's
-    random streams when resumed)."""
-    if resumed is None:
-        return 0, model.prog
-    if resumed.step >= steps:
-        raise HeterogError(f"checkpoint {str(resumed.path)!r} is at step {resumed.step}; a run resumed from it "
-                           f"needs more steps than that (got {steps})")
-    prog = model.prog if resumed.rng_seed == model.prog.rng_seed else replace(model.prog, rng_seed=resumed.rng_seed)
-    return resumed.step, prog
-
-
 def train_single_process(model: Model, batches: Sequence[Sequence[torch.Tensor]], steps: int, *,
                          resume: str | Path | Resumed | None = None, checkpoint: CheckpointSettings | None = None
                          ) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Training steps up to step ``steps`` of the captured step on one process (step s uses batches[s % len]
     and draws step s's random values): per-step losses and the final placeholder values (parameters,
-    buffers, state). ``resume``: start from a checkpoint (its recorded losses head the list); ``checkpoint``:
-    write checkpoints as a run under a plan does."""
+    buffers, state). Each step's inputs are checked against the model's value checks first
+    (``heterog.graph.value_checks``). ``resume``: start from a checkpoint (its recorded losses head the list);
+    ``checkpoint``: write checkpoints as a run under a plan does."""
     resumed = resume_state(model, resume) if isinstance(resume, (str, Path)) else resume
-    first, prog = _run_steps(model, steps, resumed)
+    first, prog = run_start(model.prog, steps, resumed)
+    for s in range(first, steps):
+        check_inputs(model.checks, batches[s % len(batches)], s)
     init = model.initial_values() if resumed is None else resumed.values
     n_p, n_b = len(model.params), len(model.buffers)
     vals = [init[ph] for ph in prog.placeholders[:n_p + n_b + len(model.state)]]
@@ -215,7 +213,7 @@ class PreparedRun:
         """One job per rank training up to step ``steps``: from the model's initial values, or from
         ``resumed`` (its values cut into the parts each rank holds, its step, its random streams);
         ``checkpoint``: each rank writes its parts when a checkpoint is due."""
-        first, prog = _run_steps(self.model, steps, resumed)
+        first, prog = run_start(self.model.prog, steps, resumed)
         init = self.model.initial_values() if resumed is None else resumed.values
         writers: list[RankCheckpoint | None] = [None] * len(self.lowered.ranks)
         if checkpoint is not None:
@@ -362,6 +360,8 @@ def run_prepared(prepared: PreparedRun, batches: Sequence[Sequence[torch.Tensor]
     if steps < 1:
         raise HeterogError(f"steps must be at least 1, got {steps}")
     resumed = resume_state(prepared.model, resume) if isinstance(resume, (str, Path)) else resume
+    for s in range(resumed.step if resumed is not None else 0, steps):   # the model's own checks, each step
+        check_inputs(prepared.model.checks, batches[s % len(batches)], s)
     jobs = prepared.jobs(batches, steps, return_state=return_state, resumed=resumed, checkpoint=checkpoint)
     own = pool is None
     if pool is None:

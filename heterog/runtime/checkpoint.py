@@ -35,14 +35,14 @@ import time
 import uuid
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from heterog.atomic import atomic_write_json, read_json
-from heterog.errors import CheckpointError
+from heterog.errors import CheckpointError, HeterogError
 from heterog.placement import Shard, as_placement
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -428,6 +428,17 @@ class Resumed:
     losses: list[float]
     values: dict[str, torch.Tensor]
     marker: dict[str, Any]
+
+
+def run_start(prog: StepProgram, steps: int, resumed: Resumed | None) -> tuple[int, StepProgram]:
+    """The first step of a run of ``prog`` to ``steps`` steps from ``resumed`` (None: from the start), and its
+    step program (drawing from the checkpoint's random streams when resumed)."""
+    if resumed is None:
+        return 0, prog
+    if resumed.step >= steps:
+        raise HeterogError(f"checkpoint {str(resumed.path)!r} is at step {resumed.step}; a run resumed from it "
+                           f"needs more steps than that (got {steps})")
+    return resumed.step, prog if resumed.rng_seed == prog.rng_seed else replace(prog, rng_seed=resumed.rng_seed)
 
 
 def _check_fits(where: str, marker: Mapping[str, Any], keys: Mapping[str, str], like: Mapping[str, torch.Tensor],

@@ -45,6 +45,7 @@ class ElasticSettings:
     replan_budget_s: float = 5.0          # seconds a re-plan may take
     devices_file: Path | None = None      # the devices available now, one name a line (read at each re-plan)
     seed: int = 0                         # seed of randomised planners
+    sync_batch_stats: bool = False        # re-planned plans synchronize batch statistics (--sync-batch-stats)
 
     def __post_init__(self) -> None:
         if int(self.max_restarts) < 0:
@@ -146,7 +147,8 @@ class SurvivingRun:
                     lost.pop(d)
                 current = subset(self.cluster, keep)
                 resumed = self._newest() or self.resume
-                prepared, record = self._replan(current)
+                prepared, record = replan_prepared(self.model, current, self.elastic, backend=self.backend,
+                                                   cost=self.cost, sync_batch_stats=strategy.sync_batch_stats)
                 self.restarts.append(Restart(str(exc).splitlines()[0], gone, back, reached,
                                              resumed.step if resumed is not None else 0, current.name, keep,
                                              prepared.strategy.method, record, prepared.simulated_iteration_time_s))
@@ -181,29 +183,34 @@ class SurvivingRun:
             return None
         return resume_state(self.model, self.checkpoint.directory)
 
-    def _replan(self, cluster: Cluster) -> tuple[PreparedRun, dict[str, Any]]:
-        """A plan for ``cluster`` within the budget, prepared: the best candidate the runtime accepts."""
-        from heterog.replan import replan
-        from heterog.runtime.api import prepare
-        from heterog.sharded import refuse_in_runtime
 
-        def runs(s: Strategy) -> str | None:
-            try:
-                refuse_in_runtime(s.configs)
-            except HeterogError as exc:
-                return str(exc)
-            return None
+def replan_prepared(model: Model, cluster: Cluster, elastic: ElasticSettings, *, backend: str = "gloo",
+                    cost: CostModel | None = None, sync_batch_stats: bool = False
+                    ) -> tuple[PreparedRun, dict[str, Any]]:
+    """A plan for ``cluster`` made within ``elastic``'s budget (``heterog.replan``), prepared: the best
+    candidate the runtime accepts; and the re-plan's record with the plan kept (``chosen``). Its batch
+    statistics are synchronized when ``elastic`` or ``sync_batch_stats`` (the plan it replaces) says so."""
+    from heterog.replan import replan
+    from heterog.runtime.api import prepare
+    from heterog.sharded import refuse_in_runtime
 
-        e = self.elastic
-        found = replan(self.model.graph, cluster, e.replan_method, e.replan_budget_s, seed=e.seed, runs=runs)
-        record = found.record()
-        reasons = []
-        for s in found.candidates:
-            try:
-                prepared = prepare(self.model, cluster, s, backend=self.backend, cost=self.cost)
-            except HeterogError as exc:
-                reasons.append(f"{s.method}: {str(exc).splitlines()[0]}")
-                continue
-            record["chosen"] = s.method
-            return prepared, record
-        raise HeterogError(f"no re-planned plan for {cluster.name!r} can run: {'; '.join(reasons)}")
+    def runs(s: Strategy) -> str | None:
+        try:
+            refuse_in_runtime(s.configs)
+        except HeterogError as exc:
+            return str(exc)
+        return None
+
+    found = replan(model.graph, cluster, elastic.replan_method, elastic.replan_budget_s, seed=elastic.seed, runs=runs,
+                   sync_batch_stats=elastic.sync_batch_stats or sync_batch_stats)
+    record = found.record()
+    reasons = []
+    for s in found.candidates:
+        try:
+            prepared = prepare(model, cluster, s, backend=backend, cost=cost)
+        except HeterogError as exc:
+            reasons.append(f"{s.method}: {str(exc).splitlines()[0]}")
+            continue
+        record["chosen"] = s.method
+        return prepared, record
+    raise HeterogError(f"no re-planned plan for {cluster.name!r} can run: {'; '.join(reasons)}")

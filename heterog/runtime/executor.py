@@ -2,7 +2,7 @@
 torch.distributed (gloo on CPU, NCCL on GPUs), emulating device slowdown and link speed on local-cpu.
 
 The instructions (``heterog.runtime.instructions``: compute, send, assemble, aggregate, allreduce, allgather,
-reducescatter, alltoall, post, combine, derive, copy)
+reducescatter, alltoall, post, combine, derive, copy, batchstats)
 are built by ``heterog.runtime.lowering`` and matched here by type; messages and collectives go through
 ``heterog.runtime.transport``, held bytes are metered by ``heterog.runtime.memory``.
 
@@ -37,6 +37,7 @@ from heterog.runtime.instructions import (
     AllReduce,
     AllToAll,
     Assemble,
+    BatchStats,
     Combine,
     Compute,
     Const,
@@ -53,7 +54,7 @@ from heterog.runtime.instructions import (
     Stash,
     env_name,
 )
-from heterog.runtime.kernel import Kernel
+from heterog.runtime.kernel import Kernel, call_arguments
 from heterog.runtime.layout import cat_batch, in_memory_order, narrow_batch
 from heterog.runtime.memory import LiveBytes, Meter, NoMeter
 from heterog.runtime.rng import Draw, block_batches
@@ -133,12 +134,14 @@ class RankExecutor:
         prog = job.prog
         computes = [ins for ins in self.rp.instrs if isinstance(ins, Compute)]
         self.host = torch.device("cpu")          # where offloaded state lives and its update runs
-        self.kernels = {(op, local, host): prog.kernel(op, self.host if host else device, local)
-                        for op, local, host in {(ins.op, ins.local, ins.host) for ins in computes}}
+        self.kernels = {(op, local, scale, host): prog.kernel(op, self.host if host else device, local, scale)
+                        for op, local, scale, host in {(ins.op, ins.local, _stats_scale(ins), ins.host)
+                                                       for ins in computes}}
         self.chains: dict[tuple, Kernel] = {}
         for ins in self.rp.instrs:
             chains = [(inp.chain, None) for inp in ins.inputs] if isinstance(ins, Compute) else \
-                [(ins.chain, ins.local)] if isinstance(ins, Derive) else []
+                [(ins.chain, ins.local)] if isinstance(ins, Derive) else \
+                [(inp.chain, None) for part in ins.parts for inp in part.inputs] if isinstance(ins, BatchStats) else []
             for chain, local in chains:
                 if chain and (chain, local) not in self.chains:
                     self.chains[(chain, local)] = Kernel([prog.view_calls[c] for c in chain], device, local=local)
@@ -277,7 +280,8 @@ class RankExecutor:
                     f"{', '.join(prog.op_nodes[ins.op][:4])}) at local batch {ins.local_batch}")
         if isinstance(ins, Send):
             return f"instruction {i}: send message {ins.tag} to rank {ins.dst}"
-        if isinstance(ins, (Assemble, Aggregate, AllReduce, AllGather, ReduceScatter, AllToAll, Combine, Derive, Copy)):
+        if isinstance(ins, (Assemble, Aggregate, AllReduce, AllGather, ReduceScatter, AllToAll, Combine, Derive,
+                            BatchStats, Copy)):
             return f"instruction {i}: {ins.kind} {ins.key}"
         return f"instruction {i}: {ins.kind}"
 
@@ -387,6 +391,11 @@ class RankExecutor:
         elif isinstance(ins, Post):
             r = self.recv_spec[ins.tag]
             tr.post(r.tag, r.src, r.shape, r.dtype)
+        elif isinstance(ins, BatchStats):
+            t_op, idle0 = time.perf_counter(), tr.idle_s
+            stash[ins.key] = self._batch_stats(ins, env, stash)
+            self._owe(t_op, idle0)
+            mem.put(Stash(ins.key), stash[ins.key])
         for src in rp.frees[i]:
             if isinstance(src, Env):
                 env.pop(src.node, None)
@@ -398,9 +407,43 @@ class RankExecutor:
             mem.drop(taken)
         self._taken.clear()
 
+    def _batch_stats(self, ins: BatchStats, env: dict[str, Any], stash: dict[Any, Any]) -> torch.Tensor:
+        """A synced batch norm's count and sums over this device's instances (``heterog.runtime.sync_stats``)."""
+        from heterog.runtime.batch_stats import local_sums
+
+        prog = self.job.prog
+        call = prog.calls[ins.node]
+        total = None
+        for part, weight in zip(ins.parts, ins.weights):
+            local = self._inputs(part, env, stash)
+            args, _ = call_arguments(call, local, self.job.sizes[part.local_batch])
+            sums = local_sums(prog.op_target[part.op], args, weight)
+            total = sums if total is None else total + sums
+        assert total is not None
+        return total
+
     def _compute(self, ins: Compute, env: dict[str, Any], stash: dict[Any, Any]) -> None:
         """An op instance: its inputs fetched (scaled, their view chains run at the local batch), its
         kernel run (random nodes drawing for its samples), its exports kept in ``env``."""
+        sizes = self.job.sizes
+        local = self._inputs(ins, env, stash)
+        if ins.stats is not None:
+            from heterog.runtime.batch_stats import STATS_NODE
+
+            local[STATS_NODE] = self._fetch(ins.stats, env, stash)
+        kernel = self.kernels[(ins.op, ins.local, _stats_scale(ins), ins.host)]
+        draw = None
+        if kernel.random:
+            prog = self.job.prog
+            draw = Draw(prog.rng_seed, self._step, prog.batch_size,
+                        range(ins.first_sample, ins.first_sample + ins.local_batch),
+                        {n: sizes[n] for n in block_batches(prog.batch_size)})
+        kernel(local, sizes[ins.local_batch], draw)
+        for name in ins.exports:
+            env[env_name(name, ins.micro, ins.recompute)] = local[name]
+
+    def _inputs(self, ins: Compute, env: dict[str, Any], stash: dict[Any, Any]) -> dict[str, Any]:
+        """What an op instance reads: each input fetched, scaled, its view chain run at the local batch."""
         sizes = self.job.sizes
         local: dict[str, Any] = {}
         for inp in ins.inputs:
@@ -415,16 +458,7 @@ class RankExecutor:
                 local[inp.node] = v
             if inp.tuple_index is not None and not isinstance(local[inp.node], (tuple, list)):
                 local[inp.node] = [None] * inp.tuple_index + [local[inp.node]]
-        kernel = self.kernels[(ins.op, ins.local, ins.host)]
-        draw = None
-        if kernel.random:
-            prog = self.job.prog
-            draw = Draw(prog.rng_seed, self._step, prog.batch_size,
-                        range(ins.first_sample, ins.first_sample + ins.local_batch),
-                        {n: sizes[n] for n in block_batches(prog.batch_size)})
-        kernel(local, sizes[ins.local_batch], draw)
-        for name in ins.exports:
-            env[env_name(name, ins.micro, ins.recompute)] = local[name]
+        return local
 
     def to_host(self, v: torch.Tensor, wait: bool = True) -> Any:
         """A copy of ``v`` in host memory: on a GPU into pinned memory, asynchronous (``wait``: finished here;
@@ -514,6 +548,11 @@ class RankExecutor:
         if self.job.return_state:
             out["values"] = {ph: (kind, self.persist[ph].detach().to("cpu").clone()) for kind, ph in self.rp.report}
         return out
+
+
+def _stats_scale(ins: Compute) -> float | None:
+    """The kernel variant of a compute instruction: None, or a synced batch norm's gradient convention."""
+    return None if ins.stats is None else ins.stats_scale
 
 
 @dataclass

@@ -123,8 +123,10 @@ class Local:
 class Compute:
     """Op ``op``'s fx nodes at ``local_batch`` samples (``first_sample`` .. of the batch) of micro-batch
     ``micro``; ``exports``: the node values kept for later instructions; ``local``: this device's way of
-    running an op divided beyond the batch (None: the whole op); ``host``: run on the host CPU on values
-    in host memory (an update of offloaded state, ``heterog.runtime.state_lowering``)."""
+    running an op divided beyond the batch (None: the whole op); ``stats``: the whole batch's sums of a synced
+    batch norm (``heterog.runtime.sync_stats``; its batch-norm node reads them, at the instance's gradient
+    convention ``stats_scale``); ``host``: run on the host CPU on values in host memory (an update of
+    offloaded state, ``heterog.runtime.state_lowering``)."""
 
     op: int
     local_batch: int
@@ -134,9 +136,25 @@ class Compute:
     micro: int = 0             # the micro-batch: exports are kept as ``env_name(node, micro, recompute)``
     recompute: bool = False    # the op's forward run again before its backward (its recomputed copy)
     local: Local | None = None
+    stats: Stash | None = None
+    stats_scale: float = 1.0
     host: bool = False
 
     kind = "compute"
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStats:
+    """Stash ``key`` = the count and per-channel sums of batch-norm node ``node`` over the instances ``parts``
+    (their inputs fetched as they fetch them), each instance's sums times its ``weights`` entry
+    (``heterog.runtime.sync_stats.local_sums``)."""
+
+    key: tuple
+    node: str
+    parts: tuple[Compute, ...]
+    weights: tuple[float, ...]
+
+    kind = "batchstats"
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,7 +333,7 @@ class Post:
 
 
 Instruction = (Compute | Send | Assemble | Aggregate | AllReduce | AllGather | ReduceScatter | AllToAll | Post | Combine
-               | Derive | Copy)
+               | Derive | BatchStats | Copy)
 
 
 class Receive(NamedTuple):
@@ -340,7 +358,9 @@ class InputSlice(NamedTuple):
 def sources(ins: Instruction) -> list[Source]:
     """The sources ``ins`` reads."""
     if isinstance(ins, Compute):
-        return [i.source for i in ins.inputs]
+        return [i.source for i in ins.inputs] + ([ins.stats] if ins.stats is not None else [])
+    if isinstance(ins, BatchStats):
+        return [i.source for part in ins.parts for i in part.inputs]
     if isinstance(ins, (Send, AllReduce, AllGather, ReduceScatter, AllToAll, Derive, Copy)):
         return [ins.source]
     if isinstance(ins, Combine):

@@ -154,6 +154,11 @@ def _arguments(args: tuple, kwargs: dict, env: dict, sym: dict) -> tuple[tuple, 
     return _resolve(args, env, sym), _resolve(kwargs, env, sym)
 
 
+def call_arguments(call: NodeCall, env: dict, sym: dict) -> tuple[tuple, dict]:
+    """The arguments of node ``call`` given the values ``env`` and sizes ``sym``."""
+    return _arguments(call.args, call.kwargs, env, sym)
+
+
 def _retarget_device(a: Any, device: torch.device) -> Any:
     """Replace torch.device constants (``ones(..., device=cpu)``) by the worker's device."""
     if isinstance(a, torch.device):

@@ -15,8 +15,9 @@ import queue
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
 from heterog.errors import HeterogError
@@ -374,6 +375,58 @@ def env_rank() -> tuple[int, int, int] | None:
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         return rank, world, int(os.environ.get("LOCAL_RANK", rank))
     return None
+
+
+SHARED_STORE_SWITCH = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
+def nnodes_of(agent_argv: Sequence[str], environ: Mapping[str, str]) -> tuple[int, int] | None:
+    """(fewest, most) nodes of the torchrun agent started with ``agent_argv`` (``--nnodes N`` or ``MIN:MAX``,
+    else torchrun's ``PET_NNODES``); None when neither says, or says something torchrun would refuse."""
+    value = environ.get("PET_NNODES")
+    for i, arg in enumerate(agent_argv):
+        if arg == "--nnodes" and i + 1 < len(agent_argv):
+            value = agent_argv[i + 1]
+        elif arg.startswith("--nnodes="):
+            value = arg.split("=", 1)[1]
+    if value is None:
+        return None
+    try:
+        low, _, high = value.partition(":")
+        return int(low), int(high or low)
+    except ValueError:
+        return None
+
+
+def joins_stall(agent_argv: Sequence[str], environ: Mapping[str, str]) -> str | None:
+    """Under torchrun: why a node that joins this job would stall torchrun's agents, or None.
+
+    A job whose agents share their TCP store with the workers (torchrun's default, which the workers see as
+    ``TORCHELASTIC_USE_AGENT_STORE=True``) publishes the store's address once: rank 0's agent writes it
+    under the first rendezvous round's keys and keeps it. A node that joins in a later round reads it under
+    that round's keys, which no agent writes, while rank 0's agent waits there for the newcomer's role: both
+    wait until the store's read timeout and the agents fail (a newcomer that the rendezvous ranks first
+    would start a store of its own instead, which the other nodes' workers never learn of). With
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` on every agent, rank 0's agent publishes a fresh address under
+    each round's keys, the workers meet at a store of their own (rank 0's, env://), and the job grows."""
+    if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    nodes = nnodes_of(agent_argv, environ)
+    if nodes is None or nodes[0] == nodes[1]:
+        return None
+    return (f"torchrun's agents share their store (--nnodes {nodes[0]}:{nodes[1]}): a node that joins would stall "
+            f"their next rendezvous round until it times out; start every torchrun with {SHARED_STORE_SWITCH}=1 "
+            "for a job that grows")
+
+
+def agent_argv() -> list[str]:
+    """The command line of this process's parent (torchrun's agent, for a rank it started); empty where it
+    cannot be read (Linux's /proc)."""
+    try:
+        raw = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
 def _attempt_store(world: int, timeout: timedelta) -> Any:

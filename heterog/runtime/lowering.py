@@ -12,22 +12,19 @@ entries, each partial result's aggregation); this module turns them into concret
   send       a leaf (or a batch slice of it) to another rank, non-blocking, right after it is produced
   assemble   received and local pieces concatenated along the batch dim, each piece rescaled from its
              producer's share to the consumer's (re-layout), or one received non-batch tensor
-
-Every value that reaches a rank other than from its own kernel (assembled, received, aggregated, reduced,
-zeros) is laid out in memory in the captured leaf's dim order (``LeafInfo.memory_order``): the captured
-program's views were traced on those strides (``aten.view`` after a permute accepts only them), and ops
-whose output strides follow their inputs' then also match the single-process step.
   aggregate  on a device with several micro-batches, its share-weighted partial results summed after each;
              PS: the sum of the share-weighted partial results pushed by the workers and its own
   allreduce  a share-weighted partial result summed over the replicas' process subgroup (asynchronous;
              waited for where the value is first read)
+Values reaching a rank other than from its own kernel take the captured leaf's dim order (the strides the
+captured views were traced on: ``LeafInfo.memory_order``). Synced batch norms: ``heterog.runtime.sync_stats``.
 
 Order: every instruction has a key (simulated start time, task id, sub-order) from the simulated
 schedule; each rank runs its instructions in key order. Keys respect every data dependency (a send
 follows its producer, an assemble precedes its first consumer, tasks are numbered topologically), and
 collectives carry one key for all members, so no rank ever waits for something another rank has not
-yet been able to do: the order is deadlock-free. Receives are posted before the step starts (gloo: any
-order matches by tag) or at their send's key (NCCL: in-order matching per pair).
+yet been able to do: the order is deadlock-free. Receives are posted before the step starts (gloo) or at
+their send's key (NCCL: in-order matching per pair).
 """
 from __future__ import annotations
 
@@ -74,6 +71,7 @@ from heterog.runtime.scaling import Exponents
 from heterog.runtime.split_lowering import SplitLowering
 from heterog.runtime.state_lowering import StateLowering
 from heterog.runtime.stepprog import LeafInfo, Read, StepProgram
+from heterog.runtime.sync_stats import SyncLowering
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.cluster import Cluster
@@ -131,7 +129,7 @@ class _Builder:
         from heterog.cost import CostModel
 
         self.nominal = CostModel(cluster)            # emulated link speeds: the cluster's nominal ones
-        self.split = SplitLowering(self)
+        self.split, self.sync = SplitLowering(self), SyncLowering(self)
         self.state = StateLowering(self)          # sharded and offloaded state (after the split ops)
 
     # ------------------------------------------------------------------ layouts
@@ -170,6 +168,7 @@ class _Builder:
         if t is None:
             raise HeterogError(f"plan has no instance of op {self.graph.ops[op].name} on device {dev} "
                                f"(micro-batch {micro})")
+        t = self.sync.task(op, t)                     # a synced batch norm: at its statistics' key
         return (float(self.start[t]), int(t))
 
     def subgroup(self, devices: tuple[int, ...]) -> int:
@@ -199,9 +198,10 @@ class _Builder:
 
     def reads_recomputed(self, u: int, op: int, recompute: bool) -> bool:
         """Whether ``op`` (its recomputed instance: ``recompute``) reads op ``u``'s recomputed copy: ``u`` is
-        recomputed and ``op`` is a backward op or a recomputed op of its group (``recompute_edges``)."""
+        recomputed, ``op`` a backward op or a recomputed op of its group, not coupled (``recompute_edges``)."""
         group = self.placed.op_group
-        return bool(self.recomputed[u] and group[u] == group[op] and (self.phase[op] > 0 or recompute))
+        return bool(self.recomputed[u] and group[u] == group[op] and (self.phase[op] > 0 or recompute)
+                    and not self.graph.ops[op].coupled)
 
     def leaf(self, leaf: tuple[int, int]) -> LeafInfo:
         return self.prog.leaves[leaf]
@@ -212,9 +212,8 @@ class _Builder:
 
     def link(self, src: int, dst: int) -> tuple[float, float]:
         """(latency s, seconds per byte) that the emulation enforces on src -> dst."""
-        if not self.emulate:
-            return (0.0, 0.0)
-        return (float(self.cluster.latency_s[src, dst]), 1.0 / float(self.cluster.bandwidth_Bps[src, dst]))
+        return (float(self.cluster.latency_s[src, dst]), 1.0 / float(self.cluster.bandwidth_Bps[src, dst])) \
+            if self.emulate else (0.0, 0.0)
 
     def send(self, src_dev: int, dst_dev: int, key: tuple, source: Source, slice_: Slice | None, scale: float,
              shape: tuple, dtype: torch.dtype) -> int:
@@ -420,7 +419,8 @@ class _Builder:
         self.ranks[dev].batches.add(b)
         if prog.op_draws(op):
             self.ranks[dev].batches.update(block_batches(self.B))    # random values are drawn in blocks
-        self.emit(dev, key + (0,), Compute(op, b, tuple(inputs), (), first, micro, recompute))
+        ins = Compute(op, b, tuple(inputs), (), first, micro, recompute)
+        self.sync.add(dev, ins) if op in self.sync else self.emit(dev, key + (0,), ins)
 
     def read_source(self, op: int, r: Read, dev: int, micro: int, b: int, key: tuple, recompute: bool = False
                     ) -> tuple[Source, tuple[str, ...], float]:
@@ -485,6 +485,7 @@ class _Builder:
                 self.compute(op, dev, first, end, micro)
                 if self.recomputed[op]:
                     self.compute(op, dev, first, end, micro, recompute=True)
+        self.sync.emit_all()
         self._placeholders()
         self._step_end()
         return self._finish()
@@ -517,9 +518,7 @@ class _Builder:
         """New parameters and state where the placeholders live; the loss terms; what each rank reports."""
         prog = self.prog
         n_p, n_b = len(prog.param_names), len(prog.buffer_names)
-        news = list(zip(prog.placeholders[:n_p], prog.outputs[1:1 + n_p]))
-        news += list(zip(prog.placeholders[n_p + n_b:n_p + n_b + len(prog.state_names)], prog.outputs[1 + n_p:]))
-        for ph, out in news:
+        for ph, out in prog.new_values():
             if out == ph:
                 continue
             u = prog.node_op[out]
@@ -533,6 +532,8 @@ class _Builder:
                 src: Source
                 if u in self.split:
                     src = self.split.update(ph, out, leaf_id, d, Env(out))
+                elif prog.op_has_batch[u] and prog.op_kind[u] == "compute":     # a buffer a batch norm writes
+                    src = self.sync.last_instance(leaf_id, d)
                 elif d in self.lay_devs(self.op_lay(u)) and prog.op_kind[u] == "compute":
                     self.export(u, d, 0, out)
                     src = Env(out)

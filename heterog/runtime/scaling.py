@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from heterog.runtime.coupled_scaling import coupled_exponent, coupled_minor_blocks, duplicated, run_doubled
 from heterog.runtime.stepprog import StepProgram
 
 MAX_EXPONENT = 3
@@ -85,18 +86,6 @@ class Exponents:
 
 def _duplicate(x: torch.Tensor, k: int) -> torch.Tensor:
     return torch.cat([x[:k], x[:k]], dim=0)
-
-
-def duplicated(v: torch.Tensor, batch_dim: int | None, minor_per: int = 0) -> torch.Tensor:
-    """``v`` of a run on k samples as the same run on those samples twice over computes it: repeated along
-    the batch dim (sample-major), or, when the batch dim holds ``(minor_per, k)`` (sample-minor), repeated
-    within each of its ``minor_per`` blocks."""
-    if batch_dim is None:
-        return v
-    if not minor_per:
-        return torch.cat([v, v], dim=batch_dim)
-    folded = v.unflatten(batch_dim, (minor_per, -1))
-    return torch.cat([folded, folded], dim=batch_dim + 1).flatten(batch_dim, batch_dim + 1)
 
 
 def measured_exponent(v1: torch.Tensor, v2: torch.Tensor, batch_dim: int | None, zero_below: float = 0.0,
@@ -148,7 +137,11 @@ def probe_exponents(prog: StepProgram, params: Sequence[torch.Tensor], buffers: 
     doubled = [_duplicate(x, k) if prog.input_batched(i) else x for i, x in enumerate(inputs)]
     with torch.no_grad():
         env1 = prog.run_all(params, [b.clone() for b in buffers], state, small)
-        env2 = prog.run_all(params, [b.clone() for b in buffers], state, doubled, samples=[*range(k), *range(k)])
+        env2 = run_doubled(prog, env1, params, [b.clone() for b in buffers], state, doubled, [*range(k), *range(k)])
+        minor = coupled_minor_blocks(prog, env1, env2, k) if any(prog.op_coupled) else {}
+        if minor:                      # rows of several entries per sample, sample-minor: doubled within blocks
+            env2 = run_doubled(prog, env1, params, [b.clone() for b in buffers], state, doubled,
+                               [*range(k), *range(k)], minor)
     # leaves whose exponent matters: outputs of batch ops, and non-batch values that batch ops read
     read_by_batch = {r.leaf for i, rs in enumerate(prog.reads) if prog.op_has_batch[i] for r in rs}
     probed = []
@@ -166,6 +159,13 @@ def probe_exponents(prog: StepProgram, params: Sequence[torch.Tensor], buffers: 
     magnitude = mags[len(mags) // 2] if mags else 0.0
     out = Exponents()
     for leaf, info, v1, v2 in probed:
+        if prog.op_coupled and prog.op_coupled[info.op]:       # heterog.runtime.coupled_scaling
+            c = coupled_exponent(prog, info.op) if info.batch_dim is not None else 0
+            if c:
+                out.of[leaf] = c
+            if info.batch_dim is not None and minor.get(info.op) == info.per_sample:
+                out.sample_minor.add(leaf)
+            continue
         e = measured_exponent(v1, v2, info.batch_dim, zero_below=1e-6 * magnitude)
         if e is None and info.batch_dim is not None and info.per_sample > 1:
             e = measured_exponent(v1, v2, info.batch_dim, zero_below=1e-6 * magnitude, minor_per=info.per_sample)

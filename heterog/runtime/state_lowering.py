@@ -402,7 +402,7 @@ class StateLowering:
         host = hs.offload and op in hs.rows_ops
         inputs = tuple(self._input(hs, op, r, dev, key, host) for r in b.prog.reads[op])
         b.ranks[dev].batches.add(end - first)
-        b.emit(dev, key + (0,), Compute(op, end - first, inputs, (), first, micro, False, None, host))
+        b.emit(dev, key + (0,), Compute(op, end - first, inputs, (), first, micro, False, None, host=host))
 
     def _input(self, hs: HeldState, op: int, r: Read, dev: int, key: tuple, host: bool) -> Input:
         """What op ``op`` (run on rows, on the host: ``host``) reads for ``r`` on ``dev`` (module docstring)."""

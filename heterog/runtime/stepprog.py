@@ -122,6 +122,11 @@ class StepProgram:
     view_calls: dict[str, NodeCall]          # chain nodes (also in calls)
     input_spec: InputSpec | None = None      # how the model is called on the inputs (keywords, batch or not)
     random: dict[str, RandomNode] = field(default_factory=dict)   # nodes that draw random values
+    op_phase: list[str] = field(default_factory=list)        # per op: forward | backward | update
+    op_coupled: list[bool] = field(default_factory=list)     # per op: couples samples (heterog.graph.coupling)
+    coupled_dims: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)   # per node of a coupled op,
+                                                             # per tensor of its value: the dims holding the batch
+    buffer_updates: list[tuple[int, str]] = field(default_factory=list)   # (buffer index, node of its new value)
     rng_seed: int = 0                        # the run's seed of random draws (``heterog.runtime.rng``)
     _sym_exprs: dict[str, Any] = field(default_factory=dict, repr=False)    # planning side only
     _batch_symbols: tuple = field(default_factory=tuple, repr=False)
@@ -162,8 +167,16 @@ class StepProgram:
         """The number of samples ``inputs`` (flat order) hold."""
         return next(int(x.shape[0]) for i, x in enumerate(inputs) if self.input_batched(i))
 
-    def kernel(self, op: int, device: torch.device | None = None, local: Local | None = None) -> Kernel:
-        return Kernel([self.calls[n] for n in self.op_nodes[op]], device, self.random, local)
+    def kernel(self, op: int, device: torch.device | None = None, local: Local | None = None,
+               stats_scale: float | None = None) -> Kernel:
+        """Op ``op``'s nodes; ``stats_scale``: its batch-norm node reading the whole batch's sums
+        (``heterog.runtime.sync_stats``) at that gradient convention."""
+        calls = [self.calls[n] for n in self.op_nodes[op]]
+        if stats_scale is not None:
+            from heterog.runtime.batch_stats import synced_call
+
+            calls[0] = synced_call(calls[0], stats_scale)
+        return Kernel(calls, device, self.random, local)
 
     def op_draws(self, op: int) -> bool:
         """Op ``op`` has a random node (its instances need a ``Draw``)."""
@@ -203,11 +216,23 @@ class StepProgram:
     def step(self, params: Sequence[torch.Tensor], buffers: Sequence[torch.Tensor], state: Sequence[torch.Tensor],
              inputs: Sequence[torch.Tensor], *, step: int = 0
              ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-        """One whole training step (number ``step``), single process: (loss, new params, new state)."""
+        """One whole training step (number ``step``), single process: (loss, new params, new state); the new
+        values of the buffers the step writes go into ``buffers`` (a list)."""
         env = self.run_all(params, buffers, state, inputs, step=step)
         out = [env[n] for n in self.outputs]
-        p = len(self.param_names)
-        return out[0], out[1:1 + p], out[1 + p:]
+        p, n_state = len(self.param_names), len(self.state_names)
+        if isinstance(buffers, list):
+            for i, node in self.buffer_updates:
+                buffers[i] = env[node]
+        return out[0], out[1:1 + p], out[1 + p:1 + p + n_state]
+
+    def new_values(self) -> list[tuple[str, str]]:
+        """(placeholder, the step output that is its next value) of every parameter, state tensor and written
+        buffer."""
+        n_p, n_b, n_s = len(self.param_names), len(self.buffer_names), len(self.state_names)
+        return [*zip(self.placeholders[:n_p], self.outputs[1:1 + n_p]),
+                *zip(self.placeholders[n_p + n_b:n_p + n_b + n_s], self.outputs[1 + n_p:1 + n_p + n_s]),
+                *[(self.placeholders[n_p + i], node) for i, node in self.buffer_updates]]
 
 
 def _size_hint(s: Any) -> int:
@@ -359,10 +384,30 @@ def build_step_program(step: CapturedStep, graph: OpGraph) -> StepProgram:
         op_nodes=op_nodes, op_kind=[op.kind for op in graph.ops], op_target=[op.target for op in graph.ops],
         op_has_batch=[bool(x) for x in graph.has_batch], leaves=leaves, reads=reads, node_op=node_op,
         node_leaf=node_leaf, view_calls=view_calls, input_spec=step.input_spec,
-        random=_random_nodes(gm, step.batch_symbols, graph.batch_size, out_of_place))
+        random=_random_nodes(gm, step.batch_symbols, graph.batch_size, out_of_place),
+        op_phase=[op.phase for op in graph.ops], op_coupled=[op.coupled for op in graph.ops],
+        coupled_dims=_coupled_dims(graph, nodes, step.batch_symbols),
+        buffer_updates=[(step.buffer_names.index(b), node) for b, node in step.buffer_outputs.items()])
     prog._sym_exprs = sym_exprs
     prog._batch_symbols = tuple(step.batch_symbols)
     return prog
+
+
+def _coupled_dims(graph: OpGraph, nodes: dict[str, Node], batch_symbols: Sequence[Any]
+                  ) -> dict[str, list[tuple[int, ...]]]:
+    """Per fx node of a coupled op, per tensor of its value, the dims whose size holds the batch."""
+    symbols = frozenset(batch_symbols)
+    out: dict[str, list[tuple[int, ...]]] = {}
+    for op in graph.ops:
+        if not op.coupled:
+            continue
+        for name in op.fx_nodes:
+            val = nodes[name].meta.get("val") if name in nodes else None
+            values = list(val) if isinstance(val, (tuple, list)) else [val]
+            out[name] = [tuple(d for d, size in enumerate(v.shape) if isinstance(size, torch.SymInt)
+                               and size.node.expr.free_symbols & symbols) if isinstance(v, torch.Tensor) else ()
+                         for v in values]
+    return out
 
 
 def _random_nodes(gm: GraphModule, batch_symbols: Sequence[Any], batch_size: int, out_of_place: dict[Node, Any]

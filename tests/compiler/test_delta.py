@@ -116,7 +116,7 @@ def test_a_patched_micro_batched_plan_is_the_plan_compiled_from_scratch(evaluato
     assert compiler.n_full == 1 and compiler.n_patched >= 1   # none compiled again from scratch
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**31 - 1), k=st.sampled_from([1, 2]))
 def test_a_patched_plan_with_splits_is_the_plan_compiled_from_scratch(evaluator, seed, k):
     """The random walk over actions that include splits beyond the batch (``ActionSearch(splits=True)``),

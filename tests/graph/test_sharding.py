@@ -391,3 +391,17 @@ def test_shard_and_combine_are_inverse_for_uneven_and_strided_shards() -> None:
         assert torch.equal(combine(parts, placement), whole)
     transposed = whole.t()
     assert dense_like(transposed[:, :5], transposed).stride() == (1, 3)
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_a_scan_is_never_divided_along_the_dimension_it_scans(dim) -> None:
+    """cumsum over a divided dimension would sum each shard's own entries only (a router's capacity count
+    over the sequence came out per shard)."""
+    from heterog.graph.split_rules import node_rules
+
+    x = TensorInfo((4, 6, 3), torch.float32)
+    rules, _ = node_rules(torch.ops.aten.cumsum.default, (x, dim), {}, [x])
+    assert rules                                           # the other dimensions still divide
+    scanned = dim % 3
+    for r in rules:
+        assert not any(isinstance(p, Shard) and p.dim == scanned for p in (*r.inputs, *r.outputs)), r

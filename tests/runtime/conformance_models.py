@@ -7,6 +7,8 @@ a second.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -433,3 +435,25 @@ EQUIVALENCE_MODELS = {
     "dropout_net": build_dropout_net,
     "keyword_tagger": build_keyword_tagger,
 }
+
+# Plans divided beyond the batch (splits, grids) of the recurrent models take minutes per plan on two cores
+# (their cells unroll into thousands of ops): `make test` divides the other models, each under half of the
+# suites' (cluster, micro-batches) combinations in turn; `make conformance` (HETEROG_DIVIDED_ALL=1) every
+# model under every combination. Data-parallel and random plans of the recurrent ones run in both.
+DIVIDED_ALL = os.environ.get("HETEROG_DIVIDED_ALL") == "1"
+RECURRENT = ("lstm_tagger", "gru_classifier")
+DIVIDED_MODELS = [name for name in EQUIVALENCE_MODELS if name not in RECURRENT or DIVIDED_ALL]
+
+
+def divided_cases(*axes: tuple) -> list[tuple]:
+    """(model, *choice) for every model of DIVIDED_MODELS and every choice of one value per axis; in `make
+    test` only the half whose model index and choice indices sum to an even number, so each model meets
+    each value of an axis at least once and each value meets half the models."""
+    import itertools
+
+    out = []
+    for i, name in enumerate(DIVIDED_MODELS):
+        for idx in itertools.product(*(range(len(a)) for a in axes)):
+            if DIVIDED_ALL or (i + sum(idx)) % 2 == 0:
+                out.append((name, *(a[k] for a, k in zip(axes, idx))))
+    return out

@@ -160,6 +160,29 @@ def test_resume_under_another_plan_on_another_cluster_and_in_one_process(tmp_pat
     assert_resumes_across_plans_and_clusters(captured("dropout_net"), tmp_path, request)
 
 
+def test_sharded_adam_state_resumes_under_other_plans(tmp_path, request) -> None:
+    """Adam's state in shards over replicas (ZeRO stages 0-3, offloaded to the host) written by local-cpu-3's
+    ranks, resumed under a sharded plan with splits on local-cpu-2, then in one process: six steps equal to six
+    uninterrupted ones in one process, the optimizer's moments included."""
+    from tests.runtime import test_sharded_conformance as sc
+
+    name = "residual_glu"
+    m = sc.captured(name, "adam")
+    want_losses, want = train_single_process(m, [m.example_inputs], 6)
+    ck = CheckpointSettings(tmp_path, every_steps=2)
+    first = prepare(m, sc.cluster_of("local-cpu-3"), sc.sharded_plan(name, "local-cpu-3", "offload", 0, "adam"))
+    run_prepared(first, [m.example_inputs], 2, checkpoint=ck, pool=request.getfixturevalue(POOLS["local-cpu-3"]))
+    second = prepare(m, sc.cluster_of("local-cpu-2"), sc.sharded_plan(name, "local-cpu-2", "splits", 1, "adam"))
+    res = run_prepared(second, [m.example_inputs], 4, checkpoint=ck, resume=tmp_path,
+                       pool=request.getfixturevalue(POOLS["local-cpu-2"]))
+    assert res.first_step == 2 and res.losses == pytest.approx(want_losses[:4], rel=RTOL)
+    losses, got = train_single_process(m, [m.example_inputs], 6, resume=tmp_path)
+    assert losses == pytest.approx(want_losses, rel=RTOL)
+    assert m.state                                      # the moments are compared too
+    for ph, v in want.items():
+        np.testing.assert_allclose(got[ph].double().numpy(), v.double().numpy(), rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.skipif(not MORE, reason="make conformance (HETEROG_SURVIVE_MORE=1)")
 def test_a_transformers_model_resumes_across_plans_and_clusters(tmp_path, request) -> None:
     from heterog.runtime import capture_model_for_runtime

@@ -1,7 +1,7 @@
 """Conformance: models written from the torch.nn blocks users reach for train under any plan exactly as in
 one process (``tests/runtime/conformance_models.py``).
 
-Each equivalence model runs 2 SGD steps under random strategies from 4 seeds (``HETEROG_CONFORMANCE_SEEDS``;
+Each equivalence model runs 2 SGD steps under random strategies from 2 seeds (``HETEROG_CONFORMANCE_SEEDS``;
 ``make conformance`` sweeps 16) on local-cpu-2 and
 local-cpu-3 (emulated slowdowns 1,2 and 1,2,3, so proportional shares are uneven) and under the plan of
 every planner on local-cpu-3 (the baselines and searches with small budgets, the agent after one
@@ -43,7 +43,7 @@ STEPS = 2
 BATCH = 6
 LR = 0.1
 RTOL, ATOL = 1e-4, 1e-5          # float32 noise after 2 steps is ~1e-7; the bugs these tests caught were >= 1e-3
-SEEDS = tuple(range(int(os.environ.get("HETEROG_CONFORMANCE_SEEDS", "4"))))   # `make conformance`: 16
+SEEDS = tuple(range(int(os.environ.get("HETEROG_CONFORMANCE_SEEDS", "2"))))   # `make conformance`: 16
 CLUSTERS = {"local-cpu-2": "local-cpu-2:slowdown=1,2", "local-cpu-3": "local-cpu-3:slowdown=1,2,3"}
 POOLS = {"local-cpu-2": "pool2", "local-cpu-3": "pool3"}
 PLANNERS = [n for n in baselines.names() if n != "random"] + ["agent"]      # the agent: 1 episode of learning
@@ -230,8 +230,13 @@ def test_random_plans_train_like_one_process(name, cluster_name, seed, request) 
     check_trains_like_one_process(name, cluster_name, "random", seed, request)
 
 
-@pytest.mark.parametrize("method", PLANNERS)
-@pytest.mark.parametrize("name", list(cm.EQUIVALENCE_MODELS))
+# every planner's plan of every model with `make conformance`; `make test`: half of them, in turn, so each model
+# meets half the planners and each planner half the models
+PLANNER_CASES = [(n, p) for i, n in enumerate(cm.EQUIVALENCE_MODELS) for j, p in enumerate(PLANNERS)
+                 if len(SEEDS) > 2 or (i + j) % 2 == 0]
+
+
+@pytest.mark.parametrize("name,method", PLANNER_CASES)
 def test_planner_plans_train_like_one_process(name, method, request) -> None:
     check_trains_like_one_process(name, "local-cpu-3", method, 0, request)
 

@@ -20,7 +20,7 @@ from tests.runtime import conformance_models as cm
 from tests.runtime.test_conformance import ATOL, RTOL, STEPS, captured, plan, reference, with_micro_batches
 from tests.runtime.test_split_conformance import assert_one_step_like_one_process
 
-MODELS = list(cm.EQUIVALENCE_MODELS)
+MODELS = cm.DIVIDED_MODELS
 CLUSTER = "local-cpu-4:slowdown=1,2,3,4"
 
 
@@ -60,8 +60,8 @@ def grid_plan(name: str, seed: int, micro: bool) -> Strategy:
     raise AssertionError(f"{name}: no random grid plan divides a compute op")
 
 
-@pytest.mark.parametrize("micro", [False, True], ids=["whole-batch", "micro-batches"])
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name,micro", cm.divided_cases((False, True)),
+                         ids=lambda v: {False: "whole-batch", True: "micro-batches"}.get(v, v))
 def test_random_grid_plans_train_like_one_process(name, micro, pool4) -> None:
     m = captured(name)
     strategy = grid_plan(name, 1 if micro else 0, micro)

@@ -34,7 +34,7 @@ from tests.runtime.test_conformance import (
     with_micro_batches,
 )
 
-MODELS = list(cm.EQUIVALENCE_MODELS)
+MODELS = cm.DIVIDED_MODELS
 
 
 def with_splits(strategy: Strategy, n_devices: int, seed: int) -> Strategy:
@@ -66,9 +66,8 @@ def split_plan(name: str, cluster_name: str, seed: int, micro: bool) -> Strategy
     raise AssertionError(f"{name}: no random split plan divides a compute op")
 
 
-@pytest.mark.parametrize("micro", [False, True], ids=["whole-batch", "micro-batches"])
-@pytest.mark.parametrize("cluster_name", ["local-cpu-2", "local-cpu-3"])
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name,cluster_name,micro", cm.divided_cases(("local-cpu-2", "local-cpu-3"), (False, True)),
+                         ids=lambda v: {False: "whole-batch", True: "micro-batches"}.get(v, v))
 def test_random_split_plans_train_like_one_process(name, cluster_name, micro, request) -> None:
     m, cluster = captured(name), cluster_of(cluster_name)
     seed = 1 if micro else 0

@@ -1,0 +1,199 @@
+"""Guards around a model's code while its training step is traced: what a captured step cannot follow is
+refused in one line that names the model's line, and what it can follow is made to trace.
+
+  - random draws outside torch (``numpy.random``, ``random``) in forward: the trace sees a constant, so
+    every step would reuse the draw made at capture (Wav2Vec2's SpecAugment masks drawn with numpy);
+  - a module that casts itself inside forward (``self.classifier = self.classifier.to(self.dtype)``):
+    a cast to the dtype and device it already has does nothing; any other one would change a parameter's
+    dtype in the middle of the step, which a step with fixed parameters cannot do;
+  - torch's generator re-seeded by the model (``torch.manual_seed`` in forward, so that a later pass
+    redraws the same dropout masks, as reversible layers do): refused when the step draws random values;
+  - ``len()`` of a tensor whose first size is the batch gives the symbolic size, not the example's
+    number, so that ``torch.arange(len(logits))`` stays a function of the batch size;
+  - ops whose output shape depends on tensor values (``aten._ctc_loss``, ``nonzero``) are named with the
+    model's line that calls them.
+
+Hand-written backwards (``torch.autograd.Function``) are traced by ``heterog.graph.tracing``: the module's
+parameters stay substituted while the backward runs, and gradients a backward writes into ``param.grad``
+are added to those autograd returns.
+"""
+from __future__ import annotations
+
+import builtins
+import random
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from heterog.errors import ModelError
+
+_HERE = Path(__file__).resolve().parent.parent          # the heterog package
+_SKIPPED = tuple(str(p) for p in (Path(torch.__file__).resolve().parent, Path(np.__file__).resolve().parent, _HERE,
+                                   Path(random.__file__).resolve()))
+# module-level numpy.random names that do not draw (classes, seeding and state are drawn through, or refused, below)
+_NUMPY_KEEP = frozenset({"BitGenerator", "Generator", "MT19937", "PCG64", "PCG64DXSM", "Philox", "SFC64",
+                         "SeedSequence", "bit_generator", "get_bit_generator", "set_bit_generator", "get_state"})
+_RANDOM_DRAWS = ("random", "uniform", "randint", "randrange", "choice", "choices", "sample", "shuffle", "gauss",
+                 "normalvariate", "lognormvariate", "expovariate", "vonmisesvariate", "gammavariate", "betavariate",
+                 "paretovariate", "weibullvariate", "triangular", "getrandbits", "randbytes", "seed")
+_CASTS = ("to", "float", "double", "half", "bfloat16", "type")
+
+
+def outside_library(filename: str) -> bool:
+    """The file is the model's own code (not torch, numpy, the standard ``random`` module or heterog)."""
+    try:
+        path = str(Path(filename).resolve())
+    except (OSError, ValueError):
+        return False
+    return not filename.startswith("<") and not path.startswith(_SKIPPED)
+
+
+def model_line(frames: list[tuple[str, int, str, str | None]] | None = None) -> str:
+    """``file:line in function() (code)`` of the innermost frame of the model's own code: of ``frames`` ((file,
+    line, function, code) innermost last; a traceback's), or of the current stack; "" when there is none."""
+    if frames is None:
+        frames = [(f.filename, f.lineno or 0, f.name, f.line) for f in traceback.extract_stack()]
+    for filename, lineno, function, code in reversed(frames):
+        if outside_library(filename):
+            where = f"{filename}:{lineno} in {function}()"
+            return f"{where} ({code.strip()})" if code else where
+    return ""
+
+
+def traceback_line(exc: BaseException) -> str:
+    """``model_line`` of the traceback of ``exc``."""
+    return model_line([(f.filename, f.lineno or 0, f.name, f.line) for f in traceback.extract_tb(exc.__traceback__)])
+
+
+def _called_from_model(depth: int = 2) -> bool:
+    frame = sys._getframe(depth)
+    return outside_library(frame.f_code.co_filename)
+
+
+class ForwardGuards:
+    """The guards of the module docstring, installed while a step of ``module`` (named ``model_name``) is
+    traced: ``with ForwardGuards(...).installed():``. ``seeded`` lists where the model re-seeded torch's
+    generator (``refuse_reseeding`` turns that into an error when the step draws random values)."""
+
+    def __init__(self, module: nn.Module, model_name: str) -> None:
+        self.model_name = model_name
+        self.paths = {id(m): name for name, m in module.named_modules(remove_duplicate=False)}
+        self.seeded: list[str] = []
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        saved: list[tuple[Any, str, Any]] = []
+
+        def patch(owner: Any, name: str, value: Any) -> None:
+            saved.append((owner, name, getattr(owner, name)))
+            setattr(owner, name, value)
+
+        for name in dir(np.random):
+            fn = getattr(np.random, name)
+            if not name.startswith("_") and callable(fn) and name not in _NUMPY_KEEP:
+                patch(np.random, name, self._refuse_draw(fn, f"numpy.random.{name}"))
+        for name in _RANDOM_DRAWS:
+            if hasattr(random, name):
+                patch(random, name, self._refuse_draw(getattr(random, name), f"random.{name}"))
+        for name in _CASTS:
+            patch(nn.Module, name, self._cast_guard(getattr(nn.Module, name), name))
+        patch(torch, "manual_seed", self._note_seed(torch.manual_seed))
+        patch(torch.random, "manual_seed", self._note_seed(torch.random.manual_seed))
+        patch(builtins, "len", _symbolic_len(builtins.len))
+        try:
+            yield
+        finally:
+            for owner, name, value in reversed(saved):
+                setattr(owner, name, value)
+
+    # ------------------------------------------------------------------ the guards
+    def _refuse_draw(self, fn: Callable[..., Any], what: str) -> Callable[..., Any]:
+        model = self.model_name
+
+        def guard(*args: Any, **kwargs: Any) -> Any:
+            if not _called_from_model():
+                return fn(*args, **kwargs)
+            raise ModelError(f"model {model} draws random values with {what} at {model_line()} inside forward; a "
+                             "captured step would reuse the values drawn at capture on every step: draw with torch "
+                             "(torch.rand, torch.bernoulli) or turn this option off")
+        return guard
+
+    def _cast_guard(self, method: Callable[..., Any], name: str) -> Callable[..., Any]:
+        guards = self
+
+        def cast(mod: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            if not _called_from_model():
+                return method(mod, *args, **kwargs)
+            dtype, device = _cast_target(name, args, kwargs)
+            tensors = [t for t in [*mod.parameters(), *mod.buffers()] if isinstance(t, torch.Tensor)]
+            differ = [t for t in tensors if (dtype is not None and t.is_floating_point() and t.dtype != dtype)
+                      or (device is not None and t.device.type != torch.device(device).type)]
+            if not differ:
+                return mod                     # already what it asks for: the cast does nothing
+            path = guards.paths.get(id(mod), "")
+            has = sorted({str(t.dtype).removeprefix("torch.") for t in differ})
+            want = str(dtype).removeprefix("torch.") if dtype is not None else str(device)
+            raise ModelError(f"model {guards.model_name}: module '{path}' ({type(mod).__name__}) casts itself to "
+                             f"{want} inside forward at {model_line()}, its parameters being {', '.join(has)}; a "
+                             "captured step keeps every parameter's dtype and device: cast the model before "
+                             "training instead")
+        return cast
+
+    def _note_seed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def seed(*args: Any, **kwargs: Any) -> Any:
+            if _called_from_model():
+                self.seeded.append(model_line())
+            return fn(*args, **kwargs)
+        return seed
+
+    def refuse_reseeding(self, draws_random: bool) -> None:
+        """Refuse a step that draws random values of a model that re-seeds torch's generator in forward."""
+        if self.seeded and draws_random:
+            raise ModelError(f"model {self.model_name} re-seeds torch's random generator inside forward at "
+                             f"{self.seeded[0]}, so that a later pass (a recomputation in backward) draws the "
+                             "same values again; a captured step draws each random op from a stream of its own, "
+                             "so those values would differ: train it with dropout off (probabilities 0)")
+
+
+def _cast_target(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[torch.dtype | None, Any]:
+    """(dtype, device) a module cast ``name`` asks for (None: left as it is)."""
+    if name == "to":
+        device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+        return dtype, device
+    if name == "type":
+        dst = args[0] if args else kwargs.get("dst_type")
+        return (dst if isinstance(dst, torch.dtype) else None), None
+    return {"float": torch.float32, "double": torch.float64, "half": torch.float16,
+            "bfloat16": torch.bfloat16}[name], None
+
+
+def _symbolic_len(real_len: Callable[[Any], int]) -> Callable[[Any], Any]:
+    """``len`` that gives a tensor's symbolic first size (the batch) when the model's own code asks for it."""
+    def length(obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor) and obj.dim() > 0:
+            size = obj.shape[0]
+            if isinstance(size, torch.SymInt) and size.node.expr.free_symbols and _called_from_model():
+                return size
+        return real_len(obj)
+    return length
+
+
+def shape_error_message(exc: BaseException, model_name: str) -> str | None:
+    """One line for a trace that stopped at an op whose output shape depends on tensor values (``nonzero``,
+    ``aten._ctc_loss``, boolean indexing), naming the op and the model's line; None for other errors."""
+    from torch._subclasses.fake_tensor import DynamicOutputShapeException
+
+    if not isinstance(exc, DynamicOutputShapeException):
+        return None
+    op = str(exc.args[0]) if exc.args else "an op"
+    where = traceback_line(exc)
+    return (f"model {model_name}: {op} has an output shape that depends on tensor values"
+            f"{' at ' + where if where else ''}; a training step is captured once for all inputs, so its "
+            "shapes must follow from the input shapes (pad to a fixed size, or mask instead of selecting)")

@@ -1,0 +1,155 @@
+"""Guards around a model's forward while it is traced (heterog.graph.forward_guards) and hand-written
+backwards: what a captured step cannot follow is refused in one line naming the model's line, what it can
+follow traces and trains as eager PyTorch does."""
+from __future__ import annotations
+
+import logging
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import heterog
+from heterog.errors import ModelError
+from heterog.runtime import capture_model_for_runtime, train_single_process
+
+LR = 0.1
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    logging.getLogger("heterog.graph.capture").setLevel(logging.ERROR)
+
+
+def _xy(batch: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(batch, 4, generator=g), torch.randint(0, 3, (batch,), generator=g)
+
+
+class Net(nn.Module):
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.drop = nn.Dropout(0.2)
+        self.mode = mode
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.mode == "numpy":
+            x = x * float(np.random.rand())
+        elif self.mode == "random":
+            x = x * random.random()
+        elif self.mode == "cast-same":
+            self.fc = self.fc.to(torch.float32)
+        elif self.mode == "cast-other":
+            self.fc = self.fc.to(torch.float64)
+        elif self.mode in ("seed", "seed-no-dropout"):
+            torch.manual_seed(3)
+        logits = self.fc(self.drop(x) if self.mode != "seed-no-dropout" else x)
+        if self.mode == "len":
+            logits = logits + torch.arange(len(logits)).unsqueeze(1) * 0.0
+        if self.mode == "literal":
+            logits = logits.view(6, 3)
+        return F.cross_entropy(logits, y)
+
+
+@pytest.mark.parametrize("mode, what", [("numpy", "numpy.random.rand"), ("random", "random.random")])
+def test_draws_outside_torch_are_refused_naming_the_line(mode, what) -> None:
+    with pytest.raises(ModelError) as info:
+        heterog.capture(Net(mode), _xy())
+    msg = str(info.value)
+    assert f"draws random values with {what} at " in msg and "test_forward_guards.py:" in msg and "\n" not in msg
+
+
+def test_a_module_casting_itself_to_what_it_is_does_nothing() -> None:
+    g = heterog.capture(Net("cast-same"), _xy())
+    plain = heterog.capture(Net("plain"), _xy())
+    assert [op.target for op in g.ops] == [op.target for op in plain.ops]
+
+
+def test_a_module_casting_itself_to_another_dtype_is_refused_naming_it() -> None:
+    with pytest.raises(ModelError, match=r"module 'fc' \(Linear\) casts itself to float64 inside forward at "
+                                         r".*test_forward_guards.py:\d+.*its parameters being float32"):
+        heterog.capture(Net("cast-other"), _xy())
+
+
+def test_reseeding_torch_is_refused_when_the_step_draws_random_values() -> None:
+    with pytest.raises(ModelError, match=r"re-seeds torch's random generator inside forward at "
+                                         r".*test_forward_guards.py:\d+ in forward\(\) \(torch.manual_seed\(3\)\)"):
+        heterog.capture(Net("seed"), _xy())
+    heterog.capture(Net("seed-no-dropout"), _xy())          # nothing random: the seed changes nothing
+
+
+def test_len_of_a_tensor_is_the_batch_symbol_and_a_literal_batch_is_still_refused() -> None:
+    m = capture_model_for_runtime(Net("len"), _xy(), lr=LR)
+    x, y = _xy(3)
+    loss, _, _ = m.prog.step(m.params, list(m.buffers), m.state, (x, y))       # another batch size runs
+    assert torch.isfinite(loss)
+    with pytest.raises(ModelError, match="fixes the batch size to 6"):
+        heterog.capture(Net("literal"), _xy())
+
+
+def test_an_op_whose_output_shape_depends_on_values_is_named() -> None:
+    class Ctc(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 5)
+
+        def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            logp = self.fc(x).log_softmax(-1).transpose(0, 1)                     # (T, B, C)
+            n = x.shape[0]
+            return F.ctc_loss(logp, targets, torch.full((n,), 7), torch.full((n,), 2))
+
+    g = torch.Generator().manual_seed(2)
+    with pytest.raises(ModelError) as info:
+        heterog.capture(Ctc(), (torch.randn(3, 7, 4, generator=g), torch.randint(1, 5, (3, 2), generator=g)))
+    msg = str(info.value)
+    assert "aten._ctc_loss" in msg and "depends on tensor values at" in msg and "test_forward_guards.py:" in msg
+
+
+class Recompute(torch.autograd.Function):
+    """A reversible layer's pattern: the forward keeps no graph; the backward runs the layer again and
+    accumulates its parameters' gradients into ``.grad`` (as Reformer's ``_ReversibleFunction``)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, layer: nn.Module) -> torch.Tensor:       # type: ignore[override]
+        ctx.save_for_backward(x)
+        ctx.layer = layer
+        with torch.no_grad():
+            return layer(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):                                      # type: ignore[override]
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            x = x.detach().requires_grad_(True)
+            out = ctx.layer(x)
+            torch.autograd.backward(out, grad)
+        return x.grad, None
+
+
+class Reversible(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(4, 4)
+        self.inner = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.head(Recompute.apply(self.embed(x), self.inner)), y)
+
+
+def test_a_hand_written_backward_trains_as_in_eager_pytorch() -> None:
+    torch.manual_seed(0)
+    module = Reversible()
+    x, y = _xy()
+    m = capture_model_for_runtime(module, (x, y), lr=LR)
+    _, values = train_single_process(m, [(x, y)], 1)
+    module.zero_grad()
+    module(x, y).backward()
+    for name, ph in zip(m.prog.param_names, m.prog.placeholders):
+        p = dict(module.named_parameters())[name]
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+        torch.testing.assert_close(values[ph], p.detach() - LR * p.grad, rtol=1e-5, atol=1e-6)
