@@ -27,7 +27,7 @@ The modules, bottom up (each imports only those above it in this list):
   sharded_state    sharded state's tasks and memory (ZeRO stages)
   offload          offloaded state's tasks, memory and host resources (ZeRO-Offload)
   coupled          the ops that couple samples: once over the whole batch, on one device
-  sync_stats       synchronized batch statistics: the synced batch norms, their STATISTICS tasks
+  sync_stats       synchronized batch statistics: the synced batch norms, the STATISTICS all-reduces they need
   ps               the load-aware parameter-server choice
   place            phases 1-3 -> ``Placement``: assign_configs, choose_ps, lay_out
   reshard          who needs what of values divided beyond the batch (splits, grids)

@@ -1,11 +1,13 @@
 """The one conversion engine: the tasks that give each reader of a value what it needs from where the value is
-made (collectives, landings, transfers, re-layouts, host copies), priced, with dependencies and order keys.
+made (collectives, landings, transfers, re-layouts, host copies, batch statistics), priced, with dependencies
+and order keys.
 
 Semantics: docs/design.md, "Placements" (the table of conversions, ``heterog.placement.conversion``), "Splits
 beyond the batch", "Sharded state" and "Offloading". Who needs what is decided by the modules that know the
 placement (``emit``: data-parallel layouts; ``reshard``: values divided beyond the batch and grids;
-``sharded_state``: state rows of a group's replicas; ``offload``: values in host memory); every task that
-converts a value between placements is produced here, by these routes:
+``sharded_state``: state rows of a group's replicas; ``offload``: values in host memory; ``sync_stats``: the
+statistics of synced batch norms); every task that converts a value between placements is produced here, by
+these routes:
 
   route          have (where it is made)              need (where it is read)            tasks
   collective     shards / partial sums / whole over   the table's need over the same     COLLECTIVE (+ landings:
@@ -21,12 +23,15 @@ converts a value between placements is produced here, by these routes:
   relayout       batch rows over a layout             batch rows over another layout     RELAYOUT + TRANSFER +
                                                                                           CONCAT
   host_copies    on a GPU (or on its host)            on its host (or on the GPU)        TRANSFER on a PCIe link
+  statistics     a synced batch norm's per-channel    their sum on every replica         STATISTICS (the
+                 sums on each replica                                                     AllReduce's links)
   trigger        -                                    a conversion waits for given ops   SYNC (no work)
 
 Prices: transfers ``latency + bytes / bandwidth`` of the path (``CostModel.transfer_times``); all-gather and
 reduce-scatter of uneven shards hop by hop (``CostModel.sharded_ring_times``), all-to-all as that ring passing
 1/n of each shard, all-reduce as ``CostModel.allreduce_times`` (summed partial results of a step as gradients,
-``gradient_allreduce_times``; the data-parallel AllReduce from ``CompileContext.allreduce``); re-layout cuts and
+``gradient_allreduce_times``; the data-parallel AllReduce from ``CompileContext.allreduce``, a synced batch
+norm's statistics as a value on the links of its first algorithm); re-layout cuts and
 joins as memory copies (``CostModel.copy_times``); host copies ``heterog.cost.host.pcie_time_s``. A collective of
 a value made in a layer whose measured time includes it (``CostModel.profiled_layers``) takes 0. A collective
 holds a ring's links (the data-parallel AllReduce its algorithm's), the NCCL stream where collectives are
@@ -270,6 +275,23 @@ class Engine:
         k = after.shape[1]
         self.deps(np.repeat(ids, k), after.ravel(), np.repeat(ops, k))
         return ids
+
+    def statistics(self, op: int, devices: tuple[int, ...], nbytes: float, after: np.ndarray) -> int:
+        """The all-reduce of a synced batch norm ``op``'s statistics (``nbytes``, ``heterog.compiler.sync_stats``)
+        over ``devices``, after its instances ``after``: a STATISTICS task priced as a value
+        (``CostModel.allreduce_times``, no time on one device), holding the links of the first algorithm of
+        ``CompileContext.allreduce``, the NCCL stream and the hosts where it spans several devices."""
+        dur = float(self.ctx.cost.allreduce_times(devices, np.array([nbytes]))[0][0])
+        res: tuple[int, ...] = ()
+        if len(devices) > 1:
+            costs = self.ctx.allreduce(devices)
+            nccl = (self.ctx.nccl_resource,) if self.ctx.nccl_resource >= 0 else ()
+            res = costs.links[0] + nccl + costs.hosts
+        s = int(self._tasks(dur=np.array([dur]), kind=TaskKind.STATISTICS, op=op, dev=-1, alloc=0.0,
+                            cat=TaskCategory.ALLREDUCE, prio_op=op, stage="compute", cls=1, tensor=0, sub=0, owner=op,
+                            res_len=len(res), res_idx=np.asarray(res, dtype=np.int64))[0])
+        self.deps(np.full(len(after), s), after, op)
+        return s
 
     def trigger(self, after: np.ndarray, *, op: int, tensor: int, prio_op: int, stage: str, cls: int, sub: int,
                 owner: int) -> int:

@@ -63,14 +63,14 @@ def emit_instances(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, 
                     micro=np.where(gi.has_batch[inst_op], lay.micro_flat[flat], -1))
     start = ids[np.concatenate([[0], np.cumsum(counts)])[:-1]] if len(ops) else ids
     prov.inst_start[ops] = start
+    conv = Engine(ctx, batch)
     if place.synced is not None:   # synced batch statistics: their all-reduce after the op's instances
-        sync_stats.emit_statistics(ctx, layouts, batch, ops, place.op_lay, place.synced, prov)
+        sync_stats.emit_statistics(ctx, layouts, conv, ops, place.op_lay, place.synced, prov)
     if place.state is not None:    # stages 1-2: the updated parameters (copied up from the host) all-gathered
-        conv = Engine(ctx, batch)
         ups = offload.emit_uploads(ctx, layouts, conv, ops, place.op_lay, place.state, prov) \
             if offload.offloads(place.state) else None
         sharded_state.emit_update_gathers(ctx, layouts, conv, ops, place.op_lay, place.state, prov, ups)
-        conv.flush()
+    conv.flush()
     if accumulates.any():
         acc = np.nonzero(accumulates)[0]
         batch.deps(ids[acc], start[rows[acc]] + (prev[acc] - lay.ptr[op_lay[rows[acc]]]), inst_op[acc])

@@ -1,6 +1,6 @@
 """The conversion engine (heterog.compiler.convert): every conversion task of a compiled plan (re-layouts, moves,
-pushes, collectives, landings, AllReduces, host copies) is made by it; its prices by hand on two GPUs over a
-10 GB/s, 5 us link; order keys of tasks numbered as made; re-layout pieces of uneven shares."""
+pushes, collectives, landings, AllReduces, host copies, synced batch statistics) is made by it; its prices by
+hand on two GPUs over a 10 GB/s, 5 us link; order keys of tasks numbered as made; re-layout pieces of uneven shares."""
 from __future__ import annotations
 
 import sys
@@ -56,9 +56,8 @@ def plans_of_every_kind(graph, cluster):
             for mix in mixes]
 
 
-def test_every_conversion_task_is_made_by_the_engine(monkeypatch):
-    graph = heterog.load_graph(GRAPHS / "tiny_transformer.json.gz")
-    cluster = heterog.load_cluster("paper-8gpu")
+def recorded_kinds(monkeypatch) -> dict[str, list[np.ndarray]]:
+    """Module name -> the kinds of the tasks it adds to a TaskBatch (filled as plans are compiled)."""
     made: dict[str, list[np.ndarray]] = {}
     add = TaskBatch.add
 
@@ -68,6 +67,13 @@ def test_every_conversion_task_is_made_by_the_engine(monkeypatch):
         return add(self, **kw)
 
     monkeypatch.setattr(TaskBatch, "add", recording_add)
+    return made
+
+
+def test_every_conversion_task_is_made_by_the_engine(monkeypatch):
+    graph = heterog.load_graph(GRAPHS / "tiny_transformer.json.gz")
+    cluster = heterog.load_cluster("paper-8gpu")
+    made = recorded_kinds(monkeypatch)
     cost = CostModel(cluster)
     counts: dict[int, int] = {}
     for s in plans_of_every_kind(graph, cluster):
@@ -84,6 +90,20 @@ def test_every_conversion_task_is_made_by_the_engine(monkeypatch):
     assert all(not v for v in elsewhere.values()), elsewhere
     assert set(CONVERSIONS) <= by_module["heterog.compiler.convert"]
     assert all(counts.get(int(k), 0) > 0 for k in CONVERSIONS), counts       # each kind was compiled
+
+
+def test_synced_batch_statistics_are_made_by_the_engine(monkeypatch):
+    graph = heterog.load_graph(GRAPHS / "resnet50_small.json.gz")
+    cluster = heterog.load_cluster("paper-8gpu")
+    made = recorded_kinds(monkeypatch)
+    group_of = heterog.baselines.run("single", graph, cluster).group_of
+    s = Strategy(graph.fingerprint, cluster.name, 8, graph.batch_size, group_of,
+                 [ParallelConfig.of([(0, 3), (1, 5)])] * (int(group_of.max()) + 1), sync_batch_stats=True)
+    plan = compile_strategy(graph, cluster, s, CostModel(cluster))
+    stats = int(np.count_nonzero(plan.task_kind == TaskKind.STATISTICS))
+    assert stats == int(np.count_nonzero(plan.placements.op_synced)) > 0       # one per synced batch norm
+    by_module = {m: set(np.concatenate(kinds).tolist()) for m, kinds in made.items()}
+    assert [m for m, kinds in by_module.items() if TaskKind.STATISTICS in kinds] == ["heterog.compiler.convert"]
 
 
 # ----------------------------------------------------------------------------------- prices
@@ -145,6 +165,24 @@ def test_a_collective_lands_its_result_and_holds_the_ring():
     task, on, owner = conv.batch.dependencies()
     assert sorted(zip(task.tolist(), on.tolist())) == [(0, 0), (0, 1), (1, 0), (2, 0), (3, 2)]
     assert set(owner.tolist()) == {ctx.index.n_ops + 3}
+
+
+def test_batch_statistics_are_all_reduced_as_a_value_on_the_ring():
+    ctx, conv = engine()
+    conv.batch.add(dur=np.ones(2), kind=TaskKind.COMPUTE, op=2, dev=[0, 1], alloc=0.0, cat=TaskCategory.FORWARD,
+                   prio_op=2, stage="compute", cls=0, tensor=0, sub=[0, 1], owner=2, res_len=1, res_idx=[0, 1])
+    two = conv.statistics(2, (0, 1), 24.0, np.array([0, 1]))          # after the op's instances 0 and 1
+    one = conv.statistics(3, (1,), 24.0, np.array([1]))
+    conv.flush()
+    tasks = conv.batch.tasks()
+    assert (two, one) == (2, 3) and [TaskKind(k) for k in tasks.kind[2:]] == [TaskKind.STATISTICS] * 2
+    # the ring over two devices: 2 steps of 5 us, each device sending half of 24 B twice; none on one device
+    np.testing.assert_allclose(tasks.dur[2:], [2 * ALPHA + 24 * BETA, 0.0], rtol=1e-9)
+    assert tasks.res_idx[tasks.res_ptr[2]:tasks.res_ptr[3]].tolist() == list(ctx.allreduce((0, 1)).links[0])
+    assert tasks.res_len.tolist()[2:] == [2, 0] and tasks.dev.tolist()[2:] == [-1, -1]
+    assert tasks.cat.tolist()[2:] == [TaskCategory.ALLREDUCE] * 2 and tasks.op.tolist()[2:] == [2, 3]
+    task, on, owner = conv.batch.dependencies()
+    assert sorted(zip(task.tolist(), on.tolist(), owner.tolist())) == [(2, 0, 2), (2, 1, 2), (3, 1, 3)]
 
 
 def test_tasks_added_behind_the_engines_back_are_refused():
