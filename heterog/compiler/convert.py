@@ -1,6 +1,5 @@
-"""The one conversion engine: the tasks that give each reader of a value what it needs from where the value is
-made (collectives, landings, transfers, re-layouts, host copies, batch statistics), priced, with dependencies
-and order keys.
+"""The one conversion engine: the tasks that give each reader of a value what it needs where it is made
+(collectives, landings, transfers, re-layouts, host copies, batch statistics), priced, with deps and order keys.
 
 Semantics: docs/design.md, "Placements" (the table of conversions, ``heterog.placement.conversion``), "Splits
 beyond the batch", "Sharded state" and "Offloading". Who needs what is decided by the modules that know the
