@@ -129,41 +129,34 @@ def covered(ctx: CompileContext) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------- the engine
-_ONE = ("dur", "kind", "op", "dev", "alloc", "cat", "prio_op", "stage", "cls", "tensor", "sub", "owner", "lag")
-
-
 class Engine:
     """The conversion tasks of one emission phase over ``batch`` (module docstring): made one at a time (scalar
     routes) or many at once (vectorised routes), numbered in the order made, added at ``flush``."""
 
     def __init__(self, ctx: CompileContext, batch: TaskBatch) -> None:
         self.ctx, self.batch = ctx, batch
-        self._one: dict[str, list] = {name: [] for name in _ONE}
-        self._one_res: list[tuple[int, ...]] = []
-        self._one_first = -1
-        self._dep: tuple[list[int], list[int], list[int]] = ([], [], [])
+        # tasks made one at a time: (dur, kind, op, dev, alloc, cat, prio_op, stage code, cls, tensor, sub,
+        # owner, lag) and resources, numbered from ``_first``
+        self._rows: list[tuple[Any, ...]] = []
+        self._res: list[tuple[int, ...]] = []
+        self._first = -1
+        self._deps: list[tuple[int, int, int]] = []
         self._sub: dict[int, int] = defaultdict(int)
 
     # -- making tasks
-    def _next(self) -> int:
-        return self.batch.first_id + self.batch.n + len(self._one_res)
-
     def _task(self, *, dur: float, kind: TaskKind, op: int, dev: int, alloc: float, cat: TaskCategory,
               prio_op: int, stage: str, cls: int, tensor: int, res: tuple[int, ...], owner: int,
               sub: int | None = None, lag: float = 0.0) -> int:
         """One task, numbered ``sub`` in its tensor (None: as made); returns its id."""
-        if not self._one_res:
-            self._one_first = self.batch.first_id + self.batch.n
-        tid = self._next()
+        rows = self._rows
+        if not rows:
+            self._first = self.batch.first_id + self.batch.n
         if sub is None:
             sub = self._sub[tensor]
-            self._sub[tensor] += 1
-        for name, val in (("dur", dur), ("kind", int(kind)), ("op", op), ("dev", dev), ("alloc", alloc),
-                          ("cat", int(cat)), ("prio_op", prio_op), ("stage", STAGE[stage]), ("cls", cls),
-                          ("tensor", tensor), ("sub", sub), ("owner", owner), ("lag", lag)):
-            self._one[name].append(val)
-        self._one_res.append(res)
-        return tid
+            self._sub[tensor] = sub + 1
+        rows.append((dur, int(kind), op, dev, alloc, int(cat), prio_op, STAGE[stage], cls, tensor, sub, owner, lag))
+        self._res.append(res)
+        return self._first + len(rows) - 1
 
     def _tasks(self, **cols: Any) -> np.ndarray:
         """Many tasks (``TaskBatch.add``'s arguments); returns their ids."""
@@ -171,25 +164,22 @@ class Engine:
         return self.batch.add(**cols)
 
     def _flush_tasks(self) -> None:
-        if not self._one_res:
+        if not self._rows:
             return
-        if self.batch.first_id + self.batch.n != self._one_first:
+        if self.batch.first_id + self.batch.n != self._first:
             raise AssertionError("tasks were added to the batch while conversion tasks were pending")
-        c = {name: np.asarray(v) for name, v in self._one.items()}
-        self.batch.add(dur=c["dur"].astype(np.float64), kind=c["kind"], op=c["op"], dev=c["dev"],
-                       alloc=c["alloc"].astype(np.float64), cat=c["cat"], prio_op=c["prio_op"], stage=c["stage"],
-                       cls=c["cls"], tensor=c["tensor"], sub=c["sub"], owner=c["owner"],
-                       res_len=np.array([len(r) for r in self._one_res], dtype=np.int64),
-                       res_idx=np.array([x for r in self._one_res for x in r], dtype=np.int64),
-                       lag=c["lag"].astype(np.float64))
-        self._one = {name: [] for name in _ONE}
-        self._one_res = []
+        dur, kind, op, dev, alloc, cat, prio_op, stage, cls, tensor, sub, owner, lag = \
+            (np.array(c) for c in zip(*self._rows))
+        self.batch.add(dur=dur.astype(np.float64), kind=kind, op=op, dev=dev, alloc=alloc.astype(np.float64),
+                       cat=cat, prio_op=prio_op, stage=stage, cls=cls, tensor=tensor, sub=sub, owner=owner,
+                       res_len=np.array([len(r) for r in self._res], dtype=np.int64),
+                       res_idx=np.array([x for r in self._res for x in r], dtype=np.int64),
+                       lag=lag.astype(np.float64))
+        self._rows, self._res = [], []
 
     def dep(self, task: int, on: int, owner: int) -> None:
         """``task`` waits for ``on`` (one dependency, added at ``flush``)."""
-        self._dep[0].append(task)
-        self._dep[1].append(on)
-        self._dep[2].append(owner)
+        self._deps.append((task, on, owner))
 
     def deps(self, task: npt.ArrayLike, on: npt.ArrayLike, owner: npt.ArrayLike) -> None:
         """``task[i]`` waits for ``on[i]`` (``TaskBatch.deps``)."""
@@ -198,9 +188,10 @@ class Engine:
     def flush(self) -> None:
         """Add the tasks and dependencies made one at a time to the batch (with the ids they were given)."""
         self._flush_tasks()
-        if self._dep[0]:
-            self.batch.deps(*(np.array(x, dtype=np.int64) for x in self._dep))
-            self._dep = ([], [], [])
+        if self._deps:
+            task, on, owner = np.array(self._deps, dtype=np.int64).T
+            self.batch.deps(task, on, owner)
+            self._deps = []
 
     # -- collectives over a group: the table's conversions
     def collective(self, kind: Conversion, devices: tuple[int, ...], nbytes: npt.ArrayLike, after: np.ndarray, *,
@@ -244,13 +235,14 @@ class Engine:
         ``nbytes`` there, after the collective. ``sub=None``: numbered as made."""
         alloc = nbytes * np.asarray(parts, dtype=np.float64)
         if sub is None:
-            out = np.empty(len(devices), dtype=np.int64)
-            for i, (d, a) in enumerate(zip(devices, alloc.tolist())):
-                out[i] = self._task(dur=0.0, kind=TaskKind.CONCAT, op=op, dev=int(d), alloc=a,
-                                    cat=TaskCategory.COLLECTIVE, prio_op=prio_op, stage="transfer", cls=cls,
-                                    tensor=tensor, res=(), owner=owner)
-                self.dep(int(out[i]), collective, owner)
-            return out
+            out = []
+            for d, a in zip(devices, alloc.tolist()):
+                tid = self._task(dur=0.0, kind=TaskKind.CONCAT, op=op, dev=int(d), alloc=a,
+                                 cat=TaskCategory.COLLECTIVE, prio_op=prio_op, stage="transfer", cls=cls,
+                                 tensor=tensor, res=(), owner=owner)
+                self._deps.append((tid, collective, owner))
+                out.append(tid)
+            return np.array(out, dtype=np.int64)
         dev = np.asarray(devices, dtype=np.int64)
         out = self._tasks(dur=np.zeros(len(dev)), kind=TaskKind.CONCAT, op=op, dev=dev, alloc=alloc,
                           cat=TaskCategory.COLLECTIVE, prio_op=prio_op, stage="transfer", cls=cls, tensor=tensor,
