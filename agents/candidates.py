@@ -21,6 +21,7 @@ from torch import Tensor
 from agents.settings import TrainerSettings
 from agents.tasks import GraphTask, TaskState
 from envs.actions import MICRO_CHOICES, SCHEDULE, full_plan, micro_batches, plan_length, plan_strategy, split_plan
+from heterog.errors import HeterogError
 from heterog.evaluate import reward
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -191,11 +192,17 @@ class Scorer:
         cache_size: results remembered per graph.
         workers: simulation processes (1: simulate here).
         ray_address: the Ray cluster whose workers simulate (None: a local Ray when ``workers`` > 1).
+        states, splits: the plans' configs are of the action space with state actions (after those of
+            ``splits``; ``envs.actions.plan_strategy``); such plans are simulated here only.
     """
 
     def __init__(self, tasks: list[GraphTask], oom_factor: float, cache_size: int, workers: int = 1,
-                 ray_address: str | None = None) -> None:
+                 ray_address: str | None = None, states: bool = False, splits: bool = False) -> None:
+        if states and (workers > 1 or ray_address is not None):
+            raise HeterogError("plans with state actions (sharded state) are simulated in this process: use one "
+                               "worker and no Ray address")
         self.oom_factor, self.cache_size, self.workers, self.ray_address = oom_factor, cache_size, workers, ray_address
+        self.states, self.splits = states, splits
         self.n_sims = 0                                       # simulations actually run (cache misses)
         self._cache: dict[str, OrderedDict] = {t.key: OrderedDict() for t in tasks}
         self._pool: Pool | None = None                        # simulation workers, started on first use
@@ -226,7 +233,8 @@ class Scorer:
         ev, n_groups = task.evaluator, task.n_groups
         plans = full_plan(actions, n_groups)
         if self.workers == 1 and self.ray_address is None or len(plans) <= 1:
-            return [ev.iteration_time(plan_strategy(ev, a, "agent")) for a in plans]
+            return [ev.iteration_time(plan_strategy(ev, a, "agent", states=self.states, splits=self.splits))
+                    for a in plans]
         from heterog.parallel import EvaluatorSpec, make_pool
 
         if self._pool is None:

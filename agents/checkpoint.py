@@ -106,10 +106,18 @@ def check_fits(state: dict[str, Any], n_devices: int, op_feature_dim: int | None
                                   f"(the feature layout changed)")
 
 
-def policy_from_checkpoint(state: dict[str, Any]) -> StrategyPolicy:
+def policy_from_checkpoint(state: dict[str, Any], state_actions: bool = False) -> StrategyPolicy:
     """The policy stored in a checkpoint, with its weights (parameters the checkpoint predates, the
-    plan-level heads, keep their initial values)."""
-    policy = StrategyPolicy.from_config(state["policy_config"])
+    plan-level heads, keep their initial values). ``state_actions``: with the state actions
+    (``PolicyConfig.state_actions``) even where the checkpoint's policy lacks them: their offsets then start
+    untrained (``agents.networks.plan.STATE_PRIOR``), so its greedy plans stay what they were."""
+    config = dict(state["policy_config"])
+    if state_actions and not config.get("state_actions", False):
+        if config.get("autoregressive", False):
+            raise CheckpointError("an autoregressive policy cannot gain the state actions (its action embedding "
+                                  "has one row per action); train one with them")
+        config["state_actions"] = True
+    policy = StrategyPolicy.from_config(config)
     policy.load_state_dict(state["policy_state"])
     return policy
 

@@ -21,7 +21,7 @@ from agents.networks import StrategyPolicy
 from agents.trainer import GraphTask, Trainer, TrainerSettings, bias_towards_data_parallel, plan_columns
 from envs.actions import full_plan, plan_strategy
 from envs.features import DEVICE_FEATURE_DIM, MAX_DEVICES, op_feature_dim
-from heterog.actions import SPLIT_ACTION_NAMES, n_actions
+from heterog.actions import SPLIT_ACTION_NAMES, STATE_BASES, STATE_CHOICES, n_actions, state_action, state_choice_name
 from heterog.errors import HeterogError
 from heterog.evaluate import Evaluator
 from heterog.planners import Planner
@@ -68,7 +68,7 @@ def plan(evaluator: PlanEvaluator, checkpoint: str | Path | dict | None = None, 
          budget_s: float | None = None, seed: int = 0, progress: bool = True, *,
          settings: TrainerSettings | None = None, size: str = "small", run_dir: str | Path | None = None,
          writer: SummaryWriter | None = None, workers: int = 1, ray_address: str | None = None,
-         splits: bool = False) -> Strategy:
+         splits: bool = False, sharded: bool = False) -> Strategy:
     """Search a strategy for ``evaluator.graph`` on ``evaluator.cluster`` with the learning agent.
 
     Args:
@@ -89,6 +89,12 @@ def plan(evaluator: PlanEvaluator, checkpoint: str | Path | dict | None = None, 
             this address (``heterog.parallel``; ``settings.workers`` when settings are given).
         splits: plan with the split actions (splits beyond the batch, ``PolicyConfig.split_actions``):
             start from ``PRETRAINED_SPLITS`` or, from scratch, a policy with them.
+        sharded: plan with the state actions too (``PolicyConfig.state_actions``: AllReduce data
+            parallelism keeping sharded state, ZeRO stage 1-3, optionally the optimizer state offloaded;
+            ``heterog.actions.STATE_CHOICES``). A checkpoint trained without them gains them untrained
+            (``agents.networks.plan.STATE_PRIOR``: its greedy plan picks none); zero-shot also compares
+            the uniform plans of each AllReduce scheme keeping each state choice with shards by memory.
+            Simulated in this process (one worker).
 
     Returns the best strategy found (its group configs, recomputed groups and micro-batches, as the agent
     chose them), method "agent", with meta ``search_time_s``, ``best_iteration_time_s``, ``oom``,
@@ -105,7 +111,7 @@ def plan(evaluator: PlanEvaluator, checkpoint: str | Path | dict | None = None, 
     if zero:
         if checkpoint is None:
             raise HeterogError("zero-shot planning (budget 0, no episodes) needs a checkpoint")
-        strategy = zero_shot(evaluator, checkpoint)
+        strategy = zero_shot(evaluator, checkpoint, states=sharded)
         strategy.meta.update({"search_time_s": time.perf_counter() - t0, "seed": seed, "checkpoint": source})
         return strategy
     if episodes is None and budget_s is None:
@@ -120,9 +126,9 @@ def plan(evaluator: PlanEvaluator, checkpoint: str | Path | dict | None = None, 
     try:
         m = evaluator.cluster.n_devices
         if checkpoint is not None:
-            policy = _load_policy(checkpoint, m)
+            policy = _load_policy(checkpoint, m, states=sharded)
         else:
-            policy = build_policy(m, size, seed, settings.initial_dp_bias, split_actions=splits)
+            policy = build_policy(m, size, seed, settings.initial_dp_bias, split_actions=splits, state_actions=sharded)
         task = GraphTask.from_evaluator(evaluator, layout=policy.feature_layout)
         trainer = Trainer(policy, [task], settings, writer=writer, run_dir=run_dir, ray_address=ray_address)
         try:
@@ -167,23 +173,27 @@ def start_checkpoint(checkpoint: str | Path | dict | None, n_devices: int,
     return None
 
 
-def _load_policy(checkpoint: str | Path | dict, n_devices: int, state: dict | None = None) -> StrategyPolicy:
-    """The checkpoint's policy, checked against ``n_devices`` (``state``: the checkpoint, if loaded)."""
+def _load_policy(checkpoint: str | Path | dict, n_devices: int, state: dict | None = None,
+                 states: bool = False) -> StrategyPolicy:
+    """The checkpoint's policy, checked against ``n_devices`` (``state``: the checkpoint, if loaded);
+    ``states``: with the state actions (``policy_from_checkpoint``)."""
     if state is None:
         state = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
     check_fits(state, n_devices, None, DEVICE_FEATURE_DIM,
                source=f"checkpoint {str(checkpoint)!r}" if not isinstance(checkpoint, dict) else "checkpoint")
-    return policy_from_checkpoint(state)
+    return policy_from_checkpoint(state, state_actions=states)
 
 
-def zero_shot(evaluator: Evaluator, checkpoint: str | Path | dict) -> Strategy:
+def zero_shot(evaluator: Evaluator, checkpoint: str | Path | dict, states: bool = False) -> Strategy:
     """The pretrained policy's plan for ``evaluator``'s graph and cluster without any update: its greedy plan (each
     group's most likely decision, ``agents.networks.most_likely_actions``, and its more likely recompute bit, and
     the most likely number of micro-batches; each coupled block its leader's, when the policy was trained with
     ``tie_blocks``), compared with the four data-parallel plans (every group under one DP action, one micro-batch,
     no recomputation) and, for a policy with split actions, the two cluster-wide splits (every group under
-    ``tp-even``, or ``tp-prop``); the fastest is returned (a plan out of memory counts ``oom_factor`` times slower,
-    as in training). Meta: ``policy_plan_s`` and ``policy_plan_oom`` (the greedy plan, before the comparison),
+    ``tp-even``, or ``tp-prop``) and, with ``states`` (the policy gains the state actions), the two AllReduce
+    schemes keeping each state choice with shards by memory (``ev-ar:s2-memory``, ...); the fastest is
+    returned (a plan out of memory counts ``oom_factor`` times slower, as in training). Meta: ``policy_plan_s``
+    and ``policy_plan_oom`` (the greedy plan, before the comparison),
     ``zero_shot`` True, ``kept`` ("policy" or the uniform plan's name), ``best_iteration_time_s``, ``oom``,
     ``episodes`` 0, ``rounds`` 0, ``micro_batches`` and ``recomputed_groups``."""
     import numpy as np
@@ -192,7 +202,7 @@ def zero_shot(evaluator: Evaluator, checkpoint: str | Path | dict) -> Strategy:
 
     m = evaluator.cluster.n_devices
     state = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
-    policy = _load_policy(checkpoint, m, state)
+    policy = _load_policy(checkpoint, m, state, states)
     policy.eval()
     task = GraphTask.from_evaluator(evaluator, layout=policy.feature_layout)
     with torch.no_grad():
@@ -206,9 +216,20 @@ def zero_shot(evaluator: Evaluator, checkpoint: str | Path | dict) -> Strategy:
     uniform = ("ev-ps", "ev-ar", "cp-ps", "cp-ar") + (SPLIT_ACTION_NAMES if policy.split_actions else ())
     candidates.update({name: full_plan(np.full(evaluator.n_groups, m + k, dtype=np.int64), evaluator.n_groups)
                        for k, name in enumerate(uniform)})
-    scored = {name: evaluator.iteration_time(plan_strategy(evaluator, a)) for name, a in candidates.items()}
+    if states:
+        for base in STATE_BASES:
+            for s, (_, by, _) in enumerate(STATE_CHOICES):
+                if by == "memory":
+                    a = state_action(m, m + base, s, policy.split_actions)
+                    candidates[f"{uniform[base]}:{state_choice_name(s)}"] = full_plan(
+                        np.full(evaluator.n_groups, a, dtype=np.int64), evaluator.n_groups)
+
+    def decode(a: np.ndarray, method: str = "") -> Strategy:
+        return plan_strategy(evaluator, a, method, states=states, splits=policy.split_actions)
+
+    scored = {name: evaluator.iteration_time(decode(a)) for name, a in candidates.items()}
     kept = max(scored, key=lambda name: (reward(*scored[name]), name == "policy"))
-    strategy = plan_strategy(evaluator, candidates[kept], "agent")
+    strategy = decode(candidates[kept], "agent")
     strategy.meta.update({"zero_shot": True, "kept": kept, "policy_plan_s": scored["policy"][0],
                           "policy_plan_oom": scored["policy"][1], "best_iteration_time_s": scored[kept][0],
                           "oom": scored[kept][1], "episodes": 0, "rounds": 0})

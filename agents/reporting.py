@@ -12,7 +12,7 @@ import numpy as np
 from agents.settings import TrainerView
 from agents.tasks import GraphTask
 from envs.actions import MICRO_CHOICES, full_plan, micro_batches
-from heterog.actions import n_actions, split_action_name
+from heterog.actions import n_actions, state_action_name
 from heterog.errors import HeterogError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -60,7 +60,8 @@ class TrainingLog:
         w.add_scalar("perf/round_s", stats["round_s"], step)
         if step % self.log_every == 0 or step == 1:
             w.add_histogram("actions/sampled", stats["actions"], step,
-                            bins=np.arange(n_actions(trainer.policy.n_devices, trainer.policy.split_actions) + 1) - 0.5)
+                            bins=np.arange(n_actions(trainer.policy.n_devices, trainer.policy.split_actions,
+                                                      trainer.policy.state_actions) + 1) - 0.5)
             if "micro_choices" in stats:
                 w.add_histogram("actions/micro_batch_choice", stats["micro_choices"], step,
                                 bins=np.arange(len(MICRO_CHOICES) + 1) - 0.5)
@@ -103,7 +104,7 @@ def breakdown_markdown(trainer: TrainerView) -> str:
         st = trainer.states[t.key]
         if st.best_actions is None:
             continue
-        rows = action_breakdown(t, np.asarray(st.best_actions))
+        rows = action_breakdown(t, np.asarray(st.best_actions), trainer.policy.split_actions)
         plan = plan_decisions(t, np.asarray(st.best_actions))
         out.append(f"**{t.name}** on {t.evaluator.cluster.name}: best {st.best_iteration_time_s * 1e3:.2f} ms"
                    f"{' (OOM)' if st.best_oom else ''}, {plan['micro_batches']} micro-batches, "
@@ -123,9 +124,10 @@ def plan_decisions(task: GraphTask, plan: np.ndarray) -> dict[str, int]:
             "recomputed_groups": int(full[task.n_groups:-1].sum())}
 
 
-def action_breakdown(task: GraphTask, actions: np.ndarray) -> list[dict[str, Any]]:
+def action_breakdown(task: GraphTask, actions: np.ndarray, splits: bool = False) -> list[dict[str, Any]]:
     """Per config action used by ``actions`` (a plan, or one config per group): groups, share of ops, share
-    of compute time."""
+    of compute time (``splits``: the actions' space has the split actions, which the state actions follow,
+    ``heterog.actions.state_action_name``)."""
     ev = task.evaluator
     m = ev.cluster.n_devices
     actions = np.asarray(actions)[:task.n_groups]
@@ -136,7 +138,7 @@ def action_breakdown(task: GraphTask, actions: np.ndarray) -> list[dict[str, Any
     for a in np.unique(actions).tolist():
         groups = int((np.asarray(actions) == a).sum())
         on = op_action == a
-        rows.append({"action": split_action_name(a, m), "groups": groups, "op_share": float(on.mean()),
+        rows.append({"action": state_action_name(a, m, splits), "groups": groups, "op_share": float(on.mean()),
                      "compute_share": float(op_time[on].sum() / total_time)})
     return rows
 

@@ -178,11 +178,12 @@ class Trainer:
         random.seed(settings.seed)
         torch.manual_seed(settings.seed)
         self.states = {t.key: TaskState() for t in tasks}
-        self.search = CandidateSearch(settings, n_actions(policy.n_devices, policy.split_actions), self.generator,
-                                      self.rng)
+        self.search = CandidateSearch(settings, n_actions(policy.n_devices, policy.split_actions,
+                                                          policy.state_actions), self.generator, self.rng)
         self._blocks: dict[str, BlockMoves] = {}                 # task key -> its coupled blocks
         self._imitation_weights: dict[str, Tensor] = {}          # task key -> its groups' imitation weights
-        self.scorer = Scorer(tasks, settings.oom_factor, settings.eval_cache_size, settings.workers, ray_address)
+        self.scorer = Scorer(tasks, settings.oom_factor, settings.eval_cache_size, settings.workers, ray_address,
+                             states=policy.state_actions, splits=policy.split_actions)
         self.report = TrainingLog(writer, run_dir, settings.log_every)
         # ---- counters, derived at run time (checkpointed; simulations run are counted by the scorer)
         self.rounds = 0            # updates done
@@ -390,7 +391,8 @@ class Trainer:
         (one micro-batch, no recomputation)."""
         from heterog.baselines.mcmc import start_actions
 
-        actions = uniform_plans(n_actions(task.inputs.n_devices, self.policy.split_actions), task.n_groups)  # (A, G)
+        actions = uniform_plans(n_actions(task.inputs.n_devices, self.policy.split_actions, self.policy.state_actions),
+                                task.n_groups)  # (A, G)
         hybrid = start_actions(task.evaluator, "cp-ar-ps-small", self.rng)
         if not (actions == hybrid).all(axis=1).any():
             actions = np.concatenate([actions, hybrid[None]])
@@ -509,7 +511,8 @@ class Trainer:
         state = self.states[task.key]
         if state.best_actions is None:
             raise HeterogError(f"no strategy sampled yet for {task.name}")
-        strategy = plan_strategy(task.evaluator, full_plan(state.best_actions, task.n_groups), "agent")
+        strategy = plan_strategy(task.evaluator, full_plan(state.best_actions, task.n_groups), "agent",
+                                 states=self.policy.state_actions, splits=self.policy.split_actions)
         strategy.meta.update({"best_iteration_time_s": state.best_iteration_time_s, "oom": state.best_oom,
                               "episodes": state.episodes, "rounds": self.rounds})
         return strategy

@@ -16,6 +16,11 @@ flat integer vector of length ``2 G + 1``:
   size is clipped to the largest number the batch allows (``min(batch, MAX_MICRO_BATCHES)``), so every
   index is valid on every graph.
 
+With state actions (``states``, the env's ``state_actions``) each group's config may also be one of the
+``2 N_STATE_CHOICES`` actions after those: DP-even-AR or DP-proportional-AR keeping sharded state (ZeRO
+stage 1, 2 or 3, shards even, by memory or by speed, the optimizer state on the GPU or offloaded to the
+host; ``heterog.actions.STATE_CHOICES``, ``heterog.actions.decode_state_action``).
+
 A vector of length ``G`` (the group configs alone) is the same plan with one micro-batch and no
 recomputation. Entries of padding groups (beyond the graph's real groups) are ignored.
 """
@@ -27,7 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from heterog.actions import n_actions
+from heterog.actions import apply_states, base_actions, n_actions
 from heterog.errors import StrategyError
 from heterog.strategy import MAX_MICRO_BATCHES, Strategy
 
@@ -46,11 +51,11 @@ def plan_length(n_groups: int) -> int:
     return 2 * int(n_groups) + 1
 
 
-def plan_nvec(n_devices: int, n_groups: int, splits: bool = False) -> np.ndarray:
+def plan_nvec(n_devices: int, n_groups: int, splits: bool = False, states: bool = False) -> np.ndarray:
     """The choices of every entry of a plan action (a ``MultiDiscrete``'s ``nvec``):
-    ``[A] * G + [2] * G + [len(MICRO_CHOICES)]``, ``A = n_actions(M, splits)``."""
+    ``[A] * G + [2] * G + [len(MICRO_CHOICES)]``, ``A = n_actions(M, splits, states)``."""
     g = int(n_groups)
-    return np.concatenate([np.full(g, n_actions(n_devices, splits)), np.full(g, 2),
+    return np.concatenate([np.full(g, n_actions(n_devices, splits, states)), np.full(g, 2),
                            [len(MICRO_CHOICES)]]).astype(np.int64)
 
 
@@ -95,21 +100,22 @@ def full_plan(action: npt.ArrayLike, n_groups: int) -> np.ndarray:
 
 
 def split_plan(action: npt.ArrayLike, n_real: int, n_slots: int, n_devices: int,
-               splits: bool = False) -> PlanAction:
+               splits: bool = False, states: bool = False) -> PlanAction:
     """The parts of one plan action over ``n_slots`` group slots (length ``n_slots`` or
     ``2 n_slots + 1``) for its first ``n_real`` groups; StrategyError for a wrong shape or an entry out of
-    range (``splits``: the split actions are in range)."""
+    range (``splits``: the split actions are in range; ``states``: the state actions too)."""
     a = np.asarray(action)
     if a.shape not in ((n_slots,), (plan_length(n_slots),)):
         raise StrategyError(f"action must have shape ({plan_length(n_slots)},) (configs, recompute bits, "
                             f"micro-batch choice) or ({n_slots},) (configs alone), got {a.shape}")
     a = full_plan(a.astype(np.int64), n_slots)
     groups, bits = a[:n_real], a[n_slots:n_slots + n_real]
-    n = n_actions(n_devices, splits)
+    n = n_actions(n_devices, splits, states)
     bad = np.flatnonzero((groups < 0) | (groups >= n))
     if len(bad):
         raise StrategyError(f"action {int(groups[bad[0]])} of group {int(bad[0])} is out of range "
-                            f"0..{n - 1} for {n_devices} devices{' with splits' if splits else ''}")
+                            f"0..{n - 1} for {n_devices} devices{' with splits' if splits else ''}"
+                            f"{' with state actions' if states else ''}")
     bad = np.flatnonzero((bits != KEEP) & (bits != RECOMPUTE))
     if len(bad):
         raise StrategyError(f"recompute bit {int(bits[bad[0]])} of group {int(bad[0])} is neither "
@@ -119,17 +125,23 @@ def split_plan(action: npt.ArrayLike, n_real: int, n_slots: int, n_devices: int,
 
 
 def plan_strategy(evaluator: Evaluator, action: npt.ArrayLike, method: str = "",
-                  n_slots: int | None = None) -> Strategy:
+                  n_slots: int | None = None, states: bool = False, splits: bool = False) -> Strategy:
     """Decode a plan action for ``evaluator``'s graph into a Strategy: its group configs
-    (``Evaluator.strategy``; split actions where the graph has split options), then its recomputed
-    groups and micro-batches (1F1B). ``n_slots``: the group
-    slots of the action (None: the graph's group count). ``meta["actions"]`` is the plan over the real
-    groups (length ``2 G + 1``), and ``meta`` gains ``micro_batches`` (the number) and
-    ``recomputed_groups`` (how many)."""
+    (``Evaluator.strategy``; split actions where the graph has split options; with ``states``, the space
+    with state actions after those of ``splits``: a state action is its AllReduce config keeping sharded
+    state, ``heterog.actions.apply_states``), then its recomputed groups and micro-batches (1F1B).
+    ``n_slots``: the group slots of the action (None: the graph's group count). ``meta["actions"]`` is
+    the plan over the real groups (length ``2 G + 1``), and ``meta`` gains ``micro_batches`` (the number)
+    and ``recomputed_groups`` (how many), and ``sharded`` where a group keeps sharded state."""
     n_groups = evaluator.n_groups
-    plan = split_plan(action, n_groups, n_groups if n_slots is None else n_slots, evaluator.cluster.n_devices,
-                      splits=True)
-    strategy = evaluator.strategy(plan.groups, method)
+    m = evaluator.cluster.n_devices
+    plan = split_plan(action, n_groups, n_groups if n_slots is None else n_slots, m, splits=splits or not states,
+                      states=states)
+    if states:
+        plain, choices = base_actions(plan.groups, m, splits)
+        strategy = apply_states(evaluator.strategy(plain, method), choices, evaluator.cluster)
+    else:
+        strategy = evaluator.strategy(plan.groups, method)
     k = micro_batches(plan.micro_index, strategy.batch_size)
     recomputed = [g for g in plan.recomputed if strategy.configs[g].split is None]
     if recomputed:

@@ -12,7 +12,7 @@ from gymnasium import spaces
 
 from envs.actions import PlanAction, plan_length, plan_nvec, plan_strategy, split_plan
 from envs.features import GraphFeatures, graph_features, observation_space, pad_observation
-from heterog.actions import n_actions, split_action_name
+from heterog.actions import n_actions, state_action_name
 from heterog.cluster.topology import Cluster
 from heterog.errors import HeterogError
 from heterog.evaluate import Evaluator, reward
@@ -58,7 +58,11 @@ class PlacementEnv(gym.Env[dict[str, Any], np.ndarray]):
       ``splits`` (splits beyond the batch, ``heterog.actions.decode_split_action``): ``M+4`` the group's
       parameters divided evenly over all devices (every device runs the whole batch on its part),
       ``M+5`` in proportion to device speed, ``M+6+d`` evenly over the devices of device d's server,
-      ``2M+6+d`` in proportion over them (a server of one device: model parallelism on it).
+      ``2M+6+d`` in proportion over them (a server of one device: model parallelism on it). With
+      ``state_actions``, ``2 * 18`` more after those: DP-even-AR (the first 18) and DP-proportional-AR
+      keeping sharded state, choice ``s = 9 o + 3 (stage - 1) + b`` (offload ``o``: 0 none, 1 the optimizer
+      state on the host; ZeRO stage 1-3; shards ``b``: 0 even, 1 by memory, 2 by speed;
+      ``heterog.actions.STATE_CHOICES``); where the config has one replica the state is dropped.
     - ``[max_groups, 2 * max_groups)``: one recompute bit per group, ``0`` keep its forward activations,
       ``1`` free them after the forward and recompute them before the group's backward.
     - ``2 * max_groups``: the number of micro-batches, an index into ``MICRO_CHOICES = (1, 2, 4, 8, 16)``
@@ -93,8 +97,9 @@ class PlacementEnv(gym.Env[dict[str, Any], np.ndarray]):
     ``-sqrt(iteration_time_s)`` of the simulated training iteration, multiplied by ``oom_factor``
     when any device runs out of memory. ``info`` carries ``iteration_time_s``, ``oom``,
     ``peak_memory_bytes`` (device -> bytes), ``compute_time_s``, ``comm_time_s``, ``overlap_ratio``,
-    ``graph``, ``n_groups``, ``micro_batches`` (the number chosen, after clipping) and
-    ``recomputed_groups`` (how many real groups recompute).
+    ``graph``, ``n_groups``, ``micro_batches`` (the number chosen, after clipping),
+    ``recomputed_groups`` (how many real groups recompute) and ``sharded_groups`` (how many keep sharded
+    state). The Evaluator prices sharded state and offloading (memory, communication, the host step).
 
     ## Starting State
     The observation of one graph: with several graphs, ``reset`` draws one uniformly from
@@ -120,6 +125,8 @@ class PlacementEnv(gym.Env[dict[str, Any], np.ndarray]):
     - ``order``: task order of the scheduler (``heterog.scheduler.ORDERS``); ``"best"`` (default) keeps,
       per plan, the faster of rank-contention and FIFO.
     - ``splits``: offer the split actions (default False); every graph needs its per-op split options.
+    - ``state_actions``: offer the state actions (default False: the shipped policies were trained
+      without them).
     - ``render_mode``: None or ``"ansi"`` (a text summary of the last plan).
     """
 
@@ -129,7 +136,7 @@ class PlacementEnv(gym.Env[dict[str, Any], np.ndarray]):
                  cluster: Cluster | str = DEFAULT_CLUSTER, *, batch_size: int | None = None, optimizer: str = "sgd",
                  max_groups: int | None = None, max_ops: int | None = None, max_edges: int | None = None,
                  max_devices: int | None = None, oom_factor: float = 10.0, order: str = DEFAULT_ORDER,
-                 splits: bool = False, render_mode: str | None = None) -> None:
+                 splits: bool = False, state_actions: bool = False, render_mode: str | None = None) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise HeterogError(f"render_mode {render_mode!r} is not supported (use None or 'ansi')")
         if max_groups is not None and max_groups < 1:
@@ -143,6 +150,7 @@ class PlacementEnv(gym.Env[dict[str, Any], np.ndarray]):
         if unsplittable:
             raise HeterogError(f"splits=True needs the per-op split options, which these graphs lack: {unsplittable}")
         self.splits = bool(splits)
+        self.state_actions = bool(state_actions)
         self.evaluators = [Evaluator(g, self.cluster, order=order, max_groups=max_groups or 2000)
                            for g in self.graphs]
         if max_devices is not None and not 1 <= self.cluster.n_devices <= max_devices:
@@ -162,7 +170,8 @@ class PlacementEnv(gym.Env[dict[str, Any], np.ndarray]):
         self.n_devices = self.cluster.n_devices
         self.observation_space = observation_space(self.n_devices, self.max_ops, self.max_edges, self.max_groups,
                                                    max_devices)
-        self.action_space = spaces.MultiDiscrete(plan_nvec(self.n_devices, self.max_groups, self.splits))
+        self.action_space = spaces.MultiDiscrete(plan_nvec(self.n_devices, self.max_groups, self.splits,
+                                                           self.state_actions))
         self.graph_index = 0
         self._needs_reset = True
         self._last: dict[str, Any] | None = None
@@ -186,11 +195,13 @@ class PlacementEnv(gym.Env[dict[str, Any], np.ndarray]):
             raise gym.error.ResetNeeded("the plan is complete (terminated); call reset() before step()")
         plan = self.plan_action(action)
         ev = self.evaluators[self.graph_index]
-        strategy = plan_strategy(ev, action, "env", n_slots=self.max_groups)
+        strategy = plan_strategy(ev, action, "env", n_slots=self.max_groups, states=self.state_actions,
+                                 splits=self.splits)
         result = ev.evaluate(strategy, detail=True)
         r = reward(result.iteration_time_s, result.oom, self.oom_factor)
         info = {"graph": self.graphs[self.graph_index].name, "n_groups": len(plan.groups),
                 "micro_batches": strategy.n_micro, "recomputed_groups": len(strategy.recompute),
+                "sharded_groups": sum(c.sharded is not None for c in strategy.configs),
                 "iteration_time_s": result.iteration_time_s, "oom": result.oom,
                 "peak_memory_bytes": dict(result.peak_memory_bytes), "compute_time_s": result.compute_time_s,
                 "comm_time_s": result.comm_time_s, "overlap_ratio": result.overlap_ratio}
@@ -204,8 +215,9 @@ class PlacementEnv(gym.Env[dict[str, Any], np.ndarray]):
         name = self.graphs[self.graph_index].name
         if self._last is None:
             return f"{name} on {self.cluster.name}: {self.features[self.graph_index].n_groups} groups, no plan yet\n"
-        counts = np.bincount(self._last["actions"], minlength=n_actions(self.n_devices, self.splits))
-        parts = ", ".join(f"{split_action_name(a, self.n_devices)}={c}" for a, c in enumerate(counts) if c)
+        counts = np.bincount(self._last["actions"],
+                             minlength=n_actions(self.n_devices, self.splits, self.state_actions))
+        parts = ", ".join(f"{state_action_name(a, self.n_devices, self.splits)}={c}" for a, c in enumerate(counts) if c)
         return (f"{name} on {self.cluster.name}: iteration {self._last['iteration_time_s'] * 1e3:.2f} ms"
                 f"{' (OOM)' if self._last['oom'] else ''}; groups: {parts}; "
                 f"{self._last['micro_batches']} micro-batches, {self._last['recomputed_groups']} of "
@@ -225,7 +237,7 @@ class PlacementEnv(gym.Env[dict[str, Any], np.ndarray]):
         Raises StrategyError for a wrong shape or an entry out of range.
         """
         return split_plan(action, self.features[self.graph_index].n_groups, self.max_groups, self.n_devices,
-                          self.splits)
+                          self.splits, self.state_actions)
 
     def group_actions(self, action: npt.ArrayLike) -> np.ndarray:
         """The real groups' config actions of an action (either length, see :meth:`plan_action`)."""

@@ -10,6 +10,16 @@ and, in the action space with splits beyond the batch (``n_actions(M, splits=Tru
   M+5           tp-prop: ... in proportion to device speed
   M+6+d         tp-even over the devices of device d's server (d = 0..M-1)
   2M+6+d        tp-prop over the devices of device d's server
+and, in an action space with state actions (``n_actions(M, splits, states=True)``), 2 S more after those
+(S = ``N_STATE_CHOICES`` = 18), the AllReduce data-parallel actions keeping sharded state:
+  A + s         DP-even-AR keeping state choice s        (A = ``n_actions(M, splits)``, s = 0..S-1)
+  A + S + s     DP-proportional-AR keeping state choice s
+where choice s is ``STATE_CHOICES[s]`` = (stage, shard sizing, offload): offload "none" then "optimizer",
+within each stage 1, 2, 3, within each shards even, by memory, by speed (``heterog.sharded.SHARD_BY``), so
+s = 9 o + 3 (stage - 1) + by. A config with fewer than two replicas keeps no sharded state (the state
+choice is dropped: the plain AllReduce config); one with a replica on a server without a host keeps its
+optimizer state on the GPUs (the offload is dropped). ``state_action``, ``state_of``, ``decode_state_action``,
+``with_state``, ``state_choice`` and ``encode_strategy`` (a plan's configs back to actions) read this table.
 The offsets are stated once here (``N_DP_ACTIONS``, ``N_CLUSTER_SPLIT_ACTIONS``, ``cluster_split_action``,
 ``server_split_action``, ``device_action_blocks``); the env (``envs.actions``) and the policy's heads
 (``agents.networks``) read them. ``decode_action`` turns an action of the first M + 4 into a ParallelConfig,
@@ -19,11 +29,15 @@ The core uses this encoding too (the Evaluator, local search, the comparison's t
 """
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import reduce
+from math import gcd
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from heterog.errors import StrategyError
+from heterog.sharded import SHARD_BY, ShardedState, state_weights
 from heterog.shares import Floats, even_shares, proportional_shares, split_weights
 from heterog.strategy import ParallelConfig, Strategy
 
@@ -38,20 +52,129 @@ N_CLUSTER_SPLIT_ACTIONS = 2
 """The split actions over the whole cluster (``M+4``, ``M+5``), named by ``SPLIT_ACTION_NAMES``; then one
 pointer per device for its server, even and proportional."""
 SPLIT_ACTION_NAMES = ("tp-even", "tp-prop")
+STATE_OFFLOADS = ("none", "optimizer")
+STATE_CHOICES: tuple[tuple[int, str, str], ...] = tuple(
+    (stage, by, offload) for offload in STATE_OFFLOADS for stage in (1, 2, 3) for by in SHARD_BY)
+"""The sharded-state choices of the state actions, (ZeRO stage, shard sizing, offload), in their order."""
+N_STATE_CHOICES = len(STATE_CHOICES)
+STATE_BASES = (1, 3)
+"""The data-parallel actions (offsets from ``M``: DP-even-AR, DP-proportional-AR) that have state actions."""
 
 
-def n_actions(n_devices: int, splits: bool = False) -> int:
+def n_actions(n_devices: int, splits: bool = False, states: bool = False) -> int:
     """Actions per group on ``n_devices`` devices: ``M + 4``, or with ``splits`` beyond the batch
     ``3 M + 6`` (the two cluster-wide splits, then an even and a proportional split over each device's
-    server)."""
+    server); with ``states`` ``2 N_STATE_CHOICES`` more (the AllReduce actions keeping sharded state)."""
     m = int(n_devices)
-    return m + N_DP_ACTIONS + ((N_CLUSTER_SPLIT_ACTIONS + 2 * m) if splits else 0)
+    return (m + N_DP_ACTIONS + ((N_CLUSTER_SPLIT_ACTIONS + 2 * m) if splits else 0)
+            + (len(STATE_BASES) * N_STATE_CHOICES if states else 0))
 
 
-def devices_of(n_actions_: int, splits: bool = False) -> int:
+def devices_of(n_actions_: int, splits: bool = False, states: bool = False) -> int:
     """``M``, the devices of an action space of ``n_actions_`` actions (the inverse of ``n_actions``)."""
-    extra = int(n_actions_) - N_DP_ACTIONS - (N_CLUSTER_SPLIT_ACTIONS if splits else 0)
+    extra = (int(n_actions_) - N_DP_ACTIONS - (N_CLUSTER_SPLIT_ACTIONS if splits else 0)
+             - (len(STATE_BASES) * N_STATE_CHOICES if states else 0))
     return extra // 3 if splits else extra
+
+
+def state_choice_name(choice: int) -> str:
+    """``s<stage>-<sizing>``, with ``+offload`` where the optimizer state is offloaded."""
+    stage, by, offload = STATE_CHOICES[int(choice)]
+    return f"s{stage}-{by}" + ("+offload" if offload != "none" else "")
+
+
+def state_action(n_devices: int, base: int, choice: int, splits: bool = False) -> int:
+    """The state action of AllReduce data-parallel action ``base`` (``M + 1`` or ``M + 3``) keeping state
+    choice ``choice`` (an index into ``STATE_CHOICES``), in the action space of ``splits``."""
+    m = int(n_devices)
+    k = int(base) - m
+    if k not in STATE_BASES or not 0 <= int(choice) < N_STATE_CHOICES:
+        raise StrategyError(f"no state action for action {int(base)} with state choice {int(choice)} on {m} devices "
+                            f"(bases {[m + b for b in STATE_BASES]}, choices 0..{N_STATE_CHOICES - 1})")
+    return n_actions(m, splits) + STATE_BASES.index(k) * N_STATE_CHOICES + int(choice)
+
+
+def state_of(action: int, n_devices: int, splits: bool = False) -> tuple[int, int] | None:
+    """``(base action, state choice)`` of a state action of the action space of ``splits``; None for an
+    action before them (StrategyError past them)."""
+    m, a = int(n_devices), int(action)
+    k = a - n_actions(m, splits)
+    if k < 0:
+        return None
+    if k >= len(STATE_BASES) * N_STATE_CHOICES:
+        raise StrategyError(f"action {a} is out of range for {m} devices with state actions "
+                            f"(valid: 0..{n_actions(m, splits, states=True) - 1})")
+    return m + STATE_BASES[k // N_STATE_CHOICES], k % N_STATE_CHOICES
+
+
+def base_actions(actions: Sequence[int] | np.ndarray, n_devices: int, splits: bool = False
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Actions of the space with state actions split into their plain actions and state choices (-1: none).
+    Shapes: ``(..., G)`` -> two ``(..., G)``."""
+    a = np.asarray(actions, dtype=np.int64)
+    first = n_actions(n_devices, splits)
+    k = a - first
+    if (k >= len(STATE_BASES) * N_STATE_CHOICES).any():
+        raise StrategyError(f"action {int(a.max())} is out of range for {int(n_devices)} devices with state actions "
+                            f"(valid: 0..{n_actions(n_devices, splits, states=True) - 1})")
+    held = k >= 0
+    bases = np.asarray([int(n_devices) + b for b in STATE_BASES], dtype=np.int64)
+    plain = np.where(held, bases[np.clip(k, 0, None) // N_STATE_CHOICES], a)
+    return plain, np.where(held, k % N_STATE_CHOICES, -1)
+
+
+def holds_state(cfg: ParallelConfig) -> bool:
+    """Whether ``cfg`` can keep sharded state: an AllReduce data-parallel config of 2+ replicas, unsplit."""
+    return cfg.sync == "allreduce" and cfg.split is None and len(cfg.devices) > 1
+
+
+def _lowest_terms(weights: tuple[int, ...]) -> tuple[int, ...]:
+    d = reduce(gcd, weights)
+    return tuple(w // d for w in weights)
+
+
+def can_offload(devices: Sequence[int], cluster: "Cluster") -> bool:
+    """Whether every one of ``devices`` has a host to offload state to (its server's ``host:`` entry)."""
+    return all(cluster.servers[int(cluster.server_of[int(d)])].host is not None for d in devices)
+
+
+def with_state(cfg: ParallelConfig, choice: int, cluster: "Cluster") -> ParallelConfig:
+    """``cfg`` keeping state choice ``choice`` (shard weights in lowest terms), or ``cfg`` as it is where it
+    cannot (``holds_state``); a choice that offloads keeps its state on the GPUs where a replica's server
+    has no host (``can_offload``)."""
+    if not holds_state(cfg):
+        return cfg
+    stage, by, offload = STATE_CHOICES[int(choice)]
+    if offload != "none" and not can_offload(cfg.devices, cluster):
+        offload = "none"
+    weights = _lowest_terms(state_weights(by, cfg.devices, cluster))
+    return replace(cfg, sharded=ShardedState(stage, weights, offload))
+
+
+def state_choice(cfg: ParallelConfig, cluster: "Cluster") -> int | None:
+    """The state choice ``cfg``'s sharded state is (the first of ``STATE_CHOICES`` whose shards are the same
+    fractions), None where it keeps none; StrategyError where no choice gives it."""
+    held = cfg.sharded
+    if held is None:
+        return None
+    if holds_state(cfg):
+        for s, (stage, by, offload) in enumerate(STATE_CHOICES):
+            if (stage, offload) == (held.stage, held.offload) and np.allclose(
+                    ShardedState(stage, state_weights(by, cfg.devices, cluster), offload).fractions, held.fractions):
+                return s
+    raise StrategyError(f"sharded state {held.to_dict()} of a {cfg.sync} config on devices {list(cfg.devices)} "
+                        f"is none of the state actions' choices")
+
+
+def decode_state_action(action: int, cluster: "Cluster", batch_size: int, splits: bool = False,
+                        weights: Floats | None = None) -> ParallelConfig:
+    """The decoding of a state action (``state_of``): its AllReduce config (``decode_action``) keeping the
+    chosen sharded state (``with_state``)."""
+    found = state_of(action, cluster.n_devices, splits)
+    if found is None:
+        raise StrategyError(f"action {int(action)} is not a state action on {cluster.n_devices} devices")
+    base, choice = found
+    return with_state(decode_action(base, cluster.n_devices, batch_size, cluster.power, weights), choice, cluster)
 
 
 def cluster_split_action(n_devices: int, proportional: bool = False) -> int:
@@ -148,11 +271,50 @@ def decode_split_action(action: int, cluster: "Cluster", batch_size: int,
     return ParallelConfig.split_over(devs, split_weights(speed) if proportional else [1] * len(devs), batch_size)
 
 
+def apply_states(strategy: Strategy, choices: Sequence[int] | np.ndarray, cluster: "Cluster") -> Strategy:
+    """``strategy`` with each group of state choice ``choices[g] >= 0`` keeping it (``with_state``; -1: as it
+    is); groups that shared a config share its variant. ``meta["sharded"]`` lists each group's sharded state
+    (None or ``ShardedState.to_dict()``) where any group keeps some."""
+    made: dict[tuple[int, int], ParallelConfig] = {}
+    configs = list(strategy.configs)
+    for g, s in enumerate(np.asarray(choices, dtype=np.int64).tolist()):
+        if s >= 0:
+            key = (id(configs[g]), s)
+            if key not in made:
+                made[key] = with_state(configs[g], s, cluster)
+            configs[g] = made[key]
+    meta = dict(strategy.meta)
+    meta.pop("sharded", None)
+    if any(c.sharded is not None for c in configs):
+        meta["sharded"] = [None if c.sharded is None else c.sharded.to_dict() for c in configs]
+    return replace(strategy, configs=configs, meta=meta)
+
+
+def state_action_name(action: int, n_devices: int, splits: bool = False) -> str:
+    """The name of an action of the space with state actions: ``split_action_name``'s (``action_name``'s
+    without ``splits``) before them, ``<base>:<state choice>`` for a state action (``dp-even-ar:s3-memory``)."""
+    found = state_of(action, n_devices, splits)
+    if found is None:
+        return split_action_name(action, n_devices) if splits else action_name(action, n_devices)
+    base, choice = found
+    return f"{DP_ACTION_NAMES[base - int(n_devices)]}:{state_choice_name(choice)}"
+
+
 def strategy_from_actions(actions: Sequence[int] | np.ndarray, group_of: np.ndarray, graph: "OpGraph",
-                          cluster: "Cluster", method: str = "", weights: np.ndarray | None = None) -> Strategy:
+                          cluster: "Cluster", method: str = "", weights: np.ndarray | None = None,
+                          states: bool = False, splits: bool = False) -> Strategy:
     """Decode one action per group (of the M + 4, or split actions where the graph has split options)
     into a Strategy. ``weights`` (G, M) optionally gives per-group device speeds for proportional shares
-    (otherwise device peak FLOP/s)."""
+    (otherwise device peak FLOP/s). ``states``: the actions are of the space with state actions after those
+    of ``splits`` (the state actions decode as ``decode_state_action``; ``meta["sharded"]`` then lists each
+    group's sharded state, None or ``ShardedState.to_dict()``, where any group keeps some)."""
+    if states:
+        plain, choices = base_actions(actions, cluster.n_devices, splits)
+        if not splits and len(plain) and plain.max() >= cluster_split_action(cluster.n_devices):
+            raise StrategyError(f"action {int(plain.max())} is a split action, which this space without splits lacks")
+        out = apply_states(strategy_from_actions(plain, group_of, graph, cluster, method, weights), choices, cluster)
+        out.meta["actions"] = np.asarray(actions, dtype=np.int64).tolist()
+        return out
     codes = np.asarray(actions, dtype=np.int64)
     n_groups = int(group_of.max()) + 1 if len(group_of) else 0
     if codes.shape != (n_groups,):
@@ -179,3 +341,33 @@ def strategy_from_actions(actions: Sequence[int] | np.ndarray, group_of: np.ndar
             configs.append(decode(a, weights[g]))
     return Strategy(graph.fingerprint, cluster.name, m, graph.batch_size, group_of, configs, method,
                     meta={"actions": codes.tolist()})
+
+
+def encode_strategy(strategy: Strategy, cluster: "Cluster", splits: bool = False, states: bool = False) -> np.ndarray:
+    """The actions that decode into ``strategy``'s configs (``strategy_from_actions`` with device peak FLOP/s
+    shares, of the space of ``splits`` and ``states``): each group's config matched against the decoding of
+    every action, a config keeping sharded state by its plain action and ``state_choice``. StrategyError
+    names the first group whose config no action gives. Shapes: -> ``(G,)``."""
+    m, batch = cluster.n_devices, strategy.batch_size
+    plain = [decode_action(a, m, batch, cluster.power) for a in range(n_actions(m))]
+    if splits:
+        plain += [decode_split_action(a, cluster, batch) for a in range(n_actions(m), n_actions(m, splits=True))]
+    found: dict[int, int] = {}
+    out = np.empty(strategy.n_groups, dtype=np.int64)
+    for g, cfg in enumerate(strategy.configs):
+        if id(cfg) not in found:
+            bare = replace(cfg, sharded=None)
+            matches = [a for a, c in enumerate(plain) if c == bare]
+            choice = state_choice(cfg, cluster) if states else None
+            if cfg.sharded is not None and not states:
+                matches = []
+            if choice is not None:
+                matches = [state_action(m, a, choice, splits) for a in matches if a - m in STATE_BASES]
+            if not matches:
+                raise StrategyError(f"group {g}'s config (devices {list(cfg.devices)}, {cfg.sync}"
+                                    f"{', sharded' if cfg.sharded is not None else ''}) is no action's decoding "
+                                    f"on {m} devices{' with splits' if splits else ''}"
+                                    f"{' with state actions' if states else ''}")
+            found[id(cfg)] = matches[0]
+        out[g] = found[id(cfg)]
+    return out

@@ -8,7 +8,9 @@ too (all-gathered before their use in forward and again in backward). Replica i 
 sum(weights)`` of every sharded tensor of the group. ``offload="optimizer"`` keeps each replica's part of
 the optimizer state in its server's host memory and steps it on the host CPU; stage 0 (nothing sharded:
 each replica offloads the whole state) and a config of one device (ZeRO-Offload on one GPU) exist only
-with it. The runtime runs every stage and offloaded optimizer state (``heterog.runtime.state_lowering``).
+with it. ``offload="parameters"`` (stage 3) keeps the parameter shards there too: copied up before each
+gather, stepped and kept on the host (ZeRO-Infinity's parameter offload to CPU memory). The runtime runs
+every stage and both offloads (``heterog.runtime.state_lowering``).
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ STAGES = (0, 1, 2, 3)
 SHARD_BY = ("even", "memory", "speed")
 # where each replica's part of the state lives: "none" on its GPU; "optimizer": the optimizer state (with
 # the fp32 master parameters and gradients the host step needs) in host memory, stepped on the host CPU;
-# "parameters": that and, at stage 3, the parameter shards too (not priced yet: the compiler refuses it)
+# "parameters": that and, at stage 3, the parameter shards too (copied up before each gather)
 OFFLOADS = ("none", "optimizer", "parameters")
 
 
@@ -92,16 +94,3 @@ def state_weights(by: str, devices: Sequence[int], cluster: Cluster | None = Non
     values = np.asarray(cluster.memory_bytes if by == "memory" else cluster.power, dtype=np.float64)[devs]
     return tuple(split_weights(values))
 
-
-class SimulatorOnlyError(StrategyError):
-    """A plan that the runtime does not run."""
-
-
-def refuse_in_runtime(configs: Sequence[object]) -> None:
-    """Raise ``SimulatorOnlyError`` if any of ``configs`` (a strategy's ParallelConfigs) offloads its
-    parameters (priced by neither the simulator nor the runtime yet); the runtime runs every stage and
-    offloaded optimizer state (``heterog.runtime.state_lowering``)."""
-    held = [s for c in configs if (s := getattr(c, "sharded", None)) is not None]
-    if any(s.offload == "parameters" for s in held):
-        raise SimulatorOnlyError("offloaded parameters (offload='parameters') do not run yet: offload the "
-                                 "optimizer state (offload='optimizer')")

@@ -42,11 +42,12 @@ def layer(sequence: nn.Sequential, index: int, kind: type[ModuleT]) -> ModuleT:
     return module
 
 
-def pointer_blocks(width: int, splits: bool = False) -> list[tuple[int, int]]:
+def pointer_blocks(width: int, splits: bool = False, states: bool = False) -> list[tuple[int, int]]:
     """The pointer blocks of a row of ``width`` logits: the ``[start, end)`` column ranges with one action
     per device, model parallelism and, with split actions, the even and the proportional split over each
-    device's server (``heterog.actions.device_action_blocks``)."""
-    return device_action_blocks(devices_of(width, splits), splits)
+    device's server (``heterog.actions.device_action_blocks``); ``states``: the row ends with the state
+    actions (single actions)."""
+    return device_action_blocks(devices_of(width, splits, states), splits)
 
 
 def require(condition: bool, message: str) -> None:

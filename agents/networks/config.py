@@ -65,6 +65,12 @@ class PolicyConfig:
     divide the group's parameters over all devices, evenly or in proportion, then one even and one
     proportional pointer per device for its server; ``heterog.actions.decode_split_action``)."""
 
+    state_actions: bool = False
+    """The action space with state actions: ``2 N_STATE_CHOICES`` more logits per group after the others,
+    DP-even-AR and DP-proportional-AR keeping sharded state (``heterog.actions.state_action``), each the
+    AllReduce action's logit plus a learnt offset (``PlanHead.state``, which starts at ``STATE_PRIOR``, so
+    a policy trained without them never picks one greedily)."""
+
     def __post_init__(self) -> None:
         problems = [f"{name} must be at least 1, got {getattr(self, name)}"
                     for name in ("op_feature_dim", "device_feature_dim") if getattr(self, name) < 1]
@@ -100,13 +106,15 @@ class PolicyConfig:
     def to_dict(self) -> dict[str, Any]:
         """The plain dict checkpoints store (``policy_config``): every field, except that a fixed-head
         config leaves out ``NOT_STORED_FOR_FIXED_HEAD``, as checkpoints made before other heads did, and
-        ``split_actions`` is stored only when True."""
+        ``split_actions`` and ``state_actions`` are stored only when True."""
         settings = asdict(self)
         if self.head == FIXED_HEAD:
             for name in NOT_STORED_FOR_FIXED_HEAD:
                 del settings[name]
         if not self.split_actions:          # as checkpoints made before the split actions existed
             del settings["split_actions"]
+        if not self.state_actions:          # as checkpoints made before the state actions existed
+            del settings["state_actions"]
         return settings
 
     @classmethod

@@ -117,7 +117,7 @@ class IndependentDecoder(GroupDecoder):
                        devices: DeviceTokens | None) -> Tensor:
         logits = group_logits(strategy, head, group_emb, group_mask, devices) if n else None
         return draw_strategies(logits, group_mask, n, generator=generator, offsets=offsets, greedy=greedy,
-                               splits=head.splits)
+                               splits=head.splits, states=head.states)
 
     def plan_logits(self, strategy: TransformerXL, head: PolicyHead, group_emb: Tensor, group_mask: Tensor,
                     plans: Tensor, devices: DeviceTokens | None) -> PlanLogits:
@@ -128,7 +128,7 @@ class IndependentDecoder(GroupDecoder):
                      devices: DeviceTokens | None) -> Tensor:
         logits = plan_logits(strategy, head, group_emb, group_mask, devices) if n else None
         return draw_plans(logits, group_mask, n, generator=generator, offsets=offsets, greedy=greedy,
-                          splits=head.splits)
+                          splits=head.splits, states=head.states)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -198,7 +198,7 @@ class AutoregressiveDecoder(GroupDecoder):
             step_logits = head(states[:, g], devices)
             if offsets is not None:
                 step_logits = step_logits + offsets
-            earlier = draw_actions(step_logits[:, None], None, generator, greedy, head.splits)[:, 0]
+            earlier = draw_actions(step_logits[:, None], None, generator, greedy, head.splits, head.states)[:, 0]
             actions[:, g] = earlier
         return actions, states
 
@@ -222,4 +222,4 @@ def decoder_for(config: PolicyConfig) -> GroupDecoder:
     """The decoder of a policy with these settings (``config.autoregressive``)."""
     if not config.autoregressive:
         return IndependentDecoder()
-    return AutoregressiveDecoder(n_actions(config.n_devices, config.split_actions), config.hidden)
+    return AutoregressiveDecoder(n_actions(config.n_devices, config.split_actions, config.state_actions), config.hidden)

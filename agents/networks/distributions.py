@@ -10,7 +10,7 @@ from torch.distributions import Categorical
 from agents.networks.common import PolicyError, pointer_blocks, require
 
 
-def most_likely_actions(logits: Tensor, splits: bool = False) -> Tensor:
+def most_likely_actions(logits: Tensor, splits: bool = False, states: bool = False) -> Tensor:
     """Each group's most likely decision: model parallelism (the probabilities of its ``M`` device
     actions summed), one of the four DP schemes, or with ``splits`` (split actions) one of the two
     cluster-wide splits or a split over some server (the even or the proportional pointers summed),
@@ -21,9 +21,11 @@ def most_likely_actions(logits: Tensor, splits: bool = False) -> Tensor:
     argmax never places it there. Drawing the decision, then the device, is the same distribution as
     drawing an action, so only the greedy plan changes.
 
+    ``states``: the logits end with the state actions (``heterog.actions.state_action``), single actions.
+
     Shapes: ``(..., A)`` -> ``(...)``, ``A = M + 4`` (or ``3 M + 6`` with ``splits``).
     """
-    blocks = pointer_blocks(logits.shape[-1], splits)
+    blocks = pointer_blocks(logits.shape[-1], splits, states)
     in_block = torch.zeros(logits.shape[-1], dtype=torch.bool)
     for start, end in blocks:
         in_block[start:end] = True
@@ -48,18 +50,19 @@ class MaskedCategorical(Categorical):
         logits: unnormalised log probabilities.
         mask: True for real groups.
         splits: the logits include the split actions (for :attr:`mode`, :func:`most_likely_actions`).
+        states: the logits end with the state actions (the same).
 
     Shapes:
         logits ``(G, A)``, mask ``(G,)``; ``sample(k)`` -> ``(k, G)``; ``log_prob`` of ``(..., G)``
         -> ``(...)``; ``entropy()`` -> ``()``; ``mode`` -> ``(G,)``.
     """
 
-    def __init__(self, logits: Tensor, mask: Tensor, splits: bool = False) -> None:
+    def __init__(self, logits: Tensor, mask: Tensor, splits: bool = False, states: bool = False) -> None:
         require(logits.dim() == 2, f"logits must be (groups, actions), got shape {tuple(logits.shape)}")
         require(mask.shape == logits.shape[:1] and mask.dtype == torch.bool,
                  f"mask must be a bool tensor of shape ({logits.shape[0]},), "
                  f"got {mask.dtype} {tuple(mask.shape)}")
-        self.mask, self.splits = mask, splits
+        self.mask, self.splits, self.states = mask, splits, states
         super().__init__(logits=logits.masked_fill(~mask.unsqueeze(1), 0.0), validate_args=False)
 
     @property
@@ -104,14 +107,14 @@ class MaskedCategorical(Categorical):
     @property
     def mode(self) -> Tensor:
         """Each real group's most likely decision (:func:`most_likely_actions`); padding groups 0."""
-        return torch.where(self.mask, most_likely_actions(self.logits, self.splits),
+        return torch.where(self.mask, most_likely_actions(self.logits, self.splits, self.states),
                            torch.zeros_like(self.mask, dtype=torch.long))
 
 
 
 
 def draw_actions(logits: Tensor, group_mask: Tensor | None, generator: torch.Generator | None,
-                 greedy: bool, splits: bool = False) -> Tensor:
+                 greedy: bool, splits: bool = False, states: bool = False) -> Tensor:
     """One action per (strategy, group): drawn from the softmax of ``logits``, or (``greedy``) each group's
     most likely decision (:func:`most_likely_actions`; ``splits``: the logits include the split actions);
     padding groups (``group_mask`` False) get 0.
@@ -120,7 +123,7 @@ def draw_actions(logits: Tensor, group_mask: Tensor | None, generator: torch.Gen
     """
     n, n_groups, n_actions = logits.shape
     if greedy:
-        out = most_likely_actions(logits, splits)
+        out = most_likely_actions(logits, splits, states)
     else:
         probs = logits.softmax(dim=-1).reshape(n * n_groups, n_actions)
         out = torch.multinomial(probs, 1, generator=generator).reshape(n, n_groups)
@@ -128,11 +131,13 @@ def draw_actions(logits: Tensor, group_mask: Tensor | None, generator: torch.Gen
 
 
 def draw_strategies(logits: Tensor | None, group_mask: Tensor, n: int, *, generator: torch.Generator | None = None,
-                    offsets: Tensor | None = None, greedy: bool = False, splits: bool = False) -> Tensor:
+                    offsets: Tensor | None = None, greedy: bool = False, splits: bool = False,
+                    states: bool = False) -> Tensor:
     """``n`` strategies from one set of per-group logits (an independent policy's): each group's action
     drawn (or, ``greedy``, its most likely decision) from its logits plus the strategy's ``offsets`` (one
     offset per action shared by all groups of a strategy; None: none). Padding groups get action 0;
-    ``logits`` may be None when ``n`` is 0; ``splits``: the logits include the split actions.
+    ``logits`` may be None when ``n`` is 0; ``splits``: the logits include the split actions, ``states``
+    the state actions.
 
     Shapes: logits ``(G, A)``, group_mask ``(G,)``, offsets ``(n, A)`` -> ``(n, G)``.
     """
@@ -141,6 +146,6 @@ def draw_strategies(logits: Tensor | None, group_mask: Tensor, n: int, *, genera
     if logits is None:
         raise PolicyError(f"{n} strategies need logits; got None")
     if offsets is None:
-        dist = MaskedCategorical(logits, group_mask, splits)
+        dist = MaskedCategorical(logits, group_mask, splits, states)
         return dist.mode[None].expand(n, -1).clone() if greedy else dist.sample(n, generator=generator)
-    return draw_actions(logits[None] + offsets[:, None], group_mask, generator, greedy, splits)
+    return draw_actions(logits[None] + offsets[:, None], group_mask, generator, greedy, splits, states)

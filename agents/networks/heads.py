@@ -29,6 +29,8 @@ class HeadSettings(Protocol):
     @property
     def split_actions(self) -> bool: ...
     @property
+    def state_actions(self) -> bool: ...
+    @property
     def device_feature_dim(self) -> int: ...
     @property
     def device_layers(self) -> int: ...
@@ -58,6 +60,9 @@ class PolicyHead(nn.Module, metaclass=ABCMeta):
     (:meth:`problems`) and the clusters it scores (:meth:`device_problem`), and moves its data-parallel logits
     (:meth:`add_data_parallel_bias`).
 
+    A head with state actions (``states``, ``PolicyConfig.state_actions``) ends every row with the
+    ``2 N_STATE_CHOICES`` state actions (:meth:`PlanHead.with_state_logits`).
+
     Every head also gives the plan-level decisions (:meth:`plan_logits`, its :class:`PlanHead` ``plan``):
     a 2-way recompute logit per group from the group's state and one logit per number of micro-batches
     from the masked mean of the groups' states.
@@ -69,6 +74,7 @@ class PolicyHead(nn.Module, metaclass=ABCMeta):
 
     kind: ClassVar[str]
     splits: bool = False
+    states: bool = False
     feature_layout: ClassVar[str] = "per-device"
     autoregressive: ClassVar[bool] = False
     plan: PlanHead
@@ -77,6 +83,13 @@ class PolicyHead(nn.Module, metaclass=ABCMeta):
         """The recompute logits ``(..., G, 2)`` (padding groups zero) and the micro-batch logits
         ``(..., N_MICRO)`` of the group states ``(..., G, hidden)``."""
         return self.plan(states, group_mask)
+
+    def with_state_logits(self, logits: Tensor, states: Tensor) -> Tensor:
+        """``logits`` (of ``M`` devices) followed by the state actions' where the head has them."""
+        if not self.states:
+            return logits
+        m = action_space.devices_of(logits.shape[-1], self.splits)
+        return self.plan.with_state_logits(logits, states, m)
 
     @classmethod
     @abstractmethod
@@ -133,20 +146,22 @@ class FixedPolicyHead(PolicyHead):
     feature_layout = "per-device"
     autoregressive = True
 
-    def __init__(self, hidden: int, n_actions: int, init_scale: float = 0.01, splits: bool = False) -> None:
+    def __init__(self, hidden: int, n_actions: int, init_scale: float = 0.01, splits: bool = False,
+                 states: bool = False) -> None:
         super().__init__()
         problems = _size_problems(hidden, init_scale)
         if n_actions <= N_DP_ACTIONS:
             problems.append(f"n_actions must be M + {N_DP_ACTIONS} for M >= 1 devices, got {n_actions}")
         raise_problems(problems)
         self.hidden, self.n_actions, self.init_scale, self.splits = hidden, n_actions, init_scale, splits
+        self.states = states
         linear = nn.Linear(hidden, action_space.n_actions(n_actions - N_DP_ACTIONS, splits))
         self.weight, self.bias = linear.weight, linear.bias
-        self.plan = PlanHead(hidden)
+        self.plan = PlanHead(hidden, states)
 
     @classmethod
     def from_config(cls, config: HeadSettings) -> FixedPolicyHead:
-        return cls(config.hidden, config.n_actions, splits=config.split_actions)
+        return cls(config.hidden, config.n_actions, splits=config.split_actions, states=config.state_actions)
 
     def device_problem(self, n_real: int, n_rows: int) -> str | None:
         if n_real != n_rows:
@@ -157,7 +172,7 @@ class FixedPolicyHead(PolicyHead):
         return None
 
     def forward(self, states: Tensor, devices: DeviceTokens | None = None) -> Tensor:
-        return F.linear(states, self.weight, self.bias)
+        return self.with_state_logits(F.linear(states, self.weight, self.bias), states)
 
     def add_data_parallel_bias(self, bias: float) -> None:
         with torch.no_grad():
@@ -202,13 +217,14 @@ class TokenPolicyHead(PolicyHead):
     autoregressive = False
 
     def __init__(self, hidden: int, init_scale: float = 0.01, max_devices: int | None = None,
-                 splits: bool = False) -> None:
+                 splits: bool = False, states: bool = False) -> None:
         super().__init__()
         problems = _size_problems(hidden, init_scale)
         if max_devices is not None and max_devices < 1:
             problems.append(f"max_devices must be at least 1 or None, got {max_devices}")
         raise_problems(problems)
         self.hidden, self.init_scale, self.max_devices, self.splits = hidden, init_scale, max_devices, splits
+        self.states = states
         self.query = nn.Linear(hidden, hidden)
         self.key = nn.Linear(hidden, hidden)
         self.dp = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.ELU(), nn.Linear(hidden, N_DP_ACTIONS))
@@ -216,12 +232,13 @@ class TokenPolicyHead(PolicyHead):
             self.split = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.ELU(),
                                        nn.Linear(hidden, N_CLUSTER_SPLIT_ACTIONS))
             self.split_query = nn.Linear(hidden, 2 * hidden)         # the even and the proportional pointer
-        self.plan = PlanHead(hidden)
+        self.plan = PlanHead(hidden, states)
         self.reset_parameters()
 
     @classmethod
     def from_config(cls, config: HeadSettings) -> TokenPolicyHead:
-        return cls(config.hidden, max_devices=config.n_actions - N_DP_ACTIONS, splits=config.split_actions)
+        return cls(config.hidden, max_devices=config.n_actions - N_DP_ACTIONS, splits=config.split_actions,
+                   states=config.state_actions)
 
     @classmethod
     def device_encoder(cls, config: HeadSettings) -> DeviceTokenEncoder:
@@ -277,7 +294,7 @@ class TokenPolicyHead(PolicyHead):
         if self.splits:
             even, prop = self.split_query(states).chunk(2, dim=-1)
             parts += [self.split(cluster), pointer(even), pointer(prop)]
-        return torch.cat(parts, dim=-1)
+        return self.with_state_logits(torch.cat(parts, dim=-1), states)
 
     def __repr__(self) -> str:
         splits = ", split scores and pointers" if self.splits else ""

@@ -19,12 +19,18 @@ from torch import Tensor, nn
 
 from agents.networks.common import KEEP_ACTIVATIONS, N_MICRO_CHOICES, PolicyError, require
 from agents.networks.distributions import draw_strategies
+from heterog.actions import N_STATE_CHOICES, STATE_BASES
 
 N_MICRO = N_MICRO_CHOICES
 PLAN_PRIOR = 1.0
 """Initial logit bias of "keep the activations" and of one micro-batch (the first choice): a fresh
 policy recomputes a group with probability 1 / (1 + e) (0.27) and picks one micro-batch with
 probability e / (e + 4) (0.40), and its greedy plan is one micro-batch without recomputation."""
+STATE_PRIOR = -3.0
+"""Initial offset of every state action's logit from its AllReduce action's (``PlanHead.state``): a policy
+that has not learnt them never picks one greedily (each is e^-3 times as likely as the plain AllReduce
+action), and samples one of the 18 of an AllReduce action about half as often as the plain action."""
+N_STATE_LOGITS = len(STATE_BASES) * N_STATE_CHOICES
 
 
 class _ZeroLinear(nn.Module):
@@ -46,18 +52,32 @@ class PlanHead(nn.Module):
     linear layer of the masked mean of the real groups' states).
 
     Both layers start with zero weights and the bias :data:`PLAN_PRIOR` on keeping the activations and on
-    one micro-batch, so a fresh policy mildly prefers the plain plan.
+    one micro-batch, so a fresh policy mildly prefers the plain plan. With ``states`` a third layer
+    (``state``) gives each state action's offset from its AllReduce action's logit
+    (:meth:`with_state_logits`), zero weights and bias :data:`STATE_PRIOR`.
 
     Shapes: states ``(..., G, hidden)``, group_mask ``(G,)`` -> recompute ``(..., G, 2)``, micro
     ``(..., N_MICRO)``.
     """
 
-    def __init__(self, hidden: int) -> None:
+    def __init__(self, hidden: int, states: bool = False) -> None:
         super().__init__()
         self.hidden = hidden
         self.recompute = _ZeroLinear(hidden, 2)
         self.micro = _ZeroLinear(hidden, N_MICRO)
+        self.state = _ZeroLinear(hidden, N_STATE_LOGITS) if states else None
         self.reset_parameters()
+
+    def with_state_logits(self, logits: Tensor, states: Tensor, n_devices: int) -> Tensor:
+        """``logits`` followed by the state actions' (``heterog.actions.state_action``): each its AllReduce
+        action's logit plus its offset from the group's state; ``logits`` as they are without ``states``.
+
+        Shapes: logits ``(..., G, A)``, states ``(..., G, hidden)`` -> ``(..., G, A + 2 N_STATE_CHOICES)``."""
+        if self.state is None:
+            return logits
+        base = logits[..., [n_devices + b for b in STATE_BASES]]
+        offsets = self.state(states).unflatten(-1, (len(STATE_BASES), N_STATE_CHOICES))
+        return torch.cat([logits, (base[..., None] + offsets).flatten(-2)], dim=-1)
 
     def reset_parameters(self) -> None:
         with torch.no_grad():
@@ -66,6 +86,9 @@ class PlanHead(nn.Module):
                 layer.bias.zero_()
             self.recompute.bias[KEEP_ACTIVATIONS] = PLAN_PRIOR
             self.micro.bias[0] = PLAN_PRIOR
+            if self.state is not None:
+                self.state.weight.zero_()
+                self.state.bias.fill_(STATE_PRIOR)
 
     def forward(self, states: Tensor, group_mask: Tensor) -> tuple[Tensor, Tensor]:
         weights = group_mask.to(states.dtype)[:, None]
@@ -74,7 +97,9 @@ class PlanHead(nn.Module):
         return recompute, self.micro(pooled)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.hidden}->2 recompute per group, {self.hidden}->{N_MICRO} micro-batches)"
+        states = "" if self.state is None else f", {self.hidden}->{N_STATE_LOGITS} state offsets per group"
+        return (f"{type(self).__name__}({self.hidden}->2 recompute per group, {self.hidden}->{N_MICRO} "
+                f"micro-batches{states})")
 
 
 @dataclass(frozen=True)
@@ -181,11 +206,12 @@ def draw_plan_decisions(recompute: Tensor, micro: Tensor, group_mask: Tensor, n:
 
 
 def draw_plans(logits: PlanLogits | None, group_mask: Tensor, n: int, *, generator: torch.Generator | None = None,
-               offsets: Tensor | None = None, greedy: bool = False, splits: bool = False) -> Tensor:
+               offsets: Tensor | None = None, greedy: bool = False, splits: bool = False,
+               states: bool = False) -> Tensor:
     """``n`` plans from one set of plan logits (an independent policy's): the configs as
     :func:`draw_strategies` draws them (``offsets`` apply to the config logits), then the recompute bits and
     the micro-batch choice (:func:`draw_plan_decisions`). ``logits`` may be None when ``n`` is 0;
-    ``splits``: the config logits include the split actions.
+    ``splits``: the config logits include the split actions, ``states`` the state actions.
 
     Shapes: group_mask ``(G,)``, offsets ``(n, A)`` -> ``(n, 2 G + 1)``.
     """
@@ -194,7 +220,7 @@ def draw_plans(logits: PlanLogits | None, group_mask: Tensor, n: int, *, generat
     if logits is None:
         raise PolicyError(f"drawing {n} plans needs their logits")
     configs = draw_strategies(logits.groups, group_mask, n, generator=generator, offsets=offsets, greedy=greedy,
-                              splits=splits)
+                              splits=splits, states=states)
     return torch.cat([configs, draw_plan_decisions(logits.recompute, logits.micro, group_mask, n, generator,
                                                    greedy)], dim=1)
 
@@ -209,9 +235,9 @@ class PlanDistribution:
     ``(K, 2 G + 1)`` -> ``(n, 2 G + 1)`` and ``(K,)``; ``mode`` -> ``(2 G + 1,)``.
     """
 
-    def __init__(self, logits: PlanLogits, mask: Tensor, splits: bool = False) -> None:
+    def __init__(self, logits: PlanLogits, mask: Tensor, splits: bool = False, states: bool = False) -> None:
         require(logits.groups.dim() == 2, f"plan logits must be unbatched, got configs {tuple(logits.groups.shape)}")
-        self.logits, self.mask, self.splits = logits, mask, splits
+        self.logits, self.mask, self.splits, self.states = logits, mask, splits, states
 
     def log_prob(self, plans: Tensor) -> Tensor:
         return plan_log_prob(self.logits, plans, self.mask)
@@ -220,10 +246,10 @@ class PlanDistribution:
         return plan_entropy(self.logits, self.mask.nonzero().squeeze(1))
 
     def sample(self, n: int = 1, generator: torch.Generator | None = None) -> Tensor:
-        return draw_plans(self.logits, self.mask, n, generator=generator, splits=self.splits)
+        return draw_plans(self.logits, self.mask, n, generator=generator, splits=self.splits, states=self.states)
 
     @property
     def mode(self) -> Tensor:
         """The greedy plan: each group's most likely decision, its more likely recompute bit, the most likely
         micro-batch choice."""
-        return draw_plans(self.logits, self.mask, 1, greedy=True, splits=self.splits)[0]
+        return draw_plans(self.logits, self.mask, 1, greedy=True, splits=self.splits, states=self.states)[0]

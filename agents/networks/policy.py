@@ -277,10 +277,16 @@ class StrategyPolicy(nn.Module):
         """Whether the action space includes the splits beyond the batch (``PolicyConfig.split_actions``)."""
         return self._settings.split_actions
 
+    @property
+    def state_actions(self) -> bool:
+        """Whether the action space ends with the state actions (``PolicyConfig.state_actions``)."""
+        return self._settings.state_actions
+
     def n_actions_for(self, devices: DeviceTokens | None) -> int:
         """The logits per group for the cluster at hand, ``M + 4`` (``3 M + 6`` with split actions)
         (``devices``: :meth:`embed_devices`; None: the fixed head's cluster)."""
-        return n_actions(self.n_devices if devices is None else devices.n_devices, self.split_actions)
+        return n_actions(self.n_devices if devices is None else devices.n_devices, self.split_actions,
+                         self.state_actions)
 
     def encode_strategy(self, group_emb: Tensor, group_mask: Tensor) -> Tensor:
         """Transformer-XL states of the real groups in id order, scattered back (padding rows zero).
@@ -309,7 +315,7 @@ class StrategyPolicy(nn.Module):
                      dev_mask: Tensor | None = None) -> MaskedCategorical:
         """The per-group action distribution with padding groups masked (see :class:`MaskedCategorical`)."""
         logits = self(op_x, op_mask, edge_index, edge_mask, group_of, group_mask, dev_x, dev_mask)
-        return MaskedCategorical(logits, group_mask, self.split_actions)
+        return MaskedCategorical(logits, group_mask, self.split_actions, self.state_actions)
 
     # ---- strategies (both kinds of policy)
     def action_logits(self, group_emb: Tensor, group_mask: Tensor, actions: Tensor,
@@ -349,7 +355,7 @@ class StrategyPolicy(nn.Module):
         """
         self.decoder.check_independent("draw")
         return draw_strategies(logits, group_mask, n, generator=generator, offsets=offsets, greedy=greedy,
-                               splits=self.split_actions)
+                               splits=self.split_actions, states=self.state_actions)
 
     # ---- plans: configs, recompute bits and the micro-batch choice
     def plan_logits_from_group_embeddings(self, group_emb: Tensor, group_mask: Tensor,
@@ -385,7 +391,7 @@ class StrategyPolicy(nn.Module):
         drawn as :meth:`sample_plans` draws them. Shapes: -> ``(n, 2 G + 1)``."""
         self.decoder.check_independent("draw_plans")
         return draw_plans(logits, group_mask, n, generator=generator, offsets=offsets, greedy=greedy,
-                          splits=self.split_actions)
+                          splits=self.split_actions, states=self.state_actions)
 
     def plan_distribution(self, op_x: Tensor, op_mask: Tensor, edge_index: Tensor, edge_mask: Tensor,
                           group_of: Tensor, group_mask: Tensor, dev_x: Tensor,
@@ -394,7 +400,7 @@ class StrategyPolicy(nn.Module):
         ``log_prob`` and ``entropy`` include the recompute bits and the micro-batch choice."""
         group_emb = self.embed_groups(op_x, op_mask, edge_index, edge_mask, group_of, group_mask, dev_x, dev_mask)
         logits = self.plan_logits_from_group_embeddings(group_emb, group_mask, self.embed_devices(dev_x, dev_mask))
-        return PlanDistribution(logits, group_mask, self.split_actions)
+        return PlanDistribution(logits, group_mask, self.split_actions, self.state_actions)
 
     def __repr__(self) -> str:
         c = self._settings
@@ -405,4 +411,5 @@ class StrategyPolicy(nn.Module):
                 f"txl={c.txl_layers}x{c.txl_heads} heads (segment {c.segment_len}, "
                 f"memory {c.mem_len}), group={c.group_activation}, dropout={c.dropout}, "
                 f"autoregressive={c.autoregressive}, head={c.head}, split_actions={c.split_actions}, "
+                f"state_actions={c.state_actions}, "
                 f"params={n_params:,})")

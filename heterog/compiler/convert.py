@@ -235,14 +235,14 @@ class Engine:
         ``nbytes`` there, after the collective. ``sub=None``: numbered as made."""
         alloc = nbytes * np.asarray(parts, dtype=np.float64)
         if sub is None:
-            out = []
+            made = []
             for d, a in zip(devices, alloc.tolist()):
                 tid = self._task(dur=0.0, kind=TaskKind.CONCAT, op=op, dev=int(d), alloc=a,
                                  cat=TaskCategory.COLLECTIVE, prio_op=prio_op, stage="transfer", cls=cls,
                                  tensor=tensor, res=(), owner=owner)
                 self._deps.append((tid, collective, owner))
-                out.append(tid)
-            return np.array(out, dtype=np.int64)
+                made.append(tid)
+            return np.array(made, dtype=np.int64)
         dev = np.asarray(devices, dtype=np.int64)
         out = self._tasks(dur=np.zeros(len(dev)), kind=TaskKind.CONCAT, op=op, dev=dev, alloc=alloc,
                           cat=TaskCategory.COLLECTIVE, prio_op=prio_op, stage="transfer", cls=cls, tensor=tensor,
@@ -431,14 +431,16 @@ class Engine:
     # -- host memory
     def host_copies(self, after: np.ndarray, dev: np.ndarray, nbytes: np.ndarray, concurrent: np.ndarray,
                     link: np.ndarray, *, op: npt.ArrayLike, prio_op: npt.ArrayLike, stage: str, cls: int,
-                    tensor: npt.ArrayLike, sub: npt.ArrayLike, owner: npt.ArrayLike) -> np.ndarray:
+                    tensor: npt.ArrayLike, sub: npt.ArrayLike, owner: npt.ArrayLike,
+                    alloc: npt.ArrayLike = 0.0) -> np.ndarray:
         """``nbytes[i]`` copied between GPU ``dev[i]`` and its server's host over the PCIe ``link[i]`` (its
         GPU->host or host->GPU resource) while ``concurrent[i]`` GPUs of that server copy at once, after
-        ``after[i]`` (none where < 0); allocating nothing on the GPU (the host's bytes are resident)."""
+        ``after[i]`` (none where < 0); allocating ``alloc`` on the GPU (default nothing: the host's bytes are
+        resident; a shard of an offloaded parameter copied up is held until its readers have run)."""
         cl = self.ctx.cluster
         dur = np.array([pcie_time_s(cl, d, x, c)
                         for d, x, c in zip(dev.tolist(), nbytes.tolist(), concurrent.tolist())])
-        ids = self._tasks(dur=dur, kind=TaskKind.TRANSFER, op=op, dev=dev, alloc=0.0, cat=TaskCategory.TRANSFER,
+        ids = self._tasks(dur=dur, kind=TaskKind.TRANSFER, op=op, dev=dev, alloc=alloc, cat=TaskCategory.TRANSFER,
                           prio_op=prio_op, stage=stage, cls=cls, tensor=tensor, sub=sub, owner=owner, res_len=1,
                           res_idx=link)
         ok = np.asarray(after) >= 0

@@ -194,7 +194,8 @@ def _connect(ctx: CompileContext, layouts: LayoutTable, conv: Engine, edges: np.
     gathered = sharded_state.gathered_edges(ctx, place.state, edges)
     if gathered.any():                             # stage-3 parameters read in forward or backward
         assert place.state is not None
-        sharded_state.connect_gathered(ctx, layouts, conv, edges[gathered], place.op_lay, place.state, prov)
+        sharded_state.connect_gathered(ctx, layouts, conv, edges[gathered], place.op_lay, place.state, prov,
+                                       offload.shard_uploads if offload.offloads(place.state) else None)
         edges = edges[~gathered]
         if not len(edges):
             return

@@ -16,7 +16,11 @@ each device d of the group (holding the fraction f_d of the state: its shard, or
 - *up*: the updated parameter (f_d of it) is copied host->GPU after the op writing it (a TRANSFER on
   ``pcie-up``) into the resident parameter; a stage 1-2 all-gather of it waits for the copies.
 
-Memory: the GPU no longer holds the parameter's optimizer state (``Op.state_bytes``); its server's host holds
+Offloaded parameters (``offload="parameters"``, stage 3): no copy up follows the step; before each stage-3
+all-gather each device copies its shard up (``shard_uploads``), allocated until the phase's readers have run.
+
+Memory: the GPU no longer holds the parameter's optimizer state (``Op.state_bytes``), nor, with offloaded
+parameters, its shard of the parameter; its server's host holds
 ``host_memory_need_bytes`` (fp32 master parameter, gradient and moments) of f_d of the parameter's elements
 per device: resident bytes of the server's host CPU resource, whose capacity is the host's memory, so a
 plan beyond it is out of memory. Host resources exist only in plans that offload (others keep theirs).
@@ -33,7 +37,7 @@ from heterog.caches import DerivedCache
 from heterog.compiler.context import CompileContext
 from heterog.compiler.convert import Engine
 from heterog.compiler.registries import LayoutTable
-from heterog.compiler.sharded_state import StatePlacement, state_index
+from heterog.compiler.sharded_state import OFFLOAD_CODES, UPLOAD_SUB, StatePlacement, state_index
 from heterog.compiler.tasks import Providers, ragged
 from heterog.cost.host import host_memory_need_bytes, host_optimizer_step_s, optimizer_traffic
 from heterog.errors import StrategyError
@@ -131,13 +135,10 @@ def host_optimizer(graph_optimizer: str) -> str:
 
 def check_offloading(cluster: Cluster, group_configs: Sequence[ParallelConfig]) -> None:
     """StrategyError naming the group and server when an offloading group has a device on a server without
-    a ``host:`` entry, or offloads its parameters (not priced yet)."""
+    a ``host:`` entry."""
     for g, cfg in enumerate(group_configs):
         if cfg.sharded is None or not cfg.sharded.offloads:
             continue
-        if cfg.sharded.offload == "parameters":
-            raise StrategyError(f"group {g} offloads its parameters: the simulator prices offloaded optimizer "
-                                f"state only (offload='optimizer')")
         for d in cfg.devices:
             s = cluster.servers[int(cluster.server_of[d])]
             if s.host is None:
@@ -193,6 +194,7 @@ def emit_uploads(ctx: CompileContext, layouts: LayoutTable, conv: Engine, ops: n
     part of the parameter to each device (its last entries); writer op -> those copies, in that order."""
     si, ht = state_index(ctx), host_table(ctx)
     host = ops[on_host(ctx, state, ops)]
+    host = host[state.op_offload[host] != OFFLOAD_CODES["parameters"]]     # offloaded parameters stay on the host
     out: dict[int, np.ndarray] = {}
     for o in host[si.new_param[host] >= 0].tolist():
         p, lay = int(si.new_param[o]), int(op_lay[o])
@@ -204,6 +206,29 @@ def emit_uploads(ctx: CompileContext, layouts: LayoutTable, conv: Engine, ops: n
                                   op=o, prio_op=o, stage="push", cls=0, tensor=int(si.param_tensor[p]), sub=dev,
                                   owner=o)
     return out
+
+
+# ----------------------------------------------------------------------------------- offloaded parameters
+def shard_uploads(ctx: CompileContext, conv: Engine, state: StatePlacement, p: int, ph: int,
+                  devs: tuple[int, ...], after: np.ndarray, prio_op: int, owner: int) -> np.ndarray | None:
+    """Stage 3 with offloaded parameters: before the all-gather of parameter ``p`` for phase ``ph`` (0 forward,
+    1 backward), each device of ``devs`` copies its shard of the parameter up from its host (f_d of its bytes
+    on its ``pcie-up`` link, allocated there until the phase's readers have run; the engine's ``host_copies``),
+    after the tasks ``after`` (the gather's trigger); the copies in ``devs``' order, or None where ``p``'s
+    parameters are on the GPUs."""
+    if state.op_offload[p] != OFFLOAD_CODES["parameters"]:
+        return None
+    si, ht = state_index(ctx), host_table(ctx)
+    row, dev = int(state.op_row[p]), np.array(devs, dtype=np.int64)
+    nbytes = si.param_bytes[p] * state.frac[row, dev]
+    k = len(dev)
+    up = conv.host_copies(np.full(k, -1, dtype=np.int64), dev, nbytes,
+                          _concurrent(ctx, state, np.full(k, row), dev), ht.first + ctx.n_devices + dev, op=p,
+                          prio_op=prio_op, stage="split", cls=1, tensor=int(si.param_tensor[p]),
+                          sub=UPLOAD_SUB + ph * ctx.n_devices + dev, owner=owner, alloc=nbytes)
+    if len(after):
+        conv.deps(np.repeat(up, len(after)), np.tile(after, len(up)), owner)
+    return up
 
 
 # ----------------------------------------------------------------------------------- copies down
@@ -247,15 +272,17 @@ def connect_host_reads(ctx: CompileContext, layouts: LayoutTable, conv: Engine, 
 def offloaded_memory(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray,
                      state: StatePlacement) -> tuple[np.ndarray, np.ndarray]:
     """((M,) resident bytes each device no longer holds, (servers,) bytes its host holds): of each
-    parameter of an offloading group, f_d of its optimizer state leaves device d (the rest is sharded away)
-    and ``host_memory_need_bytes`` of f_d of its elements go to d's server's host."""
+    parameter of an offloading group, f_d of its optimizer state leaves device d (the rest is sharded away),
+    f_d of the parameter too where the parameters are offloaded (its master copy on the host is the one
+    kept), and ``host_memory_need_bytes`` of f_d of its elements go to d's server's host."""
     si, oi = state_index(ctx), offload_index(ctx)
     saved = np.zeros(ctx.n_devices)
     elements = np.zeros(ctx.n_devices)
     for p in np.nonzero((state.op_offload > 0) & (si.param_tensor >= 0) & (oi.numel > 0))[0].tolist():
         devs = np.array(layouts.unique_devices(int(op_lay[p])), dtype=np.int64)
         f = state.frac[state.op_row[p], devs]
-        saved[devs] += si.state_bytes[p] * f
+        gone = si.state_bytes[p] + (si.param_bytes[p] if state.op_offload[p] == OFFLOAD_CODES["parameters"] else 0.0)
+        saved[devs] += gone * f
         elements[devs] += oi.numel[p] * f
     return saved, host_memory_need_bytes(ctx.cluster, elements, host_optimizer(ctx.graph.optimizer))
 

@@ -20,6 +20,7 @@ layer) and holds the parameter only around its use. Uneven shards are priced hop
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -35,9 +36,18 @@ from heterog.placement import P, R, Shard, conversion
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.graph.opgraph import OpGraph
 
+# ``heterog.compiler.offload.shard_uploads``: (ctx, engine, state, parameter, phase, devices, after, prio_op, owner)
+# -> the copies up of the devices' shards, or None where the parameter is on the GPUs
+Uploads = Callable[[CompileContext, Engine, "StatePlacement", int, int, tuple[int, ...], np.ndarray, int, int],
+                   "np.ndarray | None"]
+
 
 # where a group's state lives (``ShardedState.offload``) as ``StatePlacement.op_offload`` codes
 OFFLOAD_CODES = {"none": 0, "optimizer": 1, "parameters": 2}
+# a stage-3 gather's tasks within its tensor, per phase ph: the trigger (sub 2 ph) and the all-gather (2 ph + 1);
+# with offloaded parameters the copies up in between (UPLOAD_SUB + ph M + d), the all-gather after them
+# (UPLOAD_SUB + 2 M + ph)
+UPLOAD_SUB = 4
 
 
 @dataclass(frozen=True)
@@ -245,11 +255,15 @@ def gathered_edges(ctx: CompileContext, state: StatePlacement | None, edges: np.
 
 
 def connect_gathered(ctx: CompileContext, layouts: LayoutTable, conv: Engine, edges: np.ndarray,
-                     op_lay: np.ndarray, state: StatePlacement, prov: Providers) -> None:
+                     op_lay: np.ndarray, state: StatePlacement, prov: Providers,
+                     uploads: Uploads | None = None) -> None:
     """Stage 3: per parameter and phase (forward, backward) of ``edges``' readers, a SYNC trigger, an
     all-gather of the shards, and the whole parameter landing on each reader device of the config (but for
     its own shard, in place) or moved whole from the config's first device to a reader device outside it;
-    each reader instance waits for its device's copy (module docstring)."""
+    each reader instance waits for its device's copy (module docstring). ``uploads``
+    (``heterog.compiler.offload.shard_uploads``): the copies up of shards held on the host, which the gather
+    then waits for instead of the resident shards, and the readers on each device too (the shard's buffer
+    lives until they have run)."""
     gi, si = ctx.index, state_index(ctx)
     n_ops, m = gi.n_ops, ctx.n_devices
     phase = ctx.graph.phase_index
@@ -267,9 +281,11 @@ def connect_gathered(ctx: CompileContext, layouts: LayoutTable, conv: Engine, ed
         sub = 2 * ph                                    # phase 0: subs 0-1, phase 1: 2-3 (distinct order keys)
         sync = conv.trigger(prov.inst_start[np.array(si.trigger[ph].get(p, ()), dtype=np.int64)], op=p, tensor=t,
                             prio_op=first, stage="split", cls=1, sub=sub, owner=owner)
-        shards = prov.inst_start[p] + layouts.last_entries(int(op_lay[p]))
+        ups = uploads(ctx, conv, state, p, ph, devs, np.array([sync]), first, owner) if uploads is not None else None
+        shards = prov.inst_start[p] + layouts.last_entries(int(op_lay[p])) if ups is None else ups
         ag = int(conv.collective(GATHER, devs, nbytes, np.concatenate([[sync], shards])[None, :], op=p, tensor=t,
-                                 prio_op=first, stage="split", cls=1, sub=sub + 1, owner=owner,
+                                 prio_op=first, stage="split", cls=1,
+                                 sub=sub + 1 if ups is None else UPLOAD_SUB + 2 * m + ph, owner=owner,
                                  have=frac[list(devs)])[0])
         # where the readers run: landings on the config's devices, transfers to the others
         need = np.unique(np.concatenate([layouts.dev_flat[layouts.ptr[k]:layouts.ptr[k + 1]]
@@ -284,7 +300,13 @@ def connect_gathered(ctx: CompileContext, layouts: LayoutTable, conv: Engine, ed
             land_at[d_out] = conv.transfers(np.full(len(d_out), ag), np.full(len(d_out), devs[0], dtype=np.int64),
                                             d_out, np.full(len(d_out), nbytes), op=p, prio_op=first,
                                             stage="transfer", cls=1, tensor=t, sub=ph * m + d_out, owner=owner)
+        up_at = np.full(m, -1, dtype=np.int64)
+        if ups is not None:
+            up_at[list(devs)] = ups
         for v in readers.tolist():
             k = int(op_lay[v])
             dv = layouts.dev_flat[layouts.ptr[k]:layouts.ptr[k + 1]]
             conv.deps(prov.inst_start[v] + np.arange(len(dv)), land_at[dv], owner)
+            held = up_at[dv] >= 0
+            if held.any():
+                conv.deps(prov.inst_start[v] + np.nonzero(held)[0], up_at[dv[held]], owner)

@@ -249,10 +249,8 @@ def prepare(model: Model, cluster: Cluster, strategy: Strategy, *, backend: str 
     ``StrategyError`` that names the rank, the instruction and the reason) a plan that cannot run, e.g. a
     data-parallel plan of a model with its batch size written into a view (``heterog.runtime.check``)."""
     from heterog.evaluate import Evaluator
-    from heterog.sharded import refuse_in_runtime
 
     strategy.check_fits(model.graph, cluster)
-    refuse_in_runtime(strategy.configs)
     ev = Evaluator(model.graph, cluster, cost)
     plan = ev.compile(strategy)
     sim = ev.simulate_plan(plan)

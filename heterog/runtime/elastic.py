@@ -192,16 +192,8 @@ def replan_prepared(model: Model, cluster: Cluster, elastic: ElasticSettings, *,
     statistics are synchronized when ``elastic`` or ``sync_batch_stats`` (the plan it replaces) says so."""
     from heterog.replan import replan
     from heterog.runtime.api import prepare
-    from heterog.sharded import refuse_in_runtime
 
-    def runs(s: Strategy) -> str | None:
-        try:
-            refuse_in_runtime(s.configs)
-        except HeterogError as exc:
-            return str(exc)
-        return None
-
-    found = replan(model.graph, cluster, elastic.replan_method, elastic.replan_budget_s, seed=elastic.seed, runs=runs,
+    found = replan(model.graph, cluster, elastic.replan_method, elastic.replan_budget_s, seed=elastic.seed,
                    sync_batch_stats=elastic.sync_batch_stats or sync_batch_stats)
     record = found.record()
     reasons = []

@@ -25,6 +25,10 @@ order):
            the device is copied down (``Copy``; the gradient at the compiler's key of its copy down), they run
            on the host CPU (``Compute.host``), and the new parameter is copied up at the compiler's key of
            its copy up, then gathered as above
+  offloaded parameters  (stage 3, ``offload="parameters"``) the parameter's rows themselves live in host memory
+           (no separate master copy); before each gather the rows are copied up (``Copy``, at the compiler's
+           key of that copy up) and gathered from there; the update writes the new rows on the host, and
+           nothing is copied up after it
 
 The gradient is read only by its parameter's update, the state and the new values only by the update ops
 and the step's end: a plan that reads them elsewhere is refused in one line (``HeterogError``).
@@ -40,6 +44,7 @@ import torch
 
 from heterog.compiler import TaskKind
 from heterog.compiler.compile import VALUE_FREE_TARGETS
+from heterog.compiler.sharded_state import OFFLOAD_CODES
 from heterog.errors import HeterogError
 from heterog.runtime.instructions import (
     AllGather,
@@ -85,7 +90,8 @@ class HeldState:
     """A parameter whose group keeps sharded or offloaded state: its placeholder op ``param``, the stage, the
     config's ``devices`` (part order), the rows each holds (``shares``; empty: held whole), whether the state
     lives on the host, the update ops over whole tensors (``rows_ops``) and the state placeholders over whole
-    tensors (``state_ops``)."""
+    tensors (``state_ops``), and whether the parameter's rows live on the host too (``on_host``: stage 3 with
+    offloaded parameters)."""
 
     param: int
     stage: int
@@ -94,6 +100,7 @@ class HeldState:
     offload: bool
     rows_ops: frozenset[int]
     state_ops: frozenset[int]
+    on_host: bool = False
 
     @property
     def sharded(self) -> bool:
@@ -184,7 +191,8 @@ class StateLowering:
             shares = tuple(split_shares_of(shape[0], weights)) if stage >= 1 and shape and shape[0] >= len(devs) \
                 and len(devs) > 1 else ()
             offload = int(st.op_offload[p]) > 0 and bool(rows_ops)     # else its update runs on the device
-            hs = HeldState(p, stage, devs, shares, offload, rows_ops, state_ops)
+            on_host = offload and stage == 3 and bool(shares) and int(st.op_offload[p]) == OFFLOAD_CODES["parameters"]
+            hs = HeldState(p, stage, devs, shares, offload, rows_ops, state_ops, on_host)
             self.params[p] = hs
             for o in (p, *rows_ops, *state_ops):
                 self.of_op[o] = hs
@@ -298,7 +306,7 @@ class StateLowering:
         hs = self.of_op.get(op)
         if hs is None or not hs.offload:
             return
-        if op in hs.state_ops:
+        if op in hs.state_ops or (op == hs.param and hs.on_host):
             rp.host[name] = name
         elif op == hs.param:
             m = master_name(name)
@@ -347,8 +355,8 @@ class StateLowering:
             g = b.subgroup(tuple(sorted(hs.devices)))
             parts = tuple((d, hs.shard_shape(leaf.shape, i)) for i, d in enumerate(hs.devices))
             emu = self._ring_s(hs, leaf.shape, leaf.dtype)
-            items = {d: b.emit(d, at + (0,), AllGather(stash, g, b.producer_source(leaf, d), "S0", parts, emu,
-                                                       leaf.memory_order)) for d in hs.devices}
+            items = {d: b.emit(d, at + (0,), AllGather(stash, g, self._shard_source(hs, leaf, d, task, at), "S0",
+                                                       parts, emu, leaf.memory_order)) for d in hs.devices}
             for item in items.values():
                 b.deps[id(item)] = [other for other in items.values() if other is not item]
             b.memo[("zg", hs.param, task)] = items
@@ -365,6 +373,19 @@ class StateLowering:
             b.deps[id(got)] = [items[h]]
         b.pull(got, key + (-1,))
         return Stash(got[2].key)
+
+    def _shard_source(self, hs: HeldState, leaf: LeafInfo, dev: int, gather: int | None, at: tuple) -> Source:
+        """Where ``dev``'s rows of stage-3 parameter ``hs`` come from for the gather ``gather`` (at key ``at``):
+        the resident rows, or, held on the host, their copy up at the key of the compiler's copy up that the
+        gather waits for."""
+        b = self.b
+        if not hs.on_host:
+            return b.producer_source(leaf, dev)
+        ups = [t for t in self._upstream(gather, hs.param, (TaskKind.TRANSFER,))
+               if int(b.plan.task_device[t]) == dev] if gather is not None else []
+        key = ("zc", leaf.read_node, gather)
+        b.emit(dev, (self._key(ups[0]) if ups else at + (-1,)) + (0,), Copy(key, Env(leaf.read_node), False))
+        return Stash(key)
 
     def _gather_task(self, hs: HeldState, op: int, dev: int, recompute: bool) -> int | None:
         """The compiler's all-gather of stage-3 parameter ``hs`` that op ``op``'s instance on ``dev`` waits for
@@ -410,7 +431,8 @@ class StateLowering:
         u = r.leaf[0]
         leaf = b.leaf(r.leaf)
         if u == hs.param and hs.offload:
-            return Input(r.node, Env(master_name(leaf.read_node)), leaf.node, r.chain, 1.0, r.tuple_index)
+            node = leaf.read_node if hs.on_host else master_name(leaf.read_node)
+            return Input(r.node, Env(node), leaf.node, r.chain, 1.0, r.tuple_index)
         if u in hs.state_ops or (u == hs.param and (hs.stage == 3 or not hs.sharded)):
             return Input(r.node, b.producer_source(leaf, dev), leaf.node, r.chain, 1.0, r.tuple_index)
         if u in hs.rows_ops or u in self.grad_ops:
@@ -540,7 +562,7 @@ class StateLowering:
             raise HeterogError(f"the next value of {b.graph.ops[op].name} is not written by the update of parameter "
                                f"{b.graph.ops[hs.param].param!r}")
         b.export(u, dev, 0, out)
-        if op in hs.state_ops:
+        if op in hs.state_ops or hs.on_host:           # state, and parameter rows held on the host: stay there
             return [(ph, Env(out))]
         kept: list[tuple[str, Source]] = [(master_name(ph), Env(out))] if hs.offload else []
         new: Source = Env(out)

@@ -13,7 +13,7 @@ from heterog.compiler import Compiler, TaskKind, compile_strategy
 from heterog.cost.host import host_memory_need_bytes, host_optimizer_step_s, pcie_time_s
 from heterog.errors import StrategyError
 from heterog.evaluate import Evaluator, cost_model
-from heterog.sharded import ShardedState, refuse_in_runtime
+from heterog.sharded import ShardedState
 from heterog.strategy import STRATEGY_VERSION, ParallelConfig, Strategy
 from simulator import simulate
 from tests.compiler.test_sharded_state import W_BYTES, B, mlp_adam
@@ -159,8 +159,43 @@ def test_offloading_to_a_server_without_a_host_is_refused_naming_it():
     with pytest.raises(StrategyError, match="group 0 offloads .* server 's', which has no 'host:' entry"):
         run(bare, 2, 2)
     run(bare, 2, 2, "none")                                         # sharding alone needs no host
-    with pytest.raises(StrategyError, match="offloads its parameters"):
-        run(cluster(2), 2, 3, "parameters")
+    with pytest.raises(StrategyError, match="group 0 offloads .* server 's'"):
+        run(bare, 2, 3, "parameters")
+
+
+def test_offloaded_parameters_come_up_in_shards_before_each_gather_and_stay_on_the_host():
+    c = cluster(2)
+    plan, res = run(c, 2, 3, "parameters")
+    kept, kept_res = run(c, 2, 3, "optimizer")
+    up_s = pcie_time_s(c, 0, W_BYTES / 2, n_concurrent=2)            # each GPU's half, both GPUs at once
+    names = plan.tg.resource_names
+    for w, phases in ((1, 1), (2, 2)):          # W1 is read in forward only (the input needs no gradient)
+        ups = [t for t in np.nonzero((plan.task_kind == TaskKind.TRANSFER) & (plan.task_op == w))[0]]
+        gathers = np.nonzero((plan.task_kind == TaskKind.COLLECTIVE) & (plan.task_op == w))[0]
+        assert len(ups) == 2 * phases and len(gathers) == phases
+        assert sorted(names[int(plan.tg.task_resources(t)[0])] for t in ups) == \
+            sorted([f"pcie-up:s/gpu{d}" for d in (0, 1)] * phases)
+        np.testing.assert_allclose(plan.tg.duration[ups], up_s)
+        for g in gathers:                        # each gather waits for its phase's two copies up
+            mine = [t for t in ups if t in plan.tg.task_deps(g)]
+            assert len(mine) == 2 and res.start[g] >= max(res.finish[mine]) - 1e-15
+        # each copy holds the device's half until the phase's readers on it have run
+        mem_ptr, mem_dev, mem_bytes = plan.tg.memory()
+        for t in ups:
+            assert mem_bytes[mem_ptr[t]:mem_ptr[t + 1]].tolist() == [W_BYTES // 2]
+            readers = [v for v in range(plan.n_tasks) if t in plan.tg.task_deps(v)
+                       and plan.task_kind[v] == TaskKind.COMPUTE]
+            assert readers and res.release_time[t] >= max(res.finish[readers]) - 1e-15
+        # the first gather is as fast as the copies allow
+        assert res.start[gathers[0]] == pytest.approx(max(res.finish[ups[:2]]))
+        # no copy up after the host step: the new rows stay on the host
+        assert not np.any((plan.task_kind == TaskKind.TRANSFER) & (plan.task_op == WRITER[w]))
+        assert np.any((kept.task_kind == TaskKind.TRANSFER) & (kept.task_op == WRITER[w]))
+    # resident: each GPU keeps its gradient halves only; the host holds what offloading the optimizer holds
+    np.testing.assert_array_equal(plan.tg.resident_bytes[:2], [W_BYTES] * 2)
+    np.testing.assert_array_equal(kept.tg.resident_bytes[:2], [2 * W_BYTES] * 2)
+    assert plan.tg.resident_bytes[-1] == kept.tg.resident_bytes[-1] == 2 * 2 * 0.5 * NUMEL * 16
+    assert all(res.peak_memory[:2] < kept_res.peak_memory[:2])
 
 
 def test_configs_state_where_offloading_means_something():
@@ -175,7 +210,6 @@ def test_configs_state_where_offloading_means_something():
         ShardedState(2, (1, 1), "parameters")
     with pytest.raises(StrategyError, match="unknown offload 'gpu'"):
         ShardedState(2, (1, 1), "gpu")
-    refuse_in_runtime(strategy(cluster(2), 2, 2).configs)          # the runtime runs offloaded optimizer state
 
 
 def test_strategy_files_carry_the_offload_and_older_files_load():
@@ -200,7 +234,8 @@ def test_patched_plans_equal_scratch_plans_when_offloading_changes():
     for _ in range(16):
         cfgs = []
         for _g in range(2):
-            stage, offload = int(rng.integers(0, 4)), str(rng.choice(["none", "optimizer"]))
+            stage, offload = int(rng.integers(0, 4)), str(rng.choice(["none", "optimizer", "parameters"]))
+            offload = "optimizer" if offload == "parameters" and stage < 3 else offload
             w = tuple(int(x) for x in rng.integers(1, 4, size=2))
             if stage == 0 and offload == "none":
                 cfgs.append(ParallelConfig((0, 1), (2, 2)))

@@ -6,7 +6,7 @@ offloaded to the host, on local-cpu-2 and local-cpu-3, exactly as in one process
 NCCL compute the same step in one process. With Adam the models whose one-process training the summation
 order of data parallelism leaves unchanged (``ADAM_MODELS``: not the attention models, whose key bias has a
 gradient of rounding noise that Adam scales to a full step, under plain data parallelism too) train the same.
-``make test`` runs one seeded case of each of the nine models quickest to capture (every mix on both clusters),
+``make test`` runs one seeded case of each of the ten models quickest to capture (every mix on both clusters),
 three with Adam and the NCCL programs of three; ``make conformance`` (``HETEROG_SHARDED_SWEEP=1``) every model under
 every mix on both clusters from two seeds, every Adam model under every mix, five Hugging Face models of
 ``transformers_models.py`` (dropout on, global batch 12) under every mix, and every NCCL program.
@@ -54,7 +54,7 @@ else:     # the models quick to capture and plan, each once, covering every mix 
             "mha_classifier": ("local-cpu-3", "recompute"), "embedding_bag": ("local-cpu-3", "splits"),
             "residual_glu": ("local-cpu-2", "recompute"), "view_chains": ("local-cpu-3", "plain"),
             "made_inside": ("local-cpu-2", "offload"), "dropout_net": ("local-cpu-3", "micro"),
-            "keyword_tagger": ("local-cpu-2", "splits")}
+            "keyword_tagger": ("local-cpu-2", "splits"), "seq2seq": ("local-cpu-3", "micro")}
     CASES = [(n, *DEAL[n], i) for i, n in enumerate(DEAL)]
     ADAM_CASES = [("residual_glu", "local-cpu-3", "splits", 0), ("made_inside", "local-cpu-2", "micro", 1),
                   ("embedding_bag", "local-cpu-3", "offload", 2)]
@@ -84,9 +84,11 @@ def cluster_of(name: str):
     return load_cluster(CLUSTERS[name])
 
 
-def sharded_config(rng: np.random.Generator, n_devices: int, batch: int, offload: bool) -> ParallelConfig:
+def sharded_config(rng: np.random.Generator, n_devices: int, batch: int, offload: bool,
+                   parameters: bool = False) -> ParallelConfig:
     """An AllReduce data-parallel config over a random set of at least two devices, random batch shares, its
-    state in shards of random weights 1-3 at a random stage (1-3; 0-3 when ``offload`` keeps it on the host)."""
+    state in shards of random weights 1-3 at a random stage (1-3; 0-3 when ``offload`` keeps it on the host,
+    at stage 3 with the parameters too where ``parameters``)."""
     k = int(rng.integers(2, n_devices + 1))
     devs = tuple(sorted(int(d) for d in rng.choice(n_devices, size=k, replace=False)))
     shares = proportional_shares(batch, rng.integers(1, 4, size=k))
@@ -94,14 +96,14 @@ def sharded_config(rng: np.random.Generator, n_devices: int, batch: int, offload
         shares = proportional_shares(batch, [1] * k)
     stage = int(rng.integers(0 if offload else 1, 4))
     weights = tuple(int(w) for w in rng.integers(1, 4, size=k))
-    return ParallelConfig(devs, tuple(shares), sharded=ShardedState(stage, weights,
-                                                                     "optimizer" if offload else "none"))
+    where = ("parameters" if parameters and stage == 3 else "optimizer") if offload else "none"
+    return ParallelConfig(devs, tuple(shares), sharded=ShardedState(stage, weights, where))
 
 
 def with_sharded_state(strategy: Strategy, n_devices: int, seed: int, offload: bool) -> Strategy:
     """``strategy`` with about half of its groups that are not divided beyond the batch made sharded data-parallel
     groups (``sharded_config``); with ``offload`` a quarter of the others offload their whole state from one
-    device."""
+    device; those at stage 3 of even index offload their parameters too."""
     rng = np.random.default_rng(7000 + seed)
     configs = list(strategy.configs)
     for g, c in enumerate(configs):
@@ -109,7 +111,7 @@ def with_sharded_state(strategy: Strategy, n_devices: int, seed: int, offload: b
             continue
         x = rng.random()
         if x < 0.5:
-            configs[g] = sharded_config(rng, n_devices, strategy.batch_size, offload)
+            configs[g] = sharded_config(rng, n_devices, strategy.batch_size, offload, g % 2 == 0)
         elif offload and x < 0.75:
             configs[g] = ParallelConfig((int(rng.integers(n_devices)),), (strategy.batch_size,),
                                         sharded=ShardedState(0, (1,), "optimizer"))

@@ -18,7 +18,7 @@ from heterog.evaluate import Evaluator
 from heterog.runtime import capture_model_for_runtime, compare_values, prepare, run_prepared, train_single_process
 from heterog.runtime.instructions import AllGather, AllReduce, Compute, Copy, Env, ReduceScatter, Stash
 from heterog.runtime.state_lowering import master_name
-from heterog.sharded import ShardedState, SimulatorOnlyError
+from heterog.sharded import ShardedState
 from heterog.strategy import ParallelConfig, Strategy
 
 STEPS = 3
@@ -194,7 +194,38 @@ def test_zero_offload_on_one_device_trains_like_one_process(pool2) -> None:
     assert ok, f"{bad} differ (max |diff| {diff:.3g})"
 
 
-def test_offloaded_parameters_are_refused_in_one_line() -> None:
-    held = ShardedState(3, WEIGHTS, "parameters")
-    with pytest.raises(SimulatorOnlyError, match="^offloaded parameters .* do not run yet"):
-        prepare(mlp(), cluster(), whole_graph(ParallelConfig((0, 1), (3, 3), sharded=held)))
+def test_offloaded_parameters_live_on_the_host_and_come_up_in_rows_before_each_gather(pool2) -> None:
+    """Stage 3 with the parameters offloaded: per rank the host holds the parameter's rows themselves (no other
+    master copy) and Adam's moments over them (rank 0: 17 x 4 + 2 x 17 x 4 = 204 B, rank 1: 408 B), the device only
+    the four step counters (16 B). Before each of the five gathers (four in forward, b.weight again in backward)
+    each rank copies its rows up, at the key of the compiler's copy up on its device; the update runs on the host
+    and nothing is copied up after it; training is exact."""
+    m = mlp()
+    strategy = data_parallel(3, "parameters")
+    ev = Evaluator(m.graph, cluster())
+    plan = ev.compile(strategy)
+    names = plan.tg.resource_names
+    prepared = prepare(m, cluster(), strategy)
+    assert persistent_bytes(prepared, host=True) == [204, 408]
+    assert persistent_bytes(prepared, host=False) == [16, 16]
+    for rp in prepared.lowered.ranks:
+        assert set(rp.host) == set(m.prog.placeholders[:4]) | {
+            ph for ph, (_, slot) in zip(m.prog.placeholders[4:], m.prog.state_names) if slot != "step"}
+        ups: dict[Stash, tuple] = {}
+        gathers = []
+        for key, ins in zip(rp.keys, rp.instrs):
+            if isinstance(ins, Copy) and not ins.to_host:
+                assert ins.source in {Env(k) for k in rp.host}            # the rows held on the host
+                t = int(key[1])
+                assert plan.task_kind[t] == TaskKind.TRANSFER and names[int(plan.tg.task_resources(t)[0])] == \
+                    f"pcie-up:{cluster().device_names[rp.rank]}"
+                ups[Stash(ins.key)] = key
+            elif isinstance(ins, AllGather):
+                assert ins.source in ups and ups[ins.source] < key         # gathered from the rows just copied up
+                gathers.append(ins)
+        assert len(ups) == len(gathers) == 5
+    result = run_prepared(prepared, [m.example_inputs], STEPS, pool=pool2)
+    losses, want = train_single_process(m, [m.example_inputs], STEPS)
+    ok, diff, bad = compare_values(m, result.values, want, rtol=1e-5, atol=1e-6)
+    assert ok, f"{bad} differ (max |diff| {diff:.3g})"
+    np.testing.assert_allclose(result.losses, losses, rtol=1e-5)
