@@ -36,7 +36,8 @@ def engine(cost=None):
 # ----------------------------------------------------------------------------------- provenance
 def plans_of_every_kind(graph, cluster):
     """Strategies whose plans hold every conversion: re-layouts between data-parallel layouts, moves of whole
-    values, PS pushes, AllReduces, splits and a grid, sharded state at stages 1-3 and offloaded state."""
+    values, PS pushes, AllReduces, splits and a grid, sharded state at stages 1-3, offloaded optimizer state and
+    offloaded parameters (their shards copied up before each gather)."""
     group_of = heterog.baselines.run("single", graph, cluster).group_of
     G = int(group_of.max()) + 1
     B, M = graph.batch_size, cluster.n_devices
@@ -51,7 +52,8 @@ def plans_of_every_kind(graph, cluster):
         w = state_weights("memory", devs, cluster)
         return ParallelConfig(devs, (2,) * 4, sharded=ShardedState(stage, w, offload))
 
-    mixes = [[one, ar, ps], [ar, split, one], [grid, ar, one], [zero(1), one, zero(3)], [zero(2, "optimizer"), ps]]
+    mixes = [[one, ar, ps], [ar, split, one], [grid, ar, one], [zero(1), one, zero(3)], [zero(2, "optimizer"), ps],
+             [zero(3, "parameters"), one]]
     return [Strategy(graph.fingerprint, cluster.name, M, B, group_of, [mix[g * len(mix) // G] for g in range(G)])
             for mix in mixes]
 
@@ -80,7 +82,7 @@ def test_every_conversion_task_is_made_by_the_engine(monkeypatch):
         plan = compile_strategy(graph, cluster, s, cost)
         for k, n in zip(*np.unique(plan.task_kind, return_counts=True)):
             counts[int(k)] = counts.get(int(k), 0) + int(n)
-    names = plan.tg.resource_names               # the last plan offloads: host copies on PCIe links
+    names = plan.tg.resource_names     # the last plan offloads its parameters: copies up only before the gathers
     pcie = [t for t in np.nonzero(plan.task_kind == TaskKind.TRANSFER)[0]
             if names[int(plan.tg.task_resources(t)[0])].startswith("pcie-")]
     assert {names[int(plan.tg.task_resources(t)[0])].split(":")[0] for t in pcie} == {"pcie-down", "pcie-up"}
