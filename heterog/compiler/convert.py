@@ -204,20 +204,15 @@ class Engine:
         collectives, free where a layer profile covers it. ``sub=None``: one tensor, numbered as made."""
         nb = np.atleast_1d(np.asarray(nbytes, dtype=np.float64))
         after = np.asarray(after, dtype=np.int64).reshape(len(nb), -1)
-        res = ring_resources(self.ctx, devices)
-        if sub is None:                          # one tensor, priced once per context
+        if sub is None:                          # one tensor
             if len(nb) != 1:
                 raise ValueError("collectives numbered as made are made one at a time")
-            t, u = int(np.asarray(tensor)), int(np.asarray(op))
-            dur = _collective_s(self.ctx, kind, devices, float(nb[0]), have, need, gradient)
-            if in_layer and covered(self.ctx)[u, list(devices)].all():
-                dur = 0.0
-            cid = self._task(dur=dur, kind=TaskKind.COLLECTIVE, op=u, dev=-1, alloc=0.0, cat=TaskCategory.COLLECTIVE,
-                             prio_op=int(np.asarray(prio_op)), stage=stage, cls=cls, tensor=t, res=res,
-                             owner=int(np.asarray(owner)))
-            for s in after[0].tolist():
-                self.dep(cid, s, int(np.asarray(owner)))
+            cid = self.collective_one(kind, devices, float(nb[0]), after[0].tolist(), op=int(np.asarray(op)),
+                                      tensor=int(np.asarray(tensor)), prio_op=int(np.asarray(prio_op)), stage=stage,
+                                      cls=cls, owner=int(np.asarray(owner)), have=have, need=need, gradient=gradient,
+                                      in_layer=in_layer)
             return np.array([cid], dtype=np.int64)
+        res = ring_resources(self.ctx, devices)
         times = collective_seconds(self.ctx, kind, devices, nb, have, need, gradient)
         if in_layer:
             ops = np.broadcast_to(np.asarray(op), nb.shape)
@@ -228,6 +223,24 @@ class Engine:
         k = after.shape[1]
         self.deps(np.repeat(ids, k), after.ravel(), np.repeat(np.broadcast_to(np.asarray(owner), (len(nb),)), k))
         return ids
+
+    def collective_one(self, kind: Conversion, devices: tuple[int, ...], nbytes: float, after: Sequence[int], *,
+                       op: int, tensor: int, prio_op: int, stage: str, cls: int, owner: int,
+                       have: np.ndarray | None = None, need: np.ndarray | None = None, gradient: bool = False,
+                       in_layer: bool = False) -> int:
+        """``collective`` of one tensor numbered as made, after the tasks ``after``: priced once per context;
+        returns its id."""
+        ctx = self.ctx
+        dur = _collective_s(ctx, kind, devices, nbytes, have, need, gradient)
+        if in_layer and covered(ctx)[op, list(devices)].all():
+            dur = 0.0
+        cid = self._task(dur=dur, kind=TaskKind.COLLECTIVE, op=op, dev=-1, alloc=0.0, cat=TaskCategory.COLLECTIVE,
+                         prio_op=prio_op, stage=stage, cls=cls, tensor=tensor, res=ring_resources(ctx, devices),
+                         owner=owner)
+        deps = self._deps
+        for s in after:
+            deps.append((cid, s, owner))
+        return cid
 
     def land(self, collective: int, devices: Sequence[int] | np.ndarray, nbytes: float, parts: npt.ArrayLike, *,
              op: int, tensor: int, prio_op: int, cls: int, owner: int, sub: npt.ArrayLike | None = None) -> np.ndarray:

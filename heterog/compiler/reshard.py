@@ -65,9 +65,9 @@ def _collective(conv: Engine, kind: Conversion, t: int, u: int, devs: tuple[int,
     over ``devs`` after ``sources`` (the producer's instances), one of the producer's layer's own; its result
     lands on each device, allocating ``f_out[i]`` of it there. Returns the landing tasks, in device order."""
     owner = conv.ctx.index.n_ops + t
-    coll = conv.collective(kind, devs, nbytes, np.array([sources]), op=u, tensor=t, prio_op=prio, stage="split",
-                           cls=1, owner=owner, have=f_u, need=f_out, in_layer=True)
-    return conv.land(int(coll[0]), devs, nbytes, f_out, op=u, tensor=t, prio_op=prio, cls=1, owner=owner).tolist()
+    coll = conv.collective_one(kind, devs, nbytes, sources, op=u, tensor=t, prio_op=prio, stage="split", cls=1,
+                               owner=owner, have=f_u, need=f_out, in_layer=True)
+    return conv.land(coll, devs, nbytes, f_out, op=u, tensor=t, prio_op=prio, cls=1, owner=owner).tolist()
 
 
 def _entries(layouts: LayoutTable, lay: int) -> tuple[tuple[int, ...], dict[Hashable, Sequence[int]]]:
@@ -114,9 +114,8 @@ def _sum_over_groups(ctx: CompileContext, conv: Engine, t: int, u: int, groups: 
     out: dict[int, int] = {}
     for devs in (tuple(g[i] for g in groups) for i in range(len(groups[0]))):
         part = nbytes * (f_u[devs[0]] if have == 1 else 1.0)
-        ar = int(conv.collective(conversion(P, R, True), devs, part, np.array([[sources[d] for d in devs]]), op=u,
-                                 tensor=t, prio_op=prio, stage="split", cls=1, owner=ctx.index.n_ops + t,
-                                 gradient=True)[0])
+        ar = conv.collective_one(conversion(P, R, True), devs, part, [sources[d] for d in devs], op=u, tensor=t,
+                                 prio_op=prio, stage="split", cls=1, owner=ctx.index.n_ops + t, gradient=True)
         out.update(dict.fromkeys(devs, ar))
     return out
 
