@@ -18,9 +18,13 @@ fit, that plan is reported too). The fastest candidate that fits is kept;
 where none fits, the one of least peak memory over capacity and its binding device are reported.
 
 Bounds: ``compute_bound_s`` (``heterog.bounds.compute_bound``: no plan computes faster, communication and
-memory ignored), ``flops_bound_s`` (total FLOPs over the sum of the devices' effective FLOP/s) and, where the
-state exceeds the GPU memory, the least offloading any plan needs: parameters of which the optimizer state
-and master weights (12 of the 16 bytes) live on the host, so that 16 (P - P_off) + 4 P_off <= GPU memory;
+memory ignored), ``gpu_floor_bytes`` (the parameters, buffers and gradients, which stay on the GPUs when
+every parameter's optimizer state is offloaded, the offloading the simulator prices) and what that leaves
+of the GPU memory (``gpu_room_bytes``), ``flops_bound_s`` (total FLOPs over the sum of the devices'
+effective FLOP/s) and, where the state exceeds the GPU memory, the least offloading any plan needs:
+parameters of which the optimizer state and master weights (12 of the 16 bytes) live on the host, so that
+16 (P - P_off) + 4 P_off <= GPU memory (ZeRO-Offload's accounting, gradients on the host too; the
+simulator keeps each offloaded parameter's gradient on its GPU, 8 bytes, hence ``gpu_floor_bytes``);
 their gradients go down and parameters come up over PCIe (8 bytes per parameter, spread over every GPU's
 link, two GPUs of a server sharing its host memory bandwidth) and are stepped on the host CPUs (heterog.cost
 .host, spread over every server). With a plan that offloads, the simulated busy time of its PCIe and host
@@ -69,8 +73,13 @@ def offload_bounds(graph: Any, cluster: Any, arithmetic: dict) -> dict:
 
     over = arithmetic["resident_bytes"] - arithmetic["gpu_memory_bytes"]
     p_off = max(0.0, over / OFFLOADED_HOST_BYTES_PER_PARAM)
+    # what the GPUs hold with every parameter's optimizer state offloaded (the offloading the simulator
+    # prices): the parameters, buffers and gradients, and what that leaves for everything else
+    floor = float(arithmetic.get("param_bytes", 0) + arithmetic.get("buffer_bytes", 0)
+                  + arithmetic.get("grad_bytes", 0))
     out: dict = {"state_over_gpu_memory_bytes": float(over), "offloaded_params_at_least": p_off,
-                 "pcie_bound_s": 0.0, "host_step_bound_s": 0.0, "host_memory_need_bytes": 0.0}
+                 "pcie_bound_s": 0.0, "host_step_bound_s": 0.0, "host_memory_need_bytes": 0.0,
+                 "gpu_floor_bytes": floor, "gpu_room_bytes": float(arithmetic["gpu_memory_bytes"]) - floor}
     if p_off <= 0:
         return out
     m, n_servers = cluster.n_devices, len(cluster.servers)
@@ -298,6 +307,10 @@ def summary(rec: dict) -> str:
                      f"{o['offloaded_params_at_least'] / 1e9:.2f} B parameters offloaded ("
                      f"{_gb(o['host_memory_need_bytes'])} GB of host memory), PCIe >= {o['pcie_bound_s']:.2f} s, "
                      f"host Adam step >= {o['host_step_bound_s']:.2f} s per iteration.")
+        lines.append(f"  with the optimizer state of every parameter offloaded the GPUs still hold the parameters and "
+                     f"gradients, {_gb(o['gpu_floor_bytes'])} GB ({o['gpu_floor_bytes'] / a['gpu_memory_bytes']:.1%} "
+                     f"of their memory), leaving {_gb(o['gpu_room_bytes'])} GB for every activation, gathered "
+                     f"parameter and transient.")
     by_label = {r["label"]: r for r in rec["candidates"]}
     if rec["best"]:
         r = by_label[rec["best"]]

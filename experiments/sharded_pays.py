@@ -12,7 +12,8 @@ runs ``--max-evals`` proposals (deterministic for the seed); the pipeline planne
 
 The bound, on the best plan without sharded state: its headroom (the smallest of each device's capacity
 less its peak; negative: out of memory) and the plan with every data-parallel AllReduce group keeping
-each stage's sharded state (shards even, by memory or by speed; the fastest of each stage). Where the
+each stage's sharded state, on the GPUs and with the optimizer state offloaded to the host where the
+cluster's servers have hosts (shards even, by memory or by speed; the fastest of each). Where the
 headroom is positive, state memory is not what binds, and the stage-k plans measure what sharding adds:
 stage 1 an all-gather on top of the AllReduce, stage 2 a reduce-scatter and an all-gather in place of it
 (each replica updating its shard), stage 3 two more all-gathers of every parameter.
@@ -40,27 +41,38 @@ def _summary(ev, strategy) -> dict:
     return {"iteration_time_s": r.iteration_time_s, "oom": bool(r.oom), "headroom_bytes": float(headroom),
             "sharded_groups": sum(c.sharded is not None for c in strategy.configs),
             "stages": sorted({int(c.sharded.stage) for c in strategy.configs if c.sharded is not None}),
+            "offloaded_groups": sum(c.sharded is not None and c.sharded.offloads for c in strategy.configs),
             "recomputed_groups": len(strategy.recompute), "micro_batches": strategy.n_micro,
             "fit": strategy.meta.get("fit", "")}
 
 
+def choice_label(choice: dict) -> str:
+    """"2" for stage 2 on the GPUs, "2+offload" for stage 2 with the optimizer state on the host."""
+    return str(int(choice["stage"])) + ("" if choice.get("offload", "none") == "none" else "+offload")
+
+
 def stage_bound(ev, strategy) -> dict:
-    """``strategy`` with every data-parallel AllReduce group keeping sharded state, the fastest plan of
-    each stage (over shard weights even, by memory, by speed): {stage: (time, OOM)}; empty where no group
-    can."""
+    """``strategy`` with every group that may keeping each choice of sharded state (``STATE_CHOICES``:
+    stages 1-3, on the GPUs or offloaded; a group of one device only offloads), the fastest plan of each
+    (over shard weights even, by memory, by speed): {``choice_label``: (time, OOM)}; a choice no group can
+    take is left out."""
     from heterog.baselines.fit import STATE_CHOICES, sharded_variants, state_order, with_sharded
     from heterog.sharded import SHARD_BY
 
     groups = state_order(ev, strategy)
-    out: dict[int, tuple[float, bool]] = {}
+    out: dict[str, tuple[float, bool]] = {}
     for choice in STATE_CHOICES:
         for by in SHARD_BY:
-            s = with_sharded(strategy, groups,
+            made = {g: sharded_variants(strategy.configs[g], ev.cluster, (choice,), (by,)) for g in groups}
+            taking = [g for g in groups if made[g]]
+            if not taking:
+                continue
+            s = with_sharded(strategy, taking,
                              lambda c, ch=choice, b=by: sharded_variants(c, ev.cluster, (ch,), (b,))[0])
             t, oom = ev.iteration_time(s)
-            stage = int(choice["stage"])
-            if groups and (stage not in out or (oom, t) < (out[stage][1], out[stage][0])):
-                out[stage] = (float(t), bool(oom))
+            key = choice_label(choice)
+            if key not in out or (oom, t) < (out[key][1], out[key][0]):
+                out[key] = (float(t), bool(oom))
     return out
 
 
@@ -106,7 +118,38 @@ def main(argv: list[str] | None = None) -> int:
     except HeterogError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    return print_rows(rows, args.json, _table)
+    code = print_rows(rows, args.json, _table)
+    if not args.json:
+        print("\n" + "\n".join(best_lines(rows)))
+    return code
+
+
+def best_of_planners(rows: list[dict]) -> list[dict]:
+    """Per (graph, cluster): the fastest plan that fits among the planners' plans without sharded state and
+    among those with it (None where none fits), and their ratio (without / with)."""
+    out: dict[tuple[str, str], dict] = {}
+    for r in rows:
+        case = out.setdefault((r["graph"], r["cluster"]), {"graph": r["graph"], "cluster": r["cluster"],
+                                                            "without": None, "with": None})
+        for side in ("without", "with"):
+            if not r[side]["oom"] and (case[side] is None or r[side]["iteration_time_s"] < case[side][1]):
+                case[side] = (r["planner"], r[side]["iteration_time_s"])
+    for case in out.values():
+        w, s = case["without"], case["with"]
+        case["ratio"] = w[1] / s[1] if w and s else None
+    return list(out.values())
+
+
+def best_lines(rows: list[dict]) -> list[str]:
+    """One line per (graph, cluster): the best plan without and with sharded state, and the ratio."""
+    lines = []
+    for c in best_of_planners(rows):
+        w, s = c["without"], c["with"]
+        ratio = "-" if c["ratio"] is None else f"{c['ratio']:.2f}x"
+        lines.append(f"{c['graph']} on {c['cluster']}: best without "
+                     f"{'none fits' if w is None else f'{w[0]} {w[1] * 1e3:.1f} ms'}, best with "
+                     f"{'none fits' if s is None else f'{s[0]} {s[1] * 1e3:.1f} ms'}: {ratio}")
+    return lines
 
 
 def _ms(t: float, oom: bool = False) -> str:
@@ -116,14 +159,16 @@ def _ms(t: float, oom: bool = False) -> str:
 def _table(rows: list[dict]) -> Table:
     table = Table([Column("graph", align="left"), Column("cluster", align="left"), Column("planner", align="left"),
                    Column("without (ms)"), Column("with (ms)"), Column("ratio"), Column("with: stages / groups / fit"),
-                   Column("headroom without (GiB)"), Column("all DP groups at stage 1 / 2 / 3 (ms)")])
+                   Column("headroom without (GiB)"), Column("all DP groups at stage 1 / 2 / 3 (ms)"),
+                   Column("offloaded: stage 1 / 2 / 3 (ms)")])
     for r in rows:
         w, s, b = r["without"], r["with"], r["bound"]
         stages = " / ".join(_ms(*b[k]) if k in b else "-" for k in ("1", "2", "3"))
+        offloaded = " / ".join(_ms(*b[k]) if k in b else "-" for k in ("1+offload", "2+offload", "3+offload"))
         table.add(r["graph"], r["cluster"], r["planner"], _ms(w["iteration_time_s"], w["oom"]),
                   _ms(s["iteration_time_s"], s["oom"]), f"{r['ratio']:.2f}",
                   f"{','.join(map(str, s['stages'])) or '-'} / {s['sharded_groups']} / {s['fit'] or '-'}",
-                  f"{w['headroom_bytes'] / 2 ** 30:.2f}", stages)
+                  f"{w['headroom_bytes'] / 2 ** 30:.2f}", stages, offloaded)
     return table
 
 

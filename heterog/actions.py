@@ -11,13 +11,14 @@ and, in the action space with splits beyond the batch (``n_actions(M, splits=Tru
   M+6+d         tp-even over the devices of device d's server (d = 0..M-1)
   2M+6+d        tp-prop over the devices of device d's server
 and, in an action space with state actions (``n_actions(M, splits, states=True)``), 2 S more after those
-(S = ``N_STATE_CHOICES`` = 18), the AllReduce data-parallel actions keeping sharded state:
+(S = ``N_STATE_CHOICES`` = 21), the AllReduce data-parallel actions keeping sharded state:
   A + s         DP-even-AR keeping state choice s        (A = ``n_actions(M, splits)``, s = 0..S-1)
   A + S + s     DP-proportional-AR keeping state choice s
 where choice s is ``STATE_CHOICES[s]`` = (stage, shard sizing, offload): offload "none" then "optimizer",
 within each stage 1, 2, 3, within each shards even, by memory, by speed (``heterog.sharded.SHARD_BY``), so
-s = 9 o + 3 (stage - 1) + by. A config with fewer than two replicas keeps no sharded state (the state
-choice is dropped: the plain AllReduce config); one with a replica on a server without a host keeps its
+s = 9 o + 3 (stage - 1) + by; then stage 3 with the parameters offloaded too, s = 18 + by. A config with
+fewer than two replicas keeps no sharded state (the state choice is dropped: the plain AllReduce config);
+one with a replica on a server without a host keeps its
 optimizer state on the GPUs (the offload is dropped). ``state_action``, ``state_of``, ``decode_state_action``,
 ``with_state``, ``state_choice`` and ``encode_strategy`` (a plan's configs back to actions) read this table.
 The offsets are stated once here (``N_DP_ACTIONS``, ``N_CLUSTER_SPLIT_ACTIONS``, ``cluster_split_action``,
@@ -54,7 +55,8 @@ pointer per device for its server, even and proportional."""
 SPLIT_ACTION_NAMES = ("tp-even", "tp-prop")
 STATE_OFFLOADS = ("none", "optimizer")
 STATE_CHOICES: tuple[tuple[int, str, str], ...] = tuple(
-    (stage, by, offload) for offload in STATE_OFFLOADS for stage in (1, 2, 3) for by in SHARD_BY)
+    (stage, by, offload) for offload in STATE_OFFLOADS for stage in (1, 2, 3) for by in SHARD_BY) + tuple(
+    (3, by, "parameters") for by in SHARD_BY)
 """The sharded-state choices of the state actions, (ZeRO stage, shard sizing, offload), in their order."""
 N_STATE_CHOICES = len(STATE_CHOICES)
 STATE_BASES = (1, 3)
@@ -78,9 +80,10 @@ def devices_of(n_actions_: int, splits: bool = False, states: bool = False) -> i
 
 
 def state_choice_name(choice: int) -> str:
-    """``s<stage>-<sizing>``, with ``+offload`` where the optimizer state is offloaded."""
+    """``s<stage>-<sizing>``, with ``+offload`` where the optimizer state is offloaded, ``+offload-params``
+    where the parameter shards are too."""
     stage, by, offload = STATE_CHOICES[int(choice)]
-    return f"s{stage}-{by}" + ("+offload" if offload != "none" else "")
+    return f"s{stage}-{by}" + {"none": "", "optimizer": "+offload", "parameters": "+offload-params"}[offload]
 
 
 def state_action(n_devices: int, base: int, choice: int, splits: bool = False) -> int:

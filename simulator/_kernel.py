@@ -87,8 +87,8 @@ def transpose_csr(ptr: np.ndarray, idx: np.ndarray,
 def simulate_kernel(duration: np.ndarray, lag: np.ndarray, priority: np.ndarray,  # pragma: no cover - compiled
                     res_ptr: np.ndarray, res_idx: np.ndarray, dep_ptr: np.ndarray, succ_ptr: np.ndarray,
                     succ_idx: np.ndarray, mem_ptr: np.ndarray, mem_res: np.ndarray, mem_bytes: np.ndarray,
-                    free_ptr: np.ndarray, free_idx: np.ndarray, resident_bytes: np.ndarray, fifo: bool,
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+                    free_ptr: np.ndarray, free_idx: np.ndarray, free_entry: np.ndarray, resident_bytes: np.ndarray,
+                    fifo: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
     """Greedy list scheduling of a task DAG on exclusive resources; the same rule as the reference.
 
     Ready tasks wait in one binary heap of candidates ordered by (-priority, id). A candidate that finds a
@@ -104,27 +104,36 @@ def simulate_kernel(duration: np.ndarray, lag: np.ndarray, priority: np.ndarray,
     its finish is processed (resources and memory), goes back in at its arrival ``finish + lag``, and only
     that second event makes its dependents ready. While it waits for that, ``finish`` holds its arrival
     (the heap's key) and ``sent_at`` its finish, put back when it arrives: lag-free tasks cost one read.
-    Returns (start, finish, release_time, busy, peak, n_started).
+    Allocations are reference counted per memory entry: a free names a task's entries (``free_entry`` -1)
+    or one of them (its position among the task's entries).
+    Returns (start, finish, entry release time, busy, peak, n_started).
     """
     n = duration.shape[0]
     if fifo:
         priority = np.zeros(n, dtype=np.float64)
     n_res = resident_bytes.shape[0]
     pending = np.empty(n, dtype=np.int32)  # dependencies not arrived yet (finish + lag)
-    refcount = np.zeros(n, dtype=np.int32)  # tasks that must finish before t's allocation is released
+    n_ent = mem_res.shape[0]
+    refcount = np.zeros(n_ent, dtype=np.int32)  # tasks that must finish before an entry is released
     for j in range(free_idx.shape[0]):
-        refcount[free_idx[j]] += 1
+        x = free_idx[j]
+        if free_entry[j] < 0:
+            for jm in range(mem_ptr[x], mem_ptr[x + 1]):
+                refcount[jm] += 1
+        elif mem_ptr[x] + free_entry[j] < mem_ptr[x + 1]:
+            refcount[mem_ptr[x] + free_entry[j]] += 1
+    for jm in range(n_ent):
+        if refcount[jm] > 0:
+            refcount[jm] += 1  # the task itself
     busy = np.zeros(n_res, dtype=np.float64)
     for t in range(n):
         pending[t] = dep_ptr[t + 1] - dep_ptr[t]
-        if refcount[t] > 0:
-            refcount[t] += 1  # the task itself
         for j in range(res_ptr[t], res_ptr[t + 1]):  # task-id order, as in the reference
             busy[res_idx[j]] += duration[t]
 
     start = np.empty(n, dtype=np.float64)
     finish = np.empty(n, dtype=np.float64)
-    release_time = np.full(n, np.inf)
+    release_time = np.full(n_ent, np.inf)
     allocated = resident_bytes.copy()
     peak = resident_bytes.copy()
     held = np.zeros(n_res, dtype=np.bool_)
@@ -311,15 +320,19 @@ def simulate_kernel(duration: np.ndarray, lag: np.ndarray, priority: np.ndarray,
                     if wait_root[_u(r)] >= 0:
                         promote[_u(n_promote)] = r
                         n_promote += 1
-                for j in range(free_ptr[_u(f)] - 1, free_ptr[_u(f + 1)]):  # f itself first, then the tasks it frees
+                for j in range(free_ptr[_u(f)] - 1, free_ptr[_u(f + 1)]):  # f itself first, then what it frees
                     x = free_idx[_u(j)] if j >= free_ptr[_u(f)] else f
-                    if refcount[_u(x)] == 0:  # only f itself, when no task frees it
-                        continue
-                    refcount[_u(x)] -= 1
-                    if refcount[_u(x)] == 0:
-                        for jm in range(mem_ptr[_u(x)], mem_ptr[_u(x + 1)]):
+                    lo, hi = mem_ptr[_u(x)], mem_ptr[_u(x + 1)]
+                    if j >= free_ptr[_u(f)] and free_entry[_u(j)] >= 0:
+                        lo = min(lo + free_entry[_u(j)], hi)
+                        hi = min(lo + 1, hi)
+                    for jm in range(lo, hi):
+                        if refcount[_u(jm)] == 0:  # only f itself, when no task frees it
+                            continue
+                        refcount[_u(jm)] -= 1
+                        if refcount[_u(jm)] == 0:
                             allocated[_u(mem_res[_u(jm)])] -= mem_bytes[_u(jm)]
-                        release_time[_u(x)] = now
+                            release_time[_u(jm)] = now
                 if lf > 0.0:  # its dependents wait for the arrival: push f back at finish + lag
                     sent[_u(f)] = True
                     sent_at[_u(f)] = now

@@ -36,12 +36,14 @@ class SimResult:
     oom_resources: list[int]
     """Ids of those resources."""
     release_time: np.ndarray
-    """When each task's allocation was released (s); inf if never."""
+    """When each task's allocation was released (s; its last memory entry's); inf if never, or if it
+    allocates nothing."""
     resource_names: list[str] = field(default_factory=list)
     _mem_ptr: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
     _mem_res: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     _mem_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     _resident_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    _mem_release: np.ndarray | None = None      # release time of each memory entry (s), inf if never
     arrival: np.ndarray | None = None
     """When each task's dependents see it done: finish + lag (s); None given means no lag (= finish)."""
 
@@ -66,13 +68,20 @@ class SimResult:
         owner = np.repeat(np.arange(len(counts)), counts)
         on = self._mem_res == resource
         task, nbytes = owner[on], self._mem_bytes[on]
-        released = np.isfinite(self.release_time[task])
-        times = np.concatenate([[0.0], self.start[task], self.release_time[task][released]])
+        release = self.entry_release_time()[on]
+        released = np.isfinite(release)
+        times = np.concatenate([[0.0], self.start[task], release[released]])
         deltas = np.concatenate([[self._resident_bytes[resource]], nbytes, -nbytes[released]])
         order = np.argsort(times, kind="stable")
         times, level = times[order], np.cumsum(deltas[order])
         last_of_instant = np.append(times[1:] != times[:-1], True)
         return times[last_of_instant], level[last_of_instant]
+
+    def entry_release_time(self) -> np.ndarray:
+        """When each memory entry (``TaskGraph.memory`` order) was released (s); inf if never."""
+        if self._mem_release is not None:
+            return self._mem_release
+        return np.repeat(self.release_time, np.diff(self._mem_ptr))
 
     def __repr__(self) -> str:
         return (f"SimResult(makespan={self.makespan:.6g} s, {len(self.start)} tasks, "
@@ -106,20 +115,26 @@ def simulate(tg: TaskGraph, priority: np.ndarray | None = None, *, fifo: bool = 
     dep_ptr, dep_idx = tg.dependencies()
     mem_ptr, mem_res, mem_bytes = tg.memory()
     free_ptr, free_idx = tg.frees()
+    free_entry = tg.free_entries()
     resident = tg.resident_bytes.copy()
 
     if reference:
-        start, finish, release_time, busy, peak = simulate_reference(
+        start, finish, entry_release, busy, peak = simulate_reference(
             tg.duration, priority, res_ptr, res_idx, dep_ptr, dep_idx, mem_ptr, mem_res, mem_bytes,
-            free_ptr, free_idx, resident, fifo, tg.lag)
+            free_ptr, free_idx, resident, fifo, tg.lag, free_entry)
     else:
         succ_ptr, succ_idx = tg.successors()
-        start, finish, release_time, busy, peak, n_started = _kernel.simulate_kernel(
+        start, finish, entry_release, busy, peak, n_started = _kernel.simulate_kernel(
             tg.duration, tg.lag, priority, res_ptr, res_idx, dep_ptr, succ_ptr, succ_idx, mem_ptr, mem_res,
-            mem_bytes, free_ptr, free_idx, resident, bool(fifo))
+            mem_bytes, free_ptr, free_idx, free_entry, resident, bool(fifo))
         if n_started != n:  # cannot happen for a graph built through TaskGraph (a DAG by construction)
             raise RuntimeError(f"simulation stalled: {n_started} of {n} tasks started")
 
+    release_time = np.full(n, np.inf)
+    counts = np.diff(mem_ptr)
+    has = counts > 0
+    if has.any():
+        release_time[has] = np.maximum.reduceat(entry_release, mem_ptr[:-1][has])
     arrival = finish + tg.lag
     capacity = tg.memory_capacity_bytes
     over = (capacity >= 0) & (peak > capacity)
@@ -127,4 +142,5 @@ def simulate(tg: TaskGraph, priority: np.ndarray | None = None, *, fifo: bool = 
         makespan=float(arrival.max()) if n else 0.0, start=start, finish=finish, busy=busy,
         peak_memory=peak, oom=bool(over.any()), oom_resources=np.flatnonzero(over).tolist(),
         release_time=release_time, resource_names=tg.resource_names, _mem_ptr=mem_ptr, _mem_res=mem_res,
-        _mem_bytes=mem_bytes, _resident_bytes=resident, arrival=arrival)
+        _mem_bytes=mem_bytes, _resident_bytes=resident, arrival=arrival,
+        _mem_release=entry_release)

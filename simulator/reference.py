@@ -13,8 +13,9 @@ def simulate_reference(duration: np.ndarray, priority: np.ndarray, res_ptr: np.n
                        dep_ptr: np.ndarray, dep_idx: np.ndarray, mem_ptr: np.ndarray, mem_res: np.ndarray,
                        mem_bytes: np.ndarray, free_ptr: np.ndarray, free_idx: np.ndarray,
                        resident_bytes: np.ndarray, fifo: bool = False,
-                       lag: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
-    """Run the task graph given as CSR arrays; returns (start, finish, release_time, busy, peak).
+                       lag: np.ndarray | None = None, free_entry: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+    """Run the task graph given as CSR arrays; returns (start, finish, release time of each memory entry,
+    busy, peak).
 
     The rule, round by round at one time instant ``now``:
       1. scan the ready tasks in order (higher priority first, ties by lower id) and start every one whose
@@ -27,8 +28,9 @@ def simulate_reference(duration: np.ndarray, priority: np.ndarray, res_ptr: np.n
       next round at the same instant. So, at one instant, releases come before allocations.
     The lag models a message's latency: the sender's resources are busy for the duration only, and the
     data reaches the dependents a lag later. ``lag`` None means 0 for every task.
-    The allocation of task x is released once x and every task naming x in its ``frees`` have finished;
-    an allocation nobody frees stays.
+    Each memory entry of task x is released once x and every task naming it in its ``frees`` have
+    finished (a free names all of x's entries, or with ``free_entry`` >= 0 the one at that position among
+    them); an entry nobody frees stays.
     With ``fifo`` the priority of a task is minus the time it became ready (first ready, first served), set
     when it becomes ready; ``priority`` is ignored.
     """
@@ -57,27 +59,38 @@ def simulate_reference(duration: np.ndarray, priority: np.ndarray, res_ptr: np.n
         for d in deps[t]:
             dependents[d].append(t)
     deps_left = [len(deps[t]) for t in range(n)]
-    holders = [0] * n  # tasks that must finish before the allocation of t is released
+    mem_ptr_list = mem_ptr.tolist()
+    entry_of = free_entry.tolist() if free_entry is not None else [-1] * len(free_idx)
+    free_entries = segments(free_ptr, np.asarray(entry_of, dtype=np.int64))
+
+    def named(x: int, k: int) -> list[int]:
+        lo, hi = mem_ptr_list[x], mem_ptr_list[x + 1]
+        return list(range(lo, hi)) if k < 0 else [lo + k] if lo + k < hi else []
+
+    holders = [0] * len(mem_res)  # tasks that must finish before a memory entry is released
     for t in range(n):
-        for x in frees[t]:
-            holders[x] += 1
-    for t in range(n):
-        if holders[t] > 0:
-            holders[t] += 1  # t itself
+        for x, k in zip(frees[t], free_entries[t]):
+            for jm in named(x, k):
+                holders[jm] += 1
+    for jm in range(len(mem_res)):
+        if holders[jm] > 0:
+            holders[jm] += 1  # its task itself
+    entry_res, entry_bytes = mem_res.tolist(), mem_bytes.tolist()
 
     start = [float("nan")] * n
     finish = [float("nan")] * n
-    release_time = [float("inf")] * n
+    release_time = [float("inf")] * len(mem_res)
     resource_free = [True] * n_res
     allocated = [int(b) for b in resident_bytes]
     peak = list(allocated)
 
-    def release_holder(x: int, now: float) -> None:
-        holders[x] -= 1
-        if holders[x] == 0:
-            for r, b in mem[x]:
-                allocated[r] -= b
-            release_time[x] = now
+    def release_holder(jm: int, now: float) -> None:
+        if holders[jm] == 0:
+            return
+        holders[jm] -= 1
+        if holders[jm] == 0:
+            allocated[entry_res[jm]] -= entry_bytes[jm]
+            release_time[jm] = now
 
     ready = [t for t in range(n) if deps_left[t] == 0]
     events: list[tuple[float, int]] = []  # heap of (time, task): finishes, then arrivals of lagged tasks
@@ -108,10 +121,11 @@ def simulate_reference(duration: np.ndarray, priority: np.ndarray, res_ptr: np.n
                 finished[t] = True
                 for r in resources[t]:
                     resource_free[r] = True
-                if holders[t] > 0:
-                    release_holder(t, now)
-                for x in frees[t]:
-                    release_holder(x, now)
+                for jm in named(t, -1):
+                    release_holder(jm, now)
+                for x, k in zip(frees[t], free_entries[t]):
+                    for jm in named(x, k):
+                        release_holder(jm, now)
                 if lags[t] > 0:
                     heapq.heappush(events, (finish[t] + lags[t], t))
                     continue

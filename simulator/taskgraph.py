@@ -88,7 +88,9 @@ class TaskGraph:
     priority (higher runs first among ready tasks), memory allocated on resources when it starts
     (``mem``), and ``frees``: earlier tasks (or itself) whose allocations it consumes. The allocation of
     task x is released once x and all tasks naming x in ``frees`` have finished; if nobody names x it is
-    never released. Per resource: a name, an optional memory capacity and bytes resident from time 0.
+    never released. A graph filled by ``adopt_tasks`` may name one memory entry of x per free
+    (``free_entries``): each entry is then released on its own, once x and the tasks naming it (or all
+    of x) have finished. Per resource: a name, an optional memory capacity and bytes resident from time 0.
 
     A task's ``lag`` (s, default 0) delays only what its dependents see: it holds its resources for its
     duration and frees them (and its memory effects happen) at ``finish = start + duration``, but its
@@ -117,6 +119,7 @@ class TaskGraph:
         self._mem_bytes = _Buffer(np.int64)
         self._free_ptr = _Buffer(np.int64, [0])
         self._free_idx = _Buffer(np.int64)
+        self._free_entry: np.ndarray | None = None  # per free: position of the entry it names, -1 all
         self._names: list[str] | None = None  # created when the first task name arrives
         self._cat_names: list[str] = [""]
         self._cat_code: dict[str, int] = {"": 0}
@@ -293,13 +296,15 @@ class TaskGraph:
     def adopt_tasks(self, duration: np.ndarray, lag: np.ndarray, cats: np.ndarray, res_ptr: np.ndarray,
                     res_idx: np.ndarray, dep_ptr: np.ndarray, dep_idx: np.ndarray, mem_ptr: np.ndarray,
                     mem_res: np.ndarray, mem_bytes: np.ndarray, *, validate: bool = True,
-                    frees: tuple[np.ndarray, np.ndarray] | None = None) -> TaskGraph:
+                    frees: tuple[np.ndarray, np.ndarray] | None = None,
+                    free_entry: np.ndarray | None = None) -> TaskGraph:
         """Fill a graph without tasks from arrays it keeps (no copies: do not modify them afterwards).
 
         For a compiler that builds every task at once: int64 CSR arrays as in ``add_tasks``, category codes
         registered with ``category``, integer byte counts, each task freeing its dependencies
         (``free_ptr, free_idx = dep_ptr, dep_idx``) unless ``frees`` gives them as (ptr, idx) (a task
-        that only orders others frees nothing), priorities 0. ``validate`` runs the checks of
+        that only orders others frees nothing), priorities 0. ``free_entry`` (one per free): the position,
+        among the freed task's memory entries, of the one it releases (-1: all). ``validate`` runs the checks of
         ``add_tasks``; without it the caller vouches for the arrays (deps point back, resources exist,
         durations and lags finite and >= 0).
         """
@@ -308,6 +313,8 @@ class TaskGraph:
         k = len(duration)
         priority = np.zeros(k)
         free_ptr, free_idx = (dep_ptr, dep_idx) if frees is None else frees
+        if free_entry is not None and len(free_entry) != len(free_idx):
+            raise ValueError(f"free_entry has {len(free_entry)} entries, the frees {len(free_idx)}")
         if validate:
             for name, (ptr, idx) in (("resources", (res_ptr, res_idx)), ("deps", (dep_ptr, dep_idx)),
                                      ("mem", (mem_ptr, mem_res))):
@@ -325,6 +332,7 @@ class TaskGraph:
         self._res_ptr, self._res_idx = _Buffer.adopt(res_ptr), _Buffer.adopt(res_idx)
         self._dep_ptr, self._dep_idx = _Buffer.adopt(dep_ptr), _Buffer.adopt(dep_idx)
         self._free_ptr, self._free_idx = _Buffer.adopt(free_ptr), _Buffer.adopt(free_idx)
+        self._free_entry = free_entry
         self._mem_ptr, self._mem_res, self._mem_bytes = _Buffer.adopt(mem_ptr), _Buffer.adopt(mem_res), \
             _Buffer.adopt(mem_bytes)
         return self
@@ -427,6 +435,18 @@ class TaskGraph:
         """Tasks whose allocations each task consumes, as CSR (ptr (n_tasks + 1,), idx)."""
         return self._free_ptr.view(), self._free_idx.view()
 
+    def free_entries(self) -> np.ndarray:
+        """Per free (``frees`` order): the position, among the freed task's memory entries, of the one it
+        releases; -1 releases all of them."""
+        n = self._free_idx.size
+        fe = self._free_entry
+        if fe is None or len(fe) != n:
+            out = np.full(n, -1, dtype=np.int64)
+            if fe is not None:
+                out[:len(fe)] = fe
+            return out
+        return fe
+
     def task_resources(self, t: int) -> np.ndarray:
         ptr, idx = self.resources()
         return idx[ptr[t]:ptr[t + 1]]
@@ -466,4 +486,6 @@ class TaskGraph:
                       dep_ptr, dep_idx, mem_ptr, mem_res, mem_bytes, free_ptr, free_idx,
                       names=None if self._names is None else self._names[:n_tasks],
                       cats=self._cat.data[:n_tasks].copy(), lag=self._lag.data[:n_tasks])
+        if self._free_entry is not None:
+            out._free_entry = self.free_entries()[:len(free_idx)].copy()
         return out

@@ -42,12 +42,12 @@ def ev(paper8):
 
 
 def test_the_state_actions_follow_the_others_and_round_trip():
-    assert N_STATE_CHOICES == 18 and len(set(STATE_CHOICES)) == 18
+    assert N_STATE_CHOICES == 21 and len(set(STATE_CHOICES)) == 21
     assert STATE_CHOICES[0] == (1, "even", "none") and STATE_CHOICES[4] == (2, "memory", "none")
-    assert STATE_CHOICES[9 + 8] == (3, "speed", "optimizer")
+    assert STATE_CHOICES[9 + 8] == (3, "speed", "optimizer") and STATE_CHOICES[18 + 1] == (3, "memory", "parameters")
     for m, splits in ((8, False), (8, True), (3, True), (1, False)):
         first = n_actions(m, splits)
-        assert n_actions(m, splits, states=True) == first + 36
+        assert n_actions(m, splits, states=True) == first + 42
         assert devices_of(n_actions(m, splits, states=True), splits, states=True) == m
         seen = set()
         for base in (m + 1, m + 3):
@@ -55,17 +55,18 @@ def test_the_state_actions_follow_the_others_and_round_trip():
                 a = state_action(m, base, s, splits)
                 assert state_of(a, m, splits) == (base, s)
                 seen.add(a)
-        assert seen == set(range(first, first + 36))
+        assert seen == set(range(first, first + 42))
         assert state_of(first - 1, m, splits) is None
         with pytest.raises(StrategyError, match="out of range"):
-            state_of(first + 36, m, splits)
+            state_of(first + 42, m, splits)
     with pytest.raises(StrategyError, match="no state action"):
         state_action(8, 8, 0)                        # DP-even-PS keeps no sharded state
-    assert state_action(8, 9, 0) == 12 and state_action(8, 11, 17) == 12 + 35
+    assert state_action(8, 9, 0) == 12 and state_action(8, 11, 20) == 12 + 41
     assert state_action_name(12 + 4, 8) == "dp-even-ar:s2-memory"
-    assert state_action_name(12 + 18 + 17, 8) == "dp-prop-ar:s3-speed+offload"
+    assert state_action_name(12 + 21 + 17, 8) == "dp-prop-ar:s3-speed+offload"
+    assert state_action_name(12 + 19, 8) == "dp-even-ar:s3-memory+offload-params"
     assert state_action_name(9, 8) == "dp-even-ar" and state_action_name(5, 8, splits=True) == "mp:5"
-    plain, choices = base_actions([0, 9, 12, 12 + 18 + 5], 8)
+    plain, choices = base_actions([0, 9, 12, 12 + 21 + 5], 8)
     assert plain.tolist() == [0, 9, 9, 11] and choices.tolist() == [-1, -1, 0, 5]
 
 
@@ -78,7 +79,7 @@ def test_a_state_action_decodes_to_its_allreduce_config_keeping_the_state(paper8
     # stage 2, shards by memory (paper-8gpu: 2 x 16 GiB, 4 x 11 GiB, 2 x 12 GiB), the optimizer state offloaded
     assert cfg.sharded == ShardedState(2, (16, 16, 11, 11, 11, 11, 12, 12), "optimizer")
     assert strategy.meta["sharded"] == [cfg.sharded.to_dict()]
-    assert strategy.meta["actions"] == [12 + 18 + 13]
+    assert strategy.meta["actions"] == [12 + 21 + 13]
     # a config of one replica keeps none: the state choice is dropped
     single = ParallelConfig.single(0, 32)
     assert with_state(single, 5, paper8) is single
@@ -101,7 +102,8 @@ def test_plans_with_sharded_state_encode_into_actions_and_decode_to_equal_strate
     variants = sharded_variants(plain, paper8) + [dataclasses.replace(v, sharded=dataclasses.replace(
         v.sharded, offload="optimizer")) for v in sharded_variants(plain, paper8)]
     assert {(v.sharded.stage, v.sharded.offload) for v in variants} == {(s, o) for s in (1, 2, 3)
-                                                                       for o in ("none", "optimizer")}
+                                                                       for o in ("none", "optimizer")} | {
+        (3, "parameters")}
     base = strategy_from_actions(np.full(g, m + 1), ev.group_of, ev.graph, paper8)
     for k in range(0, len(variants), g):
         chosen = variants[k:k + g]

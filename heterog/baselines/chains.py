@@ -148,11 +148,13 @@ class ActionSearch:
     (``coupled_blocks``), drawn with probabilities ``block_p`` (``block_weights``).
 
     With ``sharded``, the AllReduce data-parallel actions (M+1, M+3) have variants keeping sharded state
-    (``heterog.baselines.fit.sharded_variants``: each stage, shards even, by memory or by speed), numbered
-    after the other actions: ``n_base`` actions are the plain ones, ``base_of`` maps each action to its
-    plain one and ``family[a]`` lists the plain AR action ``a`` and its variants (what a shard move picks
-    among). Plans carry their plain actions in ``meta["actions"]`` and, where a group keeps sharded state,
-    each group's (None or ``ShardedState.to_dict()``) in ``meta["sharded"]``.
+    (``heterog.baselines.fit.sharded_variants``: each stage, shards even, by memory or by speed, on the GPUs
+    and with the optimizer state offloaded where the servers have hosts), and so do the single-device
+    actions 0..M-1 whose server has a host (offloading alone), numbered after the other actions:
+    ``n_base`` actions are the plain ones, ``base_of`` maps each action to its plain one and ``family[a]``
+    lists the plain action ``a`` and its variants (what a shard move picks among). Plans carry their plain
+    actions in ``meta["actions"]`` and, where a group keeps sharded state, each group's (None or
+    ``ShardedState.to_dict()``) in ``meta["sharded"]``.
     """
 
     ev: PlanEvaluator
@@ -186,9 +188,12 @@ class ActionSearch:
         self.n_base = len(self._configs)
         base_of = list(range(self.n_base))
         self.family = {}
-        for a in (c.n_devices + 1, c.n_devices + 3) if self.sharded else ():
+        for a in (c.n_devices + 1, c.n_devices + 3, *range(c.n_devices)) if self.sharded else ():
+            variants = sharded_variants(self._configs[a], c)
+            if a < c.n_devices and not variants:          # one device: only where its server has a host
+                continue
             self.family[a] = [a]
-            for cfg in sharded_variants(self._configs[a], c):
+            for cfg in variants:
                 self.family[a].append(len(self._configs))
                 base_of.append(a)
                 self._configs.append(cfg)

@@ -40,13 +40,15 @@ def op_memory_bytes(graph: OpGraph, fraction: float | np.ndarray = 1.0) -> tuple
     from heterog.compiler.compile import graph_index
 
     gi = graph_index(graph)
-    alloc = gi.out_fixed_bytes + gi.out_batch_bytes * fraction
+    # gradients count as held (``graph.resident_bytes`` has them): the simulator allocates each where it is
+    # made, but an order that runs the updates last holds them all together
+    alloc = np.where(gi.is_grad, 0.0, gi.out_fixed_bytes + gi.out_batch_bytes * fraction)
     kept = np.zeros(graph.n_ops, dtype=bool)
     if len(graph.edges):
         late = graph.phase_index[graph.edge_dst] > 0
         kept[graph.edge_src[late]] = True
     kept &= graph.phase_index == 0
-    return gi.resident_bytes + np.where(kept, alloc, 0.0), np.where(kept, 0.0, alloc)
+    return graph.resident_bytes + np.where(kept, alloc, 0.0), np.where(kept, 0.0, alloc)
 
 
 def group_strategy(ev: PlanEvaluator, group_of: np.ndarray,

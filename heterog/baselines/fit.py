@@ -3,9 +3,12 @@ state, recomputation, more micro-batches), simulates every candidate and keeps t
 
 Ways (``WAYS``), each a search over its own candidates of one plan:
 
-  sharded        every data-parallel AllReduce group keeps its state in shards (each choice of
-                 ``STATE_CHOICES`` x shard weights of ``SHARD_BY``), then, for the fastest of those that
-                 fits, the fewest groups holding the most state that fit, by bisection;
+  sharded        every group that may keeps its state in shards or offloads it (each choice of
+                 ``STATE_CHOICES`` x shard weights of ``SHARD_BY``: stages 1-3 on the GPUs, then stages
+                 1-3 with the optimizer state on the host, then stage 3 with the parameter shards there
+                 too; a group of one device only offloads its optimizer state), then,
+                 for the fastest of those that fits, the fewest groups holding the most state that fit, by
+                 bisection; the way is reported as "offload" where the plan kept offloads;
   recompute      the fewest leading groups recomputed that fit (the first groups' activations live
                  longest), by bisection;
   micro-batches  the fewest micro-batches (doubling, up to a cap) that fit, under the plan's schedule.
@@ -13,8 +16,9 @@ Ways (``WAYS``), each a search over its own candidates of one plan:
 When no way fits alone, each way is tried on the plan that another way frees the most memory in (the
 strongest sharded state, every group recomputed, the most micro-batches): "sharded+recompute" and so
 on. The way chosen is reported in the plan's ``meta["fit"]`` ("fits" where the plan fitted as given,
-"none" where nothing fits). A further way (offloading state, say) is one more entry of ``WAYS`` or, as a
-kind of sharded state, of ``STATE_CHOICES``.
+"none" where nothing fits). Offloading is a kind of sharded state (``STATE_CHOICES``), so every search
+over sharded state (this routine, MCMC's shard moves) offers it: it costs PCIe transfers and a host
+optimizer step, priced by the simulator, against the GPU memory it frees.
 """
 from __future__ import annotations
 
@@ -35,9 +39,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from heterog.cluster import Cluster
     from heterog.evaluator_protocol import PlanEvaluator
 
-# the sharded-state choices the planners offer, as ``ShardedState`` arguments beside the weights
-STATE_CHOICES: tuple[dict[str, Any], ...] = tuple({"stage": s} for s in STAGES if s > 0)   # stage 0 only offloads
-FITS, NONE = "fits", "none"
+# the sharded-state choices the planners offer, as ``ShardedState`` arguments beside the weights: each stage
+# on the GPUs, then each stage with the optimizer state offloaded to the host, then stage 3 with the
+# parameter shards there too (the last frees the most); stage 0 only offloads the optimizer state, which a
+# group of one device does (``sharded_variants``)
+STATE_CHOICES: tuple[dict[str, Any], ...] = (tuple({"stage": s} for s in STAGES if s > 0)
+                                             + tuple({"stage": s, "offload": "optimizer"} for s in STAGES if s > 0)
+                                             + ({"stage": 3, "offload": "parameters"},))
+FITS, NONE, OFFLOAD = "fits", "none", "offload"
 
 
 @dataclass(frozen=True)
@@ -57,11 +66,29 @@ def shardable(cfg: ParallelConfig) -> bool:
     return cfg.sync == "allreduce" and cfg.split is None and len(cfg.devices) > 1 and cfg.sharded is None
 
 
+def offloadable(cfg: ParallelConfig) -> bool:
+    """Whether ``cfg`` may offload its state without sharding it: a config of one device, unsplit, with no
+    sharded state yet (ZeRO-Offload on one GPU)."""
+    return len(cfg.devices) == 1 and cfg.split is None and cfg.sharded is None
+
+
+def holds_state(cfg: ParallelConfig) -> bool:
+    """Whether some choice of ``STATE_CHOICES`` applies to ``cfg`` (``shardable`` or ``offloadable``)."""
+    return shardable(cfg) or offloadable(cfg)
+
+
 def sharded_variants(cfg: ParallelConfig, cluster: Cluster, choices: Sequence[dict[str, Any]] = STATE_CHOICES,
                      by: Sequence[str] = SHARD_BY) -> list[ParallelConfig]:
     """``cfg`` keeping sharded state, one config per (choice, weights) of ``choices`` x ``by``, weights in
     lowest terms and equal ones once (on alike devices, memory and speed shards are even), in that order;
-    empty where ``cfg`` cannot (``shardable``)."""
+    a config of one device (``offloadable``) only offloads: stage 0 with each offload among ``choices``,
+    once; choices that offload only where every device's server has a host (``host:`` in the cluster
+    file); empty where ``cfg`` can do neither."""
+    if not all(cluster.servers[int(cluster.server_of[d])].host is not None for d in cfg.devices):
+        choices = [c for c in choices if c.get("offload", "none") == "none"]
+    if offloadable(cfg):
+        kinds = dict.fromkeys(str(c["offload"]) for c in choices if c.get("offload", "none") == "optimizer")
+        return [replace(cfg, sharded=ShardedState(0, (1,), offload=k)) for k in kinds]
     if not shardable(cfg):
         return []
     weights = list(dict.fromkeys(_lowest_terms(state_weights(b, cfg.devices, cluster)) for b in by))
@@ -88,24 +115,33 @@ def with_sharded(strategy: Strategy, groups: Sequence[int], variant: Callable[[P
 
 
 def state_order(ev: PlanEvaluator, strategy: Strategy) -> list[int]:
-    """The groups that may keep sharded state, those holding the most resident bytes (parameters,
-    gradients, optimizer state) first (ties: lower id first)."""
+    """The groups that may keep sharded state or offload it (``holds_state``), those holding the most
+    resident bytes (parameters, gradients, optimizer state) first (ties: lower id first)."""
     held = np.bincount(strategy.group_of, weights=ev.graph.resident_bytes, minlength=strategy.n_groups)
-    groups = [g for g, cfg in enumerate(strategy.configs) if shardable(cfg) and held[g] > 0]
+    groups = [g for g, cfg in enumerate(strategy.configs) if holds_state(cfg) and held[g] > 0]
     return sorted(groups, key=lambda g: (-held[g], g))
 
 
 def _sharded_all(ev: PlanEvaluator, strategy: Strategy, groups: list[int]) -> list[Strategy]:
-    """``strategy`` with every one of ``groups`` keeping each (choice, weights) of sharded state, equal
-    plans once."""
+    """``strategy`` with every one of ``groups`` keeping each (choice, weights) of sharded state (a group
+    that cannot take a choice, one device under a choice that does not offload, kept as it is), equal
+    plans and plans changing nothing once."""
     out: dict[tuple, Strategy] = {}
     for choice, by in product(STATE_CHOICES, SHARD_BY):
         def variant(cfg: ParallelConfig, choice: dict[str, Any] = choice, by: str = by) -> ParallelConfig:
-            return sharded_variants(cfg, ev.cluster, (choice,), (by,))[0]
+            made = sharded_variants(cfg, ev.cluster, (choice,), (by,))
+            return made[0] if made else cfg
 
         s = with_sharded(strategy, groups, variant)
-        out.setdefault(tuple(s.configs[g].sharded for g in groups), s)
+        key = tuple(s.configs[g].sharded for g in groups)
+        if any(k is not None for k in key):
+            out.setdefault(key, s)
     return list(out.values())
+
+
+def _way_of(strategy: Strategy) -> str:
+    """"offload" where a group of ``strategy`` offloads its state, else "sharded"."""
+    return OFFLOAD if any(c.sharded is not None and c.sharded.offloads for c in strategy.configs) else "sharded"
 
 
 def sharded_way(ev: PlanEvaluator, strategy: Strategy, bisect: bool = True) -> Fitted | None:
@@ -119,22 +155,29 @@ def sharded_way(ev: PlanEvaluator, strategy: Strategy, bisect: bool = True) -> F
     for s in _sharded_all(ev, strategy, groups):
         t, oom = ev.iteration_time(s)
         if not oom and (best is None or t < best.time_s):
-            best = Fitted(s, float(t), False, "sharded")
+            best = Fitted(s, float(t), False, _way_of(s))
     if best is None or not bisect or len(groups) == 1:
         return best
     chosen = {id(strategy.configs[g]): best.strategy.configs[g] for g in groups}
     found = _fewest_that_fit(ev, len(groups), lambda k: with_sharded(strategy, groups[:k], lambda c: chosen[id(c)]))
     if found is not None and found.time_s < best.time_s:
-        return replace(found, way="sharded")
+        return replace(found, way=_way_of(found.strategy))
     return best
 
 
 def strongest_sharded(ev: PlanEvaluator, strategy: Strategy) -> Strategy | None:
-    """Every group that can keeping the last of ``STATE_CHOICES`` (the most it shards), weights by memory."""
+    """Every group that can keeping the last of ``STATE_CHOICES`` it may take (the most it frees: stage 3,
+    the optimizer state offloaded where its servers have hosts; a group of one device offloading), weights
+    by memory."""
     groups = state_order(ev, strategy)
     if not groups:
         return None
-    return with_sharded(strategy, groups, lambda c: sharded_variants(c, ev.cluster, STATE_CHOICES[-1:], ("memory",))[0])
+
+    def strongest(cfg: ParallelConfig) -> ParallelConfig:
+        made = sharded_variants(cfg, ev.cluster, STATE_CHOICES, ("memory",))
+        return made[-1] if made else cfg
+
+    return with_sharded(strategy, groups, strongest)
 
 
 # ----------------------------------------------------------------------------- recomputation
@@ -216,6 +259,8 @@ WAYS: dict[str, Way] = {
     "micro-batches": (micro_batch_way, strongest_micro),
 }
 DEFAULT_WAYS = tuple(WAYS)
+# the ways whose strongest plan frees the most memory any of their plans frees (``fit``'s early exit)
+BOUNDED_WAYS = ("sharded", "recompute")
 
 
 def check_ways(ways: Sequence[str]) -> tuple[str, ...]:
@@ -230,7 +275,13 @@ def check_ways(ways: Sequence[str]) -> tuple[str, ...]:
 def fit(ev: PlanEvaluator, strategy: Strategy, ways: Sequence[str] = DEFAULT_WAYS, improve: bool = False) -> Fitted:
     """``strategy`` made to fit: as given where it fits; else the fastest plan that fits among each way's
     (``WAYS``, those named by ``ways``, in order; ties: the earlier way); where none fits alone, among
-    each way applied after another way's strongest plan ("sharded+recompute", ...). ``improve``: a plan
+    each way applied after another way's strongest plan ("sharded+recompute", ...). Before searching, the
+    plan with every way's strongest at once (``strongest_together``) is simulated where ``ways`` are among
+    ``BOUNDED_WAYS``: where even it is out of memory, no way nor pair of ways fits (each of those ways'
+    candidates frees at most what its strongest does) and the search is skipped, one simulation in place
+    of dozens on a plan that cannot fit. (More micro-batches are not bounded so: under sharded state each
+    micro-batch's local gradients may wait for their reduce-scatter, so the most micro-batches may hold
+    more than fewer.) ``improve``: a plan
     that fits is also tried with sharded state on all its data-parallel groups (where "sharded" is among
     ``ways``), kept if faster (a reduce-scatter and an all-gather cost what the AllReduce does, and each
     replica updates only its shard). The plan returned records the way in ``meta["fit"]``."""
@@ -243,6 +294,9 @@ def fit(ev: PlanEvaluator, strategy: Strategy, ways: Sequence[str] = DEFAULT_WAY
             if faster is not None and faster.time_s < found.time_s:
                 found = faster
         return _record(found)
+    together = strongest_together(ev, strategy, ways) if set(ways) <= set(BOUNDED_WAYS) else None
+    if together is not None and ev.iteration_time(together)[1]:
+        return _record(Fitted(replace(strategy, meta=dict(strategy.meta)), float(t), True, NONE))
     tried = [f for w in ways if (f := WAYS[w][0](ev, strategy)) is not None]
     if not tried:
         for first in ways:
@@ -251,10 +305,23 @@ def fit(ev: PlanEvaluator, strategy: Strategy, ways: Sequence[str] = DEFAULT_WAY
                 continue
             for then in ways:
                 if then != first and (f := WAYS[then][0](ev, base)) is not None:
-                    tried.append(replace(f, way=f"{first}+{then}"))
+                    label = _way_of(base) if first == "sharded" else first
+                    tried.append(replace(f, way=f"{label}+{f.way}"))
     if not tried:
         return _record(Fitted(replace(strategy, meta=dict(strategy.meta)), float(t), True, NONE))
     return _record(min(tried, key=lambda f: f.time_s))
+
+
+def strongest_together(ev: PlanEvaluator, strategy: Strategy, ways: Sequence[str]) -> Strategy | None:
+    """``strategy`` with the strongest plan of each of ``ways`` applied in turn (the most sharded state or
+    offloading, every group recomputed, the most micro-batches): the least memory the ways reach; None
+    where no way changes it."""
+    out, changed = strategy, False
+    for w in ways:
+        made = WAYS[w][1](ev, out)
+        if made is not None:
+            out, changed = made, True
+    return out if changed else None
 
 
 def _record(found: Fitted) -> Fitted:
@@ -268,6 +335,6 @@ def _record(found: Fitted) -> Fitted:
     return found
 
 
-__all__ = ["DEFAULT_WAYS", "FITS", "Fitted", "NONE", "STATE_CHOICES", "WAYS", "check_ways", "fit",
-           "micro_batch_way", "recompute_way", "shardable", "sharded_variants", "sharded_way", "state_order",
-           "with_sharded"]
+__all__ = ["BOUNDED_WAYS", "DEFAULT_WAYS", "FITS", "Fitted", "NONE", "OFFLOAD", "STATE_CHOICES", "WAYS", "check_ways",
+           "fit", "holds_state", "micro_batch_way", "offloadable", "recompute_way", "shardable", "sharded_variants",
+           "sharded_way", "state_order", "strongest_together", "with_sharded"]

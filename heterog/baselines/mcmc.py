@@ -118,10 +118,13 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
     of the splits beyond the batch (``ActionSearch.split_names``; the chains then also start from
     ``SPLIT_STARTS``). Splits are off by default: they cost search time and rarely pay on the clusters measured
     (docs/results.md, "Splits beyond the batch"). With ``sharded`` the AllReduce data-parallel actions also keep
-    sharded state (stage 1, 2 or 3; shards even, by memory or by speed; ``ActionSearch``): a share
+    sharded state (stage 1, 2 or 3; shards even, by memory or by speed; the optimizer state on the GPUs or
+    offloaded to the host, and a single-device action offloading alone, where the servers have hosts;
+    ``ActionSearch``): a share
     ``shard_moves`` of the proposals sets or clears one group's, and the last step may fit the plan by sharded
     state as well as by recomputation (``heterog.baselines.fit.fit``). Off by default: at the same budget it
-    rarely pays on the clusters measured (docs/results.md, "Sharded state in the planners").
+    pays where memory binds (plans that fit only with it) and costs proposals elsewhere (docs/results.md,
+    "Sharded state in the planners").
 
     Cost = simulated iteration time under task order ``order`` (``SEARCH_ORDER``, FIFO: one simulation per
     proposal where the evaluator's ``best`` runs three; None: the evaluator's), x ``oom_factor`` if out of

@@ -12,8 +12,9 @@ Per op, the group's ParallelConfig gives its *layout* (a list of (device, batch 
     aggregate there) or AllReduce (ring or hierarchical, whichever the cost model says is cheaper).
 Edges between different layouts become split -> transfers -> concat; a non-batch tensor needed on a
 device that lacks it is transferred once per (tensor, device) from the best-connected holder.
-Memory: parameters, gradients and optimizer state are resident where they live; every other output
-is allocated when its task starts and freed after its last consumer (frees = data dependencies).
+Memory: parameters, buffers and optimizer state are resident where they live; every other output,
+gradients included, is allocated when its task starts and freed after its last reader, updates and
+collectives working in place (``heterog.compiler.memory``).
 Resources: a compute, split, concat or aggregate task holds its device; a transfer or push holds the
 links of its path and an AllReduce the links of its algorithm, plus, on devices whose own cores move
 the bytes (``DeviceType.host_driven_comm``, CPU workers), those endpoint devices.

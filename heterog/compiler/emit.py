@@ -125,7 +125,7 @@ def _aggregate_ps(ctx: CompileContext, layouts: LayoutTable, conv: Engine, tenso
                               sub=np.tile(np.arange(len(workers)), len(sel)), owner=op_rep, kind=TaskKind.PUSH,
                               cat=TaskCategory.PS, dev=p)
         aggr = batch.add(dur=cost.aggregate_times(p, nb, np.full(len(nb), len(devs))), kind=TaskKind.AGGREGATE,
-                         op=sel_op, dev=p, alloc=np.where(gi.is_grad[sel_op], 0.0, nb), cat=TaskCategory.PS,
+                         op=sel_op, dev=p, alloc=nb, cat=TaskCategory.PS,
                          prio_op=sel_op, stage="aggregate", cls=0, tensor=sel, sub=0, owner=sel_op, res_len=1,
                          res_idx=np.full(len(sel), p))
         batch.deps(np.repeat(aggr, len(workers)), push, op_rep)

@@ -63,7 +63,7 @@ class GraphIndex:
     is_compute: np.ndarray
     out_fixed_bytes: np.ndarray    # allocation of the op's outputs that does not scale with batch
     out_batch_bytes: np.ndarray    # allocation that scales with the batch share
-    resident_bytes: np.ndarray
+    resident_bytes: np.ndarray     # parameters, buffers and optimizer state (gradients are allocated)
     category: np.ndarray           # TaskCategory of the op's instances
     is_grad: np.ndarray
     e_src: np.ndarray
@@ -137,15 +137,18 @@ def _build_index(graph: OpGraph) -> GraphIndex:
     pulled_edge = ~e_value_free & ~e_batch & has_batch[dst] & ~has_batch[src] & (post | placeholder_resident)[src]
     t_pulled = np.zeros(len(uniq), dtype=bool)
     t_pulled[e_tensor[pulled_edge]] = True
-    # allocation: resident placeholders, gradients (live in the grad buffer) and graph outputs allocate nothing
+    # allocation: resident placeholders (parameters, buffers, optimizer state) and outputs nobody reads (the
+    # step's new parameters and state, written into the old ones, and the loss) allocate nothing; every other
+    # output, gradients included, is allocated by the instance that makes it (heterog.compiler.memory)
     n_consumers = np.bincount(src, minlength=n) if len(src) else np.zeros(n, int)
     no_alloc = placeholder_resident | (is_compute & (n_consumers == 0))
-    out_fixed[no_alloc | is_grad] = 0.0
+    out_fixed[no_alloc] = 0.0
     out_batch[no_alloc] = 0.0
+    resident = np.array([op.param_bytes + op.state_bytes for op in ops], dtype=np.float64)
     # compute ops by phase (forward, backward, update: the first three categories), placeholders as inputs
     cat = np.where(is_compute, TaskCategory.FORWARD + phase, TaskCategory.INPUT).astype(np.int64)
     idx = GraphIndex(n, has_batch, post, placeholder_resident, is_compute, out_fixed, out_batch,
-                     graph.resident_bytes.copy(), cat, is_grad, src, dst, graph.edge_bytes.copy(), e_batch,
+                     resident, cat, is_grad, src, dst, graph.edge_bytes.copy(), e_batch,
                      e_value_free, e_tensor, t_op, t_bytes, t_needs_agg, t_pulled,
                      np.bincount(t_op[t_needs_agg], weights=t_bytes[t_needs_agg], minlength=n),
                      np.bincount(t_op[t_needs_agg], minlength=n) > 0,

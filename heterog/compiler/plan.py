@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from heterog.compiler.context import CompileContext
+from heterog.compiler.memory import memory_entries
 from heterog.compiler.micro import add_schedule, micro_order, window_exempt
 from heterog.compiler.offload import host_resources, offloaded_memory, offloads
 from heterog.compiler.place import Placement
 from heterog.compiler.registries import Layout, LayoutTable
-from heterog.compiler.sharded_state import StatePlacement, reduce_scattered, resident_saved
+from heterog.compiler.sharded_state import StatePlacement, reduce_scatter_shares, reduce_scattered, resident_saved
 from heterog.compiler.sync_stats import wait_for_statistics
 from heterog.compiler.tasks import Deps, Providers, TaskBatch, TaskKind, Tasks, ragged
 
@@ -171,7 +172,7 @@ class PatchCache:
 
 def resident_bytes(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray,
                    out_split: np.ndarray | None = None) -> np.ndarray:
-    """(M,) bytes of parameters, gradients and optimizer state resident on each device when op ``o``'s
+    """(M,) bytes of parameters, buffers and optimizer state resident on each device when op ``o``'s
     instances run on layout ``op_lay[o]`` (a parameter divided beyond the batch, ``out_split[o]`` > 0,
     holds its entry's share there)."""
     ops = ctx.resident_ops
@@ -232,9 +233,6 @@ def assemble(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray 
         dep_t = np.repeat(np.arange(n), np.diff(dep_ptr))
     if np.any(dep_o >= dep_t):
         raise AssertionError("compiler produced a dependency on a later task")
-    has_mem = (tasks.alloc > 0) & (tasks.dev >= 0)
-    mem_ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(has_mem, out=mem_ptr[1:])
     resident = np.zeros(ctx.resources.n_resources)
     resident[:ctx.n_devices] = resident_bytes(ctx, layouts, place.op_lay, place.out_split)
     if place.state is not None:       # sharded optimizer state, gradients, parameters
@@ -246,15 +244,12 @@ def assemble(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray 
         tg = host_resources(ctx, resident, host_bytes)
     else:
         tg = ctx.resources.empty_copy(resident_bytes=resident)
-    frees = None
-    sync = tasks.kind == TaskKind.SYNC
-    if sync.any():                    # a schedule's barrier orders tasks; it holds none of their memory
-        keep_free = ~sync[dep_t]
-        frees = (np.concatenate([[0], np.cumsum(np.bincount(dep_t[keep_free], minlength=n))]).astype(np.int64),
-                 dep_o[keep_free])
+    held = None if place.state is None else (place.state.op_stage > 0) | (place.state.op_offload > 0)
+    mem = memory_entries(ctx, layouts, place.op_lay, place.out_split, tasks, deps, held,
+                         reduce_scatter_shares(ctx, place.state))
     tg.adopt_tasks(tasks.dur, tasks.lag, ctx.category_codes[tasks.cat], tasks.res_ptr, tasks.res_idx, dep_ptr, dep_o,
-                   mem_ptr, tasks.dev[has_mem], np.rint(tasks.alloc[has_mem]).astype(np.int64), validate=validate,
-                   frees=frees)
+                   mem.mem_ptr, mem.mem_res, mem.mem_bytes, validate=validate, frees=(mem.free_ptr, mem.free_idx),
+                   free_entry=mem.free_entry)
     plan = CompiledPlan(tg=tg, task_kind=tasks.kind, task_op=tasks.op, task_device=tasks.dev,
                         op_priority=op_priority, task_prio_op=tasks.prio_op, n_devices=ctx.n_devices,
                         n_links=ctx.n_links, dep_ptr=dep_ptr, dep_idx=dep_o, task_micro=tasks.micro, task_slot=slot,

@@ -6,12 +6,12 @@ w_i / sum(w) of every sharded tensor of its group. Stage >= 1: the optimizer sta
 each replica's update ops that work on whole tensors (not the scalar step counters) take f_i of their
 time and allocation, and the updated parameter is all-gathered (one COLLECTIVE per parameter, after the
 op that writes it) unless stage 3 keeps it sharded. Stage >= 2: a gradient is reduce-scattered instead of
-all-reduced (each replica keeps its shard; the op that makes the full local gradient allocates it but for
-the shard, which lies in the resident shard: collectives in place, as NCCL's are; freed once the
-reduce-scatter has read it). Stage 3: the parameter is held in shards; before its first reader in forward
+all-reduced (each replica keeps its shard; the op that makes the full local gradient allocates it, and the
+reduce-scatter works in that buffer until the update has read the device's shard:
+``heterog.compiler.memory``). Stage 3: the parameter is held in shards; before its first reader in forward
 and again before its first reader in backward it is all-gathered (a COLLECTIVE that lands on each device
-as a zero-time task allocating the whole parameter but for the device's own shard, in place; freed after
-that phase's readers on the device; a reader on a device outside the config receives it whole by a
+as a zero-time task allocating the whole parameter beside the device's own shard; freed after that
+phase's readers on the device; a reader on a device outside the config receives it whole by a
 transfer). A gather
 waits for a zero-time SYNC trigger: the ops two hops (batch edges of the same phase) before the phase's
 first reader have run, so the gather overlaps the op before the reader (FSDP's prefetch of the next
@@ -161,29 +161,28 @@ def place_state(ctx: CompileContext, configs: ConfigTable, op_cfg: np.ndarray) -
 # ----------------------------------------------------------------------------------- instances and memory
 def scale_instances(ctx: CompileContext, state: StatePlacement, inst_op: np.ndarray, inst_dev: np.ndarray,
                     dur: np.ndarray, alloc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Instances' (dur, alloc) under sharded state: update ops over whole tensors at the device's part;
-    at stage >= 2 the op making a gradient allocates the full local gradient but for the device's shard,
-    which the reduce-scatter writes in place into the resident shard (freed after it has read it)."""
-    si, gi = state_index(ctx), ctx.index
+    """Instances' (dur, alloc) under sharded state: update ops over whole tensors at the device's part (the
+    op making a gradient allocates the full local gradient at every stage)."""
+    si = state_index(ctx)
     stage = state.op_stage[inst_op]
     f = np.where(state.op_row[inst_op] >= 0, state.frac[np.maximum(state.op_row[inst_op], 0), inst_dev], 1.0)
     upd = (stage > 0) & si.scaled_update[inst_op]
     dur = np.where(upd, dur * f, dur)
     alloc = np.where(upd, alloc * f, alloc)
-    alloc = np.where((stage >= 2) & gi.is_grad[inst_op], alloc + gi.partial_bytes[inst_op] * (1.0 - f), alloc)
     return dur, alloc
 
 
 def resident_saved(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray,
                    state: StatePlacement) -> np.ndarray:
     """(M,) resident bytes each device does not hold because they are sharded: of each parameter of a
-    sharded group, (1 - f) of its optimizer state, of its gradient from stage 2 and of itself at stage 3."""
+    sharded group, (1 - f) of its optimizer state and at stage 3 of itself (gradients are not resident:
+    allocated when made)."""
     si = state_index(ctx)
     ops = np.nonzero((state.op_stage > 0) & (si.param_tensor >= 0))[0]
     out = np.zeros(ctx.n_devices)
     for o in ops.tolist():
         st = int(state.op_stage[o])
-        sharded = si.state_bytes[o] + (si.grad_bytes[o] if st >= 2 else 0.0) + (si.param_bytes[o] if st >= 3 else 0.0)
+        sharded = si.state_bytes[o] + (si.param_bytes[o] if st >= 3 else 0.0)
         devs = np.array(layouts.unique_devices(int(op_lay[o])), dtype=np.int64)
         out[devs] += sharded * (1.0 - state.frac[state.op_row[o], devs])
     return out
@@ -202,6 +201,19 @@ def reduce_scattered(ctx: CompileContext, state: StatePlacement | None, tensors:
         return np.zeros(len(tensors), dtype=bool)
     ops = ctx.index.t_op[tensors]
     return (state.op_stage[ops] >= 2) & ctx.index.is_grad[ops]
+
+
+def reduce_scatter_shares(ctx: CompileContext, state: StatePlacement | None) -> np.ndarray | None:
+    """(n_ops, n_devices) each device's share of the gradient an op makes where stage >= 2 reduce-scatters
+    it (1 elsewhere; ``heterog.compiler.memory``), None where no gradient is reduce-scattered."""
+    if state is None:
+        return None
+    rs = (state.op_stage >= 2) & ctx.index.is_grad
+    if not rs.any():
+        return None
+    out = np.ones((ctx.index.n_ops, ctx.n_devices))
+    out[rs] = state.frac[state.op_row[rs]]
+    return out
 
 
 def emit_reduce_scatter(ctx: CompileContext, layouts: LayoutTable, conv: Engine, tensors: np.ndarray,
@@ -294,7 +306,7 @@ def connect_gathered(ctx: CompileContext, layouts: LayoutTable, conv: Engine, ed
         land_at = np.full(m, -1, dtype=np.int64)
         d_in, d_out = need[inside], need[~inside]
         if len(d_in):
-            land_at[d_in] = conv.land(ag, d_in, nbytes, 1.0 - frac[d_in], op=p, tensor=t, prio_op=first, cls=1,
+            land_at[d_in] = conv.land(ag, d_in, nbytes, np.ones(len(d_in)), op=p, tensor=t, prio_op=first, cls=1,
                                       owner=owner, sub=ph * m + d_in)
         if len(d_out):
             land_at[d_out] = conv.transfers(np.full(len(d_out), ag), np.full(len(d_out), devs[0], dtype=np.int64),

@@ -27,7 +27,7 @@ __all__ = ["CAPTURE_VERSION", "OPTIMIZERS", "STATE_SLOTS", "CapturedStep", "capt
 
 log = logging.getLogger(__name__)
 
-CAPTURE_VERSION = 6  # bump when the graph produced for the same model changes (cache key)
+CAPTURE_VERSION = 7  # bump when the graph produced for the same model changes (cache key)
 
 
 def _target_str(target: Any) -> str:
@@ -130,6 +130,7 @@ def graph_from_step(step: CapturedStep, *, fuse: bool = True, name: str | None =
         ops.append(op)
 
     _mark_grads_and_updates(step, ops, op_of, edges)
+    _mark_writers(step, ops, op_of)
     mark_batch_made_values(ops, edges)
     for op in ops:
         if op.kind == "param":
@@ -210,6 +211,17 @@ def _mark_grads_and_updates(step: CapturedStep, ops: list[Op], op_of: dict[str, 
             if op.param is None:
                 op.param, op.module_path = pname, _owner(pname)
             todo.extend(pred[j])
+
+
+def _mark_writers(step: CapturedStep, ops: list[Op], op_of: dict[str, int]) -> None:
+    """The ops whose outputs are the step's new parameters and optimizer state name the placeholder they
+    replace (``Op.writes``)."""
+    n_p, n_b = step.n_params, len(step.buffer_names)
+    news = list(zip(step.placeholders[:n_p], step.outputs[1:1 + n_p]))
+    news += list(zip(step.placeholders[n_p + n_b:n_p + n_b + len(step.state_names)], step.outputs[1 + n_p:]))
+    for ph, out in news:
+        if out != ph and out in op_of and ops[op_of[out]].kind == "compute":
+            ops[op_of[out]].writes = ph
 
 
 def _placeholder_phases(ops: list[Op], edges: list[Edge]) -> None:

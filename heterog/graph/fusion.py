@@ -92,6 +92,7 @@ def fuse_trivial(graph: OpGraph) -> OpGraph:
             batch_bytes=int(sum(o.batch_bytes for o in group)),
             is_grad=base.is_grad or grad is not None,
             draws=any(o.draws for o in group),
+            writes=next((o.writes for o in group if o.writes is not None), None),
             coupled=any(o.coupled for o in group),
             param=base.param if base.param is not None or grad is None else grad.param,
             output_shapes=[list(s) for s in base.output_shapes],

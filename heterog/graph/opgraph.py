@@ -52,9 +52,11 @@ class Op:
     state_bytes: int = 0              # resident optimizer-state bytes (param kind: its optimizer state)
     module_path: str = ""             # e.g. "encoder.layers.3.attn.q_proj"
     param: str | None = None          # parameter name: for param ops, their update ops and grad producers
-    is_grad: bool = False             # output is a parameter gradient (lives in the resident grad buffer)
+    is_grad: bool = False             # output is a parameter gradient (allocated where made)
     fx_nodes: list[str] = field(default_factory=list)  # fx node names executed for this op, in order
     draws: bool = False               # draws random values (dropout), in blocks of DRAW_BLOCK_SAMPLES samples
+    writes: str | None = None         # the placeholder (op name) whose next value this op's output is: the
+                                      # step's new parameter or optimizer state (None: none; older files)
     coupled: bool = False             # couples the samples (a B x B similarity): runs once over the whole batch
                                       # (heterog.graph.coupling)
 

@@ -27,7 +27,7 @@ from torch._subclasses.fake_tensor import (
 
 from heterog.errors import StrategyError
 from heterog.graph.shard_exec import combine
-from heterog.runtime.executor import Job, RankExecutor, initial_values
+from heterog.runtime.executor import Job, RankExecutor
 from heterog.runtime.layout import in_memory_order
 from heterog.runtime.resharding import Sharding, a2a_assemble, a2a_piece, memory_order, rs_pieces, sum_in_order
 from heterog.runtime.split_lowering import whole_values
@@ -97,11 +97,13 @@ class _LocalTransport:
         self.expected: dict[int, tuple[int, tuple, torch.dtype]] = {}
         self.ar_seq: dict[tuple[int, ...], int] = {}
 
-    def post(self, tag: int, src: int, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    def post(self, tag: int, src: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         self.expected[tag] = (src, tuple(shape), dtype)
+        return torch.empty(shape, dtype=dtype)        # what a worker's receive buffer holds
 
     def send(self, t: torch.Tensor, dst: int, tag: int, latency_s: float, s_per_byte: float) -> None:
-        self.mail.messages[tag] = (self.rank, t.contiguous())
+        self.mail.messages[tag] = (self.rank, t.contiguous().clone())   # a copy, as a message is: the sender
+                                                                         # may overwrite its value afterwards
 
     def take(self, tag: int) -> torch.Tensor:
         src, shape, dtype = self.expected.pop(tag)
@@ -119,7 +121,7 @@ class _LocalTransport:
         key = tuple(members)
         seq = self.ar_seq.get(key, 0)
         self.ar_seq[key] = seq + 1
-        self.mail.contributions.setdefault((key, seq), {})[me] = t
+        self.mail.contributions.setdefault((key, seq), {})[me] = t.clone()
         return Pending(None, t, t.shape, t.dtype, None, members, me, key, stamp=float(seq))
 
     def allgather(self, t: torch.Tensor, gid: int, group: Any, members: Sequence[int], me: int,
@@ -212,7 +214,7 @@ def check_prepared(prepared: CheckedRun) -> DryRun | None:
         ex = RankExecutor(job, r, cpu, transport=_LocalTransport(r, mail))
         ex.slow = 1.0                                   # no emulated slowdown in the dry run
         ex.consts = {k: value(v) for k, v in model.prog.consts.items()}
-        ex.persist = {k: value(v) for k, v in initial_values(job.rank).items()}
+        ex.persist = {k: value(v) for k, v in ex.persist.items()}
         env = dict(ex.persist)
         with mode:
             for name, i, lo, hi in job.rank.inputs:
@@ -223,6 +225,7 @@ def check_prepared(prepared: CheckedRun) -> DryRun | None:
         envs.append(env)
         stashes.append({})
     order = sorted((key, r, i) for r, ex in enumerate(ranks) for i, key in enumerate(ex.rp.keys))
+    shapes_before = [{ph: tuple(v.shape) for ph, v in ex.persist.items()} for ex in ranks]
     names = prepared.cluster.device_names
     with torch.no_grad(), mode:
         for _, r, i in order:
@@ -240,7 +243,7 @@ def check_prepared(prepared: CheckedRun) -> DryRun | None:
     loss = 0.0
     with torch.no_grad(), mode:
         for r, ex in enumerate(ranks):
-            shapes = {ph: tuple(v.shape) for ph, v in ex.persist.items()}
+            shapes = shapes_before[r]
             try:
                 if not real:
                     for ph, src in ex.rp.updates:
@@ -271,3 +274,31 @@ def _reason(exc: BaseException) -> str:
     notes = "; ".join(getattr(exc, "__notes__", ()))
     text = str(exc).splitlines()[0] if str(exc) else ""
     return f"{type(exc).__name__}: {text}" + (f" ({notes})" if notes else "")
+
+
+def metered_dry_run(prepared: CheckedRun) -> list[tuple[int, int]]:
+    """One step of every rank's program in this process on CPU tensors, each rank metered as its worker meters
+    its first step (``heterog.runtime.memory.LiveBytes``): per rank, (device peak bytes, host peak bytes). What
+    a rank holds depends only on its own program's order, not on timing, so this is what its worker measures
+    (``tests/runtime/test_memory.py`` holds the two equal)."""
+    model = prepared.model
+    jobs = prepared.jobs([model.example_inputs], 1, return_state=False)
+    mail = _Mail()
+    ranks: list[RankExecutor] = []
+    envs: list[dict[str, Any]] = []
+    for r, job in enumerate(jobs):
+        ex = RankExecutor(job, r, torch.device("cpu"), transport=_LocalTransport(r, mail))
+        ex.slow = 1.0
+        ex._mem, ex._host_mem = ex.memory, ex.host_memory
+        envs.append(ex.begin_step(job.inputs[0]))
+        for rcv in job.rank.recvs:
+            ex.transport.post(rcv.tag, rcv.src, rcv.shape, rcv.dtype)
+        ranks.append(ex)
+    stashes: list[dict[Any, Any]] = [{} for _ in ranks]
+    order = sorted((key, r, i) for r, ex in enumerate(ranks) for i, key in enumerate(ex.rp.keys))
+    with torch.no_grad():
+        for _, r, i in order:
+            ranks[r].execute(i, envs[r], stashes[r])
+        for r, ex in enumerate(ranks):
+            ex._step_end(envs[r], stashes[r], 0.0)
+    return [(ex.memory.peak, ex.host_memory.peak) for ex in ranks]

@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from heterog.errors import HeterogError
 from heterog.graph.shard_exec import combine, padded, part_of
+from heterog.runtime.in_place import cut, in_place_writers, owned, scaled, stats_scale
 from heterog.runtime.instructions import (
     Aggregate,
     AllGather,
@@ -55,8 +56,8 @@ from heterog.runtime.instructions import (
     env_name,
 )
 from heterog.runtime.kernel import Kernel, call_arguments
-from heterog.runtime.layout import cat_batch, in_memory_order, narrow_batch
-from heterog.runtime.memory import LiveBytes, Meter, NoMeter
+from heterog.runtime.layout import cat_batch, in_memory_order
+from heterog.runtime.memory import LiveBytes, Meter, NoMeter, exclusive
 from heterog.runtime.rng import Draw, block_batches
 from heterog.runtime.stepprog import StepProgram
 from heterog.runtime.transport import NullStatus, Pending, StatusLike, Transport, TransportLike, waited_for
@@ -112,15 +113,6 @@ def describe_failure(exc: BaseException, rank: int) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- executing a rank program
-def scaled(v: torch.Tensor, scale: float) -> torch.Tensor:
-    """``v * scale``; an integer value (an index, a count) whose scaled entries are whole numbers keeps its
-    dtype, as its readers and messages expect."""
-    out = v * scale
-    if out.dtype != v.dtype and bool(torch.equal(out, out.round())):
-        return out.to(v.dtype)
-    return out
-
-
 class RankExecutor:
     """Runs one rank's program; ``run()`` returns per-step times and loss terms and the final values."""
 
@@ -135,7 +127,7 @@ class RankExecutor:
         computes = [ins for ins in self.rp.instrs if isinstance(ins, Compute)]
         self.host = torch.device("cpu")          # where offloaded state lives and its update runs
         self.kernels = {(op, local, scale, host): prog.kernel(op, self.host if host else device, local, scale)
-                        for op, local, scale, host in {(ins.op, ins.local, _stats_scale(ins), ins.host)
+                        for op, local, scale, host in {(ins.op, ins.local, stats_scale(ins), ins.host)
                                                        for ins in computes}}
         self.chains: dict[tuple, Kernel] = {}
         for ins in self.rp.instrs:
@@ -154,8 +146,10 @@ class RankExecutor:
         else:
             self.groups, self.transport = [None] * len(job.groups), transport
         self.members = [list(g) for g in job.groups]
+        self.in_place = in_place_writers(self.rp, prog, self.kernels)
         self.consts = {k: v.to(device) for k, v in prog.consts.items()}
-        self.persist = {k: self.to_host(v) if k in self.rp.host else v.to(device)
+        # the rank's own copies: the step updates them in place
+        self.persist = {k: self.to_host(v) if k in self.rp.host else owned(v, device)
                         for k, v in initial_values(self.rp).items()}
         self.debt_s = 0.0
         self.slow = self.rp.slowdown if job.emulate else 1.0
@@ -197,14 +191,7 @@ class RankExecutor:
 
     def _piece(self, src: Source, sl: Slice | None, scale: float, env: dict[str, Any], stash: dict[Any, Any],
                shift: int = 0) -> torch.Tensor:
-        v = self._fetch(src, env, stash)
-        if sl is not None:
-            v = narrow_batch(v, sl)
-        if scale != 1.0:
-            v = scaled(v, scale)
-        if shift:
-            v = v + shift
-        return v
+        return cut(self._fetch(src, env, stash), sl, scale, shift)
 
     def _owe(self, t_start: float, idle_before: float) -> None:
         """Charge (slowdown - 1) x the busy time since ``t_start`` (waiting excluded)."""
@@ -227,19 +214,11 @@ class RankExecutor:
         """Run step ``index``: (seconds, this rank's loss terms). A failure carries where it happened
         (``heterog_where``: rank, step, instruction) and whether this rank was waiting for another one."""
         rp, tr = self.rp, self.transport
-        env: dict[str, Any] = dict(self.persist)
         self._step = index
         metered = index < self.job.memory_steps
-        mem: Meter = self.memory if metered else NoMeter()
-        self._mem = mem
+        self._mem = self.memory if metered else NoMeter()
         self._host_mem = self.host_memory if metered else NoMeter()
-        mem.reset()
-        self._host_mem.reset()
-        for ph, v in self.persist.items():
-            (self._host_mem if ph in self.rp.host else mem).put(("persist", ph), v)
-        for name, i, lo, hi in rp.inputs:
-            env[name] = inputs[i][lo:hi].to(self.device)
-            mem.put(Env(name), env[name])
+        env = self.begin_step(inputs)
         stash: dict[Any, Any] = {}
         self._at = -1
         try:
@@ -247,7 +226,7 @@ class RankExecutor:
                 # gloo matches by tag: post every receive of the step up front (all of the previous step's
                 # messages to this rank have arrived, so none can be mistaken for this step's)
                 for r in rp.recvs:
-                    tr.post(r.tag, r.src, r.shape, r.dtype)
+                    self._mem.put(Recv(r.tag), tr.post(r.tag, r.src, r.shape, r.dtype))
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             if self.world > 1:
@@ -266,6 +245,18 @@ class RankExecutor:
         if trace is not None:
             self.traces.append(trace)
         return elapsed, loss
+
+    def begin_step(self, inputs: Sequence[torch.Tensor]) -> dict[str, Any]:
+        """A step's environment: the held values and this rank's slices of ``inputs``, metered from the start."""
+        env: dict[str, Any] = dict(self.persist)
+        self._mem.reset()
+        self._host_mem.reset()
+        for ph, v in self.persist.items():
+            (self._host_mem if ph in self.rp.host else self._mem).put(("persist", ph), v)
+        for name, i, lo, hi in self.rp.inputs:
+            env[name] = inputs[i][lo:hi].to(self.device)
+            self._mem.put(Env(name), env[name])
+        return env
 
     def describe(self, i: int) -> str:
         """Instruction ``i`` in words (for error messages)."""
@@ -315,7 +306,7 @@ class RankExecutor:
         ins = rp.instrs[i]
         if isinstance(ins, Compute):
             t_op, idle0 = time.perf_counter(), tr.idle_s
-            self._compute(ins, env, stash)
+            self._compute(ins, env, stash, self.in_place.get(i))
             if not ins.host:               # the host CPU runs at its own speed, not the device's slowdown
                 self._owe(t_op, idle0)
             where = self._host_mem if ins.host else mem
@@ -334,42 +325,41 @@ class RankExecutor:
             mem.put(Stash(ins.key), stash[ins.key])
         elif isinstance(ins, Aggregate):
             t_op, idle0 = time.perf_counter(), tr.idle_s
-            parts = [self._piece(p.source, p.slice, p.scale, env, stash) for p in ins.parts]
-            acc = parts[0] + parts[1]
-            for p in parts[2:]:
-                acc = acc + p
-            stash[ins.key] = in_memory_order(acc, ins.order)
+            stash[ins.key] = in_memory_order(self._sum(i, ins, env, stash), ins.order)
             self._owe(t_op, idle0)
             mem.put(Stash(ins.key), stash[ins.key])
         elif isinstance(ins, AllReduce):
             self._pay()
-            v = scaled(self._fetch(ins.source, env, stash), ins.scale)
+            v = self._contribution(i, ins.source, ins.scale, env, stash, copy=True)
             g = ins.group
             stash[ins.key] = pending = tr.allreduce(v, g, self.groups[g], self.members[g], self.rank,
                                                     ins.emulated_s)
             pending.order = ins.order
+            mem.put(Stash(ins.key), v)
         elif isinstance(ins, AllGather):
             self._pay()
             g = ins.group
-            stash[ins.key] = pending = tr.allgather(self._fetch(ins.source, env, stash), g, self.groups[g],
-                                                    self.members[g], self.rank, ins.parts, ins.placement,
-                                                    ins.emulated_s)
+            v = self._fetch(ins.source, env, stash)
+            stash[ins.key] = pending = tr.allgather(v, g, self.groups[g], self.members[g], self.rank, ins.parts,
+                                                    ins.placement, ins.emulated_s)
             pending.order = ins.order
+            mem.put(Stash(ins.key), v)
         elif isinstance(ins, ReduceScatter):
             self._pay()
             g = ins.group
-            v = self._fetch(ins.source, env, stash)
-            stash[ins.key] = pending = tr.reduce_scatter(v if ins.scale == 1.0 else scaled(v, ins.scale), g,
-                                                         self.groups[g], self.members[g], self.rank, ins.members,
-                                                         ins.need, ins.emulated_s)
+            v = self._contribution(i, ins.source, ins.scale, env, stash, copy=False)
+            stash[ins.key] = pending = tr.reduce_scatter(v, g, self.groups[g], self.members[g], self.rank,
+                                                         ins.members, ins.need, ins.emulated_s)
             pending.order = ins.order
+            mem.put(Stash(ins.key), v)
         elif isinstance(ins, AllToAll):
             self._pay()
             g = ins.group
-            stash[ins.key] = pending = tr.all_to_all(self._fetch(ins.source, env, stash), g, self.groups[g],
-                                                     self.members[g], self.rank, ins.members, ins.shape, ins.have,
-                                                     ins.need, ins.emulated_s)
+            v = self._fetch(ins.source, env, stash)
+            stash[ins.key] = pending = tr.all_to_all(v, g, self.groups[g], self.members[g], self.rank, ins.members,
+                                                     ins.shape, ins.have, ins.need, ins.emulated_s)
             pending.order = ins.order
+            mem.put(Stash(ins.key), v)
         elif isinstance(ins, Combine):
             t_op, idle0 = time.perf_counter(), tr.idle_s
             stash[ins.key] = in_memory_order(combine([self._fetch(p, env, stash) for p in ins.parts], ins.placement),
@@ -378,7 +368,7 @@ class RankExecutor:
             mem.put(Stash(ins.key), stash[ins.key])
         elif isinstance(ins, Derive):
             t_op, idle0 = time.perf_counter(), tr.idle_s
-            stash[ins.key] = self._derive(ins, env, stash)
+            stash[ins.key] = self._derive(i, ins, env, stash)
             self._owe(t_op, idle0)
             mem.put(Stash(ins.key), stash[ins.key])
         elif isinstance(ins, Copy):
@@ -390,7 +380,7 @@ class RankExecutor:
             (self._host_mem if ins.to_host else mem).put(Stash(ins.key), got.tensor if type(got) is Landing else got)
         elif isinstance(ins, Post):
             r = self.recv_spec[ins.tag]
-            tr.post(r.tag, r.src, r.shape, r.dtype)
+            mem.put(Recv(r.tag), tr.post(r.tag, r.src, r.shape, r.dtype))
         elif isinstance(ins, BatchStats):
             t_op, idle0 = time.perf_counter(), tr.idle_s
             stash[ins.key] = self._batch_stats(ins, env, stash)
@@ -399,6 +389,9 @@ class RankExecutor:
         for src in rp.frees[i]:
             if isinstance(src, Env):
                 env.pop(src.node, None)
+                if self.persist.pop(src.node, None) is not None:       # replaced by the step (``last_uses``)
+                    mem.drop(("persist", src.node))
+                    self._host_mem.drop(("persist", src.node))
             else:
                 stash.pop(src.key, None)
             mem.drop(src)
@@ -422,23 +415,25 @@ class RankExecutor:
         assert total is not None
         return total
 
-    def _compute(self, ins: Compute, env: dict[str, Any], stash: dict[Any, Any]) -> None:
+    def _compute(self, ins: Compute, env: dict[str, Any], stash: dict[Any, Any],
+                 in_place: tuple[str, tuple[str, ...]] | None = None) -> None:
         """An op instance: its inputs fetched (scaled, their view chains run at the local batch), its
-        kernel run (random nodes drawing for its samples), its exports kept in ``env``."""
+        kernel run (random nodes drawing for its samples; ``in_place``: a node and the inputs it may write
+        its output into, ``in_place_writers``), its exports kept in ``env``."""
         sizes = self.job.sizes
         local = self._inputs(ins, env, stash)
         if ins.stats is not None:
             from heterog.runtime.batch_stats import STATS_NODE
 
             local[STATS_NODE] = self._fetch(ins.stats, env, stash)
-        kernel = self.kernels[(ins.op, ins.local, _stats_scale(ins), ins.host)]
+        kernel = self.kernels[(ins.op, ins.local, stats_scale(ins), ins.host)]
         draw = None
         if kernel.random:
             prog = self.job.prog
             draw = Draw(prog.rng_seed, self._step, prog.batch_size,
                         range(ins.first_sample, ins.first_sample + ins.local_batch),
                         {n: sizes[n] for n in block_batches(prog.batch_size)})
-        kernel(local, sizes[ins.local_batch], draw)
+        kernel(local, sizes[ins.local_batch], draw, in_place)
         for name in ins.exports:
             env[env_name(name, ins.micro, ins.recompute)] = local[name]
 
@@ -459,6 +454,37 @@ class RankExecutor:
             if inp.tuple_index is not None and not isinstance(local[inp.node], (tuple, list)):
                 local[inp.node] = [None] * inp.tuple_index + [local[inp.node]]
         return local
+
+    def _sum(self, i: int, ins: Aggregate, env: dict[str, Any], stash: dict[Any, Any]) -> torch.Tensor:
+        """The sum of an aggregate's parts, added into the first one where this is its last reader and this rank
+        alone holds it (gradient accumulation over micro-batches, a PS's sum): the same bits as a new sum."""
+        first = ins.parts[0]
+        v = self._fetch(first.source, env, stash)
+        parts = [self._piece(p.source, p.slice, p.scale, env, stash) for p in ins.parts[1:]]
+        if first.slice is None and not first.shift and self._dying(i, first.source) and exclusive(v) \
+                and v.is_floating_point() and all(p.shape == v.shape and p.dtype == v.dtype for p in parts):
+            acc = v if first.scale == 1.0 else v.mul_(first.scale)
+            for p in parts:
+                acc.add_(p)
+            return acc
+        acc = cut(v, first.slice, first.scale, first.shift) + parts[0]
+        for p in parts[1:]:
+            acc = acc + p
+        return acc
+
+    def _contribution(self, i: int, src: Source, scale: float, env: dict[str, Any], stash: dict[Any, Any],
+                      copy: bool) -> torch.Tensor:
+        """What this rank gives a collective: ``src`` x ``scale``, scaled in place where this is its last reader
+        and this rank alone holds it (a collective works in its contribution's buffer, as NCCL's AllReduce does);
+        else a new tensor when scaled or when ``copy`` (the collective writes into it)."""
+        v = self._fetch(src, env, stash)
+        if self._dying(i, src) and exclusive(v) and v.is_floating_point():
+            return v if scale == 1.0 else v.mul_(scale)
+        return scaled(v, scale) if copy or scale != 1.0 else v
+
+    def _dying(self, i: int, src: Source) -> bool:
+        """Whether instruction ``i`` is the last reader of ``src`` on this rank (a message: always)."""
+        return isinstance(src, Recv) or src in self.rp.frees[i]
 
     def to_host(self, v: torch.Tensor, wait: bool = True) -> Any:
         """A copy of ``v`` in host memory: on a GPU into pinned memory, asynchronous (``wait``: finished here;
@@ -481,15 +507,17 @@ class RankExecutor:
             return v.clone()
         return (v if v.is_pinned() else v.pin_memory()).to(self.device, non_blocking=True)
 
-    def _derive(self, ins: Derive, env: dict[str, Any], stash: dict[Any, Any]) -> torch.Tensor:
+    def _derive(self, i: int, ins: Derive, env: dict[str, Any], stash: dict[Any, Any]) -> torch.Tensor:
         """A value's view chain run on it (on a device's part: with its local sizes), then the part of it
-        this device reads."""
+        this device reads; scaled in place where instruction ``i`` is the value's last reader and this rank
+        alone holds it (a gradient on its way to a reduce-scatter: the collective works in its buffer)."""
         v = self._fetch(ins.source, env, stash)
         if isinstance(v, (tuple, list)):
             assert ins.index is not None
             v = v[ins.index]
         if ins.scale != 1.0:
-            v = scaled(v, ins.scale)
+            whole = isinstance(v, torch.Tensor) and ins.index is None and v.is_floating_point()
+            v = v.mul_(ins.scale) if whole and self._dying(i, ins.source) and exclusive(v) else scaled(v, ins.scale)
         if ins.pad is not None:
             p = ins.pad
             v = padded(v, p.placement, p.extent, p.shares, p.rank)
@@ -548,11 +576,6 @@ class RankExecutor:
         if self.job.return_state:
             out["values"] = {ph: (kind, self.persist[ph].detach().to("cpu").clone()) for kind, ph in self.rp.report}
         return out
-
-
-def _stats_scale(ins: Compute) -> float | None:
-    """The kernel variant of a compute instruction: None, or a synced batch norm's gradient convention."""
-    return None if ins.stats is None else ins.stats_scale
 
 
 @dataclass

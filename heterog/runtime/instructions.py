@@ -443,8 +443,13 @@ def with_tags(instr: Instruction, tag_of: list[int]) -> Instruction:
 
 def last_uses(rp: RankProgram) -> list[tuple[Env | Stash, ...]]:
     """Per instruction, the env names and stash keys whose last use it is (values needed at the step
-    end, by updates and the loss, are kept)."""
+    end, by updates and the loss, are kept). A parameter, buffer or state value that the step replaces is
+    freed after its last reader too where an op of this rank makes the new value: the step updates it in
+    place (``RankExecutor`` writes the new value into the old one's storage where the writer is its last
+    reader), so the old and the new value are not both held to the step's end. One the step keeps, and one
+    whose new value arrives (all-gathered from its shards, copied up from the host), is held throughout."""
     keep = {src for _, src in rp.updates} | {src for src, _ in rp.loss_terms}
+    replaced = {ph for ph, src in rp.updates if isinstance(src, Env) and src != Env(ph)}
     last: dict[Env | Stash, int] = {}
     for i, instr in enumerate(rp.instrs):
         for src in sources(instr):
@@ -452,6 +457,6 @@ def last_uses(rp: RankProgram) -> list[tuple[Env | Stash, ...]]:
                 last[src] = i
     frees: list[list[Env | Stash]] = [[] for _ in rp.instrs]
     for src, i in last.items():
-        if src not in keep and not (isinstance(src, Env) and src.node in rp.persist):
+        if src not in keep and not (isinstance(src, Env) and src.node in rp.persist and src.node not in replaced):
             frees[i].append(src)
     return [tuple(f) for f in frees]

@@ -13,6 +13,7 @@ import torch
 
 from heterog.errors import HeterogError
 from heterog.graph.shard_exec import local_size, local_transform
+from heterog.runtime.memory import exclusive
 from heterog.runtime.rng import Draw, RandomNode, call_random
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -190,7 +191,7 @@ class Kernel:
     generator, as eager PyTorch does. ``local``: the nodes run on a device's part of an op divided beyond
     the batch (its size arguments and transform, ``heterog.runtime.instructions.Local``)."""
 
-    __slots__ = ("calls", "names", "random")
+    __slots__ = ("calls", "names", "random", "_out")
 
     def __init__(self, calls: Sequence[NodeCall], device: torch.device | None = None,
                  random: dict[str, RandomNode] | None = None, local: Local | None = None) -> None:
@@ -209,9 +210,39 @@ class Kernel:
             simple = not _has_ref(kwargs) and all(type(x) in (Ref, SymRef) or not _has_ref(x) for x in args)
             self.calls.append((c.name, fn, args, kwargs, simple and c.name not in self.random))
         self.names = [c.name for c in calls]
+        self._out: dict[str, Callable[..., Any] | None] = {}
 
-    def __call__(self, env: dict, sym: dict, draw: Draw | None = None) -> None:
+    def arguments(self) -> list[tuple[str, tuple[str, ...]]]:
+        """Per node, in order: its name and the nodes its positional arguments name."""
+        return [(name, tuple(a.name for a in args if type(a) is Ref)) for name, _, args, _, _ in self.calls]
+
+    def out_variant(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any] | None:
+        """The ``out=`` overload of node ``name``'s target ``fn`` (``aten.add.out`` for ``aten.add.Tensor``),
+        None if it has none."""
+        if name not in self._out:
+            found = None
+            if isinstance(fn, torch._ops.OpOverload):
+                want = [a.name for a in fn._schema.arguments]
+                packet = fn.overloadpacket
+                for overload in packet.overloads():
+                    cand = getattr(packet, overload)
+                    args = cand._schema.arguments
+                    if args and args[-1].name == "out" and [a.name for a in args[:-1]] == want:
+                        found = cand
+                        break
+            self._out[name] = found
+        return self._out[name]
+
+    def __call__(self, env: dict, sym: dict, draw: Draw | None = None,
+                 in_place: tuple[str, tuple[str, ...]] | None = None) -> None:
+        """Run the nodes into ``env``. ``in_place``: (node, inputs) where the node writes its output into the
+        first of those inputs that is a floating tensor of the output's shape and dtype which no other tensor
+        shares (``memory.exclusive``), through its target's ``out=`` overload (the same kernel: the same
+        bits); out of place where none is."""
         for name, fn, args, kwargs, simple in self.calls:
+            if in_place is not None and name == in_place[0] and self._call_into(name, fn, args, kwargs, env, sym,
+                                                                                 in_place[1]):
+                continue
             try:
                 if simple:
                     a = [env[x.name] if type(x) is Ref else sym[x.name] if type(x) is SymRef else x for x in args]
@@ -225,6 +256,29 @@ class Kernel:
                 exc.add_note(f"in fx node {name} = {fn}(...) with inputs {_describe_inputs(args, env)}")
                 raise
 
+
+    def _call_into(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict, env: dict, sym: dict,
+                   victims: tuple[str, ...]) -> bool:
+        variant = self.out_variant(name, fn)
+        if variant is None:
+            return False
+        a, kw = _arguments(args, kwargs, env, sym)
+        tensors = [x for x in a if isinstance(x, torch.Tensor)]
+        try:
+            shape = torch.broadcast_shapes(*(t.shape for t in tensors))
+        except RuntimeError:
+            return False
+        for v in victims:
+            t = env.get(v)
+            if not (isinstance(t, torch.Tensor) and t.is_floating_point() and t.shape == shape and t.is_contiguous()
+                    and all(x.dtype == t.dtype or x.dim() == 0 for x in tensors) and exclusive(t)):
+                continue
+            try:
+                env[name] = variant(*a, **kw, out=t)
+            except RuntimeError:
+                continue
+            return True
+        return False
 
 
 def _local_args(args: tuple, node: str, local: Local) -> tuple:

@@ -15,6 +15,17 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
+def exclusive(v: Any) -> bool:
+    """Whether tensor ``v`` is the only tensor on its storage (no view of it or other view of its base is
+    alive), so that writing into it changes no other value."""
+    if not isinstance(v, torch.Tensor) or v._base is not None:
+        return False
+    try:
+        return int(torch._C._storage_Use_Count(v.untyped_storage()._cdata)) <= 2   # v's and this call's
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return False
+
+
 class Meter(Protocol):
     """What the interpreter tells a memory meter: a table entry (any hashable key) took a value or was freed."""
 
@@ -43,12 +54,12 @@ class LiveBytes:
     The tables are the rank's parameters, buffers and optimizer state (``persist``), the values of its ops
     (``env``: inputs, activations, gradients, new parameters) and derived values (``stash``: assembled
     pieces, PS sums, AllReduce results); a value enters when it is stored (after the instruction that
-    makes it) and leaves when the program frees it after its last consumer; a received message counts
-    from when it is taken to the end of the instruction that takes it. This is the simulator's
-    memory model (DESIGN section 3: resident parameters, gradients and state plus activations from
-    production until their last consumer) applied to what the runtime actually holds, so the two are
-    comparable on any backend; allocator caches, kernels' temporaries, receive buffers posted but not
-    yet taken and the Python process are not counted (the process RSS of a CPU worker is hundreds of MB
+    makes it) and leaves when the program frees it after its last consumer; a message's receive buffer
+    counts from when it is posted to the end of the instruction that takes it. This is the simulator's
+    memory model (docs/design.md, "Resources, memory and time": resident parameters and state, gradients
+    and activations from production until their last reader, updates and collectives in place) applied
+    to what the runtime actually holds, so the two are comparable on any backend; allocator caches,
+    kernels' temporaries and the Python process are not counted (the process RSS of a CPU worker is hundreds of MB
     of libraries, and CPU tensors have no allocator statistics). Views count their storage once, whole
     (its bytes are held), except views of ``sliced`` storages (the global input batches a job carries),
     which count the bytes they span: a rank's input is its batch share.

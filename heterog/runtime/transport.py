@@ -119,7 +119,7 @@ class TransportLike(Protocol):
 
     idle_s: float
 
-    def post(self, tag: int, src: int, shape: tuple[int, ...], dtype: torch.dtype) -> None: ...
+    def post(self, tag: int, src: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor: ...
 
     def send(self, t: torch.Tensor, dst: int, tag: int, latency_s: float, s_per_byte: float) -> None: ...
 
@@ -183,7 +183,8 @@ class Transport:
         self.group_ready: dict[tuple[int, ...], float] = {}            # emulation: when each group is free
         self.ar_seq: dict[tuple[int, ...], int] = {}                   # CPU AllReduces started, per group
 
-    def post(self, tag: int, src: int, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    def post(self, tag: int, src: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """Post the receive of message ``tag``; returns the buffer it lands in."""
         n = math.prod(shape) * dtype.itemsize
         if self.emulate:
             buf = torch.empty(n + _HEADER_BYTES, dtype=torch.uint8, device=self.device)
@@ -191,6 +192,7 @@ class Transport:
             buf = torch.empty(shape, dtype=dtype, device=self.device)
         self.recvs[tag] = (dist.irecv(buf, src=src, tag=tag, group=self.channels.get((src, self.rank))), buf, shape,
                            dtype, n, src)
+        return buf
 
     def send(self, t: torch.Tensor, dst: int, tag: int, latency_s: float, s_per_byte: float) -> None:
         t = t.contiguous()

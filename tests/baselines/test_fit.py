@@ -1,23 +1,26 @@
 """Making a plan fit in memory (heterog.baselines.fit) and the planners that offer sharded state: on a
-layered graph with Adam's state (each parameter P bytes: P of weights, P of gradient, 2 P of moments) and
-clusters whose GPUs hold a few tens of P."""
+layered graph with Adam's state (each parameter P bytes: P of weights and 2 P of moments resident, its
+gradient of P allocated by the op that makes it until the update) and clusters whose GPUs hold a few tens
+of P."""
 from __future__ import annotations
 
 import dataclasses
+from itertools import product
 
 import numpy as np
 import pytest
 
 from heterog.baselines.chains import ActionSearch
 from heterog.baselines.expert import group_strategy, op_layers
-from heterog.baselines.fit import fit, recompute_way, sharded_way, with_sharded
+from heterog.baselines.fit import STATE_CHOICES, fit, recompute_way, sharded_way, with_sharded
 from heterog.baselines.mcmc import mcmc
-from heterog.baselines.pipeline import pipeline
+from heterog.baselines.pipeline import least_state_bytes, pipeline
 from heterog.cluster.loader import cluster_from_dict
 from heterog.errors import HeterogError
 from heterog.evaluate import Evaluator
 from heterog.graph.opgraph import OpGraph
 from heterog.moves import moves_from_uniform
+from heterog.sharded import ShardedState
 from heterog.strategy import ParallelConfig
 from tests.baselines.helpers import layered_graph
 
@@ -25,7 +28,7 @@ P = 1 << 16                         # bytes of each layer's weight
 
 
 def with_adam_state(graph: OpGraph) -> OpGraph:
-    """``graph`` with two moments per parameter (Adam's), resident beside its weight and gradient."""
+    """``graph`` with two moments per parameter (Adam's), resident beside its weight."""
     ops = [dataclasses.replace(o, state_bytes=2 * o.param_bytes) if o.kind == "param" else o for o in graph.ops]
     return OpGraph(graph.name + "-adam", graph.batch_size, ops, graph.edges)
 
@@ -37,7 +40,7 @@ def cluster(memory_bytes: float, n: int = 2, bandwidth: str = "10 GB/s"):
 
 
 def two_layer_groups(width: int, memory_bytes: float, bandwidth: str = "10 GB/s"):
-    """8 layers (32 P resident) in 4 groups of two layers (a group recomputes its first layer), each
+    """8 layers (24 P resident) in 4 groups of two layers (a group recomputes its first layer), each
     group data parallel over both GPUs with AllReduce."""
     graph = with_adam_state(layered_graph(8, P, batch=64, width=width))
     ev = Evaluator(graph, cluster(memory_bytes, bandwidth=bandwidth))
@@ -51,12 +54,13 @@ def stage_of(strategy) -> set[int]:
 
 
 def test_a_plan_whose_state_does_not_fit_gets_sharded_state():
-    # resident: 8 x 4 P = 32 P > 30 P on each GPU, whatever the activations (2 P at most here): neither
-    # recomputation nor micro-batches fit. Stage 1 holds 8 x 3 P = 24 P, stage 2 20 P, stage 3 16 P: all
-    # fit. Stage 2 is the fastest: its reduce-scatter and all-gather move what the AllReduce did, and each
-    # GPU updates half of each weight; stage 1 all-gathers on top of the AllReduce, stage 3 gathers each
-    # weight twice more.
-    ev, plain = two_layer_groups(256, 30 * P)
+    # resident: 8 x 3 P = 24 P, and at the peak 6 P of gradients and activations (30 P) > 26 P on each GPU;
+    # recomputation saves 1 P at most (29 P): it does not fit. Sharded moments: stage 1 peaks at 25 P (the
+    # moments halved, 8 P less, but the updated halves all-gathered beside the old weights), stage 2 at 22 P
+    # (gradients reduce-scattered), stage 3 at 21 P: all fit. Stage 2 is the fastest: its reduce-scatter and
+    # all-gather move what the AllReduce did, and each GPU updates half of each weight; stage 1 all-gathers
+    # on top of the AllReduce, stage 3 gathers each weight twice more.
+    ev, plain = two_layer_groups(256, 26 * P)
     assert ev.iteration_time(plain)[1]
     assert ev.iteration_time(plain.with_recompute(range(4)))[1]
     found = fit(ev, plain)
@@ -82,11 +86,11 @@ def test_a_plan_whose_state_does_not_fit_gets_sharded_state():
 
 
 def test_recomputation_wins_where_it_costs_less_than_sharded_state():
-    # wide layers: activations dominate (72 P at the peak, next to 32 P resident); at 90 P stage 3 fits
-    # (89 P) and so does recomputing the first two groups (88 P), stages 1 and 2 do not (96 P, 92.5 P).
-    # Over a 10 MB/s link stage 3's gathers (each weight twice more) cost far more than running two
-    # layers' forward again, hidden under the AllReduces
-    ev, plain = two_layer_groups(4096, 90 * P, bandwidth="10 MB/s")
+    # wide layers: activations dominate (73 P at the peak, next to 24 P resident: 97 P); at 87 P stage 3 fits
+    # (86 P) and so does recomputing the first two groups (81 P; the first alone: 89 P), stages 1 and 2 do
+    # not (89 P). Over a 10 MB/s link stage 3's gathers (each weight twice more) cost far more than running
+    # two layers' forward again, hidden under the AllReduces
+    ev, plain = two_layer_groups(4096, 87 * P, bandwidth="10 MB/s")
     assert ev.iteration_time(plain)[1]
     by_sharding, by_recomputing = sharded_way(ev, plain), recompute_way(ev, plain)
     assert by_sharding is not None and 3 in stage_of(by_sharding.strategy)
@@ -98,8 +102,9 @@ def test_recomputation_wins_where_it_costs_less_than_sharded_state():
 
 
 def test_where_no_way_fits_alone_two_are_combined():
-    # at 75 P: stage 3 alone holds 89 P, recomputing every group 80 P; both together fit
-    ev, plain = two_layer_groups(4096, 75 * P, bandwidth="10 MB/s")
+    # at 70 P: stage 3 alone holds 86 P, recomputing every group 81 P; both together fit (65 P; stages 1 and
+    # 2 with every group recomputed: 73 P)
+    ev, plain = two_layer_groups(4096, 70 * P, bandwidth="10 MB/s")
     assert sharded_way(ev, plain) is None and recompute_way(ev, plain) is None
     found = fit(ev, plain, ("sharded", "recompute"))
     assert not found.oom and found.way in ("sharded+recompute", "recompute+sharded")
@@ -109,9 +114,10 @@ def test_where_no_way_fits_alone_two_are_combined():
 
 
 def state_bound():
-    """4 layers of 4 P resident, 2 GPUs of 14 P: only sharded state fits (stage 1: 12 P)."""
+    """4 layers of 3 P resident, 2 GPUs of 13 P: data parallelism peaks at 17 P, the plain search's best plan
+    at 14 P; with sharded state the moments' halves fit (data parallel stage 1: 13 P, stages 2 and 3: 12 P)."""
     graph = with_adam_state(layered_graph(4, P, batch=64, width=256))
-    return Evaluator(graph, cluster(14 * P))
+    return Evaluator(graph, cluster(13 * P))
 
 
 def test_mcmc_moves_reach_sharded_state_where_nothing_else_fits():
@@ -155,3 +161,149 @@ def test_pipeline_with_sharded_state_fits_where_it_did_not():
     st = pipeline(ev, budget_s=2.0, max_micro_batches=2, sharded=True)
     assert not ev.iteration_time(st)[1] and st.meta["sharded_groups"] > 0
     assert st.meta["fit"] in ("sharded", "sharded+recompute")
+
+
+# ----------------------------------------------------------------------------- offloading
+XEON = {"cpu": "Xeon-Gold-6148", "sockets": 2, "memory": "384 GB", "pcie": {"bandwidth": "12 GB/s", "latency_us": 5}}
+
+
+def hosted(n_layers: int, memory_bytes: float, n: int, groups: int):
+    """``n_layers`` layers with Adam (4 P resident each; the host step priced as Adam's) on ``n`` GPUs of
+    one server with a host, in ``groups`` groups of consecutive layers, each data parallel over all GPUs
+    (AllReduce) or, on one GPU, the single-device config."""
+    graph = dataclasses.replace(with_adam_state(layered_graph(n_layers, P, batch=64, width=256)), optimizer="adam")
+    server: dict = {"name": "s0", "gpus": [{"name": "G", "peak_tflops": 10, "memory_bandwidth": "500 GB/s",
+                                            "memory": f"{int(memory_bytes)} B"}] * n, "host": XEON}
+    if n > 1:
+        server["intra"] = {"kind": "pcie", "bandwidth": "10 GB/s", "latency_us": 5}
+    ev = Evaluator(graph, cluster_from_dict({"name": f"hosted-{n}", "servers": [server]}))
+    layer_of, _ = op_layers(graph)
+    cfg = ParallelConfig.of([(d, 64 // n) for d in range(n)], sync="allreduce") if n > 1 else \
+        ParallelConfig.single(0, 64)
+    return ev, group_strategy(ev, layer_of * groups // n_layers, [cfg] * groups)
+
+
+def every_group(plan, stage: int, offload: str):
+    return with_sharded(plan, range(plan.n_groups), lambda c: dataclasses.replace(
+        c, sharded=ShardedState(stage, (1,) * len(c.devices), offload)))
+
+
+def test_offloading_is_the_only_way_where_each_gpu_cannot_hold_its_shards():
+    # 8 layers (32 P) over 2 GPUs of 16 P. Per GPU, stage 1 holds the weights, the gradients and half the
+    # moments (24 P), stage 2 half the gradients too (20 P), stage 3 half the weights too (16 P, nothing
+    # left for the weight it gathers): none fits, recomputed or not (the resident bytes alone fill the GPU).
+    # Offloading moves each GPU's half of the moments to the host, 8 P less at every stage (measured:
+    # stage 1 28.5 -> 20.5 P, stage 2 25 -> 17 P, stage 3 22 -> 14 P): only stage 3 offloaded fits.
+    ev, plain = hosted(8, 16 * P, 2, 4)
+    peaks = {}
+    for stage, offload in product((1, 2, 3), ("none", "optimizer")):
+        r = ev.evaluate(every_group(plain, stage, offload))
+        peaks[stage, offload] = r.peak_memory_bytes["s0/gpu0"] / P
+        assert r.oom == ((stage, offload) != (3, "optimizer"))
+    for stage in (1, 2, 3):
+        assert peaks[stage, "none"] - peaks[stage, "optimizer"] == pytest.approx(8.0)
+    assert ev.iteration_time(every_group(plain, 3, "none").with_recompute(range(4)))[1]
+    found = fit(ev, plain)
+    assert found.way == "offload" and not found.oom
+    assert found.strategy.meta["sharded"] == [{"stage": 3, "weights": [1, 1], "offload": "optimizer"}] * 4
+    # the host holds the fp32 master weight, gradient and moments of each GPU's half: 16 bytes per
+    # element, (8 layers x P / 4 elements) / 2 per GPU, both GPUs on one host: 32 P
+    host = ev.evaluate(found.strategy).sim
+    assert host is not None
+    assert host.peak_memory[list(host.resource_names).index("host:s0")] == pytest.approx(32 * P)
+
+
+def test_a_cheaper_way_than_offloading_is_chosen_where_it_fits():
+    # at 30 P stage 2 fits (25 P) and beats every offloading plan (each adds its copies and host steps
+    # to the same collectives): the way is "sharded". At 20 P only the offloading plans of stages 2 and 3
+    # fit (17 P, 14 P): stage 2's is faster (no gathers of the weights) and chosen.
+    ev, plain = hosted(8, 30 * P, 2, 4)
+    times = {(st, off): ev.iteration_time(every_group(plain, st, off)) for st, off in product((1, 2, 3),
+                                                                                           ("none", "optimizer"))}
+    found = fit(ev, plain)
+    assert found.way == "sharded" and stage_of(found.strategy) == {2}
+    assert found.strategy.meta["sharded"] == [{"stage": 2, "weights": [1, 1]}] * 4
+    assert found.time_s == times[2, "none"][0] < min(t for (_, off), (t, _) in times.items() if off != "none")
+    tight_ev, tight_plain = hosted(8, 20 * P, 2, 4)
+    found = fit(tight_ev, tight_plain)
+    assert found.way == "offload"
+    assert found.strategy.meta["sharded"] == [{"stage": 2, "weights": [1, 1], "offload": "optimizer"}] * 4
+    assert found.time_s == pytest.approx(times[2, "optimizer"][0])
+    assert times[2, "optimizer"][0] < times[3, "optimizer"][0]
+
+
+def test_one_gpu_offloads_the_fewest_groups_that_fit():
+    # 4 layers (16 P resident) on one GPU: no sharding, and the resident state alone outgrows 14 P, so
+    # neither recomputation nor micro-batches fit; offloading every group's moments does (13 P). At 16 P
+    # three of the four groups offloaded fit (bisection; equal state: the first groups first), and are kept:
+    # faster than offloading all four. The host holds 16 bytes per offloaded element: P / 4 elements per
+    # layer, 4 P per group.
+    for capacity, offloaded in ((14, 4), (16, 3)):
+        ev, plain = hosted(4, capacity * P, 1, 4)
+        assert ev.iteration_time(plain)[1] and ev.iteration_time(plain.with_recompute(range(4)))[1]
+        found = fit(ev, plain)
+        assert found.way == "offload" and not found.oom
+        assert [c.sharded for c in found.strategy.configs] == \
+            [ShardedState(0, (1,), "optimizer")] * offloaded + [None] * (4 - offloaded)
+        sim = ev.evaluate(found.strategy).sim
+        assert sim is not None
+        assert sim.peak_memory[list(sim.resource_names).index("host:s0")] == pytest.approx(4 * P * offloaded)
+        if offloaded < 4:
+            fewer = with_sharded(plain, range(offloaded - 1), lambda c: found.strategy.configs[0])
+            assert ev.iteration_time(fewer)[1]
+            assert found.time_s < ev.iteration_time(every_group(plain, 0, "optimizer"))[0]
+
+
+def test_no_search_where_even_every_way_at_its_strongest_does_not_fit():
+    # at 10 P stage 3 with the moments and the parameter shards offloaded and every group recomputed is out of
+    # memory (at 12 P it fits): fit simulates the plan and that one, and gives up
+    ev, plain = hosted(8, 10 * P, 2, 4)
+    calls = []
+    simulate = ev.iteration_time
+    ev.iteration_time = lambda s, *a: calls.append(s) or simulate(s, *a)      # type: ignore[method-assign]
+    found = fit(ev, plain, ("sharded", "recompute"))
+    assert found.way == "none" and found.oom and len(calls) == 2
+    assert calls[1].recompute == (0, 1, 2, 3)
+    assert {c.sharded for c in calls[1].configs} == {ShardedState(3, (1, 1), "parameters")}
+
+
+def test_shard_moves_offer_offloading_where_the_servers_have_hosts():
+    ev, _ = hosted(4, 14 * P, 2, 4)
+    search = ActionSearch(ev, sharded=True)
+    m = ev.cluster.n_devices
+    variants = [search._configs[a].sharded for a in search.family[m + 1][1:]]
+    assert [(v.stage, v.offload) for v in variants] == [(c["stage"], c.get("offload", "none")) for c in STATE_CHOICES]
+    assert [v.offload for v in variants] == ["none"] * 3 + ["optimizer"] * 3 + ["parameters"]
+    # each single-device action offloads too (a move between it and its offloading variant)
+    assert set(search.family) == {0, 1, m + 1, m + 3}
+    for d in (0, 1):
+        assert len(search.family[d]) == 2
+        one = search._configs[search.family[d][1]]
+        assert one.devices == (d,) and one.sharded == ShardedState(0, (1,), "optimizer")
+        rng = np.random.default_rng(d)
+        assert {search.shard_move(search.family[d][1], rng) for _ in range(10)} == {d}
+
+
+def test_least_state_bytes_counts_what_the_strongest_sharded_state_leaves_on_a_gpu():
+    # each layer: P of weight and P of gradient stay on the GPUs, 2 P of moments go to the host where the
+    # server has one; a stage of two alike GPUs holds half of each, and its weight shards go to the host too
+    ev, _ = hosted(4, 14 * P, 2, 4)
+    layer_of, _ = op_layers(ev.graph)
+    assert (least_state_bytes(ev.graph, ev.cluster, layer_of, [[0], [1]]) == 2 * P).all()
+    assert (least_state_bytes(ev.graph, ev.cluster, layer_of, [[0, 1]]) == P / 2).all()
+    no_host = cluster(14 * P)
+    assert (least_state_bytes(ev.graph, no_host, layer_of, [[0], [1]]) == 4 * P).all()
+    assert (least_state_bytes(ev.graph, no_host, layer_of, [[0, 1]]) == 2 * P).all()
+
+
+def test_pipeline_offloads_where_nothing_else_fits():
+    # 4 layers of 4 P over two GPUs of 8 P: a stage of one GPU holds two layers' 8 P, replicated stages
+    # all four's 16 P, stage 3 over both 8 P: nothing fits on the GPUs. Two stages of two layers, each
+    # GPU's moments on the host (4 P left), fit
+    ev, _ = hosted(4, 8 * P, 2, 4)
+    plain = pipeline(ev, budget_s=2.0, max_micro_batches=2)
+    assert ev.iteration_time(plain)[1]
+    st = pipeline(ev, budget_s=2.0, max_micro_batches=2, sharded=True)
+    assert not ev.iteration_time(st)[1] and st.meta["fit"] == "offload"
+    assert st.meta["stages"] == [(0,), (1,)] and st.meta["layers_per_stage"] == [2, 2]
+    assert {c.sharded for c in st.configs} == {ShardedState(0, (1,), "optimizer")}

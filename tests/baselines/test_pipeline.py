@@ -73,9 +73,12 @@ def test_bad_options_are_refused(opts, match):
 
 
 def test_micro_batches_go_past_the_cap_only_while_nothing_fits():
-    # 8 layers of 64 MiB weights and 4 MiB activations per sample on 4 GPUs of 336 MiB: one micro-batch of
-    # the 8 samples does not fit on any stage grouping, smaller ones do
-    graph, cluster = layered_graph(8, 64 << 20, batch=8, width=1 << 20), gpu_cluster(4, memory="336 MiB")
+    # 8 layers of 1 MiB weights and 4 MiB activations per sample on 4 GPUs of 80 MiB: one micro-batch of the
+    # 8 samples does not fit on any stage grouping (its stages peak at 131-163 MiB), smaller ones do (8: 79
+    # MiB). The weights are small beside the activations: over micro-batches a stage holds a gradient twice
+    # while one is added into the accumulated one, which with weights as large as the activations costs
+    # what the smaller micro-batches save
+    graph, cluster = layered_graph(8, 1 << 20, batch=8, width=1 << 20), gpu_cluster(4, memory="80 MiB")
     ev = Evaluator(graph, cluster)
     s = baselines.run("pipeline", graph, cluster, evaluator=ev, budget_s=20.0, max_micro_batches=1)
     assert s.n_micro > 1 and not ev.evaluate(s).oom

@@ -16,7 +16,7 @@ from heterog.evaluate import Evaluator
 from heterog.strategy import STRATEGY_VERSION, ParallelConfig, Strategy
 from tests.compiler.helpers import pipeline_graph
 from tests.compiler.test_compile import FakeCost, strategy_for, two_gpu
-from tests.compiler.test_micro_batches import RESIDENT, NoComm, stages_of
+from tests.compiler.test_micro_batches import PB, RESIDENT, NoComm, stages_of
 
 S = 4                           # layers of the pipeline graph
 U = 8 * 16 * 4                  # one activation of the whole batch: 8 samples x 16 floats
@@ -66,21 +66,23 @@ def test_recomputing_both_groups_runs_their_inner_forwards_again_when_the_backwa
     first = {g.ops[rc.plan.task_op[t]].name for t in range(rc.plan.n_tasks)
              if rc.plan.task_kind[t] == TaskKind.COMPUTE and f0 in deps[t]}
     assert readers == {"bx1", "bw1"} and first == {"f1"}
-    # FIFO peaks. Without: x, h0..h3 kept to the loss (5 U + its 4 B), then the loss gradient g3: 6 U + 4 B.
-    # With: h0, h2, h3 go after their forward readers, so the forward holds x, h1, h2, h3 at most (4 U); the
-    # backward rebuilds h2, h3 next to x, h1 and adds g3: 5 U + 4 B
-    assert activations(base) == 6 * U + 4 and activations(rc) == 5 * U + 4
+    # FIFO peaks, at the first weight gradient (bw3 allocates it: PB). Without: x, h0, h1, h2 kept, the loss
+    # gradient g3 and the input gradient g2 (h3 and the loss's 4 B went after gout): 6 U + PB. With: h0 goes
+    # after its forward reader and the backward rebuilds h2 next to x, h1: 5 U + PB
+    assert activations(base) == 6 * U + PB and activations(rc) == 5 * U + PB
 
 
 def test_gradient_accumulation_with_recomputation():
     # 4 micro-batches of 2 samples (u = U / 4 per activation) under 1F1B, one forward then its backward:
-    # the batch's inputs are loaded at the start (4 u); micro-batch 0's backward rebuilds h2, h3 next to its
-    # kept h1 and adds g3: 4 u + 4 u + the loss's 4 B. Without recomputation 4 u + h0..h3 + g3 = 9 u + 4 B
+    # the batch's inputs are loaded at the start; the peak is at micro-batch 1's first weight gradient: the
+    # four layers' gradients accumulated from micro-batch 0 and the one bw3 makes (5 PB), micro-batch 1's
+    # x, h0, h1, h2 and g3, the inputs of micro-batches 2 and 3 (7 u), the loss's partial and the seed (8 B).
+    # Recomputation rebuilds h2 next to the kept h1 and does not keep h0: u less
     g, c, plain = two_blocks()
     acc = plain.with_micro_batches(4)
     base, rc = run(acc, g, c), run(acc.with_recompute([0, 1]), g, c)
     u = U // 4
-    assert activations(base) == 9 * u + 4 and activations(rc) == 8 * u + 4
+    assert activations(base) == 5 * PB + 7 * u + 8 and activations(rc) == 5 * PB + 6 * u + 8
     assert base.iteration_time_s == pytest.approx(32.0) and rc.iteration_time_s == pytest.approx(44.0)
     assert np.sum(rc.plan.task_kind == TaskKind.RECOMPUTE) == 3 * 4
 
@@ -149,18 +151,17 @@ def test_random_recomputed_plans_run_each_recomputed_instance_after_its_forward(
 
 
 def test_planners_recompute_the_fewest_leading_groups_that_fit():
-    # activations peak at 6 U + 4 B without recomputation (FIFO, above), next to the 4 layers' weights and
-    # gradients: a device of 4 RESIDENT + 5.5 U is too small. Recomputing group 0 alone frees h0 after f1,
-    # so the forward holds x, h1, h2, h3 and the loss gradient g3 comes on top: 5 U + 4 B, which fits, at
-    # 32 s + 4 s for f0 again (both groups: 44 s)
+    # activations peak at 6 U + PB without recomputation (FIFO, above: beside the first weight gradient), next
+    # to the 4 layers' weights: a device of 4 RESIDENT + PB + 5.5 U is too small. Recomputing group 0 alone
+    # frees h0 after f1: 5 U + PB, which fits, at 32 s + 4 s for f0 again (both groups: 44 s)
     g = pipeline_graph(S)
-    c = two_gpu(memory=f"{4 * RESIDENT + 11 * U // 2} B", n=1)
+    c = two_gpu(memory=f"{4 * RESIDENT + PB + 11 * U // 2} B", n=1)
     plain = strategy_for(g, c, [ParallelConfig.single(0, 8)] * 2, stages_of(g) // 2)
     ev = Evaluator(g, c, NoComm(c), order="fifo")
     assert ev.iteration_time(plain)[1]
     chosen, t, oom = fitting(ev, plain)
     assert chosen.recompute == (0,) and not oom and t == pytest.approx(36.0)
-    assert activations(ev.evaluate(chosen)) == 5 * U + 4
+    assert activations(ev.evaluate(chosen)) == 5 * U + PB
     roomy = Evaluator(g, two_gpu(n=1), NoComm(two_gpu(n=1)), order="fifo")
     assert fitting(roomy, dataclasses.replace(plain, cluster_name=roomy.cluster.name))[0].recompute == ()
 

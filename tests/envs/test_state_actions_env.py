@@ -57,7 +57,7 @@ def test_the_action_space_has_the_state_actions(env):
     m, g = 2, env.max_groups
     assert n_actions(m, states=True) == m + 4 + 2 * N_STATE_CHOICES
     assert env.action_space.nvec.tolist() == plan_nvec(m, g, states=True).tolist()
-    assert env.action_space.nvec[0] == 42
+    assert env.action_space.nvec[0] == 2 + 4 + 2 * 21
     plain = PlacementEnv(adam_graph(), tight_cluster(24 * P))
     assert plain.action_space.nvec[0] == 6
     plain.reset(seed=0)

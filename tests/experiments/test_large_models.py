@@ -49,6 +49,17 @@ def test_least_offloading_follows_from_the_state_over_gpu_memory():
                                                        "gpu_memory_bytes": gpu})["pcie_bound_s"] == 0.0
 
 
+def test_what_the_gpus_hold_with_every_optimizer_state_offloaded():
+    # 13e9 parameters in fp32: 52 GB of parameters and 52 GB of gradients stay on the GPUs
+    cluster = load_cluster("paper-8gpu")
+    gpu = float(np.sum(cluster.memory_bytes))
+    arithmetic = {"param_bytes": 4 * 13e9, "buffer_bytes": 1e6, "grad_bytes": 4 * 13e9,
+                  "resident_bytes": 16 * 13e9, "gpu_memory_bytes": gpu}
+    o = large_models.offload_bounds(None, cluster, arithmetic)
+    assert o["gpu_floor_bytes"] == pytest.approx(104e9 + 1e6)
+    assert o["gpu_room_bytes"] == pytest.approx(gpu - 104e9 - 1e6)
+
+
 def test_sharded_dp_uses_stage_3_over_every_device_with_shards_by_memory(tiny_adam):
     from heterog.evaluate import Evaluator
 

@@ -46,12 +46,12 @@ def test_live_bytes_count_only_the_span_of_input_slices() -> None:
     assert mem.live == 12
 
 
-# relative tolerance of measured vs simulated peak per plan. The simulator keeps gradients resident for
-# the whole step, updates parameters and aggregates pushed gradients in place; the runtime holds a
-# gradient from its production to the update, a parameter's old and new value from its update to the
-# end of the step (tiny_mlp's activations are small beside its parameters, so this shows: +5% to +12%
-# depending on the order), and sums pushed gradients into a new tensor (the PS holder measures more)
-TOLERANCE = {"single": 0.15, "ev-ar": 0.15, "ev-ps": 0.35}
+# relative tolerance of measured vs simulated peak per plan. Both hold the same values for the same spans
+# (heterog.compiler.memory: gradients allocated where made and freed after the update, updates in place, each
+# output freed after its own last reader), so a one-worker and a data-parallel plan agree to a few bytes (the
+# loss's and the step counters' scalars); a PS receives its workers' gradients when they arrive, which the
+# simulated order only approximates (the PS holder: within 25%)
+TOLERANCE = {"single": 0.01, "ev-ar": 0.01, "ev-ps": 0.25}
 
 
 @pytest.mark.parametrize("method", sorted(TOLERANCE))
@@ -77,6 +77,10 @@ def test_measured_peak_memory_matches_the_simulated_peak(method: str, pool2) -> 
         assert measured[name] == pytest.approx(simulated[name], rel=TOLERANCE[method])
     if method == "ev-ar":                                   # even shares: the replicas hold the same
         assert len(set(measured.values())) == 1
+    if method != "ev-ps":                                   # what a rank holds follows its program's order
+        from heterog.runtime.check import metered_dry_run
+        dry = metered_dry_run(prepared)
+        assert {name: dry[d][0] for d, name in enumerate(cluster.device_names)} == measured
 
 
 def test_fidelity_leaves_out_a_plan_that_fails_and_reports_memory_per_plan(tmp_path, monkeypatch) -> None:

@@ -144,11 +144,12 @@ def test_memory_invariants(spec: Spec) -> None:
     tg = spec.build()
     res = simulator.simulate(tg)
     fptr, fidx = tg.frees()
-    _, mres, mbytes = tg.memory()
-    # an allocation is released when the task and every task freeing it have finished
+    mptr, mres, mbytes = tg.memory()
+    # an allocation is released when the task and every task freeing it have finished (a task that
+    # allocates nothing releases nothing)
     for x in range(tg.n_tasks):
         holders = [t for t in range(tg.n_tasks) if x in fidx[fptr[t]:fptr[t + 1]]]
-        expected = max(res.finish[t] for t in holders + [x]) if holders else np.inf
+        expected = max(res.finish[t] for t in holders + [x]) if holders and mptr[x + 1] > mptr[x] else np.inf
         assert res.release_time[x] == expected
     # the peak is at least resident plus any one allocation, and at most resident plus all of them
     for r in range(tg.n_resources):
@@ -209,3 +210,30 @@ def test_kernel_equals_reference_on_layered_graphs(n_tasks: int, n_gpus: int, n_
         assert np.array_equal(tg.lag, lag)
     _assert_same_result(simulator.simulate(tg), simulator.simulate(tg, reference=True))
     _assert_same_result(simulator.simulate(tg, fifo=True), simulator.simulate(tg, fifo=True, reference=True))
+
+
+@SETTINGS
+@given(specs(), st.data())
+def test_kernel_equals_reference_when_frees_name_one_entry(spec: Spec, data: st.DataObject) -> None:
+    """Frees that name one memory entry of the freed task (its position; -1 all of them, a position past
+    its entries none), a task's frees of its own entries among them: kernel and reference agree bit for bit,
+    entry by entry, and an entry goes once its task and every free naming it have finished."""
+    base = spec.build()
+    tg = simulator.TaskGraph()
+    for r, name in enumerate(base.resource_names):
+        cap = int(base.memory_capacity_bytes[r])
+        tg.add_resource(name, None if cap < 0 else cap, int(base.resident_bytes[r]))
+    fptr, fidx = base.frees()
+    entry = np.array(data.draw(st.lists(st.integers(-1, 2), min_size=len(fidx), max_size=len(fidx))), dtype=np.int64)
+    mptr, mres, mbytes = base.memory()
+    tg.adopt_tasks(base.duration, base.lag, np.zeros(base.n_tasks, dtype=np.int64), *base.resources(),
+                   *base.dependencies(), mptr, mres, mbytes, frees=(fptr, fidx), free_entry=entry)
+    a, b = simulator.simulate(tg), simulator.simulate(tg, reference=True)
+    _assert_same_result(a, b)
+    assert np.array_equal(a.entry_release_time(), b.entry_release_time())
+    releasing = np.repeat(np.arange(base.n_tasks), np.diff(fptr))
+    for x in range(base.n_tasks):
+        for k in range(int(mptr[x + 1] - mptr[x])):
+            names = (fidx == x) & ((entry == -1) | (entry == k))
+            expected = max(a.finish[t] for t in [x, *releasing[names].tolist()]) if names.any() else np.inf
+            assert a.entry_release_time()[mptr[x] + k] == expected

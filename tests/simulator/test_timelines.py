@@ -290,3 +290,20 @@ def test_zero_duration_task_with_lag_is_a_pure_delay(reference: bool) -> None:
     assert res.start.tolist() == [0.0, 1.0, 1.5]
     assert res.finish.tolist() == [1.0, 1.0, 2.5]
     assert res.arrival.tolist() == [1.0, 1.5, 2.5]
+
+
+@BOTH
+def test_a_free_may_name_one_memory_entry(reference: bool) -> None:
+    """Task 0 allocates two entries (100 B read early, 10 B read late); task 1 (1-2 s) frees entry 0 only,
+    task 2 (2-5 s) entry 1 only: 110 B until 2 s, 10 B until 5 s, then nothing."""
+    tg = simulator.TaskGraph()
+    g = tg.add_resource("gpu0")
+    i64 = lambda xs: np.asarray(xs, dtype=np.int64)  # noqa: E731
+    tg.adopt_tasks(np.array([1.0, 1.0, 3.0]), np.zeros(3), i64([0, 0, 0]), i64([0, 1, 2, 3]), i64([g, g, g]),
+                   i64([0, 0, 1, 2]), i64([0, 1]), i64([0, 2, 2, 2]), i64([g, g]), i64([100, 10]),
+                   frees=(i64([0, 0, 1, 2]), i64([0, 0])), free_entry=i64([0, 1]))
+    res = simulator.simulate(tg, reference=reference)
+    assert res.entry_release_time().tolist() == [2.0, 5.0]
+    assert res.release_time.tolist() == [5.0, np.inf, np.inf]
+    times_s, level_bytes = res.memory_timeline(g)
+    assert times_s.tolist() == [0.0, 2.0, 5.0] and level_bytes.tolist() == [110, 10, 0]

@@ -1,0 +1,381 @@
+"""The memory of a compiled plan as the simulator counts it: each task's allocations (its memory entries) and
+the tasks whose end releases each of them.
+
+What a device holds (docs/design.md, "Resources, memory and time"):
+
+- resident from time 0: parameters, buffers and optimizer state placed there (their shards under sharded
+  state; offloaded state on the host); gradients are not resident;
+- every other value from the start of the task that makes it until its last reader has finished: an op
+  instance allocates its outputs, a transfer or a landing the value it brings;
+- an op instance that makes a partial result (a weight gradient, the loss: a non-batch output of a batch
+  op) holds it in a memory entry of its own, beside the entry of its batch outputs, so that each is released
+  by its own readers: the batch outputs by the ops that read them, the gradient by what reads the gradient;
+- gradients accumulate over micro-batches in place: a device's later instance of the op adds its gradient
+  into the one held and releases its own (the earlier instance's gradient entry goes when the later one
+  ends: a device holds one gradient, two while an instance makes the next);
+- a value written in place lives in the buffer of the value it overwrites, which its readers then release:
+  an AllReduce, and the reduce-scatter of a sharded gradient, works in the gradient's buffer (the gradient
+  is released by the readers of the collective's result on its device, the update); a PS's aggregation adds
+  the gradients into the first one it holds; an op of the update
+  writes its output into an input it reads last and of the output's size, if there is one (``victims``):
+  the old parameter or optimizer state it replaces (the new value then lives in the resident bytes), or an
+  intermediate of the update, so that an optimizer step allocates only what an in-place step does (Adam:
+  one temporary of the parameter's size, the denominator).
+
+The entries and frees go to ``TaskGraph.adopt_tasks`` (``free_entry``: which entry of the freed task a
+free releases, -1 all). The runtime does the same (``heterog.runtime.executor``: in-place accumulation,
+collectives and update ops) and meters what it holds (``heterog.runtime.memory.LiveBytes``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from heterog.caches import DerivedCache
+from heterog.compiler.context import CompileContext
+from heterog.compiler.index import output_bytes
+from heterog.compiler.registries import LayoutTable
+from heterog.compiler.tasks import COMPUTE_KINDS, TaskCategory, TaskKind, Tasks, ragged
+
+# tasks whose reads of an op's instance read its partial results (aggregation) when the op owns the dependency
+_AGGREGATING = np.zeros(len(TaskKind), dtype=bool)
+_AGGREGATING[[TaskKind.ALLREDUCE, TaskKind.PUSH, TaskKind.AGGREGATE, TaskKind.COLLECTIVE]] = True
+_MAX_CHAIN = 16      # in-place writes of one buffer in a row (an update writes each at most a handful of times)
+
+
+@dataclass(frozen=True)
+class MemoryEntries:
+    """A plan's memory for ``TaskGraph.adopt_tasks``: entries as CSR per task (``mem_ptr`` (n + 1,), device
+    ``mem_res`` and ``mem_bytes`` (E,)) and frees as CSR per releasing task (``free_ptr`` (n + 1,), released
+    task ``free_idx`` and the entry position ``free_entry`` (-1: all of its entries) (F,))."""
+
+    mem_ptr: np.ndarray
+    mem_res: np.ndarray
+    mem_bytes: np.ndarray
+    free_ptr: np.ndarray
+    free_idx: np.ndarray
+    free_entry: np.ndarray
+
+
+@dataclass(frozen=True)
+class UpdateVictims:
+    """Per op (n_ops,): the input tensor an op of the update writes its output into (-1: none) and whether
+    that is a parameter or optimizer-state placeholder (else an intermediate of the update) and whether a
+    parameter placeholder; per tensor
+    (n_tensors,): whether it carries the batch dimension."""
+
+    tensor: np.ndarray
+    placeholder: np.ndarray
+    param: np.ndarray
+    t_batch: np.ndarray
+
+
+_VICTIMS: DerivedCache[CompileContext, UpdateVictims] = DerivedCache("the update's in-place writes of each op")
+
+
+def victims(ctx: CompileContext) -> UpdateVictims:
+    """Which input each op of the update overwrites (cached per context): an input of the op's output bytes
+    that it reads last, the parameter or state placeholder the step replaces (read by no other op of the
+    update) first, else an intermediate of the update read by it alone that is not itself a new value of
+    the step. A graph that does not name the step's new values (``Op.writes``; older graph files) has none."""
+    def build() -> UpdateVictims:
+        gi, graph = ctx.index, ctx.graph
+        n = gi.n_ops
+        t_batch = np.zeros(len(gi.t_op), dtype=bool)
+        t_batch[gi.e_tensor] = gi.e_batch
+        tensor = np.full(n, -1, dtype=np.int64)
+        placeholder = np.zeros(n, dtype=bool)
+        names = {op.name: i for i, op in enumerate(graph.ops)}
+        is_param = np.array([op.kind == "param" for op in graph.ops], dtype=bool)
+        written = [names[op.writes] for op in graph.ops if op.writes is not None and op.writes in names]
+        if not written:
+            return UpdateVictims(tensor, placeholder, placeholder.copy(), t_batch)
+        replaced = np.zeros(n, dtype=bool)
+        replaced[written] = True
+        new_value = np.array([op.writes is not None for op in graph.ops], dtype=bool)
+        update = gi.is_compute & ~gi.has_batch & (gi.category == TaskCategory.UPDATE) & \
+            np.array([len(op.output_shapes) == 1 for op in graph.ops], dtype=bool)
+        full = np.array([float(sum(output_bytes(op))) for op in graph.ops])
+        ve = ~gi.e_value_free
+        pair = np.unique(gi.e_tensor[ve] * n + gi.e_dst[ve])
+        t, u = pair // n, pair % n
+        readers = np.bincount(t, minlength=len(gi.t_op))
+        update_readers = np.bincount(t, weights=update[u], minlength=len(gi.t_op))
+        src = gi.t_op[t]
+        ph = gi.placeholder_resident[src] & replaced[src] & (update_readers[t] == 1)
+        mid = update[src] & ~new_value[src] & (readers[t] == 1)
+        ok = update[u] & (gi.t_bytes[t] == full[u]) & (ph | mid)
+        # placeholders first, then the lowest tensor: sort by (op, not placeholder, tensor), keep the first
+        pick = np.nonzero(ok)[0]
+        order = np.lexsort((t[pick], ~ph[pick], u[pick]))
+        pick = pick[order]
+        first = np.ones(len(pick), dtype=bool)
+        first[1:] = u[pick][1:] != u[pick][:-1]
+        pick = pick[first]
+        tensor[u[pick]] = t[pick]
+        placeholder[u[pick]] = ph[pick]
+        param = placeholder & is_param[gi.t_op[np.maximum(tensor, 0)]]
+        return UpdateVictims(tensor, placeholder, param, t_batch)
+    return _VICTIMS.get(ctx, build)
+
+
+@dataclass(frozen=True)
+class BatchOutputs:
+    """Per op (n_ops,): how many outputs carrying the batch it has (``n``) and, CSR by ``ptr`` (n_ops + 1,),
+    each one's share of their bytes (``frac``) and whether any op reads it (``read``); per tensor
+    (n_tensors,): its position among its op's batch outputs (``slot``, -1: not a batch output)."""
+
+    n: np.ndarray
+    ptr: np.ndarray
+    frac: np.ndarray
+    read: np.ndarray
+    slot: np.ndarray
+
+
+_OUTPUTS: DerivedCache[CompileContext, BatchOutputs] = DerivedCache("each op's batch outputs")
+
+
+def batch_outputs(ctx: CompileContext) -> BatchOutputs:
+    """Each op's outputs that carry the batch (cached per context): an instance holds each in an entry of its
+    own, released by that output's readers (the runtime frees an output after its last reader, not once all
+    of the op's outputs are read: a dropout's output goes before its mask)."""
+    def build() -> BatchOutputs:
+        gi, graph = ctx.index, ctx.graph
+        where: dict[tuple[int, int], int] = {}
+        n = np.zeros(gi.n_ops, dtype=np.int64)
+        frac: list[float] = []
+        for i, op in enumerate(graph.ops):
+            sizes = [(k, b) for k, (b, bd) in enumerate(zip(output_bytes(op), op.batch_dims)) if bd is not None]
+            total = sum(b for _, b in sizes)
+            for k, b in sizes:
+                where[(i, k)] = len(frac)
+                frac.append(b / total if total > 0 else 1.0 / len(sizes))
+            n[i] = len(sizes)
+        ptr = np.zeros(gi.n_ops + 1, dtype=np.int64)
+        np.cumsum(n, out=ptr[1:])
+        read = np.zeros(len(frac), dtype=bool)
+        slot = np.full(len(gi.t_op), -1, dtype=np.int64)
+        for e, edge in enumerate(graph.edges):
+            flat = where.get((edge.src, edge.src_output))
+            if flat is not None:
+                read[flat] = True
+                slot[gi.e_tensor[e]] = flat - ptr[edge.src]
+        return BatchOutputs(n, ptr, np.array(frac, dtype=np.float64), read, slot)
+    return _OUTPUTS.get(ctx, build)
+
+
+def partial_part(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray, out_split: np.ndarray | None,
+                 tasks: Tasks) -> np.ndarray:
+    """(n,) bytes of each task's allocation that are partial results (non-batch outputs of a batch op's
+    compute instance): the op's non-batch output bytes, at the instance's share of an op divided beyond
+    the batch; 0 for other tasks."""
+    gi = ctx.index
+    op = np.maximum(tasks.op, 0)
+    inst = (tasks.kind == TaskKind.COMPUTE) & (tasks.dev >= 0) & gi.has_batch[op] & (gi.out_fixed_bytes[op] > 0)
+    out = np.where(inst, gi.out_fixed_bytes[op], 0.0)
+    if out_split is not None:
+        div = np.nonzero(inst & (out_split[op] > 0))[0]
+        if len(div):          # the instance's split share: its layout entry on its device in its micro-batch
+            lay = op_lay[op[div]]
+            rows, loc = ragged(layouts.length[lay])
+            flat = layouts.ptr[lay][rows] + loc
+            hit = (layouts.dev_flat[flat] == tasks.dev[div][rows]) & \
+                (layouts.micro_flat[flat] == np.maximum(tasks.micro[div][rows], 0))
+            share = np.ones(len(div))
+            share[rows[hit]] = layouts.split_flat[flat[hit]]
+            w = out_split[op[div]]
+            out[div] *= 1.0 - w + w * share
+    return np.minimum(out, tasks.alloc)
+
+
+def memory_entries(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray, out_split: np.ndarray | None,
+                   tasks: Tasks, deps: tuple[np.ndarray, np.ndarray, np.ndarray],
+                   state_held: np.ndarray | None = None, shard: np.ndarray | None = None) -> MemoryEntries:
+    """The entries and frees of ``tasks`` (canonical or slot order) whose dependencies are ``deps`` (task, on,
+    owner) in the same ids (module docstring). ``state_held`` (n_ops,): ops whose group's state is sharded or
+    offloaded (None: none is), whose update reads the parameter's rows, not the parameter, and does not
+    overwrite the parameter (it does overwrite its optimizer state: a device's shard of it is a tensor of its
+    own). ``shard`` (n_ops, n_devices): for an op whose gradient is reduce-scattered, each device's share of
+    it (None: none is); its instances hold the rest of their gradient in an entry of its own, which the
+    reduce-scatter releases when it ends (the device's shard stays until the update has read it)."""
+    gi, n = ctx.index, tasks.n
+    kind, op, dev = tasks.kind, tasks.op, tasks.dev
+    vic = victims(ctx)
+    opc = np.maximum(op, 0)
+    upd = (kind == TaskKind.COMPUTE) & (dev >= 0) & (vic.tensor[opc] >= 0)
+    if state_held is not None:
+        upd &= ~(vic.param[opc] & state_held[opc])
+    into = _sums_into(kind, op, dev, tasks.alloc, deps)
+    alloc = np.where((dev >= 0) & ~upd & (into < 0), np.rint(tasks.alloc), 0.0)
+    partial = np.minimum(np.rint(partial_part(ctx, layouts, op_lay, out_split, tasks)), alloc)
+    rest = alloc - partial
+    spill = np.zeros(n)
+    if shard is not None:             # a reduce-scattered gradient: the device's shard, and the rest of it
+        inst = (partial > 0) & (kind == TaskKind.COMPUTE)
+        kept = np.rint(partial[inst] * shard[opc[inst], dev[inst]])
+        spill[inst] = np.where(kept > 0, partial[inst] - kept, 0.0)
+        partial -= spill
+    # entries: [rest (one per batch output of an op instance with several), partial, spill] where held
+    outs = batch_outputs(ctx)
+    has_rest, has_part, has_spill = rest > 0, partial > 0, spill > 0
+    split = has_rest & np.isin(kind, COMPUTE_KINDS) & (dev >= 0) & (outs.n[opc] >= 2)
+    n_rest = np.where(split, outs.n[opc], has_rest.astype(np.int64))
+    counts = n_rest + has_part + has_spill
+    mem_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=mem_ptr[1:])
+    rows, pos = ragged(counts)
+    pos_part = np.where(has_part, n_rest, -1)
+    pos_rest = np.where(has_rest, 0, -1)
+    pos_spill = np.where(has_spill, n_rest + has_part, -1)
+    mem_bytes = np.where(pos == pos_part[rows], partial[rows], spill[rows])
+    in_rest = pos < n_rest[rows]
+    mem_bytes[in_rest] = rest[rows[in_rest]]
+    cut = in_rest & split[rows]
+    if cut.any():                     # each batch output its share, rounded so that they sum to the whole
+        first = outs.ptr[opc[rows[cut]]]
+        flat = first + pos[cut]
+        upto = np.cumsum(outs.frac) - outs.frac          # the shares of an op's outputs before each one
+        before = upto[flat] - upto[first]
+        total = rest[rows[cut]]
+        mem_bytes[cut] = np.rint(total * (before + outs.frac[flat])) - np.rint(total * before)
+    mem_bytes = mem_bytes.astype(np.int64)
+    has_part = has_part | has_spill
+
+    # frees: every dependency (a schedule's barrier orders tasks; it holds none of their memory)
+    df, dx, dw = deps
+    live = kind[df] != TaskKind.SYNC
+    f, x, w = df[live], dx[live], dw[live]
+    entry = np.full(len(f), -1, dtype=np.int64)
+    named = np.nonzero(has_part[x])[0]
+    if len(named):
+        by_op = w[named] < gi.n_ops
+        fi, xi = f[named], x[named]
+        t = np.where(by_op, 0, w[named] - gi.n_ops)
+        accumulates = (kind[fi] == TaskKind.COMPUTE) & (op[fi] == op[xi])
+        reads_partial = np.where(by_op, _AGGREGATING[kind[fi]] | accumulates, ~vic.t_batch[t])
+        reads_rest = ~by_op & ~reads_partial
+        entry[named] = np.where(reads_partial, pos_part[xi], np.where(reads_rest, pos_rest[xi], -1))
+        entry[named[reads_rest & (pos_rest[xi] < 0)]] = -2          # a batch read of an instance without one
+    by_tensor = split[x] & (w >= gi.n_ops)
+    slot = np.where(by_tensor, outs.slot[np.maximum(w - gi.n_ops, 0)], -1)
+    own = by_tensor & (slot >= 0) & ((entry == -1) | (entry == pos_rest[x]))
+    entry[own] = slot[own]
+    # in-place writes: (writer, buffer it writes into, that buffer's entry)
+    inplace = _collective_writes(kind, op, f, x, w, entry, pos_part) | \
+        _update_writes(ctx, kind, op, upd, f, x, w) | (into[f] == x)
+    frees = np.stack([f, x, entry])
+    frees = frees[:, (entry != -2) & (counts[x] > 0)]
+    if inplace.any():
+        writes = np.stack([f[inplace], x[inplace], entry[inplace]])
+        frees = _hand_over(kind, dev, np.stack([df[live], dx[live]]), frees, writes, counts)
+    unread = np.nonzero(split)[0]
+    if len(unread):                   # a batch output nobody reads goes when its instance ends
+        r, k = ragged(outs.n[opc[unread]])
+        gone = ~outs.read[outs.ptr[opc[unread[r]]] + k]
+        frees = np.concatenate([frees, np.stack([unread[r[gone]], unread[r[gone]], k[gone]])], axis=1)
+    spilled = (entry >= 0) & (entry == pos_part[x]) & has_spill[x]
+    if spilled.any():                 # what reads a gradient's shard reads the rest of it too
+        frees = np.concatenate([frees, np.stack([f[spilled], x[spilled], pos_spill[x[spilled]]])], axis=1)
+    order = np.lexsort((frees[2], frees[1], frees[0]))
+    frees = frees[:, order]
+    keep = np.ones(frees.shape[1], dtype=bool)
+    keep[1:] = np.any(frees[:, 1:] != frees[:, :-1], axis=0)
+    frees = frees[:, keep]
+    free_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(frees[0], minlength=n), out=free_ptr[1:])
+    return MemoryEntries(mem_ptr, dev[rows].astype(np.int64), mem_bytes, free_ptr, frees[1].astype(np.int64),
+                         frees[2].astype(np.int64))
+
+
+def _sums_into(kind: np.ndarray, op: np.ndarray, dev: np.ndarray, alloc: np.ndarray,
+               deps: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+    """(n,) per aggregation on a device (a PS's sum of pushed gradients) the task whose buffer it adds the
+    others into, as the runtime's sum does (``RankExecutor._sum``): its first part held on that device, the
+    device's own gradient or a gradient pushed to it (-1: none, and for every other task)."""
+    df, dx, _ = deps
+    into = np.full(len(kind), -1, dtype=np.int64)
+    cand = (kind[df] == TaskKind.AGGREGATE) & (dev[df] >= 0) & (dev[dx] == dev[df]) & (alloc[dx] > 0) & \
+        ((kind[dx] == TaskKind.PUSH) | ((kind[dx] == TaskKind.COMPUTE) & (op[dx] == op[df])))
+    r = np.nonzero(cand)[0]
+    if len(r):
+        r = r[np.lexsort((dx[r], df[r]))]
+        first = np.ones(len(r), dtype=bool)
+        first[1:] = df[r][1:] != df[r][:-1]
+        into[df[r[first]]] = dx[r[first]]
+    return into
+
+
+def _collective_writes(kind: np.ndarray, op: np.ndarray, f: np.ndarray, x: np.ndarray, w: np.ndarray,
+                       entry: np.ndarray, pos_part: np.ndarray) -> np.ndarray:
+    """(len(f),) the reads of a gradient by the collective that aggregates it in its buffer: an AllReduce, or a
+    reduce-scatter (a collective that its gradient's op owns), reading an instance's partial results."""
+    coll = (kind[f] == TaskKind.ALLREDUCE) | ((kind[f] == TaskKind.COLLECTIVE) & (w == op[f]))
+    return coll & (kind[x] == TaskKind.COMPUTE) & (op[x] == op[f]) & (entry >= 0) & (entry == pos_part[x])
+
+
+def _update_writes(ctx: CompileContext, kind: np.ndarray, op: np.ndarray, upd: np.ndarray, f: np.ndarray,
+                   x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """(len(f),) the reads by an op of the update of the intermediate it writes its output into (``victims``)."""
+    gi, vic = ctx.index, victims(ctx)
+    opf = np.maximum(op[f], 0)
+    return upd[f] & (w >= gi.n_ops) & ~vic.placeholder[opf] & (vic.tensor[opf] == w - gi.n_ops) & \
+        (kind[x] == TaskKind.COMPUTE)
+
+
+def _code(a: np.ndarray, n: int, span: int) -> np.ndarray:
+    """(K,) one int64 per column (task, task, entry) of ``a`` (3, K)."""
+    return (a[0] * n + a[1]) * span + (a[2] + 1)
+
+
+def _closure(writes: np.ndarray, n: int, span: int) -> np.ndarray:
+    """``writes`` (3, K: writer, buffer task, entry) with, for a write into a value that was itself written in
+    place, the buffers that value lives in carried on to the later writer."""
+    out = writes
+    for _ in range(_MAX_CHAIN):
+        order = np.argsort(out[0], kind="stable")
+        w_sorted = out[:, order]
+        lo = np.searchsorted(w_sorted[0], out[1], "left")
+        hi = np.searchsorted(w_sorted[0], out[1], "right")
+        r, k = ragged(hi - lo)
+        if not len(r):
+            break
+        more = np.stack([out[0][r], w_sorted[1][lo[r] + k], w_sorted[2][lo[r] + k]])
+        new = ~np.isin(_code(more, n, span), _code(out, n, span))
+        if not new.any():
+            break
+        out = np.concatenate([out, np.unique(more[:, new], axis=1)], axis=1)
+    return out
+
+
+def _hand_over(kind: np.ndarray, dev: np.ndarray, deps: np.ndarray, frees: np.ndarray, writes: np.ndarray,
+               counts: np.ndarray) -> np.ndarray:
+    """``frees`` (3, F: releasing task, released task, entry) with the buffers written in place released by
+    the readers of what is written into them: for each write (writer u, buffer task b, entry e) of ``writes``,
+    and transitively for a write into u's output, u no longer releases (b, e); each reader of u on b's device
+    does (every reader of u, where none is on that device)."""
+    n = len(kind) + 1
+    span = 2 + int(max(frees[2].max(initial=0), writes[2].max(initial=0)))
+    held = _closure(writes, n, span)
+    held = held[:, counts[held[1]] > 0]
+    cu, cb, ce = held
+    rf, ru = deps
+    sel = np.isin(ru, cu)
+    rf, ru = rf[sel], ru[sel]
+    m = int(dev.max(initial=0)) + 2
+    by_dev = np.argsort(ru * m + dev[rf] + 1, kind="stable")
+    k1 = (ru * m + dev[rf] + 1)[by_dev]
+    lo, hi = np.searchsorted(k1, cu * m + dev[cb] + 1, "left"), np.searchsorted(k1, cu * m + dev[cb] + 1, "right")
+    by_task = np.argsort(ru, kind="stable")
+    k2 = ru[by_task]
+    lo2, hi2 = np.searchsorted(k2, cu, "left"), np.searchsorted(k2, cu, "right")
+    none = hi == lo
+    start = np.where(none, lo2, lo)
+    r, k = ragged(np.where(none, hi2 - lo2, hi - lo))
+    at = start[r] + k
+    readers = np.where(none[r], rf[by_task][np.minimum(at, len(rf) - 1)], rf[by_dev][np.minimum(at, len(rf) - 1)]) \
+        if len(r) else np.zeros(0, dtype=np.int64)
+    added = np.stack([readers, cb[r], ce[r]])
+    out = np.concatenate([frees, added], axis=1)
+    # the writers no longer release what they write into (nor, along a chain, what that lives in)
+    return out[:, ~np.isin(_code(out, n, span), _code(held, n, span))]
