@@ -152,10 +152,11 @@ def test_shard_moves_set_and_clear_a_groups_sharded_state():
 
 
 def test_pipeline_with_sharded_state_fits_where_it_did_not():
-    # two layers of 4 P on four GPUs of 3.5 P: a GPU that holds a layer whole holds 4 P, so no stage
-    # grouping fits; data parallel over 2 or 4 GPUs with the state in shards (stage 1: 3 P) does
+    # two layers of 4 P on four GPUs of 4 P: a GPU that holds a layer whole peaks at 4.19 P (its weight and
+    # moments, the gradient it makes and the activations), so no stage grouping fits; data parallel over the
+    # four GPUs with the state in shards does (stage 3 peaks at 3.55 P)
     graph = with_adam_state(layered_graph(2, 1 << 20, batch=64, width=256))
-    ev = Evaluator(graph, cluster(3.5 * (1 << 20), n=4))
+    ev = Evaluator(graph, cluster(4 * (1 << 20), n=4))
     plain = pipeline(ev, budget_s=2.0, max_micro_batches=2)
     assert ev.iteration_time(plain)[1] and plain.meta["sharded_groups"] == 0
     st = pipeline(ev, budget_s=2.0, max_micro_batches=2, sharded=True)
@@ -189,19 +190,18 @@ def every_group(plan, stage: int, offload: str):
 
 
 def test_offloading_is_the_only_way_where_each_gpu_cannot_hold_its_shards():
-    # 8 layers (32 P) over 2 GPUs of 16 P. Per GPU, stage 1 holds the weights, the gradients and half the
-    # moments (24 P), stage 2 half the gradients too (20 P), stage 3 half the weights too (16 P, nothing
-    # left for the weight it gathers): none fits, recomputed or not (the resident bytes alone fill the GPU).
-    # Offloading moves each GPU's half of the moments to the host, 8 P less at every stage (measured:
-    # stage 1 28.5 -> 20.5 P, stage 2 25 -> 17 P, stage 3 22 -> 14 P): only stage 3 offloaded fits.
-    ev, plain = hosted(8, 16 * P, 2, 4)
+    # 8 layers (8 P of weights, 16 P of moments) over 2 GPUs of 13.5 P. Per GPU, stage 1 peaks at 25 P, stage 2
+    # at 22 P (21 P recomputed), stage 3 at 21 P: none fits, recomputed or not. Offloading moves each GPU's
+    # half of the moments (8 P) to the host, and at least that much comes off every peak (measured: stage 1
+    # 25 -> 14.5 P, stage 2 22 -> 14 P, stage 3 21 -> 12.5 P): of the optimizer offloads only stage 3's fits.
+    ev, plain = hosted(8, 13.5 * P, 2, 4)
     peaks = {}
     for stage, offload in product((1, 2, 3), ("none", "optimizer")):
         r = ev.evaluate(every_group(plain, stage, offload))
         peaks[stage, offload] = r.peak_memory_bytes["s0/gpu0"] / P
         assert r.oom == ((stage, offload) != (3, "optimizer"))
     for stage in (1, 2, 3):
-        assert peaks[stage, "none"] - peaks[stage, "optimizer"] == pytest.approx(8.0)
+        assert peaks[stage, "none"] - peaks[stage, "optimizer"] >= 8.0
     assert ev.iteration_time(every_group(plain, 3, "none").with_recompute(range(4)))[1]
     found = fit(ev, plain)
     assert found.way == "offload" and not found.oom
@@ -214,10 +214,11 @@ def test_offloading_is_the_only_way_where_each_gpu_cannot_hold_its_shards():
 
 
 def test_a_cheaper_way_than_offloading_is_chosen_where_it_fits():
-    # at 30 P stage 2 fits (25 P) and beats every offloading plan (each adds its copies and host steps
-    # to the same collectives): the way is "sharded". At 20 P only the offloading plans of stages 2 and 3
-    # fit (17 P, 14 P): stage 2's is faster (no gathers of the weights) and chosen.
-    ev, plain = hosted(8, 30 * P, 2, 4)
+    # at 23 P the plain plan (30 P) does not fit, stage 2 does (22 P) and beats every offloading plan (each
+    # adds its copies and host steps to the same collectives): the way is "sharded". At 20 P no stage fits on
+    # the GPUs, recomputed or not (21 P at least), and every offloading plan does: stage 2's is the fastest
+    # (no gathers of the weights) and chosen.
+    ev, plain = hosted(8, 23 * P, 2, 4)
     times = {(st, off): ev.iteration_time(every_group(plain, st, off)) for st, off in product((1, 2, 3),
                                                                                            ("none", "optimizer"))}
     found = fit(ev, plain)
@@ -233,12 +234,12 @@ def test_a_cheaper_way_than_offloading_is_chosen_where_it_fits():
 
 
 def test_one_gpu_offloads_the_fewest_groups_that_fit():
-    # 4 layers (16 P resident) on one GPU: no sharding, and the resident state alone outgrows 14 P, so
-    # neither recomputation nor micro-batches fit; offloading every group's moments does (13 P). At 16 P
-    # three of the four groups offloaded fit (bisection; equal state: the first groups first), and are kept:
-    # faster than offloading all four. The host holds 16 bytes per offloaded element: P / 4 elements per
-    # layer, 4 P per group.
-    for capacity, offloaded in ((14, 4), (16, 3)):
+    # 4 layers on one GPU (peak 21 P unbounded, recomputed too; the plan or its recomputation fits from
+    # 18 P, where the scheduler holds work back): no sharding; offloading the moments of the first 1-4 groups
+    # peaks at 19, 17, 13 and 10 P unbounded. At 11 P only all four offloaded fit; at 13 P three of the four
+    # (bisection; equal state: the first groups first) fit and are kept: faster than offloading all four.
+    # The host holds 16 bytes per offloaded element: P / 4 elements per layer, 4 P per group.
+    for capacity, offloaded in ((11, 4), (13, 3)):
         ev, plain = hosted(4, capacity * P, 1, 4)
         assert ev.iteration_time(plain)[1] and ev.iteration_time(plain.with_recompute(range(4)))[1]
         found = fit(ev, plain)

@@ -9,8 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from heterog.baselines import pesto as P
-from heterog.evaluate import Evaluator
-from tests.baselines.helpers import gpu_cluster, layered_graph
 
 
 @st.composite
@@ -124,16 +122,3 @@ def test_cpsat_respects_memory_and_the_hint():
                                                                                np.arange(4)))
     assert sol.status == "OPTIMAL" and sol.makespan == brute_force(prob)
     assert np.sum(sol.device == 0) <= 1
-
-
-def test_pesto_plan_fits_in_memory_where_one_device_cannot_hold_the_model():
-    graph = layered_graph(6, 64 << 20)             # 6 layers of 64 MiB params: 384 MiB resident, and a
-    cluster = gpu_cluster(2, memory="440 MiB")     # gradient of 64 MiB at least while it is made: 448 MiB
-    ev = Evaluator(graph, cluster)
-    assert ev.evaluate(ev.strategy(np.zeros(ev.n_groups, dtype=np.int64))).oom      # single device: OOM
-    st = P.pesto(ev, budget_s=10, target_nodes=8, solver_workers=1)
-    assert st.meta["coarse_nodes"] == 8
-    res = ev.evaluate(st)
-    assert not res.oom
-    assert {int(d) for c in st.configs for d in c.devices} == {0, 1}
-    assert st.priorities is not None and sorted(st.priorities.tolist()) == list(range(1, graph.n_ops + 1))
