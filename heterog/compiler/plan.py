@@ -240,7 +240,9 @@ def assemble(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray 
     if offloads(place.state):         # state in host memory: host resources, their memory resident
         assert place.state is not None
         saved, host_bytes = offloaded_memory(ctx, layouts, place.op_lay, place.state)
-        resident[:ctx.n_devices] -= saved
+        # a device whose every parameter lives in shards on the host keeps nothing: the shares sum to 1 up to
+        # rounding, which must not leave a few negative bytes
+        resident[:ctx.n_devices] = np.maximum(resident[:ctx.n_devices] - saved, 0.0)
         tg = host_resources(ctx, resident, host_bytes)
     else:
         tg = ctx.resources.empty_copy(resident_bytes=resident)

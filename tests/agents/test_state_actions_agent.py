@@ -26,7 +26,7 @@ TINY_AGENT = {"hidden": 16, "gat_layers": 1, "gat_heads": 2, "txl_layers": 1, "t
 
 @pytest.mark.parametrize("head", ["fixed", "tokens"])
 def test_state_logits_are_the_allreduce_logits_plus_an_offset_that_starts_at_the_prior(head):
-    ev = Evaluator(adam_graph(), tight_cluster(24 * P))
+    ev = Evaluator(adam_graph(), tight_cluster(43 * P // 2))
     policy = build_policy(2, "small", seed=0, head=head, max_devices=2, state_actions=True, **TINY_AGENT)
     task = GraphTask.from_evaluator(ev, layout=policy.feature_layout)
     with torch.no_grad():
@@ -58,7 +58,7 @@ def test_the_shipped_checkpoint_gains_the_state_actions_with_its_greedy_plans_un
 
 
 def test_zero_shot_with_state_actions_finds_a_plan_that_fits_where_no_plain_one_does():
-    ev = Evaluator(adam_graph(), tight_cluster(24 * P))
+    ev = Evaluator(adam_graph(), tight_cluster(43 * P // 2))
     assert plan(ev, budget_s=0, progress=False).meta["oom"]
     found = plan(ev, budget_s=0, progress=False, sharded=True)
     # stage 3 on the GPUs, or any stage with the optimizer state offloaded (tests/envs/test_state_actions_env.py)
@@ -69,7 +69,7 @@ def test_zero_shot_with_state_actions_finds_a_plan_that_fits_where_no_plain_one_
 
 
 def test_a_short_training_run_with_state_actions_keeps_sharded_state_where_only_that_fits():
-    ev = Evaluator(adam_graph(), tight_cluster(24 * P))
+    ev = Evaluator(adam_graph(), tight_cluster(43 * P // 2))
     settings = TrainerSettings(samples_per_graph=4, explore_samples=1, mutate_samples=1, seed=0)
     found = plan(ev, "scratch", episodes=12, seed=0, progress=False, settings=settings, sharded=True)
     assert found.meta["rounds"] >= 2 and not found.meta["oom"] and found.meta["sharded"]
@@ -82,7 +82,7 @@ def test_a_short_training_run_with_state_actions_keeps_sharded_state_where_only_
 
 
 def test_an_autoregressive_policy_with_state_actions_decodes_and_scores_its_plans():
-    ev = Evaluator(adam_graph(), tight_cluster(24 * P))
+    ev = Evaluator(adam_graph(), tight_cluster(43 * P // 2))
     policy = build_policy(2, "small", seed=0, autoregressive=True, state_actions=True, **TINY_AGENT)
     task = GraphTask.from_evaluator(ev, layout=policy.feature_layout)
     mask = task.inputs.group_mask
@@ -98,7 +98,7 @@ def test_an_autoregressive_policy_with_state_actions_decodes_and_scores_its_plan
 
 
 def test_fine_tuning_the_shipped_checkpoint_with_state_actions_finds_a_plan_that_fits():
-    ev = Evaluator(adam_graph(), tight_cluster(24 * P))
+    ev = Evaluator(adam_graph(), tight_cluster(43 * P // 2))
     settings = TrainerSettings(samples_per_graph=4, explore_samples=1, mutate_samples=1, seed=0)
     found = plan(ev, episodes=8, seed=0, progress=False, settings=settings, sharded=True)
     assert found.meta["checkpoint"] == str(PRETRAINED)
