@@ -24,12 +24,14 @@ The modules, bottom up (each imports only those above it in this list):
   tasks, index     task columns, kinds and categories, the canonical order; the graph's and cluster's tables
   context          ``CompileContext``: what one (graph, cluster, cost model) fixes, frozen
   registries       ``LayoutTable``, ``ConfigTable``, ``Grouping``, ``PSDemand``: what a compiler grows
+  convert          the conversion engine: every task that converts a value between placements, priced
   sharded_state    sharded state's tasks and memory (ZeRO stages)
   offload          offloaded state's tasks, memory and host resources (ZeRO-Offload)
   coupled          the ops that couple samples: once over the whole batch, on one device
-  sync_stats       synchronized batch statistics: the synced batch norms, their STATISTICS tasks
+  sync_stats       synchronized batch statistics: the synced batch norms, the STATISTICS all-reduces they need
   ps               the load-aware parameter-server choice
   place            phases 1-3 -> ``Placement``: assign_configs, choose_ps, lay_out
+  reshard          who needs what of values divided beyond the batch (splits, grids)
   emit             phases 4-6 -> tasks: emit_instances, emit_aggregation, emit_connections
   recompute        the recomputed instances of a plan's recomputed groups and their triggers
   micro            a plan's micro-batch schedule (SYNC tasks) and the topological order of its tasks

@@ -35,10 +35,11 @@ import numpy as np
 
 from heterog.caches import DerivedCache
 from heterog.compiler.context import CompileContext
+from heterog.compiler.convert import Engine
 from heterog.compiler.registries import LayoutTable
 from heterog.compiler.sharded_state import OFFLOAD_CODES, UPLOAD_SUB, StatePlacement, state_index
-from heterog.compiler.tasks import Providers, TaskBatch, TaskCategory, TaskKind, ragged
-from heterog.cost.host import host_memory_need_bytes, host_optimizer_step_s, optimizer_traffic, pcie_time_s
+from heterog.compiler.tasks import Providers, ragged
+from heterog.cost.host import host_memory_need_bytes, host_optimizer_step_s, optimizer_traffic
 from heterog.errors import StrategyError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -159,10 +160,6 @@ def _concurrent(ctx: CompileContext, state: StatePlacement, rows: np.ndarray, de
     return out
 
 
-def _pcie_s(ctx: CompileContext, dev: np.ndarray, nbytes: np.ndarray, k: np.ndarray) -> np.ndarray:
-    return np.array([pcie_time_s(ctx.cluster, d, x, c) for d, x, c in zip(dev.tolist(), nbytes.tolist(), k.tolist())])
-
-
 # ----------------------------------------------------------------------------------- the step
 def on_host(ctx: CompileContext, state: StatePlacement | None, ops: np.ndarray) -> np.ndarray:
     """(len(ops),) the update ops among ``ops`` that run on the host CPU."""
@@ -191,7 +188,7 @@ def host_instances(ctx: CompileContext, state: StatePlacement, inst_op: np.ndarr
     return dur, alloc, res
 
 
-def emit_uploads(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, ops: np.ndarray,
+def emit_uploads(ctx: CompileContext, layouts: LayoutTable, conv: Engine, ops: np.ndarray,
                  op_lay: np.ndarray, state: StatePlacement, prov: Providers) -> dict[int, np.ndarray]:
     """After each host-run op among ``ops`` that writes a parameter's next value, the copy of the device's
     part of the parameter to each device (its last entries); writer op -> those copies, in that order."""
@@ -204,34 +201,33 @@ def emit_uploads(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, op
         last = layouts.last_entries(lay)
         dev = layouts.dev_flat[layouts.ptr[lay] + last]
         row = int(state.op_row[o])
-        nbytes = si.param_bytes[p] * state.frac[row, dev]
-        dur = _pcie_s(ctx, dev, nbytes, _concurrent(ctx, state, np.full(len(dev), row), dev))
-        up = batch.add(dur=dur, kind=TaskKind.TRANSFER, op=o, dev=dev, alloc=0.0, cat=TaskCategory.TRANSFER,
-                       prio_op=o, stage="push", cls=0, tensor=int(si.param_tensor[p]), sub=dev, owner=o, res_len=1,
-                       res_idx=ht.first + ctx.n_devices + dev)
-        batch.deps(up, prov.inst_start[o] + last, o)
-        out[o] = up
+        out[o] = conv.host_copies(prov.inst_start[o] + last, dev, si.param_bytes[p] * state.frac[row, dev],
+                                  _concurrent(ctx, state, np.full(len(dev), row), dev), ht.first + ctx.n_devices + dev,
+                                  op=o, prio_op=o, stage="push", cls=0, tensor=int(si.param_tensor[p]), sub=dev,
+                                  owner=o)
     return out
 
 
 # ----------------------------------------------------------------------------------- offloaded parameters
-def shard_uploads(ctx: CompileContext, batch: TaskBatch, state: StatePlacement, p: int, ph: int,
+def shard_uploads(ctx: CompileContext, conv: Engine, state: StatePlacement, p: int, ph: int,
                   devs: tuple[int, ...], after: np.ndarray, prio_op: int, owner: int) -> np.ndarray | None:
     """Stage 3 with offloaded parameters: before the all-gather of parameter ``p`` for phase ``ph`` (0 forward,
     1 backward), each device of ``devs`` copies its shard of the parameter up from its host (f_d of its bytes
-    on its ``pcie-up`` link, allocated there until the phase's readers have run), after the tasks ``after``
-    (the gather's trigger); the copies in ``devs``' order, or None where ``p``'s parameters are on the GPUs."""
+    on its ``pcie-up`` link, allocated there until the phase's readers have run; the engine's ``host_copies``),
+    after the tasks ``after`` (the gather's trigger); the copies in ``devs``' order, or None where ``p``'s
+    parameters are on the GPUs."""
     if state.op_offload[p] != OFFLOAD_CODES["parameters"]:
         return None
     si, ht = state_index(ctx), host_table(ctx)
     row, dev = int(state.op_row[p]), np.array(devs, dtype=np.int64)
     nbytes = si.param_bytes[p] * state.frac[row, dev]
-    up = batch.add(dur=_pcie_s(ctx, dev, nbytes, _concurrent(ctx, state, np.full(len(dev), row), dev)),
-                   kind=TaskKind.TRANSFER, op=p, dev=dev, alloc=nbytes, cat=TaskCategory.TRANSFER, prio_op=prio_op,
-                   stage="split", cls=1, tensor=int(si.param_tensor[p]), sub=UPLOAD_SUB + ph * ctx.n_devices + dev,
-                   owner=owner, res_len=1, res_idx=ht.first + ctx.n_devices + dev)
+    k = len(dev)
+    up = conv.host_copies(np.full(k, -1, dtype=np.int64), dev, nbytes,
+                          _concurrent(ctx, state, np.full(k, row), dev), ht.first + ctx.n_devices + dev, op=p,
+                          prio_op=prio_op, stage="split", cls=1, tensor=int(si.param_tensor[p]),
+                          sub=UPLOAD_SUB + ph * ctx.n_devices + dev, owner=owner, alloc=nbytes)
     if len(after):
-        batch.deps(np.repeat(up, len(after)), np.tile(after, len(up)), owner)
+        conv.deps(np.repeat(up, len(after)), np.tile(after, len(up)), owner)
     return up
 
 
@@ -246,7 +242,7 @@ def host_read_edges(ctx: CompileContext, state: StatePlacement | None, edges: np
     return on_host(ctx, state, dst) & ~on_host(ctx, state, src) & gi.is_compute[src] & offload_index(ctx).whole[src]
 
 
-def connect_host_reads(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, edges: np.ndarray,
+def connect_host_reads(ctx: CompileContext, layouts: LayoutTable, conv: Engine, edges: np.ndarray,
                        op_lay: np.ndarray, state: StatePlacement, prov: Providers) -> None:
     """One copy down per (tensor, device) of ``edges``' readers, f_d of its bytes, once the value is final on
     that device (or, where it is not, on the first device holding it); the readers there wait for it. The
@@ -256,24 +252,20 @@ def connect_host_reads(ctx: CompileContext, layouts: LayoutTable, batch: TaskBat
     er = edges[rows]
     v, t = gi.e_dst[er], gi.e_tensor[er]
     d = layouts.dev_flat[layouts.ptr[op_lay[v]] + loc]
-    key = t * m + d
-    uniq, first_idx, inv = np.unique(key, return_index=True, return_inverse=True)
+    uniq, first_idx, inv = np.unique(t * m + d, return_index=True, return_inverse=True)
     first_reader = np.full(len(uniq), np.iinfo(np.int64).max)
     np.minimum.at(first_reader, inv, v)
     tt, td, tv = t[first_idx], d[first_idx], v[first_idx]
     row = state.op_row[tv]
-    nbytes = gi.t_bytes[tt] * state.frac[row, td]
-    down = batch.add(dur=_pcie_s(ctx, td, nbytes, _concurrent(ctx, state, row, td)), kind=TaskKind.TRANSFER,
-                     op=gi.t_op[tt], dev=td, alloc=0.0, cat=TaskCategory.TRANSFER, prio_op=first_reader,
-                     stage="transfer", cls=1, tensor=tt, sub=td, owner=n_ops + tt, res_len=1, res_idx=ht.first + td)
     have = prov.at[tt, td]
     miss = have < 0
     if miss.any():
         holder = layouts.dev_flat[layouts.ptr[prov.layout[tt[miss]]]]
         have[miss] = prov.at[tt[miss], holder]
-    ok = have >= 0
-    batch.deps(down[ok], have[ok], n_ops + tt[ok])
-    batch.deps(prov.inst_start[v] + loc, down[inv], n_ops + t)
+    down = conv.host_copies(have, td, gi.t_bytes[tt] * state.frac[row, td], _concurrent(ctx, state, row, td),
+                            ht.first + td, op=gi.t_op[tt], prio_op=first_reader, stage="transfer", cls=1, tensor=tt,
+                            sub=td, owner=n_ops + tt)
+    conv.deps(prov.inst_start[v] + loc, down[inv], n_ops + t)
 
 
 # ----------------------------------------------------------------------------------- memory

@@ -10,195 +10,64 @@ Per tensor made by an op of a split config (its instances on the config's device
     instance reads it there, or moved to its device from the best-connected one (its batch share of it for
     a batch op, the shard it needs for an op of another split config); where every device of another split
     config's group reads the same whole value, it may instead move partitioned over the group and be
-    all-gathered there (``_partitioned``, when the cost model says that is faster).
+    all-gathered there (``Engine.partitioned``, when the cost model says that is faster).
 A tensor made by an op of no split config and read by an op of one: each consumer instance gets, from
 every producer instance (each batch piece) or from the best-connected holder of a whole value, what it
-reads: all of it, or for a divided input its share of it.
+reads: all of it, or for a divided input its share of it. A split grid's partial result is first summed over
+its groups by the devices at the same position (``_sum_over_groups``).
 
-A collective holds the links of a ring over the config's devices (and the NCCL stream where collectives
-are serialised); its result lands on each device as a zero-time task that allocates it. In the canonical
-order (``heterog.compiler.tasks``) a tensor's collectives take the stage "split", its landings and
-transfers "transfer" (numbered as emitted, so a transfer of a landed value comes after its landing), all
-before the first consumer they serve. Prices: all-gather
-and reduce-scatter of uneven shards hop by hop (``CostModel.sharded_ring_times``), all-reduce as the
-gradient AllReduce (``CompileContext.allreduce``), all-to-all as a ring passing a 1/n of each shard; a
-collective of a value made in a layer whose measured time includes it (``CostModel.profiled_layers``) at 0.
+This module decides who needs what; the tasks, their prices and resources are the conversion engine's
+(``heterog.compiler.convert``): a collective over the config's devices whose result lands on each device as a
+zero-time task that allocates it, transfers from the best-connected holder. In the canonical order
+(``heterog.compiler.tasks``) a tensor's collectives take the stage "split", its landings and transfers
+"transfer" (numbered as made, so a transfer of a landed value comes after its landing), all before the first
+consumer they serve.
 """
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterable, Sequence
-from typing import NamedTuple
+from collections.abc import Hashable, Iterable, Sequence
 
 import numpy as np
 
-from heterog.caches import DerivedCache
 from heterog.compiler.context import CompileContext
+from heterog.compiler.convert import Engine
 from heterog.compiler.index import GraphIndex
 from heterog.compiler.place import Placement
 from heterog.compiler.registries import LayoutTable, entry_rows
-from heterog.compiler.tasks import Providers, TaskBatch, TaskCategory, TaskKind
-from heterog.placement import Conversion
+from heterog.compiler.tasks import Providers
+from heterog.placement import Conversion, P, R, Shard, conversion
+
+HAVE = (R, Shard(0), P)          # a producer's placement class (``ShardChoice.have``) as a placement
 
 
-class CollectiveKey(NamedTuple):
-    """A collective of a split tensor as priced: its kind (``heterog.placement.Conversion``), devices, bytes and
-    each device's shard of them (None for an all-reduce)."""
-
-    kind: Conversion
-    devices: tuple[int, ...]
-    nbytes: float
-    shards: tuple[float, ...] | None
-
-
-_COLLECTIVE_S: DerivedCache[CompileContext, dict[CollectiveKey, float]] = DerivedCache(
-    "seconds of each collective of divided tensors, per compile context")
-
-
-_COVERED: DerivedCache[CompileContext, np.ndarray] = DerivedCache(
-    "ops whose collectives a layer profile's measured time covers, per compile context")
-
-
-def _covered(ctx: CompileContext) -> np.ndarray:
-    """(n_ops, M) ``CostModel.profiled_layers`` of the context's graph."""
-    return _COVERED.get(ctx, lambda: ctx.cost.profiled_layers(ctx.graph))
-
-
-class _Emitter:
-    """Tasks and dependencies gathered per tensor, then added to the batch at once. A task is named by a
-    handle: ``-(k + 2)`` for the k-th task gathered here, a task id of the batch (>= 0) otherwise."""
-
-    def __init__(self, ctx: CompileContext, batch: TaskBatch) -> None:
-        self.ctx, self.batch = ctx, batch
-        self.cols: dict[str, list] = defaultdict(list)
-        self.res: list[tuple[int, ...]] = []
-        self.dep_task: list[int] = []
-        self.dep_on: list[int] = []
-        self.dep_owner: list[int] = []
-        self._sub: dict[int, int] = defaultdict(int)
-        self._links: dict[tuple[int, ...], tuple[int, ...]] = {}
-
-    def task(self, *, dur: float, kind: TaskKind, op: int, dev: int, alloc: float, cat: TaskCategory, prio_op: int,
-             stage: str, tensor: int, res: tuple[int, ...], lag: float = 0.0) -> int:
-        k = len(self.res)
-        for name, val in (("dur", dur), ("kind", int(kind)), ("op", op), ("dev", dev), ("alloc", alloc),
-                          ("cat", int(cat)), ("prio_op", prio_op), ("stage", stage), ("tensor", tensor),
-                          ("sub", self._sub[tensor]), ("lag", lag)):
-            self.cols[name].append(val)
-        self._sub[tensor] += 1
-        self.res.append(res)
-        return -(k + 2)
-
-    def dep(self, task: int, on: int, owner: int) -> None:
-        self.dep_task.append(task)
-        self.dep_on.append(on)
-        self.dep_owner.append(owner)
-
-    def ring(self, devices: tuple[int, ...]) -> tuple[int, ...]:
-        """The resources a collective over ``devices`` holds."""
-        hit = self._links.get(devices)
-        if hit is None:
-            ctx = self.ctx
-            links = tuple(ctx.n_devices + x for x in ctx.cost.allreduce_links(devices, "ring"))
-            nccl = (ctx.nccl_resource,) if ctx.nccl_resource >= 0 else ()
-            hit = self._links[devices] = links + nccl + tuple(d for d in devices if ctx.paths.host[d])
-        return hit
-
-    def flush(self) -> None:
-        """Add the gathered tasks (one batch per stage) and every dependency, handles turned into ids."""
-        cols = {name: np.asarray(v) for name, v in self.cols.items() if name != "stage"}
-        ids = np.empty(len(self.res), dtype=np.int64)
-        stages = np.array(self.cols["stage"], dtype=object)
-        for stage in sorted(set(self.cols["stage"])):        # one add per stage (its order key)
-            sel = np.nonzero(stages == stage)[0]
-
-            def pick(name: str, sel: np.ndarray = sel) -> np.ndarray:
-                return cols[name][sel]
-
-            res = [self.res[i] for i in sel.tolist()]
-            ids[sel] = self.batch.add(
-                dur=pick("dur").astype(np.float64), kind=pick("kind"), op=pick("op"), dev=pick("dev"),
-                alloc=pick("alloc").astype(np.float64), cat=pick("cat"), prio_op=pick("prio_op"), stage=stage,
-                cls=1, tensor=pick("tensor"), sub=pick("sub"), owner=self.ctx.index.n_ops + pick("tensor"),
-                res_len=np.array([len(r) for r in res], dtype=np.int64),
-                res_idx=np.array([x for r in res for x in r], dtype=np.int64), lag=pick("lag").astype(np.float64))
-        if self.dep_task:
-            task, on, owner = (np.array(x, dtype=np.int64) for x in (self.dep_task, self.dep_on, self.dep_owner))
-            for x in (task, on):
-                local = x < -1
-                x[local] = ids[-x[local] - 2]
-            self.batch.deps(task, on, owner)
-
-
-def connect_split(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, edges: np.ndarray,
-                  place: Placement, prov: Providers) -> None:
+def connect_split(ctx: CompileContext, layouts: LayoutTable, conv: Engine, edges: np.ndarray, place: Placement,
+                  prov: Providers) -> None:
     """Dependencies, collectives and transfers of ``edges`` (every edge of each tensor they carry that
-    touches an op of a split config; module docstring)."""
+    touches an op of a split config; module docstring), made by ``conv``."""
     if not len(edges):
         return
     gi = ctx.index
     assert place.op_shard is not None
-    em = _Emitter(ctx, batch)
     by_tensor: dict[int, list[int]] = defaultdict(list)
     for e in edges.tolist():
         by_tensor[int(gi.e_tensor[e])].append(e)
     for t, es in by_tensor.items():
         if place.op_shard[gi.t_op[t]] >= 0:
-            _from_split(ctx, layouts, em, t, es, place, prov)
+            _from_split(ctx, layouts, conv, t, es, place, prov)
         else:
-            _into_split(ctx, layouts, em, t, es, place, prov)
-    em.flush()
+            _into_split(ctx, layouts, conv, t, es, place, prov)
 
 
-def _move(ctx: CompileContext, em: _Emitter, src_task: int, s: int, d: int, nbytes: float, op: int, prio: int,
-          t: int) -> int:
-    """A transfer of ``nbytes`` of tensor ``t`` from device ``s`` (after ``src_task``) to ``d``."""
-    a, b = np.array([s]), np.array([d])
-    nb = np.array([nbytes])
-    rlen, ridx = ctx.paths.resources(a, b)
-    tr = em.task(dur=float(ctx.cost.transfer_times(a, b, nb)[0]), kind=TaskKind.TRANSFER, op=op, dev=d, alloc=nbytes,
-                 cat=TaskCategory.TRANSFER, prio_op=prio, stage="transfer", tensor=t,
-                 res=tuple(int(x) for x in ridx[:int(rlen[0])]),
-                 lag=float(ctx.cost.transfer_latencies(a, b, nb)[0]))
-    em.dep(tr, src_task, ctx.index.n_ops + t)
-    return tr
-
-
-def _collective(ctx: CompileContext, em: _Emitter, kind: Conversion, t: int, u: int, devs: tuple[int, ...],
-                nbytes: float, f_u: np.ndarray, f_out: np.ndarray, sources: list[int], prio: int,
-                in_layer: bool = True) -> list[int]:
-    """One collective of ``nbytes`` (the whole value of tensor ``t``, one micro-batch's of a batch tensor) over
-    ``devs`` after ``sources`` (the producer's instances); its result lands on each device as a task
-    allocating ``f_out[i]`` of it there. Returns the landing tasks, in device order. ``in_layer``: it is one
-    of the producer's layer's own collectives (a profiled layer's time may cover it); else it gathers what
-    transfers brought (ordered with them, after them)."""
-    shards = f_u if kind in (Conversion.ALL_GATHER, Conversion.ALL_TO_ALL) else \
-        f_out if kind == Conversion.REDUCE_SCATTER else None
-    times = _COLLECTIVE_S.get(ctx, dict)
-    key = CollectiveKey(kind, devs, nbytes, None if shards is None else tuple(shards.tolist()))
-    dur = times.get(key)
-    if dur is None:
-        if kind == Conversion.ALL_REDUCE:
-            dur = float(ctx.cost.allreduce_times(devs, np.array([nbytes]))[0][0])
-        else:                   # all-gather, all-to-all: the producer's shards; reduce-scatter: the results
-            assert shards is not None
-            cost_s = ctx.cost.alltoall_times if kind == Conversion.ALL_TO_ALL else ctx.cost.sharded_ring_times
-            dur = float(cost_s(devs, nbytes * shards[None, :])[0])
-        times[key] = dur
-    if in_layer and _covered(ctx)[u, list(devs)].all():      # a profiled layer's measured time includes it
-        dur = 0.0
-    owner = ctx.index.n_ops + t
-    coll = em.task(dur=dur, kind=TaskKind.COLLECTIVE, op=u, dev=-1, alloc=0.0, cat=TaskCategory.COLLECTIVE,
-                   prio_op=prio, stage="split" if in_layer else "transfer", tensor=t, res=em.ring(devs))
-    for s in sources:
-        em.dep(coll, s, owner)
-    lands = []
-    for d, f in zip(devs, f_out.tolist()):
-        land = em.task(dur=0.0, kind=TaskKind.CONCAT, op=u, dev=d, alloc=nbytes * f, cat=TaskCategory.COLLECTIVE,
-                       prio_op=prio, stage="transfer", tensor=t, res=())
-        em.dep(land, coll, owner)
-        lands.append(land)
-    return lands
+def _collective(conv: Engine, kind: Conversion, t: int, u: int, devs: tuple[int, ...], nbytes: float,
+                f_u: np.ndarray, f_out: np.ndarray, sources: list[int], prio: int) -> list[int]:
+    """One collective ``kind`` of ``nbytes`` (the whole value of tensor ``t``, one micro-batch's of a batch tensor)
+    over ``devs`` after ``sources`` (the producer's instances), one of the producer's layer's own; its result
+    lands on each device, allocating ``f_out[i]`` of it there. Returns the landing tasks, in device order."""
+    owner = conv.ctx.index.n_ops + t
+    coll = conv.collective_one(kind, devs, nbytes, sources, op=u, tensor=t, prio_op=prio, stage="split", cls=1,
+                               owner=owner, have=f_u, need=f_out, in_layer=True)
+    return conv.land(coll, devs, nbytes, f_out, op=u, tensor=t, prio_op=prio, cls=1, owner=owner).tolist()
 
 
 def _entries(layouts: LayoutTable, lay: int) -> tuple[tuple[int, ...], dict[Hashable, Sequence[int]]]:
@@ -235,31 +104,23 @@ def _entry_rows(layouts: LayoutTable, lay: int, groups: tuple[tuple[int, ...], .
     return entry_rows(layouts.devices[lay], layouts.shares[lay], layouts.micro[lay], groups)
 
 
-def _sum_over_groups(ctx: CompileContext, em: _Emitter, t: int, u: int, groups: tuple[tuple[int, ...], ...],
+def _sum_over_groups(ctx: CompileContext, conv: Engine, t: int, u: int, groups: tuple[tuple[int, ...], ...],
                      have: int, sources: dict[int, int], f_u: dict[int, float], prio: int) -> dict[int, int]:
     """A split grid's partial result ``t`` summed over its groups: the devices at the same position of every
     group all-reduce what they hold (a shard, a whole copy or partial sums, which stay partial sums in the
-    group). In place, like a gradient AllReduce. Returns each device's result."""
-    gi = ctx.index
-    nbytes = float(gi.t_bytes[t])
-    sets = [tuple(g[i] for g in groups) for i in range(len(groups[0]))]
+    group), priced as a step's partial results. In place, like a gradient AllReduce. Returns each device's
+    result."""
+    nbytes = float(ctx.index.t_bytes[t])
     out: dict[int, int] = {}
-    for devs in sets:
+    for devs in (tuple(g[i] for g in groups) for i in range(len(groups[0]))):
         part = nbytes * (f_u[devs[0]] if have == 1 else 1.0)
-        times = _COLLECTIVE_S.get(ctx, dict)
-        key = CollectiveKey(Conversion.ALL_REDUCE, devs, part, None)
-        dur = times.get(key)
-        if dur is None:
-            dur = times[key] = float(ctx.cost.gradient_allreduce_times(devs, np.array([part]))[0][0])
-        ar = em.task(dur=dur, kind=TaskKind.COLLECTIVE, op=u, dev=-1, alloc=0.0, cat=TaskCategory.COLLECTIVE,
-                     prio_op=prio, stage="split", tensor=t, res=em.ring(devs))
-        for d in devs:
-            em.dep(ar, sources[d], gi.n_ops + t)
-            out[d] = ar
+        ar = conv.collective_one(conversion(P, R, True), devs, part, [sources[d] for d in devs], op=u, tensor=t,
+                                 prio_op=prio, stage="split", cls=1, owner=ctx.index.n_ops + t, gradient=True)
+        out.update(dict.fromkeys(devs, ar))
     return out
 
 
-def _from_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int, es: list[int], place: Placement,
+def _from_split(ctx: CompileContext, layouts: LayoutTable, conv: Engine, t: int, es: list[int], place: Placement,
                 prov: Providers) -> None:
     gi = ctx.index
     assert place.op_shard is not None
@@ -280,7 +141,7 @@ def _from_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int,
     insts: dict[Hashable, dict[int, int]] = {}
     reduced = None
     if len(groups) > 1 and gi.t_needs_agg[t]:          # a grid's partial result: summed over its groups first
-        reduced = _sum_over_groups(ctx, em, t, u, groups, have, {d: start_u + int(ent["last"][pos[d]])
+        reduced = _sum_over_groups(ctx, conv, t, u, groups, have, {d: start_u + int(ent["last"][pos[d]])
                                                                  for d in devs}, f_u, prio)
 
     def inst(key: Hashable) -> dict[int, int]:
@@ -304,8 +165,8 @@ def _from_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int,
                 whole[key] = {}
                 for g in groups:
                     whole[key].update(zip(g, _collective(
-                        ctx, em, Conversion.ALL_GATHER if have == 1 else Conversion.ALL_REDUCE, t, u, g, nbytes(key, g),
-                        np.array([f_u[d] for d in g]), np.ones(len(g)), [inst(key)[d] for d in g], prio)))
+                        conv, conversion(HAVE[have], R, True), t, u, g, nbytes(key, g), np.array([f_u[d] for d in g]),
+                        np.ones(len(g)), [inst(key)[d] for d in g], prio)))
         return whole[key]
 
     rows_u: list[tuple[int, int]] | None = None
@@ -328,19 +189,19 @@ def _from_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int,
         for j, d in enumerate(layouts.devices[lay_v]):
             for key in _keys_read(ctx, place, layouts, ent, carries_batch, u, v, j):   # several: a coupled op
                 if gi.e_value_free[e]:                 # a shape read: the first instance, nothing moves
-                    em.dep(start_v + j, start_u + int(ent[0][0]), owner)
+                    conv.dep(start_v + j, start_u + int(ent[0][0]), owner)
                 elif same and not c.collective:                    # same config, the option reads its own shard
-                    em.dep(start_v + j, inst(key)[d], owner)
+                    conv.dep(start_v + j, inst(key)[d], owner)
                 elif same and c in (Conversion.REDUCE_SCATTER, Conversion.ALL_TO_ALL):
                     g = choice.group_of(d)
                     fg = tuple(f_v[x] for x in g)
                     if (key, c, fg, g) not in scattered:
                         scattered[(key, c, fg, g)] = dict(zip(g, _collective(
-                            ctx, em, c, t, u, g, nbytes(key, g), np.array([f_u[x] for x in g]), np.asarray(fg),
+                            conv, c, t, u, g, nbytes(key, g), np.array([f_u[x] for x in g]), np.asarray(fg),
                             [inst(key)[x] for x in g], prio)))
-                    em.dep(start_v + j, scattered[(key, c, fg, g)][d], owner)
+                    conv.dep(start_v + j, scattered[(key, c, fg, g)][d], owner)
                 elif same or (d in devs and (not carries_batch or len(groups) == 1)):
-                    em.dep(start_v + j, made_whole(key)[d], owner)      # read whole where it was made whole
+                    conv.dep(start_v + j, made_whole(key)[d], owner)      # read whole where it was made whole
                 else:          # moved whole, its batch share or the shard it reads, from the best-connected holder
                     whole_here = (key, d) in whole_on       # a shard reader slices the whole value another brings
                     split = layouts.split[lay_v][j] if need_shard and not whole_here else 1.0
@@ -358,22 +219,23 @@ def _from_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int,
                     g_v = choice_v.group_of(d) if choice_v is not None and (whole_here or not need_shard) else (d,)
                     for g, part in pieces:
                         if d in g:
-                            em.dep(start_v + j, made_whole(key)[d], owner)
+                            conv.dep(start_v + j, made_whole(key)[d], owner)
                             continue
                         piece = float(gi.t_bytes[t]) * part * split
                         gkey = (key, part, g, g_v)
                         if gkey not in gathered and len(g_v) > 1 and not set(g_v) & set(g):
                             held = made_whole(key)
-                            gathered[gkey] = _partitioned(ctx, em, t, u, g, g_v, piece, held.__getitem__, prio)
+                            gathered[gkey] = conv.partitioned(t, u, g, g_v, piece, held.__getitem__, prio)
                         landed = gathered.get(gkey)
                         if landed is not None:
-                            em.dep(start_v + j, landed[d], owner)
+                            conv.dep(start_v + j, landed[d], owner)
                             continue
                         mkey = (key, d, part * split, g)
                         if mkey not in moved:
                             src = ctx.cluster.best_source(g, d)
-                            moved[mkey] = _move(ctx, em, made_whole(key)[src], src, d, piece, u, prio, t)
-                        em.dep(start_v + j, moved[mkey], owner)
+                            moved[mkey] = conv.move(made_whole(key)[src], src, d, piece, op=u, prio_op=prio,
+                                                   tensor=t)
+                        conv.dep(start_v + j, moved[mkey], owner)
 
 
 def _read_whole_elsewhere(ctx: CompileContext, place: Placement, es: list[int], region: int,
@@ -396,29 +258,7 @@ def _read_whole_elsewhere(ctx: CompileContext, place: Placement, es: list[int], 
     return out
 
 
-def _partitioned(ctx: CompileContext, em: _Emitter, t: int, u: int, holders: tuple[int, ...], group: tuple[int, ...],
-                 nbytes: float, task_at: Callable[[int], int], prio: int) -> dict[int, int] | None:
-    """A whole value that every device of a split ``group`` reads, held whole by each of ``holders`` (none in
-    the group), moved partitioned when that is faster: each member gets an even piece from the holders in turn,
-    then the group all-gathers (DeepSpeed's pipeline sends between tensor-parallel stages,
-    ``PipelineEngine.is_pipe_partitioned``), instead of a whole copy per member. Returns each member's landing
-    task, or None where whole copies are at least as fast (both priced as one link would carry them, in
-    turn). ``task_at(h)``: the task after which holder ``h`` has the value."""
-    k = len(group)
-    srcs = [holders[i % len(holders)] for i in range(k)]
-    a, b = np.array([ctx.cluster.best_source(holders, d) for d in group]), np.array(group)
-    whole_s = float(ctx.cost.transfer_times(a, b, np.full(k, nbytes)).sum())
-    piece = np.full(k, nbytes / k)
-    gather_s = float(ctx.cost.sharded_ring_times(group, piece[None, :])[0])
-    if float(ctx.cost.transfer_times(np.array(srcs), b, piece).sum()) + gather_s >= whole_s:
-        return None
-    moves = [_move(ctx, em, task_at(s), s, d, nbytes / k, u, prio, t) for s, d in zip(srcs, group)]
-    lands = _collective(ctx, em, Conversion.ALL_GATHER, t, u, group, nbytes, np.full(k, 1.0 / k), np.ones(k), moves,
-                        prio, in_layer=False)
-    return dict(zip(group, lands))
-
-
-def _into_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int, es: list[int], place: Placement,
+def _into_split(ctx: CompileContext, layouts: LayoutTable, conv: Engine, t: int, es: list[int], place: Placement,
                 prov: Providers) -> None:
     gi = ctx.index
     assert place.op_shard is not None
@@ -443,7 +283,7 @@ def _into_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int,
         rows_v = _entry_rows(layouts, lay_v, choice.groups) if grid else []
         for j, (d, m) in enumerate(zip(layouts.devices[lay_v], layouts.micro[lay_v])):
             if need == 3 or gi.e_value_free[e]:           # a shape read: the first instance, nothing moves
-                em.dep(start_v + j, int(prov.inst_start[u]), owner)
+                conv.dep(start_v + j, int(prov.inst_start[u]), owner)
                 continue
             scale = layouts.split[lay_v][j] if need == 1 else 1.0
             lo, hi = rows_v[j] if grid else (0, ctx.batch_size)
@@ -454,20 +294,20 @@ def _into_split(ctx: CompileContext, layouts: LayoutTable, em: _Emitter, t: int,
                         continue
                     src_task = int(prov.inst_start[u]) + k
                     if s == d:
-                        em.dep(start_v + j, src_task, owner)
+                        conv.dep(start_v + j, src_task, owner)
                         continue
                     key = (k, d, float(scale), lo)
                     if key not in moved:
-                        moved[key] = _move(ctx, em, src_task, s, d, nbytes * rows / ctx.batch_size * scale, u,
-                                           prio, t)
-                    em.dep(start_v + j, moved[key], owner)
+                        moved[key] = conv.move(src_task, s, d, nbytes * rows / ctx.batch_size * scale, op=u,
+                                               prio_op=prio, tensor=t)
+                    conv.dep(start_v + j, moved[key], owner)
             elif d in holders:
-                em.dep(start_v + j, int(prov.at[t, d]), owner)
+                conv.dep(start_v + j, int(prov.at[t, d]), owner)
             else:
                 rows = hi - lo if grid else ctx.batch_size
                 key = (-1, d, float(scale), lo if grid else -1)
                 if key not in moved:
                     s = ctx.cluster.best_source(holders, d)
-                    moved[key] = _move(ctx, em, int(prov.at[t, s]), s, d, nbytes * scale * rows / ctx.batch_size,
-                                       u, prio, t)
-                em.dep(start_v + j, moved[key], owner)
+                    moved[key] = conv.move(int(prov.at[t, s]), s, d, nbytes * scale * rows / ctx.batch_size,
+                                           op=u, prio_op=prio, tensor=t)
+                conv.dep(start_v + j, moved[key], owner)

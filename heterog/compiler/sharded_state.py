@@ -28,15 +28,17 @@ import numpy as np
 
 from heterog.caches import DerivedCache
 from heterog.compiler.context import CompileContext
+from heterog.compiler.convert import Engine
 from heterog.compiler.registries import ConfigTable, LayoutTable
-from heterog.compiler.tasks import Providers, TaskBatch, TaskCategory, TaskKind
+from heterog.compiler.tasks import Providers
+from heterog.placement import P, R, Shard, conversion
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.graph.opgraph import OpGraph
 
-# ``heterog.compiler.offload.shard_uploads``: (ctx, batch, state, parameter, phase, devices, after, prio_op, owner)
+# ``heterog.compiler.offload.shard_uploads``: (ctx, engine, state, parameter, phase, devices, after, prio_op, owner)
 # -> the copies up of the devices' shards, or None where the parameter is on the GPUs
-Uploads = Callable[[CompileContext, TaskBatch, "StatePlacement", int, int, tuple[int, ...], np.ndarray, int, int],
+Uploads = Callable[[CompileContext, Engine, "StatePlacement", int, int, tuple[int, ...], np.ndarray, int, int],
                    "np.ndarray | None"]
 
 
@@ -187,16 +189,10 @@ def resident_saved(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray
 
 
 # ----------------------------------------------------------------------------------- collectives
-def _ring(ctx: CompileContext, devs: tuple[int, ...]) -> list[int]:
-    """The resources a ring collective over ``devs`` holds (as ``heterog.compiler.reshard`` rings do)."""
-    links = [ctx.n_devices + x for x in ctx.cost.allreduce_links(devs, "ring")]
-    nccl = [ctx.nccl_resource] if ctx.nccl_resource >= 0 else []
-    return links + nccl + [d for d in devs if ctx.paths.host[d]]
-
-
-def _ring_time(ctx: CompileContext, devs: tuple[int, ...], frac: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
-    """(K,) all-gather / reduce-scatter of tensors of ``nbytes`` (K,) in shards ``frac`` over ``devs``."""
-    return ctx.cost.sharded_ring_times(devs, np.asarray(nbytes, dtype=np.float64)[:, None] * frac[None, :])
+# the state's placements over a group's replicas: rows of each tensor in shards of the config's fractions
+ROWS = Shard(0)
+SCATTER = conversion(P, ROWS, True)          # a gradient's partial sums into each replica's rows
+GATHER = conversion(ROWS, R, True)           # a parameter's rows made whole on each replica
 
 
 def reduce_scattered(ctx: CompileContext, state: StatePlacement | None, tensors: np.ndarray) -> np.ndarray:
@@ -220,7 +216,7 @@ def reduce_scatter_shares(ctx: CompileContext, state: StatePlacement | None) -> 
     return out
 
 
-def emit_reduce_scatter(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, tensors: np.ndarray,
+def emit_reduce_scatter(ctx: CompileContext, layouts: LayoutTable, conv: Engine, tensors: np.ndarray,
                         op_lay: np.ndarray, state: StatePlacement, prov: Providers) -> None:
     """One reduce-scatter per gradient among ``tensors`` over its replicas, after each device's last
     (accumulated) instance; each device then reads its shard from it."""
@@ -232,17 +228,14 @@ def emit_reduce_scatter(ctx: CompileContext, layouts: LayoutTable, batch: TaskBa
         sel, sel_op = tensors[pick], ops[pick]
         devs = layouts.unique_devices(lay)
         last = layouts.last_entries(lay)
-        frac = state.frac[state.op_row[sel_op[0]], list(devs)]
-        res = _ring(ctx, devs)
-        rs = batch.add(dur=_ring_time(ctx, devs, frac, gi.t_bytes[sel]), kind=TaskKind.COLLECTIVE, op=sel_op, dev=-1,
-                       alloc=0.0, cat=TaskCategory.COLLECTIVE, prio_op=sel_op, stage="aggregate", cls=0, tensor=sel,
-                       sub=0, owner=sel_op, res_len=len(res), res_idx=np.tile(np.array(res, dtype=np.int64), len(sel)))
+        rs = conv.collective(SCATTER, devs, gi.t_bytes[sel], prov.inst_start[sel_op][:, None] + last[None, :],
+                             op=sel_op, tensor=sel, prio_op=sel_op, stage="aggregate", cls=0, sub=0, owner=sel_op,
+                             need=state.frac[state.op_row[sel_op[0]], list(devs)])
         k = len(devs)
-        batch.deps(np.repeat(rs, k), (prov.inst_start[sel_op][:, None] + last[None, :]).ravel(), np.repeat(sel_op, k))
         prov.at[np.repeat(sel, k), np.tile(np.array(devs), len(sel))] = np.repeat(rs, k)
 
 
-def emit_update_gathers(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, ops: np.ndarray,
+def emit_update_gathers(ctx: CompileContext, layouts: LayoutTable, conv: Engine, ops: np.ndarray,
                         op_lay: np.ndarray, state: StatePlacement, prov: Providers,
                         ready: dict[int, np.ndarray] | None = None) -> None:
     """Stages 1 and 2: after the update op among ``ops`` that writes a parameter's next value, one
@@ -257,15 +250,10 @@ def emit_update_gathers(ctx: CompileContext, layouts: LayoutTable, batch: TaskBa
         devs = layouts.unique_devices(lay)
         if len(devs) < 2:
             continue
-        frac = state.frac[state.op_row[o], list(devs)]
-        res = _ring(ctx, devs)
-        t = int(si.param_tensor[p])
-        ag = batch.add(dur=_ring_time(ctx, devs, frac, np.array([si.param_bytes[p]])), kind=TaskKind.COLLECTIVE, op=o,
-                       dev=-1, alloc=0.0, cat=TaskCategory.COLLECTIVE, prio_op=o, stage="aggregate", cls=0, tensor=t,
-                       sub=0, owner=o, res_len=len(res), res_idx=np.array(res, dtype=np.int64))
-        last = layouts.last_entries(lay)
-        after = ready[o] if ready is not None and o in ready else prov.inst_start[o] + last
-        batch.deps(np.repeat(ag, len(after)), after, o)
+        after = ready[o] if ready is not None and o in ready else prov.inst_start[o] + layouts.last_entries(lay)
+        conv.collective(GATHER, devs, si.param_bytes[p], after[None, :], op=o, tensor=int(si.param_tensor[p]),
+                        prio_op=o, stage="aggregate", cls=0, sub=0, owner=o,
+                        have=state.frac[state.op_row[o], list(devs)])
 
 
 def gathered_edges(ctx: CompileContext, state: StatePlacement | None, edges: np.ndarray) -> np.ndarray:
@@ -278,16 +266,18 @@ def gathered_edges(ctx: CompileContext, state: StatePlacement | None, edges: np.
         (ctx.graph.phase_index[gi.e_dst[edges]] < 2)
 
 
-def connect_gathered(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, edges: np.ndarray,
+def connect_gathered(ctx: CompileContext, layouts: LayoutTable, conv: Engine, edges: np.ndarray,
                      op_lay: np.ndarray, state: StatePlacement, prov: Providers,
                      uploads: Uploads | None = None) -> None:
     """Stage 3: per parameter and phase (forward, backward) of ``edges``' readers, a SYNC trigger, an
-    all-gather of the shards, and the whole parameter landing on each reader device; each reader instance
-    waits for its device's landing (module docstring). ``uploads`` (``heterog.compiler.offload
-    .shard_uploads``): the copies up of shards held on the host, which the gather then waits for instead of
-    the resident shards, and the readers on each device too (the shard's buffer lives until they have run)."""
+    all-gather of the shards, and the whole parameter landing on each reader device of the config (but for
+    its own shard, in place) or moved whole from the config's first device to a reader device outside it;
+    each reader instance waits for its device's copy (module docstring). ``uploads``
+    (``heterog.compiler.offload.shard_uploads``): the copies up of shards held on the host, which the gather
+    then waits for instead of the resident shards, and the readers on each device too (the shard's buffer
+    lives until they have run)."""
     gi, si = ctx.index, state_index(ctx)
-    n_ops = gi.n_ops
+    n_ops, m = gi.n_ops, ctx.n_devices
     phase = ctx.graph.phase_index
     groups: dict[tuple[int, int], list[int]] = {}
     for e in edges.tolist():
@@ -296,55 +286,39 @@ def connect_gathered(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch
         t = int(si.param_tensor[p])
         owner = n_ops + t
         devs = layouts.unique_devices(int(op_lay[p]))
-        frac = state.frac[state.op_row[p], list(devs)]
+        frac = state.frac[state.op_row[p]]
         nbytes = float(si.param_bytes[p])
         readers = np.array(sorted({int(gi.e_dst[e]) for e in es}), dtype=np.int64)
         first = int(readers[0])
         sub = 2 * ph                                    # phase 0: subs 0-1, phase 1: 2-3 (distinct order keys)
-        trig = si.trigger[ph].get(p, ())
-        sync = batch.add(dur=np.zeros(1), kind=TaskKind.SYNC, op=p, dev=-1, alloc=0.0, cat=TaskCategory.SYNC,
-                         prio_op=first, stage="split", cls=1, tensor=t, sub=sub, owner=owner, res_len=0,
-                         res_idx=np.zeros(0, dtype=np.int64))
-        if trig:
-            batch.deps(np.repeat(sync, len(trig)), prov.inst_start[np.array(trig, dtype=np.int64)], owner)
-        ups = uploads(ctx, batch, state, p, ph, devs, sync, first, owner) if uploads is not None else None
-        res = _ring(ctx, devs)
-        ag = batch.add(dur=_ring_time(ctx, devs, frac, np.array([nbytes])), kind=TaskKind.COLLECTIVE, op=p, dev=-1,
-                       alloc=0.0, cat=TaskCategory.COLLECTIVE, prio_op=first, stage="split", cls=1, tensor=t,
-                       sub=sub + 1 if ups is None else UPLOAD_SUB + 2 * ctx.n_devices + ph, owner=owner,
-                       res_len=len(res), res_idx=np.array(res, dtype=np.int64))
+        sync = conv.trigger(prov.inst_start[np.array(si.trigger[ph].get(p, ()), dtype=np.int64)], op=p, tensor=t,
+                            prio_op=first, stage="split", cls=1, sub=sub, owner=owner)
+        ups = uploads(ctx, conv, state, p, ph, devs, np.array([sync]), first, owner) if uploads is not None else None
         shards = prov.inst_start[p] + layouts.last_entries(int(op_lay[p])) if ups is None else ups
-        batch.deps(np.repeat(ag, len(shards) + 1), np.concatenate([sync, shards]), owner)
+        ag = int(conv.collective(GATHER, devs, nbytes, np.concatenate([[sync], shards])[None, :], op=p, tensor=t,
+                                 prio_op=first, stage="split", cls=1,
+                                 sub=sub + 1 if ups is None else UPLOAD_SUB + 2 * m + ph, owner=owner,
+                                 have=frac[list(devs)])[0])
         # where the readers run: landings on the config's devices, transfers to the others
-        lay_r = op_lay[readers]
-        need = np.unique(np.concatenate([layouts.dev_flat[layouts.ptr[k]:layouts.ptr[k + 1]] for k in lay_r.tolist()]))
+        need = np.unique(np.concatenate([layouts.dev_flat[layouts.ptr[k]:layouts.ptr[k + 1]]
+                                         for k in op_lay[readers].tolist()]))
         inside = np.isin(need, np.array(devs))
-        land_at = np.full(ctx.n_devices, -1, dtype=np.int64)
-        d_in = need[inside]
+        land_at = np.full(m, -1, dtype=np.int64)
+        d_in, d_out = need[inside], need[~inside]
         if len(d_in):
-            land_at[d_in] = batch.add(dur=np.zeros(len(d_in)), kind=TaskKind.CONCAT, op=p, dev=d_in,
-                                      alloc=nbytes,
-                                      cat=TaskCategory.COLLECTIVE, prio_op=first, stage="transfer", cls=1, tensor=t,
-                                      sub=ph * ctx.n_devices + d_in, owner=owner, res_len=0,
-                                      res_idx=np.zeros(0, dtype=np.int64))
-            batch.deps(land_at[d_in], np.repeat(ag, len(d_in)), owner)
-        d_out = need[~inside]
+            land_at[d_in] = conv.land(ag, d_in, nbytes, np.ones(len(d_in)), op=p, tensor=t, prio_op=first, cls=1,
+                                      owner=owner, sub=ph * m + d_in)
         if len(d_out):
-            s = np.full(len(d_out), devs[0], dtype=np.int64)
-            nb = np.full(len(d_out), nbytes)
-            rlen, ridx = ctx.paths.resources(s, d_out)
-            land_at[d_out] = batch.add(dur=ctx.cost.transfer_times(s, d_out, nb), kind=TaskKind.TRANSFER, op=p,
-                                       dev=d_out, alloc=nb, cat=TaskCategory.TRANSFER, prio_op=first,
-                                       stage="transfer", cls=1, tensor=t, sub=ph * ctx.n_devices + d_out, owner=owner,
-                                       res_len=rlen, res_idx=ridx, lag=ctx.cost.transfer_latencies(s, d_out, nb))
-            batch.deps(land_at[d_out], np.repeat(ag, len(d_out)), owner)
-        up_at = np.full(ctx.n_devices, -1, dtype=np.int64)
+            land_at[d_out] = conv.transfers(np.full(len(d_out), ag), np.full(len(d_out), devs[0], dtype=np.int64),
+                                            d_out, np.full(len(d_out), nbytes), op=p, prio_op=first,
+                                            stage="transfer", cls=1, tensor=t, sub=ph * m + d_out, owner=owner)
+        up_at = np.full(m, -1, dtype=np.int64)
         if ups is not None:
             up_at[list(devs)] = ups
         for v in readers.tolist():
             k = int(op_lay[v])
             dv = layouts.dev_flat[layouts.ptr[k]:layouts.ptr[k + 1]]
-            batch.deps(prov.inst_start[v] + np.arange(len(dv)), land_at[dv], owner)
+            conv.deps(prov.inst_start[v] + np.arange(len(dv)), land_at[dv], owner)
             held = up_at[dv] >= 0
             if held.any():
-                batch.deps(prov.inst_start[v] + np.nonzero(held)[0], up_at[dv[held]], owner)
+                conv.deps(prov.inst_start[v] + np.nonzero(held)[0], up_at[dv[held]], owner)

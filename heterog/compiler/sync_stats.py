@@ -14,7 +14,8 @@ layout has several instances (replicas, micro-batches) is *synced*:
   - backward: the two per-channel reductions of the batch norm's backward (the sum of the incoming
     gradient and of its product with the normalised input) are summed the same way before each instance
     computes its input gradient; the weight and bias gradients stay partial results, aggregated as any.
-Priced as one STATISTICS task per synced op: an AllReduce of ``2 C + 1`` float64 values (the count and the
+Priced as one STATISTICS task per synced op (made by the conversion engine, ``heterog.compiler.convert``): an
+AllReduce of ``2 C + 1`` float64 values (the count and the
 two sums per channel) over the layout's devices (no time on one device), after every instance of the op; every
 task that reads an instance's outputs waits for it. A plan with synced ops runs 1F1B as GPipe (the
 statistics of a layer need every micro-batch's forward, its backward sums every micro-batch's backward).
@@ -30,8 +31,9 @@ from __future__ import annotations
 import numpy as np
 
 from heterog.compiler.context import CompileContext
+from heterog.compiler.convert import Engine
 from heterog.compiler.registries import ConfigTable, LayoutTable
-from heterog.compiler.tasks import Deps, Providers, TaskBatch, TaskCategory, TaskKind, Tasks
+from heterog.compiler.tasks import Deps, Providers, TaskKind, Tasks
 from heterog.strategy import ParallelConfig, Strategy
 
 FORWARD_TARGETS = frozenset({"aten._native_batch_norm_legit.default", "aten._native_batch_norm_legit.no_stats",
@@ -93,24 +95,15 @@ def statistics_bytes(ctx: CompileContext, op: int) -> float:
     return float(STAT_BYTES * (2 * channels + 1))
 
 
-def emit_statistics(ctx: CompileContext, layouts: LayoutTable, batch: TaskBatch, ops: np.ndarray,
+def emit_statistics(ctx: CompileContext, layouts: LayoutTable, conv: Engine, ops: np.ndarray,
                     op_lay: np.ndarray, synced: np.ndarray, prov: Providers) -> None:
-    """One STATISTICS task per synced op among ``ops`` (whose instances ``prov`` has), after every instance."""
+    """One STATISTICS task per synced op among ``ops`` (whose instances ``prov`` has), after every instance,
+    over the devices of its layout (made by the conversion engine, ``Engine.statistics``)."""
     for op in ops[synced[ops]].tolist():
         lid = int(op_lay[op])
-        devs = layouts.unique_devices(lid)
         n = int(layouts.length[lid])
-        nbytes = statistics_bytes(ctx, op)
-        dur = float(ctx.cost.allreduce_times(devs, np.array([nbytes]))[0][0])
-        res: tuple[int, ...] = ()
-        if len(devs) > 1:
-            costs = ctx.allreduce(devs)
-            nccl = (ctx.nccl_resource,) if ctx.nccl_resource >= 0 else ()
-            res = costs.links[0] + nccl + costs.hosts
-        s = batch.add(dur=np.array([dur]), kind=TaskKind.STATISTICS, op=op, dev=-1, alloc=0.0,
-                      cat=TaskCategory.ALLREDUCE, prio_op=op, stage="compute", cls=1, tensor=0, sub=0, owner=op,
-                      res_len=len(res), res_idx=np.asarray(res, dtype=np.int64))
-        batch.deps(np.repeat(s, n), int(prov.inst_start[op]) + np.arange(n), op)
+        conv.statistics(op, layouts.unique_devices(lid), statistics_bytes(ctx, op),
+                        int(prov.inst_start[op]) + np.arange(n))
 
 
 def wait_for_statistics(tasks: Tasks, deps: Deps, synced: np.ndarray) -> Deps:

@@ -79,10 +79,11 @@ class OrderKey:
     n_tensors: int
     n_sub: int                   # positions within a tensor: entries, workers, devices, pieces, barriers
 
-    def __call__(self, prio_op: npt.ArrayLike, stage: int, cls: int, tensor: npt.ArrayLike,
+    def __call__(self, prio_op: npt.ArrayLike, stage: npt.ArrayLike, cls: npt.ArrayLike, tensor: npt.ArrayLike,
                  sub: npt.ArrayLike) -> np.ndarray:
-        key = np.asarray(prio_op, dtype=np.int64) * N_STAGES + stage
-        return ((key * 2 + cls) * self.n_tensors + np.asarray(tensor, dtype=np.int64)) * self.n_sub \
+        key = (np.asarray(prio_op, dtype=np.int64) * N_STAGES + np.asarray(stage, dtype=np.int64)) * 2 \
+            + np.asarray(cls, dtype=np.int64)
+        return (key * self.n_tensors + np.asarray(tensor, dtype=np.int64)) * self.n_sub \
             + np.asarray(sub, dtype=np.int64)
 
 
@@ -194,18 +195,19 @@ class TaskBatch:
         return batch
 
     def add(self, *, dur: np.ndarray, kind: TaskKind | np.ndarray, op: npt.ArrayLike, dev: npt.ArrayLike,
-            alloc: npt.ArrayLike, cat: TaskCategory | np.ndarray, prio_op: npt.ArrayLike, stage: str, cls: int,
-            tensor: npt.ArrayLike, sub: npt.ArrayLike, owner: npt.ArrayLike, res_len: npt.ArrayLike,
-            res_idx: npt.ArrayLike, lag: npt.ArrayLike = 0.0, micro: npt.ArrayLike = -1) -> np.ndarray:
-        """Add ``len(dur)`` tasks (other per-task arguments broadcast); returns their ids. ``lag``: seconds
-        after a task's end until its dependents may start, its resources already free (a message's latency
-        in flight; the simulator's task lag)."""
+            alloc: npt.ArrayLike, cat: TaskCategory | np.ndarray, prio_op: npt.ArrayLike, stage: str | np.ndarray,
+            cls: npt.ArrayLike, tensor: npt.ArrayLike, sub: npt.ArrayLike, owner: npt.ArrayLike,
+            res_len: npt.ArrayLike, res_idx: npt.ArrayLike, lag: npt.ArrayLike = 0.0,
+            micro: npt.ArrayLike = -1) -> np.ndarray:
+        """Add ``len(dur)`` tasks (other per-task arguments broadcast); returns their ids. ``stage``: a name of
+        ``STAGE``, or each task's code; ``lag``: seconds after a task's end until its dependents may start, its
+        resources already free (a message's latency in flight; the simulator's task lag)."""
         k = len(dur)
         ids = np.arange(self.first_id + self.n, self.first_id + self.n + k, dtype=np.int64)
         self.n += k
         values = {"dur": dur, "lag": lag, "alloc": alloc, "kind": kind, "op": op, "dev": dev, "cat": cat,
                   "prio_op": prio_op, "owner": owner, "micro": micro,
-                  "order": self.key(prio_op, STAGE[stage], cls, tensor, sub)}
+                  "order": self.key(prio_op, STAGE[stage] if isinstance(stage, str) else stage, cls, tensor, sub)}
         for name, val in values.items():
             self._cols[name].append(_column(val, np.float64 if name in FLOAT_COLS else np.int64, k))
         self._res_len.append(_column(res_len, np.int64, k))
