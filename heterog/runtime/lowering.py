@@ -596,6 +596,5 @@ def lower(prog: StepProgram, graph: OpGraph, cluster: Cluster, plan: CompiledPla
     """Per-rank programs for ``plan`` (a CompiledPlan of ``graph`` on ``cluster``) scheduled as the
     simulated start times ``start`` say. ``emulate``: enforce the cluster's link speeds and device
     slowdowns (local-cpu clusters); ``post_early``: post receives at their send's key (``prepare`` does on
-    both backends: a receive buffer is held from its send's start, as the simulator counts it). Groups
-    divided beyond the batch: ``heterog.runtime.split_lowering``."""
+    both backends, as the simulator counts a receive buffer). Splits: ``heterog.runtime.split_lowering``."""
     return _Builder(prog, graph, cluster, plan, start, exps, emulate=emulate, post_early=post_early).build()
