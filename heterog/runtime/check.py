@@ -196,14 +196,16 @@ def check_prepared(prepared: CheckedRun) -> DryRun | None:
     real = float(model.graph.flops.sum()) <= REAL_FLOPS_LIMIT
     fake_mode = None if real else FakeTensorMode()
     mode = contextlib.nullcontext() if fake_mode is None else fake_mode
-    fakes: dict[int, torch.Tensor] = {}
+    # a tensor shared by several ranks gets one fake; each entry keeps its tensor alive, so that a rank's own
+    # copy, dropped once faked, cannot hand its id to another rank's tensor of another shape
+    fakes: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def value(t: torch.Tensor) -> torch.Tensor:
         if fake_mode is None:
             return t
         if id(t) not in fakes:
-            fakes[id(t)] = fake_mode.from_tensor(t)
-        return fakes[id(t)]
+            fakes[id(t)] = (t, fake_mode.from_tensor(t))
+        return fakes[id(t)][1]
 
     cpu = torch.device("cpu")
     ranks: list[RankExecutor] = []
