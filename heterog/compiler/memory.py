@@ -60,10 +60,9 @@ class MemoryEntries:
 
 @dataclass(frozen=True)
 class UpdateVictims:
-    """Per op (n_ops,): the input tensor an op of the update writes its output into (-1: none) and whether
-    that is a parameter or optimizer-state placeholder (else an intermediate of the update) and whether a
-    parameter placeholder; per tensor
-    (n_tensors,): whether it carries the batch dimension."""
+    """Per op (n_ops,): the input tensor an op of the update writes its output into (-1: none), whether that
+    is a parameter or optimizer-state placeholder (else an intermediate of the update) and whether a
+    parameter placeholder; per tensor (n_tensors,): whether it carries the batch dimension."""
 
     tensor: np.ndarray
     placeholder: np.ndarray
