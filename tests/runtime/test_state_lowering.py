@@ -73,6 +73,17 @@ def persistent_bytes(prepared, host: bool) -> list[int]:
     return out
 
 
+def trains_like_one_process(prepared, pool):
+    """``prepared`` run for STEPS steps on ``pool``: its values and losses those of one process; the result."""
+    m = mlp()
+    result = run_prepared(prepared, [m.example_inputs], STEPS, pool=pool)
+    losses, want = train_single_process(m, [m.example_inputs], STEPS)
+    ok, diff, bad = compare_values(m, result.values, want, rtol=1e-5, atol=1e-6)
+    assert ok, f"{bad} differ (max |diff| {diff:.3g})"
+    np.testing.assert_allclose(result.losses, losses, rtol=1e-5)
+    return result, want
+
+
 def counts(rp) -> dict[str, int]:
     kinds = (AllReduce, AllGather, ReduceScatter)
     return {k.__name__: sum(isinstance(ins, k) for ins in rp.instrs) for k in kinds}
@@ -105,11 +116,7 @@ def test_the_mlp_runs_the_collectives_and_holds_the_bytes_worked_out_by_hand(sta
                 assert ins.need.placement == "S0" and ins.need.shares in ((2, 4), (1, 2))
             if isinstance(ins, AllGather):
                 assert [shape[0] for _, shape in ins.parts] in ([2, 4], [1, 2])
-    result = run_prepared(prepared, [m.example_inputs], STEPS, pool=pool2)
-    losses, want = train_single_process(m, [m.example_inputs], STEPS)
-    ok, diff, bad = compare_values(m, result.values, want, rtol=1e-5, atol=1e-6)
-    assert ok, f"{bad} differ (max |diff| {diff:.3g})"
-    np.testing.assert_allclose(result.losses, losses, rtol=1e-5)
+    result, want = trains_like_one_process(prepared, pool2)
     for ph, v in result.values.items():            # the state, put back together from its rows, is the same too
         torch.testing.assert_close(v, want[ph], rtol=1e-5, atol=1e-6)
 
@@ -159,10 +166,7 @@ def test_offloaded_state_lives_on_the_host_and_its_update_runs_between_the_copie
                 assert ins.source in ups                    # gathered from the rows copied up
                 gathers.append(ins)
         assert len(ups) == len(gathers) == 4
-    result = run_prepared(prepared, [m.example_inputs], STEPS, pool=pool2)
-    losses, want = train_single_process(m, [m.example_inputs], STEPS)
-    ok, diff, bad = compare_values(m, result.values, want, rtol=1e-5, atol=1e-6)
-    assert ok, f"{bad} differ (max |diff| {diff:.3g})"
+    trains_like_one_process(prepared, pool2)
 
 
 def test_the_copies_of_offloaded_state_run_at_the_keys_of_the_compilers_transfers() -> None:
@@ -186,12 +190,9 @@ def test_zero_offload_on_one_device_trains_like_one_process(pool2) -> None:
     strategy = whole_graph(ParallelConfig((1,), (6,), sharded=ShardedState(0, (1,), "optimizer")))
     prepared = prepare(m, cluster(), strategy)
     assert persistent_bytes(prepared, host=True) == [0, 204 + 408]
-    result = run_prepared(prepared, [m.example_inputs], STEPS, pool=pool2)
+    result, _ = trains_like_one_process(prepared, pool2)
     measured = result.measured_peak_memory_bytes[cluster().device_names[1]]
     assert measured >= 204 + 16                        # the device keeps the parameters and step counters
-    ok, diff, bad = compare_values(m, result.values, train_single_process(m, [m.example_inputs], STEPS)[1],
-                                   rtol=1e-5, atol=1e-6)
-    assert ok, f"{bad} differ (max |diff| {diff:.3g})"
 
 
 def test_offloaded_parameters_live_on_the_host_and_come_up_in_rows_before_each_gather(pool2) -> None:
@@ -224,8 +225,4 @@ def test_offloaded_parameters_live_on_the_host_and_come_up_in_rows_before_each_g
                 assert ins.source in ups and ups[ins.source] < key         # gathered from the rows just copied up
                 gathers.append(ins)
         assert len(ups) == len(gathers) == 5
-    result = run_prepared(prepared, [m.example_inputs], STEPS, pool=pool2)
-    losses, want = train_single_process(m, [m.example_inputs], STEPS)
-    ok, diff, bad = compare_values(m, result.values, want, rtol=1e-5, atol=1e-6)
-    assert ok, f"{bad} differ (max |diff| {diff:.3g})"
-    np.testing.assert_allclose(result.losses, losses, rtol=1e-5)
+    trains_like_one_process(prepared, pool2)
