@@ -160,7 +160,7 @@ def candidates(ev: Any, planners: list[str], budget_s: float, seed: int, zero: b
         print(f"  {name}: planned in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
         out.append((name, s))
     if zero:
-        for offload in ("none", "optimizer"):
+        for offload in ("none", "optimizer", "parameters"):
             try:
                 s = sharded_dp(ev, offload)
             except TypeError:                             # no offloading in this version of ShardedState
@@ -223,6 +223,7 @@ def measure(ev: Any, label: str, strategy: Any) -> dict:
     binding = max(fill, key=lambda d: fill[d])
     pcie = {n: float(busy[i]) for i, n in enumerate(names) if n.startswith("pcie")}
     host_busy = {n: float(busy[i]) for i, n in enumerate(names) if n.startswith("host:")}
+    top = np.argsort(-busy, kind="stable")[:4]           # what bounds the step: the busiest resources
     return {"label": label, "iteration_time_s": float(res.iteration_time_s), "oom": bool(res.oom),
             "peak_memory_bytes": dict(res.peak_memory_bytes), "memory_capacity_bytes": dict(res.memory_capacity_bytes),
             "binding_device": binding, "binding_fill": float(fill[binding]),
@@ -230,6 +231,7 @@ def measure(ev: Any, label: str, strategy: Any) -> dict:
             "host_capacity_bytes": {s.name: float(cluster.host_memory_bytes(j)) for j, s in enumerate(cluster.servers)},
             "busiest_pcie_s": max(pcie.values()) if pcie else 0.0,
             "busiest_host_s": max(host_busy.values()) if host_busy else 0.0,
+            "busiest": [(names[i], float(busy[i])) for i in top.tolist()],
             "offload": plan_offload(ev.graph, cluster, strategy),
             "compute_time_s": float(res.compute_time_s), "comm_time_s": float(res.comm_time_s),
             "search_time_s": float(strategy.meta.get("search_time_s", 0.0)), "uses": uses(strategy)}
@@ -315,7 +317,8 @@ def summary(rec: dict) -> str:
     if rec["best"]:
         r = by_label[rec["best"]]
         lines.append(f"  kept: {r['label']}, {r['iteration_time_s']:.2f} s per iteration, "
-                     f"{r['iteration_time_s'] / rec['compute_bound_s']:.2f}x the compute bound.")
+                     f"{r['iteration_time_s'] / rec['compute_bound_s']:.2f}x the compute bound; busiest "
+                     + ", ".join(f"{n} {b:.2f} s" for n, b in r.get("busiest", [])) + ".")
         po = r["offload"]
         if po["pcie_s"] > 0:
             lines.append(f"  its offloading: {sum(po['offloaded_params']) / 1e9:.2f} B parameters, PCIe "

@@ -43,6 +43,13 @@ def dirty_units(index: GraphIndex, base: Placement, new: Placement) -> Dirty | N
     if not groups.any():
         return None
     ops = groups[new.grouping.op_group]
+    for state in (base.state, new.state):         # a config's reduce-scatters wait for one another
+        if state is not None and state.rs_prev is not None and state.rs_wait is not None:
+            chained = np.zeros(index.n_ops, dtype=bool)
+            chained[index.t_op[(state.rs_prev >= 0) | (state.rs_wait >= 0)]] = True
+            chained[index.t_op[state.rs_prev[state.rs_prev >= 0]]] = True
+            rows = np.unique(state.op_row[ops & chained])
+            ops = ops | (chained & np.isin(state.op_row, rows))
     tensors = ops[index.t_op].copy()
     tensors[index.e_tensor[ops[index.e_dst]]] = True
     for state in (base.state, new.state):         # stage-3 gathers wait for ops of other groups

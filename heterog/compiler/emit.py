@@ -15,7 +15,7 @@ import numpy as np
 from heterog.compiler import offload, sharded_state, sync_stats
 from heterog.compiler.context import CompileContext
 from heterog.compiler.convert import Engine
-from heterog.compiler.place import Placement
+from heterog.compiler.place import Placement, first_recomputed_reads
 from heterog.compiler.registries import LayoutTable
 from heterog.compiler.reshard import connect_split
 from heterog.compiler.tasks import Providers, TaskBatch, TaskCategory, TaskKind, ragged
@@ -194,8 +194,11 @@ def _connect(ctx: CompileContext, layouts: LayoutTable, conv: Engine, edges: np.
     gathered = sharded_state.gathered_edges(ctx, place.state, edges)
     if gathered.any():                             # stage-3 parameters read in forward or backward
         assert place.state is not None
+        again = None if place.recompute is None else \
+            (place.recompute, place.grouping.op_group,
+             first_recomputed_reads(ctx, place.grouping.op_group, place.recompute))
         sharded_state.connect_gathered(ctx, layouts, conv, edges[gathered], place.op_lay, place.state, prov,
-                                       offload.shard_uploads if offload.offloads(place.state) else None)
+                                       offload.shard_uploads if offload.offloads(place.state) else None, again)
         edges = edges[~gathered]
         if not len(edges):
             return

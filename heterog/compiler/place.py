@@ -181,6 +181,17 @@ def recompute_edges(ctx: CompileContext, op_group: np.ndarray, recompute: np.nda
         ((ctx.graph.phase_index[dst] > 0) | recompute[dst]) & ~ctx.graph.coupled[dst]
 
 
+def first_recomputed_reads(ctx: CompileContext, op_group: np.ndarray, recompute: np.ndarray) -> np.ndarray:
+    """(n_groups,) each group's first backward op that reads a recomputed value (n_ops where none does): when
+    the backward reaches it, the group's recomputation runs (``heterog.compiler.recompute``)."""
+    gi = ctx.index
+    edges = recompute_edges(ctx, op_group, recompute)
+    back = edges & (ctx.graph.phase_index[gi.e_dst] > 0)
+    first = np.full(int(op_group.max()) + 1, gi.n_ops, dtype=np.int64)
+    np.minimum.at(first, op_group[gi.e_dst[back]], gi.e_dst[back])
+    return first
+
+
 def place(ctx: CompileContext, configs: ConfigTable, demand: PSDemand, strategy: Strategy, *,
           sync: bool = False) -> Placement:
     """Phases 1-3 for ``strategy``, whose groups are ``demand.grouping``; registers its configs and
@@ -199,7 +210,7 @@ def place(ctx: CompileContext, configs: ConfigTable, demand: PSDemand, strategy:
     if moved.any():                    # batch norms moved out of a grid: their partial results are summed
         spread = configs.layouts.dev_mask[op_lay].sum(axis=1) > 1
         aggregate = aggregate | (gi.t_needs_agg & (moved & spread)[gi.t_op])
-    state = place_state(ctx, configs, op_cfg)
+    state = place_state(ctx, configs, op_cfg, aggregate)
     if offloads(state):                 # state offloaded to hosts the cluster describes
         check_offloading(ctx.cluster, strategy.configs)
     return Placement(group_cfg, op_cfg, configs.is_ps[op_cfg], aggregate, group_ps, op_lay, grouping,

@@ -4,7 +4,8 @@ backward (docs/design.md, "Recomputation"), as RECOMPUTE tasks added to a plan's
 Which ops are recomputed is the placement's (``Placement.recompute``, ``heterog.compiler.place.recomputed_ops``).
 For every instance x of such an op, a RECOMPUTE task r(x) runs on x's device for x's time and allocates
 x's outputs. It reads what x reads: r(y) where x reads a recomputed op y of its group, the kept value
-elsewhere (a checkpoint's inputs). The group's backward ops read r(x) instead of x
+elsewhere (a checkpoint's inputs), but a value provided again for backward (``Providers.again``: a stage-3
+parameter's backward gather) from there. The group's backward ops read r(x) instead of x
 (``heterog.compiler.place.recompute_edges``), so x's outputs are freed after their last forward reader and
 r(x)'s after their last backward one.
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from heterog.compiler.context import CompileContext
-from heterog.compiler.place import Placement, recompute_edges
+from heterog.compiler.place import Placement, first_recomputed_reads
 from heterog.compiler.tasks import Providers, TaskBatch, TaskCategory, TaskKind, ragged_gather
 
 
@@ -45,10 +46,7 @@ def add_recompute(ctx: CompileContext, batch: TaskBatch, place: Placement, prov:
     x_local = x - prov.inst_start[x_op]
     x_group = op_group[x_op]
     # each group's first backward op that reads a recomputed value: what triggers the group's recomputation
-    edges = recompute_edges(ctx, op_group, rc)
-    back = edges & (phase[gi.e_dst] > 0)
-    first_back = np.full(place.grouping.n_groups, gi.n_ops, dtype=np.int64)
-    np.minimum.at(first_back, op_group[gi.e_dst[back]], gi.e_dst[back])
+    first_back = first_recomputed_reads(ctx, op_group, rc)
     x_trigger_op = first_back[x_group]
     # one trigger per (group, entry): it waits for what that entry's first backward op reads, but recomputed values
     pair = x_group * (int(x_local.max()) + 1) + x_local
@@ -78,7 +76,10 @@ def add_recompute(ctx: CompileContext, batch: TaskBatch, place: Placement, prov:
     r_of[x] = r
     own_group = is_x[dep_on] & (op_group[tasks.op[dep_on]] == op_group[tasks.op[dep_task]])
     inputs = is_x[dep_task]
-    batch.deps(r_of[dep_task[inputs]], np.where(own_group[inputs], r_of[dep_on[inputs]], dep_on[inputs]),
+    read = dep_on[inputs]
+    if prov.again:                                    # values provided again in backward (a stage-3 parameter)
+        read = np.array([prov.again.get(t, t) for t in read.tolist()], dtype=np.int64)
+    batch.deps(r_of[dep_task[inputs]], np.where(own_group[inputs], r_of[dep_on[inputs]], read),
                tasks.op[dep_task[inputs]])
     batch.deps(r, trig[x_pair], x_op)
     # the group's backward instances read the recomputed values

@@ -60,7 +60,9 @@ class StatePlacement:
     ``op_offload`` (n_ops,) where its group's state lives: 0 the GPU, 1 the optimizer state on the host, 2
     and the parameters (``heterog.compiler.offload``). Stage 0 rows (offloading only) have ``frac`` 1.
     ``weights`` (K,) each config's integer shard weights (``ShardedState.weights``), from which the runtime
-    cuts whole rows (``heterog.runtime.state_lowering``)."""
+    cuts whole rows (``heterog.runtime.state_lowering``). ``rs_prev``, ``rs_wait`` (n_tensors,) per
+    reduce-scattered gradient the gradient of its config reduce-scattered before it and the one whose
+    reduce-scatter its maker waits for (-1: none; ``reduce_scatter_order``)."""
 
     op_stage: np.ndarray
     op_row: np.ndarray
@@ -70,6 +72,8 @@ class StatePlacement:
     trig_op: np.ndarray
     op_offload: np.ndarray
     weights: tuple[tuple[int, ...], ...] = ()
+    rs_prev: np.ndarray | None = None
+    rs_wait: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,18 @@ class StateIndex:
     grad_bytes: np.ndarray
     state_bytes: np.ndarray
     trigger: tuple[dict[int, tuple[int, ...]], dict[int, tuple[int, ...]]]
+    pred: dict[int, frozenset[int]]
+
+    def before(self, v: int) -> frozenset[int]:
+        """The compute ops two hops (batch edges of one phase) before op ``v`` (one hop where there are no
+        two): what a gather for ``v`` waits for."""
+        return _two_hops(self.pred, v)
+
+
+def _two_hops(pred: dict[int, frozenset[int]], v: int) -> frozenset[int]:
+    hop1 = pred.get(v, frozenset())
+    hop2 = frozenset().union(*(pred.get(u, frozenset()) for u in hop1))
+    return hop2 or hop1
 
 
 _STATE_INDEX: DerivedCache[OpGraph, StateIndex] = DerivedCache("StateIndex of each graph")
@@ -110,28 +126,29 @@ def _build_state_index(ctx: CompileContext) -> StateIndex:
     new_param[dst[writes]] = src[writes]
     param_tensor = np.full(n, -1, dtype=np.int64)
     param_tensor[gi.t_op[is_param[gi.t_op]]] = np.nonzero(is_param[gi.t_op])[0]
-    pred: dict[int, set[int]] = {}
+    preds: dict[int, set[int]] = {}
     for u, v in zip(src[gi.e_batch].tolist(), dst[gi.e_batch].tolist()):
         if gi.is_compute[u] and phase[u] == phase[v]:
-            pred.setdefault(v, set()).add(u)
+            preds.setdefault(v, set()).add(u)
+    pred = {v: frozenset(us) for v, us in preds.items()}
     trigger: tuple[dict[int, tuple[int, ...]], dict[int, tuple[int, ...]]] = ({}, {})
     for ph in (0, 1):
         read = is_param[src] & (phase[dst] == ph) & gi.is_compute[dst]
         first = np.full(n, np.iinfo(np.int64).max)
         np.minimum.at(first, src[read], dst[read])
         for p in np.nonzero(first < n)[0].tolist():
-            hop1 = pred.get(int(first[p]), set())
-            hop2 = set().union(*(pred.get(u, set()) for u in hop1)) if hop1 else set()
-            trigger[ph][p] = tuple(sorted(hop2 or hop1))
+            trigger[ph][p] = tuple(sorted(_two_hops(pred, int(first[p]))))
     out = StateIndex(scaled, new_param, param_tensor,
                      np.array([op.param_bytes for op in ops], dtype=np.float64),
                      np.array([op.grad_bytes for op in ops], dtype=np.float64),
-                     np.array([op.state_bytes for op in ops], dtype=np.float64), trigger)
+                     np.array([op.state_bytes for op in ops], dtype=np.float64), trigger, pred)
     return out
 
 
-def place_state(ctx: CompileContext, configs: ConfigTable, op_cfg: np.ndarray) -> StatePlacement | None:
-    """The plan's ``StatePlacement`` (None when no group keeps sharded or offloaded state)."""
+def place_state(ctx: CompileContext, configs: ConfigTable, op_cfg: np.ndarray,
+                aggregate: np.ndarray) -> StatePlacement | None:
+    """The plan's ``StatePlacement`` (None when no group keeps sharded or offloaded state); ``aggregate``
+    (n_tensors,) the partial results the plan sums over replicas."""
     used = [k for k in np.unique(op_cfg).tolist() if configs.configs[k].sharded is not None]
     if not used:
         return None
@@ -155,7 +172,39 @@ def place_state(ctx: CompileContext, configs: ConfigTable, op_cfg: np.ndarray) -
              if op_stage[p] == 3 for q in qs]
     tt = np.array([a for a, _ in pairs], dtype=np.int64)
     to = np.array([b for _, b in pairs], dtype=np.int64)
-    return StatePlacement(op_stage, op_row, frac, tuple(devices), tt, to, op_offload, tuple(weights))
+    rs_prev, rs_wait = reduce_scatter_order(ctx, op_stage, op_row, aggregate)
+    return StatePlacement(op_stage, op_row, frac, tuple(devices), tt, to, op_offload, tuple(weights),
+                          rs_prev, rs_wait)
+
+
+def reduce_scatter_order(ctx: CompileContext, op_stage: np.ndarray, op_row: np.ndarray,
+                         aggregate: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(rs_prev, rs_wait) of ``StatePlacement`` (None, None where no gradient is reduce-scattered). A config's
+    gradients are reduce-scattered on one communicator in the order the backward makes them (op order), each
+    after the one before, as NCCL runs a process group's collectives; and the backward waits rather than hold
+    more than two of the config's largest gradients made and not yet reduce-scattered (the two reduction
+    buffers of DeepSpeed's overlapped reduction, each the size of the largest gradient): the op making
+    gradient j waits for the reduce-scatter of the latest gradient i < j with bytes(i..j) over that bound."""
+    gi = ctx.index
+    tensors = np.nonzero(aggregate & gi.is_grad[gi.t_op] & (op_stage[gi.t_op] >= 2))[0]
+    if not len(tensors):
+        return None, None
+    rs_prev = np.full(gi.n_tensors, -1, dtype=np.int64)
+    rs_wait = np.full(gi.n_tensors, -1, dtype=np.int64)
+    rows = op_row[gi.t_op[tensors]]
+    for row in np.unique(rows).tolist():
+        ts = tensors[rows == row]
+        ts = ts[np.lexsort((ts, gi.t_op[ts]))]          # the backward's order: by the op that makes them
+        rs_prev[ts[1:]] = ts[:-1]
+        b = gi.t_bytes[ts]
+        bound = 2.0 * float(b.max())
+        ends = np.cumsum(b)                             # bytes(i..j) = ends[j] - ends[i] + b[i]
+        starts = ends - b
+        # the latest i with starts[i] < ends[j] - bound, i.e. bytes(i..j) > bound
+        i = np.searchsorted(starts, ends - bound, side="left") - 1
+        wait = i >= 0
+        rs_wait[ts[wait]] = ts[i[wait]]
+    return rs_prev, rs_wait
 
 
 # ----------------------------------------------------------------------------------- instances and memory
@@ -233,6 +282,17 @@ def emit_reduce_scatter(ctx: CompileContext, layouts: LayoutTable, conv: Engine,
                              need=state.frac[state.op_row[sel_op[0]], list(devs)])
         k = len(devs)
         prov.at[np.repeat(sel, k), np.tile(np.array(devs), len(sel))] = np.repeat(rs, k)
+    # the config's order (``reduce_scatter_order``): after the one before; the maker's last instances after
+    # the one beyond the buffers
+    assert state.rs_prev is not None and state.rs_wait is not None
+    first_dev = np.array([layouts.unique_devices(int(k))[0] for k in op_lay[ops].tolist()], dtype=np.int64)
+    prev = state.rs_prev[tensors]
+    on = prev >= 0
+    conv.deps(prov.at[tensors[on], first_dev[on]], prov.at[prev[on], first_dev[on]], ops[on])
+    wait = state.rs_wait[tensors]
+    for j in np.nonzero(wait >= 0)[0].tolist():
+        last = layouts.last_entries(int(op_lay[ops[j]]))
+        conv.deps(prov.inst_start[ops[j]] + last, np.full(len(last), prov.at[wait[j], first_dev[j]]), int(ops[j]))
 
 
 def emit_update_gathers(ctx: CompileContext, layouts: LayoutTable, conv: Engine, ops: np.ndarray,
@@ -268,20 +328,41 @@ def gathered_edges(ctx: CompileContext, state: StatePlacement | None, edges: np.
 
 def connect_gathered(ctx: CompileContext, layouts: LayoutTable, conv: Engine, edges: np.ndarray,
                      op_lay: np.ndarray, state: StatePlacement, prov: Providers,
-                     uploads: Uploads | None = None) -> None:
+                     uploads: Uploads | None = None,
+                     recompute: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+                     ) -> None:
     """Stage 3: per parameter and phase (forward, backward) of ``edges``' readers, a SYNC trigger, an
     all-gather of the shards, and the whole parameter landing on each reader device of the config (but for
     its own shard, in place) or moved whole from the config's first device to a reader device outside it;
     each reader instance waits for its device's copy (module docstring). ``uploads``
     (``heterog.compiler.offload.shard_uploads``): the copies up of shards held on the host, which the gather
     then waits for instead of the resident shards, and the readers on each device too (the shard's buffer
-    lives until they have run)."""
+    lives until they have run).
+
+    ``recompute`` (the plan's recomputed ops, ``op_group`` and each group's first backward op that reads a
+    recomputed value, ``heterog.compiler.place.first_recomputed_reads``): a recomputed forward reader reads the
+    parameter again in backward, from the backward gather (made for it where no backward op reads the
+    parameter) and lands before the recomputation, as FSDP's pre-backward hook gathers before activation
+    checkpointing recomputes: it waits for the ops two hops before the first of the parameter's backward
+    readers and of its readers' groups' first backward ops that read a recomputed value.
+    ``prov.again`` maps each forward landing (and copy up) to its backward one."""
     gi, si = ctx.index, state_index(ctx)
     n_ops, m = gi.n_ops, ctx.n_devices
     phase = ctx.graph.phase_index
     groups: dict[tuple[int, int], list[int]] = {}
     for e in edges.tolist():
         groups.setdefault((int(gi.e_src[e]), int(phase[gi.e_dst[e]])), []).append(e)
+    again: dict[int, np.ndarray] = {}                # parameter -> its recomputed forward readers
+    op_group = first_back = np.zeros(0, dtype=np.int64)
+    if recompute is not None:
+        rc, op_group, first_back = recompute
+        for (p, ph), es in list(groups.items()):
+            x = np.unique(gi.e_dst[np.array(es, dtype=np.int64)])
+            x = x[rc[x]] if ph == 0 else x[:0]
+            if len(x):
+                again[p] = x
+                groups.setdefault((p, 1), [])
+    landed: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}    # (p, phase) -> landings, copies up
     for (p, ph), es in sorted(groups.items()):
         t = int(si.param_tensor[p])
         owner = n_ops + t
@@ -289,9 +370,14 @@ def connect_gathered(ctx: CompileContext, layouts: LayoutTable, conv: Engine, ed
         frac = state.frac[state.op_row[p]]
         nbytes = float(si.param_bytes[p])
         readers = np.array(sorted({int(gi.e_dst[e]) for e in es}), dtype=np.int64)
-        first = int(readers[0])
         sub = 2 * ph                                    # phase 0: subs 0-1, phase 1: 2-3 (distinct order keys)
-        sync = conv.trigger(prov.inst_start[np.array(si.trigger[ph].get(p, ()), dtype=np.int64)], op=p, tensor=t,
+        trig_ops = np.array(si.trigger[ph].get(p, ()), dtype=np.int64)
+        placed, first = readers, int(readers[0]) if len(readers) else n_ops
+        if ph == 1 and p in again:                      # read again by recomputed instances before backward
+            placed = np.union1d(readers, again[p])
+            first = min(first, int(first_back[op_group[again[p]]].min()))
+            trig_ops = np.array(sorted(si.before(first)), dtype=np.int64)
+        sync = conv.trigger(prov.inst_start[trig_ops], op=p, tensor=t,
                             prio_op=first, stage="split", cls=1, sub=sub, owner=owner)
         ups = uploads(ctx, conv, state, p, ph, devs, np.array([sync]), first, owner) if uploads is not None else None
         shards = prov.inst_start[p] + layouts.last_entries(int(op_lay[p])) if ups is None else ups
@@ -301,7 +387,7 @@ def connect_gathered(ctx: CompileContext, layouts: LayoutTable, conv: Engine, ed
                                  have=frac[list(devs)])[0])
         # where the readers run: landings on the config's devices, transfers to the others
         need = np.unique(np.concatenate([layouts.dev_flat[layouts.ptr[k]:layouts.ptr[k + 1]]
-                                         for k in op_lay[readers].tolist()]))
+                                         for k in op_lay[placed].tolist()]))
         inside = np.isin(need, np.array(devs))
         land_at = np.full(m, -1, dtype=np.int64)
         d_in, d_out = need[inside], need[~inside]
@@ -315,6 +401,12 @@ def connect_gathered(ctx: CompileContext, layouts: LayoutTable, conv: Engine, ed
         up_at = np.full(m, -1, dtype=np.int64)
         if ups is not None:
             up_at[list(devs)] = ups
+        landed[(p, ph)] = (land_at, up_at)
+        if ph == 1 and p in again:                      # the forward landings and copies up -> these
+            f_land, f_up = landed[(p, 0)]
+            for before, now in ((f_land, land_at), (f_up, up_at)):
+                on = (before >= 0) & (now >= 0)
+                prov.again.update(zip(before[on].tolist(), now[on].tolist()))
         for v in readers.tolist():
             k = int(op_lay[v])
             dv = layouts.dev_flat[layouts.ptr[k]:layouts.ptr[k + 1]]

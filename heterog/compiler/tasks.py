@@ -14,7 +14,7 @@ Every task and every dependency also has an *owner*, the unit of emission that p
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TypeAlias
 
@@ -251,12 +251,17 @@ class Providers:
     """Where values are read from, as task ids: ``inst_start`` (n_ops,) the first instance of each op (its
     replicas follow in layout order); ``at`` (n_tensors, M) the task that provides each tensor's value on
     each device (an instance, or the aggregation), -1 where the value is not; ``layout`` (n_tensors,) the
-    layout whose devices hold the (aggregated) value."""
+    layout whose devices hold the (aggregated) value; ``again`` the tasks that provide a value a forward
+    instance reads once more for its recomputation in backward, by the task its forward instance reads it
+    from (a stage-3 parameter's backward landing and copy up, ``heterog.compiler.sharded_state``), in
+    emission ids: the recomputation (``heterog.compiler.recompute``) reads them before the tasks are put
+    in canonical order."""
 
     inst_start: np.ndarray
     at: np.ndarray
     layout: np.ndarray
+    again: dict[int, int] = field(default_factory=dict)
 
     def copy(self) -> Providers:
         """An independent copy (a patch edits the copy, the base plan keeps its own)."""
-        return Providers(self.inst_start.copy(), self.at.copy(), self.layout.copy())
+        return Providers(self.inst_start.copy(), self.at.copy(), self.layout.copy(), dict(self.again))

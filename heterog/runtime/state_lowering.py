@@ -234,7 +234,7 @@ class StateLowering:
         if hs is None or set(hs.devices) != set(devices):
             u = leaf[0]                       # all-reduced at the key of the compiler's reduce-scatter
             b.agg_tasks[u] = sorted(t for t in self.tasks.get((int(TaskKind.COLLECTIVE), u), [])
-                                    if all(int(b.plan.task_op[d]) == u and int(b.plan.task_kind[d]) == TaskKind.COMPUTE
+                                    if any(int(b.plan.task_op[d]) == u and int(b.plan.task_kind[d]) == TaskKind.COMPUTE
                                            for d in self._deps(t)))
             return
         self.grads[leaf] = hs

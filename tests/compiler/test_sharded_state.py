@@ -251,3 +251,95 @@ def test_patched_plans_equal_scratch_plans_when_stages_change():
         s = Strategy(GRAPH.fingerprint, cluster.name, 2, B, group_of, cfgs)
         assert_same_plan(comp.compile(s), compile_strategy(GRAPH, cluster, s, cost_model(cluster)))
     assert comp.n_patched > 0
+
+
+# ----------------------------------------------------------------------------------- with recomputation
+def test_stage_three_recomputation_reads_the_backward_gather():
+    """h is recomputed (gW2 reads it): its recomputed instance reads W1 gathered again for the backward, as
+    FSDP gathers before checkpointing recomputes, so that W1's forward copy goes after the forward."""
+    cluster = two_gpus()
+    cfg = ParallelConfig((0, 1), (2, 2), sharded=ShardedState(3, (1, 1)))
+    s = Strategy(GRAPH.fingerprint, cluster.name, 2, B, np.zeros(GRAPH.n_ops, dtype=np.int64), [cfg])
+    plan = compile_strategy(GRAPH, cluster, s.with_recompute([0]), cost_model(cluster))
+    res = simulate(plan.tg, fifo=True)
+    coll = tasks(plan, TaskKind.COLLECTIVE)
+    # forward and backward gathers of W1 (the backward one for the recomputation) and of W2, 2 reduce-scatters
+    assert sorted(plan.task_op[coll].tolist()) == [1, 1, 2, 2, 12, 14]
+    w1_fwd, w1_bwd = sorted(coll[plan.task_op[coll] == 1], key=lambda t: res.start[t])
+    lands = tasks(plan, TaskKind.CONCAT, 1)
+    dep_ptr, dep_idx = plan.tg.dependencies()
+    recomputed = tasks(plan, TaskKind.RECOMPUTE, 7)
+    assert len(recomputed) == 2
+    ptr, _, _ = plan.tg.memory()
+    release = res.entry_release_time()
+    h = tasks(plan, TaskKind.COMPUTE, 7)
+    gy = tasks(plan, TaskKind.COMPUTE, 11)
+    for r in recomputed:
+        read = set(dep_idx[dep_ptr[r]:dep_ptr[r + 1]].tolist()) & set(lands.tolist())
+        (land,) = read                                      # the backward landing on r's device
+        assert res.start[land] >= res.finish[w1_bwd] - 1e-12 and res.start[r] >= res.finish[w1_bwd] - 1e-12
+    # the backward gather waits for gy (two hops before gW2, the first backward op reading h), the
+    # forward landings of W1 are released when h has run, before the backward gather
+    assert res.start[w1_bwd] >= res.finish[gy].max() - 1e-12
+    fwd_lands = [t for t in lands.tolist() if res.start[t] < res.finish[w1_fwd] + 1e-12]
+    assert len(fwd_lands) == 2
+    for t in fwd_lands:
+        if ptr[t + 1] > ptr[t]:
+            assert release[ptr[t]] == pytest.approx(res.finish[h].max())
+
+
+# ----------------------------------------------------------------------------------- reduce-scatter order
+def branches_plan(stage: int, n: int = 4):
+    from tests.compiler.helpers import branches_graph
+
+    g = branches_graph(n, 1 << 20)
+    cluster = two_gpus()
+    cfg = ParallelConfig((0, 1), (4, 4), sharded=ShardedState(stage, (1, 1)))
+    s = Strategy(g.fingerprint, cluster.name, 2, g.batch_size, np.zeros(g.n_ops, dtype=np.int64), [cfg])
+    plan = compile_strategy(g, cluster, s, cost_model(cluster))
+    return g, plan, simulate(plan.tg, fifo=True)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_reduce_scatters_run_in_order_and_bound_the_gradients_held(stage):
+    """Four equal gradients: reduce-scattered one after another in the order they are made, and the maker of
+    gradient j waits for gradient j - 2's reduce-scatter (more than two gradients' bytes would be held)."""
+    g, plan, res = branches_plan(stage)
+    makers = [i for i, op in enumerate(g.ops) if op.is_grad]
+    rs = []
+    for o in makers:
+        (t,) = tasks(plan, TaskKind.COLLECTIVE, o)
+        rs.append(t)
+    for a, b in zip(rs, rs[1:]):
+        assert res.start[b] >= res.finish[a] - 1e-12
+    for j in range(2, len(makers)):
+        made = tasks(plan, TaskKind.COMPUTE, makers[j])
+        assert res.start[made].min() >= res.finish[rs[j - 2]] - 1e-12
+    # the wait binds: gradient 2's maker waits for gradient 0's reduce-scatter, which ends after all else
+    # it waits for
+    dep_ptr, dep_idx = plan.tg.dependencies()
+    for t in tasks(plan, TaskKind.COMPUTE, makers[2]).tolist():
+        on = dep_idx[dep_ptr[t]:dep_ptr[t + 1]]
+        assert rs[0] in on.tolist()
+        assert res.finish[rs[0]] > res.finish[on[on != rs[0]]].max()
+
+
+def test_patched_plans_equal_scratch_plans_with_ordered_reduce_scatters():
+    from tests.compiler.helpers import branches_graph
+    from tests.compiler.test_delta import assert_same_plan
+
+    g = branches_graph(4, 1 << 16)
+    cluster = two_gpus(("16 GiB", "8 GiB"))
+    group_of = np.zeros(g.n_ops, dtype=np.int64)
+    for i in range(4):                                   # a group per branch (x in the first)
+        group_of[1 + 7 * i:8 + 7 * i] = i
+    rng = np.random.default_rng(1)
+    comp = Compiler(g, cluster, cost_model(cluster), max_bases=4, delta_fraction=1.0)
+    for _ in range(12):
+        cfgs = []
+        for _g in range(4):
+            stage = int(rng.choice([0, 2, 2, 3]))
+            cfgs.append(ParallelConfig((0, 1), (4, 4), sharded=ShardedState(stage, (1, 1)) if stage else None))
+        s = Strategy(g.fingerprint, cluster.name, 2, g.batch_size, group_of, cfgs)
+        assert_same_plan(comp.compile(s), compile_strategy(g, cluster, s, cost_model(cluster)))
+    assert comp.n_patched > 0
