@@ -7,10 +7,15 @@ import argparse
 import ast
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from heterog.cli.args import add_graph_args, add_parallel_args, graph_and_cluster
 from heterog.cli.output import add_json_flag, emit
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.cluster.topology import Cluster
+    from heterog.graph.opgraph import OpGraph
+    from heterog.strategy import Strategy
 
 DEFAULT_METHOD = "agent"        # what --agent, --episodes or --budget-s 0 without --method plan with
 PORTFOLIO = "auto"              # what plan runs with none of them (``heterog.replan``)
@@ -50,7 +55,7 @@ def plan_method(args: argparse.Namespace) -> str:
     return PORTFOLIO
 
 
-def run_portfolio(args: argparse.Namespace, graph: Any, cluster: Any) -> tuple[Any, dict[str, Any], str]:
+def run_portfolio(args: argparse.Namespace, graph: OpGraph, cluster: Cluster) -> tuple[Strategy, dict[str, Any], str]:
     """The portfolio's plan (``heterog.replan``'s ``auto`` within ``--budget-s``), with the record of what each
     planner found (``method, budget_s, seconds, chosen, tried``) and the table of it for the terminal."""
     from heterog.replan import replan
