@@ -8,7 +8,11 @@ time fits what is left of the budget, fastest first, keeping the best simulated 
      measure what one evaluation of this graph on this cluster takes here;
   2. the shipped policy's zero-shot plan (``agent`` with budget 0), when the agent is installed, its
      policy fits the cluster, and the time a zero-shot plan of this graph took (``warm_up`` measures it,
-     on the cluster the run started on) fits in what is left;
+     on the cluster the run started on) fits in what is left; with ``zero_shot`` (``heterog plan``'s
+     portfolio, which has no measurement beforehand) also when none was measured and at least
+     ``ZERO_SHOT_SHARE`` of the budget, and ``ZERO_SHOT_MIN_S``, is left (its time, about 1 s on tiny_mlp
+     and 10-20 s on bert_large, cannot be bounded before it runs, so the searches keep the rest); the
+     seconds it took, loading the agent's package included, are kept for the next re-plan;
   3. the searches: pipeline on a share of what is left, then MCMC (without its micro-batch step, which is
      pipeline's) on the rest, less what it does after its own budget (``MCMC_TAIL_EVALS`` evaluations).
 
@@ -39,6 +43,8 @@ MCMC_TAIL_EVALS = 40            # evaluations MCMC makes after its budget (re-sc
 AUTO_PLANNERS = (*FAST_PLANNERS, ZERO_SHOT, "pipeline", "mcmc")
 MIN_SEARCH_S = 0.2              # a search is not started with less budget than this
 MARGIN = 0.1                    # share of the budget kept back for what the estimates miss
+ZERO_SHOT_SHARE = 0.5           # with ``zero_shot``: an unmeasured zero-shot plan starts if this share is left
+ZERO_SHOT_MIN_S = 1.0           # ... and at least these seconds (a zero-shot plan of tiny_mlp takes about 1 s)
 
 # graph fingerprint -> seconds a zero-shot plan of it took (``warm_up``), what ``auto`` expects it to take
 ZERO_SHOT_SECONDS: dict[str, float] = {}
@@ -95,10 +101,18 @@ def warm_up(method: str, graph: OpGraph, cluster: Cluster) -> float | None:
 
 
 def replan(graph: OpGraph, cluster: Cluster, method: str = "auto", budget_s: float = 5.0, *, seed: int = 0,
-           runs: Callable[[Strategy], str | None] | None = None, sync_batch_stats: bool = False) -> Replan:
+           runs: Callable[[Strategy], str | None] | None = None, sync_batch_stats: bool = False,
+           zero_shot: bool = False, progress: bool = False, workers: int = 1,
+           ray_address: str | None = None) -> Replan:
     """Plans for ``graph`` on ``cluster`` within about ``budget_s`` seconds (module docstring). ``runs``: says
     why a plan cannot run (None: it can); such plans are left out. ``sync_batch_stats``: plans whose batch
-    norms use the whole batch's statistics, evaluated so. HeterogError when no plan is found."""
+    norms use the whole batch's statistics, evaluated so. ``zero_shot``: ``auto`` tries the policy's plan
+    without a measurement of its time (module docstring). ``progress``: a bar on stderr naming the planner
+    that runs. ``workers``, ``ray_address``: for the searches that fan out. HeterogError when no plan is
+    found."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     from heterog import planners
     from heterog.evaluate import Evaluator
 
@@ -112,11 +126,18 @@ def replan(graph: OpGraph, cluster: Cluster, method: str = "auto", budget_s: flo
     out = Replan(method, float(budget_s), 0.0)
     found: list[tuple[tuple[bool, float], int, Strategy]] = []
 
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                   TimeElapsedColumn(), console=Console(stderr=True), disable=not progress, transient=True)
+    task = bar.add_task(f"planning {graph.name} on {cluster.name}",
+                        total=len(AUTO_PLANNERS) if method == "auto" else 1)
+
     def attempt(name: str, **options: Any) -> None:
         t = time.perf_counter()
         entry: dict[str, Any] = {"method": name}
+        bar.update(task, description=f"planning {graph.name} on {cluster.name}: {name}")
         try:
-            s = planners.plan(name, evaluator=ev, seed=seed, progress=False, **options)
+            s = planners.plan(name, evaluator=ev, seed=seed, progress=False, workers=workers,
+                              ray_address=ray_address, **options)
             if sync_batch_stats:
                 s = replace(s, sync_batch_stats=True, meta=dict(s.meta))
             reason = runs(s) if runs is not None else None
@@ -130,28 +151,39 @@ def replan(graph: OpGraph, cluster: Cluster, method: str = "auto", budget_s: flo
             entry["error"] = str(exc).splitlines()[0]
         entry["seconds"] = time.perf_counter() - t
         out.tried.append(entry)
+        bar.advance(task)
 
     def left() -> float:
         return deadline - time.perf_counter()
 
-    if method == "auto":
-        t_fast, evals = time.perf_counter(), ev.n_evaluations
-        for k, name in enumerate(FAST_PLANNERS):
-            if k == 0 or left() > 0:                  # the first always: a run needs a plan
-                attempt(name)
-        eval_s = (time.perf_counter() - t_fast) / max(ev.n_evaluations - evals, 1)
-        expected = ZERO_SHOT_SECONDS.get(graph.fingerprint)
-        if expected is not None and expected < left() and _agent_installed():
-            attempt(ZERO_SHOT, budget_s=0)
-        if left() * PIPELINE_SHARE >= MIN_SEARCH_S:
-            attempt("pipeline", budget_s=left() * PIPELINE_SHARE)
-        chains = left() - MCMC_TAIL_EVALS * eval_s
-        if chains >= MIN_SEARCH_S:
-            attempt("mcmc", budget_s=chains, max_micro_batches=1)
-    elif method == ZERO_SHOT:
-        attempt(method, budget_s=0)
-    else:
-        attempt(method, budget_s=budget_s if "budget_s" in planners.get(method).options else None)
+    with bar:
+        if method == "auto":
+            t_fast, evals = time.perf_counter(), ev.n_evaluations
+            for k, name in enumerate(FAST_PLANNERS):
+                if k == 0 or left() > 0:                  # the first always: a run needs a plan
+                    attempt(name)
+                if k == 0 and len(FAST_PLANNERS) > 1 and left() > 0:
+                    # the first compiles from scratch (bert_large: 1.4 s against 0.1 s for the next ones,
+                    # patched): timing evaluations from the second on, MCMC's tail is not overestimated
+                    t_fast, evals = time.perf_counter(), ev.n_evaluations
+            eval_s = (time.perf_counter() - t_fast) / max(ev.n_evaluations - evals, 1)
+            expected = ZERO_SHOT_SECONDS.get(graph.fingerprint)
+            unmeasured = zero_shot and expected is None and left() >= max(ZERO_SHOT_SHARE * budget_s, ZERO_SHOT_MIN_S)
+            t_agent = time.perf_counter()               # loading the agent's package is part of its time
+            if (unmeasured or (expected is not None and expected < left())) and _agent_installed():
+                attempt(ZERO_SHOT, budget_s=0)
+                out.tried[-1]["seconds"] = seconds = time.perf_counter() - t_agent
+                if "error" not in out.tried[-1]:
+                    ZERO_SHOT_SECONDS[graph.fingerprint] = seconds
+            if left() * PIPELINE_SHARE >= MIN_SEARCH_S:
+                attempt("pipeline", budget_s=left() * PIPELINE_SHARE)
+            chains = left() - MCMC_TAIL_EVALS * eval_s
+            if chains >= MIN_SEARCH_S:
+                attempt("mcmc", budget_s=chains, max_micro_batches=1)
+        elif method == ZERO_SHOT:
+            attempt(method, budget_s=0)
+        else:
+            attempt(method, budget_s=budget_s if "budget_s" in planners.get(method).options else None)
     out.seconds = time.perf_counter() - t0
     out.candidates = [s for _, _, s in sorted(found, key=lambda x: (x[0], x[1]))]
     if not out.candidates:

@@ -151,6 +151,19 @@ def comparison_text(comp: ComparisonLike) -> str:
             f"{best.result.iteration_time_s * 1e3:.2f} ms{' (OOM)' if best.result.oom else ''}")
 
 
+def portfolio_table(tried: list[dict[str, Any]], chosen: str | None) -> Table:
+    """What each planner of a portfolio (``heterog.replan``'s ``tried``) found: its plan's iteration time, OOM
+    and the seconds it took, or why it has no plan; the chosen one marked."""
+    tab = Table([Column("planner", 12, "left"), Column("iter ms", 10), Column("OOM", 4), Column("seconds", 8),
+                 Column("", 1, "left")])
+    for e in tried:
+        has_plan = "iteration_time_s" in e
+        note = "chosen" if e["method"] == chosen else str(e.get("error") or e.get("refused") or "")
+        tab.add(e["method"], f"{e['iteration_time_s'] * 1e3:.2f}" if has_plan else "-",
+                ("yes" if e["oom"] else "no") if has_plan else "-", f"{e['seconds']:.2f}", note)
+    return tab
+
+
 # ----------------------------------------------------------------------------- the paper's Tables 1 and 2
 def _speedup(t_base: float, t: float) -> str:
     return f"{(t_base / t - 1.0) * 100:+.1f}%" if t > 0 else "-"

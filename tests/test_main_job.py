@@ -27,4 +27,7 @@ def test_bench_quick_smoke(capsys):
     assert doc["sim_tasks_per_s"] > 0 and doc["sim_speedup_vs_reference"] > 0
     assert doc["eval_ms_delta_quick"] > 0 and doc["mcmc_evals_per_s_quick"] > 0 and doc["eval_ms_quick_k4"] > 0
     assert doc["eval_ms_delta_quick_k4"] > 0
+    # MCMC starts from every data-parallel plan and keeps the best under the evaluator's order: never slower
+    assert doc["mcmc_speedup_vs_best_dp_quick"] >= 1.0 - 1e-12 and doc["mcmc_n_evals_quick"] > 0
+    assert "mcmc_speedup_vs_best_dp_bert_large_paper8" in doc
     assert doc["eval_ms_quick_split"] > 0 and doc["eval_tasks_split"] > 0 and "eval_ms_bert_large_paper8_split" in doc

@@ -1,6 +1,8 @@
 """Hand-made graphs, clusters and a table-driven cost model for the planner tests."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from heterog.cluster.loader import cluster_from_dict
@@ -76,12 +78,16 @@ def compute_dag(n_ops: int, edges: list[tuple[int, int, int]], name: str = "dag"
     return OpGraph(name, batch, ops, [Edge(s, d, b, None) for s, d, b in edges])
 
 
-def layered_graph(n_layers: int, param_bytes: int, batch: int = 8, width: int = 256) -> OpGraph:
+def layered_graph(n_layers: int, param_bytes: int | Sequence[int], batch: int = 8, width: int = 256) -> OpGraph:
     """A training graph: n dense layers forward, backward (data and weight gradients), SGD updates.
 
     0 x (input); per layer i: W_i (param), f_i (forward mm); loss; then backward g_i (data grad) and
-    w_i (weight grad, is_grad) in reverse, and u_i (update) per layer.
+    w_i (weight grad, is_grad) in reverse, and u_i (update) per layer. ``param_bytes``: every layer's, or
+    one per layer (a layer's FLOPs follow ``width`` alone).
     """
+    sizes = [int(param_bytes)] * n_layers if isinstance(param_bytes, int) else [int(b) for b in param_bytes]
+    if len(sizes) != n_layers:
+        raise ValueError(f"{len(sizes)} parameter sizes for {n_layers} layers")
     act = batch * width * 4
     ops: list[Op] = [Op("x", "placeholder", "input", "forward", [[batch, width]], ["torch.float32"], [0],
                         bytes_written=act, batch_bytes=act)]
@@ -89,6 +95,7 @@ def layered_graph(n_layers: int, param_bytes: int, batch: int = 8, width: int = 
     fw, params = [], []
     prev = 0
     for i in range(n_layers):
+        param_bytes = sizes[i]
         params.append(len(ops))
         ops.append(Op(f"W{i}", "placeholder", "param", "forward", [[param_bytes // 4]], ["torch.float32"], [None],
                       bytes_written=param_bytes, param_bytes=param_bytes, grad_bytes=param_bytes,
@@ -109,6 +116,7 @@ def layered_graph(n_layers: int, param_bytes: int, batch: int = 8, width: int = 
     edges.append(Edge(loss, gout, 4, None))
     grad = gout
     for i in reversed(range(n_layers)):
+        param_bytes = sizes[i]
         inp = fw[i - 1] if i > 0 else 0
         w = len(ops)
         ops.append(Op(f"w{i}", "aten.mm.default", "compute", "backward", [[param_bytes // 4]], ["torch.float32"],
