@@ -22,6 +22,7 @@ from agents.trainer import GraphTask, Trainer, TrainerSettings, bias_towards_dat
 from envs.actions import full_plan, plan_strategy
 from envs.features import DEVICE_FEATURE_DIM, MAX_DEVICES, op_feature_dim
 from heterog.actions import SPLIT_ACTION_NAMES, STATE_BASES, STATE_CHOICES, n_actions, state_action, state_choice_name
+from heterog.baselines.ps_refine import refine_ps_devices
 from heterog.errors import HeterogError
 from heterog.evaluate import Evaluator
 from heterog.planners import Planner
@@ -227,9 +228,12 @@ def zero_shot(evaluator: Evaluator, checkpoint: str | Path | dict, states: bool 
     def decode(a: np.ndarray, method: str = "") -> Strategy:
         return plan_strategy(evaluator, a, method, states=states, splits=policy.split_actions)
 
-    scored = {name: evaluator.iteration_time(decode(a)) for name, a in candidates.items()}
+    plans = {name: decode(a, "agent") for name, a in candidates.items()}
+    for name in ("ev-ps", "cp-ps"):          # the PS baselines' servers (heterog.baselines.ps_refine)
+        plans[name] = refine_ps_devices(evaluator, plans[name])
+    scored = {name: evaluator.iteration_time(s) for name, s in plans.items()}
     kept = max(scored, key=lambda name: (reward(*scored[name]), name == "policy"))
-    strategy = decode(candidates[kept], "agent")
+    strategy = plans[kept]
     strategy.meta.update({"zero_shot": True, "kept": kept, "policy_plan_s": scored["policy"][0],
                           "policy_plan_oom": scored["policy"][1], "best_iteration_time_s": scored[kept][0],
                           "oom": scored[kept][1], "episodes": 0, "rounds": 0})

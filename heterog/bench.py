@@ -218,3 +218,49 @@ def order_comparison(models: Sequence[tuple[str, int]] = ORDER_MODELS, cluster_n
     mean_ratio = {o: float(np.mean([r["fifo_s"] / r[f"{o}_s"] for r in rows])) for o in ORDERS}
     worst = {o: float(np.min([r["fifo_s"] / r[f"{o}_s"] for r in rows])) for o in ORDERS}
     return {"rows": rows, "mean_fifo_over_order": mean_ratio, "min_fifo_over_order": worst}
+
+
+PS_MODELS = (("bert_large", 48), ("vgg19", 192), ("transformer", 720))
+
+
+def bytes_balanced_ps(strategy: Strategy, group_bytes: np.ndarray) -> Strategy:
+    """``strategy`` with PS devices assigned by bytes alone, the reference the PS choice is measured
+    against: PS groups with parameters in decreasing bytes (ties: lower group), each on its least-loaded
+    replica (ties: lower device)."""
+    load: dict[int, float] = {}
+    configs = list(strategy.configs)
+    for g in np.argsort(-group_bytes, kind="stable").tolist():
+        c = configs[g]
+        if c.sync != "ps" or len(c.devices) < 2 or group_bytes[g] == 0:
+            continue
+        d = min(c.devices, key=lambda x: (load.get(x, 0.0), x))
+        load[d] = load.get(d, 0.0) + float(group_bytes[g])
+        configs[g] = dataclasses.replace(c, ps_device=d)
+    return dataclasses.replace(strategy, configs=configs)
+
+
+def ps_choice_comparison(models: Sequence[tuple[str, int]] = PS_MODELS, cluster_name: str = "paper-8gpu"
+                         ) -> dict[str, Any]:
+    """Iteration time (s) of EV-PS and CP-PS under three choices of PS devices: the compiler's load-aware
+    choice alone (``greedy_s``), the baseline's (that choice with its large groups checked by simulation,
+    ``auto_s``) and the bytes-balanced assignment (``balanced_s``); ``auto_over_balanced`` per case and the
+    worst of them."""
+    from heterog import baselines
+    from heterog.baselines.basic import DP_OFFSETS, uniform_actions
+    from heterog.baselines.ps_refine import ps_group_bytes
+    from heterog.cluster import load_cluster
+    from heterog.evaluate import Evaluator
+    from heterog.graph.cache import capture_model
+
+    cluster = load_cluster(cluster_name)
+    rows: list[dict[str, Any]] = []
+    for model, batch in models:
+        ev = Evaluator(capture_model(model, batch), cluster)
+        for method in ("ev-ps", "cp-ps"):
+            plain = ev.strategy(uniform_actions(ev, cluster.n_devices + DP_OFFSETS[method]))
+            auto = baselines.run(method, ev.graph, cluster, evaluator=ev)
+            balanced = bytes_balanced_ps(plain, ps_group_bytes(ev, plain))
+            t = {k: ev.iteration_time(s)[0] for k, s in (("greedy", plain), ("auto", auto), ("balanced", balanced))}
+            rows.append({"model": model, "batch": batch, "method": method, **{f"{k}_s": v for k, v in t.items()},
+                         "auto_over_balanced": t["auto"] / t["balanced"]})
+    return {"rows": rows, "max_auto_over_balanced": max(r["auto_over_balanced"] for r in rows)}

@@ -249,6 +249,10 @@ class Evaluator:
         self.n_evaluations += 1
         return float(res.makespan) + self.checkpoint_share_s(plan), bool(res.oom)
 
+    def ps_devices(self, strategy: Strategy) -> dict[int, int]:
+        """The PS device of each PS group of ``strategy`` as compiled (group -> device)."""
+        return {int(g): int(d) for g, d in self.compile(strategy).placements.ps_device.items()}
+
     def checkpoint_share_s(self, plan: CompiledPlan) -> float:
         """The checkpoint term of ``plan``'s iteration time: one checkpoint's time over the interval (0 without
         ``checkpoint_every_steps``)."""

@@ -24,7 +24,8 @@ class PlanEvaluator(Protocol):
 
     The graph, cluster and cost model plan and bound with; the op grouping actions are given over; the
     settings that rebuild the evaluator in another process (``heterog.parallel.EvaluatorSpec``); decoding
-    one action per group into a Strategy, and the simulated iteration time of a Strategy.
+    one action per group into a Strategy, the simulated iteration time of a Strategy and the PS devices
+    the compiler gives it.
     """
 
     @property
@@ -77,6 +78,10 @@ class PlanEvaluator(Protocol):
     def iteration_time(self, strategy: Strategy, order: str | None = None) -> tuple[float, bool]:
         """(simulated iteration time in seconds, whether a device runs out of memory) of ``strategy``
         under ``order`` (None: ``self.order``)."""
+
+    def ps_devices(self, strategy: Strategy) -> dict[int, int]:
+        """The parameter-server device of each PS group of ``strategy`` as compiled (group -> device): the
+        one its config names, or the compiler's load-aware choice (``heterog.compiler.ps``)."""
 
 
 __all__ = ["PlanEvaluator"]

@@ -14,7 +14,7 @@ from heterog.parallel import EvaluatorSpec
 from tests.baselines.helpers import gpu_cluster, layered_graph
 
 MEMBERS = {"graph", "cluster", "cost", "order", "shares", "serialize_collectives", "sync_batch_stats", "max_groups",
-           "checkpoint_every_steps", "group_of", "n_groups", "strategy", "iteration_time"}
+           "checkpoint_every_steps", "group_of", "n_groups", "strategy", "iteration_time", "ps_devices"}
 OPTIONS = {"os-dpos": {"budget_s": 30.0}, "mcmc": {"max_evals": 40, "seed": 0},
            "pesto-ilp": {"budget_s": 30.0, "solver_workers": 1}, "random": {"seed": 3}}
 

@@ -1,6 +1,8 @@
 """The HeteroG paper's data-parallel baselines, single-device training and uniform random actions.
 
-EV: one replica per device with even shares; CP: shares in proportion to computation power.
+EV: one replica per device with even shares; CP: shares in proportion to computation power. Under PS the
+servers are the compiler's load-aware choice with the largest groups' servers checked by simulation
+(``heterog.baselines.ps_refine``).
 """
 from __future__ import annotations
 
@@ -9,12 +11,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from heterog.baselines.ps_refine import refine_ps_devices
+
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.evaluator_protocol import PlanEvaluator
     from heterog.strategy import Strategy
 
 # offsets of the data-parallel actions after the M model-parallel ones
-_DP = {"ev-ps": 0, "ev-ar": 1, "cp-ps": 2, "cp-ar": 3}
+DP_OFFSETS = {"ev-ps": 0, "ev-ar": 1, "cp-ps": 2, "cp-ar": 3}
 
 
 def uniform_actions(ev: PlanEvaluator, action: int) -> np.ndarray:
@@ -29,9 +33,11 @@ def single(ev: PlanEvaluator, device: int | None = None) -> Strategy:
 
 def _dp(kind: str) -> Callable[[PlanEvaluator], Strategy]:
     def plan(ev: PlanEvaluator) -> Strategy:
-        return ev.strategy(uniform_actions(ev, ev.cluster.n_devices + _DP[kind]))
+        strategy = ev.strategy(uniform_actions(ev, ev.cluster.n_devices + DP_OFFSETS[kind]))
+        return refine_ps_devices(ev, strategy) if kind.endswith("-ps") else strategy
     plan.__name__ = plan.__qualname__ = kind.replace("-", "_")
-    plan.__doc__ = f"Data parallelism {kind.upper()} for every group."
+    plan.__doc__ = f"Data parallelism {kind.upper()} for every group" + (
+        " (PS devices: ``refine_ps_devices``)." if kind.endswith("-ps") else ".")
     return plan
 
 
