@@ -82,8 +82,8 @@ def plan_nvec(n_devices: int, n_groups: int, splits: bool = False, states: bool 
     ``A = n_actions(M, splits, states, extended=True)``, ``len(EXTENDED_MICRO_CHOICES)`` micro-batch choices and
     ``[row_levels(batch_size)] * (G M)`` rows."""
     g = int(n_groups)
-    parts = [np.full(g, n_actions(n_devices, splits, states, extended)), np.full(g, 2),
-             [len(EXTENDED_MICRO_CHOICES if extended else MICRO_CHOICES)]]
+    parts: list[np.ndarray] = [np.full(g, n_actions(n_devices, splits, states, extended)), np.full(g, 2),
+                               np.full(1, len(EXTENDED_MICRO_CHOICES if extended else MICRO_CHOICES))]
     if extended:
         parts.append(np.full(g * int(n_devices), row_levels(batch_size)))
     return np.concatenate(parts).astype(np.int64)
@@ -243,7 +243,7 @@ def encode_plan(strategy: Strategy, cluster: Cluster, splits: bool = False, stat
     actions, rows = encode_configs(strategy, cluster, splits, states, extended)
     bits = np.zeros(strategy.n_groups, dtype=np.int64)
     bits[list(strategy.recompute)] = RECOMPUTE
-    out = [actions, bits, [table.index((k, schedule))]]
+    out: list[np.ndarray] = [actions, bits, np.full(1, table.index((k, schedule)))]
     if extended:
         out.append(rows.ravel())
     return np.concatenate(out).astype(np.int64)

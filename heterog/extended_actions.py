@@ -163,8 +163,8 @@ def apply_extended(strategy: Strategy, actions: Sequence[int] | np.ndarray, rows
     configs = list(strategy.configs)
     for g in np.flatnonzero(codes >= first).tolist():
         a = int(codes[g])
-        key = (a, tuple(int(x) for x in rows[g]) if extended_of(a, cluster.n_devices, splits, states)[0] == "row"
-               else ())
+        found = extended_of(a, cluster.n_devices, splits, states)
+        key = (a, tuple(int(x) for x in rows[g]) if found is not None and found[0] == "row" else ())
         if key not in made:
             made[key] = decode_extended(a, rows[g], cluster, strategy.batch_size, splits, states)
         configs[g] = made[key]
@@ -200,7 +200,7 @@ def regroup(strategy: Strategy, group_of: np.ndarray) -> Strategy:
     if any(c is None for c in configs):
         raise StrategyError(f"grouping with empty groups {[g for g, c in enumerate(configs) if c is None][:5]}")
     return replace(strategy, group_of=new, configs=[c for c in configs if c is not None],
-                   recompute=tuple(g for g in range(n) if rec[g]), priorities=strategy.priorities, meta=dict(strategy.meta))
+                   recompute=tuple(g for g in range(n) if rec[g]), meta=dict(strategy.meta))
 
 
 def _row_of(values: Sequence[int], devices: Sequence[int], n_devices: int, batch_size: int) -> np.ndarray | None:
