@@ -31,7 +31,7 @@ timing: $(STAMP)
 # plans of every model under every combination of cluster and micro-batches (make test: half of them, no
 # recurrent models), ten more transformers families, runs that survive (a transformers model resumed
 # across plans, a device that comes back, torchrun's processes, its restarts and a node that joins through
-# its rendezvous), and sharded state under every mix on both clusters
+# its rendezvous), sharded state under every mix on both clusters, and more planners' plans as plan actions
 conformance: $(STAMP)
 	HETEROG_CONFORMANCE_SEEDS=16 $(BIN)/python -m pytest -q -n $(JOBS) --timeout 600 tests/runtime/test_conformance.py
 	HETEROG_DIVIDED_ALL=1 $(BIN)/python -m pytest -q -n $(JOBS) --timeout 900 tests/runtime/test_split_conformance.py \
@@ -42,6 +42,7 @@ conformance: $(STAMP)
 	HETEROG_SURVIVE_MORE=1 $(BIN)/python -m pytest -q -n $(JOBS) --timeout 900 tests/runtime/test_checkpoint.py \
 		tests/runtime/test_elastic.py tests/runtime/test_torchrun.py
 	HETEROG_SHARDED_SWEEP=1 $(BIN)/python -m pytest -q -n $(JOBS) --timeout 600 tests/runtime/test_sharded_conformance.py
+	HETEROG_PLANNER_ACTIONS=1 $(BIN)/python -m pytest -q -n $(JOBS) --timeout 600 tests/test_extended_actions.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check heterog simulator envs agents experiments tests

@@ -16,6 +16,7 @@ from heterog.actions import n_actions, state_action_name
 from heterog.cluster.topology import Cluster
 from heterog.errors import HeterogError
 from heterog.evaluate import Evaluator, reward
+from heterog.extended_actions import extended_action_name
 from heterog.graph.opgraph import OpGraph
 from heterog.scheduler import DEFAULT_ORDER
 
@@ -127,6 +128,11 @@ class PlacementEnv(gym.Env[dict[str, Any], np.ndarray]):
     - ``splits``: offer the split actions (default False); every graph needs its per-op split options.
     - ``state_actions``: offer the state actions (default False: the shipped policies were trained
       without them).
+    - ``extended_actions``: offer the extended actions (default False): after the others, model parallelism
+      offloading the optimizer state, the grids of the servers and the row actions, each group's row of
+      ``M`` shares after the plan entry ``2 * max_groups``, and every number of micro-batches under 1F1B or
+      GPipe (``envs.actions``, ``heterog.extended_actions``); the action has length
+      ``(M + 2) * max_groups + 1``.
     - ``render_mode``: None or ``"ansi"`` (a text summary of the last plan).
     """
 
@@ -136,7 +142,8 @@ class PlacementEnv(gym.Env[dict[str, Any], np.ndarray]):
                  cluster: Cluster | str = DEFAULT_CLUSTER, *, batch_size: int | None = None, optimizer: str = "sgd",
                  max_groups: int | None = None, max_ops: int | None = None, max_edges: int | None = None,
                  max_devices: int | None = None, oom_factor: float = 10.0, order: str = DEFAULT_ORDER,
-                 splits: bool = False, state_actions: bool = False, render_mode: str | None = None) -> None:
+                 splits: bool = False, state_actions: bool = False, extended_actions: bool = False,
+                 render_mode: str | None = None) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise HeterogError(f"render_mode {render_mode!r} is not supported (use None or 'ansi')")
         if max_groups is not None and max_groups < 1:
@@ -151,6 +158,7 @@ class PlacementEnv(gym.Env[dict[str, Any], np.ndarray]):
             raise HeterogError(f"splits=True needs the per-op split options, which these graphs lack: {unsplittable}")
         self.splits = bool(splits)
         self.state_actions = bool(state_actions)
+        self.extended_actions = bool(extended_actions)
         self.evaluators = [Evaluator(g, self.cluster, order=order, max_groups=max_groups or 2000)
                            for g in self.graphs]
         if max_devices is not None and not 1 <= self.cluster.n_devices <= max_devices:
@@ -171,7 +179,8 @@ class PlacementEnv(gym.Env[dict[str, Any], np.ndarray]):
         self.observation_space = observation_space(self.n_devices, self.max_ops, self.max_edges, self.max_groups,
                                                    max_devices)
         self.action_space = spaces.MultiDiscrete(plan_nvec(self.n_devices, self.max_groups, self.splits,
-                                                           self.state_actions))
+                                                           self.state_actions, self.extended_actions,
+                                                           max(g.batch_size for g in self.graphs)))
         self.graph_index = 0
         self._needs_reset = True
         self._last: dict[str, Any] | None = None
@@ -196,7 +205,7 @@ class PlacementEnv(gym.Env[dict[str, Any], np.ndarray]):
         plan = self.plan_action(action)
         ev = self.evaluators[self.graph_index]
         strategy = plan_strategy(ev, action, "env", n_slots=self.max_groups, states=self.state_actions,
-                                 splits=self.splits)
+                                 splits=self.splits, extended=self.extended_actions)
         result = ev.evaluate(strategy, detail=True)
         r = reward(result.iteration_time_s, result.oom, self.oom_factor)
         info = {"graph": self.graphs[self.graph_index].name, "n_groups": len(plan.groups),
@@ -215,19 +224,25 @@ class PlacementEnv(gym.Env[dict[str, Any], np.ndarray]):
         name = self.graphs[self.graph_index].name
         if self._last is None:
             return f"{name} on {self.cluster.name}: {self.features[self.graph_index].n_groups} groups, no plan yet\n"
-        counts = np.bincount(self._last["actions"],
-                             minlength=n_actions(self.n_devices, self.splits, self.state_actions))
-        parts = ", ".join(f"{state_action_name(a, self.n_devices, self.splits)}={c}" for a, c in enumerate(counts) if c)
+        first = n_actions(self.n_devices, self.splits, self.state_actions)
+        counts = np.bincount(self._last["actions"], minlength=n_actions(self.n_devices, self.splits, self.state_actions,
+                                                                        self.extended_actions))
+        parts = ", ".join(f"{self._action_name(a, first)}={c}" for a, c in enumerate(counts) if c)
         return (f"{name} on {self.cluster.name}: iteration {self._last['iteration_time_s'] * 1e3:.2f} ms"
                 f"{' (OOM)' if self._last['oom'] else ''}; groups: {parts}; "
                 f"{self._last['micro_batches']} micro-batches, {self._last['recomputed_groups']} of "
                 f"{self._last['n_groups']} groups recomputed\n")
 
     # ------------------------------------------------------------------ helpers
+    def _action_name(self, action: int, first: int) -> str:
+        if action >= first:
+            return extended_action_name(action, self.n_devices, self.splits, self.state_actions)
+        return state_action_name(action, self.n_devices, self.splits)
+
     @property
     def action_length(self) -> int:
-        """``2 * max_groups + 1``: the length of a full action."""
-        return plan_length(self.max_groups)
+        """``2 * max_groups + 1`` (extended actions: ``(M + 2) * max_groups + 1``): the length of a full action."""
+        return plan_length(self.max_groups, self.n_devices if self.extended_actions else 0)
 
     def plan_action(self, action: npt.ArrayLike) -> PlanAction:
         """The real groups' configs and recompute bits and the micro-batch choice of an action of shape
@@ -237,7 +252,7 @@ class PlacementEnv(gym.Env[dict[str, Any], np.ndarray]):
         Raises StrategyError for a wrong shape or an entry out of range.
         """
         return split_plan(action, self.features[self.graph_index].n_groups, self.max_groups, self.n_devices,
-                          self.splits, self.state_actions)
+                          self.splits, self.state_actions, self.extended_actions)
 
     def group_actions(self, action: npt.ArrayLike) -> np.ndarray:
         """The real groups' config actions of an action (either length, see :meth:`plan_action`)."""

@@ -63,20 +63,70 @@ STATE_BASES = (1, 3)
 """The data-parallel actions (offsets from ``M``: DP-even-AR, DP-proportional-AR) that have state actions."""
 
 
-def n_actions(n_devices: int, splits: bool = False, states: bool = False) -> int:
+N_GRID_ACTIONS = 2
+"""The grid actions of the extended space (``grid_action``), named by ``GRID_ACTION_NAMES``."""
+GRID_ACTION_NAMES = ("tp-grid-even", "tp-grid-prop")
+ROW_ACTION_NAMES = ("dp-row-ps", "dp-row-ar", "tp-row")
+"""The row actions of the extended space (``row_action``) before the AllReduce row actions keeping state."""
+N_ROW_ACTIONS = len(ROW_ACTION_NAMES) + N_STATE_CHOICES
+ROW_STATE_BASE = 1
+"""The row action (``dp-row-ar``) whose config the row actions keeping state choice ``s`` keep it on."""
+
+
+def n_actions(n_devices: int, splits: bool = False, states: bool = False, extended: bool = False) -> int:
     """Actions per group on ``n_devices`` devices: ``M + 4``, or with ``splits`` beyond the batch
     ``3 M + 6`` (the two cluster-wide splits, then an even and a proportional split over each device's
-    server); with ``states`` ``2 N_STATE_CHOICES`` more (the AllReduce actions keeping sharded state)."""
+    server); with ``states`` ``2 N_STATE_CHOICES`` more (the AllReduce actions keeping sharded state); with
+    ``extended`` ``M + N_GRID_ACTIONS + N_ROW_ACTIONS`` more after those (``heterog.extended_actions``)."""
     m = int(n_devices)
     return (m + N_DP_ACTIONS + ((N_CLUSTER_SPLIT_ACTIONS + 2 * m) if splits else 0)
-            + (len(STATE_BASES) * N_STATE_CHOICES if states else 0))
+            + (len(STATE_BASES) * N_STATE_CHOICES if states else 0)
+            + ((m + N_GRID_ACTIONS + N_ROW_ACTIONS) if extended else 0))
 
 
-def devices_of(n_actions_: int, splits: bool = False, states: bool = False) -> int:
+def devices_of(n_actions_: int, splits: bool = False, states: bool = False, extended: bool = False) -> int:
     """``M``, the devices of an action space of ``n_actions_`` actions (the inverse of ``n_actions``)."""
     extra = (int(n_actions_) - N_DP_ACTIONS - (N_CLUSTER_SPLIT_ACTIONS if splits else 0)
-             - (len(STATE_BASES) * N_STATE_CHOICES if states else 0))
-    return extra // 3 if splits else extra
+             - (len(STATE_BASES) * N_STATE_CHOICES if states else 0)
+             - ((N_GRID_ACTIONS + N_ROW_ACTIONS) if extended else 0))
+    return extra // (1 + (2 if splits else 0) + (1 if extended else 0))
+
+
+def offload_action(n_devices: int, device: int, splits: bool = False, states: bool = False) -> int:
+    """``A + d`` (``A = n_actions(M, splits, states)``): model parallelism on device ``d`` offloading its
+    optimizer state to the host."""
+    return n_actions(n_devices, splits, states) + int(device)
+
+
+def grid_action(n_devices: int, proportional: bool = False, splits: bool = False, states: bool = False) -> int:
+    """``A + M`` (tp-grid-even) or ``A + M + 1`` (tp-grid-prop): the split over the grid of the servers."""
+    return n_actions(n_devices, splits, states) + int(n_devices) + int(bool(proportional))
+
+
+def row_action(n_devices: int, kind: int, splits: bool = False, states: bool = False) -> int:
+    """``A + M + N_GRID_ACTIONS + k``: row action ``k`` (``ROW_ACTION_NAMES``, then ``dp-row-ar`` keeping
+    state choice ``k - len(ROW_ACTION_NAMES)``), whose devices and shares are the group's row."""
+    if not 0 <= int(kind) < N_ROW_ACTIONS:
+        raise StrategyError(f"row action {int(kind)} is out of range 0..{N_ROW_ACTIONS - 1}")
+    return n_actions(n_devices, splits, states) + int(n_devices) + N_GRID_ACTIONS + int(kind)
+
+
+def extended_of(action: int, n_devices: int, splits: bool = False, states: bool = False) -> tuple[str, int] | None:
+    """``("offload", d)``, ``("grid", proportional)`` or ``("row", k)`` for an action of the extended
+    families of the space of ``splits`` and ``states``; None for an action before them (StrategyError
+    past them)."""
+    m, a = int(n_devices), int(action)
+    k = a - n_actions(m, splits, states)
+    if k < 0:
+        return None
+    if k < m:
+        return "offload", k
+    if k < m + N_GRID_ACTIONS:
+        return "grid", k - m
+    if k < m + N_GRID_ACTIONS + N_ROW_ACTIONS:
+        return "row", k - m - N_GRID_ACTIONS
+    raise StrategyError(f"action {a} is out of range for {m} devices with extended actions "
+                        f"(valid: 0..{n_actions(m, splits, states, extended=True) - 1})")
 
 
 def state_choice_name(choice: int) -> str:
@@ -191,13 +241,17 @@ def server_split_action(n_devices: int, device: int, proportional: bool = False)
     return m + N_DP_ACTIONS + N_CLUSTER_SPLIT_ACTIONS + (m if proportional else 0) + int(device)
 
 
-def device_action_blocks(n_devices: int, splits: bool = False) -> list[tuple[int, int]]:
+def device_action_blocks(n_devices: int, splits: bool = False, states: bool = False,
+                         extended: bool = False) -> list[tuple[int, int]]:
     """The ``[start, end)`` ranges of actions with one action per device: model parallelism and, with
-    ``splits``, the even and the proportional split over each device's server."""
+    ``splits``, the even and the proportional split over each device's server; with ``extended`` the
+    offloading model parallelism (``offload_action``)."""
     m = int(n_devices)
     blocks = [(0, m)]
     if splits:
         blocks += [(server_split_action(m, 0, p), server_split_action(m, m, p)) for p in (False, True)]
+    if extended:
+        blocks.append((offload_action(m, 0, splits, states), offload_action(m, m, splits, states)))
     return blocks
 
 

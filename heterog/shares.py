@@ -30,10 +30,14 @@ def proportional_shares(batch_size: int, weights: Floats) -> list[int]:
     return shares.tolist()
 
 
+SPLIT_WEIGHT_TOTAL = 1000
+"""The sum ``split_weights`` divides (thousandths): no split weight it gives exceeds it."""
+
+
 def split_weights(speeds: Floats) -> list[int]:
     """Integer split shares (``ParallelConfig.split_shares``) in proportion to ``speeds``, in thousandths,
     each at least 1."""
-    return [max(1, w) for w in proportional_shares(1000, speeds)]
+    return [max(1, w) for w in proportional_shares(SPLIT_WEIGHT_TOTAL, speeds)]
 
 
 def split_shares_of(extent: int, weights: Sequence[int]) -> list[int]:

@@ -12,7 +12,8 @@ import numpy as np
 
 from heterog.actions import decode_action, n_actions
 from heterog.baselines.fit import sharded_variants
-from heterog.shares import proportional_shares, split_weights
+from heterog.extended_actions import grid_configs
+from heterog.shares import split_weights
 from heterog.strategy import ParallelConfig, Strategy
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -43,27 +44,6 @@ def split_action_configs(cluster: "Cluster", batch_size: int) -> list[tuple[str,
         prop = split_weights(np.asarray(cluster.power)[list(devs)])
         out.append((f"tp-prop{suffix}", ParallelConfig.split_over(devs, prop, batch_size)))
     return out + grid_configs(cluster, batch_size)
-
-
-def grid_configs(cluster: "Cluster", batch_size: int) -> list[tuple[str, ParallelConfig]]:
-    """2-D splits over a cluster of several servers of the same number (at least two) of devices, as
-    Megatron lays out tensor and data parallelism: each server a group dividing the ops beyond the batch
-    among its devices, the batch divided over the servers in proportion to their speed. ``tp-grid-even``:
-    even shares inside a group, a group's speed that of its slowest device times its devices;
-    ``tp-grid-prop``: shares in proportion to the mean peak FLOP/s of the groups' devices at each position,
-    a group's speed the sum of its devices'. Empty on other clusters (or a batch smaller than the servers)."""
-    groups = [tuple(int(d) for d in s.devices) for s in cluster.servers]
-    if len(groups) < 2 or len({len(g) for g in groups}) != 1 or len(groups[0]) < 2 or batch_size < len(groups):
-        return []
-    power = np.asarray(cluster.power, dtype=np.float64)
-    at = power[np.array(groups)]                                        # (groups, positions)
-    out = []
-    for name, weights, speed in (("tp-grid-even", [1] * at.shape[1], at.min(axis=1) * at.shape[1]),
-                                 ("tp-grid-prop", split_weights(at.mean(axis=0)), at.sum(axis=1))):
-        shares = [max(1, s) for s in proportional_shares(batch_size, speed)]
-        shares[int(np.argmax(shares))] -= sum(shares) - batch_size
-        out.append((name, ParallelConfig.split_grid(groups, weights, shares)))
-    return out
 
 
 class Block(NamedTuple):
