@@ -139,3 +139,40 @@ def test_recomputation_frees_at_run_time_what_the_simulator_frees(pool2) -> None
     (m0, s0), (m1, s1) = peaks
     assert s1 < 0.8 * s0                                   # the simulator frees over a fifth
     assert m1 / m0 == pytest.approx(s1 / s0, abs=0.05)
+
+
+def test_a_dense_part_of_a_value_is_derived_for_each_reader_and_measured_as_simulated() -> None:
+    """A split plan over three devices (every group divided along parameters, even): a device's dense part of
+    a value (``shard_exec.part_of``) is made before each instance that reads it and freed after that one, not
+    kept from the forward reader to the backward's beside the whole value, which the device holds to its last
+    reader as the simulator counts it. residual_glu's peaks, metered as the workers meter them, are then
+    within 5% of the simulated ones (the part one instance reads is held while it runs, which the simulator
+    does not count); a part kept for all readers put the third device at +12.6%."""
+    import dataclasses
+
+    from heterog.runtime.check import metered_dry_run
+    from heterog.runtime.instructions import Derive, Stash, sources
+    from heterog.strategy import ParallelConfig
+
+    m = model("tests/runtime/conformance_models.py:build_residual_glu", optimizer="adam")
+    cluster = load_cluster("local-cpu-3")
+    base = resolve_strategy(m, cluster, method="ev-ar")
+    split = ParallelConfig.split_over((0, 1, 2), (1, 1, 1), m.batch_size)
+    prepared = prepare(m, cluster, dataclasses.replace(base, configs=[split] * len(base.configs)))
+    parts = 0
+    for rp in prepared.lowered.ranks:
+        readers: dict = {}
+        for i, ins in enumerate(rp.instrs):
+            for src in sources(ins):
+                readers.setdefault(src, []).append(i)
+        at_end = {src for _, src in rp.updates}              # a new parameter's part: read at the step's end
+        for i, ins in enumerate(rp.instrs):
+            if isinstance(ins, Derive) and (ins.part is not None or ins.pad is not None) \
+                    and Stash(ins.key) not in at_end:
+                parts += 1
+                got = readers.get(Stash(ins.key), [])
+                assert len(got) == 1 and got[0] > i and Stash(ins.key) in rp.frees[got[0]]
+    assert parts > 0
+    measured = [dev for dev, _ in metered_dry_run(prepared)]
+    for d, name in enumerate(cluster.device_names):
+        assert prepared.simulated_peak_memory_bytes[name] == pytest.approx(measured[d], rel=0.05)
