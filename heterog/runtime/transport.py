@@ -52,11 +52,17 @@ def _frame(stamp: float, t: torch.Tensor) -> torch.Tensor:
 
 
 def _unframe(buf: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[float, torch.Tensor]:
-    """The stamp and the payload (a view of ``buf`` as ``shape`` and ``dtype``) of an emulated message."""
+    """The stamp and the payload of an emulated message: a tensor of ``shape`` and ``dtype`` on ``buf``'s
+    storage that is not a view of ``buf``, so that once ``buf`` is dropped the receiver holds it alone and
+    may write into it, as into a message received unframed (a PS adds its workers' gradients into the
+    first one it holds: ``RankExecutor._sum``, ``heterog.runtime.memory.exclusive``)."""
     stamp = float(buf[:8].numpy().view(np.float64)[0])
     n = buf.numel() - _HEADER_BYTES
-    payload = buf[_HEADER_BYTES:].view(dtype).reshape(shape) if n else torch.empty(shape, dtype=dtype,
-                                                                                    device=buf.device)
+    if not n:
+        return stamp, torch.empty(shape, dtype=dtype, device=buf.device)
+    view = buf[_HEADER_BYTES:].view(dtype).reshape(shape)
+    payload = torch.empty(0, dtype=dtype, device=buf.device).set_(view.untyped_storage(), view.storage_offset(),
+                                                                  view.shape, view.stride())
     return stamp, payload
 
 
