@@ -50,6 +50,7 @@ from heterog.runtime.instructions import (
     Recv,
     ReduceScatter,
     Send,
+    Sent,
     Slice,
     Source,
     Stash,
@@ -156,8 +157,7 @@ class RankExecutor:
         self.post_in_order = any(isinstance(ins, Post) for ins in self.rp.instrs)
         self.recv_spec = {r.tag: r for r in self.rp.recvs}
         self.world = dist.get_world_size() if dist.is_initialized() and transport is None else 1
-        self._at = -1                  # the instruction running (error messages)
-        self._step = 0                 # the training step running (random draws)
+        self._at, self._step = -1, 0   # the instruction running (error messages), the step (random draws)
         # per step, per instruction: [kind, start s, end s, s waiting] (job.trace)
         self.traces: list[list[list[Any]]] = []
         self.memory = LiveBytes([t for batch in job.inputs for t in batch])
@@ -206,8 +206,7 @@ class RankExecutor:
             t0 = time.perf_counter()
             time.sleep(self.debt_s)
             slept = time.perf_counter() - t0
-            self.debt_s -= slept
-            self.transport.idle_s += slept
+            self.debt_s, self.transport.idle_s = self.debt_s - slept, self.transport.idle_s + slept
 
     # ------------------------------------------------------------------ one step
     def step(self, index: int, inputs: Sequence[torch.Tensor]) -> tuple[float, float]:
@@ -315,7 +314,9 @@ class RankExecutor:
                 where.put(Env(key), env[key])
         elif isinstance(ins, Send):
             self._pay()
-            tr.send(self._piece(ins.source, ins.slice, ins.scale, env, stash), ins.dst, ins.tag, *ins.link)
+            v = self._contribution(i, ins.source, ins.scale, env, stash, copy=False) if ins.slice is None \
+                else self._piece(ins.source, ins.slice, ins.scale, env, stash)    # scaled in place where it can be
+            mem.put(("sent", ins.tag), tr.send(v, ins.dst, ins.tag, *ins.link))   # held to its transfer's end: Sent
         elif isinstance(ins, Assemble):
             t_op, idle0 = time.perf_counter(), tr.idle_s
             pieces = [self._piece(p.source, p.slice, p.scale, env, stash, p.shift) for p in ins.pieces]
@@ -381,6 +382,9 @@ class RankExecutor:
         elif isinstance(ins, Post):
             r = self.recv_spec[ins.tag]
             mem.put(Recv(r.tag), tr.post(r.tag, r.src, r.shape, r.dtype))
+        elif isinstance(ins, Sent):
+            tr.release(ins.tag)
+            mem.drop(("sent", ins.tag))
         elif isinstance(ins, BatchStats):
             t_op, idle0 = time.perf_counter(), tr.idle_s
             stash[ins.key] = self._batch_stats(ins, env, stash)

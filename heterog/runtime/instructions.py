@@ -332,8 +332,18 @@ class Post:
     kind = "post"
 
 
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """The simulated end of message ``tag``'s transfer: the sender lets go of what it sent
+    (``heterog.runtime.transfers``)."""
+
+    tag: int
+
+    kind = "sent"
+
+
 Instruction = (Compute | Send | Assemble | Aggregate | AllReduce | AllGather | ReduceScatter | AllToAll | Post | Combine
-               | Derive | BatchStats | Copy)
+               | Derive | BatchStats | Copy | Sent)
 
 
 class Receive(NamedTuple):

@@ -127,7 +127,9 @@ class TransportLike(Protocol):
 
     def post(self, tag: int, src: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor: ...
 
-    def send(self, t: torch.Tensor, dst: int, tag: int, latency_s: float, s_per_byte: float) -> None: ...
+    def send(self, t: torch.Tensor, dst: int, tag: int, latency_s: float, s_per_byte: float) -> torch.Tensor: ...
+
+    def release(self, tag: int) -> None: ...
 
     def take(self, tag: int) -> torch.Tensor: ...
 
@@ -183,7 +185,8 @@ class Transport:
         self.channels = p2p_channels(device)
         self.link_free: dict[int, float] = {}
         self.idle_s = 0.0          # time spent waiting (messages, collectives, emulated delays)
-        self.sends: list[tuple[Any, torch.Tensor]] = []
+        self.sends: list[tuple[Any, torch.Tensor]] = []                   # collectives' messages
+        self.messages_out: dict[int, list[tuple[Any, torch.Tensor, torch.Tensor]]] = {}   # point-to-point, by tag
         self.recvs: dict[int, tuple] = {}
         self.in_flight: dict[tuple[int, ...], list[Pending]] = {}    # started collectives, per group
         self.group_ready: dict[tuple[int, ...], float] = {}            # emulation: when each group is free
@@ -200,15 +203,27 @@ class Transport:
                            dtype, n, src)
         return buf
 
-    def send(self, t: torch.Tensor, dst: int, tag: int, latency_s: float, s_per_byte: float) -> None:
-        t = t.contiguous()
+    def send(self, t: torch.Tensor, dst: int, tag: int, latency_s: float, s_per_byte: float) -> torch.Tensor:
+        """Start sending ``t`` as message ``tag``; returns what is sent, held until it is delivered (emulated: the
+        value, not its framed copy, as a GPU holds the value it sends)."""
+        t = value = t.contiguous()
         if self.emulate:                              # CPU only: [ready time (float64) | payload bytes]
             n = t.numel() * t.element_size()
             now = time.perf_counter()
             ready = max(now, self.link_free.get(dst, 0.0)) + latency_s + n * s_per_byte
             self.link_free[dst] = ready
             t = _frame(ready, t)
-        self.sends.append((dist.isend(t, dst=dst, tag=tag, group=self.channels.get((self.rank, dst))), t))
+        self.messages_out.setdefault(tag, []).append(
+            (dist.isend(t, dst=dst, tag=tag, group=self.channels.get((self.rank, dst))), t, value))
+        return value
+
+    def release(self, tag: int) -> None:
+        """Let go of message ``tag``'s tensor at its transfer's simulated end (``Sent``), once delivered: the
+        receiver posts it at the transfer's start, which comes before in every rank's order (no deadlock)."""
+        t0 = time.perf_counter()
+        for work, *_ in self.messages_out.pop(tag, ()):
+            work.wait()
+        self.idle_s += time.perf_counter() - t0
 
     def take(self, tag: int) -> torch.Tensor:
         work, buf, shape, dtype, n, src = self.recvs.pop(tag)
@@ -413,9 +428,10 @@ class Transport:
         return sum_in_order([parts[m] for m in p.members])
 
     def flush(self) -> None:
-        for work, _ in self.sends:
+        for work, *_ in self.sends + [m for out in self.messages_out.values() for m in out]:
             work.wait()
         self.sends.clear()
+        self.messages_out.clear()
 
 
 @dataclass

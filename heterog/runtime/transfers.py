@@ -1,0 +1,91 @@
+"""When a message's buffers are held, from the simulated schedule: the receiver posts its receive buffer when the
+simulated transfer starts and the sender lets go of what it sent when the transfer ends, which is what the
+simulator counts (``heterog.compiler.memory``: a transfer allocates the value it brings at its start; the
+value read by a transfer is released when the transfer ends).
+
+A message (``Message``: sender, receiver, the key after its producer) is matched to the compiled plan's
+transfer that carries it: a TRANSFER or PUSH task to the receiver that depends on the producer's task (the
+task of the message's key) directly or through a re-layout or landing; among several, one of the message's
+bytes first, then the lowest task id, each task used once where there are enough of them.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from heterog.compiler.tasks import TaskKind
+from heterog.runtime.instructions import Recv, sources
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heterog.compiler import CompiledPlan
+    from heterog.runtime.instructions import Message
+
+_MOVES = (int(TaskKind.TRANSFER), int(TaskKind.PUSH))
+_VIA = (int(TaskKind.RELAYOUT), int(TaskKind.CONCAT))
+
+
+def transfer_tasks(plan: CompiledPlan, messages: Sequence[Message]) -> list[int]:
+    """Per message, the task of the plan that carries it (-1: none found)."""
+    kind, dev = plan.task_kind, plan.task_device
+    succ: dict[int, list[int]] = defaultdict(list)
+    deps = np.diff(plan.dep_ptr)
+    for t, d in zip(np.repeat(np.arange(plan.n_tasks), deps).tolist(), plan.dep_idx.tolist()):
+        succ[int(d)].append(int(t))
+    mem_ptr, _, mem_bytes = plan.tg.memory()
+    nbytes = np.add.reduceat(np.append(mem_bytes, 0), mem_ptr[:-1]) * (np.diff(mem_ptr) > 0)
+    used: set[int] = set()
+    out = []
+    for msg in messages:
+        p = int(msg.key[1]) if len(msg.key) > 1 and isinstance(msg.key[1], (int, np.integer)) else -1
+        if not 0 <= p < plan.n_tasks:
+            out.append(-1)
+            continue
+        near = [t for t in succ[p] if kind[t] in _MOVES and dev[t] == msg.dst]
+        cand = near or [t for u in succ[p] if kind[u] in _VIA for t in succ[u] if kind[t] in _MOVES
+                        and dev[t] == msg.dst]
+        if not cand:
+            out.append(-1)
+            continue
+        cand = sorted(set(cand), key=lambda t: (t in used, int(nbytes[t]) != msg.nbytes, t))
+        used.add(cand[0])
+        out.append(cand[0])
+    return out
+
+
+def buffer_keys(plan: CompiledPlan, start: np.ndarray, finish: np.ndarray | None, messages: Sequence[Message],
+                items: Sequence[Sequence[list]]) -> tuple[list[tuple], list[tuple | None]]:
+    """Per message (``messages``, tagged; ``items``: per rank its [key, seq, instruction], messages named by
+    their index in ``messages``; ``finish``: the simulated end of each task, None: none known): the key at which
+    the receiver posts its receive (the transfer's start; its send's key where no transfer is found, where
+    ``finish`` is None, or where that would not come before the take) and the key at which the sender lets go
+    of it (the transfer's end; None where no transfer is found or ``finish`` is None). Posts keep each sender's
+    message order to a receiver (NCCL matches in order per pair): a pair whose posts would cross posts at the
+    send keys."""
+    if finish is None:
+        return [msg.key for msg in messages], [None] * len(messages)
+    take_key: dict[int, tuple] = {}
+    for rank_items in items:
+        for key, _, ins in rank_items:
+            for src in sources(ins):
+                if isinstance(src, Recv) and (src.tag not in take_key or key < take_key[src.tag]):
+                    take_key[src.tag] = key
+    tasks = transfer_tasks(plan, messages)
+    post: list[tuple] = []
+    sent: list[tuple | None] = []
+    for i, (msg, t) in enumerate(zip(messages, tasks)):
+        at = (float(start[t]), t, -2) if t >= 0 else msg.key
+        take = take_key.get(i)
+        post.append(at if msg.key < at and (take is None or at < take) else msg.key)
+        end = (float(finish[t]), t, 2) if t >= 0 else None
+        sent.append(end if end is not None and msg.key < end else None)
+    last: dict[tuple[int, int], tuple] = {}
+    crossed: set[tuple[int, int]] = set()
+    for msg, at in sorted(zip(messages, post), key=lambda mp: mp[0].tag):
+        pair = (msg.src, msg.dst)
+        if pair in last and at < last[pair]:
+            crossed.add(pair)
+        last[pair] = at
+    return [msg.key if (msg.src, msg.dst) in crossed else at for msg, at in zip(messages, post)], sent
