@@ -15,8 +15,8 @@ can recomputed), ``zero1``-``zero3`` (ev-ar with every group's state in shards o
 simulated bytes and their relative error (simulated - measured) / measured, and how the bytes were measured:
 ``workers`` (trained for real, 2 steps, one worker per device) or, with ``--metered``, ``metered`` (each rank's
 program run once in this process and metered as its worker meters it: ``heterog.runtime.check.metered_dry_run``,
-exact for every plan without a parameter server; plans with one are still trained by the workers, since what
-a PS holds depends on when its workers' pushes arrive).
+exact for every plan without a parameter server; plans with one are still trained by the workers, which hold
+besides the 64-byte headers of the emulated messages they receive).
 """
 from __future__ import annotations
 

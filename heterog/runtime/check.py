@@ -289,7 +289,8 @@ def metered_dry_run(prepared: CheckedRun) -> list[tuple[int, int]]:
     """One step of every rank's program in this process on CPU tensors, each rank metered as its worker meters
     its first step (``heterog.runtime.memory.LiveBytes``): per rank, (device peak bytes, host peak bytes). What
     a rank holds depends only on its own program's order, not on timing, so this is what its worker measures
-    (``tests/runtime/test_memory.py`` holds the two equal)."""
+    but for the 64-byte header of each emulated message it holds (``tests/runtime/test_memory.py`` holds the two
+    equal under single-device and data-parallel plans, and within those headers under a parameter server)."""
     model = prepared.model
     jobs = prepared.jobs([model.example_inputs], 1, return_state=False)
     mail = _Mail()
