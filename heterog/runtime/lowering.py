@@ -569,7 +569,7 @@ class _Builder:
         for tag, i in enumerate(order):
             self.messages[i].tag = tag
         tag_of = [m.tag for m in self.messages]
-        posts, ends = buffer_keys(self.plan, self.start, self.finish, self.messages, self.items)
+        posts, ends = buffer_keys(self.plan, self.start, self.finish, self.messages, self.items, not self.emulate)
         for msg, at, end in zip(self.messages, posts, ends):
             self.ranks[msg.dst].recvs.append(Receive(msg.tag, msg.src, msg.shape, msg.dtype, msg.key))
             if self.post_early:

@@ -56,14 +56,14 @@ def transfer_tasks(plan: CompiledPlan, messages: Sequence[Message]) -> list[int]
 
 
 def buffer_keys(plan: CompiledPlan, start: np.ndarray, finish: np.ndarray | None, messages: Sequence[Message],
-                items: Sequence[Sequence[list]]) -> tuple[list[tuple], list[tuple | None]]:
+                items: Sequence[Sequence[list]], in_order: bool) -> tuple[list[tuple], list[tuple | None]]:
     """Per message (``messages``, tagged; ``items``: per rank its [key, seq, instruction], messages named by
     their index in ``messages``; ``finish``: the simulated end of each task, None: none known): the key at which
     the receiver posts its receive (the transfer's start; its send's key where no transfer is found, where
     ``finish`` is None, or where that would not come before the take) and the key at which the sender lets go
-    of it (the transfer's end; None where no transfer is found or ``finish`` is None). Posts keep each sender's
-    message order to a receiver (NCCL matches in order per pair): a pair whose posts would cross posts at the
-    send keys."""
+    of it (the transfer's end; None where no transfer is found or ``finish`` is None). ``in_order`` (NCCL, which
+    matches a pair's messages in order, not by tag): a receive is posted no later than any later message of
+    its pair."""
     if finish is None:
         return [msg.key for msg in messages], [None] * len(messages)
     take_key: dict[int, tuple] = {}
@@ -81,11 +81,11 @@ def buffer_keys(plan: CompiledPlan, start: np.ndarray, finish: np.ndarray | None
         post.append(at if msg.key < at and (take is None or at < take) else msg.key)
         end = (float(finish[t]), t, 2) if t >= 0 else None
         sent.append(end if end is not None and msg.key < end else None)
-    last: dict[tuple[int, int], tuple] = {}
-    crossed: set[tuple[int, int]] = set()
-    for msg, at in sorted(zip(messages, post), key=lambda mp: mp[0].tag):
-        pair = (msg.src, msg.dst)
-        if pair in last and at < last[pair]:
-            crossed.add(pair)
-        last[pair] = at
-    return [msg.key if (msg.src, msg.dst) in crossed else at for msg, at in zip(messages, post)], sent
+    if in_order:                      # a post no later than those of the pair's later messages
+        later: dict[tuple[int, int], tuple] = {}
+        for i in sorted(range(len(messages)), key=lambda i: messages[i].tag, reverse=True):
+            pair = (messages[i].src, messages[i].dst)
+            if pair in later and later[pair] < post[i]:
+                post[i] = later[pair]
+            later[pair] = post[i]
+    return post, sent
