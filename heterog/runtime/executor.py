@@ -45,6 +45,7 @@ from heterog.runtime.instructions import (
     Copy,
     Derive,
     Env,
+    Finish,
     Post,
     RankProgram,
     Recv,
@@ -270,18 +271,15 @@ class RankExecutor:
                     f"{', '.join(prog.op_nodes[ins.op][:4])}) at local batch {ins.local_batch}")
         if isinstance(ins, Send):
             return f"instruction {i}: send message {ins.tag} to rank {ins.dst}"
-        if isinstance(ins, (Assemble, Aggregate, AllReduce, AllGather, ReduceScatter, AllToAll, Combine, Derive,
-                            BatchStats, Copy)):
-            return f"instruction {i}: {ins.kind} {ins.key}"
-        return f"instruction {i}: {ins.kind}"
+        key = getattr(ins, "key", None)           # what it makes (a stash entry), or none
+        return f"instruction {i}: {ins.kind}" + ("" if key is None else f" {key}")
 
     def _annotate(self, exc: BaseException, step: int, i: int) -> None:
         where = f"rank {self.rank}, step {step}, {self.describe(i)}"
         if getattr(exc, "heterog_where", None) is None:
             # read back by describe_failure (and by anyone holding the exception)
-            setattr(exc, "heterog_where", where)
-            setattr(exc, "heterog_step", step)
-            setattr(exc, "heterog_waiting", self.status.peer)
+            for name, v in (("heterog_where", where), ("heterog_step", step), ("heterog_waiting", self.status.peer)):
+                setattr(exc, name, v)
             exc.add_note(where)
 
     def _instructions(self, index: int, env: dict[str, Any], stash: dict[Any, Any], t0: float,
@@ -385,6 +383,8 @@ class RankExecutor:
         elif isinstance(ins, Sent):
             tr.release(ins.tag)
             mem.drop(("sent", ins.tag))
+        elif isinstance(ins, Finish):
+            self._fetch(Stash(ins.key), env, stash)
         elif isinstance(ins, BatchStats):
             t_op, idle0 = time.perf_counter(), tr.idle_s
             stash[ins.key] = self._batch_stats(ins, env, stash)

@@ -342,8 +342,18 @@ class Sent:
     kind = "sent"
 
 
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """The simulated end of the collective whose result is stash ``key``: waited for, its contribution let go of
+    (``heterog.runtime.transfers``)."""
+
+    key: tuple
+
+    kind = "finish"
+
+
 Instruction = (Compute | Send | Assemble | Aggregate | AllReduce | AllGather | ReduceScatter | AllToAll | Post | Combine
-               | Derive | BatchStats | Copy | Sent)
+               | Derive | BatchStats | Copy | Sent | Finish)
 
 
 class Receive(NamedTuple):
@@ -379,6 +389,8 @@ def sources(ins: Instruction) -> list[Source]:
         return [p.source for p in ins.pieces]
     if isinstance(ins, Aggregate):
         return [p.source for p in ins.parts]
+    if isinstance(ins, Finish):
+        return [Stash(ins.key)]
     return []
 
 

@@ -52,12 +52,10 @@ from heterog.runtime.instructions import (
     Lowered,
     Message,
     Piece,
-    Post,
     RankProgram,
     Receive,
     Recv,
     Send,
-    Sent,
     Slice,
     Source,
     Stash,
@@ -73,7 +71,7 @@ from heterog.runtime.split_lowering import SplitLowering
 from heterog.runtime.state_lowering import StateLowering
 from heterog.runtime.stepprog import LeafInfo, Read, StepProgram
 from heterog.runtime.sync_stats import SyncLowering
-from heterog.runtime.transfers import buffer_keys
+from heterog.runtime.transfers import held_until
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.cluster import Cluster
@@ -569,13 +567,11 @@ class _Builder:
         for tag, i in enumerate(order):
             self.messages[i].tag = tag
         tag_of = [m.tag for m in self.messages]
-        posts, ends = buffer_keys(self.plan, self.start, self.finish, self.messages, self.items, not self.emulate)
-        for msg, at, end in zip(self.messages, posts, ends):
+        for msg in self.messages:
             self.ranks[msg.dst].recvs.append(Receive(msg.tag, msg.src, msg.shape, msg.dtype, msg.key))
-            if self.post_early:
-                self.emit(msg.dst, at, Post(msg.tag))
-            if end is not None:
-                self.emit(msg.src, end, Sent(msg.tag))
+        for r, at, ins in held_until(self.plan, self.start, self.finish, self.messages, self.items, self.post_early,
+                                     not self.emulate):
+            self.emit(r, at, ins)
         for rp in self.ranks:
             rp.recvs.sort(key=lambda r: r.tag)
         for r, items in enumerate(self.items):

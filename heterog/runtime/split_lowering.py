@@ -403,6 +403,14 @@ class SplitLowering:
                     return src, after
         return b.producer_source(b.leaf(leaf_id), dev, micro), b.inst_key(leaf_id[0], dev, micro) + (1,)
 
+    def held_after(self, leaf_id: tuple[int, int], dev: int, micro: int) -> tuple:
+        """The key after which ``held``'s value exists on ``dev``, without asking for the value itself (which
+        keeps a producer's output for a reader: an output no instruction reads would be held to the step's
+        end)."""
+        if self.over_groups(leaf_id) or self.accumulated(leaf_id):
+            return self.held(leaf_id, dev, micro)[1]
+        return self.b.inst_key(leaf_id[0], dev, micro) + (1,)
+
     def group_sum(self, leaf_id: tuple[int, int], dev: int) -> tuple[Source, tuple]:
         """A grid's partial result on ``dev`` summed over the groups, each group's weighted by its share as
         data-parallel replicas' are (``heterog.runtime.scaling``): one ``AllReduce`` over the devices at

@@ -17,13 +17,26 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from heterog.compiler.tasks import TaskKind
-from heterog.runtime.instructions import Recv, sources
+from heterog.runtime.instructions import (
+    AllGather,
+    AllReduce,
+    AllToAll,
+    Finish,
+    Instruction,
+    Post,
+    Recv,
+    ReduceScatter,
+    Sent,
+    Stash,
+    sources,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.compiler import CompiledPlan
     from heterog.runtime.instructions import Message
 
 _MOVES = (int(TaskKind.TRANSFER), int(TaskKind.PUSH))
+_COLLECTIVES = (int(TaskKind.COLLECTIVE), int(TaskKind.ALLREDUCE))
 _VIA = (int(TaskKind.RELAYOUT), int(TaskKind.CONCAT))
 
 
@@ -89,3 +102,50 @@ def buffer_keys(plan: CompiledPlan, start: np.ndarray, finish: np.ndarray | None
                 post[i] = later[pair]
             later[pair] = post[i]
     return post, sent
+
+
+def finishes(plan: CompiledPlan, finish: np.ndarray | None, items: Sequence[Sequence[list]]
+             ) -> list[tuple[int, tuple, Finish]]:
+    """(rank, key, instruction) of a ``Finish`` per collective a rank starts (``items``: per rank its [key, seq,
+    instruction]) whose simulated collective ends before the rank first reads its result: the collective of
+    the plan that the instruction's key names (an AllReduce of partial results) or that follows the task it
+    names (the producer of the contribution), the earliest to end; the rank then holds the result from that
+    end, as the simulator does, not the contribution until the result is first read."""
+    if finish is None:
+        return []
+    kind = plan.task_kind
+    after: dict[int, list[int]] = defaultdict(list)
+    coll = np.nonzero(np.isin(kind, _COLLECTIVES))[0]
+    for c in coll.tolist():
+        after[c].append(c)
+        for d in plan.dep_idx[plan.dep_ptr[c]:plan.dep_ptr[c + 1]].tolist():
+            after[int(d)].append(c)
+    out = []
+    for r, rank_items in enumerate(items):
+        first: dict[tuple, tuple] = {}
+        for key, _, ins in rank_items:
+            for src in sources(ins):
+                if isinstance(src, Stash) and (src.key not in first or key < first[src.key]):
+                    first[src.key] = key
+        for key, _, ins in rank_items:
+            if not isinstance(ins, (AllReduce, AllGather, ReduceScatter, AllToAll)) or len(key) < 2:
+                continue
+            cand = after.get(int(key[1]), []) if isinstance(key[1], (int, np.integer)) else []
+            if not cand:
+                continue
+            c = min(cand, key=lambda c: (float(finish[c]), c))
+            end = (float(finish[c]), c, 2)
+            if key < end and (ins.key not in first or end < first[ins.key]):
+                out.append((r, end, Finish(ins.key)))
+    return out
+
+
+def held_until(plan: CompiledPlan, start: np.ndarray, finish: np.ndarray | None, messages: Sequence[Message],
+               items: Sequence[Sequence[list]], post: bool, in_order: bool) -> list[tuple[int, tuple, Instruction]]:
+    """(rank, key, instruction) of the ``Post`` of each message (``post``: in the step), the ``Sent`` of each
+    message whose transfer is found and the ``Finish`` of each collective (``buffer_keys``, ``finishes``)."""
+    posts, ends = buffer_keys(plan, start, finish, messages, items, in_order)
+    out: list[tuple[int, tuple, Instruction]] = [(m.dst, at, Post(m.tag)) for m, at in zip(messages, posts)] \
+        if post else []
+    out += [(m.src, end, Sent(m.tag)) for m, end in zip(messages, ends) if end is not None]
+    return out + finishes(plan, finish, items)

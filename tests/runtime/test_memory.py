@@ -182,3 +182,28 @@ def test_a_dense_part_of_a_value_is_derived_for_each_reader_and_measured_as_simu
     measured = [dev for dev, _ in metered_dry_run(prepared)]
     for d, name in enumerate(cluster.device_names):
         assert prepared.simulated_peak_memory_bytes[name] == pytest.approx(measured[d], rel=0.05)
+
+
+def test_no_split_program_keeps_an_output_that_no_instruction_reads() -> None:
+    """mha_classifier split over two devices: a reduce-scatter asked for the key after its contribution's
+    producer in a way that kept the producer's whole output (9,216 B) for a reader that never came, to the
+    step's end; every value an instance keeps is now read, and the peaks are measured as simulated."""
+    import dataclasses
+
+    from heterog.runtime.check import metered_dry_run
+    from heterog.runtime.instructions import Compute, Env, env_name, sources
+    from heterog.strategy import ParallelConfig
+
+    m = model("tests/runtime/conformance_models.py:build_mha_classifier", optimizer="adam")
+    cluster = load_cluster("local-cpu-2")
+    base = resolve_strategy(m, cluster, method="ev-ar")
+    split = ParallelConfig.split_over((0, 1), (1, 1), m.batch_size)
+    prepared = prepare(m, cluster, dataclasses.replace(base, configs=[split] * len(base.configs)))
+    for rp in prepared.lowered.ranks:
+        read = {s for ins in rp.instrs for s in sources(ins)} | {s for s, _ in rp.loss_terms} | \
+            {s for _, s in rp.updates}
+        kept = [Env(env_name(e, ins.micro, ins.recompute)) for ins in rp.instrs if isinstance(ins, Compute)
+                for e in ins.exports]
+        assert kept and all(e in read for e in kept)
+    for (peak, _), name in zip(metered_dry_run(prepared), cluster.device_names):
+        assert prepared.simulated_peak_memory_bytes[name] == pytest.approx(peak, rel=0.01)
