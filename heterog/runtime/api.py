@@ -264,7 +264,7 @@ def prepare(model: Model, cluster: Cluster, strategy: Strategy, *, backend: str 
             "samples, as in data parallelism: %s", len(names), ", ".join(names[:8]))
     emulate = is_emulated(cluster) and backend == "gloo"
     lowered = lower(model.prog, model.graph, cluster, plan, sim.start, exps, emulate=emulate,
-                    post_early=True)
+                    post_early=True, finish=sim.finish)
     peak = {name: int(sim.peak_memory[d]) for d, name in enumerate(cluster.device_names)}
     prepared = PreparedRun(model, cluster, strategy, float(sim.makespan), lowered, exps, backend, emulate, peak)
     if check:

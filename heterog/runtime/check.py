@@ -89,21 +89,28 @@ class _Mail:
 
 
 class _LocalTransport:
-    """The executor's transport interface (post, send, take, allreduce, allgather, reduce_scatter, all_to_all,
-    finish, flush) within one process."""
+    """The executor's transport interface (post, send, release, take, allreduce, allgather, reduce_scatter,
+    all_to_all, finish, flush) within one process."""
 
     def __init__(self, rank: int, mail: _Mail) -> None:
         self.rank, self.mail, self.idle_s = rank, mail, 0.0
         self.expected: dict[int, tuple[int, tuple, torch.dtype]] = {}
+        self.out: dict[int, torch.Tensor] = {}
         self.ar_seq: dict[tuple[int, ...], int] = {}
 
     def post(self, tag: int, src: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         self.expected[tag] = (src, tuple(shape), dtype)
         return torch.empty(shape, dtype=dtype)        # what a worker's receive buffer holds
 
-    def send(self, t: torch.Tensor, dst: int, tag: int, latency_s: float, s_per_byte: float) -> None:
-        self.mail.messages[tag] = (self.rank, t.contiguous().clone())   # a copy, as a message is: the sender
-                                                                         # may overwrite its value afterwards
+    def send(self, t: torch.Tensor, dst: int, tag: int, latency_s: float, s_per_byte: float) -> torch.Tensor:
+        """A copy to the receiver, as a message is (the sender may overwrite its value afterwards); the sender
+        holds what it sends until ``release``, as a worker does."""
+        held = self.out[tag] = t.contiguous()
+        self.mail.messages[tag] = (self.rank, held.clone())
+        return held
+
+    def release(self, tag: int) -> None:
+        self.out.pop(tag, None)
 
     def take(self, tag: int) -> torch.Tensor:
         src, shape, dtype = self.expected.pop(tag)
@@ -183,7 +190,7 @@ class _LocalTransport:
         return acc
 
     def flush(self) -> None:
-        pass
+        self.out.clear()
 
 
 def check_prepared(prepared: CheckedRun) -> DryRun | None:
@@ -282,7 +289,8 @@ def metered_dry_run(prepared: CheckedRun) -> list[tuple[int, int]]:
     """One step of every rank's program in this process on CPU tensors, each rank metered as its worker meters
     its first step (``heterog.runtime.memory.LiveBytes``): per rank, (device peak bytes, host peak bytes). What
     a rank holds depends only on its own program's order, not on timing, so this is what its worker measures
-    (``tests/runtime/test_memory.py`` holds the two equal)."""
+    but for the 64-byte header of each emulated message it holds (``tests/runtime/test_memory.py`` holds the two
+    equal under single-device and data-parallel plans, and within those headers under a parameter server)."""
     model = prepared.model
     jobs = prepared.jobs([model.example_inputs], 1, return_state=False)
     mail = _Mail()

@@ -45,11 +45,13 @@ from heterog.runtime.instructions import (
     Copy,
     Derive,
     Env,
+    Finish,
     Post,
     RankProgram,
     Recv,
     ReduceScatter,
     Send,
+    Sent,
     Slice,
     Source,
     Stash,
@@ -156,8 +158,7 @@ class RankExecutor:
         self.post_in_order = any(isinstance(ins, Post) for ins in self.rp.instrs)
         self.recv_spec = {r.tag: r for r in self.rp.recvs}
         self.world = dist.get_world_size() if dist.is_initialized() and transport is None else 1
-        self._at = -1                  # the instruction running (error messages)
-        self._step = 0                 # the training step running (random draws)
+        self._at, self._step = -1, 0   # the instruction running (error messages), the step (random draws)
         # per step, per instruction: [kind, start s, end s, s waiting] (job.trace)
         self.traces: list[list[list[Any]]] = []
         self.memory = LiveBytes([t for batch in job.inputs for t in batch])
@@ -206,8 +207,7 @@ class RankExecutor:
             t0 = time.perf_counter()
             time.sleep(self.debt_s)
             slept = time.perf_counter() - t0
-            self.debt_s -= slept
-            self.transport.idle_s += slept
+            self.debt_s, self.transport.idle_s = self.debt_s - slept, self.transport.idle_s + slept
 
     # ------------------------------------------------------------------ one step
     def step(self, index: int, inputs: Sequence[torch.Tensor]) -> tuple[float, float]:
@@ -271,18 +271,15 @@ class RankExecutor:
                     f"{', '.join(prog.op_nodes[ins.op][:4])}) at local batch {ins.local_batch}")
         if isinstance(ins, Send):
             return f"instruction {i}: send message {ins.tag} to rank {ins.dst}"
-        if isinstance(ins, (Assemble, Aggregate, AllReduce, AllGather, ReduceScatter, AllToAll, Combine, Derive,
-                            BatchStats, Copy)):
-            return f"instruction {i}: {ins.kind} {ins.key}"
-        return f"instruction {i}: {ins.kind}"
+        key = getattr(ins, "key", None)           # what it makes (a stash entry), or none
+        return f"instruction {i}: {ins.kind}" + ("" if key is None else f" {key}")
 
     def _annotate(self, exc: BaseException, step: int, i: int) -> None:
         where = f"rank {self.rank}, step {step}, {self.describe(i)}"
         if getattr(exc, "heterog_where", None) is None:
             # read back by describe_failure (and by anyone holding the exception)
-            setattr(exc, "heterog_where", where)
-            setattr(exc, "heterog_step", step)
-            setattr(exc, "heterog_waiting", self.status.peer)
+            for name, v in (("heterog_where", where), ("heterog_step", step), ("heterog_waiting", self.status.peer)):
+                setattr(exc, name, v)
             exc.add_note(where)
 
     def _instructions(self, index: int, env: dict[str, Any], stash: dict[Any, Any], t0: float,
@@ -315,7 +312,9 @@ class RankExecutor:
                 where.put(Env(key), env[key])
         elif isinstance(ins, Send):
             self._pay()
-            tr.send(self._piece(ins.source, ins.slice, ins.scale, env, stash), ins.dst, ins.tag, *ins.link)
+            v = self._contribution(i, ins.source, ins.scale, env, stash, copy=False) if ins.slice is None \
+                else self._piece(ins.source, ins.slice, ins.scale, env, stash)    # scaled in place where it can be
+            mem.put(("sent", ins.tag), tr.send(v, ins.dst, ins.tag, *ins.link))   # held to its transfer's end: Sent
         elif isinstance(ins, Assemble):
             t_op, idle0 = time.perf_counter(), tr.idle_s
             pieces = [self._piece(p.source, p.slice, p.scale, env, stash, p.shift) for p in ins.pieces]
@@ -381,6 +380,11 @@ class RankExecutor:
         elif isinstance(ins, Post):
             r = self.recv_spec[ins.tag]
             mem.put(Recv(r.tag), tr.post(r.tag, r.src, r.shape, r.dtype))
+        elif isinstance(ins, Sent):
+            tr.release(ins.tag)
+            mem.drop(("sent", ins.tag))
+        elif isinstance(ins, Finish):
+            self._fetch(Stash(ins.key), env, stash)
         elif isinstance(ins, BatchStats):
             t_op, idle0 = time.perf_counter(), tr.idle_s
             stash[ins.key] = self._batch_stats(ins, env, stash)

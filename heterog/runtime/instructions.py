@@ -332,8 +332,28 @@ class Post:
     kind = "post"
 
 
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """The simulated end of message ``tag``'s transfer: the sender lets go of what it sent
+    (``heterog.runtime.transfers``)."""
+
+    tag: int
+
+    kind = "sent"
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """The simulated end of the collective whose result is stash ``key``: waited for, its contribution let go of
+    (``heterog.runtime.transfers``)."""
+
+    key: tuple
+
+    kind = "finish"
+
+
 Instruction = (Compute | Send | Assemble | Aggregate | AllReduce | AllGather | ReduceScatter | AllToAll | Post | Combine
-               | Derive | BatchStats | Copy)
+               | Derive | BatchStats | Copy | Sent | Finish)
 
 
 class Receive(NamedTuple):
@@ -369,6 +389,8 @@ def sources(ins: Instruction) -> list[Source]:
         return [p.source for p in ins.pieces]
     if isinstance(ins, Aggregate):
         return [p.source for p in ins.parts]
+    if isinstance(ins, Finish):
+        return [Stash(ins.key)]
     return []
 
 

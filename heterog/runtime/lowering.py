@@ -23,8 +23,8 @@ Order: every instruction has a key (simulated start time, task id, sub-order) fr
 schedule; each rank runs its instructions in key order. Keys respect every data dependency (a send
 follows its producer, an assemble precedes its first consumer, tasks are numbered topologically), and
 collectives carry one key for all members, so no rank ever waits for something another rank has not
-yet been able to do: the order is deadlock-free. Receives are posted before the step starts (gloo) or at
-their send's key (NCCL: in-order matching per pair).
+yet been able to do: the order is deadlock-free. Receives are posted before the step starts, or in it
+(``post_early``) at their transfer's simulated start (``heterog.runtime.transfers``; NCCL: in order per pair).
 """
 from __future__ import annotations
 
@@ -52,7 +52,6 @@ from heterog.runtime.instructions import (
     Lowered,
     Message,
     Piece,
-    Post,
     RankProgram,
     Receive,
     Recv,
@@ -72,6 +71,7 @@ from heterog.runtime.split_lowering import SplitLowering
 from heterog.runtime.state_lowering import StateLowering
 from heterog.runtime.stepprog import LeafInfo, Read, StepProgram
 from heterog.runtime.sync_stats import SyncLowering
+from heterog.runtime.transfers import held_until
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.cluster import Cluster
@@ -81,12 +81,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 class _Builder:
     def __init__(self, prog: StepProgram, graph: OpGraph, cluster: Cluster, plan: CompiledPlan, start: np.ndarray,
-                 exps: Exponents, *, emulate: bool, post_early: bool) -> None:
+                 exps: Exponents, *, emulate: bool, post_early: bool, finish: np.ndarray | None = None) -> None:
         self.placed = plan.placements
         self.op_layout: np.ndarray = self.placed.op_layout
         self.prog, self.graph, self.cluster, self.plan, self.exps = prog, graph, cluster, plan, exps
         self.start = np.asarray(start, dtype=np.float64)
-        self.emulate, self.post_early = emulate, post_early
+        self.emulate, self.post_early, self.finish = emulate, post_early, finish
         self.B = graph.batch_size
         self.m = cluster.n_devices
         self.ranks = [RankProgram(r, cluster.devices[r].name, float(cluster.devices[r].slowdown) if emulate else 1.0)
@@ -98,8 +98,7 @@ class _Builder:
         self.memo: dict[Any, Any] = {}
         self.deps: dict[int, list[list]] = {}       # id(item) -> items that must run before it (``pull``)
         self.parts: dict[str, tuple[str, tuple[int, ...]]] = {}     # Lowered.parts
-        self.n_ar = self.n_agg = 0
-        self.seq = 0
+        self.n_ar = self.n_agg = self.seq = 0
         # tasks of the simulated plan
         kinds, ops, devs = plan.task_kind, plan.task_op, plan.task_device
         micro = plan.task_micro
@@ -116,16 +115,13 @@ class _Builder:
         for t in np.nonzero((kinds == TaskKind.AGGREGATE) | (kinds == TaskKind.ALLREDUCE))[0].tolist():
             self.agg_tasks.setdefault(int(ops[t]), []).append(t)
         gi = graph_index(graph)
-        self.tensor_of: dict[tuple[int, int], int] = {}
-        for e, t in enumerate(gi.e_tensor.tolist()):
-            self.tensor_of[(int(gi.e_src[e]), int(graph.edges[e].src_output))] = int(t)
-        self.agg_rank: dict[int, int] = {}   # tensor -> index among its op's aggregated tensors
+        self.tensor_of: dict[tuple[int, int], int] = {(int(gi.e_src[e]), int(graph.edges[e].src_output)): int(t)
+                                                      for e, t in enumerate(gi.e_tensor.tolist())}
         by_op: dict[int, list[int]] = {}
         for t in sorted(self.placed.aggregation):
             by_op.setdefault(int(gi.t_op[t]), []).append(t)
-        for tl in by_op.values():
-            for i, t in enumerate(tl):
-                self.agg_rank[t] = i
+        # tensor -> index among its op's aggregated tensors
+        self.agg_rank: dict[int, int] = {t: i for tl in by_op.values() for i, t in enumerate(tl)}
         from heterog.cost import CostModel
 
         self.nominal = CostModel(cluster)            # emulated link speeds: the cluster's nominal ones
@@ -572,10 +568,10 @@ class _Builder:
             self.messages[i].tag = tag
         tag_of = [m.tag for m in self.messages]
         for msg in self.messages:
-            rp = self.ranks[msg.dst]
-            rp.recvs.append(Receive(msg.tag, msg.src, msg.shape, msg.dtype, msg.key))
-            if self.post_early:
-                self.emit(msg.dst, msg.key, Post(msg.tag))
+            self.ranks[msg.dst].recvs.append(Receive(msg.tag, msg.src, msg.shape, msg.dtype, msg.key))
+        for r, at, ins in held_until(self.plan, self.start, self.finish, self.messages, self.items, self.post_early,
+                                     not self.emulate):
+            self.emit(r, at, ins)
         for rp in self.ranks:
             rp.recvs.sort(key=lambda r: r.tag)
         for r, items in enumerate(self.items):
@@ -592,9 +588,9 @@ class _Builder:
 
 
 def lower(prog: StepProgram, graph: OpGraph, cluster: Cluster, plan: CompiledPlan, start: np.ndarray,
-          exps: Exponents, *, emulate: bool, post_early: bool = False) -> Lowered:
-    """Per-rank programs for ``plan`` (a CompiledPlan of ``graph`` on ``cluster``) scheduled as the
-    simulated start times ``start`` say. ``emulate``: enforce the cluster's link speeds and device
-    slowdowns (local-cpu clusters); ``post_early``: post receives at their send's key (``prepare`` does on
-    both backends, as the simulator counts a receive buffer). Splits: ``heterog.runtime.split_lowering``."""
-    return _Builder(prog, graph, cluster, plan, start, exps, emulate=emulate, post_early=post_early).build()
+          exps: Exponents, *, emulate: bool, post_early: bool = False, finish: np.ndarray | None = None) -> Lowered:
+    """Per-rank programs for ``plan`` (of ``graph`` on ``cluster``) in the order of the simulated start times
+    ``start`` (``finish``: their ends, at which messages' buffers are held as simulated: ``transfers``);
+    ``emulate``: enforce link speeds and slowdowns (local-cpu); ``post_early``: post receives in the step."""
+    b = _Builder(prog, graph, cluster, plan, start, exps, emulate=emulate, post_early=post_early, finish=finish)
+    return b.build()

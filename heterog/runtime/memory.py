@@ -55,7 +55,9 @@ class LiveBytes:
     (``env``: inputs, activations, gradients, new parameters) and derived values (``stash``: assembled
     pieces, PS sums, AllReduce results); a value enters when it is stored (after the instruction that
     makes it) and leaves when the program frees it after its last consumer; a message's receive buffer
-    counts from when it is posted to the end of the instruction that takes it. This is the simulator's
+    counts from when it is posted (its transfer's simulated start) to the end of the instruction that takes
+    it, what a rank sends from its send to the transfer's simulated end (``Sent``;
+    ``heterog.runtime.transfers``). This is the simulator's
     memory model (docs/design.md, "Resources, memory and time": resident parameters and state, gradients
     and activations from production until their last reader, updates and collectives in place) applied
     to what the runtime actually holds, so the two are comparable on any backend; allocator caches,

@@ -50,6 +50,7 @@ class SplitHost(Protocol):
     def accumulated(self, leaf_id: tuple[int, int]) -> bool: ...
     def part_at(self, part: Part | None, r: Read, batch: int) -> Part | None: ...
     def held(self, leaf_id: tuple[int, int], dev: int, micro: int) -> tuple[Source, tuple]: ...
+    def held_after(self, leaf_id: tuple[int, int], dev: int, micro: int) -> tuple: ...
     def shape_of(self, r: Read, batch: int) -> tuple[int, ...]: ...
     def derive(self, dev: int, key: tuple, source: Source, leaf: str, chain: tuple[str, ...], batch: int,
                local: Local | None, part: Part | None, scale: float, name: str, micro: int, after: list | None,
@@ -74,7 +75,7 @@ def rescatter(sl: SplitHost, op: int, r: Read, dev: int, micro: int, batch: int,
 
     got = b.memo.get(memo(dev))
     if got is None:
-        at = max(sl.held(r.leaf, h, mu)[1] for h in group)
+        at = max(sl.held_after(r.leaf, h, mu) for h in group)
         srcs = [_part_here(sl, u, r, h, mu, batch, at, scale) for h in group]
         shape = sl.shape_of(r, batch)
         order = _order_of(sl, r, batch)

@@ -403,6 +403,14 @@ class SplitLowering:
                     return src, after
         return b.producer_source(b.leaf(leaf_id), dev, micro), b.inst_key(leaf_id[0], dev, micro) + (1,)
 
+    def held_after(self, leaf_id: tuple[int, int], dev: int, micro: int) -> tuple:
+        """The key after which ``held``'s value exists on ``dev``, without asking for the value itself (which
+        keeps a producer's output for a reader: an output no instruction reads would be held to the step's
+        end)."""
+        if self.over_groups(leaf_id) or self.accumulated(leaf_id):
+            return self.held(leaf_id, dev, micro)[1]
+        return self.b.inst_key(leaf_id[0], dev, micro) + (1,)
+
     def group_sum(self, leaf_id: tuple[int, int], dev: int) -> tuple[Source, tuple]:
         """A grid's partial result on ``dev`` summed over the groups, each group's weighted by its share as
         data-parallel replicas' are (``heterog.runtime.scaling``): one ``AllReduce`` over the devices at
@@ -457,10 +465,13 @@ class SplitLowering:
     def derive(self, dev: int, key: tuple, source: Source, leaf: str, chain: tuple[str, ...], batch: int,
                local: Local | None, part: Part | None, scale: float, name: str, micro: int,
                after: list | None, pad: Part | None = None, index: int | None = None) -> Stash:
-        """``Derive`` on ``dev`` before ``key`` (one per value, part and rank: shared by its readers);
-        ``after``: the instruction that makes ``source`` here, if any."""
+        """``Derive`` on ``dev`` before ``key`` (one per value, part and rank: shared by its readers; a dense part
+        or a padded copy: one per reader, made before it and freed after it, so that a device holds its part of
+        a value it holds whole only while an instance reads it, as the simulator counts it: the whole value to
+        its last reader, no copy beside it); ``after``: the instruction that makes ``source`` here, if any."""
         b = self.b
-        stash_key = ("d", name, micro, part, local is not None, pad, scale, source)
+        reader = key if part is not None or pad is not None else None
+        stash_key = ("d", name, micro, part, local is not None, pad, scale, source, reader)
         memo_key = ("derive", dev, stash_key)
         item = b.memo.get(memo_key)
         if item is None:

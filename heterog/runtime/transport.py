@@ -52,11 +52,17 @@ def _frame(stamp: float, t: torch.Tensor) -> torch.Tensor:
 
 
 def _unframe(buf: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[float, torch.Tensor]:
-    """The stamp and the payload (a view of ``buf`` as ``shape`` and ``dtype``) of an emulated message."""
+    """The stamp and the payload of an emulated message: a tensor of ``shape`` and ``dtype`` on ``buf``'s
+    storage that is not a view of ``buf``, so that once ``buf`` is dropped the receiver holds it alone and
+    may write into it, as into a message received unframed (a PS adds its workers' gradients into the
+    first one it holds: ``RankExecutor._sum``, ``heterog.runtime.memory.exclusive``)."""
     stamp = float(buf[:8].numpy().view(np.float64)[0])
     n = buf.numel() - _HEADER_BYTES
-    payload = buf[_HEADER_BYTES:].view(dtype).reshape(shape) if n else torch.empty(shape, dtype=dtype,
-                                                                                    device=buf.device)
+    if not n:
+        return stamp, torch.empty(shape, dtype=dtype, device=buf.device)
+    view = buf[_HEADER_BYTES:].view(dtype).reshape(shape)
+    payload = torch.empty(0, dtype=dtype, device=buf.device).set_(view.untyped_storage(), view.storage_offset(),
+                                                                  view.shape, view.stride())
     return stamp, payload
 
 
@@ -121,7 +127,9 @@ class TransportLike(Protocol):
 
     def post(self, tag: int, src: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor: ...
 
-    def send(self, t: torch.Tensor, dst: int, tag: int, latency_s: float, s_per_byte: float) -> None: ...
+    def send(self, t: torch.Tensor, dst: int, tag: int, latency_s: float, s_per_byte: float) -> torch.Tensor: ...
+
+    def release(self, tag: int) -> None: ...
 
     def take(self, tag: int) -> torch.Tensor: ...
 
@@ -177,7 +185,8 @@ class Transport:
         self.channels = p2p_channels(device)
         self.link_free: dict[int, float] = {}
         self.idle_s = 0.0          # time spent waiting (messages, collectives, emulated delays)
-        self.sends: list[tuple[Any, torch.Tensor]] = []
+        self.sends: list[tuple[Any, torch.Tensor]] = []                   # collectives' messages
+        self.messages_out: dict[int, list[tuple[Any, torch.Tensor, torch.Tensor]]] = {}   # point-to-point, by tag
         self.recvs: dict[int, tuple] = {}
         self.in_flight: dict[tuple[int, ...], list[Pending]] = {}    # started collectives, per group
         self.group_ready: dict[tuple[int, ...], float] = {}            # emulation: when each group is free
@@ -194,15 +203,27 @@ class Transport:
                            dtype, n, src)
         return buf
 
-    def send(self, t: torch.Tensor, dst: int, tag: int, latency_s: float, s_per_byte: float) -> None:
-        t = t.contiguous()
+    def send(self, t: torch.Tensor, dst: int, tag: int, latency_s: float, s_per_byte: float) -> torch.Tensor:
+        """Start sending ``t`` as message ``tag``; returns what is sent, held until it is delivered (emulated: the
+        value, not its framed copy, as a GPU holds the value it sends)."""
+        t = value = t.contiguous()
         if self.emulate:                              # CPU only: [ready time (float64) | payload bytes]
             n = t.numel() * t.element_size()
             now = time.perf_counter()
             ready = max(now, self.link_free.get(dst, 0.0)) + latency_s + n * s_per_byte
             self.link_free[dst] = ready
             t = _frame(ready, t)
-        self.sends.append((dist.isend(t, dst=dst, tag=tag, group=self.channels.get((self.rank, dst))), t))
+        self.messages_out.setdefault(tag, []).append(
+            (dist.isend(t, dst=dst, tag=tag, group=self.channels.get((self.rank, dst))), t, value))
+        return value
+
+    def release(self, tag: int) -> None:
+        """Let go of message ``tag``'s tensor at its transfer's simulated end (``Sent``), once delivered: the
+        receiver posts it at the transfer's start, which comes before in every rank's order (no deadlock)."""
+        t0 = time.perf_counter()
+        for work, *_ in self.messages_out.pop(tag, ()):
+            work.wait()
+        self.idle_s += time.perf_counter() - t0
 
     def take(self, tag: int) -> torch.Tensor:
         work, buf, shape, dtype, n, src = self.recvs.pop(tag)
@@ -407,9 +428,10 @@ class Transport:
         return sum_in_order([parts[m] for m in p.members])
 
     def flush(self) -> None:
-        for work, _ in self.sends:
+        for work, *_ in self.sends + [m for out in self.messages_out.values() for m in out]:
             work.wait()
         self.sends.clear()
+        self.messages_out.clear()
 
 
 @dataclass

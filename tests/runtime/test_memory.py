@@ -48,10 +48,10 @@ def test_live_bytes_count_only_the_span_of_input_slices() -> None:
 
 # relative tolerance of measured vs simulated peak per plan. Both hold the same values for the same spans
 # (heterog.compiler.memory: gradients allocated where made and freed after the update, updates in place, each
-# output freed after its own last reader), so a one-worker and a data-parallel plan agree to a few bytes (the
-# loss's and the step counters' scalars); a PS receives its workers' gradients when they arrive, which the
-# simulated order only approximates (the PS holder: within 25%)
-TOLERANCE = {"single": 0.01, "ev-ar": 0.01, "ev-ps": 0.25}
+# output freed after its own last reader; a message from its transfer's start to its end, a PS's sum in the
+# first gradient it holds), so they agree to a few bytes (the loss's and the step counters' scalars, the
+# 64-byte headers of emulated messages)
+TOLERANCE = {"single": 0.01, "ev-ar": 0.01, "ev-ps": 0.01}
 
 
 @pytest.mark.parametrize("method", sorted(TOLERANCE))
@@ -77,10 +77,16 @@ def test_measured_peak_memory_matches_the_simulated_peak(method: str, pool2) -> 
         assert measured[name] == pytest.approx(simulated[name], rel=TOLERANCE[method])
     if method == "ev-ar":                                   # even shares: the replicas hold the same
         assert len(set(measured.values())) == 1
-    if method != "ev-ps":                                   # what a rank holds follows its program's order
-        from heterog.runtime.check import metered_dry_run
-        dry = metered_dry_run(prepared)
-        assert {name: dry[d][0] for d, name in enumerate(cluster.device_names)} == measured
+    # what a rank holds follows its program's order: the dry run meters it exactly, but for the headers of the
+    # emulated messages a worker holds (64 bytes each)
+    from heterog.runtime.check import metered_dry_run
+    from heterog.runtime.transport import _HEADER_BYTES
+    dry = metered_dry_run(prepared)
+    for d, name in enumerate(cluster.device_names):
+        extra = measured[name] - dry[d][0]
+        assert extra % _HEADER_BYTES == 0 and 0 <= extra <= _HEADER_BYTES * len(prepared.lowered.ranks[d].recvs)
+        if method != "ev-ps":                               # no messages
+            assert extra == 0
 
 
 def test_fidelity_leaves_out_a_plan_that_fails_and_reports_memory_per_plan(tmp_path, monkeypatch) -> None:
@@ -139,3 +145,65 @@ def test_recomputation_frees_at_run_time_what_the_simulator_frees(pool2) -> None
     (m0, s0), (m1, s1) = peaks
     assert s1 < 0.8 * s0                                   # the simulator frees over a fifth
     assert m1 / m0 == pytest.approx(s1 / s0, abs=0.05)
+
+
+def test_a_dense_part_of_a_value_is_derived_for_each_reader_and_measured_as_simulated() -> None:
+    """A split plan over three devices (every group divided along parameters, even): a device's dense part of
+    a value (``shard_exec.part_of``) is made before each instance that reads it and freed after that one, not
+    kept from the forward reader to the backward's beside the whole value, which the device holds to its last
+    reader as the simulator counts it. residual_glu's peaks, metered as the workers meter them, are then
+    within 5% of the simulated ones (the part one instance reads is held while it runs, which the simulator
+    does not count); a part kept for all readers put the third device at +12.6%."""
+    import dataclasses
+
+    from heterog.runtime.check import metered_dry_run
+    from heterog.runtime.instructions import Derive, Stash, sources
+    from heterog.strategy import ParallelConfig
+
+    m = model("tests/runtime/conformance_models.py:build_residual_glu", optimizer="adam")
+    cluster = load_cluster("local-cpu-3")
+    base = resolve_strategy(m, cluster, method="ev-ar")
+    split = ParallelConfig.split_over((0, 1, 2), (1, 1, 1), m.batch_size)
+    prepared = prepare(m, cluster, dataclasses.replace(base, configs=[split] * len(base.configs)))
+    parts = 0
+    for rp in prepared.lowered.ranks:
+        readers: dict = {}
+        for i, ins in enumerate(rp.instrs):
+            for src in sources(ins):
+                readers.setdefault(src, []).append(i)
+        at_end = {src for _, src in rp.updates}              # a new parameter's part: read at the step's end
+        for i, ins in enumerate(rp.instrs):
+            if isinstance(ins, Derive) and (ins.part is not None or ins.pad is not None) \
+                    and Stash(ins.key) not in at_end:
+                parts += 1
+                got = readers.get(Stash(ins.key), [])
+                assert len(got) == 1 and got[0] > i and Stash(ins.key) in rp.frees[got[0]]
+    assert parts > 0
+    measured = [dev for dev, _ in metered_dry_run(prepared)]
+    for d, name in enumerate(cluster.device_names):
+        assert prepared.simulated_peak_memory_bytes[name] == pytest.approx(measured[d], rel=0.05)
+
+
+def test_no_split_program_keeps_an_output_that_no_instruction_reads() -> None:
+    """mha_classifier split over two devices: a reduce-scatter asked for the key after its contribution's
+    producer in a way that kept the producer's whole output (9,216 B) for a reader that never came, to the
+    step's end; every value an instance keeps is now read, and the peaks are measured as simulated."""
+    import dataclasses
+
+    from heterog.runtime.check import metered_dry_run
+    from heterog.runtime.instructions import Compute, Env, env_name, sources
+    from heterog.strategy import ParallelConfig
+
+    m = model("tests/runtime/conformance_models.py:build_mha_classifier", optimizer="adam")
+    cluster = load_cluster("local-cpu-2")
+    base = resolve_strategy(m, cluster, method="ev-ar")
+    split = ParallelConfig.split_over((0, 1), (1, 1), m.batch_size)
+    prepared = prepare(m, cluster, dataclasses.replace(base, configs=[split] * len(base.configs)))
+    for rp in prepared.lowered.ranks:
+        read = {s for ins in rp.instrs for s in sources(ins)} | {s for s, _ in rp.loss_terms} | \
+            {s for _, s in rp.updates}
+        kept = [Env(env_name(e, ins.micro, ins.recompute)) for ins in rp.instrs if isinstance(ins, Compute)
+                for e in ins.exports]
+        assert kept and all(e in read for e in kept)
+    for (peak, _), name in zip(metered_dry_run(prepared), cluster.device_names):
+        assert prepared.simulated_peak_memory_bytes[name] == pytest.approx(peak, rel=0.01)

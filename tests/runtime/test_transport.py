@@ -74,6 +74,22 @@ def test_emulated_message_frame_keeps_the_payload_aligned() -> None:
     assert stamp == 1.0 and torch.equal(payload, one)
 
 
+def test_an_emulated_payload_is_held_alone_by_its_receiver() -> None:
+    """The payload is no view of the receive buffer: once the buffer is dropped the receiver may write into
+    it (a PS adds its workers' gradients into the first one it holds), as into a message received unframed."""
+    from heterog.runtime.memory import exclusive
+    from heterog.runtime.transport import _HEADER_BYTES, _frame, _unframe
+
+    for dtype in (torch.float32, torch.float64, torch.int64, torch.bfloat16):
+        t = torch.arange(12).to(dtype).reshape(3, 4)
+        buf = _frame(0.5, t)
+        _, payload = _unframe(buf, (3, 4), dtype)
+        assert payload._base is None and not exclusive(payload)         # the buffer still holds the storage
+        del buf
+        assert exclusive(payload) and torch.equal(payload, t)
+        assert payload.untyped_storage().nbytes() == _HEADER_BYTES + 12 * dtype.itemsize
+
+
 class _ChannelJob:
     """Runs on every rank: the members of each channel this rank belongs to, whether a second call
     returns the same channels, and what a crossing exchange delivers (every rank sends to every other
