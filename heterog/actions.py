@@ -77,11 +77,11 @@ def n_actions(n_devices: int, splits: bool = False, states: bool = False, extend
     """Actions per group on ``n_devices`` devices: ``M + 4``, or with ``splits`` beyond the batch
     ``3 M + 6`` (the two cluster-wide splits, then an even and a proportional split over each device's
     server); with ``states`` ``2 N_STATE_CHOICES`` more (the AllReduce actions keeping sharded state); with
-    ``extended`` ``M + N_GRID_ACTIONS + N_ROW_ACTIONS`` more after those (``heterog.extended_actions``)."""
+    ``extended`` ``2 M + N_GRID_ACTIONS + N_ROW_ACTIONS`` more after those (``heterog.extended_actions``)."""
     m = int(n_devices)
     return (m + N_DP_ACTIONS + ((N_CLUSTER_SPLIT_ACTIONS + 2 * m) if splits else 0)
             + (len(STATE_BASES) * N_STATE_CHOICES if states else 0)
-            + ((m + N_GRID_ACTIONS + N_ROW_ACTIONS) if extended else 0))
+            + ((2 * m + N_GRID_ACTIONS + N_ROW_ACTIONS) if extended else 0))
 
 
 def devices_of(n_actions_: int, splits: bool = False, states: bool = False, extended: bool = False) -> int:
@@ -89,7 +89,7 @@ def devices_of(n_actions_: int, splits: bool = False, states: bool = False, exte
     extra = (int(n_actions_) - N_DP_ACTIONS - (N_CLUSTER_SPLIT_ACTIONS if splits else 0)
              - (len(STATE_BASES) * N_STATE_CHOICES if states else 0)
              - ((N_GRID_ACTIONS + N_ROW_ACTIONS) if extended else 0))
-    return extra // (1 + (2 if splits else 0) + (1 if extended else 0))
+    return extra // (1 + (2 if splits else 0) + (2 if extended else 0))
 
 
 def offload_action(n_devices: int, device: int, splits: bool = False, states: bool = False) -> int:
@@ -111,10 +111,16 @@ def row_action(n_devices: int, kind: int, splits: bool = False, states: bool = F
     return n_actions(n_devices, splits, states) + int(n_devices) + N_GRID_ACTIONS + int(kind)
 
 
+def ps_row_action(n_devices: int, device: int, splits: bool = False, states: bool = False) -> int:
+    """``A + M + N_GRID_ACTIONS + N_ROW_ACTIONS + d``: ``dp-row-ps`` with its parameter server on device ``d``
+    (``ParallelConfig.ps_device``), the devices and shares the group's row."""
+    return n_actions(n_devices, splits, states) + int(n_devices) + N_GRID_ACTIONS + N_ROW_ACTIONS + int(device)
+
+
 def extended_of(action: int, n_devices: int, splits: bool = False, states: bool = False) -> tuple[str, int] | None:
-    """``("offload", d)``, ``("grid", proportional)`` or ``("row", k)`` for an action of the extended
-    families of the space of ``splits`` and ``states``; None for an action before them (StrategyError
-    past them)."""
+    """``("offload", d)``, ``("grid", proportional)``, ``("row", k)`` or ``("ps", d)`` for an action of the
+    extended families of the space of ``splits`` and ``states``; None for an action before them
+    (StrategyError past them)."""
     m, a = int(n_devices), int(action)
     k = a - n_actions(m, splits, states)
     if k < 0:
@@ -125,6 +131,8 @@ def extended_of(action: int, n_devices: int, splits: bool = False, states: bool 
         return "grid", k - m
     if k < m + N_GRID_ACTIONS + N_ROW_ACTIONS:
         return "row", k - m - N_GRID_ACTIONS
+    if k < 2 * m + N_GRID_ACTIONS + N_ROW_ACTIONS:
+        return "ps", k - m - N_GRID_ACTIONS - N_ROW_ACTIONS
     raise StrategyError(f"action {a} is out of range for {m} devices with extended actions "
                         f"(valid: 0..{n_actions(m, splits, states, extended=True) - 1})")
 
@@ -245,13 +253,14 @@ def device_action_blocks(n_devices: int, splits: bool = False, states: bool = Fa
                          extended: bool = False) -> list[tuple[int, int]]:
     """The ``[start, end)`` ranges of actions with one action per device: model parallelism and, with
     ``splits``, the even and the proportional split over each device's server; with ``extended`` the
-    offloading model parallelism (``offload_action``)."""
+    offloading model parallelism (``offload_action``) and the parameter-server rows (``ps_row_action``)."""
     m = int(n_devices)
     blocks = [(0, m)]
     if splits:
         blocks += [(server_split_action(m, 0, p), server_split_action(m, m, p)) for p in (False, True)]
     if extended:
         blocks.append((offload_action(m, 0, splits, states), offload_action(m, m, splits, states)))
+        blocks.append((ps_row_action(m, 0, splits, states), ps_row_action(m, m, splits, states)))
     return blocks
 
 

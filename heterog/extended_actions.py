@@ -21,6 +21,8 @@ extended=True)`` adds (offsets in ``heterog.actions``: ``offload_action``, ``gri
                                              split shares (``ParallelConfig.split_over``; one device: model
                                              parallelism on it)
                      a row of zeros is every device, even.
+  A + M + 2 + R + d  ``dp-row-ps`` with its parameter server on device d (``ParallelConfig.ps_device``; R =
+                     ``N_ROW_ACTIONS``), as the PS baselines pin the servers of their largest groups
 
 A row's entries lie in ``0 .. row_levels(batch) - 1``: up to the batch (batch shares) and up to
 ``SPLIT_WEIGHT_TOTAL`` (split shares in thousandths). ``encode_configs`` turns a plan's configs into one action
@@ -48,6 +50,7 @@ from heterog.actions import (
     grid_action,
     n_actions,
     offload_action,
+    ps_row_action,
     row_action,
     state_choice,
     state_choice_name,
@@ -133,12 +136,14 @@ def decode_extended(action: int, row: Sequence[int] | np.ndarray, cluster: "Clus
         if grids:
             return grids[k][1]
         return decode_split_action(cluster_split_action(m, bool(k)), cluster, batch_size)
+    if family == "ps":
+        return replace(decode_row(ROW_ACTION_NAMES.index("dp-row-ps"), row, cluster, batch_size), ps_device=k)
     return decode_row(k, row, cluster, batch_size)
 
 
 def extended_action_name(action: int, n_devices: int, splits: bool = False, states: bool = False) -> str:
-    """``mp-offload:<d>``, ``tp-grid-even``, ``tp-grid-prop``, ``dp-row-ps``, ``dp-row-ar``, ``tp-row`` or
-    ``dp-row-ar:<state choice>`` (``state_choice_name``)."""
+    """``mp-offload:<d>``, ``tp-grid-even``, ``tp-grid-prop``, ``dp-row-ps``, ``dp-row-ar``, ``tp-row``,
+    ``dp-row-ar:<state choice>`` (``state_choice_name``) or ``dp-row-ps@<d>``."""
     found = extended_of(action, n_devices, splits, states)
     if found is None:
         raise StrategyError(f"action {int(action)} is not an extended action on {int(n_devices)} devices")
@@ -147,6 +152,8 @@ def extended_action_name(action: int, n_devices: int, splits: bool = False, stat
         return f"mp-offload:{k}"
     if family == "grid":
         return GRID_ACTION_NAMES[k]
+    if family == "ps":
+        return f"{ROW_ACTION_NAMES[0]}@{k}"
     if k < len(ROW_ACTION_NAMES):
         return ROW_ACTION_NAMES[k]
     return f"{ROW_ACTION_NAMES[ROW_STATE_BASE]}:{state_choice_name(k - len(ROW_ACTION_NAMES))}"
@@ -164,7 +171,7 @@ def apply_extended(strategy: Strategy, actions: Sequence[int] | np.ndarray, rows
     for g in np.flatnonzero(codes >= first).tolist():
         a = int(codes[g])
         found = extended_of(a, cluster.n_devices, splits, states)
-        key = (a, tuple(int(x) for x in rows[g]) if found is not None and found[0] == "row" else ())
+        key = (a, tuple(int(x) for x in rows[g]) if found is not None and found[0] in ("row", "ps") else ())
         if key not in made:
             made[key] = decode_extended(a, rows[g], cluster, strategy.batch_size, splits, states)
         configs[g] = made[key]
@@ -234,6 +241,9 @@ def _extended_candidates(cfg: ParallelConfig, cluster: "Cluster", batch_size: in
     else:
         row = _row_of(cfg.shares, cfg.devices, m, batch_size)
         if row is not None:
+            if cfg.sync == "ps" and cfg.ps_device is not None:
+                out.append((ps_row_action(m, int(cfg.ps_device), splits, states), row))
+                return out
             kind = 0 if cfg.sync == "ps" else 1
             if cfg.sharded is not None and len(cfg.devices) > 1:
                 try:

@@ -29,6 +29,7 @@ from heterog.actions import (
     grid_action,
     n_actions,
     offload_action,
+    ps_row_action,
     row_action,
     state_action,
 )
@@ -64,7 +65,7 @@ def test_the_extended_actions_follow_the_others_and_name_their_families():
     for m, splits, states in ((8, False, False), (8, True, True), (3, True, False), (1, False, True)):
         first = n_actions(m, splits, states)
         total = n_actions(m, splits, states, extended=True)
-        assert total == first + m + N_GRID_ACTIONS + N_ROW_ACTIONS
+        assert total == first + 2 * m + N_GRID_ACTIONS + N_ROW_ACTIONS
         assert devices_of(total, splits, states, extended=True) == m
         assert extended_of(first - 1, m, splits, states) is None
         assert [extended_of(offload_action(m, d, splits, states), m, splits, states) for d in range(m)] == [
@@ -72,17 +73,20 @@ def test_the_extended_actions_follow_the_others_and_name_their_families():
         assert extended_of(grid_action(m, True, splits, states), m, splits, states) == ("grid", 1)
         assert extended_of(row_action(m, N_ROW_ACTIONS - 1, splits, states), m, splits, states) == (
             "row", N_ROW_ACTIONS - 1)
-        assert row_action(m, N_ROW_ACTIONS - 1, splits, states) == total - 1
+        assert row_action(m, N_ROW_ACTIONS - 1, splits, states) == total - m - 1
+        assert [extended_of(ps_row_action(m, d, splits, states), m, splits, states) for d in range(m)] == [
+            ("ps", d) for d in range(m)]
+        assert ps_row_action(m, m - 1, splits, states) == total - 1
         with pytest.raises(StrategyError, match="out of range"):
             extended_of(total, m, splits, states)
     # 8 devices, splits and states: 3*8+6 + 42 = 72 before them
     assert offload_action(8, 0, True, True) == 72 and grid_action(8, False, True, True) == 80
     assert row_action(8, 0, True, True) == 82
-    assert device_action_blocks(8, True, True, extended=True)[-1] == (72, 80)
+    assert device_action_blocks(8, True, True, extended=True)[-2:] == [(72, 80), (106, 114)]
     assert device_action_blocks(8, True) == device_action_blocks(8, True, True)       # unchanged without them
-    names = [extended_action_name(a, 8, True, True) for a in (75, 80, 81, 82, 83, 84, 85 + 4)]
+    names = [extended_action_name(a, 8, True, True) for a in (75, 80, 81, 82, 83, 84, 85 + 4, 106 + 6)]
     assert names == ["mp-offload:3", "tp-grid-even", "tp-grid-prop", "dp-row-ps", "dp-row-ar", "tp-row",
-                     "dp-row-ar:s2-memory"]
+                     "dp-row-ar:s2-memory", "dp-row-ps@6"]
 
 
 def test_rows_decode_to_their_devices_and_shares(paper8):
@@ -119,7 +123,7 @@ def test_the_plan_layout_and_its_micro_batch_choices():
     assert {k for k, _ in EXTENDED_MICRO_CHOICES} == set(range(1, 257))
     assert plan_length(5) == 11 and plan_length(5, 8) == 51
     nvec = plan_nvec(8, 5, True, True, extended=True, batch_size=16)
-    assert nvec.tolist() == [72 + 8 + 2 + 24] * 5 + [2] * 5 + [512] + [1001] * 40
+    assert nvec.tolist() == [72 + 8 + 2 + 24 + 8] * 5 + [2] * 5 + [512] + [1001] * 40
     assert plan_nvec(8, 5).tolist() == [12] * 5 + [2] * 5 + [5]
     with pytest.raises(StrategyError, match="micro-batch choice 512 is out of range"):
         split_plan(np.r_[np.zeros(10), 512, np.zeros(40)], 5, 5, 8, True, True, extended=True)
@@ -204,9 +208,12 @@ def test_what_no_plan_action_holds_is_refused(ev, paper8):
         encode_plan(dataclasses.replace(base, micro_batches=(10, 6)), paper8)
     with pytest.raises(StrategyError, match="sync_batch_stats"):
         encode_plan(dataclasses.replace(base, sync_batch_stats=True), paper8)
+    ring = ParallelConfig.of([(0, 8), (1, 8)], allreduce="ring")            # no planner picks the algorithm
     with pytest.raises(StrategyError, match="is no action's decoding"):
-        encode_configs(dataclasses.replace(base, configs=[ParallelConfig.of([(0, 8), (1, 8)], "ps", 1)] * g_of(base)),
-                       paper8, True, True)
+        encode_configs(dataclasses.replace(base, configs=[ring] * g_of(base)), paper8, True, True)
+    served = ParallelConfig.of([(0, 8), (1, 8)], "ps", 1)                   # a PS on device 1: a PS row action
+    actions, rows = encode_configs(dataclasses.replace(base, configs=[served] * g_of(base)), paper8, True, True)
+    assert actions[0] == ps_row_action(8, 1, True, True) and rows[0].tolist() == [8, 8, 0, 0, 0, 0, 0, 0]
     two = dataclasses.replace(base, group_of=np.arange(len(base.group_of)) % 2,
                               configs=[ParallelConfig.single(0, 16), ParallelConfig.single(1, 16)])
     with pytest.raises(StrategyError, match="places differently"):
