@@ -28,7 +28,8 @@ parallelism offloading the optimizer state, the two grids of the servers, the ro
 ``MAX_MICRO_BATCHES`` under each schedule of :data:`EXTENDED_SCHEDULES`, its first
 ``len(MICRO_CHOICES)`` entries those of :data:`MICRO_CHOICES` under 1F1B; clipped to what the batch and the
 plan's grids allow, ``heterog.strategy.most_micro_batches``), and ``[2 G + 1, (M + 2) G + 1)`` are the groups'
-rows, ``M`` entries each in ``0 .. row_levels(batch) - 1`` (clipped to that), read by the row actions (the PS ones too) only.
+rows, ``M`` entries each in ``0 .. row_levels(batch) - 1`` (clipped to that), read by the row actions (the PS
+ones too) only.
 ``encode_plan`` turns a Strategy into a plan action of this layout; what it does not hold: the Strategy's
 ``priorities`` (an order of the ops for the scheduler, not a decision of the plan action), micro-batches of
 uneven sizes, and the plan-wide ``sync_batch_stats`` (StrategyError for the last two).
