@@ -340,11 +340,11 @@ def finish(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray | 
     (``heterog.compiler.micro``) and assemble that, the PlanState keeping the canonical tasks, dependencies
     and providers that a patch starts from. ``validate`` and ``csr`` as for ``assemble`` (one micro-batch)."""
     kept = deps                       # what a patch starts from: the dependencies as emitted
-    if place.synced is not None:      # readers of synced batch norms wait for their statistics too
-        deps, csr = wait_for_statistics(tasks, deps, place.synced), None
     ordered = overwrite_after_reads(ctx, tasks, deps, state_held(place))
     if ordered is not deps:           # an update that overwrites a value waits for its other readers
         deps, csr = ordered, None
+    if place.synced is not None:      # readers of synced batch norms wait for their statistics too
+        deps, csr = wait_for_statistics(tasks, deps, place.synced), None
     if place.n_micro == 1:
         state = assemble(ctx, layouts, op_priority, tasks, deps, place, prov, aggregation, validate=validate,
                          csr=csr)
