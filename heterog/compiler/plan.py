@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from heterog.compiler.context import CompileContext
-from heterog.compiler.memory import memory_entries
+from heterog.compiler.memory import memory_entries, victims
 from heterog.compiler.micro import add_schedule, micro_order, window_exempt
 from heterog.compiler.offload import host_resources, offloaded_memory, offloads
 from heterog.compiler.place import Placement
@@ -26,6 +26,10 @@ from heterog.compiler.tasks import Deps, Providers, TaskBatch, TaskKind, Tasks, 
 
 if TYPE_CHECKING:  # pragma: no cover
     from simulator.taskgraph import TaskGraph
+
+# the owner of a dependency that only orders two tasks (``overwrite_after_reads``): the waiting task reads
+# nothing of the other, so it releases none of its memory
+ORDER_ONLY = -1
 
 
 @dataclass(frozen=True)
@@ -246,8 +250,10 @@ def assemble(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray 
         tg = host_resources(ctx, resident, host_bytes)
     else:
         tg = ctx.resources.empty_copy(resident_bytes=resident)
-    held = None if place.state is None else (place.state.op_stage > 0) | (place.state.op_offload > 0)
-    mem = memory_entries(ctx, layouts, place.op_lay, place.out_split, tasks, deps, held,
+    held = state_held(place)
+    reads = dep_owner != ORDER_ONLY               # the dependencies that read what they wait for
+    mem = memory_entries(ctx, layouts, place.op_lay, place.out_split, tasks,
+                         deps if reads.all() else (dep_task[reads], dep_on[reads], dep_owner[reads]), held,
                          reduce_scatter_shares(ctx, place.state))
     tg.adopt_tasks(tasks.dur, tasks.lag, ctx.category_codes[tasks.cat], tasks.res_ptr, tasks.res_idx, dep_ptr, dep_o,
                    mem.mem_ptr, mem.mem_res, mem.mem_bytes, validate=validate, frees=(mem.free_ptr, mem.free_idx),
@@ -258,6 +264,47 @@ def assemble(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray 
                         n_micro=place.n_micro, schedule=schedule or place.schedule,
                         placements=op_placements(layouts, place, prov, aggregation))
     return PlanState(plan, tasks, dep_task, dep_on, dep_owner, place, prov)
+
+
+def state_held(place: Placement) -> np.ndarray | None:
+    """(n_ops,) ops whose group's state is sharded or offloaded (None: none is; ``memory_entries``)."""
+    return None if place.state is None else (place.state.op_stage > 0) | (place.state.op_offload > 0)
+
+
+def overwrite_after_reads(ctx: CompileContext, tasks: Tasks, deps: Deps, held: np.ndarray | None) -> Deps:
+    """``deps`` (sorted by (task, on)) with each op instance of the update that writes its output into the
+    parameter or optimizer state it replaces (``heterog.compiler.memory.victims``, not under sharded or
+    offloaded state: ``held``) waiting for every other task that reads the value it overwrites from the same
+    task (a backward op that reads the parameter, e.g. the input gradient of a linear layer, which nothing
+    else orders before the weight's update; a transfer of it), sorted. The write in place, which the memory
+    model counts, is then what the runtime can do: it overwrites a value that no later instruction reads
+    (``heterog.runtime.in_place``), where a schedule that ran the update first would make the runtime hold
+    the old and the new value at once. The added dependencies only order (owner ``ORDER_ONLY``): the
+    writer releases none of its readers' memory."""
+    task, on, owner = deps
+    vic = victims(ctx)
+    op = tasks.op[task]
+    opc = np.maximum(op, 0)
+    writes = (tasks.kind[task] == TaskKind.COMPUTE) & (tasks.dev[task] >= 0) & (op >= 0) & vic.placeholder[opc] & \
+        (owner == ctx.index.n_ops + vic.tensor[opc])
+    if held is not None:
+        writes &= ~(vic.param[opc] & held[opc])
+    if not writes.any():
+        return deps
+    writer, value = task[writes], on[writes]
+    by_on = np.argsort(on, kind="stable")
+    lo, hi = np.searchsorted(on[by_on], value, "left"), np.searchsorted(on[by_on], value, "right")
+    r, k = ragged(hi - lo)
+    reader, writer = task[by_on[lo[r] + k]], writer[r]
+    # readers come before the update in the canonical order (the update's op follows the backward's)
+    new = (reader != writer) & (reader < writer) & (tasks.kind[reader] != TaskKind.SYNC)
+    if not new.any():
+        return deps
+    new_task = np.concatenate([task, writer[new]])
+    new_on = np.concatenate([on, reader[new]])
+    new_owner = np.concatenate([owner, np.full(int(new.sum()), ORDER_ONLY, dtype=owner.dtype)])
+    s = np.lexsort((new_on, new_task))
+    return new_task[s], new_on[s], new_owner[s]
 
 
 def op_placements(layouts: LayoutTable, place: Placement, prov: Providers,
@@ -293,6 +340,9 @@ def finish(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray | 
     (``heterog.compiler.micro``) and assemble that, the PlanState keeping the canonical tasks, dependencies
     and providers that a patch starts from. ``validate`` and ``csr`` as for ``assemble`` (one micro-batch)."""
     kept = deps                       # what a patch starts from: the dependencies as emitted
+    ordered = overwrite_after_reads(ctx, tasks, deps, state_held(place))
+    if ordered is not deps:           # an update that overwrites a value waits for its other readers
+        deps, csr = ordered, None
     if place.synced is not None:      # readers of synced batch norms wait for their statistics too
         deps, csr = wait_for_statistics(tasks, deps, place.synced), None
     if place.n_micro == 1:

@@ -6,6 +6,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from heterog.compiler import Compiler, TaskKind, compile_strategy
 from heterog.compiler.plan import Aggregation, PatchCache
@@ -108,3 +110,57 @@ def test_placements_state_where_each_op_runs_and_how_each_partial_result_is_summ
     assert {(a.kind, a.devices) for a in ar.placements.aggregation.values()} == {("allreduce", (0, 1))}
     # no layout was added by the second plan: both read the same snapshot of the compiler's layouts
     assert ar.placements.layouts is placed.layouts
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), k=st.sampled_from([1, 2]))
+def test_an_update_that_overwrites_a_parameter_runs_after_every_other_reader_of_it(seed, k):
+    """Random plans (decoded actions, k micro-batches) simulated under random priorities: every op instance
+    of the update that writes into the parameter or optimizer state it replaces (``memory.victims``) starts
+    after every other task that reads that value from the same task has finished, so that it reads it last,
+    as its write in place (the memory the simulator counts, what the runtime can do) needs."""
+    import simulator
+    from heterog.compiler.memory import victims
+
+    ev = _mlp_evaluator()
+    g, c = ev.graph, ev.cluster
+    rng = np.random.default_rng(seed)
+    strategy = ev.strategy(rng.integers(0, c.n_devices + 4, size=ev.n_groups))
+    if k > 1:
+        strategy = strategy.with_micro_batches(k, "1f1b")
+    plan = ev.compile(strategy)
+    res = simulator.simulate(plan.tg, priority=rng.random(plan.n_tasks))
+    vic = victims(ev.compiler.context)
+    placeholder = {op.name: i for i, op in enumerate(g.ops)}
+    deps = [plan.dep_idx[plan.dep_ptr[t]:plan.dep_ptr[t + 1]] for t in range(plan.n_tasks)]
+    readers: dict[int, list[int]] = {}
+    for t, on in enumerate(deps):
+        for d in on.tolist():
+            readers.setdefault(d, []).append(t)
+    checked = 0
+    for u in np.nonzero((plan.task_kind == TaskKind.COMPUTE) & (plan.task_device >= 0))[0].tolist():
+        op = g.ops[plan.task_op[u]]
+        if op.writes is None or not vic.placeholder[plan.task_op[u]]:
+            continue
+        held = [d for d in deps[u].tolist() if plan.task_kind[d] == TaskKind.PLACEHOLDER
+                and plan.task_op[d] == placeholder[op.writes]]
+        for d in held:
+            others = [x for x in readers[d] if x != u and plan.task_kind[x] != TaskKind.SYNC]
+            assert all(res.start[u] >= res.finish[x] for x in others), (op.name, [g.ops[plan.task_op[x]].name
+                                                                                 for x in others])
+            checked += len(others)
+    assert checked > 0
+
+
+_EVALUATORS: dict = {}
+
+
+def _mlp_evaluator():
+    """tiny_mlp (batch 8) on paper-8gpu, made once."""
+    if not _EVALUATORS:
+        from heterog.cluster import load_cluster
+        from heterog.evaluate import Evaluator
+        from heterog.graph.cache import capture_model
+
+        _EVALUATORS["mlp"] = Evaluator(capture_model("tiny_mlp", 8), load_cluster("paper-8gpu"))
+    return _EVALUATORS["mlp"]
