@@ -195,9 +195,10 @@ def memory_entries(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray
     owner) in the same ids (module docstring). ``state_held`` (n_ops,): ops whose group's state is sharded or
     offloaded (None: none is), whose update reads the parameter's rows, not the parameter, and does not
     overwrite the parameter (it does overwrite its optimizer state: a device's shard of it is a tensor of its
-    own). ``shard`` (n_ops, n_devices): for an op whose gradient is reduce-scattered, each device's share of
-    it (None: none is); its instances hold the rest of their gradient in an entry of its own, which the
-    reduce-scatter releases when it ends (the device's shard stays until the update has read it)."""
+    own). ``shard`` (n_ops, n_devices): for an op whose gradient a device keeps only its rows of once
+    aggregated (``sharded_state.gradient_shares``: reduce-scattered, or all-reduced at stage 1), each device's
+    share of it (None: none is); its instances hold the rest of their gradient in an entry of its own, which
+    the collective releases when it ends (the device's shard stays until the update has read it)."""
     gi, n = ctx.index, tasks.n
     kind, op, dev = tasks.kind, tasks.op, tasks.dev
     vic = victims(ctx)
