@@ -15,7 +15,9 @@ What a device holds (docs/design.md, "Resources, memory and time"):
   ends: a device holds one gradient, two while an instance makes the next);
 - a value written in place lives in the buffer of the value it overwrites, which its readers then release:
   an AllReduce, and the reduce-scatter of a sharded gradient, works in the gradient's buffer (the gradient
-  is released by the readers of the collective's result on its device, the update); a PS's aggregation adds
+  is released by the readers of the collective's result on its device, the update; where the device keeps
+  only its rows of the result, a reduce-scatter's or a stage-1 AllReduce's, the rest goes when the
+  collective ends: ``sharded_state.gradient_shares``); a PS's aggregation adds
   the gradients into the first one it holds; an op of the update
   writes its output into an input it reads last and of the output's size, if there is one (``victims``):
   the old parameter or optimizer state it replaces (the new value then lives in the resident bytes), or an

@@ -111,9 +111,7 @@ def finishes(plan: CompiledPlan, finish: np.ndarray | None, items: Sequence[Sequ
     instruction]) whose simulated collective ends before the rank first reads its result: the collective of
     the plan that the instruction's key names (an AllReduce of partial results) or that follows the task it
     names (the producer of the contribution), the earliest to end; the rank then holds the result from that
-    end, as the simulator does, not the contribution until the result is first read; the ``Finish`` goes before
-    every task that starts at that instant (key ``(end, -1, collective, 2)``), as the simulator holds the result
-    beside what those tasks hold (a stage-3 gather landing while the op before its reader runs)."""
+    end, as the simulator does, not the contribution until the result is first read."""
     if finish is None:
         return []
     kind = plan.task_kind
@@ -137,7 +135,7 @@ def finishes(plan: CompiledPlan, finish: np.ndarray | None, items: Sequence[Sequ
             if not cand:
                 continue
             c = min(cand, key=lambda c: (float(finish[c]), c))
-            end = (float(finish[c]), -1, c, 2)
+            end = (float(finish[c]), c, 2)
             if key < end and (ins.key not in first or end < first[ins.key]):
                 out.append((r, end, Finish(ins.key)))
     return out
