@@ -15,7 +15,9 @@ What a device holds (docs/design.md, "Resources, memory and time"):
   ends: a device holds one gradient, two while an instance makes the next);
 - a value written in place lives in the buffer of the value it overwrites, which its readers then release:
   an AllReduce, and the reduce-scatter of a sharded gradient, works in the gradient's buffer (the gradient
-  is released by the readers of the collective's result on its device, the update); a PS's aggregation adds
+  is released by the readers of the collective's result on its device, the update; where the device keeps
+  only its rows of the result, a reduce-scatter's or a stage-1 AllReduce's, the rest goes when the
+  collective ends: ``sharded_state.gradient_shares``); a PS's aggregation adds
   the gradients into the first one it holds; an op of the update
   writes its output into an input it reads last and of the output's size, if there is one (``victims``):
   the old parameter or optimizer state it replaces (the new value then lives in the resident bytes), or an
@@ -195,9 +197,10 @@ def memory_entries(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray
     owner) in the same ids (module docstring). ``state_held`` (n_ops,): ops whose group's state is sharded or
     offloaded (None: none is), whose update reads the parameter's rows, not the parameter, and does not
     overwrite the parameter (it does overwrite its optimizer state: a device's shard of it is a tensor of its
-    own). ``shard`` (n_ops, n_devices): for an op whose gradient is reduce-scattered, each device's share of
-    it (None: none is); its instances hold the rest of their gradient in an entry of its own, which the
-    reduce-scatter releases when it ends (the device's shard stays until the update has read it)."""
+    own). ``shard`` (n_ops, n_devices): for an op whose gradient a device keeps only its rows of once
+    aggregated (``sharded_state.gradient_shares``: reduce-scattered, or all-reduced at stage 1), each device's
+    share of it (None: none is); its instances hold the rest of their gradient in an entry of its own, which
+    the collective releases when it ends (the device's shard stays until the update has read it)."""
     gi, n = ctx.index, tasks.n
     kind, op, dev = tasks.kind, tasks.op, tasks.dev
     vic = victims(ctx)

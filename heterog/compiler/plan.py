@@ -20,7 +20,7 @@ from heterog.compiler.micro import add_schedule, micro_order, window_exempt
 from heterog.compiler.offload import host_resources, offloaded_memory, offloads
 from heterog.compiler.place import Placement
 from heterog.compiler.registries import Layout, LayoutTable
-from heterog.compiler.sharded_state import StatePlacement, reduce_scatter_shares, reduce_scattered, resident_saved
+from heterog.compiler.sharded_state import StatePlacement, gradient_shares, reduce_scattered, resident_saved
 from heterog.compiler.sync_stats import wait_for_statistics
 from heterog.compiler.tasks import Deps, Providers, TaskBatch, TaskKind, Tasks, ragged
 
@@ -254,7 +254,7 @@ def assemble(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray 
     reads = dep_owner != ORDER_ONLY               # the dependencies that read what they wait for
     mem = memory_entries(ctx, layouts, place.op_lay, place.out_split, tasks,
                          deps if reads.all() else (dep_task[reads], dep_on[reads], dep_owner[reads]), held,
-                         reduce_scatter_shares(ctx, place.state))
+                         gradient_shares(ctx, place.state))
     tg.adopt_tasks(tasks.dur, tasks.lag, ctx.category_codes[tasks.cat], tasks.res_ptr, tasks.res_idx, dep_ptr, dep_o,
                    mem.mem_ptr, mem.mem_res, mem.mem_bytes, validate=validate, frees=(mem.free_ptr, mem.free_idx),
                    free_entry=mem.free_entry)

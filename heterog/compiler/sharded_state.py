@@ -252,16 +252,20 @@ def reduce_scattered(ctx: CompileContext, state: StatePlacement | None, tensors:
     return (state.op_stage[ops] >= 2) & ctx.index.is_grad[ops]
 
 
-def reduce_scatter_shares(ctx: CompileContext, state: StatePlacement | None) -> np.ndarray | None:
-    """(n_ops, n_devices) each device's share of the gradient an op makes where stage >= 2 reduce-scatters
-    it (1 elsewhere; ``heterog.compiler.memory``), None where no gradient is reduce-scattered."""
+def gradient_shares(ctx: CompileContext, state: StatePlacement | None) -> np.ndarray | None:
+    """(n_ops, n_devices) each device's share of the gradient an op makes where the device keeps only its
+    rows of it once aggregated (1 elsewhere; ``heterog.compiler.memory``), None where none does: stage >= 2
+    reduce-scatters the gradient; stage 1 on the device all-reduces it, and each replica then takes its rows
+    of the sum and lets the whole go, as ZeRO-1 keeps its partition of the reduced gradient
+    (``heterog.runtime.state_lowering``: the rows are taken at the AllReduce's end). Offloaded stage 1 keeps
+    the whole to its copy down."""
     if state is None:
         return None
-    rs = (state.op_stage >= 2) & ctx.index.is_grad
-    if not rs.any():
+    kept = ((state.op_stage >= 2) | ((state.op_stage == 1) & (state.op_offload == 0))) & ctx.index.is_grad
+    if not kept.any():
         return None
     out = np.ones((ctx.index.n_ops, ctx.n_devices))
-    out[rs] = state.frac[state.op_row[rs]]
+    out[kept] = state.frac[state.op_row[kept]]
     return out
 
 

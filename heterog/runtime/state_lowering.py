@@ -124,6 +124,7 @@ class StateHost(Protocol):
     cluster: Cluster
     plan: CompiledPlan
     start: np.ndarray
+    finish: np.ndarray | None
     memo: dict[Any, Any]
     deps: dict[int, list[list]]
     nominal: CostModel
@@ -451,7 +452,7 @@ class StateLowering:
         cut = hs.sharded and len(shape) == len(b.leaf((hs.param, 0)).shape) and shape[0] == sum(hs.shares)
         if not cut and not host:
             return Input(r.node, src, leaf.node, chain, scale, r.tuple_index)
-        at = self._down_key(op, u, dev, key) if host else key
+        at = self._down_key(op, u, dev, key) if host else self._rows_key(op, u, dev, key, src) if cut else key
         if cut or chain or scale != 1.0:
             src = self.derive(dev, at, src, leaf.read_node, chain, scale, hs.part(dev) if cut else None, r.node,
                               r.tuple_index)
@@ -482,6 +483,14 @@ class StateLowering:
             item = b.memo[("zh", dev, stash_key)] = b.emit(dev, at + (-1, 2), Copy(stash_key, source, True))
         b.pull(item, at + (-1, 2))
         return Stash(stash_key)
+
+    def _rows_key(self, op: int, u: int, dev: int, key: tuple, src: Source) -> tuple:
+        """Where ``dev`` takes its rows of what op ``op`` at ``key`` reads from op ``u``: an all-reduced gradient
+        (stage 1) at the end of the compiler's AllReduce, the whole then let go, as ZeRO-1 keeps its partition of
+        it (``compiler.sharded_state.gradient_shares``); else (the parameter) before the reader."""
+        got = self._upstream(self.b.inst_task[(op, dev, 0)], u, (TaskKind.ALLREDUCE,)) \
+            if self.b.finish is not None and isinstance(src, Stash) and src.key[0] == "g" else []
+        return (float(self.b.finish[got[0]]), got[0], 3) if got and self.b.finish is not None else key
 
     def _down_key(self, op: int, u: int, dev: int, key: tuple) -> tuple:
         """The key of the compiler's copy down of op ``u``'s value that ``op``'s instance on ``dev`` waits for

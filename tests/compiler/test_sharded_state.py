@@ -123,6 +123,26 @@ def test_stage_one_all_gathers_each_updated_weight_after_its_half_update():
     assert np.all(r1.peak_memory[:2] < r0.peak_memory[:2])
 
 
+def test_stage_one_keeps_the_devices_rows_of_the_all_reduced_gradient():
+    """ZeRO-1: each replica updates its rows from the all-reduced gradient, so it takes them when the
+    AllReduce ends and lets the whole go (the runtime does, ``state_lowering``): the maker holds the gradient
+    in two entries, the device's half, released by the update's last read, and the rest, released by the
+    AllReduce."""
+    p1, r1, _ = plan_of(1)
+    ptr, _, nbytes = p1.tg.memory()
+    release = r1.entry_release_time()
+    for g, first_update in ((12, 20), (14, 15)):
+        (ar,) = tasks(p1, TaskKind.ALLREDUCE, g)
+        makers = tasks(p1, TaskKind.COMPUTE, g)
+        assert [nbytes[ptr[m]:ptr[m + 1]].tolist() for m in makers] == [[W_BYTES / 2, W_BYTES / 2]] * 2
+        assert [release[ptr[m] + 1] for m in makers] == [pytest.approx(r1.finish[ar])] * 2
+        for m in makers:                    # the half: to the later of the lerp and the addcmul on its device
+            readers = tasks(p1, TaskKind.COMPUTE, first_update)
+            readers = np.concatenate([readers, tasks(p1, TaskKind.COMPUTE, first_update + 1)])
+            mine = readers[p1.task_device[readers] == p1.task_device[m]]
+            assert release[ptr[m]] == pytest.approx(r1.finish[mine].max())
+
+
 def test_stage_two_reduce_scatters_gradients_and_frees_the_full_one():
     p2, r2, cluster = plan_of(2)
     assert len(tasks(p2, TaskKind.ALLREDUCE)) == 0

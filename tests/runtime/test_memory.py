@@ -207,3 +207,39 @@ def test_no_split_program_keeps_an_output_that_no_instruction_reads() -> None:
         assert kept and all(e in read for e in kept)
     for (peak, _), name in zip(metered_dry_run(prepared), cluster.device_names):
         assert prepared.simulated_peak_memory_bytes[name] == pytest.approx(peak, rel=0.01)
+
+
+def test_stage_one_takes_its_rows_of_each_all_reduced_gradient_when_the_all_reduce_ends() -> None:
+    """wide_embeddings with every group's optimizer state in even shards (stage 1) over two devices: each
+    replica takes its rows of an all-reduced gradient right after the AllReduce (the Derive is the stash's
+    only reader) and lets the whole go, as the simulator counts it. The peaks, metered as the workers meter
+    them, are then within 2.5% of the simulated ones (the rows are copied beside the whole for an instant at
+    the AllReduce's end: 16,000 of 789,268 B); with the rows taken at the update's first read and the whole
+    held by the simulator to its last, the simulator was +14.2%."""
+    import dataclasses
+
+    from heterog.runtime.check import metered_dry_run
+    from heterog.runtime.instructions import AllReduce, Derive, Finish, Stash, sources
+    from heterog.sharded import ShardedState
+
+    m = model("tests/runtime/conformance_models.py:build_wide_embeddings", optimizer="adam")
+    cluster = load_cluster("local-cpu-2")
+    base = resolve_strategy(m, cluster, method="ev-ar")
+    held = ShardedState(1, (1, 1))
+    prepared = prepare(m, cluster, dataclasses.replace(base, configs=[
+        dataclasses.replace(c, sharded=held) for c in base.configs]))
+    taken = 0
+    for rp in prepared.lowered.ranks:
+        readers: dict = {}
+        for i, ins in enumerate(rp.instrs):
+            for src in sources(ins) if not isinstance(ins, Finish) else ():
+                readers.setdefault(src, []).append(i)
+        reduced = {Stash(ins.key): i for i, ins in enumerate(rp.instrs) if isinstance(ins, AllReduce)}
+        for i, ins in enumerate(rp.instrs):
+            if isinstance(ins, Derive) and ins.part is not None and ins.source in reduced:
+                taken += 1
+                assert readers[ins.source] == [i] and ins.source in rp.frees[i]
+                assert rp.instrs[i - 1] == Finish(ins.source.key) and reduced[ins.source] < i - 1
+    assert taken >= 16                      # eight embedding tables' gradients on each device
+    for (peak, _), name in zip(metered_dry_run(prepared), cluster.device_names):
+        assert prepared.simulated_peak_memory_bytes[name] == pytest.approx(peak, rel=0.025)
