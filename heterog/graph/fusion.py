@@ -49,8 +49,9 @@ def fuse_trivial(graph: OpGraph) -> OpGraph:
     with the bytes and batch dim of the tensor it actually consumes and ``src_output`` = the producer output
     the view derives from; one edge per (merged op, output, consumer). A consumer of several views of one
     output (the query, key and value picked from one projection) reads all of them: its edge carries their
-    bytes summed, at most the whole output's. Ops are renumbered topologically
-    (by producer index) and ``meta`` records ``ops_before_fusion``/``ops_after_fusion``.
+    bytes summed, at most the whole output's (but never less than its largest view: an expanded one). Ops
+    are renumbered topologically (by producer index) and ``meta`` records
+    ``ops_before_fusion``/``ops_after_fusion``.
     """
     n = graph.n_ops
     preds: list[set[int]] = [set() for _ in range(n)]
@@ -116,7 +117,7 @@ def fuse_trivial(graph: OpGraph) -> OpGraph:
         key = (new_index[s], k, new_index[d])
         views = read.setdefault(key, {})
         views[e.src] = max(views.get(e.src, 0), int(e.bytes))
-        nbytes = min(sum(views.values()), whole.get((s, k), sum(views.values())))
+        nbytes = max(max(views.values()), min(sum(views.values()), whole.get((s, k), 0)))
         old = merged.get(key)
         if old is None:
             merged[key] = Edge(src=key[0], dst=key[2], bytes=nbytes, batch_dim=e.batch_dim, src_output=k)
