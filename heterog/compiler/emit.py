@@ -284,7 +284,7 @@ def _connect_nonbatch(ctx: CompileContext, layouts: LayoutTable, conv: Engine, e
     need = miss & ~gi.e_value_free[er]
     if need.any():
         tensor = t[need]
-        moved = conv.copies(tensor, u[need], d[need], gi.e_bytes[er[need]], v[need], lay.dev_mask[prov.layout[tensor]],
+        moved = conv.copies(tensor, u[need], d[need], gi.t_bytes[tensor], v[need], lay.dev_mask[prov.layout[tensor]],
                             prov.at)
         batch.deps(consumer[need], moved, n_ops + tensor)
 
@@ -301,7 +301,8 @@ def _connect_relayout(ctx: CompileContext, layouts: LayoutTable, conv: Engine, e
     first_consumer = np.full(len(uniq), np.iinfo(np.int64).max)
     np.minimum.at(first_consumer, inv, dst)
     r_u = src[first_idx]
-    out_task = conv.relayout(layouts, uniq // n_lay, r_u, op_lay[r_u], op_lay[dst[first_idx]], gi.e_bytes[e][first_idx],
+    tensor = uniq // n_lay
+    out_task = conv.relayout(layouts, tensor, r_u, op_lay[r_u], op_lay[dst[first_idx]], gi.t_bytes[tensor],
                              first_consumer, prov.inst_start[r_u])
     # consumers: entry j of each edge's consumer depends on the re-layout's output j
     er, loc = ragged(layouts.length[op_lay[dst]])

@@ -68,12 +68,13 @@ class GraphIndex:
     is_grad: np.ndarray
     e_src: np.ndarray
     e_dst: np.ndarray
-    e_bytes: np.ndarray
+    e_bytes: np.ndarray            # what the consumer reads of the tensor (a view of it: its bytes)
     e_batch: np.ndarray            # edge tensor carries a batch
     e_value_free: np.ndarray       # consumer only needs the shape (ones_like, ...)
     e_tensor: np.ndarray           # tensor id of the edge
     t_op: np.ndarray               # producer op of each tensor
-    t_bytes: np.ndarray
+    t_bytes: np.ndarray            # the producer's whole output, what moves between devices (the runtime
+                                   # moves it and runs each reader's views where it is read)
     t_needs_agg: np.ndarray        # partial result (batch inputs, no batch dim) whose value someone reads
     t_pulled: np.ndarray           # value of a PS-resident op (parameter, state, update) read by a batch op
     partial_bytes: np.ndarray      # (n_ops,) bytes of the op's partial results that are read (t_needs_agg)
@@ -119,7 +120,8 @@ def _build_index(graph: OpGraph) -> GraphIndex:
     uniq, first, e_tensor = np.unique(src * 1024 + src_out, return_index=True, return_inverse=True)
     e_tensor = e_tensor.astype(np.int64)
     t_op = src[first] if len(src) else np.zeros(0, np.int64)
-    t_bytes = graph.edge_bytes[first] if len(src) else np.zeros(0)
+    t_bytes = np.array([output_bytes(ops[int(u)])[int(k)] for u, k in zip(t_op.tolist(), src_out[first].tolist())],
+                       dtype=np.float64)
     t_partial = is_compute[t_op] & has_batch[t_op] & ~e_batch[first] if len(src) else np.zeros(0, bool)
     t_read = np.zeros(len(uniq), dtype=bool)
     np.logical_or.at(t_read, e_tensor[~e_value_free], True)

@@ -47,8 +47,11 @@ def fuse_trivial(graph: OpGraph) -> OpGraph:
     ``fx_nodes`` lists all merged fx nodes in execution order; ``is_grad``/``param`` carry over from a
     merged view that returns a parameter's gradient. A consumer of a view gets an edge from the merged op
     with the bytes and batch dim of the tensor it actually consumes and ``src_output`` = the producer output
-    the view derives from; one edge per (merged op, output, consumer). Ops are renumbered topologically
-    (by producer index) and ``meta`` records ``ops_before_fusion``/``ops_after_fusion``.
+    the view derives from; one edge per (merged op, output, consumer). A consumer of several views of one
+    output (the query, key and value picked from one projection) reads all of them: its edge carries their
+    bytes summed, at most the whole output's (but never less than its largest view: an expanded one). Ops
+    are renumbered topologically (by producer index) and ``meta`` records
+    ``ops_before_fusion``/``ops_after_fusion``.
     """
     n = graph.n_ops
     preds: list[set[int]] = [set() for _ in range(n)]
@@ -100,18 +103,26 @@ def fuse_trivial(graph: OpGraph) -> OpGraph:
             batch_dims=list(base.batch_dims),
         ))
 
+    whole: dict[tuple[int, int], int] = {}      # (kept op, output) -> its bytes, as an edge out of it carries them
+    for e in graph.edges:
+        if rep[e.src] == e.src:
+            whole[(e.src, e.src_output)] = max(whole.get((e.src, e.src_output), 0), int(e.bytes))
     merged: dict[tuple[int, int, int], Edge] = {}
+    read: dict[tuple[int, int, int], dict[int, int]] = {}     # merged edge -> bytes of each view it reads
     for e in graph.edges:
         s, d = rep[e.src], rep[e.dst]
         if s == d:
             continue
         k = e.src_output if e.src == s else origin[e.src]
         key = (new_index[s], k, new_index[d])
+        views = read.setdefault(key, {})
+        views[e.src] = max(views.get(e.src, 0), int(e.bytes))
+        nbytes = max(max(views.values()), min(sum(views.values()), whole.get((s, k), 0)))
         old = merged.get(key)
         if old is None:
-            merged[key] = Edge(src=key[0], dst=key[2], bytes=int(e.bytes), batch_dim=e.batch_dim, src_output=k)
+            merged[key] = Edge(src=key[0], dst=key[2], bytes=nbytes, batch_dim=e.batch_dim, src_output=k)
         else:
-            old.bytes = max(old.bytes, int(e.bytes))
+            old.bytes = nbytes
             if old.batch_dim is None:
                 old.batch_dim = e.batch_dim
     edges = sorted(merged.values(), key=lambda e: (e.dst, e.src, e.src_output))

@@ -72,9 +72,12 @@ def gpu_cluster(n: int = 2, memory: str = "16 GiB", name: str | None = None):
 
 
 def compute_dag(n_ops: int, edges: list[tuple[int, int, int]], name: str = "dag", batch: int = 4) -> OpGraph:
-    """Compute ops only, no batch dimension anywhere (so no op is split); ``edges`` are (src, dst, bytes)."""
-    ops = [Op(f"op{i}", "aten.mul.Tensor", "compute", "forward", [[4]], ["torch.float32"], [None], flops=1.0,
-              bytes_read=16, bytes_written=16) for i in range(n_ops)]
+    """Compute ops only, no batch dimension anywhere (so no op is split); ``edges`` are (src, dst, bytes): an
+    op's output is as many bytes as its edges carry (what moves between devices), 16 for an op read by none."""
+    out = {s: b for s, _, b in sorted(edges, key=lambda e: e[2])}
+    ops = [Op(f"op{i}", "aten.mul.Tensor", "compute", "forward", [[out[i]] if i in out else [4]],
+              ["torch.uint8" if i in out else "torch.float32"], [None], flops=1.0, bytes_read=16, bytes_written=16)
+           for i in range(n_ops)]
     return OpGraph(name, batch, ops, [Edge(s, d, b, None) for s, d, b in edges])
 
 

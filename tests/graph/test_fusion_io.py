@@ -52,6 +52,30 @@ def test_fuse_trivial_on_a_hand_built_graph() -> None:
     assert sum(op.flops for op in f.ops) == sum(op.flops for op in g.ops)
 
 
+def test_a_consumer_of_several_views_of_one_output_reads_their_bytes_summed_at_most_the_whole() -> None:
+    # proj (4,6) -> unbind-like views q, k, v (4,2) each -> attn reads all three; scale reads q and q's alias
+    # (an overlap: at most the whole output); an expanded view read alone keeps its own (larger) bytes
+    ops = [
+        _op("x", "placeholder", [[4, 6]], [0], kind="input"),
+        _op("proj", "aten.relu.default", [[4, 6]], [0]),
+        _op("q", "aten.slice.Tensor", [[4, 2]], [0]),
+        _op("k", "aten.slice.Tensor", [[4, 2]], [0]),
+        _op("v", "aten.slice.Tensor", [[4, 2]], [0]),
+        _op("attn", "aten.add.Tensor", [[4, 2]], [0]),
+        _op("all", "aten.alias.default", [[4, 6]], [0]),
+        _op("both", "aten.mul.Tensor", [[4, 6]], [0]),
+        _op("e", "aten.expand.default", [[4, 6, 6]], [0]),
+        _op("big", "aten.neg.default", [[4, 6, 6]], [0]),
+    ]
+    edges = [Edge(0, 1, 96, 0), Edge(1, 2, 96, 0), Edge(1, 3, 96, 0), Edge(1, 4, 96, 0), Edge(2, 5, 32, 0),
+             Edge(3, 5, 32, 0), Edge(4, 5, 32, 0), Edge(1, 6, 96, 0), Edge(2, 7, 32, 0), Edge(6, 7, 96, 0),
+             Edge(1, 8, 96, 0), Edge(8, 9, 576, 0)]
+    f = fuse_trivial(OpGraph("views", 4, ops, edges))
+    assert [op.name for op in f.ops] == ["x", "proj", "attn", "both", "big"]
+    assert [(f.ops[e.src].name, f.ops[e.dst].name, e.bytes) for e in f.edges] == [
+        ("x", "proj", 96), ("proj", "attn", 96), ("proj", "both", 96), ("proj", "big", 576)]
+
+
 def test_fusion_keeps_one_parameter_gradient_per_op() -> None:
     # bwd -> (grad_w, grad_b) via two getitems: the second gradient stays its own op
     ops = [_op("go", "placeholder", [[4, 3]], [0], kind="input"),
