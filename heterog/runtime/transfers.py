@@ -144,9 +144,10 @@ def finishes(plan: CompiledPlan, finish: np.ndarray | None, items: Sequence[Sequ
 def held_until(plan: CompiledPlan, start: np.ndarray, finish: np.ndarray | None, messages: Sequence[Message],
                items: Sequence[Sequence[list]], post: bool, in_order: bool) -> list[tuple[int, tuple, Instruction]]:
     """(rank, key, instruction) of the ``Post`` of each message (``post``: in the step), the ``Sent`` of each
-    message whose transfer is found and the ``Finish`` of each collective (``buffer_keys``, ``finishes``)."""
+    message whose transfer is found and the ``Finish`` of each collective (``buffer_keys``, ``finishes``). The
+    posts come in tag order, so that posts given one key (a pair's, moved forward together) run in it."""
     posts, ends = buffer_keys(plan, start, finish, messages, items, in_order)
-    out: list[tuple[int, tuple, Instruction]] = [(m.dst, at, Post(m.tag)) for m, at in zip(messages, posts)] \
-        if post else []
+    out: list[tuple[int, tuple, Instruction]] = [
+        (m.dst, at, Post(m.tag)) for m, at in sorted(zip(messages, posts), key=lambda ma: ma[0].tag)] if post else []
     out += [(m.src, end, Sent(m.tag)) for m, end in zip(messages, ends) if end is not None]
     return out + finishes(plan, finish, items)
