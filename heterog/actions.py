@@ -349,6 +349,11 @@ def apply_states(strategy: Strategy, choices: Sequence[int] | np.ndarray, cluste
             if key not in made:
                 made[key] = with_state(configs[g], s, cluster)
             configs[g] = made[key]
+    return with_configs(strategy, configs)
+
+
+def with_configs(strategy: Strategy, configs: list[ParallelConfig]) -> Strategy:
+    """``strategy`` with ``configs``, its ``meta["sharded"]`` set again where any group keeps sharded state."""
     meta = dict(strategy.meta)
     meta.pop("sharded", None)
     if any(c.sharded is not None for c in configs):

@@ -54,6 +54,7 @@ from heterog.actions import (
     row_action,
     state_choice,
     state_choice_name,
+    with_configs,
     with_state,
 )
 from heterog.errors import HeterogError, StrategyError
@@ -175,11 +176,7 @@ def apply_extended(strategy: Strategy, actions: Sequence[int] | np.ndarray, rows
         if key not in made:
             made[key] = decode_extended(a, rows[g], cluster, strategy.batch_size, splits, states)
         configs[g] = made[key]
-    meta = dict(strategy.meta)
-    meta.pop("sharded", None)
-    if any(c.sharded is not None for c in configs):
-        meta["sharded"] = [None if c.sharded is None else c.sharded.to_dict() for c in configs]
-    return replace(strategy, configs=configs, meta=meta)
+    return with_configs(strategy, configs)
 
 
 def regroup(strategy: Strategy, group_of: np.ndarray) -> Strategy:
