@@ -42,7 +42,7 @@ def checkpoint_bytes(graph: OpGraph, cluster: Cluster, plan: CompiledPlan) -> np
         stage = int(state.op_stage[o]) if state is not None else 0
         if stage > 0:
             assert state is not None
-            frac = state.frac[int(state.op_row[o])]
+            frac = state.frac[int(state.frac_row(o))]
             for d in devs:
                 out[d] += op.state_bytes * frac[d] + (op.param_bytes * frac[d] if stage >= 3 else 0.0)
             if stage < 3:

@@ -179,7 +179,7 @@ def host_instances(ctx: CompileContext, state: StatePlacement, inst_op: np.ndarr
     oi, ht = offload_index(ctx), host_table(ctx)
     o, d = inst_op[host], inst_dev[host]
     p = oi.param_of[o]
-    f = state.frac[state.op_row[o], d]
+    f = state.frac[state.frac_row(o), d]
     server = ctx.cluster.server_of[d]
     dur, alloc = dur.copy(), alloc.copy()
     dur[host] = ht.step_s_per_param[server] * oi.numel[p] * f * oi.step_share[o]
@@ -200,8 +200,8 @@ def emit_uploads(ctx: CompileContext, layouts: LayoutTable, conv: Engine, ops: n
         p, lay = int(si.new_param[o]), int(op_lay[o])
         last = layouts.last_entries(lay)
         dev = layouts.dev_flat[layouts.ptr[lay] + last]
-        row = int(state.op_row[o])
-        out[o] = conv.host_copies(prov.inst_start[o] + last, dev, si.param_bytes[p] * state.frac[row, dev],
+        row, part = int(state.op_row[o]), state.frac[state.frac_row(o), dev]
+        out[o] = conv.host_copies(prov.inst_start[o] + last, dev, si.param_bytes[p] * part,
                                   _concurrent(ctx, state, np.full(len(dev), row), dev), ht.first + ctx.n_devices + dev,
                                   op=o, prio_op=o, stage="push", cls=0, tensor=int(si.param_tensor[p]), sub=dev,
                                   owner=o)
@@ -220,7 +220,7 @@ def shard_uploads(ctx: CompileContext, conv: Engine, state: StatePlacement, p: i
         return None
     si, ht = state_index(ctx), host_table(ctx)
     row, dev = int(state.op_row[p]), np.array(devs, dtype=np.int64)
-    nbytes = si.param_bytes[p] * state.frac[row, dev]
+    nbytes = si.param_bytes[p] * state.frac[state.frac_row(p), dev]
     k = len(dev)
     up = conv.host_copies(np.full(k, -1, dtype=np.int64), dev, nbytes,
                           _concurrent(ctx, state, np.full(k, row), dev), ht.first + ctx.n_devices + dev, op=p,
@@ -262,7 +262,8 @@ def connect_host_reads(ctx: CompileContext, layouts: LayoutTable, conv: Engine, 
     if miss.any():
         holder = layouts.dev_flat[layouts.ptr[prov.layout[tt[miss]]]]
         have[miss] = prov.at[tt[miss], holder]
-    down = conv.host_copies(have, td, gi.t_bytes[tt] * state.frac[row, td], _concurrent(ctx, state, row, td),
+    part = state.frac[state.frac_row(tv), td]
+    down = conv.host_copies(have, td, gi.t_bytes[tt] * part, _concurrent(ctx, state, row, td),
                             ht.first + td, op=gi.t_op[tt], prio_op=first_reader, stage="transfer", cls=1, tensor=tt,
                             sub=td, owner=n_ops + tt)
     conv.deps(prov.inst_start[v] + loc, down[inv], n_ops + t)
@@ -280,7 +281,7 @@ def offloaded_memory(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarr
     elements = np.zeros(ctx.n_devices)
     for p in np.nonzero((state.op_offload > 0) & (si.param_tensor >= 0) & (oi.numel > 0))[0].tolist():
         devs = np.array(layouts.unique_devices(int(op_lay[p])), dtype=np.int64)
-        f = state.frac[state.op_row[p], devs]
+        f = state.frac[state.frac_row(p), devs]
         gone = si.state_bytes[p] + (si.param_bytes[p] if state.op_offload[p] == OFFLOAD_CODES["parameters"] else 0.0)
         saved[devs] += gone * f
         elements[devs] += oi.numel[p] * f

@@ -20,7 +20,13 @@ from heterog.compiler.micro import add_schedule, micro_order, window_exempt
 from heterog.compiler.offload import host_resources, offloaded_memory, offloads
 from heterog.compiler.place import Placement
 from heterog.compiler.registries import Layout, LayoutTable
-from heterog.compiler.sharded_state import StatePlacement, gradient_shares, reduce_scattered, resident_saved
+from heterog.compiler.sharded_state import (
+    StatePlacement,
+    gradient_shares,
+    reduce_scattered,
+    resident_saved,
+    update_gather_readers,
+)
 from heterog.compiler.sync_stats import wait_for_statistics
 from heterog.compiler.tasks import Deps, Providers, TaskBatch, TaskKind, Tasks, ragged
 
@@ -250,7 +256,7 @@ def assemble(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray 
         tg = host_resources(ctx, resident, host_bytes)
     else:
         tg = ctx.resources.empty_copy(resident_bytes=resident)
-    held = state_held(place)
+    held = state_held(place.state)
     reads = dep_owner != ORDER_ONLY               # the dependencies that read what they wait for
     mem = memory_entries(ctx, layouts, place.op_lay, place.out_split, tasks,
                          deps if reads.all() else (dep_task[reads], dep_on[reads], dep_owner[reads]), held,
@@ -266,22 +272,27 @@ def assemble(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray 
     return PlanState(plan, tasks, dep_task, dep_on, dep_owner, place, prov)
 
 
-def state_held(place: Placement) -> np.ndarray | None:
+def state_held(state: StatePlacement | None) -> np.ndarray | None:
     """(n_ops,) ops whose group's state is sharded or offloaded (None: none is; ``memory_entries``)."""
-    return None if place.state is None else (place.state.op_stage > 0) | (place.state.op_offload > 0)
+    return None if state is None else (state.op_stage > 0) | (state.op_offload > 0)
 
 
-def overwrite_after_reads(ctx: CompileContext, tasks: Tasks, deps: Deps, held: np.ndarray | None) -> Deps:
-    """``deps`` (sorted by (task, on)) with each op instance of the update that writes its output into the
-    parameter or optimizer state it replaces (``heterog.compiler.memory.victims``, not under sharded or
-    offloaded state: ``held``) waiting for every other task that reads the value it overwrites from the same
-    task (a backward op that reads the parameter, e.g. the input gradient of a linear layer, which nothing
-    else orders before the weight's update; a transfer of it), sorted. The write in place, which the memory
-    model counts, is then what the runtime can do: it overwrites a value that no later instruction reads
-    (``heterog.runtime.in_place``), where a schedule that ran the update first would make the runtime hold
-    the old and the new value at once. The added dependencies only order (owner ``ORDER_ONLY``): the
-    writer releases none of its readers' memory."""
+def overwrite_after_reads(ctx: CompileContext, tasks: Tasks, deps: Deps, state: StatePlacement | None) -> Deps:
+    """``deps`` (sorted by (task, on)) with each task that writes into a value in place waiting for every other
+    task that reads that value (owner ``ORDER_ONLY``: the writer releases none of its readers' memory), sorted:
+
+    - an op instance of the update that writes its output into the parameter or optimizer state it replaces
+      (``heterog.compiler.memory.victims``, not under sharded or offloaded state), for the readers of the value
+      it overwrites from the same task (a backward op that reads the parameter, e.g. the input gradient of a
+      linear layer, which nothing else orders before the weight's update; a transfer of it);
+    - the all-gather of a parameter's next value at stages 1 and 2, which lands in the resident parameter
+      (``sharded_state.emit_update_gathers``), for every reader of the parameter.
+
+    The write in place, which the memory model counts, is then what the runtime can do: it overwrites a value
+    that no later instruction reads (``heterog.runtime.in_place``), where a schedule that ran the writer first
+    would make the runtime hold the old and the new value at once."""
     task, on, owner = deps
+    held = state_held(state)
     vic = victims(ctx)
     op = tasks.op[task]
     opc = np.maximum(op, 0)
@@ -289,20 +300,24 @@ def overwrite_after_reads(ctx: CompileContext, tasks: Tasks, deps: Deps, held: n
         (owner == ctx.index.n_ops + vic.tensor[opc])
     if held is not None:
         writes &= ~(vic.param[opc] & held[opc])
-    if not writes.any():
-        return deps
     writer, value = task[writes], on[writes]
     by_on = np.argsort(on, kind="stable")
     lo, hi = np.searchsorted(on[by_on], value, "left"), np.searchsorted(on[by_on], value, "right")
     r, k = ragged(hi - lo)
-    reader, writer = task[by_on[lo[r] + k]], writer[r]
+    add_task, add_on = writer[r], task[by_on[lo[r] + k]]
     # readers come before the update in the canonical order (the update's op follows the backward's)
-    new = (reader != writer) & (reader < writer) & (tasks.kind[reader] != TaskKind.SYNC)
+    keep = add_on < add_task
+    add_task, add_on = add_task[keep], add_on[keep]
+    if state is not None:
+        gather, reader = update_gather_readers(ctx, tasks, deps, state)
+        add_task, add_on = np.concatenate([add_task, gather]), np.concatenate([add_on, reader])
+    new = (add_on != add_task) & (tasks.kind[add_on] != TaskKind.SYNC)
     if not new.any():
         return deps
-    new_task = np.concatenate([task, writer[new]])
-    new_on = np.concatenate([on, reader[new]])
-    new_owner = np.concatenate([owner, np.full(int(new.sum()), ORDER_ONLY, dtype=owner.dtype)])
+    pairs = np.unique(np.stack([add_task[new], add_on[new]]), axis=1)
+    new_task = np.concatenate([task, pairs[0]])
+    new_on = np.concatenate([on, pairs[1]])
+    new_owner = np.concatenate([owner, np.full(pairs.shape[1], ORDER_ONLY, dtype=owner.dtype)])
     s = np.lexsort((new_on, new_task))
     return new_task[s], new_on[s], new_owner[s]
 
@@ -340,7 +355,7 @@ def finish(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray | 
     (``heterog.compiler.micro``) and assemble that, the PlanState keeping the canonical tasks, dependencies
     and providers that a patch starts from. ``validate`` and ``csr`` as for ``assemble`` (one micro-batch)."""
     kept = deps                       # what a patch starts from: the dependencies as emitted
-    ordered = overwrite_after_reads(ctx, tasks, deps, state_held(place))
+    ordered = overwrite_after_reads(ctx, tasks, deps, place.state)
     if ordered is not deps:           # an update that overwrites a value waits for its other readers
         deps, csr = ordered, None
     if place.synced is not None:      # readers of synced batch norms wait for their statistics too

@@ -30,8 +30,9 @@ from heterog.caches import DerivedCache
 from heterog.compiler.context import CompileContext
 from heterog.compiler.convert import Engine
 from heterog.compiler.registries import ConfigTable, LayoutTable
-from heterog.compiler.tasks import Providers
+from heterog.compiler.tasks import Deps, Providers, TaskKind, Tasks, ragged
 from heterog.placement import P, R, Shard, conversion
+from heterog.shares import split_shares_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.graph.opgraph import OpGraph
@@ -62,7 +63,10 @@ class StatePlacement:
     ``weights`` (K,) each config's integer shard weights (``ShardedState.weights``), from which the runtime
     cuts whole rows (``heterog.runtime.state_lowering``). ``rs_prev``, ``rs_wait`` (n_tensors,) per
     reduce-scattered gradient the gradient of its config reduce-scattered before it and the one whose
-    reduce-scatter its maker waits for (-1: none; ``reduce_scatter_order``)."""
+    reduce-scatter its maker waits for (-1: none; ``reduce_scatter_order``). ``op_frac`` (n_ops,) the row of
+    ``frac`` with the parts of the tensors of each op's parameter: its whole rows as the runtime cuts them
+    (``split_shares_of(rows, weights)``, rows K and on), or its config's fractions where the parameter has
+    fewer rows than replicas (``frac_row``)."""
 
     op_stage: np.ndarray
     op_row: np.ndarray
@@ -74,6 +78,11 @@ class StatePlacement:
     weights: tuple[tuple[int, ...], ...] = ()
     rs_prev: np.ndarray | None = None
     rs_wait: np.ndarray | None = None
+    op_frac: np.ndarray | None = None
+
+    def frac_row(self, ops: np.ndarray | int) -> np.ndarray:
+        """The rows of ``frac`` with the parts of ``ops``' parameters' tensors (``op_frac``)."""
+        return (self.op_row if self.op_frac is None else self.op_frac)[ops]
 
 
 @dataclass(frozen=True)
@@ -82,7 +91,8 @@ class StateIndex:
     ops over whole tensors; ``new_param`` (n_ops,) the param placeholder whose next value an update op
     writes (-1: none); ``param_tensor`` (n_ops,) a param placeholder's output tensor (-1: none);
     ``param_bytes``, ``grad_bytes``, ``state_bytes`` (n_ops,) resident parts; ``trigger[phase][p]`` the
-    ops a stage-3 gather of parameter p before ``phase`` (0 forward, 1 backward) waits for."""
+    ops a stage-3 gather of parameter p before ``phase`` (0 forward, 1 backward) waits for; ``rows``
+    (n_ops,) the size of dim 0 of the parameter an op belongs to (0: none, or a scalar)."""
 
     scaled_update: np.ndarray
     new_param: np.ndarray
@@ -92,6 +102,7 @@ class StateIndex:
     state_bytes: np.ndarray
     trigger: tuple[dict[int, tuple[int, ...]], dict[int, tuple[int, ...]]]
     pred: dict[int, frozenset[int]]
+    rows: np.ndarray
 
     def before(self, v: int) -> frozenset[int]:
         """The compute ops two hops (batch edges of one phase) before op ``v`` (one hop where there are no
@@ -138,11 +149,13 @@ def _build_state_index(ctx: CompileContext) -> StateIndex:
         np.minimum.at(first, src[read], dst[read])
         for p in np.nonzero(first < n)[0].tolist():
             trigger[ph][p] = tuple(sorted(_two_hops(pred, int(first[p]))))
-    out = StateIndex(scaled, new_param, param_tensor,
-                     np.array([op.param_bytes for op in ops], dtype=np.float64),
-                     np.array([op.grad_bytes for op in ops], dtype=np.float64),
-                     np.array([op.state_bytes for op in ops], dtype=np.float64), trigger, pred)
-    return out
+    dim0 = {op.param: int(op.output_shapes[0][0]) for op in ops
+            if op.kind == "param" and op.output_shapes and len(op.output_shapes[0]) > 0}
+    rows = np.array([dim0.get(op.param, 0) if op.param is not None else 0 for op in ops], dtype=np.int64)
+    return StateIndex(scaled, new_param, param_tensor,
+                      np.array([op.param_bytes for op in ops], dtype=np.float64),
+                      np.array([op.grad_bytes for op in ops], dtype=np.float64),
+                      np.array([op.state_bytes for op in ops], dtype=np.float64), trigger, pred, rows)
 
 
 def place_state(ctx: CompileContext, configs: ConfigTable, op_cfg: np.ndarray,
@@ -168,13 +181,33 @@ def place_state(ctx: CompileContext, configs: ConfigTable, op_cfg: np.ndarray,
         frac[row, list(cfg.devices)] = cfg.sharded.fractions if int(cfg.sharded.stage) else 1.0
         devices.append(tuple(cfg.devices))
         weights.append(tuple(int(w) for w in cfg.sharded.weights))
+    frac, op_frac = whole_rows(si, op_row, op_stage, frac, devices, weights)
     pairs = [(int(si.param_tensor[p]), q) for ph in (0, 1) for p, qs in si.trigger[ph].items()
              if op_stage[p] == 3 for q in qs]
     tt = np.array([a for a, _ in pairs], dtype=np.int64)
     to = np.array([b for _, b in pairs], dtype=np.int64)
     rs_prev, rs_wait = reduce_scatter_order(ctx, op_stage, op_row, aggregate)
     return StatePlacement(op_stage, op_row, frac, tuple(devices), tt, to, op_offload, tuple(weights),
-                          rs_prev, rs_wait)
+                          rs_prev, rs_wait, op_frac)
+
+
+def whole_rows(si: StateIndex, op_row: np.ndarray, op_stage: np.ndarray, frac: np.ndarray,
+               devices: list[tuple[int, ...]], weights: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
+    """``frac`` with a row per (config, rows of a parameter) that the runtime divides in whole rows (stage >= 1,
+    at least as many rows as replicas: ``split_shares_of(rows, weights)[i] / rows`` on replica i) and each
+    op's row in it (``StatePlacement.op_frac``)."""
+    op_frac = op_row.copy()
+    cut = (op_row >= 0) & (op_stage > 0) & (si.rows > 0)
+    lens = np.array([len(d) for d in devices], dtype=np.int64)
+    cut[cut] &= (lens[op_row[cut]] > 1) & (si.rows[cut] >= lens[op_row[cut]])
+    if not cut.any():
+        return frac, op_frac
+    pairs, inv = np.unique(np.stack([op_row[cut], si.rows[cut]]), axis=1, return_inverse=True)
+    extra = np.zeros((pairs.shape[1], frac.shape[1]))
+    for k, (row, rows) in enumerate(pairs.T.tolist()):
+        extra[k, list(devices[row])] = np.asarray(split_shares_of(rows, weights[row]), dtype=np.float64) / rows
+    op_frac[cut] = len(frac) + inv.reshape(-1)
+    return np.concatenate([frac, extra]), op_frac
 
 
 def reduce_scatter_order(ctx: CompileContext, op_stage: np.ndarray, op_row: np.ndarray,
@@ -214,7 +247,7 @@ def scale_instances(ctx: CompileContext, state: StatePlacement, inst_op: np.ndar
     op making a gradient allocates the full local gradient at every stage)."""
     si = state_index(ctx)
     stage = state.op_stage[inst_op]
-    f = np.where(state.op_row[inst_op] >= 0, state.frac[np.maximum(state.op_row[inst_op], 0), inst_dev], 1.0)
+    f = np.where(state.op_row[inst_op] >= 0, state.frac[np.maximum(state.frac_row(inst_op), 0), inst_dev], 1.0)
     upd = (stage > 0) & si.scaled_update[inst_op]
     dur = np.where(upd, dur * f, dur)
     alloc = np.where(upd, alloc * f, alloc)
@@ -233,7 +266,7 @@ def resident_saved(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray
         st = int(state.op_stage[o])
         sharded = si.state_bytes[o] + (si.param_bytes[o] if st >= 3 else 0.0)
         devs = np.array(layouts.unique_devices(int(op_lay[o])), dtype=np.int64)
-        out[devs] += sharded * (1.0 - state.frac[state.op_row[o], devs])
+        out[devs] += sharded * (1.0 - state.frac[state.frac_row(o), devs])
     return out
 
 
@@ -265,7 +298,7 @@ def gradient_shares(ctx: CompileContext, state: StatePlacement | None) -> np.nda
     if not kept.any():
         return None
     out = np.ones((ctx.index.n_ops, ctx.n_devices))
-    out[kept] = state.frac[state.op_row[kept]]
+    out[kept] = state.frac[state.frac_row(kept)]
     return out
 
 
@@ -283,7 +316,7 @@ def emit_reduce_scatter(ctx: CompileContext, layouts: LayoutTable, conv: Engine,
         last = layouts.last_entries(lay)
         rs = conv.collective(SCATTER, devs, gi.t_bytes[sel], prov.inst_start[sel_op][:, None] + last[None, :],
                              op=sel_op, tensor=sel, prio_op=sel_op, stage="aggregate", cls=0, sub=0, owner=sel_op,
-                             need=state.frac[state.op_row[sel_op[0]], list(devs)])
+                             need=state.frac[state.frac_row(sel_op[0]), list(devs)])
         k = len(devs)
         prov.at[np.repeat(sel, k), np.tile(np.array(devs), len(sel))] = np.repeat(rs, k)
     # the config's order (``reduce_scatter_order``): after the one before; the maker's last instances after
@@ -317,7 +350,26 @@ def emit_update_gathers(ctx: CompileContext, layouts: LayoutTable, conv: Engine,
         after = ready[o] if ready is not None and o in ready else prov.inst_start[o] + layouts.last_entries(lay)
         conv.collective(GATHER, devs, si.param_bytes[p], after[None, :], op=o, tensor=int(si.param_tensor[p]),
                         prio_op=o, stage="aggregate", cls=0, sub=0, owner=o,
-                        have=state.frac[state.op_row[o], list(devs)])
+                        have=state.frac[state.frac_row(o), list(devs)])
+
+
+def update_gather_readers(ctx: CompileContext, tasks: Tasks, deps: Deps, state: StatePlacement
+                          ) -> tuple[np.ndarray, np.ndarray]:
+    """(gather, reader) pairs: each all-gather of a parameter's next value (stages 1 and 2,
+    ``emit_update_gathers``), which lands in the resident parameter, and every task that reads the parameter
+    (what must run before the gather overwrites it: ``heterog.compiler.plan.overwrite_after_reads``)."""
+    si = state_index(ctx)
+    task, _, owner = deps
+    opc = np.maximum(tasks.op, 0)
+    gather = np.nonzero((tasks.kind == TaskKind.COLLECTIVE) & (tasks.op >= 0) & (si.new_param[opc] >= 0) &
+                        np.isin(state.op_stage[opc], (1, 2)))[0]
+    if not len(gather):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    read = ctx.index.n_ops + si.param_tensor[si.new_param[tasks.op[gather]]]     # the owner of a read of it
+    by_owner = np.argsort(owner, kind="stable")
+    lo, hi = np.searchsorted(owner[by_owner], read, "left"), np.searchsorted(owner[by_owner], read, "right")
+    r, k = ragged(hi - lo)
+    return gather[r], task[by_owner[lo[r] + k]]
 
 
 def gathered_edges(ctx: CompileContext, state: StatePlacement | None, edges: np.ndarray) -> np.ndarray:
@@ -371,7 +423,7 @@ def connect_gathered(ctx: CompileContext, layouts: LayoutTable, conv: Engine, ed
         t = int(si.param_tensor[p])
         owner = n_ops + t
         devs = layouts.unique_devices(int(op_lay[p]))
-        frac = state.frac[state.op_row[p]]
+        frac = state.frac[state.frac_row(p)]
         nbytes = float(si.param_bytes[p])
         readers = np.array(sorted({int(gi.e_dst[e]) for e in es}), dtype=np.int64)
         sub = 2 * ph                                    # phase 0: subs 0-1, phase 1: 2-3 (distinct order keys)

@@ -36,27 +36,31 @@ def shard_of(value: torch.Tensor, placement: Placement | str, extent: int | None
     return part.flatten(p.dim, p.dim + 1)
 
 
-def dense_like(part: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
-    """A dense copy of ``part`` (always a copy) whose dimensions are laid out in memory in the order of ``whole``'s (a
+def dense_like(part: torch.Tensor, whole: torch.Tensor, copy: bool = True) -> torch.Tensor:
+    """A dense copy of ``part`` whose dimensions are laid out in memory in the order of ``whole``'s (a
     transposed tensor stays transposed): the fx graph's views assume the traced strides, so a device's
-    shard must keep their order, as a tensor received whole would."""
+    shard must keep their order, as a tensor received whole would. ``copy=False``: ``part`` itself where it
+    is dense in that order already (rows of a row-major tensor: a view that holds no bytes of its own)."""
     strides = whole.stride()
     order = sorted(range(whole.dim()), key=lambda d: (-strides[d], -d))
     inverse = [order.index(d) for d in range(whole.dim())]
-    return part.permute(order).clone(memory_format=torch.contiguous_format).permute(inverse)
+    laid = part.permute(order)
+    if not copy and laid.is_contiguous():
+        return part
+    return laid.clone(memory_format=torch.contiguous_format).permute(inverse)
 
 
-def part_of(value: torch.Tensor, placement: Placement | str, extent: int | None, shares: Sequence[int], rank: int
-            ) -> torch.Tensor:
+def part_of(value: torch.Tensor, placement: Placement | str, extent: int | None, shares: Sequence[int], rank: int,
+            copy: bool = True) -> torch.Tensor:
     """Device ``rank``'s part of the whole ``value`` as a consumer needing ``placement`` reads it: its shard
-    (a dense copy in ``value``'s memory order, ``dense_like``), the whole value ("R"), or as partial sums the
-    whole value on rank 0 and zeros elsewhere ("P")."""
+    (a dense copy in ``value``'s memory order, ``dense_like``; ``copy=False``: a view where that is dense
+    already), the whole value ("R"), or as partial sums the whole value on rank 0 and zeros elsewhere ("P")."""
     p = as_placement(placement)
     if p == R:
         return value
     if p == P:
         return value if rank == 0 else torch.zeros_like(value)
-    return dense_like(shard_of(value, placement, extent, shares, rank), value)
+    return dense_like(shard_of(value, placement, extent, shares, rank), value, copy)
 
 
 def padded(part: torch.Tensor, placement: Placement | str, extent: int | None, shares: Sequence[int], rank: int

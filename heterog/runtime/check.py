@@ -291,6 +291,12 @@ def metered_dry_run(prepared: CheckedRun) -> list[tuple[int, int]]:
     a rank holds depends only on its own program's order, not on timing, so this is what its worker measures
     but for the 64-byte header of each emulated message it holds (``tests/runtime/test_memory.py`` holds the two
     equal under single-device and data-parallel plans, and within those headers under a parameter server)."""
+    return [(ex.memory.peak, ex.host_memory.peak) for ex in metered_ranks(prepared)]
+
+
+def metered_ranks(prepared: CheckedRun) -> list[RankExecutor]:
+    """Every rank's executor after ``metered_dry_run``'s step (its meters, ``memory`` and ``host_memory``, hold
+    what it held at the step's end and its peaks)."""
     model = prepared.model
     jobs = prepared.jobs([model.example_inputs], 1, return_state=False)
     mail = _Mail()
@@ -311,4 +317,4 @@ def metered_dry_run(prepared: CheckedRun) -> list[tuple[int, int]]:
             ranks[r].execute(i, envs[r], stashes[r])
         for r, ex in enumerate(ranks):
             ex._step_end(envs[r], stashes[r], 0.0)
-    return [(ex.memory.peak, ex.host_memory.peak) for ex in ranks]
+    return ranks

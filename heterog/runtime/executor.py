@@ -19,8 +19,6 @@ gloo process group of its own (``heterog.runtime.transport.p2p_channels`` says w
 """
 from __future__ import annotations
 
-import os
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,8 +28,9 @@ import torch
 import torch.distributed as dist
 
 from heterog.errors import HeterogError
-from heterog.graph.shard_exec import combine, padded, part_of
-from heterog.runtime.in_place import cut, in_place_writers, owned, scaled, stats_scale
+from heterog.graph.shard_exec import combine, padded, part_of, shard_of
+from heterog.runtime.host_copy import Landing, to_device, to_host
+from heterog.runtime.in_place import cut, in_place_writers, owned, scaled, stats_scale, write_targets
 from heterog.runtime.instructions import (
     Aggregate,
     AllGather,
@@ -46,6 +45,7 @@ from heterog.runtime.instructions import (
     Derive,
     Env,
     Finish,
+    Part,
     Post,
     RankProgram,
     Recv,
@@ -149,9 +149,11 @@ class RankExecutor:
             self.groups, self.transport = [None] * len(job.groups), transport
         self.members = [list(g) for g in job.groups]
         self.in_place = in_place_writers(self.rp, prog, self.kernels)
+        self.write_into = write_targets(self.rp)
+        self._claimed: set[str] = set()     # targets written in place this step (``_target``)
         self.consts = {k: v.to(device) for k, v in prog.consts.items()}
         # the rank's own copies: the step updates them in place
-        self.persist = {k: self.to_host(v) if k in self.rp.host else owned(v, device)
+        self.persist = {k: to_host(v) if k in self.rp.host else owned(v, device)
                         for k, v in initial_values(self.rp).items()}
         self.debt_s = 0.0
         self.slow = self.rp.slowdown if job.emulate else 1.0
@@ -174,7 +176,7 @@ class RankExecutor:
         if isinstance(src, Stash):
             v = stash[src.key]
             if type(v) is Pending:
-                v = stash[src.key] = in_memory_order(self.transport.finish(v), v.order)
+                v = stash[src.key] = self._landed(src.key, v, env)
                 self._mem.put(src, v)
             elif type(v) is Landing:
                 v.event.synchronize()
@@ -189,6 +191,30 @@ class RankExecutor:
         if isinstance(src, Const):
             return self.consts[src.node]
         return in_memory_order(torch.zeros(src.shape, dtype=src.dtype, device=self.device), src.order)
+
+    def _landed(self, key: tuple, p: Pending, env: dict[str, Any]) -> torch.Tensor:
+        """The result of collective ``p`` (stash ``key``) in its memory order, an all-gather's written into its
+        target (``write_targets``) where there is one."""
+        v = in_memory_order(self.transport.finish(p), p.order)
+        into = self._target(key, v, env)
+        return v if into is None else into.copy_(v)
+
+    def _target(self, key: tuple, v: torch.Tensor, env: dict[str, Any], part: Part | None = None
+                ) -> torch.Tensor | None:
+        """Where the value ``v`` of stash ``key`` lands in place (``write_targets``; its rows ``part``): the
+        target where ``v`` fits it and this rank alone holds it, or held it when a value landed in it before
+        this step (a copy up into a parameter's rows, then gathered from them: no other instruction reads the
+        target after, so the views of it are the landings'; None: in a tensor of its own)."""
+        node = self.write_into.get(key, "")
+        old = env.get(node)
+        if old is None or not (node in self._claimed or exclusive(old)):
+            return None
+        if part is not None:
+            old = shard_of(old, part.placement, part.extent, part.shares, part.rank)
+        if old.shape != v.shape or old.dtype != v.dtype:
+            return None
+        self._claimed.add(node)
+        return old
 
     def _piece(self, src: Source, sl: Slice | None, scale: float, env: dict[str, Any], stash: dict[Any, Any],
                shift: int = 0) -> torch.Tensor:
@@ -249,6 +275,7 @@ class RankExecutor:
     def begin_step(self, inputs: Sequence[torch.Tensor]) -> dict[str, Any]:
         """A step's environment: the held values and this rank's slices of ``inputs``, metered from the start."""
         env: dict[str, Any] = dict(self.persist)
+        self._claimed.clear()
         self._mem.reset()
         self._host_mem.reset()
         for ph, v in self.persist.items():
@@ -373,7 +400,8 @@ class RankExecutor:
         elif isinstance(ins, Copy):
             t_op, idle0 = time.perf_counter(), tr.idle_s
             v = self._fetch(ins.source, env, stash)
-            stash[ins.key] = self.to_host(v, wait=False) if ins.to_host else self.to_device(v)
+            stash[ins.key] = to_host(v, wait=False) if ins.to_host else \
+                to_device(v, self.device, self._target(ins.key, v, env, ins.part))
             self._owe(t_op, idle0)
             got = stash[ins.key]
             (self._host_mem if ins.to_host else mem).put(Stash(ins.key), got.tensor if type(got) is Landing else got)
@@ -490,31 +518,11 @@ class RankExecutor:
         """Whether instruction ``i`` is the last reader of ``src`` on this rank (a message: always)."""
         return isinstance(src, Recv) or src in self.rp.frees[i]
 
-    def to_host(self, v: torch.Tensor, wait: bool = True) -> Any:
-        """A copy of ``v`` in host memory: on a GPU into pinned memory, asynchronous (``wait``: finished here;
-        else a ``Landing``, finished where first read); on a CPU worker a copy all the same."""
-        if self.device.type != "cuda" or v.device.type != "cuda":
-            return v.clone()
-        out = torch.empty_like(v, device=self.host, pin_memory=True)
-        out.copy_(v, non_blocking=True)
-        landing = Landing(out, torch.cuda.Event())
-        landing.event.record()
-        if wait:
-            landing.event.synchronize()
-            return out
-        return landing
-
-    def to_device(self, v: torch.Tensor) -> torch.Tensor:
-        """A copy of host value ``v`` in the device's memory: on a GPU from pinned memory (``v`` staged there
-        first unless it is pinned), asynchronous on the current stream, which orders its readers after it."""
-        if self.device.type != "cuda":
-            return v.clone()
-        return (v if v.is_pinned() else v.pin_memory()).to(self.device, non_blocking=True)
-
     def _derive(self, i: int, ins: Derive, env: dict[str, Any], stash: dict[Any, Any]) -> torch.Tensor:
         """A value's view chain run on it (on a device's part: with its local sizes), then the part of it
-        this device reads; scaled in place where instruction ``i`` is the value's last reader and this rank
-        alone holds it (a gradient on its way to a reduce-scatter: the collective works in its buffer)."""
+        this device reads (a view where it is dense, unless ``Derive.own``); scaled in place where instruction
+        ``i`` is the value's last reader and this rank alone holds it (a gradient on its way to a
+        reduce-scatter: the collective works in its buffer)."""
         v = self._fetch(ins.source, env, stash)
         if isinstance(v, (tuple, list)):
             assert ins.index is not None
@@ -531,14 +539,14 @@ class RankExecutor:
             v = local[ins.chain[-1]]
         if ins.part is not None:
             p = ins.part
-            v = part_of(v, p.placement, p.extent, p.shares, p.rank)
+            v = part_of(v, p.placement, p.extent, p.shares, p.rank, copy=ins.own)
         return v
 
     def _step_end(self, env: dict[str, Any], stash: dict[Any, Any], t0: float) -> tuple[float, float]:
         rp, tr = self.rp, self.transport
         for key, v in list(stash.items()):
             if type(v) is Pending:
-                stash[key] = in_memory_order(tr.finish(v), v.order)
+                stash[key] = self._landed(key, v, env)
                 self._mem.put(Stash(key), stash[key])
         self._pay()
         tr.flush()
@@ -580,21 +588,3 @@ class RankExecutor:
         if self.job.return_state:
             out["values"] = {ph: (kind, self.persist[ph].detach().to("cpu").clone()) for kind, ph in self.rp.report}
         return out
-
-
-@dataclass
-class Landing:
-    """A copy to pinned host memory in flight on a GPU: ``tensor`` holds it once ``event`` has completed."""
-
-    tensor: torch.Tensor
-    event: Any
-
-
-def watch_parent(parent_pid: int, interval_s: float = 0.5) -> None:
-    """Exit this worker when its parent disappears (no orphans after a crash of the launcher)."""
-    def loop() -> None:
-        while True:
-            time.sleep(interval_s)
-            if os.getppid() != parent_pid:
-                os._exit(3)
-    threading.Thread(target=loop, daemon=True, name="heterog-parent-watch").start()

@@ -1,6 +1,7 @@
 """The runtime's in-place writes, which keep what a rank holds to what an optimizer's step holds: an op of the
 update writes its output into an input it reads last (the old parameter or state, or an intermediate of the
-update), a rank's own copies of the values it holds, and the small value helpers the executor shares.
+update), a parameter's next value gathered or copied up into the old one, a rank's own copies of the values it
+holds, and the small value helpers the executor shares.
 ``heterog.compiler.memory`` counts the same in the simulator."""
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections import Counter
 
 import torch
 
-from heterog.runtime.instructions import Compute, Env, RankProgram, Slice, Source, sources
+from heterog.runtime.instructions import AllGather, Compute, Copy, Env, RankProgram, Slice, Source, sources
 from heterog.runtime.kernel import Kernel
 from heterog.runtime.layout import narrow_batch
 from heterog.runtime.stepprog import StepProgram
@@ -67,6 +68,20 @@ def in_place_writers(rp: RankProgram, prog: StepProgram, kernels: dict[tuple, Ke
         if victims:
             out[i] = (node, victims)
     return out
+
+
+def write_targets(rp: RankProgram) -> dict[tuple, str]:
+    """Per all-gather and copy of ``rp`` with a target (``AllGather.into``, ``Copy.into``: a parameter's next
+    value gathered or copied up into the old one's buffer, as ZeRO's all-gather of the updated partitions and
+    its copy up of offloaded ones write into the parameter), its stash key and the target's env name, where
+    no later instruction reads the target (the old value is intact until then)."""
+    last: dict[str, int] = {}
+    for i, ins in enumerate(rp.instrs):
+        for src in sources(ins):
+            if isinstance(src, Env):
+                last[src.node] = i
+    return {ins.key: ins.into for i, ins in enumerate(rp.instrs)
+            if isinstance(ins, (AllGather, Copy)) and ins.into is not None and last.get(ins.into, -1) < i}
 
 
 def stats_scale(ins: Compute) -> float | None:

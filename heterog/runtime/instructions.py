@@ -176,7 +176,8 @@ class Derive:
     value; ``pad``: a device's shard of it, put in zeros of the whole shape, one of its partial sums), view
     ``chain`` run on it at
     ``local_batch`` (on a device's shard: with ``local``'s sizes), then this device's ``part`` of the result
-    (None: all of it)."""
+    (None: all of it): a view of the result where the part is dense in it (the simulator counts the whole
+    value to the last reader of its parts), in a tensor of its own where ``own`` (the rest is let go)."""
 
     key: tuple
     source: Source
@@ -188,6 +189,7 @@ class Derive:
     part: Part | None
     pad: Part | None = None
     index: int | None = None
+    own: bool = False
 
     kind = "derive"
 
@@ -252,7 +254,8 @@ class AllGather:
     (``source`` on each), joined under ``placement`` (``"S<d>[:<f>]"``) in part order: ``parts`` lists the
     members in that order with the shape of each one's shard (uneven shards are padded to the largest for
     NCCL's all-gather and trimmed). Asynchronous: waited for where first read; ``emulated_s``: the nominal
-    ring time the emulation enforces."""
+    ring time the emulation enforces. ``into``: an env value the whole value lands in, in place, where no
+    later instruction reads it (a parameter's next value gathered into the old one's buffer), else None."""
 
     key: tuple
     group: int
@@ -261,6 +264,7 @@ class AllGather:
     parts: tuple[tuple[int, tuple[int, ...]], ...]
     emulated_s: float
     order: tuple[int, ...] | None
+    into: str | None = None
 
     kind = "allgather"
 
@@ -314,11 +318,15 @@ class Copy:
     """Stash ``key`` = a copy of ``source`` in host memory (``to_host``) or in the device's (offloaded state,
     ``heterog.runtime.state_lowering``). On GPUs through pinned host memory, asynchronous (a copy to the host is
     waited for where first read); on CPU workers, whose host and device memory are one, a copy all the same
-    (the two sides are held, metered and freed apart)."""
+    (the two sides are held, metered and freed apart). ``into``: an env value a copy to the device lands in,
+    in place (its rows ``part``; None: the whole), where no later instruction reads it (a parameter's next
+    value copied up into the old one's buffer), else None."""
 
     key: tuple
     source: Source
     to_host: bool
+    into: str | None = None
+    part: Part | None = None
 
     kind = "copy"
 

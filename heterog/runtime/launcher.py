@@ -14,6 +14,7 @@ import os
 import queue
 import signal
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
@@ -118,11 +119,20 @@ def _report_and_exit(result_q: Queue[Any], rank: int, text: str | dict[str, Any]
     os._exit(1)
 
 
+def watch_parent(parent_pid: int, interval_s: float = 0.5) -> None:
+    """Exit this worker when its parent disappears (no orphans after a crash of the launcher)."""
+    def loop() -> None:
+        while True:
+            time.sleep(interval_s)
+            if os.getppid() != parent_pid:
+                os._exit(3)
+    threading.Thread(target=loop, daemon=True, name="heterog-parent-watch").start()
+
+
 def _worker_main(rank: int, world: int, init_method: str, backend: str, job_q: Queue[Any], result_q: Queue[Any],
                  status_array: SharedInts, parent_pid: int, timeout_s: float, threads: int) -> None:
     """Entry point of a pool worker (spawned): join the group, then run jobs until told to stop."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    from heterog.runtime.executor import watch_parent
     from heterog.runtime.transport import Status
 
     watch_parent(parent_pid)

@@ -64,7 +64,10 @@ class LiveBytes:
     kernels' temporaries and the Python process are not counted (the process RSS of a CPU worker is hundreds of MB
     of libraries, and CPU tensors have no allocator statistics). Views count their storage once, whole
     (its bytes are held), except views of ``sliced`` storages (the global input batches a job carries),
-    which count the bytes they span: a rank's input is its batch share.
+    which count the bytes they span: a rank's input is its batch share. A storage is known by its address,
+    so the meter keeps a reference to each value it counts until its entry is freed: an address is then
+    not reused while it is counted (a value the runtime let go of without freeing its entry would otherwise
+    merge with a later storage at its address, and the figures would depend on allocation order).
 
     A rank meters its first ``Job.memory_steps`` steps (default 1: the first step, which the median
     iteration time leaves out as warm-up): every step runs the same program on tensors of the same
@@ -75,12 +78,14 @@ class LiveBytes:
     def __init__(self, sliced: Sequence[torch.Tensor] = ()) -> None:
         self.sliced = {t.untyped_storage().data_ptr() for t in sliced if t.numel()}
         self.held: dict[Hashable, list[int]] = {}            # table entry -> storage keys it holds
+        self.values: dict[Hashable, Any] = {}                # table entry -> its value, referenced while counted
         self.storages: dict[int, list[int]] = {}          # storage key -> [references, low byte, high byte]
         self.live = 0
         self.peak = 0
 
     def reset(self) -> None:
         self.held.clear()
+        self.values.clear()
         self.storages.clear()
         self.live = 0
 
@@ -111,11 +116,13 @@ class LiveBytes:
                 self.live += rec[2] - rec[1] - before
             keys.append(key)
         self.held[entry] = keys
+        self.values[entry] = value
         if self.live > self.peak:
             self.peak = self.live
 
     def drop(self, entry: Hashable) -> None:
         """Table entry ``entry`` freed (no-op if it holds nothing counted)."""
+        self.values.pop(entry, None)
         for key in self.held.pop(entry, ()):
             rec = self.storages[key]
             rec[0] -= 1

@@ -13,7 +13,7 @@ order):
 
   stage 1  the gradient is all-reduced as in data parallelism; an update op reads its rows of every value
            of the parameter's rows (gradient, parameter) cut from the whole (``Derive``), its own rows of the
-           state; the new parameter is all-gathered (the compiler's COLLECTIVE after the op writing it)
+           state; the new parameter is all-gathered into the old one (the compiler's COLLECTIVE after its writer)
   stage 2  the gradient as the update reads it (its view chain run on each replica's accumulated partial
            result, weighted by its share) is reduce-scattered instead: each replica gets the sum of its rows
   stage 3  the parameter is held as rows too: all-gathered before its readers in forward and again before
@@ -23,8 +23,8 @@ order):
   offload  the state over whole tensors and a master copy of the parameter (its rows, or the whole at stage
            0 and on one device) live in host memory (``RankProgram.host``); what the update ops read from
            the device is copied down (``Copy``; the gradient at the compiler's key of its copy down), they run
-           on the host CPU (``Compute.host``), and the new parameter is copied up at the compiler's key of
-           its copy up, then gathered as above
+           on the host CPU (``Compute.host``), and the new parameter is copied up into the old one (its
+           rows) at the compiler's key of its copy up, then gathered as above
   offloaded parameters  (stage 3, ``offload="parameters"``) the parameter's rows themselves live in host memory
            (no separate master copy); before each gather the rows are copied up (``Copy``, at the compiler's
            key of that copy up) and gathered from there; the update writes the new rows on the host, and
@@ -453,23 +453,23 @@ class StateLowering:
         if not cut and not host:
             return Input(r.node, src, leaf.node, chain, scale, r.tuple_index)
         at = self._down_key(op, u, dev, key) if host else self._rows_key(op, u, dev, key, src) if cut else key
-        if cut or chain or scale != 1.0:
+        if cut or chain or scale != 1.0:           # an all-reduced gradient's rows: their own, the rest let go
             src = self.derive(dev, at, src, leaf.read_node, chain, scale, hs.part(dev) if cut else None, r.node,
-                              r.tuple_index)
+                              r.tuple_index, own=at != key and not host)
         if host:                  # a value on the device: copied down (the gradient as priced)
             src = self.copy_down(src, dev, ("zd", r.node), at)
         return Input(r.node, src, None, (), 1.0, r.tuple_index)
 
     def derive(self, dev: int, at: tuple, source: Source, leaf: str, chain: tuple[str, ...], scale: float,
-               part: Part | None, name: str, index: int | None) -> Stash:
-        """``Derive`` on ``dev`` before key ``at`` (one per value, part and scale), after what the default read
-        puts there before its reader (``at + (-1,)``: a value received whole)."""
+               part: Part | None, name: str, index: int | None, own: bool = False) -> Stash:
+        """``Derive`` on ``dev`` before key ``at`` (one per value, part and scale; ``own``: ``Derive.own``), after
+        what the default read puts there before its reader (``at + (-1,)``: a value received whole)."""
         b = self.b
         stash_key = ("zr", name, part, scale, source)
         item = b.memo.get(("zr", dev, stash_key))
         if item is None:
             item = b.emit(dev, at + (-1, 1), Derive(stash_key, source, scale, leaf, chain, b.B, None, part, None,
-                                                    index))
+                                                    index, own))
             b.memo[("zr", dev, stash_key)] = item
         b.pull(item, at + (-1, 1))
         return Stash(stash_key)
@@ -578,15 +578,15 @@ class StateLowering:
         if hs.offload:
             up = self._one(TaskKind.TRANSFER, u, dev)
             at = self._key(up) if up is not None else b.inst_key(u, dev) + (1,)
-            b.emit(dev, at + (0,), Copy(("zu", out), Env(out), False))
+            b.emit(dev, at + (0,), Copy(("zu", out), Env(out), False, ph, hs.part(dev) if hs.stage < 3 else None))
             new = Stash(("zu", out))
         if hs.sharded and hs.stage < 3:
             new = self._gather_update(hs, u, ph, out, dev, new)
         return kept + [(ph, new)]
 
     def _gather_update(self, hs: HeldState, u: int, ph: str, out: str, dev: int, shard: Source) -> Stash:
-        """Stages 1-2: the new parameter gathered whole from the replicas' rows, at the key of the compiler's
-        all-gather after writer op ``u``."""
+        """Stages 1-2: the new parameter gathered whole from the replicas' rows into the old one's buffer, at
+        the key of the compiler's all-gather after writer op ``u`` (which lands in the resident parameter)."""
         b = self.b
         t = self._one(TaskKind.COLLECTIVE, u)
         if t is None:
@@ -596,5 +596,5 @@ class StateLowering:
         parts = tuple((d, hs.shard_shape(leaf.shape, i)) for i, d in enumerate(hs.devices))
         stash = ("zn", ph)
         emu = self._ring_s(hs, leaf.shape, leaf.dtype)
-        b.emit(dev, self._key(t) + (0,), AllGather(stash, g, shard, "S0", parts, emu, leaf.memory_order))
+        b.emit(dev, self._key(t) + (0,), AllGather(stash, g, shard, "S0", parts, emu, leaf.memory_order, ph))
         return Stash(stash)

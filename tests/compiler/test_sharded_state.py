@@ -15,6 +15,7 @@ from heterog.errors import StrategyError
 from heterog.evaluate import cost_model
 from heterog.graph.opgraph import Edge, Op, OpGraph
 from heterog.sharded import ShardedState, state_weights
+from heterog.shares import split_shares_of
 from heterog.strategy import STRATEGY_VERSION, ParallelConfig, Strategy
 from simulator import simulate
 
@@ -123,6 +124,21 @@ def test_stage_one_all_gathers_each_updated_weight_after_its_half_update():
     assert np.all(r1.peak_memory[:2] < r0.peak_memory[:2])
 
 
+@pytest.mark.parametrize("stage", [1, 2])
+def test_the_gather_of_a_new_weight_waits_for_every_reader_of_the_old_one(stage):
+    """The all-gather lands the next W2 in the resident W2 (no allocation), so it waits for every task that
+    reads W2: the forward's y and the backward's input gradient gh (which the update itself does not wait for),
+    on both devices; the dependency only orders (the gather releases none of their memory)."""
+    plan, res, _ = plan_of(stage)
+    (ag,) = tasks(plan, TaskKind.COLLECTIVE, 24)
+    dep_ptr, dep_idx = plan.tg.dependencies()
+    on = set(dep_idx[dep_ptr[ag]:dep_ptr[ag + 1]].tolist())
+    readers = np.concatenate([tasks(plan, TaskKind.COMPUTE, 8), tasks(plan, TaskKind.COMPUTE, 13)])
+    assert len(readers) == 4 and set(readers.tolist()) <= on
+    assert res.start[ag] >= res.finish[readers].max()
+    assert plan.tg.memory()[0][ag + 1] == plan.tg.memory()[0][ag]          # it allocates nothing
+
+
 def test_stage_one_keeps_the_devices_rows_of_the_all_reduced_gradient():
     """ZeRO-1: each replica updates its rows from the all-reduced gradient, so it takes them when the
     AllReduce ends and lets the whole go (the runtime does, ``state_lowering``): the maker holds the gradient
@@ -190,7 +206,8 @@ def test_shards_by_memory_are_uneven():
     w = state_weights("memory", (0, 1), cluster)
     assert w == (667, 333)
     p1, _, _ = plan_of(1, w, cluster)
-    f = np.array(w) / sum(w)
+    f = np.array([5, 3]) / D            # each weight's 8 rows as the runtime cuts them: split_shares_of(8, w)
+    assert split_shares_of(D, w) == [5, 3]
     (ag,) = tasks(p1, TaskKind.COLLECTIVE, 24)
     assert p1.tg.duration[ag] == pytest.approx(ring_s(cluster, W_BYTES * f))
     np.testing.assert_allclose(p1.tg.resident_bytes[:2], 2 * (W_BYTES + 2 * W_BYTES * f), atol=1)

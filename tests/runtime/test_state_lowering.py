@@ -16,6 +16,7 @@ from heterog.cluster import load_cluster
 from heterog.compiler import TaskKind
 from heterog.evaluate import Evaluator
 from heterog.runtime import capture_model_for_runtime, compare_values, prepare, run_prepared, train_single_process
+from heterog.runtime.check import metered_ranks
 from heterog.runtime.instructions import AllGather, AllReduce, Compute, Copy, Env, ReduceScatter, Stash
 from heterog.runtime.state_lowering import master_name
 from heterog.sharded import ShardedState
@@ -119,6 +120,22 @@ def test_the_mlp_runs_the_collectives_and_holds_the_bytes_worked_out_by_hand(sta
     result, want = trains_like_one_process(prepared, pool2)
     for ph, v in result.values.items():            # the state, put back together from its rows, is the same too
         torch.testing.assert_close(v, want[ph], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("stage,offload", [(1, "none"), (2, "none"), (1, "optimizer"), (2, "optimizer"),
+                                          (3, "optimizer")])
+def test_a_new_parameter_lands_in_the_old_ones_buffer(stage, offload) -> None:
+    """A parameter's next value is gathered (stages 1-2) and copied up (offloaded state) into the old parameter,
+    as ZeRO's all-gather and copy up write into the parameter and as the simulator counts it (the gather lands
+    in the resident parameter): at the step's end each rank's device holds what it keeps from step to step and
+    the 36 B that the data-parallel plan holds there too (the loss and its terms), not the old parameters beside
+    the new ones (204 B more; 68 and 136 B of stage 3's rows)."""
+    m = mlp()
+    base = prepare(m, cluster(), data_parallel(None), check=False)
+    assert [ex.memory.live for ex in metered_ranks(base)] == [b + 36 for b in persistent_bytes(base, host=False)]
+    prepared = prepare(m, cluster(), data_parallel(stage, offload), check=False)
+    assert [ex.memory.live for ex in metered_ranks(prepared)] == \
+        [b + 36 for b in persistent_bytes(prepared, host=False)]
 
 
 def test_every_collective_of_sharded_state_runs_at_the_key_of_the_compilers_task() -> None:
