@@ -22,7 +22,11 @@ What a device holds (docs/design.md, "Resources, memory and time"):
   writes its output into an input it reads last and of the output's size, if there is one (``victims``):
   the old parameter or optimizer state it replaces (the new value then lives in the resident bytes), or an
   intermediate of the update, so that an optimizer step allocates only what an in-place step does (Adam:
-  one temporary of the parameter's size, the denominator).
+  one temporary of the parameter's size, the denominator);
+- a re-layout's cut of a producer entry (RELAYOUT) of a tensor whose batch dimension is its first allocates
+  nothing: its pieces are views of the producer's output, which every reader of the pieces then holds
+  (``_cut_reads``), as the runtime sends and reads slices of it; rows along another dimension are copies
+  (the cut allocates the entry's bytes).
 
 The entries and frees go to ``TaskGraph.adopt_tasks`` (``free_entry``: which entry of the freed task a
 free releases, -1 all). The runtime does the same (``heterog.runtime.executor``: in-place accumulation,
@@ -121,6 +125,22 @@ def victims(ctx: CompileContext) -> UpdateVictims:
     return _VICTIMS.get(ctx, build)
 
 
+_OUTER: DerivedCache[CompileContext, np.ndarray] = DerivedCache("tensors divided along their outermost dimension")
+
+
+def outer_batch(ctx: CompileContext) -> np.ndarray:
+    """(n_tensors,) whether a tensor's batch dimension is its first (cached per context): its batch rows are
+    then views of it, which the runtime sends and reads without a copy; rows along another dimension are not
+    dense, and a message or a reader's part of them is a copy."""
+    def build() -> np.ndarray:
+        gi, out = ctx.index, np.zeros(len(ctx.index.t_op), dtype=bool)
+        for e, edge in enumerate(ctx.graph.edges):
+            dims = ctx.graph.ops[edge.src].batch_dims
+            out[gi.e_tensor[e]] = edge.src_output < len(dims) and dims[edge.src_output] == 0
+        return out
+    return _OUTER.get(ctx, build)
+
+
 @dataclass(frozen=True)
 class BatchOutputs:
     """Per op (n_ops,): how many outputs carrying the batch it has (``n``) and, CSR by ``ptr`` (n_ops + 1,),
@@ -209,7 +229,9 @@ def memory_entries(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray
     if state_held is not None:
         upd &= ~(vic.param[opc] & state_held[opc])
     into = _sums_into(kind, op, dev, tasks.alloc, deps)
-    alloc = np.where((dev >= 0) & ~upd & (into < 0), np.rint(tasks.alloc), 0.0)
+    views = kind == TaskKind.RELAYOUT             # a producer entry cut into pieces: views of it, or copies
+    views[views] = outer_batch(ctx)[tasks.owner[views] - gi.n_ops]
+    alloc = np.where((dev >= 0) & ~upd & (into < 0) & ~views, np.rint(tasks.alloc), 0.0)
     partial = np.minimum(np.rint(partial_part(ctx, layouts, op_lay, out_split, tasks)), alloc)
     rest = alloc - partial
     spill = np.zeros(n)
@@ -265,7 +287,7 @@ def memory_entries(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray
     entry[own] = slot[own]
     # in-place writes: (writer, buffer it writes into, that buffer's entry)
     inplace = _collective_writes(kind, op, f, x, w, entry, pos_part) | \
-        _update_writes(ctx, kind, op, upd, f, x, w) | (into[f] == x)
+        _update_writes(ctx, kind, op, upd, f, x, w) | (into[f] == x) | _cut_reads(views, f)
     frees = np.stack([f, x, entry])
     frees = frees[:, (entry != -2) & (counts[x] > 0)]
     if inplace.any():
@@ -314,6 +336,12 @@ def _collective_writes(kind: np.ndarray, op: np.ndarray, f: np.ndarray, x: np.nd
     reduce-scatter (a collective that its gradient's op owns), reading an instance's partial results."""
     coll = (kind[f] == TaskKind.ALLREDUCE) | ((kind[f] == TaskKind.COLLECTIVE) & (w == op[f]))
     return coll & (kind[x] == TaskKind.COMPUTE) & (op[x] == op[f]) & (entry >= 0) & (entry == pos_part[x])
+
+
+def _cut_reads(views: np.ndarray, f: np.ndarray) -> np.ndarray:
+    """(len(f),) the reads of a producer's instance (an op's, an input's) by a re-layout's cut of it into
+    views (``views``, (n,): ``outer_batch``): every reader of the pieces then holds the producer's entry."""
+    return np.append(views, False)[f]
 
 
 def _update_writes(ctx: CompileContext, kind: np.ndarray, op: np.ndarray, upd: np.ndarray, f: np.ndarray,
@@ -371,7 +399,7 @@ def _hand_over(kind: np.ndarray, dev: np.ndarray, deps: np.ndarray, frees: np.nd
     by_task = np.argsort(ru, kind="stable")
     k2 = ru[by_task]
     lo2, hi2 = np.searchsorted(k2, cu, "left"), np.searchsorted(k2, cu, "right")
-    none = hi == lo
+    none = (hi == lo) | (kind[cu] == TaskKind.RELAYOUT)       # a cut's pieces: every reader holds them
     start = np.where(none, lo2, lo)
     r, k = ragged(np.where(none, hi2 - lo2, hi - lo))
     at = start[r] + k

@@ -477,7 +477,8 @@ def last_uses(rp: RankProgram) -> list[tuple[Env | Stash, ...]]:
     freed after its last reader too where an op of this rank makes the new value: the step updates it in
     place (``RankExecutor`` writes the new value into the old one's storage where the writer is its last
     reader), so the old and the new value are not both held to the step's end. One the step keeps, and one
-    whose new value arrives (all-gathered from its shards, copied up from the host), is held throughout."""
+    whose new value arrives (all-gathered from its shards, copied up from the host), is held throughout (the
+    new value lands in its buffer: ``AllGather.into``, ``Copy.into``)."""
     keep = {src for _, src in rp.updates} | {src for src, _ in rp.loss_terms}
     replaced = {ph for ph, src in rp.updates if isinstance(src, Env) and src != Env(ph)}
     last: dict[Env | Stash, int] = {}

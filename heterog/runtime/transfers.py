@@ -22,6 +22,7 @@ from heterog.runtime.instructions import (
     AllGather,
     AllReduce,
     AllToAll,
+    Assemble,
     Finish,
     Instruction,
     Post,
@@ -41,13 +42,19 @@ _COLLECTIVES = (int(TaskKind.COLLECTIVE), int(TaskKind.ALLREDUCE))
 _VIA = (int(TaskKind.RELAYOUT), int(TaskKind.CONCAT))
 
 
-def transfer_tasks(plan: CompiledPlan, messages: Sequence[Message]) -> list[int]:
-    """Per message, the task of the plan that carries it (-1: none found)."""
-    kind, dev = plan.task_kind, plan.task_device
+def _successors(plan: CompiledPlan) -> dict[int, list[int]]:
     succ: dict[int, list[int]] = defaultdict(list)
     deps = np.diff(plan.dep_ptr)
     for t, d in zip(np.repeat(np.arange(plan.n_tasks), deps).tolist(), plan.dep_idx.tolist()):
         succ[int(d)].append(int(t))
+    return succ
+
+
+def transfer_tasks(plan: CompiledPlan, messages: Sequence[Message],
+                   succ: dict[int, list[int]] | None = None) -> list[int]:
+    """Per message, the task of the plan that carries it (-1: none found)."""
+    kind, dev = plan.task_kind, plan.task_device
+    succ = _successors(plan) if succ is None else succ
     mem_ptr, _, mem_bytes = plan.tg.memory()
     nbytes = np.add.reduceat(np.append(mem_bytes, 0), mem_ptr[:-1]) * (np.diff(mem_ptr) > 0)
     used: set[int] = set()
@@ -139,6 +146,29 @@ def finishes(plan: CompiledPlan, finish: np.ndarray | None, items: Sequence[Sequ
             if key < end and (ins.key not in first or end < first[ins.key]):
                 out.append((r, end, Finish(ins.key)))
     return out
+
+
+def joins_at(plan: CompiledPlan, start: np.ndarray, messages: Sequence[Message], items: Sequence[Sequence[list]]
+             ) -> None:
+    """Each value re-laid out from messages (an ``Assemble`` of a ``("r", ...)`` key with received pieces, the
+    others this rank's own values) keyed no later than the start of the plan's join of it on its rank's
+    device (the one RELAYOUT or CONCAT task after the transfers that carry its pieces), where the simulator
+    allocates it, rather than before its first reader (``items``: per rank its [key, seq, instruction],
+    messages named by their index in ``messages``)."""
+    succ = _successors(plan)
+    carried = transfer_tasks(plan, messages, succ)
+    for r, rank_items in enumerate(items):
+        for item in rank_items:
+            ins = item[2]
+            if not isinstance(ins, Assemble) or ins.key[0] != "r" or \
+                    any(isinstance(p.source, Stash) for p in ins.pieces):
+                continue
+            moved = [carried[p.source.tag] for p in ins.pieces if isinstance(p.source, Recv)]
+            joins = {u for t in moved if t >= 0 for u in succ[t]
+                     if plan.task_kind[u] in _VIA and plan.task_device[u] == r}
+            if moved and len(joins) == 1:
+                u = joins.pop()
+                item[0] = min(item[0], (float(start[u]), u, -1))
 
 
 def held_until(plan: CompiledPlan, start: np.ndarray, finish: np.ndarray | None, messages: Sequence[Message],
