@@ -53,6 +53,7 @@ import numpy.typing as npt
 
 from heterog.caches import DerivedCache
 from heterog.compiler.context import CompileContext
+from heterog.compiler.memory import input_ops
 from heterog.compiler.registries import LayoutTable
 from heterog.compiler.tasks import STAGE, TaskBatch, TaskCategory, TaskKind, ragged
 from heterog.cost.host import pcie_time_s
@@ -406,16 +407,20 @@ class Engine:
         s_i = f_si[S_ptr[r_pat[s_r]] + s_k]
         s_dev = lay.dev_flat[fu[s_r] + s_i]
         s_bytes = nbytes[s_r] * (lay.shares_flat[lay.ptr[lay_u[s_r]] + s_i] / B)
-        cut = self._tasks(dur=ctx.cost.copy_times(s_dev, s_bytes), kind=TaskKind.RELAYOUT, op=op[s_r], dev=s_dev,
-                          alloc=s_bytes, cat=TaskCategory.SPLIT_CONCAT, prio_op=prio_op[s_r], stage="split", cls=1,
-                          tensor=tensor[s_r], sub=s_k, owner=owner[s_r], res_len=1, res_idx=s_dev)
-        self.deps(cut, src_inst[s_r] + s_i, owner[s_r])
-        cut_base = np.concatenate([[0], np.cumsum(n_s)])[:-1] + (cut[0] if len(cut) else 0)
         # pieces: each read from its producer entry's cut, else from the producer instance itself
         n_p = P_ptr[r_pat + 1] - P_ptr[r_pat]
         p_r, p_k = ragged(n_p)
         fp = P_ptr[r_pat[p_r]] + p_k
         p_i, p_j, p_rem, p_ss, p_cs = f_pi[fp], f_pj[fp], f_rem[fp], f_sslot[fp], f_cslot[fp]
+        s_first = np.concatenate([[0], np.cumsum(n_s)])[:-1]
+        kept = (p_ss >= 0) & ~p_rem & input_ops(ctx)[op[p_r]]     # an input's rows a device keeps of its cut
+        s_alloc = np.where(input_ops(ctx)[op[s_r]], 0.0, s_bytes)
+        np.add.at(s_alloc, s_first[p_r[kept]] + p_ss[kept], nbytes[p_r[kept]] * f_pov[fp[kept]] / B)
+        cut = self._tasks(dur=ctx.cost.copy_times(s_dev, s_bytes), kind=TaskKind.RELAYOUT, op=op[s_r], dev=s_dev,
+                          alloc=s_alloc, cat=TaskCategory.SPLIT_CONCAT, prio_op=prio_op[s_r], stage="split", cls=1,
+                          tensor=tensor[s_r], sub=s_k, owner=owner[s_r], res_len=1, res_idx=s_dev)
+        self.deps(cut, src_inst[s_r] + s_i, owner[s_r])
+        cut_base = s_first + (cut[0] if len(cut) else 0)
         piece = np.where(p_ss >= 0, cut_base[p_r] + p_ss, src_inst[p_r] + p_i)
         rem = np.nonzero(p_rem)[0]
         if len(rem):

@@ -26,7 +26,8 @@ What a device holds (docs/design.md, "Resources, memory and time"):
 - a re-layout's cut of a producer entry (RELAYOUT) of a tensor whose batch dimension is its first allocates
   nothing: its pieces are views of the producer's output, which every reader of the pieces then holds
   (``_cut_reads``), as the runtime sends and reads slices of it; rows along another dimension are copies
-  (the cut allocates the entry's bytes).
+  (the cut allocates the entry's bytes); a cut of an input (the batch a job carries, of which a device
+  holds the rows it reads) allocates the rows the device keeps (``Engine.relayout``).
 
 The entries and frees go to ``TaskGraph.adopt_tasks`` (``free_entry``: which entry of the freed task a
 free releases, -1 all). The runtime does the same (``heterog.runtime.executor``: in-place accumulation,
@@ -123,6 +124,15 @@ def victims(ctx: CompileContext) -> UpdateVictims:
         param = placeholder & is_param[gi.t_op[np.maximum(tensor, 0)]]
         return UpdateVictims(tensor, placeholder, param, t_batch)
     return _VICTIMS.get(ctx, build)
+
+
+_INPUTS: DerivedCache[CompileContext, np.ndarray] = DerivedCache("the graph's input placeholders")
+
+
+def input_ops(ctx: CompileContext) -> np.ndarray:
+    """(n_ops,) the input placeholders (the batch a job carries: a device keeps rows of it, the memory
+    model counts those only, ``heterog.compiler.convert.Engine.relayout``)."""
+    return _INPUTS.get(ctx, lambda: np.array([o.kind == "input" for o in ctx.graph.ops], dtype=bool))
 
 
 _OUTER: DerivedCache[CompileContext, np.ndarray] = DerivedCache("tensors divided along their outermost dimension")
@@ -230,7 +240,7 @@ def memory_entries(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray
         upd &= ~(vic.param[opc] & state_held[opc])
     into = _sums_into(kind, op, dev, tasks.alloc, deps)
     views = kind == TaskKind.RELAYOUT             # a producer entry cut into pieces: views of it, or copies
-    views[views] = outer_batch(ctx)[tasks.owner[views] - gi.n_ops]
+    views[views] = outer_batch(ctx)[tasks.owner[views] - gi.n_ops] & ~input_ops(ctx)[op[views]]
     alloc = np.where((dev >= 0) & ~upd & (into < 0) & ~views, np.rint(tasks.alloc), 0.0)
     partial = np.minimum(np.rint(partial_part(ctx, layouts, op_lay, out_split, tasks)), alloc)
     rest = alloc - partial

@@ -228,8 +228,9 @@ class _Builder:
         self.export(leaf.op, dev, micro, leaf.read_node)
         return Env(env_name(leaf.read_node, micro))
 
-    def relayout(self, leaf_id: tuple[int, int], lay_v: int, dev: int, micro: int, consumer_key: tuple) -> Stash:
-        """The batch leaf re-laid out for layout ``lay_v``, for its entry on ``dev`` of micro-batch ``micro``."""
+    def relayout(self, leaf_id: tuple[int, int], lay_v: int, dev: int, micro: int, at: tuple) -> tuple[Stash, float]:
+        """The batch leaf re-laid out for layout ``lay_v``, its entry on ``dev`` of micro-batch ``micro`` (read
+        before key ``at``), and the scale its readers apply (one piece is left a view, scaled where read)."""
         leaf = self.leaf(leaf_id)
         memo_key = ("relayout", leaf_id, lay_v)
         entry = self.memo.get(memo_key)
@@ -270,13 +271,15 @@ class _Builder:
                         key = self.inst_key(leaf.op, di, mi) + (1,)
                         msg = self.send(di, dj, key, src, sl, 1.0, leaf.local_shape(hi - lo), leaf.dtype)
                         pieces.append(Piece(Recv(msg), None, scale, shift))
+                if len(pieces) == 1 and not pieces[0].shift and pieces[0].scale != 1.0:
+                    self.memo[("rscale", stash_key, dj)], pieces = pieces[0].scale, [pieces[0]._replace(scale=1.0)]
                 entry[(dj, mj)] = self.emit(dj, END + (-1,), Assemble(stash_key, (bd, block), tuple(pieces),
                                                                        leaf.memory_order))
                 self.deps[id(entry[(dj, mj)])] = [it for it in before if it is not None]
             self.memo[memo_key] = entry
         item = entry[(dev, micro)]
-        self.pull(item, consumer_key + (-1,))
-        return Stash(item[2].key)
+        self.pull(item, at + (-1,))
+        return Stash(item[2].key), self.memo.get(("rscale", item[2].key, dev), 1.0)
 
     def device_sums(self, leaf_id: tuple[int, int]) -> list[tuple[int, Source, float, tuple]]:
         """Per device with instances of a partial leaf's producer: (device, value, weight, key after it).
@@ -443,7 +446,7 @@ class _Builder:
                     src, chain = Env(env_name(r.node, micro, again)), ()
                     self.export(u, dev, micro, r.node, again)
             else:
-                src = self.relayout(r.leaf, lay, dev, micro, key)
+                src, scale = self.relayout(r.leaf, lay, dev, micro, key)
             return src, chain, scale
         e = self.exps[r.leaf]
         if e and prog.op_has_batch[op] and b != self.B:

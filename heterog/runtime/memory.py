@@ -1,6 +1,7 @@
 """The bytes a worker holds during a step (its tables of values), metered as the simulator counts them."""
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Hashable, Sequence
 from typing import Any, Protocol
 
@@ -64,7 +65,8 @@ class LiveBytes:
     kernels' temporaries and the Python process are not counted (the process RSS of a CPU worker is hundreds of MB
     of libraries, and CPU tensors have no allocator statistics). Views count their storage once, whole
     (its bytes are held), except views of ``sliced`` storages (the global input batches a job carries),
-    which count the bytes they span: a rank's input is its batch share. A storage is known by its address,
+    which count the union of the bytes they span: a rank's input is its batch share (its micro-batches'
+    rows, which other ranks' rows may separate). A storage is known by its address,
     so the meter keeps a reference to each value it counts until its entry is freed: an address is then
     not reused while it is counted (a value the runtime let go of without freeing its entry would otherwise
     merge with a later storage at its address, and the figures would depend on allocation order).
@@ -77,9 +79,9 @@ class LiveBytes:
 
     def __init__(self, sliced: Sequence[torch.Tensor] = ()) -> None:
         self.sliced = {t.untyped_storage().data_ptr() for t in sliced if t.numel()}
-        self.held: dict[Hashable, list[int]] = {}            # table entry -> storage keys it holds
+        self.held: dict[Hashable, list[tuple[int, tuple[int, int] | None]]] = {}   # entry -> (storage key, span)
         self.values: dict[Hashable, Any] = {}                # table entry -> its value, referenced while counted
-        self.storages: dict[int, list[int]] = {}          # storage key -> [references, low byte, high byte]
+        self.storages: dict[int, list[Any]] = {}           # storage key -> [references, bytes, spans, size]
         self.live = 0
         self.peak = 0
 
@@ -93,28 +95,26 @@ class LiveBytes:
         """``value`` stored in table entry ``entry`` (replacing what it held)."""
         if entry in self.held:
             self.drop(entry)
-        keys = []
+        keys: list[tuple[int, tuple[int, int] | None]] = []
         for t in _tensors(value):
             st = t.untyped_storage()
             key = st.data_ptr()
             if not st.nbytes() or not key:
                 continue
+            span = None
             if key in self.sliced:
                 size = t.element_size()
                 lo = int(t.storage_offset()) * size
                 hi = lo + (sum((int(n) - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * size if t.numel() else lo
-            else:
-                lo, hi = 0, st.nbytes()
+                span = (lo, hi)
             rec = self.storages.get(key)
             if rec is None:
-                self.storages[key] = [1, lo, hi]
-                self.live += hi - lo
-            else:
-                before = rec[2] - rec[1]
-                rec[0] += 1
-                rec[1], rec[2] = min(rec[1], lo), max(rec[2], hi)
-                self.live += rec[2] - rec[1] - before
-            keys.append(key)
+                rec = self.storages[key] = [0, 0, Counter(), st.nbytes()]
+            rec[0] += 1
+            if span is not None:
+                rec[2][span] += 1
+            self._recount(rec)
+            keys.append((key, span))
         self.held[entry] = keys
         self.values[entry] = value
         if self.live > self.peak:
@@ -123,9 +123,29 @@ class LiveBytes:
     def drop(self, entry: Hashable) -> None:
         """Table entry ``entry`` freed (no-op if it holds nothing counted)."""
         self.values.pop(entry, None)
-        for key in self.held.pop(entry, ()):
+        for key, span in self.held.pop(entry, ()):
             rec = self.storages[key]
             rec[0] -= 1
+            if span is not None:
+                rec[2][span] -= 1
+                if not rec[2][span]:
+                    del rec[2][span]
             if rec[0] == 0:
-                self.live -= rec[2] - rec[1]
+                self.live -= rec[1]
                 del self.storages[key]
+            else:
+                self._recount(rec)
+
+    def _recount(self, rec: list[Any]) -> None:
+        """A storage's counted bytes (``rec``: references, counted bytes, the spans of views of a sliced
+        storage held, its bytes): the whole storage, or the union of the spans held of a sliced one."""
+        counted, end = 0, 0
+        if rec[2]:
+            for lo, hi in sorted(rec[2]):
+                if hi > end:
+                    counted += hi - max(lo, end)
+                    end = hi
+        else:
+            counted = rec[3]
+        self.live += counted - rec[1]
+        rec[1] = counted

@@ -60,3 +60,16 @@ def test_a_cut_into_views_allocates_nothing_and_its_readers_hold_the_producer(ba
     else:                         # copies: the cut holds the entry's bytes, the producer goes when it is cut
         assert mem_bytes[mem_ptr[cut]:mem_ptr[cut + 1]].tolist() == [6 * W * 4]
         assert releasers == {int(cut)}
+
+
+def test_a_cut_of_an_input_allocates_the_rows_the_device_keeps():
+    """x (the batch a job carries) placed 6:2 and read 2:6: device 0 keeps 2 of its 6 rows (128 B) and sends 4,
+    as the runtime holds its rows of the global batch only."""
+    graph, cl = two_layers(0), cluster()
+    configs = [ParallelConfig((0, 1), (6, 2)), ParallelConfig((0, 1), (2, 6))]
+    s = Strategy(graph.fingerprint, cl.name, 2, B, np.array([0, 1, 1]), configs)
+    plan = compile_strategy(graph, cl, s, cost_model(cl))
+    mem_ptr, _, mem_bytes = plan.tg.memory()
+    (cut,) = np.nonzero(plan.task_kind == TaskKind.RELAYOUT)[0]
+    assert plan.task_op[cut] == 0 and plan.task_device[cut] == 0
+    assert mem_bytes[mem_ptr[cut]:mem_ptr[cut + 1]].tolist() == [2 * W * 4]

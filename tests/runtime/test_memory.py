@@ -58,6 +58,11 @@ def test_live_bytes_count_only_the_span_of_input_slices() -> None:
     assert mem.live == 0 and mem.peak == 72
     mem.put(("env", "y"), batch[2:6].sum(0))                # a new tensor counts whole (12 bytes)
     assert mem.live == 12
+    mem.put(("env", "m0"), batch[0:2])                      # a rank's micro-batches: rows 0-1 and 4-5,
+    mem.put(("env", "m1"), batch[4:6])                      # others' rows between them are not its
+    assert mem.live == 12 + 48
+    mem.drop(("env", "m0"))
+    assert mem.live == 12 + 24
 
 
 # relative tolerance of measured vs simulated peak per plan. Both hold the same values for the same spans
