@@ -215,6 +215,12 @@ def _connect(ctx: CompileContext, layouts: LayoutTable, conv: Engine, edges: np.
     if len(e):
         _connect_nonbatch(ctx, layouts, conv, e, place, prov)
     e = edges[batch_edge & ~same]
+    shape = gi.e_value_free[e]
+    if shape.any():     # a shape read under another layout: each instance waits for the first producer's, nothing moves
+        rows, loc = ragged(layouts.length[place.op_lay[gi.e_dst[e[shape]]]])
+        batch.deps(prov.inst_start[gi.e_dst[e[shape]][rows]] + loc, prov.inst_start[gi.e_src[e[shape]][rows]],
+                   gi.n_ops + gi.e_tensor[e[shape]][rows])
+        e = e[~shape]
     if len(e):
         local = _local_broadcast(ctx, layouts, e, place, prov)
         if local.any():

@@ -58,7 +58,7 @@ from heterog.runtime.instructions import (
     env_name,
 )
 from heterog.runtime.kernel import Kernel, call_arguments
-from heterog.runtime.layout import cat_batch, in_memory_order
+from heterog.runtime.layout import cat_batch, in_memory_order, shape_only
 from heterog.runtime.memory import LiveBytes, Meter, NoMeter, exclusive
 from heterog.runtime.rng import Draw, block_batches
 from heterog.runtime.stepprog import StepProgram
@@ -190,7 +190,7 @@ class RankExecutor:
             return v
         if isinstance(src, Const):
             return self.consts[src.node]
-        return in_memory_order(torch.zeros(src.shape, dtype=src.dtype, device=self.device), src.order)
+        return shape_only(src.shape, src.dtype, src.order, self.device)
 
     def _landed(self, key: tuple, p: Pending, env: dict[str, Any]) -> torch.Tensor:
         """The result of collective ``p`` (stash ``key``) in its memory order, an all-gather's written into its

@@ -58,3 +58,15 @@ def in_memory_order(t: torch.Tensor, order: Sequence[int] | None) -> torch.Tenso
     for i, d in enumerate(order):
         inverse[d] = i
     return t.permute(order).contiguous().permute(inverse)
+
+
+def shape_only(shape: Sequence[int], dtype: torch.dtype, order: Sequence[int] | None, device: torch.device
+               ) -> torch.Tensor:
+    """Zeros of ``shape`` for readers of its shape only (``VALUE_FREE_TARGETS``: ones_like, new_zeros, ...):
+    one element expanded, which holds no bytes, where the value is laid out row-major (such a reader then
+    makes a row-major value, as traced); zeros laid out in ``order`` otherwise."""
+    n = len(shape)
+    if order is None or tuple(order) == tuple(range(n)):
+        return torch.zeros((), dtype=dtype, device=device).expand(tuple(shape))
+    return in_memory_order(torch.zeros(tuple(shape), dtype=dtype, device=device), order)
+

@@ -73,3 +73,20 @@ def test_a_cut_of_an_input_allocates_the_rows_the_device_keeps():
     (cut,) = np.nonzero(plan.task_kind == TaskKind.RELAYOUT)[0]
     assert plan.task_op[cut] == 0 and plan.task_device[cut] == 0
     assert mem_bytes[mem_ptr[cut]:mem_ptr[cut + 1]].tolist() == [2 * W * 4]
+
+
+def test_a_shape_read_under_another_layout_moves_nothing():
+    """f1 = ones_like(f0) under another layout reads f0's shape only: no cut, transfer or join of f0's value;
+    each instance of f1 waits for f0's first instance."""
+    graph = two_layers(0)
+    graph.ops[2].target = "aten.ones_like.default"
+    graph = OpGraph("shape-read", B, graph.ops, graph.edges)
+    cl = cluster()
+    configs = [ParallelConfig((0, 1), (6, 2)), ParallelConfig((0, 1), (2, 6))]
+    s = Strategy(graph.fingerprint, cl.name, 2, B, np.array([0, 0, 1]), configs)
+    plan = compile_strategy(graph, cl, s, cost_model(cl))
+    moves = np.isin(plan.task_kind, (TaskKind.RELAYOUT, TaskKind.TRANSFER, TaskKind.CONCAT)) & (plan.task_op == 1)
+    assert not moves.any()
+    f0 = np.nonzero((plan.task_kind == TaskKind.COMPUTE) & (plan.task_op == 1))[0]
+    for t in np.nonzero((plan.task_kind == TaskKind.COMPUTE) & (plan.task_op == 2))[0]:
+        assert f0.min() in plan.dep_idx[plan.dep_ptr[t]:plan.dep_ptr[t + 1]]

@@ -46,6 +46,18 @@ def test_live_bytes_hold_what_they_count_so_that_an_address_is_not_reused() -> N
     assert mem.live == 8 * 1024 and mem.values.get(("env", "a")) is None
 
 
+def test_a_shape_read_holds_no_bytes_of_the_value() -> None:
+    """Zeros for a reader of a value's shape only (ones_like, new_zeros): one element expanded where the value
+    is row-major, so that a rank holds none of its bytes; laid out as traced otherwise."""
+    from heterog.runtime.layout import shape_only
+
+    z = shape_only((288, 64, 32), torch.float32, None, torch.device("cpu"))
+    assert z.shape == (288, 64, 32) and z.untyped_storage().nbytes() == 4
+    assert torch.ones_like(z).is_contiguous() and z.new_zeros((3, 4)).sum() == 0
+    t = shape_only((2, 3, 4), torch.float32, (0, 2, 1), torch.device("cpu"))
+    assert t.stride() == (12, 1, 3)
+
+
 def test_live_bytes_count_only_the_span_of_input_slices() -> None:
     batch = torch.zeros(8, 3)                               # the global batch a job carries: 96 bytes
     mem = LiveBytes([batch])
