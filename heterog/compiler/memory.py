@@ -349,8 +349,9 @@ def _collective_writes(kind: np.ndarray, op: np.ndarray, f: np.ndarray, x: np.nd
 
 
 def _cut_reads(views: np.ndarray, f: np.ndarray) -> np.ndarray:
-    """(len(f),) the reads of a producer's instance (an op's, an input's) by a re-layout's cut of it into
-    views (``views``, (n,): ``outer_batch``): every reader of the pieces then holds the producer's entry."""
+    """(len(f),) the reads of an op's instance by a re-layout's cut of it into views (``views``, (n,): its
+    tensor's batch is the first dimension, ``outer_batch``, not an input's): every reader of the pieces then
+    holds the producer's entry."""
     return np.append(views, False)[f]
 
 

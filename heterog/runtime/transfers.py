@@ -2,7 +2,8 @@
 receive buffer when the simulated transfer starts and the sender lets go of what it sent when the transfer
 ends (``Post``, ``Sent``), and a rank finishes a collective when the plan's collective ends (``Finish``), which
 is what the simulator counts (``heterog.compiler.memory``: a transfer allocates the value it brings at its
-start and a collective lands its result at its end; what either reads is released when it ends).
+start and a collective lands its result at its end; what either reads is released when it ends); and a
+value re-laid out from messages is put together where the plan's join of it starts (``joins_at``).
 
 A message (``Message``: sender, receiver, the key after its producer) is matched to the compiled plan's
 transfer that carries it: a TRANSFER or PUSH task to the receiver that depends on the producer's task (the
