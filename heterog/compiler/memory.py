@@ -27,7 +27,9 @@ What a device holds (docs/design.md, "Resources, memory and time"):
   nothing: its pieces are views of the producer's output, which every reader of the pieces then holds
   (``_cut_reads``), as the runtime sends and reads slices of it; rows along another dimension are copies
   (the cut allocates the entry's bytes); a cut of an input (the batch a job carries, of which a device
-  holds the rows it reads) allocates the rows the device keeps (``Engine.relayout``).
+  holds the rows it reads) allocates the rows the device keeps (``Engine.relayout``);
+- an instance of an op divided beyond the batch holds, for as long as it runs, the parts it copies out of
+  values it holds whole where a part is not dense in the value (``part_copies``).
 
 The entries and frees go to ``TaskGraph.adopt_tasks`` (``free_entry``: which entry of the freed task a
 free releases, -1 all). The runtime does the same (``heterog.runtime.executor``: in-place accumulation,
@@ -35,6 +37,7 @@ collectives and update ops) and meters what it holds (``heterog.runtime.memory.L
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -207,22 +210,61 @@ def partial_part(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray, 
     out = np.where(inst, gi.out_fixed_bytes[op], 0.0)
     if out_split is not None:
         div = np.nonzero(inst & (out_split[op] > 0))[0]
-        if len(div):          # the instance's split share: its layout entry on its device in its micro-batch
-            lay = op_lay[op[div]]
-            rows, loc = ragged(layouts.length[lay])
-            flat = layouts.ptr[lay][rows] + loc
-            hit = (layouts.dev_flat[flat] == tasks.dev[div][rows]) & \
-                (layouts.micro_flat[flat] == np.maximum(tasks.micro[div][rows], 0))
-            share = np.ones(len(div))
-            share[rows[hit]] = layouts.split_flat[flat[hit]]
+        if len(div):          # the instance's split share
+            flat = _entries_of(layouts, op_lay[op[div]], tasks.dev[div], tasks.micro[div])
+            share = np.where(flat >= 0, layouts.split_flat[np.maximum(flat, 0)], 1.0)
             w = out_split[op[div]]
             out[div] *= 1.0 - w + w * share
     return np.minimum(out, tasks.alloc)
 
 
+def _entries_of(layouts: LayoutTable, lay: np.ndarray, dev: np.ndarray, micro: np.ndarray) -> np.ndarray:
+    """(len(lay),) the flat layout entry of each instance: of layout ``lay`` on device ``dev`` in micro-batch
+    ``micro`` (-1: none)."""
+    rows, loc = ragged(layouts.length[lay])
+    flat = layouts.ptr[lay][rows] + loc
+    hit = (layouts.dev_flat[flat] == dev[rows]) & (layouts.micro_flat[flat] == np.maximum(micro[rows], 0))
+    out = np.full(len(lay), -1, dtype=np.int64)
+    out[rows[hit]] = flat[hit]
+    return out
+
+
+def part_copies(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray,
+                copied: Sequence[np.ndarray | None], op_shard: np.ndarray | None, tasks: Tasks) -> np.ndarray | None:
+    """(n,) bytes each op instance divided beyond the batch copies out of values it holds whole, for as long as
+    it runs, None where none does: per split config k (``op_shard``), ``copied[k]`` (E,) the edges whose
+    consumer's part is not dense in the whole value (``heterog.compiler.shards.ShardChoice.copied``: the
+    runtime copies it before the instance while the whole is still held); the instance's share of the
+    tensors' bytes (its batch rows of a batch value)."""
+    if op_shard is None:
+        return None
+    gi = ctx.index
+    fixed, rows = np.zeros(gi.n_ops), np.zeros(gi.n_ops)
+    for k, edges in enumerate(copied):
+        if edges is None or not edges.any():
+            continue
+        e = np.nonzero(edges & (op_shard[gi.e_dst] == k))[0]
+        nbytes = gi.t_bytes[gi.e_tensor[e]]
+        np.add.at(fixed, gi.e_dst[e[~gi.e_batch[e]]], nbytes[~gi.e_batch[e]])
+        np.add.at(rows, gi.e_dst[e[gi.e_batch[e]]], nbytes[gi.e_batch[e]])
+    op = np.maximum(tasks.op, 0)
+    inst = np.nonzero((tasks.kind == TaskKind.COMPUTE) & (tasks.dev >= 0) & (tasks.op >= 0) &
+                      ((fixed[op] > 0) | (rows[op] > 0)))[0]
+    if not len(inst):
+        return None
+    flat = _entries_of(layouts, op_lay[op[inst]], tasks.dev[inst], tasks.micro[inst])
+    ok = np.maximum(flat, 0)
+    split = np.where(flat >= 0, layouts.split_flat[ok], 1.0)
+    batch = np.where(flat >= 0, layouts.frac_flat[ok], 1.0)
+    out = np.zeros(tasks.n)
+    out[inst] = np.rint((fixed[op[inst]] + rows[op[inst]] * batch) * split)
+    return out
+
+
 def memory_entries(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray, out_split: np.ndarray | None,
                    tasks: Tasks, deps: tuple[np.ndarray, np.ndarray, np.ndarray],
-                   state_held: np.ndarray | None = None, shard: np.ndarray | None = None) -> MemoryEntries:
+                   state_held: np.ndarray | None = None, shard: np.ndarray | None = None,
+                   temp: np.ndarray | None = None) -> MemoryEntries:
     """The entries and frees of ``tasks`` (canonical or slot order) whose dependencies are ``deps`` (task, on,
     owner) in the same ids (module docstring). ``state_held`` (n_ops,): ops whose group's state is sharded or
     offloaded (None: none is), whose update reads the parameter's rows, not the parameter, and does not
@@ -230,7 +272,8 @@ def memory_entries(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray
     own). ``shard`` (n_ops, n_devices): for an op whose gradient a device keeps only its rows of once
     aggregated (``sharded_state.gradient_shares``: reduce-scattered, or all-reduced at stage 1), each device's
     share of it (None: none is); its instances hold the rest of their gradient in an entry of its own, which
-    the collective releases when it ends (the device's shard stays until the update has read it)."""
+    the collective releases when it ends (the device's shard stays until the update has read it). ``temp``
+    (n,): bytes a task holds for as long as it runs (``part_copies``), in an entry it releases itself."""
     gi, n = ctx.index, tasks.n
     kind, op, dev = tasks.kind, tasks.op, tasks.dev
     vic = victims(ctx)
@@ -250,19 +293,21 @@ def memory_entries(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray
         kept = np.rint(partial[inst] * shard[opc[inst], dev[inst]])
         spill[inst] = np.where(kept > 0, partial[inst] - kept, 0.0)
         partial -= spill
-    # entries: [rest (one per batch output of an op instance with several), partial, spill] where held
+    # entries: [rest (one per batch output of an op instance with several), partial, spill, temp] where held
     outs = batch_outputs(ctx)
-    has_rest, has_part, has_spill = rest > 0, partial > 0, spill > 0
+    tmp = np.zeros(n) if temp is None else np.where(dev >= 0, np.rint(temp), 0.0)
+    has_rest, has_part, has_spill, has_temp = rest > 0, partial > 0, spill > 0, tmp > 0
     split = has_rest & np.isin(kind, COMPUTE_KINDS) & (dev >= 0) & (outs.n[opc] >= 2)
     n_rest = np.where(split, outs.n[opc], has_rest.astype(np.int64))
-    counts = n_rest + has_part + has_spill
+    counts = n_rest + has_part + has_spill + has_temp
     mem_ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(counts, out=mem_ptr[1:])
     rows, pos = ragged(counts)
     pos_part = np.where(has_part, n_rest, -1)
     pos_rest = np.where(has_rest, 0, -1)
     pos_spill = np.where(has_spill, n_rest + has_part, -1)
-    mem_bytes = np.where(pos == pos_part[rows], partial[rows], spill[rows])
+    pos_temp = np.where(has_temp, n_rest + has_part + has_spill, -1)
+    mem_bytes = np.where(pos == pos_part[rows], partial[rows], np.where(pos == pos_temp[rows], tmp[rows], spill[rows]))
     in_rest = pos < n_rest[rows]
     mem_bytes[in_rest] = rest[rows[in_rest]]
     cut = in_rest & split[rows]
@@ -311,6 +356,12 @@ def memory_entries(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray
     spilled = (entry >= 0) & (entry == pos_part[x]) & has_spill[x]
     if spilled.any():                 # what reads a gradient's shard reads the rest of it too
         frees = np.concatenate([frees, np.stack([f[spilled], x[spilled], pos_spill[x[spilled]]])], axis=1)
+    if has_temp.any():                # a task's temporary goes when it ends; its readers release the others
+        every = (frees[2] == -1) & has_temp[frees[1]]
+        c, k = ragged(pos_temp[frees[1][every]])
+        named_all = np.stack([frees[0][every][c], frees[1][every][c], k])
+        held = np.nonzero(has_temp)[0]
+        frees = np.concatenate([frees[:, ~every], named_all, np.stack([held, held, pos_temp[held]])], axis=1)
     order = np.lexsort((frees[2], frees[1], frees[0]))
     frees = frees[:, order]
     keep = np.ones(frees.shape[1], dtype=bool)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from heterog.compiler.context import CompileContext
-from heterog.compiler.memory import memory_entries, victims
+from heterog.compiler.memory import memory_entries, part_copies, victims
 from heterog.compiler.micro import add_schedule, micro_order, window_exempt
 from heterog.compiler.offload import host_resources, offloaded_memory, offloads
 from heterog.compiler.place import Placement
@@ -258,9 +258,10 @@ def assemble(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray 
         tg = ctx.resources.empty_copy(resident_bytes=resident)
     held = state_held(place.state)
     reads = dep_owner != ORDER_ONLY               # the dependencies that read what they wait for
+    copies = part_copies(ctx, layouts, place.op_lay, [c.copied for c in place.shards], place.op_shard, tasks)
     mem = memory_entries(ctx, layouts, place.op_lay, place.out_split, tasks,
                          deps if reads.all() else (dep_task[reads], dep_on[reads], dep_owner[reads]), held,
-                         gradient_shares(ctx, place.state))
+                         gradient_shares(ctx, place.state), copies)
     tg.adopt_tasks(tasks.dur, tasks.lag, ctx.category_codes[tasks.cat], tasks.res_ptr, tasks.res_idx, dep_ptr, dep_o,
                    mem.mem_ptr, mem.mem_res, mem.mem_bytes, validate=validate, frees=(mem.free_ptr, mem.free_idx),
                    free_entry=mem.free_entry)

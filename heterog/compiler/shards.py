@@ -111,7 +111,9 @@ class ShardChoice:
     2 partial sums, 3 nothing: a shape read), for edges whose other end is not under this config;
     ``devices`` and ``weights`` the config's devices and split shares; ``original`` (n_ops,) each op's option
     as an index into its whole option list (``OpGraph.splits``; ``REPLICATE`` as above), what the runtime
-    reads."""
+    reads; ``copied`` (E,) edges whose consumer reads its part of a value held whole on its device and the
+    part is not dense in it (divided along a dimension after the first, or in strided blocks): the runtime
+    copies the part out before the instance (``heterog.compiler.memory.part_copies``)."""
 
     option: np.ndarray
     frac: np.ndarray
@@ -123,6 +125,7 @@ class ShardChoice:
     weights: tuple[int, ...] = ()
     original: np.ndarray | None = None
     groups: tuple[tuple[int, ...], ...] = ()
+    copied: np.ndarray | None = None
 
     def group_of(self, device: int) -> tuple[int, ...]:
         """The devices of ``device``'s group (a grid's row; all of them for a one-dimensional split)."""
@@ -345,10 +348,13 @@ def choose_shards(ctx: CompileContext, config: ParallelConfig) -> ShardChoice:
     conv = np.zeros(E, dtype=np.int64)
     have = np.zeros(E, dtype=np.int64)
     need = np.zeros(E, dtype=np.int64)
+    copied = np.zeros(E, dtype=bool)
     for e in range(E):
         u, v = int(gi.e_src[e]), int(gi.e_dst[e])
         conv[e] = ch.edge_conv(e, int(option[u]), int(option[v]))
         pairs, _ = ch.placements(e, int(option[u]), int(option[v]))
+        copied[e] = not gi.e_value_free[e] and any(
+            h == R and isinstance(n, Shard) and (n.dim > 0 or n.sf > 1) for h, n in pairs)
         hs = [_cls(h) for h, _ in pairs] or [0]
         ns = [_cls(n) for _, n in pairs] or [3 if gi.e_value_free[e] else 0]
         have[e] = 2 if 2 in hs else 1 if 1 in hs else 0
@@ -356,7 +362,7 @@ def choose_shards(ctx: CompileContext, config: ParallelConfig) -> ShardChoice:
     original = np.array([table.original[o][k] if k != REPLICATE else REPLICATE
                          for o, k in enumerate(option.tolist())], dtype=np.int64)
     out = choices[key] = ShardChoice(option, frac, out_split, conv, have, need, tuple(config.devices),
-                                             tuple(config.split_shares), original, config.groups)
+                                             tuple(config.split_shares), original, config.groups, copied)
     return out
 
 
