@@ -71,7 +71,7 @@ from heterog.runtime.split_lowering import SplitLowering
 from heterog.runtime.state_lowering import StateLowering
 from heterog.runtime.stepprog import LeafInfo, Read, StepProgram
 from heterog.runtime.sync_stats import SyncLowering
-from heterog.runtime.transfers import held_until, joins_at
+from heterog.runtime.transfers import held_until
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.cluster import Cluster
@@ -572,7 +572,6 @@ class _Builder:
         tag_of = [m.tag for m in self.messages]
         for msg in self.messages:
             self.ranks[msg.dst].recvs.append(Receive(msg.tag, msg.src, msg.shape, msg.dtype, msg.key))
-        joins_at(self.plan, self.start, self.messages, self.items)
         for r, at, ins in held_until(self.plan, self.start, self.finish, self.messages, self.items, self.post_early,
                                      not self.emulate):
             self.emit(r, at, ins)

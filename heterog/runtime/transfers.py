@@ -78,7 +78,8 @@ def transfer_tasks(plan: CompiledPlan, messages: Sequence[Message],
 
 
 def buffer_keys(plan: CompiledPlan, start: np.ndarray, finish: np.ndarray | None, messages: Sequence[Message],
-                items: Sequence[Sequence[list]], in_order: bool) -> tuple[list[tuple], list[tuple | None]]:
+                items: Sequence[Sequence[list]], in_order: bool, carried: Sequence[int] | None = None
+                ) -> tuple[list[tuple], list[tuple | None]]:
     """Per message (``messages``, tagged; ``items``: per rank its [key, seq, instruction], messages named by
     their index in ``messages``; ``finish``: the simulated end of each task, None: none known): the key at which
     the receiver posts its receive (the transfer's start; its send's key where no transfer is found, where
@@ -94,7 +95,7 @@ def buffer_keys(plan: CompiledPlan, start: np.ndarray, finish: np.ndarray | None
             for src in sources(ins):
                 if isinstance(src, Recv) and (src.tag not in take_key or key < take_key[src.tag]):
                     take_key[src.tag] = key
-    tasks = transfer_tasks(plan, messages)
+    tasks = transfer_tasks(plan, messages) if carried is None else carried
     post: list[tuple] = []
     sent: list[tuple | None] = []
     for i, (msg, t) in enumerate(zip(messages, tasks)):
@@ -149,15 +150,14 @@ def finishes(plan: CompiledPlan, finish: np.ndarray | None, items: Sequence[Sequ
     return out
 
 
-def joins_at(plan: CompiledPlan, start: np.ndarray, messages: Sequence[Message], items: Sequence[Sequence[list]]
-             ) -> None:
+def joins_at(plan: CompiledPlan, start: np.ndarray, items: Sequence[Sequence[list]], succ: dict[int, list[int]],
+             carried: Sequence[int]) -> None:
     """Each value re-laid out from messages (an ``Assemble`` of a ``("r", ...)`` key with received pieces, the
     others this rank's own values) keyed no later than the start of the plan's join of it on its rank's
     device (the one RELAYOUT or CONCAT task after the transfers that carry its pieces), where the simulator
     allocates it, rather than before its first reader (``items``: per rank its [key, seq, instruction],
-    messages named by their index in ``messages``)."""
-    succ = _successors(plan)
-    carried = transfer_tasks(plan, messages, succ)
+    messages named by their index; ``succ``: each task's dependents; ``carried``: each message's transfer,
+    ``transfer_tasks``)."""
     for r, rank_items in enumerate(items):
         for item in rank_items:
             ins = item[2]
@@ -175,9 +175,13 @@ def joins_at(plan: CompiledPlan, start: np.ndarray, messages: Sequence[Message],
 def held_until(plan: CompiledPlan, start: np.ndarray, finish: np.ndarray | None, messages: Sequence[Message],
                items: Sequence[Sequence[list]], post: bool, in_order: bool) -> list[tuple[int, tuple, Instruction]]:
     """(rank, key, instruction) of the ``Post`` of each message (``post``: in the step), the ``Sent`` of each
-    message whose transfer is found and the ``Finish`` of each collective (``buffer_keys``, ``finishes``). The
-    posts come in tag order, so that posts given one key (a pair's, moved forward together) run in it."""
-    posts, ends = buffer_keys(plan, start, finish, messages, items, in_order)
+    message whose transfer is found and the ``Finish`` of each collective (``buffer_keys``, ``finishes``), the
+    values re-laid out from messages keyed at their joins first (``joins_at``, in ``items``). The posts come
+    in tag order, so that posts given one key (a pair's, moved forward together) run in it."""
+    succ = _successors(plan)
+    carried = transfer_tasks(plan, messages, succ)
+    joins_at(plan, start, items, succ, carried)
+    posts, ends = buffer_keys(plan, start, finish, messages, items, in_order, carried)
     out: list[tuple[int, tuple, Instruction]] = [
         (m.dst, at, Post(m.tag)) for m, at in sorted(zip(messages, posts), key=lambda ma: ma[0].tag)] if post else []
     out += [(m.src, end, Sent(m.tag)) for m, end in zip(messages, ends) if end is not None]
