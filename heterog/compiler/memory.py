@@ -29,7 +29,11 @@ What a device holds (docs/design.md, "Resources, memory and time"):
   (the cut allocates the entry's bytes); a cut of an input (the batch a job carries, of which a device
   holds the rows it reads) allocates the rows the device keeps (``Engine.relayout``);
 - an instance of an op divided beyond the batch holds, for as long as it runs, the parts it copies out of
-  values it holds whole where a part is not dense in the value (``part_copies``).
+  values it holds whole where a part is not dense in the value (``part_copies``);
+- a view op left in the graph that brings in the batch (a buffer expanded to it) allocates nothing: its
+  readers hold the value it is a view of (``view_inputs``);
+- a value nobody reads (an output of a multi-output op, a forward output whose readers all read its
+  recomputed copy) goes when the task that makes it ends.
 
 The entries and frees go to ``TaskGraph.adopt_tasks`` (``free_entry``: which entry of the freed task a
 free releases, -1 all). The runtime does the same (``heterog.runtime.executor``: in-place accumulation,
@@ -47,6 +51,7 @@ from heterog.compiler.context import CompileContext
 from heterog.compiler.index import output_bytes
 from heterog.compiler.registries import LayoutTable
 from heterog.compiler.tasks import COMPUTE_KINDS, TaskCategory, TaskKind, Tasks, ragged
+from heterog.graph.fusion import VIEW_OPS
 
 # tasks whose reads of an op's instance read its partial results (aggregation) when the op owns the dependency
 _AGGREGATING = np.zeros(len(TaskKind), dtype=bool)
@@ -154,16 +159,33 @@ def outer_batch(ctx: CompileContext) -> np.ndarray:
     return _OUTER.get(ctx, build)
 
 
+_VIEWS: DerivedCache[CompileContext, np.ndarray] = DerivedCache("the view ops' input tensors")
+
+
+def view_inputs(ctx: CompileContext) -> np.ndarray:
+    """(n_ops,) per view op left in the graph that brings in the batch (``heterog.graph.fusion.fuse_trivial``)
+    the tensor its output is a view of, -1 for every other op (cached per context): an instance holds no bytes
+    of its own, its readers hold its input. A second gradient picked from a multi-output backward is a
+    gradient like any other (accumulated over micro-batches, aggregated), in a buffer of its own."""
+    def build() -> np.ndarray:
+        gi, out = ctx.index, np.full(ctx.index.n_ops, -1, dtype=np.int64)
+        view = np.array([op.kind == "compute" and op.target in VIEW_OPS and op.param is None for op in ctx.graph.ops],
+                        dtype=bool)
+        e = np.nonzero(view[gi.e_dst])[0]
+        out[gi.e_dst[e]] = gi.e_tensor[e]
+        return out
+    return _VIEWS.get(ctx, build)
+
+
 @dataclass(frozen=True)
 class BatchOutputs:
     """Per op (n_ops,): how many outputs carrying the batch it has (``n``) and, CSR by ``ptr`` (n_ops + 1,),
-    each one's share of their bytes (``frac``) and whether any op reads it (``read``); per tensor
-    (n_tensors,): its position among its op's batch outputs (``slot``, -1: not a batch output)."""
+    each one's share of their bytes (``frac``); per tensor (n_tensors,): its position among its op's batch
+    outputs (``slot``, -1: not a batch output)."""
 
     n: np.ndarray
     ptr: np.ndarray
     frac: np.ndarray
-    read: np.ndarray
     slot: np.ndarray
 
 
@@ -188,14 +210,12 @@ def batch_outputs(ctx: CompileContext) -> BatchOutputs:
             n[i] = len(sizes)
         ptr = np.zeros(gi.n_ops + 1, dtype=np.int64)
         np.cumsum(n, out=ptr[1:])
-        read = np.zeros(len(frac), dtype=bool)
         slot = np.full(len(gi.t_op), -1, dtype=np.int64)
         for e, edge in enumerate(graph.edges):
             flat = where.get((edge.src, edge.src_output))
             if flat is not None:
-                read[flat] = True
                 slot[gi.e_tensor[e]] = flat - ptr[edge.src]
-        return BatchOutputs(n, ptr, np.array(frac, dtype=np.float64), read, slot)
+        return BatchOutputs(n, ptr, np.array(frac, dtype=np.float64), slot)
     return _OUTPUTS.get(ctx, build)
 
 
@@ -284,7 +304,8 @@ def memory_entries(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray
     into = _sums_into(kind, op, dev, tasks.alloc, deps)
     views = kind == TaskKind.RELAYOUT             # a producer entry cut into pieces: views of it, or copies
     views[views] = outer_batch(ctx)[tasks.owner[views] - gi.n_ops] & ~input_ops(ctx)[op[views]]
-    alloc = np.where((dev >= 0) & ~upd & (into < 0) & ~views, np.rint(tasks.alloc), 0.0)
+    view_of = np.where((kind == TaskKind.COMPUTE) & (op >= 0), view_inputs(ctx)[opc], -1)
+    alloc = np.where((dev >= 0) & ~upd & (into < 0) & ~views & (view_of < 0), np.rint(tasks.alloc), 0.0)
     partial = np.minimum(np.rint(partial_part(ctx, layouts, op_lay, out_split, tasks)), alloc)
     rest = alloc - partial
     spill = np.zeros(n)
@@ -342,17 +363,13 @@ def memory_entries(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray
     entry[own] = slot[own]
     # in-place writes: (writer, buffer it writes into, that buffer's entry)
     inplace = _collective_writes(kind, op, f, x, w, entry, pos_part) | \
-        _update_writes(ctx, kind, op, upd, f, x, w) | (into[f] == x) | _cut_reads(views, f)
+        _update_writes(ctx, kind, op, upd, f, x, w) | (into[f] == x) | _cut_reads(views, f) | \
+        ((view_of[f] >= 0) & (w - gi.n_ops == view_of[f]))
     frees = np.stack([f, x, entry])
     frees = frees[:, (entry != -2) & (counts[x] > 0)]
     if inplace.any():
         writes = np.stack([f[inplace], x[inplace], entry[inplace]])
         frees = _hand_over(kind, dev, np.stack([df[live], dx[live]]), frees, writes, counts)
-    unread = np.nonzero(split)[0]
-    if len(unread):                   # a batch output nobody reads goes when its instance ends
-        r, k = ragged(outs.n[opc[unread]])
-        gone = ~outs.read[outs.ptr[opc[unread[r]]] + k]
-        frees = np.concatenate([frees, np.stack([unread[r[gone]], unread[r[gone]], k[gone]])], axis=1)
     spilled = (entry >= 0) & (entry == pos_part[x]) & has_spill[x]
     if spilled.any():                 # what reads a gradient's shard reads the rest of it too
         frees = np.concatenate([frees, np.stack([f[spilled], x[spilled], pos_spill[x[spilled]]])], axis=1)
@@ -362,6 +379,7 @@ def memory_entries(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray
         named_all = np.stack([frees[0][every][c], frees[1][every][c], k])
         held = np.nonzero(has_temp)[0]
         frees = np.concatenate([frees[:, ~every], named_all, np.stack([held, held, pos_temp[held]])], axis=1)
+    frees = _unread_go(frees, np.where(_read_for_shape_only(ctx)[opc] & (op >= 0), 0, counts))
     order = np.lexsort((frees[2], frees[1], frees[0]))
     frees = frees[:, order]
     keep = np.ones(frees.shape[1], dtype=bool)
@@ -371,6 +389,29 @@ def memory_entries(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray
     np.cumsum(np.bincount(frees[0], minlength=n), out=free_ptr[1:])
     return MemoryEntries(mem_ptr, dev[rows].astype(np.int64), mem_bytes, free_ptr, frees[1].astype(np.int64),
                          frees[2].astype(np.int64))
+
+
+def _read_for_shape_only(ctx: CompileContext) -> np.ndarray:
+    """(n_ops,) ops whose outputs are read, and only for their shapes: the loss, which the backward's seed
+    reads so, and which the runtime keeps to the step's end to report it."""
+    gi = ctx.index
+    read = np.bincount(gi.e_src, minlength=gi.n_ops)
+    by_value = np.bincount(gi.e_src, weights=~gi.e_value_free, minlength=gi.n_ops)
+    return (read > 0) & (by_value == 0)
+
+
+def _unread_go(frees: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """``frees`` (3, F: releasing task, released task, entry) with every entry that no task releases (an output
+    nobody reads: a batch output of a multi-output op, or a forward output whose readers all read its
+    recomputed copy) released by its own task when it ends, as the runtime drops a value nobody reads;
+    ``counts`` (n,): each task's entries, 0 for a task whose entries stay to the step's end."""
+    span = int(counts.max(initial=0)) + 1
+    every = np.zeros(len(counts), dtype=bool)
+    every[frees[1][frees[2] < 0]] = True
+    named = frees[:, frees[2] >= 0]
+    t, k = ragged(counts)
+    gone = ~every[t] & ~np.isin(t * span + k, named[1] * span + named[2])
+    return np.concatenate([frees, np.stack([t[gone], t[gone], k[gone]])], axis=1)
 
 
 def _sums_into(kind: np.ndarray, op: np.ndarray, dev: np.ndarray, alloc: np.ndarray,

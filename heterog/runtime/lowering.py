@@ -442,9 +442,9 @@ class _Builder:
                 if placeholder:
                     src = self.producer_source(leaf, dev, micro)
                 else:
-                    again = self.reads_recomputed(u, op, recompute)
-                    src, chain = Env(env_name(r.node, micro, again)), ()
-                    self.export(u, dev, micro, r.node, again)
+                    again, node = self.reads_recomputed(u, op, recompute), r.held_node(leaf)
+                    src, chain = Env(env_name(node, micro, again)), ()
+                    self.export(u, dev, micro, node, again)
             else:
                 src, scale = self.relayout(r.leaf, lay, dev, micro, key)
             return src, chain, scale
@@ -452,8 +452,8 @@ class _Builder:
         if e and prog.op_has_batch[op] and b != self.B:
             scale = float((b / self.B) ** e)
         if r.leaf in self.exps.statistics and prog.op_has_batch[op] and self.op_lay(u) == lay:
-            src, chain = Env(env_name(r.node, micro)), ()   # a batch statistic: this instance's own
-            self.export(u, dev, micro, r.node)
+            src, chain = Env(env_name(r.held_node(leaf), micro)), ()   # a batch statistic: this instance's own
+            self.export(u, dev, micro, r.held_node(leaf))
         elif value_free and (prog.op_has_batch[u] or u in self.split):   # a shape read: no value needed
             src = Zeros(leaf.shape, leaf.dtype, leaf.memory_order)
         elif u in self.split or self.summed(r.leaf):
@@ -464,8 +464,8 @@ class _Builder:
             if placeholder:
                 src = self.producer_source(leaf, dev)
             else:
-                src, chain = Env(r.node), ()
-                self.export(u, dev, 0, r.node)
+                src, chain = Env(r.held_node(leaf)), ()
+                self.export(u, dev, 0, r.held_node(leaf))
         elif value_free:
             src = Zeros(leaf.shape, leaf.dtype, leaf.memory_order)
         else:

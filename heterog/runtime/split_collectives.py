@@ -126,7 +126,7 @@ def _part_here(sl: SplitHost, u: int, r: Read, h: int, mu: int, batch: int, at: 
     b = sl.b
     su, leaf = sl.ops[u], b.leaf(r.leaf)
     if b.prog.op_kind[u] == "compute" and not sl.accumulated(r.leaf):
-        node = r.node if r.tuple_index is None else leaf.read_node      # one element of a tuple value
+        node = r.held_node(leaf)
         b.export(u, h, mu, node)
         src: Source = Env(env_name(node, mu))
         chain: tuple[str, ...] = ()

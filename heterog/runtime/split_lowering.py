@@ -491,11 +491,10 @@ class SplitLowering:
         su, leaf = self.ops[u], b.leaf(r.leaf)
         part, pad = self.part_at(part, r, batch), self.part_at(pad, r, batch)
         if b.prog.op_kind[u] == "compute" and not self.accumulated(r.leaf):
-            if part is None and pad is None:
-                b.export(u, dev, micro, r.node)
-                return Input(r.node, Env(env_name(r.node, micro)), r.node, (), scale, r.tuple_index)
-            node = r.node if r.tuple_index is None else leaf.read_node      # one element of a tuple value
+            node = r.held_node(leaf)
             b.export(u, dev, micro, node)
+            if part is None and pad is None:
+                return Input(r.node, Env(env_name(node, micro)), node, (), scale, r.tuple_index)
             return Input(r.node, self.derive(dev, key, Env(env_name(node, micro)), node, (), batch, None, part, scale,
                                              r.node, micro, None, pad), None, (), 1.0, r.tuple_index)
         src = self.held(r.leaf, dev, micro)[0]    # a placeholder's or a partial result's: its view chain runs here

@@ -94,6 +94,12 @@ class Read:
     chain: tuple[str, ...]
     tuple_index: int | None = None
 
+    def held_node(self, leaf: LeafInfo) -> str:
+        """The node whose value the producer's device keeps for this read: ``node``, or for an element of a
+        tuple value the element's own node (``leaf``'s), so that the tuple, and every other element of it,
+        goes when its last reader in the producer's instruction has run."""
+        return self.node if self.tuple_index is None else leaf.read_node
+
 
 @dataclass
 class StepProgram:

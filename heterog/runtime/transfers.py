@@ -7,8 +7,8 @@ value re-laid out from messages is put together where the plan's join of it star
 
 A message (``Message``: sender, receiver, the key after its producer) is matched to the compiled plan's
 transfer that carries it: a TRANSFER or PUSH task to the receiver that depends on the producer's task (the
-task of the message's key) directly or through a re-layout or landing; among several, one of the message's
-bytes first, then the lowest task id, each task used once where there are enough of them.
+task of the message's key) directly or through a re-layout or landing; among several, one not yet used
+first, then one of the message's bytes, then a direct one, then the lowest task id.
 """
 from __future__ import annotations
 
@@ -65,15 +65,15 @@ def transfer_tasks(plan: CompiledPlan, messages: Sequence[Message],
         if not 0 <= p < plan.n_tasks:
             out.append(-1)
             continue
-        near = [t for t in succ[p] if kind[t] in _MOVES and dev[t] == msg.dst]
-        cand = near or [t for u in succ[p] if kind[u] in _VIA for t in succ[u] if kind[t] in _MOVES
-                        and dev[t] == msg.dst]
+        near = {t for t in succ[p] if kind[t] in _MOVES and dev[t] == msg.dst}
+        cand = near | {t for u in succ[p] if kind[u] in _VIA for t in succ[u] if kind[t] in _MOVES
+                       and dev[t] == msg.dst}
         if not cand:
             out.append(-1)
             continue
-        cand = sorted(set(cand), key=lambda t: (t in used, int(nbytes[t]) != msg.nbytes, t))
-        used.add(cand[0])
-        out.append(cand[0])
+        best = min(cand, key=lambda t: (t in used, int(nbytes[t]) != msg.nbytes, t not in near, t))
+        used.add(best)
+        out.append(best)
     return out
 
 
