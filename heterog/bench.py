@@ -83,18 +83,57 @@ def run_bench(quick: bool = False) -> dict:
 
     out["eval_ms_bert_large_paper8_split" if not quick else "eval_ms_quick_split"] = _median_ms(
         from_scratch_split, 3 if quick else 11)
+    if not quick:
+        out.update(scale_eval(ev, strategy, out["eval_ms_bert_large_paper8"]))
     out.update(delta_eval(ev, actions, quick))
     out.update(delta_eval(ev, actions, quick, micro_batches=4))
     out.update(search_speed(ev, quick))
     if quick:                                   # the keys of the full benchmark, not measured
         out.update(dict.fromkeys(("eval_ms_bert_large_paper8", "eval_ms_bert_large_paper8_k4",
-                                  "eval_ms_bert_large_paper8_split",
+                                  "eval_ms_bert_large_paper8_split", "eval_ms_bert_large_paper8_k32",
+                                  "eval_k32_over_k1_bert_large_paper8", "eval_ms_gpt2_xl_split_paper8",
+                                  "eval_ms_opt350m_128gpu",
                                   "eval_ms_delta_bert_large_paper8", "eval_ms_delta_bert_large_paper8_k4",
                                   "mcmc_evals_per_s_bert_large_paper8", "mcmc_n_evals_bert_large_paper8",
                                   "mcmc_speedup_vs_best_dp_bert_large_paper8", "search_speedup_2_workers")))
     else:
         out["order_comparison"] = order_comparison()
     out["load_average_1min_at_end"] = os.getloadavg()[0]       # > 0 means other work shared the CPUs
+    return out
+
+
+def scale_eval(ev: Evaluator, strategy: Strategy, k1_ms: float) -> dict[str, Any]:
+    """Evaluations whose cost grows with a plan's copies, each from scratch (median of 3 after a first one):
+    ``strategy`` (bert_large on paper-8gpu, its full evaluation ``k1_ms``) over 32 micro-batches (1F1B), and
+    its ratio to ``k1_ms``; gpt2_xl (batch 8, Adam) with every group divided beyond the batch evenly over
+    paper-8gpu; OPT-350M (sequence 2048, batch 1024) data-parallel (EV-AR) on 32 A100 and 96 V100 GPUs of
+    gcp-a100-v100, 4 a server (one evaluation after the first, whose seconds are reported beside)."""
+    from heterog import baselines
+    from heterog.cluster import load_cluster
+    from heterog.evaluate import Evaluator
+    from heterog.graph.cache import capture_model
+
+    def from_scratch(e: Evaluator, s: Strategy) -> Callable[[], object]:
+        def run() -> None:
+            e.compiler.bases.clear()
+            e.iteration_time(s)
+        return run
+
+    out: dict[str, Any] = {}
+    k32 = dataclasses.replace(strategy, micro_batches=tuple(even_shares(ev.graph.batch_size, 32)), schedule="1f1b")
+    out["eval_tasks_k32"] = ev.evaluate(k32).n_tasks
+    out["eval_ms_bert_large_paper8_k32"] = _median_ms(from_scratch(ev, k32), 3)
+    out["eval_k32_over_k1_bert_large_paper8"] = out["eval_ms_bert_large_paper8_k32"] / k1_ms
+    xl = Evaluator(capture_model("gpt2_xl", 8, "adam"), ev.cluster)
+    split = split_everything(xl)
+    out["eval_tasks_gpt2_xl_split"] = xl.evaluate(split).n_tasks
+    out["eval_ms_gpt2_xl_split_paper8"] = _median_ms(from_scratch(xl, split), 3)
+    big = Evaluator(capture_model("opt_350m", 1024), load_cluster("gcp-a100-v100:a100=8,v100=24,gpus_per_node=4"))
+    dp = baselines.run("ev-ar", big.graph, big.cluster, evaluator=big)
+    t0 = time.perf_counter()
+    out["eval_tasks_opt350m_128gpu"] = big.evaluate(dp).n_tasks
+    out["eval_s_first_opt350m_128gpu"] = time.perf_counter() - t0
+    out["eval_ms_opt350m_128gpu"] = _median_ms(from_scratch(big, dp), 1)
     return out
 
 
