@@ -163,10 +163,11 @@ _VIEWS: DerivedCache[CompileContext, np.ndarray] = DerivedCache("the view ops' i
 
 
 def view_inputs(ctx: CompileContext) -> np.ndarray:
-    """(n_ops,) per view op left in the graph that brings in the batch (``heterog.graph.fusion.fuse_trivial``)
-    the tensor its output is a view of, -1 for every other op (cached per context): an instance holds no bytes
-    of its own, its readers hold its input. A second gradient picked from a multi-output backward is a
-    gradient like any other (accumulated over micro-batches, aggregated), in a buffer of its own."""
+    """(n_ops,) per view op left in the graph other than a gradient (``heterog.graph.fusion.fuse_trivial``
+    leaves one that brings in the batch: a buffer expanded to it) the tensor its output is a view of, -1 for
+    every other op (cached per context): an instance holds no bytes of its own, its readers hold its input.
+    A second gradient picked from a multi-output backward is a gradient like any other (accumulated over
+    micro-batches, aggregated), in a buffer of its own."""
     def build() -> np.ndarray:
         gi, out = ctx.index, np.full(ctx.index.n_ops, -1, dtype=np.int64)
         view = np.array([op.kind == "compute" and op.target in VIEW_OPS and op.param is None for op in ctx.graph.ops],
@@ -379,7 +380,7 @@ def memory_entries(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray
         named_all = np.stack([frees[0][every][c], frees[1][every][c], k])
         held = np.nonzero(has_temp)[0]
         frees = np.concatenate([frees[:, ~every], named_all, np.stack([held, held, pos_temp[held]])], axis=1)
-    frees = _unread_go(frees, np.where(_read_for_shape_only(ctx)[opc] & (op >= 0), 0, counts))
+    frees = _unread_go(frees, np.where(_read_for_shape_only(ctx)[opc] & (op >= 0), 0, counts), mem_ptr)
     order = np.lexsort((frees[2], frees[1], frees[0]))
     frees = frees[:, order]
     keep = np.ones(frees.shape[1], dtype=bool)
@@ -400,17 +401,19 @@ def _read_for_shape_only(ctx: CompileContext) -> np.ndarray:
     return (read > 0) & (by_value == 0)
 
 
-def _unread_go(frees: np.ndarray, counts: np.ndarray) -> np.ndarray:
+def _unread_go(frees: np.ndarray, counts: np.ndarray, mem_ptr: np.ndarray) -> np.ndarray:
     """``frees`` (3, F: releasing task, released task, entry) with every entry that no task releases (an output
     nobody reads: a batch output of a multi-output op, or a forward output whose readers all read its
     recomputed copy) released by its own task when it ends, as the runtime drops a value nobody reads;
-    ``counts`` (n,): each task's entries, 0 for a task whose entries stay to the step's end."""
-    span = int(counts.max(initial=0)) + 1
+    ``counts`` (n,): each task's entries to look at, 0 for a task whose entries stay to the step's end (at
+    most its entries, ``mem_ptr`` (n + 1,))."""
     every = np.zeros(len(counts), dtype=bool)
-    every[frees[1][frees[2] < 0]] = True
-    named = frees[:, frees[2] >= 0]
+    whole = frees[2] < 0
+    every[frees[1][whole]] = True
+    named = np.zeros(int(mem_ptr[-1]), dtype=bool)
+    named[mem_ptr[frees[1][~whole]] + frees[2][~whole]] = True
     t, k = ragged(counts)
-    gone = ~every[t] & ~np.isin(t * span + k, named[1] * span + named[2])
+    gone = ~every[t] & ~named[mem_ptr[t] + k]
     return np.concatenate([frees, np.stack([t[gone], t[gone], k[gone]])], axis=1)
 
 
