@@ -186,7 +186,7 @@ class Transport:
         self.link_free: dict[int, float] = {}
         self.idle_s = 0.0          # time spent waiting (messages, collectives, emulated delays)
         self.sends: list[tuple[Any, torch.Tensor]] = []                   # collectives' messages
-        self.messages_out: dict[int, list[tuple[Any, torch.Tensor, torch.Tensor]]] = {}   # point-to-point, by tag
+        self.messages_out: dict[int, list[tuple[Any, torch.Tensor, torch.Tensor, int]]] = {}   # p2p, by tag
         self.recvs: dict[int, tuple] = {}
         self.in_flight: dict[tuple[int, ...], list[Pending]] = {}    # started collectives, per group
         self.group_ready: dict[tuple[int, ...], float] = {}            # emulation: when each group is free
@@ -214,15 +214,18 @@ class Transport:
             self.link_free[dst] = ready
             t = _frame(ready, t)
         self.messages_out.setdefault(tag, []).append(
-            (dist.isend(t, dst=dst, tag=tag, group=self.channels.get((self.rank, dst))), t, value))
+            (dist.isend(t, dst=dst, tag=tag, group=self.channels.get((self.rank, dst))), t, value, dst))
         return value
 
     def release(self, tag: int) -> None:
         """Let go of message ``tag``'s tensor at its transfer's simulated end (``Sent``), once delivered: the
-        receiver posts it at the transfer's start, which comes before in every rank's order (no deadlock)."""
+        receiver posts it at the transfer's start, which comes before in every rank's order (no deadlock). The
+        rank waits for the receiver meanwhile (its status names it: a receiver that hangs is the one blamed)."""
         t0 = time.perf_counter()
-        for work, *_ in self.messages_out.pop(tag, ()):
+        for work, _, _, dst in self.messages_out.pop(tag, ()):
+            self.status.waiting(dst)
             work.wait()
+            self.status.waiting(-1)
         self.idle_s += time.perf_counter() - t0
 
     def take(self, tag: int) -> torch.Tensor:

@@ -120,3 +120,24 @@ def test_every_direction_has_its_own_channel(pool3) -> None:
         assert res["same"]
         assert res["members"] == {(a, b): [min(a, b), max(a, b)] for a, b in want_pairs if rank in (a, b)}
         assert res["got"] == {src: [10.0 * src + rank] * 3 for src in range(3) if src != rank}
+
+
+def test_a_rank_waiting_for_its_message_to_be_delivered_names_the_receiver() -> None:
+    """A ``Sent`` waits for the receiver to take the message: the rank's status names that peer meanwhile, so
+    that a hung receiver is the one blamed, not the sender stuck behind it (a rank shown computing was named
+    the culprit when its peer was stopped)."""
+    from heterog.runtime.transport import Status, Transport
+
+    shared = [0] * 6
+    seen = []
+
+    class Work:
+        def wait(self) -> None:
+            seen.append(shared[2])
+
+    tr = Transport(torch.device("cpu"), False, Status(shared, 0), 0)
+    t = torch.zeros(3)
+    tr.messages_out[7] = [(Work(), t, t, 1)]
+    shared[2] = -1
+    tr.release(7)
+    assert seen == [1] and shared[2] == -1 and 7 not in tr.messages_out
