@@ -392,13 +392,18 @@ def memory_entries(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray
                          frees[2].astype(np.int64))
 
 
+_SHAPE_READ: DerivedCache[CompileContext, np.ndarray] = DerivedCache("ops read for their shapes only")
+
+
 def _read_for_shape_only(ctx: CompileContext) -> np.ndarray:
-    """(n_ops,) ops whose outputs are read, and only for their shapes: the loss, which the backward's seed
-    reads so, and which the runtime keeps to the step's end to report it."""
-    gi = ctx.index
-    read = np.bincount(gi.e_src, minlength=gi.n_ops)
-    by_value = np.bincount(gi.e_src, weights=~gi.e_value_free, minlength=gi.n_ops)
-    return (read > 0) & (by_value == 0)
+    """(n_ops,) ops whose outputs are read, and only for their shapes (cached per context): the loss, which
+    the backward's seed reads so, and which the runtime keeps to the step's end to report it."""
+    def build() -> np.ndarray:
+        gi = ctx.index
+        read = np.bincount(gi.e_src, minlength=gi.n_ops)
+        by_value = np.bincount(gi.e_src, weights=~gi.e_value_free, minlength=gi.n_ops)
+        return (read > 0) & (by_value == 0)
+    return _SHAPE_READ.get(ctx, build)
 
 
 def _unread_go(frees: np.ndarray, counts: np.ndarray, mem_ptr: np.ndarray) -> np.ndarray:

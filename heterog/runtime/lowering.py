@@ -431,6 +431,7 @@ class _Builder:
         lay = self.op_lay(op)
         value_free = prog.op_target[op] in VALUE_FREE_TARGETS
         leaf = self.leaf(r.leaf)
+        node = r.held_node(leaf)                       # what the producer's device keeps for this read
         u = r.leaf[0]
         placeholder = prog.op_kind[u] != "compute"
         chain, scale = r.chain, 1.0
@@ -442,7 +443,7 @@ class _Builder:
                 if placeholder:
                     src = self.producer_source(leaf, dev, micro)
                 else:
-                    again, node = self.reads_recomputed(u, op, recompute), r.held_node(leaf)
+                    again = self.reads_recomputed(u, op, recompute)
                     src, chain = Env(env_name(node, micro, again)), ()
                     self.export(u, dev, micro, node, again)
             else:
@@ -452,8 +453,8 @@ class _Builder:
         if e and prog.op_has_batch[op] and b != self.B:
             scale = float((b / self.B) ** e)
         if r.leaf in self.exps.statistics and prog.op_has_batch[op] and self.op_lay(u) == lay:
-            src, chain = Env(env_name(r.held_node(leaf), micro)), ()   # a batch statistic: this instance's own
-            self.export(u, dev, micro, r.held_node(leaf))
+            src, chain = Env(env_name(node, micro)), ()   # a batch statistic: this instance's own
+            self.export(u, dev, micro, node)
         elif value_free and (prog.op_has_batch[u] or u in self.split):   # a shape read: no value needed
             src = Zeros(leaf.shape, leaf.dtype, leaf.memory_order)
         elif u in self.split or self.summed(r.leaf):
@@ -464,8 +465,8 @@ class _Builder:
             if placeholder:
                 src = self.producer_source(leaf, dev)
             else:
-                src, chain = Env(r.held_node(leaf)), ()
-                self.export(u, dev, 0, r.held_node(leaf))
+                src, chain = Env(node), ()
+                self.export(u, dev, 0, node)
         elif value_free:
             src = Zeros(leaf.shape, leaf.dtype, leaf.memory_order)
         else:

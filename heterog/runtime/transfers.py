@@ -78,7 +78,7 @@ def transfer_tasks(plan: CompiledPlan, messages: Sequence[Message],
 
 
 def buffer_keys(plan: CompiledPlan, start: np.ndarray, finish: np.ndarray | None, messages: Sequence[Message],
-                items: Sequence[Sequence[list]], in_order: bool, carried: Sequence[int] | None = None
+                items: Sequence[Sequence[list]], in_order: bool, carried: Sequence[int]
                 ) -> tuple[list[tuple], list[tuple | None]]:
     """Per message (``messages``, tagged; ``items``: per rank its [key, seq, instruction], messages named by
     their index in ``messages``; ``finish``: the simulated end of each task, None: none known): the key at which
@@ -95,10 +95,9 @@ def buffer_keys(plan: CompiledPlan, start: np.ndarray, finish: np.ndarray | None
             for src in sources(ins):
                 if isinstance(src, Recv) and (src.tag not in take_key or key < take_key[src.tag]):
                     take_key[src.tag] = key
-    tasks = transfer_tasks(plan, messages) if carried is None else carried
     post: list[tuple] = []
     sent: list[tuple | None] = []
-    for i, (msg, t) in enumerate(zip(messages, tasks)):
+    for i, (msg, t) in enumerate(zip(messages, carried)):
         at = (float(start[t]), t, -2) if t >= 0 else msg.key
         take = take_key.get(i)
         post.append(at if msg.key < at and (take is None or at < take) else msg.key)
