@@ -2,11 +2,12 @@
 simulator"): Metis' and Sailor's best plans of Sailor's heterogeneous scenarios, imported and simulated.
 
     python -m experiments.peer_plans --budget-s 60 [--scenarios 4+4,8+8,16+16] [--out DIR]
-        [--planners pipeline,pipeline+splits,mcmc+splits,agent,best-dp] [--graph FILE] [--json]
+        [--planners pipeline,pipeline+splits,mcmc+splits,agent,best-dp,portfolio] [--graph FILE] [--json]
 
 Scenarios (Sailor's planner evaluation, ``experiments/data/sailor/README.md``): OPT-350M as Sailor trained it
-(zoo ``opt_350m_megatron``), Adam, global batch 1024, on ``gcp-a100-v100:a100=N,v100=N`` (N nodes of 4
-A100-40 and N of 4 V100-16: 4+4, 8+8, 16+16 GPUs). Every plan is simulated by ``heterog.evaluate.Evaluator``
+(zoo ``opt_350m_megatron``), Adam, global batch 1024, on ``gcp-a100-v100:a100=N,v100=M`` (N nodes of 4
+A100-40 and M of 4 V100-16: 4+4, 8+8, 16+16 GPUs by default; 32+96 and 128+384, hundreds of GPUs, where
+only Metis' planner was run). Every plan is simulated by ``heterog.evaluate.Evaluator``
 (roofline cost model, default task order); a row gives the iteration time, OOM, the peak memory of the
 fullest GPU (largest peak / capacity) and what the plan is.
 
@@ -25,7 +26,8 @@ Peers' plans are the committed best plans (``experiments/data/sailor/peer_plans/
   (ceil(gbs / (mbs x dp))), 1F1B.
 
 Ours: each planner of ``PLANNERS`` with ``--budget-s`` seconds on the same graph and cluster; the agent
-only where the shipped policy covers the cluster (``AGENT_MAX_GPUS``). ``best ours`` is the fastest that
+only where the shipped policy covers the cluster (``AGENT_MAX_GPUS``); ``portfolio`` is what ``heterog plan``
+without ``--method`` runs (``heterog.replan``'s ``auto``, progress on stderr). ``best ours`` is the fastest that
 fits; the ratios are its time over each peer plan's time.
 """
 from __future__ import annotations
@@ -51,8 +53,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 MODEL, BATCH, OPTIMIZER = "opt_350m_megatron", 1024, "adam"
 PLAN_DIR = Path(__file__).resolve().parent / "data" / "sailor" / "peer_plans"
-SCENARIOS = {"4+4": 1, "8+8": 2, "16+16": 4}         # name -> nodes of 4 GPUs of each type
+SCENARIOS = {"4+4": (1, 1), "8+8": (2, 2), "16+16": (4, 4),     # name -> nodes of 4 A100 GPUs, of 4 V100
+             "32+96": (8, 24), "128+384": (32, 96)}            # each type; the last two: hundreds of GPUs
 GPUS_PER_NODE = 4
+PORTFOLIO = "auto"
 # label -> (method, options): our planners (heterog.planners)
 PLANNERS: dict[str, tuple[str, dict[str, Any]]] = {
     "pipeline": ("pipeline", {}),
@@ -61,19 +65,20 @@ PLANNERS: dict[str, tuple[str, dict[str, Any]]] = {
     "mcmc+splits": ("mcmc", {"splits": True}),
     "agent": ("agent", {"progress": False}),
     "best-dp": ("best-dp", {}),
+    "portfolio": (PORTFOLIO, {}),       # ``heterog plan`` without --method: heterog.replan's auto, zero-shot on
 }
 AGENT_MAX_GPUS = 16          # the shipped pretrained policy's device tokens (agents.planner.PRETRAINED)
 
 
 def scenario_cluster(name: str) -> str:
     """The cluster spec of scenario ``name`` (``SCENARIOS``)."""
-    n = SCENARIOS[name]
-    return f"gcp-a100-v100:a100={n},v100={n}"
+    a100, v100 = SCENARIOS[name]
+    return f"gcp-a100-v100:a100={a100},v100={v100}"
 
 
 def scenario_dir(name: str) -> Path:
-    n = SCENARIOS[name] * GPUS_PER_NODE
-    return PLAN_DIR / f"opt350_a100x{n}_v100x{n}"
+    a100, v100 = (n * GPUS_PER_NODE for n in SCENARIOS[name])
+    return PLAN_DIR / f"opt350_a100x{a100}_v100x{v100}"
 
 
 def parse_scenarios(text: str) -> list[str]:
@@ -184,6 +189,9 @@ def peer_plans(name: str, graph: OpGraph, cluster: Cluster) -> list[tuple[str, S
         ("metis", s_metis, f"Metis' estimate {metis['planner_predicted_s']:.2f} s, Sailor's simulator "
                            f"{metis['sailor_simulated_s']:.2f} s; "
                            + ("same plan as Sailor's conversion" if same else "DIFFERS from Sailor's conversion"))]
+    if not sailor_file.exists():                 # scenarios only Metis' planner was run on
+        out.append(("sailor", None, "not planned: Sailor's planner was not run on this scenario"))
+        return out
     sailor = read_json(sailor_file)
     peer_note = (f"Sailor's estimate {sailor['planner_predicted_s']:.2f} s, its simulator "
                  f"{sailor['sailor_simulated_s']:.2f} s")
@@ -270,6 +278,7 @@ def run_scenario(name: str, graph: OpGraph, budget_s: float, planners: list[str]
     from heterog.cluster import load_cluster
     from heterog.evaluate import Evaluator
     from heterog.planners import plan
+    from heterog.replan import replan
 
     cluster = load_cluster(scenario_cluster(name))
     rows: list[dict[str, Any]] = []
@@ -291,9 +300,16 @@ def run_scenario(name: str, graph: OpGraph, budget_s: float, planners: list[str]
             continue
         ev = Evaluator(graph, cluster)
         t0 = time.perf_counter()
-        budget = {} if method == "best-dp" else {"budget_s": budget_s}
-        strategy = plan(method, evaluator=ev, **budget, **options)
-        row.update(search_s=time.perf_counter() - t0, evaluations=ev.n_evaluations)
+        if method == PORTFOLIO:
+            found = replan(graph, cluster, PORTFOLIO, budget_s, zero_shot=True, progress=True)
+            strategy = found.best
+            row["note"] = f"chose {strategy.method}; " + ", ".join(
+                f"{e['method']} {e['seconds']:.0f} s" for e in found.tried)
+        else:
+            budget = {} if method == "best-dp" else {"budget_s": budget_s}
+            strategy = plan(method, evaluator=ev, **budget, **options)
+            row["evaluations"] = ev.n_evaluations
+        row["search_s"] = time.perf_counter() - t0
         row.update(score(Evaluator(graph, cluster), strategy))
         if method == "best-dp":
             row["note"] = f"picked {strategy.method}"
@@ -346,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = parser("experiments.peer_plans", __doc__)
     p.add_argument("--budget-s", type=float, default=60.0, help="search budget of each planner (s)")
-    p.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"of {', '.join(SCENARIOS)}")
+    p.add_argument("--scenarios", default="4+4,8+8,16+16", help=f"of {', '.join(SCENARIOS)}")
     p.add_argument("--planners", default=",".join(PLANNERS), help=f"of {', '.join(PLANNERS)}")
     p.add_argument("--graph", default=MODEL, help=f"graph file or zoo model (default {MODEL} at batch {BATCH}, "
                                                   f"{OPTIMIZER})")

@@ -6,8 +6,8 @@ candidate is simulated and the fastest that fits is kept.
 The search is a pruned enumeration, time-boxed by ``budget_s``:
 
   stage groups   the devices in index order (neighbours share a server) cut into stages: one stage per
-                 server, stages of 1, 2, 4, ... devices, and one stage of all devices (data parallelism
-                 with gradient accumulation);
+                 server, one per run of devices of one type, stages of 1, 2, 4, ... devices, and one
+                 stage of all devices (data parallelism with gradient accumulation);
   layers         ``heterog.baselines.expert.op_layers`` split over the stages by
                  ``balanced_partition`` (the slowest stage's time is minimised, each stage within the
                  memory of its smallest device where possible); a stage's time for a layer is its
@@ -45,11 +45,20 @@ if TYPE_CHECKING:  # pragma: no cover
 MICRO_ORDER = (1, 4, 2, 8, 16, 32, 64)
 
 
-def stage_groups(n_devices: int, servers: list[list[int]]) -> list[list[list[int]]]:
-    """Ways to cut the devices (in index order) into contiguous stages: per server, stages of 1, 2, 4, ...
+def stage_groups(n_devices: int, servers: list[list[int]], types: list[str] | None = None) -> list[list[list[int]]]:
+    """Ways to cut the devices (in index order) into contiguous stages: per server, per run of one device
+    type (``types``, each device's; Metis' stages on a cluster of two GPU models), stages of 1, 2, 4, ...
     devices, and one stage of all; duplicates dropped, in that order."""
     devs = list(range(n_devices))
     out = [servers]
+    if types is not None:
+        runs: list[list[int]] = []
+        for d in devs:
+            if runs and types[runs[-1][-1]] == types[d]:
+                runs[-1].append(d)
+            else:
+                runs.append([d])
+        out.append(runs)
     size = 1
     while size < n_devices:
         out.append([devs[i:i + size] for i in range(0, n_devices, size)])
@@ -216,7 +225,8 @@ def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | N
     best: tuple | None = None
     tried = 0
     ways = ("sharded", "recompute") if sharded else ("recompute",)
-    groupings = stage_groups(cluster.n_devices, servers) if balance == "cost" else \
+    types = [dev.type.name for dev in cluster.devices]
+    groupings = stage_groups(cluster.n_devices, servers, types) if balance == "cost" else \
         [[[d] for d in range(cluster.n_devices)]]
     for k in micro + beyond:
         if k in beyond and best is not None and not best[0][0]:

@@ -8,8 +8,12 @@ started early holds a worker's NIC while the small pulls that worker needs first
 servers tie or nearly tie in its model while the simulated step differs by 10% or more (vgg19's fc6, 75%
 of its parameters: docs/results.md, "Parameter-server choice"). Here each such group, largest first, is
 pinned to each of its replicas in turn, the other groups kept where the compiler put them, and the
-fastest simulated plan is kept (ties: the compiler's choice). At most ``max_groups`` x replicas
-evaluations, each a patch of the last compiled plan.
+fastest simulated plan is kept (ties: the compiler's choice). A group of more than
+``MAX_TRIALS_PER_GROUP`` replicas (clusters of hundreds of GPUs) tries one replica per kind of place
+(``place_kinds``: the same device type, slowdown and batch share, on a server of the same devices and
+links), the compiler's choice's kind kept: replicas of one kind differ only by the load other groups put
+near them, which the compiler's load-aware choice already weighs. At most ``max_groups`` x
+``MAX_TRIALS_PER_GROUP`` evaluations, each a patch of the last compiled plan.
 """
 from __future__ import annotations
 
@@ -19,10 +23,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
+    from heterog.cluster import Cluster
     from heterog.evaluator_protocol import PlanEvaluator
-    from heterog.strategy import Strategy
+    from heterog.strategy import ParallelConfig, Strategy
 
 MAX_GROUPS = 2          # groups re-checked per plan, largest first
+MAX_TRIALS_PER_GROUP = 16   # replicas tried as a group's PS; beyond it, one per kind of place
 
 
 def ps_group_bytes(ev: PlanEvaluator, strategy: Strategy) -> np.ndarray:
@@ -43,6 +49,33 @@ def large_ps_groups(strategy: Strategy, group_bytes: np.ndarray, max_groups: int
     return large[:max_groups]
 
 
+def place_kind(cluster: Cluster, config: ParallelConfig, device: int) -> tuple:
+    """What makes replica ``device`` of ``config`` a kind of place: its device type and slowdown, its batch
+    share, and its server's interconnect, NIC and multiset of device types and slowdowns."""
+    dev = cluster.devices[device]
+    s = cluster.servers[dev.server]
+    server = (s.intra, s.intra_bandwidth_Bps, s.intra_latency_s, s.nic_bandwidth_Bps, s.nic_latency_s,
+              tuple(sorted((cluster.devices[d].type.name, cluster.devices[d].slowdown) for d in s.devices)))
+    return dev.type.name, dev.slowdown, config.shares[config.devices.index(device)], server
+
+
+def ps_trials(cluster: Cluster, config: ParallelConfig) -> list[int]:
+    """The replicas of ``config`` tried as its PS besides its current one: every replica, or, for more than
+    ``MAX_TRIALS_PER_GROUP``, the first of each kind of place (``place_kind``) other than the current one's,
+    at most ``MAX_TRIALS_PER_GROUP``."""
+    others = [d for d in config.devices if d != config.ps_device]
+    if len(config.devices) <= MAX_TRIALS_PER_GROUP:
+        return others
+    seen = {place_kind(cluster, config, config.ps_device)} if config.ps_device in config.devices else set()
+    out = []
+    for d in others:
+        kind = place_kind(cluster, config, d)
+        if kind not in seen:
+            seen.add(kind)
+            out.append(d)
+    return out[:MAX_TRIALS_PER_GROUP]
+
+
 def refine_ps_devices(ev: PlanEvaluator, strategy: Strategy, max_groups: int = MAX_GROUPS) -> Strategy:
     """``strategy`` with the PS device of every PS group named: the compiler's choice, except that each
     group of ``large_ps_groups`` goes to the replica whose simulated plan is fastest (under ``ev``'s order;
@@ -61,9 +94,7 @@ def refine_ps_devices(ev: PlanEvaluator, strategy: Strategy, max_groups: int = M
         return best
     time_s, oom = ev.iteration_time(best)
     for g in groups:
-        for d in best.configs[g].devices:
-            if d == best.configs[g].ps_device:
-                continue
+        for d in ps_trials(ev.cluster, best.configs[g]):
             trial = list(best.configs)
             trial[g] = replace(trial[g], ps_device=d)
             cand = replace(best, configs=trial)

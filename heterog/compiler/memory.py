@@ -50,7 +50,7 @@ from heterog.caches import DerivedCache
 from heterog.compiler.context import CompileContext
 from heterog.compiler.index import output_bytes
 from heterog.compiler.registries import LayoutTable
-from heterog.compiler.tasks import COMPUTE_KINDS, TaskCategory, TaskKind, Tasks, ragged
+from heterog.compiler.tasks import COMPUTE_KINDS, TaskCategory, TaskKind, Tasks, isin_ints, ragged, unique_ints
 from heterog.graph.fusion import VIEW_OPS
 
 # tasks whose reads of an op's instance read its partial results (aggregation) when the op owns the dependency
@@ -471,22 +471,26 @@ def _code(a: np.ndarray, n: int, span: int) -> np.ndarray:
 
 def _closure(writes: np.ndarray, n: int, span: int) -> np.ndarray:
     """``writes`` (3, K: writer, buffer task, entry) with, for a write into a value that was itself written in
-    place, the buffers that value lives in carried on to the later writer."""
-    out = writes
+    place, the buffers that value lives in carried on to the later writer: the chains of up to
+    ``_MAX_CHAIN`` writes, each round extending only the chains the last round found by one write."""
+    base = writes[:, np.argsort(writes[0], kind="stable")]
+    known = unique_ints(_code(writes, n, span))
+    found, last = [writes], writes
     for _ in range(_MAX_CHAIN):
-        order = np.argsort(out[0], kind="stable")
-        w_sorted = out[:, order]
-        lo = np.searchsorted(w_sorted[0], out[1], "left")
-        hi = np.searchsorted(w_sorted[0], out[1], "right")
-        r, k = ragged(hi - lo)
+        lo = np.searchsorted(base[0], last[1], "left")
+        r, k = ragged(np.searchsorted(base[0], last[1], "right") - lo)
         if not len(r):
             break
-        more = np.stack([out[0][r], w_sorted[1][lo[r] + k], w_sorted[2][lo[r] + k]])
-        new = ~np.isin(_code(more, n, span), _code(out, n, span))
+        more = np.stack([last[0][r], base[1][lo[r] + k], base[2][lo[r] + k]])
+        code = _code(more, n, span)
+        new = ~isin_ints(code, known)
         if not new.any():
             break
-        out = np.concatenate([out, np.unique(more[:, new], axis=1)], axis=1)
-    return out
+        code, first = np.unique(code[new], return_index=True)      # the distinct new chains
+        last = more[:, new][:, first]
+        found.append(last)
+        known = np.sort(np.concatenate([known, code]))
+    return np.concatenate(found, axis=1)
 
 
 def _hand_over(kind: np.ndarray, dev: np.ndarray, deps: np.ndarray, frees: np.ndarray, writes: np.ndarray,
@@ -501,7 +505,7 @@ def _hand_over(kind: np.ndarray, dev: np.ndarray, deps: np.ndarray, frees: np.nd
     held = held[:, counts[held[1]] > 0]
     cu, cb, ce = held
     rf, ru = deps
-    sel = np.isin(ru, cu)
+    sel = isin_ints(ru, cu)
     rf, ru = rf[sel], ru[sel]
     m = int(dev.max(initial=0)) + 2
     by_dev = np.argsort(ru * m + dev[rf] + 1, kind="stable")
@@ -519,4 +523,4 @@ def _hand_over(kind: np.ndarray, dev: np.ndarray, deps: np.ndarray, frees: np.nd
     added = np.stack([readers, cb[r], ce[r]])
     out = np.concatenate([frees, added], axis=1)
     # the writers no longer release what they write into (nor, along a chain, what that lives in)
-    return out[:, ~np.isin(_code(out, n, span), _code(held, n, span))]
+    return out[:, ~isin_ints(_code(out, n, span), _code(held, n, span))]

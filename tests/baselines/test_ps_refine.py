@@ -107,3 +107,22 @@ def test_baseline_names_every_ps_device(vgg19):
     ev = Evaluator(capture_model("vgg19", 192), c)
     s = baselines.run("cp-ps", ev.graph, c, evaluator=ev)
     assert all(cfg.ps_device in cfg.devices for cfg in s.configs if cfg.sync == "ps" and len(cfg.devices) > 1)
+
+
+def test_a_group_of_hundreds_of_replicas_tries_one_replica_per_kind_of_place():
+    from heterog.baselines.ps_refine import MAX_TRIALS_PER_GROUP, place_kind, ps_trials
+    from heterog.cluster import load_cluster
+
+    c = load_cluster("gcp-a100-v100:a100=8,v100=24")            # 32 A100 + 96 V100, 4 a server
+    a100 = [d for d in range(c.n_devices) if c.devices[d].type.name.startswith("A100")]
+    v100 = [d for d in range(c.n_devices) if c.devices[d].type.name.startswith("V100")]
+    assert (len(a100), len(v100)) == (32, 96)
+    even = ParallelConfig.of([(d, 8) for d in range(c.n_devices)], sync="ps", ps_device=a100[5])
+    assert ps_trials(c, even) == [v100[0]]          # the current one's kind (an A100 server) is not tried again
+    assert place_kind(c, even, a100[0]) == place_kind(c, even, a100[31]) != place_kind(c, even, v100[0])
+    # uneven shares are kinds of their own: the first A100 of share 9, the first V100 of share 7 and of 8
+    uneven = replace(even, shares=tuple(9 if d in a100[:2] else 7 if d in v100[:3] else 8 for d in range(c.n_devices)))
+    assert ps_trials(c, uneven) == [a100[0], v100[0], v100[3]]
+    # up to MAX_TRIALS_PER_GROUP replicas every other replica is tried
+    small = ParallelConfig.of([(d, 8) for d in range(MAX_TRIALS_PER_GROUP)], sync="ps", ps_device=3)
+    assert ps_trials(c, small) == [d for d in range(MAX_TRIALS_PER_GROUP) if d != 3]
