@@ -99,3 +99,27 @@ def test_write_peer_plan_compresses_only_large_files(tmp_path):
     assert write_peer_plan(tmp_path, "metis", big).read_bytes() == path.read_bytes()  # no timestamp inside
     assert write_peer_plan(tmp_path, "metis", small).name == "metis.json" and not path.exists()
 
+
+def test_metis_chosen_candidates_read_as_their_sailor_conversion():
+    from experiments.peer_plans import metis_candidate
+    from heterog.interop import read_metis
+
+    files = sorted((DATA / "peer_plans").glob("*/metis.json*"))
+    assert len(files) >= 5
+    for path in files:
+        doc = read_json(path)
+        plan = read_metis(metis_candidate(doc), str(path))
+        pipe = doc["plan_config"]["pipeline_list"][0]
+        (stages,) = plan.pipelines
+        assert [list(st.layers) for st in stages] == pipe["layers_per_stage"]
+        assert [len(st.replicas) for st in stages] == pipe["dp"]
+        assert [[st.tp] * len(st.replicas) for st in stages] == [[r[1] for r in cfg] for cfg in pipe["tmp_per_stage"]]
+        assert [{t for r in st.replicas for t in r} for st in stages] == [
+            {vm[0] for r in cfg for vm in r[0]} for cfg in pipe["tmp_per_stage"]]
+        assert plan.micro_batches * doc["plan_config"]["mbs"] * pipe["dp"][0] == 1024 == plan.global_batch
+    # 128 A100 + 384 V100: layers 0-4 on 128 V100s, 5-12 on 128 pairs of V100s (tp 2), 13-25 on 128 A100s
+    big = read_json(DATA / "peer_plans" / "opt350_a100x128_v100x384" / "metis.json.gz")
+    (stages,) = read_metis(metis_candidate(big)).pipelines
+    assert [(st.layers[0], st.layers[-1], len(st.replicas), st.tp) for st in stages] == [
+        (0, 4, 128, 1), (5, 12, 128, 2), (13, 25, 128, 1)]
+    assert [st.replicas[0][0] for st in stages] == ["V100-16", "V100-16", "A100-40"]
