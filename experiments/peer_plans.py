@@ -81,6 +81,13 @@ def scenario_dir(name: str) -> Path:
     return PLAN_DIR / f"opt350_a100x{a100}_v100x{v100}"
 
 
+def plan_file(folder: Path, planner: str) -> Path:
+    """``<planner>.json`` in ``folder``, or ``<planner>.json.gz`` (``experiments.peers.write_peer_plan``
+    compresses the large ones); the plain name when neither exists, so that reading it names it."""
+    packed = folder / f"{planner}.json.gz"
+    return packed if packed.exists() else folder / f"{planner}.json"
+
+
 def parse_scenarios(text: str) -> list[str]:
     names = [s.strip() for s in text.split(",") if s.strip()]
     bad = [s for s in names if s not in SCENARIOS]
@@ -99,7 +106,7 @@ def parse_planners(text: str) -> list[str]:
 
 # ----------------------------------------------------------------------------- peers' plans
 def metis_candidate(wrapper: dict[str, Any]) -> dict[str, Any]:
-    """Metis' raw candidate of the chosen plan in a committed ``metis.json``, with the fields
+    """Metis' raw candidate of the chosen plan in a committed ``metis.json`` (or ``.json.gz``), with the fields
     ``heterog.interop.metis`` reads: ``cost`` (Metis' estimate, as Metis keeps it: milliseconds; the file
     names it ``cost_s``) and ``gbs`` (the file's ``global_batch_size``)."""
     out = wrapper.get("planner_output", {})
@@ -178,7 +185,7 @@ def peer_plans(name: str, graph: OpGraph, cluster: Cluster) -> list[tuple[str, S
     from heterog.interop import PlanImportError, read_metis, read_sailor, to_strategy
 
     folder = scenario_dir(name)
-    metis_file, sailor_file = folder / "metis.json", folder / "sailor.json"
+    metis_file, sailor_file = plan_file(folder, "metis"), plan_file(folder, "sailor")
     metis = read_json(metis_file)
     s_metis = to_strategy(read_metis(metis_candidate(metis), str(metis_file)), graph, cluster)
     via_sailor = to_strategy(read_sailor(metis["plan_config"], str(metis_file)), graph, cluster)

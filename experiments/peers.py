@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
 import hashlib
 import json
 import os
@@ -36,6 +37,8 @@ DEFAULT_SCENARIOS = ((4, 4), (8, 8), (16, 16))
 ZONE = "us-central1-a"
 # Unit of each planner's ``iter_time``: Metis' cost model works in milliseconds, Sailor's in seconds.
 PLANNER_TIME_UNIT_S = {"metis": 1e-3, "sailor": 1.0}
+# Peer-plan files larger than this are written gzip-compressed (``write_peer_plan``).
+MAX_PLAIN_BYTES = 100_000
 
 
 # ----------------------------------------------------------------------------------------- driver side
@@ -319,10 +322,24 @@ def plan(args: argparse.Namespace) -> Path:
                    "plan_config": to_plan_config(best, 1024) if best else None,
                    "planner_output": {k: v for k, v in result.items()
                                       if k not in ("search_s", "n_plans", "best_rank", "sailor_simulated_s")}}
-            path = root / scenario / f"{planner_name}.json"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(doc, indent=1) + "\n")
+            write_peer_plan(root / scenario, planner_name, doc)
     return root
+
+
+def write_peer_plan(folder: Path, planner_name: str, doc: dict[str, Any]) -> Path:
+    """``<planner>.json``, or ``<planner>.json.gz`` (gzip, no timestamp) when the JSON exceeds
+    ``MAX_PLAIN_BYTES``: a plan of hundreds of GPUs lists every replica of every stage, 20 times over, and
+    compresses about a hundredfold. The other name's stale file is removed."""
+    from heterog.atomic import atomic_write_bytes
+
+    data = (json.dumps(doc, indent=1) + "\n").encode()
+    name = f"{planner_name}.json"
+    if len(data) > MAX_PLAIN_BYTES:
+        data, name = gzip.compress(data, mtime=0), name + ".gz"
+    path = atomic_write_bytes(folder / name, data)
+    stale = folder / (name.removesuffix(".gz") if name.endswith(".gz") else name + ".gz")
+    stale.unlink(missing_ok=True)
+    return path
 
 
 def to_plan_config(best: dict[str, Any], gbs: int) -> dict[str, Any]:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.peers import kendall_tau, summarise, to_plan_config
+from experiments.peers import MAX_PLAIN_BYTES, kendall_tau, summarise, to_plan_config, write_peer_plan
+from heterog.atomic import read_json
 
 DATA = Path(__file__).resolve().parents[2] / "experiments" / "data" / "sailor"
 VALIDATION = "sailor/Planner/simulations/validation/"
@@ -73,9 +74,52 @@ def test_peer_plans_parse_and_are_complete_pipelines():
     scenarios = sorted(p.name for p in (DATA / "peer_plans").iterdir() if p.is_dir())
     assert "opt350_a100x4_v100x4" in scenarios
     for scenario in scenarios:
-        for planner in ("metis", "sailor"):
-            doc = json.loads((DATA / "peer_plans" / scenario / f"{planner}.json").read_text())
+        files = sorted((DATA / "peer_plans" / scenario).glob("*.json*"))
+        names = [f.name.split(".")[0] for f in files]
+        assert "metis" in names and set(names) <= {"metis", "sailor"} and len(set(names)) == len(names), files
+        if scenario in ("opt350_a100x4_v100x4", "opt350_a100x8_v100x8", "opt350_a100x16_v100x16"):
+            assert names == ["metis", "sailor"]
+        for planner, path in zip(names, files):
+            doc = read_json(path)
             assert doc["scenario"] == scenario and doc["planner"] == planner
             assert doc["planner_predicted_s"] > 0 and doc["sailor_simulated_s"] > 0
             _check_plan_config(doc["plan_config"])
             assert to_plan_config(doc["planner_output"]["best"], 1024) == doc["plan_config"]
+
+
+def test_write_peer_plan_compresses_only_large_files(tmp_path):
+    small = {"plan": [1] * 10}
+    # indent 1: "{", ' "plan": [', ten ' 1,' lines, ' ]', '}' -> well under the limit: plain JSON
+    path = write_peer_plan(tmp_path, "metis", small)
+    assert path.name == "metis.json" and path.read_text() == json.dumps(small, indent=1) + "\n"
+    big = {"plan": [[["V100-16", 4, "us-central1-a"]]] * 5000}   # about 55 bytes a replica indented
+    path = write_peer_plan(tmp_path, "metis", big)
+    assert path.name == "metis.json.gz" and not (tmp_path / "metis.json").exists()
+    assert path.stat().st_size < MAX_PLAIN_BYTES // 10 and read_json(path) == big
+    assert write_peer_plan(tmp_path, "metis", big).read_bytes() == path.read_bytes()  # no timestamp inside
+    assert write_peer_plan(tmp_path, "metis", small).name == "metis.json" and not path.exists()
+
+
+def test_metis_chosen_candidates_read_as_their_sailor_conversion():
+    from experiments.peer_plans import metis_candidate
+    from heterog.interop import read_metis
+
+    files = sorted((DATA / "peer_plans").glob("*/metis.json*"))
+    assert len(files) >= 5
+    for path in files:
+        doc = read_json(path)
+        plan = read_metis(metis_candidate(doc), str(path))
+        pipe = doc["plan_config"]["pipeline_list"][0]
+        (stages,) = plan.pipelines
+        assert [list(st.layers) for st in stages] == pipe["layers_per_stage"]
+        assert [len(st.replicas) for st in stages] == pipe["dp"]
+        assert [[st.tp] * len(st.replicas) for st in stages] == [[r[1] for r in cfg] for cfg in pipe["tmp_per_stage"]]
+        assert [{t for r in st.replicas for t in r} for st in stages] == [
+            {vm[0] for r in cfg for vm in r[0]} for cfg in pipe["tmp_per_stage"]]
+        assert plan.micro_batches * doc["plan_config"]["mbs"] * pipe["dp"][0] == 1024 == plan.global_batch
+    # 128 A100 + 384 V100: layers 0-4 on 128 V100s, 5-12 on 128 pairs of V100s (tp 2), 13-25 on 128 A100s
+    big = read_json(DATA / "peer_plans" / "opt350_a100x128_v100x384" / "metis.json.gz")
+    (stages,) = read_metis(metis_candidate(big)).pipelines
+    assert [(st.layers[0], st.layers[-1], len(st.replicas), st.tp) for st in stages] == [
+        (0, 4, 128, 1), (5, 12, 128, 2), (13, 25, 128, 1)]
+    assert [st.replicas[0][0] for st in stages] == ["V100-16", "V100-16", "A100-40"]
