@@ -5,7 +5,9 @@ back): what an elastic run does before it resumes from its last checkpoint.
 time fits what is left of the budget, fastest first, keeping the best simulated plan (``AUTO_PLANNERS``):
 
   1. the data-parallel baselines and single (a few evaluations each), and expert placement; they also
-     measure what one evaluation of this graph on this cluster takes here;
+     measure what one evaluation of this graph on this cluster takes here; after the first, one starts
+     only while they have used less than ``FAST_SHARE`` of the budget (on hundreds of GPUs an evaluation
+     takes seconds, and the PS baselines' check of their servers alone took half of a 300 s budget);
   2. the shipped policy's zero-shot plan (``agent`` with budget 0), when the agent is installed, its
      policy fits the cluster, and the time a zero-shot plan of this graph took (``warm_up`` measures it,
      on the cluster the run started on) fits in what is left; with ``zero_shot`` (``heterog plan``'s
@@ -41,6 +43,7 @@ ZERO_SHOT = "agent"
 PIPELINE_SHARE = 0.4            # of what is left of the budget when pipeline starts
 MCMC_TAIL_EVALS = 40            # evaluations MCMC makes after its budget (re-scoring, block devices), measured
 AUTO_PLANNERS = (*FAST_PLANNERS, ZERO_SHOT, "pipeline", "mcmc")
+FAST_SHARE = 0.25               # of the budget the fast planners may use after the first (which compiles)
 MIN_SEARCH_S = 0.2              # a search is not started with less budget than this
 MARGIN = 0.1                    # share of the budget kept back for what the estimates miss
 ZERO_SHOT_SHARE = 0.5           # with ``zero_shot``: an unmeasured zero-shot plan starts if this share is left
@@ -160,8 +163,8 @@ def replan(graph: OpGraph, cluster: Cluster, method: str = "auto", budget_s: flo
         if method == "auto":
             t_fast, evals = time.perf_counter(), ev.n_evaluations
             for k, name in enumerate(FAST_PLANNERS):
-                if k == 0 or left() > 0:                  # the first always: a run needs a plan
-                    attempt(name)
+                if k == 0 or (left() > 0 and time.perf_counter() - t_fast < FAST_SHARE * budget_s):
+                    attempt(name)                         # the first always: a run needs a plan
                 if k == 0 and len(FAST_PLANNERS) > 1 and left() > 0:
                     # the first compiles from scratch (bert_large: 1.4 s against 0.1 s for the next ones,
                     # patched): timing evaluations from the second on, MCMC's tail is not overestimated

@@ -73,3 +73,22 @@ def test_auto_runs_the_policy_when_its_measured_time_fits(graph, left, monkeypat
     assert "agent" in [e["method"] for e in replan(graph, left, "auto", 0.5).tried]
     rp.ZERO_SHOT_SECONDS[graph.fingerprint] = 1e9                  # a zero-shot plan slower than the budget
     assert "agent" not in [e["method"] for e in replan(graph, left, "auto", 1.0).tried]
+
+
+def test_the_fast_planners_after_the_first_stop_at_their_share_of_the_budget(graph, left, monkeypatch) -> None:
+    import time
+
+    import heterog.planners as planners
+    import heterog.replan as rp
+
+    monkeypatch.setattr(rp, "ZERO_SHOT_SECONDS", {})
+    plan = planners.plan
+
+    def slow_cp_ar(name, *args, **kwargs):
+        if name == "cp-ar":                     # as an evaluation of hundreds of GPUs: longer than the share
+            time.sleep(rp.FAST_SHARE * 1.0 + 0.05)
+        return plan(name, *args, **kwargs)
+
+    monkeypatch.setattr(planners, "plan", slow_cp_ar)
+    tried = [e["method"] for e in replan(graph, left, "auto", 1.0).tried]
+    assert tried[:2] == ["ev-ar", "cp-ar"] and not set(tried) & set(FAST_PLANNERS[2:])
