@@ -16,7 +16,9 @@ time fits what is left of the budget, fastest first, keeping the best simulated 
      and 10-20 s on bert_large, cannot be bounded before it runs, so the searches keep the rest); the
      seconds it took, loading the agent's package included, are kept for the next re-plan;
   3. the searches: pipeline on a share of what is left, then MCMC (without its micro-batch step, which is
-     pipeline's) on the rest, less what it does after its own budget (``MCMC_TAIL_EVALS`` evaluations).
+     pipeline's) on the rest, less what it does after its own budget (``MCMC_TAIL_EVALS`` evaluations);
+     where that rest would not cover MCMC's tail (evaluations of seconds, on hundreds of GPUs), pipeline
+     takes all that is left.
 
 Budgets are kept by choosing what to start: a planner once started runs to its end, so a re-plan can
 exceed its budget by what the estimates miss. The first planner always runs (a run needs a plan); one that
@@ -178,8 +180,11 @@ def replan(graph: OpGraph, cluster: Cluster, method: str = "auto", budget_s: flo
                 out.tried[-1]["seconds"] = seconds = time.perf_counter() - t_agent
                 if "error" not in out.tried[-1]:
                     ZERO_SHOT_SECONDS[graph.fingerprint] = seconds
-            if left() * PIPELINE_SHARE >= MIN_SEARCH_S:
-                attempt("pipeline", budget_s=left() * PIPELINE_SHARE)
+            # pipeline takes its share, or all that is left where MCMC could not start after it
+            after = left() * (1.0 - PIPELINE_SHARE) - MCMC_TAIL_EVALS * eval_s >= MIN_SEARCH_S
+            share = PIPELINE_SHARE if after else 1.0
+            if left() * share >= MIN_SEARCH_S:
+                attempt("pipeline", budget_s=left() * share)
             chains = left() - MCMC_TAIL_EVALS * eval_s
             if chains >= MIN_SEARCH_S:
                 attempt("mcmc", budget_s=chains, max_micro_batches=1)

@@ -92,3 +92,20 @@ def test_the_fast_planners_after_the_first_stop_at_their_share_of_the_budget(gra
     monkeypatch.setattr(planners, "plan", slow_cp_ar)
     tried = [e["method"] for e in replan(graph, left, "auto", 1.0).tried]
     assert tried[:2] == ["ev-ar", "cp-ar"] and not set(tried) & set(FAST_PLANNERS[2:])
+
+
+def test_pipeline_takes_what_is_left_where_mcmc_could_not_start_after_it(graph, left, monkeypatch) -> None:
+    import heterog.planners as planners
+    import heterog.replan as rp
+
+    monkeypatch.setattr(rp, "ZERO_SHOT_SECONDS", {})
+    plan, budgets = planners.plan, {}
+
+    def recording(name, *args, **kwargs):
+        budgets[name] = kwargs.get("budget_s")
+        return plan(name, *args, **kwargs)
+
+    monkeypatch.setattr(planners, "plan", recording)
+    monkeypatch.setattr(rp, "MCMC_TAIL_EVALS", 10**9)          # as if one evaluation took seconds
+    replan(graph, left, "auto", 10.0)
+    assert "mcmc" not in budgets and budgets["pipeline"] > rp.PIPELINE_SHARE * 10.0   # its share would be less

@@ -9,10 +9,10 @@ servers tie or nearly tie in its model while the simulated step differs by 10% o
 of its parameters: docs/results.md, "Parameter-server choice"). Here each such group, largest first, is
 pinned to each of its replicas in turn, the other groups kept where the compiler put them, and the
 fastest simulated plan is kept (ties: the compiler's choice). A group of more than
-``MAX_TRIALS_PER_GROUP`` replicas (clusters of hundreds of GPUs) tries one replica per kind of place
-(``place_kinds``: the same device type, slowdown and batch share, on a server of the same devices and
-links), the compiler's choice's kind kept: replicas of one kind differ only by the load other groups put
-near them, which the compiler's load-aware choice already weighs. At most ``max_groups`` x
+``MAX_TRIALS_PER_GROUP`` replicas (clusters of hundreds of GPUs) tries one replica of each kind of place
+(``place_kind``: the same device type, slowdown and batch share, on a server of the same devices and
+links) other than the compiler's choice's: replicas of one kind differ only by the load other groups put
+near them, which the compiler's load-aware choice weighs. At most ``max_groups`` x
 ``MAX_TRIALS_PER_GROUP`` evaluations, each a patch of the last compiled plan.
 """
 from __future__ import annotations
