@@ -58,31 +58,20 @@ def run_bench(quick: bool = False) -> dict:
     prio = ev.priorities(plan, "rank-contention")
     out["eval_ms_simulate"] = _median_ms(lambda: simulator.simulate(plan.tg, priority=prio), 3 if quick else 11)
 
-    def from_scratch() -> None:                     # no recent plan to patch: compile + rank + simulate
-        ev.compiler.bases.clear()
-        ev.iteration_time(strategy)
-
-    out["eval_ms_bert_large_paper8" if not quick else "eval_ms_quick"] = _median_ms(from_scratch, 3 if quick else 11)
+    out["eval_ms_bert_large_paper8" if not quick else "eval_ms_quick"] = _median_ms(
+        from_scratch(ev, strategy), 3 if quick else 11)
     # the same plan over 4 micro-batches (1F1B), compiled from scratch each time: 4x the op instances
     micro4 = dataclasses.replace(strategy, micro_batches=tuple(even_shares(batch, 4)), schedule="1f1b")
     out["eval_tasks_k4"] = ev.evaluate(micro4).n_tasks
-    def from_scratch_k4() -> None:
-        ev.compiler.bases.clear()
-        ev.iteration_time(micro4)
-
     out["eval_ms_bert_large_paper8_k4" if not quick else "eval_ms_quick_k4"] = _median_ms(
-        from_scratch_k4, 3 if quick else 11)
+        from_scratch(ev, micro4), 3 if quick else 11)
     # every group split beyond the batch evenly over every device: the option choice once, then from scratch
     split = split_everything(ev)
     t0 = time.perf_counter()
     out["eval_tasks_split"] = ev.evaluate(split).n_tasks
     out["split_choice_s" if not quick else "split_choice_s_quick"] = time.perf_counter() - t0
-    def from_scratch_split() -> None:
-        ev.compiler.bases.clear()
-        ev.iteration_time(split)
-
     out["eval_ms_bert_large_paper8_split" if not quick else "eval_ms_quick_split"] = _median_ms(
-        from_scratch_split, 3 if quick else 11)
+        from_scratch(ev, split), 3 if quick else 11)
     if not quick:
         out.update(scale_eval(ev, strategy, out["eval_ms_bert_large_paper8"]))
     out.update(delta_eval(ev, actions, quick))
@@ -102,6 +91,14 @@ def run_bench(quick: bool = False) -> dict:
     return out
 
 
+def from_scratch(ev: Evaluator, strategy: Strategy) -> Callable[[], object]:
+    """An evaluation of ``strategy`` with no recent plan to patch: compile, rank and simulate."""
+    def run() -> None:
+        ev.compiler.bases.clear()
+        ev.iteration_time(strategy)
+    return run
+
+
 def scale_eval(ev: Evaluator, strategy: Strategy, k1_ms: float) -> dict[str, Any]:
     """Evaluations whose cost grows with a plan's copies, each from scratch (median of 3 after a first one):
     ``strategy`` (bert_large on paper-8gpu, its full evaluation ``k1_ms``) over 32 micro-batches (1F1B), and
@@ -112,12 +109,6 @@ def scale_eval(ev: Evaluator, strategy: Strategy, k1_ms: float) -> dict[str, Any
     from heterog.cluster import load_cluster
     from heterog.evaluate import Evaluator
     from heterog.graph.cache import capture_model
-
-    def from_scratch(e: Evaluator, s: Strategy) -> Callable[[], object]:
-        def run() -> None:
-            e.compiler.bases.clear()
-            e.iteration_time(s)
-        return run
 
     out: dict[str, Any] = {}
     k32 = dataclasses.replace(strategy, micro_batches=tuple(even_shares(ev.graph.batch_size, 32)), schedule="1f1b")

@@ -437,8 +437,8 @@ class StateLowering:
         if u in hs.state_ops or (u == hs.param and (hs.stage == 3 or not hs.sharded)):
             return Input(r.node, b.producer_source(leaf, dev), leaf.node, r.chain, 1.0, r.tuple_index)
         if u in hs.rows_ops or u in self.grad_ops:
-            b.export(u, dev, 0, r.held_node(leaf))
-            got: Source = Env(r.held_node(leaf))
+            got: Source = Env(node := r.held_node(leaf))
+            b.export(u, dev, 0, node)
             if host and u in self.grad_ops:         # a gradient's rows picked on the device
                 got = self.copy_down(got, dev, ("zp", r.node), self._down_key(op, u, dev, key))
             return Input(r.node, got, leaf.node, (), 1.0, r.tuple_index)
