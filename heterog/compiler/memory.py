@@ -380,7 +380,8 @@ def memory_entries(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray
         named_all = np.stack([frees[0][every][c], frees[1][every][c], k])
         held = np.nonzero(has_temp)[0]
         frees = np.concatenate([frees[:, ~every], named_all, np.stack([held, held, pos_temp[held]])], axis=1)
-    frees = _unread_go(frees, np.where(_read_for_shape_only(ctx)[opc] & (op >= 0), 0, counts), mem_ptr)
+    kept = _read_for_shape_only(ctx)[opc] & (op >= 0)      # the loss: to the step's end, whoever reads its shape
+    frees = _unread_go(frees[:, ~kept[frees[1]]], np.where(kept, 0, counts), mem_ptr)
     order = np.lexsort((frees[2], frees[1], frees[0]))
     frees = frees[:, order]
     keep = np.ones(frees.shape[1], dtype=bool)

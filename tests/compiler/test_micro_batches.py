@@ -114,21 +114,23 @@ def test_pipeline_memory_peaks(order):
     makes (2 PB) until that one is added in. Stage 0 then keeps the inputs x of the micro-batches not yet
     back and the gradients g0 received for them: GPipe (rank order) x of 3 and g0 of 2 = 5 U, 1F1B 4 U. The
     last stage keeps, per micro-batch in flight, its received input h2 and its output h3 (both read by the
-    backward) and the loss's 4-byte partial, plus the loss gradient and the input gradient being made:
-    GPipe 3 h2 + 2 h3 + 2 U + 3 x 4 B + the seed's 4 B = 7 U + 16."""
+    backward) and the loss's 4-byte partial of every micro-batch so far (kept to the step's end, as the runtime
+    keeps the loss to report it), plus the loss gradient and the input gradient being made: GPipe 3 h2 + 2 h3 +
+    2 U + 4 x 4 B + the seed's 4 B = 7 U + 20."""
     _, gp = pipeline("gpipe", order=order)
     peaks = [gp.peak_memory_bytes[f"s0/gpu{d}"] - RESIDENT for d in range(S)]
     assert peaks[0] == 2 * PB + (5 * U if order == "rank" else 4 * U)
-    assert peaks[-1] == 2 * PB + (7 * U + 16 if order == "rank" else 6 * U + 12)
+    assert peaks[-1] == 2 * PB + (7 * U + 20 if order == "rank" else 6 * U + 16)
     _, fb = pipeline("1f1b", order=order)
     peaks = [fb.peak_memory_bytes[f"s0/gpu{d}"] - RESIDENT for d in range(S)]
     assert peaks[0] == 2 * PB + 4 * U
     if order == "fifo":
-        # one micro-batch in flight on the last stage at its last backward: h3 and the loss gradient
-        assert peaks[-1] == 2 * PB + 2 * U + 12
+        # one micro-batch in flight on the last stage at its last backward: h3 and the loss gradient, the four
+        # losses and the seed
+        assert peaks[-1] == 2 * PB + 2 * U + 16
     else:
         # rank also receives the next micro-batch's h2 while the current one is in flight
-        assert peaks[-1] == 2 * PB + 5 * U + 8
+        assert peaks[-1] == 2 * PB + 5 * U + 12
 
 
 def test_gradient_accumulation_on_one_device():
@@ -144,11 +146,12 @@ def test_gradient_accumulation_on_one_device():
     act8 = r8.peak_memory_bytes["s0/gpu0"] - S * RESIDENT
     # one micro-batch's working set is 8 activations (x, h0..h3 kept, the loss gradient, two input
     # gradients in flight): 8 x 512 B at the whole batch, beside the last layer's weight gradient being made
-    # (PB; the others are made after activations are freed); with 8 micro-batches of 1 sample, 8 x 64 B, plus
-    # the other 7 micro-batches' inputs (the batch is loaded at the start of the step) and the loss's 4 B,
-    # beside the 4 layers' accumulated gradients and the one being made (5 PB)
-    assert act1 == 8 * 512 + PB
-    assert act8 == 8 * 64 + 7 * 64 + 4 + 5 * PB
+    # (PB; the others are made after activations are freed) and the loss's 4 B (kept to the step's end); with 8
+    # micro-batches of 1 sample, 8 x 64 B, plus the other 7 micro-batches' inputs (the batch is loaded at the
+    # start of the step) and the losses so far (two: 8 B), beside the 4 layers' accumulated gradients and the one
+    # being made (5 PB)
+    assert act1 == 8 * 512 + PB + 4
+    assert act8 == 8 * 64 + 7 * 64 + 8 + 5 * PB
     # every weight gradient: 8 partial results accumulated on the device, no aggregation task
     k = r8.plan.counts()
     assert k["aggregate"] == 0 and k["allreduce"] == 0 and k["push"] == 0

@@ -67,22 +67,24 @@ def test_recomputing_both_groups_runs_their_inner_forwards_again_when_the_backwa
              if rc.plan.task_kind[t] == TaskKind.COMPUTE and f0 in deps[t]}
     assert readers == {"bx1", "bw1"} and first == {"f1"}
     # FIFO peaks, at the first weight gradient (bw3 allocates it: PB). Without: x, h0, h1, h2 kept, the loss
-    # gradient g3 and the input gradient g2 (h3 and the loss's 4 B went after gout): 6 U + PB. With: h0 goes
-    # after its forward reader and the backward rebuilds h2 next to x, h1: 5 U + PB
-    assert activations(base) == 6 * U + PB and activations(rc) == 5 * U + PB
+    # gradient g3 and the input gradient g2 (h3 went after gout; the loss's 4 B stay to the step's end, as the
+    # runtime keeps the loss to report it): 6 U + PB + 4. With: h0 goes after its forward reader and the
+    # backward rebuilds h2 next to x, h1: 5 U + PB + 4
+    assert activations(base) == 6 * U + PB + 4 and activations(rc) == 5 * U + PB + 4
 
 
 def test_gradient_accumulation_with_recomputation():
     # 4 micro-batches of 2 samples (u = U / 4 per activation) under 1F1B, one forward then its backward:
     # the batch's inputs are loaded at the start; the peak is at micro-batch 1's first weight gradient: the
     # four layers' gradients accumulated from micro-batch 0 and the one bw3 makes (5 PB), micro-batch 1's
-    # x, h0, h1, h2 and g3, the inputs of micro-batches 2 and 3 (7 u), the loss's partial and the seed (8 B).
+    # x, h0, h1, h2 and g3, the inputs of micro-batches 2 and 3 (7 u), the two micro-batches' loss partials (kept
+    # to the step's end) and the seed (12 B).
     # Recomputation rebuilds h2 next to the kept h1 and does not keep h0: u less
     g, c, plain = two_blocks()
     acc = plain.with_micro_batches(4)
     base, rc = run(acc, g, c), run(acc.with_recompute([0, 1]), g, c)
     u = U // 4
-    assert activations(base) == 5 * PB + 7 * u + 8 and activations(rc) == 5 * PB + 6 * u + 8
+    assert activations(base) == 5 * PB + 7 * u + 12 and activations(rc) == 5 * PB + 6 * u + 12
     assert base.iteration_time_s == pytest.approx(32.0) and rc.iteration_time_s == pytest.approx(44.0)
     assert np.sum(rc.plan.task_kind == TaskKind.RECOMPUTE) == 3 * 4
 
@@ -151,9 +153,9 @@ def test_random_recomputed_plans_run_each_recomputed_instance_after_its_forward(
 
 
 def test_planners_recompute_the_fewest_leading_groups_that_fit():
-    # activations peak at 6 U + PB without recomputation (FIFO, above: beside the first weight gradient), next
-    # to the 4 layers' weights: a device of 4 RESIDENT + PB + 5.5 U is too small. Recomputing group 0 alone
-    # frees h0 after f1: 5 U + PB, which fits, at 32 s + 4 s for f0 again (both groups: 44 s)
+    # activations peak at 6 U + PB + 4 without recomputation (FIFO, above: beside the first weight gradient),
+    # next to the 4 layers' weights: a device of 4 RESIDENT + PB + 5.5 U is too small. Recomputing group 0 alone
+    # frees h0 after f1: 5 U + PB + 4, which fits, at 32 s + 4 s for f0 again (both groups: 44 s)
     g = pipeline_graph(S)
     c = two_gpu(memory=f"{4 * RESIDENT + PB + 11 * U // 2} B", n=1)
     plain = strategy_for(g, c, [ParallelConfig.single(0, 8)] * 2, stages_of(g) // 2)
@@ -161,7 +163,7 @@ def test_planners_recompute_the_fewest_leading_groups_that_fit():
     assert ev.iteration_time(plain)[1]
     chosen, t, oom = fitting(ev, plain)
     assert chosen.recompute == (0,) and not oom and t == pytest.approx(36.0)
-    assert activations(ev.evaluate(chosen)) == 5 * U + PB
+    assert activations(ev.evaluate(chosen)) == 5 * U + PB + 4
     roomy = Evaluator(g, two_gpu(n=1), NoComm(two_gpu(n=1)), order="fifo")
     assert fitting(roomy, dataclasses.replace(plain, cluster_name=roomy.cluster.name))[0].recompute == ()
 

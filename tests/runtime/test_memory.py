@@ -407,7 +407,8 @@ def test_a_forward_value_read_only_through_its_recomputed_copy_goes_when_it_is_m
     """mha_classifier data-parallel on two devices in a group per layer, every layer with something to recompute
     recomputed: a forward output that only the backward reads (a layer norm's statistics) is read there
     through its recomputed copy; the simulator held the first copy to the step's end (+4.1% over the measured
-    peak). Every entry is now released, and the peaks are the measured ones."""
+    peak). Every entry but the losses' (kept to the step's end, as the runtime keeps the loss to report it) is
+    now released, and the peaks are the measured ones."""
     from experiments.memory_fidelity import strategy_of
     from heterog.evaluate import Evaluator
     from heterog.runtime.check import metered_dry_run
@@ -417,8 +418,11 @@ def test_a_forward_value_read_only_through_its_recomputed_copy_goes_when_it_is_m
     strategy = strategy_of("recompute", m, cluster)
     ev = Evaluator(m.graph, cluster)
     plan = ev.compile(strategy)
-    _, _, nbytes = plan.tg.memory()
-    assert np.isfinite(ev.simulate_plan(plan).entry_release_time()[nbytes > 0]).all()
+    ptr, _, nbytes = plan.tg.memory()
+    loss = [i for i, op in enumerate(m.graph.ops) if op.target.startswith("aten.nll_loss_forward")]
+    of_loss = np.isin(plan.task_op, loss)[np.repeat(np.arange(plan.n_tasks), np.diff(ptr))]
+    released = np.isfinite(ev.simulate_plan(plan).entry_release_time())
+    assert of_loss.any() and released[(nbytes > 0) & ~of_loss].all() and not released[of_loss].any()
     prepared = prepare(m, cluster, strategy)
     for (peak, _), name in zip(metered_dry_run(prepared), cluster.device_names):
         assert prepared.simulated_peak_memory_bytes[name] == pytest.approx(peak, rel=0.005)
