@@ -94,7 +94,7 @@ def run_bench(quick: bool = False) -> dict:
 def from_scratch(ev: Evaluator, strategy: Strategy) -> Callable[[], object]:
     """An evaluation of ``strategy`` with no recent plan to patch: compile, rank and simulate."""
     def run() -> None:
-        ev.compiler.bases.clear()
+        ev.clear_plans()
         ev.iteration_time(strategy)
     return run
 
@@ -104,7 +104,9 @@ def scale_eval(ev: Evaluator, strategy: Strategy, k1_ms: float) -> dict[str, Any
     ``strategy`` (bert_large on paper-8gpu, its full evaluation ``k1_ms``) over 32 micro-batches (1F1B), and
     its ratio to ``k1_ms``; gpt2_xl (batch 8, Adam) with every group divided beyond the batch evenly over
     paper-8gpu; OPT-350M (sequence 2048, batch 1024) data-parallel (EV-AR) on 32 A100 and 96 V100 GPUs of
-    gcp-a100-v100, 4 a server (one evaluation after the first, whose seconds are reported beside)."""
+    gcp-a100-v100, 4 a server (its first evaluation's seconds reported beside): composed from one slice of the
+    cluster (``heterog.compose``; the slices it stands for in ``eval_copies_opt350m_128gpu``), simulated whole
+    (``_whole``, one evaluation), and over 8 micro-batches, composed."""
     from heterog import baselines
     from heterog.cluster import load_cluster
     from heterog.evaluate import Evaluator
@@ -124,7 +126,14 @@ def scale_eval(ev: Evaluator, strategy: Strategy, k1_ms: float) -> dict[str, Any
     t0 = time.perf_counter()
     out["eval_tasks_opt350m_128gpu"] = big.evaluate(dp).n_tasks
     out["eval_s_first_opt350m_128gpu"] = time.perf_counter() - t0
-    out["eval_ms_opt350m_128gpu"] = _median_ms(from_scratch(big, dp), 1)
+    out["eval_ms_opt350m_128gpu"] = _median_ms(from_scratch(big, dp), 3)
+    rep = big.repetition(dp)
+    out["eval_copies_opt350m_128gpu"] = 1 if rep is None else rep[1].copies
+    whole = Evaluator(big.graph, big.cluster, big.cost, compose=False)
+    out["eval_ms_opt350m_128gpu_whole"] = _median_ms(from_scratch(whole, dp), 1)
+    k8 = dp.with_micro_batches(8)
+    out["eval_tasks_opt350m_128gpu_k8"] = whole.evaluate(k8).n_tasks
+    out["eval_ms_opt350m_128gpu_k8"] = _median_ms(from_scratch(big, k8), 3)
     return out
 
 

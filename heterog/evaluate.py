@@ -16,6 +16,7 @@ from heterog.actions import strategy_from_actions
 from heterog.compiler import CompiledPlan, Compiler
 from heterog.compiler.compile import COMM_KINDS, COMPUTE_KINDS
 from heterog.compiler.offload import host_peaks
+from heterog.compose import Repetition, SliceCost, Unrepeated, compose_result, find_repetition, server_signatures
 from heterog.errors import HeterogError
 from heterog.graph.grouping import group_ops
 from heterog.scheduler import DEFAULT_ORDER, PORTFOLIO, check_order, is_dynamic, priorities
@@ -80,6 +81,8 @@ class PlanResult:
     checkpoint_time_s: float = 0.0     # one checkpoint's writing (``Evaluator(checkpoint_every_steps=K)``;
                                        # iteration_time_s then includes 1/K of it), 0 without the term
     checkpoint_bytes: dict = field(default_factory=dict)    # device name -> bytes it writes to a checkpoint
+    composed: int = 1                  # slices of the cluster the simulation stands for (``heterog.compose``:
+                                       # above 1, ``plan`` and ``sim`` are one slice's)
 
     def record(self) -> dict:
         """The JSON record of ``heterog simulate --json`` (docs/design.md section 5)."""
@@ -89,7 +92,7 @@ class PlanResult:
                 "overlap_ratio": self.overlap_ratio, "search_time_s": self.search_time_s, "n_tasks": self.n_tasks,
                 "order": self.order, "order_requested": self.order_requested,
                 "host_memory_bytes": self.host_memory_bytes, "checkpoint_time_s": self.checkpoint_time_s,
-                "checkpoint_bytes": self.checkpoint_bytes}
+                "checkpoint_bytes": self.checkpoint_bytes, "composed": self.composed}
 
 
 def reward(iteration_time_s: float, oom: bool, oom_factor: float = 10.0) -> float:
@@ -113,13 +116,21 @@ class Evaluator:
     ``checkpoint_every_steps``: K adds the optional checkpoint term, 1/K of the time one checkpoint takes
     (``heterog.checkpoint_cost``), to every iteration time it reports, so that planners weigh what a plan's
     layout of the state costs to save; None (the default) leaves it out.
+
+    ``compose``: a plan that repeats one slice of the cluster (``heterog.compose``) is simulated on that slice in
+    ``iteration_time`` (the search's path), and in ``evaluate`` when asked; the same time and memory as the
+    whole simulation, which every other plan, and ``evaluate`` by default, gets.
     """
 
     def __init__(self, graph: OpGraph, cluster: Cluster, cost: CostModel | None = None, *,
                  order: str = DEFAULT_ORDER, serialize_collectives: bool = False, max_groups: int = 2000,
                  shares: str = "power", delta: bool = True, layer_profile: LayerProfile | None = None,
-                 sync_batch_stats: bool = False, checkpoint_every_steps: int | None = None) -> None:
+                 sync_batch_stats: bool = False, checkpoint_every_steps: int | None = None,
+                 compose: bool = True) -> None:
         self.graph, self.cluster = graph, cluster
+        self.compose = bool(compose)
+        self._slices: dict[tuple, Evaluator] = {}
+        self._signatures: list[tuple] | None = None
         if checkpoint_every_steps is not None and int(checkpoint_every_steps) < 1:
             raise HeterogError(f"checkpoint_every_steps must be at least 1, got {checkpoint_every_steps}")
         self.checkpoint_every_steps = checkpoint_every_steps
@@ -233,8 +244,47 @@ class Evaluator:
     def simulate_plan(self, plan: CompiledPlan, order: str | None = None) -> simulator.SimResult:
         return self.simulate_kept(plan, order)[0]
 
+    def clear_plans(self) -> None:
+        """Forget the compiled plans kept for patching (this evaluator's and its slices'): the next evaluation of
+        any strategy compiles from scratch."""
+        self.compiler.bases.clear()
+        for ev in self._slices.values():
+            ev.compiler.bases.clear()
+
+    def repetition(self, strategy: Strategy) -> tuple[Evaluator, Repetition] | None:
+        """Where ``strategy`` repeats one slice of the cluster (``heterog.compose``) and this evaluator composes:
+        the evaluator of that slice (kept for the next plans of the same slice) and the repetition; else None."""
+        if not self.compose or self.checkpoint_every_steps is not None:
+            return None
+        if self._signatures is None:
+            self._signatures = server_signatures(self.cluster)
+        rep = find_repetition(self.graph, self.cluster, strategy, self._signatures)
+        if rep is None:
+            return None
+        ev = self._slices.get(rep.key)
+        if ev is None:
+            if len(self._slices) >= 8:
+                self._slices.clear()
+            ev = self._slices[rep.key] = _SliceEvaluator(
+                self.graph, rep.cluster, SliceCost(self.cost, rep), order=self.order,
+                serialize_collectives=self.serialize_collectives, delta=self.compiler.bases.max_plans > 0,
+                sync_batch_stats=self.sync_batch_stats, compose=False)
+        return ev, rep
+
     def evaluate(self, strategy: Strategy, order: str | None = None, *, method: str | None = None,
-                 detail: bool = True) -> PlanResult:
+                 detail: bool = True, compose: bool = False) -> PlanResult:
+        """The simulated outcome of ``strategy``; ``compose``: of one slice where it repeats one (``repetition``),
+        as the whole plan's (``heterog.compose.compose_result``)."""
+        hit = self.repetition(strategy) if compose else None
+        if hit is not None:
+            ev, rep = hit
+            try:
+                one = ev.evaluate(rep.strategy, order, method=method or strategy.method, detail=detail)
+            except Unrepeated:
+                pass
+            else:
+                self.n_evaluations += 1
+                return compose_result(one, rep, self.cluster)
         plan = self.compile(strategy)
         res, kept = self.simulate_kept(plan, order)
         self.n_evaluations += 1
@@ -243,7 +293,17 @@ class Evaluator:
         return out
 
     def iteration_time(self, strategy: Strategy, order: str | None = None) -> tuple[float, bool]:
-        """Fast path for search: (iteration time, OOM)."""
+        """Fast path for search: (iteration time, OOM); a plan that repeats one slice of the cluster is simulated
+        on the slice (``repetition``)."""
+        hit = self.repetition(strategy)
+        if hit is not None:
+            try:
+                out = hit[0].iteration_time(hit[1].strategy, order)
+            except Unrepeated:
+                pass
+            else:
+                self.n_evaluations += 1
+                return out
         plan = self.compile(strategy)
         res = self.simulate_plan(plan, order)
         self.n_evaluations += 1
@@ -292,6 +352,13 @@ class Evaluator:
                           host_memory_bytes=host_peaks(self.compiler.context, plan.placements.state,
                                                         res.peak_memory),
                           checkpoint_time_s=ck_s, checkpoint_bytes=ck_bytes)
+
+
+class _SliceEvaluator(Evaluator):
+    """The evaluator of one slice of a repetition: its strategies are of the slice's batch, not the graph's."""
+
+    def compile(self, strategy: Strategy) -> CompiledPlan:
+        return self.compiler.compile(strategy, check=False)
 
 
 def cost_model(cluster: Cluster, layer_profile: LayerProfile | None = None, *,
