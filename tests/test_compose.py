@@ -23,13 +23,14 @@ CLUSTERS = ("gcp-a100-v100:a100=2,v100=2,gpus_per_node=4", "gcp-a100-v100:a100=2
 GRAPHS = ("tiny_mlp", "tiny_transformer", "tiny_cnn")
 BATCH = 48
 
-_EVALUATORS: dict[tuple[str, str, bool], Evaluator] = {}
+_EVALUATORS: dict[tuple[str, str, bool, bool], Evaluator] = {}
 
 
-def evaluator(graph: str, cluster: str, synced: bool = False) -> Evaluator:
-    key = (graph, cluster, synced)
+def evaluator(graph: str, cluster: str, synced: bool = False, serialized: bool = False) -> Evaluator:
+    key = (graph, cluster, synced, serialized)
     if key not in _EVALUATORS:
-        _EVALUATORS[key] = Evaluator(capture_model(graph, BATCH), load_cluster(cluster), sync_batch_stats=synced)
+        _EVALUATORS[key] = Evaluator(capture_model(graph, BATCH), load_cluster(cluster), sync_batch_stats=synced,
+                                     serialize_collectives=serialized)
     return _EVALUATORS[key]
 
 
@@ -144,7 +145,7 @@ def plans(draw):
     graph = draw(st.sampled_from(GRAPHS))
     cluster = draw(st.sampled_from(CLUSTERS))
     synced = graph == "tiny_cnn" and draw(st.booleans())
-    ev = evaluator(graph, cluster, synced)
+    ev = evaluator(graph, cluster, synced, draw(st.booleans()))
     c = ev.cluster
     kinds = sorted({d.type.name for d in c.devices})
     keep = draw(st.sampled_from([kinds] + [[k] for k in kinds]))          # every kind of device, or one
@@ -171,11 +172,12 @@ def plans(draw):
     return ev, s, draw(st.sampled_from(["best", "fifo", "rank-contention"]))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(plans())
 def test_a_composed_evaluation_is_the_whole_simulation(case) -> None:
-    """Random data-parallel plans (up to 16 GPUs, 8 micro-batches, recomputation, synchronized batch norms, every
-    order): where the plan repeats a slice, its composed evaluation equals the whole simulation."""
+    """Random data-parallel plans (up to 16 GPUs, 8 micro-batches, recomputation, synchronized batch norms, the
+    collectives serialized or not, every order): where the plan repeats a slice, its composed evaluation equals
+    the whole simulation."""
     ev, s, order = case
     whole, composed = ev.evaluate(s, order), ev.evaluate(s, order, compose=True)
     assert_same(whole, composed)
