@@ -39,7 +39,6 @@ from heterog.strategy import ParallelConfig, Strategy
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.cluster import Cluster
-    from heterog.evaluate import PlanResult
     from heterog.graph.opgraph import OpGraph
 
 
@@ -288,26 +287,3 @@ class SliceCost(CostModel):
 
     def alltoall_times(self, devices: Sequence[int], shard_bytes: np.ndarray) -> np.ndarray:
         return self.whole.alltoall_times(*self._shards(devices, shard_bytes))
-
-
-def compose_result(result: PlanResult, rep: Repetition, cluster: Cluster) -> PlanResult:
-    """``result`` of the slice of ``rep`` as the whole plan's on ``cluster``: each device's memory peak its slice
-    image's (0 on a device no config uses), each server's host peak its image's, the task count of ``copies``
-    slices sharing their collectives (tasks on no device); the times as the slice's. ``plan`` and ``sim`` stay the
-    slice's; ``composed`` says how many slices the result stands for."""
-    names = rep.cluster.device_names
-    peak = dict.fromkeys(cluster.device_names, 0.0)
-    host: dict[str, float] = {}
-    servers = rep.cluster.servers
-    for j in range(rep.copies):
-        for i, d in enumerate(rep.images[j].tolist()):
-            peak[cluster.devices[d].name] = result.peak_memory_bytes[names[i]]
-        for s in servers:
-            if s.name in result.host_memory_bytes:
-                whole = cluster.servers[int(cluster.server_of[int(rep.images[j, s.devices[0]])])]
-                host[whole.name] = result.host_memory_bytes[s.name]
-    n_shared = int(np.count_nonzero(np.asarray(result.plan.task_device) < 0)) if result.plan is not None else 0
-    return replace(result, peak_memory_bytes=peak,
-                   memory_capacity_bytes={d.name: float(cluster.memory_bytes[d.index]) for d in cluster.devices},
-                   host_memory_bytes=host, n_tasks=rep.copies * (result.n_tasks - n_shared) + n_shared,
-                   composed=rep.copies)

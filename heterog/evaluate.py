@@ -6,7 +6,7 @@ graph's grouping so that planners and the agent can score thousands of strategie
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -16,7 +16,7 @@ from heterog.actions import strategy_from_actions
 from heterog.compiler import CompiledPlan, Compiler
 from heterog.compiler.compile import COMM_KINDS, COMPUTE_KINDS
 from heterog.compiler.offload import host_peaks
-from heterog.compose import Repetition, SliceCost, Unrepeated, compose_result, find_repetition, server_signatures
+from heterog.compose import Repetition, SliceCost, Unrepeated, find_repetition, server_signatures
 from heterog.errors import HeterogError
 from heterog.graph.grouping import group_ops
 from heterog.scheduler import DEFAULT_ORDER, PORTFOLIO, check_order, is_dynamic, priorities
@@ -130,6 +130,7 @@ class Evaluator:
         self.graph, self.cluster = graph, cluster
         self.compose = bool(compose)
         self._slices: dict[tuple, Evaluator] = {}
+        self._unrepeated: set[tuple] = set()       # repetitions whose slice met a collective it does not cover
         self._signatures: list[tuple] | None = None
         if checkpoint_every_steps is not None and int(checkpoint_every_steps) < 1:
             raise HeterogError(f"checkpoint_every_steps must be at least 1, got {checkpoint_every_steps}")
@@ -259,7 +260,7 @@ class Evaluator:
         if self._signatures is None:
             self._signatures = server_signatures(self.cluster)
         rep = find_repetition(self.graph, self.cluster, strategy, self._signatures)
-        if rep is None:
+        if rep is None or rep.key in self._unrepeated:
             return None
         ev = self._slices.get(rep.key)
         if ev is None:
@@ -274,14 +275,14 @@ class Evaluator:
     def evaluate(self, strategy: Strategy, order: str | None = None, *, method: str | None = None,
                  detail: bool = True, compose: bool = False) -> PlanResult:
         """The simulated outcome of ``strategy``; ``compose``: of one slice where it repeats one (``repetition``),
-        as the whole plan's (``heterog.compose.compose_result``)."""
+        as the whole plan's (``compose_result``)."""
         hit = self.repetition(strategy) if compose else None
         if hit is not None:
             ev, rep = hit
             try:
-                one = ev.evaluate(rep.strategy, order, method=method or strategy.method, detail=detail)
+                one = ev.evaluate(rep.strategy, order or self.order, method=method or strategy.method, detail=detail)
             except Unrepeated:
-                pass
+                self._unrepeated.add(rep.key)
             else:
                 self.n_evaluations += 1
                 return compose_result(one, rep, self.cluster)
@@ -298,9 +299,9 @@ class Evaluator:
         hit = self.repetition(strategy)
         if hit is not None:
             try:
-                out = hit[0].iteration_time(hit[1].strategy, order)
+                out = hit[0].iteration_time(hit[1].strategy, order or self.order)
             except Unrepeated:
-                pass
+                self._unrepeated.add(hit[1].key)
             else:
                 self.n_evaluations += 1
                 return out
@@ -352,6 +353,29 @@ class Evaluator:
                           host_memory_bytes=host_peaks(self.compiler.context, plan.placements.state,
                                                         res.peak_memory),
                           checkpoint_time_s=ck_s, checkpoint_bytes=ck_bytes)
+
+
+def compose_result(result: PlanResult, rep: Repetition, cluster: Cluster) -> PlanResult:
+    """``result`` of the slice of ``rep`` as the whole plan's on ``cluster``: each device's memory peak its slice
+    image's (0 on a device no config uses), each server's host peak its image's, the task count of ``copies``
+    slices sharing their collectives (tasks on no device); the times as the slice's. ``plan`` and ``sim`` stay the
+    slice's; ``composed`` says how many slices the result stands for."""
+    names = rep.cluster.device_names
+    peak = dict.fromkeys(cluster.device_names, 0.0)
+    host: dict[str, float] = {}
+    servers = rep.cluster.servers
+    for j in range(rep.copies):
+        for i, d in enumerate(rep.images[j].tolist()):
+            peak[cluster.devices[d].name] = result.peak_memory_bytes[names[i]]
+        for s in servers:
+            if s.name in result.host_memory_bytes:
+                whole = cluster.servers[int(cluster.server_of[int(rep.images[j, s.devices[0]])])]
+                host[whole.name] = result.host_memory_bytes[s.name]
+    n_shared = int(np.count_nonzero(np.asarray(result.plan.task_device) < 0)) if result.plan is not None else 0
+    return replace(result, peak_memory_bytes=peak,
+                   memory_capacity_bytes={d.name: float(cluster.memory_bytes[d.index]) for d in cluster.devices},
+                   host_memory_bytes=host, n_tasks=rep.copies * (result.n_tasks - n_shared) + n_shared,
+                   composed=rep.copies)
 
 
 class _SliceEvaluator(Evaluator):
