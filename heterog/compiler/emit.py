@@ -277,22 +277,53 @@ def _connect_nonbatch(ctx: CompileContext, layouts: LayoutTable, conv: Engine, e
     d = lay.dev_flat[lay.ptr[place.op_lay[v]] + loc]
     consumer = prov.inst_start[v] + loc
     have = prov.at[t, d]
-    # a shape-only read of a value made over several micro-batches waits for its first instance only
+    # a shape-only read of a value made over several micro-batches waits for one instance only: the first on the
+    # consumer's device, or on its holder (``_shape_holders``)
     early = gi.e_value_free[er] & lay.repeats[place.op_lay[u]]
-    have[early] = prov.inst_start[u[early]]
+    if early.any():
+        have[early] = prov.inst_start[u[early]] + _first_entries(layouts, place.op_lay[u[early]],
+                                                                 _shape_holders(layouts, place.op_lay[u[early]],
+                                                                                place.op_lay[v[early]], d[early]))
     local = have >= 0
     batch.deps(consumer[local], have[local], n_ops + t[local])
     miss = ~local
     vf = miss & gi.e_value_free[er]
-    if vf.any():  # shape-only consumer: depend on any holder, nothing moves
-        first = lay.dev_flat[lay.ptr[prov.layout[t[vf]]]]
-        batch.deps(consumer[vf], prov.at[t[vf], first], n_ops + t[vf])
+    if vf.any():  # shape-only consumer: depend on its holder's copy, nothing moves
+        held = _shape_holders(layouts, prov.layout[t[vf]], place.op_lay[v[vf]], d[vf])
+        batch.deps(consumer[vf], prov.at[t[vf], held], n_ops + t[vf])
     need = miss & ~gi.e_value_free[er]
     if need.any():
         tensor = t[need]
         moved = conv.copies(tensor, u[need], d[need], gi.t_bytes[tensor], v[need], lay.dev_mask[prov.layout[tensor]],
                             prov.at)
         batch.deps(consumer[need], moved, n_ops + tensor)
+
+
+def _shape_holders(layouts: LayoutTable, lay_u: np.ndarray, lay_v: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """(x,) the device whose copy of a value a consumer on device ``d[i]`` (of layout ``lay_v[i]``) that reads only
+    its shape waits for, the value held by the devices of layout ``lay_u[i]``: ``d[i]`` itself where it holds one,
+    else the holder at the consumer's place among the holders (the i-th of n consumer devices waits for holder
+    ``i m // n`` of m), so that replicas alike wait alike (``heterog.compose``)."""
+    out = np.asarray(d, dtype=np.int64).copy()
+    pairs: dict[tuple[int, int], dict[int, int]] = {}
+    for k, (a, b, x) in enumerate(zip(lay_u.tolist(), lay_v.tolist(), out.tolist())):
+        held = pairs.get((a, b))
+        if held is None:
+            holders, readers = layouts.unique_devices(a), layouts.unique_devices(b)
+            held = pairs[(a, b)] = {r: r if r in holders else holders[i * len(holders) // len(readers)]
+                                    for i, r in enumerate(readers)}
+        out[k] = held[x]
+    return out
+
+
+def _first_entries(layouts: LayoutTable, lay: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """(x,) the local index of device ``d[i]``'s first entry in layout ``lay[i]``."""
+    first: dict[int, dict[int, int]] = {}
+    for a in set(lay.tolist()):
+        first[a] = {}
+        for j, x in enumerate(layouts.devices[a]):
+            first[a].setdefault(x, j)
+    return np.array([first[a][x] for a, x in zip(lay.tolist(), d.tolist())], dtype=np.int64)
 
 
 def _connect_relayout(ctx: CompileContext, layouts: LayoutTable, conv: Engine, e: np.ndarray,
