@@ -17,11 +17,13 @@ each device's memory peak (its image's in slice 0), the busy times and the comm 
 ``tests/test_compose.py`` checks this against the whole simulation on random plans.
 
 Which plans: every config data-parallel by AllReduce (no parameter server, nothing split beyond the batch,
-no sharded state) over the same devices (a value a config reads whole is then on each of its devices
-already), at least two replicas of every config in each slice in every micro-batch (a slice of one replica
-would have no collective of its own to price), and a graph without ops that couple samples (which gather
-the batch to one device). Anything else is simulated whole (``find_repetition`` gives None). Devices of
-servers that no config uses stay idle (no memory, no work).
+no sharded state), at least two replicas of every config in each slice in every micro-batch (a slice of one
+replica would have no collective of its own to price), and a graph without ops that couple samples (which
+gather the batch to one device). Configs may lie on different devices (a pipeline of data-parallel stages)
+where a value read under a config of other devices is read row by row (``rows_only_between_device_sets``)
+or only for its shape, by a reader whose holder lies in its own slice, alike in every slice
+(``shape_reads_between_device_sets``). Anything else is simulated whole (``find_repetition`` gives None).
+Devices of servers that no config uses stay idle (no memory, no work).
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from heterog.compiler.index import graph_index
 from heterog.cost import CostModel
 from heterog.errors import HeterogError
 from heterog.shares import micro_batch_shares
@@ -78,9 +81,40 @@ class Repetition:
 
 def composable_configs(configs: Sequence[ParallelConfig]) -> bool:
     """Whether the configs may form a repetition: each data-parallel by AllReduce over two or more replicas, with
-    nothing split beyond the batch and no sharded state, all over the same devices."""
+    nothing split beyond the batch and no sharded state."""
     return all(c.split is None and c.sharded is None and c.sync == "allreduce" and c.ps_device is None
-               and c.n_replicas >= 2 and set(c.devices) == set(configs[0].devices) for c in configs)
+               and c.n_replicas >= 2 for c in configs)
+
+
+def shape_reads_between_device_sets(graph: OpGraph, strategy: Strategy) -> list[tuple[ParallelConfig, ParallelConfig]]:
+    """The (producer's, reader's) configs of every value read only for its shape under a config of other devices
+    (the backward's seed reading the loss in another stage): the reader waits for one holder's copy
+    (``heterog.compiler.emit._shape_holders``), which must lie in its own slice."""
+    gi = graph_index(graph)
+    on = np.asarray(strategy.group_of)
+    pairs = {(strategy.configs[int(on[u])], strategy.configs[int(on[v])])
+             for u, v in zip(gi.e_src[gi.e_value_free].tolist(), gi.e_dst[gi.e_value_free].tolist())}
+    return [(a, b) for a, b in pairs if set(a.devices) != set(b.devices)]
+
+
+def _shape_holder(holders: tuple[int, ...], readers: tuple[int, ...]) -> dict[int, int]:
+    """Each reader's holder as ``heterog.compiler.emit._shape_holders`` picks it."""
+    return {r: r if r in holders else holders[i * len(holders) // len(readers)] for i, r in enumerate(readers)}
+
+
+def rows_only_between_device_sets(graph: OpGraph, strategy: Strategy) -> bool:
+    """Whether every value read under a config of other devices than its producer's is read row by row (a batch
+    value read by a batch op): then each row moves from the one replica that holds it. A value read whole there
+    (a tied weight, a non-batch result) is fetched from one of its holders, and among holders alike the compiler
+    takes the lowest device id, which is one slice's for every slice (the whole plan is then no repetition)."""
+    gi = graph_index(graph)
+    sets: dict[frozenset[int], int] = {}
+    of_group = np.array([sets.setdefault(frozenset(c.devices), len(sets)) for c in strategy.configs], dtype=np.int64)
+    if len(sets) == 1:
+        return True
+    on = of_group[strategy.group_of]
+    cross = (on[gi.e_src] != on[gi.e_dst]) & ~gi.e_value_free
+    return bool(np.all(gi.e_batch[cross] & gi.has_batch[gi.e_dst[cross]]))
 
 
 def _holders(config: ParallelConfig, micro: tuple[int, ...]) -> np.ndarray:
@@ -128,7 +162,7 @@ def find_repetition(graph: OpGraph, cluster: Cluster, strategy: Strategy,
     if graph.coupled.any():
         return None
     configs = list(dict.fromkeys(strategy.configs))
-    if not composable_configs(configs):
+    if not composable_configs(configs) or not rows_only_between_device_sets(graph, strategy):
         return None
     sig = server_signatures(cluster) if signatures is None else signatures
     if len(set(sig)) == len(sig):                         # no two servers alike
@@ -139,11 +173,12 @@ def find_repetition(graph: OpGraph, cluster: Cluster, strategy: Strategy,
     kinds: dict[tuple, list[list[int]]] = {}
     for comp in comps:
         kinds.setdefault(tuple(sig[s] for s in comp), []).append(comp)
+    shapes = shape_reads_between_device_sets(graph, strategy)
     most = reduce(gcd, [len(v) for v in kinds.values()] + [int(m) for m in micro])
     for r in _divisors_desc(most):
         for deal in (lambda i, n: i // n, lambda i, n: i % r):        # in blocks, or in turn
             slice_of = {s: deal(i, len(v) // r) for v in kinds.values() for i, comp in enumerate(v) for s in comp}
-            rep = _repetition(cluster, strategy, configs, holders, slice_of, sig, r)
+            rep = _repetition(cluster, strategy, configs, holders, slice_of, sig, r, shapes)
             if rep is not None:
                 return rep
     return None
@@ -154,9 +189,11 @@ def _divisors_desc(n: int) -> list[int]:
 
 
 def _repetition(cluster: Cluster, strategy: Strategy, configs: list[ParallelConfig], holders: list[np.ndarray],
-                slice_of: dict[int, int], sig: Sequence[tuple], r: int) -> Repetition | None:
+                slice_of: dict[int, int], sig: Sequence[tuple], r: int,
+                shapes: Sequence[tuple[ParallelConfig, ParallelConfig]] = ()) -> Repetition | None:
     """The repetition of ``strategy`` whose slice ``j`` is the servers ``s`` of ``slice_of[s] == j``, or None where
-    the slices do not repeat one another row for row."""
+    the slices do not repeat one another row for row, or a shape read across device sets (``shapes``) waits for
+    a holder of another slice, or not alike."""
     server_of = cluster.server_of
     micro = strategy.micro
     part = tuple(int(m) // r for m in micro)
@@ -182,6 +219,18 @@ def _repetition(cluster: Cluster, strategy: Strategy, configs: list[ParallelConf
         head = h[rows[0]]
         if any(not np.array_equal(image[j, head], h[rows[j]]) for j in range(1, r)):
             return None
+    if shapes:
+        back = np.full(cluster.n_devices, -1, dtype=np.int64)       # each slice's device -> slice 0's it mirrors
+        part_of = np.full(cluster.n_devices, -1, dtype=np.int64)    # its slice
+        for j in range(r):
+            ok = image[j] >= 0
+            back[image[j][ok]], part_of[image[j][ok]] = np.nonzero(ok)[0], j
+        for made, read in shapes:
+            for ha, rb in zip(_device_orders(made, micro)[:2], _device_orders(read, micro)[:2]):
+                held = _shape_holder(ha, rb)
+                if any(part_of[h] != part_of[x] or held.get(int(back[x])) is None
+                       or image[part_of[x], held[int(back[x])]] != h for x, h in held.items()):
+                    return None
     kept = [d for s in sorted(order[0]) for d in cluster.servers[s].devices]
     local = np.full(cluster.n_devices, -1, dtype=np.int64)
     local[kept] = np.arange(len(kept))

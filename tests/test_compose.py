@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from heterog.cluster import load_cluster
-from heterog.compose import SliceCost, Unrepeated, find_repetition
+from heterog.compiler.index import graph_index
+from heterog.compose import SliceCost, Unrepeated, find_repetition, rows_only_between_device_sets
 from heterog.evaluate import Evaluator
 from heterog.graph.cache import capture_model
 from heterog.shares import even_shares, proportional_shares
@@ -132,6 +133,24 @@ def test_plans_that_do_not_repeat_are_simulated_whole() -> None:
     assert find_repetition(ev.graph, slow, strategy_of(ev, [dp] * ev.n_groups)) is None
 
 
+def test_a_pipeline_of_a_stage_on_each_kind_is_two_slices_of_one_server_of_each() -> None:
+    """tiny_mlp in two stages (groups whose whole values are read across kept together: ``stages_of``), the first
+    data-parallel over the A100 servers, the second over the V100 servers, 2 micro-batches: the rows of a100-0
+    go to v100-0 and those of a100-1 to v100-1, so a slice is one of each, exactly; the same groups cut in the
+    middle read parameters across the stages whole, and are simulated whole."""
+    ev = evaluator("tiny_mlp", CLUSTERS[0])
+    a, v = data_parallel(ev, list(range(8)), False), data_parallel(ev, list(range(8, 16)), False)
+    s = strategy_of(ev, [(a, v)[int(x)] for x in stages_of(ev, 2)], k=2)
+    rep = find_repetition(ev.graph, ev.cluster, s)
+    assert rep is not None and rep.copies == 2
+    assert rep.images.tolist() == [[0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]]
+    for order in ("best", "rank"):
+        assert_same(ev.evaluate(s, order), ev.evaluate(s, order, compose=True))
+    cut = strategy_of(ev, [a if g < ev.n_groups // 2 else v for g in range(ev.n_groups)], k=4)
+    assert not rows_only_between_device_sets(ev.graph, cut)
+    assert find_repetition(ev.graph, ev.cluster, cut) is None
+
+
 def test_the_checkpoint_term_and_a_non_composing_evaluator_simulate_whole() -> None:
     g, c = capture_model("tiny_mlp", BATCH), load_cluster(CLUSTERS[0])
     for ev in (Evaluator(g, c, compose=False), Evaluator(g, c, checkpoint_every_steps=10)):
@@ -140,6 +159,28 @@ def test_the_checkpoint_term_and_a_non_composing_evaluator_simulate_whole() -> N
 
 
 # ------------------------------------------------------------------------------------------ random plans
+def stages_of(ev: Evaluator, n_stages: int) -> np.ndarray:
+    """(G,) a stage per group, the groups in contiguous runs of their first ops, such that a value read whole
+    (a parameter, a non-batch result) is read in its producer's stage: groups joined by such reads stay together."""
+    gi, g_of = graph_index(ev.graph), ev.group_of
+    parent = list(range(ev.n_groups))
+
+    def root(x: int) -> int:
+        while parent[x] != x:
+            x = parent[x]
+        return x
+
+    whole = ~gi.e_value_free & ~(gi.e_batch & gi.has_batch[gi.e_dst])
+    for a, b in zip(g_of[gi.e_src[whole]].tolist(), g_of[gi.e_dst[whole]].tolist()):
+        parent[root(a)] = root(b)
+    first = np.full(ev.n_groups, np.iinfo(np.int64).max)
+    np.minimum.at(first, g_of, np.arange(len(g_of)))
+    blocks = sorted({root(x) for x in range(ev.n_groups)}, key=lambda r: min(first[x] for x in range(ev.n_groups)
+                                                                          if root(x) == r))
+    stage_of_block = {r: i * n_stages // len(blocks) for i, r in enumerate(blocks)}
+    return np.array([stage_of_block[root(x)] for x in range(ev.n_groups)], dtype=np.int64)
+
+
 @st.composite
 def plans(draw):
     graph = draw(st.sampled_from(GRAPHS))
@@ -152,19 +193,35 @@ def plans(draw):
     devices = [d.index for d in c.devices if d.type.name in keep]
     if len(devices) < 2:
         devices = list(range(c.n_devices))
-    layouts = []
-    for _ in range(2):
+
+    def layout(devs: list[int]) -> ParallelConfig:
         how = draw(st.sampled_from(["servers", "positions", "shuffled"]))
-        order = list(devices)
+        order = list(devs)
         if how == "positions":                    # the first device of every server, then the second, ...
             order.sort(key=lambda d: (c.servers[int(c.server_of[d])].devices.index(d), d))
         elif how == "shuffled":
             order = draw(st.permutations(order))
         algo = draw(st.sampled_from(["auto", "ring", "hierarchical"]))
-        layouts.append(dataclasses.replace(data_parallel(ev, list(order), draw(st.booleans())), allreduce=algo))
-    second = draw(st.lists(st.booleans(), min_size=ev.n_groups, max_size=ev.n_groups)) \
-        if draw(st.booleans()) else [False] * ev.n_groups
-    configs = [layouts[1] if b else layouts[0] for b in second]
+        return dataclasses.replace(data_parallel(ev, list(order), draw(st.booleans())), allreduce=algo)
+
+    n_stages = draw(st.integers(1, 3))
+    servers = sorted({int(c.server_of[d]) for d in devices})
+    if n_stages > 1 and len(servers) >= n_stages:     # a pipeline: each stage data-parallel over its servers
+        how = draw(st.sampled_from(["blocks", "in turn", "by kind"]))
+        if how == "by kind" and len(keep) == n_stages == 2:
+            part = [0 if c.devices[c.servers[s].devices[0]].type.name == keep[0] else 1 for s in servers]
+        elif how == "in turn":
+            part = [i % n_stages for i in range(len(servers))]
+        else:
+            part = [i * n_stages // len(servers) for i in range(len(servers))]
+        per = [[d for s, p in zip(servers, part) if p == k for d in c.servers[s].devices] for k in range(n_stages)]
+        stage_layouts = [layout(devs) if len(devs) >= 2 else layout(devices) for devs in per]
+        configs = [stage_layouts[int(x)] for x in stages_of(ev, n_stages)]
+    else:
+        layouts = [layout(devices), layout(devices)]
+        second = draw(st.lists(st.booleans(), min_size=ev.n_groups, max_size=ev.n_groups)) \
+            if draw(st.booleans()) else [False] * ev.n_groups
+        configs = [layouts[1] if b else layouts[0] for b in second]
     k = draw(st.integers(1, 8))
     s = strategy_of(ev, configs, k, draw(st.sampled_from(["1f1b", "gpipe"])))
     recompute = draw(st.lists(st.booleans(), min_size=ev.n_groups, max_size=ev.n_groups))
@@ -175,9 +232,9 @@ def plans(draw):
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(plans())
 def test_a_composed_evaluation_is_the_whole_simulation(case) -> None:
-    """Random data-parallel plans (up to 16 GPUs, 8 micro-batches, recomputation, synchronized batch norms, the
-    collectives serialized or not, every order): where the plan repeats a slice, its composed evaluation equals
-    the whole simulation."""
+    """Random data-parallel plans and pipelines of data-parallel stages (up to 16 GPUs, 8 micro-batches,
+    recomputation, synchronized batch norms, the collectives serialized or not, every order): where the plan
+    repeats a slice, its composed evaluation equals the whole simulation."""
     ev, s, order = case
     whole, composed = ev.evaluate(s, order), ev.evaluate(s, order, compose=True)
     assert_same(whole, composed)

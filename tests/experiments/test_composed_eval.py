@@ -14,6 +14,8 @@ def test_a_row_per_graph_says_the_slices_and_that_both_agree(capsys) -> None:
     assert row["composed_ms"] > 0 and row["whole_ms"] > 0
 
 
-def test_a_bad_cluster_is_named(capsys) -> None:
+def test_a_bad_cluster_or_scenario_is_named(capsys) -> None:
     assert main(["--graph", "tiny_mlp:48", "--cluster", "no-such-cluster", "--whole-runs", "0"]) == 2
     assert "no-such-cluster" in capsys.readouterr().err
+    assert main(["--peers", "3+5", "--whole-runs", "0"]) == 2
+    assert "3+5" in capsys.readouterr().err
