@@ -29,11 +29,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import reduce
+from itertools import product
 from math import gcd
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from heterog.compiler.emit import shape_holders
 from heterog.compiler.index import graph_index
 from heterog.cost import CostModel
 from heterog.errors import HeterogError
@@ -89,17 +91,12 @@ def composable_configs(configs: Sequence[ParallelConfig]) -> bool:
 def shape_reads_between_device_sets(graph: OpGraph, strategy: Strategy) -> list[tuple[ParallelConfig, ParallelConfig]]:
     """The (producer's, reader's) configs of every value read only for its shape under a config of other devices
     (the backward's seed reading the loss in another stage): the reader waits for one holder's copy
-    (``heterog.compiler.emit._shape_holders``), which must lie in its own slice."""
+    (``heterog.compiler.emit.shape_holders``), which must lie in its own slice."""
     gi = graph_index(graph)
     on = np.asarray(strategy.group_of)
     pairs = {(strategy.configs[int(on[u])], strategy.configs[int(on[v])])
              for u, v in zip(gi.e_src[gi.e_value_free].tolist(), gi.e_dst[gi.e_value_free].tolist())}
     return [(a, b) for a, b in pairs if set(a.devices) != set(b.devices)]
-
-
-def _shape_holder(holders: tuple[int, ...], readers: tuple[int, ...]) -> dict[int, int]:
-    """Each reader's holder as ``heterog.compiler.emit._shape_holders`` picks it."""
-    return {r: r if r in holders else holders[i * len(holders) // len(readers)] for i, r in enumerate(readers)}
 
 
 def rows_only_between_device_sets(graph: OpGraph, strategy: Strategy) -> bool:
@@ -226,8 +223,8 @@ def _repetition(cluster: Cluster, strategy: Strategy, configs: list[ParallelConf
             ok = image[j] >= 0
             back[image[j][ok]], part_of[image[j][ok]] = np.nonzero(ok)[0], j
         for made, read in shapes:
-            for ha, rb in zip(_device_orders(made, micro)[:2], _device_orders(read, micro)[:2]):
-                held = _shape_holder(ha, rb)
+            for ha, rb in product(_device_orders(made, micro)[:2], _device_orders(read, micro)[:2]):
+                held = shape_holders(ha, rb)
                 if any(part_of[h] != part_of[x] or held.get(int(back[x])) is None
                        or image[part_of[x], held[int(back[x])]] != h for x, h in held.items()):
                     return None

@@ -10,6 +10,8 @@ layout ids index, and the ``Placement``.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from heterog.compiler import offload, sharded_state, sync_stats
@@ -299,19 +301,22 @@ def _connect_nonbatch(ctx: CompileContext, layouts: LayoutTable, conv: Engine, e
         batch.deps(consumer[need], moved, n_ops + tensor)
 
 
+def shape_holders(holders: Sequence[int], readers: Sequence[int]) -> dict[int, int]:
+    """Reader device -> the device whose copy of a value held by ``holders`` it waits for when it reads only the
+    value's shape: itself where it holds one, else the holder at its place among the holders (the i-th of n
+    readers waits for holder ``i m // n`` of m), so that replicas alike wait alike (``heterog.compose``)."""
+    return {r: r if r in holders else holders[i * len(holders) // len(readers)] for i, r in enumerate(readers)}
+
+
 def _shape_holders(layouts: LayoutTable, lay_u: np.ndarray, lay_v: np.ndarray, d: np.ndarray) -> np.ndarray:
-    """(x,) the device whose copy of a value a consumer on device ``d[i]`` (of layout ``lay_v[i]``) that reads only
-    its shape waits for, the value held by the devices of layout ``lay_u[i]``: ``d[i]`` itself where it holds one,
-    else the holder at the consumer's place among the holders (the i-th of n consumer devices waits for holder
-    ``i m // n`` of m), so that replicas alike wait alike (``heterog.compose``)."""
+    """(x,) ``shape_holders`` of a consumer on device ``d[i]`` of layout ``lay_v[i]``, the value held by the devices
+    of layout ``lay_u[i]``."""
     out = np.asarray(d, dtype=np.int64).copy()
     pairs: dict[tuple[int, int], dict[int, int]] = {}
     for k, (a, b, x) in enumerate(zip(lay_u.tolist(), lay_v.tolist(), out.tolist())):
         held = pairs.get((a, b))
         if held is None:
-            holders, readers = layouts.unique_devices(a), layouts.unique_devices(b)
-            held = pairs[(a, b)] = {r: r if r in holders else holders[i * len(holders) // len(readers)]
-                                    for i, r in enumerate(readers)}
+            held = pairs[(a, b)] = shape_holders(layouts.unique_devices(a), layouts.unique_devices(b))
         out[k] = held[x]
     return out
 
