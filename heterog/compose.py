@@ -75,6 +75,14 @@ class Repetition:
     """The device sets of the slice's collectives (each config's devices, its replicas with samples, each
     micro-batch's) -> the devices of the whole cluster the collective spans, in its order; None where two differ."""
 
+    def on(self, strategy: Strategy) -> Repetition:
+        """This repetition for ``strategy``, a plan of the same configs, groups and micro-batches (another op order,
+        recomputation or schedule): its ``strategy`` the slice's part of it."""
+        mine = self.strategy
+        return replace(self, strategy=replace(strategy, cluster_name=mine.cluster_name, n_devices=mine.n_devices,
+                                              batch_size=mine.batch_size, configs=list(mine.configs),
+                                              micro_batches=mine.micro_batches, meta=dict(strategy.meta)))
+
     @property
     def key(self) -> tuple:
         """What a slice evaluator is kept by: the slice's devices and their images."""

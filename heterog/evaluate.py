@@ -20,7 +20,7 @@ from heterog.compose import Repetition, SliceCost, Unrepeated, find_repetition, 
 from heterog.errors import HeterogError
 from heterog.graph.grouping import group_ops
 from heterog.scheduler import DEFAULT_ORDER, PORTFOLIO, check_order, is_dynamic, priorities
-from heterog.strategy import Strategy
+from heterog.strategy import ParallelConfig, Strategy
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.cluster import Cluster
@@ -131,7 +131,10 @@ class Evaluator:
         self.compose = bool(compose)
         self._slices: dict[tuple, Evaluator] = {}
         self._unrepeated: set[tuple] = set()       # repetitions whose slice met a collective it does not cover
+        # repetitions found, by the plan's configs (their ids: each kept alive with it), groups and micro-batches
+        self._repetitions: dict[tuple, tuple[list[ParallelConfig], Repetition | None, tuple]] = {}
         self._signatures: list[tuple] | None = None
+        self._alike = False                          # two servers alike (set with the signatures)
         if checkpoint_every_steps is not None and int(checkpoint_every_steps) < 1:
             raise HeterogError(f"checkpoint_every_steps must be at least 1, got {checkpoint_every_steps}")
         self.checkpoint_every_steps = checkpoint_every_steps
@@ -259,14 +262,25 @@ class Evaluator:
             return None
         if self._signatures is None:
             self._signatures = server_signatures(self.cluster)
-        rep = find_repetition(self.graph, self.cluster, strategy, self._signatures)
-        if rep is None or rep.key in self._unrepeated:
+            self._alike = len(set(self._signatures)) < len(self._signatures)
+        if not self._alike:                          # no two servers alike: nothing repeats
             return None
-        ev = self._slices.get(rep.key)
+        layout = (tuple(map(id, strategy.configs)), strategy.micro, strategy.group_of.tobytes())
+        hit = self._repetitions.get(layout)
+        if hit is None:                              # the search's plans come back: found once per layout
+            if len(self._repetitions) >= 256:
+                self._repetitions.clear()
+            found = find_repetition(self.graph, self.cluster, strategy, self._signatures)
+            hit = self._repetitions[layout] = (list(strategy.configs), found, () if found is None else found.key)
+        _, found, key = hit
+        if found is None or key in self._unrepeated:
+            return None
+        rep = found.on(strategy)
+        ev = self._slices.get(key)
         if ev is None:
             if len(self._slices) >= 8:
                 self._slices.clear()
-            ev = self._slices[rep.key] = _SliceEvaluator(
+            ev = self._slices[key] = _SliceEvaluator(
                 self.graph, rep.cluster, SliceCost(self.cost, rep), order=self.order,
                 serialize_collectives=self.serialize_collectives, delta=self.compiler.bases.max_plans > 0,
                 sync_batch_stats=self.sync_batch_stats, compose=False)
