@@ -64,7 +64,7 @@ from heterog.compiler.plan import (
 )
 from heterog.compiler.recompute import add_recompute
 from heterog.compiler.registries import ConfigTable, Grouping, Layout, LayoutTable, PSDemand
-from heterog.compiler.tasks import CATEGORIES, COMM_KINDS, COMPUTE_KINDS, TaskBatch, TaskCategory, TaskKind
+from heterog.compiler.tasks import CATEGORIES, COMM_KINDS, COMPUTE_KINDS, TaskBatch, TaskCategory, TaskKind, pair_order
 from heterog.strategy import Strategy
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -107,7 +107,7 @@ def compile_all(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarr
     new_of[perm] = np.arange(tasks.n)
     new_of[-1] = -1                                   # index -1 (no provider) stays -1
     task, on = new_of[task], new_of[on]
-    s = np.lexsort((on, task))
+    s = pair_order(task, on, tasks.n)
     prov = Providers(new_of[prov.inst_start], new_of[prov.at], prov.layout)
     return finish(ctx, layouts, op_priority, tasks.take(perm), (task[s], on[s], owner[s]), place, prov,
                   aggregation_of(ctx, layouts, place, np.nonzero(place.aggregate)[0]))

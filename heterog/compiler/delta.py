@@ -22,7 +22,7 @@ from heterog.compiler.index import GraphIndex
 from heterog.compiler.place import Placement
 from heterog.compiler.plan import PlanState, aggregation_of, finish
 from heterog.compiler.registries import LayoutTable
-from heterog.compiler.tasks import Deps, TaskBatch, Tasks, ragged_gather
+from heterog.compiler.tasks import Deps, TaskBatch, Tasks, pair_order, ragged_gather
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ def merge_reference(old: Tasks, old_deps: Deps, drop: np.ndarray, new: Tasks, ne
     k_task, k_on, k_owner = new_of[o_task[keep]], new_of[o_on[keep]], o_owner[keep]
     n_task, n_on, n_owner = new_deps
     n_task, n_on = new_of[n_task], new_of[n_on]
-    s = np.lexsort((n_on, n_task))
+    s = pair_order(n_task, n_on, total)
     n_task, n_on, n_owner = n_task[s], n_on[s], n_owner[s]
     d_kept, d_new, n_dep = _merge_positions(k_task * total + k_on, n_task * total + n_on)
     dep = []

@@ -50,7 +50,16 @@ from heterog.caches import DerivedCache
 from heterog.compiler.context import CompileContext
 from heterog.compiler.index import output_bytes
 from heterog.compiler.registries import LayoutTable
-from heterog.compiler.tasks import COMPUTE_KINDS, TaskCategory, TaskKind, Tasks, isin_ints, ragged, unique_ints
+from heterog.compiler.tasks import (
+    COMPUTE_KINDS,
+    TaskCategory,
+    TaskKind,
+    Tasks,
+    isin_ints,
+    pair_order,
+    ragged,
+    unique_ints,
+)
 from heterog.graph.fusion import VIEW_OPS
 
 # tasks whose reads of an op's instance read its partial results (aggregation) when the op owns the dependency
@@ -382,11 +391,7 @@ def memory_entries(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray
         frees = np.concatenate([frees[:, ~every], named_all, np.stack([held, held, pos_temp[held]])], axis=1)
     kept = _read_for_shape_only(ctx)[opc] & (op >= 0)      # the loss: to the step's end, whoever reads its shape
     frees = _unread_go(frees[:, ~kept[frees[1]]], np.where(kept, 0, counts), mem_ptr)
-    order = np.lexsort((frees[2], frees[1], frees[0]))
-    frees = frees[:, order]
-    keep = np.ones(frees.shape[1], dtype=bool)
-    keep[1:] = np.any(frees[:, 1:] != frees[:, :-1], axis=0)
-    frees = frees[:, keep]
+    frees = _sorted_distinct(frees, n + 1)
     free_ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(frees[0], minlength=n), out=free_ptr[1:])
     return MemoryEntries(mem_ptr, dev[rows].astype(np.int64), mem_bytes, free_ptr, frees[1].astype(np.int64),
@@ -434,7 +439,7 @@ def _sums_into(kind: np.ndarray, op: np.ndarray, dev: np.ndarray, alloc: np.ndar
         ((kind[dx] == TaskKind.PUSH) | ((kind[dx] == TaskKind.COMPUTE) & (op[dx] == op[df])))
     r = np.nonzero(cand)[0]
     if len(r):
-        r = r[np.lexsort((dx[r], df[r]))]
+        r = r[pair_order(df[r], dx[r], len(kind))]
         first = np.ones(len(r), dtype=bool)
         first[1:] = df[r][1:] != df[r][:-1]
         into[df[r[first]]] = dx[r[first]]
@@ -466,8 +471,22 @@ def _update_writes(ctx: CompileContext, kind: np.ndarray, op: np.ndarray, upd: n
 
 
 def _code(a: np.ndarray, n: int, span: int) -> np.ndarray:
-    """(K,) one int64 per column (task, task, entry) of ``a`` (3, K)."""
+    """(K,) one int64 per column (task, task, entry) of ``a`` (3, K), in the columns' lexicographic order
+    (tasks below ``n``, entries from -1 to ``span - 2``)."""
     return (a[0] * n + a[1]) * span + (a[2] + 1)
+
+
+def _sorted_distinct(a: np.ndarray, n: int) -> np.ndarray:
+    """The distinct columns (task, task, entry) of ``a`` (3, K), tasks below ``n``, in lexicographic order: one
+    sort of their codes (``_code``; the columns come nearly sorted, which a merge sort runs through: 0.25 ms against
+    13 ms for a lexsort of the three rows on 177,000 columns)."""
+    span = 2 + int(a[2].max(initial=0))
+    code = np.sort(_code(a, n, span), kind="stable")
+    keep = np.ones(len(code), dtype=bool)
+    keep[1:] = code[1:] != code[:-1]
+    pair, entry = np.divmod(code[keep], span)
+    first, second = np.divmod(pair, n)
+    return np.stack([first, second, entry - 1])
 
 
 def _closure(writes: np.ndarray, n: int, span: int) -> np.ndarray:
@@ -524,4 +543,6 @@ def _hand_over(kind: np.ndarray, dev: np.ndarray, deps: np.ndarray, frees: np.nd
     added = np.stack([readers, cb[r], ce[r]])
     out = np.concatenate([frees, added], axis=1)
     # the writers no longer release what they write into (nor, along a chain, what that lives in)
-    return out[:, ~isin_ints(_code(out, n, span), _code(held, n, span))]
+    gone = isin_ints(out[0], cu)                  # a writer's release (task ids: a table), then which one
+    gone[gone] = isin_ints(_code(out[:, gone], n, span), _code(held, n, span))
+    return out[:, ~gone]

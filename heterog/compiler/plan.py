@@ -28,7 +28,7 @@ from heterog.compiler.sharded_state import (
     update_gather_readers,
 )
 from heterog.compiler.sync_stats import wait_for_statistics
-from heterog.compiler.tasks import Deps, Providers, TaskBatch, TaskKind, Tasks, ragged
+from heterog.compiler.tasks import Deps, Providers, TaskBatch, TaskKind, Tasks, pair_order, ragged
 
 if TYPE_CHECKING:  # pragma: no cover
     from simulator.taskgraph import TaskGraph
@@ -319,7 +319,7 @@ def overwrite_after_reads(ctx: CompileContext, tasks: Tasks, deps: Deps, state: 
     new_task = np.concatenate([task, pairs[0]])
     new_on = np.concatenate([on, pairs[1]])
     new_owner = np.concatenate([owner, np.full(pairs.shape[1], ORDER_ONLY, dtype=owner.dtype)])
-    s = np.lexsort((new_on, new_task))
+    s = pair_order(new_task, new_on, tasks.n)
     return new_task[s], new_on[s], new_owner[s]
 
 
@@ -375,7 +375,7 @@ def finish(ctx: CompileContext, layouts: LayoutTable, op_priority: np.ndarray | 
     new_of[perm] = np.arange(every.n)
     new_of[-1] = -1                                   # index -1 (no provider) stays -1
     task, on = new_of[task], new_of[on]
-    s = np.lexsort((on, task))
+    s = pair_order(task, on, every.n)
     state = assemble(ctx, layouts, op_priority, every.take(perm), (task[s], on[s], owner[s]), place,
                      Providers(new_of[prov.inst_start], new_of[prov.at], prov.layout), aggregation,
                      validate=validate, schedule=schedule, slot=slot[perm])

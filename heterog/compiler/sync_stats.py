@@ -33,7 +33,7 @@ import numpy as np
 from heterog.compiler.context import CompileContext
 from heterog.compiler.convert import Engine
 from heterog.compiler.registries import ConfigTable, LayoutTable
-from heterog.compiler.tasks import Deps, Providers, TaskKind, Tasks
+from heterog.compiler.tasks import Deps, Providers, TaskKind, Tasks, pair_order
 from heterog.strategy import ParallelConfig, Strategy
 
 FORWARD_TARGETS = frozenset({"aten._native_batch_norm_legit.default", "aten._native_batch_norm_legit.no_stats",
@@ -129,5 +129,5 @@ def wait_for_statistics(tasks: Tasks, deps: Deps, synced: np.ndarray) -> Deps:
     new_task = np.concatenate([task, task[hit]])
     new_on = np.concatenate([on, stat_of[tasks.op[on[hit]]]])
     new_owner = np.concatenate([owner, owner[hit]])
-    s = np.lexsort((new_on, new_task))
+    s = pair_order(new_task, new_on, tasks.n)
     return new_task[s], new_on[s], new_owner[s]

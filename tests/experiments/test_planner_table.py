@@ -1,0 +1,57 @@
+"""experiments.planner_table: the options each column plans with, one tiny case end to end, and the verdicts
+and counts of hand-made cases."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from experiments.planner_table import main, planner_options, run_case, tables, verdict
+
+
+def test_each_planner_gets_the_whole_plan_space_it_takes():
+    assert planner_options("mcmc", 60, 3) == ("mcmc", {"splits": True, "sharded": True, "budget_s": 60.0, "seed": 3})
+    assert planner_options("pipeline", 60, 3) == ("pipeline", {"splits": True, "sharded": True, "budget_s": 60.0})
+    assert planner_options("os-dpos", 9, 0) == ("os-dpos", {"splits": True, "budget_s": 9.0})
+    assert planner_options("cp-ar", 60, 0) == ("cp-ar", {})
+    assert planner_options("agent-0s", 60, 1) == ("agent", {"splits": True, "sharded": True, "budget_s": 0.0,
+                                                           "seed": 1, "progress": False})
+
+
+def _case(times: dict[str, float | None], cluster: str = "paper-8gpu") -> dict:
+    records = [{"planner": p, "error": "HeterogError: no plan"} if t is None else
+               {"planner": p, "iteration_time_s": abs(t), "oom": t < 0} for p, t in times.items()]
+    return {"graph": "m", "batch_size": 8, "cluster": cluster, "records": records}
+
+
+def test_the_verdicts_of_hand_made_cases():
+    # the agent ahead of every other planner by 2.5%; zero-shot 5% behind the fastest, ahead of the best DP
+    # that fits (ev-ps runs out of memory: negative time)
+    v = verdict(_case({"ev-ps": -0.5, "cp-ar": 1.2, "mcmc": 1.025, "agent": 1.0, "agent-0s": 1.05}))
+    assert (v["fastest"], v["agent_fastest"], v["agent_ahead"]) == ("agent", True, True)
+    assert v["zero_over_fastest"] == pytest.approx(1.05) and v["zero_within"]
+    assert v["zero_over_best_dp"] == pytest.approx(1.05 / 1.2) and v["zero_not_slower_than_dp"]
+    assert v["agent_over_others"] == pytest.approx(1 / 1.025)
+    # within 0.5% of the fastest counts as fastest, not as ahead; zero-shot behind the best DP and 20% behind
+    v = verdict(_case({"cp-ar": 1.1, "pipeline": 1.0, "agent": 1.004, "agent-0s": 1.2}))
+    assert (v["fastest"], v["agent_fastest"], v["agent_ahead"]) == ("pipeline", True, False)
+    assert not v["zero_within"] and not v["zero_not_slower_than_dp"]
+    v = verdict(_case({"cp-ar": 1.1, "pipeline": 1.0, "agent": 1.006, "agent-0s": None}))
+    assert not v["agent_fastest"] and "zero_within" not in v
+    text = tables([_case({"cp-ar": 1.1, "agent": 1.0}), _case({"cp-ar": 1.0, "agent": None}, "mixed")],
+                  ["cp-ar", "agent"])
+    assert "| m:8 | 1100.0 | 1000.0 | agent | 0.909 | - |" in text
+    assert "| m:8 | 1000.0 | error | cp-ar | - | - |" in text
+    assert "the agent fastest (within 0.5%) in 1 of 1 (1 without the plan)" in text
+
+
+def test_a_tiny_case_is_planned_saved_and_rendered(tmp_path, capsys):
+    path = tmp_path / "tiny_mlp-b16-paper-8gpu.json"
+    run_case("tiny_mlp", 16, "paper-8gpu", ["cp-ar", "mcmc", "agent-0s"], 0.5, 0, str(path))
+    doc = json.loads(path.read_text())
+    assert [r["planner"] for r in doc["records"]] == ["cp-ar", "mcmc", "agent-0s"]
+    mcmc = doc["records"][1]
+    assert mcmc["method"] == "mcmc" and mcmc["iteration_time_s"] <= doc["records"][0]["iteration_time_s"]
+    assert main(["--out", str(tmp_path), "--render", "--planners", "cp-ar,mcmc,agent-0s"]) == 0
+    assert "| tiny_mlp:16 |" in capsys.readouterr().out
+    assert main(["--out", str(tmp_path), "--planners", "nope"]) == 2
