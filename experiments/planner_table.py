@@ -13,7 +13,9 @@ that fails is a row with its reason. The rendering gives, per cluster, each plan
 per iteration; OOM marked), the fastest plan that fits, the agent's time over the fastest other planner's
 and the zero-shot plan's over the best data-parallel plan that fits; then the counts the search is held
 to: the agent fastest (within 0.5%), the agent faster than every other planner by 2% or more, zero-shot
-never slower than the best data-parallel plan that fits and within 10% of the fastest plan.
+never slower than the best data-parallel plan that fits and within 10% of the fastest plan; and which
+plans the agent's plan actions hold (``action_round_trip``: each encoded in the extended actions and
+decoded back).
 """
 from __future__ import annotations
 
@@ -58,6 +60,30 @@ def planner_options(name: str, budget_s: float, seed: int) -> tuple[str, dict[st
     return method, opts
 
 
+def action_round_trip(ev: Any, strategy: Any) -> str:
+    """Whether the agent's plan actions hold ``strategy``: "ok" when its encoding (``envs.actions.encode_plan``,
+    the extended actions, over the evaluator's groups) decodes to the same config of every op, the same
+    recomputed ops and micro-batches; else what differs or why it has no encoding."""
+    import numpy as np
+
+    from envs.actions import encode_plan, plan_strategy
+
+    splits = ev.graph.splits is not None
+    try:
+        action = encode_plan(strategy, ev.cluster, splits, states=True, group_of=ev.group_of)
+        back = plan_strategy(ev, action, states=True, splits=splits, extended=True)
+    except HeterogError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    ops = range(len(strategy.group_of))
+    if [back.op_config(o) for o in ops] != [strategy.op_config(o) for o in ops]:
+        return "decodes to other configs"
+    if not np.array_equal(np.isin(back.group_of, back.recompute), np.isin(strategy.group_of, strategy.recompute)):
+        return "decodes to other recomputed ops"
+    if back.micro != strategy.micro or (strategy.n_micro > 1 and back.schedule != strategy.schedule):
+        return "decodes to other micro-batches"
+    return "ok"
+
+
 def run_case(model: str, batch: int, cluster_name: str, planners: list[str], budget_s: float, seed: int,
              path: str) -> str:
     """Plan one (model, cluster) with every planner and save the case document at ``path``."""
@@ -80,6 +106,7 @@ def run_case(model: str, batch: int, cluster_name: str, planners: list[str], bud
             rec = {"planner": name, "method": strategy.method, "iteration_time_s": res.iteration_time_s,
                    "oom": bool(res.oom), "n_micro": strategy.n_micro, "search_time_s": time.perf_counter() - t0,
                    "split_groups": sum(c.split is not None for c in strategy.configs),
+                   "actions": action_round_trip(ev, strategy), "strategy": strategy.to_dict(),
                    "stats": {k: v for k, v in strategy.meta.items() if isinstance(v, (int, float, str, bool))}}
         except (HeterogError, MemoryError) as exc:        # a planner that cannot plan this case is a row
             rec = {"planner": name, "error": f"{type(exc).__name__}: {exc}", "search_time_s": time.perf_counter() - t0}
@@ -163,6 +190,11 @@ def tables(cases: list[dict], planners: list[str]) -> str:
             f"faster than every other planner by {AHEAD_BY:.0%} or more in {count('agent_ahead')}; zero-shot "
             f"not slower than the best data-parallel plan that fits in {count('zero_not_slower_than_dp')}, "
             f"within {ZERO_SHOT_WITHIN:.0%} of the fastest plan in {count('zero_within')}.", ""]
+    trips = [(c, r) for c in cases for r in c["records"] if "actions" in r]
+    missed = [f"{r['planner']} on {c['graph']}:{c['batch_size']}, {c['cluster']} ({r['actions']})"
+              for c, r in trips if r["actions"] != "ok"]
+    out += [f"The agent's plan actions hold {len(trips) - len(missed)} of the {len(trips)} plans"
+            + (f"; not: {'; '.join(missed)}." if missed else "."), ""]
     return "\n".join(out)
 
 

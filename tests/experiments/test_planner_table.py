@@ -6,7 +6,11 @@ import json
 
 import pytest
 
-from experiments.planner_table import main, planner_options, run_case, tables, verdict
+from experiments.planner_table import action_round_trip, main, planner_options, run_case, tables, verdict
+from heterog.cluster import load_cluster
+from heterog.evaluate import Evaluator
+from heterog.graph.cache import capture_model
+from heterog.strategy import ParallelConfig, Strategy
 
 
 def test_each_planner_gets_the_whole_plan_space_it_takes():
@@ -52,6 +56,21 @@ def test_a_tiny_case_is_planned_saved_and_rendered(tmp_path, capsys):
     assert [r["planner"] for r in doc["records"]] == ["cp-ar", "mcmc", "agent-0s"]
     mcmc = doc["records"][1]
     assert mcmc["method"] == "mcmc" and mcmc["iteration_time_s"] <= doc["records"][0]["iteration_time_s"]
+    assert [r["actions"] for r in doc["records"]] == ["ok"] * 3
+    plan = Strategy.from_dict(mcmc["strategy"])
+    assert Evaluator(capture_model("tiny_mlp", 16), load_cluster("paper-8gpu")).evaluate(plan).iteration_time_s == \
+        pytest.approx(mcmc["iteration_time_s"], rel=1e-9)
     assert main(["--out", str(tmp_path), "--render", "--planners", "cp-ar,mcmc,agent-0s"]) == 0
-    assert "| tiny_mlp:16 |" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "| tiny_mlp:16 |" in text and "The agent's plan actions hold 3 of the 3 plans." in text
     assert main(["--out", str(tmp_path), "--planners", "nope"]) == 2
+
+
+def test_a_plan_no_action_holds_says_why():
+    ev = Evaluator(capture_model("tiny_mlp", 16), load_cluster("paper-8gpu"))
+    base = ev.strategy([ev.cluster.n_devices + 3] * ev.n_groups)
+    assert action_round_trip(ev, base) == "ok"
+    ring = ParallelConfig.of([(0, 8), (1, 8)], allreduce="ring")            # no planner picks the algorithm
+    odd = Strategy(base.graph_fingerprint, base.cluster_name, base.n_devices, base.batch_size, base.group_of,
+                   [ring] * base.n_groups)
+    assert "is no action's decoding" in action_round_trip(ev, odd)
