@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from agents.candidates import BlockMoves
@@ -41,6 +44,10 @@ PRETRAINED = Path(__file__).resolve().parent / "pretrained" / "tokens-small.pt"
 # starts. Trained by experiment=pretrain_tokens_splits (docs/design.md, "The shipped checkpoint").
 PRETRAINED_SPLITS = Path(__file__).resolve().parent / "pretrained" / "tokens-small-splits.pt"
 SCRATCH = "scratch"          # checkpoint value (CLI: --agent scratch) that trains a fresh policy
+# The planners whose plans seed a budgeted search (``plan``'s ``seeds``): those of a few evaluations, then the
+# budgeted ones (pipeline) on ``SEED_SHARE`` of what is left of the budget, shared among them
+SEED_PLANNERS = ("single", "ev-ps", "ev-ar", "cp-ps", "cp-ar", "expert", "dpos", "pipeline")
+SEED_SHARE = 0.3
 log = logging.getLogger(__name__)
 AGENT_SIZES = {"small": StrategyPolicy.small, "paper": StrategyPolicy.paper}
 
@@ -69,7 +76,7 @@ def plan(evaluator: PlanEvaluator, checkpoint: str | Path | dict | None = None, 
          budget_s: float | None = None, seed: int = 0, progress: bool = True, *,
          settings: TrainerSettings | None = None, size: str = "small", run_dir: str | Path | None = None,
          writer: SummaryWriter | None = None, workers: int = 1, ray_address: str | None = None,
-         splits: bool = False, sharded: bool = False) -> Strategy:
+         splits: bool = False, sharded: bool = False, seeds: Sequence[str] = SEED_PLANNERS) -> Strategy:
     """Search a strategy for ``evaluator.graph`` on ``evaluator.cluster`` with the learning agent.
 
     Args:
@@ -96,11 +103,19 @@ def plan(evaluator: PlanEvaluator, checkpoint: str | Path | dict | None = None, 
             (``agents.networks.plan.STATE_PRIOR``: its greedy plan picks none); zero-shot also compares
             the uniform plans of each AllReduce scheme keeping each state choice with shards by memory.
             Simulated in this process (one worker).
+        seeds: planners whose plans seed the search (not zero-shot; ``seed_plans``): each plan the policy's
+            actions hold is recorded as the first plans are (the search's moves start from the best, the
+            replay pool and the imitation term pull the policy towards it); every one stays a candidate for
+            the plan returned, which is the fastest that fits of the search's best and the seeds'.
 
     Returns the best strategy found (its group configs, recomputed groups and micro-batches, as the agent
     chose them), method "agent", with meta ``search_time_s``, ``best_iteration_time_s``, ``oom``,
     ``episodes``, ``rounds``, ``seed``, ``checkpoint`` (the path started from; None from scratch),
-    ``micro_batches`` (the number) and ``recomputed_groups`` (how many).
+    ``micro_batches`` (the number) and ``recomputed_groups`` (how many); with seeds, ``seeds`` (planner ->
+    simulated seconds, OOM marked by a negative value), ``seeds_in_actions`` (the planners whose plans the
+    actions hold), ``best_seed`` and ``best_seed_s`` (the fastest seed that fits, or the fastest), ``from_seed``
+    (the seed returned as found, "" when the search's plan is returned) and ``agent_added`` (the best seed's
+    time over the plan's, minus 1: what the search added).
     """
     t0 = time.perf_counter()
     if not isinstance(evaluator, Evaluator):
@@ -133,6 +148,10 @@ def plan(evaluator: PlanEvaluator, checkpoint: str | Path | dict | None = None, 
         task = GraphTask.from_evaluator(evaluator, layout=policy.feature_layout)
         trainer = Trainer(policy, [task], settings, writer=writer, run_dir=run_dir, ray_address=ray_address)
         try:
+            seeded = seed_plans(evaluator, seeds, budget_s, t0, splits, sharded)
+            held = seed_actions(evaluator, seeded, policy)
+            if held:
+                trainer.seed_plans(task, np.stack(list(held.values())))
             remaining = None if budget_s is None else max(budget_s - (time.perf_counter() - t0), 1e-3)
             with _Progress(progress, task.name, episodes, remaining) as bar:
                 trainer.train(episodes=episodes, budget_s=remaining, on_round=bar.update)
@@ -142,8 +161,71 @@ def plan(evaluator: PlanEvaluator, checkpoint: str | Path | dict | None = None, 
         torch.set_num_threads(threads)
     strategy = trainer.best_strategy(task)
     strategy.method = "agent"
+    if seeded:
+        strategy = best_of_seeds(evaluator, strategy, seeded, held)
     strategy.meta.update({"search_time_s": time.perf_counter() - t0, "seed": seed, "checkpoint": source})
     return strategy
+
+
+def seed_plans(evaluator: Evaluator, names: Sequence[str], budget_s: float | None, t0: float, splits: bool,
+               sharded: bool) -> dict[str, Strategy]:
+    """The plans of planners ``names`` (planner -> plan), each with the options of the agent's plan space it
+    takes (``splits``, ``sharded``): first those without a budget, then the budgeted ones on ``SEED_SHARE`` of
+    what is left of ``budget_s`` (counted from ``t0``), shared among them; without a budget, none of those.
+    A planner that cannot plan the case is skipped (logged)."""
+    from heterog.planners import get
+    from heterog.planners import plan as plan_with
+
+    planners = {name: get(name) for name in names}
+    budgeted = [n for n, p in planners.items() if "budget_s" in p.options]
+    out: dict[str, Strategy] = {}
+    for name in [n for n in planners if n not in budgeted] + (budgeted if budget_s is not None else []):
+        opts: dict[str, Any] = {k: v for k, v in (("splits", splits), ("sharded", sharded))
+                                if k in planners[name].own_options}
+        if name in budgeted:
+            assert budget_s is not None                     # budgeted seeds run with a budget only
+            left = budget_s - (time.perf_counter() - t0)
+            opts["budget_s"] = max(SEED_SHARE * left / len(budgeted), 1e-3)
+        try:
+            out[name] = plan_with(name, evaluator=evaluator, **opts)
+        except HeterogError as exc:
+            log.warning("agent: seed planner %s skipped: %s", name, exc)
+    return out
+
+
+def seed_actions(evaluator: Evaluator, seeded: dict[str, Strategy], policy: StrategyPolicy) -> dict[str, np.ndarray]:
+    """The seeds the policy's actions hold (``envs.actions.encode_plan`` over the evaluator's groups, the
+    policy's action space): planner -> plan action."""
+    from envs.actions import encode_plan
+
+    out = {}
+    for name, s in seeded.items():
+        try:
+            out[name] = encode_plan(s, evaluator.cluster, policy.split_actions, policy.state_actions,
+                                    extended=False, group_of=evaluator.group_of)
+        except HeterogError:
+            continue                         # beyond the policy's actions: a candidate for the plan only
+    return out
+
+
+def best_of_seeds(evaluator: Evaluator, found: Strategy, seeded: dict[str, Strategy],
+                  held: dict[str, np.ndarray]) -> Strategy:
+    """The fastest that fits of the search's plan ``found`` and the seeds (ties: the search's), method
+    "agent", with the seeds' meta (``plan``)."""
+    from heterog.evaluate import reward
+
+    scored = {name: evaluator.iteration_time(s) for name, s in seeded.items()}
+    mine = evaluator.iteration_time(found)
+    best_seed = max(scored, key=lambda n: reward(*scored[n]))
+    chosen = best_seed if reward(*scored[best_seed]) > reward(*mine) else ""
+    out = found if not chosen else replace(seeded[chosen], method="agent", meta=dict(found.meta))
+    t_out = scored[chosen][0] if chosen else mine[0]
+    out.meta.update({"seeds": {n: (-t if oom else t) for n, (t, oom) in scored.items()},
+                     "seeds_in_actions": sorted(held), "best_seed": best_seed, "best_seed_s": scored[best_seed][0],
+                     "from_seed": chosen, "agent_added": scored[best_seed][0] / t_out - 1.0})
+    if chosen:
+        out.meta.update({"best_iteration_time_s": t_out, "oom": scored[chosen][1]})
+    return out
 
 
 def start_checkpoint(checkpoint: str | Path | dict | None, n_devices: int,
@@ -197,8 +279,6 @@ def zero_shot(evaluator: Evaluator, checkpoint: str | Path | dict, states: bool 
     and ``policy_plan_oom`` (the greedy plan, before the comparison),
     ``zero_shot`` True, ``kept`` ("policy" or the uniform plan's name), ``best_iteration_time_s``, ``oom``,
     ``episodes`` 0, ``rounds`` 0, ``micro_batches`` and ``recomputed_groups``."""
-    import numpy as np
-
     from heterog.evaluate import reward
 
     m = evaluator.cluster.n_devices

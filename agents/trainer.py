@@ -400,6 +400,17 @@ class Trainer:
         rewards, times, ooms = self.evaluate(task, actions)
         self.record(task, state, actions, rewards, times, ooms, sampled=False)
 
+    def seed_plans(self, task: GraphTask, actions: np.ndarray) -> None:
+        """Simulate and record given plans ``(k, 2G + 1)`` (other planners', in the policy's actions) as the first
+        plans are (after them, when ``seed_uniform_plans``): the best becomes the one the search's moves start
+        from, and the replay pool and the imitation term pull the policy towards it."""
+        state = self.states[task.key]
+        if self.settings.seed_uniform_plans and state.best_actions is None:
+            self.seed_uniform(task, state)
+        actions = full_plan(np.asarray(actions, dtype=np.int64), task.n_groups)
+        rewards, times, ooms = self.evaluate(task, actions)
+        self.record(task, state, actions, rewards, times, ooms, sampled=False)
+
     def close(self) -> None:
         """Stop the simulation workers (if any were started)."""
         self.scorer.close()

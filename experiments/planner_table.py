@@ -8,14 +8,15 @@ table over the whole plan space").
     python -m experiments.planner_table --out results/planner_table --render [--json]  # tables only
 
 Each (model, cluster) case plans with every planner in one process (one ``Evaluator``) and is saved as
-``<model>-b<batch>-<cluster>.json`` (written, then renamed; a finished case is not run again). A planner
-that fails is a row with its reason. The rendering gives, per cluster, each planner's simulated time (ms
-per iteration; OOM marked), the fastest plan that fits, the agent's time over the fastest other planner's
-and the zero-shot plan's over the best data-parallel plan that fits; then the counts the search is held
-to: the agent fastest (within 0.5%), the agent faster than every other planner by 2% or more, zero-shot
-never slower than the best data-parallel plan that fits and within 10% of the fastest plan; and which
-plans the agent's plan actions hold (``action_round_trip``: each encoded in the extended actions and
-decoded back).
+``<model>-b<batch>-<cluster>.json`` after each planner (written, then renamed; a planner a case holds is
+not run again unless named by ``--rerun``). A planner that fails is a row with its reason. The rendering
+gives, per cluster, each planner's simulated time (ms per iteration; OOM marked), the fastest plan that
+fits, the agent's time over the fastest other planner's, the agent's best seed and what its search added
+to it (``agents.planner``'s seeds), and the zero-shot plan's time over the best data-parallel plan that
+fits; then the counts the search is held to: the agent fastest (within 0.5%), the agent faster than every
+other planner by 2% or more, zero-shot never slower than the best data-parallel plan that fits and within
+10% of the fastest plan; and which plans the agent's plan actions hold (``action_round_trip``: each
+encoded in the extended actions and decoded back).
 """
 from __future__ import annotations
 
@@ -85,19 +86,26 @@ def action_round_trip(ev: Any, strategy: Any) -> str:
 
 
 def run_case(model: str, batch: int, cluster_name: str, planners: list[str], budget_s: float, seed: int,
-             path: str) -> str:
-    """Plan one (model, cluster) with every planner and save the case document at ``path``."""
+             path: str, rerun: tuple[str, ...] = ()) -> str:
+    """Plan one (model, cluster) with every planner the case document at ``path`` lacks (and again those of
+    ``rerun``), saving the document after each planner."""
     from heterog.atomic import atomic_write_json
     from heterog.cluster import load_cluster
     from heterog.evaluate import Evaluator
     from heterog.graph.cache import capture_model
     from heterog.planners import plan
 
+    file = Path(path)
+    doc = json.loads(file.read_text()) if file.exists() else {
+        "graph": model, "batch_size": batch, "cluster": cluster_name, "budget_s": budget_s, "seed": seed,
+        "records": []}
+    todo = [p for p in planners if p in rerun or p not in {r["planner"] for r in doc["records"]}]
+    if not todo:
+        return path
     graph = capture_model(model, batch, "adam" if model in ADAM else "sgd")
-    cluster = load_cluster(cluster_name)
-    ev = Evaluator(graph, cluster)
-    records = []
-    for name in planners:
+    ev = Evaluator(graph, load_cluster(cluster_name))
+    doc["n_ops"] = graph.n_ops
+    for name in todo:
         method, opts = planner_options(name, budget_s, seed)
         t0 = time.perf_counter()
         try:
@@ -108,14 +116,15 @@ def run_case(model: str, batch: int, cluster_name: str, planners: list[str], bud
                    "split_groups": sum(c.split is not None for c in strategy.configs),
                    "actions": action_round_trip(ev, strategy), "strategy": strategy.to_dict(),
                    "stats": {k: v for k, v in strategy.meta.items() if isinstance(v, (int, float, str, bool))}}
+            if "seeds" in strategy.meta:                   # the agent's seeds (planner -> s, OOM negative)
+                rec["seeds"] = strategy.meta["seeds"]
         except (HeterogError, MemoryError) as exc:        # a planner that cannot plan this case is a row
             rec = {"planner": name, "error": f"{type(exc).__name__}: {exc}", "search_time_s": time.perf_counter() - t0}
         print(f"  {model}:{batch} on {cluster_name}, {name}: "
               + (f"{rec['iteration_time_s'] * 1e3:.1f} ms{' OOM' if rec['oom'] else ''}" if "error" not in rec
                  else rec["error"][:120]) + f" ({rec['search_time_s']:.0f} s)", file=sys.stderr, flush=True)
-        records.append(rec)
-    atomic_write_json(Path(path), {"graph": model, "batch_size": batch, "cluster": cluster_name,
-                                   "budget_s": budget_s, "seed": seed, "n_ops": graph.n_ops, "records": records})
+        doc["records"] = [r for r in doc["records"] if r["planner"] != name] + [rec]
+        atomic_write_json(file, doc)
     return path
 
 
@@ -164,6 +173,15 @@ def _ms(rec: dict | None) -> str:
     return f"{rec['iteration_time_s'] * 1e3:.1f}{' OOM' if rec['oom'] else ''}"
 
 
+def _seed_cells(rec: dict | None) -> tuple[str, str]:
+    """The agent's best seed (planner, ms) and what its search added (the seed's time over the plan's, minus
+    1), or dashes for a plan without seeds."""
+    stats = (rec or {}).get("stats", {})
+    if "best_seed" not in stats:
+        return "-", "-"
+    return f"{stats['best_seed']} {stats['best_seed_s'] * 1e3:.1f}", f"{stats['agent_added']:+.1%}"
+
+
 def tables(cases: list[dict], planners: list[str]) -> str:
     """Markdown: a table per cluster (models by planners, the fastest plan, the agent's and zero-shot's ratios)
     and the counts of the held-to criteria over every case."""
@@ -171,13 +189,14 @@ def tables(cases: list[dict], planners: list[str]) -> str:
     verdicts = []
     for cluster in dict.fromkeys(c["cluster"] for c in cases):
         tab = Table([Column("model", align="left")] + [Column(p) for p in planners]
-                    + [Column("fastest", align="left"), Column("agent / best other"), Column("0-shot / best DP")])
+                    + [Column("fastest", align="left"), Column("agent / best other"),
+                       Column("agent's best seed", align="left"), Column("agent added"), Column("0-shot / best DP")])
         for case in (c for c in cases if c["cluster"] == cluster):
             rec = {r["planner"]: r for r in case["records"]}
             v = verdict(case)
             verdicts.append(v)
             tab.add(v["graph"], *(_ms(rec.get(p)) for p in planners), v.get("fastest", "-"),
-                    f"{v['agent_over_others']:.3f}" if "agent_over_others" in v else "-",
+                    f"{v['agent_over_others']:.3f}" if "agent_over_others" in v else "-", *_seed_cells(rec.get(AGENT)),
                     f"{v['zero_over_best_dp']:.3f}" if "zero_over_best_dp" in v else "-")
         out += [f"### {cluster}", "", tab.markdown(), ""]
     n = len(verdicts)
@@ -212,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=1, help="cases run at once (one process each)")
     ap.add_argument("--out", default="results/planner_table")
+    ap.add_argument("--rerun", default="", help="planners to plan again in the saved cases (e.g. agent)")
     ap.add_argument("--render", action="store_true", help="only print the tables of the saved cases")
     ap.add_argument("--json", action="store_true", help="with --render: each case's verdict as JSON")
     args = ap.parse_args(argv)
@@ -220,8 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from heterog.planners import get
 
-        for p in planners:
-            get(AGENT if p == ZERO_SHOT else p)
+        for p in planners + [p for p in args.rerun.split(",") if p.strip()]:
+            get(AGENT if p.strip() == ZERO_SHOT else p.strip())
         if args.budget_s <= 0:
             raise HeterogError(f"--budget-s must be positive, got {args.budget_s}")
         if args.jobs < 1:
@@ -233,9 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         from rich.progress import Progress
 
         out.mkdir(parents=True, exist_ok=True)
-        todo = [(m, b, c, planners, args.budget_s, args.seed, str(case_path(out, m, b, c)))
-                for m, b in args.models for c in args.clusters.split(",")
-                if not case_path(out, m, b, c).exists()]
+        rerun = tuple(p.strip() for p in args.rerun.split(",") if p.strip())
+        todo = [(m, b, c, planners, args.budget_s, args.seed, str(case_path(out, m, b, c)), rerun)
+                for m, b in args.models for c in args.clusters.split(",")]
         with Progress(transient=True) as bar:
             task = bar.add_task(f"{len(todo)} cases", total=len(todo))
             if args.jobs == 1:

@@ -5,12 +5,23 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 import torch
 
-from agents.planner import PRETRAINED, SCRATCH, build_policy, plan, start_checkpoint
+from agents.planner import (
+    PRETRAINED,
+    SCRATCH,
+    SEED_PLANNERS,
+    best_of_seeds,
+    build_policy,
+    plan,
+    seed_actions,
+    start_checkpoint,
+)
 from agents.tasks import make_task
-from agents.trainer import Trainer, TrainerSettings
+from agents.trainer import GraphTask, Trainer, TrainerSettings
+from heterog import planners
 from heterog.cluster import load_cluster
 from heterog.errors import CheckpointError, HeterogError
 from heterog.evaluate import Evaluator
@@ -186,3 +197,49 @@ def test_zero_shot_plans_as_the_policy_was_trained_with_or_without_tied_blocks(p
     strategy = zero_shot(Evaluator(graph, paper8), trainer_state(trainer))
     greedy = next(iter(trainer.evaluate_policy(samples=0).values()))["greedy_iteration_time_s"]
     assert strategy.meta["policy_plan_s"] == pytest.approx(greedy)
+
+
+def test_the_search_starts_from_other_planners_plans_and_returns_none_slower(graph, paper8):
+    ev = Evaluator(graph, paper8)
+    strategy = plan(ev, budget_s=2.0, progress=False)
+    meta = strategy.meta
+    assert list(meta["seeds"]) == list(SEED_PLANNERS)             # pipeline too: there is a budget
+    assert {"single", "cp-ar", "ev-ar"} <= set(meta["seeds_in_actions"]) <= set(SEED_PLANNERS)
+    t_s, oom = ev.iteration_time(strategy)
+    fitting = [t for t in meta["seeds"].values() if t > 0]
+    assert not oom and t_s <= min(fitting) and meta["best_seed_s"] == min(fitting)
+    assert meta["agent_added"] == pytest.approx(min(fitting) / t_s - 1.0) and meta["agent_added"] >= 0
+    assert strategy.method == "agent" and meta["best_iteration_time_s"] == pytest.approx(t_s)
+    # without a budget the budgeted planners seed nothing; without seeds there is no seed meta
+    settings = TrainerSettings(samples_per_graph=8, mutate_samples=2)
+    by_episodes = plan(Evaluator(graph, paper8), episodes=16, progress=False, settings=settings)
+    assert "pipeline" not in by_episodes.meta["seeds"] and "cp-ar" in by_episodes.meta["seeds"]
+    bare = plan(Evaluator(graph, paper8), episodes=16, progress=False, settings=settings, seeds=())
+    assert "seeds" not in bare.meta
+
+
+def test_a_seed_faster_than_the_search_is_returned_as_the_agents_plan(graph, paper8):
+    ev = Evaluator(graph, paper8)
+    slow = ev.strategy([ev.cluster.n_devices + 1] * ev.n_groups, "agent")           # ev-ar everywhere
+    seeded = {name: planners.plan(name, evaluator=ev) for name in ("single", "ev-ar")}
+    out = best_of_seeds(ev, slow, seeded, {})
+    t_single = ev.iteration_time(seeded["single"])[0]
+    assert t_single < ev.iteration_time(slow)[0]                   # tiny_mlp: one GPU beats data parallelism
+    assert out.method == "agent" and out.meta["from_seed"] == out.meta["best_seed"] == "single"
+    assert out.configs == seeded["single"].configs and out.meta["agent_added"] == 0.0
+    assert out.meta["best_iteration_time_s"] == t_single and seeded["single"].method == "single"
+    kept = best_of_seeds(ev, seeded["single"], {"ev-ar": seeded["ev-ar"]}, {})
+    assert kept.meta["from_seed"] == "" and kept.meta["agent_added"] > 0
+
+
+def test_seed_plans_are_recorded_as_the_best_so_far(graph, paper8):
+    ev = Evaluator(graph, paper8)
+    policy = build_policy(8, "small", seed=1, head="tokens", **TINY_AGENT)
+    task = GraphTask.from_evaluator(ev, layout=policy.feature_layout)
+    trainer = Trainer(policy, [task], TrainerSettings(seed_uniform_plans=False))
+    single = planners.plan("single", evaluator=ev)
+    held = seed_actions(ev, {"single": single}, policy)
+    trainer.seed_plans(task, np.stack([held["single"]]))
+    state = trainer.states[task.key]
+    assert state.best_iteration_time_s == pytest.approx(ev.iteration_time(single)[0]) and state.episodes == 0
+    assert trainer.best_strategy(task).configs == single.configs

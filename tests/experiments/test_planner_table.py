@@ -44,8 +44,8 @@ def test_the_verdicts_of_hand_made_cases():
     assert not v["agent_fastest"] and "zero_within" not in v
     text = tables([_case({"cp-ar": 1.1, "agent": 1.0}), _case({"cp-ar": 1.0, "agent": None}, "mixed")],
                   ["cp-ar", "agent"])
-    assert "| m:8 | 1100.0 | 1000.0 | agent | 0.909 | - |" in text
-    assert "| m:8 | 1000.0 | error | cp-ar | - | - |" in text
+    assert "| m:8 | 1100.0 | 1000.0 | agent | 0.909 | - | - | - |" in text
+    assert "| m:8 | 1000.0 | error | cp-ar | - | - | - | - |" in text
     assert "the agent fastest (within 0.5%) in 1 of 1 (1 without the plan)" in text
 
 
@@ -64,6 +64,22 @@ def test_a_tiny_case_is_planned_saved_and_rendered(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "| tiny_mlp:16 |" in text and "The agent's plan actions hold 3 of the 3 plans." in text
     assert main(["--out", str(tmp_path), "--planners", "nope"]) == 2
+    # planned again: the named planner only, the document saved with it in place of the old record
+    before = path.stat().st_mtime_ns
+    run_case("tiny_mlp", 16, "paper-8gpu", ["cp-ar", "mcmc", "agent-0s"], 0.5, 0, str(path))
+    assert path.stat().st_mtime_ns == before                                 # nothing missing: not rewritten
+    run_case("tiny_mlp", 16, "paper-8gpu", ["cp-ar", "mcmc", "agent-0s"], 0.5, 0, str(path), rerun=("cp-ar",))
+    again = json.loads(path.read_text())
+    assert sorted(r["planner"] for r in again["records"]) == ["agent-0s", "cp-ar", "mcmc"]
+    assert again["records"][:2] == doc["records"][1:]
+
+
+def test_the_agents_seed_cells():
+    from experiments.planner_table import _seed_cells
+
+    assert _seed_cells(None) == ("-", "-")
+    rec = {"stats": {"best_seed": "pipeline", "best_seed_s": 0.4567, "agent_added": 0.0213}}
+    assert _seed_cells(rec) == ("pipeline 456.7", "+2.1%")
 
 
 def test_a_plan_no_action_holds_says_why():
