@@ -218,7 +218,13 @@ def best_of_seeds(evaluator: Evaluator, found: Strategy, seeded: dict[str, Strat
     mine = evaluator.iteration_time(found)
     best_seed = max(scored, key=lambda n: reward(*scored[n]))
     chosen = best_seed if reward(*scored[best_seed]) > reward(*mine) else ""
-    out = found if not chosen else replace(seeded[chosen], method="agent", meta=dict(found.meta))
+    out = found
+    if chosen:                          # the seed's plan and meta, the search's counters, its action if held
+        meta = {**seeded[chosen].meta, **{k: found.meta[k] for k in ("episodes", "rounds") if k in found.meta}}
+        meta.pop("actions", None)
+        if chosen in held:
+            meta["actions"] = held[chosen].tolist()
+        out = replace(seeded[chosen], method="agent", meta=meta)
     t_out = scored[chosen][0] if chosen else mine[0]
     out.meta.update({"seeds": {n: (-t if oom else t) for n, (t, oom) in scored.items()},
                      "seeds_in_actions": sorted(held), "best_seed": best_seed, "best_seed_s": scored[best_seed][0],

@@ -71,7 +71,7 @@ def test_zero_shot_with_state_actions_finds_a_plan_that_fits_where_no_plain_one_
 def test_a_short_training_run_with_state_actions_keeps_sharded_state_where_only_that_fits():
     ev = Evaluator(adam_graph(), tight_cluster(43 * P // 2))
     settings = TrainerSettings(samples_per_graph=4, explore_samples=1, mutate_samples=1, seed=0)
-    found = plan(ev, "scratch", episodes=12, seed=0, progress=False, settings=settings, sharded=True)
+    found = plan(ev, "scratch", episodes=12, seed=0, progress=False, settings=settings, sharded=True, seeds=())
     assert found.meta["rounds"] >= 2 and not found.meta["oom"] and found.meta["sharded"]
     t, oom = ev.iteration_time(found)
     assert not oom and t == pytest.approx(found.meta["best_iteration_time_s"])
@@ -100,6 +100,6 @@ def test_an_autoregressive_policy_with_state_actions_decodes_and_scores_its_plan
 def test_fine_tuning_the_shipped_checkpoint_with_state_actions_finds_a_plan_that_fits():
     ev = Evaluator(adam_graph(), tight_cluster(43 * P // 2))
     settings = TrainerSettings(samples_per_graph=4, explore_samples=1, mutate_samples=1, seed=0)
-    found = plan(ev, episodes=8, seed=0, progress=False, settings=settings, sharded=True)
+    found = plan(ev, episodes=8, seed=0, progress=False, settings=settings, sharded=True, seeds=())
     assert found.meta["checkpoint"] == str(PRETRAINED)
     assert not found.meta["oom"] and found.meta["sharded"] and ev.iteration_time(found)[1] is False
