@@ -43,8 +43,9 @@ emission phase and adds them to the batch in the order they were made (task ids 
 """
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -181,6 +182,10 @@ class Engine:
     def dep(self, task: int, on: int, owner: int) -> None:
         """``task`` waits for ``on`` (one dependency, added at ``flush``)."""
         self._deps.append((task, on, owner))
+
+    def dep_each(self, tasks: Iterable[int], on: Iterable[int], owner: int) -> None:
+        """``dep(t, o, owner)`` for each pair of ``tasks`` and ``on``, in that order."""
+        self._deps.extend(zip(tasks, on, itertools.repeat(owner)))
 
     def deps(self, task: npt.ArrayLike, on: npt.ArrayLike, owner: npt.ArrayLike) -> None:
         """``task[i]`` waits for ``on[i]`` (``TaskBatch.deps``)."""

@@ -57,6 +57,8 @@ class LayoutTable:
         self.split: list[tuple[float, ...]] = []
         self._id: dict[tuple, int] = {}
         self._micro_entries: dict[int, dict[int, tuple[int, ...]]] = {}
+        self._unique: dict[int, tuple[int, ...]] = {}
+        self._last: dict[int, np.ndarray] = {}
         self._records: tuple[Layout, ...] = ()
         self._built = -1
         for d in range(n_devices):
@@ -80,14 +82,21 @@ class LayoutTable:
         return lid
 
     def unique_devices(self, lid: int) -> tuple[int, ...]:
-        """The devices of layout ``lid``, each once, in order of first entry."""
-        return tuple(dict.fromkeys(self.devices[lid]))
+        """The devices of layout ``lid``, each once, in order of first entry (cached: a layout never changes)."""
+        hit = self._unique.get(lid)
+        if hit is None:
+            hit = self._unique[lid] = tuple(dict.fromkeys(self.devices[lid]))
+        return hit
 
     def last_entries(self, lid: int) -> np.ndarray:
-        """(len(unique_devices(lid)),) local index of each device's last entry in layout ``lid``."""
-        devs = self.devices[lid]
-        last = {d: i for i, d in enumerate(devs)}
-        return np.array([last[d] for d in self.unique_devices(lid)], dtype=np.int64)
+        """(len(unique_devices(lid)),) local index of each device's last entry in layout ``lid`` (cached,
+        read-only)."""
+        hit = self._last.get(lid)
+        if hit is None:
+            last = {d: i for i, d in enumerate(self.devices[lid])}
+            hit = self._last[lid] = np.array([last[d] for d in self.unique_devices(lid)], dtype=np.int64)
+            hit.setflags(write=False)
+        return hit
 
     def micro_entries(self, lid: int) -> dict[int, tuple[int, ...]]:
         """Micro-batch -> local index of each device's entry for it in layout ``lid``, devices in the order

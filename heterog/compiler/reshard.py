@@ -88,15 +88,18 @@ def _source_key(gi: GraphIndex, u: int, v: int, micro: int) -> Hashable:
 
 
 def _keys_read(ctx: CompileContext, place: Placement, layouts: LayoutTable, keys: Iterable[Hashable],
-               carries_batch: bool, u: int, v: int, j: int) -> list[Hashable]:
-    """The source keys (of ``keys``, the producer ``u``'s) that entry ``j`` of reader ``v``'s layout reads: its
+               carries_batch: bool, u: int, v: int) -> list[list[Hashable]]:
+    """For each entry of reader ``v``'s layout, the source keys (of ``keys``, the producer ``u``'s) it reads: its
     micro-batch's (``_source_key``), or every micro-batch's for a consumer over the whole step (a coupled op,
     ``heterog.compiler.coupled``, reading the whole batch of a micro-batched plan)."""
     gi = ctx.index
     lay_v = int(place.op_lay[v])
-    if place.n_micro > 1 and carries_batch and gi.has_batch[v] and layouts.shares[lay_v][j] == ctx.batch_size:
-        return [k for k in keys if k != "last"]
-    return [_source_key(gi, u, v, int(layouts.micro[lay_v][j]))]
+    micro = layouts.micro[lay_v]
+    if not gi.has_batch[u] or not gi.has_batch[v]:          # one key for every entry
+        return [[_source_key(gi, u, v, 0)]] * len(micro)
+    whole = place.n_micro > 1 and carries_batch
+    every = [k for k in keys if k != "last"] if whole else []
+    return [every if whole and s == ctx.batch_size else [int(m)] for s, m in zip(layouts.shares[lay_v], micro)]
 
 
 def _entry_rows(layouts: LayoutTable, lay: int, groups: tuple[tuple[int, ...], ...]) -> list[tuple[int, int]]:
@@ -186,11 +189,18 @@ def _from_split(ctx: CompileContext, layouts: LayoutTable, conv: Engine, t: int,
         f_v = dict(zip(layouts.unique_devices(lay_v), (layouts.split[lay_v][j] for j in
                                                         layouts.last_entries(lay_v).tolist())))
         rows_v = None
-        for j, d in enumerate(layouts.devices[lay_v]):
-            for key in _keys_read(ctx, place, layouts, ent, carries_batch, u, v, j):   # several: a coupled op
-                if gi.e_value_free[e]:                 # a shape read: the first instance, nothing moves
+        value_free, local = bool(gi.e_value_free[e]), same and not c.collective
+        keys_of = _keys_read(ctx, place, layouts, ent, carries_batch, u, v)
+        devices_v = layouts.devices[lay_v]
+        if local and not value_free and all(len(k) == 1 for k in keys_of):   # each entry its own shard: at once
+            conv.dep_each(range(start_v, start_v + len(devices_v)),
+                          [inst(k[0])[d] for k, d in zip(keys_of, devices_v)], owner)
+            continue
+        for j, d in enumerate(devices_v):
+            for key in keys_of[j]:                                     # several: a coupled op
+                if value_free:                         # a shape read: the first instance, nothing moves
                     conv.dep(start_v + j, start_u + int(ent[0][0]), owner)
-                elif same and not c.collective:                    # same config, the option reads its own shard
+                elif local:                                        # same config, the option reads its own shard
                     conv.dep(start_v + j, inst(key)[d], owner)
                 elif same and c in (Conversion.REDUCE_SCATTER, Conversion.ALL_TO_ALL):
                     g = choice.group_of(d)
@@ -253,8 +263,8 @@ def _read_whole_elsewhere(ctx: CompileContext, place: Placement, es: list[int], 
         if gi.e_value_free[e] or shard_v == region or (shard_v >= 0 and int(place.shards[shard_v].need[e]) == 1):
             continue
         lay_v = int(place.op_lay[v])
-        out.update((key, d) for j, d in enumerate(layouts.devices[lay_v])
-                   for key in _keys_read(ctx, place, layouts, keys, carries_batch, u, v, j))
+        keys_of = _keys_read(ctx, place, layouts, keys, carries_batch, u, v)
+        out.update((key, d) for j, d in enumerate(layouts.devices[lay_v]) for key in keys_of[j])
     return out
 
 

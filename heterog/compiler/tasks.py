@@ -195,7 +195,8 @@ def isin_ints(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def pair_order(first: np.ndarray, second: np.ndarray, n: int) -> np.ndarray:
     """``np.lexsort((second, first))`` for task ids in ``-1 .. n - 1``: one merge sort of a code per pair, which
-    runs through the nearly sorted dependency lists the compiler makes (10 ms against 0.5 ms on 400,000)."""
+    runs through the nearly sorted dependency lists the compiler makes (0.44 ms against 8.8 ms for the lexsort on
+    200,000; 6.7 against 9.9 ms on the less sorted list of a 32-micro-batch schedule)."""
     return np.argsort((np.asarray(first, dtype=np.int64) + 1) * (n + 1) + (np.asarray(second) + 1), kind="stable")
 
 
