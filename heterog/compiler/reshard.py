@@ -52,11 +52,33 @@ def connect_split(ctx: CompileContext, layouts: LayoutTable, conv: Engine, edges
     by_tensor: dict[int, list[int]] = defaultdict(list)
     for e in edges.tolist():
         by_tensor[int(gi.e_tensor[e])].append(e)
+    seen = _Layouts(layouts)
     for t, es in by_tensor.items():
         if place.op_shard[gi.t_op[t]] >= 0:
-            _from_split(ctx, layouts, conv, t, es, place, prov)
+            _from_split(ctx, layouts, conv, t, es, place, prov, seen)
         else:
             _into_split(ctx, layouts, conv, t, es, place, prov)
+
+
+_LayoutView = tuple[tuple[int, ...], dict[Hashable, Sequence[int]], dict[int, int], dict[int, float]]
+
+
+class _Layouts:
+    """What ``_from_split`` reads of a layout, found once per layout in one ``connect_split``: its devices,
+    entries (``_entries``), each device's position, and each device's split share (of its last entry)."""
+
+    def __init__(self, layouts: LayoutTable) -> None:
+        self.layouts = layouts
+        self._of: dict[int, _LayoutView] = {}
+
+    def of(self, lay: int) -> _LayoutView:
+        hit = self._of.get(lay)
+        if hit is None:
+            devs, ent = _entries(self.layouts, lay)
+            split = self.layouts.split[lay]
+            hit = self._of[lay] = (devs, ent, {d: i for i, d in enumerate(devs)},
+                                   dict(zip(devs, (split[j] for j in ent["last"]))))
+        return hit
 
 
 def _collective(conv: Engine, kind: Conversion, t: int, u: int, devs: tuple[int, ...], nbytes: float,
@@ -88,18 +110,20 @@ def _source_key(gi: GraphIndex, u: int, v: int, micro: int) -> Hashable:
 
 
 def _keys_read(ctx: CompileContext, place: Placement, layouts: LayoutTable, keys: Iterable[Hashable],
-               carries_batch: bool, u: int, v: int) -> list[list[Hashable]]:
+               carries_batch: bool, u: int, v: int) -> tuple[Hashable | None, list[list[Hashable]]]:
     """For each entry of reader ``v``'s layout, the source keys (of ``keys``, the producer ``u``'s) it reads: its
     micro-batch's (``_source_key``), or every micro-batch's for a consumer over the whole step (a coupled op,
-    ``heterog.compiler.coupled``, reading the whole batch of a micro-batched plan)."""
+    ``heterog.compiler.coupled``, reading the whole batch of a micro-batched plan); and first the one key every
+    entry reads alone, if there is one (else None)."""
     gi = ctx.index
     lay_v = int(place.op_lay[v])
     micro = layouts.micro[lay_v]
-    if not gi.has_batch[u] or not gi.has_batch[v]:          # one key for every entry
-        return [[_source_key(gi, u, v, 0)]] * len(micro)
-    whole = place.n_micro > 1 and carries_batch
+    if not gi.has_batch[u] or not gi.has_batch[v] or place.n_micro == 1:     # one key for every entry
+        key = _source_key(gi, u, v, 0)
+        return key, [[key]] * len(micro)
+    whole = carries_batch
     every = [k for k in keys if k != "last"] if whole else []
-    return [every if whole and s == ctx.batch_size else [int(m)] for s, m in zip(layouts.shares[lay_v], micro)]
+    return None, [every if whole and s == ctx.batch_size else [int(m)] for s, m in zip(layouts.shares[lay_v], micro)]
 
 
 def _entry_rows(layouts: LayoutTable, lay: int, groups: tuple[tuple[int, ...], ...]) -> list[tuple[int, int]]:
@@ -124,17 +148,15 @@ def _sum_over_groups(ctx: CompileContext, conv: Engine, t: int, u: int, groups: 
 
 
 def _from_split(ctx: CompileContext, layouts: LayoutTable, conv: Engine, t: int, es: list[int], place: Placement,
-                prov: Providers) -> None:
+                prov: Providers, seen: _Layouts) -> None:
     gi = ctx.index
     assert place.op_shard is not None
     u = int(gi.t_op[t])
     region = int(place.op_shard[u])
     choice = place.shards[region]
     lay_u = int(place.op_lay[u])
-    devs, ent = _entries(layouts, lay_u)
-    pos = {d: i for i, d in enumerate(devs)}
+    devs, ent, pos, f_u = seen.of(lay_u)
     groups = choice.groups or (devs,)
-    f_u = dict(zip(devs, np.asarray(layouts.split[lay_u])[ent["last"]].tolist()))
     prio = min(int(gi.e_dst[e]) for e in es)
     owner = gi.n_ops + t
     carries_batch = bool(gi.e_batch[es[0]])
@@ -176,7 +198,7 @@ def _from_split(ctx: CompileContext, layouts: LayoutTable, conv: Engine, t: int,
     scattered: dict[tuple[Hashable, int, tuple[float, ...], tuple[int, ...]], dict[int, int]] = {}
     moved: dict[tuple, int] = {}
     gathered: dict[tuple, dict[int, int] | None] = {}
-    whole_on = _read_whole_elsewhere(ctx, place, es, region, layouts, u)
+    whole_on: set[tuple[Hashable, int]] | None = None
     for e in es:
         v = int(gi.e_dst[e])
         lay_v = int(place.op_lay[v])
@@ -186,16 +208,17 @@ def _from_split(ctx: CompileContext, layouts: LayoutTable, conv: Engine, t: int,
         split_v = int(place.op_shard[v]) >= 0
         choice_v = place.shards[int(place.op_shard[v])] if split_v else None
         need_shard = choice_v is not None and int(choice_v.need[e]) == 1
-        f_v = dict(zip(layouts.unique_devices(lay_v), (layouts.split[lay_v][j] for j in
-                                                        layouts.last_entries(lay_v).tolist())))
         rows_v = None
         value_free, local = bool(gi.e_value_free[e]), same and not c.collective
-        keys_of = _keys_read(ctx, place, layouts, ent, carries_batch, u, v)
+        one, keys_of = _keys_read(ctx, place, layouts, ent, carries_batch, u, v)
         devices_v = layouts.devices[lay_v]
-        if local and not value_free and all(len(k) == 1 for k in keys_of):   # each entry its own shard: at once
-            conv.dep_each(range(start_v, start_v + len(devices_v)),
-                          [inst(k[0])[d] for k, d in zip(keys_of, devices_v)], owner)
+        if local and not value_free and (one is not None or all(len(k) == 1 for k in keys_of)):
+            # each entry reads its own shard: every dependency at once
+            on = list(map(inst(one).__getitem__, devices_v)) if one is not None else \
+                [inst(k[0])[d] for k, d in zip(keys_of, devices_v)]
+            conv.dep_each(range(start_v, start_v + len(devices_v)), on, owner)
             continue
+        f_v = seen.of(lay_v)[3]
         for j, d in enumerate(devices_v):
             for key in keys_of[j]:                                     # several: a coupled op
                 if value_free:                         # a shape read: the first instance, nothing moves
@@ -213,6 +236,8 @@ def _from_split(ctx: CompileContext, layouts: LayoutTable, conv: Engine, t: int,
                 elif same or (d in devs and (not carries_batch or len(groups) == 1)):
                     conv.dep(start_v + j, made_whole(key)[d], owner)      # read whole where it was made whole
                 else:          # moved whole, its batch share or the shard it reads, from the best-connected holder
+                    if whole_on is None:
+                        whole_on = _read_whole_elsewhere(ctx, place, es, region, layouts, u, ent)
                     whole_here = (key, d) in whole_on       # a shard reader slices the whole value another brings
                     split = layouts.split[lay_v][j] if need_shard and not whole_here else 1.0
                     if not carries_batch:
@@ -249,12 +274,12 @@ def _from_split(ctx: CompileContext, layouts: LayoutTable, conv: Engine, t: int,
 
 
 def _read_whole_elsewhere(ctx: CompileContext, place: Placement, es: list[int], region: int,
-                          layouts: LayoutTable, u: int) -> set[tuple[Hashable, int]]:
+                          layouts: LayoutTable, u: int, keys: Iterable[Hashable]) -> set[tuple[Hashable, int]]:
     """(source key, device) of the instances of readers outside the producer's config that read the value
-    whole: a reader of a shard on such a device takes its shard from that whole copy."""
+    whole (``keys``: the producer's source keys): a reader of a shard on such a device takes its shard from that
+    whole copy."""
     gi = ctx.index
     assert place.op_shard is not None
-    keys = _entries(layouts, int(place.op_lay[u]))[1]
     carries_batch = bool(gi.e_batch[es[0]])
     out: set[tuple[Hashable, int]] = set()
     for e in es:
@@ -263,7 +288,7 @@ def _read_whole_elsewhere(ctx: CompileContext, place: Placement, es: list[int], 
         if gi.e_value_free[e] or shard_v == region or (shard_v >= 0 and int(place.shards[shard_v].need[e]) == 1):
             continue
         lay_v = int(place.op_lay[v])
-        keys_of = _keys_read(ctx, place, layouts, keys, carries_batch, u, v)
+        keys_of = _keys_read(ctx, place, layouts, keys, carries_batch, u, v)[1]
         out.update((key, d) for j, d in enumerate(layouts.devices[lay_v]) for key in keys_of[j])
     return out
 
