@@ -24,15 +24,7 @@ from agents.networks import StrategyPolicy
 from agents.trainer import GraphTask, Trainer, TrainerSettings, bias_towards_data_parallel, plan_columns
 from envs.actions import full_plan, plan_strategy
 from envs.features import DEVICE_FEATURE_DIM, MAX_DEVICES, op_feature_dim
-from heterog.actions import (
-    N_DP_ACTIONS,
-    SPLIT_ACTION_NAMES,
-    STATE_BASES,
-    STATE_CHOICES,
-    n_actions,
-    state_action,
-    state_choice_name,
-)
+from heterog.actions import SPLIT_ACTION_NAMES, STATE_BASES, STATE_CHOICES, n_actions, state_action, state_choice_name
 from heterog.baselines.ps_refine import refine_ps_devices
 from heterog.errors import HeterogError
 from heterog.evaluate import Evaluator
@@ -286,11 +278,9 @@ def zero_shot(evaluator: Evaluator, checkpoint: str | Path | dict, states: bool 
     group's most likely decision, ``agents.networks.most_likely_actions``, and its more likely recompute bit, and
     the most likely number of micro-batches; each coupled block its leader's, when the policy was trained with
     ``tie_blocks``), compared with the four data-parallel plans (every group under one DP action, one micro-batch,
-    no recomputation) and, where none of those fits in memory, for a policy with split actions the two
-    cluster-wide splits (every group under ``tp-even``, or ``tp-prop``) and, with ``states`` (the policy gains
-    the state actions), the two AllReduce schemes keeping each state choice with shards by memory
-    (``ev-ar:s2-memory``, ...): what makes a plan fit, each a shard choice and a compilation from scratch
-    (seconds on bert_large, where data parallelism fits and they are never the fastest). The fastest is
+    no recomputation) and, for a policy with split actions, the two cluster-wide splits (every group under
+    ``tp-even``, or ``tp-prop``) and, with ``states`` (the policy gains the state actions), the two AllReduce
+    schemes keeping each state choice with shards by memory (``ev-ar:s2-memory``, ...); the fastest is
     returned (a plan out of memory counts ``oom_factor`` times slower, as in training). Meta: ``policy_plan_s``
     and ``policy_plan_oom`` (the greedy plan, before the comparison),
     ``zero_shot`` True, ``kept`` ("policy" or the uniform plan's name), ``best_iteration_time_s``, ``oom``,
@@ -309,20 +299,17 @@ def zero_shot(evaluator: Evaluator, checkpoint: str | Path | dict, states: bool 
     blocks = BlockMoves.of(evaluator) if ties_blocks(state) else None
     if blocks is not None and blocks.groups:
         greedy = greedy[plan_columns(blocks.tie(evaluator.n_groups), evaluator.n_groups)]
-    uniform = ("ev-ps", "ev-ar", "cp-ps", "cp-ar") + (SPLIT_ACTION_NAMES if policy.split_actions else ())
-
-    def every_group(action: int) -> np.ndarray:
-        return full_plan(np.full(evaluator.n_groups, action, dtype=np.int64), evaluator.n_groups)
-
     candidates = {"policy": greedy.numpy().astype(np.int64)}
-    candidates.update({name: every_group(m + k) for k, name in enumerate(uniform[:N_DP_ACTIONS])})
-    fitting = {name: every_group(m + k) for k, name in enumerate(uniform) if k >= N_DP_ACTIONS}
+    uniform = ("ev-ps", "ev-ar", "cp-ps", "cp-ar") + (SPLIT_ACTION_NAMES if policy.split_actions else ())
+    candidates.update({name: full_plan(np.full(evaluator.n_groups, m + k, dtype=np.int64), evaluator.n_groups)
+                       for k, name in enumerate(uniform)})
     if states:
         for base in STATE_BASES:
             for s, (_, by, _) in enumerate(STATE_CHOICES):
                 if by == "memory":
-                    fitting[f"{uniform[base]}:{state_choice_name(s)}"] = every_group(
-                        state_action(m, m + base, s, policy.split_actions))
+                    a = state_action(m, m + base, s, policy.split_actions)
+                    candidates[f"{uniform[base]}:{state_choice_name(s)}"] = full_plan(
+                        np.full(evaluator.n_groups, a, dtype=np.int64), evaluator.n_groups)
 
     def decode(a: np.ndarray, method: str = "") -> Strategy:
         return plan_strategy(evaluator, a, method, states=states, splits=policy.split_actions)
@@ -331,9 +318,6 @@ def zero_shot(evaluator: Evaluator, checkpoint: str | Path | dict, states: bool 
     for name in ("ev-ps", "cp-ps"):          # the PS baselines' servers (heterog.baselines.ps_refine)
         plans[name] = refine_ps_devices(evaluator, plans[name])
     scored = {name: evaluator.iteration_time(s) for name, s in plans.items()}
-    if all(scored[name][1] for name in uniform[:N_DP_ACTIONS]):        # no data-parallel plan fits
-        plans.update({name: decode(a, "agent") for name, a in fitting.items()})
-        scored.update({name: evaluator.iteration_time(plans[name]) for name in fitting})
     kept = max(scored, key=lambda name: (reward(*scored[name]), name == "policy"))
     strategy = plans[kept]
     strategy.meta.update({"zero_shot": True, "kept": kept, "policy_plan_s": scored["policy"][0],
