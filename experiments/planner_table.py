@@ -237,11 +237,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = Path(args.out)
     planners = [p.strip() for p in args.planners.split(",") if p.strip()]
+    rerun = tuple(p.strip() for p in args.rerun.split(",") if p.strip())
     try:
         from heterog.planners import get
 
-        for p in planners + [p for p in args.rerun.split(",") if p.strip()]:
-            get(AGENT if p.strip() == ZERO_SHOT else p.strip())
+        for p in (*planners, *rerun):
+            get(AGENT if p == ZERO_SHOT else p)
         if args.budget_s <= 0:
             raise HeterogError(f"--budget-s must be positive, got {args.budget_s}")
         if args.jobs < 1:
@@ -253,7 +254,6 @@ def main(argv: list[str] | None = None) -> int:
         from rich.progress import Progress
 
         out.mkdir(parents=True, exist_ok=True)
-        rerun = tuple(p.strip() for p in args.rerun.split(",") if p.strip())
         todo = [(m, b, c, planners, args.budget_s, args.seed, str(case_path(out, m, b, c)), rerun)
                 for m, b in args.models for c in args.clusters.split(",")]
         with Progress(transient=True) as bar:

@@ -167,6 +167,7 @@ class _Chooser:
                 divided = [k for k in self.allowed[o] if k != REPLICATE and table.options[o][k].kind == "parameter"]
                 self.allowed[o] = divided or self.allowed[o]
         self._fracs: dict[int | None, np.ndarray] = {None: np.ones(n)}
+        self._shares: dict[int, tuple[int, ...]] = {}
         self._conv: dict[tuple[int, int, int], Conversion] = {}
         self._compute: dict[tuple[int, int], float] = {}
         self.e_bytes = ctx.index.e_bytes
@@ -200,11 +201,17 @@ class _Chooser:
         hit = self._fracs.get(extent)
         if hit is None:
             assert extent is not None
-            hit = self._fracs[extent] = np.asarray(split_shares_of(extent, self.weights), dtype=np.float64) / extent
+            hit = self._fracs[extent] = np.asarray(self.shares(extent), dtype=np.float64) / extent
         return hit
 
     def shares(self, extent: int | None) -> tuple[int, ...]:
-        return () if extent is None else tuple(split_shares_of(extent, self.weights))
+        """The devices' integer shares of a dimension of ``extent`` units (cached per extent)."""
+        if extent is None:
+            return ()
+        hit = self._shares.get(extent)
+        if hit is None:
+            hit = self._shares[extent] = tuple(split_shares_of(extent, self.weights))
+        return hit
 
     def option_frac(self, o: int, k: int) -> np.ndarray:
         if k == REPLICATE:

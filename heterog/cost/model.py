@@ -72,6 +72,7 @@ The profile is copied when the model is built: build a new CostModel after addin
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -85,6 +86,12 @@ from heterog.graph.opgraph import DRAW_BLOCK_SAMPLES, OpGraph
 
 ALLREDUCE_ALGOS = ("auto", "ring", "hierarchical", "none")   # "none": only for a single device
 _HALF_DTYPES = frozenset({"float16", "bfloat16", "half"})
+
+
+@functools.lru_cache(maxsize=64)
+def _ring_steps(n: int) -> np.ndarray:
+    """(n - 1, n): at step t of a ring over n devices, the device whose shard hop i passes, i - t mod n."""
+    return (np.arange(n)[None, :] - np.arange(n - 1)[:, None]) % n
 
 
 @dataclass(frozen=True)
@@ -526,11 +533,9 @@ class CostModel:
         src = np.array(order, dtype=np.int64)
         dst = np.roll(src, -1)
         alpha, beta = self._alpha_s[src, dst], self._beta_s_per_byte[src, dst]     # hop i: devices[i] -> [i+1]
-        total = np.zeros(x.shape[0])
-        for t in range(n - 1):
-            passed = np.roll(x, t, axis=1)              # hop i passes the shard that started on device i - t
-            total += np.max(alpha[None, :] + passed * beta[None, :], axis=1)
-        return total
+        # step t: hop i passes the shard that started on device i - t; the steps' slowest hops, summed in order
+        passed = x[:, _ring_steps(n)]                                               # (K, n - 1, n)
+        return np.cumsum(np.max(alpha + passed * beta, axis=2), axis=1)[:, -1]
 
     def alltoall_times(self, devices: Sequence[int], shard_bytes: np.ndarray) -> np.ndarray:
         """(K,) seconds of an all-to-all that re-divides tensors split over ``devices`` (in ring order) in
