@@ -172,8 +172,10 @@ def unique_ints(a: np.ndarray) -> np.ndarray:
 
 
 def isin_ints(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``np.isin(a, b)`` for integer arrays, by sorting and a merge-like search (``np.isin`` takes the
-    hash-table ``np.unique`` of both: 700 ms against 120 ms on a million int64 here)."""
+    """``np.isin(a, b)`` for integer arrays: by a table over their values where these span about the arrays'
+    size (task ids; 0.6 ms against 63 ms by sorting for 400,000 against 20,000), else by sorting and a
+    merge-like search (``np.isin`` takes the hash-table ``np.unique`` of both: 700 ms against 120 ms on a
+    million int64 here)."""
     a = np.asarray(a)
     out = np.zeros(a.shape, dtype=bool)
     if not a.size or not np.size(b):
@@ -181,7 +183,6 @@ def isin_ints(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     b = np.asarray(b)
     lo, hi = int(min(a.min(), b.min())), int(max(a.max(), b.max()))
     if hi - lo <= 4 * (a.size + b.size) + (1 << 16):
-        # values in a range about the arrays' size (task ids): a table of it, 100x faster than sorting
         table = np.zeros(hi - lo + 1, dtype=bool)
         table[b.ravel() - lo] = True
         return table[a - lo]
