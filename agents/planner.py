@@ -149,6 +149,7 @@ def plan(evaluator: PlanEvaluator, checkpoint: str | Path | dict | None = None, 
         trainer = Trainer(policy, [task], settings, writer=writer, run_dir=run_dir, ray_address=ray_address)
         try:
             seeded = seed_plans(evaluator, seeds, budget_s, t0, splits, sharded)
+            scored = {name: evaluator.iteration_time(s) for name, s in seeded.items()}     # within the budget
             held = seed_actions(evaluator, seeded, policy)
             if held:
                 trainer.seed_plans(task, np.stack(list(held.values())))
@@ -162,7 +163,7 @@ def plan(evaluator: PlanEvaluator, checkpoint: str | Path | dict | None = None, 
     strategy = trainer.best_strategy(task)
     strategy.method = "agent"
     if seeded:
-        strategy = best_of_seeds(evaluator, strategy, seeded, held)
+        strategy = best_of_seeds(evaluator, strategy, seeded, scored, held)
     strategy.meta.update({"search_time_s": time.perf_counter() - t0, "seed": seed, "checkpoint": source})
     return strategy
 
@@ -209,12 +210,11 @@ def seed_actions(evaluator: Evaluator, seeded: dict[str, Strategy], policy: Stra
 
 
 def best_of_seeds(evaluator: Evaluator, found: Strategy, seeded: dict[str, Strategy],
-                  held: dict[str, np.ndarray]) -> Strategy:
-    """The fastest that fits of the search's plan ``found`` and the seeds (ties: the search's), method
-    "agent", with the seeds' meta (``plan``)."""
+                  scored: dict[str, tuple[float, bool]], held: dict[str, np.ndarray]) -> Strategy:
+    """The fastest that fits of the search's plan ``found`` and the seeds (``scored``: each seed's
+    ``iteration_time``; ties: the search's), method "agent", with the seeds' meta (``plan``)."""
     from heterog.evaluate import reward
 
-    scored = {name: evaluator.iteration_time(s) for name, s in seeded.items()}
     mine = evaluator.iteration_time(found)
     best_seed = max(scored, key=lambda n: reward(*scored[n]))
     chosen = best_seed if reward(*scored[best_seed]) > reward(*mine) else ""

@@ -121,9 +121,9 @@ def _keys_read(ctx: CompileContext, place: Placement, layouts: LayoutTable, keys
     if not gi.has_batch[u] or not gi.has_batch[v] or place.n_micro == 1:     # one key for every entry
         key = _source_key(gi, u, v, 0)
         return key, [[key]] * len(micro)
-    whole = carries_batch
-    every = [k for k in keys if k != "last"] if whole else []
-    return None, [every if whole and s == ctx.batch_size else [int(m)] for s, m in zip(layouts.shares[lay_v], micro)]
+    every = [k for k in keys if k != "last"] if carries_batch else []
+    return None, [every if carries_batch and s == ctx.batch_size else [int(m)]
+                  for s, m in zip(layouts.shares[lay_v], micro)]
 
 
 def _entry_rows(layouts: LayoutTable, lay: int, groups: tuple[tuple[int, ...], ...]) -> list[tuple[int, int]]:

@@ -222,13 +222,14 @@ def test_a_seed_faster_than_the_search_is_returned_as_the_agents_plan(graph, pap
     ev = Evaluator(graph, paper8)
     slow = ev.strategy([ev.cluster.n_devices + 1] * ev.n_groups, "agent")           # ev-ar everywhere
     seeded = {name: planners.plan(name, evaluator=ev) for name in ("single", "ev-ar")}
-    out = best_of_seeds(ev, slow, seeded, {})
+    scored = {name: ev.iteration_time(s) for name, s in seeded.items()}
+    out = best_of_seeds(ev, slow, seeded, scored, {})
     t_single = ev.iteration_time(seeded["single"])[0]
     assert t_single < ev.iteration_time(slow)[0]                   # tiny_mlp: one GPU beats data parallelism
     assert out.method == "agent" and out.meta["from_seed"] == out.meta["best_seed"] == "single"
     assert out.configs == seeded["single"].configs and out.meta["agent_added"] == 0.0
     assert out.meta["best_iteration_time_s"] == t_single and seeded["single"].method == "single"
-    kept = best_of_seeds(ev, seeded["single"], {"ev-ar": seeded["ev-ar"]}, {})
+    kept = best_of_seeds(ev, seeded["single"], {"ev-ar": seeded["ev-ar"]}, {"ev-ar": scored["ev-ar"]}, {})
     assert kept.meta["from_seed"] == "" and kept.meta["agent_added"] > 0
 
 
