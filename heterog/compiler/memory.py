@@ -481,10 +481,7 @@ def _sorted_distinct(a: np.ndarray, n: int) -> np.ndarray:
     sort of their codes (``_code``; the columns come nearly sorted, which a merge sort runs through: 0.25 ms against
     13 ms for a lexsort of the three rows on 177,000 columns)."""
     span = 2 + int(a[2].max(initial=0))
-    code = np.sort(_code(a, n, span), kind="stable")
-    keep = np.ones(len(code), dtype=bool)
-    keep[1:] = code[1:] != code[:-1]
-    pair, entry = np.divmod(code[keep], span)
+    pair, entry = np.divmod(unique_ints(_code(a, n, span), nearly_sorted=True), span)
     first, second = np.divmod(pair, n)
     return np.stack([first, second, entry - 1])
 

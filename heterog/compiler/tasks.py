@@ -162,10 +162,11 @@ def ragged_gather(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.repeat(np.asarray(starts, dtype=np.int64), lengths) + (np.arange(total) - row_start)
 
 
-def unique_ints(a: np.ndarray) -> np.ndarray:
+def unique_ints(a: np.ndarray, nearly_sorted: bool = False) -> np.ndarray:
     """The sorted distinct values of integer array ``a``, by sorting: ``np.unique`` without indices takes a
-    hash table in numpy >= 2.3, 50x slower on a million int64 here (580 ms against 11 ms)."""
-    s = np.sort(np.asarray(a).ravel())
+    hash table in numpy >= 2.3, 50x slower on a million int64 here (580 ms against 11 ms). ``nearly_sorted``:
+    by a merge sort, which runs through an array in near order (0.25 ms against 7 ms on 177,000)."""
+    s = np.sort(np.asarray(a).ravel(), kind="stable" if nearly_sorted else None)
     keep = np.ones(len(s), dtype=bool)
     keep[1:] = s[1:] != s[:-1]
     return s[keep]

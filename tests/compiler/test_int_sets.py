@@ -18,6 +18,7 @@ ints = arrays(np.int64, st.tuples(st.integers(0, 40)), elements=st.integers(-6, 
 @given(ints, ints)
 def test_unique_and_isin_agree_with_numpy(a, b):
     assert np.array_equal(unique_ints(a), np.unique(a))
+    assert np.array_equal(unique_ints(a, nearly_sorted=True), np.unique(a))
     assert np.array_equal(isin_ints(a, b), np.isin(a, b))
     grid = np.resize(a, (2, 3)) if len(a) else np.zeros((2, 3), dtype=np.int64)
     assert np.array_equal(isin_ints(grid, b), np.isin(grid, b))
