@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from heterog.errors import HeterogError
-from heterog.graph.grouping import attach_params_to_grads
+from heterog.graph.grouping import attach_params_to_grads, units_on_groups
 from heterog.strategy import ParallelConfig, Strategy
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -54,7 +54,10 @@ def op_memory_bytes(graph: OpGraph, fraction: float | np.ndarray = 1.0) -> tuple
 def group_strategy(ev: PlanEvaluator, group_of: np.ndarray,
                    config_of: Mapping[int, ParallelConfig] | Sequence[ParallelConfig], *,
                    priorities: np.ndarray | None = None, meta: dict[str, Any] | None = None) -> Strategy:
-    """A Strategy with group ``g`` running under ``config_of[g]``.
+    """A Strategy with group ``g`` running under ``config_of[g]``, on the evaluator's groups: where one of
+    ``ev.group_of``'s groups spans several of the given groups, all its ops join the one holding most of
+    its op time (``units_on_groups``), so that every plan a planner builds here is one the agent's plan
+    actions hold (one action per evaluator group).
 
     Args:
         group_of: (n_ops,) group id per op (any ids; renumbered 0..G-1 in order of first appearance).
@@ -62,7 +65,7 @@ def group_strategy(ev: PlanEvaluator, group_of: np.ndarray,
         priorities: (n_ops,) execution order to export (higher runs first), or None.
     """
     graph, cluster = ev.graph, ev.cluster
-    group_of = np.asarray(group_of, dtype=np.int64)
+    group_of = units_on_groups(group_of, ev.group_of, ev.cost.full_batch_times(graph).mean(axis=1))
     _, first = np.unique(group_of, return_index=True)
     ids = group_of[np.sort(first)]
     remap = {int(g): k for k, g in enumerate(ids.tolist())}

@@ -65,3 +65,29 @@ def attach_params_to_grads(graph: "OpGraph", group: np.ndarray) -> np.ndarray:
         if op.param is not None and op.param in grad_group and (op.phase == "update" or op.kind in ("param", "state")):
             group[i] = grad_group[op.param]
     return group
+
+
+def units_on_groups(unit_of: np.ndarray, group_of: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """``unit_of`` (any per-op labelling: a planner's layers, coarse nodes or placement units) with the ops of
+    every group of ``group_of`` in one unit: the unit holding the largest ``weight`` (e.g. op time) of the
+    group's ops, the lowest such unit on a tie. A plan built on the result gives each group one config, as
+    the agent's plan actions (one per group) need; ``unit_of`` itself where it already does."""
+    unit_of = np.asarray(unit_of, dtype=np.int64)
+    group_of = np.asarray(group_of, dtype=np.int64)
+    if unit_of.shape != group_of.shape or np.shape(weight) != unit_of.shape:
+        raise StrategyError(f"units of shape {unit_of.shape}, groups of shape {group_of.shape} and weights of "
+                            f"shape {np.shape(weight)} differ")
+    if len(unit_of) == 0:
+        return unit_of
+    lo = int(unit_of.min())
+    n_units = int(unit_of.max()) - lo + 1
+    pairs, inverse = np.unique(group_of * n_units + (unit_of - lo), return_inverse=True)
+    w = np.bincount(inverse.ravel(), weights=np.asarray(weight, dtype=np.float64))
+    g, u = pairs // n_units, pairs % n_units
+    if len(np.unique(g)) == len(g):           # every group in one unit already
+        return unit_of
+    order = np.lexsort((u, -w, g))            # per group: heaviest unit first, then the lowest
+    head = order[np.r_[True, g[order][1:] != g[order][:-1]]]
+    unit_of_group = np.zeros(int(g[-1]) + 1, dtype=np.int64)   # pairs are sorted: g[-1] is the largest group
+    unit_of_group[g[head]] = u[head] + lo
+    return unit_of_group[group_of]

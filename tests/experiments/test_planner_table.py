@@ -6,10 +6,21 @@ import json
 
 import pytest
 
-from experiments.planner_table import action_round_trip, main, planner_options, run_case, tables, verdict
+from experiments.planner_table import (
+    AGENT,
+    PLANNERS,
+    ZERO_SHOT,
+    action_round_trip,
+    main,
+    planner_options,
+    run_case,
+    tables,
+    verdict,
+)
 from heterog.cluster import load_cluster
 from heterog.evaluate import Evaluator
 from heterog.graph.cache import capture_model
+from heterog.planners import plan
 from heterog.strategy import ParallelConfig, Strategy
 
 
@@ -90,3 +101,13 @@ def test_a_plan_no_action_holds_says_why():
     odd = Strategy(base.graph_fingerprint, base.cluster_name, base.n_devices, base.batch_size, base.group_of,
                    [ring] * base.n_groups)
     assert "is no action's decoding" in action_round_trip(ev, odd)
+
+
+@pytest.mark.parametrize("name", [p for p in PLANNERS if p not in (AGENT, ZERO_SHOT)])
+def test_every_planners_plan_is_held_by_the_agents_actions_on_coarse_groups(name):
+    # 12 groups for the transformer's ops: each group spans several of the layers, coarse nodes and
+    # placement units the planners cut at, which must not split it
+    ev = Evaluator(capture_model("tiny_transformer", 8), load_cluster("paper-8gpu"), max_groups=12)
+    method, opts = planner_options(name, 1.0, 0)
+    strategy = plan(method, evaluator=ev, **opts)
+    assert action_round_trip(ev, strategy) == "ok"

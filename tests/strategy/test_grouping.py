@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from heterog.graph.grouping import group_ops
+from heterog.errors import StrategyError
+from heterog.graph.grouping import group_ops, units_on_groups
 from heterog.graph.opgraph import Edge, Op, OpGraph
 from tests.compiler.helpers import linear_graph
 
@@ -31,3 +35,37 @@ def test_parameters_and_updates_follow_their_gradient():
     by_name = {op.name: int(group[i]) for i, op in enumerate(g.ops)}
     assert by_name["W"] == by_name["gW"] == by_name["upd"]
     assert group.max() + 1 <= 3
+
+
+def _units_on_groups_reference(unit_of, group_of, weight):
+    """Plain Python: each group's ops in its heaviest unit, the lowest on a tie."""
+    total: dict[tuple[int, int], float] = {}
+    for u, g, w in zip(unit_of, group_of, weight):
+        total[(g, u)] = total.get((g, u), 0.0) + w
+    best = {}
+    for (g, u), w in sorted(total.items()):
+        if g not in best or w > total[(g, best[g])]:
+            best[g] = u
+    return [best[g] for g in group_of]
+
+
+def test_a_group_split_over_units_joins_its_heaviest_unit():
+    # group 0 spans units 5 (weight 1) and 7 (weight 3): all in 7; group 1 spans 5 and 7 evenly: the lower (5)
+    units = np.array([5, 7, 7, 5, 7, 9])
+    groups = np.array([0, 0, 0, 1, 1, 2])
+    out = units_on_groups(units, groups, np.array([1.0, 2.0, 1.0, 2.0, 2.0, 0.0]))
+    assert out.tolist() == [7, 7, 7, 5, 5, 9]
+    aligned = np.array([3, 3, 1, 1])
+    assert units_on_groups(aligned, np.array([0, 0, 1, 1]), np.ones(4)).tolist() == [3, 3, 1, 1]
+    with pytest.raises(StrategyError, match="differ"):
+        units_on_groups(units, groups[:3], np.ones(6))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(-3, 6), st.integers(0, 5), st.integers(0, 4)), min_size=1, max_size=40))
+def test_units_on_groups_agrees_with_the_plain_python_reference(rows):
+    units, groups, weights = (np.array(c) for c in zip(*rows))
+    out = units_on_groups(units, groups, weights.astype(float))
+    assert out.tolist() == _units_on_groups_reference(units.tolist(), groups.tolist(), weights.tolist())
+    for g in np.unique(groups):                   # one unit per group, one the group's ops had
+        assert len(set(out[groups == g])) == 1 and out[groups == g][0] in units[groups == g]
