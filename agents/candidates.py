@@ -10,6 +10,7 @@ replays from the pool of the best distinct plans; every draw comes from the trai
 """
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -208,17 +209,28 @@ class Scorer:
         self._pool: Pool | None = None                        # simulation workers, started on first use
         self._pool_keys: dict[str, str] = {}
 
-    def score(self, task: GraphTask, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Rewards, iteration times and OOM flags ``(k,)`` of strategies ``(k, G)``."""
+    def score(self, task: GraphTask, actions: np.ndarray,
+              deadline: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rewards, iteration times and OOM flags ``(k,)`` of strategies ``(k, G)``. With ``deadline`` (a
+        ``time.perf_counter()`` time) and simulations in this process, no simulation starts after it except
+        the first: the results are those of the first ``k' <= k`` strategies (``k' >= 1``), all that were
+        scored in order."""
         cache = self._cache[task.key]
         keys = [a.astype(np.int16).tobytes() for a in actions]
         missing = list(dict.fromkeys(k for k in keys if k not in cache))
-        if missing:
+        if missing and deadline is not None and self.workers == 1 and self.ray_address is None:
+            for n, k in enumerate(missing):
+                if n and time.perf_counter() >= deadline:
+                    keys = keys[:keys.index(k)]                 # the strategies before the first not scored
+                    break
+                cache[k] = self.simulate(task, np.asarray(actions)[keys.index(k)][None])[0]
+                self.n_sims += 1
+        elif missing:
             rows = np.array([keys.index(k) for k in missing])
             for k, hit in zip(missing, self.simulate(task, np.asarray(actions)[rows])):
                 cache[k] = hit
             self.n_sims += len(missing)
-        rewards, times, ooms = np.empty(len(actions)), np.empty(len(actions)), np.zeros(len(actions), dtype=bool)
+        rewards, times, ooms = np.empty(len(keys)), np.empty(len(keys)), np.zeros(len(keys), dtype=bool)
         for i, key in enumerate(keys):
             cache.move_to_end(key)
             times[i], ooms[i] = cache[key]

@@ -21,7 +21,7 @@ import torch
 from agents.candidates import BlockMoves
 from agents.checkpoint import check_fits, load_checkpoint, policy_from_checkpoint, ties_blocks
 from agents.networks import StrategyPolicy
-from agents.trainer import GraphTask, Trainer, TrainerSettings, bias_towards_data_parallel, plan_columns
+from agents.trainer import BudgetSpent, GraphTask, Trainer, TrainerSettings, bias_towards_data_parallel, plan_columns
 from envs.actions import full_plan, plan_strategy
 from envs.features import DEVICE_FEATURE_DIM, MAX_DEVICES, op_feature_dim
 from heterog.actions import SPLIT_ACTION_NAMES, STATE_BASES, STATE_CHOICES, n_actions, state_action, state_choice_name
@@ -151,8 +151,13 @@ def plan(evaluator: PlanEvaluator, checkpoint: str | Path | dict | None = None, 
             seeded = seed_plans(evaluator, seeds, budget_s, t0, splits, sharded)
             scored = {name: evaluator.iteration_time(s) for name, s in seeded.items()}     # within the budget
             held = seed_actions(evaluator, seeded, policy)
-            if held:
-                trainer.seed_plans(task, np.stack(list(held.values())))
+            if budget_s is not None:
+                trainer.deadline = t0 + budget_s
+            try:
+                if held:
+                    trainer.seed_plans(task, np.stack(list(held.values())))
+            except BudgetSpent:
+                pass                                        # the budget is spent: train() stops at once
             remaining = None if budget_s is None else max(budget_s - (time.perf_counter() - t0), 1e-3)
             with _Progress(progress, task.name, episodes, remaining) as bar:
                 trainer.train(episodes=episodes, budget_s=remaining, on_round=bar.update)

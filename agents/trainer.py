@@ -106,6 +106,10 @@ def policy_loss(log_p: Tensor, log_p_old: Tensor, advantages: Tensor, algorithm:
     return -torch.min(ratio * adv, ratio.clamp(1.0 - clip, 1.0 + clip) * adv).sum(dim=-1).mean() / n
 
 
+class BudgetSpent(Exception):
+    """The trainer's ``deadline`` passed with plans of a call left unscored (those scored are recorded)."""
+
+
 @dataclass
 class _Sample:
     """One graph's part of a round: the plans, their advantages and old log probabilities per decision (of
@@ -192,6 +196,9 @@ class Trainer:
         self.cpu_s = 0.0           # training process CPU time, over resumes
         self._t0: float | None = None   # wall and CPU clocks at the start of the current train() call
         self._c0: float | None = None
+        # no simulation starts after this time.perf_counter() time but a call's first (train()'s budget; set
+        # by a caller for the seeds): the strategies scored by then are recorded, then BudgetSpent
+        self.deadline: float | None = None
 
     @property
     def n_sims(self) -> int:
@@ -293,8 +300,7 @@ class Trainer:
                          ).softmax(-1)
         actions = torch.cat([drawn, self.search.mutate_plans(best, n_groups, n_actions, s.mutate_samples, guide,
                                                              self.block_moves(task))])
-        rewards, times, ooms = self.evaluate(task, actions.numpy())                          # (k,) each
-        self.record(task, state, actions.numpy(), rewards, times, ooms)
+        rewards, times, ooms = self.score_and_record(task, state, actions.numpy())            # (k,) each
         replay_actions, replay_rewards = self.search.replay(state, n_groups)
         # greedy, exploration, mutation and replayed samples are off-policy: they only pull towards plans
         # better than the baseline
@@ -346,8 +352,19 @@ class Trainer:
 
     def evaluate(self, task: GraphTask, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Rewards, iteration times and OOM flags ``(k,)`` of strategies ``(k, G)``, simulated once
-        (results are cached per graph; :class:`agents.candidates.Scorer`)."""
-        return self.scorer.score(task, actions)
+        (results are cached per graph; :class:`agents.candidates.Scorer`); with a ``deadline``, those of the
+        first ``k'`` scored by then (at least one)."""
+        return self.scorer.score(task, actions, self.deadline)
+
+    def score_and_record(self, task: GraphTask, state: TaskState, actions: np.ndarray, *,
+                         sampled: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`evaluate` then :meth:`record` the strategies scored; :class:`BudgetSpent` where the
+        ``deadline`` left some unscored."""
+        rewards, times, ooms = self.evaluate(task, actions)
+        self.record(task, state, actions[:len(rewards)], rewards, times, ooms, sampled=sampled)
+        if len(rewards) < len(actions):
+            raise BudgetSpent(f"{len(actions) - len(rewards)} of {len(actions)} plans left at the deadline")
+        return rewards, times, ooms
 
     def record(self, task: GraphTask, state: TaskState, actions: np.ndarray, rewards: np.ndarray,
                times: np.ndarray, ooms: np.ndarray, *, sampled: bool = True) -> None:
@@ -396,9 +413,7 @@ class Trainer:
         hybrid = start_actions(task.evaluator, "cp-ar-ps-small", self.rng)
         if not (actions == hybrid).all(axis=1).any():
             actions = np.concatenate([actions, hybrid[None]])
-        actions = full_plan(actions, task.n_groups)
-        rewards, times, ooms = self.evaluate(task, actions)
-        self.record(task, state, actions, rewards, times, ooms, sampled=False)
+        self.score_and_record(task, state, full_plan(actions, task.n_groups), sampled=False)
 
     def seed_plans(self, task: GraphTask, actions: np.ndarray) -> None:
         """Simulate and record given plans ``(k, 2G + 1)`` (other planners', in the policy's actions) as the first
@@ -407,9 +422,8 @@ class Trainer:
         state = self.states[task.key]
         if self.settings.seed_uniform_plans and state.best_actions is None:
             self.seed_uniform(task, state)
-        actions = full_plan(np.asarray(actions, dtype=np.int64), task.n_groups)
-        rewards, times, ooms = self.evaluate(task, actions)
-        self.record(task, state, actions, rewards, times, ooms, sampled=False)
+        self.score_and_record(task, state, full_plan(np.asarray(actions, dtype=np.int64), task.n_groups),
+                              sampled=False)
 
     def close(self) -> None:
         """Stop the simulation workers (if any were started)."""
@@ -420,22 +434,29 @@ class Trainer:
               on_round: Callable[[Trainer, dict], None] | None = None, checkpoint_path: str | Path | None = None,
               checkpoint_every: int = 0) -> dict[str, Any]:
         """Run rounds until ``rounds`` more rounds, ``episodes`` more sampled strategies or ``budget_s``
-        seconds of wall time (whichever comes first; at least one must be given). Logs every round,
+        seconds of wall time (whichever comes first; at least one must be given; the budget is a
+        ``deadline``: the round under way when it passes ends after its plans scored by then, without an
+        update, so that training ends within the budget plus one simulation; a round is always started, so
+        that its first plan is scored). Logs every round,
         checkpoints every ``checkpoint_every`` rounds and at the end (with ``checkpoint_path``), then
         writes the learning curve and the best plans' Gantt charts. Returns :meth:`summary`."""
         if rounds is None and episodes is None and budget_s is None:
             raise HeterogError("train() needs rounds, episodes or budget_s")
         start_rounds, start_episodes = self.rounds, self.episodes
         self._t0, self._c0 = time.perf_counter(), time.process_time()
+        self.deadline = None if budget_s is None else self._t0 + budget_s
         try:
             while True:
                 if rounds is not None and self.rounds - start_rounds >= rounds:
                     break
                 if episodes is not None and self.episodes - start_episodes >= episodes:
                     break
-                if budget_s is not None and self._elapsed() >= budget_s:
+                if budget_s is not None and self._elapsed() >= budget_s and self.rounds > start_rounds:
                     break
-                stats = self.update()
+                try:
+                    stats = self.update()
+                except BudgetSpent:           # the last round's plans are recorded; no update on a part
+                    break
                 self.report.log_round(self, stats)
                 if on_round is not None:
                     on_round(self, stats)
@@ -444,7 +465,7 @@ class Trainer:
         finally:
             self.wall_s += self._elapsed()
             self.cpu_s += self._cpu_elapsed()
-            self._t0 = self._c0 = None
+            self._t0 = self._c0 = self.deadline = None
         if checkpoint_path is not None:
             self.save(checkpoint_path)
         self.report.finish(self)

@@ -28,6 +28,7 @@ SMALL_GRADIENT_BYTES = 100_000
 CHAIN_SEGMENTS = 8     # pieces of a chain's proposal budget that Ray workers take one at a time
 SEARCH_ORDER = "fifo"   # the task order inside the loop: one simulation per proposal (see ``mcmc``)
 PLACE_SHARE = 0.25      # of the budget (seconds or proposals) at most for placing the best start's blocks
+FINISH_SHARE = 0.2      # of a time budget kept from the chains for the last steps (scoring again, micro-batches)
 
 
 def start_actions(ev: PlanEvaluator, name: str, rng: np.random.Generator,
@@ -86,9 +87,11 @@ def start_actions(ev: PlanEvaluator, name: str, rng: np.random.Generator,
     raise HeterogError(f"unknown MCMC start {name!r}; choose from {', '.join(DEFAULT_STARTS + SPLIT_STARTS)}")
 
 
-def repick_block_devices(search: ActionSearch, actions: np.ndarray, cost: float) -> tuple[np.ndarray, float]:
+def repick_block_devices(search: ActionSearch, actions: np.ndarray, cost: float,
+                         deadline: float | None = None) -> tuple[np.ndarray, float]:
     """``actions`` with every block (``search.blocks``) that runs on one device tried on each other device,
-    scored by ``search`` (improvements kept, blocks in order), and its cost.
+    scored by ``search`` (improvements kept, blocks in order), and its cost; no more tries once
+    ``time.perf_counter()`` passes ``deadline``.
 
     The chains score under FIFO; which device suits a model-parallel block depends on the order (xlnet_large,
     paper-8gpu: its tied embedding and LM head on a GTX-1080Ti is the chain's best under FIFO, on a
@@ -100,6 +103,8 @@ def repick_block_devices(search: ActionSearch, actions: np.ndarray, cost: float)
         if len(held) != 1 or held[0] >= m:
             continue
         for d in range(m):
+            if deadline is not None and time.perf_counter() >= deadline:
+                return actions, cost
             if d != held[0]:
                 cand = actions.copy()
                 cand[members] = d
@@ -167,15 +172,20 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
     heaviest tensors to one action (``chains.coupled_blocks``). One chain starts from each plan in ``starts``,
     worst first (``run_chain``), and one more from the best of them with its blocks placed whole on their best
     devices (``place_blocks``, at most a share ``PLACE_SHARE`` of the budget), named ``<start>+blocks``, where
-    that is faster. With a time budget each chain gets an equal share of the time left per worker
-    when it starts (time a chain leaves goes to the next ones); with ``max_evals`` (a budget in proposals,
+    that is faster. With a time budget the chains end ``FINISH_SHARE`` of it before its end, each
+    chain getting an equal share of the time left per worker when it starts (time a chain leaves goes to the
+    next ones), and the last steps below stop trying more where the budget has run out: the search
+    returns within its budget plus the one step under way (one plan scored, or one number of micro-batches
+    fitted); with ``max_evals`` (a budget in proposals,
     cached or not) each gets an equal share and the search is deterministic for a seed, whatever the number of
     workers. ``workers`` > 1 or ``ray_address`` run the chains on Ray workers
     (``heterog.baselines.ray_search``); the chains draw from their own seeded generators, so where they run
     does not change what they find. A proposal budget
     goes to the workers in ``CHAIN_SEGMENTS`` segments per chain, taken by whichever worker is free. Each
     chain returns its ``keep`` best plans; when ``order`` is not the evaluator's, those are scored again under
-    the evaluator's order and the best is returned (never worse than the best start under that order), after
+    the evaluator's order, the chains' best and the best start first, then the rest by their cost under
+    ``order`` (all of them with a proposal budget: then the plan is never worse than the best start under
+    the evaluator's order), and the best is returned, after
     ``repick_block_devices``; last, the number of micro-batches (up to ``max_micro_batches``; 1: none),
     their schedule and the groups recomputed (where only recomputation fits) are chosen for it
     (``pipeline.with_best_micro_batches``).
@@ -210,6 +220,8 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
     chains = [Chain(i, name, cands[name], start_cost[name], start_cost[best_name], beta, 0.0, by_proposals,
                     seed, keep, block_moves, shard_moves) for i, name in enumerate(names)]
     results: list[ChainResult] = []
+    deadline = None if by_proposals else t0 + total
+    chains_end = t0 + (1.0 - FINISH_SHARE) * total
     with make_pool(workers, ray_address, SearchWorker) as pool:
         ray_pool = pool if isinstance(pool, RayPool) else None        # chains run on Ray workers, else here
         remote = ray_pool is not None
@@ -224,8 +236,8 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
                 if state is None:       # a chain's start fixes its budget
                     if by_proposals:
                         share = (total - len(start_cost) - place_proposals) / len(chains)
-                    else:   # the time left, over the chains each worker still has to run
-                        share = max(t0 + total - time.perf_counter(), 0.0) / math.ceil(len(todo) / pool.n_workers)
+                    else:   # the chains' time left, over the chains each worker still has to run
+                        share = max(chains_end - time.perf_counter(), 0.0) / math.ceil(len(todo) / pool.n_workers)
                     chain = Chain(**{**chain.__dict__, "budget": share})
                 todo.pop(0)
                 if ray_pool is not None:
@@ -255,13 +267,19 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
     if order not in (None, ev.order):
         final = ActionSearch(ev, oom_factor, splits=splits, sharded=sharded)
         kept = sorted(plans.values(), key=lambda v: v[0])[:keep * max(len(results), 1)]
-        kept += [(0.0, a) for a in cands.values()]
-        plans = {a.tobytes(): (final.cost(a), a) for _, a in kept}
+        best_start = min(cands, key=lambda k: (start_cost[k], list(cands).index(k)))
+        queue = [kept[0], (start_cost[best_start], cands[best_start]), *kept[1:],
+                 *sorted(((start_cost[n], a) for n, a in cands.items()), key=lambda v: v[0])]
+        plans = {}
+        for i, (_, a) in enumerate(queue):      # the most promising first, the rest as long as the budget lasts
+            if i >= 2 and deadline is not None and time.perf_counter() >= deadline:
+                break
+            plans.setdefault(a.tobytes(), (final.cost(a), a))
     best_cost, best = min(plans.values(), key=lambda v: v[0])
     evals_before = final.n_evals
-    best, best_cost = repick_block_devices(final, best, best_cost)
+    best, best_cost = repick_block_devices(final, best, best_cost, deadline)
     repick_evals = final.n_evals - evals_before
-    final_start = {n: final.cost(a) for n, a in cands.items()}
+    final_start = {n: plans[a.tobytes()][0] for n, a in cands.items() if a.tobytes() in plans}
     best_name = min(final_start, key=lambda k: (final_start[k], list(final_start).index(k)))
     elapsed = time.perf_counter() - t0
     n_evals = search.n_evals + (sum(r.n_evals for r in results) if remote else 0)
@@ -269,7 +287,7 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
     strategy = search.strategy(best)
     if max_micro_batches > 1:
         strategy = with_best_micro_batches(ev, strategy, max_micro_batches, oom_factor,
-                                           ("sharded", "recompute") if sharded else ("recompute",))
+                                           ("sharded", "recompute") if sharded else ("recompute",), deadline)
     strategy.meta.update({
         "evals_per_s": n_evals / elapsed if elapsed > 0 else 0.0,
         "sim_evals_per_s": n_evals / eval_s if eval_s > 0 else 0.0,

@@ -160,16 +160,20 @@ def fitting(ev: PlanEvaluator, strategy: Strategy, ways: tuple[str, ...] = ("rec
 
 
 def with_best_micro_batches(ev: PlanEvaluator, strategy: Strategy, max_micro_batches: int,
-                            oom_factor: float = 10.0, ways: tuple[str, ...] = ("recompute",)) -> Strategy:
+                            oom_factor: float = 10.0, ways: tuple[str, ...] = ("recompute",),
+                            deadline: float | None = None) -> Strategy:
     """``strategy`` over the number of micro-batches (1, 2, 4, ... up to ``max_micro_batches`` and the batch,
     or what its grids allow, ``most_micro_batches``; even sizes, each schedule) that simulates fastest,
     out-of-memory plans costing ``oom_factor`` times their time, each recomputing the fewest leading groups
-    that fit where only that fits (``fitting`` with ``ways``); ``strategy`` itself when none beats it."""
+    that fit where only that fits (``fitting`` with ``ways``); ``strategy`` itself when none beats it. No
+    more numbers are tried once ``time.perf_counter()`` passes ``deadline`` (the plan itself is fitted)."""
     best, t, oom = fitting(ev, strategy, ways)
     best_cost = t * (oom_factor if oom else 1.0)
     k = 2
     while k <= min(most_micro_batches(strategy), max_micro_batches):
         for schedule in SCHEDULES:
+            if deadline is not None and time.perf_counter() >= deadline:
+                return best
             s, t, oom = fitting(ev, strategy.with_micro_batches(k, schedule), ways)
             c = t * (oom_factor if oom else 1.0)
             if c < best_cost:

@@ -4,6 +4,7 @@ TensorBoard output."""
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from agents.networks import PolicyConfig, StrategyPolicy
 from agents.reporting import action_breakdown, time_to_quality
 from agents.tasks import TaskState, make_task
 from agents.trainer import (
+    BudgetSpent,
     Trainer,
     TrainerSettings,
     bias_towards_data_parallel,
@@ -488,3 +490,28 @@ def test_distill_fits_the_policy_to_each_graphs_best_plan(tasks):
     assert trainer.distill(0) == [] and trainer.cpu_s > 0
     with pytest.raises(HeterogError, match="distill epochs must be non-negative, got -1"):
         trainer.distill(-1)
+
+
+def test_a_passed_deadline_scores_the_first_plan_only_and_ends_training_without_an_update(tasks):
+    task = tasks[1]
+    n_actions = task.inputs.n_devices + 4
+    plans = full_plan(np.repeat(np.arange(n_actions)[:, None], task.n_groups, axis=1), task.n_groups)
+    settings = TrainerSettings(samples_per_graph=4, explore_samples=1, mutate_samples=1)
+    trainer = Trainer(tiny_policy(), [task], settings)
+    rewards, times, _ = trainer.scorer.score(task, plans[:3], deadline=time.perf_counter() - 1.0)
+    assert len(rewards) == 1 and trainer.n_sims == 1
+    # cached plans cost nothing: the first two are scored (one cached, one simulated), then the deadline holds
+    rewards, times, _ = trainer.scorer.score(task, plans[:3], deadline=time.perf_counter() - 1.0)
+    assert len(rewards) == 2 and trainer.n_sims == 2
+    _, times, _ = trainer.scorer.score(task, plans[:3])
+    assert len(times) == 3 and trainer.n_sims == 3                                        # no deadline: all
+    before = weights(trainer.policy)
+    summary = trainer.train(budget_s=1e-9)        # the uniform seeding: 3 cached plans, then one simulated
+    state = trainer.states[task.key]
+    assert summary["rounds"] == 0 and state.episodes == 0 and trainer.deadline is None and trainer.n_sims == 4
+    assert len(state.pool) == 4 and state.best_iteration_time_s <= float(times.min())     # the plans scored
+    assert torch.equal(weights(trainer.policy), before)
+    assert trainer.best_strategy(task) is not None
+    with pytest.raises(BudgetSpent, match="2 of 3 plans left"):
+        trainer.deadline = time.perf_counter() - 1.0
+        trainer.score_and_record(task, state, plans[5:8])

@@ -122,3 +122,27 @@ def test_mcmc_beats_the_best_data_parallel_plan_by_placing_a_heavy_block():
     assert not oom and best_dp / t >= 1.5
     assert st.meta["best_start"] == "cp-ar-ps-small+blocks" and st.meta["block_place_proposals"] >= 4
     assert st.meta["best_start_cost_s"] * 1.5 <= best_dp           # the placed start alone does it
+
+
+def test_mcmc_keeps_a_share_of_a_time_budget_for_its_last_steps_and_ends_within_it(monkeypatch):
+    import heterog.baselines.pipeline as pipeline_module
+
+    _, _, ev = setup(2)
+    clock = StepClock(1e-5)
+    for module in (chains, mcmc_module, pipeline_module):
+        monkeypatch.setattr(module, "time", clock)
+    simulate = ev.iteration_time
+
+    def slow(*args, **kwargs):           # every simulation takes 2 ms of the clock
+        clock.now_s += 2e-3
+        return simulate(*args, **kwargs)
+
+    monkeypatch.setattr(ev, "iteration_time", slow)
+    st = mcmc(ev, budget_s=0.1, seed=3)
+    walls = [c["wall_s"] for c in st.meta["chains"]]
+    assert sum(walls) <= (1 - mcmc_module.FINISH_SHARE) * 0.1 + 4e-3
+    # the last steps (scoring again under the evaluator's order, the blocks' devices, the micro-batches) stop
+    # at their first reading past the budget: one simulation and a few readings past it at most
+    assert clock.now_s <= 0.1 + 2e-3 + 1e-3
+    t, oom = ev.iteration_time(st)
+    assert st.meta["best_cost_s"] <= st.meta["best_start_cost_s"] and not oom and t > 0

@@ -8,7 +8,7 @@ import pytest
 
 from heterog import baselines
 from heterog.baselines.expert import op_layers
-from heterog.baselines.pipeline import equal_stages, stage_groups
+from heterog.baselines.pipeline import equal_stages, stage_groups, with_best_micro_batches
 from heterog.errors import HeterogError, StrategyError
 from heterog.evaluate import Evaluator
 from tests.baselines.helpers import gpu_cluster, layered_graph
@@ -116,3 +116,17 @@ def test_with_micro_batches_splits_the_batch_evenly_and_refuses_too_many():
     assert s.with_micro_batches(4).schedule == s.schedule and s.with_micro_batches(1).micro_batches is None
     with pytest.raises(StrategyError, match="micro-batches for a batch of 6"):
         s.with_micro_batches(7)
+
+
+def test_no_more_micro_batches_are_tried_past_the_deadline():
+    import time
+
+    graph, cluster = layered_graph(4, 4096, batch=8), gpu_cluster(2)
+    ev = Evaluator(graph, cluster)
+    plan = baselines.run("cp-ar", graph, cluster, evaluator=ev)
+    before = ev.n_evaluations
+    same = with_best_micro_batches(ev, plan, 8, deadline=time.perf_counter() - 1.0)
+    assert same.n_micro == 1 and ev.n_evaluations - before == 1           # the plan itself, fitted
+    before = ev.n_evaluations
+    with_best_micro_batches(ev, plan, 8)
+    assert ev.n_evaluations - before == 1 + 3 * 2                          # k = 2, 4, 8 under each schedule
