@@ -43,7 +43,8 @@ if TYPE_CHECKING:  # pragma: no cover
 FAST_PLANNERS = ("ev-ar", "cp-ar", "ev-ps", "cp-ps", "single", "expert")
 ZERO_SHOT = "agent"
 PIPELINE_SHARE = 0.4            # of what is left of the budget when pipeline starts
-MCMC_TAIL_EVALS = 40            # evaluations MCMC makes after its budget (re-scoring, block devices), measured
+MCMC_TAIL_EVALS = 3             # evaluations MCMC may make past its budget: the two plans it always scores again
+                                # under the evaluator's order, and the step under way (``heterog.baselines.mcmc``)
 AUTO_PLANNERS = (*FAST_PLANNERS, ZERO_SHOT, "pipeline", "mcmc")
 FAST_SHARE = 0.25               # of the budget the fast planners may use after the first (which compiles)
 MIN_SEARCH_S = 0.2              # a search is not started with less budget than this

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
+from numba import njit
 
 from heterog.baselines.expert import group_strategy, op_memory_bytes, order_priorities, param_units
 from heterog.errors import HeterogError
@@ -289,7 +290,7 @@ def critical_path(prob: PlacementProblem, rank_u: np.ndarray) -> list[int]:
 
 def _earliest_gap(starts: list[float], ends: list[float], ready: float, dur: float) -> tuple[float, int]:
     """Insertion policy: earliest t >= ready with [t, t + dur) free between sorted busy slots; returns
-    (t, index at which the new slot goes)."""
+    (t, index at which the new slot goes). The plain-Python reference of ``_earliest_gap_kernel``."""
     k = bisect_right(ends, ready)
     t = ready
     while k < len(starts):
@@ -298,6 +299,39 @@ def _earliest_gap(starts: list[float], ends: list[float], ready: float, dur: flo
         t = max(t, ends[k])
         k += 1
     return t, k
+
+
+@njit(cache=True)
+def _earliest_gap_kernel(starts: np.ndarray, ends: np.ndarray, count: int, ready: float,
+                         dur: float) -> tuple[float, int]:
+    """``_earliest_gap`` over the first ``count`` slots of the arrays (the same comparisons: the same result)."""
+    k = int(np.searchsorted(ends[:count], ready, side="right"))
+    t = ready
+    while k < count:
+        if starts[k] - t >= dur:
+            return t, k
+        t = max(t, ends[k])
+        k += 1
+    return t, k
+
+
+class _Slots:
+    """One device's busy slots, sorted (``starts``, ``ends`` up to ``count``), grown by doubling."""
+
+    def __init__(self, capacity: int = 64) -> None:
+        self.starts, self.ends, self.count = np.empty(capacity), np.empty(capacity), 0
+
+    def gap(self, ready: float, dur: float) -> tuple[float, int]:
+        return _earliest_gap_kernel(self.starts, self.ends, self.count, ready, dur)
+
+    def insert(self, k: int, start: float, end: float) -> None:
+        if self.count == len(self.starts):
+            self.starts = np.concatenate([self.starts, np.empty(self.count)])
+            self.ends = np.concatenate([self.ends, np.empty(self.count)])
+        for arr, value in ((self.starts, start), (self.ends, end)):
+            arr[k + 1:self.count + 1] = arr[k:self.count].copy()
+            arr[k] = value
+        self.count += 1
 
 
 def dpos_schedule(prob: PlacementProblem) -> DposSchedule:
@@ -343,8 +377,7 @@ def dpos_schedule(prob: PlacementProblem) -> DposSchedule:
     unit_dev: dict[int, int] = {}
     used = np.zeros(m)                                   # held bytes per device
     peak_transient = np.zeros(m)
-    slots_s: list[list[float]] = [[] for _ in range(m)]
-    slots_e: list[list[float]] = [[] for _ in range(m)]
+    slots = [_Slots() for _ in range(m)]
     memory_ok = True
     alpha, beta = prob.comm_alpha_s, prob.comm_beta_s_per_byte
     src, nbytes, emem = prob.edge_src.tolist(), prob.edge_bytes.tolist(), prob.edge_memory.tolist()
@@ -393,7 +426,7 @@ def dpos_schedule(prob: PlacementProblem) -> DposSchedule:
             candidates = [int(np.argmin(mem_after - prob.capacity_bytes))]
         best: tuple[float, int, float, int] | None = None
         for d in candidates:
-            t, slot = _earliest_gap(slots_s[d], slots_e[d], float(ready[d]), float(times[i, d]))
+            t, slot = slots[d].gap(float(ready[d]), float(times[i, d]))
             eft = t + float(times[i, d])
             if best is None or eft < best[0]:
                 best = (eft, d, t, slot)
@@ -401,8 +434,7 @@ def dpos_schedule(prob: PlacementProblem) -> DposSchedule:
         eft, d, t, slot = best
         memory_ok &= bool(fits[d])
         device[i], start[i], finish[i] = d, t, eft
-        slots_s[d].insert(slot, t)
-        slots_e[d].insert(slot, eft)
+        slots[d].insert(slot, t, eft)
         used[d] += prob.held_bytes[i] + received[d]
         peak_transient[d] = max(peak_transient[d], prob.transient_bytes[i])
         for x in new_units:

@@ -28,7 +28,8 @@ SMALL_GRADIENT_BYTES = 100_000
 CHAIN_SEGMENTS = 8     # pieces of a chain's proposal budget that Ray workers take one at a time
 SEARCH_ORDER = "fifo"   # the task order inside the loop: one simulation per proposal (see ``mcmc``)
 PLACE_SHARE = 0.25      # of the budget (seconds or proposals) at most for placing the best start's blocks
-FINISH_SHARE = 0.2      # of a time budget kept from the chains for the last steps (scoring again, micro-batches)
+FINISH_SHARE = 0.2      # of a time budget at most kept from the chains for the last steps (scoring again, ...)
+FINISH_EVALS = 100      # ... or the time of this many of the starts' evaluations, where that is less
 
 
 def start_actions(ev: PlanEvaluator, name: str, rng: np.random.Generator,
@@ -172,13 +173,13 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
     heaviest tensors to one action (``chains.coupled_blocks``). One chain starts from each plan in ``starts``,
     worst first (``run_chain``), and one more from the best of them with its blocks placed whole on their best
     devices (``place_blocks``, at most a share ``PLACE_SHARE`` of the budget), named ``<start>+blocks``, where
-    that is faster. With a time budget the chains end ``FINISH_SHARE`` of it before its end, each
-    chain getting an equal share of the time left per worker when it starts (time a chain leaves goes to the
-    next ones), and the last steps below stop trying more where the budget has run out: the search
-    returns within its budget plus the one step under way (one plan scored, or one number of micro-batches
-    fitted); with ``max_evals`` (a budget in proposals,
-    cached or not) each gets an equal share and the search is deterministic for a seed, whatever the number of
-    workers. ``workers`` > 1 or ``ray_address`` run the chains on Ray workers
+    that is faster. With a time budget the chains end before its end by the time of ``FINISH_EVALS`` of the
+    starts' evaluations, at most ``FINISH_SHARE`` of the budget, each chain getting an equal share of the
+    chains' time left per worker when it starts (time a chain leaves goes to the next ones), and the last
+    steps below stop trying more where the budget has run out: the search returns within its budget plus
+    the step under way (one plan scored, or one number of micro-batches fitted); with ``max_evals`` (a
+    budget in proposals, cached or not) each gets an equal share and the search is deterministic for a seed,
+    whatever the number of workers. ``workers`` > 1 or ``ray_address`` run the chains on Ray workers
     (``heterog.baselines.ray_search``); the chains draw from their own seeded generators, so where they run
     does not change what they find. A proposal budget
     goes to the workers in ``CHAIN_SEGMENTS`` segments per chain, taken by whichever worker is free. Each
@@ -221,7 +222,7 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
                     seed, keep, block_moves, shard_moves) for i, name in enumerate(names)]
     results: list[ChainResult] = []
     deadline = None if by_proposals else t0 + total
-    chains_end = t0 + (1.0 - FINISH_SHARE) * total
+    chains_end = t0 + total - min(FINISH_SHARE * total, FINISH_EVALS * search.eval_time_s / max(search.n_evals, 1))
     with make_pool(workers, ray_address, SearchWorker) as pool:
         ray_pool = pool if isinstance(pool, RayPool) else None        # chains run on Ray workers, else here
         remote = ray_pool is not None

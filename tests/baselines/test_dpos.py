@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from heterog.baselines import dpos as D
 from heterog.evaluate import Evaluator
@@ -115,3 +117,25 @@ def test_os_dpos_splits_a_critical_op_only_when_it_helps():
     assert st.meta["ops_split"] >= 1 and st.meta["os_dpos_cost_s"] < st.meta["dpos_cost_s"]
     assert st.op_config(1).devices == (0, 1) and st.op_config(1).shares == (2, 2)
     assert ev.iteration_time(st)[0] == pytest.approx(5.0, rel=1e-2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 5), st.floats(0, 3)), max_size=20), st.floats(0, 40), st.floats(0, 4))
+def test_the_gap_kernel_and_its_slots_agree_with_the_plain_python_insertion(gaps_and_lengths, ready, dur):
+    # busy slots laid end to end with gaps between them, then one more placed by both
+    starts, ends, t = [], [], 0.0
+    slots = D._Slots(capacity=2)                      # grows on the way
+    for gap, length in gaps_and_lengths:
+        k = len(starts)
+        starts.insert(k, t + gap)
+        ends.insert(k, t + gap + length)
+        slots.insert(k, t + gap, t + gap + length)
+        t += gap + length
+    assert slots.starts[:slots.count].tolist() == starts and slots.ends[:slots.count].tolist() == ends
+    expected = D._earliest_gap(starts, ends, ready, dur)
+    assert slots.gap(ready, dur) == expected
+    k = expected[1]
+    starts.insert(k, expected[0])
+    ends.insert(k, expected[0] + dur)
+    slots.insert(k, expected[0], expected[0] + dur)
+    assert slots.starts[:slots.count].tolist() == starts and slots.ends[:slots.count].tolist() == ends
