@@ -174,9 +174,9 @@ def plan(evaluator: PlanEvaluator, checkpoint: str | Path | dict | None = None, 
 
 
 def seed_plans(evaluator: Evaluator, names: Sequence[str], budget_s: float | None, t0: float, splits: bool,
-               sharded: bool) -> dict[str, Strategy]:
+               sharded: bool, share: float = SEED_SHARE) -> dict[str, Strategy]:
     """The plans of planners ``names`` (planner -> plan), each with the options of the agent's plan space it
-    takes (``splits``, ``sharded``): first those without a budget, then the budgeted ones on ``SEED_SHARE`` of
+    takes (``splits``, ``sharded``): first those without a budget, then the budgeted ones on ``share`` of
     what is left of ``budget_s`` (counted from ``t0``), shared among them; without a budget, none of those.
     A planner that cannot plan the case is skipped (logged)."""
     from heterog.planners import get
@@ -191,7 +191,7 @@ def seed_plans(evaluator: Evaluator, names: Sequence[str], budget_s: float | Non
         if name in budgeted:
             assert budget_s is not None                     # budgeted seeds run with a budget only
             left = budget_s - (time.perf_counter() - t0)
-            opts["budget_s"] = max(SEED_SHARE * left / len(budgeted), 1e-3)
+            opts["budget_s"] = max(share * left / len(budgeted), 1e-3)
         try:
             out[name] = plan_with(name, evaluator=evaluator, **opts)
         except HeterogError as exc:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+import numpy as np
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -111,13 +112,16 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     else:
         policy = make_policy(n_devices=m, seed=int(cfg.seed), dp_bias=settings.initial_dp_bias)
     trainer = Trainer(policy, tasks, settings, writer=writer, run_dir=run_dir, ray_address=cfg.run.ray_address)
+    demonstrations = {}
     if cfg.run.resume is not None:
         trainer.load_state_dict(state)
+    elif cfg.run.demonstrations:
+        demonstrations = demonstrate(trainer, list(cfg.run.demonstrations), float(cfg.run.demonstration_budget_s))
 
     # ---- train or evaluate
     report: dict[str, Any] = {"run": name, "run_dir": str(run_dir), "experiment": cfg.run.name,
                               "cluster": cluster_label, "clusters": [c.name for c in clusters],
-                              "seed": int(cfg.seed), "init_from": source}
+                              "seed": int(cfg.seed), "init_from": source, "demonstrations": demonstrations}
     try:
         if cfg.run.mode == "evaluate":
             report["evaluation"] = trainer.evaluate_policy(int(cfg.run.eval_samples))
@@ -162,6 +166,28 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if writer is not None:
         writer.close()
     return report
+
+
+def demonstrate(trainer: Trainer, names: list[str], budget_s: float) -> dict[str, dict[str, float]]:
+    """Record the plans of planners ``names`` for every task of ``trainer`` as demonstrations, before its first
+    round (``Trainer.seed_plans``: the best becomes the task's best plan, the imitation term's target, and all
+    join the replay pool), each planner with the options of the policy's plan space it takes and the budgeted
+    ones sharing ``budget_s`` per task; plans the policy's actions do not hold are left out. Returns task ->
+    planner -> simulated seconds of the plans recorded (shown with progress)."""
+    from rich.progress import track
+
+    from agents.planner import seed_actions, seed_plans
+
+    policy, out = trainer.policy, {}
+    for task in track(trainer.tasks, description="demonstrations", transient=True):
+        ev = task.evaluator
+        plans = seed_plans(ev, names, budget_s, time.perf_counter(), policy.split_actions, policy.state_actions,
+                           share=1.0)
+        held = seed_actions(ev, plans, policy)
+        if held:
+            trainer.seed_plans(task, np.stack(list(held.values())))
+        out[task.name] = {name: ev.iteration_time(plans[name])[0] for name in held}
+    return out
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

@@ -190,3 +190,23 @@ def test_one_token_policy_trains_on_several_clusters(tmp_path):
         assert set(entry["baselines"]) == {"ev-ar", "cp-ar"}
     with pytest.raises(HeterogError, match=r"clusters of \[2, 8\] devices need .*agent.head=tokens"):
         run(config([*out, "run.clusters=[local-cpu-2,paper-8gpu]"]))
+
+
+def test_demonstrations_are_the_first_best_plans_of_every_task(tmp_path):
+    """run.demonstrations: the planners' plans of each task are recorded before the first round; the task's
+    best plan is never slower than the fastest of them, and the report lists them."""
+    from heterog import planners
+    from heterog.cluster import load_cluster
+    from heterog.evaluate import Evaluator
+    from heterog.graph.cache import capture_model
+
+    torch.set_num_threads(1)
+    report = run(config(["graph=tiny_mlp", "run.demonstrations=[cp-ar,expert,pipeline]",
+                         "run.demonstration_budget_s=1", *SHRINK, f"output_dir={tmp_path}"]))
+    shown = report["demonstrations"]["tiny_mlp-b16"]
+    # the pipeline's stages on device subsets are beyond the policy's actions: left out
+    assert sorted(shown) == ["cp-ar", "expert"]
+    ev = Evaluator(capture_model("tiny_mlp", 16), load_cluster("paper-8gpu"))
+    assert shown["cp-ar"] == pytest.approx(ev.iteration_time(planners.plan("cp-ar", evaluator=ev))[0])
+    assert report["graphs"]["tiny_mlp-b16"]["best_iteration_time_s"] <= min(shown.values()) * (1 + 1e-12)
+    assert run(config(["graph=tiny_mlp", *SHRINK, f"output_dir={tmp_path}"]))["demonstrations"] == {}
