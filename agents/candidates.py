@@ -239,6 +239,13 @@ class Scorer:
             cache.popitem(last=False)
         return rewards, times, ooms
 
+    def prime(self, task: GraphTask, actions: np.ndarray, results: list[tuple[float, bool]]) -> None:
+        """Remember the (iteration time, OOM) of strategies ``actions`` ``(k, G)`` simulated elsewhere (the
+        decoding of each must simulate exactly so), so that scoring them simulates nothing."""
+        cache = self._cache[task.key]
+        for a, hit in zip(full_plan(np.asarray(actions), task.n_groups), results):
+            cache[a.astype(np.int16).tobytes()] = (float(hit[0]), bool(hit[1]))
+
     def simulate(self, task: GraphTask, actions: np.ndarray) -> list[tuple[float, bool]]:
         """(iteration time, OOM) of strategies ``actions``, plans (K, 2 G + 1) or configs alone (K, G):
         here, or in ``workers`` contiguous chunks on Ray workers."""

@@ -151,6 +151,11 @@ def plan(evaluator: PlanEvaluator, checkpoint: str | Path | dict | None = None, 
             seeded = seed_plans(evaluator, seeds, budget_s, t0, splits, sharded)
             scored = {name: evaluator.iteration_time(s) for name, s in seeded.items()}     # within the budget
             held = seed_actions(evaluator, seeded, policy)
+            # a seed without an order of its own decodes to a plan that simulates as it does (the round trip of
+            # the plan actions): its time is known, and so is that of a uniform plan it equals
+            known = [n for n in held if seeded[n].priorities is None]
+            if known:
+                trainer.scorer.prime(task, np.stack([held[n] for n in known]), [scored[n] for n in known])
             if budget_s is not None:
                 trainer.deadline = t0 + budget_s
             try:

@@ -244,3 +244,20 @@ def test_seed_plans_are_recorded_as_the_best_so_far(graph, paper8):
     state = trainer.states[task.key]
     assert state.best_iteration_time_s == pytest.approx(ev.iteration_time(single)[0]) and state.episodes == 0
     assert trainer.best_strategy(task).configs == single.configs
+
+
+def test_a_primed_seed_is_recorded_without_another_simulation(graph, paper8):
+    ev = Evaluator(graph, paper8)
+    policy = build_policy(8, "small", seed=1, head="tokens", **TINY_AGENT)
+    task = GraphTask.from_evaluator(ev, layout=policy.feature_layout)
+    trainer = Trainer(policy, [task], TrainerSettings(seed_uniform_plans=False))
+    expert = planners.plan("expert", evaluator=ev)
+    assert expert.priorities is None
+    held = seed_actions(ev, {"expert": expert}, policy)
+    known = ev.iteration_time(expert)
+    # the decoding of its plan action simulates as the seed does (what priming relies on)
+    assert trainer.scorer.simulate(task, held["expert"][None]) == [known]
+    trainer.n_sims = 0
+    trainer.scorer.prime(task, np.stack([held["expert"]]), [known])
+    trainer.seed_plans(task, np.stack([held["expert"]]))
+    assert trainer.n_sims == 0 and trainer.states[task.key].best_iteration_time_s == known[0]
