@@ -10,6 +10,7 @@ replays from the pool of the best distinct plans; every draw comes from the trai
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -28,6 +29,12 @@ from heterog.evaluate import reward
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.evaluator_protocol import PlanEvaluator
     from heterog.parallel import Pool
+
+
+def plan_key(plan: np.ndarray) -> bytes:
+    """A plan's key in the scorer's cache: a 16-byte digest of its entries (an extended plan's rows make it
+    ``(M + 2) G + 1`` entries long)."""
+    return hashlib.blake2b(np.ascontiguousarray(plan, dtype=np.int64).tobytes(), digest_size=16).digest()
 
 
 def uniform_plans(n_actions: int, n_groups: int) -> np.ndarray:
@@ -112,7 +119,8 @@ class CandidateSearch:
         n_guided = 0 if guide is None else round(self.settings.mutate_guided * n)
         if guide is not None and n_guided:
             others = guide.clone()
-            others[torch.arange(n_groups), base] = 0.0                            # never the same action
+            inside = torch.nonzero(base < others.shape[1]).flatten()            # an extended action: none the same
+            others[inside, base[inside]] = 0.0                                  # never the same action
             weight = others.sum(dim=1) + 1e-12
             guided = torch.multinomial(weight.expand(n_guided, -1), k, generator=self.generator)   # (n_guided, k)
             groups[:n_guided] = guided
@@ -124,20 +132,22 @@ class CandidateSearch:
             for i in torch.nonzero(chosen).flatten().tolist():
                 members = blocks.groups[int(torch.multinomial(blocks.p, 1, generator=self.generator))]
                 held = torch.unique(base[members])
-                a = int(torch.randint(n_actions - (len(held) == 1), (1,), generator=self.generator))
-                a += int(len(held) == 1 and a >= int(held[0]))
+                one = len(held) == 1 and int(held[0]) < n_actions               # one of the actions drawn from
+                a = int(torch.randint(n_actions - one, (1,), generator=self.generator))
+                a += int(one and a >= int(held[0]))
                 out[i] = base
                 out[i, members] = a
         return out
 
     def mutate_plans(self, base: Tensor, n_groups: int, n_actions: int, n: int, guide: Tensor | None = None,
-                     blocks: BlockMoves | None = None) -> Tensor:
-        """``n`` mutations of the plan ``base``: its configs mutated as :meth:`mutate` does, its recompute bits
-        and micro-batch choice kept; then each copy becomes, with probability ``mutate_memory``, ``base``
-        with another micro-batch choice (half of them, uniform over the other choices) or with the recompute
-        bits of ``mutate_groups`` random groups flipped.
+                     blocks: BlockMoves | None = None, micro_choices: int = len(MICRO_CHOICES)) -> Tensor:
+        """``n`` mutations of the plan ``base``: its configs mutated as :meth:`mutate` does, its recompute bits,
+        micro-batch choice (and rows) kept; then each copy becomes, with probability ``mutate_memory``,
+        ``base`` with another micro-batch choice (half of them, uniform over the other of ``micro_choices``
+        choices) or with the recompute bits of ``mutate_groups`` random groups flipped. A group under an
+        extended action (beyond ``n_actions``; its row in ``base``) changes to one of the ``n_actions``.
 
-        Shapes: base ``(2 G + 1,)``, guide ``(G, A)`` -> ``(n, 2 G + 1)``.
+        Shapes: base ``(2 G + 1,)`` (extended: ``(2 G + 1 + G M,)``), guide ``(G, A)`` -> ``(n, len(base))``.
         """
         out = torch.cat([self.mutate(base[:n_groups], n_actions, n, guide, blocks),
                          base[None, n_groups:].repeat(n, 1)], dim=1)
@@ -148,8 +158,8 @@ class CandidateSearch:
         for i in torch.nonzero(chosen).flatten().tolist():
             out[i] = base
             if float(torch.rand(1, generator=self.generator)) < 0.5:
-                c = int(torch.randint(len(MICRO_CHOICES) - 1, (1,), generator=self.generator))
-                out[i, -1] = c + int(c >= int(base[-1]))
+                c = int(torch.randint(micro_choices - 1, (1,), generator=self.generator))
+                out[i, 2 * n_groups] = c + int(c >= int(base[2 * n_groups]))
             else:
                 flip = n_groups + torch.randperm(n_groups, generator=self.generator)[:k]
                 out[i, flip] = 1 - base[flip]
@@ -170,16 +180,19 @@ class CandidateSearch:
         state.pool.sort(key=lambda entry: -entry[0])
         del state.pool[size:]
 
-    def replay(self, state: TaskState, n_groups: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def replay(self, state: TaskState, n_groups: int | None = None,
+               row_width: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """``replay_samples`` strategies drawn from the pool (seeded), as (R, L) actions and (R,) rewards;
-        ``n_groups``: give them as plans over that many groups (L = 2 G + 1; pooled configs alone are
-        plans of one micro-batch without recomputation), None: as pooled."""
+        ``n_groups``: give them as plans over that many groups (L = 2 G + 1, with ``row_width`` rows of that
+        many entries: ``(row_width + 2) G + 1``; pooled configs alone are plans of one micro-batch without
+        recomputation), None: as pooled."""
         n = min(self.settings.replay_samples, len(state.pool))
         if n == 0:
-            width = len(state.best_actions or []) if n_groups is None else plan_length(n_groups)
+            width = len(state.best_actions or []) if n_groups is None else plan_length(n_groups, row_width)
             return np.zeros((0, width), dtype=np.int64), np.zeros(0)
         chosen = np.sort(self.rng.choice(len(state.pool), size=n, replace=False))
-        rows = [state.pool[c][1] if n_groups is None else full_plan(state.pool[c][1], n_groups) for c in chosen]
+        rows = [state.pool[c][1] if n_groups is None else full_plan(state.pool[c][1], n_groups, row_width)
+                for c in chosen]
         return np.array(rows, dtype=np.int64), np.array([state.pool[c][0] for c in chosen])
 
 
@@ -195,15 +208,18 @@ class Scorer:
         ray_address: the Ray cluster whose workers simulate (None: a local Ray when ``workers`` > 1).
         states, splits: the plans' configs are of the action space with state actions (after those of
             ``splits``; ``envs.actions.plan_strategy``); such plans are simulated here only.
+        extended: the plans are those of the extended actions (with rows; ``Scorer.width``); simulated here
+            only.
     """
 
     def __init__(self, tasks: list[GraphTask], oom_factor: float, cache_size: int, workers: int = 1,
-                 ray_address: str | None = None, states: bool = False, splits: bool = False) -> None:
-        if states and (workers > 1 or ray_address is not None):
-            raise HeterogError("plans with state actions (sharded state) are simulated in this process: use one "
-                               "worker and no Ray address")
+                 ray_address: str | None = None, states: bool = False, splits: bool = False,
+                 extended: bool = False) -> None:
+        if (states or extended) and (workers > 1 or ray_address is not None):
+            raise HeterogError(f"plans with {'state actions (sharded state)' if states else 'extended actions'} "
+                               f"are simulated in this process: use one worker and no Ray address")
         self.oom_factor, self.cache_size, self.workers, self.ray_address = oom_factor, cache_size, workers, ray_address
-        self.states, self.splits = states, splits
+        self.states, self.splits, self.extended = states, splits, extended
         self.n_sims = 0                                       # simulations actually run (cache misses)
         self._cache: dict[str, OrderedDict] = {t.key: OrderedDict() for t in tasks}
         self._pool: Pool | None = None                        # simulation workers, started on first use
@@ -216,7 +232,8 @@ class Scorer:
         the first: the results are those of the first ``k' <= k`` strategies (``k' >= 1``), all that were
         scored in order."""
         cache = self._cache[task.key]
-        keys = [a.astype(np.int16).tobytes() for a in actions]
+        actions = full_plan(np.asarray(actions), task.n_groups, self.width(task))
+        keys = [plan_key(a) for a in actions]
         missing = list(dict.fromkeys(k for k in keys if k not in cache))
         if missing and deadline is not None and self.workers == 1 and self.ray_address is None:
             for n, k in enumerate(missing):
@@ -239,21 +256,25 @@ class Scorer:
             cache.popitem(last=False)
         return rewards, times, ooms
 
+    def width(self, task: GraphTask) -> int:
+        """The rows' width of ``task``'s plans: its devices with extended actions, else 0 (no rows)."""
+        return task.inputs.n_devices if self.extended else 0
+
     def prime(self, task: GraphTask, actions: np.ndarray, results: list[tuple[float, bool]]) -> None:
         """Remember the (iteration time, OOM) of strategies ``actions`` ``(k, G)`` simulated elsewhere (the
         decoding of each must simulate exactly so), so that scoring them simulates nothing."""
         cache = self._cache[task.key]
-        for a, hit in zip(full_plan(np.asarray(actions), task.n_groups), results):
-            cache[a.astype(np.int16).tobytes()] = (float(hit[0]), bool(hit[1]))
+        for a, hit in zip(full_plan(np.asarray(actions), task.n_groups, self.width(task)), results):
+            cache[plan_key(a)] = (float(hit[0]), bool(hit[1]))
 
     def simulate(self, task: GraphTask, actions: np.ndarray) -> list[tuple[float, bool]]:
         """(iteration time, OOM) of strategies ``actions``, plans (K, 2 G + 1) or configs alone (K, G):
         here, or in ``workers`` contiguous chunks on Ray workers."""
         ev, n_groups = task.evaluator, task.n_groups
-        plans = full_plan(actions, n_groups)
+        plans = full_plan(actions, n_groups, self.width(task))
         if self.workers == 1 and self.ray_address is None or len(plans) <= 1:
-            return [ev.iteration_time(plan_strategy(ev, a, "agent", states=self.states, splits=self.splits))
-                    for a in plans]
+            return [ev.iteration_time(plan_strategy(ev, a, "agent", states=self.states, splits=self.splits,
+                                                    extended=self.extended)) for a in plans]
         from heterog.parallel import EvaluatorSpec, make_pool
 
         if self._pool is None:

@@ -155,10 +155,11 @@ def load_trainer_state(trainer: TrainerView, state: dict[str, Any]) -> None:
     trainer.policy.load_state_dict(state["policy_state"])
     trainer.optimizer.load_state_dict(_reindexed_optimizer_state(trainer, state["optimizer_state"], missing))
     n_groups = {t.key: t.n_groups for t in trainer.tasks}
+    width = {t.key: t.inputs.n_devices if trainer.settings.extended_plans else 0 for t in trainer.tasks}
     for key, d in state["tasks"].items():
         if key in trainer.states:
             trainer.states[key] = _as_plans(TaskState.from_dict({k: v for k, v in d.items() if k != "name"}),
-                                            n_groups[key])
+                                            n_groups[key], width[key])
     c = state["counters"]
     trainer.rounds, trainer.episodes, trainer.n_sims = int(c["rounds"]), int(c["episodes"]), int(c["n_sims"])
     trainer.wall_s, trainer.cpu_s = float(c["wall_s"]), float(c["cpu_s"])
@@ -186,12 +187,12 @@ def _reindexed_optimizer_state(trainer: TrainerView, saved: dict[str, Any], miss
             "param_groups": [{**groups[0], "params": list(range(len(names)))}]}
 
 
-def _as_plans(state: TaskState, n_groups: int) -> TaskState:
+def _as_plans(state: TaskState, n_groups: int, row_width: int = 0) -> TaskState:
     """``state`` with its best strategy and pool as plans over ``n_groups`` groups (configs alone: one
-    micro-batch, no recomputation)."""
+    micro-batch, no recomputation; with ``row_width``, extended plans: rows of zeros where they have none)."""
     if state.best_actions is not None:
-        state.best_actions = full_plan(state.best_actions, n_groups).tolist()
-    state.pool = [(r, full_plan(a, n_groups).tolist()) for r, a in state.pool]
+        state.best_actions = full_plan(state.best_actions, n_groups, row_width).tolist()
+    state.pool = [(r, full_plan(a, n_groups, row_width).tolist()) for r, a in state.pool]
     return state
 
 

@@ -22,7 +22,7 @@ from agents.candidates import BlockMoves
 from agents.checkpoint import check_fits, load_checkpoint, policy_from_checkpoint, ties_blocks
 from agents.networks import StrategyPolicy
 from agents.trainer import BudgetSpent, GraphTask, Trainer, TrainerSettings, bias_towards_data_parallel, plan_columns
-from envs.actions import full_plan, plan_strategy
+from envs.actions import full_plan, plan_length, plan_strategy
 from envs.features import DEVICE_FEATURE_DIM, MAX_DEVICES, op_feature_dim
 from heterog.actions import SPLIT_ACTION_NAMES, STATE_BASES, STATE_CHOICES, n_actions, state_action, state_choice_name
 from heterog.baselines.ps_refine import refine_ps_devices
@@ -146,21 +146,27 @@ def plan(evaluator: PlanEvaluator, checkpoint: str | Path | dict | None = None, 
         else:
             policy = build_policy(m, size, seed, settings.initial_dp_bias, split_actions=splits, state_actions=sharded)
         task = GraphTask.from_evaluator(evaluator, layout=policy.feature_layout)
+        seeded = seed_plans(evaluator, seeds, budget_s, t0, splits, sharded)
+        scored = {name: evaluator.iteration_time(s) for name, s in seeded.items()}         # within the budget
+        # the search holds a seed beyond the policy's actions (stages on device subsets, grids) in the extended
+        # ones, where it simulates in this process
+        local = settings.workers == 1 and ray_address is None
+        held = seed_actions(evaluator, seeded, policy, extended=settings.extended_plans or local)
+        if any(len(a) > plan_length(evaluator.n_groups) for a in held.values()):
+            settings = replace(settings, extended_plans=True)
         trainer = Trainer(policy, [task], settings, writer=writer, run_dir=run_dir, ray_address=ray_address)
         try:
-            seeded = seed_plans(evaluator, seeds, budget_s, t0, splits, sharded)
-            scored = {name: evaluator.iteration_time(s) for name, s in seeded.items()}     # within the budget
-            held = seed_actions(evaluator, seeded, policy)
             # a seed without an order of its own decodes to a plan that simulates as it does (the round trip of
             # the plan actions): its time is known, and so is that of a uniform plan it equals
-            known = [n for n in held if seeded[n].priorities is None]
+            plans = {n: full_plan(a, task.n_groups, trainer.scorer.width(task)) for n, a in held.items()}
+            known = [n for n in plans if seeded[n].priorities is None]
             if known:
-                trainer.scorer.prime(task, np.stack([held[n] for n in known]), [scored[n] for n in known])
+                trainer.scorer.prime(task, np.stack([plans[n] for n in known]), [scored[n] for n in known])
             if budget_s is not None:
                 trainer.deadline = t0 + budget_s
             try:
-                if held:
-                    trainer.seed_plans(task, np.stack(list(held.values())))
+                if plans:
+                    trainer.seed_plans(task, np.stack(list(plans.values())))
             except BudgetSpent:
                 pass                                        # the budget is spent: train() stops at once
             remaining = None if budget_s is None else max(budget_s - (time.perf_counter() - t0), 1e-3)
@@ -174,7 +180,8 @@ def plan(evaluator: PlanEvaluator, checkpoint: str | Path | dict | None = None, 
     strategy.method = "agent"
     if seeded:
         strategy = best_of_seeds(evaluator, strategy, seeded, scored, held)
-    strategy.meta.update({"search_time_s": time.perf_counter() - t0, "seed": seed, "checkpoint": source})
+    strategy.meta.update({"search_time_s": time.perf_counter() - t0, "seed": seed, "checkpoint": source,
+                          "extended_plans": settings.extended_plans})
     return strategy
 
 
@@ -204,18 +211,22 @@ def seed_plans(evaluator: Evaluator, names: Sequence[str], budget_s: float | Non
     return out
 
 
-def seed_actions(evaluator: Evaluator, seeded: dict[str, Strategy], policy: StrategyPolicy) -> dict[str, np.ndarray]:
+def seed_actions(evaluator: Evaluator, seeded: dict[str, Strategy], policy: StrategyPolicy,
+                 extended: bool = False) -> dict[str, np.ndarray]:
     """The seeds the policy's actions hold (``envs.actions.encode_plan`` over the evaluator's groups, the
-    policy's action space): planner -> plan action."""
+    policy's action space), and with ``extended`` those that the extended actions hold beyond them (a plan
+    action with rows, ``(M + 2) G + 1`` long): planner -> plan action."""
     from envs.actions import encode_plan
 
     out = {}
     for name, s in seeded.items():
-        try:
-            out[name] = encode_plan(s, evaluator.cluster, policy.split_actions, policy.state_actions,
-                                    extended=False, group_of=evaluator.group_of)
-        except HeterogError:
-            continue                         # beyond the policy's actions: a candidate for the plan only
+        for wide in (False, True) if extended else (False,):
+            try:
+                out[name] = encode_plan(s, evaluator.cluster, policy.split_actions, policy.state_actions,
+                                        extended=wide, group_of=evaluator.group_of)
+                break
+            except HeterogError:
+                continue                     # beyond these actions: a candidate for the plan only
     return out
 
 

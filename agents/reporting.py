@@ -11,9 +11,10 @@ import numpy as np
 
 from agents.settings import TrainerView
 from agents.tasks import GraphTask
-from envs.actions import MICRO_CHOICES, full_plan, micro_batches
-from heterog.actions import n_actions, state_action_name
+from envs.actions import MICRO_CHOICES, full_plan, micro_choice, plan_length
+from heterog.actions import extended_of, n_actions, state_action_name
 from heterog.errors import HeterogError
+from heterog.strategy import MAX_MICRO_BATCHES
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.utils.tensorboard import SummaryWriter
@@ -104,7 +105,8 @@ def breakdown_markdown(trainer: TrainerView) -> str:
         st = trainer.states[t.key]
         if st.best_actions is None:
             continue
-        rows = action_breakdown(t, np.asarray(st.best_actions), trainer.policy.split_actions)
+        rows = action_breakdown(t, np.asarray(st.best_actions), trainer.policy.split_actions,
+                                trainer.policy.state_actions)
         plan = plan_decisions(t, np.asarray(st.best_actions))
         out.append(f"**{t.name}** on {t.evaluator.cluster.name}: best {st.best_iteration_time_s * 1e3:.2f} ms"
                    f"{' (OOM)' if st.best_oom else ''}, {plan['micro_batches']} micro-batches, "
@@ -119,15 +121,19 @@ def breakdown_markdown(trainer: TrainerView) -> str:
 def plan_decisions(task: GraphTask, plan: np.ndarray) -> dict[str, int]:
     """The plan-level decisions of a plan (or configs alone) of ``task``: ``micro_batches`` (the number,
     after clipping to the batch) and ``recomputed_groups`` (how many)."""
-    full = full_plan(plan, task.n_groups)
-    return {"micro_batches": micro_batches(int(full[-1]), task.evaluator.graph.batch_size),
-            "recomputed_groups": int(full[task.n_groups:-1].sum())}
+    g = task.n_groups
+    full = np.asarray(plan) if len(plan) > plan_length(g) else full_plan(plan, g)      # extended: with rows
+    count, _ = micro_choice(int(full[2 * g]), extended=len(full) > plan_length(g))
+    return {"micro_batches": min(count, task.evaluator.graph.batch_size, MAX_MICRO_BATCHES),
+            "recomputed_groups": int(full[g:2 * g].sum())}
 
 
-def action_breakdown(task: GraphTask, actions: np.ndarray, splits: bool = False) -> list[dict[str, Any]]:
+def action_breakdown(task: GraphTask, actions: np.ndarray, splits: bool = False,
+                     states: bool = False) -> list[dict[str, Any]]:
     """Per config action used by ``actions`` (a plan, or one config per group): groups, share of ops, share
     of compute time (``splits``: the actions' space has the split actions, which the state actions follow,
-    ``heterog.actions.state_action_name``)."""
+    ``heterog.actions.state_action_name``; ``states``: it has the state actions, after which the extended
+    ones follow, named ``<family>:<index>`` by ``heterog.actions.extended_of``)."""
     ev = task.evaluator
     m = ev.cluster.n_devices
     actions = np.asarray(actions)[:task.n_groups]
@@ -138,7 +144,9 @@ def action_breakdown(task: GraphTask, actions: np.ndarray, splits: bool = False)
     for a in np.unique(actions).tolist():
         groups = int((np.asarray(actions) == a).sum())
         on = op_action == a
-        rows.append({"action": state_action_name(a, m, splits), "groups": groups, "op_share": float(on.mean()),
+        family = extended_of(a, m, splits, states)
+        name = state_action_name(a, m, splits) if family is None else f"{family[0]}:{family[1]}"
+        rows.append({"action": name, "groups": groups, "op_share": float(on.mean()),
                      "compute_share": float(op_time[on].sum() / total_time)})
     return rows
 

@@ -119,6 +119,12 @@ class TrainerSettings:
     ``heterog.baselines.mcmc.start_actions``), and record them like samples: they enter the replay pool
     and the best one is where the mutation samples start. Without them the search can settle on a plan
     worse than plain data parallelism."""
+    extended_plans: bool = False
+    """The search's plans are those of the extended actions (``envs.actions``, ``heterog.extended_actions``:
+    stages on device subsets, grids, every number of micro-batches under each schedule), so that it holds,
+    records and mutates every planner's plan (seeds, demonstrations); the policy samples and learns in its
+    own actions, and plans beyond them count as its off-policy samples only where it holds them. Simulated
+    in this process (one worker)."""
     ppo_epochs: int = 4
     """PPO: passes over one round's samples."""
     ppo_clip: float = 0.2
@@ -171,6 +177,8 @@ class TrainerSettings:
             problems.append(f"log_every must be at least 1, got {self.log_every}")
         if self.workers < 1:
             problems.append(f"workers must be at least 1, got {self.workers}")
+        if self.extended_plans and self.workers > 1:
+            problems.append("extended_plans are simulated in this process: use one worker")
         if problems:
             raise HeterogError("bad trainer settings: " + "; ".join(problems))
 

@@ -32,7 +32,7 @@ from agents.networks.plan import PlanLogits, plan_entropy, plan_log_prob_parts
 from agents.reporting import TrainingLog, action_breakdown, time_to_quality
 from agents.settings import ALGORITHMS, TrainerSettings
 from agents.tasks import GraphTask, TaskState, make_task
-from envs.actions import full_plan, plan_strategy
+from envs.actions import EXTENDED_MICRO_CHOICES, MICRO_CHOICES, full_plan, plan_length, plan_strategy
 from heterog.actions import N_DP_ACTIONS, n_actions
 from heterog.errors import CheckpointError, HeterogError
 from heterog.strategy import Strategy
@@ -53,6 +53,13 @@ def per_group_log_prob(logits: Tensor, actions: Tensor) -> Tensor:
     """
     log_p = logits.log_softmax(dim=-1).expand(actions.shape[0], -1, -1)
     return log_p.gather(-1, actions[..., None])[..., 0]
+
+
+def in_policy(plans: Tensor, n_groups: int, n_actions: int) -> Tensor:
+    """Which plans ``(k, L)`` the policy's actions hold: every group's config among its ``n_actions`` and the
+    micro-batch choice among ``MICRO_CHOICES`` (then the first ``2 G + 1`` entries are the plan, rows unread).
+    Shapes: -> ``(k,)`` bool."""
+    return (plans[:, :n_groups] < n_actions).all(dim=1) & (plans[:, 2 * n_groups] < len(MICRO_CHOICES))
 
 
 def plan_columns(groups: Tensor, n_groups: int) -> Tensor:
@@ -187,7 +194,8 @@ class Trainer:
         self._blocks: dict[str, BlockMoves] = {}                 # task key -> its coupled blocks
         self._imitation_weights: dict[str, Tensor] = {}          # task key -> its groups' imitation weights
         self.scorer = Scorer(tasks, settings.oom_factor, settings.eval_cache_size, settings.workers, ray_address,
-                             states=policy.state_actions, splits=policy.split_actions)
+                             states=policy.state_actions, splits=policy.split_actions,
+                             extended=settings.extended_plans)
         self.report = TrainingLog(writer, run_dir, settings.log_every)
         # ---- counters, derived at run time (checkpointed; simulations run are counted by the scorer)
         self.rounds = 0            # updates done
@@ -258,8 +266,9 @@ class Trainer:
                 "grad_norm": float(grad_norm), "approx_kl": approx_kl,
                 "round_s": time.perf_counter() - t_start, "sims": self.n_sims - sims_before,
                 "actions": np.concatenate([sm.sampled[:, :sm.task.n_groups].ravel() for sm in samples]),
-                "micro_choices": np.concatenate([sm.sampled[:, -1] for sm in samples]),
-                "recompute_share": float(np.mean([sm.sampled[:, sm.task.n_groups:-1].mean() for sm in samples]))}
+                "micro_choices": np.concatenate([sm.sampled[:, 2 * sm.task.n_groups] for sm in samples]),
+                "recompute_share": float(np.mean([sm.sampled[:, sm.task.n_groups:2 * sm.task.n_groups].mean()
+                                                  for sm in samples]))}
 
     def rollout(self, task: GraphTask) -> _Sample:
         """One graph's part of a round: one encoder pass (for an independent policy, also one pass of the
@@ -292,25 +301,35 @@ class Trainer:
             tie = self.tie(task)
             if tie is not None:
                 drawn = drawn[:, plan_columns(tie, n_groups)]
-            best = drawn[0] if state.best_actions is None else torch.as_tensor(full_plan(state.best_actions, n_groups))
+            width = self.scorer.width(task)
+            drawn = torch.as_tensor(full_plan(drawn.numpy(), n_groups, width))
+            best = drawn[0] if state.best_actions is None else \
+                torch.as_tensor(full_plan(state.best_actions, n_groups, width))
             guide = None
             if s.mutate_guided > 0 and s.mutate_samples > 0:
+                along = best[None, :plan_length(n_groups)].clone()    # the policy's reading of an extended plan:
+                along[0, :n_groups][along[0, :n_groups] >= n_actions] = 0                        # its own actions
+                along[0, -1] = along[0, -1] if int(along[0, -1]) < len(MICRO_CHOICES) else 0
                 guide = (once.groups.detach() if once is not None else
-                         self.policy.action_logits(group_emb.detach(), inputs.group_mask, best[None], devices)[0]
+                         self.policy.action_logits(group_emb.detach(), inputs.group_mask, along, devices)[0]
                          ).softmax(-1)
-        actions = torch.cat([drawn, self.search.mutate_plans(best, n_groups, n_actions, s.mutate_samples, guide,
-                                                             self.block_moves(task))])
+        actions = torch.cat([drawn, self.search.mutate_plans(
+            best, n_groups, n_actions, s.mutate_samples, guide, self.block_moves(task),
+            len(EXTENDED_MICRO_CHOICES) if width else len(MICRO_CHOICES))])
         rewards, times, ooms = self.score_and_record(task, state, actions.numpy())            # (k,) each
-        replay_actions, replay_rewards = self.search.replay(state, n_groups)
+        replay_actions, replay_rewards = self.search.replay(state, n_groups, width)
         # greedy, exploration, mutation and replayed samples are off-policy: they only pull towards plans
         # better than the baseline
         adv = self.advantages(state, rewards[:n_policy], np.concatenate([rewards[n_policy:], replay_rewards]))
         all_actions = torch.cat([actions, torch.as_tensor(replay_actions, dtype=torch.long)])
+        held = in_policy(all_actions, n_groups, n_actions)       # plans beyond the policy's actions: no update
+        all_actions, adv = all_actions[held][:, :plan_length(n_groups)], adv[held.numpy()]
         logits = (self.policy.plan_logits(group_emb, inputs.group_mask, all_actions, devices) if once is None
                   else once.expand(len(all_actions)))                                           # along k + R plans
         target = target_logits = None
-        if s.imitation_coef > 0:          # the best strategy found, this round's samples included
-            target = torch.as_tensor(full_plan(state.best_plan(), n_groups), dtype=torch.long)[None]
+        best_plan = torch.as_tensor(full_plan(state.best_plan(), n_groups, width), dtype=torch.long)[None]
+        if s.imitation_coef > 0 and bool(in_policy(best_plan, n_groups, n_actions)[0]):
+            target = best_plan[:, :plan_length(n_groups)]        # the best strategy found, this round's included
             target_logits = (self.policy.plan_logits(group_emb, inputs.group_mask, target, devices) if once is None
                              else once.expand(1))
         return _Sample(task, all_actions, torch.as_tensor(adv, dtype=torch.float32),
@@ -413,17 +432,19 @@ class Trainer:
         hybrid = start_actions(task.evaluator, "cp-ar-ps-small", self.rng)
         if not (actions == hybrid).all(axis=1).any():
             actions = np.concatenate([actions, hybrid[None]])
-        self.score_and_record(task, state, full_plan(actions, task.n_groups), sampled=False)
+        self.score_and_record(task, state, full_plan(actions, task.n_groups, self.scorer.width(task)), sampled=False)
 
     def seed_plans(self, task: GraphTask, actions: np.ndarray) -> None:
-        """Simulate and record given plans ``(k, 2G + 1)`` (other planners', in the policy's actions) as the first
-        plans are (after them, when ``seed_uniform_plans``): the best becomes the one the search's moves start
-        from, and the replay pool and the imitation term pull the policy towards it."""
+        """Simulate and record given plans ``(k, 2G + 1)`` (other planners', in the policy's actions; with
+        ``extended_plans`` also of the extended actions, ``(k, (M + 2) G + 1)``) as the first plans are (after
+        them, when ``seed_uniform_plans``): the best becomes the one the search's moves start from, and the
+        replay pool and the imitation term pull the policy towards it (the imitation term where the policy's
+        actions hold it)."""
         state = self.states[task.key]
         if self.settings.seed_uniform_plans and state.best_actions is None:
             self.seed_uniform(task, state)
-        self.score_and_record(task, state, full_plan(np.asarray(actions, dtype=np.int64), task.n_groups),
-                              sampled=False)
+        self.score_and_record(task, state, full_plan(np.asarray(actions, dtype=np.int64), task.n_groups,
+                                                     self.scorer.width(task)), sampled=False)
 
     def close(self) -> None:
         """Stop the simulation workers (if any were started)."""
@@ -484,7 +505,10 @@ class Trainer:
         ``losses/distill``)."""
         if epochs < 0:
             raise HeterogError(f"distill epochs must be non-negative, got {epochs}")
-        tasks = [t for t in self.tasks if self.states[t.key].best_actions is not None]
+        tasks = [t for t in self.tasks if self.states[t.key].best_actions is not None and bool(in_policy(
+            torch.as_tensor(full_plan(self.states[t.key].best_plan(), t.n_groups, self.scorer.width(t)))[None],
+            t.n_groups, n_actions(t.inputs.n_devices, self.policy.split_actions, self.policy.state_actions))[0])]
+        # (a best plan beyond the policy's actions is not a target)
         t0, c0 = time.perf_counter(), time.process_time()
         self.policy.train()
         losses = []
@@ -492,7 +516,8 @@ class Trainer:
             total = 0.0
             for i in self.rng.permutation(len(tasks)):
                 task = tasks[i]
-                target = torch.as_tensor(full_plan(self.states[task.key].best_plan(), task.n_groups),
+                target = torch.as_tensor(full_plan(self.states[task.key].best_plan(), task.n_groups,
+                                                   self.scorer.width(task))[:plan_length(task.n_groups)],
                                          dtype=torch.long)[None]
                 loss = imitation_loss(self.strategy_logits(task, target), target, self.imitation_weights(task))
                 self.optimizer.zero_grad(set_to_none=True)
@@ -521,7 +546,8 @@ class Trainer:
                                    self.policy.sample_plans(group_emb, mask, samples, generator=self.generator,
                                                             devices=devices)])
                 tie = self.tie(task)
-                actions = (drawn if tie is None else drawn[:, plan_columns(tie, task.n_groups)]).numpy()
+                actions = full_plan((drawn if tie is None else drawn[:, plan_columns(tie, task.n_groups)]).numpy(),
+                                    task.n_groups, self.scorer.width(task))
                 rewards, times, ooms = self.evaluate(task, actions)
                 state = self.states[task.key]
                 self.record(task, state, actions, rewards, times, ooms)
@@ -543,8 +569,10 @@ class Trainer:
         state = self.states[task.key]
         if state.best_actions is None:
             raise HeterogError(f"no strategy sampled yet for {task.name}")
-        strategy = plan_strategy(task.evaluator, full_plan(state.best_actions, task.n_groups), "agent",
-                                 states=self.policy.state_actions, splits=self.policy.split_actions)
+        width = self.scorer.width(task)
+        strategy = plan_strategy(task.evaluator, full_plan(state.best_actions, task.n_groups, width), "agent",
+                                 states=self.policy.state_actions, splits=self.policy.split_actions,
+                                 extended=width > 0)
         strategy.meta.update({"best_iteration_time_s": state.best_iteration_time_s, "oom": state.best_oom,
                               "episodes": state.episodes, "rounds": self.rounds})
         return strategy

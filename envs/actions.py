@@ -128,13 +128,15 @@ class PlanAction:
 
 def full_plan(action: npt.ArrayLike, n_groups: int, row_width: int = 0) -> np.ndarray:
     """``action`` as a plan action of length ``plan_length(G, row_width)``: a plan action as it is, a vector of
-    ``G`` group configs extended with no recomputation, one micro-batch (and rows of zeros)."""
+    ``G`` group configs extended with no recomputation, one micro-batch (and rows of zeros), and with rows a
+    plan action without them gaining rows of zeros (the same plan: its micro-batch choice indexes the first
+    entries of ``EXTENDED_MICRO_CHOICES``, which are those of ``MICRO_CHOICES``)."""
     a = np.asarray(action, dtype=np.int64)
     g = int(n_groups)
     n = plan_length(g, row_width)
-    if a.shape[-1:] == (g,):
+    if a.shape[-1:] == (g,) or (row_width and a.shape[-1:] == (plan_length(g),)):
         out = np.zeros(a.shape[:-1] + (n,), dtype=np.int64)
-        out[..., :g] = a
+        out[..., :a.shape[-1]] = a
         return out
     if a.shape[-1:] != (n,):
         raise StrategyError(f"a plan action over {g} groups has length {g} (configs) or {n} "

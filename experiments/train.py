@@ -172,7 +172,8 @@ def demonstrate(trainer: Trainer, names: list[str], budget_s: float) -> dict[str
     """Record the plans of planners ``names`` for every task of ``trainer`` as demonstrations, before its first
     round (``Trainer.seed_plans``: the best becomes the task's best plan, the imitation term's target, and all
     join the replay pool), each planner with the options of the policy's plan space it takes and the budgeted
-    ones sharing ``budget_s`` per task; plans the policy's actions do not hold are left out. Returns task ->
+    ones sharing ``budget_s`` per task; plans the policy's actions do not hold are left out (with
+    ``trainer.extended_plans``, those the extended actions do not hold). Returns task ->
     planner -> simulated seconds of the plans recorded (shown with progress)."""
     from rich.progress import track
 
@@ -183,7 +184,7 @@ def demonstrate(trainer: Trainer, names: list[str], budget_s: float) -> dict[str
         ev = task.evaluator
         plans = seed_plans(ev, names, budget_s, time.perf_counter(), policy.split_actions, policy.state_actions,
                            share=1.0)
-        held = seed_actions(ev, plans, policy)
+        held = seed_actions(ev, plans, policy, extended=trainer.settings.extended_plans)
         if held:
             trainer.seed_plans(task, np.stack(list(held.values())))
         out[task.name] = {name: ev.iteration_time(plans[name])[0] for name in held}

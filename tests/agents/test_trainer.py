@@ -515,3 +515,27 @@ def test_a_passed_deadline_scores_the_first_plan_only_and_ends_training_without_
     with pytest.raises(BudgetSpent, match="2 of 3 plans left"):
         trainer.deadline = time.perf_counter() - 1.0
         trainer.score_and_record(task, state, plans[5:8])
+
+
+def test_mutations_of_an_extended_plan_keep_its_rows_and_move_among_every_micro_batch_choice(tasks):
+    from agents.trainer import in_policy
+    from envs.actions import EXTENDED_MICRO_CHOICES, MICRO_CHOICES
+
+    trainer = Trainer(tiny_policy(), tasks[:1], TrainerSettings(mutate_groups=1, mutate_memory=1.0,
+                                                                mutate_guided=0.5))
+    g, m, a = 4, 3, 12
+    base = torch.tensor([0, 14, 14, 5,  0, 1, 0, 0,  7,  1, 2, 0,  3, 3, 3,  3, 3, 3,  0, 0, 0])  # rows of 3
+    guide = torch.full((g, a), 1.0 / a)
+    out = trainer.search.mutate_plans(base, g, a, 300, guide, micro_choices=len(EXTENDED_MICRO_CHOICES))
+    assert out.shape == (300, 2 * g + 1 + g * m)
+    assert (out[:, 2 * g + 1:] == base[2 * g + 1:]).all()                     # rows kept
+    micro = out[:, 2 * g]
+    assert (micro >= 0).all() and (micro < len(EXTENDED_MICRO_CHOICES)).all() and (micro >= len(MICRO_CHOICES)).any()
+    changed = out[:, :g] != base[:g]
+    assert (out[:, :g][changed] < a).all()                 # a group changes to one of the policy's actions
+    assert in_policy(base[None], g, a).tolist() == [False]
+    plain = base.clone()
+    plain[1:3], plain[2 * g] = 2, 4
+    assert in_policy(plain[None], g, a).tolist() == [True]
+    plain[2 * g] = len(MICRO_CHOICES)                      # every count under 1F1B, beyond the policy's five
+    assert in_policy(plain[None], g, a).tolist() == [False]

@@ -136,8 +136,11 @@ def test_pretrain_tokens_splits_trains_a_policy_with_split_actions(tmp_path):
     graph = capture_model("tiny_mlp", 16)
     ev = Evaluator(graph, load_cluster("paper-8gpu"))
     strategy = plan(ev, checkpoint=shipped, episodes=8, progress=False)
-    assert len(strategy.meta["actions"]) == 2 * ev.n_groups + 1
-    assert max(strategy.meta["actions"][:ev.n_groups]) < 3 * 8 + 6
+    if strategy.meta["extended_plans"]:     # a seed needed the extended actions: the plans have rows
+        assert len(strategy.meta["actions"]) == (2 + 8) * ev.n_groups + 1
+    else:
+        assert len(strategy.meta["actions"]) == 2 * ev.n_groups + 1
+        assert max(strategy.meta["actions"][:ev.n_groups]) < 3 * 8 + 6
 
 
 def test_scratch_with_ppo_then_resume(tmp_path):
@@ -201,11 +204,12 @@ def test_demonstrations_are_the_first_best_plans_of_every_task(tmp_path):
     from heterog.graph.cache import capture_model
 
     torch.set_num_threads(1)
-    report = run(config(["graph=tiny_mlp", "run.demonstrations=[cp-ar,expert,pipeline]",
+    report = run(config(["graph=tiny_mlp", "run.demonstrations=[cp-ar,expert,cp-ps,pipeline]",
                          "run.demonstration_budget_s=1", *SHRINK, f"output_dir={tmp_path}"]))
     shown = report["demonstrations"]["tiny_mlp-b16"]
-    # the pipeline's stages on device subsets are beyond the policy's actions: left out
-    assert sorted(shown) == ["cp-ar", "expert"]
+    # cp-ps's servers are beyond the policy's actions (rows of the extended ones): left out; what the pipeline
+    # planner finds in its second depends on the machine
+    assert {"cp-ar", "expert"} <= set(shown) <= {"cp-ar", "expert", "pipeline"}
     ev = Evaluator(capture_model("tiny_mlp", 16), load_cluster("paper-8gpu"))
     assert shown["cp-ar"] == pytest.approx(ev.iteration_time(planners.plan("cp-ar", evaluator=ev))[0])
     assert report["graphs"]["tiny_mlp-b16"]["best_iteration_time_s"] <= min(shown.values()) * (1 + 1e-12)
