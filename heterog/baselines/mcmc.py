@@ -176,8 +176,10 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
     that is faster. With a time budget the chains end before its end by the time of ``FINISH_EVALS`` of the
     starts' evaluations, at most ``FINISH_SHARE`` of the budget, each chain getting an equal share of the
     chains' time left per worker when it starts (time a chain leaves goes to the next ones), and the last
-    steps below stop trying more where the budget has run out: the search returns within its budget plus
-    the step under way (one plan scored, or one number of micro-batches fitted); with ``max_evals`` (a
+    steps below stop trying more where their time has run out (scoring again and the blocks' devices half of
+    what the chains leave, the micro-batches, which also make a plan fit, the rest of the budget): the search
+    returns within its budget plus the step under way (one plan scored, or one number of micro-batches
+    fitted); with ``max_evals`` (a
     budget in proposals, cached or not) each gets an equal share and the search is deterministic for a seed,
     whatever the number of workers. ``workers`` > 1 or ``ray_address`` run the chains on Ray workers
     (``heterog.baselines.ray_search``); the chains draw from their own seeded generators, so where they run
@@ -222,7 +224,11 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
                     seed, keep, block_moves, shard_moves) for i, name in enumerate(names)]
     results: list[ChainResult] = []
     deadline = None if by_proposals else t0 + total
-    chains_end = t0 + total - min(FINISH_SHARE * total, FINISH_EVALS * search.eval_time_s / max(search.n_evals, 1))
+    finish_s = min(FINISH_SHARE * total, FINISH_EVALS * search.eval_time_s / max(search.n_evals, 1))
+    chains_end = t0 + total - finish_s
+    # scoring again and the blocks' devices take the first half of the last steps' time, the micro-batches
+    # (which also make a plan fit) the rest
+    rescored_by = None if deadline is None else deadline - finish_s / 2
     with make_pool(workers, ray_address, SearchWorker) as pool:
         ray_pool = pool if isinstance(pool, RayPool) else None        # chains run on Ray workers, else here
         remote = ray_pool is not None
@@ -273,12 +279,12 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
                  *sorted(((start_cost[n], a) for n, a in cands.items()), key=lambda v: v[0])]
         plans = {}
         for i, (_, a) in enumerate(queue):      # the most promising first, the rest as long as the budget lasts
-            if i >= 2 and deadline is not None and time.perf_counter() >= deadline:
+            if i >= 2 and rescored_by is not None and time.perf_counter() >= rescored_by:
                 break
             plans.setdefault(a.tobytes(), (final.cost(a), a))
     best_cost, best = min(plans.values(), key=lambda v: v[0])
     evals_before = final.n_evals
-    best, best_cost = repick_block_devices(final, best, best_cost, deadline)
+    best, best_cost = repick_block_devices(final, best, best_cost, rescored_by)
     repick_evals = final.n_evals - evals_before
     final_start = {n: plans[a.tobytes()][0] for n, a in cands.items() if a.tobytes() in plans}
     best_name = min(final_start, key=lambda k: (final_start[k], list(final_start).index(k)))
