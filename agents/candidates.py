@@ -37,6 +37,13 @@ def plan_key(plan: np.ndarray) -> bytes:
     return hashlib.blake2b(np.ascontiguousarray(plan, dtype=np.int64).tobytes(), digest_size=16).digest()
 
 
+def in_policy(plans: Tensor, n_groups: int, n_actions: int) -> Tensor:
+    """Which plans ``(k, L)`` the policy's actions hold: every group's config among its ``n_actions`` and the
+    micro-batch choice among ``MICRO_CHOICES`` (then the first ``2 G + 1`` entries are the plan, rows unread).
+    Shapes: -> ``(k,)`` bool."""
+    return (plans[:, :n_groups] < n_actions).all(dim=1) & (plans[:, 2 * n_groups] < len(MICRO_CHOICES))
+
+
 def uniform_plans(n_actions: int, n_groups: int) -> np.ndarray:
     """The plans that give every group the same action, one per action (the whole graph on one device,
     or one data-parallel scheme everywhere: the DP baselines). Shapes: -> ``(A, G)``."""

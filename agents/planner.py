@@ -20,8 +20,9 @@ import torch
 
 from agents.candidates import BlockMoves
 from agents.checkpoint import check_fits, load_checkpoint, policy_from_checkpoint, ties_blocks
+from agents.losses import plan_columns
 from agents.networks import StrategyPolicy
-from agents.trainer import BudgetSpent, GraphTask, Trainer, TrainerSettings, bias_towards_data_parallel, plan_columns
+from agents.trainer import BudgetSpent, GraphTask, Trainer, TrainerSettings, bias_towards_data_parallel
 from envs.actions import full_plan, plan_length, plan_strategy
 from envs.features import DEVICE_FEATURE_DIM, MAX_DEVICES, op_feature_dim
 from heterog.actions import SPLIT_ACTION_NAMES, STATE_BASES, STATE_CHOICES, n_actions, state_action, state_choice_name

@@ -7,8 +7,9 @@ moving-average baseline. A strategy is a plan (``envs.actions``, a row of length
 group's config and recompute bit and the number of micro-batches; its log probability, the loss and the
 entropy bonus cover all three. PPO (clipped, a few epochs over the same samples) is an option. Besides the
 policy's samples a round simulates candidates from :mod:`agents.candidates` (exploration offsets,
-mutations of the best plan, replays of the best plans found); :mod:`agents.reporting` writes the
-TensorBoard records and plots, :mod:`agents.checkpoint` the checkpoints. Everything is determined by
+mutations of the best plan, replays of the best plans found); :mod:`agents.losses` has the losses,
+:mod:`agents.reporting` writes the TensorBoard records and plots, :mod:`agents.checkpoint` the
+checkpoints. Everything is determined by
 the seed; ``state_dict``/``load_state_dict`` resume a run exactly.
 """
 from __future__ import annotations
@@ -25,8 +26,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from agents.candidates import BlockMoves, CandidateSearch, Scorer, uniform_plans
+from agents.candidates import BlockMoves, CandidateSearch, Scorer, in_policy, uniform_plans
 from agents.checkpoint import load_trainer_state, save_checkpoint, trainer_state
+from agents.losses import (
+    imitation_loss,
+    imitation_weights,
+    mean_entropy,
+    per_group_log_prob,
+    plan_columns,
+    policy_loss,
+)
 from agents.networks import StrategyPolicy
 from agents.networks.plan import PlanLogits, plan_entropy, plan_log_prob_parts
 from agents.reporting import TrainingLog, action_breakdown, time_to_quality
@@ -43,75 +52,6 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["ALGORITHMS", "GraphTask", "TaskState", "Trainer", "TrainerSettings", "action_breakdown",
            "bias_towards_data_parallel", "make_task", "mean_entropy", "per_group_log_prob", "plan_columns",
            "plan_log_prob_parts", "policy_loss", "time_to_quality"]
-
-# =========================================================================================== the update
-def per_group_log_prob(logits: Tensor, actions: Tensor) -> Tensor:
-    """Log probability of each group's action, from one set of logits for all strategies or one per
-    strategy (an autoregressive policy's, :meth:`StrategyPolicy.action_logits`).
-
-    Shapes: logits ``(G, A)`` or ``(K, G, A)``, actions ``(K, G)`` -> ``(K, G)``.
-    """
-    log_p = logits.log_softmax(dim=-1).expand(actions.shape[0], -1, -1)
-    return log_p.gather(-1, actions[..., None])[..., 0]
-
-
-def in_policy(plans: Tensor, n_groups: int, n_actions: int) -> Tensor:
-    """Which plans ``(k, L)`` the policy's actions hold: every group's config among its ``n_actions`` and the
-    micro-batch choice among ``MICRO_CHOICES`` (then the first ``2 G + 1`` entries are the plan, rows unread).
-    Shapes: -> ``(k,)`` bool."""
-    return (plans[:, :n_groups] < n_actions).all(dim=1) & (plans[:, 2 * n_groups] < len(MICRO_CHOICES))
-
-
-def plan_columns(groups: Tensor, n_groups: int) -> Tensor:
-    """The entries of a plan ``(2 G + 1,)`` that belong to ``groups`` (their configs, then their recompute
-    bits), then the micro-batch choice. Shapes: groups ``(D,)`` -> ``(2 D + 1,)``."""
-    return torch.cat([groups, groups + n_groups, groups.new_full((1,), 2 * n_groups)])
-
-
-def imitation_loss(logits: Tensor | PlanLogits, target: Tensor, weights: Tensor) -> Tensor:
-    """Cross-entropy of the policy against one strategy, a weighted mean over groups: of the configs alone
-    (``logits`` a tensor, ``target`` configs), or of whole plans (:class:`PlanLogits`, ``target`` a plan:
-    each group's config and recompute bit weighted by the group, the micro-batch choice by 1).
-    Shapes: logits ``(G, A)`` or ``(1, G, A)``, target ``(1, G)`` or ``(1, 2 G + 1)``, weights ``(G,)`` -> ``()``."""
-    if isinstance(logits, PlanLogits):
-        n = weights.shape[0]
-        parts = plan_log_prob_parts(logits, target)[0]
-        return -(((parts[:n] + parts[n:2 * n]) * weights).sum() + parts[-1]) / weights.sum()
-    return -(per_group_log_prob(logits, target)[0] * weights).sum() / weights.sum()
-
-
-def imitation_weights(flops: np.ndarray, sync_bytes: np.ndarray, by_load: float) -> Tensor:
-    """Per-group weights of the imitation term: ``1 - by_load`` plus ``by_load`` times G times the mean
-    of the group's shares of the FLOPs and of the aggregated gradient bytes (a share of a total of 0
-    counts as even). They average 1. Shapes: ``(G,)`` -> ``(G,)``."""
-    n = len(flops)
-    shares = [x / x.sum() if x.sum() > 0 else np.full(n, 1.0 / n) for x in (flops, sync_bytes)]
-    return torch.as_tensor((1.0 - by_load) + by_load * n * 0.5 * (shares[0] + shares[1]), dtype=torch.float32)
-
-
-def mean_entropy(logits: Tensor) -> Tensor:
-    """Mean entropy of the per-group distributions. Shapes: ``(..., G, A)`` -> ``()``."""
-    return -(logits.softmax(dim=-1) * logits.log_softmax(dim=-1)).sum(-1).mean()
-
-
-def policy_loss(log_p: Tensor, log_p_old: Tensor, advantages: Tensor, algorithm: str, clip: float,
-                per: int | None = None) -> Tensor:
-    """Policy-gradient loss: a sum over the decisions of a strategy (each decision is one factor of the
-    strategy and shares its advantage) divided by ``per`` (None: the number of decisions, the mean), averaged
-    over samples. For plans, ``per`` is the number of groups, so each config weighs as it does alone.
-
-    REINFORCE: ``-A log pi``. PPO: ``-min(rho A, clip(rho, 1-eps, 1+eps) A)`` with the per-decision ratio
-    ``rho = pi / pi_old`` (a ratio of whole-strategy probabilities over ~1000 groups would always clip).
-
-    Shapes: log_p, log_p_old ``(K, D)``, advantages ``(K,)`` -> ``()``.
-    """
-    adv = advantages[:, None]
-    n = log_p.shape[-1] if per is None else per
-    if algorithm == "reinforce":
-        return -(adv * log_p).sum(dim=-1).mean() / n
-    ratio = (log_p - log_p_old).exp()
-    return -torch.min(ratio * adv, ratio.clamp(1.0 - clip, 1.0 + clip) * adv).sum(dim=-1).mean() / n
-
 
 class BudgetSpent(Exception):
     """The trainer's ``deadline`` passed with plans of a call left unscored (those scored are recorded)."""
@@ -309,7 +249,7 @@ class Trainer:
             if s.mutate_guided > 0 and s.mutate_samples > 0:
                 along = best[None, :plan_length(n_groups)].clone()    # the policy's reading of an extended plan:
                 along[0, :n_groups][along[0, :n_groups] >= n_actions] = 0                        # its own actions
-                along[0, -1] = along[0, -1] if int(along[0, -1]) < len(MICRO_CHOICES) else 0
+                along[0, -1] *= int(along[0, -1]) < len(MICRO_CHOICES)
                 guide = (once.groups.detach() if once is not None else
                          self.policy.action_logits(group_emb.detach(), inputs.group_mask, along, devices)[0]
                          ).softmax(-1)
@@ -327,9 +267,9 @@ class Trainer:
         logits = (self.policy.plan_logits(group_emb, inputs.group_mask, all_actions, devices) if once is None
                   else once.expand(len(all_actions)))                                           # along k + R plans
         target = target_logits = None
-        best_plan = torch.as_tensor(full_plan(state.best_plan(), n_groups, width), dtype=torch.long)[None]
-        if s.imitation_coef > 0 and bool(in_policy(best_plan, n_groups, n_actions)[0]):
-            target = best_plan[:, :plan_length(n_groups)]        # the best strategy found, this round's included
+        if s.imitation_coef > 0:          # the best strategy found, this round's samples included
+            target = self.imitation_target(task)
+        if target is not None:
             target_logits = (self.policy.plan_logits(group_emb, inputs.group_mask, target, devices) if once is None
                              else once.expand(1))
         return _Sample(task, all_actions, torch.as_tensor(adv, dtype=torch.float32),
@@ -414,6 +354,17 @@ class Trainer:
             self._imitation_weights[task.key] = imitation_weights(
                 *group_loads(ev.graph, np.asarray(ev.group_of)), self.settings.imitation_by_load)
         return self._imitation_weights[task.key]
+
+    def imitation_target(self, task: GraphTask) -> Tensor | None:
+        """The task's best plan ``(1, 2 G + 1)``, the imitation term's target; None before any or where the
+        policy's actions do not hold it (an extended plan)."""
+        state = self.states[task.key]
+        if state.best_actions is None:
+            return None
+        best = torch.as_tensor(full_plan(state.best_plan(), task.n_groups, self.scorer.width(task)))[None]
+        held = in_policy(best, task.n_groups, n_actions(task.inputs.n_devices, self.policy.split_actions,
+                                                        self.policy.state_actions))
+        return best[:, :plan_length(task.n_groups)] if bool(held[0]) else None
 
     def tie(self, task: GraphTask) -> Tensor | None:
         """Each group's representative for the policy's own samples (``tie_blocks``; None when off or when
@@ -505,10 +456,7 @@ class Trainer:
         ``losses/distill``)."""
         if epochs < 0:
             raise HeterogError(f"distill epochs must be non-negative, got {epochs}")
-        tasks = [t for t in self.tasks if self.states[t.key].best_actions is not None and bool(in_policy(
-            torch.as_tensor(full_plan(self.states[t.key].best_plan(), t.n_groups, self.scorer.width(t)))[None],
-            t.n_groups, n_actions(t.inputs.n_devices, self.policy.split_actions, self.policy.state_actions))[0])]
-        # (a best plan beyond the policy's actions is not a target)
+        tasks = [t for t in self.tasks if self.imitation_target(t) is not None]
         t0, c0 = time.perf_counter(), time.process_time()
         self.policy.train()
         losses = []
@@ -516,9 +464,8 @@ class Trainer:
             total = 0.0
             for i in self.rng.permutation(len(tasks)):
                 task = tasks[i]
-                target = torch.as_tensor(full_plan(self.states[task.key].best_plan(), task.n_groups,
-                                                   self.scorer.width(task))[:plan_length(task.n_groups)],
-                                         dtype=torch.long)[None]
+                target = self.imitation_target(task)
+                assert target is not None
                 loss = imitation_loss(self.strategy_logits(task, target), target, self.imitation_weights(task))
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()

@@ -518,7 +518,7 @@ def test_a_passed_deadline_scores_the_first_plan_only_and_ends_training_without_
 
 
 def test_mutations_of_an_extended_plan_keep_its_rows_and_move_among_every_micro_batch_choice(tasks):
-    from agents.trainer import in_policy
+    from agents.candidates import in_policy
     from envs.actions import EXTENDED_MICRO_CHOICES, MICRO_CHOICES
 
     trainer = Trainer(tiny_policy(), tasks[:1], TrainerSettings(mutate_groups=1, mutate_memory=1.0,
