@@ -234,13 +234,18 @@ def test_a_seed_faster_than_the_search_is_returned_as_the_agents_plan(graph, pap
     assert kept.meta["from_seed"] == "" and kept.meta["agent_added"] > 0
 
 
-def test_seed_plans_are_recorded_as_the_best_so_far(graph, paper8):
-    ev = Evaluator(graph, paper8)
+def seeded_trainer(graph, cluster, name: str):
+    """A trainer without uniform seeds, the task's evaluator, and planner ``name``'s plan in its actions."""
+    ev = Evaluator(graph, cluster)
     policy = build_policy(8, "small", seed=1, head="tokens", **TINY_AGENT)
     task = GraphTask.from_evaluator(ev, layout=policy.feature_layout)
     trainer = Trainer(policy, [task], TrainerSettings(seed_uniform_plans=False))
-    single = planners.plan("single", evaluator=ev)
-    held = seed_actions(ev, {"single": single}, policy)
+    seed = planners.plan(name, evaluator=ev)
+    return trainer, task, ev, seed, seed_actions(ev, {name: seed}, policy)
+
+
+def test_seed_plans_are_recorded_as_the_best_so_far(graph, paper8):
+    trainer, task, ev, single, held = seeded_trainer(graph, paper8, "single")
     trainer.seed_plans(task, np.stack([held["single"]]))
     state = trainer.states[task.key]
     assert state.best_iteration_time_s == pytest.approx(ev.iteration_time(single)[0]) and state.episodes == 0
@@ -248,13 +253,8 @@ def test_seed_plans_are_recorded_as_the_best_so_far(graph, paper8):
 
 
 def test_a_primed_seed_is_recorded_without_another_simulation(graph, paper8):
-    ev = Evaluator(graph, paper8)
-    policy = build_policy(8, "small", seed=1, head="tokens", **TINY_AGENT)
-    task = GraphTask.from_evaluator(ev, layout=policy.feature_layout)
-    trainer = Trainer(policy, [task], TrainerSettings(seed_uniform_plans=False))
-    expert = planners.plan("expert", evaluator=ev)
+    trainer, task, ev, expert, held = seeded_trainer(graph, paper8, "expert")
     assert expert.priorities is None
-    held = seed_actions(ev, {"expert": expert}, policy)
     known = ev.iteration_time(expert)
     # the decoding of its plan action simulates as the seed does (what priming relies on)
     assert trainer.scorer.simulate(task, held["expert"][None]) == [known]
