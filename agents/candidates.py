@@ -23,6 +23,7 @@ from torch import Tensor
 from agents.settings import TrainerSettings
 from agents.tasks import GraphTask, TaskState
 from envs.actions import MICRO_CHOICES, SCHEDULE, full_plan, micro_batches, plan_length, plan_strategy, split_plan
+from heterog.actions import SPLIT_ACTION_NAMES, STATE_BASES, STATE_CHOICES, state_action, state_choice_name
 from heterog.errors import HeterogError
 from heterog.evaluate import reward
 
@@ -42,6 +43,22 @@ def in_policy(plans: Tensor, n_groups: int, n_actions: int) -> Tensor:
     micro-batch choice among ``MICRO_CHOICES`` (then the first ``2 G + 1`` entries are the plan, rows unread).
     Shapes: -> ``(k,)`` bool."""
     return (plans[:, :n_groups] < n_actions).all(dim=1) & (plans[:, 2 * n_groups] < len(MICRO_CHOICES))
+
+
+def promising_uniform(n_devices: int, splits: bool = False, states: bool = False) -> dict[str, int]:
+    """The actions whose uniform plans (every group under the one action) are the likeliest to be good: the
+    four data-parallel schemes, with ``splits`` the two cluster-wide splits, with ``states`` the two
+    AllReduce schemes keeping each state choice with shards by memory (name -> action; zero-shot's
+    candidates beside the policy's plan, and the uniform plans a search simulates first)."""
+    m = int(n_devices)
+    names = ("ev-ps", "ev-ar", "cp-ps", "cp-ar") + (SPLIT_ACTION_NAMES if splits else ())
+    out = {name: m + k for k, name in enumerate(names)}
+    if states:
+        for base in STATE_BASES:
+            for c, (_, by, _) in enumerate(STATE_CHOICES):
+                if by == "memory":
+                    out[f"{names[base]}:{state_choice_name(c)}"] = state_action(m, m + base, c, splits)
+    return out
 
 
 def uniform_plans(n_actions: int, n_groups: int) -> np.ndarray:

@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from agents.candidates import BlockMoves
+from agents.candidates import BlockMoves, promising_uniform
 from agents.checkpoint import check_fits, load_checkpoint, policy_from_checkpoint, ties_blocks
 from agents.losses import plan_columns
 from agents.networks import StrategyPolicy
 from agents.trainer import BudgetSpent, GraphTask, Trainer, TrainerSettings, bias_towards_data_parallel
 from envs.actions import full_plan, plan_length, plan_strategy
 from envs.features import DEVICE_FEATURE_DIM, MAX_DEVICES, op_feature_dim
-from heterog.actions import SPLIT_ACTION_NAMES, STATE_BASES, STATE_CHOICES, n_actions, state_action, state_choice_name
+from heterog.actions import n_actions
 from heterog.baselines.ps_refine import refine_ps_devices
 from heterog.errors import HeterogError
 from heterog.evaluate import Evaluator
@@ -322,16 +322,8 @@ def zero_shot(evaluator: Evaluator, checkpoint: str | Path | dict, states: bool 
     if blocks is not None and blocks.groups:
         greedy = greedy[plan_columns(blocks.tie(evaluator.n_groups), evaluator.n_groups)]
     candidates = {"policy": greedy.numpy().astype(np.int64)}
-    uniform = ("ev-ps", "ev-ar", "cp-ps", "cp-ar") + (SPLIT_ACTION_NAMES if policy.split_actions else ())
-    candidates.update({name: full_plan(np.full(evaluator.n_groups, m + k, dtype=np.int64), evaluator.n_groups)
-                       for k, name in enumerate(uniform)})
-    if states:
-        for base in STATE_BASES:
-            for s, (_, by, _) in enumerate(STATE_CHOICES):
-                if by == "memory":
-                    a = state_action(m, m + base, s, policy.split_actions)
-                    candidates[f"{uniform[base]}:{state_choice_name(s)}"] = full_plan(
-                        np.full(evaluator.n_groups, a, dtype=np.int64), evaluator.n_groups)
+    candidates.update({name: full_plan(np.full(evaluator.n_groups, a, dtype=np.int64), evaluator.n_groups)
+                       for name, a in promising_uniform(m, policy.split_actions, states).items()})
 
     def decode(a: np.ndarray, method: str = "") -> Strategy:
         return plan_strategy(evaluator, a, method, states=states, splits=policy.split_actions)

@@ -290,7 +290,8 @@ def test_uniform_plans_seed_the_pool_before_the_first_samples(tasks):
     state = trainer.states[task.key]
     assert state.episodes == trainer.episodes == 4
     assert state.best_iteration_time_s <= min(times)
-    assert len(state.history) >= 1 and state.history[0][2] == 0 and state.history[0][3] == min(times)
+    seeded = [h for h in state.history if h[2] == 0]        # recorded before any sample: the uniform plans
+    assert seeded and seeded[-1][3] == min(times)
     pooled = {tuple(a) for _, a in state.pool}
     seeds = full_plan(uniform[np.argsort(times, kind="stable")[:8]], task.n_groups)   # one micro-batch, none recomputed
     assert {tuple(u) for u in seeds} <= pooled
@@ -363,7 +364,7 @@ def test_block_mutations_set_one_coupled_block_to_one_new_action(tasks):
 
 def test_cp_ar_ps_small_seeds_the_search_with_the_uniform_plans(tasks, paper8):
     """MCMC's cp-ar-ps-small start (CP-AR, small gradients on CP-PS) is seeded beside the uniform plans:
-    it is in the pool, and the first recorded best is the best of all of them."""
+    it is in the pool, and the best recorded before any sample is the best of all of them."""
     from heterog.baselines.mcmc import start_actions
 
     task = make_task(capture_model("tiny_transformer", 16), paper8)
@@ -377,7 +378,8 @@ def test_cp_ar_ps_small_seeds_the_search_with_the_uniform_plans(tasks, paper8):
     trainer.update()
     state = trainer.states[task.key]
     assert full_plan(hybrid, task.n_groups).tolist() in [a for _, a in state.pool]
-    assert state.history[0][2] == 0 and state.history[0][3] == min(times)
+    seeded = [h for h in state.history if h[2] == 0]        # recorded before any sample: the uniform plans
+    assert seeded and seeded[-1][3] == min(times)
     assert state.best_iteration_time_s <= min(times)
 
 
@@ -493,6 +495,8 @@ def test_distill_fits_the_policy_to_each_graphs_best_plan(tasks):
 
 
 def test_a_passed_deadline_scores_the_first_plan_only_and_ends_training_without_an_update(tasks):
+    from heterog.baselines.mcmc import start_actions
+
     task = tasks[1]
     n_actions = task.inputs.n_devices + 4
     plans = full_plan(np.repeat(np.arange(n_actions)[:, None], task.n_groups, axis=1), task.n_groups)
@@ -506,10 +510,12 @@ def test_a_passed_deadline_scores_the_first_plan_only_and_ends_training_without_
     _, times, _ = trainer.scorer.score(task, plans[:3])
     assert len(times) == 3 and trainer.n_sims == 3                                        # no deadline: all
     before = weights(trainer.policy)
-    summary = trainer.train(budget_s=1e-9)        # the uniform seeding: 3 cached plans, then one simulated
+    summary = trainer.train(budget_s=1e-9)        # the uniform seeding: its first plan (cp-ar-ps-small) only
     state = trainer.states[task.key]
     assert summary["rounds"] == 0 and state.episodes == 0 and trainer.deadline is None and trainer.n_sims == 4
-    assert len(state.pool) == 4 and state.best_iteration_time_s <= float(times.min())     # the plans scored
+    hybrid = full_plan(start_actions(task.evaluator, "cp-ar-ps-small", np.random.default_rng(0)), task.n_groups)
+    assert [a for _, a in state.pool] == [hybrid.tolist()]                                  # the plan scored
+    assert state.best_iteration_time_s == trainer.scorer.score(task, hybrid[None])[1][0] and trainer.n_sims == 4
     assert torch.equal(weights(trainer.policy), before)
     assert trainer.best_strategy(task) is not None
     with pytest.raises(BudgetSpent, match="2 of 3 plans left"):
@@ -539,3 +545,39 @@ def test_mutations_of_an_extended_plan_keep_its_rows_and_move_among_every_micro_
     assert in_policy(plain[None], g, a).tolist() == [True]
     plain[2 * g] = len(MICRO_CHOICES)                      # every count under 1F1B, beyond the policy's five
     assert in_policy(plain[None], g, a).tolist() == [False]
+
+
+def test_the_promising_uniform_plans_come_first_and_the_rest_take_a_share_of_the_time_left(tasks, monkeypatch):
+    import agents.candidates as candidates_module
+    import agents.trainer as trainer_module
+    from agents.candidates import promising_uniform
+
+    class Clock:                                   # every simulation takes 10 s of this clock, nothing else any
+        now = 0.0
+
+        def perf_counter(self):
+            return self.now
+
+        def process_time(self):
+            return self.now
+
+    clock = Clock()
+    for module in (trainer_module, candidates_module):
+        monkeypatch.setattr(module, "time", clock)
+    task = tasks[1]
+    trainer = Trainer(tiny_policy(), [task], TrainerSettings())
+    simulate = trainer.scorer.simulate
+
+    def slow(t, actions):
+        clock.now += 10.0 * len(actions)
+        return simulate(t, actions)
+
+    monkeypatch.setattr(trainer.scorer, "simulate", slow)
+    state = trainer.states[task.key]
+    trainer.deadline = 100.0
+    trainer.seed_uniform(task, state)
+    first = 1 + len(promising_uniform(task.inputs.n_devices))       # cp-ar-ps-small and the DP plans: 50 s
+    # the rest may start until 50 + 0.25 * (100 - 50) = 62.5 s: the one at 50 s and the one at 60 s
+    assert len(state.pool) == first + 2 and clock.now == 70.0 and trainer.deadline == 100.0
+    assert {tuple(a[:task.n_groups]) for _, a in state.pool} >= {(task.inputs.n_devices + k,) * task.n_groups
+                                                                 for k in range(4)}
