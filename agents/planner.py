@@ -106,13 +106,17 @@ def plan(evaluator: PlanEvaluator, checkpoint: str | Path | dict | None = None, 
             Simulated in this process (one worker).
         seeds: planners whose plans seed the search (not zero-shot; ``seed_plans``): each plan the policy's
             actions hold is recorded as the first plans are (the search's moves start from the best, the
-            replay pool and the imitation term pull the policy towards it); every one stays a candidate for
-            the plan returned, which is the fastest that fits of the search's best and the seeds'.
+            replay pool and the imitation term pull the policy towards it), and, where the search simulates
+            in this process, each the extended actions hold (then its plans are extended ones,
+            ``TrainerSettings.extended_plans``); every one stays a candidate for the plan returned, which is
+            the fastest that fits of the search's best and the seeds'. The seeds' known times prime the
+            search's scorer; the budget is a deadline for the search (``Trainer.deadline``).
 
     Returns the best strategy found (its group configs, recomputed groups and micro-batches, as the agent
     chose them), method "agent", with meta ``search_time_s``, ``best_iteration_time_s``, ``oom``,
     ``episodes``, ``rounds``, ``seed``, ``checkpoint`` (the path started from; None from scratch),
-    ``micro_batches`` (the number) and ``recomputed_groups`` (how many); with seeds, ``seeds`` (planner ->
+    ``micro_batches`` (the number), ``recomputed_groups`` (how many) and ``extended_plans`` (whether the
+    search's plans were extended ones); with seeds, ``seeds`` (planner ->
     simulated seconds, OOM marked by a negative value), ``seeds_in_actions`` (the planners whose plans the
     actions hold), ``best_seed`` and ``best_seed_s`` (the fastest seed that fits, or the fastest), ``from_seed``
     (the seed returned as found, "" when the search's plan is returned) and ``agent_added`` (the best seed's
