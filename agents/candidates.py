@@ -233,15 +233,15 @@ class Scorer:
         states, splits: the plans' configs are of the action space with state actions (after those of
             ``splits``; ``envs.actions.plan_strategy``); such plans are simulated here only.
         extended: the plans are those of the extended actions (with rows; ``Scorer.width``); simulated here
-            only.
+            (the workers idle), with the same results as on them.
     """
 
     def __init__(self, tasks: list[GraphTask], oom_factor: float, cache_size: int, workers: int = 1,
                  ray_address: str | None = None, states: bool = False, splits: bool = False,
                  extended: bool = False) -> None:
-        if (states or extended) and (workers > 1 or ray_address is not None):
-            raise HeterogError(f"plans with {'state actions (sharded state)' if states else 'extended actions'} "
-                               f"are simulated in this process: use one worker and no Ray address")
+        if states and (workers > 1 or ray_address is not None):
+            raise HeterogError("plans with state actions (sharded state) are simulated in this process: use one "
+                               "worker and no Ray address")
         self.oom_factor, self.cache_size, self.workers, self.ray_address = oom_factor, cache_size, workers, ray_address
         self.states, self.splits, self.extended = states, splits, extended
         self.n_sims = 0                                       # simulations actually run (cache misses)
@@ -259,7 +259,7 @@ class Scorer:
         actions = full_plan(np.asarray(actions), task.n_groups, self.width(task))
         keys = [plan_key(a) for a in actions]
         missing = list(dict.fromkeys(k for k in keys if k not in cache))
-        if missing and deadline is not None and self.workers == 1 and self.ray_address is None:
+        if missing and deadline is not None and self.here:
             for n, k in enumerate(missing):
                 if n and time.perf_counter() >= deadline:
                     keys = keys[:keys.index(k)]                 # the strategies before the first not scored
@@ -280,6 +280,11 @@ class Scorer:
             cache.popitem(last=False)
         return rewards, times, ooms
 
+    @property
+    def here(self) -> bool:
+        """Whether the plans are simulated in this process: one worker and no Ray address, or extended plans."""
+        return self.workers == 1 and self.ray_address is None or self.extended
+
     def width(self, task: GraphTask) -> int:
         """The rows' width of ``task``'s plans: its devices with extended actions, else 0 (no rows)."""
         return task.inputs.n_devices if self.extended else 0
@@ -296,7 +301,7 @@ class Scorer:
         here, or in ``workers`` contiguous chunks on Ray workers."""
         ev, n_groups = task.evaluator, task.n_groups
         plans = full_plan(actions, n_groups, self.width(task))
-        if self.workers == 1 and self.ray_address is None or len(plans) <= 1:
+        if self.here or len(plans) <= 1:
             return [ev.iteration_time(plan_strategy(ev, a, "agent", states=self.states, splits=self.splits,
                                                     extended=self.extended)) for a in plans]
         from heterog.parallel import EvaluatorSpec, make_pool

@@ -106,9 +106,9 @@ def plan(evaluator: PlanEvaluator, checkpoint: str | Path | dict | None = None, 
             Simulated in this process (one worker).
         seeds: planners whose plans seed the search (not zero-shot; ``seed_plans``): each plan the policy's
             actions hold is recorded as the first plans are (the search's moves start from the best, the
-            replay pool and the imitation term pull the policy towards it), and, where the search simulates
-            in this process, each the extended actions hold (then its plans are extended ones,
-            ``TrainerSettings.extended_plans``); every one stays a candidate for the plan returned, which is
+            replay pool and the imitation term pull the policy towards it), and each the extended actions hold
+            (then the search's plans are extended ones, ``TrainerSettings.extended_plans``, simulated in this
+            process); every one stays a candidate for the plan returned, which is
             the fastest that fits of the search's best and the seeds'. The seeds' known times prime the
             search's scorer; the budget is a deadline for the search (``Trainer.deadline``).
 
@@ -154,9 +154,8 @@ def plan(evaluator: PlanEvaluator, checkpoint: str | Path | dict | None = None, 
         seeded = seed_plans(evaluator, seeds, budget_s, t0, splits, sharded)
         scored = {name: evaluator.iteration_time(s) for name, s in seeded.items()}         # within the budget
         # the search holds a seed beyond the policy's actions (stages on device subsets, grids) in the extended
-        # ones, where it simulates in this process
-        local = settings.workers == 1 and ray_address is None
-        held = seed_actions(evaluator, seeded, policy, extended=settings.extended_plans or local)
+        # ones (then simulated in this process: the same plan with any number of workers)
+        held = seed_actions(evaluator, seeded, policy, extended=True)
         if any(len(a) > plan_length(evaluator.n_groups) for a in held.values()):
             settings = replace(settings, extended_plans=True)
         trainer = Trainer(policy, [task], settings, writer=writer, run_dir=run_dir, ray_address=ray_address)

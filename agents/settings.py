@@ -124,7 +124,7 @@ class TrainerSettings:
     stages on device subsets, grids, every number of micro-batches under each schedule), so that it holds,
     records and mutates every planner's plan (seeds, demonstrations); the policy samples and learns in its
     own actions, and plans beyond them count as its off-policy samples only where it holds them. Simulated
-    in this process (one worker)."""
+    in this process, whatever ``workers`` (the same results)."""
     ppo_epochs: int = 4
     """PPO: passes over one round's samples."""
     ppo_clip: float = 0.2
@@ -177,8 +177,6 @@ class TrainerSettings:
             problems.append(f"log_every must be at least 1, got {self.log_every}")
         if self.workers < 1:
             problems.append(f"workers must be at least 1, got {self.workers}")
-        if self.extended_plans and self.workers > 1:
-            problems.append("extended_plans are simulated in this process: use one worker")
         if problems:
             raise HeterogError("bad trainer settings: " + "; ".join(problems))
 
