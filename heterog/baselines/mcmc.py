@@ -274,8 +274,7 @@ def mcmc(ev: PlanEvaluator, budget_s: float = 60.0, seed: int = 0, starts: tuple
     if order not in (None, ev.order):
         final = ActionSearch(ev, oom_factor, splits=splits, sharded=sharded)
         kept = sorted(plans.values(), key=lambda v: v[0])[:keep * max(len(results), 1)]
-        best_start = min(cands, key=lambda k: (start_cost[k], list(cands).index(k)))
-        queue = [kept[0], (start_cost[best_start], cands[best_start]), *kept[1:],
+        queue = [kept[0], (start_cost[best_name], cands[best_name]), *kept[1:],       # best_name: the best start
                  *sorted(((start_cost[n], a) for n, a in cands.items()), key=lambda v: v[0])]
         plans = {}
         for i, (_, a) in enumerate(queue):      # the most promising first, the rest as long as the budget lasts
