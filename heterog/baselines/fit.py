@@ -16,7 +16,9 @@ Ways (``WAYS``), each a search over its own candidates of one plan:
 When no way fits alone, each way is tried on the plan that another way frees the most memory in (the
 strongest sharded state, every group recomputed, the most micro-batches): "sharded+recompute" and so
 on. The way chosen is reported in the plan's ``meta["fit"]`` ("fits" where the plan fitted as given,
-"none" where nothing fits). Offloading is a kind of sharded state (``STATE_CHOICES``), so every search
+"none" where nothing fits). With a ``deadline`` (a ``time.perf_counter()`` value), no candidate is simulated
+once it has passed: the search keeps what it has simulated by then, so that a planner's budget bounds it
+(a way cut short returns the fewest that fit of those it tried, or nothing). Offloading is a kind of sharded state (``STATE_CHOICES``), so every search
 over sharded state (this routine, MCMC's shard moves) offers it: it costs PCIe transfers and a host
 optimizer step, priced by the simulator, against the GPU memory it frees.
 """
@@ -28,6 +30,8 @@ from functools import reduce
 from itertools import product
 from math import gcd
 from typing import TYPE_CHECKING, Any
+
+import time
 
 import numpy as np
 
@@ -47,6 +51,11 @@ STATE_CHOICES: tuple[dict[str, Any], ...] = (tuple({"stage": s} for s in STAGES 
                                              + tuple({"stage": s, "offload": "optimizer"} for s in STAGES if s > 0)
                                              + ({"stage": 3, "offload": "parameters"},))
 FITS, NONE, OFFLOAD = "fits", "none", "offload"
+
+
+def past(deadline: float | None) -> bool:
+    """Whether ``deadline`` (a ``time.perf_counter()`` value; None: none) has passed."""
+    return deadline is not None and time.perf_counter() >= deadline
 
 
 @dataclass(frozen=True)
@@ -144,22 +153,27 @@ def _way_of(strategy: Strategy) -> str:
     return OFFLOAD if any(c.sharded is not None and c.sharded.offloads for c in strategy.configs) else "sharded"
 
 
-def sharded_way(ev: PlanEvaluator, strategy: Strategy, bisect: bool = True) -> Fitted | None:
+def sharded_way(ev: PlanEvaluator, strategy: Strategy, deadline: float | None = None,
+                bisect: bool = True) -> Fitted | None:
     """The fastest plan that fits with sharded state (``sharded_variants`` on every group of
     ``state_order``); with ``bisect``, also the fewest of those groups, most state first, that fit under
-    the fastest fitting choice, kept if faster. None where no group can or none fits."""
+    the fastest fitting choice, kept if faster. None where no group can or none fits (of those simulated
+    before ``deadline``)."""
     groups = state_order(ev, strategy)
     if not groups:
         return None
     best: Fitted | None = None
     for s in _sharded_all(ev, strategy, groups):
+        if past(deadline):
+            break
         t, oom = ev.iteration_time(s)
         if not oom and (best is None or t < best.time_s):
             best = Fitted(s, float(t), False, _way_of(s))
     if best is None or not bisect or len(groups) == 1:
         return best
     chosen = {id(strategy.configs[g]): best.strategy.configs[g] for g in groups}
-    found = _fewest_that_fit(ev, len(groups), lambda k: with_sharded(strategy, groups[:k], lambda c: chosen[id(c)]))
+    found = _fewest_that_fit(ev, len(groups), lambda k: with_sharded(strategy, groups[:k], lambda c: chosen[id(c)]),
+                             deadline)
     if found is not None and found.time_s < best.time_s:
         return replace(found, way=_way_of(found.strategy))
     return best
@@ -181,16 +195,20 @@ def strongest_sharded(ev: PlanEvaluator, strategy: Strategy) -> Strategy | None:
 
 
 # ----------------------------------------------------------------------------- recomputation
-def _fewest_that_fit(ev: PlanEvaluator, n: int, make: Callable[[int], Strategy]) -> Fitted | None:
+def _fewest_that_fit(ev: PlanEvaluator, n: int, make: Callable[[int], Strategy],
+                     deadline: float | None = None) -> Fitted | None:
     """The plan ``make(k)`` of the smallest k in 1..n that fits, by bisection (fitting assumed to hold
-    from some k on), where ``make(n)`` fits; None where it does not."""
+    from some k on), where ``make(n)`` fits; None where it does not, or where ``deadline`` has passed before
+    it is simulated (after it, the bisection stops at the deadline with the smallest k found to fit)."""
+    if past(deadline):
+        return None
     top = make(n)
     t_top, oom = ev.iteration_time(top)
     if oom:
         return None
     best = Fitted(top, float(t_top), False, "")
     lo, hi = 0, n                       # k = lo is out of memory, k = hi fits
-    while hi - lo > 1:
+    while hi - lo > 1 and not past(deadline):
         mid = (lo + hi) // 2
         s = make(mid)
         t, oom = ev.iteration_time(s)
@@ -201,7 +219,7 @@ def _fewest_that_fit(ev: PlanEvaluator, n: int, make: Callable[[int], Strategy])
     return best
 
 
-def recompute_way(ev: PlanEvaluator, strategy: Strategy) -> Fitted | None:
+def recompute_way(ev: PlanEvaluator, strategy: Strategy, deadline: float | None = None) -> Fitted | None:
     """``strategy`` recomputing the fewest leading groups that fit (groups split beyond the batch are not
     recomputed), if recomputing all of them fits; None otherwise or where it already recomputes. The
     activations of the first groups live longest (until the backward comes back to them), so the
@@ -209,7 +227,7 @@ def recompute_way(ev: PlanEvaluator, strategy: Strategy) -> Fitted | None:
     groups = [g for g, cfg in enumerate(strategy.configs) if cfg.split is None]
     if strategy.recompute or not groups:
         return None
-    found = _fewest_that_fit(ev, len(groups), lambda k: strategy.with_recompute(groups[:k]))
+    found = _fewest_that_fit(ev, len(groups), lambda k: strategy.with_recompute(groups[:k]), deadline)
     return None if found is None else replace(found, way="recompute")
 
 
@@ -232,10 +250,13 @@ def _micro_counts(strategy: Strategy, most: int) -> list[int]:
     return out
 
 
-def micro_batch_way(ev: PlanEvaluator, strategy: Strategy, most: int = MAX_FIT_MICRO_BATCHES) -> Fitted | None:
+def micro_batch_way(ev: PlanEvaluator, strategy: Strategy, deadline: float | None = None,
+                    most: int = MAX_FIT_MICRO_BATCHES) -> Fitted | None:
     """``strategy`` over the fewest micro-batches (twice its own, doubling, up to ``most`` and what the plan
-    allows) that fit, under its schedule; None where none does."""
+    allows) that fit, under its schedule; None where none does (of those simulated before ``deadline``)."""
     for k in _micro_counts(strategy, most):
+        if past(deadline):
+            break
         s = strategy.with_micro_batches(k)
         t, oom = ev.iteration_time(s)
         if not oom:
@@ -250,8 +271,9 @@ def strongest_micro(ev: PlanEvaluator, strategy: Strategy) -> Strategy | None:
 
 
 # ----------------------------------------------------------------------------- the routine
-# a way: (its search for the fastest plan that fits, its plan that frees the most memory)
-Way = tuple[Callable[["PlanEvaluator", Strategy], "Fitted | None"],
+# a way: (its search for the fastest plan that fits, simulating nothing once its deadline has passed, its plan
+# that frees the most memory)
+Way = tuple[Callable[["PlanEvaluator", Strategy, "float | None"], "Fitted | None"],
             Callable[["PlanEvaluator", Strategy], "Strategy | None"]]
 WAYS: dict[str, Way] = {
     "sharded": (sharded_way, strongest_sharded),
@@ -272,14 +294,17 @@ def check_ways(ways: Sequence[str]) -> tuple[str, ...]:
     return tuple(ways)
 
 
-def fit(ev: PlanEvaluator, strategy: Strategy, ways: Sequence[str] = DEFAULT_WAYS, improve: bool = False) -> Fitted:
+def fit(ev: PlanEvaluator, strategy: Strategy, ways: Sequence[str] = DEFAULT_WAYS, improve: bool = False,
+        deadline: float | None = None) -> Fitted:
     """``strategy`` made to fit: as given where it fits; else the fastest plan that fits among each way's
     (``WAYS``, those named by ``ways``, in order; ties: the earlier way); where none fits alone, among
     each way applied after another way's strongest plan ("sharded+recompute", ...). Before searching, the
     plan with every way's strongest at once (``strongest_together``) is simulated where ``ways`` are among
     ``BOUNDED_WAYS``: where even it is out of memory, no way nor pair of ways fits (each of those ways'
     candidates frees at most what its strongest does) and the search is skipped, one simulation in place
-    of dozens on a plan that cannot fit. (More micro-batches are not bounded so: under sharded state each
+    of dozens on a plan that cannot fit. ``deadline``: after ``strategy`` itself, nothing is simulated once
+    ``time.perf_counter()`` has passed it (the fastest that fits of what was simulated by then is returned;
+    where the deadline leaves none but the plan with every way at its strongest, that one). (More micro-batches are not bounded so: under sharded state each
     micro-batch's local gradients may wait for their reduce-scatter, so the most micro-batches may hold
     more than fewer.) ``improve``: a plan
     that fits is also tried with sharded state on all its data-parallel groups (where "sharded" is among
@@ -290,23 +315,32 @@ def fit(ev: PlanEvaluator, strategy: Strategy, ways: Sequence[str] = DEFAULT_WAY
     if not oom:
         found = Fitted(replace(strategy, meta=dict(strategy.meta)), float(t), False, FITS)
         if improve and "sharded" in ways:
-            faster = sharded_way(ev, strategy, bisect=False)
+            faster = sharded_way(ev, strategy, bisect=False, deadline=deadline)
             if faster is not None and faster.time_s < found.time_s:
                 found = faster
         return _record(found)
     together = strongest_together(ev, strategy, ways) if set(ways) <= set(BOUNDED_WAYS) else None
-    if together is not None and ev.iteration_time(together)[1]:
-        return _record(Fitted(replace(strategy, meta=dict(strategy.meta)), float(t), True, NONE))
-    tried = [f for w in ways if (f := WAYS[w][0](ev, strategy)) is not None]
+    strongest: Fitted | None = None         # what fits where a deadline cuts the search before anything else
+    if together is not None and not past(deadline):
+        t_all, oom_all = ev.iteration_time(together)
+        if oom_all:
+            return _record(Fitted(replace(strategy, meta=dict(strategy.meta)), float(t), True, NONE))
+        label = [_way_of(together) if w == "sharded" else w for w in ways
+                 if (w == "sharded" and any(c.sharded for c in together.configs)) or
+                 (w == "recompute" and together.recompute)]
+        strongest = Fitted(together, float(t_all), False, "+".join(label))
+    tried = [f for w in ways if (f := WAYS[w][0](ev, strategy, deadline)) is not None]
     if not tried:
         for first in ways:
             base = WAYS[first][1](ev, strategy)
             if base is None:
                 continue
             for then in ways:
-                if then != first and (f := WAYS[then][0](ev, base)) is not None:
+                if then != first and (f := WAYS[then][0](ev, base, deadline)) is not None:
                     label = _way_of(base) if first == "sharded" else first
                     tried.append(replace(f, way=f"{label}+{f.way}"))
+    if not tried and strongest is not None:
+        tried = [strongest]
     if not tried:
         return _record(Fitted(replace(strategy, meta=dict(strategy.meta)), float(t), True, NONE))
     return _record(min(tried, key=lambda f: f.time_s))
@@ -336,5 +370,5 @@ def _record(found: Fitted) -> Fitted:
 
 
 __all__ = ["BOUNDED_WAYS", "DEFAULT_WAYS", "FITS", "Fitted", "NONE", "OFFLOAD", "STATE_CHOICES", "WAYS", "check_ways",
-           "fit", "holds_state", "micro_batch_way", "offloadable", "recompute_way", "shardable", "sharded_variants",
+           "fit", "holds_state", "micro_batch_way", "offloadable", "past", "recompute_way", "shardable", "sharded_variants",
            "sharded_way", "state_order", "strongest_together", "with_sharded"]

@@ -237,8 +237,10 @@ def fits_memory(prob: ScheduleProblem, device: np.ndarray) -> bool:
 
 
 def solve_cpsat(prob: ScheduleProblem, *, time_limit_s: float = 60.0, workers: int = 1, seed: int = 0,
-                hint: ScheduleSolution | None = None) -> ScheduleSolution:
-    """Minimise the makespan of ``prob`` with CP-SAT.
+                hint: ScheduleSolution | None = None, deadline: float | None = None) -> ScheduleSolution:
+    """Minimise the makespan of ``prob`` with CP-SAT, for at most ``time_limit_s`` seconds and, with a
+    ``deadline`` (a ``time.perf_counter()`` value), at most until it (building the model counts: 0.1 s at
+    least).
 
     Model: per task an optional interval per device (exactly one present, durations per device), one
     NoOverlap per device; per edge a transfer start and, per ordered pair of distinct devices with a
@@ -312,7 +314,8 @@ def solve_cpsat(prob: ScheduleProblem, *, time_limit_s: float = 60.0, workers: i
             mdl.add_hint(lit, int(hint.device[prob.edge_src[k]]) == a and int(hint.device[prob.edge_dst[k]]) == b)
         mdl.add_hint(makespan, int(hint.makespan))
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = float(time_limit_s)
+    limit = float(time_limit_s) if deadline is None else min(float(time_limit_s), deadline - time.perf_counter())
+    solver.parameters.max_time_in_seconds = max(limit, 0.1)
     solver.parameters.num_workers = int(workers)
     solver.parameters.random_seed = int(seed)
     solver.parameters.cp_model_probing_level = 0   # probing ~10^4 transfer literals eats the whole budget
@@ -399,7 +402,7 @@ def pesto(ev: PlanEvaluator, budget_s: float = 60.0, target_nodes: int = 200, se
     hint = min(hints, key=lambda h: (not fits_memory(sched, h.device), h.makespan))
     left = max(1.0, budget_s - (time.perf_counter() - t0))
     n_workers = solver_workers if solver_workers is not None else max(1, min(8, os.cpu_count() or 1))
-    sol = solve_cpsat(sched, time_limit_s=left, workers=n_workers, seed=seed, hint=hint)
+    sol = solve_cpsat(sched, time_limit_s=left, workers=n_workers, seed=seed, hint=hint, deadline=t0 + budget_s)
     pos = np.empty(graph.n_ops, dtype=np.int64)
     pos[graph.topo_order()] = np.arange(graph.n_ops)
     order = np.lexsort((pos, sol.start[cluster_of]))

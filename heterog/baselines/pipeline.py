@@ -22,7 +22,9 @@ The search is a pruned enumeration, time-boxed by ``budget_s``:
 counts, even micro-batches (only k and the schedule searched).
 
 Candidates run in that order for k = 1, 4, 2, 8, 16, ... so a short budget still meets the usual
-choices; the result's meta lists what was chosen and how many candidates were simulated.
+choices; the result's meta lists what was chosen and how many candidates were simulated. The budget is a
+deadline once the first candidate is simulated and fitted: nothing is simulated after it (a candidate's
+search for a way to fit stops there too).
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from heterog.baselines.expert import balanced_partition, group_strategy, op_layers, op_memory_bytes
-from heterog.baselines.fit import fit
+from heterog.baselines.fit import fit, past
 from heterog.errors import HeterogError
 from heterog.shares import even_shares, proportional_shares
 from heterog.strategy import MAX_MICRO_BATCHES, SCHEDULES, ParallelConfig, Strategy, most_micro_batches
@@ -150,12 +152,13 @@ def _partition_within(cost: np.ndarray, held: np.ndarray, cap: np.ndarray) -> np
 
 
 def fitting(ev: PlanEvaluator, strategy: Strategy, ways: tuple[str, ...] = ("recompute",),
-            improve: bool = False) -> tuple[Strategy, float, bool]:
+            improve: bool = False, deadline: float | None = None) -> tuple[Strategy, float, bool]:
     """(plan, time, OOM) of ``strategy`` made to fit by ``heterog.baselines.fit.fit`` with ``ways`` (by
     default recomputing the fewest leading groups that fit, where it recomputes nothing yet; with
-    "sharded" also sharded state, and ``improve``: kept where it is faster even though the plan fits);
-    the plan records the way in ``meta["fit"]``."""
-    found = fit(ev, strategy, ways, improve)
+    "sharded" also sharded state, and ``improve``: kept where it is faster even though the plan fits;
+    nothing simulated after ``strategy`` itself once ``deadline`` has passed); the plan records the way in
+    ``meta["fit"]``."""
+    found = fit(ev, strategy, ways, improve, deadline)
     return found.strategy, found.time_s, found.oom
 
 
@@ -165,16 +168,17 @@ def with_best_micro_batches(ev: PlanEvaluator, strategy: Strategy, max_micro_bat
     """``strategy`` over the number of micro-batches (1, 2, 4, ... up to ``max_micro_batches`` and the batch,
     or what its grids allow, ``most_micro_batches``; even sizes, each schedule) that simulates fastest,
     out-of-memory plans costing ``oom_factor`` times their time, each recomputing the fewest leading groups
-    that fit where only that fits (``fitting`` with ``ways``); ``strategy`` itself when none beats it. No
-    more numbers are tried once ``time.perf_counter()`` passes ``deadline`` (the plan itself is fitted)."""
-    best, t, oom = fitting(ev, strategy, ways)
+    that fit where only that fits (``fitting`` with ``ways``); ``strategy`` itself when none beats it. Nothing
+    is simulated once ``time.perf_counter()`` passes ``deadline``, but for ``strategy`` itself: a search for a
+    way to fit stops there too."""
+    best, t, oom = fitting(ev, strategy, ways, deadline=deadline)
     best_cost = t * (oom_factor if oom else 1.0)
     k = 2
     while k <= min(most_micro_batches(strategy), max_micro_batches):
         for schedule in SCHEDULES:
             if deadline is not None and time.perf_counter() >= deadline:
                 return best
-            s, t, oom = fitting(ev, strategy.with_micro_batches(k, schedule), ways)
+            s, t, oom = fitting(ev, strategy.with_micro_batches(k, schedule), ways, deadline=deadline)
             c = t * (oom_factor if oom else 1.0)
             if c < best_cost:
                 best, best_cost = s, c
@@ -259,7 +263,10 @@ def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | N
                     s.with_micro_batches(k, sched)
                     for sched in ((schedule,) if schedule else SCHEDULES)]
                 for v in variants:
-                    v, t, oom = fitting(ev, v, ways, improve=sharded)
+                    deadline = None if best is None else t0 + budget          # the first is fitted in full
+                    if past(deadline):
+                        break
+                    v, t, oom = fitting(ev, v, ways, improve=sharded, deadline=deadline)
                     tried += 1
                     replicated_fits |= not split and not oom
                     key = (bool(oom), float(t))

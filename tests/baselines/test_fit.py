@@ -269,6 +269,34 @@ def test_no_search_where_even_every_way_at_its_strongest_does_not_fit():
     assert {c.sharded for c in calls[1].configs} == {ShardedState(3, (1, 1), "parameters")}
 
 
+@pytest.mark.parametrize("ways", [("sharded", "recompute"), ("recompute", "sharded", "micro-batches")])
+def test_a_deadline_stops_the_search_at_what_it_has_simulated(monkeypatch, ways):
+    # a clock that counts simulations: a deadline of d lets fit simulate at most d plans (the plan itself
+    # always); what it returns fits if it says so and is the fastest of what it simulated, and from the
+    # deadline that the full search needs on, it is the full search's plan
+    from heterog.baselines import fit as fit_module
+
+    ev, plain = two_layer_groups(4096, 87 * P, bandwidth="10 MB/s")
+    calls: list = []
+    simulate = ev.iteration_time
+    ev.iteration_time = lambda s, *a: calls.append(simulate(s, *a)) or calls[-1]     # type: ignore[method-assign]
+    monkeypatch.setattr(fit_module, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: len(calls))}))
+    full = fit(ev, plain, ways)
+    n_full = len(calls)
+    assert not full.oom and n_full > 3
+    for d in range(n_full + 1):
+        calls.clear()
+        found = fit(ev, plain, ways, deadline=d)
+        assert len(calls) == max(d, 1)
+        assert (found.time_s, found.oom) == simulate(found.strategy)
+        fitting = [t for t, oom in calls if not oom]
+        assert found.oom == (not fitting) and (found.way == "none") == found.oom
+        if fitting:                       # the fastest of them (here every way at its strongest is the slowest)
+            assert found.time_s == min(fitting)
+        if d >= n_full:
+            assert found.strategy.configs == full.strategy.configs and found.time_s == full.time_s
+
+
 def test_shard_moves_offer_offloading_where_the_servers_have_hosts():
     ev, _ = hosted(4, 14 * P, 2, 4)
     search = ActionSearch(ev, sharded=True)
