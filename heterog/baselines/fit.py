@@ -18,20 +18,21 @@ strongest sharded state, every group recomputed, the most micro-batches): "shard
 on. The way chosen is reported in the plan's ``meta["fit"]`` ("fits" where the plan fitted as given,
 "none" where nothing fits). With a ``deadline`` (a ``time.perf_counter()`` value), no candidate is simulated
 once it has passed: the search keeps what it has simulated by then, so that a planner's budget bounds it
-(a way cut short returns the fewest that fit of those it tried, or nothing). Offloading is a kind of sharded state (``STATE_CHOICES``), so every search
-over sharded state (this routine, MCMC's shard moves) offers it: it costs PCIe transfers and a host
-optimizer step, priced by the simulator, against the GPU memory it frees.
+(a way cut short returns the fewest that fit of those it tried, or nothing).
+
+Offloading is a kind of sharded state (``STATE_CHOICES``), so every search over sharded state (this routine,
+MCMC's shard moves) offers it: it costs PCIe transfers and a host optimizer step, priced by the simulator,
+against the GPU memory it frees.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import reduce
 from itertools import product
 from math import gcd
 from typing import TYPE_CHECKING, Any
-
-import time
 
 import numpy as np
 
@@ -302,11 +303,11 @@ def fit(ev: PlanEvaluator, strategy: Strategy, ways: Sequence[str] = DEFAULT_WAY
     plan with every way's strongest at once (``strongest_together``) is simulated where ``ways`` are among
     ``BOUNDED_WAYS``: where even it is out of memory, no way nor pair of ways fits (each of those ways'
     candidates frees at most what its strongest does) and the search is skipped, one simulation in place
-    of dozens on a plan that cannot fit. ``deadline``: after ``strategy`` itself, nothing is simulated once
-    ``time.perf_counter()`` has passed it (the fastest that fits of what was simulated by then is returned;
-    where the deadline leaves none but the plan with every way at its strongest, that one). (More micro-batches are not bounded so: under sharded state each
+    of dozens on a plan that cannot fit. (More micro-batches are not bounded so: under sharded state each
     micro-batch's local gradients may wait for their reduce-scatter, so the most micro-batches may hold
-    more than fewer.) ``improve``: a plan
+    more than fewer.) ``deadline``: after ``strategy`` itself, nothing is simulated once
+    ``time.perf_counter()`` has passed it (the fastest that fits of what was simulated by then is returned;
+    where the deadline leaves none but the plan with every way at its strongest, that one). ``improve``: a plan
     that fits is also tried with sharded state on all its data-parallel groups (where "sharded" is among
     ``ways``), kept if faster (a reduce-scatter and an all-gather cost what the AllReduce does, and each
     replica updates only its shard). The plan returned records the way in ``meta["fit"]``."""
@@ -325,10 +326,10 @@ def fit(ev: PlanEvaluator, strategy: Strategy, ways: Sequence[str] = DEFAULT_WAY
         t_all, oom_all = ev.iteration_time(together)
         if oom_all:
             return _record(Fitted(replace(strategy, meta=dict(strategy.meta)), float(t), True, NONE))
-        label = [_way_of(together) if w == "sharded" else w for w in ways
-                 if (w == "sharded" and any(c.sharded for c in together.configs)) or
-                 (w == "recompute" and together.recompute)]
-        strongest = Fitted(together, float(t_all), False, "+".join(label))
+        applied = [_way_of(together) if w == "sharded" else w for w in ways
+                   if (w == "sharded" and any(c.sharded for c in together.configs)) or
+                   (w == "recompute" and together.recompute)]
+        strongest = Fitted(together, float(t_all), False, "+".join(applied))
     tried = [f for w in ways if (f := WAYS[w][0](ev, strategy, deadline)) is not None]
     if not tried:
         for first in ways:
@@ -370,5 +371,5 @@ def _record(found: Fitted) -> Fitted:
 
 
 __all__ = ["BOUNDED_WAYS", "DEFAULT_WAYS", "FITS", "Fitted", "NONE", "OFFLOAD", "STATE_CHOICES", "WAYS", "check_ways",
-           "fit", "holds_state", "micro_batch_way", "offloadable", "past", "recompute_way", "shardable", "sharded_variants",
-           "sharded_way", "state_order", "strongest_together", "with_sharded"]
+           "fit", "holds_state", "micro_batch_way", "offloadable", "past", "recompute_way", "shardable",
+           "sharded_variants", "sharded_way", "state_order", "strongest_together", "with_sharded"]
