@@ -26,6 +26,7 @@ from envs.actions import MICRO_CHOICES, SCHEDULE, full_plan, micro_batches, plan
 from heterog.actions import SPLIT_ACTION_NAMES, STATE_BASES, STATE_CHOICES, state_action, state_choice_name
 from heterog.errors import HeterogError
 from heterog.evaluate import reward
+from heterog.reporting import DP_BASELINES
 
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.evaluator_protocol import PlanEvaluator
@@ -51,7 +52,7 @@ def promising_uniform(n_devices: int, splits: bool = False, states: bool = False
     AllReduce schemes keeping each state choice with shards by memory (name -> action; zero-shot's
     candidates beside the policy's plan, and the uniform plans a search simulates first)."""
     m = int(n_devices)
-    names = ("ev-ps", "ev-ar", "cp-ps", "cp-ar") + (SPLIT_ACTION_NAMES if splits else ())
+    names = DP_BASELINES + (SPLIT_ACTION_NAMES if splits else ())
     out = {name: m + k for k, name in enumerate(names)}
     if states:
         for base in STATE_BASES:

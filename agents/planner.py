@@ -25,11 +25,12 @@ from agents.networks import StrategyPolicy
 from agents.trainer import BudgetSpent, GraphTask, Trainer, TrainerSettings, bias_towards_data_parallel
 from envs.actions import full_plan, plan_length, plan_strategy
 from envs.features import DEVICE_FEATURE_DIM, MAX_DEVICES, op_feature_dim
-from heterog.actions import n_actions
+from heterog.actions import SPLIT_ACTION_NAMES, n_actions
 from heterog.baselines.ps_refine import refine_ps_devices
 from heterog.errors import HeterogError
 from heterog.evaluate import Evaluator
 from heterog.planners import Planner
+from heterog.reporting import DP_BASELINES
 from heterog.strategy import Strategy
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -49,6 +50,10 @@ SCRATCH = "scratch"          # checkpoint value (CLI: --agent scratch) that trai
 # budgeted ones (pipeline) on ``SEED_SHARE`` of what is left of the budget, shared among them
 SEED_PLANNERS = ("single", "ev-ps", "ev-ar", "cp-ps", "cp-ar", "expert", "dpos", "pipeline")
 SEED_SHARE = 0.3
+# zero-shot compares the uniform plans beyond the four data-parallel ones (the cluster-wide splits, the sharded
+# state choices) while less than this many seconds have passed since it started, or while none of the plans
+# compared fits (then those that free memory first)
+ZERO_SHOT_S = 1.0
 log = logging.getLogger(__name__)
 AGENT_SIZES = {"small": StrategyPolicy.small, "paper": StrategyPolicy.paper}
 
@@ -132,7 +137,7 @@ def plan(evaluator: PlanEvaluator, checkpoint: str | Path | dict | None = None, 
     if zero:
         if checkpoint is None:
             raise HeterogError("zero-shot planning (budget 0, no episodes) needs a checkpoint")
-        strategy = zero_shot(evaluator, checkpoint, states=sharded)
+        strategy = zero_shot(evaluator, checkpoint, states=sharded, t0=t0)
         strategy.meta.update({"search_time_s": time.perf_counter() - t0, "seed": seed, "checkpoint": source})
         return strategy
     if episodes is None and budget_s is None:
@@ -298,7 +303,8 @@ def _load_policy(checkpoint: str | Path | dict, n_devices: int, state: dict | No
     return policy_from_checkpoint(state, state_actions=states)
 
 
-def zero_shot(evaluator: Evaluator, checkpoint: str | Path | dict, states: bool = False) -> Strategy:
+def zero_shot(evaluator: Evaluator, checkpoint: str | Path | dict, states: bool = False,
+              t0: float | None = None) -> Strategy:
     """The pretrained policy's plan for ``evaluator``'s graph and cluster without any update: its greedy plan (each
     group's most likely decision, ``agents.networks.most_likely_actions``, and its more likely recompute bit, and
     the most likely number of micro-batches; each coupled block its leader's, when the policy was trained with
@@ -306,12 +312,16 @@ def zero_shot(evaluator: Evaluator, checkpoint: str | Path | dict, states: bool 
     no recomputation) and, for a policy with split actions, the two cluster-wide splits (every group under
     ``tp-even``, or ``tp-prop``) and, with ``states`` (the policy gains the state actions), the two AllReduce
     schemes keeping each state choice with shards by memory (``ev-ar:s2-memory``, ...); the fastest is
-    returned (a plan out of memory counts ``oom_factor`` times slower, as in training). Meta: ``policy_plan_s``
-    and ``policy_plan_oom`` (the greedy plan, before the comparison),
-    ``zero_shot`` True, ``kept`` ("policy" or the uniform plan's name), ``best_iteration_time_s``, ``oom``,
+    returned (a plan out of memory counts ``oom_factor`` times slower, as in training). The policy's plan and
+    the data-parallel ones are always compared; the splits and state choices after them only while
+    ``ZERO_SHOT_S`` has not passed since ``t0`` (default: this call's start), or while no plan compared fits,
+    then the state choices first (they free memory). Meta: ``policy_plan_s`` and ``policy_plan_oom`` (the greedy
+    plan, before the comparison), ``zero_shot`` True, ``kept`` ("policy" or the uniform plan's name),
+    ``compared`` (the names of the plans compared, in order), ``best_iteration_time_s``, ``oom``,
     ``episodes`` 0, ``rounds`` 0, ``micro_batches`` and ``recomputed_groups``."""
     from heterog.evaluate import reward
 
+    t0 = time.perf_counter() if t0 is None else t0
     m = evaluator.cluster.n_devices
     state = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
     policy = _load_policy(checkpoint, m, state, states)
@@ -331,15 +341,30 @@ def zero_shot(evaluator: Evaluator, checkpoint: str | Path | dict, states: bool 
     def decode(a: np.ndarray, method: str = "") -> Strategy:
         return plan_strategy(evaluator, a, method, states=states, splits=policy.split_actions)
 
-    plans = {name: decode(a, "agent") for name, a in candidates.items()}
-    for name in ("ev-ps", "cp-ps"):          # the PS baselines' servers (heterog.baselines.ps_refine)
-        plans[name] = refine_ps_devices(evaluator, plans[name])
-    scored = {name: evaluator.iteration_time(s) for name, s in plans.items()}
+    plans: dict[str, Strategy] = {}
+    scored: dict[str, tuple[float, bool]] = {}
+
+    def compare(name: str) -> None:
+        plans[name] = decode(candidates[name], "agent")
+        if name in ("ev-ps", "cp-ps"):          # the PS baselines' servers (heterog.baselines.ps_refine)
+            plans[name] = refine_ps_devices(evaluator, plans[name])
+        scored[name] = evaluator.iteration_time(plans[name])
+
+    for name in ("policy", *DP_BASELINES):
+        compare(name)
+    more = [n for n in candidates if n not in scored]
+    if all(oom for _, oom in scored.values()):          # nothing fits yet: the state choices (they free memory) first
+        more.sort(key=lambda n: n in SPLIT_ACTION_NAMES)
+    for name in more:
+        if time.perf_counter() - t0 >= ZERO_SHOT_S and not all(oom for _, oom in scored.values()):
+            break
+        compare(name)
     kept = max(scored, key=lambda name: (reward(*scored[name]), name == "policy"))
     strategy = plans[kept]
-    strategy.meta.update({"zero_shot": True, "kept": kept, "policy_plan_s": scored["policy"][0],
-                          "policy_plan_oom": scored["policy"][1], "best_iteration_time_s": scored[kept][0],
-                          "oom": scored[kept][1], "episodes": 0, "rounds": 0})
+    strategy.meta.update({"zero_shot": True, "kept": kept, "compared": list(scored),
+                          "policy_plan_s": scored["policy"][0], "policy_plan_oom": scored["policy"][1],
+                          "best_iteration_time_s": scored[kept][0], "oom": scored[kept][1], "episodes": 0,
+                          "rounds": 0})
     return strategy
 
 

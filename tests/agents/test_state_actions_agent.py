@@ -68,6 +68,25 @@ def test_zero_shot_with_state_actions_finds_a_plan_that_fits_where_no_plain_one_
     assert ev.iteration_time(found) == (found.meta["best_iteration_time_s"], False)
 
 
+def test_zero_shot_compares_more_than_the_data_parallel_plans_only_in_its_time_or_while_none_fits(monkeypatch):
+    import agents.planner
+    from agents.candidates import promising_uniform
+
+    monkeypatch.setattr(agents.planner, "ZERO_SHOT_S", 0.0)            # the time is spent at once
+    roomy = Evaluator(capture_model("tiny_mlp", 16), load_cluster("paper-8gpu"))
+    found = plan(roomy, budget_s=0, progress=False, sharded=True)
+    assert found.meta["compared"] == ["policy", "ev-ps", "ev-ar", "cp-ps", "cp-ar"] and not found.meta["oom"]
+    # where no data-parallel plan fits, the state choices are compared until one fits
+    tight = Evaluator(adam_graph(), tight_cluster(43 * P // 2))
+    found = plan(tight, budget_s=0, progress=False, sharded=True)
+    more = found.meta["compared"][5:]
+    assert more and all(":" in name for name in more) and not found.meta["oom"]
+    assert found.meta["kept"] == more[-1]                    # the first that fits ends the comparison
+    monkeypatch.setattr(agents.planner, "ZERO_SHOT_S", 1e9)
+    every = plan(roomy, budget_s=0, progress=False, sharded=True).meta["compared"]
+    assert every == ["policy", *promising_uniform(roomy.cluster.n_devices, states=True)]
+
+
 def test_a_short_training_run_with_state_actions_keeps_sharded_state_where_only_that_fits():
     ev = Evaluator(adam_graph(), tight_cluster(43 * P // 2))
     settings = TrainerSettings(samples_per_graph=4, explore_samples=1, mutate_samples=1, seed=0)
