@@ -26,6 +26,7 @@ from agents.trainer import BudgetSpent, GraphTask, Trainer, TrainerSettings, bia
 from envs.actions import full_plan, plan_length, plan_strategy
 from envs.features import DEVICE_FEATURE_DIM, MAX_DEVICES, op_feature_dim
 from heterog.actions import SPLIT_ACTION_NAMES, n_actions
+from heterog.baselines.mcmc import SPLIT_STARTS
 from heterog.baselines.ps_refine import refine_ps_devices
 from heterog.errors import HeterogError
 from heterog.evaluate import Evaluator
@@ -50,6 +51,10 @@ SCRATCH = "scratch"          # checkpoint value (CLI: --agent scratch) that trai
 # budgeted ones (pipeline) on ``SEED_SHARE`` of what is left of the budget, shared among them
 SEED_PLANNERS = ("single", "ev-ps", "ev-ar", "cp-ps", "cp-ar", "expert", "dpos", "pipeline")
 SEED_SHARE = 0.3
+# MCMC's starts that divide every group beyond the batch within the fastest server, or over the faster grid
+# (``heterog.baselines.mcmc.start_actions``), seeds too where the search has splits and the graph and cluster
+# have them: MCMC's best start in half of the planner table's cases (docs/results.md), one simulation per variant
+SEED_STARTS = ("tp-server", "tp-grid")
 # zero-shot compares the uniform plans beyond the four data-parallel ones (the cluster-wide splits, the sharded
 # state choices) while less than this many seconds have passed since it started, or while none of the plans
 # compared fits (then those that free memory first)
@@ -82,7 +87,8 @@ def plan(evaluator: PlanEvaluator, checkpoint: str | Path | dict | None = None, 
          budget_s: float | None = None, seed: int = 0, progress: bool = True, *,
          settings: TrainerSettings | None = None, size: str = "small", run_dir: str | Path | None = None,
          writer: SummaryWriter | None = None, workers: int = 1, ray_address: str | None = None,
-         splits: bool = False, sharded: bool = False, seeds: Sequence[str] = SEED_PLANNERS) -> Strategy:
+         splits: bool = False, sharded: bool = False, seeds: Sequence[str] = SEED_PLANNERS + SEED_STARTS
+         ) -> Strategy:
     """Search a strategy for ``evaluator.graph`` on ``evaluator.cluster`` with the learning agent.
 
     Args:
@@ -109,7 +115,8 @@ def plan(evaluator: PlanEvaluator, checkpoint: str | Path | dict | None = None, 
             (``agents.networks.plan.STATE_PRIOR``: its greedy plan picks none); zero-shot also compares
             the uniform plans of each AllReduce scheme keeping each state choice with shards by memory.
             Simulated in this process (one worker).
-        seeds: planners whose plans seed the search (not zero-shot; ``seed_plans``): each plan the policy's
+        seeds: planners whose plans seed the search (not zero-shot; ``seed_plans``), and MCMC's split starts
+            among them (``SEED_STARTS``, with ``splits``; ``seed_starts``): each plan the policy's
             actions hold is recorded as the first plans are (the search's moves start from the best, the
             replay pool and the imitation term pull the policy towards it), and each the extended actions hold
             (then the search's plans are extended ones, ``TrainerSettings.extended_plans``, simulated in this
@@ -156,7 +163,8 @@ def plan(evaluator: PlanEvaluator, checkpoint: str | Path | dict | None = None, 
         else:
             policy = build_policy(m, size, seed, settings.initial_dp_bias, split_actions=splits, state_actions=sharded)
         task = GraphTask.from_evaluator(evaluator, layout=policy.feature_layout)
-        seeded = seed_plans(evaluator, seeds, budget_s, t0, splits, sharded)
+        seeded = seed_starts(evaluator, [n for n in seeds if n in SPLIT_STARTS], splits)
+        seeded.update(seed_plans(evaluator, [n for n in seeds if n not in SPLIT_STARTS], budget_s, t0, splits, sharded))
         scored = {name: evaluator.iteration_time(s) for name, s in seeded.items()}         # within the budget
         # the search holds a seed beyond the policy's actions (stages on device subsets, grids) in the extended
         # ones (then simulated in this process: the same plan with any number of workers)
@@ -217,6 +225,27 @@ def seed_plans(evaluator: Evaluator, names: Sequence[str], budget_s: float | Non
             out[name] = plan_with(name, evaluator=evaluator, **opts)
         except HeterogError as exc:
             log.warning("agent: seed planner %s skipped: %s", name, exc)
+    return out
+
+
+def seed_starts(evaluator: Evaluator, names: Sequence[str], splits: bool) -> dict[str, Strategy]:
+    """The plans of MCMC's split starts ``names`` (``heterog.baselines.mcmc.SPLIT_STARTS``; start -> plan, each
+    chosen among its variants by simulation) where ``splits`` is on and the graph has split options; a start
+    the cluster does not have (one server, servers of unequal sizes) is skipped (logged)."""
+    if not splits or not names or evaluator.graph.splits is None:
+        return {}
+    from heterog.baselines.chains import ActionSearch
+    from heterog.baselines.mcmc import start_actions
+
+    search = ActionSearch(evaluator, splits=True)
+    out: dict[str, Strategy] = {}
+    for name in names:
+        try:
+            actions = start_actions(evaluator, name, np.random.default_rng(0), search.cost)
+        except HeterogError as exc:
+            log.info("agent: seed %s skipped: %s", name, exc)
+            continue
+        out[name] = replace(search.strategy(actions), method=name)
     return out
 
 

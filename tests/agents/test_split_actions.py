@@ -215,3 +215,28 @@ def test_the_shipped_policy_with_split_actions_places_the_model_no_gpu_holds():
     assert ev.iteration_time(strategy) == (pytest.approx(meta["best_iteration_time_s"], rel=1e-9), False)
     for dp in range(4):                          # every data-parallel plan is out of memory there
         assert ev.iteration_time(ev.strategy(np.full(ev.n_groups, 8 + dp)))[1]
+
+
+def test_mcmcs_split_starts_seed_a_search_with_splits_in_the_extended_actions():
+    from agents.checkpoint import load_checkpoint, policy_from_checkpoint
+    from agents.planner import PRETRAINED_SPLITS, SEED_STARTS, seed_actions, seed_starts
+    from heterog.baselines.chains import ActionSearch
+    from heterog.baselines.mcmc import start_actions
+    from heterog.cluster import load_cluster
+
+    ev = Evaluator(capture_model("big_embedding", 8, "adam"), load_cluster("paper-8gpu"))
+    starts = seed_starts(ev, SEED_STARTS, splits=True)
+    assert list(starts) == list(SEED_STARTS) and all(s.method == n for n, s in starts.items())
+    # tp-server: every group divided beyond the batch over one server (the fastest), the same as MCMC's start
+    server = {c.devices for c in starts["tp-server"].configs}
+    assert len(server) == 1 and len(next(iter(server))) == 2 and all(c.split for c in starts["tp-server"].configs)
+    search = ActionSearch(ev, splits=True)
+    mcmc_start = search.strategy(start_actions(ev, "tp-server", np.random.default_rng(0), search.cost))
+    assert starts["tp-server"].configs == mcmc_start.configs
+    assert {c.devices for c in starts["tp-grid"].configs} == {tuple(range(8))}
+    # the search holds them: tp-server in the policy's own split actions (a split over one server's devices),
+    # the grid in the extended ones
+    policy = policy_from_checkpoint(load_checkpoint(PRETRAINED_SPLITS))
+    assert list(seed_actions(ev, starts, policy)) == ["tp-server"]
+    assert set(seed_actions(ev, starts, policy, extended=True)) == set(starts)
+    assert seed_starts(ev, SEED_STARTS, splits=False) == {}
