@@ -106,7 +106,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
            "split_groups": [g for g, cfg in enumerate(strategy.configs) if cfg.split is not None],
            "sync_batch_stats": strategy.sync_batch_stats}
     if "policy_plan_s" in strategy.meta:        # zero-shot: the policy's own plan, before the DP comparison
-        doc.update({k: strategy.meta[k] for k in ("policy_plan_s", "policy_plan_oom", "kept")})
+        doc.update({k: strategy.meta[k] for k in ("policy_plan_s", "policy_plan_oom", "kept", "compared")})
     if portfolio:                               # which planner's plan won, and what every planner found
         doc.update({k: portfolio[k] for k in ("chosen", "budget_s", "seconds", "tried")})
         doc["search_time_s"] = portfolio["seconds"]                  # the whole portfolio's

@@ -120,6 +120,7 @@ def test_zero_shot_plans_with_the_checkpoint_and_never_loses_to_data_parallelism
     assert main(argv + ["--agent", str(path)]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["policy_plan_s"] == pytest.approx(meta["policy_plan_s"]) and doc["kept"] == meta["kept"]
+    assert doc["compared"] == ["policy", "ev-ps", "ev-ar", "cp-ps", "cp-ar"]         # no splits, no state choices
     assert doc["iteration_time_s"] == pytest.approx(t_s)
     assert main(argv + ["--agent", "scratch"]) == 2 and "not from scratch" in capsys.readouterr().err
 
