@@ -57,7 +57,7 @@ SEED_SHARE = 0.3
 SEED_STARTS = ("tp-server", "tp-grid")
 # zero-shot compares the uniform plans beyond the four data-parallel ones (the cluster-wide splits, the sharded
 # state choices) while less than this many seconds have passed since it started, or while none of the plans
-# compared fits (then those that free memory first)
+# compared fits (where none of the first five fits, every state choice first: they free memory)
 ZERO_SHOT_S = 1.0
 log = logging.getLogger(__name__)
 AGENT_SIZES = {"small": StrategyPolicy.small, "paper": StrategyPolicy.paper}
@@ -343,11 +343,12 @@ def zero_shot(evaluator: Evaluator, checkpoint: str | Path | dict, states: bool 
     schemes keeping each state choice with shards by memory (``ev-ar:s2-memory``, ...); the fastest is
     returned (a plan out of memory counts ``oom_factor`` times slower, as in training). The policy's plan and
     the data-parallel ones are always compared; the splits and state choices after them only while
-    ``ZERO_SHOT_S`` has not passed since ``t0`` (default: this call's start), or while no plan compared fits,
-    then the state choices first (they free memory). Meta: ``policy_plan_s`` and ``policy_plan_oom`` (the greedy
-    plan, before the comparison), ``zero_shot`` True, ``kept`` ("policy" or the uniform plan's name),
-    ``compared`` (the names of the plans compared, in order), ``best_iteration_time_s``, ``oom``,
-    ``episodes`` 0, ``rounds`` 0, ``micro_batches`` and ``recomputed_groups``."""
+    ``ZERO_SHOT_S`` has not passed since ``t0`` (default: this call's start) or while no plan compared fits;
+    where none of those five fits, every state choice is compared first (they free memory). Meta:
+    ``policy_plan_s`` and ``policy_plan_oom`` (the greedy plan, before the comparison), ``zero_shot`` True,
+    ``kept`` ("policy" or the uniform plan's name), ``compared`` (the names of the plans compared, in order),
+    ``best_iteration_time_s``, ``oom``, ``episodes`` 0, ``rounds`` 0, ``micro_batches`` and
+    ``recomputed_groups``."""
     from heterog.evaluate import reward
 
     t0 = time.perf_counter() if t0 is None else t0
@@ -381,11 +382,14 @@ def zero_shot(evaluator: Evaluator, checkpoint: str | Path | dict, states: bool 
 
     for name in ("policy", *DP_BASELINES):
         compare(name)
+    def fits() -> bool:
+        return not all(oom for _, oom in scored.values())
+
     more = [n for n in candidates if n not in scored]
-    if all(oom for _, oom in scored.values()):          # nothing fits yet: the state choices (they free memory) first
-        more.sort(key=lambda n: n in SPLIT_ACTION_NAMES)
-    for name in more:
-        if time.perf_counter() - t0 >= ZERO_SHOT_S and not all(oom for _, oom in scored.values()):
+    # where nothing fits yet, every state choice (they free memory: the fastest of them that fits is wanted)
+    every = [] if fits() else [n for n in more if n not in SPLIT_ACTION_NAMES]
+    for name in every + [n for n in more if n not in every]:
+        if name not in every and time.perf_counter() - t0 >= ZERO_SHOT_S and fits():
             break
         compare(name)
     kept = max(scored, key=lambda name: (reward(*scored[name]), name == "policy"))
