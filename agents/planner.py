@@ -186,9 +186,13 @@ def plan(evaluator: PlanEvaluator, checkpoint: str | Path | dict | None = None, 
                     trainer.seed_plans(task, np.stack(list(plans.values())))
             except BudgetSpent:
                 pass                                        # the budget is spent: train() stops at once
-            remaining = None if budget_s is None else max(budget_s - (time.perf_counter() - t0), 1e-3)
-            with _Progress(progress, task.name, episodes, remaining) as bar:
-                trainer.train(episodes=episodes, budget_s=remaining, on_round=bar.update)
+            remaining = None if budget_s is None else budget_s - (time.perf_counter() - t0)
+            # a budget the seeds spent starts no round (a round's first plan is scored even past the deadline,
+            # so that a search without seeds has a plan)
+            if remaining is None or remaining > 0 or trainer.states[task.key].best_actions is None:
+                remaining = None if remaining is None else max(remaining, 1e-3)
+                with _Progress(progress, task.name, episodes, remaining) as bar:
+                    trainer.train(episodes=episodes, budget_s=remaining, on_round=bar.update)
         finally:
             trainer.close()
     finally:

@@ -61,10 +61,29 @@ def test_plan_stops_on_a_wall_clock_budget(graph, paper8):
     # no episode limit: only the budget ends the search, after the round that spends it (how far past the
     # budget that round runs depends on the machine's load, so it is not asserted)
     t0 = time.perf_counter()
-    strategy = plan(Evaluator(graph, paper8), budget_s=1.5, progress=False)
+    strategy = plan(Evaluator(graph, paper8), budget_s=3.0, progress=False)
     elapsed = time.perf_counter() - t0
-    assert 1.5 <= strategy.meta["search_time_s"] <= elapsed and strategy.meta["episodes"] > 0
+    assert 3.0 <= strategy.meta["search_time_s"] <= elapsed and strategy.meta["episodes"] > 0
     assert strategy.meta["checkpoint"] == str(PRETRAINED)     # no checkpoint given: the shipped one
+
+
+def test_a_budget_the_seeds_spend_starts_no_round(graph, paper8, monkeypatch):
+    import agents.planner
+
+    seed_plans = agents.planner.seed_plans
+
+    def slow_seeds(*args, **kwargs):
+        out = seed_plans(*args, **kwargs)
+        time.sleep(1.0)                                     # past the budget
+        return out
+
+    monkeypatch.setattr(agents.planner, "seed_plans", slow_seeds)
+    monkeypatch.setattr(Trainer, "update", lambda self: pytest.fail("a round started past the budget"))
+    ev = Evaluator(graph, paper8)
+    strategy = plan(ev, budget_s=0.5, progress=False, seeds=("single", "ev-ar"))
+    meta = strategy.meta
+    assert meta["rounds"] == 0 and meta["episodes"] == 0
+    assert ev.iteration_time(strategy)[0] == min(abs(t) for t in meta["seeds"].values())
 
 
 def test_plan_fine_tunes_a_checkpoint_and_refuses_another_action_space(graph, paper8, tmp_path):
