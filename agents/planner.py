@@ -26,7 +26,7 @@ from agents.trainer import BudgetSpent, GraphTask, Trainer, TrainerSettings, bia
 from envs.actions import full_plan, plan_length, plan_strategy
 from envs.features import DEVICE_FEATURE_DIM, MAX_DEVICES, op_feature_dim
 from heterog.actions import SPLIT_ACTION_NAMES, n_actions
-from heterog.baselines.mcmc import SPLIT_STARTS
+from heterog.baselines.mcmc import SPLIT_STARTS, start_plan
 from heterog.baselines.ps_refine import refine_ps_devices
 from heterog.errors import HeterogError
 from heterog.evaluate import Evaluator
@@ -238,18 +238,12 @@ def seed_starts(evaluator: Evaluator, names: Sequence[str], splits: bool) -> dic
     the cluster does not have (one server, servers of unequal sizes) is skipped (logged)."""
     if not splits or not names or evaluator.graph.splits is None:
         return {}
-    from heterog.baselines.chains import ActionSearch
-    from heterog.baselines.mcmc import start_actions
-
-    search = ActionSearch(evaluator, splits=True)
     out: dict[str, Strategy] = {}
     for name in names:
         try:
-            actions = start_actions(evaluator, name, np.random.default_rng(0), search.cost)
+            out[name] = start_plan(evaluator, name, splits=True)
         except HeterogError as exc:
             log.info("agent: seed %s skipped: %s", name, exc)
-            continue
-        out[name] = replace(search.strategy(actions), method=name)
     return out
 
 

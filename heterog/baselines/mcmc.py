@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -86,6 +87,14 @@ def start_actions(ev: PlanEvaluator, name: str, rng: np.random.Generator,
     if name == "random":
         return rng.integers(0, m + 4, size=g).astype(np.int64)
     raise HeterogError(f"unknown MCMC start {name!r}; choose from {', '.join(DEFAULT_STARTS + SPLIT_STARTS)}")
+
+
+def start_plan(ev: PlanEvaluator, name: str, splits: bool = False, seed: int = 0) -> Strategy:
+    """The plan of start ``name`` (``start_actions``; with ``splits`` the split starts too, a start with variants
+    choosing the fastest by simulation; ``seed`` draws ``random``'s), method ``name``: MCMC's starts for a
+    planner that starts where MCMC does (the agent's seeds)."""
+    search = ActionSearch(ev, splits=splits)
+    return replace(search.strategy(start_actions(ev, name, np.random.default_rng(seed), search.cost)), method=name)
 
 
 def repick_block_devices(search: ActionSearch, actions: np.ndarray, cost: float,
