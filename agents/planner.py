@@ -163,9 +163,11 @@ def plan(evaluator: PlanEvaluator, checkpoint: str | Path | dict | None = None, 
         else:
             policy = build_policy(m, size, seed, settings.initial_dp_bias, split_actions=splits, state_actions=sharded)
         task = GraphTask.from_evaluator(evaluator, layout=policy.feature_layout)
-        seeded = seed_starts(evaluator, [n for n in seeds if n in SPLIT_STARTS], splits)
+        starts = seed_starts(evaluator, [n for n in seeds if n in SPLIT_STARTS], splits)
+        seeded = {name: s for name, (s, _) in starts.items()}
         seeded.update(seed_plans(evaluator, [n for n in seeds if n not in SPLIT_STARTS], budget_s, t0, splits, sharded))
-        scored = {name: evaluator.iteration_time(s) for name, s in seeded.items()}         # within the budget
+        scored = {name: starts[name][1] if name in starts else evaluator.iteration_time(s)    # within the budget
+                  for name, s in seeded.items()}
         # the search holds a seed beyond the policy's actions (stages on device subsets, grids) in the extended
         # ones (then simulated in this process: the same plan with any number of workers)
         held = seed_actions(evaluator, seeded, policy, extended=True)
@@ -232,13 +234,15 @@ def seed_plans(evaluator: Evaluator, names: Sequence[str], budget_s: float | Non
     return out
 
 
-def seed_starts(evaluator: Evaluator, names: Sequence[str], splits: bool) -> dict[str, Strategy]:
-    """The plans of MCMC's split starts ``names`` (``heterog.baselines.mcmc.SPLIT_STARTS``; start -> plan, each
-    chosen among its variants by simulation) where ``splits`` is on and the graph has split options; a start
-    the cluster does not have (one server, servers of unequal sizes) is skipped (logged)."""
+def seed_starts(evaluator: Evaluator, names: Sequence[str], splits: bool
+                ) -> dict[str, tuple[Strategy, tuple[float, bool]]]:
+    """The plans of MCMC's split starts ``names`` (``heterog.baselines.mcmc.SPLIT_STARTS``; start -> (plan, its
+    ``iteration_time``), each chosen among its variants by simulation) where ``splits`` is on and the graph has
+    split options; a start the cluster does not have (one server, servers of unequal sizes) is skipped
+    (logged)."""
     if not splits or not names or evaluator.graph.splits is None:
         return {}
-    out: dict[str, Strategy] = {}
+    out: dict[str, tuple[Strategy, tuple[float, bool]]] = {}
     for name in names:
         try:
             out[name] = start_plan(evaluator, name, splits=True)

@@ -89,12 +89,23 @@ def start_actions(ev: PlanEvaluator, name: str, rng: np.random.Generator,
     raise HeterogError(f"unknown MCMC start {name!r}; choose from {', '.join(DEFAULT_STARTS + SPLIT_STARTS)}")
 
 
-def start_plan(ev: PlanEvaluator, name: str, splits: bool = False, seed: int = 0) -> Strategy:
+def start_plan(ev: PlanEvaluator, name: str, splits: bool = False, seed: int = 0
+               ) -> tuple[Strategy, tuple[float, bool]]:
     """The plan of start ``name`` (``start_actions``; with ``splits`` the split starts too, a start with variants
-    choosing the fastest by simulation; ``seed`` draws ``random``'s), method ``name``: MCMC's starts for a
-    planner that starts where MCMC does (the agent's seeds)."""
+    choosing the fastest by simulation; ``seed`` draws ``random``'s), method ``name``, and its
+    ``ev.iteration_time`` (the chosen variant's, not simulated again): MCMC's starts for a planner that starts
+    where MCMC does (the agent's seeds)."""
     search = ActionSearch(ev, splits=splits)
-    return replace(search.strategy(start_actions(ev, name, np.random.default_rng(seed), search.cost)), method=name)
+    seen: dict[bytes, tuple[float, bool]] = {}
+
+    def score(actions: np.ndarray) -> float:
+        t, oom = seen[actions.tobytes()] = ev.iteration_time(search.strategy(actions))
+        return t * search.oom_factor if oom else t
+
+    actions = start_actions(ev, name, np.random.default_rng(seed), score)
+    plan = replace(search.strategy(actions), method=name)
+    known = seen.get(actions.tobytes())
+    return plan, known if known is not None else ev.iteration_time(plan)
 
 
 def repick_block_devices(search: ActionSearch, actions: np.ndarray, cost: float,

@@ -176,7 +176,7 @@ def with_best_micro_batches(ev: PlanEvaluator, strategy: Strategy, max_micro_bat
     k = 2
     while k <= min(most_micro_batches(strategy), max_micro_batches):
         for schedule in SCHEDULES:
-            if deadline is not None and time.perf_counter() >= deadline:
+            if past(deadline):
                 return best
             s, t, oom = fitting(ev, strategy.with_micro_batches(k, schedule), ways, deadline=deadline)
             c = t * (oom_factor if oom else 1.0)

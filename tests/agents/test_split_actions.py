@@ -225,8 +225,11 @@ def test_mcmcs_split_starts_seed_a_search_with_splits_in_the_extended_actions():
     from heterog.cluster import load_cluster
 
     ev = Evaluator(capture_model("big_embedding", 8, "adam"), load_cluster("paper-8gpu"))
-    starts = seed_starts(ev, SEED_STARTS, splits=True)
+    found = seed_starts(ev, SEED_STARTS, splits=True)
+    starts = {name: plan for name, (plan, _) in found.items()}
     assert list(starts) == list(SEED_STARTS) and all(s.method == n for n, s in starts.items())
+    # each with its simulated result, as the evaluator gives it
+    assert all(result == ev.iteration_time(starts[name]) for name, (_, result) in found.items())
     # tp-server: every group divided beyond the batch over one server (the fastest), the same as MCMC's start
     server = {c.devices for c in starts["tp-server"].configs}
     assert len(server) == 1 and len(next(iter(server))) == 2 and all(c.split for c in starts["tp-server"].configs)
