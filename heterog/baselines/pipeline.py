@@ -5,9 +5,9 @@ candidate is simulated and the fastest that fits is kept.
 
 The search is a pruned enumeration, time-boxed by ``budget_s``:
 
-  stage groups   the devices in index order (neighbours share a server) cut into stages: one stage per
-                 server, one per run of devices of one type, stages of 1, 2, 4, ... devices, and one
-                 stage of all devices (data parallelism with gradient accumulation);
+  stage groups   the devices in index order (neighbours share a server) cut into stages: one stage of
+                 all devices (data parallelism with gradient accumulation), one stage per server, one per
+                 run of devices of one type, and stages of 1, 2, 4, ... devices;
   layers         ``heterog.baselines.expert.op_layers`` split over the stages by
                  ``balanced_partition`` (the slowest stage's time is minimised, each stage within the
                  memory of its smallest device where possible); a stage's time for a layer is its
@@ -21,10 +21,15 @@ The search is a pruned enumeration, time-boxed by ``budget_s``:
 ``balance="equal"`` is the homogeneous baseline of pipeline planners: one stage per device, equal layer
 counts, even micro-batches (only k and the schedule searched).
 
-Candidates run in that order for k = 1, 4, 2, 8, 16, ... so a short budget still meets the usual
-choices; the result's meta lists what was chosen and how many candidates were simulated. The budget is a
-deadline once the first candidate is simulated and fitted: nothing is simulated after it (a candidate's
-search for a way to fit stops there too).
+The search runs in two passes. Screening simulates each candidate as built, once (a candidate equal to
+one screened before, as even and proportional shares are on devices alike, is skipped), for k = 1, 4, 2,
+8, 16, ... and in the order above, until ``SCREEN_SHARE`` of the budget has passed. Refinement then makes
+the screened candidates fit (and, with ``sharded``, tries those that fit with sharded state) in the order
+of their screened times, fastest first, until the budget ends: making a candidate fit costs many
+simulations, so it goes where the screen points. The result's meta lists what was chosen, how many
+candidates were screened and how many fitted. The budget is a deadline once the first candidate is
+simulated and fitted: nothing is simulated after it (a candidate's search for a way to fit stops there
+too).
 """
 from __future__ import annotations
 
@@ -45,14 +50,24 @@ if TYPE_CHECKING:  # pragma: no cover
     from heterog.graph.opgraph import OpGraph
 
 MICRO_ORDER = (1, 4, 2, 8, 16, 32, 64)
+# the share of the budget that screening may take before refinement starts
+SCREEN_SHARE = 0.5
+
+
+def plan_key(strategy: Strategy) -> tuple:
+    """What makes two candidates the same plan: each group's config and op set, the micro-batches, the
+    schedule where there are several, and the recomputed groups."""
+    return (strategy.group_of.tobytes(), tuple(strategy.configs), strategy.micro_batches,
+            strategy.schedule if strategy.n_micro > 1 else None, tuple(strategy.recompute))
 
 
 def stage_groups(n_devices: int, servers: list[list[int]], types: list[str] | None = None) -> list[list[list[int]]]:
-    """Ways to cut the devices (in index order) into contiguous stages: per server, per run of one device
-    type (``types``, each device's; Metis' stages on a cluster of two GPU models), stages of 1, 2, 4, ...
-    devices, and one stage of all; duplicates dropped, in that order."""
+    """Ways to cut the devices (in index order) into contiguous stages: one stage of all (data parallelism,
+    first so that a short search still meets it), per server, per run of one device type (``types``, each
+    device's; Metis' stages on a cluster of two GPU models), and stages of 1, 2, 4, ... devices; duplicates
+    dropped, in that order."""
     devs = list(range(n_devices))
-    out = [servers]
+    out = [[devs], servers]
     if types is not None:
         runs: list[list[int]] = []
         for d in devs:
@@ -65,7 +80,6 @@ def stage_groups(n_devices: int, servers: list[list[int]], types: list[str] | No
     while size < n_devices:
         out.append([devs[i:i + size] for i in range(0, n_devices, size)])
         size *= 2
-    out.append([devs])
     seen, unique = set(), []
     for cut in out:
         key = tuple(tuple(s) for s in cut)
@@ -202,8 +216,8 @@ def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | N
     orders the micro-batches (None: each of ``SCHEDULES`` is tried). ``balance="equal"`` is the homogeneous
     baseline: one stage per device with equal numbers of layers (``equal_stages``), only the micro-batches
     searched. ``splits``: where no
-    candidate of a stage grouping with data parallelism inside its stages fits (at that k, recomputation
-    tried), the grouping is also tried dividing each stage's layers' parameters among its devices (tensor
+    candidate of a stage grouping with data parallelism inside its stages fits as screened (at that k), the
+    grouping is also tried dividing each stage's layers' parameters among its devices (tensor
     parallelism inside a stage, ``stage_plan``): on the clusters measured, divided stages pay only where
     memory forces them (docs/results.md, "Splits beyond the batch"), and the budget goes to the other
     candidates. Off by default. ``sharded``: a stage whose replicas are data parallel may keep sharded state
@@ -230,22 +244,21 @@ def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | N
     micro = [k for k in MICRO_ORDER if k <= min(B, max_micro_batches)]
     # beyond the cap only while nothing fits: smaller micro-batches hold fewer activations
     beyond = [k for k in (2 ** j for j in range(1, 12)) if max(micro) < k <= min(B, MAX_MICRO_BATCHES)]
-    best: tuple | None = None
-    tried = 0
     ways = ("sharded", "recompute") if sharded else ("recompute",)
     types = [dev.type.name for dev in cluster.devices]
     groupings = stage_groups(cluster.n_devices, servers, types) if balance == "cost" else \
         [[[d] for d in range(cluster.n_devices)]]
+    # screening: each candidate simulated as built, in the order above, until SCREEN_SHARE of the budget
+    screened: list[tuple[float, bool, Strategy]] = []
+    seen: set = set()
     for k in micro + beyond:
-        if k in beyond and best is not None and not best[0][0]:
+        if k in beyond and any(not oom for _, oom, _ in screened):
             break
         for stages in groupings:
             modes = [(p, tp) for tp in ((False, True) if splits and max(map(len, stages)) > 1 else (False,))
                      for p in ((True, False) if balance == "cost" else (False,))]
             replicated_fits = False
             for proportional, split in modes:
-                if best is not None and time.perf_counter() - t0 > budget:
-                    break
                 if split and replicated_fits:          # divided stages only where replicated ones do not fit
                     continue
                 if balance == "cost":
@@ -263,17 +276,34 @@ def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | N
                     s.with_micro_batches(k, sched)
                     for sched in ((schedule,) if schedule else SCHEDULES)]
                 for v in variants:
-                    deadline = None if best is None else t0 + budget          # the first is fitted in full
-                    if past(deadline):
+                    if screened and time.perf_counter() - t0 > SCREEN_SHARE * budget:
                         break
-                    v, t, oom = fitting(ev, v, ways, improve=sharded, deadline=deadline)
-                    tried += 1
+                    key = plan_key(v)
+                    if key in seen:                    # even and proportional shares alike on alike devices
+                        continue
+                    seen.add(key)
+                    t, oom = ev.iteration_time(v)
+                    screened.append((float(t), bool(oom), v))
                     replicated_fits |= not split and not oom
-                    key = (bool(oom), float(t))
-                    if best is None or key < best[0]:
-                        best = (key, v)
+    # refinement: the candidates in order of their screened time, each made to fit (and, with sharded state,
+    # tried sharded where it fits) until the deadline; the first in full
+    best: tuple | None = None
+    fitted = 0
+    for t, oom, v in sorted(screened, key=lambda c: c[0]):
+        if oom or sharded:
+            deadline = None if best is None else t0 + budget
+            if past(deadline):
+                break
+            v, t, oom = fitting(ev, v, ways, improve=sharded, deadline=deadline)
+            fitted += 1
+        if best is None or (oom, t) < best[0]:
+            best = ((oom, t), v)
+    # a candidate never refined stands as screened (out of memory)
+    for t, oom, v in screened:
+        if (oom, t) < best[0]:
+            best = ((oom, t), v)
     assert best is not None
     out = best[1]
-    out.meta.update({"candidates": tried, "layers": len(names), "recomputed_groups": len(out.recompute),
+    out.meta.update({"candidates": len(screened), "fitted": fitted, "layers": len(names), "recomputed_groups": len(out.recompute),
                      "sharded_groups": sum(c.sharded is not None for c in out.configs)})
     return out

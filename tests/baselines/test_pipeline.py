@@ -24,12 +24,13 @@ def layers_per_stage(strategy, graph) -> list[set[int]]:
 
 
 def test_stage_groups_cut_the_devices_in_index_order():
-    assert stage_groups(4, [[0, 1], [2, 3]]) == [[[0, 1], [2, 3]], [[0], [1], [2], [3]], [[0, 1, 2, 3]]]
+    # one stage of all first (the data-parallel plans), then the servers
+    assert stage_groups(4, [[0, 1], [2, 3]]) == [[[0, 1, 2, 3]], [[0, 1], [2, 3]], [[0], [1], [2], [3]]]
     assert stage_groups(3, [[0, 1, 2]]) == [[[0, 1, 2]], [[0], [1], [2]], [[0, 1], [2]]]
     # a stage per run of one device type, after the servers (the cut into pairs is the servers', listed once)
     assert stage_groups(6, [[0, 1], [2, 3], [4, 5]], ["a", "a", "a", "b", "b", "b"]) == [
-        [[0, 1], [2, 3], [4, 5]], [[0, 1, 2], [3, 4, 5]], [[0], [1], [2], [3], [4], [5]],
-        [[0, 1, 2, 3], [4, 5]], [[0, 1, 2, 3, 4, 5]]]
+        [[0, 1, 2, 3, 4, 5]], [[0, 1], [2, 3], [4, 5]], [[0, 1, 2], [3, 4, 5]], [[0], [1], [2], [3], [4], [5]],
+        [[0, 1, 2, 3], [4, 5]]]
 
 
 def test_pipeline_is_never_slower_than_the_data_parallel_plans_it_tries():
