@@ -251,40 +251,45 @@ def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | N
     # screening: each candidate simulated as built, in the order above, until SCREEN_SHARE of the budget
     screened: list[tuple[float, bool, Strategy]] = []
     seen: set = set()
-    for k in micro + beyond:
-        if k in beyond and any(not oom for _, oom, _ in screened):
-            break
-        for stages in groupings:
-            modes = [(p, tp) for tp in ((False, True) if splits and max(map(len, stages)) > 1 else (False,))
-                     for p in ((True, False) if balance == "cost" else (False,))]
-            replicated_fits = False
-            for proportional, split in modes:
-                if split and replicated_fits:          # divided stages only where replicated ones do not fit
-                    continue
-                if balance == "cost":
-                    stage_of_layer, configs = stage_plan(ev, stages, proportional, layer_of, times, split, sharded)
-                else:
-                    stage_of_layer = equal_stages(len(names), cluster.n_devices)
-                    configs = [ParallelConfig.single(d, B) for d in range(cluster.n_devices)]
-                # a group per layer, under its stage's config: layers are what recomputation rebuilds
-                s = group_strategy(ev, layer_of, [configs[g] for g in stage_of_layer.tolist()], meta={
-                    "stages": [configs[g].devices for g in np.unique(stage_of_layer).tolist()],
-                    "layers_per_stage": np.bincount(stage_of_layer, minlength=len(stages)).tolist(),
-                    "micro_batches": k, "shares": "proportional" if proportional else "even",
-                    "stage_split": split})
-                variants = [s] if k == 1 else [
-                    s.with_micro_batches(k, sched)
-                    for sched in ((schedule,) if schedule else SCHEDULES)]
-                for v in variants:
-                    if screened and time.perf_counter() - t0 > SCREEN_SHARE * budget:
-                        break
-                    key = plan_key(v)
-                    if key in seen:                    # even and proportional shares alike on alike devices
+
+    def screen() -> None:
+        for k in micro + beyond:
+            if k in beyond and any(not oom for _, oom, _ in screened):
+                return
+            for stages in groupings:
+                modes = [(p, tp) for tp in ((False, True) if splits and max(map(len, stages)) > 1 else (False,))
+                         for p in ((True, False) if balance == "cost" else (False,))]
+                replicated_fits = False
+                for proportional, split in modes:
+                    if split and replicated_fits:          # divided stages only where replicated ones do not fit
                         continue
-                    seen.add(key)
-                    t, oom = ev.iteration_time(v)
-                    screened.append((float(t), bool(oom), v))
-                    replicated_fits |= not split and not oom
+                    if balance == "cost":
+                        stage_of_layer, configs = stage_plan(ev, stages, proportional, layer_of, times, split,
+                                                             sharded)
+                    else:
+                        stage_of_layer = equal_stages(len(names), cluster.n_devices)
+                        configs = [ParallelConfig.single(d, B) for d in range(cluster.n_devices)]
+                    # a group per layer, under its stage's config: layers are what recomputation rebuilds
+                    s = group_strategy(ev, layer_of, [configs[g] for g in stage_of_layer.tolist()], meta={
+                        "stages": [configs[g].devices for g in np.unique(stage_of_layer).tolist()],
+                        "layers_per_stage": np.bincount(stage_of_layer, minlength=len(stages)).tolist(),
+                        "micro_batches": k, "shares": "proportional" if proportional else "even",
+                        "stage_split": split})
+                    variants = [s] if k == 1 else [
+                        s.with_micro_batches(k, sched)
+                        for sched in ((schedule,) if schedule else SCHEDULES)]
+                    for v in variants:
+                        if screened and time.perf_counter() - t0 > SCREEN_SHARE * budget:
+                            return
+                        key = plan_key(v)
+                        if key in seen:                # even and proportional shares alike on alike devices
+                            continue
+                        seen.add(key)
+                        t, oom = ev.iteration_time(v)
+                        screened.append((float(t), bool(oom), v))
+                        replicated_fits |= not split and not oom
+
+    screen()
     # refinement: the candidates in order of their screened time, each made to fit (and, with sharded state,
     # tried sharded where it fits) until the deadline; the first in full
     best: tuple | None = None
@@ -298,12 +303,10 @@ def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | N
             fitted += 1
         if best is None or (oom, t) < best[0]:
             best = ((oom, t), v)
-    # a candidate never refined stands as screened (out of memory)
-    for t, oom, v in screened:
-        if (oom, t) < best[0]:
-            best = ((oom, t), v)
     assert best is not None
-    out = best[1]
-    out.meta.update({"candidates": len(screened), "fitted": fitted, "layers": len(names), "recomputed_groups": len(out.recompute),
+    # a candidate never refined stands as screened (out of memory)
+    out = min([best, *(((oom, t), v) for t, oom, v in screened)], key=lambda c: c[0])[1]
+    out.meta.update({"candidates": len(screened), "fitted": fitted, "layers": len(names),
+                     "recomputed_groups": len(out.recompute),
                      "sharded_groups": sum(c.sharded is not None for c in out.configs)})
     return out

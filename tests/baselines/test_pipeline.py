@@ -131,3 +131,47 @@ def test_no_more_micro_batches_are_tried_past_the_deadline():
     before = ev.n_evaluations
     with_best_micro_batches(ev, plan, 8)
     assert ev.n_evaluations - before == 1 + 3 * 2                          # k = 2, 4, 8 under each schedule
+
+
+def test_the_screen_simulates_each_plan_once_and_refinement_fits_the_fastest_first(monkeypatch):
+    """Every candidate the screen simulates is a plan of its own (on GPUs alike, even and proportional
+    shares are one plan); the candidates made to fit come in the order of their screened times."""
+    import heterog.baselines.pipeline as P
+
+    # 1 GiB of parameter state on GPUs of 400 MiB: most candidates are out of memory as built
+    graph, cluster = layered_graph(8, 64 << 20, batch=8), gpu_cluster(4, memory="400 MiB")
+    ev = Evaluator(graph, cluster)
+    screened, fitted, inside = [], [], []
+    real_time, real_fitting = ev.iteration_time, P.fitting
+
+    def timed(strategy, order=None):
+        out = real_time(strategy, order)
+        if not inside:                                      # the screen's, not a fit's simulations
+            screened.append((P.plan_key(strategy), out))
+        return out
+
+    def fitting(ev_, strategy, *args, **kwargs):
+        fitted.append(dict(screened)[P.plan_key(strategy)])
+        inside.append(1)
+        try:
+            return real_fitting(ev_, strategy, *args, **kwargs)
+        finally:
+            inside.pop()
+
+    monkeypatch.setattr(ev, "iteration_time", timed)
+    monkeypatch.setattr(P, "fitting", fitting)
+    s = P.pipeline(ev, budget_s=30.0)
+    keys = [k for k, _ in screened]
+    assert s.meta["candidates"] == len(keys) == len(set(keys))
+    assert s.meta["fitted"] == len(fitted) >= 2
+    assert all(oom for _, oom in fitted)                   # without sharded state, only those out of memory
+    assert [t for t, _ in fitted] == sorted(t for t, _ in fitted)
+    assert not ev.evaluate(s).oom
+
+
+def test_a_search_of_one_simulation_returns_a_data_parallel_plan():
+    from heterog.baselines.pipeline import pipeline
+
+    graph, cluster = layered_graph(8, 1 << 16, batch=16), gpu_cluster(4)
+    s = pipeline(Evaluator(graph, cluster), budget_s=0.0)
+    assert s.meta["candidates"] == 1 and s.meta["stages"] == [(0, 1, 2, 3)] and s.n_micro == 1
