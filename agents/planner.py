@@ -163,7 +163,8 @@ def plan(evaluator: PlanEvaluator, checkpoint: str | Path | dict | None = None, 
         else:
             policy = build_policy(m, size, seed, settings.initial_dp_bias, split_actions=splits, state_actions=sharded)
         task = GraphTask.from_evaluator(evaluator, layout=policy.feature_layout)
-        starts = seed_starts(evaluator, [n for n in seeds if n in SPLIT_STARTS], splits)
+        starts = seed_starts(evaluator, [n for n in seeds if n in SPLIT_STARTS], splits,
+                             None if budget_s is None else t0 + budget_s)
         seeded = {name: s for name, (s, _) in starts.items()}
         seeded.update(seed_plans(evaluator, [n for n in seeds if n not in SPLIT_STARTS], budget_s, t0, splits, sharded))
         scored = {name: starts[name][1] if name in starts else evaluator.iteration_time(s)    # within the budget
@@ -234,18 +235,18 @@ def seed_plans(evaluator: Evaluator, names: Sequence[str], budget_s: float | Non
     return out
 
 
-def seed_starts(evaluator: Evaluator, names: Sequence[str], splits: bool
+def seed_starts(evaluator: Evaluator, names: Sequence[str], splits: bool, deadline: float | None = None
                 ) -> dict[str, tuple[Strategy, tuple[float, bool]]]:
     """The plans of MCMC's split starts ``names`` (``heterog.baselines.mcmc.SPLIT_STARTS``; start -> (plan, its
-    ``iteration_time``), each chosen among its variants by simulation) where ``splits`` is on and the graph has
-    split options; a start the cluster does not have (one server, servers of unequal sizes) is skipped
-    (logged)."""
+    ``iteration_time``), each chosen among its variants by simulation, none simulated after its first once
+    ``time.perf_counter()`` passes ``deadline``) where ``splits`` is on and the graph has split options; a start
+    the cluster does not have (one server, servers of unequal sizes) is skipped (logged)."""
     if not splits or not names or evaluator.graph.splits is None:
         return {}
     out: dict[str, tuple[Strategy, tuple[float, bool]]] = {}
     for name in names:
         try:
-            out[name] = start_plan(evaluator, name, splits=True)
+            out[name] = start_plan(evaluator, name, splits=True, deadline=deadline)
         except HeterogError as exc:
             log.info("agent: seed %s skipped: %s", name, exc)
     return out

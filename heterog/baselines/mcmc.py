@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from heterog.baselines.chains import BLOCK_MOVES, SHARD_MOVES, ActionSearch, Chain, ChainResult, ChainState, run_chain
+from heterog.baselines.fit import past
 from heterog.baselines.pipeline import with_best_micro_batches
 from heterog.errors import HeterogError
 from heterog.strategy import Strategy
@@ -89,16 +90,19 @@ def start_actions(ev: PlanEvaluator, name: str, rng: np.random.Generator,
     raise HeterogError(f"unknown MCMC start {name!r}; choose from {', '.join(DEFAULT_STARTS + SPLIT_STARTS)}")
 
 
-def start_plan(ev: PlanEvaluator, name: str, splits: bool = False, seed: int = 0
+def start_plan(ev: PlanEvaluator, name: str, splits: bool = False, seed: int = 0, deadline: float | None = None
                ) -> tuple[Strategy, tuple[float, bool]]:
     """The plan of start ``name`` (``start_actions``; with ``splits`` the split starts too, a start with variants
     choosing the fastest by simulation; ``seed`` draws ``random``'s), method ``name``, and its
     ``ev.iteration_time`` (the chosen variant's, not simulated again): MCMC's starts for a planner that starts
-    where MCMC does (the agent's seeds)."""
+    where MCMC does (the agent's seeds). No variant after the first is simulated once ``time.perf_counter()``
+    passes ``deadline``: the fastest of those simulated is chosen."""
     search = ActionSearch(ev, splits=splits)
     seen: dict[bytes, tuple[float, bool]] = {}
 
     def score(actions: np.ndarray) -> float:
+        if seen and past(deadline):
+            return float("inf")
         t, oom = seen[actions.tobytes()] = ev.iteration_time(search.strategy(actions))
         return t * search.oom_factor if oom else t
 

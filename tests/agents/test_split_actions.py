@@ -243,3 +243,24 @@ def test_mcmcs_split_starts_seed_a_search_with_splits_in_the_extended_actions():
     assert list(seed_actions(ev, starts, policy)) == ["tp-server"]
     assert set(seed_actions(ev, starts, policy, extended=True)) == set(starts)
     assert seed_starts(ev, SEED_STARTS, splits=False) == {}
+
+
+def test_split_starts_past_their_deadline_simulate_their_first_variant_only():
+    import time
+
+    from agents.planner import SEED_STARTS, seed_starts
+    from heterog.baselines.mcmc import start_plan
+    from heterog.cluster import load_cluster
+
+    ev = Evaluator(capture_model("big_embedding", 8, "adam"), load_cluster("paper-8gpu"))
+    before = ev.n_evaluations
+    plan, result = start_plan(ev, "tp-server", splits=True, deadline=time.perf_counter() - 1.0)
+    assert ev.n_evaluations - before == 1                     # the first server's, of paper-8gpu's four
+    assert {c.devices for c in plan.configs} == {(0, 1)} and result == ev.iteration_time(plan)
+    before = ev.n_evaluations
+    start_plan(ev, "tp-server", splits=True)
+    assert ev.n_evaluations - before == 4
+    # the agent's seeds take its deadline: one simulation per start
+    before = ev.n_evaluations
+    assert list(seed_starts(ev, SEED_STARTS, splits=True, deadline=time.perf_counter() - 1.0)) == list(SEED_STARTS)
+    assert ev.n_evaluations - before == len(SEED_STARTS)
