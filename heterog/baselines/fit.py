@@ -296,7 +296,7 @@ def check_ways(ways: Sequence[str]) -> tuple[str, ...]:
 
 
 def fit(ev: PlanEvaluator, strategy: Strategy, ways: Sequence[str] = DEFAULT_WAYS, improve: bool = False,
-        deadline: float | None = None) -> Fitted:
+        deadline: float | None = None, known: tuple[float, bool] | None = None) -> Fitted:
     """``strategy`` made to fit: as given where it fits; else the fastest plan that fits among each way's
     (``WAYS``, those named by ``ways``, in order; ties: the earlier way); where none fits alone, among
     each way applied after another way's strongest plan ("sharded+recompute", ...). Before searching, the
@@ -310,9 +310,10 @@ def fit(ev: PlanEvaluator, strategy: Strategy, ways: Sequence[str] = DEFAULT_WAY
     where the deadline leaves none but the plan with every way at its strongest, that one). ``improve``: a plan
     that fits is also tried with sharded state on all its data-parallel groups (where "sharded" is among
     ``ways``), kept if faster (a reduce-scatter and an all-gather cost what the AllReduce does, and each
-    replica updates only its shard). The plan returned records the way in ``meta["fit"]``."""
+    replica updates only its shard). ``known``: ``strategy``'s ``ev.iteration_time`` where the caller has
+    simulated it already (not simulated again). The plan returned records the way in ``meta["fit"]``."""
     ways = check_ways(ways)
-    t, oom = ev.iteration_time(strategy)
+    t, oom = known if known is not None else ev.iteration_time(strategy)
     if not oom:
         found = Fitted(replace(strategy, meta=dict(strategy.meta)), float(t), False, FITS)
         if improve and "sharded" in ways:

@@ -166,13 +166,14 @@ def _partition_within(cost: np.ndarray, held: np.ndarray, cap: np.ndarray) -> np
 
 
 def fitting(ev: PlanEvaluator, strategy: Strategy, ways: tuple[str, ...] = ("recompute",),
-            improve: bool = False, deadline: float | None = None) -> tuple[Strategy, float, bool]:
+            improve: bool = False, deadline: float | None = None, known: tuple[float, bool] | None = None
+            ) -> tuple[Strategy, float, bool]:
     """(plan, time, OOM) of ``strategy`` made to fit by ``heterog.baselines.fit.fit`` with ``ways`` (by
     default recomputing the fewest leading groups that fit, where it recomputes nothing yet; with
     "sharded" also sharded state, and ``improve``: kept where it is faster even though the plan fits;
-    nothing simulated after ``strategy`` itself once ``deadline`` has passed); the plan records the way in
-    ``meta["fit"]``."""
-    found = fit(ev, strategy, ways, improve, deadline)
+    nothing simulated after ``strategy`` itself once ``deadline`` has passed; ``known``: ``strategy``'s
+    simulated result, where the caller has it); the plan records the way in ``meta["fit"]``."""
+    found = fit(ev, strategy, ways, improve, deadline, known)
     return found.strategy, found.time_s, found.oom
 
 
@@ -279,7 +280,7 @@ def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | N
                         s.with_micro_batches(k, sched)
                         for sched in ((schedule,) if schedule else SCHEDULES)]
                     for v in variants:
-                        if screened and time.perf_counter() - t0 > SCREEN_SHARE * budget:
+                        if screened and past(t0 + SCREEN_SHARE * budget):
                             return
                         key = plan_key(v)
                         if key in seen:                # even and proportional shares alike on alike devices
@@ -299,7 +300,7 @@ def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | N
             deadline = None if best is None else t0 + budget
             if past(deadline):
                 break
-            v, t, oom = fitting(ev, v, ways, improve=sharded, deadline=deadline)
+            v, t, oom = fitting(ev, v, ways, improve=sharded, deadline=deadline, known=(t, oom))
             fitted += 1
         if best is None or (oom, t) < best[0]:
             best = ((oom, t), v)

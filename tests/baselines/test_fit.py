@@ -297,6 +297,17 @@ def test_a_deadline_stops_the_search_at_what_it_has_simulated(monkeypatch, ways)
             assert found.strategy.configs == full.strategy.configs and found.time_s == full.time_s
 
 
+def test_a_known_result_is_not_simulated_again():
+    ev, plain = two_layer_groups(4096, 87 * P, bandwidth="10 MB/s")
+    before = ev.n_evaluations
+    full = fit(ev, plain, ("sharded", "recompute"))
+    n = ev.n_evaluations - before
+    before = ev.n_evaluations
+    again = fit(ev, plain, ("sharded", "recompute"), known=ev.iteration_time(plain))
+    assert ev.n_evaluations - before == n                  # the caller's simulation in place of fit's own
+    assert again.strategy.configs == full.strategy.configs and (again.time_s, again.oom) == (full.time_s, full.oom)
+
+
 def test_shard_moves_offer_offloading_where_the_servers_have_hosts():
     ev, _ = hosted(4, 14 * P, 2, 4)
     search = ActionSearch(ev, sharded=True)

@@ -141,26 +141,28 @@ def test_the_screen_simulates_each_plan_once_and_refinement_fits_the_fastest_fir
     # 1 GiB of parameter state on GPUs of 400 MiB: most candidates are out of memory as built
     graph, cluster = layered_graph(8, 64 << 20, batch=8), gpu_cluster(4, memory="400 MiB")
     ev = Evaluator(graph, cluster)
-    screened, fitted, inside = [], [], []
+    screened, fitted, inside, by_fits = [], [], [], []
     real_time, real_fitting = ev.iteration_time, P.fitting
 
     def timed(strategy, order=None):
         out = real_time(strategy, order)
-        if not inside:                                      # the screen's, not a fit's simulations
-            screened.append((P.plan_key(strategy), out))
+        (by_fits if inside else screened).append((P.plan_key(strategy), out))
         return out
 
     def fitting(ev_, strategy, *args, **kwargs):
         fitted.append(dict(screened)[P.plan_key(strategy)])
+        fitted_keys.add(P.plan_key(strategy))
         inside.append(1)
         try:
             return real_fitting(ev_, strategy, *args, **kwargs)
         finally:
             inside.pop()
 
+    fitted_keys: set = set()
     monkeypatch.setattr(ev, "iteration_time", timed)
     monkeypatch.setattr(P, "fitting", fitting)
     s = P.pipeline(ev, budget_s=30.0)
+    assert by_fits and not fitted_keys & {k for k, _ in by_fits}      # a fit does not simulate its plan again
     keys = [k for k, _ in screened]
     assert s.meta["candidates"] == len(keys) == len(set(keys))
     assert s.meta["fitted"] == len(fitted) >= 2
