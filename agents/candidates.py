@@ -23,12 +23,20 @@ from torch import Tensor
 from agents.settings import TrainerSettings
 from agents.tasks import GraphTask, TaskState
 from envs.actions import MICRO_CHOICES, SCHEDULE, full_plan, micro_batches, plan_length, plan_strategy, split_plan
-from heterog.actions import SPLIT_ACTION_NAMES, STATE_BASES, STATE_CHOICES, state_action, state_choice_name
+from heterog.actions import (
+    SPLIT_ACTION_NAMES,
+    STATE_BASES,
+    STATE_CHOICES,
+    server_split_action,
+    state_action,
+    state_choice_name,
+)
 from heterog.errors import HeterogError
 from heterog.evaluate import reward
 from heterog.reporting import DP_BASELINES
 
 if TYPE_CHECKING:  # pragma: no cover
+    from heterog.cluster import Cluster
     from heterog.evaluator_protocol import PlanEvaluator
     from heterog.parallel import Pool
 
@@ -60,6 +68,18 @@ def promising_uniform(n_devices: int, splits: bool = False, states: bool = False
                 if by == "memory":
                     out[f"{names[base]}:{state_choice_name(c)}"] = state_action(m, m + base, c, splits)
     return out
+
+
+def server_splits(cluster: Cluster) -> dict[str, int]:
+    """The actions whose uniform plans divide every group evenly over one server's devices (``tp-server:<name>``
+    -> action, ``heterog.actions.server_split_action``), for each server of two or more devices, the servers of
+    the most device power first (ties: the first listed): the plan that keeps slow links idle, MCMC's best
+    start in half of the planner table's cases (``heterog.baselines.mcmc.start_actions``' ``tp-server``)."""
+    m = cluster.n_devices
+    servers = [s for s in cluster.servers if len(s.devices) >= 2]
+    power = np.asarray(cluster.power, dtype=np.float64)
+    servers.sort(key=lambda s: -float(power[list(s.devices)].sum()))
+    return {f"tp-server:{s.name}": server_split_action(m, int(s.devices[0])) for s in servers}
 
 
 def uniform_plans(n_actions: int, n_groups: int) -> np.ndarray:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from agents.candidates import BlockMoves, promising_uniform
+from agents.candidates import BlockMoves, promising_uniform, server_splits
 from agents.checkpoint import check_fits, load_checkpoint, policy_from_checkpoint, ties_blocks
 from agents.losses import plan_columns
 from agents.networks import StrategyPolicy
@@ -55,10 +55,12 @@ SEED_SHARE = 0.3
 # (``heterog.baselines.mcmc.start_actions``), seeds too where the search has splits and the graph and cluster
 # have them: MCMC's best start in half of the planner table's cases (docs/results.md), one simulation per variant
 SEED_STARTS = ("tp-server", "tp-grid")
-# zero-shot compares the uniform plans beyond the four data-parallel ones (the cluster-wide splits, the sharded
-# state choices) while less than this many seconds have passed since it started, or while none of the plans
-# compared fits (where none of the first five fits, every state choice first: they free memory)
+# zero-shot compares the uniform plans beyond the four data-parallel ones and the strongest server's split (the
+# other servers' and the cluster-wide splits, the sharded state choices) while less than this many seconds have
+# passed since it started, or while none of the plans compared fits (where none of those always compared fits,
+# every state choice first: they free memory); it refines the PS plans' servers in the time left
 ZERO_SHOT_S = 1.0
+PS_BASELINES = ("ev-ps", "cp-ps")
 log = logging.getLogger(__name__)
 AGENT_SIZES = {"small": StrategyPolicy.small, "paper": StrategyPolicy.paper}
 
@@ -341,13 +343,17 @@ def zero_shot(evaluator: Evaluator, checkpoint: str | Path | dict, states: bool 
     group's most likely decision, ``agents.networks.most_likely_actions``, and its more likely recompute bit, and
     the most likely number of micro-batches; each coupled block its leader's, when the policy was trained with
     ``tie_blocks``), compared with the four data-parallel plans (every group under one DP action, one micro-batch,
-    no recomputation) and, for a policy with split actions, the two cluster-wide splits (every group under
-    ``tp-even``, or ``tp-prop``) and, with ``states`` (the policy gains the state actions), the two AllReduce
-    schemes keeping each state choice with shards by memory (``ev-ar:s2-memory``, ...); the fastest is
-    returned (a plan out of memory counts ``oom_factor`` times slower, as in training). The policy's plan and
-    the data-parallel ones are always compared; the splits and state choices after them only while
-    ``ZERO_SHOT_S`` has not passed since ``t0`` (default: this call's start) or while no plan compared fits;
-    where none of those five fits, every state choice is compared first (they free memory). Meta:
+    no recomputation) and, for a policy with split actions, each server's split (every group divided evenly over
+    one server's devices, ``tp-server:<server>``, the servers of the most device power first:
+    ``agents.candidates.server_splits``) and the two cluster-wide splits (every group under ``tp-even``, or
+    ``tp-prop``) and, with ``states`` (the policy gains the state actions), the two AllReduce schemes keeping
+    each state choice with shards by memory (``ev-ar:s2-memory``, ...); the fastest is returned (a plan out of
+    memory counts ``oom_factor`` times slower, as in training). The policy's plan, the data-parallel ones and
+    the first server's split are always compared (the PS plans' servers refined, ``heterog.baselines.ps_refine``,
+    after the comparison: while ``ZERO_SHOT_S`` has not passed, and the fastest plan's in full); the other splits
+    and the state choices only while ``ZERO_SHOT_S`` has not passed since ``t0`` (default: this call's start) or
+    while no plan compared fits; where none of those always compared fits, every state choice is compared first
+    (they free memory). Meta:
     ``policy_plan_s`` and ``policy_plan_oom`` (the greedy plan, before the comparison), ``zero_shot`` True,
     ``kept`` ("policy" or the uniform plan's name), ``compared`` (the names of the plans compared, in order),
     ``best_iteration_time_s``, ``oom``, ``episodes`` 0, ``rounds`` 0, ``micro_batches`` and
@@ -367,9 +373,13 @@ def zero_shot(evaluator: Evaluator, checkpoint: str | Path | dict, states: bool 
     blocks = BlockMoves.of(evaluator) if ties_blocks(state) else None
     if blocks is not None and blocks.groups:
         greedy = greedy[plan_columns(blocks.tie(evaluator.n_groups), evaluator.n_groups)]
+    servers = server_splits(evaluator.cluster) if policy.split_actions else {}
+    # after the data-parallel plans, the servers' splits first (the strongest server's always compared)
+    uniform = promising_uniform(m, policy.split_actions, states)
+    uniform = {**{n: a for n, a in uniform.items() if n in DP_BASELINES}, **servers, **uniform}
     candidates = {"policy": greedy.numpy().astype(np.int64)}
     candidates.update({name: full_plan(np.full(evaluator.n_groups, a, dtype=np.int64), evaluator.n_groups)
-                       for name, a in promising_uniform(m, policy.split_actions, states).items()})
+                       for name, a in uniform.items()})
 
     def decode(a: np.ndarray, method: str = "") -> Strategy:
         return plan_strategy(evaluator, a, method, states=states, splits=policy.split_actions)
@@ -379,22 +389,27 @@ def zero_shot(evaluator: Evaluator, checkpoint: str | Path | dict, states: bool 
 
     def compare(name: str) -> None:
         plans[name] = decode(candidates[name], "agent")
-        if name in ("ev-ps", "cp-ps"):          # the PS baselines' servers (heterog.baselines.ps_refine)
-            plans[name] = refine_ps_devices(evaluator, plans[name])
         scored[name] = evaluator.iteration_time(plans[name])
 
-    for name in ("policy", *DP_BASELINES):
+    for name in ("policy", *DP_BASELINES, *list(servers)[:1]):
         compare(name)
+
     def fits() -> bool:
         return not all(oom for _, oom in scored.values())
 
     more = [n for n in candidates if n not in scored]
     # where nothing fits yet, every state choice (they free memory: the fastest of them that fits is wanted)
-    every = [] if fits() else [n for n in more if n not in SPLIT_ACTION_NAMES]
+    every = [] if fits() else [n for n in more if n not in SPLIT_ACTION_NAMES and n not in servers]
     for name in every + [n for n in more if n not in every]:
         if name not in every and time.perf_counter() - t0 >= ZERO_SHOT_S and fits():
             break
         compare(name)
+    # the PS baselines' servers (heterog.baselines.ps_refine): while time is left, and for the fastest plan always
+    for name in sorted(PS_BASELINES, key=lambda n: -reward(*scored[n])):
+        fastest = max(scored, key=lambda n: reward(*scored[n])) == name
+        if fastest or time.perf_counter() - t0 < ZERO_SHOT_S:
+            plans[name] = refine_ps_devices(evaluator, plans[name], deadline=None if fastest else t0 + ZERO_SHOT_S)
+            scored[name] = evaluator.iteration_time(plans[name])
     kept = max(scored, key=lambda name: (reward(*scored[name]), name == "policy"))
     strategy = plans[kept]
     strategy.meta.update({"zero_shot": True, "kept": kept, "compared": list(scored),

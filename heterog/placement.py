@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
+from functools import lru_cache
 from typing import TypeGuard, Union
 
 from heterog.errors import HeterogError
@@ -79,8 +80,10 @@ class PlacementError(HeterogError, ValueError):
     """A placement's text is not one of "R", "P", "S<dim>", "S<dim>:<split factor>" or "-"."""
 
 
+@lru_cache(maxsize=4096)
 def parse(text: str) -> Placement | None:
-    """The placement of its text form (None for "-", no tensor)."""
+    """The placement of its text form (None for "-", no tensor; placements are immutable, so one object stands
+    for each text)."""
     if text == "-":
         return None
     if text == "R":

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from heterog.baselines.fit import past
+
 if TYPE_CHECKING:  # pragma: no cover
     from heterog.cluster import Cluster
     from heterog.evaluator_protocol import PlanEvaluator
@@ -76,11 +78,12 @@ def ps_trials(cluster: Cluster, config: ParallelConfig) -> list[int]:
     return out[:MAX_TRIALS_PER_GROUP]
 
 
-def refine_ps_devices(ev: PlanEvaluator, strategy: Strategy, max_groups: int = MAX_GROUPS) -> Strategy:
+def refine_ps_devices(ev: PlanEvaluator, strategy: Strategy, max_groups: int = MAX_GROUPS,
+                      deadline: float | None = None) -> Strategy:
     """``strategy`` with the PS device of every PS group named: the compiler's choice, except that each
     group of ``large_ps_groups`` goes to the replica whose simulated plan is fastest (under ``ev``'s order;
     a plan that fits in memory first; kept only if strictly faster). A config that names its PS device
-    keeps it."""
+    keeps it. No replica is tried once ``time.perf_counter()`` passes ``deadline`` (the best found stands)."""
     chosen = ev.ps_devices(strategy)
     if not chosen:
         return strategy
@@ -90,11 +93,13 @@ def refine_ps_devices(ev: PlanEvaluator, strategy: Strategy, max_groups: int = M
     open_ps = [g for g, c in enumerate(strategy.configs) if g in chosen and c.ps_device is None]
     groups = [g for g in large_ps_groups(strategy, ps_group_bytes(ev, strategy), len(strategy.configs))
               if g in open_ps][:max_groups]
-    if not groups:
+    if not groups or past(deadline):
         return best
     time_s, oom = ev.iteration_time(best)
     for g in groups:
         for d in ps_trials(ev.cluster, best.configs[g]):
+            if past(deadline):
+                return best
             trial = list(best.configs)
             trial[g] = replace(trial[g], ps_device=d)
             cand = replace(best, configs=trial)

@@ -91,6 +91,11 @@ class SplitTable:
             self.pairs.append(tuple((j, exits[u][(n, i)]) for j, (n, i, src, out) in enumerate(refs[v])
                                     if src == u and out == k and (n, i) in exits[u]))
         self.splittable = np.array([bool(o) for o in self.options], dtype=bool)
+        # ops with equal option lists share a signature: an edge's conversions depend on its ends' signatures,
+        # the views it carries and the options allowed at each end, which repeat layer after layer
+        interned: dict[tuple[_Option, ...], int] = {}
+        self.signature = np.array([interned.setdefault(tuple(o), len(interned)) for o in self.options],
+                                  dtype=np.int64)
 
 
 def split_table(ctx: CompileContext) -> SplitTable:
@@ -169,7 +174,6 @@ class _Chooser:
         self._fracs: dict[int | None, np.ndarray] = {None: np.ones(n)}
         self._shares: dict[int, tuple[int, ...]] = {}
         self._conv: dict[tuple[int, int, int], Conversion] = {}
-        self._compute: dict[tuple[int, int], float] = {}
         self.e_bytes = ctx.index.e_bytes
         if self.fixed_params:       # held in shards where a reader computes with them so, else whole; read as held
             readers: dict[int, list[int]] = {}
@@ -246,53 +250,66 @@ class _Chooser:
         self._conv[key] = worst
         return worst
 
-    def conv_cost(self, c: Conversion, nbytes: float) -> float:
-        if not c.collective or self.n < 2:
-            return 0.0
-        n = self.n
-        moved = nbytes * (n - 1) / n * _CONV_WEIGHT[c]
-        return moved / self.bw + (n - 1) * self.lat
-
-    def compute_cost(self, o: int, k: int) -> float:
-        """The slowest device's share of op ``o`` under option ``k`` (and a tie-break: hold less of a
+    def compute_costs(self, o: int, options: list[int]) -> np.ndarray:
+        """The slowest device's share of op ``o`` under each of ``options`` (and a tie-break: hold less of a
         resident tensor); on a grid, plus the sum over its groups of the partial results it makes (a weight
         gradient held in shards moves its shards, held whole or as partial sums, all of it)."""
-        hit = self._compute.get((o, k))
-        if hit is None:
-            f = self.option_frac(o, k)
-            hit = float(np.max(self.full[o] * f)) + 1e-18 * float(self.resident[o]) * float(f.max())
-            partial = float(self.ctx.index.partial_bytes[o])
-            if self.sum_s_per_byte and partial > 0:
-                held = float(f.max()) if is_shard(self.out_placement(o, k)) else 1.0
-                hit += partial * held * self.sum_s_per_byte + self.sum_fixed_s
-            self._compute[(o, k)] = hit
-        return hit
+        f = np.stack([self.option_frac(o, k) for k in options])             # (K, n)
+        most = f.max(axis=1)
+        cost = (self.full[o] * f).max(axis=1) + 1e-18 * float(self.resident[o]) * most
+        partial = float(self.ctx.index.partial_bytes[o])
+        if self.sum_s_per_byte and partial > 0:
+            held = np.where([is_shard(self.out_placement(o, k)) for k in options], most, 1.0)
+            cost = cost + (partial * held * self.sum_s_per_byte + self.sum_fixed_s)
+        return cost
 
-    def edge_cost(self, e: int, ku: int, kv: int) -> float:
-        """Edge ``e``'s conversion time between its producer's option ``ku`` and its consumer's ``kv``;
-        ``FORBIDDEN`` where a parameter held in shards would move (a "tensor" split reads it where it lies)."""
-        c = self.edge_conv(e, ku, kv)
-        if c.collective and self.fixed_params and self.param[int(self.ctx.index.e_src[e])]:
-            return FORBIDDEN
-        return self.conv_cost(c, self.e_bytes[e])
+    def conv_costs(self, conv: np.ndarray, nbytes: float, from_param: bool) -> np.ndarray:
+        """An edge's conversion time for every pair of its producer's and consumer's options: ``conv`` the pairs'
+        conversions (``Conversion`` codes), ``nbytes`` the edge's bytes, ``from_param`` whether its producer is
+        a parameter; ``FORBIDDEN`` where such a parameter held in shards would move (a "tensor" split reads it
+        where it lies)."""
+        collective = (conv >= 1) & (conv <= 4)
+        if self.n < 2:
+            cost = np.zeros(conv.shape)
+        else:
+            n = self.n
+            cost = np.where(collective, nbytes * (n - 1) / n * _CONV_WEIGHTS[conv] / self.bw + (n - 1) * self.lat, 0.0)
+        if self.fixed_params and from_param:
+            cost[collective] = FORBIDDEN
+        return cost
 
     def out_placement(self, o: int, k: int) -> Placement | None:
         return R if k == REPLICATE else (self.table.options[o][k].outputs or (R,))[0]
 
     def choose(self) -> np.ndarray:
-        """Every op's option: the labelling ``heterog.compiler.shard_search.solve`` finds over the graph's edges
-        and, for each op laid out as its parameter (``_anchors``), an edge from the parameter that allows only
-        the options giving the parameter's placement (the whole op where none does)."""
+        """Every op's option: the labelling ``heterog.compiler.shard_search.solve`` finds for ``problem``."""
+        labels = solve(*self.problem())
+        return np.array([self.allowed[o][int(k)] for o, k in enumerate(labels.tolist())], dtype=np.int64)
+
+    def problem(self) -> tuple[list[np.ndarray], list[int], list[int], list[np.ndarray]]:
+        """The labelling problem (unary, src, dst, pair; ``solve``'s arguments) over the ops' allowed options:
+        each op's ``compute_costs``, each edge's ``conv_costs`` and, for each op laid out as its parameter
+        (``_anchors``), an edge from the parameter that allows only the options giving the parameter's
+        placement (the whole op where none does). Edges alike in their ends' options, the views they carry and
+        the options allowed share one table of conversions."""
         gi = self.ctx.index
         cands = self.allowed
-        unary = [np.array([self.compute_cost(o, k) for k in cands[o]]) for o in range(gi.n_ops)]
+        unary = [self.compute_costs(o, cands[o]) for o in range(gi.n_ops)]
         src, dst, pair = [], [], []
+        sig = self.table.signature.tolist()
+        allowed_key = [tuple(c) for c in cands]
+        convs: dict[tuple, np.ndarray] = {}
         for e, (u, v) in enumerate(zip(gi.e_src.tolist(), gi.e_dst.tolist())):
             if self.anchor[v] == u:
                 continue                    # the anchor edge below says all there is
             src.append(u)
             dst.append(v)
-            pair.append(np.array([[self.edge_cost(e, ku, kv) for kv in cands[v]] for ku in cands[u]]))
+            key = (sig[u], sig[v], self.table.pairs[e], allowed_key[u], allowed_key[v])
+            conv = convs.get(key)
+            if conv is None:
+                conv = convs[key] = np.array([[self.edge_conv(e, ku, kv) for kv in cands[v]] for ku in cands[u]],
+                                             dtype=np.int64).reshape(len(cands[u]), len(cands[v]))
+            pair.append(self.conv_costs(conv, float(self.e_bytes[e]), bool(self.param[u])))
         for o in np.nonzero(self.anchor >= 0)[0].tolist():
             a = int(self.anchor[o])
             m = np.full((len(cands[a]), len(cands[o])), FORBIDDEN)
@@ -303,8 +320,7 @@ class _Chooser:
             src.append(a)
             dst.append(o)
             pair.append(m)
-        labels = solve(unary, src, dst, pair)
-        return np.array([cands[o][int(k)] for o, k in enumerate(labels.tolist())], dtype=np.int64)
+        return unary, src, dst, pair
 
 
 class ChoiceKey(NamedTuple):
@@ -324,6 +340,7 @@ _CHOICES: DerivedCache[CompileContext, dict[ChoiceKey, ShardChoice]] = DerivedCa
 # relative bytes each conversion moves per device (of the tensor's, times (n - 1) / n)
 _CONV_WEIGHT = {Conversion.LOCAL: 0.0, Conversion.SLICE: 0.0, Conversion.PAD: 0.0, Conversion.ALL_GATHER: 1.0,
                 Conversion.REDUCE_SCATTER: 1.0, Conversion.ALL_REDUCE: 2.0, Conversion.ALL_TO_ALL: 0.25}
+_CONV_WEIGHTS = np.array([_CONV_WEIGHT[Conversion(c)] for c in range(len(Conversion))])     # by code
 
 
 def choose_shards(ctx: CompileContext, config: ParallelConfig) -> ShardChoice:
@@ -356,16 +373,21 @@ def choose_shards(ctx: CompileContext, config: ParallelConfig) -> ShardChoice:
     have = np.zeros(E, dtype=np.int64)
     need = np.zeros(E, dtype=np.int64)
     copied = np.zeros(E, dtype=bool)
-    for e in range(E):
-        u, v = int(gi.e_src[e]), int(gi.e_dst[e])
-        conv[e] = ch.edge_conv(e, int(option[u]), int(option[v]))
-        pairs, _ = ch.placements(e, int(option[u]), int(option[v]))
-        copied[e] = not gi.e_value_free[e] and any(
-            h == R and isinstance(n, Shard) and (n.dim > 0 or n.sf > 1) for h, n in pairs)
-        hs = [_cls(h) for h, _ in pairs] or [0]
-        ns = [_cls(n) for _, n in pairs] or [3 if gi.e_value_free[e] else 0]
-        have[e] = 2 if 2 in hs else 1 if 1 in hs else 0
-        need[e] = 0 if 0 in ns else 1 if 1 in ns else 2 if 2 in ns else 3
+    sig, labels, free = table.signature.tolist(), option.tolist(), gi.e_value_free.tolist()
+    seen: dict[tuple, tuple[int, bool, int, int]] = {}      # edges alike in all the loop reads (as in choose)
+    for e, (u, v) in enumerate(zip(gi.e_src.tolist(), gi.e_dst.tolist())):
+        alike = (sig[u], sig[v], table.pairs[e], labels[u], labels[v], free[e])
+        edge = seen.get(alike)
+        if edge is None:
+            pairs, _ = ch.placements(e, labels[u], labels[v])
+            hs = [_cls(h) for h, _ in pairs] or [0]
+            ns = [_cls(n) for _, n in pairs] or [3 if free[e] else 0]
+            edge = seen[alike] = (int(ch.edge_conv(e, labels[u], labels[v])),
+                                  not free[e] and any(h == R and isinstance(n, Shard) and (n.dim > 0 or n.sf > 1)
+                                                      for h, n in pairs),
+                                  2 if 2 in hs else 1 if 1 in hs else 0,
+                                  0 if 0 in ns else 1 if 1 in ns else 2 if 2 in ns else 3)
+        conv[e], copied[e], have[e], need[e] = edge
     original = np.array([table.original[o][k] if k != REPLICATE else REPLICATE
                          for o, k in enumerate(option.tolist())], dtype=np.int64)
     out = choices[key] = ShardChoice(option, frac, out_split, conv, have, need, tuple(config.devices),

@@ -264,3 +264,31 @@ def test_split_starts_past_their_deadline_simulate_their_first_variant_only():
     before = ev.n_evaluations
     assert list(seed_starts(ev, SEED_STARTS, splits=True, deadline=time.perf_counter() - 1.0)) == list(SEED_STARTS)
     assert ev.n_evaluations - before == len(SEED_STARTS)
+
+
+def test_server_splits_divide_over_each_server_of_two_devices_or_more_the_most_power_first(cluster):
+    from agents.candidates import server_splits
+
+    # a: two A100s (2 x 19.5 TFLOP/s) before c: three T4s (3 x 8.1); b holds one device and has no split
+    assert server_splits(cluster) == {"tp-server:a": server_split_action(6, 0),
+                                      "tp-server:c": server_split_action(6, 3)}
+    decoded = strategy_from_actions(np.full(1, server_split_action(6, 3)), np.zeros(3, dtype=np.int64),
+                                    capture_model("tiny_mlp", 16), cluster)
+    assert decoded.configs[0].devices == (3, 4, 5)
+
+
+def test_zero_shot_compares_the_strongest_servers_split_always_the_other_splits_in_its_time(mlp, cluster,
+                                                                                              monkeypatch):
+    import agents.planner
+
+    ev = Evaluator(mlp, cluster)
+    dp = ["policy", "ev-ps", "ev-ar", "cp-ps", "cp-ar"]
+    monkeypatch.setattr(agents.planner, "ZERO_SHOT_S", 0.0)            # the time is spent at once
+    found = plan(ev, budget_s=0, progress=False, splits=True)
+    assert found.meta["compared"] == [*dp, "tp-server:a"]
+    server_a = ev.iteration_time(ev.strategy(np.full(ev.n_groups, server_split_action(6, 0))))
+    assert not server_a[1] and found.meta["best_iteration_time_s"] <= server_a[0]
+    monkeypatch.setattr(agents.planner, "ZERO_SHOT_S", 1e9)
+    found = plan(ev, budget_s=0, progress=False, splits=True)
+    assert found.meta["compared"] == [*dp, "tp-server:a", "tp-server:c", "tp-even", "tp-prop"]
+    assert ev.iteration_time(found) == (found.meta["best_iteration_time_s"], found.meta["oom"])

@@ -71,6 +71,19 @@ def test_the_large_group_goes_to_its_fastest_replica_the_others_stay(case):
     assert ev.iteration_time(out)[0] == best <= ev.iteration_time(s)[0]
 
 
+def test_past_its_deadline_the_refinement_keeps_the_compilers_choice_without_a_simulation(case):
+    import time
+
+    ev, s = case
+    chosen = ev.ps_devices(s)
+    before = ev.n_evaluations
+    out = refine_ps_devices(ev, s, deadline=time.perf_counter() - 1.0)
+    assert ev.n_evaluations == before
+    assert [cfg.ps_device for cfg in out.configs] == [chosen[g] for g in range(len(s.configs))]
+    far = refine_ps_devices(ev, s, deadline=time.perf_counter() + 3600.0)
+    assert far.configs == refine_ps_devices(ev, s).configs and ev.n_evaluations > before
+
+
 def test_a_named_ps_device_is_kept():
     g, c = branches_graph(6, B, batch=8), servers([2, 2])
     ev = Evaluator(g, c, LinkCost(c))
