@@ -423,10 +423,10 @@ def encode_strategy(strategy: Strategy, cluster: "Cluster", splits: bool = False
     plain = [decode_action(a, m, batch, cluster.power) for a in range(n_actions(m))]
     if splits:
         plain += [decode_split_action(a, cluster, batch) for a in range(n_actions(m), n_actions(m, splits=True))]
-    found: dict[int, int] = {}
+    found: dict[ParallelConfig, int] = {}           # configs equal in value encode alike
     out = np.empty(strategy.n_groups, dtype=np.int64)
     for g, cfg in enumerate(strategy.configs):
-        if id(cfg) not in found:
+        if cfg not in found:
             bare = replace(cfg, sharded=None)
             matches = [a for a, c in enumerate(plain) if c == bare]
             choice = state_choice(cfg, cluster) if states else None
@@ -439,6 +439,6 @@ def encode_strategy(strategy: Strategy, cluster: "Cluster", splits: bool = False
                                     f"{', sharded' if cfg.sharded is not None else ''}) is no action's decoding "
                                     f"on {m} devices{' with splits' if splits else ''}"
                                     f"{' with state actions' if states else ''}")
-            found[id(cfg)] = matches[0]
-        out[g] = found[id(cfg)]
+            found[cfg] = matches[0]
+        out[g] = found[cfg]
     return out

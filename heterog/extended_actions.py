@@ -263,11 +263,11 @@ def encode_configs(strategy: Strategy, cluster: "Cluster", splits: bool = False,
     m = cluster.n_devices
     actions = np.empty(strategy.n_groups, dtype=np.int64)
     rows = np.zeros((strategy.n_groups, m), dtype=np.int64)
-    found: dict[int, tuple[int, np.ndarray]] = {}
+    found: dict[ParallelConfig, tuple[int, np.ndarray]] = {}      # configs equal in value encode alike
     for g, cfg in enumerate(strategy.configs):
-        if id(cfg) not in found:
-            found[id(cfg)] = _encode_config(g, cfg, strategy, cluster, splits, states, extended)
-        actions[g], rows[g] = found[id(cfg)]
+        if cfg not in found:
+            found[cfg] = _encode_config(g, cfg, strategy, cluster, splits, states, extended)
+        actions[g], rows[g] = found[cfg]
     return actions, rows
 
 

@@ -247,3 +247,18 @@ def test_the_env_takes_extended_actions_behind_its_option(ev, paper8):
     plain.reset(seed=0)
     ext = np.r_[old, np.zeros(g * 8, dtype=np.int64)]
     assert env.step(ext)[4]["iteration_time_s"] == plain.step(old)[4]["iteration_time_s"]
+
+
+def test_configs_equal_in_value_are_encoded_once(ev, paper8, monkeypatch):
+    import heterog.extended_actions as ext
+
+    calls: list[int] = []
+    real = ext._encode_config
+    monkeypatch.setattr(ext, "_encode_config", lambda g, *a: calls.append(g) or real(g, *a))
+    # every group its own config object, two values: even data parallelism by PS and by AllReduce
+    configs = [ParallelConfig.of([(d, 2) for d in range(8)], sync="allreduce" if g % 2 else "ps")
+               for g in range(ev.n_groups)]
+    plan = Strategy(ev.graph.fingerprint, paper8.name, 8, 16, ev.group_of, configs, "t")
+    actions, rows = encode_configs(plan, paper8, splits=True, states=True)
+    assert calls == [0, 1] and len({id(c) for c in configs}) == ev.n_groups
+    assert (actions[::2] == 8).all() and (actions[1::2] == 9).all() and not rows.any()   # DP-even-PS, -AR
