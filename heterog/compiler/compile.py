@@ -42,6 +42,9 @@ The modules, bottom up (each imports only those above it in this list):
 """
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -163,7 +166,12 @@ class Compiler:
         return self.compile_state(strategy, check=check, patch=patch).plan
 
     def compile_state(self, strategy: Strategy, *, check: bool = True, patch: bool = True) -> PlanState:
-        """``compile``, with what patching the plan later needs."""
+        """``compile``, with what patching the plan later needs. The cyclic garbage collector is paused while it
+        runs (``cycles_paused``)."""
+        with cycles_paused():
+            return self._compile_state(strategy, check=check, patch=patch)
+
+    def _compile_state(self, strategy: Strategy, *, check: bool, patch: bool) -> PlanState:
         ctx = self.context
         if check:
             strategy.check_fits(ctx.graph, ctx.cluster)
@@ -199,6 +207,20 @@ class Compiler:
         ctx = self.context
         return (f"Compiler({ctx.graph.name!r} on {ctx.cluster.name!r}: {len(self.configs)} configs, "
                 f"{len(self.layouts)} layouts, {self.bases!r})")
+
+
+@contextmanager
+def cycles_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off inside (as it was after). A compilation allocates some 10^5 small
+    objects and frees them by reference counting; each burst of allocations otherwise triggers collections
+    that walk every live object of the process (a captured graph's hundreds of thousands)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def compile_strategy(graph: OpGraph, cluster: Cluster, strategy: Strategy, cost: CostModel, *,
