@@ -349,7 +349,7 @@ def zero_shot(evaluator: Evaluator, checkpoint: str | Path | dict, states: bool 
     ``tp-prop``) and, with ``states`` (the policy gains the state actions), the two AllReduce schemes keeping
     each state choice with shards by memory (``ev-ar:s2-memory``, ...); the fastest is returned (a plan out of
     memory counts ``oom_factor`` times slower, as in training). The policy's plan, the data-parallel ones and
-    the first server's split are always compared (the PS plans' servers refined, ``heterog.baselines.ps_refine``,
+    the split over the server of the most device power are always compared (the PS plans' servers refined, ``heterog.baselines.ps_refine``,
     after the comparison: while ``ZERO_SHOT_S`` has not passed, and the fastest plan's in full); the other splits
     and the state choices only while ``ZERO_SHOT_S`` has not passed since ``t0`` (default: this call's start) or
     while no plan compared fits; where none of those always compared fits, every state choice is compared first
