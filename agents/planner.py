@@ -56,8 +56,8 @@ SEED_SHARE = 0.3
 # have them: MCMC's best start in half of the planner table's cases (docs/results.md), one simulation per variant
 SEED_STARTS = ("tp-server", "tp-grid")
 # zero-shot compares the uniform plans beyond the four data-parallel ones and the strongest server's split (the
-# other servers' and the cluster-wide splits, the sharded state choices) while less than this many seconds have
-# passed since it started, or while none of the plans compared fits (where none of those always compared fits,
+# other servers' and the cluster-wide splits, the sharded state choices) where each would end within this many
+# seconds of its start, or while none of the plans compared fits (where none of those always compared fits,
 # every state choice first: they free memory); it refines the PS plans' servers in the time left
 ZERO_SHOT_S = 1.0
 PS_BASELINES = ("ev-ps", "cp-ps")
@@ -349,11 +349,12 @@ def zero_shot(evaluator: Evaluator, checkpoint: str | Path | dict, states: bool 
     ``tp-prop``) and, with ``states`` (the policy gains the state actions), the two AllReduce schemes keeping
     each state choice with shards by memory (``ev-ar:s2-memory``, ...); the fastest is returned (a plan out of
     memory counts ``oom_factor`` times slower, as in training). The policy's plan, the data-parallel ones and
-    the split over the server of the most device power are always compared (the PS plans' servers refined, ``heterog.baselines.ps_refine``,
-    after the comparison: while ``ZERO_SHOT_S`` has not passed, and the fastest plan's in full); the other splits
-    and the state choices only while ``ZERO_SHOT_S`` has not passed since ``t0`` (default: this call's start) or
-    while no plan compared fits; where none of those always compared fits, every state choice is compared first
-    (they free memory). Meta:
+    the split over the server of the most device power are always compared (the PS plans' servers refined,
+    ``heterog.baselines.ps_refine``, after the comparison: each trial where it would end within ``ZERO_SHOT_S``,
+    and the fastest plan's in full); each of the other splits and the state choices only where it would end within
+    ``ZERO_SHOT_S`` of ``t0`` (default: this call's start), taking as long as the last comparison of its kind,
+    or while no plan compared fits; where none of those always compared fits, every state choice is compared
+    first (they free memory). Meta:
     ``policy_plan_s`` and ``policy_plan_oom`` (the greedy plan, before the comparison), ``zero_shot`` True,
     ``kept`` ("policy" or the uniform plan's name), ``compared`` (the names of the plans compared, in order),
     ``best_iteration_time_s``, ``oom``, ``episodes`` 0, ``rounds`` 0, ``micro_batches`` and
@@ -386,10 +387,22 @@ def zero_shot(evaluator: Evaluator, checkpoint: str | Path | dict, states: bool 
 
     plans: dict[str, Strategy] = {}
     scored: dict[str, tuple[float, bool]] = {}
+    took: dict[str, float] = {}
 
     def compare(name: str) -> None:
+        start = time.perf_counter()
         plans[name] = decode(candidates[name], "agent")
         scored[name] = evaluator.iteration_time(plans[name])
+        took[name] = time.perf_counter() - start
+
+    def split(name: str) -> bool:
+        return name in servers or name in SPLIT_ACTION_NAMES
+
+    def ends_in_time(name: str) -> bool:
+        """Whether comparing ``name`` ends within ``ZERO_SHOT_S``, taking as long as the last comparison of
+        its kind (a split, or a plan data-parallel over the cluster: the DP plans, the state choices)."""
+        kind = [n for n in took if n != "policy" and split(n) == split(name)]
+        return time.perf_counter() - t0 + (took[kind[-1]] if kind else 0.0) < ZERO_SHOT_S
 
     for name in ("policy", *DP_BASELINES, *list(servers)[:1]):
         compare(name)
@@ -401,14 +414,15 @@ def zero_shot(evaluator: Evaluator, checkpoint: str | Path | dict, states: bool 
     # where nothing fits yet, every state choice (they free memory: the fastest of them that fits is wanted)
     every = [] if fits() else [n for n in more if n not in SPLIT_ACTION_NAMES and n not in servers]
     for name in every + [n for n in more if n not in every]:
-        if name not in every and time.perf_counter() - t0 >= ZERO_SHOT_S and fits():
-            break
-        compare(name)
-    # the PS baselines' servers (heterog.baselines.ps_refine): while time is left, and for the fastest plan always
+        if name in every or not fits() or ends_in_time(name):
+            compare(name)
+    # the PS baselines' servers (heterog.baselines.ps_refine): each trial where it would end in time, and for the
+    # fastest plan every trial
     for name in sorted(PS_BASELINES, key=lambda n: -reward(*scored[n])):
         fastest = max(scored, key=lambda n: reward(*scored[n])) == name
-        if fastest or time.perf_counter() - t0 < ZERO_SHOT_S:
-            plans[name] = refine_ps_devices(evaluator, plans[name], deadline=None if fastest else t0 + ZERO_SHOT_S)
+        if fastest or ends_in_time(name):
+            plans[name] = refine_ps_devices(evaluator, plans[name],
+                                            deadline=None if fastest else t0 + ZERO_SHOT_S - took[name])
             scored[name] = evaluator.iteration_time(plans[name])
     kept = max(scored, key=lambda name: (reward(*scored[name]), name == "policy"))
     strategy = plans[kept]

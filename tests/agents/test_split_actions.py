@@ -292,3 +292,24 @@ def test_zero_shot_compares_the_strongest_servers_split_always_the_other_splits_
     found = plan(ev, budget_s=0, progress=False, splits=True)
     assert found.meta["compared"] == [*dp, "tp-server:a", "tp-server:c", "tp-even", "tp-prop"]
     assert ev.iteration_time(found) == (found.meta["best_iteration_time_s"], found.meta["oom"])
+
+
+def test_zero_shot_compares_a_plan_beyond_the_fixed_ones_only_where_it_would_end_in_time(mlp, cluster, monkeypatch):
+    import time
+
+    import agents.planner
+
+    clock = [1000.0]                        # each simulation takes 0.1 s of a clock nothing else moves
+    real = Evaluator.iteration_time
+
+    def timed(self, *a, **k):
+        clock[0] += 0.1
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(Evaluator, "iteration_time", timed)
+    monkeypatch.setattr(agents.planner, "ZERO_SHOT_S", 0.75)
+    found = plan(Evaluator(mlp, cluster), budget_s=0, progress=False, splits=True)
+    # six fixed comparisons end at 0.6 s; the next split (0.1 s, as the last split took) ends at 0.7 s, in
+    # time; a third would end at 0.8 s, past 0.75 s, although 0.7 s is not
+    assert found.meta["compared"] == ["policy", "ev-ps", "ev-ar", "cp-ps", "cp-ar", "tp-server:a", "tp-server:c"]
