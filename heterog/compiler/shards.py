@@ -268,7 +268,7 @@ class _Chooser:
         conversions (``Conversion`` codes), ``nbytes`` the edge's bytes, ``from_param`` whether its producer is
         a parameter; ``FORBIDDEN`` where such a parameter held in shards would move (a "tensor" split reads it
         where it lies)."""
-        collective = (conv >= 1) & (conv <= 4)
+        collective = _COLLECTIVE[conv]
         if self.n < 2:
             cost = np.zeros(conv.shape)
         else:
@@ -340,7 +340,9 @@ _CHOICES: DerivedCache[CompileContext, dict[ChoiceKey, ShardChoice]] = DerivedCa
 # relative bytes each conversion moves per device (of the tensor's, times (n - 1) / n)
 _CONV_WEIGHT = {Conversion.LOCAL: 0.0, Conversion.SLICE: 0.0, Conversion.PAD: 0.0, Conversion.ALL_GATHER: 1.0,
                 Conversion.REDUCE_SCATTER: 1.0, Conversion.ALL_REDUCE: 2.0, Conversion.ALL_TO_ALL: 0.25}
-_CONV_WEIGHTS = np.array([_CONV_WEIGHT[Conversion(c)] for c in range(len(Conversion))])     # by code
+# by conversion code: its weight, and whether it is a collective (``Conversion.collective``)
+_CONV_WEIGHTS = np.array([_CONV_WEIGHT[Conversion(c)] for c in range(len(Conversion))])
+_COLLECTIVE = np.array([Conversion(c).collective for c in range(len(Conversion))])
 
 
 def choose_shards(ctx: CompileContext, config: ParallelConfig) -> ShardChoice:
