@@ -23,7 +23,10 @@ counts, even micro-batches (only k and the schedule searched).
 
 The search runs in two passes. Screening simulates each candidate as built, once (a candidate equal to
 one screened before, as even and proportional shares are on devices alike, is skipped), for k = 1, 4, 2,
-8, 16, ... and in the order above, until ``SCREEN_SHARE`` of the budget has passed. Refinement then makes
+8, 16, ... and in the order above, until ``SCREEN_SHARE`` of the budget has passed; with ``splits``, the
+candidates whose stages divide their layers' parameters come after every replicated one of those k (a
+divided candidate simulates 10-20x slower: gpt2_xl on paper-8gpu, 0.5-2 s against 0.03-0.3 s), so that a
+short budget screens every stage grouping and k before it. Refinement then makes
 the screened candidates fit (and, with ``sharded``, tries those that fit with sharded state) in the order
 of their screened times, fastest first, until the budget ends: making a candidate fit costs many
 simulations, so it goes where the screen points. The result's meta lists what was chosen, how many
@@ -219,7 +222,7 @@ def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | N
     searched. ``splits``: where no
     candidate of a stage grouping with data parallelism inside its stages fits as screened (at that k), the
     grouping is also tried dividing each stage's layers' parameters among its devices (tensor
-    parallelism inside a stage, ``stage_plan``): on the clusters measured, divided stages pay only where
+    parallelism inside a stage, ``stage_plan``), after every replicated candidate: on the clusters measured, divided stages pay only where
     memory forces them (docs/results.md, "Splits beyond the batch"), and the budget goes to the other
     candidates. Off by default. ``sharded``: a stage whose replicas are data parallel may keep sharded state
     (``heterog.sharded``; stage 1, 2 or 3, shards even, by memory or by speed, the optimizer state on the
@@ -252,43 +255,53 @@ def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | N
     # screening: each candidate simulated as built, in the order above, until SCREEN_SHARE of the budget
     screened: list[tuple[float, bool, Strategy]] = []
     seen: set = set()
+    built: dict[tuple[int, bool, bool], tuple[np.ndarray, list[ParallelConfig]]] = {}
+    replicated_fits: set[tuple[int, int]] = set()          # (k, grouping) where a replicated candidate fits
+
+    def candidates(k: int, divided: bool):
+        """The candidates of ``k`` micro-batches, each grouping's in order: with ``divided``, those whose
+        stages divide their layers' parameters, for the groupings of no replicated candidate that fits."""
+        for i, stages in enumerate(groupings):
+            if divided and (max(map(len, stages)) == 1 or (k, i) in replicated_fits):
+                continue
+            for proportional in (True, False) if balance == "cost" else (False,):
+                if (i, proportional, divided) not in built:
+                    built[i, proportional, divided] = (
+                        stage_plan(ev, stages, proportional, layer_of, times, divided, sharded)
+                        if balance == "cost" else
+                        (equal_stages(len(names), cluster.n_devices),
+                         [ParallelConfig.single(d, B) for d in range(cluster.n_devices)]))
+                stage_of_layer, configs = built[i, proportional, divided]
+                # a group per layer, under its stage's config: layers are what recomputation rebuilds
+                s = group_strategy(ev, layer_of, [configs[g] for g in stage_of_layer.tolist()], meta={
+                    "stages": [configs[g].devices for g in np.unique(stage_of_layer).tolist()],
+                    "layers_per_stage": np.bincount(stage_of_layer, minlength=len(stages)).tolist(),
+                    "micro_batches": k, "shares": "proportional" if proportional else "even",
+                    "stage_split": divided})
+                for v in [s] if k == 1 else [s.with_micro_batches(k, sched)
+                                             for sched in ((schedule,) if schedule else SCHEDULES)]:
+                    yield i, v
 
     def screen() -> None:
-        for k in micro + beyond:
-            if k in beyond and any(not oom for _, oom, _ in screened):
-                return
-            for stages in groupings:
-                modes = [(p, tp) for tp in ((False, True) if splits and max(map(len, stages)) > 1 else (False,))
-                         for p in ((True, False) if balance == "cost" else (False,))]
-                replicated_fits = False
-                for proportional, split in modes:
-                    if split and replicated_fits:          # divided stages only where replicated ones do not fit
+        # the replicated stages at every k first, then the divided ones (each simulates 10-20x slower), then
+        # micro-batches beyond the cap while nothing fits, each k replicated then divided
+        passes = [(micro, False)] + ([(micro, True)] if splits else [])
+        passes += [([k], divided) for k in beyond for divided in ((False, True) if splits else (False,))]
+        for ks, divided in passes:
+            for k in ks:
+                if k in beyond and any(not oom for _, oom, _ in screened):
+                    return
+                for i, v in candidates(k, divided):
+                    if screened and past(t0 + SCREEN_SHARE * budget):
+                        return
+                    key = plan_key(v)
+                    if key in seen:                # even and proportional shares alike on alike devices
                         continue
-                    if balance == "cost":
-                        stage_of_layer, configs = stage_plan(ev, stages, proportional, layer_of, times, split,
-                                                             sharded)
-                    else:
-                        stage_of_layer = equal_stages(len(names), cluster.n_devices)
-                        configs = [ParallelConfig.single(d, B) for d in range(cluster.n_devices)]
-                    # a group per layer, under its stage's config: layers are what recomputation rebuilds
-                    s = group_strategy(ev, layer_of, [configs[g] for g in stage_of_layer.tolist()], meta={
-                        "stages": [configs[g].devices for g in np.unique(stage_of_layer).tolist()],
-                        "layers_per_stage": np.bincount(stage_of_layer, minlength=len(stages)).tolist(),
-                        "micro_batches": k, "shares": "proportional" if proportional else "even",
-                        "stage_split": split})
-                    variants = [s] if k == 1 else [
-                        s.with_micro_batches(k, sched)
-                        for sched in ((schedule,) if schedule else SCHEDULES)]
-                    for v in variants:
-                        if screened and past(t0 + SCREEN_SHARE * budget):
-                            return
-                        key = plan_key(v)
-                        if key in seen:                # even and proportional shares alike on alike devices
-                            continue
-                        seen.add(key)
-                        t, oom = ev.iteration_time(v)
-                        screened.append((float(t), bool(oom), v))
-                        replicated_fits |= not split and not oom
+                    seen.add(key)
+                    t, oom = ev.iteration_time(v)
+                    screened.append((float(t), bool(oom), v))
+                    if not divided and not oom:
+                        replicated_fits.add((k, i))
 
     screen()
     # refinement: the candidates in order of their screened time, each made to fit (and, with sharded state,

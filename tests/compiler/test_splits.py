@@ -228,3 +228,29 @@ def test_the_pipeline_planner_divides_stages_only_where_replicated_ones_do_not_f
     assert split.meta["stage_split"] and split.meta["stages"] == [(0, 1)]
     (t_split, oom_split), (t_plain, oom_plain) = ev.iteration_time(split), ev.iteration_time(plain)
     assert not oom_split and not oom_plain and t_split < t_plain
+
+
+def test_the_pipeline_planner_screens_divided_stages_after_every_replicated_candidate(block, monkeypatch):
+    """A divided candidate simulates many times slower than a replicated one: the screen takes every
+    replicated candidate of every k first, then the divided ones of the (k, grouping)s where no replicated
+    candidate fits, so a short budget screens every grouping and k before any of them."""
+    from heterog.baselines.pipeline import pipeline
+
+    tight = two_gpu(memory="18 KiB")
+    ev = Evaluator(block, tight, SplitCost(tight))
+    order, real = [], ev.iteration_time
+
+    def timed(strategy, *args, **kwargs):
+        out = real(strategy, *args, **kwargs)
+        order.append((strategy.meta.get("stage_split"), strategy.n_micro, len(strategy.meta["stages"]), out[1]))
+        return out
+
+    monkeypatch.setattr(ev, "iteration_time", timed)
+    s = pipeline(ev, budget_s=60, splits=True, max_micro_batches=4)
+    screened = order[:s.meta["candidates"]]
+    divided = [i for i, (split, *_) in enumerate(screened) if split]
+    assert divided and min(divided) > max(i for i, (split, *_) in enumerate(screened) if not split)
+    # a divided candidate stands for a grouping of several devices with no replicated candidate that fits
+    fits = {(k, n) for split, k, n, oom in screened if not split and not oom}
+    # (the grouping of one stage over both devices is the one of several devices; at k = 1 it fits replicated)
+    assert {(k, n) for split, k, n, _ in screened if split} == {(k, 1) for k in (1, 2, 4)} - fits == {(2, 1), (4, 1)}
