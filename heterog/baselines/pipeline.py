@@ -219,12 +219,12 @@ def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | N
     and more (doubling, up to the batch and ``MAX_MICRO_BATCHES``) while no candidate fits; ``schedule``
     orders the micro-batches (None: each of ``SCHEDULES`` is tried). ``balance="equal"`` is the homogeneous
     baseline: one stage per device with equal numbers of layers (``equal_stages``), only the micro-batches
-    searched. ``splits``: where no
-    candidate of a stage grouping with data parallelism inside its stages fits as screened (at that k), the
-    grouping is also tried dividing each stage's layers' parameters among its devices (tensor
-    parallelism inside a stage, ``stage_plan``), after every replicated candidate: on the clusters measured, divided stages pay only where
-    memory forces them (docs/results.md, "Splits beyond the batch"), and the budget goes to the other
-    candidates. Off by default. ``sharded``: a stage whose replicas are data parallel may keep sharded state
+    searched. ``splits``: where no candidate of a stage grouping with data parallelism inside its stages
+    fits as screened (at that k), the grouping is also tried dividing each stage's layers' parameters among
+    its devices (tensor parallelism inside a stage, ``stage_plan``), after every replicated candidate: on
+    the clusters measured, divided stages pay only where memory forces them (docs/results.md, "Splits
+    beyond the batch"), and the budget goes to the other candidates. Off by default. ``sharded``: a stage
+    whose replicas are data parallel may keep sharded state
     (``heterog.sharded``; stage 1, 2 or 3, shards even, by memory or by speed, the optimizer state on the
     GPUs or offloaded to the host; a stage of one device may offload), its layers balanced within memory
     as that state holds them where nothing else fits (``stage_plan``): a candidate out of memory
