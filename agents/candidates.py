@@ -36,6 +36,8 @@ from heterog.evaluate import reward
 from heterog.reporting import DP_BASELINES
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Callable, Sequence
+
     from heterog.cluster import Cluster
     from heterog.evaluator_protocol import PlanEvaluator
     from heterog.parallel import Pool
@@ -185,12 +187,15 @@ class CandidateSearch:
         return out
 
     def mutate_plans(self, base: Tensor, n_groups: int, n_actions: int, n: int, guide: Tensor | None = None,
-                     blocks: BlockMoves | None = None, micro_choices: int = len(MICRO_CHOICES)) -> Tensor:
+                     blocks: BlockMoves | None = None, micro_choices: int = len(MICRO_CHOICES),
+                     micro_moves: Callable[[int], Sequence[int]] | None = None) -> Tensor:
         """``n`` mutations of the plan ``base``: its configs mutated as :meth:`mutate` does, its recompute bits,
         micro-batch choice (and rows) kept; then each copy becomes, with probability ``mutate_memory``,
-        ``base`` with another micro-batch choice (half of them, uniform over the other of ``micro_choices``
-        choices) or with the recompute bits of ``mutate_groups`` random groups flipped. A group under an
-        extended action (beyond ``n_actions``; its row in ``base``) changes to one of the ``n_actions``.
+        ``base`` with another micro-batch choice (half of them: uniform over the other of ``micro_choices``
+        choices, or over ``micro_moves(choice)`` where given, ``envs.actions.micro_neighbours`` for the extended
+        choices) or with the recompute bits of ``mutate_groups`` random groups flipped (also where
+        ``micro_moves`` gives no choice). A group under an extended action (beyond ``n_actions``; its row in
+        ``base``) changes to one of the ``n_actions``.
 
         Shapes: base ``(2 G + 1,)`` (extended: ``(2 G + 1 + G M,)``), guide ``(G, A)`` -> ``(n, len(base))``.
         """
@@ -202,9 +207,13 @@ class CandidateSearch:
         k = min(self.settings.mutate_groups, n_groups)
         for i in torch.nonzero(chosen).flatten().tolist():
             out[i] = base
-            if float(torch.rand(1, generator=self.generator)) < 0.5:
-                c = int(torch.randint(micro_choices - 1, (1,), generator=self.generator))
-                out[i, 2 * n_groups] = c + int(c >= int(base[2 * n_groups]))
+            moves = None if micro_moves is None else micro_moves(int(base[2 * n_groups]))
+            if float(torch.rand(1, generator=self.generator)) < 0.5 and (moves is None or len(moves)):
+                if moves is None:
+                    c = int(torch.randint(micro_choices - 1, (1,), generator=self.generator))
+                    out[i, 2 * n_groups] = c + int(c >= int(base[2 * n_groups]))
+                else:
+                    out[i, 2 * n_groups] = int(moves[int(torch.randint(len(moves), (1,), generator=self.generator))])
             else:
                 flip = n_groups + torch.randperm(n_groups, generator=self.generator)[:k]
                 out[i, flip] = 1 - base[flip]

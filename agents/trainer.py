@@ -41,7 +41,7 @@ from agents.networks.plan import PlanLogits, plan_entropy, plan_log_prob_parts
 from agents.reporting import TrainingLog, action_breakdown, time_to_quality
 from agents.settings import ALGORITHMS, TrainerSettings
 from agents.tasks import GraphTask, TaskState, make_task
-from envs.actions import EXTENDED_MICRO_CHOICES, MICRO_CHOICES, full_plan, plan_length, plan_strategy
+from envs.actions import MICRO_CHOICES, full_plan, micro_neighbours, plan_length, plan_strategy
 from heterog.actions import N_DP_ACTIONS, n_actions
 from heterog.errors import CheckpointError, HeterogError
 from heterog.strategy import Strategy
@@ -256,9 +256,10 @@ class Trainer:
                 guide = (once.groups.detach() if once is not None else
                          self.policy.action_logits(group_emb.detach(), inputs.group_mask, along, devices)[0]
                          ).softmax(-1)
+        batch = task.evaluator.graph.batch_size
         actions = torch.cat([drawn, self.search.mutate_plans(
             best, n_groups, n_actions, s.mutate_samples, guide, self.block_moves(task),
-            len(EXTENDED_MICRO_CHOICES) if width else len(MICRO_CHOICES))])
+            micro_moves=(lambda index: micro_neighbours(index, batch)) if width else None)])
         rewards, times, ooms = self.score_and_record(task, state, actions.numpy())            # (k,) each
         replay_actions, replay_rewards = self.search.replay(state, n_groups, width)
         # greedy, exploration, mutation and replayed samples are off-policy: they only pull towards plans

@@ -107,6 +107,29 @@ def micro_choice(index: int, extended: bool = False) -> tuple[int, str]:
     return table[int(index)]
 
 
+_EXTENDED_INDEX = {choice: i for i, choice in enumerate(EXTENDED_MICRO_CHOICES)}
+
+
+def micro_neighbours(index: int, batch_size: int) -> list[int]:
+    """The extended micro-batch choices next to choice ``index`` (of ``EXTENDED_MICRO_CHOICES``; a count beyond
+    the batch stands for the batch): half and twice its number of micro-batches, one fewer and one more (within
+    1 .. ``min(batch_size, MAX_MICRO_BATCHES)``), then its number under the other schedule (at more than one
+    micro-batch); each once, none the same plan as ``index``, in that order. A search's step among the counts:
+    any count is some steps away, where a uniform draw among all ``len(EXTENDED_MICRO_CHOICES)`` lands far from
+    the plan, mostly beyond the batch (which clips it to the batch)."""
+    count, schedule = micro_choice(index, extended=True)
+    top = min(int(batch_size), MAX_MICRO_BATCHES)
+    k = min(count, top)
+    other = EXTENDED_SCHEDULES[1 - EXTENDED_SCHEDULES.index(schedule)]
+    out: list[int] = []
+    for near in ((max(1, k // 2), schedule), (min(2 * k, top), schedule), (k - 1, schedule), (k + 1, schedule),
+                 (k, other)):
+        same = near[0] == k and (near[1] == schedule or k == 1)
+        if 1 <= near[0] <= top and not same and _EXTENDED_INDEX[near] not in out:
+            out.append(_EXTENDED_INDEX[near])
+    return out
+
+
 @dataclass(frozen=True)
 class PlanAction:
     """One plan action split into its parts, for the real groups only."""

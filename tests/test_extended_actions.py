@@ -13,6 +13,7 @@ from envs.actions import (
     EXTENDED_MICRO_CHOICES,
     MICRO_CHOICES,
     encode_plan,
+    micro_neighbours,
     plan_length,
     plan_nvec,
     plan_strategy,
@@ -115,6 +116,30 @@ def test_rows_decode_to_their_devices_and_shares(paper8):
     mixed = load_cluster("mixed-a100-v100-t4")
     assert decode_extended(offload_action(12, 2), [0] * 12, mixed, 16) == ParallelConfig.single(2, 16)
     assert decode_extended(grid_action(12, False), [0] * 12, mixed, 16).grid == 3
+
+
+def test_a_micro_batch_step_moves_to_half_twice_one_fewer_one_more_or_the_other_schedule():
+    index = {c: i for i, c in enumerate(EXTENDED_MICRO_CHOICES)}
+
+    def near(k, schedule, batch):
+        return [EXTENDED_MICRO_CHOICES[i] for i in micro_neighbours(index[k, schedule], batch)]
+
+    assert near(8, "1f1b", 48) == [(4, "1f1b"), (16, "1f1b"), (7, "1f1b"), (9, "1f1b"), (8, "gpipe")]
+    assert near(3, "gpipe", 48) == [(1, "gpipe"), (6, "gpipe"), (2, "gpipe"), (4, "gpipe"), (3, "1f1b")]
+    # one micro-batch: the schedule is no choice; at the batch, nothing beyond it
+    assert near(1, "1f1b", 48) == [(2, "1f1b")] and near(1, "gpipe", 48) == [(2, "gpipe")]
+    assert near(48, "1f1b", 48) == [(24, "1f1b"), (47, "1f1b"), (48, "gpipe")]
+    assert near(2, "1f1b", 2) == [(1, "1f1b"), (2, "gpipe")]
+    # a count beyond the batch stands for the batch; a batch of one has no other count
+    assert near(200, "1f1b", 48) == near(48, "1f1b", 48)
+    assert near(4, "gpipe", 1) == [] and near(1, "1f1b", 1) == []
+    # any count is some steps from any other
+    seen, frontier = {(1, "1f1b")}, [(1, "1f1b")]
+    while frontier:
+        nxt = [c for k, s in frontier for c in near(k, s, 192) if c not in seen]
+        seen.update(nxt)
+        frontier = nxt
+    assert seen == {(k, s) for k in range(1, 193) for s in ("1f1b", "gpipe")}
 
 
 def test_the_plan_layout_and_its_micro_batch_choices():

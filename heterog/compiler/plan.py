@@ -143,8 +143,12 @@ class PlanState:
 
 
 class PatchCache:
-    """The plans a compiler keeps to patch: at most ``max_plans``, least recently used first, each under
-    a key of its own (``id(state)``). Layout and config ids in them index the compiler's current tables."""
+    """The plans a compiler keeps to patch: the ``max_plans`` most recently used, and beside them the most
+    recently used plan of each other micro-batch schedule (number of micro-batches and schedule), up to
+    ``max_plans`` of those, each under a key of its own (``id(state)``). A plan is patched only from one of its
+    own schedule; a search that moves among schedules (the agent's mutations of the micro-batches, MCMC's) finds
+    a plan of the one it returns to, where an LRU of ``max_plans`` alone would have dropped it and compiled the
+    plan from scratch. Layout and config ids in them index the compiler's current tables."""
 
     def __init__(self, max_plans: int) -> None:
         self.max_plans = int(max_plans)
@@ -153,11 +157,29 @@ class PatchCache:
     def __len__(self) -> int:
         return len(self._states)
 
+    @staticmethod
+    def _schedule(state: PlanState) -> tuple[int, str | None]:
+        pl = state.placement
+        return pl.n_micro, (pl.schedule if pl.n_micro > 1 else None)
+
     def __setitem__(self, key: int, state: PlanState) -> None:
-        """Keep ``state`` as the most recently used plan (the least recently used beyond ``max_plans`` go)."""
+        """Keep ``state`` as the most recently used plan; past the limits the least recently used goes that
+        is not the last of its schedule, or, past ``max_plans`` schedules kept so, the least recently used."""
         self._states[key] = state
         while len(self._states) > self.max_plans:
-            self._states.popitem(last=False)
+            order = list(self._states)
+            recent = set(order[-self.max_plans:]) if self.max_plans else set()
+            last_of: dict[tuple[int, str | None], int] = {}
+            for k in order:
+                last_of[self._schedule(self._states[k])] = k
+            extras = [k for k in order if k not in recent and last_of[self._schedule(self._states[k])] == k]
+            spare = [k for k in order if k not in recent and k not in extras]
+            if spare:
+                del self._states[spare[0]]
+            elif len(extras) > self.max_plans:
+                del self._states[extras[0]]
+            else:
+                break
 
     def clear(self) -> None:
         self._states.clear()

@@ -547,6 +547,23 @@ def test_mutations_of_an_extended_plan_keep_its_rows_and_move_among_every_micro_
     assert in_policy(plain[None], g, a).tolist() == [False]
 
 
+def test_mutations_of_an_extended_plan_step_its_micro_batches_to_a_neighbouring_choice(tasks):
+    from envs.actions import EXTENDED_MICRO_CHOICES, micro_neighbours
+
+    trainer = Trainer(tiny_policy(), tasks[:1], TrainerSettings(mutate_groups=1, mutate_memory=1.0))
+    g, a = 4, 12
+    index = EXTENDED_MICRO_CHOICES.index((8, "gpipe"))
+    base = torch.tensor([0, 1, 2, 5,  0, 1, 0, 0,  index,  3, 3, 3,  3, 3, 3,  3, 3, 3,  0, 0, 0])
+    out = trainer.search.mutate_plans(base, g, a, 300, micro_moves=lambda i: micro_neighbours(i, 48))
+    moved = out[:, 2 * g] != index
+    assert {EXTENDED_MICRO_CHOICES[i] for i in out[moved, 2 * g].tolist()} == {
+        (4, "gpipe"), (16, "gpipe"), (7, "gpipe"), (9, "gpipe"), (8, "1f1b")}
+    assert 100 < int(moved.sum()) < 200 and (out[moved, :2 * g] == base[:2 * g]).all()
+    # where no other count is possible, a memory move flips recompute bits
+    alone = trainer.search.mutate_plans(base, g, a, 50, micro_moves=lambda i: [])
+    assert (alone[:, 2 * g] == index).all() and ((alone[:, g:2 * g] != base[g:2 * g]).sum(dim=1) == 1).all()
+
+
 def test_the_promising_uniform_plans_come_first_and_the_rest_take_a_share_of_the_time_left(tasks, monkeypatch):
     import agents.candidates as candidates_module
     import agents.trainer as trainer_module

@@ -75,6 +75,27 @@ def test_patch_cache_keeps_at_most_its_size_dropping_the_least_recently_used():
     assert len(empty) == 0
 
 
+def test_patch_cache_keeps_the_last_plan_of_each_schedule_beside_the_most_recent():
+    cache = PatchCache(2)
+    one = state([0, 0])
+    cache[1] = one
+    for key in (2, 3, 4):                                   # three plans of 4 micro-batches (1F1B)
+        cache[key] = state([key, 0], n_micro=4)
+    # the 2 most recent, and the last plan of one micro-batch beside them; plan 2 (4 micro-batches) is gone
+    assert len(cache) == 3 and cache.closest(state([0, 1]).placement) == (1, one)
+    assert cache.closest(state([2, 0], n_micro=4).placement)[0] in (3, 4)
+    for key, (k, schedule) in zip((5, 6, 7, 8), ((2, "1f1b"), (4, "gpipe"), (8, "1f1b"), (8, "1f1b"))):
+        cache[key] = state([key, 0], schedule, k)
+    # recent: 7 and 8 (8 micro-batches); beside them at most 2 other schedules' last plans, the most recent: 6, 5
+    assert len(cache) == 4
+    assert cache.closest(state([6, 0], "gpipe", 4).placement)[0] == 6
+    assert cache.closest(state([5, 0], "1f1b", 2).placement)[0] == 5
+    assert cache.closest(state([0, 0]).placement) is None and cache.closest(state([4, 0], n_micro=4).placement) is None
+    cache.touch(5)                                          # used again: among the most recent
+    cache[9] = state([9, 0], "1f1b", 16)
+    assert cache.closest(state([5, 0], "1f1b", 2).placement)[0] == 5 and len(cache) == 4
+
+
 def test_a_compiler_whose_tables_start_afresh_compiles_the_same_plans():
     g, c = linear_graph(), two_gpu()
     cost = FakeCost(c)
