@@ -48,6 +48,8 @@ from heterog.shares import even_shares, proportional_shares
 from heterog.strategy import MAX_MICRO_BATCHES, SCHEDULES, ParallelConfig, Strategy, most_micro_batches
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Iterator
+
     from heterog.cluster import Cluster
     from heterog.evaluator_protocol import PlanEvaluator
     from heterog.graph.opgraph import OpGraph
@@ -258,7 +260,7 @@ def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | N
     built: dict[tuple[int, bool, bool], tuple[np.ndarray, list[ParallelConfig]]] = {}
     replicated_fits: set[tuple[int, int]] = set()          # (k, grouping) where a replicated candidate fits
 
-    def candidates(k: int, divided: bool):
+    def candidates(k: int, divided: bool) -> Iterator[tuple[int, Strategy]]:
         """The candidates of ``k`` micro-batches, each grouping's in order: with ``divided``, those whose
         stages divide their layers' parameters, for the groupings of no replicated candidate that fits."""
         for i, stages in enumerate(groupings):
