@@ -205,9 +205,9 @@ class CandidateSearch:
             return out
         chosen = torch.rand(n, generator=self.generator) < self.settings.mutate_memory
         k = min(self.settings.mutate_groups, n_groups)
+        moves = None if micro_moves is None else micro_moves(int(base[2 * n_groups]))
         for i in torch.nonzero(chosen).flatten().tolist():
             out[i] = base
-            moves = None if micro_moves is None else micro_moves(int(base[2 * n_groups]))
             if float(torch.rand(1, generator=self.generator)) < 0.5 and (moves is None or len(moves)):
                 if moves is None:
                     c = int(torch.randint(micro_choices - 1, (1,), generator=self.generator))

@@ -412,7 +412,7 @@ def zero_shot(evaluator: Evaluator, checkpoint: str | Path | dict, states: bool 
 
     more = [n for n in candidates if n not in scored]
     # where nothing fits yet, every state choice (they free memory: the fastest of them that fits is wanted)
-    every = [] if fits() else [n for n in more if n not in SPLIT_ACTION_NAMES and n not in servers]
+    every = [] if fits() else [n for n in more if not split(n)]
     for name in every + [n for n in more if n not in every]:
         if name in every or not fits() or ends_in_time(name):
             compare(name)
