@@ -1,16 +1,17 @@
-"""The one routine by which planners make a plan fit in memory: ``fit`` tries each way to fit (sharded
-state, recomputation, more micro-batches), simulates every candidate and keeps the fastest that fits.
+"""The one routine by which planners make a plan fit in memory: ``fit`` tries each way to fit
+(recomputation, sharded state, more micro-batches), simulates every candidate and keeps the fastest that fits.
 
 Ways (``WAYS``), each a search over its own candidates of one plan:
 
+  recompute      the fewest leading groups recomputed that fit (the first groups' activations live
+                 longest), by bisection;
   sharded        every group that may keeps its state in shards or offloads it (each choice of
                  ``STATE_CHOICES`` x shard weights of ``SHARD_BY``: stages 1-3 on the GPUs, then stages
                  1-3 with the optimizer state on the host, then stage 3 with the parameter shards there
-                 too; a group of one device only offloads its optimizer state), then,
-                 for the fastest of those that fits, the fewest groups holding the most state that fit, by
+                 too; a group of one device only offloads its optimizer state; the strongest of each
+                 weights first, the other choices of those weights only where it fits), then, for the
+                 fastest of those that fits, the fewest groups holding the most state that fit, by
                  bisection; the way is reported as "offload" where the plan kept offloads;
-  recompute      the fewest leading groups recomputed that fit (the first groups' activations live
-                 longest), by bisection;
   micro-batches  the fewest micro-batches (doubling, up to a cap) that fit, under the plan's schedule.
 
 When no way fits alone, each way is tried on the plan that another way frees the most memory in (the
@@ -132,21 +133,34 @@ def state_order(ev: PlanEvaluator, strategy: Strategy) -> list[int]:
     return sorted(groups, key=lambda g: (-held[g], g))
 
 
-def _sharded_all(ev: PlanEvaluator, strategy: Strategy, groups: list[int]) -> list[Strategy]:
+def _sharded_all(ev: PlanEvaluator, strategy: Strategy, groups: list[int]) -> list[tuple[str, Strategy]]:
     """``strategy`` with every one of ``groups`` keeping each (choice, weights) of sharded state (a group
-    that cannot take a choice, one device under a choice that does not offload, kept as it is), equal
-    plans and plans changing nothing once."""
-    out: dict[tuple, Strategy] = {}
+    that cannot take a choice, one device under a choice that does not offload, kept as it is), with the
+    ``SHARD_BY`` of its weights; equal plans and plans changing nothing once."""
+    out: dict[tuple, tuple[str, Strategy]] = {}
     for choice, by in product(STATE_CHOICES, SHARD_BY):
         def variant(cfg: ParallelConfig, choice: dict[str, Any] = choice, by: str = by) -> ParallelConfig:
             made = sharded_variants(cfg, ev.cluster, (choice,), (by,))
             return made[0] if made else cfg
 
         s = with_sharded(strategy, groups, variant)
-        key = tuple(s.configs[g].sharded for g in groups)
+        key = _state_key(s, groups)
         if any(k is not None for k in key):
-            out.setdefault(key, s)
+            out.setdefault(key, (by, s))
     return list(out.values())
+
+
+def _state_key(strategy: Strategy, groups: list[int]) -> tuple:
+    return tuple(strategy.configs[g].sharded for g in groups)
+
+
+def _strongest_of(cluster: Cluster, by: str) -> Callable[[ParallelConfig], ParallelConfig]:
+    """A config keeping the last of ``STATE_CHOICES`` it may take, weights ``by`` (itself where it takes none)."""
+    def strongest(cfg: ParallelConfig) -> ParallelConfig:
+        made = sharded_variants(cfg, cluster, STATE_CHOICES, (by,))
+        return made[-1] if made else cfg
+
+    return strongest
 
 
 def _way_of(strategy: Strategy) -> str:
@@ -159,15 +173,35 @@ def sharded_way(ev: PlanEvaluator, strategy: Strategy, deadline: float | None = 
     """The fastest plan that fits with sharded state (``sharded_variants`` on every group of
     ``state_order``); with ``bisect``, also the fewest of those groups, most state first, that fit under
     the fastest fitting choice, kept if faster. None where no group can or none fits (of those simulated
-    before ``deadline``)."""
+    before ``deadline``).
+
+    The strongest state of each weights (``SHARD_BY``) is simulated first: where it is out of memory, no
+    other choice with those weights is simulated. This assumes, as ``fit``'s early exit does, that no choice
+    frees more than the strongest (the simulated peaks depend on the order the tasks run in, so this is
+    not a theorem; the tests check it on random plans). On a plan whose memory goes to activations that is
+    three simulations where there were one per (choice, weights)."""
     groups = state_order(ev, strategy)
     if not groups:
         return None
-    best: Fitted | None = None
-    for s in _sharded_all(ev, strategy, groups):
+    simulated: dict[tuple, tuple[float, bool]] = {}
+
+    def simulate(s: Strategy) -> tuple[float, bool]:
+        key = _state_key(s, groups)
+        if key not in simulated:
+            simulated[key] = ev.iteration_time(s)
+        return simulated[key]
+
+    hopeless: set[str] = set()
+    for by in SHARD_BY:
         if past(deadline):
             break
-        t, oom = ev.iteration_time(s)
+        if simulate(with_sharded(strategy, groups, _strongest_of(ev.cluster, by)))[1]:
+            hopeless.add(by)
+    best: Fitted | None = None
+    for by, s in _sharded_all(ev, strategy, groups):
+        if by in hopeless or (_state_key(s, groups) not in simulated and past(deadline)):
+            continue
+        t, oom = simulate(s)
         if not oom and (best is None or t < best.time_s):
             best = Fitted(s, float(t), False, _way_of(s))
     if best is None or not bisect or len(groups) == 1:
@@ -187,12 +221,7 @@ def strongest_sharded(ev: PlanEvaluator, strategy: Strategy) -> Strategy | None:
     groups = state_order(ev, strategy)
     if not groups:
         return None
-
-    def strongest(cfg: ParallelConfig) -> ParallelConfig:
-        made = sharded_variants(cfg, ev.cluster, STATE_CHOICES, ("memory",))
-        return made[-1] if made else cfg
-
-    return with_sharded(strategy, groups, strongest)
+    return with_sharded(strategy, groups, _strongest_of(ev.cluster, "memory"))
 
 
 # ----------------------------------------------------------------------------- recomputation
@@ -276,9 +305,9 @@ def strongest_micro(ev: PlanEvaluator, strategy: Strategy) -> Strategy | None:
 # that frees the most memory)
 Way = tuple[Callable[["PlanEvaluator", Strategy, "float | None"], "Fitted | None"],
             Callable[["PlanEvaluator", Strategy], "Strategy | None"]]
-WAYS: dict[str, Way] = {
-    "sharded": (sharded_way, strongest_sharded),
+WAYS: dict[str, Way] = {                        # the cheapest search first: a bisection, then up to 21 plans
     "recompute": (recompute_way, strongest_recompute),
+    "sharded": (sharded_way, strongest_sharded),
     "micro-batches": (micro_batch_way, strongest_micro),
 }
 DEFAULT_WAYS = tuple(WAYS)
@@ -299,13 +328,14 @@ def fit(ev: PlanEvaluator, strategy: Strategy, ways: Sequence[str] = DEFAULT_WAY
         deadline: float | None = None, known: tuple[float, bool] | None = None) -> Fitted:
     """``strategy`` made to fit: as given where it fits; else the fastest plan that fits among each way's
     (``WAYS``, those named by ``ways``, in order; ties: the earlier way); where none fits alone, among
-    each way applied after another way's strongest plan ("sharded+recompute", ...). Before searching, the
-    plan with every way's strongest at once (``strongest_together``) is simulated where ``ways`` are among
-    ``BOUNDED_WAYS``: where even it is out of memory, no way nor pair of ways fits (each of those ways'
-    candidates frees at most what its strongest does) and the search is skipped, one simulation in place
-    of dozens on a plan that cannot fit. (More micro-batches are not bounded so: under sharded state each
-    micro-batch's local gradients may wait for their reduce-scatter, so the most micro-batches may hold
-    more than fewer.) ``deadline``: after ``strategy`` itself, nothing is simulated once
+    each way applied after another way's strongest plan ("sharded+recompute", ...). The first of ``ways``
+    is searched first (a caller names its cheapest first). Where it finds nothing, the plan with every way's
+    strongest at once (``strongest_together``) is simulated where ``ways`` are among ``BOUNDED_WAYS``: where
+    even it is out of memory, no way nor pair of ways fits (each of those ways' candidates frees at most
+    what its strongest does) and the search stops, one simulation in place of dozens on a plan that cannot
+    fit; where the first way fits, the check would tell nothing. (More micro-batches are not bounded so:
+    under sharded state each micro-batch's local gradients may wait for their reduce-scatter, so the most
+    micro-batches may hold more than fewer.) ``deadline``: after ``strategy`` itself, nothing is simulated once
     ``time.perf_counter()`` has passed it (the fastest that fits of what was simulated by then is returned;
     where the deadline leaves none but the plan with every way at its strongest, that one). ``improve``: a plan
     that fits is also tried with sharded state on all its data-parallel groups (where "sharded" is among
@@ -323,15 +353,18 @@ def fit(ev: PlanEvaluator, strategy: Strategy, ways: Sequence[str] = DEFAULT_WAY
         return _record(found)
     together = strongest_together(ev, strategy, ways) if set(ways) <= set(BOUNDED_WAYS) else None
     strongest: Fitted | None = None         # what fits where a deadline cuts the search before anything else
-    if together is not None and not past(deadline):
-        t_all, oom_all = ev.iteration_time(together)
-        if oom_all:
-            return _record(Fitted(replace(strategy, meta=dict(strategy.meta)), float(t), True, NONE))
-        applied = [_way_of(together) if w == "sharded" else w for w in ways
-                   if (w == "sharded" and any(c.sharded for c in together.configs)) or
-                   (w == "recompute" and together.recompute)]
-        strongest = Fitted(together, float(t_all), False, "+".join(applied))
-    tried = [f for w in ways if (f := WAYS[w][0](ev, strategy, deadline)) is not None]
+    tried: list[Fitted] = []
+    for i, w in enumerate(ways):
+        if i == 1 and not tried and together is not None and not past(deadline):
+            t_all, oom_all = ev.iteration_time(together)
+            if oom_all:
+                return _record(Fitted(replace(strategy, meta=dict(strategy.meta)), float(t), True, NONE))
+            applied = [_way_of(together) if w == "sharded" else w for w in ways
+                       if (w == "sharded" and any(c.sharded for c in together.configs)) or
+                       (w == "recompute" and together.recompute)]
+            strongest = Fitted(together, float(t_all), False, "+".join(applied))
+        if (f := WAYS[w][0](ev, strategy, deadline)) is not None:
+            tried.append(f)
     if not tried:
         for first in ways:
             base = WAYS[first][1](ev, strategy)

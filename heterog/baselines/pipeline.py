@@ -250,7 +250,7 @@ def pipeline(ev: PlanEvaluator, budget_s: float | None = None, schedule: str | N
     micro = [k for k in MICRO_ORDER if k <= min(B, max_micro_batches)]
     # beyond the cap only while nothing fits: smaller micro-batches hold fewer activations
     beyond = [k for k in (2 ** j for j in range(1, 12)) if max(micro) < k <= min(B, MAX_MICRO_BATCHES)]
-    ways = ("sharded", "recompute") if sharded else ("recompute",)
+    ways = ("recompute", "sharded") if sharded else ("recompute",)
     types = [dev.type.name for dev in cluster.devices]
     groupings = stage_groups(cluster.n_devices, servers, types) if balance == "cost" else \
         [[[d] for d in range(cluster.n_devices)]]

@@ -9,10 +9,12 @@ from itertools import product
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from heterog.baselines.chains import ActionSearch
 from heterog.baselines.expert import group_strategy, op_layers
-from heterog.baselines.fit import STATE_CHOICES, fit, recompute_way, sharded_way, with_sharded
+from heterog.baselines.fit import STATE_CHOICES, fit, recompute_way, sharded_variants, sharded_way, with_sharded
 from heterog.baselines.mcmc import mcmc
 from heterog.baselines.pipeline import least_state_bytes, pipeline
 from heterog.cluster.loader import cluster_from_dict
@@ -20,7 +22,7 @@ from heterog.errors import HeterogError
 from heterog.evaluate import Evaluator
 from heterog.graph.opgraph import OpGraph
 from heterog.moves import moves_from_uniform
-from heterog.sharded import ShardedState
+from heterog.sharded import SHARD_BY, ShardedState
 from heterog.strategy import ParallelConfig
 from tests.baselines.helpers import layered_graph
 
@@ -257,16 +259,72 @@ def test_one_gpu_offloads_the_fewest_groups_that_fit():
 
 def test_no_search_where_even_every_way_at_its_strongest_does_not_fit():
     # at 7 P stage 3 with the moments and the parameter shards offloaded and every group recomputed is out of
-    # memory (it peaks at 8.5 P; at 8 P the scheduler holds work back and it fits): fit simulates the plan and
-    # that one, and gives up
-    ev, plain = hosted(8, 7 * P, 2, 4)
+    # memory (it peaks at 8.5 P; at 8 P the scheduler holds work back and it fits): fit simulates the plan,
+    # the first way's strongest plan (every group recomputed: recomputation's bisection starts there), then
+    # every way at its strongest, and gives up; with sharded state first, its strongest plan (the two GPUs
+    # alike: one for every weights) comes second
+    strongest = ShardedState(3, (1, 1), "parameters")
+    for ways, second in ((("recompute", "sharded"), {"recompute": (0, 1, 2, 3), "sharded": {None}}),
+                         (("sharded", "recompute"), {"recompute": (), "sharded": {strongest}})):
+        ev, plain = hosted(8, 7 * P, 2, 4)
+        calls = []
+        simulate = ev.iteration_time
+        ev.iteration_time = lambda s, *a, calls=calls, simulate=simulate: calls.append(s) or simulate(s, *a)  # type: ignore[method-assign]
+        found = fit(ev, plain, ways)
+        assert found.way == "none" and found.oom and len(calls) == 3
+        assert calls[1].recompute == second["recompute"] and {c.sharded for c in calls[1].configs} == second["sharded"]
+        assert calls[2].recompute == (0, 1, 2, 3)
+        assert {c.sharded for c in calls[2].configs} == {strongest}
+
+
+def uneven(width: int, memory_p: tuple[float, float]):
+    """8 layers with Adam (3 P resident each) of ``width`` on two GPUs of one server with a host, of 10 and 25
+    TFLOP/s and ``memory_p`` P each (even, memory and speed shards differ), in 4 groups data parallel over
+    both (AllReduce, the batch in speed shares)."""
+    graph = dataclasses.replace(with_adam_state(layered_graph(8, P, batch=64, width=width)), optimizer="adam")
+    gpus = [{"name": n, "peak_tflops": f, "memory_bandwidth": "500 GB/s", "memory": f"{int(m * P)} B"}
+            for n, f, m in (("A", 10, memory_p[0]), ("B", 25, memory_p[1]))]
+    intra = {"kind": "pcie", "bandwidth": "10 GB/s", "latency_us": 5}
+    ev = Evaluator(graph, cluster_from_dict({"name": "uneven", "servers": [
+        {"name": "s0", "gpus": gpus, "host": XEON, "intra": intra}]}))
+    layer_of, _ = op_layers(graph)
+    return ev, group_strategy(ev, layer_of // 2, [ParallelConfig.of([(0, 18), (1, 46)], sync="allreduce")] * 4)
+
+
+def every_sharded_choice(ev, plan):
+    """Every group of ``plan`` under each (choice, weights) of sharded state: choice x SHARD_BY -> plan."""
+    return {(i, by): with_sharded(plan, range(plan.n_groups),
+                                  lambda c, ch=ch, by=by: sharded_variants(c, ev.cluster, (ch,), (by,))[0])
+            for (i, ch), by in product(enumerate(STATE_CHOICES), SHARD_BY)}
+
+
+def test_sharded_state_is_not_searched_where_its_strongest_does_not_fit():
+    # wide layers: activations fill the GPUs, state is a small part; even the strongest state of each weights
+    # (stage 3, the moments and the weight shards on the host) is out of memory, so every other choice is too
+    # (checked here one by one), and the way simulates only those three plans
+    ev, plain = uneven(4096, (60, 90))
+    every = every_sharded_choice(ev, plain)
+    assert all(ev.iteration_time(s)[1] for s in every.values())
     calls = []
     simulate = ev.iteration_time
     ev.iteration_time = lambda s, *a: calls.append(s) or simulate(s, *a)      # type: ignore[method-assign]
-    found = fit(ev, plain, ("sharded", "recompute"))
-    assert found.way == "none" and found.oom and len(calls) == 2
-    assert calls[1].recompute == (0, 1, 2, 3)
-    assert {c.sharded for c in calls[1].configs} == {ShardedState(3, (1, 1), "parameters")}
+    assert sharded_way(ev, plain) is None
+    assert [{c.sharded.offload for c in s.configs} for s in calls] == [{"parameters"}] * 3
+    assert len({s.configs[0].sharded.weights for s in calls}) == 3
+
+
+@settings(max_examples=12, deadline=None)
+@given(width=st.sampled_from([256, 1024, 2048, 4096]), memory=st.tuples(st.integers(10, 100), st.integers(10, 200)))
+def test_skipping_the_weights_whose_strongest_state_does_not_fit_loses_no_plan_that_fits(width, memory):
+    # on random widths and memories of two unlike GPUs: the way's plan (without its bisection over groups) is
+    # the fastest that fits of every (choice, weights), each simulated
+    ev, plain = uneven(width, memory)
+    times = [ev.iteration_time(s) for s in every_sharded_choice(ev, plain).values()]
+    fitting = [t for t, oom in times if not oom]
+    found = sharded_way(ev, plain, bisect=False)
+    assert (found is None) == (not fitting)
+    if found is not None:
+        assert found.time_s == min(fitting)
 
 
 @pytest.mark.parametrize("ways", [("sharded", "recompute"), ("recompute", "sharded", "micro-batches")])
