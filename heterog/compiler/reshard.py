@@ -35,7 +35,7 @@ from heterog.compiler.convert import Engine
 from heterog.compiler.index import GraphIndex
 from heterog.compiler.place import Placement
 from heterog.compiler.registries import LayoutTable, entry_rows
-from heterog.compiler.tasks import Providers
+from heterog.compiler.tasks import Providers, ragged
 from heterog.placement import Conversion, P, R, Shard, conversion
 
 HAVE = (R, Shard(0), P)          # a producer's placement class (``ShardChoice.have``) as a placement
@@ -49,15 +49,80 @@ def connect_split(ctx: CompileContext, layouts: LayoutTable, conv: Engine, edges
         return
     gi = ctx.index
     assert place.op_shard is not None
+    local = own_shard_reads(ctx, layouts, edges, place)
+    _connect_own_shards(ctx, layouts, conv, edges[local], place, prov)
+    rest = edges[~local]
+    tensor = gi.e_tensor[edges]
+    carried = np.isin(tensor, gi.e_tensor[rest])          # the edges of the tensors an edge of rest carries
     by_tensor: dict[int, list[int]] = defaultdict(list)
-    for e in edges.tolist():
-        by_tensor[int(gi.e_tensor[e])].append(e)
+    for e, t in zip(edges[carried].tolist(), tensor[carried].tolist()):
+        by_tensor[t].append(e)
+    todo: dict[int, list[int]] = defaultdict(list)
+    for e, t in zip(rest.tolist(), gi.e_tensor[rest].tolist()):
+        todo[t].append(e)
     seen = _Layouts(layouts)
     for t, es in by_tensor.items():
-        if place.op_shard[gi.t_op[t]] >= 0:
-            _from_split(ctx, layouts, conv, t, es, place, prov, seen)
-        else:
+        if place.op_shard[gi.t_op[t]] < 0:
             _into_split(ctx, layouts, conv, t, es, place, prov)
+        else:
+            _from_split(ctx, layouts, conv, t, es, todo[t], place, prov, seen)
+
+
+def own_shard_reads(ctx: CompileContext, layouts: LayoutTable, edges: np.ndarray, place: Placement) -> np.ndarray:
+    """(len(edges),) the edges whose every consumer instance reads one producer instance on its own device and
+    moves nothing (``_from_split``'s local reads of one source key an entry, ``_keys_read``): producer and
+    consumer under the same split config with a conversion that is no collective, a value read (not a shape),
+    not a reader of every micro-batch at once (a coupled op), and no grid's partial result summed over its
+    groups first."""
+    gi = ctx.index
+    assert place.op_shard is not None
+    layouts.refresh()
+    t = gi.e_tensor[edges]
+    u, v = gi.t_op[t], gi.e_dst[edges]
+    region = place.op_shard[u]
+    out = (region >= 0) & (place.op_shard[v] == region) & ~gi.e_value_free[edges]
+    if place.n_micro > 1:                          # a reader over the whole batch reads every micro-batch's
+        whole = np.maximum.reduceat(layouts.shares_flat, layouts.ptr[:-1]) >= ctx.batch_size
+        out &= ~(gi.e_batch[edges] & gi.has_batch[u] & gi.has_batch[v] & whole[place.op_lay[v]])
+    for r in np.unique(region[out]).tolist():
+        at = out & (region == r)
+        choice = place.shards[r]
+        code = choice.conv[edges[at]]
+        keep = (code < Conversion.ALL_GATHER) | (code > Conversion.ALL_TO_ALL)       # no collective
+        if len(choice.groups) > 1:
+            keep &= ~gi.t_needs_agg[t[at]]
+        out[np.flatnonzero(at)[~keep]] = False
+    return out
+
+
+def _connect_own_shards(ctx: CompileContext, layouts: LayoutTable, conv: Engine, edges: np.ndarray,
+                        place: Placement, prov: Providers) -> None:
+    """The dependencies of ``edges`` (``own_shard_reads``), all at once: each consumer instance waits for the
+    producer's instance on its device of the source key it reads (``_source_key``): the same micro-batch's
+    where both carry the batch over several micro-batches, the device's last where only the producer does (a
+    partial result), else the only one."""
+    if not len(edges):
+        return
+    gi = ctx.index
+    t = gi.e_tensor[edges]
+    u, v = gi.t_op[t], gi.e_dst[edges]
+    lay_u, lay_v = place.op_lay[u], place.op_lay[v]
+    rows, row_of = np.unique(lay_u, return_inverse=True)
+    m, k = ctx.n_devices, max(place.n_micro, 1)
+    entry = np.full((len(rows), m, k + 1), -1, dtype=np.int64)   # (producer layout, device, micro-batch | last)
+    for i, lay in enumerate(rows.tolist()):
+        lo, hi = int(layouts.ptr[lay]), int(layouts.ptr[lay + 1])
+        local = np.arange(hi - lo)
+        entry[i, layouts.dev_flat[lo:hi], layouts.micro_flat[lo:hi]] = local
+        last = layouts.last_flat[lo:hi]
+        entry[i, layouts.dev_flat[lo:hi][last], k] = local[last]
+    row, j = ragged(layouts.length[lay_v])
+    flat = layouts.ptr[lay_v][row] + j
+    hu, hv = gi.has_batch[u][row], gi.has_batch[v][row]
+    key = np.where(hu & hv, layouts.micro_flat[flat], np.where(hu, k, 0))
+    on = entry[row_of[row], layouts.dev_flat[flat], key]
+    assert (on >= 0).all(), "a consumer instance reads an instance its producer's layout does not have"
+    conv.deps(prov.inst_start[v][row] + j, prov.inst_start[u][row] + on, gi.n_ops + t[row])
 
 
 _LayoutView = tuple[tuple[int, ...], dict[Hashable, Sequence[int]], dict[int, int], dict[int, float]]
@@ -147,8 +212,10 @@ def _sum_over_groups(ctx: CompileContext, conv: Engine, t: int, u: int, groups: 
     return out
 
 
-def _from_split(ctx: CompileContext, layouts: LayoutTable, conv: Engine, t: int, es: list[int], place: Placement,
-                prov: Providers, seen: _Layouts) -> None:
+def _from_split(ctx: CompileContext, layouts: LayoutTable, conv: Engine, t: int, es: list[int], todo: list[int],
+                place: Placement, prov: Providers, seen: _Layouts) -> None:
+    """What the readers of tensor ``t`` (made under a split config; ``es``: every edge carrying it) need, for the
+    edges ``todo`` of ``es`` (the others connected by ``_connect_own_shards``)."""
     gi = ctx.index
     assert place.op_shard is not None
     u = int(gi.t_op[t])
@@ -199,7 +266,7 @@ def _from_split(ctx: CompileContext, layouts: LayoutTable, conv: Engine, t: int,
     moved: dict[tuple, int] = {}
     gathered: dict[tuple, dict[int, int] | None] = {}
     whole_on: set[tuple[Hashable, int]] | None = None
-    for e in es:
+    for e in todo:
         v = int(gi.e_dst[e])
         lay_v = int(place.op_lay[v])
         start_v = int(prov.inst_start[v])
