@@ -141,6 +141,7 @@ class Engine:
         # owner, lag) and resources, numbered from ``_first``
         self._rows: list[tuple[Any, ...]] = []
         self._res: list[tuple[int, ...]] = []
+        self._moves: list[tuple[int, int, int, float]] = []    # (row, src, dst, bytes) of ``move``s not priced yet
         self._first = -1
         self._deps: list[tuple[int, int, int]] = []
         self._sub: dict[int, int] = defaultdict(int)
@@ -172,6 +173,17 @@ class Engine:
             raise AssertionError("tasks were added to the batch while conversion tasks were pending")
         dur, kind, op, dev, alloc, cat, prio_op, stage, cls, tensor, sub, owner, lag = \
             (np.array(c) for c in zip(*self._rows))
+        if self._moves:                           # the moves' prices and paths, all at once
+            row, a, b, nb = (np.array(c) for c in zip(*self._moves))
+            a, b, nb = a.astype(np.int64), b.astype(np.int64), nb.astype(np.float64)
+            row = row.astype(np.int64)
+            dur, lag = dur.astype(np.float64), lag.astype(np.float64)
+            dur[row], lag[row] = self.ctx.cost.transfer_times(a, b, nb), self.ctx.cost.transfer_latencies(a, b, nb)
+            rlen, ridx = self.ctx.paths.resources(a, b)
+            ends = np.cumsum(rlen).tolist()
+            for r, lo, hi in zip(row.tolist(), [0, *ends[:-1]], ends):
+                self._res[r] = tuple(ridx[lo:hi].tolist())
+            self._moves = []
         self.batch.add(dur=dur.astype(np.float64), kind=kind, op=op, dev=dev, alloc=alloc.astype(np.float64),
                        cat=cat, prio_op=prio_op, stage=stage, cls=cls, tensor=tensor, sub=sub, owner=owner,
                        res_len=np.array([len(r) for r in self._res], dtype=np.int64),
@@ -330,14 +342,11 @@ class Engine:
 
     def move(self, after: int, s: int, d: int, nbytes: float, *, op: int, prio_op: int, tensor: int) -> int:
         """One transfer of ``nbytes`` of ``tensor`` from ``s`` (after ``after``) to ``d``, numbered as made (class
-        1, owned by the tensor's edges)."""
-        a, b, nb = np.array([s]), np.array([d]), np.array([nbytes])
-        rlen, ridx = self.ctx.paths.resources(a, b)
+        1, owned by the tensor's edges); priced and routed with the others pending at ``flush``."""
         owner = self.ctx.index.n_ops + tensor
-        tr = self._task(dur=float(self.ctx.cost.transfer_times(a, b, nb)[0]), kind=TaskKind.TRANSFER, op=op, dev=d,
-                        alloc=nbytes, cat=TaskCategory.TRANSFER, prio_op=prio_op, stage="transfer", cls=1,
-                        tensor=tensor, res=tuple(int(x) for x in ridx[:int(rlen[0])]), owner=owner,
-                        lag=float(self.ctx.cost.transfer_latencies(a, b, nb)[0]))
+        tr = self._task(dur=0.0, kind=TaskKind.TRANSFER, op=op, dev=d, alloc=nbytes, cat=TaskCategory.TRANSFER,
+                        prio_op=prio_op, stage="transfer", cls=1, tensor=tensor, res=(), owner=owner)
+        self._moves.append((len(self._rows) - 1, s, d, nbytes))
         self.dep(tr, after, owner)
         return tr
 
