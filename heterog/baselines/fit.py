@@ -151,6 +151,7 @@ def _sharded_all(ev: PlanEvaluator, strategy: Strategy, groups: list[int]) -> li
 
 
 def _state_key(strategy: Strategy, groups: list[int]) -> tuple:
+    """The sharded state of each of ``groups``: what tells the sharded search's plans apart."""
     return tuple(strategy.configs[g].sharded for g in groups)
 
 
@@ -359,9 +360,9 @@ def fit(ev: PlanEvaluator, strategy: Strategy, ways: Sequence[str] = DEFAULT_WAY
             t_all, oom_all = ev.iteration_time(together)
             if oom_all:
                 return _record(Fitted(replace(strategy, meta=dict(strategy.meta)), float(t), True, NONE))
-            applied = [_way_of(together) if w == "sharded" else w for w in ways
-                       if (w == "sharded" and any(c.sharded for c in together.configs)) or
-                       (w == "recompute" and together.recompute)]
+            applied = [_way_of(together) if x == "sharded" else x for x in ways
+                       if (x == "sharded" and any(c.sharded for c in together.configs)) or
+                       (x == "recompute" and together.recompute)]
             strongest = Fitted(together, float(t_all), False, "+".join(applied))
         if (f := WAYS[w][0](ev, strategy, deadline)) is not None:
             tried.append(f)
