@@ -173,22 +173,20 @@ class Engine:
             raise AssertionError("tasks were added to the batch while conversion tasks were pending")
         dur, kind, op, dev, alloc, cat, prio_op, stage, cls, tensor, sub, owner, lag = \
             (np.array(c) for c in zip(*self._rows))
+        dur, lag = dur.astype(np.float64), lag.astype(np.float64)
         if self._moves:                           # the moves' prices and paths, all at once
-            row, a, b, nb = (np.array(c) for c in zip(*self._moves))
-            a, b, nb = a.astype(np.int64), b.astype(np.int64), nb.astype(np.float64)
-            row = row.astype(np.int64)
-            dur, lag = dur.astype(np.float64), lag.astype(np.float64)
+            row, a, b = (np.array(c, dtype=np.int64) for c in list(zip(*self._moves))[:3])
+            nb = np.array([x[3] for x in self._moves], dtype=np.float64)
             dur[row], lag[row] = self.ctx.cost.transfer_times(a, b, nb), self.ctx.cost.transfer_latencies(a, b, nb)
             rlen, ridx = self.ctx.paths.resources(a, b)
             ends = np.cumsum(rlen).tolist()
             for r, lo, hi in zip(row.tolist(), [0, *ends[:-1]], ends):
                 self._res[r] = tuple(ridx[lo:hi].tolist())
             self._moves = []
-        self.batch.add(dur=dur.astype(np.float64), kind=kind, op=op, dev=dev, alloc=alloc.astype(np.float64),
+        self.batch.add(dur=dur, kind=kind, op=op, dev=dev, alloc=alloc.astype(np.float64),
                        cat=cat, prio_op=prio_op, stage=stage, cls=cls, tensor=tensor, sub=sub, owner=owner,
                        res_len=np.array([len(r) for r in self._res], dtype=np.int64),
-                       res_idx=np.array([x for r in self._res for x in r], dtype=np.int64),
-                       lag=lag.astype(np.float64))
+                       res_idx=np.array([x for r in self._res for x in r], dtype=np.int64), lag=lag)
         self._rows, self._res = [], []
 
     def dep(self, task: int, on: int, owner: int) -> None:
