@@ -5,6 +5,7 @@ Each is derived once per graph (cluster) object and kept while it lives (``heter
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -42,7 +43,7 @@ def dtype_bytes(dtype: str) -> int:
 
 def output_bytes(op: Op) -> list[float]:
     """Bytes of each output of ``op`` at the graph's batch (a scalar output: one element)."""
-    return [float(np.prod(shape)) * dtype_bytes(dt) if len(shape) else float(dtype_bytes(dt))
+    return [float(math.prod(shape)) * dtype_bytes(dt) if len(shape) else float(dtype_bytes(dt))
             for shape, dt in zip(op.output_shapes, op.output_dtypes)]
 
 

@@ -22,6 +22,7 @@ edge costs its costliest view's, slice and pad moving nothing.
 """
 from __future__ import annotations
 
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -64,7 +65,9 @@ class SplitTable:
     """A graph's split options as the compiler reads them (cached on the graph by ``split_table``):
     ``options[o]`` the op's options (those that divide beyond the batch), ``original[o]`` the index of each in
     the op's whole option list (``OpGraph.splits``); ``pairs[e]`` per edge the (consumer input ref, producer
-    exit) index pairs of the tensor it carries (one per view of it the consumer reads)."""
+    exit) index pairs of the tensor it carries (one per view of it the consumer reads); ``signature[o]`` one
+    number per distinct option list and ``edge_class[e]`` one per distinct (signatures of the edge's ends,
+    pairs): what an edge's conversions depend on of the graph."""
 
     def __init__(self, ctx: CompileContext) -> None:
         graph = ctx.graph
@@ -73,6 +76,7 @@ class SplitTable:
         self.original: list[list[int]] = []
         refs: list[list[tuple[str, int | None, int, int]]] = []
         exits: list[dict[tuple[str, int | None], int]] = []
+        parsed: dict[tuple, _Option] = {}          # one object per option text: layers repeat the same options
         for s in splits:
             if s is None:
                 self.options.append([])
@@ -80,7 +84,16 @@ class SplitTable:
                 refs.append([])
                 exits.append({})
                 continue
-            self.options.append([_Option.from_json(o) for o in s["options"] if o["kind"] != "batch"])
+            opts = []
+            for o in s["options"]:
+                if o["kind"] == "batch":
+                    continue
+                key = (o["kind"], o["extent"], tuple(o["inputs"]), tuple(o["exits"]), tuple(o["outputs"]))
+                hit = parsed.get(key)
+                if hit is None:
+                    hit = parsed[key] = _Option.from_json(o)
+                opts.append(hit)
+            self.options.append(opts)
             self.original.append([k for k, o in enumerate(s["options"]) if o["kind"] != "batch"])
             refs.append([(n, i, int(src), int(k)) for n, i, src, k in s["inputs"]])
             exits.append({(n, i): j for j, (n, i, _) in enumerate(s["exits"])})
@@ -92,10 +105,18 @@ class SplitTable:
                                     if src == u and out == k and (n, i) in exits[u]))
         self.splittable = np.array([bool(o) for o in self.options], dtype=bool)
         # ops with equal option lists share a signature: an edge's conversions depend on its ends' signatures,
-        # the views it carries and the options allowed at each end, which repeat layer after layer
-        interned: dict[tuple[_Option, ...], int] = {}
-        self.signature = np.array([interned.setdefault(tuple(o), len(interned)) for o in self.options],
+        # the views it carries and the options allowed at each end, which repeat layer after layer (equal
+        # options are one object, so a list is known by its objects' identities)
+        interned: dict[tuple[int, ...], int] = {}
+        self.signature = np.array([interned.setdefault(tuple(map(id, o)), len(interned)) for o in self.options],
                                   dtype=np.int64)
+        # edges alike in their ends' signatures and the views they carry share a class
+        classes: dict[tuple, int] = {}
+        sig = self.signature.tolist()
+        self.edge_class = np.array([classes.setdefault((sig[u], sig[v], pr), len(classes)) for u, v, pr in
+                                    zip(gi.e_src.tolist(), gi.e_dst.tolist(), self.pairs)], dtype=np.int64)
+        # per op, the bytes of each of its outputs at the graph's batch
+        self.output_bytes = [np.array(output_bytes(op)) for op in graph.ops]
 
 
 def split_table(ctx: CompileContext) -> SplitTable:
@@ -250,32 +271,41 @@ class _Chooser:
         self._conv[key] = worst
         return worst
 
-    def compute_costs(self, o: int, options: list[int]) -> np.ndarray:
-        """The slowest device's share of op ``o`` under each of ``options`` (and a tie-break: hold less of a
-        resident tensor); on a grid, plus the sum over its groups of the partial results it makes (a weight
-        gradient held in shards moves its shards, held whole or as partial sums, all of it)."""
+    def compute_costs(self, ops: np.ndarray, options: list[int]) -> np.ndarray:
+        """(len(ops), K) the slowest device's share of each of ``ops`` (ops with one option list) under each of
+        ``options`` (and a tie-break: hold less of a resident tensor); on a grid, plus the sum over its groups of
+        the partial results it makes (a weight gradient held in shards moves its shards, held whole or as partial
+        sums, all of it)."""
+        o = int(ops[0])
         f = np.stack([self.option_frac(o, k) for k in options])             # (K, n)
         most = f.max(axis=1)
-        cost = (self.full[o] * f).max(axis=1) + 1e-18 * float(self.resident[o]) * most
-        partial = float(self.ctx.index.partial_bytes[o])
-        if self.sum_s_per_byte and partial > 0:
+        cost = (self.full[ops][:, None, :] * f[None]).max(axis=2) + \
+            1e-18 * self.resident[ops].astype(np.float64)[:, None] * most[None]
+        partial = self.ctx.index.partial_bytes[ops].astype(np.float64)
+        summed = np.nonzero(partial > 0)[0] if self.sum_s_per_byte else ()
+        if len(summed):
             held = np.where([is_shard(self.out_placement(o, k)) for k in options], most, 1.0)
-            cost = cost + (partial * held * self.sum_s_per_byte + self.sum_fixed_s)
+            cost[summed] = cost[summed] + (partial[summed, None] * held[None] * self.sum_s_per_byte
+                                           + self.sum_fixed_s)
         return cost
 
-    def conv_costs(self, conv: np.ndarray, nbytes: float, from_param: bool) -> np.ndarray:
-        """An edge's conversion time for every pair of its producer's and consumer's options: ``conv`` the pairs'
-        conversions (``Conversion`` codes), ``nbytes`` the edge's bytes, ``from_param`` whether its producer is
-        a parameter; ``FORBIDDEN`` where such a parameter held in shards would move (a "tensor" split reads it
-        where it lies)."""
+    def conv_costs(self, conv: np.ndarray, nbytes: np.ndarray, from_param: np.ndarray) -> np.ndarray:
+        """(len(nbytes), Ku, Kv) edges' conversion times for every pair of their producer's and consumer's options:
+        ``conv`` (Ku, Kv) the pairs' conversions (``Conversion`` codes; the edges alike in them), ``nbytes`` each
+        edge's bytes, ``from_param`` whether its producer is a parameter; ``FORBIDDEN`` where such a parameter held
+        in shards would move (a "tensor" split reads it where it lies)."""
         collective = _COLLECTIVE[conv]
         if self.n < 2:
-            cost = np.zeros(conv.shape)
+            cost = np.zeros((len(nbytes), *conv.shape))
         else:
             n = self.n
-            cost = np.where(collective, nbytes * (n - 1) / n * _CONV_WEIGHTS[conv] / self.bw + (n - 1) * self.lat, 0.0)
-        if self.fixed_params and from_param:
-            cost[collective] = FORBIDDEN
+            cost = np.where(collective[None], (nbytes * (n - 1) / n)[:, None, None] * _CONV_WEIGHTS[conv][None]
+                            / self.bw + (n - 1) * self.lat, 0.0)
+        rows = np.nonzero(from_param)[0] if self.fixed_params else ()
+        if len(rows):
+            moved = cost[rows]
+            moved[:, collective] = FORBIDDEN
+            cost[rows] = moved
         return cost
 
     def out_placement(self, o: int, k: int) -> Placement | None:
@@ -294,22 +324,28 @@ class _Chooser:
         the options allowed share one table of conversions."""
         gi = self.ctx.index
         cands = self.allowed
-        unary = [self.compute_costs(o, cands[o]) for o in range(gi.n_ops)]
-        src, dst, pair = [], [], []
-        sig = self.table.signature.tolist()
-        allowed_key = [tuple(c) for c in cands]
-        convs: dict[tuple, np.ndarray] = {}
-        for e, (u, v) in enumerate(zip(gi.e_src.tolist(), gi.e_dst.tolist())):
-            if self.anchor[v] == u:
-                continue                    # the anchor edge below says all there is
-            src.append(u)
-            dst.append(v)
-            key = (sig[u], sig[v], self.table.pairs[e], allowed_key[u], allowed_key[v])
-            conv = convs.get(key)
-            if conv is None:
-                conv = convs[key] = np.array([[self.edge_conv(e, ku, kv) for kv in cands[v]] for ku in cands[u]],
-                                             dtype=np.int64).reshape(len(cands[u]), len(cands[v]))
-            pair.append(self.conv_costs(conv, float(self.e_bytes[e]), bool(self.param[u])))
+        allowed, n_allowed = _alike(map(tuple, cands))
+        # ops alike in their options and the options allowed: one table of compute costs
+        ops_alike, n_alike = _alike(zip(self.table.signature.tolist(), allowed.tolist()))
+        unary: list[np.ndarray] = [np.zeros(0)] * gi.n_ops
+        for ops in _members(ops_alike, n_alike):
+            for o, row in zip(ops.tolist(), self.compute_costs(ops, cands[int(ops[0])])):
+                unary[o] = row
+        kept = np.nonzero(self.anchor[gi.e_dst] != gi.e_src)[0]     # the anchor edge below says all there is
+        eu, ev = gi.e_src[kept], gi.e_dst[kept]
+        _, edges_alike = np.unique((self.table.edge_class[kept] * n_allowed + allowed[eu]) * n_allowed + allowed[ev],
+                                   return_inverse=True)
+        pair: list[np.ndarray] = [np.zeros(0)] * len(kept)
+        for alike in _members(edges_alike.reshape(-1), int(edges_alike.max()) + 1 if len(kept) else 0):
+            e = int(kept[alike[0]])
+            u, v = int(gi.e_src[e]), int(gi.e_dst[e])
+            conv = np.array([[self.edge_conv(e, ku, kv) for kv in cands[v]] for ku in cands[u]],
+                            dtype=np.int64).reshape(len(cands[u]), len(cands[v]))
+            es = kept[alike]
+            for i, table in zip(alike.tolist(), self.conv_costs(conv, self.e_bytes[es].astype(np.float64),
+                                                                  self.param[gi.e_src[es]])):
+                pair[i] = table
+        src, dst = eu.tolist(), ev.tolist()
         for o in np.nonzero(self.anchor >= 0)[0].tolist():
             a = int(self.anchor[o])
             m = np.full((len(cands[a]), len(cands[o])), FORBIDDEN)
@@ -321,6 +357,18 @@ class _Chooser:
             dst.append(o)
             pair.append(m)
         return unary, src, dst, pair
+
+
+def _alike(keys: Iterable[Hashable]) -> tuple[np.ndarray, int]:
+    """For each key, one number per distinct key (in order of first appearance); and how many there are."""
+    ids: dict[Hashable, int] = {}
+    return np.array([ids.setdefault(k, len(ids)) for k in keys], dtype=np.int64), len(ids)
+
+
+def _members(ids: np.ndarray, n: int) -> list[np.ndarray]:
+    """For each number 0..n-1, the positions of ``ids`` holding it, in increasing order."""
+    order = np.argsort(ids, kind="stable")
+    return np.split(order, np.cumsum(np.bincount(ids, minlength=n))[:-1]) if n else []
 
 
 class ChoiceKey(NamedTuple):
@@ -358,40 +406,47 @@ def choose_shards(ctx: CompileContext, config: ParallelConfig) -> ShardChoice:
     ch = _Chooser(ctx, table, config)
     option = ch.choose()
     gi = ctx.index
-    frac = np.stack([ch.option_frac(o, int(k)) for o, k in enumerate(option.tolist())]) if gi.n_ops \
-        else np.ones((0, ch.n))
-    frac = np.tile(frac, (1, int(config.grid)))          # each group's k-th device alike
+    labels = option.tolist()
+    # ops alike in their options and the option they take: one row of shares, one layout of their outputs
+    chosen, n_chosen = _alike(zip(table.signature.tolist(), labels))
+    frac = np.ones((gi.n_ops, ch.n))
     out_split = np.zeros(gi.n_ops)
-    for o, k in enumerate(option.tolist()):
-        if k != REPLICATE:
-            outs = table.options[o][k].outputs
-            sizes = np.array(output_bytes(ctx.graph.ops[o]))
-            if len(sizes) == len(outs) and sizes.sum() > 0:
-                out_split[o] = float(sizes[[is_shard(p) for p in outs]].sum() / sizes.sum())
-            elif table.options[o][k].kind != "partial" and outs and is_shard(outs[0]):
-                out_split[o] = 1.0
+    for ops in _members(chosen, n_chosen):
+        o, k = int(ops[0]), labels[int(ops[0])]
+        frac[ops] = ch.option_frac(o, k)
+        if k == REPLICATE:
+            continue
+        outs = table.options[o][k].outputs
+        divided = np.array([is_shard(p) for p in outs], dtype=bool)
+        first = float(table.options[o][k].kind != "partial" and bool(outs) and is_shard(outs[0]))
+        for x in ops.tolist():
+            sizes = table.output_bytes[x]
+            total = sizes.sum()
+            out_split[x] = float(sizes[divided].sum() / total) if len(sizes) == len(outs) and total > 0 else first
+    frac = np.tile(frac, (1, int(config.grid)))          # each group's k-th device alike
     E = len(gi.e_src)
     conv = np.zeros(E, dtype=np.int64)
     have = np.zeros(E, dtype=np.int64)
     need = np.zeros(E, dtype=np.int64)
     copied = np.zeros(E, dtype=bool)
-    sig, labels, free = table.signature.tolist(), option.tolist(), gi.e_value_free.tolist()
-    seen: dict[tuple, tuple[int, bool, int, int]] = {}      # edges alike in all the loop reads (as in choose)
-    for e, (u, v) in enumerate(zip(gi.e_src.tolist(), gi.e_dst.tolist())):
-        alike = (sig[u], sig[v], table.pairs[e], labels[u], labels[v], free[e])
-        edge = seen.get(alike)
-        if edge is None:
-            pairs, _ = ch.placements(e, labels[u], labels[v])
-            hs = [_cls(h) for h, _ in pairs] or [0]
-            ns = [_cls(n) for _, n in pairs] or [3 if free[e] else 0]
-            edge = seen[alike] = (int(ch.edge_conv(e, labels[u], labels[v])),
-                                  not free[e] and any(h == R and isinstance(n, Shard) and (n.dim > 0 or n.sf > 1)
-                                                      for h, n in pairs),
-                                  2 if 2 in hs else 1 if 1 in hs else 0,
-                                  0 if 0 in ns else 1 if 1 in ns else 2 if 2 in ns else 3)
-        conv[e], copied[e], have[e], need[e] = edge
-    original = np.array([table.original[o][k] if k != REPLICATE else REPLICATE
-                         for o, k in enumerate(option.tolist())], dtype=np.int64)
+    free = gi.e_value_free
+    # edges alike in all that is read below (their class, their ends' options, a shape read)
+    _, edges_alike = np.unique(((table.edge_class * n_chosen + chosen[gi.e_src]) * n_chosen + chosen[gi.e_dst]) * 2
+                               + free, return_inverse=True)
+    edges_alike = edges_alike.reshape(-1)
+    for es in _members(edges_alike, int(edges_alike.max()) + 1 if E else 0):
+        e = int(es[0])
+        u, v = int(gi.e_src[e]), int(gi.e_dst[e])
+        pairs, _ = ch.placements(e, labels[u], labels[v])
+        hs = [_cls(h) for h, _ in pairs] or [0]
+        ns = [_cls(n) for _, n in pairs] or [3 if free[e] else 0]
+        conv[es] = int(ch.edge_conv(e, labels[u], labels[v]))
+        copied[es] = not free[e] and any(h == R and isinstance(n, Shard) and (n.dim > 0 or n.sf > 1)
+                                         for h, n in pairs)
+        have[es] = 2 if 2 in hs else 1 if 1 in hs else 0
+        need[es] = 0 if 0 in ns else 1 if 1 in ns else 2 if 2 in ns else 3
+    original = np.array([table.original[o][k] if k != REPLICATE else REPLICATE for o, k in enumerate(labels)],
+                        dtype=np.int64)
     out = choices[key] = ShardChoice(option, frac, out_split, conv, have, need, tuple(config.devices),
                                              tuple(config.split_shares), original, config.groups, copied)
     return out
