@@ -28,6 +28,7 @@ from envs.features import DEVICE_FEATURE_DIM, MAX_DEVICES, op_feature_dim
 from heterog.actions import SPLIT_ACTION_NAMES, n_actions
 from heterog.baselines.mcmc import SPLIT_STARTS, start_plan
 from heterog.baselines.ps_refine import refine_ps_devices
+from heterog.compiler.compile import cycles_paused
 from heterog.errors import HeterogError
 from heterog.evaluate import Evaluator
 from heterog.planners import Planner
@@ -146,7 +147,8 @@ def plan(evaluator: PlanEvaluator, checkpoint: str | Path | dict | None = None, 
     if zero:
         if checkpoint is None:
             raise HeterogError("zero-shot planning (budget 0, no episodes) needs a checkpoint")
-        strategy = zero_shot(evaluator, checkpoint, states=sharded, t0=t0)
+        with cycles_paused():       # a second's work: no walks of the whole heap for the garbage it makes
+            strategy = zero_shot(evaluator, checkpoint, states=sharded, t0=t0)
         strategy.meta.update({"search_time_s": time.perf_counter() - t0, "seed": seed, "checkpoint": source})
         return strategy
     if episodes is None and budget_s is None:

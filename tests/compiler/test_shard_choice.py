@@ -1,6 +1,7 @@
 """The split-option problem of heterog.compiler.shards: the costs it builds in bulk (edges alike sharing one table
 of conversions, each op's options costed at once) are, entry by entry, the costs of one op option and one edge
-option pair at a time, and the choice's per-edge fields are those of its edges one by one."""
+option pair at a time, and the choice's per-edge and per-op fields (ops alike filled at once) are those of its
+edges and ops one by one."""
 from __future__ import annotations
 
 import logging
@@ -10,6 +11,7 @@ import pytest
 
 from heterog import zoo
 from heterog.cluster import load_cluster
+from heterog.compiler.index import output_bytes
 from heterog.compiler.shard_search import FORBIDDEN
 from heterog.compiler.shards import _CONV_WEIGHT, REPLICATE, _Chooser, _cls, choose_shards, split_table
 from heterog.evaluate import Evaluator
@@ -94,3 +96,27 @@ def test_the_choice_per_edge_equals_its_edges_one_at_a_time(decoder_ctx, name):
             h == R and isinstance(n, Shard) and (n.dim > 0 or n.sf > 1) for h, n in pairs))
         assert int(choice.have[e]) == (2 if 2 in hs else 1 if 1 in hs else 0)
         assert int(choice.need[e]) == min(ns)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_the_choice_per_op_equals_its_ops_one_at_a_time(decoder_ctx, name):
+    ctx, cfg = decoder_ctx, CONFIGS[name]
+    choice = choose_shards(ctx, cfg)
+    table = split_table(ctx)
+    ch = _Chooser(ctx, table, cfg)
+    divided = 0
+    for o, op in enumerate(ctx.graph.ops):
+        k = int(choice.option[o])
+        assert choice.frac[o].tolist() == ch.option_frac(o, k).tolist()
+        assert int(choice.original[o]) == (REPLICATE if k == REPLICATE else table.original[o][k])
+        want = 0.0
+        if k != REPLICATE:
+            outs = table.options[o][k].outputs
+            sizes = np.array(output_bytes(op))
+            if len(sizes) == len(outs) and sizes.sum() > 0:
+                want = float(sizes[[is_shard(p) for p in outs]].sum() / sizes.sum())
+            elif table.options[o][k].kind != "partial" and outs and is_shard(outs[0]):
+                want = 1.0
+        assert float(choice.out_split[o]) == want, f"op {o}"
+        divided += 0.0 < want < 1.0 or choice.frac[o].min() < 1.0
+    assert divided > 0                     # some ops are divided: the test compares shares, not ones
