@@ -191,6 +191,19 @@ def test_the_shipped_checkpoint_plans_zero_shot_by_default(graph, cluster_name, 
     assert doc["iteration_time_s"] == pytest.approx(t_s)
 
 
+def test_zero_shot_runs_with_the_collector_off_and_restores_it(graph, paper8, monkeypatch):
+    import gc
+
+    import agents.planner as planner_module
+
+    seen: list[bool] = []
+    real = planner_module.zero_shot
+    monkeypatch.setattr(planner_module, "zero_shot", lambda *a, **k: seen.append(gc.isenabled()) or real(*a, **k))
+    assert gc.isenabled()
+    assert plan(Evaluator(graph, paper8), budget_s=0, progress=False).meta["zero_shot"]
+    assert seen == [False] and gc.isenabled()
+
+
 def test_one_token_checkpoint_plans_zero_shot_on_other_clusters(graph, paper8, tmp_path):
     policy = build_policy(8, "small", seed=0, head="tokens", **TINY_AGENT)
     trainer = Trainer(policy, [make_task(capture_model("tiny_cnn", 16), paper8, layout=policy.feature_layout)],
