@@ -356,7 +356,8 @@ def zero_shot(evaluator: Evaluator, checkpoint: str | Path | dict, states: bool 
     and the fastest plan's in full); each of the other splits and the state choices only where it would end within
     ``ZERO_SHOT_S`` of ``t0`` (default: this call's start), taking as long as the last comparison of its kind,
     or while no plan compared fits; where none of those always compared fits, every state choice is compared
-    first (they free memory). Meta:
+    first (they free memory), each scheme's strongest before its others, which are skipped where the strongest
+    is out of memory. Meta:
     ``policy_plan_s`` and ``policy_plan_oom`` (the greedy plan, before the comparison), ``zero_shot`` True,
     ``kept`` ("policy" or the uniform plan's name), ``compared`` (the names of the plans compared, in order),
     ``best_iteration_time_s``, ``oom``, ``episodes`` 0, ``rounds`` 0, ``micro_batches`` and
@@ -413,10 +414,17 @@ def zero_shot(evaluator: Evaluator, checkpoint: str | Path | dict, states: bool 
         return not all(oom for _, oom in scored.values())
 
     more = [n for n in candidates if n not in scored]
-    # where nothing fits yet, every state choice (they free memory: the fastest of them that fits is wanted)
-    every = [] if fits() else [n for n in more if not split(n)]
+    # where nothing fits yet, every state choice (they free memory: the fastest of them that fits is wanted), each
+    # scheme's strongest first (its last: ``promising_uniform`` keeps ``STATE_CHOICES``' order); where even that
+    # is out of memory, none of the scheme's others is compared: no weaker choice frees more (the assumption of
+    # ``heterog.baselines.fit``'s sharded search)
+    every = [] if fits() else strongest_first([n for n in more if not split(n)])
+    lead = {n.split(":")[0]: n for n in reversed(every)}          # each scheme's strongest
     for name in every + [n for n in more if n not in every]:
-        if name in every or not fits() or ends_in_time(name):
+        if name in every:
+            if name == lead[name.split(":")[0]] or not scored[lead[name.split(":")[0]]][1]:
+                compare(name)
+        elif not fits() or ends_in_time(name):
             compare(name)
     # the PS baselines' servers (heterog.baselines.ps_refine): each trial where it would end in time, and for the
     # fastest plan every trial
@@ -433,6 +441,14 @@ def zero_shot(evaluator: Evaluator, checkpoint: str | Path | dict, states: bool 
                           "best_iteration_time_s": scored[kept][0], "oom": scored[kept][1], "episodes": 0,
                           "rounds": 0})
     return strategy
+
+
+def strongest_first(states: Sequence[str]) -> list[str]:
+    """``states`` (state choices named ``<scheme>:<choice>``, each scheme's in ``STATE_CHOICES``' order) with
+    each scheme's last, its strongest, moved before the scheme's others."""
+    schemes = list(dict.fromkeys(n.split(":")[0] for n in states))
+    of = {b: [n for n in states if n.split(":")[0] == b] for b in schemes}
+    return [n for b in schemes for n in (of[b][-1:] + of[b][:-1])]
 
 
 class _Progress:

@@ -11,7 +11,7 @@ from agents.checkpoint import load_checkpoint, policy_from_checkpoint
 from agents.networks import StrategyPolicy
 from agents.networks.config import PolicyConfig
 from agents.networks.plan import STATE_PRIOR
-from agents.planner import PRETRAINED, build_policy, plan, zero_shot
+from agents.planner import PRETRAINED, build_policy, plan, strongest_first, zero_shot
 from agents.settings import TrainerSettings
 from agents.tasks import GraphTask
 from heterog.actions import N_STATE_CHOICES, n_actions, state_action
@@ -76,12 +76,19 @@ def test_zero_shot_compares_more_than_the_data_parallel_plans_only_in_its_time_o
     roomy = Evaluator(capture_model("tiny_mlp", 16), load_cluster("paper-8gpu"))
     found = plan(roomy, budget_s=0, progress=False, sharded=True)
     assert found.meta["compared"] == ["policy", "ev-ps", "ev-ar", "cp-ps", "cp-ar"] and not found.meta["oom"]
-    # where no data-parallel plan fits, every state choice is compared, and the fastest that fits kept
+    # where no data-parallel plan fits, every state choice is compared (each scheme's strongest first), and the
+    # fastest that fits kept
     tight = Evaluator(adam_graph(), tight_cluster(43 * P // 2))
     found = plan(tight, budget_s=0, progress=False, sharded=True)
     states = list(promising_uniform(tight.cluster.n_devices, states=True))[4:]
-    assert found.meta["compared"] == ["policy", "ev-ps", "ev-ar", "cp-ps", "cp-ar", *states]
+    assert found.meta["compared"] == ["policy", "ev-ps", "ev-ar", "cp-ps", "cp-ar", *strongest_first(states)]
     assert not found.meta["oom"] and found.meta["kept"] in states
+    # where even a scheme's strongest choice is out of memory, none of its others is compared
+    hopeless = Evaluator(adam_graph(), tight_cluster(P))
+    found = plan(hopeless, budget_s=0, progress=False, sharded=True)
+    assert found.meta["oom"]
+    assert found.meta["compared"] == ["policy", "ev-ps", "ev-ar", "cp-ps", "cp-ar", "ev-ar:s3-memory+offload-params",
+                                      "cp-ar:s3-memory+offload-params"]
     monkeypatch.setattr(agents.planner, "ZERO_SHOT_S", 1e9)
     every = plan(roomy, budget_s=0, progress=False, sharded=True).meta["compared"]
     assert every == ["policy", *promising_uniform(roomy.cluster.n_devices, states=True)]
