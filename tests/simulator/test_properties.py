@@ -237,3 +237,41 @@ def test_kernel_equals_reference_when_frees_name_one_entry(spec: Spec, data: st.
             names = (fidx == x) & ((entry == -1) | (entry == k))
             expected = max(a.finish[t] for t in [x, *releasing[names].tolist()]) if names.any() else np.inf
             assert a.entry_release_time()[mptr[x] + k] == expected
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**31), st.integers(2, 6), st.integers(1, 6), st.integers(20, 400), st.booleans(),
+       st.booleans())
+def test_kernel_equals_reference_where_tasks_share_routes(seed: int, n_res: int, n_routes: int, n_tasks: int,
+                                                          tied: bool, lagged: bool) -> None:
+    """Many tasks holding the same two or three resources (a parameter server's pushes and pulls over a few
+    routes), ready together: the kernel's waiting sets against the reference's full scan."""
+    rng = np.random.default_rng(seed)
+    routes = [rng.choice(n_res, size=int(rng.integers(2, min(3, n_res) + 1)), replace=False).tolist()
+              for _ in range(n_routes)]
+    tg = simulator.TaskGraph()
+    for r in range(n_res):
+        tg.add_resource(f"r{r}")
+    for t in range(n_tasks):
+        kind = rng.random()
+        resources = routes[int(rng.integers(n_routes))] if kind < 0.6 else \
+            [int(rng.integers(n_res))] if kind < 0.9 else []
+        deps = sorted(set(rng.integers(0, t, size=int(rng.integers(0, 3))).tolist())) if t > 8 else []
+        tg.add_task(resources, float(rng.choice(DURATIONS_S)), deps, name=f"t{t}",
+                    priority=float(rng.integers(0, 3) if tied else rng.random()),
+                    lag=float(rng.choice(LAGS_S)) if lagged and rng.random() < 0.5 else 0.0)
+    _assert_same_result(simulator.simulate(tg), simulator.simulate(tg, reference=True))
+    _assert_same_result(simulator.simulate(tg, fifo=True), simulator.simulate(tg, fifo=True, reference=True))
+
+
+@SETTINGS
+@given(st.lists(st.lists(st.integers(0, 4), max_size=3), max_size=60))
+def test_resource_sets_number_equal_lists_of_two_or_more_in_order_of_first_appearance(lists: list[list[int]]) -> None:
+    from simulator._kernel import resource_sets
+
+    ptr = np.concatenate([[0], np.cumsum([len(x) for x in lists])]).astype(np.int64)
+    idx = np.array([r for x in lists for r in x], dtype=np.int64)
+    set_of, n_sets = resource_sets(ptr, idx)
+    seen: dict[tuple[int, ...], int] = {}
+    want = [seen.setdefault(tuple(x), len(seen)) if len(x) >= 2 else -1 for x in lists]
+    assert set_of.tolist() == want and n_sets == len(seen)
