@@ -422,7 +422,8 @@ def zero_shot(evaluator: Evaluator, checkpoint: str | Path | dict, states: bool 
     lead = {n.split(":")[0]: n for n in reversed(every)}          # each scheme's strongest
     for name in every + [n for n in more if n not in every]:
         if name in every:
-            if name == lead[name.split(":")[0]] or not scored[lead[name.split(":")[0]]][1]:
+            strongest = lead[name.split(":")[0]]
+            if name == strongest or not scored[strongest][1]:
                 compare(name)
         elif not fits() or ends_in_time(name):
             compare(name)

@@ -342,9 +342,9 @@ class _Chooser:
             conv = np.array([[self.edge_conv(e, ku, kv) for kv in cands[v]] for ku in cands[u]],
                             dtype=np.int64).reshape(len(cands[u]), len(cands[v]))
             es = kept[alike]
-            for i, table in zip(alike.tolist(), self.conv_costs(conv, self.e_bytes[es].astype(np.float64),
+            for i, costs in zip(alike.tolist(), self.conv_costs(conv, self.e_bytes[es].astype(np.float64),
                                                                   self.param[gi.e_src[es]])):
-                pair[i] = table
+                pair[i] = costs
         src, dst = eu.tolist(), ev.tolist()
         for o in np.nonzero(self.anchor >= 0)[0].tolist():
             a = int(self.anchor[o])
