@@ -83,6 +83,58 @@ def transpose_csr(ptr: np.ndarray, idx: np.ndarray,
     return out_ptr, out_idx
 
 
+@njit(inline="always")
+def _pop(w: int, child: np.ndarray, sib: np.ndarray, priority: np.ndarray,
+         pairs: np.ndarray) -> int:  # pragma: no cover - compiled
+    """The new root of a pairing heap (order: higher ``priority``, then lower id) whose root ``w`` is taken
+    out: its children melded in pairs left to right, then right to left (``pairs`` is scratch). Inlined
+    into the kernel when it compiles: no call, no reference counting."""
+    m = 0
+    c = child[_u(w)]
+    while c >= 0:
+        a = c
+        b = sib[_u(a)]
+        sib[_u(a)] = -1
+        if b >= 0:
+            c = sib[_u(b)]
+            sib[_u(b)] = -1
+            if priority[_u(b)] > priority[_u(a)] or (priority[_u(b)] == priority[_u(a)] and b < a):
+                a, b = b, a
+            sib[_u(b)] = child[_u(a)]
+            child[_u(a)] = b
+        else:
+            c = -1
+        pairs[_u(m)] = a
+        m += 1
+    root = -1
+    for i in range(m - 1, -1, -1):
+        a = pairs[_u(i)]
+        if root >= 0:
+            b = root
+            if priority[_u(b)] > priority[_u(a)] or (priority[_u(b)] == priority[_u(a)] and b < a):
+                a, b = b, a
+            sib[_u(b)] = child[_u(a)]
+            child[_u(a)] = b
+        root = a
+    return root
+
+
+@njit(inline="always")
+def _insert(root: int, x: int, child: np.ndarray, sib: np.ndarray,
+            priority: np.ndarray) -> int:  # pragma: no cover - compiled
+    """The root of the pairing heap of root ``root`` (-1: empty) with ``x`` inserted (inlined, as ``_pop``)."""
+    child[_u(x)] = -1
+    sib[_u(x)] = -1
+    if root < 0:
+        return x
+    a, b = root, x
+    if priority[_u(b)] > priority[_u(a)] or (priority[_u(b)] == priority[_u(a)] and b < a):
+        a, b = b, a
+    sib[_u(b)] = child[_u(a)]
+    child[_u(a)] = b
+    return a
+
+
 @njit(cache=True)
 def resource_sets(res_ptr: np.ndarray, res_idx: np.ndarray) -> tuple[np.ndarray, int]:  # pragma: no cover
     """(set of each task, number of sets): tasks holding the same list of two or more resources share a set
@@ -149,8 +201,8 @@ def simulate_kernel(duration: np.ndarray, lag: np.ndarray, priority: np.ndarray,
     from one resource's waiters to the other's at every free, dozens of times each (59 per task on nasnet's
     EV-PS plan on mixed-a100-v100-t4). An entry of a task that is no longer its set's head (a better task
     joined the set) is stale: skipped when drawn.
-    Every heap operation is written out once, inline: helper calls taking arrays would cost reference
-    counting in the hot loop.
+    The binary heaps' operations are written out inline and the pairing heaps' are helpers numba inlines
+    (``_pop``, ``_insert``): a call taking arrays would cost reference counting in the hot loop.
     With ``fifo`` a task's priority is minus the time it became ready (first ready, first served; ties by
     id), assigned when it becomes ready; ``priority`` is then ignored.
     One binary heap of events keyed by (``finish``, id) holds running tasks; a task with ``lag`` > 0, once
@@ -230,69 +282,13 @@ def simulate_kernel(duration: np.ndarray, lag: np.ndarray, priority: np.ndarray,
                     continue
                 while wait_root[_u(r)] >= 0:
                     w = wait_root[_u(r)]
-                    # pop w from r's pairing heap: meld its children in pairs left to right, then right to left
-                    m = 0
-                    c = child[_u(w)]
-                    while c >= 0:
-                        a = c
-                        b = sib[_u(a)]
-                        sib[_u(a)] = -1
-                        if b >= 0:
-                            c = sib[_u(b)]
-                            sib[_u(b)] = -1
-                            if priority[_u(b)] > priority[_u(a)] or (priority[_u(b)] == priority[_u(a)] and b < a):
-                                a, b = b, a
-                            sib[_u(b)] = child[_u(a)]
-                            child[_u(a)] = b
-                        else:
-                            c = -1
-                        pairs[_u(m)] = a
-                        m += 1
-                    root = -1
-                    for i in range(m - 1, -1, -1):
-                        a = pairs[_u(i)]
-                        if root >= 0:
-                            b = root
-                            if priority[_u(b)] > priority[_u(a)] or (priority[_u(b)] == priority[_u(a)] and b < a):
-                                a, b = b, a
-                            sib[_u(b)] = child[_u(a)]
-                            child[_u(a)] = b
-                        root = a
-                    wait_root[_u(r)] = root
+                    wait_root[_u(r)] = _pop(w, child, sib, priority, pairs)
                     s = set_of[_u(w)]
                     if s >= 0:
                         entered[_u(w)] = False
                         if qroot[_u(s)] != w:
                             continue  # stale: w is not its set's head any more
-                        # pop w from its set's pairing heap (the same two passes)
-                        m = 0
-                        c = qchild[_u(w)]
-                        while c >= 0:
-                            a = c
-                            b = qsib[_u(a)]
-                            qsib[_u(a)] = -1
-                            if b >= 0:
-                                c = qsib[_u(b)]
-                                qsib[_u(b)] = -1
-                                if priority[_u(b)] > priority[_u(a)] or (priority[_u(b)] == priority[_u(a)] and b < a):
-                                    a, b = b, a
-                                qsib[_u(b)] = qchild[_u(a)]
-                                qchild[_u(a)] = b
-                            else:
-                                c = -1
-                            pairs[_u(m)] = a
-                            m += 1
-                        root = -1
-                        for i in range(m - 1, -1, -1):
-                            a = pairs[_u(i)]
-                            if root >= 0:
-                                b = root
-                                if priority[_u(b)] > priority[_u(a)] or (priority[_u(b)] == priority[_u(a)] and b < a):
-                                    a, b = b, a
-                                qsib[_u(b)] = qchild[_u(a)]
-                                qchild[_u(a)] = b
-                            root = a
-                        qroot[_u(s)] = root
+                        qroot[_u(s)] = _pop(w, qchild, qsib, priority, pairs)
                     source[_u(w)] = r
                     staged[_u(n_staged)] = w
                     n_staged += 1
@@ -372,35 +368,13 @@ def simulate_kernel(duration: np.ndarray, lag: np.ndarray, priority: np.ndarray,
                 park = c
                 s = set_of[_u(c)]
                 if s >= 0:  # into its set's pairing heap; parked on the resource only as the set's head
-                    qchild[_u(c)] = -1
-                    qsib[_u(c)] = -1
-                    a = qroot[_u(s)]
-                    if a < 0:
-                        qroot[_u(s)] = c
-                    else:
-                        b = c
-                        if priority[_u(b)] > priority[_u(a)] or (priority[_u(b)] == priority[_u(a)] and b < a):
-                            a, b = b, a
-                        qsib[_u(b)] = qchild[_u(a)]
-                        qchild[_u(a)] = b
-                        qroot[_u(s)] = a
+                    qroot[_u(s)] = _insert(qroot[_u(s)], c, qchild, qsib, priority)
                     if qroot[_u(s)] != c:
                         park = -1
-            if park >= 0:  # park on the busy resource (pairing-heap insert)
+            if park >= 0:  # park on the busy resource
                 if set_of[_u(park)] >= 0:
                     entered[_u(park)] = True
-                child[_u(park)] = -1
-                sib[_u(park)] = -1
-                a = wait_root[_u(blocker)]
-                if a < 0:
-                    wait_root[_u(blocker)] = park
-                else:
-                    b = park
-                    if priority[_u(b)] > priority[_u(a)] or (priority[_u(b)] == priority[_u(a)] and b < a):
-                        a, b = b, a
-                    sib[_u(b)] = child[_u(a)]
-                    child[_u(a)] = b
-                    wait_root[_u(blocker)] = a
+                wait_root[_u(blocker)] = _insert(wait_root[_u(blocker)], park, child, sib, priority)
             if source[_u(c)] >= 0:  # the next waiter of c's resource may compete now
                 promote[_u(n_promote)] = source[_u(c)]
                 n_promote += 1
