@@ -391,12 +391,16 @@ def zero_shot(evaluator: Evaluator, checkpoint: str | Path | dict, states: bool 
     plans: dict[str, Strategy] = {}
     scored: dict[str, tuple[float, bool]] = {}
     took: dict[str, float] = {}
+    keys: dict[str, str] = {}      # plan key -> the first candidate compared with that plan
 
     def compare(name: str) -> None:
+        """Scores candidate ``name``; one that decodes to a plan already compared (the even and the proportional
+        shares are alike where the batch divides evenly) takes that plan's score and time."""
         start = time.perf_counter()
         plans[name] = decode(candidates[name], "agent")
-        scored[name] = evaluator.iteration_time(plans[name])
-        took[name] = time.perf_counter() - start
+        same = keys.setdefault(plans[name].plan_key(), name)
+        scored[name] = evaluator.iteration_time(plans[name]) if same == name else scored[same]
+        took[name] = time.perf_counter() - start if same == name else took[same]
 
     def split(name: str) -> bool:
         return name in servers or name in SPLIT_ACTION_NAMES

@@ -7,6 +7,7 @@ Where the rest lives: share arithmetic in ``heterog.shares``, the per-group acti
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
@@ -333,6 +334,13 @@ class Strategy:
             "schedule": self.schedule, "recompute": list(self.recompute),
             **({"sync_batch_stats": True} if self.sync_batch_stats else {}),
         }
+
+    def plan_key(self) -> str:
+        """What the plan is, without its name and notes (``method``, ``meta``): two strategies of one key compile
+        to the same tasks, so they simulate alike."""
+        d = self.to_dict()
+        del d["method"], d["meta"]
+        return json.dumps(d, sort_keys=True)
 
     @classmethod
     def from_dict(cls, d: dict, source: str = "<dict>") -> "Strategy":

@@ -39,7 +39,8 @@ serialised, and the members that drive their own communication.
 Order keys (``heterog.compiler.tasks``): each caller names its tasks' place (``prio_op``, stage, class, tensor,
 ``sub``) and owner; ``sub=None`` numbers a tensor's tasks as they are made. An ``Engine`` gathers the tasks of one
 emission phase and adds them to the batch in the order they were made (task ids are final when made); call
-``flush`` before anything else adds tasks to the batch.
+``flush`` before anything else adds tasks to the batch or reads it (a few tasks added at once wait as rows, like
+tasks made one at a time).
 """
 from __future__ import annotations
 
@@ -131,6 +132,19 @@ def covered(ctx: CompileContext) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------- the engine
+_FEW_TASKS = 16          # tasks added at once that the engine keeps as rows until ``flush``
+# the columns of a row (``Engine._task``), by ``TaskBatch.add``'s names
+_ROW_COLS = ("dur", "kind", "op", "dev", "alloc", "cat", "prio_op", "stage", "cls", "tensor", "sub", "owner", "lag")
+
+
+def _each(value: Any, k: int) -> list:
+    """``value`` (a scalar or k values) as a list of k Python numbers."""
+    if isinstance(value, (int, float)):
+        return [value] * k
+    a = np.asarray(value)
+    return [a.item()] * k if a.ndim == 0 else a.ravel().tolist()
+
+
 class Engine:
     """The conversion tasks of one emission phase over ``batch`` (module docstring): made one at a time (scalar
     routes) or many at once (vectorised routes), numbered in the order made, added at ``flush``."""
@@ -161,10 +175,28 @@ class Engine:
         self._res.append(res)
         return self._first + len(rows) - 1
 
-    def _tasks(self, **cols: Any) -> np.ndarray:
-        """Many tasks (``TaskBatch.add``'s arguments); returns their ids."""
-        self._flush_tasks()
-        return self.batch.add(**cols)
+    def add(self, **cols: Any) -> np.ndarray:
+        """Many tasks (``TaskBatch.add``'s arguments); returns their ids. A few are kept as rows, like tasks
+        made one at a time, and added with them (one batch addition costs as much as hundreds of rows)."""
+        k = len(cols["dur"])
+        if k > _FEW_TASKS:
+            self._flush_tasks()
+            return self.batch.add(**cols)
+        if not self._rows:
+            self._first = self.batch.first_id + self.batch.n
+        stage = cols["stage"]
+        cols["stage"] = STAGE[stage] if isinstance(stage, str) else stage
+        cols.setdefault("lag", 0.0)
+        values = [_each(cols[name], k) for name in _ROW_COLS]
+        res = np.asarray(cols["res_idx"], dtype=np.int64).ravel().tolist()
+        first = self._first + len(self._rows)
+        self._rows.extend(zip(*values))
+        if not res:
+            self._res.extend([()] * k)
+        else:
+            ends = list(itertools.accumulate(_each(cols["res_len"], k)))
+            self._res.extend(tuple(res[lo:hi]) for lo, hi in zip([0, *ends[:-1]], ends))
+        return np.arange(first, first + k, dtype=np.int64)
 
     def _flush_tasks(self) -> None:
         if not self._rows:
@@ -229,11 +261,12 @@ class Engine:
                                       in_layer=in_layer)
             return np.array([cid], dtype=np.int64)
         res = ring_resources(self.ctx, devices)
-        times = collective_seconds(self.ctx, kind, devices, nb, have, need, gradient)
+        times = collective_seconds(self.ctx, kind, devices, nb, have, need, gradient) if len(nb) > 1 else \
+            np.array([_collective_s(self.ctx, kind, devices, float(nb[0]), have, need, gradient)])
         if in_layer:
             ops = np.broadcast_to(np.asarray(op), nb.shape)
             times = np.where(covered(self.ctx)[ops][:, list(devices)].all(axis=1), 0.0, times)
-        ids = self._tasks(dur=times, kind=TaskKind.COLLECTIVE, op=op, dev=-1, alloc=0.0, cat=TaskCategory.COLLECTIVE,
+        ids = self.add(dur=times, kind=TaskKind.COLLECTIVE, op=op, dev=-1, alloc=0.0, cat=TaskCategory.COLLECTIVE,
                           prio_op=prio_op, stage=stage, cls=cls, tensor=tensor, sub=sub, owner=owner,
                           res_len=len(res), res_idx=np.tile(np.array(res, dtype=np.int64), len(nb)))
         k = after.shape[1]
@@ -273,7 +306,7 @@ class Engine:
                 made.append(tid)
             return np.array(made, dtype=np.int64)
         dev = np.asarray(devices, dtype=np.int64)
-        out = self._tasks(dur=np.zeros(len(dev)), kind=TaskKind.CONCAT, op=op, dev=dev, alloc=alloc,
+        out = self.add(dur=np.zeros(len(dev)), kind=TaskKind.CONCAT, op=op, dev=dev, alloc=alloc,
                           cat=TaskCategory.COLLECTIVE, prio_op=prio_op, stage="transfer", cls=cls, tensor=tensor,
                           sub=sub, owner=owner, res_len=0, res_idx=np.zeros(0, dtype=np.int64))
         self.deps(out, np.full(len(dev), collective), owner)
@@ -288,7 +321,7 @@ class Engine:
         code = costs.algo[tensors]
         nccl = (self.ctx.nccl_resource,) if self.ctx.nccl_resource >= 0 else ()
         res = [costs.links[a] + nccl + costs.hosts for a in range(len(costs.names))]
-        ids = self._tasks(dur=costs.times_s[tensors], kind=TaskKind.ALLREDUCE, op=ops, dev=-1, alloc=0.0,
+        ids = self.add(dur=costs.times_s[tensors], kind=TaskKind.ALLREDUCE, op=ops, dev=-1, alloc=0.0,
                           cat=TaskCategory.ALLREDUCE, prio_op=ops, stage="aggregate", cls=0, tensor=tensors, sub=0,
                           owner=ops, res_len=np.array([len(r) for r in res], dtype=np.int64)[code],
                           res_idx=np.array([x for a in code.tolist() for x in res[a]], dtype=np.int64))
@@ -307,7 +340,7 @@ class Engine:
             costs = self.ctx.allreduce(devices)
             nccl = (self.ctx.nccl_resource,) if self.ctx.nccl_resource >= 0 else ()
             res = costs.links[0] + nccl + costs.hosts
-        s = int(self._tasks(dur=np.array([dur]), kind=TaskKind.STATISTICS, op=op, dev=-1, alloc=0.0,
+        s = int(self.add(dur=np.array([dur]), kind=TaskKind.STATISTICS, op=op, dev=-1, alloc=0.0,
                             cat=TaskCategory.ALLREDUCE, prio_op=op, stage="compute", cls=1, tensor=0, sub=0, owner=op,
                             res_len=len(res), res_idx=np.asarray(res, dtype=np.int64))[0])
         self.deps(np.full(len(after), s), after, op)
@@ -316,7 +349,7 @@ class Engine:
     def trigger(self, after: np.ndarray, *, op: int, tensor: int, prio_op: int, stage: str, cls: int, sub: int,
                 owner: int) -> int:
         """A zero-time SYNC task that waits for ``after`` (a conversion that waits for it starts no earlier)."""
-        sync = int(self._tasks(dur=np.zeros(1), kind=TaskKind.SYNC, op=op, dev=-1, alloc=0.0, cat=TaskCategory.SYNC,
+        sync = int(self.add(dur=np.zeros(1), kind=TaskKind.SYNC, op=op, dev=-1, alloc=0.0, cat=TaskCategory.SYNC,
                                prio_op=prio_op, stage=stage, cls=cls, tensor=tensor, sub=sub, owner=owner,
                                res_len=0, res_idx=np.zeros(0, dtype=np.int64))[0])
         if len(after):
@@ -332,7 +365,7 @@ class Engine:
         and allocating the bytes on ``dev`` (default the destination)."""
         cost = self.ctx.cost
         rlen, ridx = self.ctx.paths.resources(src, dst)
-        ids = self._tasks(dur=cost.transfer_times(src, dst, nbytes), kind=kind, op=op, dev=dst if dev is None else dev,
+        ids = self.add(dur=cost.transfer_times(src, dst, nbytes), kind=kind, op=op, dev=dst if dev is None else dev,
                           alloc=nbytes, cat=cat, prio_op=prio_op, stage=stage, cls=cls, tensor=tensor, sub=sub,
                           owner=owner, res_len=rlen, res_idx=ridx, lag=cost.transfer_latencies(src, dst, nbytes))
         self.deps(ids, after, owner)
@@ -428,7 +461,7 @@ class Engine:
         kept = (p_ss >= 0) & ~p_rem & input_ops(ctx)[op[p_r]]     # an input's rows a device keeps of its cut
         s_alloc = np.where(input_ops(ctx)[op[s_r]], 0.0, s_bytes)
         np.add.at(s_alloc, s_first[p_r[kept]] + p_ss[kept], nbytes[p_r[kept]] * f_pov[fp[kept]] / B)
-        cut = self._tasks(dur=ctx.cost.copy_times(s_dev, s_bytes), kind=TaskKind.RELAYOUT, op=op[s_r], dev=s_dev,
+        cut = self.add(dur=ctx.cost.copy_times(s_dev, s_bytes), kind=TaskKind.RELAYOUT, op=op[s_r], dev=s_dev,
                           alloc=s_alloc, cat=TaskCategory.SPLIT_CONCAT, prio_op=prio_op[s_r], stage="split", cls=1,
                           tensor=tensor[s_r], sub=s_k, owner=owner[s_r], res_len=1, res_idx=s_dev)
         self.deps(cut, src_inst[s_r] + s_i, owner[s_r])
@@ -446,7 +479,7 @@ class Engine:
         c_j = f_cj[C_ptr[r_pat[c_r]] + c_k]
         c_dev = lay.dev_flat[fv[c_r] + c_j]
         c_bytes = nbytes[c_r] * (lay.shares_flat[lay.ptr[lay_v[c_r]] + c_j] / B)
-        join = self._tasks(dur=ctx.cost.copy_times(c_dev, c_bytes), kind=TaskKind.CONCAT, op=op[c_r], dev=c_dev,
+        join = self.add(dur=ctx.cost.copy_times(c_dev, c_bytes), kind=TaskKind.CONCAT, op=op[c_r], dev=c_dev,
                            alloc=c_bytes, cat=TaskCategory.SPLIT_CONCAT, prio_op=prio_op[c_r], stage="concat", cls=1,
                            tensor=tensor[c_r], sub=c_k, owner=owner[c_r], res_len=1, res_idx=c_dev)
         join_base = np.concatenate([[0], np.cumsum(n_c)])[:-1] + (join[0] if len(join) else 0)
@@ -470,7 +503,7 @@ class Engine:
         cl = self.ctx.cluster
         dur = np.array([pcie_time_s(cl, d, x, c)
                         for d, x, c in zip(dev.tolist(), nbytes.tolist(), concurrent.tolist())])
-        ids = self._tasks(dur=dur, kind=TaskKind.TRANSFER, op=op, dev=dev, alloc=alloc, cat=TaskCategory.TRANSFER,
+        ids = self.add(dur=dur, kind=TaskKind.TRANSFER, op=op, dev=dev, alloc=alloc, cat=TaskCategory.TRANSFER,
                           prio_op=prio_op, stage=stage, cls=cls, tensor=tensor, sub=sub, owner=owner, res_len=1,
                           res_idx=link)
         ok = np.asarray(after) >= 0

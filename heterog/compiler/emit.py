@@ -126,7 +126,7 @@ def _aggregate_ps(ctx: CompileContext, layouts: LayoutTable, conv: Engine, tenso
                               stage="push", cls=0, tensor=np.repeat(sel, len(workers)),
                               sub=np.tile(np.arange(len(workers)), len(sel)), owner=op_rep, kind=TaskKind.PUSH,
                               cat=TaskCategory.PS, dev=p)
-        aggr = batch.add(dur=cost.aggregate_times(p, nb, np.full(len(nb), len(devs))), kind=TaskKind.AGGREGATE,
+        aggr = conv.add(dur=cost.aggregate_times(p, nb, np.full(len(nb), len(devs))), kind=TaskKind.AGGREGATE,
                          op=sel_op, dev=p, alloc=nb, cat=TaskCategory.PS,
                          prio_op=sel_op, stage="aggregate", cls=0, tensor=sel, sub=0, owner=sel_op, res_len=1,
                          res_idx=np.full(len(sel), p))

@@ -155,8 +155,9 @@ def _concurrent(ctx: CompileContext, state: StatePlacement, rows: np.ndarray, de
     """(len(dev),) the devices of config row ``rows[i]`` on ``dev[i]``'s server (those transferring at once)."""
     so = ctx.cluster.server_of
     out = np.empty(len(dev), dtype=np.int64)
-    for i, (r, d) in enumerate(zip(rows.tolist(), dev.tolist())):
-        out[i] = int(np.count_nonzero(so[list(state.devices[r])] == so[d]))
+    for r in np.unique(rows).tolist():
+        at = rows == r
+        out[at] = np.bincount(so[list(state.devices[r])], minlength=len(ctx.cluster.servers))[so[dev[at]]]
     return out
 
 

@@ -442,9 +442,9 @@ def connect_gathered(ctx: CompileContext, layouts: LayoutTable, conv: Engine, ed
                                  sub=sub + 1 if ups is None else UPLOAD_SUB + 2 * m + ph, owner=owner,
                                  have=frac[list(devs)])[0])
         # where the readers run: landings on the config's devices, transfers to the others
-        need = np.unique(np.concatenate([layouts.dev_flat[layouts.ptr[k]:layouts.ptr[k + 1]]
-                                         for k in op_lay[placed].tolist()]))
-        inside = np.isin(need, np.array(devs))
+        need = np.array(sorted({d for k in set(op_lay[placed].tolist()) for d in layouts.devices[k]}),
+                        dtype=np.int64)
+        inside = np.array([d in devs for d in need.tolist()], dtype=bool)
         land_at = np.full(m, -1, dtype=np.int64)
         d_in, d_out = need[inside], need[~inside]
         if len(d_in):

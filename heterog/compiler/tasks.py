@@ -218,7 +218,7 @@ class TaskBatch:
         self._cols: dict[str, list[np.ndarray]] = {k: [] for k in FLOAT_COLS + INT_COLS}
         self._res_len: list[np.ndarray] = []
         self._res_idx: list[np.ndarray] = []
-        self._dep: list[Deps] = []
+        self._dep: list[tuple[np.ndarray, np.ndarray, np.ndarray | int]] = []      # one owner for all: an int
 
     @classmethod
     def of(cls, tasks: Tasks, deps: Deps, key: OrderKey) -> TaskBatch:
@@ -257,6 +257,7 @@ class TaskBatch:
         """``task[i]`` waits for ``on[i]``; the dependency belongs to emission unit ``owner``."""
         task = np.asarray(task, dtype=np.int64).ravel()
         self._dep.append((task, np.asarray(on, dtype=np.int64).ravel(),
+                          int(owner) if isinstance(owner, (int, np.integer)) else      # one owner: spread when read
                           np.broadcast_to(np.asarray(owner, dtype=np.int64), task.shape)))
 
     def rewire(self, on: np.ndarray) -> None:
@@ -281,7 +282,9 @@ class TaskBatch:
         if not self._dep:
             z = np.zeros(0, dtype=np.int64)
             return z, z, z
-        task, on, owner = (np.concatenate([d[i] for d in self._dep]) for i in range(3))
+        task, on = (np.concatenate([d[i] for d in self._dep]) for i in range(2))
+        owner = np.concatenate([np.full(len(t), o, dtype=np.int64) if isinstance(o, int) else o
+                                for t, _, o in self._dep])
         return task, on, owner
 
 

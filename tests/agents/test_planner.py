@@ -204,6 +204,23 @@ def test_zero_shot_runs_with_the_collector_off_and_restores_it(graph, paper8, mo
     assert seen == [False] and gc.isenabled()
 
 
+def test_zero_shot_scores_a_plan_once_where_two_candidates_decode_to_it(paper8, monkeypatch):
+    from collections import Counter
+
+    from agents.candidates import promising_uniform
+    from envs.actions import full_plan, plan_strategy
+
+    ev = Evaluator(capture_model("tiny_mlp", 8), paper8)     # one sample per device: even and proportional alike
+    ar = {name: plan_strategy(ev, full_plan(np.full(ev.n_groups, a, dtype=np.int64), ev.n_groups), name)
+          for name, a in promising_uniform(8, False, False).items() if name.endswith("-ar")}
+    assert ar["ev-ar"].plan_key() == ar["cp-ar"].plan_key() and ar["ev-ar"].method != ar["cp-ar"].method
+    seen: Counter[str] = Counter()
+    real = ev.iteration_time
+    monkeypatch.setattr(ev, "iteration_time", lambda s, *a, **k: seen.update([s.plan_key()]) or real(s, *a, **k))
+    meta = plan(ev, budget_s=0, progress=False).meta
+    assert {"ev-ar", "cp-ar"} <= set(meta["compared"]) and seen[ar["ev-ar"].plan_key()] == 1
+
+
 def test_one_token_checkpoint_plans_zero_shot_on_other_clusters(graph, paper8, tmp_path):
     policy = build_policy(8, "small", seed=0, head="tokens", **TINY_AGENT)
     trainer = Trainer(policy, [make_task(capture_model("tiny_cnn", 16), paper8, layout=policy.feature_layout)],

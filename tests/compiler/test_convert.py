@@ -196,6 +196,32 @@ def test_tasks_added_behind_the_engines_back_are_refused():
         conv.flush()
 
 
+def test_a_few_tasks_kept_as_rows_are_the_tasks_a_batch_adds_at_once():
+    rng = np.random.default_rng(3)
+    calls = []
+    for k in (1, 3, 17, 2, 16):                   # 17: added at once, the others kept as rows until flush
+        res_len = rng.integers(0, 3, k)
+        calls.append(dict(dur=rng.random(k), kind=TaskKind.TRANSFER, op=rng.integers(0, 5, k), dev=-1,
+                          alloc=rng.random(k) * 100, cat=TaskCategory.TRANSFER, prio_op=4,
+                          stage="transfer" if k % 2 else np.full(k, STAGE["split"]), cls=1,
+                          tensor=rng.integers(0, 3, k), sub=np.arange(k), owner=rng.integers(10, 12, k),
+                          res_len=res_len, res_idx=rng.integers(0, 9, int(res_len.sum())),
+                          lag=0.5 if k == 3 else rng.random(k)))
+    ctx, conv = engine()
+    made = [conv.add(**dict(c)) for c in calls]
+    conv.deps(made[0], [0], 10)                              # one owner for all, spread when read
+    conv.flush()
+    whole = TaskBatch(0, ctx.order_key)
+    want = [whole.add(**dict(c)) for c in calls]
+    whole.deps(want[0], [0], np.array([10]))
+    assert [m.tolist() for m in made] == [w.tolist() for w in want]
+    got, ref = conv.batch.tasks(), whole.tasks()
+    for name in ("ints", "floats", "res_ptr", "res_idx"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(ref, name))
+    for a, b in zip(conv.batch.dependencies(), whole.dependencies()):
+        assert a.tolist() == b.tolist()
+
+
 def test_host_copies_take_the_pcie_link_and_wait_only_for_real_tasks():
     cl = heterog.load_cluster("paper-8gpu")
     ctx = CompileContext.of(linear_graph(), cl, CostModel(cl))
@@ -203,6 +229,7 @@ def test_host_copies_take_the_pcie_link_and_wait_only_for_real_tasks():
     ids = conv.host_copies(np.array([-1, 0]), np.array([0, 1]), np.array([1e6, 2e6]), np.array([2, 2]),
                            np.array([100, 101]), op=7, prio_op=7, stage="push", cls=0, tensor=4, sub=np.array([0, 1]),
                            owner=7)
+    conv.flush()
     tasks = conv.batch.tasks()
     np.testing.assert_allclose(tasks.dur, [pcie_time_s(cl, 0, 1e6, 2), pcie_time_s(cl, 1, 2e6, 2)])
     assert tasks.res_idx.tolist() == [100, 101] and tasks.alloc.tolist() == [0.0, 0.0]
