@@ -310,6 +310,9 @@ def test_zero_shot_compares_a_plan_beyond_the_fixed_ones_only_where_it_would_end
     monkeypatch.setattr(Evaluator, "iteration_time", timed)
     monkeypatch.setattr(agents.planner, "ZERO_SHOT_S", 0.75)
     found = plan(Evaluator(mlp, cluster), budget_s=0, progress=False, splits=True)
-    # six fixed comparisons end at 0.6 s; the next split (0.1 s, as the last split took) ends at 0.7 s, in
-    # time; a third would end at 0.8 s, past 0.75 s, although 0.7 s is not
-    assert found.meta["compared"] == ["policy", "ev-ps", "ev-ar", "cp-ps", "cp-ar", "tp-server:a", "tp-server:c"]
+    # six fixed comparisons end at 0.5 s (the policy's plan is tp-server:a's, simulated once); the next two
+    # splits (0.1 s each, as the last split took) end at 0.6 and 0.7 s, in time; a fourth would end at 0.8 s,
+    # past 0.75 s, although 0.7 s is not
+    assert found.meta["compared"] == ["policy", "ev-ps", "ev-ar", "cp-ps", "cp-ar", "tp-server:a", "tp-server:c",
+                                      "tp-even"]
+    assert clock[0] == pytest.approx(1000.7)
