@@ -7,6 +7,7 @@ Where the rest lives: share arithmetic in ``heterog.shares``, the per-group acti
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -322,12 +323,13 @@ class Strategy:
     def op_config(self, op: int) -> ParallelConfig:
         return self.configs[int(self.group_of[op])]
 
-    def to_dict(self) -> dict:
+    def to_dict(self, configs: bool = True) -> dict:
+        """The strategy file's fields (``configs=False``: without ``group_of`` and ``configs``)."""
         return {
             "format": "heterog-strategy", "version": STRATEGY_VERSION,
             "graph_fingerprint": self.graph_fingerprint, "cluster": self.cluster_name,
             "n_devices": self.n_devices, "batch_size": self.batch_size, "method": self.method,
-            "group_of": self.group_of.tolist(), "configs": [c.to_dict() for c in self.configs],
+            **({"group_of": self.group_of.tolist(), "configs": [c.to_dict() for c in self.configs]} if configs else {}),
             "priorities": None if self.priorities is None else np.asarray(self.priorities).tolist(),
             "meta": self.meta,
             "micro_batches": None if self.micro_batches is None else list(self.micro_batches),
@@ -338,7 +340,12 @@ class Strategy:
     def plan_key(self) -> str:
         """What the plan is, without its name and notes (``method``, ``meta``): two strategies of one key compile
         to the same tasks, so they simulate alike."""
-        d = self.to_dict()
+        text = {i: json.dumps(c.to_dict(), sort_keys=True)                              # each object written once
+                for i, c in {id(c): c for c in self.configs}.items()}
+        index = {t: i for i, t in enumerate(dict.fromkeys(text.values()))}                # each config once
+        of_group = np.array([index[text[id(c)]] for c in self.configs], dtype=np.int64)
+        d = {**self.to_dict(configs=False), "configs": list(index),     # the groups' configs and ops, digested
+             "groups": hashlib.sha256(of_group.tobytes() + b"|" + self.group_of.tobytes()).hexdigest()}
         del d["method"], d["meta"]
         return json.dumps(d, sort_keys=True)
 
