@@ -267,8 +267,8 @@ class Engine:
             ops = np.broadcast_to(np.asarray(op), nb.shape)
             times = np.where(covered(self.ctx)[ops][:, list(devices)].all(axis=1), 0.0, times)
         ids = self.add(dur=times, kind=TaskKind.COLLECTIVE, op=op, dev=-1, alloc=0.0, cat=TaskCategory.COLLECTIVE,
-                          prio_op=prio_op, stage=stage, cls=cls, tensor=tensor, sub=sub, owner=owner,
-                          res_len=len(res), res_idx=np.tile(np.array(res, dtype=np.int64), len(nb)))
+                       prio_op=prio_op, stage=stage, cls=cls, tensor=tensor, sub=sub, owner=owner,
+                       res_len=len(res), res_idx=np.tile(np.array(res, dtype=np.int64), len(nb)))
         k = after.shape[1]
         self.deps(np.repeat(ids, k), after.ravel(), np.repeat(np.broadcast_to(np.asarray(owner), (len(nb),)), k))
         return ids
@@ -307,8 +307,8 @@ class Engine:
             return np.array(made, dtype=np.int64)
         dev = np.asarray(devices, dtype=np.int64)
         out = self.add(dur=np.zeros(len(dev)), kind=TaskKind.CONCAT, op=op, dev=dev, alloc=alloc,
-                          cat=TaskCategory.COLLECTIVE, prio_op=prio_op, stage="transfer", cls=cls, tensor=tensor,
-                          sub=sub, owner=owner, res_len=0, res_idx=np.zeros(0, dtype=np.int64))
+                       cat=TaskCategory.COLLECTIVE, prio_op=prio_op, stage="transfer", cls=cls, tensor=tensor,
+                       sub=sub, owner=owner, res_len=0, res_idx=np.zeros(0, dtype=np.int64))
         self.deps(out, np.full(len(dev), collective), owner)
         return out
 
@@ -322,9 +322,9 @@ class Engine:
         nccl = (self.ctx.nccl_resource,) if self.ctx.nccl_resource >= 0 else ()
         res = [costs.links[a] + nccl + costs.hosts for a in range(len(costs.names))]
         ids = self.add(dur=costs.times_s[tensors], kind=TaskKind.ALLREDUCE, op=ops, dev=-1, alloc=0.0,
-                          cat=TaskCategory.ALLREDUCE, prio_op=ops, stage="aggregate", cls=0, tensor=tensors, sub=0,
-                          owner=ops, res_len=np.array([len(r) for r in res], dtype=np.int64)[code],
-                          res_idx=np.array([x for a in code.tolist() for x in res[a]], dtype=np.int64))
+                       cat=TaskCategory.ALLREDUCE, prio_op=ops, stage="aggregate", cls=0, tensor=tensors, sub=0,
+                       owner=ops, res_len=np.array([len(r) for r in res], dtype=np.int64)[code],
+                       res_idx=np.array([x for a in code.tolist() for x in res[a]], dtype=np.int64))
         k = after.shape[1]
         self.deps(np.repeat(ids, k), after.ravel(), np.repeat(ops, k))
         return ids
@@ -341,8 +341,8 @@ class Engine:
             nccl = (self.ctx.nccl_resource,) if self.ctx.nccl_resource >= 0 else ()
             res = costs.links[0] + nccl + costs.hosts
         s = int(self.add(dur=np.array([dur]), kind=TaskKind.STATISTICS, op=op, dev=-1, alloc=0.0,
-                            cat=TaskCategory.ALLREDUCE, prio_op=op, stage="compute", cls=1, tensor=0, sub=0, owner=op,
-                            res_len=len(res), res_idx=np.asarray(res, dtype=np.int64))[0])
+                         cat=TaskCategory.ALLREDUCE, prio_op=op, stage="compute", cls=1, tensor=0, sub=0, owner=op,
+                         res_len=len(res), res_idx=np.asarray(res, dtype=np.int64))[0])
         self.deps(np.full(len(after), s), after, op)
         return s
 
@@ -350,8 +350,8 @@ class Engine:
                 owner: int) -> int:
         """A zero-time SYNC task that waits for ``after`` (a conversion that waits for it starts no earlier)."""
         sync = int(self.add(dur=np.zeros(1), kind=TaskKind.SYNC, op=op, dev=-1, alloc=0.0, cat=TaskCategory.SYNC,
-                               prio_op=prio_op, stage=stage, cls=cls, tensor=tensor, sub=sub, owner=owner,
-                               res_len=0, res_idx=np.zeros(0, dtype=np.int64))[0])
+                            prio_op=prio_op, stage=stage, cls=cls, tensor=tensor, sub=sub, owner=owner,
+                            res_len=0, res_idx=np.zeros(0, dtype=np.int64))[0])
         if len(after):
             self.deps(np.full(len(after), sync), after, owner)
         return sync
@@ -366,8 +366,8 @@ class Engine:
         cost = self.ctx.cost
         rlen, ridx = self.ctx.paths.resources(src, dst)
         ids = self.add(dur=cost.transfer_times(src, dst, nbytes), kind=kind, op=op, dev=dst if dev is None else dev,
-                          alloc=nbytes, cat=cat, prio_op=prio_op, stage=stage, cls=cls, tensor=tensor, sub=sub,
-                          owner=owner, res_len=rlen, res_idx=ridx, lag=cost.transfer_latencies(src, dst, nbytes))
+                       alloc=nbytes, cat=cat, prio_op=prio_op, stage=stage, cls=cls, tensor=tensor, sub=sub,
+                       owner=owner, res_len=rlen, res_idx=ridx, lag=cost.transfer_latencies(src, dst, nbytes))
         self.deps(ids, after, owner)
         return ids
 
@@ -462,8 +462,8 @@ class Engine:
         s_alloc = np.where(input_ops(ctx)[op[s_r]], 0.0, s_bytes)
         np.add.at(s_alloc, s_first[p_r[kept]] + p_ss[kept], nbytes[p_r[kept]] * f_pov[fp[kept]] / B)
         cut = self.add(dur=ctx.cost.copy_times(s_dev, s_bytes), kind=TaskKind.RELAYOUT, op=op[s_r], dev=s_dev,
-                          alloc=s_alloc, cat=TaskCategory.SPLIT_CONCAT, prio_op=prio_op[s_r], stage="split", cls=1,
-                          tensor=tensor[s_r], sub=s_k, owner=owner[s_r], res_len=1, res_idx=s_dev)
+                       alloc=s_alloc, cat=TaskCategory.SPLIT_CONCAT, prio_op=prio_op[s_r], stage="split", cls=1,
+                       tensor=tensor[s_r], sub=s_k, owner=owner[s_r], res_len=1, res_idx=s_dev)
         self.deps(cut, src_inst[s_r] + s_i, owner[s_r])
         cut_base = s_first + (cut[0] if len(cut) else 0)
         piece = np.where(p_ss >= 0, cut_base[p_r] + p_ss, src_inst[p_r] + p_i)
@@ -480,8 +480,8 @@ class Engine:
         c_dev = lay.dev_flat[fv[c_r] + c_j]
         c_bytes = nbytes[c_r] * (lay.shares_flat[lay.ptr[lay_v[c_r]] + c_j] / B)
         join = self.add(dur=ctx.cost.copy_times(c_dev, c_bytes), kind=TaskKind.CONCAT, op=op[c_r], dev=c_dev,
-                           alloc=c_bytes, cat=TaskCategory.SPLIT_CONCAT, prio_op=prio_op[c_r], stage="concat", cls=1,
-                           tensor=tensor[c_r], sub=c_k, owner=owner[c_r], res_len=1, res_idx=c_dev)
+                        alloc=c_bytes, cat=TaskCategory.SPLIT_CONCAT, prio_op=prio_op[c_r], stage="concat", cls=1,
+                        tensor=tensor[c_r], sub=c_k, owner=owner[c_r], res_len=1, res_idx=c_dev)
         join_base = np.concatenate([[0], np.cumsum(n_c)])[:-1] + (join[0] if len(join) else 0)
         joined = p_cs >= 0
         self.deps(join_base[p_r[joined]] + p_cs[joined], piece[joined], owner[p_r[joined]])
@@ -504,8 +504,8 @@ class Engine:
         dur = np.array([pcie_time_s(cl, d, x, c)
                         for d, x, c in zip(dev.tolist(), nbytes.tolist(), concurrent.tolist())])
         ids = self.add(dur=dur, kind=TaskKind.TRANSFER, op=op, dev=dev, alloc=alloc, cat=TaskCategory.TRANSFER,
-                          prio_op=prio_op, stage=stage, cls=cls, tensor=tensor, sub=sub, owner=owner, res_len=1,
-                          res_idx=link)
+                       prio_op=prio_op, stage=stage, cls=cls, tensor=tensor, sub=sub, owner=owner, res_len=1,
+                       res_idx=link)
         ok = np.asarray(after) >= 0
         self.deps(ids[ok], np.asarray(after)[ok], np.broadcast_to(np.asarray(owner), ids.shape)[ok])
         return ids

@@ -127,9 +127,9 @@ def _aggregate_ps(ctx: CompileContext, layouts: LayoutTable, conv: Engine, tenso
                               sub=np.tile(np.arange(len(workers)), len(sel)), owner=op_rep, kind=TaskKind.PUSH,
                               cat=TaskCategory.PS, dev=p)
         aggr = conv.add(dur=cost.aggregate_times(p, nb, np.full(len(nb), len(devs))), kind=TaskKind.AGGREGATE,
-                         op=sel_op, dev=p, alloc=nb, cat=TaskCategory.PS,
-                         prio_op=sel_op, stage="aggregate", cls=0, tensor=sel, sub=0, owner=sel_op, res_len=1,
-                         res_idx=np.full(len(sel), p))
+                        op=sel_op, dev=p, alloc=nb, cat=TaskCategory.PS,
+                        prio_op=sel_op, stage="aggregate", cls=0, tensor=sel, sub=0, owner=sel_op, res_len=1,
+                        res_idx=np.full(len(sel), p))
         batch.deps(np.repeat(aggr, len(workers)), push, op_rep)
         if np.any(devs == p):                            # the PS's own partial result
             batch.deps(aggr, prov.inst_start[sel_op] + int(last[np.nonzero(devs == p)[0][0]]), sel_op)
