@@ -67,6 +67,34 @@ def test_plan_stops_on_a_wall_clock_budget(graph, paper8):
     assert strategy.meta["checkpoint"] == str(PRETRAINED)     # no checkpoint given: the shipped one
 
 
+def test_polish_ends_where_no_group_gains_from_a_config_the_plan_holds(graph, paper8):
+    from dataclasses import replace
+
+    from agents.planner import polish
+    from heterog import baselines
+    from heterog.evaluate import reward
+
+    ev = Evaluator(graph, paper8)
+    one, dp = (baselines.run(name, graph, paper8, evaluator=ev) for name in ("single", "ev-ar"))
+    start = replace(one, configs=[dp.configs[0]] + list(one.configs[1:]), meta={"best_seed_s": 1.0})
+    before = ev.iteration_time(start)
+    found = polish(ev, start, time.perf_counter() + 600)
+    after = ev.iteration_time(found)
+    assert reward(*after) > reward(*before) and found.meta["polished"] > 0
+    assert found.meta["best_iteration_time_s"] == after[0] and found.meta["agent_added"] == 1.0 / after[0] - 1.0
+    assert found.meta["polish_gain"] == pytest.approx(before[0] / after[0] - 1.0)
+    held = {id(c): c for c in start.configs}.values()
+    assert all(any(c == h for h in held) for c in found.configs)          # only configs the plan held
+    for g in range(len(found.configs)):                                    # a local optimum: no single change gains
+        for c in held:
+            moved = replace(found, configs=found.configs[:g] + [c] + found.configs[g + 1:])
+            assert reward(*ev.iteration_time(moved)) <= reward(*after)
+    # a deadline passed: the plan as given, its time measured once
+    n = ev.n_evaluations
+    same = polish(ev, start, time.perf_counter() - 1.0)
+    assert same.configs == start.configs and same.meta["polished"] == 0 and ev.n_evaluations == n + 1
+
+
 def test_a_budget_the_seeds_spend_starts_no_round(graph, paper8, monkeypatch):
     import agents.planner
 
