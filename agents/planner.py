@@ -8,7 +8,6 @@ through the entry point ``agent = "agents.planner:PLANNER"`` of the ``heterog.pl
 (pyproject.toml): heterog names no module of this package."""
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Sequence
@@ -34,7 +33,7 @@ from heterog.errors import HeterogError
 from heterog.evaluate import Evaluator
 from heterog.planners import Planner
 from heterog.reporting import DP_BASELINES
-from heterog.strategy import ParallelConfig, Strategy
+from heterog.strategy import Strategy
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.utils.tensorboard import SummaryWriter
@@ -321,10 +320,7 @@ def polish(evaluator: Evaluator, strategy: Strategy, deadline: float) -> Strateg
     from heterog.evaluate import reward
 
     before = best = evaluator.iteration_time(strategy)
-    distinct: dict[str, ParallelConfig] = {}
-    for c in strategy.configs:
-        distinct.setdefault(json.dumps(c.to_dict(), sort_keys=True), c)
-    held = list(distinct.values())
+    held = list(dict.fromkeys({id(c): c for c in strategy.configs}.values()))    # each config once, by value
     configs, changed = list(strategy.configs), set()
     improved = len(held) > 1
     while improved and time.perf_counter() < deadline:

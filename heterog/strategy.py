@@ -340,11 +340,11 @@ class Strategy:
     def plan_key(self) -> str:
         """What the plan is, without its name and notes (``method``, ``meta``): two strategies of one key compile
         to the same tasks, so they simulate alike."""
-        text = {i: json.dumps(c.to_dict(), sort_keys=True)                              # each object written once
-                for i, c in {id(c): c for c in self.configs}.items()}
-        index = {t: i for i, t in enumerate(dict.fromkeys(text.values()))}                # each config once
-        of_group = np.array([index[text[id(c)]] for c in self.configs], dtype=np.int64)
-        d = {**self.to_dict(configs=False), "configs": list(index),     # the groups' configs and ops, digested
+        objects = {id(c): c for c in self.configs}
+        index = {c: i for i, c in enumerate(dict.fromkeys(objects.values()))}      # each config once, by value
+        at = {i: index[c] for i, c in objects.items()}
+        of_group = np.array([at[id(c)] for c in self.configs], dtype=np.int64)
+        d = {**self.to_dict(configs=False), "configs": [c.to_dict() for c in index],   # groups' configs and ops
              "groups": hashlib.sha256(of_group.tobytes() + b"|" + self.group_of.tobytes()).hexdigest()}
         del d["method"], d["meta"]
         return json.dumps(d, sort_keys=True)
