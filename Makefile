@@ -29,7 +29,7 @@ timing: $(STAMP)
 
 # the runtime conformance suites: 16 random seeds per model and cluster (make test runs 2), split and grid
 # plans of every model under every combination of cluster and micro-batches (make test: half of them, no
-# recurrent models), ten more transformers families, runs that survive (a transformers model resumed
+# recurrent models), eighteen more transformers families, runs that survive (a transformers model resumed
 # across plans, a device that comes back, torchrun's processes, its restarts and a node that joins through
 # its rendezvous), sharded state under every mix on both clusters, and more planners' plans as plan actions
 conformance: $(STAMP)

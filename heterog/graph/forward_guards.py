@@ -11,7 +11,14 @@ refused in one line that names the model's line, and what it can follow is made 
   - ``len()`` of a tensor whose first size is the batch gives the symbolic size, not the example's
     number, so that ``torch.arange(len(logits))`` stays a function of the batch size;
   - ops whose output shape depends on tensor values (``aten._ctc_loss``, ``nonzero``) are named with the
-    model's line that calls them.
+    model's line that calls them;
+  - tensors the model reads other than through its parameters, buffers and inputs (a plain tensor
+    attribute, a module-level constant, a value an ``lru_cache`` kept from an eager call) are constants of
+    the step; one that is a parameter or buffer read through a reference kept elsewhere (a list, a closure)
+    would never be trained or updated, and is refused naming it (``refuse_state_constants``);
+  - what the model's code keeps while traced holds the trace's fake tensors, which the next eager call of
+    the model would read: a plain attribute a module sets in forward is put back as it was, and the
+    ``functools`` caches of the model's code that the trace filled are emptied.
 
 Hand-written backwards (``torch.autograd.Function``) are traced by ``heterog.graph.tracing``: the module's
 parameters stay substituted while the backward runs, and gradients a backward writes into ``param.grad``
@@ -20,6 +27,8 @@ are added to those autograd returns.
 from __future__ import annotations
 
 import builtins
+import functools
+import inspect
 import random
 import sys
 import traceback
@@ -31,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 
 from heterog.errors import ModelError
 
@@ -84,6 +94,7 @@ class ForwardGuards:
 
     def __init__(self, module: nn.Module, model_name: str) -> None:
         self.model_name = model_name
+        self.module = module
         self.paths = {id(m): name for name, m in module.named_modules(remove_duplicate=False)}
         self.seeded: list[str] = []
 
@@ -107,11 +118,24 @@ class ForwardGuards:
         patch(torch, "manual_seed", self._note_seed(torch.manual_seed))
         patch(torch.random, "manual_seed", self._note_seed(torch.random.manual_seed))
         patch(builtins, "len", _symbolic_len(builtins.len))
+        modules = list(dict.fromkeys(self.module.modules()))
+        attrs = [(m, dict(vars(m))) for m in modules]
+        caches = {c: c.cache_info().misses for c in _code_caches(modules)}
         try:
             yield
         finally:
             for owner, name, value in reversed(saved):
                 setattr(owner, name, value)
+            for m, before in attrs:                 # attributes set in forward to what the trace made
+                for name, value in list(vars(m).items()):
+                    if (name not in before or before[name] is not value) and _holds_fake(value):
+                        if name in before:
+                            setattr(m, name, before[name])
+                        else:
+                            delattr(m, name)
+            for cache, misses in caches.items():    # caches filled while traced
+                if cache.cache_info().misses != misses:
+                    cache.cache_clear()
 
     # ------------------------------------------------------------------ the guards
     def _refuse_draw(self, fn: Callable[..., Any], what: str) -> Callable[..., Any]:
@@ -160,6 +184,73 @@ class ForwardGuards:
                              f"{self.seeded[0]}, so that a later pass (a recomputation in backward) draws the "
                              "same values again; a captured step draws each random op from a stream of its own, "
                              "so those values would differ: train it with dropout off (probabilities 0)")
+
+
+def refuse_state_constants(constants: list[torch.Tensor], module: nn.Module, model_name: str) -> None:
+    """Refuse a step whose ``constants`` (the values of its ``get_attr`` nodes) include a parameter or buffer
+    of ``module``: read through a reference kept outside the module's attributes, it would stay constant."""
+    held = {}
+    for kind, named in (("parameter", module.named_parameters()), ("buffer", module.named_buffers())):
+        for name, t in named:
+            if t.numel():
+                held.setdefault(t.untyped_storage().data_ptr(), (kind, name))
+    for c in constants:
+        if isinstance(c, torch.Tensor) and c.numel() and not isinstance(c, FakeTensor):
+            kind, name = held.get(c.untyped_storage().data_ptr(), (None, ""))
+            if kind is not None:
+                raise ModelError(f"model {model_name} reads {kind} '{name}' through a reference it keeps outside "
+                                 "its modules' attributes (a list, a dict, a closure); a captured step sees it as "
+                                 f"a constant and would never {'train' if kind == 'parameter' else 'update'} it: "
+                                 f"read it as the module's attribute (self.{name})")
+
+
+def _holds_fake(value: Any) -> bool:
+    """Whether ``value`` is a fake tensor, or a list, tuple or dict holding one."""
+    if isinstance(value, FakeTensor):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_holds_fake(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_fake(v) for v in value.values())
+    return False
+
+
+def _code_caches(modules: list[nn.Module]) -> list[Any]:
+    """The ``functools.lru_cache`` (and ``cache``) wrappers of the model's own code: in the classes of
+    ``modules`` (and their bases) outside torch, and in their modules' globals; found through decorators
+    that wrap them (``__wrapped__``, closures; transformers' ``compile_compatible_method_lru_cache``)."""
+    found: dict[int, Any] = {}
+
+    def visit(obj: Any, depth: int = 0) -> None:
+        if depth > 3:
+            return
+        if isinstance(obj, (staticmethod, classmethod)):
+            obj = obj.__func__
+        if isinstance(obj, functools._lru_cache_wrapper):
+            found[id(obj)] = obj
+        if callable(obj):
+            inner = getattr(obj, "__wrapped__", None)
+            if inner is not None:
+                visit(inner, depth + 1)
+            for cell in getattr(obj, "__closure__", None) or ():
+                try:
+                    visit(cell.cell_contents, depth + 1)
+                except ValueError:                  # an empty cell
+                    pass
+
+    classes = {c for m in modules for c in type(m).__mro__ if c.__module__ and not c.__module__.startswith("torch")}
+    for c in classes:
+        try:
+            if not outside_library(inspect.getfile(c)):
+                continue
+        except (TypeError, OSError):
+            continue
+        for v in vars(c).values():
+            visit(v)
+        for v in list(vars(sys.modules[c.__module__]).values()) if c.__module__ in sys.modules else ():
+            if inspect.isfunction(v) or isinstance(v, functools._lru_cache_wrapper):
+                visit(v)
+    return list(found.values())
 
 
 def _cast_target(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[torch.dtype | None, Any]:

@@ -16,7 +16,7 @@ from torch import nn
 from torch.fx import GraphModule, Node
 
 from heterog.errors import DataDependentControlFlowError, HeterogError, ModelError
-from heterog.graph.forward_guards import ForwardGuards, shape_error_message, traceback_line
+from heterog.graph.forward_guards import ForwardGuards, refuse_state_constants, shape_error_message, traceback_line
 from heterog.graph.inputs import ExampleInputs, InputSpec, input_spec
 from heterog.graph.mutations import buffer_outputs, functionalize, intermediate_mutations, placeholder_writes
 from heterog.graph.normalisers import split_loss_normalisers
@@ -281,7 +281,7 @@ def capture_fx(module: nn.Module, example_inputs: ExampleInputs, *,
     state_names = [(n, s) for n in param_names for s in slots]
 
     shape_env = ShapeEnv()
-    fake_mode = FakeTensorMode(shape_env=shape_env, static_shapes=not symbolic, allow_non_fake_inputs=False)
+    fake_mode = FakeTensorMode(shape_env=shape_env, static_shapes=not symbolic, allow_non_fake_inputs=True)
     with fake_mode:
         fake_params = [torch.empty(p.shape, dtype=p.dtype, device="cpu", requires_grad=True) for _, p in trainable]
         fake_buffers = [torch.empty(b.shape, dtype=b.dtype, device="cpu") for _, b in buffers]
@@ -339,6 +339,7 @@ def capture_fx(module: nn.Module, example_inputs: ExampleInputs, *,
         fwd_post.remove()
         rec.remove_hooks()
     guards.refuse_reseeding(any(n.op == "call_function" and draws(n.target, n.args, n.kwargs) for n in gm.graph.nodes))
+    refuse_state_constants([getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"], module, model_name)
     checks.drop_dead_nodes(gm)
     if symbolic:
         _check_batch_not_specialised(shape_env, batch_symbols, model_name)

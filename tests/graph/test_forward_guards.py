@@ -3,6 +3,7 @@ backwards: what a captured step cannot follow is refused in one line naming the 
 follow traces and trains as eager PyTorch does."""
 from __future__ import annotations
 
+import functools
 import logging
 import random
 
@@ -153,3 +154,66 @@ def test_a_hand_written_backward_trains_as_in_eager_pytorch() -> None:
         p = dict(module.named_parameters())[name]
         assert p.grad is not None and p.grad.abs().sum() > 0, name
         torch.testing.assert_close(values[ph], p.detach() - LR * p.grad, rtol=1e-5, atol=1e-6)
+
+
+_SCALE = torch.tensor([0.5, 1.0, 2.0])                # a module-level constant the model reads
+
+
+@functools.lru_cache(maxsize=4)
+def _offsets(n: int) -> torch.Tensor:
+    """A tensor a cache keeps, as transformers keeps BEiT's relative position index."""
+    return torch.arange(n, dtype=torch.float32) * 0.1
+
+
+class Held(nn.Module):
+    """Reads tensors other than its parameters, buffers and inputs (a plain attribute, a module-level constant,
+    a cached value) and keeps its last logits as an attribute; ``through_list``: its weight through a list."""
+
+    def __init__(self, through_list: bool = False) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.shift = torch.tensor([0.1, -0.2, 0.3])      # a plain attribute, not a buffer
+        self.weights = [self.fc.weight]
+        self.through_list = through_list
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        logits = x @ self.weights[0].t() if self.through_list else self.fc(x)
+        logits = logits * _SCALE + self.shift + _offsets(3)
+        self.last = logits.detach()
+        return F.cross_entropy(logits, y)
+
+
+def _one_step_equals_eager(module: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+    m = capture_model_for_runtime(module, (x, y), lr=LR)
+    _, values = train_single_process(m, [(x, y)], 1)
+    module.zero_grad()
+    module(x, y).backward()
+    for name, ph in zip(m.prog.param_names, m.prog.placeholders):
+        p = dict(module.named_parameters())[name]
+        torch.testing.assert_close(values[ph], p.detach() - LR * p.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_tensors_read_outside_the_parameters_are_constants_of_the_step() -> None:
+    torch.manual_seed(0)
+    x, y = _xy()
+    _offsets.cache_clear()
+    module = Held()
+    eager = module(x, y).detach()                       # the cache now holds a real tensor, read as a constant
+    last = module.last
+    _one_step_equals_eager(module, x, y)
+    torch.testing.assert_close(module.last, last)
+    # traced first: the cache the trace filled is emptied, and the attribute set in forward put back, so that
+    # the next eager call reads no fake tensor
+    _offsets.cache_clear()
+    torch.manual_seed(0)
+    fresh = Held()
+    capture_model_for_runtime(fresh, (x, y), lr=LR)
+    assert _offsets.cache_info().currsize == 0 and not hasattr(fresh, "last")
+    torch.testing.assert_close(fresh(x, y).detach(), eager)
+
+
+def test_a_parameter_read_through_a_kept_reference_is_refused_naming_it() -> None:
+    with pytest.raises(ModelError) as info:
+        heterog.capture(Held(through_list=True), _xy())
+    msg = str(info.value)
+    assert "parameter 'fc.weight'" in msg and "constant" in msg and "\n" not in msg, msg

@@ -1,8 +1,8 @@
 """Conformance with a model library: Hugging Face ``transformers`` models (``transformers_models.py``),
 called with keyword arguments, dropout on at the library's defaults, train under the plan of every
 planner and under random plans, on local-cpu-2 and on local-cpu-3, exactly as in one process (`make
-conformance` adds ten more families: BART, OPT, Qwen2, Mistral, ELECTRA, ALBERT, DeBERTa-v2, ConvNeXt,
-Swin and BERT with eager attention).
+conformance` adds eighteen more families: BART, OPT, Qwen2, Mistral, ELECTRA, ALBERT, DeBERTa-v2, ConvNeXt,
+Swin, BERT with eager attention, BLOOM, Falcon, GPT-NeoX, Gemma 2, Mamba, ModernBERT, Funnel and BEiT).
 
 The families of ``transformers_families.py`` (losses that couple samples, batch norm with synchronized
 statistics, a label check with a CTC loss, a router that casts itself, reversible layers) train exactly under

@@ -209,6 +209,66 @@ def build_swin(batch_size: int = 8):
         num_labels=3, hidden_dropout_prob=0.1, drop_path_rate=0.1), batch_size, 31)
 
 
+def build_bloom(batch_size: int = 8):
+    """BLOOM: ALiBi, a bias per head added to the attention scores in place of positions."""
+    return _lm(tf.BloomForCausalLM, tf.BloomConfig(
+        vocab_size=VOCAB, hidden_size=HIDDEN, n_layer=2, n_head=2, hidden_dropout=0.1, attention_dropout=0.1),
+        batch_size, 32)
+
+
+def build_falcon(batch_size: int = 8):
+    """Falcon: multi-query attention (one key and value head), attention and MLP in parallel."""
+    return _lm(tf.FalconForCausalLM, tf.FalconConfig(
+        vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4, multi_query=True,
+        new_decoder_architecture=False, parallel_attn=True, hidden_dropout=0.1, attention_dropout=0.1), batch_size, 33)
+
+
+def build_gpt_neox(batch_size: int = 8):
+    """GPT-NeoX: rotary embeddings over a quarter of each head, the parallel residual."""
+    return _lm(tf.GPTNeoXForCausalLM, tf.GPTNeoXConfig(
+        vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=40, rotary_pct=0.25, use_parallel_residual=True, hidden_dropout=0.1,
+        attention_dropout=0.1), batch_size, 34)
+
+
+def build_gemma2(batch_size: int = 8):
+    """Gemma 2: logit soft-capping (tanh) of scores and outputs, sliding-window layers, norms after each block."""
+    return _lm(tf.Gemma2ForCausalLM, tf.Gemma2Config(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, max_position_embeddings=40, sliding_window=4, attention_dropout=0.1,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2), batch_size, 35)
+
+
+def build_mamba(batch_size: int = 8):
+    """Mamba: a selective state-space scan over the sequence (no attention), a causal depthwise convolution."""
+    return _lm(tf.MambaForCausalLM, tf.MambaConfig(
+        vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, state_size=4, expand=2, conv_kernel=3,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2), batch_size, 36)
+
+
+def build_modernbert(batch_size: int = 8):
+    """ModernBERT: global attention every second layer, local (a window of 8 tokens) between, GeGLU."""
+    return _classifier(tf.ModernBertForSequenceClassification, tf.ModernBertConfig(
+        vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=40, global_attn_every_n_layers=2, local_attention=8, num_labels=2,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2, attention_dropout=0.1,
+        embedding_dropout=0.1, mlp_dropout=0.1), batch_size, 37)
+
+
+def build_funnel(batch_size: int = 8):
+    """Funnel Transformer: the sequence pooled to half its length between blocks, then upsampled."""
+    return _classifier(tf.FunnelForSequenceClassification, tf.FunnelConfig(
+        vocab_size=VOCAB, block_sizes=[1, 1], d_model=HIDDEN, n_head=2, d_head=16, d_inner=64,
+        max_position_embeddings=40, num_labels=2), batch_size, 38)
+
+
+def build_beit(batch_size: int = 8):
+    """BEiT: a relative position bias between image patches, layer scale, stochastic depth."""
+    return _images(tf.BeitForImageClassification, tf.BeitConfig(
+        image_size=16, patch_size=8, num_channels=3, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, use_relative_position_bias=True, drop_path_rate=0.1, num_labels=3), batch_size, 39)
+
+
 # families beyond the suite's, trained by `make conformance`
 MORE_MODELS = {
     "bert_eager": build_bert_eager,
@@ -221,4 +281,12 @@ MORE_MODELS = {
     "deberta_v2": build_deberta_v2,
     "convnext": build_convnext,
     "swin": build_swin,
+    "bloom": build_bloom,
+    "falcon": build_falcon,
+    "gpt_neox": build_gpt_neox,
+    "gemma2": build_gemma2,
+    "mamba": build_mamba,
+    "modernbert": build_modernbert,
+    "funnel": build_funnel,
+    "beit": build_beit,
 }
