@@ -189,7 +189,7 @@ class ForwardGuards:
 def refuse_state_constants(constants: list[torch.Tensor], module: nn.Module, model_name: str) -> None:
     """Refuse a step whose ``constants`` (the values of its ``get_attr`` nodes) include a parameter or buffer
     of ``module``: read through a reference kept outside the module's attributes, it would stay constant."""
-    held = {}
+    held: dict[int, tuple[str, str]] = {}
     for kind, named in (("parameter", module.named_parameters()), ("buffer", module.named_buffers())):
         for name, t in named:
             if t.numel():
