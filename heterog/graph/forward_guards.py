@@ -196,8 +196,9 @@ def refuse_state_constants(constants: list[torch.Tensor], module: nn.Module, mod
                 held.setdefault(t.untyped_storage().data_ptr(), (kind, name))
     for c in constants:
         if isinstance(c, torch.Tensor) and c.numel() and not isinstance(c, FakeTensor):
-            kind, name = held.get(c.untyped_storage().data_ptr(), (None, ""))
-            if kind is not None:
+            found = held.get(c.untyped_storage().data_ptr())
+            if found is not None:
+                kind, name = found
                 raise ModelError(f"model {model_name} reads {kind} '{name}' through a reference it keeps outside "
                                  "its modules' attributes (a list, a dict, a closure); a captured step sees it as "
                                  f"a constant and would never {'train' if kind == 'parameter' else 'update'} it: "
