@@ -16,9 +16,11 @@ refused in one line that names the model's line, and what it can follow is made 
     attribute, a module-level constant, a value an ``lru_cache`` kept from an eager call) are constants of
     the step; one that is a parameter or buffer read through a reference kept elsewhere (a list, a closure)
     would never be trained or updated, and is refused naming it (``refuse_state_constants``);
-  - what the model's code keeps while traced holds the trace's fake tensors, which the next eager call of
-    the model would read: a plain attribute a module sets in forward is put back as it was, and the
-    ``functools`` caches of the model's code that the trace filled are emptied.
+  - what the model's code keeps while traced holds the trace's fake tensors or symbolic sizes, which the next
+    eager call of the model would read: the plain attributes and buffers of every module are put back as they
+    were (a rotary table registered in forward for a longer sequence, and the length it was made for), and the
+    ``functools`` caches of the model's code that the trace filled are emptied: capture leaves the model as
+    it found it.
 
 Hand-written backwards (``torch.autograd.Function``) are traced by ``heterog.graph.tracing``: the module's
 parameters stay substituted while the backward runs, and gradients a backward writes into ``param.grad``
@@ -119,20 +121,18 @@ class ForwardGuards:
         patch(torch.random, "manual_seed", self._note_seed(torch.random.manual_seed))
         patch(builtins, "len", _symbolic_len(builtins.len))
         modules = list(dict.fromkeys(self.module.modules()))
-        attrs = [(m, dict(vars(m))) for m in modules]
+        kept = [(d, dict(d)) for m in modules for d in (vars(m), m._buffers)]
         caches = {c: c.cache_info().misses for c in _code_caches(modules)}
         try:
             yield
         finally:
             for owner, name, value in reversed(saved):
                 setattr(owner, name, value)
-            for m, before in attrs:                 # attributes set in forward to what the trace made
-                for name, value in list(vars(m).items()):
-                    if (name not in before or before[name] is not value) and _holds_fake(value):
-                        if name in before:
-                            setattr(m, name, before[name])
-                        else:
-                            delattr(m, name)
+            for d, before in kept:     # attributes and buffers as they were: the trace made the new ones
+                if any(name not in before or before[name] is not value for name, value in d.items()) or \
+                        len(d) != len(before):
+                    d.clear()
+                    d.update(before)
             for cache, misses in caches.items():    # caches filled while traced
                 if cache.cache_info().misses != misses:
                     cache.cache_clear()
@@ -192,7 +192,7 @@ def refuse_state_constants(constants: list[torch.Tensor], module: nn.Module, mod
     held: dict[int, tuple[str, str]] = {}
     for kind, named in (("parameter", module.named_parameters()), ("buffer", module.named_buffers())):
         for name, t in named:
-            if t.numel():
+            if t.numel() and not isinstance(t, FakeTensor):
                 held.setdefault(t.untyped_storage().data_ptr(), (kind, name))
     for c in constants:
         if isinstance(c, torch.Tensor) and c.numel() and not isinstance(c, FakeTensor):
@@ -203,17 +203,6 @@ def refuse_state_constants(constants: list[torch.Tensor], module: nn.Module, mod
                                  "its modules' attributes (a list, a dict, a closure); a captured step sees it as "
                                  f"a constant and would never {'train' if kind == 'parameter' else 'update'} it: "
                                  f"read it as the module's attribute (self.{name})")
-
-
-def _holds_fake(value: Any) -> bool:
-    """Whether ``value`` is a fake tensor, or a list, tuple or dict holding one."""
-    if isinstance(value, FakeTensor):
-        return True
-    if isinstance(value, (list, tuple)):
-        return any(_holds_fake(v) for v in value)
-    if isinstance(value, dict):
-        return any(_holds_fake(v) for v in value.values())
-    return False
 
 
 def _code_caches(modules: list[nn.Module]) -> list[Any]:

@@ -217,3 +217,31 @@ def test_a_parameter_read_through_a_kept_reference_is_refused_naming_it() -> Non
         heterog.capture(Held(through_list=True), _xy())
     msg = str(info.value)
     assert "parameter 'fc.weight'" in msg and "constant" in msg and "\n" not in msg, msg
+
+
+class GrowingTable(nn.Module):
+    """Registers a table for the sequence length it meets, as rotary embeddings that grow their cache do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.made_for = 0
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        n = x.shape[1]
+        if n > self.made_for:
+            self.register_buffer("table", torch.arange(n, dtype=torch.float32).unsqueeze(1).expand(n, 4) * 0.01,
+                                 persistent=False)
+            self.made_for = n
+        return ((self.fc(x) + self.table - y) ** 2).mean()
+
+
+def test_a_buffer_registered_in_forward_is_put_back_after_the_trace() -> None:
+    torch.manual_seed(0)
+    module = GrowingTable()
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(6, 5, 4, generator=g), torch.randn(6, 5, 4, generator=g)
+    heterog.capture(module, (x, y))
+    assert module.made_for == 0 and "table" not in module._buffers
+    torch.manual_seed(0)
+    torch.testing.assert_close(module(x, y), GrowingTable()(x, y))
