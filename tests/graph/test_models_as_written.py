@@ -120,3 +120,28 @@ def test_bad_keyword_inputs_are_named() -> None:
         input_spec((torch.randn(4, 8), torch.randn(3, 2)))
     assert input_spec(torch.ones(3, 2)).keywords == (None,)
     assert capture(MLP(), {"x": torch.randn(4, 8), "y": torch.randn(4, 2)}).batch_size == 4
+
+
+def test_activation_checkpointing_of_the_model_trains_as_in_eager_pytorch() -> None:
+    """Hugging Face's ``gradient_checkpointing_enable`` (``torch.utils.checkpoint`` around each block, its
+    forward run again in backward): the captured step's update equals eager PyTorch's."""
+    import transformers as tf
+
+    from heterog.runtime import capture_model_for_runtime, train_single_process
+
+    logging.getLogger("heterog.graph.capture").setLevel(logging.ERROR)
+    torch.manual_seed(0)
+    model = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=32, n_embd=16, n_layer=2, n_head=2, n_positions=16,
+                                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    model.gradient_checkpointing_enable()
+    model.train()
+    ids = torch.randint(3, 32, (B, 8), generator=torch.Generator().manual_seed(1))
+    m = capture_model_for_runtime(model, {"input_ids": ids, "labels": ids}, lr=0.1)
+    _, values = train_single_process(m, [m.example_inputs], 1)
+    model.zero_grad()
+    model(input_ids=ids, labels=ids).loss.backward()
+    params = dict(model.named_parameters())
+    for name, ph in zip(m.prog.param_names, m.prog.placeholders):
+        p = params[name]
+        assert p.grad is not None, name
+        torch.testing.assert_close(values[ph], p.detach() - 0.1 * p.grad, rtol=1e-5, atol=1e-6)
