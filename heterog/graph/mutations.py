@@ -100,7 +100,14 @@ def _root(node: Any) -> Any:
 def placeholder_writes(gm: GraphModule, nodes: list[Node]) -> bool:
     """Whether an op of ``gm`` writes into one of the placeholders ``nodes`` (or a view of one): a buffer the
     model updates in place (a batch norm's running statistics, its count of batches)."""
+    return bool(placeholder_writers(gm, nodes))
+
+
+def placeholder_writers(gm: GraphModule, nodes: list[Node]) -> list[tuple[Node, Node]]:
+    """(writer, placeholder) for each op of ``gm`` that writes into one of the placeholders ``nodes`` (or a view
+    of one), in graph order."""
     targets = set(nodes)
+    out = []
     for n in gm.graph.nodes:
         schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
         if schema is None:
@@ -109,8 +116,8 @@ def placeholder_writes(gm: GraphModule, nodes: list[Node]) -> bool:
             if arg.alias_info is not None and arg.alias_info.is_write:
                 value = n.args[i] if i < len(n.args) else n.kwargs.get(arg.name)
                 if _root(value) in targets:
-                    return True
-    return False
+                    out.append((n, _root(value)))
+    return out
 
 
 def buffer_outputs(gm: GraphModule, buffers: list[Node]) -> dict[int, Node]:

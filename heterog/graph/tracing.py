@@ -18,7 +18,13 @@ from torch.fx import GraphModule, Node
 from heterog.errors import DataDependentControlFlowError, HeterogError, ModelError
 from heterog.graph.forward_guards import ForwardGuards, refuse_state_constants, shape_error_message, traceback_line
 from heterog.graph.inputs import ExampleInputs, InputSpec, input_spec
-from heterog.graph.mutations import buffer_outputs, functionalize, intermediate_mutations, placeholder_writes
+from heterog.graph.mutations import (
+    buffer_outputs,
+    functionalize,
+    intermediate_mutations,
+    placeholder_writers,
+    placeholder_writes,
+)
 from heterog.graph.normalisers import split_loss_normalisers
 from heterog.graph.optimizer import STATE_SLOTS, check_optimizer, init_state, optimizer_update
 from heterog.graph.random_ops import draws
@@ -74,6 +80,7 @@ class CapturedStep:
     shape_nodes: list[str]
     buffer_outputs: dict[str, str] = field(default_factory=dict)   # buffer name -> node of its new value
     checks: list[ValueCheck] = field(default_factory=list)   # assumptions on the inputs (heterog.graph.value_checks)
+    param_writes: list[str] = field(default_factory=list)    # writes into parameters inside forward, one line each
     trace_time_s: float = 0.0
     batch_symbols: tuple[Any, ...] = ()        # sympy symbols of the batch size (symbolic mode)
     input_spec: InputSpec | None = None        # how the model is called on the inputs (keywords, batch or not)
@@ -344,6 +351,9 @@ def capture_fx(module: nn.Module, example_inputs: ExampleInputs, *,
     if symbolic:
         _check_batch_not_specialised(shape_env, batch_symbols, model_name)
     node_phase, node_path = rec.node_phase, rec.node_path
+    param_writes = [f"{w.name} ({w.target}) writes parameter '{param_names[placeholders(gm).index(p)]}'"
+                    for w, p in placeholder_writers(gm, placeholders(gm)[:n_params])
+                    if node_phase.get(w.name) == "forward"]
     buffer_nodes = [n for n in placeholders(gm)[n_params:n_params + n_buffers]]
     if any(intermediate_mutations(gm).values()) or placeholder_writes(gm, buffer_nodes):
         gm, origin = functionalize(gm)
@@ -375,7 +385,7 @@ def capture_fx(module: nn.Module, example_inputs: ExampleInputs, *,
         outputs=[n.name for n in outs[:n_out]] + [n.name for n in written.values()],
         grad_nodes=grad_nodes, node_phase=node_phase, node_module_path=node_path,
         shape_nodes=shape_nodes, trace_time_s=time.perf_counter() - t0, batch_symbols=batch_symbols,
-        model_name=model_name, input_spec=spec, checks=checks.checks,
+        model_name=model_name, input_spec=spec, checks=checks.checks, param_writes=param_writes,
         buffer_outputs={buffer_names[i]: node.name for i, node in written.items()})
 
 

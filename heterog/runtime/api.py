@@ -57,6 +57,7 @@ class Model:
     example_inputs: tuple[torch.Tensor, ...]
     module: nn.Module | None = field(default=None, repr=False)
     checks: list[ValueCheck] = field(default_factory=list)     # assumptions on every step's inputs
+    param_writes: list[str] = field(default_factory=list)      # writes into parameters inside forward
     _exponents: Exponents | None = field(default=None, repr=False)
 
     def exponents(self) -> Exponents:
@@ -71,9 +72,12 @@ class Model:
 
     def inexact_causes(self, strategy: Strategy | None = None) -> list[str]:
         """What keeps plans of this model (``strategy``'s, if given) from training exactly like one device,
-        one line each: random ops a replica cannot draw as one device does, and batch statistics (kept per
-        replica, unless the plan synchronizes them in every group)."""
+        one line each: random ops a replica cannot draw as one device does, writes into parameters inside
+        forward, and batch statistics (kept per replica, unless the plan synchronizes them in every group)."""
         causes = [f"random op {line}" for line in self.prog.inexact_random_ops()]
+        causes += [f"in-place write inside forward: {line}; each replica writes what its own samples select "
+                   "(nn.Embedding's max_norm renormalises the rows its samples read), so the copies of the "
+                   "parameter drift apart" for line in self.param_writes]
         stats = sorted({self.prog.leaves[leaf].node or "" for leaf in self.exponents().statistics})
         if strategy is not None and (strategy.sync_batch_stats or all(c.sync_batch_stats for c in strategy.configs)):
             stats = []
@@ -129,7 +133,7 @@ def capture_model_for_runtime(module: nn.Module, example_inputs: ExampleInputs, 
     buffers = [(named_buffers[n] if n in named_buffers else named[n]).detach().clone() for n in prog.buffer_names]
     state = step.init_state(params)
     return Model(graph.name, prog, graph, params, buffers, state, tuple(t.detach() for t in inputs), module,
-                 step.checks)
+                 step.checks, step.param_writes)
 
 
 def load_model(ref: str, batch_size: int | None = None, *, optimizer: str = "sgd", lr: float = 0.01) -> Model:

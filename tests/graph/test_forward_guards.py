@@ -245,3 +245,24 @@ def test_a_buffer_registered_in_forward_is_put_back_after_the_trace() -> None:
     assert module.made_for == 0 and "table" not in module._buffers
     torch.manual_seed(0)
     torch.testing.assert_close(module(x, y), GrowingTable()(x, y))
+
+
+class Renormed(nn.Module):
+    """``nn.Embedding(max_norm=...)`` renormalises, in place inside forward, the rows its samples read."""
+
+    def __init__(self, max_norm: float | None) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 4, max_norm=max_norm)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, tokens: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.fc(self.embed(tokens)), y)
+
+
+def test_a_write_into_a_parameter_inside_forward_is_named_as_inexact() -> None:
+    g = torch.Generator().manual_seed(4)
+    inputs = (torch.randint(0, 10, (6,), generator=g), torch.randint(0, 3, (6,), generator=g))
+    torch.manual_seed(0)
+    causes = capture_model_for_runtime(Renormed(1.0), inputs, lr=LR).inexact_causes()
+    assert len(causes) == 1 and "embedding_renorm_" in causes[0] and "'embed.weight'" in causes[0], causes
+    assert not capture_model_for_runtime(Renormed(None), inputs, lr=LR).inexact_causes()
