@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from heterog.errors import HeterogError
-from heterog.graph.coupling import BatchDegree, mark_batch_made_values
+from heterog.graph.coupling import BatchDegree, mark_batch_made_values, mixes_samples, sizes_coupled
 from heterog.graph.flops import FlopCounter
 from heterog.graph.fusion import VIEW_OPS, fuse_trivial
 from heterog.graph.inputs import ExampleInputs
@@ -118,7 +118,8 @@ def graph_from_step(step: CapturedStep, *, fuse: bool = True, name: str | None =
             out_numels = [math.prod(s) for s in shapes]
             op.flops, op.flops_estimated = flops_of(node, op.target, in_numels, out_numels)
             op.draws = draws(node.target, node.args, node.kwargs)
-            op.coupled = max([degree_of[node.name]] + [degree_of.get(i.name, 0) for i in node.all_input_nodes]) >= 2
+            op.coupled = max([degree_of[node.name]] + [degree_of.get(i.name, 0) for i in node.all_input_nodes]) >= 2 \
+                or mixes_samples(node, step.batch_symbols) or sizes_coupled(node, op_of, ops, degree)
             if view:
                 op.bytes_read = op.bytes_written = op.batch_bytes = 0
             else:

@@ -49,6 +49,48 @@ class BatchDegree:
         return max((sum(self.of_size(s) for s in t.shape) for t in tensors), default=0)
 
 
+# ops that work along the dimensions named by their ``dim`` or ``dims`` argument (the packet's name)
+ALONG_DIM = frozenset({"sort", "argsort", "cumsum", "cumprod", "cummax", "cummin", "logcumsumexp", "softmax",
+                       "log_softmax", "_softmax", "_log_softmax", "_softmax_backward_data",
+                       "_log_softmax_backward_data", "flip", "roll", "diff"})
+
+
+def mixes_samples(node: Any, batch_symbols: Iterable[Any]) -> bool:
+    """Whether fx ``node`` is an op of ``ALONG_DIM`` working along a dimension of its first tensor argument
+    whose size is exactly a batch symbol (module docstring)."""
+    target = getattr(node, "target", None)
+    schema = getattr(target, "_schema", None)
+    if schema is None or target.overloadpacket.__name__ not in ALONG_DIM or not node.args:
+        return False
+    val = getattr(node.args[0], "meta", {}).get("val")
+    if not isinstance(val, torch.Tensor) or val.dim() == 0:
+        return False
+    symbols = frozenset(batch_symbols)
+    for i, arg in enumerate(schema.arguments):
+        if arg.name not in ("dim", "dims"):
+            continue
+        value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name, arg.default_value)
+        dims = value if isinstance(value, (list, tuple)) else [value]
+        for d in dims:
+            if isinstance(d, int):
+                size = val.shape[d % val.dim()]
+                if isinstance(size, torch.SymInt) and size.node.expr in symbols:
+                    return True
+    return False
+
+
+def sizes_coupled(node: Any, op_of: dict[str, int], ops: Sequence[Op], degree: BatchDegree) -> bool:
+    """Whether fx ``node`` reads the output of a coupled op (``op_of``: fx name -> index into ``ops``) and a
+    size that holds the batch as a scalar argument (a shape node's ``SymInt``, not a tensor's sizes), or reads
+    only coupled ops' outputs and makes a value with the batch (``ranks.float()`` on the way to ``/ B``)."""
+    data = [ops[op_of[i.name]].coupled for i in node.all_input_nodes if i.name in op_of]
+    takes_batch = any(degree.of_size(i.meta.get("val")) >= 1 for i in node.all_input_nodes if i.name not in op_of)
+    val = node.meta.get("val")
+    made = [val] if isinstance(val, torch.Tensor) else [v for v in val if isinstance(v, torch.Tensor)] \
+        if isinstance(val, (list, tuple)) else []
+    return any(data) and (takes_batch or (all(data) and degree.of_tensors(made) >= 1))
+
+
 def mark_batch_made_values(ops: list[Op], edges: list[Edge]) -> None:
     """Mark coupled the batch ops made from the batch size alone (no model input upstream: ``arange(B)``,
     ``eye(B)``, what is computed from them, a loss's count of the labels so made) connected to a coupled op

@@ -76,3 +76,45 @@ def test_graph_files_without_coupled_ops_still_load(towers, tmp_path) -> None:
     (tmp_path / "old.json").write_text(json.dumps(d))
     old = heterog.load_graph(tmp_path / "old.json")
     assert not old.coupled.any() and old.fingerprint == towers.fingerprint
+
+
+class AlongTheBatch(nn.Module):
+    """Ops along a dimension of size B: ranks over the batch divided by the batch size, a running sum over the
+    samples, a softmax over them, the batch flipped; and, not coupling, a running sum over the sequence and
+    (``route``) a sort of the flattened B * T tokens put back (a router's)."""
+
+    def __init__(self, route: bool = True) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 3)
+        self.route = route
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)                                               # (B, T, 4)
+        if self.route:
+            tokens = h.reshape(-1, 4)
+            order = tokens[:, 0].argsort()
+            h = tokens[order][order.argsort()].view_as(h)
+        h = h + h.cumsum(1)
+        p = h.mean(1)                                               # (B, 4)
+        p = p * (p[:, :1].argsort(0).float() / x.shape[0]) + p.cumsum(0) / x.shape[0]
+        p = p * F.softmax(p[:, 1:2], dim=0) + 0.5 * p.flip(0)
+        return F.cross_entropy(self.b(p), y)
+
+
+def along_inputs(batch: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(2)
+    return torch.randn(batch, 3, 4, generator=g), torch.randint(0, 3, (batch,), generator=g)
+
+
+def test_ops_along_the_batch_are_coupled_and_ops_along_its_tokens_are_not() -> None:
+    logging.getLogger("heterog.graph.capture").setLevel(logging.ERROR)
+    g = heterog.capture(AlongTheBatch(), along_inputs())
+    coupled = [op for op in g.ops if op.coupled]
+    targets = {op.target for op in coupled}
+    for name in ("aten.sort.default", "aten.cumsum.default", "aten._softmax.default", "aten.flip.default",
+                 "aten.div.Tensor", "aten._to_copy.default"):
+        assert name in targets, (name, sorted(targets))
+    # along the batch only: the running sum over the sequence and the tokens' sort are each sample's own
+    assert not any(op.target == "aten.cumsum.default" and len(op.output_shapes[0]) == 3 for op in coupled)
+    assert not any(op.target == "aten.sort.default" and op.output_shapes[0] == [18] for op in coupled)
+    assert not any(op.target == "aten.addmm.default" for op in coupled)

@@ -154,6 +154,23 @@ def test_a_value_re_laid_out_keeps_the_memory_order_the_captured_views_expect() 
     assert in_memory_order(traced, (0, 2, 1, 3)) is traced                  # already in order: no copy
 
 
+@pytest.mark.parametrize("method", ["ev-ar", "random", "random+micro"])
+def test_ops_along_the_batch_train_like_one_process(method, pool3) -> None:
+    """Ranks over the batch divided by the batch size, a running sum and a softmax over the samples, the batch
+    flipped (``heterog.graph.coupling``: each runs once over the whole batch); replicas of their own would
+    compute them over their own samples."""
+    from tests.graph.test_coupling import AlongTheBatch, along_inputs
+
+    torch.manual_seed(0)
+    m = capture_model_for_runtime(AlongTheBatch(route=False), along_inputs(12), lr=LR, name="along_the_batch")
+    ref_losses, ref_values = train_single_process(m, [m.example_inputs], STEPS)
+    cluster = cluster_of("local-cpu-3")
+    result = run_prepared(prepare(m, cluster, plan(m, cluster, method, 0)), [m.example_inputs], STEPS, pool=pool3)
+    ok, diff, bad = compare_values(m, result.values, ref_values, rtol=RTOL, atol=ATOL)
+    assert ok, f"{method}: {bad[:4]} differ (max |diff| {diff:.3g})"
+    np.testing.assert_allclose(result.losses, ref_losses, rtol=RTOL)
+
+
 def test_sample_minor_rows_are_sliced_and_joined_within_their_blocks() -> None:
     """nn.MultiheadAttention / TransformerEncoderLayer project (T*B, C) rows: samples are interleaved, so
     the probe marks them sample-minor and a re-layout slices within each of the T blocks."""
