@@ -58,9 +58,10 @@ ALONG_DIM = frozenset({"sort", "argsort", "cumsum", "cumprod", "cummax", "cummin
 def mixes_samples(node: Any, batch_symbols: Iterable[Any]) -> bool:
     """Whether fx ``node`` is an op of ``ALONG_DIM`` working along a dimension of its first tensor argument
     whose size is exactly a batch symbol (module docstring)."""
-    target = getattr(node, "target", None)
+    target: Any = getattr(node, "target", None)
     schema = getattr(target, "_schema", None)
-    if schema is None or target.overloadpacket.__name__ not in ALONG_DIM or not node.args:
+    packet = getattr(target, "overloadpacket", None)
+    if schema is None or packet is None or packet.__name__ not in ALONG_DIM or not node.args:
         return False
     val = getattr(node.args[0], "meta", {}).get("val")
     if not isinstance(val, torch.Tensor) or val.dim() == 0:
