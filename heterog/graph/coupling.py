@@ -87,8 +87,7 @@ def sizes_coupled(node: Any, op_of: dict[str, int], ops: Sequence[Op], degree: B
     data = [ops[op_of[i.name]].coupled for i in node.all_input_nodes if i.name in op_of]
     takes_batch = any(degree.of_size(i.meta.get("val")) >= 1 for i in node.all_input_nodes if i.name not in op_of)
     val = node.meta.get("val")
-    made = [val] if isinstance(val, torch.Tensor) else [v for v in val if isinstance(v, torch.Tensor)] \
-        if isinstance(val, (list, tuple)) else []
+    made = [v for v in (val if isinstance(val, (list, tuple)) else [val]) if isinstance(v, torch.Tensor)]
     return any(data) and (takes_batch or (all(data) and degree.of_tensors(made) >= 1))
 
 

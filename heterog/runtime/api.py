@@ -76,7 +76,7 @@ class Model:
         forward, and batch statistics (kept per replica, unless the plan synchronizes them in every group)."""
         causes = [f"random op {line}" for line in self.prog.inexact_random_ops()]
         causes += [f"in-place write inside forward: {line}; each replica writes what its own samples select "
-                   "(nn.Embedding's max_norm renormalises the rows its samples read), so the copies of the "
+                   "(as nn.Embedding's max_norm renormalises the rows its samples read), so the copies of the "
                    "parameter drift apart" for line in self.param_writes]
         stats = sorted({self.prog.leaves[leaf].node or "" for leaf in self.exponents().statistics})
         if strategy is not None and (strategy.sync_batch_stats or all(c.sync_batch_stats for c in strategy.configs)):
