@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -128,6 +129,7 @@ def op_times(ref: str, batch_size: int, cluster_path: Path, steps: int, warmup: 
         "median_ratio": float(np.median(ratio)), "p10_ratio": float(np.quantile(ratio, 0.1)),
         "p90_ratio": float(np.quantile(ratio, 0.9)), "per_kind": per_kind[:25],
     }
+    out["whole_step"] = _guarded(lambda: whole_step(model, cluster, table, steps, warmup))
     if layers:
         layer_of, n_blocks = block_layers(graph)
         fwd = np.array([op.phase == "forward" for op in graph.ops])
@@ -139,6 +141,116 @@ def op_times(ref: str, batch_size: int, cluster_path: Path, steps: int, warmup: 
                          "measured_forward_s": float(meas[fx].sum()), "roofline_forward_s": float(roof[fx].sum())})
         out["layers"] = rows
     return out
+
+
+def _guarded(fn: Any) -> Any:
+    try:
+        return fn()
+    except Exception:  # noqa: BLE001 - recorded, the part's other figures still come back
+        return {"error": traceback.format_exc(limit=6)}
+
+
+def whole_step(model: Any, cluster: Any, table: Any, steps: int, warmup: int) -> dict[str, Any]:
+    """One training step on the GPU in this process, timed two ways, against the single-device plan's
+    simulated iteration time (roofline, and the per-op times just measured) and peak memory:
+
+    - ``eager``: the model as users train it, plain PyTorch (forward, the loss the capture takes,
+      backward, ``torch.optim.Adam``): its mean time and peak allocated memory;
+    - ``interpreter``: the captured step run whole by the runtime's kernel, no synchronisation between
+      ops (its time only: it keeps every value of the step to the end, so its memory says nothing).
+    """
+    import torch
+
+    from heterog import baselines
+    from heterog.cost import CostModel
+    from heterog.evaluate import simulate
+
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    strategy = baselines.run("ev-ar", model.graph, cluster)
+    sims = {name: simulate(model.graph, cluster, strategy, cost=cost)
+            for name, cost in (("roofline", None), ("measured_ops", CostModel(cluster, table)))}
+    out: dict[str, Any] = {"device": str(dev)}
+    for name, fn in (("eager", _eager_step), ("interpreter", _interpreted_step)):
+        out[name] = _guarded(lambda fn=fn: fn(model, dev, steps, warmup))
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()   # the step's tensors are gone with its frame
+    return {**out,
+            **{f"simulated_{k}_s": float(r.iteration_time_s) for k, r in sims.items()},
+            "simulated_peak_bytes": int(max(sims["roofline"].peak_memory_bytes.values()))}
+
+
+def _timed(dev: Any, steps: int, warmup: int, one: Any) -> dict[str, Any]:
+    """``one(s)`` for steps 0 .. warmup + steps - 1, each timed to its last kernel; the peak memory
+    allocated over them (CUDA)."""
+    import torch
+
+    cuda = dev.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for s in range(warmup + steps):
+        t0 = time.perf_counter()
+        one(s)
+        sync()
+        if s >= warmup:
+            times.append(time.perf_counter() - t0)
+    out = {"step_s": float(np.mean(times)), "step_s_min": float(np.min(times)), "steps": len(times)}
+    if cuda:
+        out["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
+    return out
+
+
+def _eager_step(model: Any, dev: Any, steps: int, warmup: int) -> dict[str, Any]:
+    import copy
+
+    import torch
+
+    from heterog.graph.tracing import select_loss
+
+    module = copy.deepcopy(model.module).to(dev).train()
+    args, kwargs = model.prog.input_spec.call_args([x.to(dev) for x in model.example_inputs])
+    opt = torch.optim.Adam(module.parameters(), lr=model.prog.lr)
+
+    def one(_: int) -> None:
+        opt.zero_grad(set_to_none=True)
+        select_loss(module(*args, **kwargs), model.name)[0].backward()
+        opt.step()
+
+    return _timed(dev, steps, warmup, one)
+
+
+def _interpreted_step(model: Any, dev: Any, steps: int, warmup: int) -> dict[str, Any]:
+    import torch
+
+    from heterog.runtime.kernel import Kernel
+
+    prog = model.prog
+    n_p, n_b, n_s = len(model.params), len(model.buffers), len(model.state)
+    init = model.initial_values()
+    vals = [init[ph].to(dev) for ph in prog.placeholders[:n_p + n_b + n_s]]
+    held = {"params": vals[:n_p], "buffers": vals[n_p:n_p + n_b], "state": vals[n_p + n_b:]}
+    inputs = [x.to(dev) for x in model.example_inputs]
+    consts = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in prog.consts.items()}
+    batch = prog.batch_of(inputs)
+    kernel = Kernel([prog.calls[n] for n in prog.order], dev, prog.random)
+    sym = prog.sizes_at(batch)
+
+    def one(s: int) -> None:
+        env: dict[str, Any] = dict(zip(prog.placeholders, [*held["params"], *held["buffers"], *held["state"],
+                                                           *inputs]))
+        env.update(consts)
+        with torch.no_grad():
+            kernel(env, sym, prog.draw(s, batch, range(batch)) if prog.random else None)
+        out = [env[n] for n in prog.outputs]
+        held["params"], held["state"] = out[1:1 + n_p], out[1 + n_p:1 + n_p + n_s]
+        for i, node in prog.buffer_updates:
+            held["buffers"][i] = env[node]
+
+    r = _timed(dev, steps, warmup, one)
+    r.pop("peak_allocated_bytes", None)
+    return r
 
 
 def nccl_training(tmp: Path, gpu_type: str, steps: int) -> list[dict[str, Any]]:
@@ -196,15 +308,18 @@ def main(argv: list[str] | None = None) -> int:
     one = gpu_cluster_yaml(tmp, 1, args.gpu_type)
     backend = "gloo" if args.cpu else "nccl"
     jobs = []
-    if "nccl" in parts:
-        jobs.append(("nccl", lambda: nccl_training(tmp, args.gpu_type, 3)))
     if "bert" in parts:
         jobs.append(("bert_large", lambda: op_times("bert_large", 4 if args.quick else 16, one, args.steps, 3,
                                                     layers=False, backend=backend)))
     if "opt" in parts:
-        for b in ((1,) if args.quick else (1, 4)):
+        # one sample per micro-batch, as Sailor's OPT-350M profiles: preparing a run probes the step's
+        # scaling on 1 and 2 samples at once (heterog.runtime.scaling), which at sequence 2048 in fp32 with
+        # eager attention already takes tens of GB of host memory; larger batches probe on 2 and 4
+        for b in (1,):
             jobs.append((f"opt_350m_mbs{b}", lambda b=b: op_times("experiments/gpu_check.py:build_opt_350m", b, one,
                                                                   args.steps, 3, layers=True, backend=backend)))
+    if "nccl" in parts:   # last: it was checked on a GPU before, the op times are what a short lease most needs
+        jobs.append(("nccl", lambda: nccl_training(tmp, args.gpu_type, 3)))
     for name, fn in jobs:
         t0 = time.perf_counter()
         try:
@@ -212,13 +327,24 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:  # noqa: BLE001 - recorded, the next part still runs
             report[name] = {"error": traceback.format_exc(limit=6)}
         report[name + "_wall_s"] = time.perf_counter() - t0
+        report[name + "_host_peak_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # so far
         (out_dir / "gpu_check.json").write_text(json.dumps(report, indent=1))
         r = report[name]
         if isinstance(r, dict) and "measured_compute_s" in r:
             print(f"{name}: {r['ops']} ops, measured {r['measured_compute_s'] * 1e3:.1f} ms, roofline "
                   f"{r['roofline_compute_s'] * 1e3:.1f} ms, median op ratio {r['median_ratio']:.2f} "
                   f"(p10 {r['p10_ratio']:.2f}, p90 {r['p90_ratio']:.2f}), {report[name + '_wall_s']:.0f} s", flush=True)
-        elif isinstance(r, dict) and "error" in r:
+        w = r.get("whole_step") if isinstance(r, dict) else None
+        if isinstance(w, dict) and "simulated_roofline_s" in w:
+            e, i = w["eager"], w["interpreter"]
+            print(f"  one step: eager {e.get('step_s', float('nan')) * 1e3:.1f} ms, interpreter "
+                  f"{i.get('step_s', float('nan')) * 1e3:.1f} ms; simulated: roofline "
+                  f"{w['simulated_roofline_s'] * 1e3:.1f}, measured ops {w['simulated_measured_ops_s'] * 1e3:.1f}; "
+                  f"eager peak {e.get('peak_allocated_bytes', 0) / 2**30:.2f} GiB, simulated "
+                  f"{w['simulated_peak_bytes'] / 2**30:.2f}", flush=True)
+        elif isinstance(w, dict):
+            print(f"  whole step FAILED {w['error'][-600:]}", flush=True)
+        if isinstance(r, dict) and "error" in r:
             print(f"{name}: FAILED {r['error'][-800:]}", flush=True)
     return 0
 

@@ -114,6 +114,9 @@ _TYPES = (
     # GH200 Grace Hopper superchip, 96 GB HBM3 (NVIDIA GH200 datasheet, 2023): its Hopper GPU has the
     # H100 SXM5's peaks (67 TFLOP/s fp32, 989 TFLOP/s dense bf16) and 4.0 TB/s of HBM3; H100 priors
     _t("GH200-96GB",  67.0,    989.0,     4000.0, 96, 0.70, 0.85, 4.0),
+    # H200 SXM (NVIDIA H200 datasheet, 2024): the H100 SXM5's compute (67 TFLOP/s fp32, 989 TFLOP/s dense
+    # bf16) with 141 GB of HBM3e at 4.8 TB/s; H100 priors
+    _t("H200",        67.0,    989.0,     4800.0, 141, 0.70, 0.85, 4.0),
     # Turing GeForce/Titan (NVIDIA Turing architecture whitepaper, 2018, appendix A, reference clocks):
     # fp16 tensor with fp32 accumulate (half rate on GeForce, full rate on Titan RTX); T4's priors
     _t("RTX-2080",    10.07,   40.3,      448.0,  8,  0.60, 0.75, 5.0),

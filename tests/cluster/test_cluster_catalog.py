@@ -6,7 +6,7 @@ from heterog.cluster.catalog import GiB, device_type
 from heterog.errors import ClusterError
 
 REQUIRED = ["V100-16GB", "V100-32GB", "GTX-1080Ti", "P100-12GB", "T4", "A100-40GB", "A100-80GB", "H100",
-            "L4", "RTX-3090", "RTX-4090", "cpu"]
+            "H200", "L4", "RTX-3090", "RTX-4090", "cpu"]
 
 
 def test_catalog_has_required_types_with_datasheet_numbers():
@@ -16,6 +16,9 @@ def test_catalog_has_required_types_with_datasheet_numbers():
     assert gtx.peak_flops == 11.34e12 and gtx.memory_bandwidth_Bps == 484e9 and gtx.memory_bytes == 11 * GiB
     assert gtx.tensor_flops is None and v100.tensor_flops == 125e12
     assert CATALOG["cpu"].peak_flops == 50e9 and CATALOG["cpu"].memory_bytes == 8 * GiB
+    h100, h200 = CATALOG["H100"], CATALOG["H200"]   # the same compute, more and faster memory
+    assert h200.peak_flops == h100.peak_flops and h200.tensor_flops == h100.tensor_flops == 989e12
+    assert h200.memory_bandwidth_Bps == 4.8e12 and h200.memory_bytes == 141 * GiB
 
 
 def test_v100_over_1080ti_ratios_differ_between_compute_and_memory():
