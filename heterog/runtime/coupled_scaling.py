@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 
-from heterog.runtime.kernel import Kernel
 from heterog.runtime.stepprog import StepProgram
 
 
@@ -61,48 +60,36 @@ def tiled(v: Any, dims: Sequence[tuple[int, ...]], scale: float, blocks: int = 0
     return v * scale if v.is_floating_point() and scale != 1.0 else v
 
 
-def coupled_minor_blocks(prog: StepProgram, single: dict[str, Any], doubled: dict[str, Any], k: int) -> dict[int, int]:
-    """Coupled op -> the entries per sample of its outputs that are sample-minor: those of the values the
-    coupled ops read from other ops that the doubled run repeats within blocks (``single``, ``doubled``: the
-    runs on ``k`` samples and on them twice over)."""
-    minor: set[int] = set()
-    for op, coupled in enumerate(prog.op_coupled):
-        for r in prog.reads[op] if coupled else ():
-            info = prog.leaves[r.leaf]
-            if prog.op_coupled[r.leaf[0]] or info.batch_dim is None or info.per_sample < 2 or info.node is None:
-                continue
-            v1, v2 = single.get(info.node), doubled.get(info.node)
-            if isinstance(v1, torch.Tensor) and isinstance(v2, torch.Tensor):
-                u = duplicated(v1, info.batch_dim, info.per_sample)
-                if u.shape == v2.shape and torch.allclose(u.double(), v2.double(), rtol=1e-4, atol=1e-6) and \
-                        not torch.allclose(duplicated(v1, info.batch_dim).double(), v2.double(), rtol=1e-4, atol=1e-6):
-                    minor.add(info.per_sample)
-    return {op: per for op, coupled in enumerate(prog.op_coupled) if coupled
-            for per in {prog.leaves[leaf].per_sample for leaf in prog.leaves if leaf[0] == op} & minor}
-
-
-def run_doubled(prog: StepProgram, single: dict[str, Any], params: Sequence[torch.Tensor],
-                buffers: Sequence[torch.Tensor], state: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor],
-                samples: Sequence[int], minor: dict[int, int] | None = None) -> dict[str, Any]:
-    """``prog.run_all`` on ``inputs`` (the samples of the run ``single`` twice over), coupled ops giving the
-    single run's values doubled (module docstring; ``minor``: coupled op -> entries per sample of its
-    sample-minor rows)."""
-    if not any(prog.op_coupled):
-        return prog.run_all(params, buffers, state, inputs, samples=samples)
-    batch = prog.batch_of(inputs)
-    minor = minor or {}
-    env: dict[str, Any] = dict(zip(prog.placeholders, [*params, *buffers, *state, *inputs]))
-    env.update(prog.consts)
-    sym = prog.sizes_at(batch)
-    draw = prog.draw(0, max(samples) + 1, samples) if prog.random else None
-    for op, nodes in enumerate(prog.op_nodes):
-        if not nodes:
+def minor_reads(prog: StepProgram, op: int, single: dict[str, Any], doubled: dict[str, Any]) -> set[int]:
+    """The entries per sample of the values coupled op ``op`` reads from other ops that the doubled run
+    repeats within blocks (sample-minor rows; ``single``, ``doubled``: the values of the runs on ``k``
+    samples and on them twice over, as far as they have run)."""
+    found: set[int] = set()
+    for r in prog.reads[op]:
+        info = prog.leaves[r.leaf]
+        if prog.op_coupled[r.leaf[0]] or info.batch_dim is None or info.per_sample < 2 or info.node is None:
             continue
-        if prog.op_coupled[op]:
-            scale = 2.0 ** coupled_exponent(prog, op)
-            for n in nodes:
-                if n in single:
-                    env[n] = tiled(single[n], prog.coupled_dims.get(n, ()), scale, minor.get(op, 0), batch // 2)
-        else:
-            Kernel([prog.calls[n] for n in nodes], random=prog.random)(env, sym, draw)
-    return env
+        v1, v2 = single.get(info.node), doubled.get(info.node)
+        if isinstance(v1, torch.Tensor) and isinstance(v2, torch.Tensor):
+            u = duplicated(v1, info.batch_dim, info.per_sample)
+            if u.shape == v2.shape and torch.allclose(u.double(), v2.double(), rtol=1e-4, atol=1e-6) and \
+                    not torch.allclose(duplicated(v1, info.batch_dim).double(), v2.double(), rtol=1e-4, atol=1e-6):
+                found.add(info.per_sample)
+    return found
+
+
+def minor_blocks(prog: StepProgram, pers: set[int]) -> dict[int, int]:
+    """Coupled op -> the entries per sample of its outputs that are sample-minor, given ``pers``: those found
+    sample-minor in what any coupled op reads (``minor_reads``)."""
+    return {op: per for op, coupled in enumerate(prog.op_coupled) if coupled
+            for per in {prog.leaves[leaf].per_sample for leaf in prog.leaves if leaf[0] == op} & pers}
+
+
+def tile_coupled(prog: StepProgram, op: int, single: dict[str, Any], doubled: dict[str, Any], k: int,
+                 minor: dict[int, int]) -> None:
+    """Coupled op ``op``'s values in the doubled run: the single run's, doubled as its readers see them
+    (module docstring; ``minor``: coupled op -> entries per sample of its sample-minor rows)."""
+    scale = 2.0 ** coupled_exponent(prog, op)
+    for n in prog.op_nodes[op]:
+        if n in single:
+            doubled[n] = tiled(single[n], prog.coupled_dims.get(n, ()), scale, minor.get(op, 0), k)

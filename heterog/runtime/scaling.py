@@ -57,13 +57,15 @@ compute such statistics over their own samples, as in ordinary data parallelism.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from heterog.runtime.coupled_scaling import coupled_exponent, coupled_minor_blocks, duplicated, run_doubled
-from heterog.runtime.stepprog import StepProgram
+from heterog.runtime.coupled_scaling import coupled_exponent, duplicated, minor_blocks, minor_reads, tile_coupled
+from heterog.runtime.kernel import Kernel, LocalSize, Ref
+from heterog.runtime.stepprog import LeafInfo, StepProgram
 
 MAX_EXPONENT = 3
 RTOL = 2e-3
@@ -92,25 +94,34 @@ def measured_exponent(v1: torch.Tensor, v2: torch.Tensor, batch_dim: int | None,
                       minor_per: int = 0) -> int | None:
     """e with v2 = 2**e * dup(v1) (dup: see ``duplicated``), or None if there is none.
     Values whose entries all lie within ``zero_below`` of 0 in both runs are rounding noise (e = 0)."""
+    e, largest = exponent_parts(v1, v2, batch_dim, minor_per)
+    return 0 if largest is not None and largest <= zero_below else e
+
+
+def exponent_parts(v1: torch.Tensor, v2: torch.Tensor, batch_dim: int | None, minor_per: int = 0
+                   ) -> tuple[int | None, float | None]:
+    """``measured_exponent`` in two parts, for a ``zero_below`` known only later: (the exponent if the values
+    are not rounding noise, the largest magnitude the noise rule compares; None where it does not apply)."""
     u = duplicated(v1, batch_dim, minor_per)
     if u.shape != v2.shape:
-        return None
+        return None, None
     if not (u.dtype.is_floating_point or u.dtype.is_complex) and torch.equal(u, v2):
-        return 0                          # integers (a count of targets doubles: e = 1, measured below)
+        return 0, None                    # integers (a count of targets doubles: e = 1, measured below)
     u64, v64 = u.detach().double().flatten(), v2.detach().double().flatten()
-    if u64.numel() == 0 or max(float(u64.abs().max()), float(v64.abs().max())) <= zero_below:
-        return 0
+    if u64.numel() == 0:
+        return 0, None
+    largest = max(float(u64.abs().max()), float(v64.abs().max()))
     uu = float(torch.dot(u64, u64))
     if uu == 0.0 or not math.isfinite(uu):
-        return None
+        return None, largest
     r = float(torch.dot(u64, v64)) / uu
-    if r <= 0:
-        return None
+    if not r > 0:                         # also NaN: entries that are not numbers in one run
+        return None, largest
     e = round(math.log2(r))
     if abs(e) > MAX_EXPONENT or abs(r - 2.0 ** e) > RTOL * 2.0 ** e:
-        return None
+        return None, largest
     resid = float(torch.linalg.vector_norm(v64 - (2.0 ** e) * u64))
-    return e if resid <= RTOL * math.sqrt(uu) * 2.0 ** e else None
+    return (e if resid <= RTOL * math.sqrt(uu) * 2.0 ** e else None), largest
 
 
 def positional_step(v1: torch.Tensor, v2: torch.Tensor, batch_dim: int, k: int) -> int | None:
@@ -128,59 +139,167 @@ def positional_step(v1: torch.Tensor, v2: torch.Tensor, batch_dim: int, k: int) 
     return step if step else None
 
 
+@dataclass
+class _Measured:
+    """What the probe keeps of one leaf's two values: the parts of its exponent (sample-major, and
+    sample-minor where its rows hold several entries per sample), its positional step, and its largest
+    entry (for the typical magnitude: None where it is not a finite floating value)."""
+
+    magnitude: float | None
+    major: tuple[int | None, float | None] = (None, None)
+    minor: tuple[int | None, float | None] | None = None
+    positional: int | None = None
+
+
+def _measure(info: LeafInfo, v1: torch.Tensor, v2: torch.Tensor, k: int, coupled: bool) -> _Measured:
+    """A coupled op's leaf (``heterog.runtime.coupled_scaling``) only counts towards the magnitude."""
+    finite = v1.is_floating_point() and v1.numel() and bool(torch.isfinite(v1).all())
+    out = _Measured(float(v1.detach().abs().max()) if finite else None)
+    if coupled:
+        return out
+    bd = info.batch_dim
+    out.major = exponent_parts(v1, v2, bd)
+    if bd is not None and info.per_sample > 1:
+        out.minor = exponent_parts(v1, v2, bd, info.per_sample)
+    if bd is not None and not info.dtype.is_floating_point and out.major[0] is None and \
+            (out.minor is None or out.minor[0] is None):
+        out.positional = positional_step(v1, v2, bd, k)
+    return out
+
+
 def probe_exponents(prog: StepProgram, params: Sequence[torch.Tensor], buffers: Sequence[torch.Tensor],
                     state: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], samples: int = 2) -> Exponents:
     """Measure the scaling exponent of every leaf (see the module docstring) on the first ``samples``
-    samples of ``inputs``. Buffers are copied (batch norm updates them in place)."""
+    samples of ``inputs``. Buffers are copied (batch norm updates them in place).
+
+    The two runs go op by op side by side (``lockstep``): each leaf is measured as soon as both runs have
+    made it, and every value goes once its last reader has run, so the probe holds what one training step
+    holds at ``3 * samples`` samples, not every value of two steps."""
     k = max(1, min(int(samples), prog.batch_of(inputs)))
     small = [x[:k] if prog.input_batched(i) else x for i, x in enumerate(inputs)]
     doubled = [_duplicate(x, k) if prog.input_batched(i) else x for i, x in enumerate(inputs)]
-    with torch.no_grad():
-        env1 = prog.run_all(params, [b.clone() for b in buffers], state, small)
-        env2 = run_doubled(prog, env1, params, [b.clone() for b in buffers], state, doubled, [*range(k), *range(k)])
-        minor = coupled_minor_blocks(prog, env1, env2, k) if any(prog.op_coupled) else {}
-        if minor:                      # rows of several entries per sample, sample-minor: doubled within blocks
-            env2 = run_doubled(prog, env1, params, [b.clone() for b in buffers], state, doubled,
-                               [*range(k), *range(k)], minor)
     # leaves whose exponent matters: outputs of batch ops, and non-batch values that batch ops read
     read_by_batch = {r.leaf for i, rs in enumerate(prog.reads) if prog.op_has_batch[i] for r in rs}
-    probed = []
+    probed: dict[int, list[tuple[tuple[int, int], LeafInfo]]] = {}
     for leaf, info in prog.leaves.items():
-        if info.node is None or prog.op_kind[info.op] != "compute":
-            continue
-        if not (prog.op_has_batch[info.op] or leaf in read_by_batch):
-            continue
-        v1, v2 = env1.get(info.node), env2.get(info.node)
-        if isinstance(v1, torch.Tensor) and isinstance(v2, torch.Tensor):
-            probed.append((leaf, info, v1, v2))
+        if info.node is not None and prog.op_kind[info.op] == "compute" and \
+                (prog.op_has_batch[info.op] or leaf in read_by_batch):
+            probed.setdefault(info.op, []).append((leaf, info))
+    coupled = any(prog.op_coupled)
+    with torch.no_grad():
+        measured: dict[tuple[int, int], _Measured] = {}
+        pers: set[int] = set()
+
+        def visit(op: int, env1: dict[str, Any], env2: dict[str, Any]) -> None:
+            for leaf, info in probed.get(op, ()):
+                v1, v2 = env1.get(info.read_node), env2.get(info.read_node)
+                if isinstance(v1, torch.Tensor) and isinstance(v2, torch.Tensor):
+                    measured[leaf] = _measure(info, v1, v2, k, prog.op_coupled[op])
+
+        def before_coupled(op: int, env1: dict[str, Any], env2: dict[str, Any]) -> None:
+            pers.update(minor_reads(prog, op, env1, env2))
+
+        lockstep(prog, params, buffers, state, small, doubled, {}, visit, before_coupled)
+        minor = minor_blocks(prog, pers) if coupled else {}
+        if minor:                      # rows of several entries per sample, sample-minor: doubled within blocks
+            measured.clear()
+            lockstep(prog, params, buffers, state, small, doubled, minor, visit, None)
     # typical magnitude (median of the leaves' largest entries; masks filled with -inf or -1e9 stay out)
-    mags = sorted(float(v1.detach().abs().max()) for _, _, v1, _ in probed
-                  if v1.is_floating_point() and v1.numel() and bool(torch.isfinite(v1).all()))
-    magnitude = mags[len(mags) // 2] if mags else 0.0
+    mags = sorted(m.magnitude for m in measured.values() if m.magnitude is not None)
+    zero_below = 1e-6 * (mags[len(mags) // 2] if mags else 0.0)
+
+    def settled(parts: tuple[int | None, float | None]) -> int | None:
+        e, largest = parts
+        return 0 if largest is not None and largest <= zero_below else e
+
     out = Exponents()
-    for leaf, info, v1, v2 in probed:
-        if prog.op_coupled and prog.op_coupled[info.op]:       # heterog.runtime.coupled_scaling
+    for leaf, info in prog.leaves.items():
+        m = measured.get(leaf)
+        if m is None:                  # not probed, or not a tensor in both runs
+            continue
+        if prog.op_coupled[info.op]:                           # heterog.runtime.coupled_scaling
             c = coupled_exponent(prog, info.op) if info.batch_dim is not None else 0
             if c:
                 out.of[leaf] = c
             if info.batch_dim is not None and minor.get(info.op) == info.per_sample:
                 out.sample_minor.add(leaf)
             continue
-        e = measured_exponent(v1, v2, info.batch_dim, zero_below=1e-6 * magnitude)
-        if e is None and info.batch_dim is not None and info.per_sample > 1:
-            e = measured_exponent(v1, v2, info.batch_dim, zero_below=1e-6 * magnitude, minor_per=info.per_sample)
+        e = settled(m.major)
+        if e is None and m.minor is not None:
+            e = settled(m.minor)
             if e is not None:
                 out.sample_minor.add(leaf)
-        if e is None and info.batch_dim is not None and not info.dtype.is_floating_point:
-            step = positional_step(v1, v2, info.batch_dim, k)
-            if step is not None:
-                out.positional[leaf] = step
-                continue
+        if e is None and m.positional is not None:
+            out.positional[leaf] = m.positional
+            continue
         if e is None:
-            out.coupled.append(info.read_node)      # probed leaves have a node
+            out.coupled.append(info.read_node)
             e = 0
         if e:
             out.of[leaf] = e
         elif info.batch_dim is None and prog.op_has_batch[info.op] and leaf in read_by_batch:
             out.statistics.add(leaf)
     return out
+
+
+def lockstep(prog: StepProgram, params: Sequence[torch.Tensor], buffers: Sequence[torch.Tensor],
+             state: Sequence[torch.Tensor], small: Sequence[torch.Tensor], doubled: Sequence[torch.Tensor],
+             minor: dict[int, int], visit: Callable[[int, dict, dict], None],
+             before_coupled: Callable[[int, dict, dict], None] | None) -> None:
+    """The step on ``small`` (k samples) and on ``doubled`` (those samples twice over) op by op, side by side,
+    each with its own copy of the buffers and step 0's random draws for its samples; a coupled op gives the
+    doubled run the single run's values doubled (``tile_coupled``; ``before_coupled`` sees both runs just
+    before). ``visit(op, single, doubled)`` after each op; then the values no later op reads are dropped."""
+    k = prog.batch_of(small)
+    runs = []
+    for inputs, samples in ((small, range(k)), (doubled, [*range(k), *range(k)])):
+        env: dict[str, Any] = dict(zip(prog.placeholders, [*params, *[b.clone() for b in buffers], *state,
+                                                           *inputs]))
+        env.update(prog.consts)
+        runs.append((env, prog.sizes_at(prog.batch_of(inputs)),
+                     prog.draw(0, max(samples) + 1, samples) if prog.random else None))
+    (env1, sym1, draw1), (env2, sym2, draw2) = runs
+    for op, dying in enumerate(_dying(prog)):
+        nodes = prog.op_nodes[op]
+        if nodes:
+            kernel = Kernel([prog.calls[n] for n in nodes], random=prog.random)
+            kernel(env1, sym1, draw1)
+            if prog.op_coupled[op]:
+                if before_coupled is not None:
+                    before_coupled(op, env1, env2)
+                tile_coupled(prog, op, env1, env2, k, minor)
+            else:
+                kernel(env2, sym2, draw2)
+            visit(op, env1, env2)
+        for n in dying:
+            env1.pop(n, None)
+            env2.pop(n, None)
+
+
+def _dying(prog: StepProgram) -> list[list[str]]:
+    """Per op: the nodes whose last reader it is (or their producer, for nodes no other op reads)."""
+    last: dict[str, int] = {}
+    for op, nodes in enumerate(prog.op_nodes):
+        for n in nodes:
+            last[n] = op
+            for ref in _refs((prog.calls[n].args, prog.calls[n].kwargs)):
+                last[ref] = op
+    keep = set(prog.placeholders) | set(prog.consts)
+    out: list[list[str]] = [[] for _ in prog.op_nodes]
+    for n, op in last.items():
+        if n not in keep:
+            out[op].append(n)
+    return out
+
+
+def _refs(a: Any) -> Iterator[str]:
+    if type(a) is Ref:
+        yield a.name
+    elif isinstance(a, (tuple, list)):
+        for x in a:
+            yield from _refs(x)
+    elif isinstance(a, dict):
+        for x in a.values():
+            yield from _refs(x)
+    elif type(a) is LocalSize:
+        yield from _refs(a.inner)

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from heterog.runtime import capture_model_for_runtime
-from heterog.runtime.scaling import measured_exponent, probe_exponents
+from heterog.runtime.scaling import _duplicate, lockstep, measured_exponent, probe_exponents
 from tests.runtime.conftest import model
 
 
@@ -29,10 +29,27 @@ def test_tiny_mlp_exponents_forward_backward_loss_and_token_count() -> None:
     assert exps[(ops["addmm"], 0)] == 0                       # forward activation
     assert exps[(ops["nll_loss_backward"], 0)] == -1          # backward activation: 1/b of the mean
     assert exps[(ops["nll_loss_forward"], 0)] == 0            # the loss: a mean
+    assert exps[(ops["nll_loss_forward"], 1)] == 1            # its total weight, an output no getitem picks
     # the token count, computed from the targets (heterog.graph.normalisers): an integer sum, then a float
     assert exps[(ops["sum_default"], 0)] == 1 and exps[(ops["_to_copy_default"], 0)] == 1
     assert exps[(ops["mm_1"], 0)] == 0                        # a weight gradient: a mean
     assert not exps.coupled and not exps.statistics and "addmm" in by_name
+
+
+def test_the_probe_holds_only_the_values_later_ops_read() -> None:
+    """The two runs go op by op and drop every value once its last reader has run: at no op do they hold
+    more than a fifth of the step's values (a probe that kept them all would hold every one by the end)."""
+    m = model("tiny_transformer")
+    prog, k = m.prog, 2
+    small = [x[:k] if prog.input_batched(i) else x for i, x in enumerate(m.example_inputs)]
+    doubled = [_duplicate(x, k) if prog.input_batched(i) else x for i, x in enumerate(m.example_inputs)]
+    fixed = set(prog.placeholders) | set(prog.consts)
+    held: list[tuple[int, int]] = []
+    lockstep(prog, m.params, m.buffers, m.state, small, doubled, {},
+             lambda op, env1, env2: held.append((len(env1.keys() - fixed), len(env2.keys() - fixed))), None)
+    values = sum(len(nodes) for nodes in prog.op_nodes)
+    assert len(held) == sum(1 for nodes in prog.op_nodes if nodes)
+    assert max(max(h) for h in held) < values / 5 and held[-1][0] <= 2
 
 
 def test_batch_statistics_are_found_and_kept_per_replica() -> None:
