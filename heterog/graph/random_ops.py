@@ -2,7 +2,8 @@
 training does (``heterog.runtime.rng`` says how it draws them)."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -44,3 +45,30 @@ def inexact_reason(target_name: str) -> str | None:
         return (f"{packet} draws a number of values that depends on its inputs, so a replica (whose other "
                 "samples' rows are zeros) draws other values than single-device training")
     return None
+
+
+@contextlib.contextmanager
+def dropout_as_eager() -> Iterator[None]:
+    """Dropout that is off (``p = 0``, or not training) is its input while the trace runs, as eager PyTorch
+    computes it (ATen's ``dropout`` returns the tensor it was given). Symbolic tracing otherwise takes
+    torch's Python decomposition, which returns a copy: a graph with one more tensor per attention layer
+    than the model keeps (the softmax output, copied for the product with the values), whose simulated
+    memory and time a real step does not have."""
+    op = torch.ops.aten.dropout.default
+    saved = dict(op.py_kernels)
+
+    def dropout(input: torch.Tensor, p: float, train: bool | None) -> torch.Tensor:
+        if train and p != 0:
+            return torch.ops.aten.native_dropout(input, p, train)[0]
+        return input
+
+    for key in (torch._C.DispatchKey.CompositeImplicitAutograd, torch._C.DispatchKey.Autograd):
+        if key in saved:
+            op.py_kernels[key] = dropout
+    op._dispatch_cache.clear()
+    try:
+        yield
+    finally:
+        op.py_kernels.clear()
+        op.py_kernels.update(saved)
+        op._dispatch_cache.clear()

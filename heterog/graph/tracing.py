@@ -27,7 +27,7 @@ from heterog.graph.mutations import (
 )
 from heterog.graph.normalisers import split_loss_normalisers
 from heterog.graph.optimizer import STATE_SLOTS, check_optimizer, init_state, optimizer_update
-from heterog.graph.random_ops import draws
+from heterog.graph.random_ops import draws, dropout_as_eager
 from heterog.graph.value_checks import ValueCheck, ValueChecks
 
 log = logging.getLogger(__name__)
@@ -338,7 +338,7 @@ def capture_fx(module: nn.Module, example_inputs: ExampleInputs, *,
     fwd_pre = nn.modules.module.register_module_forward_pre_hook(rec.pre_hook)
     fwd_post = nn.modules.module.register_module_forward_hook(rec.post_hook)
     try:
-        with guards.installed(), checks.installed():
+        with guards.installed(), checks.installed(), dropout_as_eager():
             gm = make_fx(step, tracing_mode="symbolic" if symbolic else "fake")(
                 *fake_params, *fake_buffers, *fake_state, *fake_inputs)
     finally:

@@ -73,6 +73,38 @@ def test_random_ops_are_marked() -> None:
     assert not any(op.draws for op in capture(*cm.build_tied_decoder(B)).ops)      # dropout 0: no draw
 
 
+class Attention(nn.Module):
+    """Attention as Hugging Face's eager kernels write it: softmax, dropout at ``p`` (0: off), product with
+    the values."""
+
+    def __init__(self, p: float | None) -> None:
+        super().__init__()
+        self.qkv, self.p = nn.Linear(16, 48), p
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        w = torch.softmax(q @ k.transpose(1, 2), dim=-1)
+        if self.p is not None:
+            w = F.dropout(w, p=self.p, training=self.training)
+        return F.mse_loss(w @ v, y)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.1])
+def test_dropout_that_is_off_is_its_input_as_in_eager_pytorch(p) -> None:
+    """Eager PyTorch returns the tensor itself from dropout at p = 0; the graph has no copy of the
+    attention weights either (symbolic tracing's own decomposition makes one), so the simulated memory
+    is that of the model without the dropout line. At p > 0 dropout draws and keeps its mask."""
+    inputs = (torch.randn(B, 8, 16), torch.randn(B, 8, 16))
+    kernels = dict(torch.ops.aten.dropout.default.py_kernels)
+    g, plain = capture(Attention(p), inputs), capture(Attention(None), inputs)
+    assert torch.ops.aten.dropout.default.py_kernels == kernels          # torch as the trace found it
+    assert not any(op.target == "aten.clone.default" for op in g.ops)
+    if p == 0:
+        assert len(g.ops) == len(plain.ops) and not any(op.draws for op in g.ops)
+    else:
+        assert sum(op.draws for op in g.ops) == 1
+
+
 class Keywords(nn.Module):
     """Called with keyword arguments: a batch input, a row shared by all samples and a constant."""
 
