@@ -130,6 +130,7 @@ def op_times(ref: str, batch_size: int, cluster_path: Path, steps: int, warmup: 
         "p90_ratio": float(np.quantile(ratio, 0.9)), "per_kind": per_kind[:25],
     }
     out["whole_step"] = _guarded(lambda: whole_step(model, cluster, table, steps, warmup))
+    out["kernels"] = _guarded(lambda: kernel_times(model, roof, compute, kinds, steps, warmup))
     if layers:
         layer_of, n_blocks = block_layers(graph)
         fwd = np.array([op.phase == "forward" for op in graph.ops])
@@ -141,6 +142,76 @@ def op_times(ref: str, batch_size: int, cluster_path: Path, steps: int, warmup: 
                          "measured_forward_s": float(meas[fx].sum()), "roofline_forward_s": float(roof[fx].sum())})
         out["layers"] = rows
     return out
+
+
+def kernel_times(model: Any, roof: np.ndarray, compute: np.ndarray, kinds: dict[str, list[int]], steps: int,
+                 warmup: int) -> dict[str, Any]:
+    """Each op's kernels timed inside whole steps of the runtime's interpreter, by CUDA events recorded
+    around them with no synchronisation between ops: the interpreter launches more slowly than the GPU
+    runs (about 15 us an op), so the GPU starts each op as it comes and a pair of events brackets its own
+    kernels. The median over steps per op, summed per kind, against the roofline. Values go after their
+    last reader (``heterog.runtime.scaling.last_readers``). On a CPU: wall-clock per op (a dry run)."""
+    import torch
+
+    from heterog.runtime.kernel import Kernel
+    from heterog.runtime.scaling import last_readers
+
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = dev.type == "cuda"
+    prog = model.prog
+    n_p, n_b, n_s = len(model.params), len(model.buffers), len(model.state)
+    init = model.initial_values()
+    held = [init[ph].to(dev) for ph in prog.placeholders[:n_p + n_b + n_s]]
+    inputs = [x.to(dev) for x in model.example_inputs]
+    consts = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in prog.consts.items()}
+    batch = prog.batch_of(inputs)
+    sym = prog.sizes_at(batch)
+    kernels = [Kernel([prog.calls[n] for n in nodes], dev, prog.random) if nodes else None
+               for nodes in prog.op_nodes]
+    dying = last_readers(prog, keep=[*prog.outputs, *(node for _, node in prog.buffer_updates)])
+    times: dict[int, list[float]] = {}
+    for s in range(warmup + steps):
+        env: dict[str, Any] = dict(zip(prog.placeholders, [*held, *inputs]))
+        env.update(consts)
+        draw = prog.draw(s, batch, range(batch)) if prog.random else None
+        marks = []
+        with torch.no_grad():
+            for op, kernel in enumerate(kernels):
+                if kernel is not None:
+                    if cuda:
+                        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        a.record()
+                        kernel(env, sym, draw)
+                        b.record()
+                        marks.append((op, a, b))
+                    else:
+                        t0 = time.perf_counter()
+                        kernel(env, sym, draw)
+                        marks.append((op, t0, time.perf_counter()))
+                for n in dying[op]:
+                    env.pop(n, None)
+        if cuda:
+            torch.cuda.synchronize()
+        if s >= warmup:
+            for op, a, b in marks:
+                times.setdefault(op, []).append(a.elapsed_time(b) * 1e-3 if cuda else b - a)
+        out = [env[n] for n in prog.outputs]
+        buffers = held[n_p:n_p + n_b]
+        for i, node in prog.buffer_updates:
+            buffers[i] = env[node]
+        held = [*out[1:1 + n_p], *buffers, *out[1 + n_p:1 + n_p + n_s]]
+        del env, out
+    median = np.zeros(len(prog.op_nodes))
+    for op, ts in times.items():
+        median[op] = float(np.median(ts))
+    per_kind = sorted(({"kind": k, "ops": len(ix), "kernel_s": float(median[ix].sum()),
+                        "roofline_s": float(roof[ix].sum())} for k, ix in kinds.items()),
+                      key=lambda r: -r["kernel_s"])
+    ratio = median[compute] / roof[compute]
+    return {"device": str(dev), "steps": steps, "all_ops_s": float(median.sum()),
+            "compute_s": float(median[compute].sum()), "roofline_compute_s": float(roof[compute].sum()),
+            "median_ratio": float(np.median(ratio)), "p10_ratio": float(np.quantile(ratio, 0.1)),
+            "p90_ratio": float(np.quantile(ratio, 0.9)), "per_kind": per_kind[:25]}
 
 
 def _guarded(fn: Any) -> Any:
@@ -344,6 +415,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"{w['simulated_peak_bytes'] / 2**30:.2f}", flush=True)
         elif isinstance(w, dict):
             print(f"  whole step FAILED {w['error'][-600:]}", flush=True)
+        kt = r.get("kernels") if isinstance(r, dict) else None
+        if isinstance(kt, dict) and "compute_s" in kt:
+            print(f"  kernels by events: {kt['compute_s'] * 1e3:.1f} ms of compute (roofline "
+                  f"{kt['roofline_compute_s'] * 1e3:.1f}), median op ratio {kt['median_ratio']:.2f} (p10 "
+                  f"{kt['p10_ratio']:.2f}, p90 {kt['p90_ratio']:.2f})", flush=True)
+        elif isinstance(kt, dict):
+            print(f"  kernels FAILED {kt['error'][-600:]}", flush=True)
         if isinstance(r, dict) and "error" in r:
             print(f"{name}: FAILED {r['error'][-800:]}", flush=True)
     return 0

@@ -57,7 +57,7 @@ compute such statistics over their own samples, as in ordinary data parallelism.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -259,7 +259,7 @@ def lockstep(prog: StepProgram, params: Sequence[torch.Tensor], buffers: Sequenc
         runs.append((env, prog.sizes_at(prog.batch_of(inputs)),
                      prog.draw(0, max(samples) + 1, samples) if prog.random else None))
     (env1, sym1, draw1), (env2, sym2, draw2) = runs
-    for op, dying in enumerate(_dying(prog)):
+    for op, dying in enumerate(last_readers(prog)):
         nodes = prog.op_nodes[op]
         if nodes:
             kernel = Kernel([prog.calls[n] for n in nodes], random=prog.random)
@@ -276,18 +276,19 @@ def lockstep(prog: StepProgram, params: Sequence[torch.Tensor], buffers: Sequenc
             env2.pop(n, None)
 
 
-def _dying(prog: StepProgram) -> list[list[str]]:
-    """Per op: the nodes whose last reader it is (or their producer, for nodes no other op reads)."""
+def last_readers(prog: StepProgram, keep: Iterable[str] = ()) -> list[list[str]]:
+    """Per op: the nodes whose last reader it is (or their producer, for nodes no other op reads), which a
+    run op by op can drop once it has run; never the placeholders, the constants or ``keep``."""
     last: dict[str, int] = {}
     for op, nodes in enumerate(prog.op_nodes):
         for n in nodes:
             last[n] = op
             for ref in _refs((prog.calls[n].args, prog.calls[n].kwargs)):
                 last[ref] = op
-    keep = set(prog.placeholders) | set(prog.consts)
+    kept = set(prog.placeholders) | set(prog.consts) | set(keep)
     out: list[list[str]] = [[] for _ in prog.op_nodes]
     for n, op in last.items():
-        if n not in keep:
+        if n not in kept:
             out[op].append(n)
     return out
 
