@@ -150,11 +150,10 @@ def kernel_times(model: Any, roof: np.ndarray, compute: np.ndarray, kinds: dict[
     around them with no synchronisation between ops: the interpreter launches more slowly than the GPU
     runs (about 15 us an op), so the GPU starts each op as it comes and a pair of events brackets its own
     kernels. The median over steps per op, summed per kind, against the roofline. Values go after their
-    last reader (``heterog.runtime.scaling.last_readers``). On a CPU: wall-clock per op (a dry run)."""
+    last reader (``StepProgram.last_readers``). On a CPU: wall-clock per op (a dry run)."""
     import torch
 
     from heterog.runtime.kernel import Kernel
-    from heterog.runtime.scaling import last_readers
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cuda = dev.type == "cuda"
@@ -168,7 +167,7 @@ def kernel_times(model: Any, roof: np.ndarray, compute: np.ndarray, kinds: dict[
     sym = prog.sizes_at(batch)
     kernels = [Kernel([prog.calls[n] for n in nodes], dev, prog.random) if nodes else None
                for nodes in prog.op_nodes]
-    dying = last_readers(prog, keep=[*prog.outputs, *(node for _, node in prog.buffer_updates)])
+    dying = prog.last_readers(keep=[*prog.outputs, *(node for _, node in prog.buffer_updates)])
     times: dict[int, list[float]] = {}
     for s in range(warmup + steps):
         env: dict[str, Any] = dict(zip(prog.placeholders, [*held, *inputs]))

@@ -57,14 +57,13 @@ compute such statistics over their own samples, as in ordinary data parallelism.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from heterog.runtime.coupled_scaling import coupled_exponent, duplicated, minor_blocks, minor_reads, tile_coupled
-from heterog.runtime.kernel import Kernel, LocalSize, Ref
 from heterog.runtime.stepprog import LeafInfo, StepProgram
 
 MAX_EXPONENT = 3
@@ -259,10 +258,9 @@ def lockstep(prog: StepProgram, params: Sequence[torch.Tensor], buffers: Sequenc
         runs.append((env, prog.sizes_at(prog.batch_of(inputs)),
                      prog.draw(0, max(samples) + 1, samples) if prog.random else None))
     (env1, sym1, draw1), (env2, sym2, draw2) = runs
-    for op, dying in enumerate(last_readers(prog)):
-        nodes = prog.op_nodes[op]
-        if nodes:
-            kernel = Kernel([prog.calls[n] for n in nodes], random=prog.random)
+    for op, dying in enumerate(prog.last_readers()):
+        if prog.op_nodes[op]:
+            kernel = prog.op_kernel(op)
             kernel(env1, sym1, draw1)
             if prog.op_coupled[op]:
                 if before_coupled is not None:
@@ -274,33 +272,3 @@ def lockstep(prog: StepProgram, params: Sequence[torch.Tensor], buffers: Sequenc
         for n in dying:
             env1.pop(n, None)
             env2.pop(n, None)
-
-
-def last_readers(prog: StepProgram, keep: Iterable[str] = ()) -> list[list[str]]:
-    """Per op: the nodes whose last reader it is (or their producer, for nodes no other op reads), which a
-    run op by op can drop once it has run; never the placeholders, the constants or ``keep``."""
-    last: dict[str, int] = {}
-    for op, nodes in enumerate(prog.op_nodes):
-        for n in nodes:
-            last[n] = op
-            for ref in _refs((prog.calls[n].args, prog.calls[n].kwargs)):
-                last[ref] = op
-    kept = set(prog.placeholders) | set(prog.consts) | set(keep)
-    out: list[list[str]] = [[] for _ in prog.op_nodes]
-    for n, op in last.items():
-        if n not in kept:
-            out[op].append(n)
-    return out
-
-
-def _refs(a: Any) -> Iterator[str]:
-    if type(a) is Ref:
-        yield a.name
-    elif isinstance(a, (tuple, list)):
-        for x in a:
-            yield from _refs(x)
-    elif isinstance(a, dict):
-        for x in a.values():
-            yield from _refs(x)
-    elif type(a) is LocalSize:
-        yield from _refs(a.inner)

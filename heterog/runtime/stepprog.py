@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +28,7 @@ from heterog.graph.mutations import functional_overload, intermediate_mutations
 from heterog.graph.random_ops import draws, inexact_reason
 from heterog.runtime.kernel import (
     Kernel,
+    LocalSize,
     NodeCall,
     Ref,
     as_strided_own,
@@ -137,10 +138,13 @@ class StepProgram:
     _sym_exprs: dict[str, Any] = field(default_factory=dict, repr=False)    # planning side only
     _batch_symbols: tuple = field(default_factory=tuple, repr=False)
     _sym_cache: dict[int, dict[str, Any]] = field(default_factory=dict, repr=False)
+    _op_kernels: dict[int, Kernel] = field(default_factory=dict, repr=False, compare=False)   # made once a process
+    _step_drops: list[list[str]] | None = field(default=None, repr=False, compare=False)
 
     def __getstate__(self) -> dict:
         d = dict(self.__dict__)
         d["_sym_exprs"], d["_batch_symbols"], d["_sym_cache"] = {}, (), {}
+        d["_op_kernels"], d["_step_drops"] = {}, None
         return d
 
     # ------------------------------------------------------------------ sizes
@@ -202,29 +206,47 @@ class StepProgram:
         return Draw(self.rng_seed, step, batch, samples, {n: self.sizes_at(n) for n in block_batches(batch)})
 
     # ------------------------------------------------------------------ whole step
-    def run_all(self, params: Sequence[torch.Tensor], buffers: Sequence[torch.Tensor],
-                state: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], *, step: int = 0,
-                samples: Sequence[int] | None = None) -> dict[str, Any]:
-        """Run every node in graph order at the inputs' batch size; returns node name -> value.
+    def op_kernel(self, op: int) -> Kernel:
+        """Op ``op``'s nodes as one kernel for a run of the whole step on this process (made once)."""
+        kernel = self._op_kernels.get(op)
+        if kernel is None:
+            kernel = self._op_kernels[op] = Kernel([self.calls[n] for n in self.op_nodes[op]], random=self.random)
+        return kernel
 
-        Random nodes draw what training step ``step`` draws for the samples the input rows hold:
-        ``samples`` are their positions in a batch of ``max(samples) + 1`` (default: the rows are the
-        whole batch, in order)."""
-        batch = self.batch_of(inputs)
-        env: dict[str, Any] = dict(zip(self.placeholders, [*params, *buffers, *state, *inputs]))
-        env.update(self.consts)
-        sym = self.sizes_at(batch)
-        samples = range(batch) if samples is None else samples
-        draw = self.draw(step, max(samples) + 1, samples) if self.random else None
-        Kernel([self.calls[n] for n in self.order], random=self.random)(env, sym, draw)
-        return env
+    def last_readers(self, keep: Iterable[str] = ()) -> list[list[str]]:
+        """Per op: the nodes whose last reader it is (or their producer, for nodes no other op reads), which a
+        run op by op can drop once it has run; never the placeholders, the constants or ``keep``."""
+        last: dict[str, int] = {}
+        for op, nodes in enumerate(self.op_nodes):
+            for n in nodes:
+                last[n] = op
+                for ref in _refs((self.calls[n].args, self.calls[n].kwargs)):
+                    last[ref] = op
+        kept = set(self.placeholders) | set(self.consts) | set(keep)
+        out: list[list[str]] = [[] for _ in self.op_nodes]
+        for n, op in last.items():
+            if n not in kept:
+                out[op].append(n)
+        return out
 
     def step(self, params: Sequence[torch.Tensor], buffers: Sequence[torch.Tensor], state: Sequence[torch.Tensor],
              inputs: Sequence[torch.Tensor], *, step: int = 0
              ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         """One whole training step (number ``step``), single process: (loss, new params, new state); the new
-        values of the buffers the step writes go into ``buffers`` (a list)."""
-        env = self.run_all(params, buffers, state, inputs, step=step)
+        values of the buffers the step writes go into ``buffers`` (a list). The ops run in order, each value
+        dropped after its last reader: the step holds what training holds, not every value it made."""
+        batch = self.batch_of(inputs)
+        env: dict[str, Any] = dict(zip(self.placeholders, [*params, *buffers, *state, *inputs]))
+        env.update(self.consts)
+        sym = self.sizes_at(batch)
+        draw = self.draw(step, batch, range(batch)) if self.random else None
+        if self._step_drops is None:
+            self._step_drops = self.last_readers(keep=[*self.outputs, *(n for _, n in self.buffer_updates)])
+        for op, dying in enumerate(self._step_drops):
+            if self.op_nodes[op]:
+                self.op_kernel(op)(env, sym, draw)
+            for n in dying:
+                env.pop(n, None)
         out = [env[n] for n in self.outputs]
         p, n_state = len(self.param_names), len(self.state_names)
         if isinstance(buffers, list):
@@ -504,3 +526,17 @@ def _read_of(inp: Node, reader: Node, node_op: dict[str, int], node_leaf: dict[s
         view_calls[cur.name] = calls[cur.name]
         cur = ins[0]
     return Read(inp.name, node_leaf[cur.name], tuple(reversed(chain)))
+
+
+def _refs(a: Any) -> Iterator[str]:
+    """The names of the values an fx node's arguments read."""
+    if type(a) is Ref:
+        yield a.name
+    elif isinstance(a, (tuple, list)):
+        for x in a:
+            yield from _refs(x)
+    elif isinstance(a, dict):
+        for x in a.values():
+            yield from _refs(x)
+    elif type(a) is LocalSize:
+        yield from _refs(a.inner)

@@ -7,6 +7,7 @@ from torch import nn
 
 from heterog.runtime import capture_model_for_runtime
 from heterog.runtime.scaling import _duplicate, lockstep, measured_exponent, probe_exponents
+from heterog.runtime.stepprog import _refs
 from tests.runtime.conftest import model
 
 
@@ -50,6 +51,23 @@ def test_the_probe_holds_only_the_values_later_ops_read() -> None:
     values = sum(len(nodes) for nodes in prog.op_nodes)
     assert len(held) == sum(1 for nodes in prog.op_nodes if nodes)
     assert max(max(h) for h in held) < values / 5 and held[-1][0] <= 2
+
+
+@pytest.mark.parametrize("name", ["tiny_transformer", "tiny_cnn"])
+def test_each_value_is_dropped_once_after_its_last_reader(name) -> None:
+    """What a run op by op drops after each op (the probe's two runs, a single-process step): every value but
+    the placeholders, constants and the kept ones, exactly once, and never before an op that reads it."""
+    prog = model(name).prog
+    keep = {*prog.outputs, *(node for _, node in prog.buffer_updates)}
+    drops = prog.last_readers(keep=keep)
+    dropped_at = {n: op for op, names in enumerate(drops) for n in names}
+    assert sum(map(len, drops)) == len(dropped_at)
+    made = {n for nodes in prog.op_nodes for n in nodes}
+    assert set(dropped_at) == made - keep - set(prog.placeholders)
+    for op, nodes in enumerate(prog.op_nodes):
+        for n in nodes:
+            for read in _refs((prog.calls[n].args, prog.calls[n].kwargs)):
+                assert dropped_at.get(read, op) >= op, (read, dropped_at[read], op)
 
 
 def test_batch_statistics_are_found_and_kept_per_replica() -> None:
