@@ -1,6 +1,13 @@
-"""The simulator's cost model held to one real GPU: per-op times of bert_large and per-layer times of
-OPT-350M measured on the GPU against the roofline's prediction, and one plan trained with NCCL by
-processes that share the GPU, checked against single-process training.
+"""The simulator held to one real GPU. For bert_large (batch 16) and OPT-350M (one sequence of 2048
+tokens), fp32 with Adam, it measures:
+
+- the whole training step, against the single-device plan's simulated time and peak memory. Eager
+  PyTorch gives the time and the allocator's peak; the runtime's interpreter gives its time;
+- each op's kernels, timed by CUDA events inside whole steps, against the roofline by kind;
+- the runtime profiler's per-op times (each with a synchronisation), and per layer for OPT-350M.
+
+It also trains one plan with NCCL by processes that share the GPU, checked against single-process
+training.
 
     python -m experiments.gpu_check --out DIR [--quick]
 
@@ -158,21 +165,13 @@ def kernel_times(model: Any, roof: np.ndarray, compute: np.ndarray, kinds: dict[
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cuda = dev.type == "cuda"
     prog = model.prog
-    n_p, n_b, n_s = len(model.params), len(model.buffers), len(model.state)
-    init = model.initial_values()
-    held = [init[ph].to(dev) for ph in prog.placeholders[:n_p + n_b + n_s]]
-    inputs = [x.to(dev) for x in model.example_inputs]
-    consts = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in prog.consts.items()}
-    batch = prog.batch_of(inputs)
-    sym = prog.sizes_at(batch)
+    step = _OnDevice(model, dev)
     kernels = [Kernel([prog.calls[n] for n in nodes], dev, prog.random) if nodes else None
                for nodes in prog.op_nodes]
     dying = prog.last_readers(keep=[*prog.outputs, *(node for _, node in prog.buffer_updates)])
     times: dict[int, list[float]] = {}
     for s in range(warmup + steps):
-        env: dict[str, Any] = dict(zip(prog.placeholders, [*held, *inputs]))
-        env.update(consts)
-        draw = prog.draw(s, batch, range(batch)) if prog.random else None
+        env, draw = step.start(s)
         marks = []
         with torch.no_grad():
             for op, kernel in enumerate(kernels):
@@ -180,12 +179,12 @@ def kernel_times(model: Any, roof: np.ndarray, compute: np.ndarray, kinds: dict[
                     if cuda:
                         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                         a.record()
-                        kernel(env, sym, draw)
+                        kernel(env, step.sym, draw)
                         b.record()
                         marks.append((op, a, b))
                     else:
                         t0 = time.perf_counter()
-                        kernel(env, sym, draw)
+                        kernel(env, step.sym, draw)
                         marks.append((op, t0, time.perf_counter()))
                 for n in dying[op]:
                     env.pop(n, None)
@@ -194,12 +193,8 @@ def kernel_times(model: Any, roof: np.ndarray, compute: np.ndarray, kinds: dict[
         if s >= warmup:
             for op, a, b in marks:
                 times.setdefault(op, []).append(a.elapsed_time(b) * 1e-3 if cuda else b - a)
-        out = [env[n] for n in prog.outputs]
-        buffers = held[n_p:n_p + n_b]
-        for i, node in prog.buffer_updates:
-            buffers[i] = env[node]
-        held = [*out[1:1 + n_p], *buffers, *out[1 + n_p:1 + n_p + n_s]]
-        del env, out
+        step.advance(env)
+        del env
     median = np.zeros(len(prog.op_nodes))
     for op, ts in times.items():
         median[op] = float(np.median(ts))
@@ -211,6 +206,36 @@ def kernel_times(model: Any, roof: np.ndarray, compute: np.ndarray, kinds: dict[
             "compute_s": float(median[compute].sum()), "roofline_compute_s": float(roof[compute].sum()),
             "median_ratio": float(np.median(ratio)), "p10_ratio": float(np.quantile(ratio, 0.1)),
             "p90_ratio": float(np.quantile(ratio, 0.9)), "per_kind": per_kind[:25]}
+
+
+class _OnDevice:
+    """The captured step's placeholders on ``dev``, carried from step to step: ``start(s)`` gives step s's
+    values and draw, ``advance(env)`` takes the new parameters, state and written buffers from its end."""
+
+    def __init__(self, model: Any, dev: Any) -> None:
+        import torch
+
+        prog = self.prog = model.prog
+        self.n_p, self.n_b, self.n_s = len(model.params), len(model.buffers), len(model.state)
+        init = model.initial_values()
+        self.held = [init[ph].to(dev) for ph in prog.placeholders[:self.n_p + self.n_b + self.n_s]]
+        self.inputs = [x.to(dev) for x in model.example_inputs]
+        self.consts = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in prog.consts.items()}
+        self.batch = prog.batch_of(self.inputs)
+        self.sym = prog.sizes_at(self.batch)
+
+    def start(self, s: int) -> tuple[dict[str, Any], Any]:
+        env: dict[str, Any] = dict(zip(self.prog.placeholders, [*self.held, *self.inputs]))
+        env.update(self.consts)
+        return env, self.prog.draw(s, self.batch, range(self.batch)) if self.prog.random else None
+
+    def advance(self, env: dict[str, Any]) -> None:
+        n_p, n_b, n_s = self.n_p, self.n_b, self.n_s
+        out = [env[n] for n in self.prog.outputs]
+        buffers = self.held[n_p:n_p + n_b]
+        for i, node in self.prog.buffer_updates:
+            buffers[i] = env[node]
+        self.held = [*out[1:1 + n_p], *buffers, *out[1 + n_p:1 + n_p + n_s]]
 
 
 def _guarded(fn: Any) -> Any:
@@ -297,26 +322,14 @@ def _interpreted_step(model: Any, dev: Any, steps: int, warmup: int) -> dict[str
     from heterog.runtime.kernel import Kernel
 
     prog = model.prog
-    n_p, n_b, n_s = len(model.params), len(model.buffers), len(model.state)
-    init = model.initial_values()
-    vals = [init[ph].to(dev) for ph in prog.placeholders[:n_p + n_b + n_s]]
-    held = {"params": vals[:n_p], "buffers": vals[n_p:n_p + n_b], "state": vals[n_p + n_b:]}
-    inputs = [x.to(dev) for x in model.example_inputs]
-    consts = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in prog.consts.items()}
-    batch = prog.batch_of(inputs)
+    step = _OnDevice(model, dev)
     kernel = Kernel([prog.calls[n] for n in prog.order], dev, prog.random)
-    sym = prog.sizes_at(batch)
 
     def one(s: int) -> None:
-        env: dict[str, Any] = dict(zip(prog.placeholders, [*held["params"], *held["buffers"], *held["state"],
-                                                           *inputs]))
-        env.update(consts)
+        env, draw = step.start(s)
         with torch.no_grad():
-            kernel(env, sym, prog.draw(s, batch, range(batch)) if prog.random else None)
-        out = [env[n] for n in prog.outputs]
-        held["params"], held["state"] = out[1:1 + n_p], out[1 + n_p:1 + n_p + n_s]
-        for i, node in prog.buffer_updates:
-            held["buffers"][i] = env[node]
+            kernel(env, step.sym, draw)
+        step.advance(env)
 
     r = _timed(dev, steps, warmup, one)
     r.pop("peak_allocated_bytes", None)
