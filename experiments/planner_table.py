@@ -44,9 +44,11 @@ WHOLE_SPACE = {"splits": True, "sharded": True}
 FASTEST_WITHIN, AHEAD_BY, ZERO_SHOT_WITHIN = 0.005, 0.02, 0.10
 
 
-def planner_options(name: str, budget_s: float, seed: int) -> tuple[str, dict[str, Any]]:
+def planner_options(name: str, budget_s: float, seed: int, checkpoint: str | None = None
+                    ) -> tuple[str, dict[str, Any]]:
     """(registry method, options) of a column: the planner's budget and seed where it takes them, and every
-    option of ``WHOLE_SPACE`` it has; ``agent-0s`` is the agent with budget 0 (zero-shot)."""
+    option of ``WHOLE_SPACE`` it has; ``agent-0s`` is the agent with budget 0 (zero-shot); ``checkpoint``: the
+    agent's (both columns; None: the shipped one)."""
     from heterog.planners import get
 
     method = AGENT if name == ZERO_SHOT else name
@@ -58,6 +60,8 @@ def planner_options(name: str, budget_s: float, seed: int) -> tuple[str, dict[st
         opts["seed"] = int(seed)
     if "progress" in planner.options:
         opts["progress"] = False
+    if checkpoint is not None and "checkpoint" in planner.options:
+        opts["checkpoint"] = checkpoint
     return method, opts
 
 
@@ -86,9 +90,9 @@ def action_round_trip(ev: Any, strategy: Any) -> str:
 
 
 def run_case(model: str, batch: int, cluster_name: str, planners: list[str], budget_s: float, seed: int,
-             path: str, rerun: tuple[str, ...] = ()) -> str:
+             path: str, rerun: tuple[str, ...] = (), checkpoint: str | None = None) -> str:
     """Plan one (model, cluster) with every planner the case document at ``path`` lacks (and again those of
-    ``rerun``), saving the document after each planner."""
+    ``rerun``), saving the document after each planner; ``checkpoint``: the agent's (None: the shipped one)."""
     from heterog.atomic import atomic_write_json
     from heterog.cluster import load_cluster
     from heterog.evaluate import Evaluator
@@ -99,6 +103,8 @@ def run_case(model: str, batch: int, cluster_name: str, planners: list[str], bud
     doc = json.loads(file.read_text()) if file.exists() else {
         "graph": model, "batch_size": batch, "cluster": cluster_name, "budget_s": budget_s, "seed": seed,
         "records": []}
+    if checkpoint is not None:
+        doc["agent_checkpoint"] = checkpoint
     todo = [p for p in planners if p in rerun or p not in {r["planner"] for r in doc["records"]}]
     if not todo:
         return path
@@ -106,7 +112,7 @@ def run_case(model: str, batch: int, cluster_name: str, planners: list[str], bud
     ev = Evaluator(graph, load_cluster(cluster_name))
     doc["n_ops"] = graph.n_ops
     for name in todo:
-        method, opts = planner_options(name, budget_s, seed)
+        method, opts = planner_options(name, budget_s, seed, checkpoint)
         t0 = time.perf_counter()
         try:
             strategy = plan(method, evaluator=ev, **opts)
@@ -232,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="cases run at once (one process each)")
     ap.add_argument("--out", default="results/planner_table")
     ap.add_argument("--rerun", default="", help="planners to plan again in the saved cases (e.g. agent)")
+    ap.add_argument("--agent-checkpoint", default=None,
+                    help="the checkpoint the agent and zero-shot start from (default: the shipped one)")
     ap.add_argument("--render", action="store_true", help="only print the tables of the saved cases")
     ap.add_argument("--json", action="store_true", help="with --render: each case's verdict as JSON")
     args = ap.parse_args(argv)
@@ -247,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
             raise HeterogError(f"--budget-s must be positive, got {args.budget_s}")
         if args.jobs < 1:
             raise HeterogError(f"--jobs must be at least 1, got {args.jobs}")
+        if args.agent_checkpoint is not None and not Path(args.agent_checkpoint).is_file():
+            raise HeterogError(f"--agent-checkpoint {args.agent_checkpoint!r} is not a file")
     except HeterogError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -254,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         from rich.progress import Progress
 
         out.mkdir(parents=True, exist_ok=True)
-        todo = [(m, b, c, planners, args.budget_s, args.seed, str(case_path(out, m, b, c)), rerun)
+        todo = [(m, b, c, planners, args.budget_s, args.seed, str(case_path(out, m, b, c)), rerun,
+                 args.agent_checkpoint)
                 for m, b in args.models for c in args.clusters.split(",")]
         with Progress(transient=True) as bar:
             task = bar.add_task(f"{len(todo)} cases", total=len(todo))

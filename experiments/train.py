@@ -173,18 +173,21 @@ def demonstrate(trainer: Trainer, names: list[str], budget_s: float) -> dict[str
     """Record the plans of planners ``names`` for every task of ``trainer`` as demonstrations, before its first
     round (``Trainer.seed_plans``: the best becomes the task's best plan, the imitation term's target, and all
     join the replay pool), each planner with the options of the policy's plan space it takes and the budgeted
-    ones sharing ``budget_s`` per task; plans the policy's actions do not hold are left out (with
+    ones sharing ``budget_s`` per task, and MCMC's split starts among ``names`` (``agents.planner.SEED_STARTS``)
+    where the policy has split actions; plans the policy's actions do not hold are left out (with
     ``trainer.extended_plans``, those the extended actions do not hold). Returns task ->
     planner -> simulated seconds of the plans recorded (shown with progress)."""
     from rich.progress import track
 
-    from agents.planner import seed_actions, seed_plans
+    from agents.planner import SEED_STARTS, seed_actions, seed_plans, seed_starts
 
     policy, out = trainer.policy, {}
+    starts = [n for n in names if n in SEED_STARTS]
     for task in track(trainer.tasks, description="demonstrations", transient=True):
         ev = task.evaluator
-        plans = seed_plans(ev, names, budget_s, time.perf_counter(), policy.split_actions, policy.state_actions,
-                           share=1.0)
+        plans = {name: plan for name, (plan, _) in seed_starts(ev, starts, policy.split_actions).items()}
+        plans.update(seed_plans(ev, [n for n in names if n not in SEED_STARTS], budget_s, time.perf_counter(),
+                                policy.split_actions, policy.state_actions, share=1.0))
         held = seed_actions(ev, plans, policy, extended=trainer.settings.extended_plans)
         out[task.name] = {}
         if held:

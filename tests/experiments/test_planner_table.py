@@ -31,6 +31,10 @@ def test_each_planner_gets_the_whole_plan_space_it_takes():
     assert planner_options("cp-ar", 60, 0) == ("cp-ar", {})
     assert planner_options("agent-0s", 60, 1) == ("agent", {"splits": True, "sharded": True, "budget_s": 0.0,
                                                            "seed": 1, "progress": False})
+    # a checkpoint to compare goes to the agent's two columns only
+    assert planner_options("agent-0s", 60, 1, "c.pt")[1]["checkpoint"] == "c.pt"
+    assert planner_options("agent", 60, 1, "c.pt")[1]["checkpoint"] == "c.pt"
+    assert planner_options("mcmc", 60, 3, "c.pt") == planner_options("mcmc", 60, 3)
 
 
 def _case(times: dict[str, float | None], cluster: str = "paper-8gpu") -> dict:

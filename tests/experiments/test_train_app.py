@@ -214,3 +214,26 @@ def test_demonstrations_are_the_first_best_plans_of_every_task(tmp_path):
     assert shown["cp-ar"] == pytest.approx(ev.iteration_time(planners.plan("cp-ar", evaluator=ev))[0])
     assert report["graphs"]["tiny_mlp-b16"]["best_iteration_time_s"] <= min(shown.values()) * (1 + 1e-12)
     assert run(config(["graph=tiny_mlp", *SHRINK, f"output_dir={tmp_path}"]))["demonstrations"] == {}
+
+
+def test_mcmc_split_starts_are_demonstrations_where_the_policy_splits(tmp_path):
+    """run.demonstrations may name MCMC's split starts (tp-server): with split actions each is recorded, at the
+    time of the start's own plan, and the task's best plan is never slower; without split actions none is."""
+    from heterog.baselines.mcmc import start_plan
+    from heterog.cluster import load_cluster
+    from heterog.evaluate import Evaluator
+    from heterog.graph.cache import capture_model
+
+    torch.set_num_threads(1)
+    names = "run.demonstrations=[tp-server,cp-ar]"
+    report = run(config(["graph=tiny_transformer", "agent.split_actions=true", names, *SHRINK,
+                         f"output_dir={tmp_path}"]))
+    shown = report["demonstrations"]["tiny_transformer-b16"]
+    assert set(shown) == {"tp-server", "cp-ar"}
+    ev = Evaluator(capture_model("tiny_transformer", 16), load_cluster("paper-8gpu"))
+    plan, (seconds, _) = start_plan(ev, "tp-server", splits=True)
+    assert shown["tp-server"] == pytest.approx(seconds) == pytest.approx(ev.iteration_time(plan)[0])
+    assert shown["tp-server"] < shown["cp-ar"]
+    assert report["graphs"]["tiny_transformer-b16"]["best_iteration_time_s"] <= shown["tp-server"] * (1 + 1e-12)
+    plain = run(config(["graph=tiny_transformer", names, *SHRINK, f"output_dir={tmp_path}"]))
+    assert set(plain["demonstrations"]["tiny_transformer-b16"]) == {"cp-ar"}
