@@ -69,6 +69,11 @@ class TaskState:
     best_actions: list[int] | None = None
     """Its plan (None before the first sample): each group's config, each group's recompute bit and the
     micro-batch choice (``envs.actions``; checkpoints from before plans hold the configs alone)."""
+    held_reward: float = -math.inf
+    """Highest reward of a plan the policy's actions hold."""
+    held_actions: list[int] | None = None
+    """That plan (None before one was recorded): the imitation target where the best plan lies beyond the
+    policy's actions (an extended plan: a pipeline's stages on device subsets, a parameter server's rows)."""
     pool: list[tuple[float, list[int]]] = field(default_factory=list)
     """Best distinct strategies seen (reward, plan), best first."""
     episodes: int = 0
@@ -87,6 +92,16 @@ class TaskState:
             self.best_oom = bool(ooms[i])
             self.best_actions = actions[i].tolist()
             self.history.append((wall_s, cpu_s, self.episodes, self.best_iteration_time_s))
+
+    def keep_held(self, actions: np.ndarray, rewards: np.ndarray, held: np.ndarray) -> None:
+        """Make the highest-reward strategy of ``actions`` ``(k, L)`` among those the policy's actions hold
+        (``held``, ``(k,)`` bool) the best held plan if it beats the one so far."""
+        if not held.any():
+            return
+        i = int(np.flatnonzero(held)[np.argmax(rewards[held])])
+        if rewards[i] > self.held_reward:
+            self.held_reward = float(rewards[i])
+            self.held_actions = actions[i].tolist()
 
     def best_plan(self) -> list[int]:
         """The best plan found so far; an error before any plan was recorded."""

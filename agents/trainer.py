@@ -337,6 +337,7 @@ class Trainer:
             state.episodes += len(actions)
             self.episodes += len(actions)
         state.keep_best(actions, rewards, times, ooms, self.wall_s + self._elapsed(), self.cpu_s + self._cpu_elapsed())
+        state.keep_held(actions, rewards, self.held(task, actions))
         self.search.remember(state, actions, rewards)
 
     def blocks(self, task: GraphTask) -> BlockMoves:
@@ -359,16 +360,24 @@ class Trainer:
                 *group_loads(ev.graph, np.asarray(ev.group_of)), self.settings.imitation_by_load)
         return self._imitation_weights[task.key]
 
+    def held(self, task: GraphTask, actions: np.ndarray) -> np.ndarray:
+        """Which plans ``(k, L)`` the policy's actions hold (``in_policy``): ``(k,)`` bool."""
+        plans = torch.as_tensor(full_plan(np.asarray(actions, dtype=np.int64), task.n_groups, self.scorer.width(task)))
+        return in_policy(plans, task.n_groups, n_actions(task.inputs.n_devices, self.policy.split_actions,
+                                                         self.policy.state_actions)).numpy()
+
     def imitation_target(self, task: GraphTask) -> Tensor | None:
-        """The task's best plan ``(1, 2 G + 1)``, the imitation term's target; None before any or where the
-        policy's actions do not hold it (an extended plan)."""
+        """The imitation term's target ``(1, 2 G + 1)``: the task's best plan, or where the policy's actions do
+        not hold it (an extended plan: a demonstrated pipeline, a parameter server's rows), the best plan they
+        hold; None before any such plan was recorded."""
         state = self.states[task.key]
-        if state.best_actions is None:
+        target = state.held_actions
+        if state.best_actions is not None and self.held(task, np.asarray([state.best_plan()]))[0]:
+            target = state.best_plan()
+        if target is None:
             return None
-        best = torch.as_tensor(full_plan(state.best_plan(), task.n_groups, self.scorer.width(task)))[None]
-        held = in_policy(best, task.n_groups, n_actions(task.inputs.n_devices, self.policy.split_actions,
-                                                        self.policy.state_actions))
-        return best[:, :plan_length(task.n_groups)] if bool(held[0]) else None
+        plan = full_plan(target, task.n_groups, self.scorer.width(task))
+        return torch.as_tensor(plan)[None, :plan_length(task.n_groups)]
 
     def tie(self, task: GraphTask) -> Tensor | None:
         """Each group's representative for the policy's own samples (``tie_blocks``; None when off or when
@@ -464,8 +473,9 @@ class Trainer:
     def distill(self, epochs: int) -> list[float]:
         """Fit the policy to the best strategy found for every graph: ``epochs`` passes over the graphs
         (in a seeded order), one Adam step per graph on the policy's cross-entropy against its best
-        plan (the imitation term alone, weighted as ``imitation_by_load``; a best strategy of configs alone
-        is the plan of one micro-batch without recomputation).
+        plan (``imitation_target``: the best plan the policy's actions hold where the best is an extended one;
+        the imitation term alone, weighted as ``imitation_by_load``; a best strategy of configs alone is the
+        plan of one micro-batch without recomputation).
 
         Expert iteration's policy step: training rounds visit a graph a few dozen times while the search
         finds its best plan, too few for the policy to follow it; after this the policy's greedy plan is

@@ -163,16 +163,39 @@ def test_guided_mutations_follow_the_policys_probabilities(tasks):
 def test_record_keeps_the_best_and_a_pool_of_distinct_strategies(tasks):
     trainer = Trainer(tiny_policy(), tasks[:1], TrainerSettings(replay_pool_size=3, replay_samples=2))
     state = TaskState()
-    actions = np.array([[1, 1], [2, 2], [1, 1], [3, 3], [4, 4]])
+    g = tasks[0].n_groups
+
+    def plans(*values: int) -> np.ndarray:                 # every group under one action, one plan per value
+        return np.repeat(np.array(values)[:, None], g, axis=1)
+
     rewards = np.array([-2.0, -1.0, -2.0, -5.0, -3.0])
-    trainer.record(tasks[0], state, actions, rewards, rewards ** 2, np.zeros(5, dtype=bool))
-    assert state.best_actions == [2, 2] and state.best_iteration_time_s == 1.0 and state.episodes == 5
-    assert [a for _, a in state.pool] == [[2, 2], [1, 1], [4, 4]]
-    trainer.record(tasks[0], state, np.array([[5, 5]]), np.array([-0.5]), np.array([0.25]), np.zeros(1, bool))
-    assert [a for _, a in state.pool] == [[5, 5], [2, 2], [1, 1]]
+    trainer.record(tasks[0], state, plans(1, 2, 1, 3, 4), rewards, rewards ** 2, np.zeros(5, dtype=bool))
+    assert state.best_actions == [2] * g and state.best_iteration_time_s == 1.0 and state.episodes == 5
+    assert [a[0] for _, a in state.pool] == [2, 1, 4]
+    trainer.record(tasks[0], state, plans(5), np.array([-0.5]), np.array([0.25]), np.zeros(1, bool))
+    assert [a[0] for _, a in state.pool] == [5, 2, 1]
     assert [h[3] for h in state.history] == [1.0, 0.25]
     replay_actions, replay_rewards = trainer.search.replay(state)
-    assert replay_actions.shape == (2, 2) and set(replay_rewards) <= {-0.5, -1.0, -2.0}
+    assert replay_actions.shape == (2, g) and set(replay_rewards) <= {-0.5, -1.0, -2.0}
+
+
+def test_the_imitation_target_is_the_best_plan_the_policys_actions_hold(tasks):
+    """Where the best plan lies beyond the policy's actions (a demonstrated pipeline, a server's rows), the
+    imitation term and the distillation fit the best plan the actions hold, not nothing."""
+    trainer = Trainer(tiny_policy(), tasks[:1], TrainerSettings())
+    task, g, a = tasks[0], tasks[0].n_groups, trainer.policy.n_actions
+    state = trainer.states[task.key]
+    assert trainer.imitation_target(task) is None                          # nothing recorded yet
+    beyond = full_plan(np.full(g, a), g)                                    # an action the policy lacks
+    held_worse, held_better = full_plan(np.full(g, 1), g), full_plan(np.full(g, 2), g)
+    trainer.record(task, state, np.stack([beyond]), np.array([-0.5]), np.array([0.25]), np.zeros(1, bool))
+    assert state.best_actions == beyond.tolist() and trainer.imitation_target(task) is None
+    trainer.record(task, state, np.stack([held_worse, held_better]), np.array([-3.0, -2.0]), np.array([9.0, 4.0]),
+                   np.zeros(2, bool))
+    assert state.best_actions == beyond.tolist()                           # the search still starts from it
+    assert trainer.imitation_target(task)[0].tolist() == held_better.tolist()
+    trainer.record(task, state, np.stack([held_worse]), np.array([-0.1]), np.array([0.01]), np.zeros(1, bool))
+    assert trainer.imitation_target(task)[0].tolist() == held_worse.tolist()   # now the best, and held
 
 
 def test_time_to_quality_reads_the_history():
