@@ -58,6 +58,7 @@ from heterog.compiler.tasks import (
     isin_ints,
     pair_order,
     ragged,
+    ragged_gather,
     unique_ints,
 )
 from heterog.graph.fusion import VIEW_OPS
@@ -250,12 +251,38 @@ def partial_part(ctx: CompileContext, layouts: LayoutTable, op_lay: np.ndarray, 
 
 def _entries_of(layouts: LayoutTable, lay: np.ndarray, dev: np.ndarray, micro: np.ndarray) -> np.ndarray:
     """(len(lay),) the flat layout entry of each instance: of layout ``lay`` on device ``dev`` in micro-batch
-    ``micro`` (-1: none)."""
-    rows, loc = ragged(layouts.length[lay])
-    flat = layouts.ptr[lay][rows] + loc
-    hit = (layouts.dev_flat[flat] == dev[rows]) & (layouts.micro_flat[flat] == np.maximum(micro[rows], 0))
+    ``micro`` (-1: none; the last such entry where a layout has several). By a search among the entries of the
+    layouts asked about, keyed (layout, device, micro-batch): time and memory grow with the instances plus
+    those entries, where matching each instance against its layout's every entry grows with their product
+    (a 64-micro-batch pipeline's instances against their layouts' 256 entries each: 16 GB)."""
     out = np.full(len(lay), -1, dtype=np.int64)
-    out[rows[hit]] = flat[hit]
+    if not len(lay):
+        return out
+    micro = np.maximum(micro, 0)
+    ids = unique_ints(lay)
+    local = np.searchsorted(ids, lay)
+    flat = ragged_gather(layouts.ptr[ids], layouts.length[ids])
+    owner = np.repeat(np.arange(len(ids)), layouts.length[ids])
+    n_dev = int(max(layouts.dev_flat[flat].max(initial=0), dev.max())) + 1
+    n_micro = int(max(layouts.micro_flat[flat].max(initial=0), micro.max())) + 1
+    key = (owner * n_dev + layouts.dev_flat[flat]) * n_micro + layouts.micro_flat[flat]
+    order = np.argsort(key, kind="stable")
+    skey = key[order]
+    want = (local * n_dev + dev) * n_micro + micro
+    at = np.searchsorted(skey, want, side="right") - 1       # the last entry of equal key: the highest flat index
+    hit = (at >= 0) & (skey[np.maximum(at, 0)] == want)
+    out[hit] = flat[order[at[hit]]]
+    return out
+
+
+def entries_of_reference(layouts: LayoutTable, lay: np.ndarray, dev: np.ndarray, micro: np.ndarray) -> np.ndarray:
+    """``_entries_of`` by matching each instance against every entry of its layout, entry by entry (the
+    reference its tests hold it to)."""
+    out = np.full(len(lay), -1, dtype=np.int64)
+    for i, (lid, d, m) in enumerate(zip(lay, dev, np.maximum(micro, 0))):
+        for f in range(int(layouts.ptr[lid]), int(layouts.ptr[lid] + layouts.length[lid])):
+            if layouts.dev_flat[f] == d and layouts.micro_flat[f] == m:
+                out[i] = f
     return out
 
 

@@ -52,3 +52,26 @@ def test_grouping_and_what_each_group_pulls_from_a_ps():
     # work before the update is 288 f + 1 s at share f (FakeCost), 217 s on device 0 and 73 s on device 1
     assert need.tolist() == [[0.0, 0.0], [0.0, 144.0]]
     assert demand.parameters_needed(ParallelConfig.of([(0, 6), (1, 2)], sync="ps")) is need
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from heterog.compiler.memory import _entries_of, entries_of_reference  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_each_instances_layout_entry_is_found_as_by_matching_every_entry(data):
+    n_dev, n_micro = data.draw(st.integers(1, 5)), data.draw(st.integers(1, 4))
+    lay = LayoutTable(n_dev, 8)
+    entry = st.tuples(st.integers(0, n_dev - 1), st.integers(0, n_micro - 1))
+    for entries in data.draw(st.lists(st.lists(entry, min_size=1, max_size=8), max_size=6)):
+        lay.add([d for d, _ in entries], [1] * len(entries), [m for _, m in entries])   # repeats allowed
+    lay.refresh()
+    n = data.draw(st.integers(0, 30))
+    lids = np.array(data.draw(st.lists(st.integers(0, len(lay) - 1), min_size=n, max_size=n)), dtype=np.int64)
+    dev = np.array(data.draw(st.lists(st.integers(0, n_dev - 1), min_size=n, max_size=n)), dtype=np.int64)
+    micro = np.array(data.draw(st.lists(st.integers(-1, n_micro), min_size=n, max_size=n)), dtype=np.int64)
+    got = _entries_of(lay, lids, dev, micro)
+    assert got.tolist() == entries_of_reference(lay, lids, dev, micro).tolist()
