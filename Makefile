@@ -20,8 +20,10 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(BIN)/heterog main
 
+# --dist loadscope: a module's tests stay on one worker, so its module-scoped fixtures (captured graphs and
+# the plans made on them, an ILP) and cached captures are built once, not once per worker
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(JOBS) --timeout 600 --durations=25 -m "not timing" tests
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadscope --timeout 600 --durations=25 -m "not timing" tests
 
 # checks of real timings (emulated links, profiled costs): the machine must be otherwise idle
 timing: $(STAMP)

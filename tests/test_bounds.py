@@ -94,7 +94,7 @@ def tiny_dp_lp(tiny_bounds):
     from heterog.bounds import action_space_bound, data_parallel_lp
 
     ev, _, dp = tiny_bounds
-    integral = action_space_bound(ev, data_parallel_only=True, integral_groups=ev.n_groups, time_limit_s=30)
+    integral = action_space_bound(ev, data_parallel_only=True, integral_groups=ev.n_groups, time_limit_s=5)
     return ev, dp, integral, data_parallel_lp(ev)
 
 
