@@ -266,7 +266,7 @@ def test_loss_is_taken_from_tuple_dict_or_attribute_outputs(model_cls, where, ca
     model = model_cls()
     model.load_state_dict(plain.state_dict())
     x = mlp_inputs(B)
-    with caplog.at_level(logging.WARNING, logger="heterog.graph.capture"):
+    with caplog.at_level(logging.WARNING, logger="heterog.graph.tracing"):     # the logger that notes it
         step = capture_fx(model, x)
         capture_fx(model, x)                        # said once per process, not per capture
     notes = [r.getMessage() for r in caplog.records if "training on its loss" in r.getMessage()]
