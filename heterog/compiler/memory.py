@@ -254,7 +254,7 @@ def _entries_of(layouts: LayoutTable, lay: np.ndarray, dev: np.ndarray, micro: n
     ``micro`` (-1: none; the last such entry where a layout has several). By a search among the entries of the
     layouts asked about, keyed (layout, device, micro-batch): time and memory grow with the instances plus
     those entries, where matching each instance against its layout's every entry grows with their product
-    (a 64-micro-batch pipeline's instances against their layouts' 256 entries each: 16 GB)."""
+    (a 64-micro-batch pipeline's instances against their layouts' 256 entries each: about 10 GB)."""
     out = np.full(len(lay), -1, dtype=np.int64)
     if not len(lay):
         return out
