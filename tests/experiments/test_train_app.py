@@ -127,9 +127,12 @@ def test_pretrain_tokens_splits_trains_a_policy_with_split_actions(tmp_path):
     cfg = config(["experiment=pretrain_tokens_splits"])
     assert cfg.agent.split_actions and cfg.agent.head == "tokens" and cfg.run.holdout is None
     assert {"model": "big_embedding", "batch_size": 8, "optimizer": "adam"} in [dict(g) for g in cfg.run.graphs]
+    assert {"pipeline", "mcmc", "tp-server"} <= set(cfg.run.demonstrations) and cfg.trainer.extended_plans
     torch.set_num_threads(1)
     pre = run(config(["experiment=pretrain_tokens_splits", TINY_SET, "run.clusters=[local-cpu-2]",
-                      "run.generated_clusters=0", "run.distill_epochs=1", *SHRINK, f"output_dir={tmp_path}"]))
+                      "run.generated_clusters=0", "run.distill_epochs=1", "run.demonstrations=[ev-ar,dpos]",
+                      *SHRINK, f"output_dir={tmp_path}"]))
+    assert set(pre["demonstrations"]) and all(set(d) == {"ev-ar", "dpos"} for d in pre["demonstrations"].values())
     shipped = tmp_path / "splits.pt"
     assert ship_main([pre["run_dir"], "--out", str(shipped)]) == 0
     assert load_checkpoint(shipped)["policy_config"]["split_actions"] is True
