@@ -84,6 +84,7 @@ def run_bench(quick: bool = False) -> dict:
                                   "eval_ms_opt350m_128gpu",
                                   "eval_ms_delta_bert_large_paper8", "eval_ms_delta_bert_large_paper8_k4",
                                   "mcmc_evals_per_s_bert_large_paper8", "mcmc_n_evals_bert_large_paper8",
+                                  "mcmc_evals_per_s_simulation_only_bert_large_paper8",
                                   "mcmc_speedup_vs_best_dp_bert_large_paper8", "search_speedup_2_workers")))
     else:
         out["order_comparison"] = order_comparison()
@@ -199,7 +200,9 @@ def search_speed(ev: Evaluator, quick: bool = False, workers: int = 2) -> dict[s
     """MCMC (default settings, seed 0) on the evaluator's graph: evaluations per second in a 30 s budget
     (3 s quick), the evaluations made, and how much faster its plan is than the best data-parallel
     baseline's (``mcmc_speedup_vs_best_dp_*``: best DP time / MCMC's, both under the evaluator's order;
-    bert_large on paper-8gpu reaches 1.1 by placing its tied embedding and LM head on one device); and the
+    bert_large on paper-8gpu reaches 1.1 by placing its tied embedding and LM head on one device), the
+    evaluations per second its simulations alone allow (``mcmc_evals_per_s_simulation_only_*``: as if all but the
+    simulator's event loop cost nothing, a ceiling of the rate on this machine); and the
     evaluations per second of one search (a fixed proposal budget, so the same search) in its chains with
     ``workers`` Ray workers over one Ray worker, timed in this run (not quick): the median of
     ``SPEEDUP_REPEATS`` ratios, one and ``workers`` workers alternated."""
@@ -212,7 +215,9 @@ def search_speed(ev: Evaluator, quick: bool = False, workers: int = 2) -> dict[s
     best_dp = min(ev.iteration_time(planners.plan(n, evaluator=ev))[0] for n in ("ev-ps", "ev-ar", "cp-ps", "cp-ar"))
     out = {f"mcmc_evals_per_s_{name}": s.meta["evals_per_s"], "mcmc_chain_evals_per_s": s.meta["chain_evals_per_s"],
            f"mcmc_n_evals_{name}": s.meta["n_evals"], "mcmc_budget_s": budget_s,
-           f"mcmc_speedup_vs_best_dp_{name}": best_dp / ev.iteration_time(s)[0]}
+           f"mcmc_speedup_vs_best_dp_{name}": best_dp / ev.iteration_time(s)[0],
+           # the same evaluations with nothing but their simulations: a ceiling for this simulator on this machine
+           f"mcmc_evals_per_s_simulation_only_{name}": s.meta["simulation_only_evals_per_s"]}
     if quick:
         return out
     from heterog.parallel import import_ray, init_ray

@@ -5,6 +5,7 @@ graph's grouping so that planners and the agent can score thousands of strategie
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -120,6 +121,10 @@ class Evaluator:
     ``compose``: a plan that repeats one slice of the cluster (``heterog.compose``) is simulated on that slice in
     ``iteration_time`` (the search's path), and in ``evaluate`` when asked; the same time and memory as the
     whole simulation, which every other plan, and ``evaluate`` by default, gets.
+
+    ``n_evaluations`` counts the evaluations made, ``simulate_s`` the seconds they spent in the simulator's event
+    loop (a composed plan's on its slice): with them a search reports how many evaluations per second the
+    simulations alone would allow.
     """
 
     def __init__(self, graph: OpGraph, cluster: Cluster, cost: CostModel | None = None, *,
@@ -151,6 +156,7 @@ class Evaluator:
         self._group_speed: np.ndarray | None = None
         self.serialize_collectives = serialize_collectives
         self.n_evaluations = 0
+        self.simulate_s = 0.0           # seconds in the simulator's event loop over its evaluations, slices' included
         self.max_groups = max_groups
         self._group_of: np.ndarray | None = None
 
@@ -239,7 +245,10 @@ class Evaluator:
         best: simulator.SimResult | None = None
         kept = ""
         for o in self.candidate_orders(plan, order):
-            res = simulator.simulate(plan.tg, priority=self.priorities(plan, o), fifo=is_dynamic(o))
+            prio = self.priorities(plan, o)
+            t0 = time.perf_counter()
+            res = simulator.simulate(plan.tg, priority=prio, fifo=is_dynamic(o))
+            self.simulate_s += time.perf_counter() - t0
             if best is None or (res.oom, res.makespan) < (best.oom, best.makespan):
                 best, kept = res, o
         assert best is not None  # candidate_orders names at least one order
@@ -293,12 +302,14 @@ class Evaluator:
         hit = self.repetition(strategy) if compose else None
         if hit is not None:
             ev, rep = hit
+            before = ev.simulate_s
             try:
                 one = ev.evaluate(rep.strategy, order or self.order, method=method or strategy.method, detail=detail)
             except Unrepeated:
                 self._unrepeated.add(rep.key)
             else:
                 self.n_evaluations += 1
+                self.simulate_s += ev.simulate_s - before
                 return compose_result(one, rep, self.cluster)
         plan = self.compile(strategy)
         res, kept = self.simulate_kept(plan, order)
@@ -312,12 +323,14 @@ class Evaluator:
         on the slice (``repetition``)."""
         hit = self.repetition(strategy)
         if hit is not None:
+            before = hit[0].simulate_s
             try:
                 out = hit[0].iteration_time(hit[1].strategy, order or self.order)
             except Unrepeated:
                 self._unrepeated.add(hit[1].key)
             else:
                 self.n_evaluations += 1
+                self.simulate_s += hit[0].simulate_s - before
                 return out
         plan = self.compile(strategy)
         res = self.simulate_plan(plan, order)

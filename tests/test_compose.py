@@ -256,3 +256,29 @@ def test_data_parallelism_over_every_device_composes_on_each_cluster(cluster: st
             composed = ev.evaluate(s, compose=True)
             assert composed.composed == min(servers.values()), (proportional, k)
             assert_same(ev.evaluate(s), composed)
+
+
+def test_the_event_loop_seconds_count_every_simulation_a_composed_one_on_its_slice(monkeypatch) -> None:
+    """``Evaluator.simulate_s`` adds the time of each simulation it makes, a composed plan's slice's included: with a
+    clock that moves one second per reading, each event loop adds exactly one second. Order ``best`` simulates
+    the three orders of the portfolio; a composed plan is simulated on its slice, whose seconds count for the
+    evaluator that asked."""
+    import heterog.evaluate as evaluate
+    from heterog.scheduler import PORTFOLIO
+
+    class Clock:
+        now = 0.0
+
+        def perf_counter(self) -> float:
+            self.now += 1.0
+            return self.now
+
+    ev = Evaluator(capture_model("tiny_mlp", BATCH), load_cluster(CLUSTERS[0]))
+    monkeypatch.setattr(evaluate, "time", Clock())
+    s = strategy_of(ev, [data_parallel(ev, list(range(16)), False)] * ev.n_groups)
+    ev.evaluate(s)                                          # whole: one event loop per order
+    assert ev.simulate_s == len(PORTFOLIO)
+    ev.iteration_time(s)                                    # composed: on the slice, counted here as well
+    assert ev.repetition(s) is not None and ev.simulate_s == 2 * len(PORTFOLIO)
+    ev.iteration_time(s, "fifo")
+    assert ev.simulate_s == 2 * len(PORTFOLIO) + 1

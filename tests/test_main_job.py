@@ -30,4 +30,7 @@ def test_bench_quick_smoke(capsys):
     # MCMC starts from every data-parallel plan and keeps the best under the evaluator's order: never slower
     assert doc["mcmc_speedup_vs_best_dp_quick"] >= 1.0 - 1e-12 and doc["mcmc_n_evals_quick"] > 0
     assert "mcmc_speedup_vs_best_dp_bert_large_paper8" in doc
+    # the simulations are part of each evaluation: the rate they alone allow is a ceiling of the rate measured
+    assert doc["mcmc_evals_per_s_simulation_only_quick"] >= doc["mcmc_evals_per_s_quick"]
+    assert "mcmc_evals_per_s_simulation_only_bert_large_paper8" in doc
     assert doc["eval_ms_quick_split"] > 0 and doc["eval_tasks_split"] > 0 and "eval_ms_bert_large_paper8_split" in doc
